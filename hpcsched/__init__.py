@@ -1,0 +1,53 @@
+"""hpcsched: a distributed task scheduler for HPC clusters.
+
+The public API mirrors dask.distributed's names so users can move over::
+
+    from hpcsched import Client
+    with Client() as client:                # a LocalCluster sized to the machine
+        futures = client.map(lambda x: x + 1, range(10))
+        print(sum(client.gather(futures)))
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+# name -> module; imported on first use so `import hpcsched` stays cheap and
+# never imports mpi4py unless MPI is used.
+_exports = {
+    "Client": "hpcsched.core.client",
+    "Future": "hpcsched.core.client",
+    "wait": "hpcsched.core.client",
+    "as_completed": "hpcsched.core.client",
+    "progress": "hpcsched.core.client",
+    "get": "hpcsched.core.local",
+    "LocalCluster": "hpcsched.launchers.local_cluster",
+    "initialize": "hpcsched.hpc.bootstrap",
+    "SLURMCluster": "hpcsched.jobqueue.slurm",
+    "SGECluster": "hpcsched.jobqueue.sge",
+    "PBSCluster": "hpcsched.jobqueue.pbs",
+    "LSFCluster": "hpcsched.jobqueue.lsf",
+    "Adaptive": "hpcsched.jobqueue.adaptive",
+    "Security": "hpcsched.core.comm.base",
+    "config": "hpcsched.core.config",
+}
+
+__all__ = sorted(_exports)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _exports[name]
+    except KeyError:
+        raise AttributeError(f"module 'hpcsched' has no attribute {name!r}") from None
+    mod = importlib.import_module(module)
+    value = mod if name == "config" else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,1 @@
+"""The transport-independent core: state machines, policies, servers, client."""

@@ -1,0 +1,123 @@
+"""``inproc://name``: comms between threads of one process, passing objects as they are.
+
+Used for the client and scheduler living in one process (notebooks, rank 0
+under MPI, ``LocalCluster(processes=False)``) and in tests. No serialization:
+what the sender puts in, the receiver gets out (like dask's inproc).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import (
+    Backend,
+    Comm,
+    CommClosedError,
+    Listener,
+    Security,
+    parse_address,
+)
+
+_CLOSE = object()
+_listeners: dict[str, InprocListener] = {}
+_lock = threading.Lock()
+_ids = itertools.count()
+
+
+def new_address(name: str = "") -> str:
+    return f"inproc://{os.getpid()}/{name or 'srv'}-{next(_ids)}"
+
+
+class InprocComm(Comm):
+    def __init__(self, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue, local: str, peer: str):
+        self._in = inbox
+        self._out = outbox
+        self.local_address = local
+        self.peer_address = peer
+        self._closed = False
+        self._peer: InprocComm | None = None
+
+    def send(self, msg: Any) -> None:
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        self._out.put(msg)
+
+    def recv(self, timeout: float | None = None) -> Any:
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        try:
+            msg = self._in.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no message on {self!r} within {timeout}s") from None
+        if msg is _CLOSE:
+            self._closed = True
+            self._in.put(_CLOSE)  # later recv calls fail too
+            raise CommClosedError(f"{self!r}: peer closed")
+        return msg
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._out.put(_CLOSE)
+        self._in.put(_CLOSE)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def pipe(a_address: str = "inproc://a", b_address: str = "inproc://b") -> tuple[InprocComm, InprocComm]:
+    """Two connected comms (for tests and same-process wiring)."""
+    q1: queue.SimpleQueue = queue.SimpleQueue()
+    q2: queue.SimpleQueue = queue.SimpleQueue()
+    a = InprocComm(q1, q2, a_address, b_address)
+    b = InprocComm(q2, q1, b_address, a_address)
+    return a, b
+
+
+class InprocListener(Listener):
+    def __init__(self, address: str, on_connect: Callable[[Comm], None]):
+        self.address = address
+        self.on_connect = on_connect
+        self._n = itertools.count()
+
+    def accept(self) -> InprocComm:
+        client_addr = f"{self.address}/client-{next(self._n)}"
+        client, server = pipe(client_addr, self.address)
+        threading.Thread(target=self.on_connect, args=(server,), daemon=True,
+                         name=f"inproc-accept {self.address}").start()
+        return client
+
+    def stop(self) -> None:
+        with _lock:
+            if _listeners.get(self.address) is self:
+                del _listeners[self.address]
+
+
+def _listen(address: str, on_connect: Callable[[Comm], None], security: Security | None) -> Listener:
+    _, loc = parse_address(address)
+    if not loc:
+        address = new_address()
+    with _lock:
+        if address in _listeners:
+            raise OSError(f"inproc address {address} is already in use")
+        lst = _listeners[address] = InprocListener(address, on_connect)
+    return lst
+
+
+def _connect(address: str, timeout: float, security: Security | None) -> Comm:
+    with _lock:
+        lst = _listeners.get(address)
+    if lst is None:
+        raise ConnectionRefusedError(f"no inproc listener at {address}")
+    return lst.accept()
+
+
+registry.register("inproc", Backend(connect=_connect, listen=_listen))

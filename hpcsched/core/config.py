@@ -1,0 +1,215 @@
+"""Configuration: defaults < YAML files < environment variables < keyword arguments.
+
+Keys are dotted and hyphenated, as in ``scheduler.worker-saturation``.
+
+* Defaults live in :data:`DEFAULTS` below: the one place that lists every knob.
+* YAML files: every ``*.yaml`` / ``*.yml`` in ``~/.config/hpcsched/`` (sorted by
+  name), then the file or directory named by ``HPCSCHED_CONFIG``. Nested
+  mappings are flattened: ``{"scheduler": {"worker-saturation": 1.0}}``.
+* Environment: ``HPCSCHED_SCHEDULER__WORKER_SATURATION=1.0`` sets
+  ``scheduler.worker-saturation`` (``__`` separates levels, ``_`` stands for
+  ``-``, case-insensitive). Values are parsed as YAML scalars (``inf``,
+  ``true``, ``1.5``, ``[1, 2]``).
+* Keyword arguments win: components call ``config.get(key, override)``, where an
+  override that is not ``None`` is returned as is.
+
+Example::
+
+    >>> from hpcsched.core import config
+    >>> config.get("scheduler.worker-saturation")
+    1.1
+    >>> with config.set({"scheduler.worker-saturation": float("inf")}):
+    ...     config.get("scheduler.worker-saturation")
+    inf
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+DEFAULTS: dict[str, Any] = {
+    # scheduling policies
+    "scheduler.worker-saturation": 1.1,
+    "scheduler.rootish-factor": 2,  # TaskGroup larger than factor x cluster threads
+    "scheduler.rootish-max-deps": 5,  # ... with fewer than this many distinct dependencies
+    "scheduler.rootish-policy": "queue",  # queue | co-assign | mars (queue needs finite saturation)
+    "scheduler.allowed-failures": 3,  # workers a task may kill before it is marked erred
+    "scheduler.unknown-task-duration": 0.5,  # seconds, before anything is measured
+    "scheduler.default-bandwidth": 100e6,  # bytes/s, before anything is measured
+    "scheduler.work-stealing": True,
+    "scheduler.work-stealing-interval": 0.1,  # seconds
+    "scheduler.worker-ttl": 30.0,  # seconds without heartbeat before a TCP worker is removed
+    "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
+    # workers
+    "worker.heartbeat-interval": 1.0,
+    "worker.transfer-incoming-count-limit": 4,
+    "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
+    "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends
+    "worker.walltime-stagger": 30.0,  # spread of retirements between workers of one job
+    # transport
+    "comm.timeouts.connect": 30.0,
+    "comm.timeouts.handshake": 10.0,
+    "comm.max-frame-bytes": 2**34,  # 16 GiB: larger announced frames are refused
+    "comm.max-frames": 100_000,
+    "comm.tls.cert": None,
+    "comm.tls.key": None,
+    "comm.tls.ca": None,
+    # MPI
+    "mpi.poll-min": 1e-5,  # seconds: first back-off step after traffic
+    "mpi.poll-max": 0.05,  # seconds: cap of the back-off when idle for long
+    "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
+    # adaptive
+    "adaptive.interval": 1.0,
+    "adaptive.wait-count": 3,
+    "adaptive.target-duration": 5.0,
+    "adaptive.scale-factor": 2.0,
+    "adaptive.memory-high": 0.8,
+    "adaptive.history": 100,
+    # batch systems
+    "jobqueue.command-timeout": 30.0,
+    "jobqueue.poll-interval": 2.0,
+}
+
+_lock = threading.RLock()
+_overrides: list[dict[str, Any]] = []  # config.set() stack, innermost last
+_file_cache: dict[str, Any] | None = None
+
+
+def _norm(key: str) -> str:
+    return key.strip().lower().replace("_", "-")
+
+
+def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _flatten(f"{prefix}.{_norm(str(k))}" if prefix else _norm(str(k)), v, out)
+    else:
+        out[prefix] = obj
+
+
+def _parse_scalar(text: str) -> Any:
+    import yaml
+
+    low = text.strip().lower()
+    if low in ("inf", "+inf", "infinity"):
+        return math.inf
+    if low in ("-inf", "-infinity"):
+        return -math.inf
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _yaml_files() -> list[Path]:
+    files: list[Path] = []
+    home = Path(os.path.expanduser("~/.config/hpcsched"))
+    if home.is_dir():
+        files += sorted(p for p in home.iterdir() if p.suffix in (".yaml", ".yml"))
+    extra = os.environ.get("HPCSCHED_CONFIG")
+    if extra:
+        p = Path(extra)
+        if p.is_dir():
+            files += sorted(q for q in p.iterdir() if q.suffix in (".yaml", ".yml"))
+        elif p.exists():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"HPCSCHED_CONFIG names {extra!r}, which does not exist")
+    return files
+
+
+def _load_files() -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for path in _yaml_files():
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"hpcsched configuration file {path} is not valid YAML: {e}") from e
+        if not isinstance(data, Mapping):
+            raise ValueError(f"hpcsched configuration file {path} must hold a mapping")
+        _flatten("", data, out)
+    return {k: (_parse_scalar(v) if isinstance(v, str) and v.lower() in ("inf", "-inf") else v)
+            for k, v in out.items()}
+
+
+def _from_env() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in os.environ.items():
+        if not name.startswith("HPCSCHED_") or name in ("HPCSCHED_CONFIG",):
+            continue
+        parts = name[len("HPCSCHED_"):].split("__")
+        out[".".join(_norm(p) for p in parts)] = _parse_scalar(value)
+    return out
+
+
+def refresh() -> None:
+    """Forget cached YAML files (read again on the next ``get``)."""
+    global _file_cache
+    with _lock:
+        _file_cache = None
+
+
+def _files() -> dict[str, Any]:
+    global _file_cache
+    with _lock:
+        if _file_cache is None:
+            _file_cache = _load_files()
+        return _file_cache
+
+
+def get(key: str, override: Any = None, default: Any = KeyError) -> Any:
+    """The value of ``key``; ``override`` (a keyword argument) wins when not None."""
+    if override is not None:
+        return override
+    key = _norm(key)
+    with _lock:
+        for layer in reversed(_overrides):
+            if key in layer:
+                return layer[key]
+    env = _from_env()
+    if key in env:
+        return env[key]
+    files = _files()
+    if key in files:
+        return files[key]
+    if key in DEFAULTS:
+        return DEFAULTS[key]
+    if default is KeyError:
+        raise KeyError(f"unknown hpcsched configuration key {key!r}")
+    return default
+
+
+def get_prefix(prefix: str) -> dict[str, Any]:
+    """All keys below ``prefix`` (e.g. ``"jobqueue.slurm"``), merged over every layer."""
+    prefix = _norm(prefix).rstrip(".") + "."
+    merged: dict[str, Any] = {}
+    layers = [DEFAULTS, _files(), _from_env()]
+    with _lock:
+        layers += list(_overrides)
+    for layer in layers:
+        for k, v in layer.items():
+            if k.startswith(prefix):
+                merged[k[len(prefix):]] = v
+    return merged
+
+
+@contextlib.contextmanager
+def set(values: Mapping[str, Any]) -> Iterator[None]:  # noqa: A001 - mirrors dask.config.set
+    """Temporarily set configuration values (innermost wins)."""
+    layer: dict[str, Any] = {}
+    _flatten("", dict(values), layer)
+    with _lock:
+        _overrides.append(layer)
+    try:
+        yield
+    finally:
+        with _lock:
+            _overrides.remove(layer)
