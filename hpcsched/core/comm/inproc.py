@@ -27,6 +27,7 @@ from hpcsched.core.comm.base import (
 _CLOSE = object()
 _listeners: dict[str, InprocListener] = {}
 _lock = threading.Lock()
+_listener_added = threading.Condition(_lock)  # wakes connect() waiting for a listener
 _ids = itertools.count()
 
 
@@ -109,14 +110,18 @@ def _listen(address: str, on_connect: Callable[[Comm], None], security: Security
         if address in _listeners:
             raise OSError(f"inproc address {address} is already in use")
         lst = _listeners[address] = InprocListener(address, on_connect)
+        _listener_added.notify_all()
     return lst
 
 
-def _connect(address: str, timeout: float, security: Security | None) -> Comm:
+def _connect(address: str, timeout: float | None, security: Security | None) -> Comm:
+    """Connect to the listener at ``address``, waiting up to ``timeout`` for it to appear."""
     with _lock:
+        # like tcp://, wait for a server that is not up yet instead of failing at once
+        found = _listener_added.wait_for(lambda: address in _listeners, timeout=timeout)
         lst = _listeners.get(address)
-    if lst is None:
-        raise ConnectionRefusedError(f"no inproc listener at {address}")
+    if not found or lst is None:
+        raise ConnectionRefusedError(f"no inproc listener at {address} (waited {timeout}s)")
     return lst.accept()
 
 

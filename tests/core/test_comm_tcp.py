@@ -1,0 +1,594 @@
+"""tcp:// comm: framing, zero-copy receives, authentication, hostile peers, TLS.
+
+Real sockets on 127.0.0.1 only. Every listener, comm and thread a test starts
+is ended by the ``net`` fixture, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import queue
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hpcsched.core import config
+from hpcsched.core.comm import CommClosedError, HandshakeError, Security, registry
+from hpcsched.core.comm import tcp as tcp_backend
+from hpcsched.core.serialize import SerializationError
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.005)
+
+
+class Server:
+    """A listener whose accepted comms are queued and, optionally, echo every message."""
+
+    def __init__(self, address: str = "tcp://127.0.0.1:0", security: Security | None = None,
+                 echo: bool = True):
+        self.accepted: queue.Queue = queue.Queue()
+        self.comms: list = []
+        self.threads: list[threading.Thread] = []
+        self.echo = echo
+        self.listener = registry.listen(address, self._on_connect, security)
+        self.address = self.listener.address
+
+    def _on_connect(self, comm) -> None:
+        self.comms.append(comm)
+        self.accepted.put(comm)
+        if self.echo:
+            t = threading.Thread(target=self._echo, args=(comm,), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    @staticmethod
+    def _echo(comm) -> None:
+        try:
+            while True:
+                comm.send(comm.recv())
+        except CommClosedError:
+            pass
+
+    def close(self) -> None:
+        self.listener.stop()
+        for c in self.comms:
+            c.close()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+class Net:
+    def __init__(self):
+        self.servers: list[Server] = []
+        self.comms: list = []
+        self.sockets: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+
+    def serve(self, *args: Any, **kw: Any) -> Server:
+        s = Server(*args, **kw)
+        self.servers.append(s)
+        return s
+
+    def connect(self, address: str, timeout: float = 5.0, security: Security | None = None):
+        c = registry.connect(address, timeout, security)
+        self.comms.append(c)
+        return c
+
+    def raw(self, address: str) -> socket.socket:
+        _, loc = address.split("://")
+        host, port = loc.rsplit(":", 1)
+        s = socket.create_connection((host, int(port)), timeout=5)
+        self.sockets.append(s)
+        return s
+
+    def close(self) -> None:
+        for c in self.comms:
+            c.close()
+        for s in self.sockets:
+            s.close()
+        for s in self.servers:
+            s.close()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+@pytest.fixture
+def net():
+    n = Net()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def comm_log(caplog):
+    caplog.set_level(logging.INFO, logger="hpcsched.comm")
+    return caplog
+
+
+def logged(caplog, *fragments: str) -> bool:
+    return any(all(f in r.getMessage() for f in fragments) for r in caplog.records)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- messages
+def test_small_messages_arrive_in_order(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    assert c.peer_address == srv.address and c.local_address.startswith("tcp://127.0.0.1:")
+    for i in range(500):
+        c.send({"op": "ping", "i": i, "payload": b"x" * (i % 50)})
+    got = [c.recv(timeout=5) for _ in range(500)]
+    assert [m["i"] for m in got] == list(range(500))
+    assert got[49]["payload"] == b"x" * 49
+
+
+def _buffer_owner(arr: np.ndarray) -> Any:
+    x: Any = arr
+    while isinstance(x, np.ndarray) and x.base is not None:
+        x = x.base
+    return x.obj if isinstance(x, memoryview) else x
+
+
+def test_64mib_array_arrives_equal_without_copy(net):
+    srv = net.serve(echo=False)
+    c = net.connect(srv.address)
+    server_side = srv.accepted.get(timeout=5)
+    arr = np.random.default_rng(0).random(8 * 2**20)  # 64 MiB
+    # the sender blocks until the receiver drains the socket: send from a thread
+    t = threading.Thread(target=c.send, args=({"op": "data", "x": arr},))
+    net.threads.append(t)
+    t.start()
+    msg = server_side.recv(timeout=20)
+    t.join(timeout=20)
+    got = msg["x"]
+    np.testing.assert_array_equal(got, arr)
+    assert not got.flags.owndata
+    owner = _buffer_owner(got)
+    # the array lives in the very buffer the frame was received into
+    assert isinstance(owner, bytearray) and len(owner) == arr.nbytes
+    assert got.flags.writeable
+
+
+def test_mixed_sizes_and_many_frames(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    arrays = [np.arange(n, dtype="u1") for n in (0, 10, 5000, 70_000, 300_000)]
+    msg = {"op": "mixed", "arrays": arrays, "blob": bytes(200_000)}
+    for _ in range(3):
+        c.send(msg)
+    for _ in range(3):
+        back = c.recv(timeout=10)
+        for a, b in zip(arrays, back["arrays"], strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert back["blob"] == bytes(200_000)
+
+
+def test_concurrent_senders_keep_messages_whole_and_ordered(net):
+    srv = net.serve(echo=False)
+    c = net.connect(srv.address)
+    server_side = srv.accepted.get(timeout=5)
+    n_threads, n_msgs = 4, 100
+    big = np.arange(20_000, dtype="f8")  # 160 kB: takes the sendmsg path
+
+    def sender(tid: int) -> None:
+        for i in range(n_msgs):
+            c.send((tid, i, big if i % 10 == 0 else i))
+
+    threads = [threading.Thread(target=sender, args=(k,)) for k in range(n_threads)]
+    net.threads += threads
+    for t in threads:
+        t.start()
+    last = dict.fromkeys(range(n_threads), -1)
+    for _ in range(n_threads * n_msgs):
+        tid, i, payload = server_side.recv(timeout=10)
+        assert i == last[tid] + 1  # per-sender order is kept
+        last[tid] = i
+        if i % 10 == 0:
+            np.testing.assert_array_equal(payload, big)
+        else:
+            assert payload == i
+    assert all(v == n_msgs - 1 for v in last.values())
+
+
+def test_unpicklable_message_raises_and_comm_stays_usable(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    with pytest.raises(SerializationError, match="lock"):
+        c.send({"op": "bad", "lock": threading.Lock()})
+    c.send("still fine")
+    assert c.recv(timeout=5) == "still fine"
+
+
+def test_recv_timeout_then_message(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        c.recv(timeout=0.1)
+    assert 0.05 < time.monotonic() - t0 < 2
+    c.send(1)
+    assert c.recv(timeout=5) == 1
+    c.send(2)
+    assert c.recv() == 2  # back to blocking mode
+
+
+# ---------------------------------------------------------------- closing
+def test_close_wakes_a_blocked_recv(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    errors: queue.Queue = queue.Queue()
+
+    def reader() -> None:
+        try:
+            c.recv()
+        except Exception as e:
+            errors.put(e)
+
+    t = threading.Thread(target=reader)
+    net.threads.append(t)
+    t.start()
+    time.sleep(0.05)  # let the reader block in recv (the test passes either way)
+    t0 = time.monotonic()
+    c.close()
+    err = errors.get(timeout=2)
+    assert isinstance(err, CommClosedError)
+    assert time.monotonic() - t0 < 1
+    assert c.closed
+    with pytest.raises(CommClosedError):
+        c.send("after close")
+    with pytest.raises(CommClosedError):
+        c.recv(timeout=1)
+    c.close()  # idempotent
+
+
+def test_peer_close_is_seen_by_recv(net):
+    srv = net.serve(echo=False)
+    c = net.connect(srv.address)
+    server_side = srv.accepted.get(timeout=5)
+    c.send("bye")
+    c.close()
+    assert server_side.recv(timeout=5) == "bye"  # what was sent before closing still arrives
+    with pytest.raises(CommClosedError, match="peer closed"):
+        server_side.recv(timeout=5)
+    assert server_side.closed
+
+
+def test_stop_keeps_accepted_comms_and_leaves_no_threads(net):
+    before = set(threading.enumerate())
+    srv = net.serve()
+    c = net.connect(srv.address)
+    c.send("x")
+    assert c.recv(timeout=5) == "x"
+    srv.listener.stop()
+    srv.listener.stop()  # idempotent
+    c.send("y")
+    assert c.recv(timeout=5) == "y"  # accepted comm survives the listener
+    with pytest.raises(OSError):
+        registry.connect(srv.address, 0.2)
+    leftover = [t for t in set(threading.enumerate()) - before if t.name.startswith("hpcsched-")]
+    assert leftover == []
+
+
+def test_listen_on_all_interfaces_reports_a_contactable_address(net):
+    srv = net.serve("tcp://:0")
+    host, port = srv.address[len("tcp://"):].rsplit(":", 1)
+    assert host not in ("", "0.0.0.0") and int(port) > 0
+    c = net.connect(srv.address)
+    c.send("hello")
+    assert c.recv(timeout=5) == "hello"
+
+
+def test_listen_on_a_busy_port_names_the_address(net):
+    srv = net.serve()
+    with pytest.raises(OSError, match=srv.address):
+        net.serve(srv.address)
+
+
+# ---------------------------------------------------------------- connecting
+def test_connect_retries_until_the_listener_appears(net):
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    started: list[Server] = []
+
+    def late_start() -> None:
+        time.sleep(0.3)
+        started.append(net.serve(address))
+
+    t = threading.Thread(target=late_start)
+    net.threads.append(t)
+    t.start()
+    c = net.connect(address, timeout=10)
+    c.send("late")
+    assert c.recv(timeout=5) == "late"
+    assert started
+
+
+def test_connect_to_a_closed_port_raises_naming_the_address():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(OSError, match=address):
+        registry.connect(address, 0.3)
+    assert time.monotonic() - t0 < 3
+
+
+def test_connect_to_a_non_hpcsched_server_fails_clearly(net):
+    with socket.socket() as plain:
+        plain.bind(("127.0.0.1", 0))
+        plain.listen()
+        address = f"tcp://127.0.0.1:{plain.getsockname()[1]}"
+
+        def greet() -> None:
+            conn, _ = plain.accept()
+            with conn:
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n" + b" " * 40)
+                try:
+                    conn.recv(100)  # until the client hangs up
+                except ConnectionResetError:
+                    pass
+
+        t = threading.Thread(target=greet)
+        net.threads.append(t)
+        t.start()
+        with pytest.raises(HandshakeError, match="not an hpcsched server"):
+            registry.connect(address, 5)
+
+
+# ---------------------------------------------------------------- authentication
+def test_wrong_secret_is_refused_and_the_server_keeps_serving(net, comm_log):
+    good = Security.generate()
+    srv = net.serve(security=good)
+    with pytest.raises(HandshakeError, match=f"scheduler at {srv.address} refused our credentials: wrong secret"):
+        registry.connect(srv.address, 5, Security.generate())
+    wait_for(lambda: logged(comm_log, "authentication failed", "tcp://127.0.0.1:", "wrong HMAC"),
+             what="the refusal to be logged")
+    assert srv.accepted.empty()  # on_connect never saw the impostor
+    c = net.connect(srv.address, security=good)
+    c.send({"op": "ok"})
+    assert c.recv(timeout=5) == {"op": "ok"}
+
+
+@pytest.mark.parametrize("server_secret, client_secret, match", [
+    (True, False, "requires the cluster's shared secret"),
+    (False, True, "does not authenticate its peers"),
+])
+def test_security_mismatch_fails_fast(net, server_secret, client_secret, match):
+    srv = net.serve(security=Security.generate() if server_secret else None)
+    t0 = time.monotonic()
+    with pytest.raises(HandshakeError, match=match):
+        registry.connect(srv.address, 5, Security.generate() if client_secret else None)
+    assert time.monotonic() - t0 < 2
+
+
+def test_secret_never_goes_on_the_wire(net):
+    """A recording proxy between client and server never sees the secret's bytes."""
+    sec = Security.generate()
+    srv = net.serve(security=sec)
+    seen = bytearray()
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen()
+    net.sockets.append(proxy)
+
+    def relay(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                seen.extend(data)
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            try:  # wakes the relay thread reading from b
+                b.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            b.close()
+
+    def run_proxy() -> None:
+        conn, _ = proxy.accept()
+        up = net.raw(srv.address)
+        t = threading.Thread(target=relay, args=(up, conn))
+        t.start()
+        relay(conn, up)
+        t.join(timeout=5)
+
+    t = threading.Thread(target=run_proxy)
+    net.threads.append(t)
+    t.start()
+    c = registry.connect(f"tcp://127.0.0.1:{proxy.getsockname()[1]}", 5, sec)
+    c.send("through the proxy")
+    assert c.recv(timeout=5) == "through the proxy"
+    c.close()
+    t.join(timeout=5)
+    assert len(seen) > 100 and sec.secret not in seen and sec.secret.hex().encode() not in seen
+
+
+def test_silent_peer_is_dropped_after_the_handshake_timeout(net, comm_log):
+    with config.set({"comm.timeouts.handshake": 0.3}):
+        sec = Security.generate()
+        srv = net.serve(security=sec)
+        s = net.raw(srv.address)
+        t0 = time.monotonic()
+        hello = _read_until_eof(s)  # the greeting, then EOF when the server gives up
+        assert hello.startswith(b"HPCS")
+        assert 0.2 < time.monotonic() - t0 < 3
+        wait_for(lambda: logged(comm_log, "authentication failed", "no complete handshake"))
+        assert srv.accepted.empty()
+        c = net.connect(srv.address, security=sec)
+        c.send(1)
+        assert c.recv(timeout=5) == 1
+
+
+def _read_until_eof(s: socket.socket) -> bytes:
+    """What the server still sends before hanging up (a reset also counts as hanging up)."""
+    out = b""
+    try:
+        while chunk := s.recv(65536):
+            out += chunk
+    except ConnectionResetError:
+        pass
+    return out
+
+
+def test_garbage_instead_of_a_handshake_is_dropped(net, comm_log):
+    sec = Security.generate()
+    srv = net.serve(security=sec)
+    s = net.raw(srv.address)
+    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 60)
+    _read_until_eof(s)
+    wait_for(lambda: logged(comm_log, "authentication failed", "not an hpcsched peer"))
+    assert srv.accepted.empty()
+    c = net.connect(srv.address, security=sec)
+    c.send(2)
+    assert c.recv(timeout=5) == 2
+
+
+def _authenticated_raw_socket(net: Net, address: str, secret: bytes) -> socket.socket:
+    """Speak the handshake by hand (an independent check of the documented protocol)."""
+    s = net.raw(address)
+    hello = b""
+    while len(hello) < 38:
+        hello += s.recv(38 - len(hello))
+    magic, version, flags, nonce = struct.unpack("<4sBB32s", hello)
+    assert (magic, version, flags) == (b"HPCS", 1, 2)
+    cnonce = bytes(range(32))
+    mac = hmac.new(secret, b"client" + nonce + cnonce, hashlib.sha256).digest()
+    s.sendall(struct.pack("<4sBB32s32s", b"HPCS", 1, 2, cnonce, mac))
+    verdict = b""
+    while len(verdict) < 33:
+        verdict += s.recv(33 - len(verdict))
+    assert verdict[0] == 1
+    assert verdict[1:] == hmac.new(secret, b"server" + cnonce + nonce, hashlib.sha256).digest()
+    return s
+
+
+@pytest.mark.parametrize("name, wire, complaint", [
+    ("bad magic", b"EVIL" + struct.pack("<IQ", 1, 4) + b"abcd", "bad frame header"),
+    ("huge frame", b"HSm1" + struct.pack("<IQ", 1, 2**40), "comm.max-frame-bytes"),
+    ("too many frames", b"HSm1" + struct.pack("<I", 10**7), "comm.max-frames"),
+    ("zero frames", b"HSm1" + struct.pack("<I", 0), "comm.max-frames"),
+    ("garbage pickle", b"HSm1" + struct.pack("<IQ", 1, 12) + b"not a pickle", "undecodable message"),
+])
+def test_malformed_frames_close_the_comm_not_the_server(net, comm_log, name, wire, complaint):
+    sec = Security.generate()
+    srv = net.serve(security=sec, echo=False)
+    s = _authenticated_raw_socket(net, srv.address, sec.secret)
+    server_side = srv.accepted.get(timeout=5)
+    s.sendall(wire)
+    with pytest.raises(CommClosedError, match=complaint):
+        server_side.recv(timeout=5)
+    assert server_side.closed
+    assert _read_until_eof(s) == b""  # the server hung up on the peer
+    assert logged(comm_log, "closing comm with tcp://127.0.0.1:", complaint)
+    c = net.connect(srv.address, security=sec)  # the listener is unaffected
+    srv.accepted.get(timeout=5).send(f"still serving after {name}")
+    assert c.recv(timeout=5) == f"still serving after {name}"
+
+
+def test_a_valid_raw_message_is_accepted(net):
+    """The hand-made frames above fail for the stated reason, not for bad framing."""
+    sec = Security.generate()
+    srv = net.serve(security=sec, echo=False)
+    s = _authenticated_raw_socket(net, srv.address, sec.secret)
+    server_side = srv.accepted.get(timeout=5)
+    import pickle
+    payload = pickle.dumps({"op": "hello"}, protocol=5)
+    s.sendall(b"HSm1" + struct.pack("<IQ", 1, len(payload)) + payload)
+    assert server_side.recv(timeout=5) == {"op": "hello"}
+
+
+def test_many_pending_handshakes_do_not_block_accepts(net):
+    with config.set({"comm.timeouts.handshake": 5.0}):
+        sec = Security.generate()
+        srv = net.serve(security=sec)
+        for _ in range(10):  # silent peers each occupy a handshake thread
+            net.raw(srv.address)
+        t0 = time.monotonic()
+        c = net.connect(srv.address, security=sec)
+        c.send("fast")
+        assert c.recv(timeout=5) == "fast"
+        assert time.monotonic() - t0 < 2
+
+
+# ---------------------------------------------------------------- TLS
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed: cannot make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hpcsched-test",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )
+    return str(cert), str(key)
+
+
+def test_tls_round_trip(net, tls_files):
+    cert, key = tls_files
+    secret = Security.generate().secret
+    server_sec = Security(secret=secret, tls_cert=cert, tls_key=key)
+    client_sec = Security(secret=secret, tls_ca=cert)
+    srv = net.serve(security=server_sec)
+    c = net.connect(srv.address, security=client_sec)
+    arr = np.arange(2**20, dtype="f8")  # 8 MiB both ways while the reader decrypts
+    c.send({"op": "tls", "x": arr})
+    back = c.recv(timeout=20)
+    np.testing.assert_array_equal(back["x"], arr)
+    for i in range(50):
+        c.send(i)
+    assert [c.recv(timeout=5) for _ in range(50)] == list(range(50))
+
+
+def test_tls_mutual_and_tls_scheme(net, tls_files):
+    cert, key = tls_files
+    sec = Security(secret=Security.generate().secret, tls_cert=cert, tls_key=key, tls_ca=cert)
+    srv = net.serve("tls://127.0.0.1:0", security=sec)  # the CA makes it check client certificates
+    assert srv.address.startswith("tls://")
+    c = net.connect(srv.address, security=sec)
+    c.send("mutual")
+    assert c.recv(timeout=5) == "mutual"
+
+
+def test_plain_client_to_tls_server_fails_clearly(net, tls_files, comm_log):
+    cert, key = tls_files
+    srv = net.serve(security=Security(tls_cert=cert, tls_key=key))
+    with pytest.raises(HandshakeError, match="requires TLS"):
+        registry.connect(srv.address, 5, None)
+    with pytest.raises(HandshakeError, match="TLS handshake .* failed"):
+        # a client that trusts another CA (the system's) rejects the self-signed certificate
+        registry.connect(srv.address.replace("tcp://", "tls://"), 5, None)
+
+
+def test_bad_tls_files_are_named():
+    with pytest.raises(ValueError, match="/nonexistent/cert.pem"):
+        tcp_backend.TCPListener("tcp://127.0.0.1:0", lambda c: None,
+                                Security(tls_cert="/nonexistent/cert.pem"))
