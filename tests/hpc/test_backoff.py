@@ -27,6 +27,7 @@ def make(t: FakeTime, **kw) -> Backoff:
     kw.setdefault("min", 0.001)
     kw.setdefault("fast_max", 0.008)
     kw.setdefault("max", 0.1)
+    kw.setdefault("hold", 0.0)
     return Backoff(clock=t.clock, sleep=t.sleep, **kw)
 
 
@@ -72,11 +73,25 @@ def test_idle_time_counts_from_reset_even_without_sleeping():
     assert t.slept[-1] == 0.1
 
 
+def test_hold_polls_at_min_then_doubles():
+    t = FakeTime()
+    b = make(t, hold=0.0035)
+    for _ in range(8):
+        b.sleep()
+    # 0.001 until 3.5 ms have passed since the reset, then doubling
+    assert t.slept == [0.001] * 4 + [0.002, 0.004, 0.008, 0.008]
+    b.reset()
+    t.slept.clear()
+    b.sleep()
+    b.sleep()
+    assert t.slept == [0.001, 0.001]
+
+
 def test_defaults_come_from_config(monkeypatch):
     monkeypatch.setenv("HPCSCHED_MPI__POLL_MAX", "0.25")
-    with config.set({"mpi.poll-min": 0.002, "mpi.poll-fast-max": 0.004}):
+    with config.set({"mpi.poll-min": 0.002, "mpi.poll-fast-max": 0.004, "mpi.poll-hold": 0.01}):
         b = Backoff(sleep=lambda s: None)
-    assert (b.min, b.fast_max, b.max) == (0.002, 0.004, 0.25)
+    assert (b.min, b.fast_max, b.max, b.hold) == (0.002, 0.004, 0.25, 0.01)
     # keyword arguments win over config
     with config.set({"mpi.poll-min": 0.002}):
         assert Backoff(min=0.0005, sleep=lambda s: None).min == 0.0005
@@ -85,7 +100,8 @@ def test_defaults_come_from_config(monkeypatch):
 @pytest.mark.parametrize(
     "kw",
     [dict(min=0, fast_max=1, max=2), dict(min=0.1, fast_max=0.01, max=1),
-     dict(min=0.1, fast_max=1, max=0.5), dict(min=0.1, fast_max=1, max=2, fast_period=-1)],
+     dict(min=0.1, fast_max=1, max=0.5), dict(min=0.1, fast_max=1, max=2, fast_period=-1),
+     dict(min=0.1, fast_max=1, max=2, hold=-1)],
 )
 def test_bad_parameters_raise(kw):
     with pytest.raises(ValueError, match="Backoff"):

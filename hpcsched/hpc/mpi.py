@@ -1,0 +1,568 @@
+"""``mpi://<rank>``: the MPI point-to-point transport.
+
+One :class:`Endpoint` per process owns a private communicator (a nonblocking
+``Idup`` of ``COMM_WORLD``, so the user's own MPI traffic can never match ours)
+and ONE progress thread. Everything else is plain Python:
+
+* **Channels.** ``connect("mpi://3")`` opens a new channel to rank 3 and sends
+  it a small *hello*; rank 3's endpoint then hands a fresh :class:`MPIComm` to
+  the ``on_connect`` of its listener (``listen("mpi://")``), like an accepted
+  TCP connection. Several channels may link the same pair of ranks (a worker's
+  stream to the scheduler, a peer's data fetch, ...); each is ordered on its
+  own. A hello that arrives before anyone listens waits for the listener.
+  ``close()`` sends a *bye*: the peer's ``recv`` raises CommClosedError once it
+  has read everything sent before. No authentication: the MPI job is the
+  trust boundary.
+* **Receiving never spins.** MPICH's blocking calls busy-wait, so the
+  progress thread polls ``Improbe(ANY_SOURCE, TAG_CONTROL)`` and sleeps with
+  a :class:`~hpcsched.hpc.backoff.Backoff` between polls (idle rank: ~0% CPU).
+  It puts each complete message on its channel's ``queue.SimpleQueue``;
+  ``MPIComm.recv(timeout)`` waits on that queue, and unpickles there.
+* **Wire format.** ``frames = serialize.dumps(msg)``. One control message
+  (tag :data:`TAG_CONTROL`) carries a header (kind, channel, frame lengths) and
+  every frame smaller than ``mpi.data-threshold`` (64 KiB). Each larger frame
+  follows as its own message (tag :data:`TAG_DATA`), sent from the frame's
+  memory with no copy. The receiver reads the header, then, once ``Improbe``
+  shows the data message has arrived, receives it straight into a fresh
+  ``numpy.empty(n, uint8)`` on top of which the array unpickles (zero-copy).
+  MPI's non-overtaking rule (per source, tag and communicator) plus a
+  per-destination send lock keep every message's data after its own header.
+* **Sending never blocks.** ``send`` posts ``Isend`` requests and returns;
+  the progress thread tests them and drops the references to the frames once
+  MPI is done with them.
+
+MPI must run with ``MPI_THREAD_MULTIPLE`` (several threads send while the
+progress thread receives); MPICH provides it and :func:`init_endpoint` checks.
+Creating the endpoint is collective over ``COMM_WORLD``: every rank calls
+:func:`init_endpoint` (or uses the transport, which calls it); ``shutdown`` is
+local (no barrier: a blocking collective would spin).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import logging
+import queue
+import struct
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from hpcsched.core import config, serialize
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import (
+    Backend,
+    Comm,
+    CommClosedError,
+    Listener,
+    Security,
+    parse_address,
+)
+from hpcsched.hpc.backoff import Backoff
+
+logger = logging.getLogger(__name__)
+
+TAG_CONTROL = 7301
+TAG_DATA = 7302
+
+KIND_HELLO, KIND_MSG, KIND_BYE = 1, 2, 3
+WIRE_VERSION = 1
+# version, kind, sent by the channel's initiator?, initiator rank, channel number, frame count
+_HEAD = struct.Struct("<BBBiQI")
+_FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
+_CLOSE = object()
+_MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
+
+
+def _mpi() -> Any:
+    """mpi4py's MPI module, initialized with MPI_THREAD_MULTIPLE (checked)."""
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"
+    from mpi4py import MPI
+
+    if not MPI.Is_initialized():  # the user set mpi4py.rc.initialize = False
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
+    provided = MPI.Query_thread()
+    if provided < MPI.THREAD_MULTIPLE:
+        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
+                 MPI.THREAD_SERIALIZED: "SERIALIZED"}
+        raise RuntimeError(
+            f"the mpi:// transport needs MPI_THREAD_MULTIPLE but MPI was initialized with "
+            f"MPI_THREAD_{names.get(provided, provided)}; do not set mpi4py.rc.thread_level "
+            "lower than 'multiple' (or use an MPI library built with thread support)"
+        )
+    return MPI
+
+
+def _as_bytes_view(frame: serialize.Frame) -> memoryview:
+    mv = memoryview(frame)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+class _Incoming:
+    """A control message whose large frames may still be on their way."""
+
+    __slots__ = ("kind", "key", "frames", "missing")
+
+    def __init__(self, kind: int, key: tuple[int, int, int, bool], frames: list[Any],
+                 missing: deque[tuple[int, int]]):
+        self.kind = kind
+        self.key = key
+        self.frames = frames
+        self.missing = missing  # (frame index, nbytes) of frames that follow as data messages
+
+
+class MPIComm(Comm):
+    """One channel between this rank and ``peer``; see the module docstring."""
+
+    def __init__(self, endpoint: Endpoint, peer: int, key: tuple[int, int, int, bool]):
+        self._ep = endpoint
+        self.peer = peer
+        self._key = key  # (peer, initiator rank, channel number, this side initiated?)
+        self.local_address = f"mpi://{endpoint.rank}"
+        self.peer_address = f"mpi://{peer}"
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._peer_closed = False
+        self._reason = "peer closed"
+
+    @property
+    def channel(self) -> tuple[int, int]:
+        """(initiator rank, number): the same on both ends of the channel."""
+        return self._key[1], self._key[2]
+
+    def send(self, msg: Any) -> None:
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        if self._peer_closed:
+            raise CommClosedError(f"{self!r}: {self._reason}")
+        self._ep._send(self.peer, KIND_MSG, self._key, serialize.dumps(msg))
+
+    def recv(self, timeout: float | None = None) -> Any:
+        if self._closed:
+            raise CommClosedError(f"{self!r} is closed")
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"no message on {self!r} within {timeout}s") from None
+        if item is _CLOSE:
+            self._closed = True
+            self._queue.put(_CLOSE)  # later recv calls fail too
+            raise CommClosedError(f"{self!r}: {self._reason}")
+        return serialize.loads(item)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self._peer_closed:
+            try:
+                self._ep._send(self.peer, KIND_BYE, self._key, ())
+            except CommClosedError:
+                pass  # the endpoint is shut down: the peer learns nothing more from us anyway
+        self._ep._forget(self)
+        self._queue.put(_CLOSE)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # called by the progress thread
+    def _deliver(self, frames: list[Any]) -> None:
+        if not self._closed:
+            self._queue.put(frames)
+
+    def _on_peer_closed(self, reason: str = "peer closed") -> None:
+        if not self._peer_closed:
+            self._reason = reason
+            self._peer_closed = True
+            self._queue.put(_CLOSE)
+
+
+class MPIListener(Listener):
+    def __init__(self, endpoint: Endpoint, on_connect: Callable[[Comm], None]):
+        self._ep = endpoint
+        self.on_connect = on_connect
+        self.address = f"mpi://{endpoint.rank}"
+
+    def stop(self) -> None:
+        self._ep._unlisten(self)
+
+
+class Endpoint:
+    """This process's MPI endpoint: the private communicator and the progress thread."""
+
+    def __init__(self, comm: Any):
+        self.comm = comm
+        self.rank: int = comm.Get_rank()
+        self.size: int = comm.Get_size()
+        self.data_threshold = int(config.get("mpi.data-threshold", None, default=64 * 1024))
+        self._MPI = _mpi()
+        self._lock = threading.Lock()  # channels, listener, unaccepted
+        self._channels: dict[tuple[int, int, int, bool], MPIComm] = {}
+        self._numbers = itertools.count()
+        self._listener: MPIListener | None = None
+        self._unaccepted: deque[MPIComm] = deque()
+        self._send_locks: dict[int, threading.Lock] = {}
+        self._sends_lock = threading.Lock()
+        self._send_reqs: list[Any] = []
+        self._send_keep: list[Any] = []  # frames referenced until their Isend completes
+        # progress-thread state: per source, messages in arrival order
+        self._incoming: dict[int, deque[_Incoming]] = {}
+        self._stop = threading.Event()
+        self._wake = threading.Event()  # set by senders: a reply is likely soon, poll now
+        self._poked = False
+        self._shut = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"hpcsched-mpi-progress-{self.rank}")
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"<Endpoint rank {self.rank}/{self.size}, {len(self._channels)} channels>"
+
+    @property
+    def address(self) -> str:
+        return f"mpi://{self.rank}"
+
+    # ------------------------------------------------------------ public
+    def connect(self, rank: int) -> MPIComm:
+        """Open a new channel to ``rank`` (its listener's on_connect gets the other end)."""
+        if not 0 <= rank < self.size:
+            raise ValueError(f"cannot connect to mpi://{rank}: the MPI job has ranks 0..{self.size - 1}")
+        key = (rank, self.rank, next(self._numbers), True)
+        comm = MPIComm(self, rank, key)
+        with self._lock:
+            if self._shut:
+                raise CommClosedError(f"the MPI endpoint of rank {self.rank} is shut down")
+            self._channels[key] = comm
+        self._send(rank, KIND_HELLO, key, ())
+        return comm
+
+    def listen(self, on_connect: Callable[[Comm], None]) -> MPIListener:
+        """Hand every channel a peer opens to us (also ones opened earlier) to ``on_connect``."""
+        with self._lock:
+            if self._shut:
+                raise CommClosedError(f"the MPI endpoint of rank {self.rank} is shut down")
+            if self._listener is not None:
+                raise OSError(f"{self.address} is already being listened on")
+            self._listener = lst = MPIListener(self, on_connect)
+            waiting = list(self._unaccepted)
+            self._unaccepted.clear()
+        for comm in waiting:
+            self._accept(lst, comm)
+        return lst
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Close every channel, let pending sends finish (up to ``timeout``), stop the thread.
+
+        Local: no collective, so ranks may shut down at different times.
+        """
+        with self._lock:
+            if self._shut:
+                return
+            comms = list(self._channels.values())
+        for comm in comms:
+            comm.close()
+        with self._lock:
+            self._shut = True
+            self._listener = None
+        deadline = time.monotonic() + timeout
+        wait = Backoff(min=1e-4, fast_max=1e-2, max=1e-2)
+        while self.pending_sends() and self._thread.is_alive() and time.monotonic() < deadline:
+            wait.sleep()
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(max(0.1, deadline - time.monotonic()))
+        left = self.pending_sends()
+        if left:
+            logger.warning("MPI endpoint of rank %d shut down with %d sends not completed "
+                           "(receiver gone or not progressing)", self.rank, left)
+        elif not self._thread.is_alive():
+            try:
+                self.comm.Free()
+            except Exception:  # best effort: the job is ending anyway
+                logger.debug("freeing the endpoint communicator failed", exc_info=True)
+        for comm in list(self._unaccepted):
+            comm._on_peer_closed("MPI endpoint shut down")
+        self._unaccepted.clear()
+
+    def pending_sends(self) -> int:
+        with self._sends_lock:
+            return len(self._send_reqs)
+
+    # ------------------------------------------------------------ sending
+    def _send_lock(self, dest: int) -> threading.Lock:
+        lock = self._send_locks.get(dest)
+        if lock is None:
+            with self._lock:
+                lock = self._send_locks.setdefault(dest, threading.Lock())
+        return lock
+
+    def _send(self, dest: int, kind: int, key: tuple[int, int, int, bool],
+              frames: Sequence[serialize.Frame]) -> None:
+        if self.error is not None:
+            raise CommClosedError(f"the MPI endpoint of rank {self.rank} failed: {self.error!r}")
+        _, initiator, number, initiated = key
+        views = [_as_bytes_view(f) for f in frames]
+        descs = [_HEAD.pack(WIRE_VERSION, kind, initiated, initiator, number, len(views))]
+        inline: list[memoryview] = []
+        large: list[memoryview] = []
+        for mv in views:
+            small = mv.nbytes < self.data_threshold
+            descs.append(_FRAME.pack(mv.nbytes, small))
+            (inline if small else large).append(mv)
+        control = b"".join([*descs, *inline])
+        MPI = self._MPI
+        with self._send_lock(dest):
+            if self._stop.is_set():
+                raise CommClosedError(f"the MPI endpoint of rank {self.rank} is shut down")
+            reqs = [self.comm.Isend([control, MPI.BYTE], dest, TAG_CONTROL)]
+            for mv in large:
+                reqs.append(self.comm.Isend([mv, MPI.BYTE], dest, TAG_DATA))
+        with self._sends_lock:
+            self._send_reqs.extend(reqs)
+            self._send_keep.append(control)
+            self._send_keep.extend(large)
+        # A request usually draws a reply soon: poll eagerly from now on. Without this, in a
+        # ping-pong each side's back-off grows while it waits and the latency creeps up to
+        # the fast cap (1 ms) on every hop.
+        self._poked = True
+        self._wake.set()
+
+    def _test_sends(self) -> None:
+        with self._sends_lock:
+            if not self._send_reqs:
+                return
+            done = self._MPI.Request.Testsome(self._send_reqs)
+            if done:
+                gone = set(done)
+                self._send_reqs = [r for i, r in enumerate(self._send_reqs) if i not in gone]
+                self._send_keep = [b for i, b in enumerate(self._send_keep) if i not in gone]
+
+    # ------------------------------------------------------------ receiving
+    def _run(self) -> None:
+        backoff = Backoff(sleep=self._nap)
+        try:
+            while not self._stop.is_set():
+                busy = self._poll_control()
+                for source in [s for s, dq in self._incoming.items() if dq]:
+                    busy |= self._advance(source)
+                self._test_sends()
+                if busy or self._poked:
+                    self._poked = False
+                    backoff.reset()
+                else:
+                    backoff.sleep()
+        except BaseException as e:  # never die silently: fail every channel loudly
+            logger.exception("MPI progress thread of rank %d failed", self.rank)
+            self.error = e
+            with self._lock:
+                comms = list(self._channels.values()) + list(self._unaccepted)
+            for comm in comms:
+                comm._on_peer_closed(f"MPI endpoint failed: {e!r}")
+
+    def _nap(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
+
+    def _poll_control(self) -> bool:
+        MPI = self._MPI
+        status = MPI.Status()
+        got = False
+        for _ in range(_MAX_CONTROL_PER_POLL):
+            message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_CONTROL, status)
+            if message is None:
+                break
+            buf = bytearray(status.Get_count(MPI.BYTE))
+            source = status.Get_source()
+            message.Recv([buf, MPI.BYTE])
+            self._incoming.setdefault(source, deque()).append(self._parse(source, buf))
+            self._advance(source)
+            got = True
+        return got
+
+    def _parse(self, source: int, buf: bytearray) -> _Incoming:
+        view = memoryview(buf)
+        try:
+            version, kind, from_initiator, initiator, number, nframes = _HEAD.unpack_from(view)
+            if version != WIRE_VERSION or kind not in (KIND_HELLO, KIND_MSG, KIND_BYE):
+                raise ValueError(f"version {version}, kind {kind}")
+            pos = _HEAD.size
+            sizes: list[tuple[int, bool]] = []
+            for _ in range(nframes):
+                n, inline = _FRAME.unpack_from(view, pos)
+                sizes.append((n, bool(inline)))
+                pos += _FRAME.size
+            frames: list[Any] = []
+            missing: deque[tuple[int, int]] = deque()
+            for i, (n, inline) in enumerate(sizes):
+                if inline:
+                    if pos + n > len(view):
+                        raise ValueError("frame runs past the end of the message")
+                    frames.append(view[pos:pos + n])
+                    pos += n
+                else:
+                    frames.append(None)
+                    missing.append((i, n))
+        except (struct.error, ValueError) as e:
+            # both ends run this very code: garbage here means a bug or a stray sender
+            raise RuntimeError(f"malformed hpcsched control message from MPI rank {source}: {e}") from e
+        key = (source, initiator, number, not from_initiator)
+        return _Incoming(kind, key, frames, missing)
+
+    def _advance(self, source: int) -> bool:
+        """Receive arrived data for ``source`` and deliver its complete messages, in order."""
+        MPI = self._MPI
+        pending = self._incoming[source]
+        status = MPI.Status()
+        progressed = False
+        while pending:
+            head = pending[0]
+            while head.missing:
+                index, nbytes = head.missing[0]
+                message = self.comm.Improbe(source, TAG_DATA, status)
+                if message is None:
+                    return progressed
+                if status.Get_count(MPI.BYTE) != nbytes:
+                    raise RuntimeError(
+                        f"MPI rank {source} sent a data frame of {status.Get_count(MPI.BYTE)} "
+                        f"bytes where its header announced {nbytes}"
+                    )
+                buf = np.empty(nbytes, dtype=np.uint8)
+                message.Recv([buf, MPI.BYTE])  # has arrived: completes at memory speed
+                head.frames[index] = buf
+                head.missing.popleft()
+                progressed = True
+            pending.popleft()
+            self._dispatch(source, head)
+            progressed = True
+        return progressed
+
+    def _dispatch(self, source: int, item: _Incoming) -> None:
+        if item.kind == KIND_HELLO:
+            comm = MPIComm(self, source, item.key)
+            with self._lock:
+                self._channels[item.key] = comm
+                lst = self._listener
+                if lst is None:
+                    self._unaccepted.append(comm)
+            if lst is not None:
+                self._accept(lst, comm)
+            return
+        with self._lock:
+            comm = self._channels.get(item.key)
+        if comm is None:  # we closed this channel already; the peer had not heard yet
+            logger.debug("rank %d drops a message for closed channel %s", self.rank, item.key)
+            return
+        if item.kind == KIND_MSG:
+            comm._deliver(item.frames)
+        else:  # KIND_BYE
+            comm._on_peer_closed()
+            self._forget(comm)
+
+    def _accept(self, lst: MPIListener, comm: MPIComm) -> None:
+        # in a thread of its own: on_connect may block on comm.recv, which needs this thread
+        threading.Thread(target=lst.on_connect, args=(comm,), daemon=True,
+                         name=f"mpi-accept {comm.peer_address}").start()
+
+    def _forget(self, comm: MPIComm) -> None:
+        with self._lock:
+            if self._channels.get(comm._key) is comm:
+                del self._channels[comm._key]
+
+    def _unlisten(self, lst: MPIListener) -> None:
+        with self._lock:
+            if self._listener is lst:
+                self._listener = None
+
+
+# ---------------------------------------------------------------- the singleton
+_endpoint: Endpoint | None = None
+_endpoint_lock = threading.Lock()
+
+
+def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
+    """This process's endpoint, created on first call by a nonblocking dup of ``comm``.
+
+    Collective over ``comm`` (default ``COMM_WORLD``) on first use: every rank
+    must call it (or use ``mpi://``) within ``timeout`` (config
+    ``comm.timeouts.connect``). Waiting polls with back-off instead of spinning.
+    """
+    global _endpoint
+    with _endpoint_lock:
+        if _endpoint is not None:
+            return _endpoint
+        MPI = _mpi()
+        base = MPI.COMM_WORLD if comm is None else comm
+        timeout = float(config.get("comm.timeouts.connect", timeout))
+        dup, request = base.Idup()
+        deadline = time.monotonic() + timeout
+        wait = Backoff()
+        while not request.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"MPI rank {base.Get_rank()}: not every rank of the communicator created "
+                    f"its hpcsched endpoint within {timeout}s (init_endpoint is collective)"
+                )
+            wait.sleep()
+        _endpoint = Endpoint(dup)
+        # registered after mpi4py's own exit hook (made at import), and atexit runs the
+        # last-registered first: the progress thread stops before MPI_Finalize
+        atexit.unregister(shutdown_endpoint)
+        atexit.register(shutdown_endpoint)
+        return _endpoint
+
+
+def get_endpoint(timeout: float | None = None) -> Endpoint:
+    """The endpoint, created (collectively, see :func:`init_endpoint`) if need be."""
+    return _endpoint if _endpoint is not None else init_endpoint(timeout=timeout)
+
+
+def shutdown_endpoint(timeout: float = 5.0) -> None:
+    """Shut the endpoint down (local, idempotent); a later use creates a new one."""
+    global _endpoint
+    with _endpoint_lock:
+        ep, _endpoint = _endpoint, None
+    if ep is not None:
+        ep.shutdown(timeout)
+
+
+def _parse_rank(location: str, address: str) -> int:
+    try:
+        rank = int(location)
+    except ValueError:
+        raise ValueError(f"not an MPI address: {address!r} (expected mpi://<rank>, e.g. mpi://0)") from None
+    if rank < 0:
+        raise ValueError(f"not an MPI address: {address!r} (rank must be >= 0)")
+    return rank
+
+
+def _connect(address: str, timeout: float, security: Security | None) -> Comm:
+    _, location = parse_address(address)
+    rank = _parse_rank(location, address)
+    return get_endpoint(timeout).connect(rank)
+
+
+def _listen(address: str, on_connect: Callable[[Comm], None], security: Security | None) -> Listener:
+    _, location = parse_address(address)
+    ep = get_endpoint()
+    if location not in ("", str(ep.rank)):
+        raise ValueError(
+            f"cannot listen on {address}: this process is MPI rank {ep.rank} "
+            f"(listen on mpi:// or mpi://{ep.rank})"
+        )
+    return ep.listen(on_connect)
+
+
+registry.register("mpi", Backend(connect=_connect, listen=_listen))
