@@ -1,0 +1,155 @@
+"""inproc:// comm: pipes, listen/connect, close semantics, timeouts."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import pytest
+
+from hpcsched.core.comm import CommClosedError, inproc, registry
+
+pytestmark = pytest.mark.timeout(20)
+
+
+@pytest.fixture
+def cleanup():
+    items: list = []
+    try:
+        yield items
+    finally:
+        for x in items:
+            if isinstance(x, threading.Thread):
+                x.join(timeout=5)
+            elif hasattr(x, "stop"):
+                x.stop()
+            else:
+                x.close()
+
+
+def test_pipe_passes_objects_as_they_are():
+    a, b = inproc.pipe()
+    payload = {"op": "compute", "data": [1, 2, 3], "lock": threading.Lock()}  # no pickling
+    a.send(payload)
+    got = b.recv(timeout=1)
+    assert got is payload
+    b.send("back")
+    assert a.recv(timeout=1) == "back"
+    assert (a.local_address, a.peer_address) == ("inproc://a", "inproc://b")
+    assert (b.local_address, b.peer_address) == ("inproc://b", "inproc://a")
+    for i in range(100):
+        a.send(i)
+    assert [b.recv(timeout=1) for _ in range(100)] == list(range(100))
+    a.close()
+    b.close()
+
+
+def test_recv_timeout():
+    a, b = inproc.pipe()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        b.recv(timeout=0.05)
+    assert time.monotonic() - t0 >= 0.04
+    a.send(1)
+    assert b.recv(timeout=0) == 1  # already there: a zero timeout still delivers it
+    a.close()
+
+
+def test_close_wakes_a_blocked_recv_and_the_peer():
+    a, b = inproc.pipe()
+    errors: queue.Queue = queue.Queue()
+
+    def reader(comm) -> None:
+        try:
+            comm.recv()
+        except Exception as e:
+            errors.put(e)
+
+    threads = [threading.Thread(target=reader, args=(c,)) for c in (a, b)]
+    for t in threads:
+        t.start()
+    time.sleep(0.02)  # let both block (passes either way)
+    a.close()
+    assert isinstance(errors.get(timeout=2), CommClosedError)
+    assert isinstance(errors.get(timeout=2), CommClosedError)
+    for t in threads:
+        t.join(timeout=2)
+    assert a.closed and b.closed
+    with pytest.raises(CommClosedError):
+        a.send("x")
+    with pytest.raises(CommClosedError):
+        b.recv(timeout=1)  # stays closed
+    a.close()  # idempotent
+    b.close()
+
+
+def test_messages_sent_before_close_still_arrive():
+    a, b = inproc.pipe()
+    a.send("last words")
+    a.close()
+    assert b.recv(timeout=1) == "last words"
+    with pytest.raises(CommClosedError, match="peer closed"):
+        b.recv(timeout=1)
+
+
+def test_listen_connect_and_stop(cleanup):
+    accepted: queue.Queue = queue.Queue()
+    lst = registry.listen("inproc://", accepted.put)
+    cleanup.append(lst)
+    assert lst.address.startswith("inproc://")
+    client = registry.connect(lst.address, 1)
+    cleanup.append(client)
+    server_side = accepted.get(timeout=2)
+    cleanup.append(server_side)
+    client.send({"op": "hello"})
+    assert server_side.recv(timeout=1) == {"op": "hello"}
+    server_side.send("welcome")
+    assert client.recv(timeout=1) == "welcome"
+    assert client.peer_address == lst.address and server_side.local_address == lst.address
+    lst.stop()
+    client.send("after stop")  # accepted comms outlive their listener
+    assert server_side.recv(timeout=1) == "after stop"
+    with pytest.raises(ConnectionRefusedError, match=lst.address):
+        registry.connect(lst.address, 0.05)
+
+
+def test_address_in_use(cleanup):
+    address = inproc.new_address("dup")
+    cleanup.append(registry.listen(address, lambda c: None))
+    with pytest.raises(OSError, match="already in use"):
+        registry.listen(address, lambda c: None)
+
+
+def test_connect_waits_for_a_listener_that_appears_later(cleanup):
+    address = inproc.new_address("late")
+    accepted: queue.Queue = queue.Queue()
+
+    def late() -> None:
+        time.sleep(0.2)
+        cleanup.append(registry.listen(address, accepted.put))
+
+    t = threading.Thread(target=late)
+    t.start()
+    cleanup.append(t)
+    t0 = time.monotonic()
+    client = registry.connect(address, 5)
+    cleanup.append(client)
+    assert 0.1 < time.monotonic() - t0 < 3
+    client.send(42)
+    assert accepted.get(timeout=2).recv(timeout=1) == 42
+
+
+def test_connect_to_nobody_times_out_naming_the_address():
+    address = inproc.new_address("nobody")
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionRefusedError, match=address):
+        registry.connect(address, 0.1)
+    assert time.monotonic() - t0 < 2
+
+
+def test_unknown_scheme_and_bad_address():
+    with pytest.raises(ValueError, match="unknown transport scheme 'carrier-pigeon'"):
+        registry.connect("carrier-pigeon://x", 0.1)
+    with pytest.raises(ValueError, match="not an hpcsched address"):
+        registry.connect("localhost:8786", 0.1)
