@@ -1,0 +1,397 @@
+"""What a batch system is, and how a job script is rendered: the base of every adapter.
+
+A :class:`BatchSystem` holds the validated job parameters (dask-jobqueue's names:
+``cores``, ``memory``, ``processes``, ``walltime``, ``queue``, ...) merged from
+configuration (``jobqueue.<system>.<param>``, YAML or ``HPCSCHED_JOBQUEUE__SLURM__QUEUE``)
+and keyword arguments (which win), renders job scripts, and submits, polls and
+cancels jobs -- every shell call through ``self.run_command``
+(:func:`hpcsched.jobqueue.runner.run_command` unless a test replaces it).
+
+A subclass per system declares only data and small hooks: its commands, directive
+prefix, job-id pattern, native-state table, the directives for cores / memory /
+walltime / arrays, and how to parse its status output. It never touches the
+scheduler or the cluster: :class:`hpcsched.jobqueue.cluster.JobQueueCluster` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hpcsched.core import config
+from hpcsched.jobqueue import runner
+from hpcsched.jobqueue.job import (
+    JobState,
+    ceil_div,
+    format_memory,
+    parse_memory,
+    parse_walltime,
+    worker_lifetime,
+)
+from hpcsched.jobqueue.launch import LAUNCHERS, Expand, launch_command, quote_arg
+
+logger = logging.getLogger(__name__)
+
+_REQUIRED = object()
+
+#: parameter -> default, shared by every system (subclasses add ``extra_params``)
+COMMON_PARAMS: dict[str, Any] = {
+    "cores": _REQUIRED,
+    "memory": _REQUIRED,
+    "processes": 1,
+    "nthreads": None,  # threads per worker; default cores // processes
+    "walltime": None,
+    "queue": None,
+    "account": None,
+    "project": None,  # alias of account (PBS / LSF habit)
+    "resource_spec": None,
+    "job_extra_directives": [],
+    "job_directives_skip": [],
+    "job_script_prologue": [],
+    "env_extra": None,  # dask-jobqueue's old name of job_script_prologue
+    "log_directory": None,
+    "local_directory": None,
+    "interface": None,
+    "name": "hpcsched",
+    "python": None,
+    "scheduler_options": {},
+    "death_timeout": None,
+    "job_array": False,
+    "shebang": "#!/usr/bin/env bash",
+    "submit_command_extra": [],
+    "worker_extra_args": [],
+    "launcher": "fork",
+}
+
+_LIST_PARAMS = ("job_extra_directives", "job_directives_skip", "job_script_prologue",
+                "env_extra", "submit_command_extra", "worker_extra_args")
+_SCHEDULER_OPTIONS = ("host", "port", "interface")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What the batch system says about one job id."""
+
+    state: JobState
+    native: str = ""
+    exit_code: int | None = None
+
+
+def default_log_directory() -> str:
+    return os.path.join(os.path.expanduser("~"), ".hpcsched", "jobqueue")
+
+
+class BatchSystem:
+    """Job parameters + the commands and formats of one batch system.
+
+    >>> s = SLURMSystem(cores=8, memory="16GB", walltime="01:00:00")   # doctest: +SKIP
+    >>> print(s.render("job-0", "tcp://10.0.0.1:8786", "/home/u/.secret"))  # doctest: +SKIP
+    """
+
+    system: ClassVar[str] = ""  # config section: jobqueue.<system>
+    directive_prefix: ClassVar[str] = ""
+    submit_command: ClassVar[list[str]] = []
+    script_on_stdin: ClassVar[bool] = False
+    cancel_command: ClassVar[list[str]] = []
+    job_id_regex: ClassVar[str] = r"(?P<job_id>\S+)"
+    states: ClassVar[dict[str, JobState]] = {}
+    array_index_var: ClassVar[str] = ""  # env var holding the element index inside a job
+    array_first_index: ClassVar[int] = 0
+    extra_params: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.run_command: Callable[..., str] | None = None  # tests may replace
+        self.params = self._merge_params(kwargs)
+        self._validate()
+
+    # ------------------------------------------------------------ parameters
+    @classmethod
+    def param_defaults(cls) -> dict[str, Any]:
+        return {**COMMON_PARAMS, **cls.extra_params}
+
+    @classmethod
+    def _config_params(cls) -> dict[str, Any]:
+        known = cls.param_defaults()
+        out: dict[str, Any] = {}
+        for key, value in config.get_prefix(f"jobqueue.{cls.system}").items():
+            top, _, sub = key.partition(".")
+            param = top.replace("-", "_")
+            if param not in known:
+                raise ValueError(f"unknown parameter {param!r} in configuration "
+                                 f"jobqueue.{cls.system}.{top} (known: {', '.join(sorted(known))})")
+            if sub:  # YAML mappings arrive flattened: scheduler-options.host
+                out.setdefault(param, {})[sub.replace("-", "_")] = value
+            else:
+                out[param] = value
+        return out
+
+    def _merge_params(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        known = self.param_defaults()
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown parameter(s) {', '.join(unknown)} "
+                            f"(known: {', '.join(sorted(known))})")
+        merged = dict(known)
+        merged.update(self._config_params())
+        merged.update({k: v for k, v in kwargs.items() if v is not None})
+        for k, v in merged.items():
+            if v is _REQUIRED:
+                raise ValueError(f"{k} is required: pass {k}=... or set jobqueue.{self.system}."
+                                 f"{k.replace('_', '-')} in the configuration")
+        return merged
+
+    def _validate(self) -> None:
+        p = self.params
+        for k in _LIST_PARAMS:
+            v = p[k]
+            if v is None:
+                continue
+            if isinstance(v, str) or not isinstance(v, (list, tuple)) \
+                    or not all(isinstance(x, str) for x in v):
+                raise TypeError(f"{k} must be a list of strings, got {v!r}")
+            p[k] = list(v)
+        for k in ("cores", "processes"):
+            if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] < 1:
+                raise ValueError(f"{k} must be a positive integer, got {p[k]!r}")
+        if p["processes"] > p["cores"]:
+            raise ValueError(f"processes={p['processes']} > cores={p['cores']}: each worker "
+                             "process needs at least one core")
+        if p["nthreads"] is None:
+            p["nthreads"] = p["cores"] // p["processes"]
+        elif isinstance(p["nthreads"], bool) or not isinstance(p["nthreads"], int) or p["nthreads"] < 1:
+            raise ValueError(f"nthreads must be a positive integer, got {p['nthreads']!r}")
+        self.memory_bytes = parse_memory(p["memory"], "memory")
+        self.walltime_seconds = parse_walltime(p["walltime"]) if p["walltime"] is not None else None
+        if p["account"] and p["project"] and p["account"] != p["project"]:
+            raise ValueError(f"account={p['account']!r} and project={p['project']!r} disagree: "
+                             "pass one of them")
+        p["account"] = p["account"] or p["project"]
+        if p["env_extra"]:
+            if p["job_script_prologue"]:
+                raise ValueError("pass job_script_prologue or its old name env_extra, not both")
+            p["job_script_prologue"] = p["env_extra"]
+        if p["launcher"] not in LAUNCHERS:
+            raise ValueError(f"launcher={p['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
+        if not isinstance(p["name"], str) or not re.match(r"^[A-Za-z][A-Za-z0-9_.-]*$", p["name"]):
+            raise ValueError(f"name={p['name']!r}: use letters, digits, '_', '.', '-', "
+                             "starting with a letter")
+        if not isinstance(p["shebang"], str) or not p["shebang"].startswith("#!"):
+            raise ValueError(f"shebang={p['shebang']!r} must start with '#!'")
+        opts = p["scheduler_options"] or {}
+        if not isinstance(opts, Mapping):
+            raise TypeError(f"scheduler_options must be a dict, got {opts!r}")
+        bad = sorted(set(opts) - set(_SCHEDULER_OPTIONS))
+        if bad:
+            raise ValueError(f"scheduler_options: unknown key(s) {', '.join(bad)} "
+                             f"(known: {', '.join(_SCHEDULER_OPTIONS)})")
+        p["scheduler_options"] = dict(opts)
+        if p["python"] is None:
+            p["python"] = sys.executable
+        p["death_timeout"] = float(config.get("worker.death-timeout", p["death_timeout"]))
+        if p["log_directory"] is None:
+            p["log_directory"] = default_log_directory()
+        p["log_directory"] = os.path.abspath(os.path.expanduser(p["log_directory"]))
+        self.validate_system()
+
+    def validate_system(self) -> None:
+        """Hook: system-specific checks of ``self.params``."""
+
+    def __getattr__(self, name: str) -> Any:  # s.cores, s.queue, ...
+        params = self.__dict__.get("params")
+        if params is not None and name in params:
+            return params[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    # ------------------------------------------------------------ rendering
+    def resource_directives(self, ntasks: int) -> list[str]:
+        """Directives (without prefix) for queue, account, cores, memory, walltime."""
+        raise NotImplementedError
+
+    def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
+        """Job name and output file (stderr joined to it: one log to show on failure)."""
+        raise NotImplementedError
+
+    def array_directive(self, job_name: str, count: int) -> list[str]:
+        raise NotImplementedError
+
+    def array_log_token(self) -> str:
+        """The placeholder the system substitutes by the element index in ``-o`` paths."""
+        raise NotImplementedError
+
+    def log_file(self, job_name: str, array: int | None = None) -> str:
+        """Log path written in the script (with the array placeholder for arrays)."""
+        stem = f"{job_name}.{self.array_log_token()}" if array else job_name
+        return os.path.join(self.params["log_directory"], f"{stem}.out")
+
+    def element_log_file(self, job_name: str, index: int) -> str:
+        return os.path.join(self.params["log_directory"], f"{job_name}.{index}.out")
+
+    def element_name(self, job_name: str, index: int) -> str:
+        """Worker-name prefix of array element ``index`` (as the script expands it)."""
+        return f"{job_name}.{index}"
+
+    def header(self, job_name: str, array: int | None = None) -> list[str]:
+        """Directive lines, minus those matching ``job_directives_skip``, plus extras."""
+        p = self.params
+        ntasks = p["processes"] if p["launcher"] != "fork" else 1
+        body = self.name_directives(job_name, self.log_file(job_name, array), array)
+        if array:
+            body += self.array_directive(job_name, array)
+        body += self.resource_directives(ntasks)
+        lines = [f"{self.directive_prefix} {d}" for d in body]
+        skip = p["job_directives_skip"]
+        lines = [ln for ln in lines if not any(s in ln for s in skip)]
+        lines += [f"{self.directive_prefix} {d}" for d in p["job_extra_directives"]]
+        return lines
+
+    def worker_command(self, scheduler_address: str, worker_name: str) -> list[str]:
+        p = self.params
+        nthreads = p["nthreads"]
+        mem = self.memory_bytes // p["processes"]
+        cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
+               "--name", worker_name, "--nthreads", str(nthreads),
+               "--memory-limit", format_memory(mem),
+               "--death-timeout", f"{p['death_timeout']:g}"]
+        if self.walltime_seconds:
+            life, stagger = worker_lifetime(self.walltime_seconds,
+                                            config.get("worker.walltime-margin"),
+                                            config.get("worker.walltime-stagger"))
+            cmd += ["--lifetime", str(life), "--lifetime-stagger", str(stagger)]
+        if p["local_directory"]:
+            cmd += ["--local-directory", p["local_directory"]]
+        return cmd + p["worker_extra_args"]
+
+    def render(self, job_name: str, scheduler_address: str, secret_file: str | None,
+               array: int | None = None) -> str:
+        """The complete job script; ``array=N`` renders one submission of N elements."""
+        p = self.params
+        if array:
+            worker_name: str = Expand(f"{job_name}.${{{self.array_index_var}}}")
+        else:
+            worker_name = job_name
+        lines = [p["shebang"], "", *self.header(job_name, array), ""]
+        lines += p["job_script_prologue"]
+        if secret_file:
+            lines.append(f"export HPCSCHED_SECRET_FILE={quote_arg(secret_file)}")
+        lines.append("exec " + launch_command(self.worker_command(scheduler_address, worker_name),
+                                              p["processes"], p["launcher"]))
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------ commands
+    def _run(self, cmd: list[str], input: str | None = None) -> str:  # noqa: A002
+        run = self.run_command or runner.run_command
+        return run(cmd, timeout=float(config.get("jobqueue.command-timeout")), input=input)
+
+    def has_command(self, executable: str) -> bool:
+        """Is an (optional) command such as ``sacct`` available? (Always, for a test runner.)"""
+        return self.run_command is not None or shutil.which(executable) is not None
+
+    def check_commands(self) -> None:
+        """Raise :class:`~hpcsched.jobqueue.runner.BatchCommandNotFound` before submitting."""
+        if self.run_command is None:  # a replaced runner needs no executables
+            runner.require_executable(self.submit_command[0])
+
+    def submit(self, script_path: str, script: str) -> str:
+        """Submit; return the job id (the parent id for arrays)."""
+        extra = self.params["submit_command_extra"]
+        if self.script_on_stdin:
+            out = self._run([*self.submit_command, *extra], input=script)
+        else:
+            out = self._run([*self.submit_command, *extra, script_path])
+        return self.parse_job_id(out)
+
+    @classmethod
+    def parse_job_id(cls, output: str) -> str:
+        for line in output.splitlines():
+            m = re.search(cls.job_id_regex, line.strip())
+            if m:
+                return m.group("job_id")
+        raise runner.BatchCommandError(
+            f"could not find a job id in the output of {cls.submit_command[0]} "
+            f"(expected pattern {cls.job_id_regex!r}):\n{runner.tail(output) or '(empty)'}",
+            cmd=cls.submit_command, stdout=output)
+
+    def array_element_ids(self, parent: str, count: int) -> list[str]:
+        raise NotImplementedError
+
+    def cancel(self, job_ids: Iterable[str]) -> None:
+        """Cancel jobs with one command; on error retry one by one, log what still fails."""
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return
+        try:
+            self._run([*self.cancel_command, *ids])
+            return
+        except runner.BatchCommandError as e:
+            if len(ids) == 1:
+                if not self.already_gone(e):
+                    raise
+                return
+        errors = []
+        for job_id in ids:  # one bad id (already finished) must not protect the others
+            try:
+                self._run([*self.cancel_command, job_id])
+            except runner.BatchCommandError as e:
+                if not self.already_gone(e):
+                    errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def already_gone(self, error: runner.BatchCommandError) -> bool:
+        """Hook: the cancel failed only because the job no longer exists."""
+        return False
+
+    # ------------------------------------------------------------ status
+    def status_command(self, job_ids: list[str]) -> list[str]:
+        raise NotImplementedError
+
+    def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
+        """job id -> (native state, exit code or None) for every job in the output."""
+        raise NotImplementedError
+
+    def status_error_ok(self, error: runner.BatchCommandError) -> bool:
+        """Hook: a non-zero status exit that only means 'some ids are unknown'."""
+        return False
+
+    def to_state(self, native: str, exit_code: int | None) -> JobState:
+        return self.states.get(native, JobState.UNKNOWN)
+
+    def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """Hook: ask accounting about jobs missing from the status output."""
+        return {}
+
+    def query_ids(self, job_ids: list[str]) -> list[str]:
+        """Ids to name on the status command line (array parents instead of elements)."""
+        return job_ids
+
+    def status(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        """States of ``job_ids`` with one status command (plus accounting for the missing)."""
+        if not job_ids:
+            return {}
+        try:
+            out = self._run(self.status_command(self.query_ids(job_ids)))
+        except runner.BatchCommandError as e:
+            if isinstance(e, runner.BatchCommandTimeout) or not self.status_error_ok(e):
+                raise
+            out = e.stdout
+        found = self.parse_status(out)
+        result = {}
+        for job_id in job_ids:
+            if job_id in found:
+                native, code = found[job_id]
+                result[job_id] = JobStatus(self.to_state(native, code), native, code)
+        missing = [j for j in job_ids if j not in result]
+        if missing:
+            result.update(self.finished_status(missing))
+        return result
+
+
+def mib(nbytes: int) -> int:
+    """Whole MiB, rounded up (batch systems' ``M``/``mb`` are binary)."""
+    return ceil_div(nbytes, 2**20)

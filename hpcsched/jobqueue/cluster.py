@@ -1,0 +1,471 @@
+"""``JobQueueCluster``: a scheduler in the client process, workers as batch jobs.
+
+The cluster owns what is the same on every batch system; the per-system adapter
+(:class:`hpcsched.jobqueue.base.BatchSystem`) owns commands and formats.
+
+* **Connecting back.** The scheduler listens on the IPv4 address of ``interface``
+  (or ``scheduler_options["host"]``, else the address of this host's name). The
+  secret goes to a 0600 file in ``log_directory`` (a shared filesystem) named by
+  ``HPCSCHED_SECRET_FILE`` in the job script -- never on a command line.
+* **Bookkeeping.** One :class:`~hpcsched.jobqueue.job.Job` per job or array
+  element in ``cluster.jobs``; a thread polls all their states with ONE status
+  command every ``jobqueue.poll-interval`` seconds. Workers are mapped to jobs by
+  name (job name, or job name + ``-<k>``).
+* **Failures are reported, not waited for.** A job that ends before any of its
+  workers connected is logged with the tail of its log file, kept in
+  ``cluster.failed_jobs``, not resubmitted until the next ``scale()``, and makes
+  ``wait_for_workers`` raise :class:`JobFailedError`.
+* **Scaling** counts whole jobs: ``scale(n=workers)`` asks for ``ceil(n /
+  processes)`` jobs. Extra jobs are cancelled pending ones first; running ones
+  have their workers retired gracefully first. Jobs whose workers retired at
+  walltime are replaced while the target asks for them.
+* **Nothing leaks** (:mod:`hpcsched.jobqueue.cleanup`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import socket
+import threading
+import time
+import weakref
+from typing import Any, ClassVar
+
+from hpcsched.core import config
+from hpcsched.core.comm.base import Security
+from hpcsched.jobqueue import cleanup, runner
+from hpcsched.jobqueue.base import BatchSystem
+from hpcsched.jobqueue.job import Job, JobState, parse_memory
+
+logger = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 20
+
+
+class JobFailedError(RuntimeError):
+    """A batch job ended before its workers connected."""
+
+
+def interface_address(interface: str) -> str:
+    """The IPv4 address of network interface ``interface`` (psutil.net_if_addrs)."""
+    import psutil
+
+    addrs = psutil.net_if_addrs()
+    if interface not in addrs:
+        raise ValueError(f"interface={interface!r} not found on this host; available: "
+                         f"{', '.join(sorted(addrs))}")
+    for a in addrs[interface]:
+        if a.family == socket.AF_INET:
+            return a.address
+    raise ValueError(f"interface={interface!r} has no IPv4 address")
+
+
+def scheduler_host(interface: str | None, host: str | None) -> str:
+    if host:
+        return host
+    if interface:
+        return interface_address(interface)
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = "127.0.0.1"
+    if ip.startswith("127."):
+        logger.warning("this host's name resolves to %s: workers on other nodes cannot reach the "
+                       "scheduler; pass interface='ib0' (or another interface) or "
+                       "scheduler_options={'host': ...}", ip)
+    return ip
+
+
+def read_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()[-64 * 1024:]
+    except FileNotFoundError:
+        return f"(log file {path} does not exist)"
+    except OSError as e:
+        return f"(cannot read log file {path}: {e})"
+    return runner.tail(text, lines) or f"(log file {path} is empty)"
+
+
+class JobQueueCluster:
+    """Base of SLURMCluster, SGECluster, PBSCluster, LSFCluster (see module docstring)."""
+
+    system_class: ClassVar[type[BatchSystem]]
+
+    def __init__(self, security: Security | None = None, **kwargs: Any) -> None:
+        # every check that can fail runs before anything is started or submitted
+        self.system = self.system_class(**kwargs)
+        self.system.check_commands()
+        p = self.system.params
+        self.cluster_id = secrets.token_hex(3)
+        self.jobs: dict[str, Job] = {}
+        self.failed_jobs: list[Job] = []
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._target_jobs = 0
+        self._failed_since_scale = 0
+        self._next_index = 0
+        self._live_ids: set[str] = set()
+        self._closed = False
+        self._scripts: list[str] = []
+        self.security = security or Security.generate()
+        os.makedirs(p["log_directory"], exist_ok=True)
+        self.secret_file = self._write_secret()
+        try:
+            self.scheduler = self._start_scheduler()
+        except BaseException:
+            os.unlink(self.secret_file)
+            raise
+        self.scheduler_address = self.scheduler.address
+        self._finalizer = cleanup.register(self, cleanup.cancel_all_live, self.system,
+                                           self._live_ids, self.secret_file, self.scheduler)
+        self._callback = _weak_callback(self)
+        if hasattr(self.scheduler, "add_worker_callback"):
+            self.scheduler.add_worker_callback(self._callback)
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=_poll_loop, args=(weakref.ref(self), self._stop),
+                                        name=f"{type(self).__name__}-poll", daemon=True)
+        self._poller.start()
+
+    # ------------------------------------------------------------ setup
+    def _write_secret(self) -> str:
+        path = os.path.join(self.system.params["log_directory"],
+                            f".hpcsched-{self.cluster_id}.secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o600)
+            f.write(self.security.secret_hex())
+        return path
+
+    def _start_scheduler(self) -> Any:
+        from hpcsched.core.scheduler import Scheduler
+
+        p = self.system.params
+        opts = p["scheduler_options"]
+        host = scheduler_host(opts.get("interface") or p["interface"], opts.get("host"))
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        address = f"tcp://{host}:{int(opts.get('port') or 0)}"
+        return Scheduler(address=address, security=self.security).start()
+
+    # ------------------------------------------------------------ scripts
+    def _job_name(self, index: int) -> str:
+        return f"{self.system.params['name']}-{self.cluster_id}-{index}"
+
+    def job_script(self, array: int | None = None) -> str:
+        """The script the next submission will use (``array=N``: an N-element job array)."""
+        return self.system.render(self._job_name(self._next_index), self.scheduler_address,
+                                  self.secret_file, array=array)
+
+    # ------------------------------------------------------------ submit / cancel
+    def _submit(self, count: int) -> list[Job]:
+        """Submit ``count`` jobs (one array if ``job_array``); caller holds the lock."""
+        if count <= 0 or self._closed:
+            return []
+        arrays = [count] if self.system.params["job_array"] and count > 1 else [None] * count
+        new: list[Job] = []
+        for array in arrays:
+            name = self._job_name(self._next_index)
+            self._next_index += 1
+            script = self.system.render(name, self.scheduler_address, self.secret_file, array)
+            path = os.path.join(self.system.params["log_directory"], f"{name}.sh")
+            with open(path, "w") as f:
+                f.write(script)
+            self._scripts.append(path)
+            job_id = self.system.submit(path, script)
+            if array:
+                ids = self.system.array_element_ids(job_id, array)
+                first = self.system.array_first_index
+                jobs = [Job(i, self.system.element_name(name, first + k),
+                            self.system.element_log_file(name, first + k),
+                            self.system.params["processes"]) for k, i in enumerate(ids)]
+            else:
+                jobs = [Job(job_id, name, self.system.log_file(name),
+                            self.system.params["processes"])]
+            for job in jobs:
+                self.jobs[job.job_id] = job
+                self._live_ids.add(job.job_id)
+            new += jobs
+            logger.info("submitted %s %s (%s)", type(self).__name__, job_id, name)
+        return new
+
+    def _cancel(self, jobs: list[Job], retire: bool) -> None:
+        """Retire the workers of ``jobs`` (if asked), then cancel the jobs."""
+        if not jobs:
+            return
+        with self._lock:
+            for job in jobs:
+                job.cancel_requested = True
+            names = [n for job in jobs for n in job.workers.values()]
+        if retire and names:
+            try:
+                self.scheduler.retire_workers(names=names, close=True)
+            except Exception as e:  # cancelling below still frees the allocation
+                logger.warning("graceful retirement of %s failed (%s): cancelling anyway", names, e)
+        ids = [j.job_id for j in jobs]
+        try:
+            self.system.cancel(ids)
+        except runner.BatchCommandError as e:
+            logger.error("cancelling jobs %s failed: %s (will retry at close)", ids, e)
+            return
+        with self._lock:
+            self._live_ids.difference_update(ids)
+
+    # ------------------------------------------------------------ scaling
+    def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
+              cores: int | None = None) -> None:
+        """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``."""
+        p = self.system.params
+        if jobs is None:
+            if n is not None:
+                jobs = math.ceil(n / p["processes"]) if n > 0 else 0
+            elif memory is not None:
+                jobs = math.ceil(parse_memory(memory, "memory") / self.system.memory_bytes)
+            elif cores is not None:
+                jobs = math.ceil(cores / p["cores"])
+            else:
+                raise TypeError("scale() needs n (workers), jobs, memory or cores")
+        if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 0:
+            raise ValueError(f"scale: the number of jobs must be a non-negative integer, got {jobs!r}")
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed")
+            self._target_jobs = jobs
+            self._failed_since_scale = 0
+        self._adjust()
+
+    def scale_up(self, n: int, **kwargs: Any) -> None:
+        """Bring the number of workers up to ``n`` (whole jobs)."""
+        self.scale(n=n)
+
+    def scale_down(self, workers: list[str]) -> None:
+        """Retire and cancel the jobs of these worker addresses (or names)."""
+        with self._lock:
+            wanted = set(workers)
+            jobs = [j for j in self.jobs.values() if not j.ended and not j.cancel_requested
+                    and (wanted & set(j.workers) or wanted & set(j.workers.values()))]
+            self._target_jobs = max(0, self._target_jobs - len(jobs))
+        self._cancel(jobs, retire=True)
+
+    def _adjust(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            active = [j for j in self.jobs.values() if j.active]
+            deficit = self._target_jobs - len(active) - self._failed_since_scale
+            if deficit > 0:
+                self._submit(deficit)
+                self._changed.notify_all()
+                return
+            excess = len(active) - self._target_jobs
+            if excess <= 0:
+                return
+            # newest first among the pending, then running ones with the fewest workers
+            order = sorted(active, key=lambda j: (j.state is JobState.RUNNING or bool(j.workers),
+                                                  len(j.workers), -j.submit_time))
+            victims = order[:excess]
+            for job in victims:
+                job.cancel_requested = True
+        self._cancel(victims, retire=True)
+
+    # ------------------------------------------------------------ status
+    def _worker_event(self, event: str, address: str, info: dict) -> None:
+        name = str(info.get("name", ""))
+        with self._lock:
+            job = self._job_of_worker(name)
+            if job is None:
+                return
+            if event == "add":
+                job.workers[address] = name
+                job.workers_seen.add(name)
+            else:
+                job.workers.pop(address, None)
+            self._changed.notify_all()
+
+    def _job_of_worker(self, name: str) -> Job | None:
+        for job in self.jobs.values():
+            if job.owns_worker(name):
+                return job
+        return None
+
+    def _sync_workers(self) -> None:
+        try:
+            info = self.scheduler.workers_info()
+        except Exception:  # scheduler closing
+            return
+        with self._lock:
+            for job in self.jobs.values():
+                job.workers = {a: w for a, w in job.workers.items() if a in info}
+            for address, winfo in info.items():
+                name = str(winfo.get("name", ""))
+                job = self._job_of_worker(name)
+                if job is not None:
+                    job.workers[address] = name
+                    job.workers_seen.add(name)
+
+    def poll(self) -> None:
+        """Update every live job's state with one status command (the poll thread calls this)."""
+        self._sync_workers()
+        with self._lock:
+            ids = [j.job_id for j in self.jobs.values() if not j.ended]
+        if not ids:
+            return
+        statuses = self.system.status(ids)
+        ended: list[Job] = []
+        with self._lock:
+            for job_id in ids:
+                job = self.jobs[job_id]
+                status = statuses.get(job_id)
+                if status is None:
+                    job.missing_polls += 1
+                    job.gone = job.missing_polls >= 3  # not a race right after submission
+                    if job.gone and job.cancel_requested:
+                        job.state = JobState.CANCELLED
+                else:
+                    job.missing_polls = 0
+                    state = status.state
+                    if state is JobState.FAILED and job.cancel_requested:
+                        state = JobState.CANCELLED  # killed by our own cancel
+                    job.state, job.native_state, job.exit_code = state, status.native, status.exit_code
+                if job.ended and job.end_time is None:
+                    job.end_time = time.time()
+                    self._live_ids.discard(job_id)
+                    ended.append(job)
+            for job in ended:
+                self._job_ended(job)
+            if ended:
+                self._changed.notify_all()
+        failed_states = [j for j in ended if j.state is JobState.FAILED and j.native_state.startswith("E")]
+        if failed_states:  # SGE Eqw: the job would sit in the queue forever
+            self._cancel(failed_states, retire=False)
+        if ended:
+            self._adjust()
+
+    def _job_ended(self, job: Job) -> None:
+        if job.cancel_requested:
+            logger.debug("job %s ended after cancel (%s)", job.job_id, job.state.value)
+            return
+        if job.workers_seen:
+            logger.info("job %s (%s) ended: %s; its workers had connected", job.job_id,
+                        job.name, job.state.value)
+            return
+        self.failed_jobs.append(job)
+        self._failed_since_scale += 1
+        job.reported = True
+        logger.error("%s", self._failure_message(job))
+
+    def _failure_message(self, job: Job) -> str:
+        how = "vanished from the queue" if job.gone and not job.state.terminal else \
+            f"ended {job.state.value} ({job.native_state or '?'}" + \
+            (f", exit code {job.exit_code})" if job.exit_code is not None else ")")
+        return (f"batch job {job.job_id} ({job.name}) {how} before any of its workers "
+                f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
+                f"{read_tail(job.log_file)}")
+
+    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
+        """Block until ``n`` workers are connected; JobFailedError if a job died first."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            seen_failures = 0 if self._failed_since_scale else len(self.failed_jobs)
+            while True:
+                connected = sum(len(j.workers) for j in self.jobs.values())
+                if connected >= n:
+                    return
+                if len(self.failed_jobs) > seen_failures:
+                    raise JobFailedError(self._failure_message(self.failed_jobs[-1]))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{connected} of {n} workers connected after {timeout:g} s; "
+                                       f"jobs: {self.job_summary()}")
+                self._changed.wait(min(left, 0.5))
+                self._sync_workers()
+
+    def job_summary(self) -> str:
+        with self._lock:
+            counts: dict[str, int] = {}
+            for j in self.jobs.values():
+                key = "gone" if j.gone and not j.state.terminal else j.state.value
+                counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
+
+    # ------------------------------------------------------------ info
+    @property
+    def workers(self) -> dict[str, dict]:
+        return self.scheduler.workers_info()
+
+    @property
+    def scheduler_info(self) -> dict[str, Any]:
+        return {"address": self.scheduler_address, "workers": self.workers}
+
+    def get_client(self) -> Any:
+        from hpcsched.core.client import Client
+
+        return Client(self)
+
+    def __repr__(self) -> str:
+        return (f"<{type(self).__name__} {getattr(self, 'scheduler_address', '?')} "
+                f"jobs: {self.job_summary() if hasattr(self, 'jobs') else '?'}>")
+
+    # ------------------------------------------------------------ close
+    def close(self, timeout: float = 10) -> None:
+        """Cancel every job this cluster submitted and stop the scheduler. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._target_jobs = 0
+            for job in self.jobs.values():
+                if not job.ended:
+                    job.cancel_requested = True
+            self._changed.notify_all()
+        self._stop.set()
+        if self._poller is not threading.current_thread():
+            self._poller.join(timeout)
+        if hasattr(self.scheduler, "remove_worker_callback"):
+            try:
+                self.scheduler.remove_worker_callback(self._callback)
+            except Exception:
+                pass
+        self._finalizer()  # cancels live jobs, removes the secret, closes the scheduler
+        cleanup.unregister(self._finalizer)
+        for path in self._scripts:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+
+    def __enter__(self) -> JobQueueCluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _weak_callback(cluster: JobQueueCluster) -> Any:
+    ref = weakref.ref(cluster)
+
+    def on_worker(event: str, address: str, info: dict) -> None:
+        c = ref()
+        if c is not None:
+            c._worker_event(event, address, info)
+
+    return on_worker
+
+
+def _poll_loop(ref: weakref.ref, stop: threading.Event) -> None:
+    """The polling thread: holds the cluster only weakly, so that it can be collected."""
+    interval = float(config.get("jobqueue.poll-interval"))
+    while not stop.wait(interval):
+        cluster = ref()
+        if cluster is None:
+            return
+        try:
+            cluster.poll()
+        except runner.BatchCommandError as e:
+            logger.warning("job status poll failed: %s", e)
+        except Exception:
+            logger.exception("job status poll failed")
+        del cluster

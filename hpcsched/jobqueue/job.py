@@ -1,0 +1,185 @@
+"""Batch job bookkeeping: the ``JobState`` enum, one ``Job`` record per submitted job,
+and the parsers of the two quantities every batch system asks for (memory, walltime).
+
+A ``Job`` is one schedulable unit of the batch system: a plain job, or one element
+of a job array (``42_3`` on SLURM, ``7.2`` on SGE). Its ``state`` comes from the
+status poller; ``gone`` means the batch system no longer knows it and no
+accounting command could say how it ended.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+
+class JobState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.DONE, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass
+class Job:
+    """One submitted job (or job-array element) of a cluster."""
+
+    job_id: str
+    name: str  # worker names are this, or this + "-<k>" (several per job)
+    log_file: str
+    expected_workers: int
+    submit_time: float = field(default_factory=time.time)
+    state: JobState = JobState.PENDING
+    native_state: str = ""
+    exit_code: int | None = None
+    gone: bool = False  # vanished from the batch system with no accounting record
+    missing_polls: int = 0
+    cancel_requested: bool = False
+    workers: dict[str, str] = field(default_factory=dict)  # connected: address -> worker name
+    workers_seen: set[str] = field(default_factory=set)  # names that ever connected
+    end_time: float | None = None
+    reported: bool = False  # failure already logged
+
+    @property
+    def ended(self) -> bool:
+        return self.state.terminal or self.gone
+
+    @property
+    def active(self) -> bool:
+        """Counts towards the cluster's target: not ended and not being cancelled."""
+        return not self.ended and not self.cancel_requested
+
+    def owns_worker(self, worker_name: str) -> bool:
+        return worker_name == self.name or worker_name.rsplit("-", 1)[0] == self.name
+
+    def __repr__(self) -> str:
+        return (f"<Job {self.job_id} {self.name} {self.state.value}"
+                f"{' gone' if self.gone else ''} workers={len(self.workers)}/{self.expected_workers}>")
+
+
+# ---------------------------------------------------------------- memory
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+
+
+def parse_memory(value: str | int | float, what: str = "memory") -> int:
+    """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; ValueError naming ``what``.
+
+    Decimal suffixes are powers of 1000 and binary ones (``GiB``) powers of 1024, as in
+    dask; batch systems' own ``G`` means GiB, which the per-system renderers handle.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a size such as '16GB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0 or not math.isfinite(value):
+            raise ValueError(f"{what} must be positive, got {value!r}")
+        return int(value)
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} {value!r}")
+    m = _SIZE_RE.match(value)
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _UNITS:
+        raise ValueError(f"{what}={value!r} is not a size: use a number with a unit, e.g. '16GB', "
+                         "'1500MB', '4GiB'")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise ValueError(f"{what}={value!r} must be positive")
+    return n
+
+
+def format_memory(nbytes: int) -> str:
+    """Exact and short: 16000000000 -> '16GB', 2**31 -> '2GiB', else plain bytes."""
+    for suffix, factor in (("TB", 1000**4), ("GB", 1000**3), ("MB", 1000**2),
+                           ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("kB", 1000)):
+        if nbytes >= factor and nbytes % factor == 0:
+            return f"{nbytes // factor}{suffix}"
+    return f"{nbytes}B"
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------- walltime
+
+_DURATION_RE = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?:in)?)?\s*(?:(\d+)s)?\s*$",
+                          re.IGNORECASE)
+
+
+def parse_walltime(value: str | int | float | timedelta, what: str = "walltime") -> int:
+    """Seconds in ``"01:30:00"``, ``"2-00:00:00"``, ``"90m"``, ``"1h30m"``, ``5400``.
+
+    ``"HH:MM"`` is refused: SLURM reads it as minutes:seconds, LSF as hours:minutes.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be a duration such as '01:00:00', got {value!r}")
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = _parse_walltime_str(value, what)
+    else:
+        raise TypeError(f"{what} must be a duration such as '01:00:00', got "
+                        f"{type(value).__name__} {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{what}={value!r} must be a positive duration")
+    return int(math.ceil(seconds))
+
+
+def _parse_walltime_str(text: str, what: str) -> float:
+    s = text.strip()
+    days = 0
+    if re.match(r"^\d+-", s):
+        d, _, s = s.partition("-")
+        days = int(d)
+    parts = s.split(":")
+    if len(parts) == 3 and all(p.isdigit() for p in parts):
+        h, m, sec = (int(p) for p in parts)
+        if m >= 60 or sec >= 60:
+            raise ValueError(f"{what}={text!r}: minutes and seconds must be below 60")
+        return days * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 2 and all(p.isdigit() for p in parts):
+        raise ValueError(f"{what}={text!r} is ambiguous (HH:MM or MM:SS?): write HH:MM:SS, "
+                         "e.g. '01:30:00'")
+    if days == 0 and s:
+        m = _DURATION_RE.match(s)
+        if m and any(m.groups()):
+            d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
+            return d * 86400 + h * 3600 + mi * 60 + sec
+    raise ValueError(f"{what}={text!r} is not a duration: use HH:MM:SS ('01:00:00'), "
+                     "D-HH:MM:SS, '90m' or '1h30m'")
+
+
+def format_hms(seconds: int) -> str:
+    """``5400`` -> ``"01:30:00"`` (hours may exceed 24)."""
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def worker_lifetime(walltime: int, margin: float, stagger: float) -> tuple[int, int]:
+    """(``--lifetime``, ``--lifetime-stagger``) for workers of a job with ``walltime`` s.
+
+    Workers retire at lifetime +- stagger; both shrink for short walltimes so that the
+    latest retirement still leaves half the margin before the batch system kills the job.
+    """
+    margin = min(float(margin), walltime / 4)
+    stagger = min(float(stagger), margin / 2)
+    return max(1, int(walltime - margin)), int(stagger)

@@ -1,0 +1,133 @@
+"""IBM Spectrum LSF: ``bsub < script``, ``bkill``, ``bjobs -o ... -noheader``.
+
+The script goes to ``bsub`` on stdin (``use_stdin=True``, LSF's usual way: the
+``#BSUB`` lines are read only then). ``-M`` is in the unit ``LSF_UNIT_FOR_LIMITS``
+of ``lsf.conf`` (found through ``LSF_ENVDIR``; KB when unset), or ``lsf_units``.
+``-W`` is ``[HH:]MM`` rounded up to a whole minute.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from hpcsched.jobqueue import runner
+from hpcsched.jobqueue.base import BatchSystem
+from hpcsched.jobqueue.cluster import JobQueueCluster
+from hpcsched.jobqueue.job import JobState, ceil_div
+
+STATES: dict[str, JobState] = {
+    **dict.fromkeys(["PEND", "PSUSP", "USUSP", "SSUSP", "WAIT", "PROV"], JobState.PENDING),
+    "RUN": JobState.RUNNING,
+    "DONE": JobState.DONE,
+    "EXIT": JobState.FAILED,  # also what bkill leaves: see Job.cancel_requested
+    **dict.fromkeys(["UNKWN", "ZOMBI"], JobState.UNKNOWN),
+}
+
+_UNIT_BYTES = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "PB": 2**50, "EB": 2**60}
+
+
+def lsf_units(envdir: str | None = None) -> str:
+    """``LSF_UNIT_FOR_LIMITS`` from ``$LSF_ENVDIR/lsf.conf`` (or /etc/lsf.conf); KB if unset."""
+    envdir = envdir if envdir is not None else os.environ.get("LSF_ENVDIR")
+    candidates = [os.path.join(envdir, "lsf.conf")] if envdir else []
+    candidates.append("/etc/lsf.conf")
+    for path in candidates:
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            continue
+        m = re.search(r"^\s*LSF_UNIT_FOR_LIMITS\s*=\s*\"?([A-Za-z]+)\"?", text, re.MULTILINE)
+        if m:
+            return m.group(1).upper()
+        return "KB"
+    return "KB"
+
+
+class LSFSystem(BatchSystem):
+    system = "lsf"
+    directive_prefix = "#BSUB"
+    submit_command = ["bsub"]
+    cancel_command = ["bkill"]
+    job_id_regex = r"Job <(?P<job_id>\d+)> is submitted"
+    states = STATES
+    array_index_var = "LSB_JOBINDEX"
+    array_first_index = 1
+    extra_params = {"use_stdin": True, "lsf_units": None}
+
+    def validate_system(self) -> None:
+        p = self.params
+        units = (p["lsf_units"] or lsf_units()).upper()
+        if units not in _UNIT_BYTES:
+            raise ValueError(f"lsf_units / LSF_UNIT_FOR_LIMITS={units!r}: use one of "
+                             f"{', '.join(_UNIT_BYTES)}")
+        p["lsf_units"] = units
+
+    @property
+    def script_on_stdin(self) -> bool:  # type: ignore[override]
+        return bool(self.params["use_stdin"])
+
+    def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
+        name = f'"{job_name}[1-{array}]"' if array else job_name
+        return [f"-J {name}", f"-o {log_file}"]
+
+    def array_directive(self, job_name: str, count: int) -> list[str]:
+        return []  # part of -J
+
+    def array_log_token(self) -> str:
+        return "%I"
+
+    def resource_directives(self, ntasks: int) -> list[str]:
+        p = self.params
+        out = []
+        if p["queue"]:
+            out.append(f"-q {p['queue']}")
+        if p["account"]:
+            out.append(f"-P {p['account']}")
+        out.append(f"-n {p['cores']}")
+        if p["cores"] > 1 and ntasks == 1:
+            out.append('-R "span[hosts=1]"')
+        if p["resource_spec"]:
+            out.append(f'-R "{p["resource_spec"]}"')
+        out.append(f"-M {ceil_div(self.memory_bytes, _UNIT_BYTES[p['lsf_units']])}")
+        if self.walltime_seconds:
+            minutes = ceil_div(self.walltime_seconds, 60)
+            out.append(f"-W {minutes // 60:02d}:{minutes % 60:02d}")
+        return out
+
+    def array_element_ids(self, parent: str, count: int) -> list[str]:
+        return [f"{parent}[{i}]" for i in range(1, count + 1)]
+
+    def query_ids(self, job_ids: list[str]) -> list[str]:
+        return list(dict.fromkeys(j.split("[", 1)[0] for j in job_ids))
+
+    def already_gone(self, error: runner.BatchCommandError) -> bool:
+        text = error.stderr + error.stdout
+        return any(s in text for s in ("is not found", "has already finished", "No matching job"))
+
+    def status_command(self, job_ids: list[str]) -> list[str]:
+        return ["bjobs", "-o", "jobid jobindex stat exit_code", "-noheader", *job_ids]
+
+    def status_error_ok(self, error: runner.BatchCommandError) -> bool:
+        lines = [ln for ln in error.stderr.splitlines() if ln.strip()]
+        return bool(lines) and all("is not found" in ln for ln in lines)
+
+    def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
+        out: dict[str, tuple[str, int | None]] = {}
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) < 3 or not parts[0].isdigit() or "is not found" in line:
+                continue
+            job_id, index, stat = parts[0], parts[1], parts[2]
+            code = parts[3] if len(parts) > 3 else "-"
+            if index not in ("0", "-"):
+                job_id = f"{job_id}[{index}]"
+            out[job_id] = (stat, int(code) if code.lstrip("-").isdigit() and code != "-" else None)
+        return out
+
+
+class LSFCluster(JobQueueCluster):
+    """Workers as LSF jobs; parameters as in dask-jobqueue's LSFCluster."""
+
+    system_class = LSFSystem

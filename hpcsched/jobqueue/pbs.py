@@ -1,0 +1,133 @@
+"""PBS Pro / OpenPBS: ``qsub``, ``qdel``, ``qstat -x -f -F json`` (finished jobs included).
+
+Job ids carry the server name (``1234.server``); arrays are ``1234[].server`` with
+elements ``1234[0].server``. Resources use PBS Pro's select syntax::
+
+    #PBS -l select=1:ncpus=8:mem=15259mb
+    #PBS -l walltime=01:00:00
+
+``resource_spec`` replaces the select line (dask-jobqueue's behaviour). Older
+``qstat`` without JSON output is parsed from its table (``qstat -x``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from hpcsched.jobqueue import runner
+from hpcsched.jobqueue.base import BatchSystem, mib
+from hpcsched.jobqueue.cluster import JobQueueCluster
+from hpcsched.jobqueue.job import JobState, format_hms
+
+STATES: dict[str, JobState] = {
+    **dict.fromkeys(["Q", "H", "W", "T", "S", "U", "M"], JobState.PENDING),
+    **dict.fromkeys(["R", "E", "B"], JobState.RUNNING),  # E: exiting, B: array begun
+    **dict.fromkeys(["F", "X"], JobState.DONE),  # finished: refined by the exit status
+}
+
+
+class PBSSystem(BatchSystem):
+    system = "pbs"
+    directive_prefix = "#PBS"
+    submit_command = ["qsub"]
+    cancel_command = ["qdel"]
+    job_id_regex = r"^(?P<job_id>\d+(?:\[\])?(?:\.[A-Za-z0-9_.-]+)?)$"
+    states = STATES
+    array_index_var = "PBS_ARRAY_INDEX"
+    array_first_index = 0
+
+    def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
+        return [f"-N {job_name}", f"-o {log_file}", "-j oe"]
+
+    def array_directive(self, job_name: str, count: int) -> list[str]:
+        return [f"-J 0-{count - 1}"]
+
+    def array_log_token(self) -> str:
+        return "^array_index^"
+
+    def resource_directives(self, ntasks: int) -> list[str]:
+        p = self.params
+        out = []
+        if p["queue"]:
+            out.append(f"-q {p['queue']}")
+        if p["account"]:
+            out.append(f"-A {p['account']}")
+        if p["resource_spec"]:
+            out.append(f"-l {p['resource_spec']}")
+        else:
+            select = f"select=1:ncpus={p['cores']}"
+            if ntasks > 1:
+                select += f":mpiprocs={ntasks}"
+            out.append(f"-l {select}:mem={mib(self.memory_bytes)}mb")
+        if self.walltime_seconds:
+            out.append(f"-l walltime={format_hms(self.walltime_seconds)}")
+        return out
+
+    def array_element_ids(self, parent: str, count: int) -> list[str]:
+        return [parent.replace("[]", f"[{i}]", 1) for i in range(count)]
+
+    def query_ids(self, job_ids: list[str]) -> list[str]:
+        return list(dict.fromkeys(re.sub(r"\[\d+\]", "[]", j) for j in job_ids))
+
+    def already_gone(self, error: runner.BatchCommandError) -> bool:
+        text = error.stderr + error.stdout
+        return "Unknown Job Id" in text or "finished" in text
+
+    def status_command(self, job_ids: list[str]) -> list[str]:
+        cmd = ["qstat", "-x", "-f", "-F", "json"]
+        if any("[]" in j for j in job_ids):
+            cmd.append("-t")  # list array elements
+        return cmd + job_ids
+
+    def status_error_ok(self, error: runner.BatchCommandError) -> bool:
+        # "qstat: Unknown Job Id 12.server" for some ids; the others are still printed
+        lines = [ln for ln in error.stderr.splitlines() if ln.strip()]
+        return bool(lines) and all("Unknown Job Id" in ln for ln in lines)
+
+    def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
+        text = output.strip()
+        if not text:
+            return {}
+        if text.startswith("{"):
+            return self._parse_json(text)
+        return self._parse_table(text)
+
+    @staticmethod
+    def _parse_json(text: str) -> dict[str, tuple[str, int | None]]:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise runner.BatchCommandError(f"qstat -F json printed invalid JSON ({e}):\n"
+                                           f"{runner.tail(text)}", stdout=text) from None
+        out: dict[str, tuple[str, int | None]] = {}
+        for job_id, info in (data.get("Jobs") or {}).items():
+            code = info.get("Exit_status")
+            out[job_id] = (str(info.get("job_state", "")), int(code) if code is not None else None)
+        return out
+
+    @staticmethod
+    def _parse_table(text: str) -> dict[str, tuple[str, int | None]]:
+        # Job id  Name  User  Time Use S Queue / ----- ... / 1234.server  name user 0 R workq
+        out: dict[str, tuple[str, int | None]] = {}
+        body = False
+        for line in text.splitlines():
+            if line.startswith("---"):
+                body = True
+                continue
+            parts = line.split()
+            if body and len(parts) >= 6:
+                out[parts[0]] = (parts[-2], None)
+        return out
+
+    def to_state(self, native: str, exit_code: int | None) -> JobState:
+        state = self.states.get(native, JobState.UNKNOWN)
+        if state is JobState.DONE and exit_code not in (None, 0):
+            return JobState.FAILED  # qdel'ed jobs end with 256+signal: see Job.cancel_requested
+        return state
+
+
+class PBSCluster(JobQueueCluster):
+    """Workers as PBS Pro / OpenPBS jobs; parameters as in dask-jobqueue's PBSCluster."""
+
+    system_class = PBSSystem

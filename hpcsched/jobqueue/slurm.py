@@ -1,0 +1,179 @@
+"""SLURM: ``sbatch --parsable``, ``scancel``, ``squeue`` (``sacct`` / ``scontrol`` for
+jobs that left the queue).
+
+::
+
+    from hpcsched import Client, SLURMCluster
+    cluster = SLURMCluster(cores=8, memory="16GB", walltime="01:00:00", queue="normal")
+    print(cluster.job_script())
+    cluster.scale(jobs=4)
+    client = Client(cluster)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from hpcsched.jobqueue import runner
+from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
+from hpcsched.jobqueue.cluster import JobQueueCluster
+from hpcsched.jobqueue.job import JobState, format_hms
+
+P, R = JobState.PENDING, JobState.RUNNING
+
+STATES: dict[str, JobState] = {
+    **dict.fromkeys(["PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
+                     "RESV_DEL_HOLD", "SUSPENDED", "STOPPED", "POWER_UP_NODE"], P),
+    **dict.fromkeys(["RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING", "RESIZING"], R),
+    "COMPLETED": JobState.DONE,
+    **dict.fromkeys(["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                     "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"], JobState.FAILED),
+    "CANCELLED": JobState.CANCELLED,
+}
+
+_ARRAY_RE = re.compile(r"^(?P<parent>\d+)_\[(?P<ranges>[^\]]+)\]$")
+
+
+def expand_ranges(spec: str) -> list[int]:
+    """``"1-3,7"`` (or ``"0-9%2"``, or SGE's ``"1-7:2"``) -> indices."""
+    spec = spec.split("%", 1)[0]  # SLURM's max-simultaneous suffix
+    out: list[int] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        rng, _, step = part.partition(":")
+        lo, _, hi = rng.partition("-")
+        out += range(int(lo), int(hi or lo) + 1, int(step or 1))
+    return out
+
+
+def parse_exit_code(text: str) -> int | None:
+    """SLURM's ``"3:0"`` (status:signal) -> 3; a signal gives 128 + signal."""
+    m = re.match(r"^(\d+):(\d+)$", text.strip())
+    if not m:
+        return None
+    code, sig = int(m.group(1)), int(m.group(2))
+    return 128 + sig if sig and not code else code
+
+
+class SLURMSystem(BatchSystem):
+    system = "slurm"
+    directive_prefix = "#SBATCH"
+    submit_command = ["sbatch", "--parsable"]
+    cancel_command = ["scancel"]
+    job_id_regex = r"^(?P<job_id>\d+)(?:;\S+)?$"  # "42", or "42;cluster" when federated
+    states = STATES
+    array_index_var = "SLURM_ARRAY_TASK_ID"
+    array_first_index = 0
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._sacct_works: bool | None = None  # None: not tried yet
+
+    def validate_system(self) -> None:
+        if self.params["resource_spec"]:
+            raise ValueError("resource_spec is not a SLURM option: put SLURM options in "
+                             "job_extra_directives, e.g. ['--gres=gpu:1']")
+
+    def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
+        return [f"-J {job_name}", f"-o {log_file}"]
+
+    def array_directive(self, job_name: str, count: int) -> list[str]:
+        return [f"--array=0-{count - 1}"]
+
+    def array_log_token(self) -> str:
+        return "%a"
+
+    def resource_directives(self, ntasks: int) -> list[str]:
+        p = self.params
+        out = []
+        if p["queue"]:
+            out.append(f"-p {p['queue']}")
+        if p["account"]:
+            out.append(f"-A {p['account']}")
+        out.append(f"-n {ntasks}")
+        out.append(f"--cpus-per-task={max(1, p['cores'] // ntasks)}")
+        out.append(f"--mem={mib(self.memory_bytes)}M")
+        if self.walltime_seconds:
+            out.append(f"-t {format_hms(self.walltime_seconds)}")
+        return out
+
+    def array_element_ids(self, parent: str, count: int) -> list[str]:
+        return [f"{parent}_{i}" for i in range(count)]
+
+    def query_ids(self, job_ids: list[str]) -> list[str]:
+        return list(dict.fromkeys(j.split("_", 1)[0] for j in job_ids))
+
+    def status_command(self, job_ids: list[str]) -> list[str]:
+        return ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T"]
+
+    def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
+        out: dict[str, tuple[str, int | None]] = {}
+        for line in output.splitlines():
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            job_id, state = parts[0], parts[1].rstrip("+")
+            m = _ARRAY_RE.match(job_id)
+            if m:  # pending array elements are listed as one line: 42_[1-3]
+                for i in expand_ranges(m.group("ranges")):
+                    out[f"{m.group('parent')}_{i}"] = (state, None)
+            else:
+                out[job_id] = (state, None)
+        return out
+
+    def status_error_ok(self, error: runner.BatchCommandError) -> bool:
+        # every id unknown: "slurm_load_jobs error: Invalid job id specified", exit 1
+        return "Invalid job id" in error.stderr
+
+    def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        result = self._sacct(job_ids)
+        for job_id in job_ids:
+            if job_id not in result and self.has_command("scontrol"):
+                status = self._scontrol(job_id)
+                if status:
+                    result[job_id] = status
+        return result
+
+    def _sacct(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        if self._sacct_works is False or not self.has_command("sacct"):
+            return {}
+        try:
+            out = self._run(["sacct", "-n", "-X", "-P", "-j", ",".join(job_ids),
+                             "-o", "JobID,State,ExitCode"])
+        except runner.BatchCommandError as e:
+            # no accounting database ("Slurm accounting storage is disabled"): stop asking
+            if not isinstance(e, runner.BatchCommandTimeout):
+                self._sacct_works = False
+            return {}
+        self._sacct_works = True
+        result = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) < 3:
+                continue
+            native = parts[1].split()[0] if parts[1].split() else ""  # "CANCELLED by 0"
+            code = parse_exit_code(parts[2])
+            result[parts[0]] = JobStatus(self.states.get(native, JobState.UNKNOWN), native, code)
+        return result
+
+    def _scontrol(self, job_id: str) -> JobStatus | None:
+        try:
+            out = self._run(["scontrol", "show", "job", job_id])
+        except runner.BatchCommandError:
+            return None  # "Invalid job id specified": older than MinJobAge
+        state = re.search(r"\bJobState=(\S+)", out)
+        code = re.search(r"\bExitCode=(\S+)", out)
+        if not state:
+            return None
+        native = state.group(1)
+        return JobStatus(self.states.get(native, JobState.UNKNOWN), native,
+                         parse_exit_code(code.group(1)) if code else None)
+
+
+class SLURMCluster(JobQueueCluster):
+    """Workers as SLURM jobs; parameters as in dask-jobqueue's SLURMCluster."""
+
+    system_class = SLURMSystem
