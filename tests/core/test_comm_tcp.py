@@ -268,6 +268,27 @@ def test_close_wakes_a_blocked_recv(net):
     c.close()  # idempotent
 
 
+def test_close_wakes_a_blocked_send(net):
+    srv = net.serve(echo=False)  # never reads: the sender fills the socket buffers and blocks
+    c = net.connect(srv.address)
+    errors: queue.Queue = queue.Queue()
+
+    def sender() -> None:
+        try:
+            for _ in range(100):
+                c.send(np.zeros(2**21))  # 16 MiB each
+        except Exception as e:
+            errors.put(e)
+
+    t = threading.Thread(target=sender)
+    net.threads.append(t)
+    t.start()
+    time.sleep(0.2)
+    assert errors.empty()  # still blocked
+    c.close()
+    assert isinstance(errors.get(timeout=2), CommClosedError)
+
+
 def test_peer_close_is_seen_by_recv(net):
     srv = net.serve(echo=False)
     c = net.connect(srv.address)
@@ -520,6 +541,10 @@ def test_a_valid_raw_message_is_accepted(net):
     import pickle
     payload = pickle.dumps({"op": "hello"}, protocol=5)
     s.sendall(b"HSm1" + struct.pack("<IQ", 1, len(payload)) + payload)
+    assert server_side.recv(timeout=5) == {"op": "hello"}
+    # a header larger than the receive buffer (40,000 frames; unused buffers are ignored)
+    n = 40_000
+    s.sendall(b"HSm1" + struct.pack(f"<I{n}Q", n, len(payload), *[0] * (n - 1)) + payload)
     assert server_side.recv(timeout=5) == {"op": "hello"}
 
 
