@@ -1,0 +1,106 @@
+"""Run the MPI test modules under a real ``mpiexec``, so the plain suite exercises MPI.
+
+Each run is a subprocess in a session of its own with a timeout; on timeout
+(or any failure of this test) the whole process tree, mpiexec, its proxies and
+every rank, is killed, so nothing outlives the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec is not on PATH")
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill mpiexec and everything it started (also children that left its group)."""
+    try:
+        family = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in family:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(10)
+
+
+def run_mpi(nprocs: int, args: list[str], timeout: float) -> tuple[int, str]:
+    cmd = ["mpiexec", "-n", str(nprocs), sys.executable, *args]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out = proc.stdout.read() if proc.stdout else ""
+        pytest.fail(f"`{' '.join(cmd)}` did not finish within {timeout}s; output:\n{out[-5000:]}")
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+    return proc.returncode, out
+
+
+def pytest_under_mpi(nprocs: int, module: str, timeout: float) -> str:
+    code, out = run_mpi(
+        nprocs,
+        ["-m", "pytest", "--with-mpi", "-q", "-p", "no:cacheprovider", module],
+        timeout,
+    )
+    assert code == 0, f"mpiexec -n {nprocs} pytest {module} exited with {code}:\n{out[-8000:]}"
+    assert "no tests ran" not in out
+    # every rank prints its own summary: each must report passes and no failure
+    summaries = re.findall(r"^(?:=+ )?(\d+) passed.*$", out, flags=re.MULTILINE)
+    assert len(summaries) == nprocs, f"expected {nprocs} pytest summaries:\n{out[-8000:]}"
+    assert all(int(n) > 0 for n in summaries)
+    assert not re.search(r"\d+ (failed|error)", out), out[-8000:]
+    return out
+
+
+@pytest.mark.timeout(150)
+def test_mpi_comm_on_4_ranks():
+    # 4 ranks on a 2-core machine: oversubscribed, as on a login node
+    pytest_under_mpi(4, "tests/hpc/test_mpi_comm.py", timeout=120)
+
+
+@pytest.mark.timeout(150)
+def test_mpi_comm_on_2_ranks():
+    pytest_under_mpi(2, "tests/hpc/test_mpi_comm.py", timeout=120)
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_rank_does_not_hang_the_run(tmp_path):
+    """Rank 1 fails and exits while rank 0 waits on it: the run ends, with an error."""
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import sys\n"
+        "from hpcsched.hpc import mpi\n"
+        "from hpcsched.core.comm import registry\n"
+        "ep = mpi.init_endpoint(timeout=20)\n"
+        "if ep.rank == 1:\n"
+        "    raise SystemExit('rank 1 fails on purpose')\n"
+        "comm = registry.connect('mpi://1', timeout=5)\n"
+        "try:\n"
+        "    comm.recv(timeout=5)\n"
+        "except TimeoutError:\n"
+        "    sys.exit(3)\n"
+    )
+    code, out = run_mpi(2, [str(script)], timeout=50)
+    assert code != 0, out
+    assert "rank 1 fails on purpose" in out
