@@ -1,0 +1,1001 @@
+"""The Client: submit work, hold futures, gather results. Talks only to the scheduler.
+
+Names follow dask.distributed so that scripts move over unchanged::
+
+    from hpcsched import Client
+    with Client() as client:                       # starts a LocalCluster
+        x = client.submit(pow, 2, 10)
+        y = client.map(lambda i: i * i, range(100))
+        print(x.result(), sum(client.gather(y)))
+
+``Client()`` without an address connects, in order, to the scheduler of this
+process (``python -m hpcsched script.py`` under mpiexec), to
+``HPCSCHED_SCHEDULER_ADDRESS`` / ``HPCSCHED_SCHEDULER_FILE``, or starts a
+``LocalCluster`` sized to the machine and closes it with the client.
+
+Threads: one reader (scheduler messages update futures) and one sender (all
+outgoing messages, so ``Future.__del__`` never blocks on a socket).
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures as cf
+import itertools
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+from hpcsched.core import config
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import CommClosedError, Security
+from hpcsched.core.graph import GraphError, Ref, Task, normalize
+from hpcsched.core.serialize import (
+    deserialize,
+    dumps_function,
+    dumps_object,
+    serialize,
+    sizeof,
+)
+
+logger = logging.getLogger("hpcsched.client")
+
+_default_lock = threading.Lock()
+_default_client: Client | None = None
+# set by `python -m hpcsched` / hpcsched.initialize() on rank 0
+default_scheduler_address: str | None = None
+default_security: Security | None = None
+
+
+class CancelledError(cf.CancelledError):
+    pass
+
+
+class _RemoteTraceback(Exception):
+    def __init__(self, tb: str):
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class FutureState:
+    __slots__ = ("status", "event", "exception", "traceback", "typename", "callbacks", "lock",
+                 "exception_text")
+
+    def __init__(self) -> None:
+        self.status = "pending"
+        self.event = threading.Event()
+        self.exception: Any = None
+        self.traceback = ""
+        self.exception_text = ""
+        self.typename = ""
+        self.callbacks: list = []
+        self.lock = threading.Lock()
+
+    def _done(self) -> list:
+        self.event.set()
+        with self.lock:
+            cbs, self.callbacks = self.callbacks, []
+        return cbs
+
+    def finish(self, typename: str = "") -> list:
+        self.status = "finished"
+        self.typename = typename
+        return self._done()
+
+    def error(self, exception: Any, traceback: str, text: str) -> list:
+        self.status = "error"
+        self.exception = exception
+        self.traceback = traceback
+        self.exception_text = text
+        return self._done()
+
+    def cancel(self) -> list:
+        self.status = "cancelled"
+        return self._done()
+
+    def lose(self) -> None:
+        self.status = "lost"
+        self.event.clear()
+
+    def done(self) -> bool:
+        return self.event.is_set()
+
+
+class Future:
+    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
+
+    __slots__ = ("key", "client", "_state", "__weakref__")
+
+    def __init__(self, key: Any, client: Client, state: FutureState | None = None):
+        self.key = key
+        self.client = client
+        self._state = state or client._state_for(key)
+        client._inc_ref(key)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.client._gather_one(self, timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._state.event.wait(timeout):
+            raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
+        if self._state.status != "error":
+            return None
+        return self.client._exception_of(self._state)
+
+    def traceback(self) -> str:
+        return self._state.traceback
+
+    def cancel(self) -> None:
+        self.client.cancel([self])
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """Call ``fn(future)`` when done (at once if already done), in a client thread."""
+        st = self._state
+        with st.lock:
+            if not st.event.is_set():
+                st.callbacks.append((weakref.ref(self), fn, self))
+                return
+        _run_callback(fn, self)
+
+    def __del__(self) -> None:
+        try:
+            self.client._dec_ref(self.key)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key!r}>"
+
+    def __await__(self):  # pragma: no cover - convenience for notebooks with asyncio
+        import asyncio
+
+        return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
+
+
+def _run_callback(fn: Callable, fut: Future) -> None:
+    try:
+        fn(fut)
+    except Exception:
+        logger.exception("done callback %r of %r failed", fn, fut)
+
+
+class Client:
+    def __init__(self, address: Any = None, *, security: Security | None = None,
+                 timeout: float | None = None, set_as_default: bool = True, name: str = "",
+                 **cluster_kwargs: Any):
+        self.id = f"client-{name + '-' if name else ''}{uuid.uuid4().hex[:12]}"
+        self.cluster = None
+        self._owns_cluster = False
+        timeout = config.get("comm.timeouts.connect", timeout)
+        if address is None:
+            address, security = self._find_scheduler(security, cluster_kwargs)
+        elif hasattr(address, "scheduler_address"):
+            self.cluster = address
+            security = security or getattr(address, "security", None)
+            address = address.scheduler_address
+        elif isinstance(address, str) and not address.startswith(("tcp://", "tls://", "inproc://",
+                                                                   "mpi://")):
+            if os.path.exists(address):  # a scheduler file
+                address, security = read_scheduler_file(address, security)
+            else:
+                address = f"tcp://{address}"
+        if security is None:
+            security = Security.from_environment()
+        self.scheduler_address: str = address
+        self.security = security
+        self.futures: dict[Any, FutureState] = {}
+        self._refcount: dict[Any, int] = {}
+        self._ref_lock = threading.Lock()
+        self._requests: dict[str, tuple[threading.Event, list]] = {}
+        self._ids = itertools.count()
+        self._outq: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self.status = "connecting"
+        try:
+            self._comm = registry.connect(address, timeout=timeout, security=security)
+        except Exception:
+            self._close_owned_cluster()
+            raise
+        self._comm.send([{"op": "register-client", "client": self.id}])
+        try:
+            reply = self._comm.recv(timeout=timeout)
+        except (CommClosedError, TimeoutError) as e:
+            self._comm.close()
+            self._close_owned_cluster()
+            raise ConnectionError(f"scheduler at {address} did not accept this client: {e}") \
+                from e
+        self._reader = threading.Thread(target=self._read_loop, name=f"{self.id}-reader",
+                                        daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name=f"{self.id}-sender",
+                                        daemon=True)
+        self._reader.start()
+        self._sender.start()
+        self._handle([reply] if isinstance(reply, dict) else reply)
+        self.status = "running"
+        if set_as_default:
+            global _default_client
+            with _default_lock:
+                _default_client = self
+        self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ================================================================ setup
+    def _find_scheduler(self, security: Security | None, cluster_kwargs: dict
+                        ) -> tuple[str, Security | None]:
+        if default_scheduler_address is not None:
+            return default_scheduler_address, security or default_security
+        env_addr = os.environ.get("HPCSCHED_SCHEDULER_ADDRESS")
+        if env_addr:
+            return env_addr, security
+        env_file = os.environ.get("HPCSCHED_SCHEDULER_FILE")
+        if env_file:
+            return read_scheduler_file(env_file, security)
+        from hpcsched.launchers.local_cluster import LocalCluster
+
+        self.cluster = LocalCluster(**cluster_kwargs)
+        self._owns_cluster = True
+        return self.cluster.scheduler_address, self.cluster.security
+
+    def _close_owned_cluster(self) -> None:
+        if self._owns_cluster and self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.id} scheduler={self.scheduler_address} status={self.status}>"
+
+    # ================================================================ messages
+    def _send(self, msg: dict) -> None:
+        if self._closed:
+            raise RuntimeError("this client is closed")
+        self._outq.put(msg)
+
+    def _send_loop(self) -> None:
+        get = self._outq.get
+        get_nowait = self._outq.get_nowait
+        while True:
+            msg = get()
+            if msg is None:
+                return
+            msgs = [msg]
+            try:
+                while len(msgs) < 10000:
+                    m = get_nowait()
+                    if m is None:
+                        self._comm_send(msgs)
+                        return
+                    msgs.append(m)
+            except queue.Empty:
+                pass
+            self._comm_send(msgs)
+
+    def _comm_send(self, msgs: list) -> None:
+        try:
+            self._comm.send(msgs)
+        except (CommClosedError, OSError) as e:
+            logger.debug("client send failed: %s", e)
+
+    def _read_loop(self) -> None:
+        try:
+            while True:
+                msgs = self._comm.recv()
+                self._handle(msgs if isinstance(msgs, list) else [msgs])
+        except (CommClosedError, OSError, EOFError):
+            pass
+        except Exception:
+            logger.exception("client reader failed")
+        finally:
+            self._lost_scheduler()
+
+    def _lost_scheduler(self) -> None:
+        if self._closed:
+            return
+        self.status = "disconnected"
+        exc = serialize(ConnectionError(f"lost the scheduler at {self.scheduler_address}"))
+        for st in list(self.futures.values()):
+            if not st.done():
+                self._callbacks(st.error(exc, "", "lost the scheduler"))
+        for event, box in list(self._requests.values()):
+            box.append(None)
+            event.set()
+
+    def _handle(self, msgs: list) -> None:
+        for msg in msgs:
+            op = msg.get("op")
+            if op == "key-in-memory":
+                st = self.futures.get(msg["key"])
+                if st is not None and st.status != "finished":
+                    self._callbacks(st.finish(msg.get("type", "")))
+            elif op == "task-erred":
+                st = self.futures.get(msg["key"])
+                if st is not None:
+                    self._callbacks(st.error(msg.get("exception"), msg.get("traceback", ""),
+                                             msg.get("exception_text", "")))
+            elif op == "cancelled-keys":
+                for key in msg["keys"]:
+                    st = self.futures.get(key)
+                    if st is not None and not st.done():
+                        self._callbacks(st.cancel())
+            elif op == "lost-data":
+                st = self.futures.get(msg["key"])
+                if st is not None:
+                    st.lose()
+            elif op in ("gather-reply", "scatter-reply", "scheduler-info-reply",
+                        "retire-workers-reply", "close-client-reply"):
+                rid = msg.get("request_id") or msg.get("scatter_id") or op
+                entry = self._requests.get(rid)
+                if entry is not None:
+                    entry[1].append(msg)
+                    entry[0].set()
+            elif op == "registered":
+                pass
+            elif op == "scheduler-closing":
+                self._lost_scheduler()
+            else:
+                logger.warning("client: unknown message %r", op)
+
+    def _callbacks(self, cbs: list) -> None:
+        for ref, fn, _strong in cbs:
+            fut = ref()
+            if fut is not None:
+                _run_callback(fn, fut)
+
+    def _request(self, msg: dict, rid: str, timeout: float | None) -> dict:
+        event = threading.Event()
+        box: list = []
+        self._requests[rid] = (event, box)
+        try:
+            self._send(msg)
+            if not event.wait(timeout):
+                raise TimeoutError(f"no answer from the scheduler to {msg['op']} within "
+                                   f"{timeout}s")
+        finally:
+            self._requests.pop(rid, None)
+        if box[0] is None:
+            raise ConnectionError(f"lost the scheduler at {self.scheduler_address}")
+        return box[0]
+
+    def _new_id(self, what: str) -> str:
+        return f"{self.id}-{what}-{next(self._ids)}"
+
+    # ================================================================ futures bookkeeping
+    def _state_for(self, key: Any) -> FutureState:
+        st = self.futures.get(key)
+        if st is None:
+            st = self.futures[key] = FutureState()
+        return st
+
+    def _inc_ref(self, key: Any) -> None:
+        with self._ref_lock:
+            self._refcount[key] = self._refcount.get(key, 0) + 1
+
+    def _dec_ref(self, key: Any) -> None:
+        with self._ref_lock:
+            n = self._refcount.get(key, 0) - 1
+            if n > 0:
+                self._refcount[key] = n
+                return
+            self._refcount.pop(key, None)
+            self.futures.pop(key, None)
+        if not self._closed:
+            self._outq.put({"op": "client-releases-keys", "keys": [key]})
+
+    # ================================================================ submit / map
+    def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
+               resources: dict | None = None, retries: int = 0, priority: int = 0,
+               allow_other_workers: bool = False, pure: bool | None = None,
+               **kwargs: Any) -> Future:
+        """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are waited for.
+
+        Raises :class:`~hpcsched.core.serialize.SerializationError` here, in the caller, when
+        the function or an argument cannot be pickled.
+        """
+        if not callable(func):
+            raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
+        if key is None:
+            key = f"{funcname(func)}-{uuid.uuid4().hex}"
+        if key in self.futures:
+            return Future(key, self)
+        (args, kwargs), deps = self._unpack((args, kwargs))
+        run_spec = (dumps_function(func),
+                    dumps_object((args, kwargs)) if (args or kwargs) else None, bool(deps))
+        fut = Future(key, self)
+        self._send({"op": "update-graph", "tasks": {key: {"run_spec": run_spec,
+                                                          "deps": list(deps)}},
+                    "keys": [key], "priority": priority,
+                    "retries": {key: retries} if retries else {},
+                    "resources": resources, "workers": _as_list(workers),
+                    "allow_other_workers": allow_other_workers, "static_priorities": {key: 0}})
+        return fut
+
+    def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
+            resources: dict | None = None, retries: int = 0, priority: int = 0,
+            allow_other_workers: bool = False, batch_size: int | None = None,
+            pure: bool | None = None, **kwargs: Any) -> list[Future]:
+        """``[submit(func, *args) for args in zip(*iterables)]`` as one submission."""
+        if not callable(func):
+            raise TypeError(f"map expects a callable as its first argument, not {func!r}")
+        if not iterables:
+            raise TypeError("map needs at least one iterable")
+        items = list(zip(*iterables, strict=False))
+        if isinstance(key, (list, tuple)):
+            keys = list(key)
+            if len(keys) != len(items):
+                raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
+        else:
+            base = key or funcname(func)
+            token = uuid.uuid4().hex[:20]
+            keys = [f"{base}-{token}{i:08x}" for i in range(len(items))]
+        fblob = dumps_function(func)
+        tasks = {}
+        for k, args in zip(keys, items, strict=False):
+            (a, kw), deps = self._unpack((args, kwargs))
+            tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
+                        "deps": list(deps)}
+        futures = [Future(k, self) for k in keys]
+        self._send({"op": "update-graph", "tasks": tasks, "keys": keys, "priority": priority,
+                    "retries": {k: retries for k in keys} if retries else {},
+                    "resources": resources, "workers": _as_list(workers),
+                    "allow_other_workers": allow_other_workers,
+                    "static_priorities": {k: i for i, k in enumerate(keys)}})
+        return futures
+
+    def _unpack(self, obj: Any) -> tuple[Any, set]:
+        """Replace futures inside ``obj`` by Refs; return (new obj, their keys)."""
+        deps: set = set()
+
+        def walk(x: Any) -> Any:
+            t = type(x)
+            if t is Future:
+                if x.client is not self:
+                    raise ValueError(f"{x!r} belongs to another client")
+                deps.add(x.key)
+                return Ref(x.key)
+            if t is tuple:
+                return tuple(walk(i) for i in x) if x else x
+            if t is list:
+                return [walk(i) for i in x]
+            if t is dict:
+                return {k: walk(v) for k, v in x.items()}
+            if t is set:
+                return {walk(i) for i in x}
+            return x
+
+        return walk(obj), deps
+
+    # ================================================================ graphs
+    def get(self, dsk: Mapping, keys: Any, *, sync: bool = True, fuse: bool | None = None,
+            priority: int = 0, retries: int = 0, resources: dict | None = None,
+            workers: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
+        """Compute ``keys`` of a dask-style graph ``{key: (func, *args)}``; nested lists of
+        keys give nested lists of results."""
+        futures = self.compute(dsk, keys, fuse=fuse, priority=priority, retries=retries,
+                               resources=resources, workers=workers)
+        if not sync:
+            return futures
+        try:
+            return self.gather(futures, timeout=timeout)
+        finally:
+            del futures
+
+    def compute(self, dsk: Any, keys: Any = None, *, fuse: bool | None = None, priority: int = 0,
+                retries: int = 0, resources: dict | None = None, workers: Any = None) -> Any:
+        """Submit a graph; return futures for ``keys`` (same nesting)."""
+        if hasattr(dsk, "__dask_graph__") and keys is None:
+            return self._compute_collection(dsk, fuse=fuse, priority=priority)
+        if not isinstance(dsk, Mapping):
+            raise TypeError(f"compute expects a graph dict, not {type(dsk).__name__}")
+        flat = _flatten_keys(keys)
+        graph = {}
+        known = set()
+        for k, v in dsk.items():
+            v2, deps = self._unpack(v)
+            known |= deps
+            graph[k] = v2
+        missing = [k for k in flat if k not in graph and k not in self.futures]
+        if missing:
+            raise KeyError(f"keys not in the graph: {missing[:10]!r}")
+        tasks = normalize(graph, known=known | set(self.futures))
+        do_fuse = config.get("scheduler.fuse", fuse)
+        if do_fuse and len(tasks) > 1:
+            from hpcsched.core.fusion import fuse_linear
+
+            tasks = fuse_linear(tasks, keep=set(flat))
+        wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
+                for k, t in tasks.items()}
+        futures = {k: Future(k, self) for k in flat}
+        self._send({"op": "update-graph", "tasks": wire, "keys": list(futures),
+                    "priority": priority,
+                    "retries": {k: retries for k in wire} if retries else {},
+                    "resources": resources, "workers": _as_list(workers),
+                    "allow_other_workers": False, "static_priorities": None})
+        return _pack_keys(keys, futures)
+
+    def _compute_collection(self, obj: Any, **kw: Any) -> Any:
+        """A dask collection (e.g. ``dask.delayed``): its legacy graph, computed here."""
+        try:
+            from dask.core import flatten  # noqa: F401
+            graph = dict(obj.__dask_graph__())
+            keys = obj.__dask_keys__()
+        except Exception as e:
+            raise TypeError(f"cannot compute {type(obj).__name__}: {e}") from e
+        graph = {k: _legacy(v) for k, v in graph.items()}
+        return self.compute(graph, keys, **kw)
+
+    # ================================================================ results
+    def _exception_of(self, st: FutureState) -> BaseException:
+        exc = st.exception
+        try:
+            exc = deserialize(exc)
+        except Exception as e:  # e.g. the exception's class does not exist here
+            exc = RuntimeError(f"{st.exception_text} (could not rebuild the exception: {e})")
+        if not isinstance(exc, BaseException):
+            exc = RuntimeError(st.exception_text or repr(exc))
+        if st.traceback and exc.__cause__ is None:
+            exc.__cause__ = _RemoteTraceback(f'\n"""\n{st.traceback}"""')
+        return exc
+
+    def _gather_one(self, fut: Future, timeout: float | None) -> Any:
+        return self.gather([fut], timeout=timeout)[0]
+
+    def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
+        """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure."""
+        if errors not in ("raise", "skip"):
+            raise ValueError("errors must be 'raise' or 'skip'")
+        flat: list[Future] = []
+        _collect_futures(futures, flat)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        values: dict = {}
+        pending = {f.key: f for f in flat}
+        while pending:
+            for f in list(pending.values()):
+                left = None if deadline is None else max(deadline - time.monotonic(), 0)
+                if not f._state.event.wait(left):
+                    raise TimeoutError(f"future {f.key!r} not done within {timeout}s")
+                st = f._state
+                if st.status == "error":
+                    if errors == "raise":
+                        raise self._exception_of(st)
+                    del pending[f.key]
+                elif st.status == "cancelled":
+                    if errors == "raise":
+                        raise CancelledError(f"{f.key!r} was cancelled")
+                    del pending[f.key]
+            if not pending:
+                break
+            rid = self._new_id("gather")
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            reply = self._request({"op": "gather", "request_id": rid, "keys": list(pending)},
+                                  rid, left)
+            for k, v in (reply.get("data") or {}).items():
+                values[k] = deserialize(v)
+                pending.pop(k, None)
+            for k in reply.get("missing") or ():
+                f = pending.get(k)
+                if f is not None and f._state.status == "finished":
+                    # the scheduler lost it after telling us: wait for the recomputation
+                    f._state.lose()
+                    self._send({"op": "client-desires-keys", "keys": [k]})
+            if pending and deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
+        return _pack_futures(futures, values, errors)
+
+    def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
+                timeout: float | None = 60.0) -> Any:
+        """Move local data to workers; returns futures (same structure as ``data``)."""
+        if isinstance(data, dict):
+            items = dict(data)
+        elif isinstance(data, (list, tuple, set)):
+            items = {f"{type(v).__name__}-{uuid.uuid4().hex}": v for v in data}
+        else:
+            items = {f"{type(data).__name__}-{uuid.uuid4().hex}": data}
+        sid = self._new_id("scatter")
+        payload = {k: serialize(v) for k, v in items.items()}
+        futures = {k: Future(k, self) for k in items}
+        reply = self._request({"op": "scatter", "scatter_id": sid, "data": payload,
+                               "nbytes": {k: sizeof(v) for k, v in items.items()},
+                               "workers": _as_list(workers), "broadcast": broadcast},
+                              sid, timeout)
+        if reply.get("error"):
+            raise RuntimeError(f"scatter failed: {reply['error']}")
+        for f in futures.values():
+            if not f.done():
+                self._callbacks(f._state.finish())
+        if isinstance(data, dict):
+            return futures
+        if isinstance(data, (list, tuple, set)):
+            out = list(futures.values())
+            return type(data)(out) if isinstance(data, tuple) else out
+        return next(iter(futures.values()))
+
+    def cancel(self, futures: Any) -> None:
+        flat: list[Future] = []
+        _collect_futures(futures, flat)
+        keys = [f.key for f in flat]
+        for f in flat:
+            if not f.done():
+                self._callbacks(f._state.cancel())
+        self._send({"op": "cancel-keys", "keys": keys})
+
+    # ================================================================ cluster
+    def scheduler_info(self, timeout: float | None = 30.0) -> dict:
+        rid = self._new_id("info")
+        return self._request({"op": "scheduler-info", "request_id": rid}, rid, timeout)["info"]
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            n = len(self.scheduler_info()["workers"])
+            if n >= n_workers:
+                return
+            if self.cluster is not None and hasattr(self.cluster, "check_failures"):
+                self.cluster.check_failures()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"only {n} of {n_workers} workers joined within {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
+                       n: int | None = None, close: bool = True,
+                       timeout: float | None = 120.0) -> list[str]:
+        rid = self._new_id("retire")
+        reply = self._request({"op": "retire-workers", "request_id": rid, "workers": workers,
+                               "names": names, "n": n, "close": close}, rid, timeout)
+        return list(reply.get("retired", []))
+
+    def get_executor(self, **kwargs: Any) -> ClientExecutor:
+        """A ``concurrent.futures.Executor`` running on this cluster."""
+        return ClientExecutor(self, **kwargs)
+
+    # ================================================================ close
+    def close(self, timeout: float = 5.0) -> None:
+        if self._closed:
+            return
+        try:
+            rid = "close-client-reply"
+            if self.status == "running":
+                self._request({"op": "close-client"}, rid, timeout)
+        except Exception:
+            pass
+        self._closed = True
+        self.status = "closed"
+        self._outq.put(None)
+        self._comm.close()
+        self._sender.join(timeout)
+        self._reader.join(timeout)
+        global _default_client
+        with _default_lock:
+            if _default_client is self:
+                _default_client = None
+        self._close_owned_cluster()
+
+    shutdown = close
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        try:
+            client.close(timeout=2.0)
+        except Exception:
+            pass
+
+
+class ClientExecutor(cf.Executor):
+    """``concurrent.futures`` on top of a Client."""
+
+    def __init__(self, client: Client, **submit_kwargs: Any):
+        self.client = client
+        self.kwargs = submit_kwargs
+        self._futures: set[Future] = set()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
+        cfut: cf.Future = cf.Future()
+        cfut.set_running_or_notify_cancel()
+        with self._lock:
+            self._futures.add(fut)
+
+        def done(f: Future) -> None:
+            with self._lock:
+                self._futures.discard(f)
+            try:
+                cfut.set_result(f.result())
+            except BaseException as e:  # noqa: BLE001
+                if not cfut.done():
+                    cfut.set_exception(e)
+
+        fut.add_done_callback(done)
+        return cfut
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._shutdown = True
+        with self._lock:
+            fs = list(self._futures)
+        if cancel_futures and fs:
+            self.client.cancel(fs)
+        elif wait:
+            wait_futures(fs)
+
+
+# ==================================================================== helpers
+class DoneAndNotDoneFutures(NamedTuple):
+    done: set
+    not_done: set
+
+
+def wait_futures(fs: Any, timeout: float | None = None,
+                 return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
+    flat: list[Future] = []
+    _collect_futures(fs, flat)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == "ALL_COMPLETED":
+        for f in flat:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not f._state.event.wait(left):
+                raise TimeoutError(f"futures not done within {timeout}s")
+    elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
+        done_event = threading.Event()
+        for f in flat:
+            f.add_done_callback(lambda _f: done_event.set())
+        if not any(f.done() for f in flat):
+            done_event.wait(timeout)
+    else:
+        raise ValueError(f"unknown return_when {return_when!r}")
+    done = {f for f in flat if f.done()}
+    return DoneAndNotDoneFutures(done, set(flat) - done)
+
+
+wait = wait_futures
+
+
+class as_completed(Iterator):  # noqa: N801 - dask's name
+    """Iterate over futures in the order they finish; ``add`` more while iterating."""
+
+    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
+                 raise_errors: bool = True):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._count = 0
+        self._lock = threading.Lock()
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._count += 1
+        future.add_done_callback(self._queue.put)
+
+    def update(self, futures: Iterable[Future]) -> None:
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        return self._count
+
+    def is_empty(self) -> bool:
+        return self._count == 0
+
+    def __iter__(self) -> as_completed:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._count == 0:
+                raise StopIteration
+            self._count -= 1
+        f = self._queue.get()
+        if self.with_results:
+            try:
+                return f, f.result()
+            except Exception as e:
+                if self.raise_errors:
+                    raise
+                return f, e
+        return f
+
+    def next_batch(self, block: bool = True) -> list:
+        out = [next(self)] if block and self._count else []
+        while True:
+            try:
+                f = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            with self._lock:
+                self._count -= 1
+            out.append((f, f.result()) if self.with_results else f)
+
+
+def progress(futures: Any, file: Any = None, interval: float = 0.2) -> None:
+    """A text progress bar on stderr until ``futures`` are done."""
+    flat: list[Future] = []
+    _collect_futures(futures, flat)
+    file = file or sys.stderr
+    n = len(flat)
+    done_event = threading.Event()
+    remaining = [n]
+    lock = threading.Lock()
+
+    def one(_f: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done_event.set()
+
+    for f in flat:
+        f.add_done_callback(one)
+    while True:
+        finished = done_event.wait(interval) or n == 0
+        k = n - remaining[0]
+        bar = "#" * int(40 * k / max(n, 1))
+        print(f"\r[{bar:<40}] {k}/{n}", end="", file=file, flush=True)
+        if finished:
+            print(file=file)
+            return
+
+
+def funcname(func: Any) -> str:
+    while hasattr(func, "func") and not hasattr(func, "__name__"):
+        func = func.func  # functools.partial
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return "lambda" if name == "<lambda>" else name.replace("-", "_")
+
+
+def task_run_spec(task: Task) -> tuple:
+    """The wire form of a normalized graph task: (function blob, args blob, needs evaluation)."""
+    from hpcsched.core.graph import Call
+
+    expr = task.expr
+    if type(expr) is Call:
+        return (dumps_function(expr.func), dumps_object((expr.args, dict(expr.kwargs))), True)
+    return (None, dumps_object(((expr,), {})), True)
+
+
+def _legacy(v: Any) -> Any:
+    """A dask task-spec object (dask >= 2024.12) as a legacy tuple, when needed."""
+    try:
+        from dask._task_spec import Alias, DataNode, TaskRef  # type: ignore
+        from dask._task_spec import Task as DTask
+    except Exception:  # pragma: no cover - older dask: graphs are tuples already
+        return v
+    if isinstance(v, DataNode):
+        return v.value
+    if isinstance(v, Alias):
+        return v.target.key if hasattr(v.target, "key") else v.target
+    if isinstance(v, TaskRef):
+        return v.key
+    if isinstance(v, DTask):
+        args = tuple(_legacy(a) for a in v.args)
+        if v.kwargs:
+            from functools import partial
+
+            return (partial(_apply_kwargs, v.func), list(args),
+                    {k: _legacy(x) for k, x in v.kwargs.items()})
+        return (v.func, *args)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_legacy(a) for a in v)
+    if isinstance(v, dict):
+        return {k: _legacy(x) for k, x in v.items()}
+    return v
+
+
+def _apply_kwargs(func: Callable, args: list, kwargs: dict) -> Any:
+    return func(*args, **kwargs)
+
+
+def _as_list(x: Any) -> list | None:
+    if x is None:
+        return None
+    if isinstance(x, str):
+        return [x]
+    return list(x)
+
+
+def _flatten_keys(keys: Any) -> list:
+    out: list = []
+
+    def walk(k: Any) -> None:
+        if isinstance(k, list):
+            for i in k:
+                walk(i)
+        else:
+            out.append(k)
+
+    walk(keys)
+    return out
+
+
+def _pack_keys(keys: Any, mapping: dict) -> Any:
+    if isinstance(keys, list):
+        return [_pack_keys(k, mapping) for k in keys]
+    return mapping[keys]
+
+
+def _collect_futures(x: Any, out: list) -> None:
+    if isinstance(x, Future):
+        out.append(x)
+    elif isinstance(x, (list, tuple, set, frozenset)):
+        for i in x:
+            _collect_futures(i, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect_futures(v, out)
+
+
+def _pack_futures(x: Any, values: dict, errors: str) -> Any:
+    if isinstance(x, Future):
+        return values.get(x.key)
+    if isinstance(x, list):
+        return [_pack_futures(i, values, errors) for i in x
+                if errors == "raise" or not isinstance(i, Future) or i.key in values]
+    if isinstance(x, tuple):
+        return tuple(_pack_futures(i, values, errors) for i in x)
+    if isinstance(x, (set, frozenset)):
+        return type(x)(_pack_futures(i, values, errors) for i in x)
+    if isinstance(x, dict):
+        return {k: _pack_futures(v, values, errors) for k, v in x.items()}
+    return x
+
+
+# ==================================================================== scheduler files
+def write_scheduler_file(path: str, address: str, security: Security | None) -> None:
+    """JSON with the address and the secret, created with mode 0600 (never readable by others)."""
+    data = {"address": address, "secret": security.secret_hex() if security else ""}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_scheduler_file(path: str, security: Security | None = None
+                        ) -> tuple[str, Security | None]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read scheduler file {path}: {e}") from e
+    if not isinstance(data, dict) or "address" not in data:
+        raise ValueError(f"scheduler file {path} has no address")
+    if security is None and data.get("secret"):
+        security = Security.from_hex(data["secret"])
+    return data["address"], security
+
+
+def default_client() -> Client | None:
+    return _default_client
+
+
+__all__ = ["Client", "Future", "wait", "as_completed", "progress", "GraphError",
+           "CancelledError", "write_scheduler_file", "read_scheduler_file"]

@@ -1,0 +1,492 @@
+"""The scheduler server: runs :class:`SchedulerState` over any transport.
+
+Peers connect and introduce themselves with one message, ``register-worker``
+or ``register-client``; after that a reader thread per comm feeds the
+:class:`~hpcsched.core.loop.Loop`, which turns op dicts into events, hands them
+to the state machine and sends the resulting messages batched per peer.
+
+A few ops are served here rather than by the state machine because they move
+data or answer questions: ``gather`` (relayed from the workers holding the
+keys, as :class:`~hpcsched.core.serialize.Serialized` frames never unpickled
+here), ``scatter``, ``scheduler-info``, ``retire-workers``.
+
+A peer that sends a malformed message is logged and dropped; everyone else is
+served on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.core import events as ev
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
+from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.scheduler_state import SchedulerState
+
+logger = logging.getLogger("hpcsched.scheduler")
+
+INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
+
+_client_fields = {op for op, cls in ev.SCHEDULER_OPS.items()
+                  if "client" in cls.__dataclass_fields__}
+_worker_fields = {op for op, cls in ev.SCHEDULER_OPS.items()
+                  if "worker" in cls.__dataclass_fields__}
+
+
+class Scheduler:
+    """A scheduler listening on ``address`` (``tcp://host:port``, ``inproc://``, ``mpi://0``).
+
+    Example::
+
+        s = Scheduler("tcp://127.0.0.1:0", security=Security.generate()).start()
+        print(s.address)
+        ...
+        s.close()
+    """
+
+    def __init__(self, address: str = "inproc://", security: Security | None = None, *,
+                 worker_ttl: float | None = None, tick_interval: float | None = None,
+                 **state_kwargs: Any):
+        self.listen_address = address
+        self.security = security
+        scheme, _ = parse_address(address)
+        self.scheme = scheme
+        if worker_ttl is None and scheme in ("tcp", "tls"):
+            worker_ttl = config.get("scheduler.worker-ttl")
+        kw = {
+            "worker_saturation": config.get("scheduler.worker-saturation"),
+            "rootish_policy": config.get("scheduler.rootish-policy"),
+            "rootish_factor": config.get("scheduler.rootish-factor"),
+            "rootish_max_deps": config.get("scheduler.rootish-max-deps"),
+            "allowed_failures": config.get("scheduler.allowed-failures"),
+            "unknown_task_duration": config.get("scheduler.unknown-task-duration"),
+            "bandwidth": config.get("scheduler.default-bandwidth"),
+            "work_stealing": config.get("scheduler.work-stealing"),
+        }
+        kw.update({k: v for k, v in state_kwargs.items() if v is not None})
+        self.state = SchedulerState(worker_ttl=worker_ttl, **kw)
+        if tick_interval is None:
+            tick_interval = config.get("scheduler.work-stealing-interval")
+        self.loop = Loop("hpcsched-scheduler", self._process, self._flush, self._tick,
+                         tick_interval)
+        self.address = ""
+        self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        self._listener = None
+        self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
+        self._outbox: dict[str, list] = {}
+        self._gathers: dict[str, dict] = {}  # request_id -> pending gather
+        self._sub_gathers: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)
+        self._internal: dict[str, Future] = {}
+        self._worker_callbacks: list = []
+        self._ids = itertools.count()
+        self._closed = False
+        self._workers_changed = threading.Condition()
+        self.started = time.time()
+
+    # ================================================================ lifecycle
+    def start(self) -> Scheduler:
+        self.loop.start()
+        self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
+        self.address = self._listener.address
+        logger.info("scheduler at %s", self.address)
+        return self
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, timeout: float = 10.0) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._listener is not None:
+            self._listener.stop()
+
+        def shutdown() -> None:
+            for addr in list(self.state.workers):
+                self._queue(addr, {"op": "close", "reason": "scheduler closing"})
+            for cid in list(self.state.clients):
+                self._queue(cid, {"op": "scheduler-closing"})
+
+        try:
+            self.loop.call(shutdown, timeout=timeout)
+        except Exception:
+            pass
+        self.loop.stop(timeout=timeout)
+        for comm in list(self._comms.values()):
+            try:
+                comm.close()
+            except Exception:
+                pass
+        self._comms.clear()
+
+    # ================================================================ connections
+    def _on_connect(self, comm: Comm) -> None:
+        """Runs in a backend thread per accepted peer: read its introduction."""
+        try:
+            first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
+        except (CommClosedError, TimeoutError, OSError) as e:
+            logger.warning("peer %s did not introduce itself: %s", comm.peer_address, e)
+            comm.close()
+            return
+        msg = first[0] if isinstance(first, list) and first else first
+        if not isinstance(msg, dict) or msg.get("op") not in ("register-worker",
+                                                               "register-client"):
+            logger.warning("dropping peer %s: first message is not a registration (%r)",
+                           comm.peer_address, _short(first))
+            comm.close()
+            return
+        if msg["op"] == "register-client":
+            cid = msg.get("client")
+            if not isinstance(cid, str) or not cid:
+                logger.warning("dropping peer %s: bad client id", comm.peer_address)
+                comm.close()
+                return
+            self.loop.put((None, ("client", cid, comm, msg)))
+        else:
+            address = msg.get("address")
+            if not isinstance(address, str) or "://" not in address:
+                logger.warning("dropping worker %s: bad address %r", comm.peer_address, address)
+                comm.close()
+                return
+            self.loop.put((None, ("worker", address, comm, msg)))
+
+    def _register(self, kind: str, peer: str, comm: Comm, msg: dict) -> None:
+        now = time.time()
+        if kind == "client":
+            self._comms[peer] = comm
+            self.state.handle(ev.AddClient(peer, now))
+            self._queue(peer, {"op": "registered", "address": self.address, "id": self.id})
+            start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+            return
+        name = msg.get("name") or peer
+        if peer in self.state.workers or any(ws.name == name for ws in
+                                             self.state.workers.values()):
+            logger.warning("refusing worker %s: name %r or address already registered", peer,
+                           name)
+            try:
+                comm.send([{"op": "register-error",
+                            "message": f"a worker named {name!r} is already registered"}])
+            finally:
+                comm.close()
+            return
+        try:
+            event = ev.AddWorker(
+                address=peer, nthreads=int(msg.get("nthreads", 1)),
+                memory_limit=int(msg.get("memory_limit") or 0), name=str(name),
+                host=str(msg.get("host", "")), resources=dict(msg.get("resources") or {}),
+                keys=dict(msg.get("keys") or {}), pid=int(msg.get("pid") or 0), now=now)
+        except (TypeError, ValueError) as e:
+            logger.warning("dropping worker %s: malformed registration: %s", peer, e)
+            comm.close()
+            return
+        self._comms[peer] = comm
+        self._queue(peer, {"op": "registered", "address": self.address, "id": self.id,
+                           "heartbeat_interval": config.get("worker.heartbeat-interval")})
+        self._route(self.state.handle(event))
+        start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+        logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
+        self._notify_workers("add", peer)
+
+    def _disconnect(self, peer: str, reason: str) -> None:
+        comm = self._comms.pop(peer, None)
+        if comm is not None:
+            comm.close()
+        self._outbox.pop(peer, None)
+        now = time.time()
+        if peer in self.state.workers:
+            logger.info("worker %s left: %s", peer, reason)
+            self._route(self.state.handle(ev.RemoveWorker(peer, reason, now)))
+            self._fail_gathers_from(peer)
+            self._notify_workers("remove", peer)
+        elif peer in self.state.clients:
+            self._route(self.state.handle(ev.RemoveClient(peer, now)))
+
+    def _notify_workers(self, what: str, address: str) -> None:
+        with self._workers_changed:
+            self._workers_changed.notify_all()
+        for cb in list(self._worker_callbacks):
+            try:
+                cb(what, address)
+            except Exception:
+                logger.exception("worker callback failed")
+
+    # ================================================================ the loop
+    def _process(self, items: list) -> None:
+        now = time.time()
+        state = self.state
+        for source, payload in items:
+            if source is None:
+                self._register(*payload)
+                continue
+            if payload is CLOSED:
+                self._disconnect(source, "connection closed")
+                continue
+            if source not in self._comms:
+                continue  # a late message from a peer we dropped
+            msgs = payload if isinstance(payload, list) else [payload]
+            is_worker = source in state.workers
+            try:
+                for msg in msgs:
+                    op = msg.get("op") if isinstance(msg, dict) else None
+                    handler = self._server_ops.get(op)
+                    if handler is not None:
+                        handler(self, source, msg)
+                        continue
+                    if is_worker:
+                        if op not in _worker_fields:
+                            raise ev.MalformedMessage(f"op {op!r} is not a worker's op")
+                        event = ev.from_message(ev.SCHEDULER_OPS, msg, worker=source, now=now)
+                    else:
+                        if op not in _client_fields:
+                            raise ev.MalformedMessage(f"op {op!r} is not a client's op")
+                        event = ev.from_message(ev.SCHEDULER_OPS, msg, client=source, now=now)
+                    self._route(state.handle(event))
+            except ev.MalformedMessage as e:
+                logger.warning("dropping %s: malformed message: %s", source, e)
+                self._disconnect(source, f"malformed message: {e}")
+            except AttributeError as e:
+                logger.warning("dropping %s: malformed message: %s", source, e)
+                self._disconnect(source, f"malformed message: {e}")
+
+    def _tick(self, now: float) -> None:
+        self._route(self.state.handle(ev.Tick(now)))
+        # workers removed by the tick (no heartbeat) lose their comms too
+        for peer in [p for p in self._comms if p.startswith(("tcp", "tls", "inproc", "mpi"))
+                     and p not in self.state.workers]:
+            self._disconnect(peer, "removed")
+
+    def _route(self, commands: list) -> None:
+        for cmd in commands:
+            self._queue(cmd.to, cmd.msg)
+
+    def _queue(self, to: str, msg: dict) -> None:
+        if to == INTERNAL:
+            fut = self._internal.pop(msg.get("request_id"), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            return
+        box = self._outbox.get(to)
+        if box is None:
+            box = self._outbox[to] = []
+        box.append(msg)
+
+    def _flush(self) -> None:
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        for to, msgs in outbox.items():
+            comm = self._comms.get(to)
+            if comm is None:
+                continue
+            try:
+                comm.send(msgs)
+            except (CommClosedError, OSError) as e:
+                self.loop.put((to, CLOSED))
+                logger.info("send to %s failed: %s", to, e)
+
+    # ================================================================ server ops
+    def _op_gather(self, source: str, msg: dict) -> None:
+        request_id = msg["request_id"]
+        keys = list(msg["keys"])
+        self._start_gather(request_id, source, keys)
+
+    def _start_gather(self, request_id: str, requester: str, keys: list) -> None:
+        per_worker: dict[str, list] = {}
+        missing = []
+        for key in keys:
+            ts = self.state.tasks.get(key)
+            if ts is None or ts.state != "memory" or not ts.who_has:
+                missing.append(key)
+                continue
+            holders = sorted(ts.who_has, key=lambda ws: ws.address)
+            ws = holders[hash(key) % len(holders)] if len(holders) > 1 else holders[0]
+            per_worker.setdefault(ws.address, []).append(key)
+        g = {"requester": requester, "data": {}, "missing": missing, "subs": set()}
+        self._gathers[request_id] = g
+        for worker, wkeys in per_worker.items():
+            sub = f"{request_id}/{next(self._ids)}"
+            g["subs"].add(sub)
+            self._sub_gathers[sub] = (request_id, worker, wkeys)
+            self._queue(worker, {"op": "get-data", "keys": wkeys, "request_id": sub,
+                                 "serialized": True})
+        self._maybe_finish_gather(request_id)
+
+    def _op_data_reply(self, source: str, msg: dict) -> None:
+        sub = msg.get("request_id")
+        entry = self._sub_gathers.pop(sub, None)
+        if entry is None:
+            return
+        request_id, worker, _ = entry
+        g = self._gathers.get(request_id)
+        if g is None:
+            return
+        g["subs"].discard(sub)
+        g["data"].update(msg.get("data") or {})
+        for key in msg.get("missing") or ():
+            g["missing"].append(key)
+            self._route(self.state.handle(ev.MissingData("", key, worker, time.time())))
+        self._maybe_finish_gather(request_id)
+
+    def _fail_gathers_from(self, worker: str) -> None:
+        for sub, (request_id, w, keys) in list(self._sub_gathers.items()):
+            if w == worker:
+                del self._sub_gathers[sub]
+                g = self._gathers.get(request_id)
+                if g is not None:
+                    g["subs"].discard(sub)
+                    g["missing"].extend(keys)
+                    self._maybe_finish_gather(request_id)
+
+    def _maybe_finish_gather(self, request_id: str) -> None:
+        g = self._gathers.get(request_id)
+        if g is None or g["subs"]:
+            return
+        del self._gathers[request_id]
+        self._queue(g["requester"], {"op": "gather-reply", "request_id": request_id,
+                                     "data": g["data"], "missing": g["missing"]})
+
+    def _op_scatter(self, source: str, msg: dict) -> None:
+        event = ev.ScatterData(client=source, scatter_id=msg["scatter_id"], data=msg["data"],
+                               nbytes=msg.get("nbytes") or {}, workers=msg.get("workers"),
+                               broadcast=bool(msg.get("broadcast")), now=time.time())
+        self._route(self.state.handle(event))
+
+    def _op_info(self, source: str, msg: dict) -> None:
+        self._queue(source, {"op": "scheduler-info-reply", "request_id": msg.get("request_id"),
+                             "info": self.identity()})
+
+    def _op_retire(self, source: str, msg: dict) -> None:
+        workers = self._resolve_workers(msg.get("workers"), msg.get("names"), msg.get("n"))
+        event = ev.RetireWorkers(request_id=msg["request_id"], requester=source,
+                                 workers=workers, close=bool(msg.get("close", True)),
+                                 now=time.time())
+        self._route(self.state.handle(event))
+
+    def _op_retire_me(self, source: str, msg: dict) -> None:
+        """A worker's walltime (lifetime) is up: retire it gracefully."""
+        if source not in self.state.workers:
+            return
+        rid = f"lifetime-{next(self._ids)}"  # nobody waits for it: the reply is dropped
+        self._route(self.state.handle(ev.RetireWorkers(rid, INTERNAL, [source], True,
+                                                       time.time())))
+
+    def _op_close_client(self, source: str, msg: dict) -> None:
+        self._queue(source, {"op": "close-client-reply"})
+        self._flush()
+        self._disconnect(source, "client closed")
+
+    def _op_noop(self, source: str, msg: dict) -> None:
+        pass
+
+    _server_ops = {
+        "gather": _op_gather,
+        "data-reply": _op_data_reply,
+        "scatter": _op_scatter,
+        "scheduler-info": _op_info,
+        "retire-workers": _op_retire,
+        "retire-me": _op_retire_me,
+        "close-client": _op_close_client,
+        "registered-ack": _op_noop,
+    }
+
+    def _resolve_workers(self, addresses: list | None, names: list | None,
+                         n: int | None = None) -> list[str]:
+        state = self.state
+        out: list[str] = []
+        if addresses:
+            out += [a for a in addresses if a in state.workers]
+        if names:
+            wanted = set(map(str, names))
+            out += [ws.address for ws in state.workers.values() if ws.name in wanted]
+        if n:
+            # idle workers with the least data first
+            cands = sorted((ws for ws in state.workers.values() if ws.address not in out),
+                           key=lambda ws: (len(ws.processing), ws.nbytes))
+            out += [ws.address for ws in cands[:n]]
+        return out
+
+    # ================================================================ in-process API
+    def identity(self) -> dict:
+        """Summary of the cluster (runs on the loop thread)."""
+        return {
+            "type": "Scheduler", "id": self.id, "address": self.address,
+            "started": self.started,
+            "workers": {a: ws.info() for a, ws in self.state.workers.items()},
+            "n_tasks": len(self.state.tasks), "task_counts": self.state.task_counts(),
+            "clients": sorted(self.state.clients), "queued": self.state.n_queued,
+            "unrunnable": len(self.state.unrunnable),
+        }
+
+    def workers_info(self) -> dict[str, dict]:
+        return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
+
+    def scheduler_info(self) -> dict:
+        return self.loop.call(self.identity)
+
+    def call(self, fn: Any, timeout: float | None = 30.0) -> Any:
+        """Run ``fn(scheduler)`` on the scheduler's thread (for adaptive and clusters)."""
+        return self.loop.call(lambda: fn(self), timeout)
+
+    def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
+                       close: bool = True, timeout: float = 60.0, n: int | None = None
+                       ) -> list[str]:
+        """Gracefully retire workers: their results move to others, then they close."""
+        rid = f"retire-{uuid.uuid4().hex[:8]}"
+        fut: Future = Future()
+
+        def start() -> None:
+            self._internal[rid] = fut
+            addrs = self._resolve_workers(workers, names, n)
+            self._route(self.state.handle(ev.RetireWorkers(rid, INTERNAL, addrs, close,
+                                                           time.time())))
+
+        self.loop.call(start)
+        reply = fut.result(timeout)
+        return list(reply.get("retired", []))
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._workers_changed:
+            while len(self.state.workers) < n:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"only {len(self.state.workers)} of {n} workers "
+                                       f"joined within {timeout}s")
+                self._workers_changed.wait(min(left, 1.0) if left is not None else 1.0)
+
+    def add_worker_callback(self, fn: Any) -> None:
+        self._worker_callbacks.append(fn)
+
+    def remove_worker_callback(self, fn: Any) -> None:
+        if fn in self._worker_callbacks:
+            self._worker_callbacks.remove(fn)
+
+
+def _short(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) < 200 else r[:197] + "..."
+
+
+def default_host() -> str:
+    """An address of this machine other hosts can reach (falls back to 127.0.0.1)."""
+    try:
+        host = socket.gethostname()
+        ip = socket.gethostbyname(host)
+        if not ip.startswith("127."):
+            return ip
+    except OSError:
+        pass
+    return os.environ.get("HPCSCHED_HOST", "127.0.0.1")

@@ -1,0 +1,441 @@
+"""The worker server: runs :class:`WorkerState`, executes tasks, serves its data.
+
+Threads of a worker:
+
+* the loop (owns the state machine): scheduler messages, task results and
+  transfer results come in through one inbox, batched messages go out;
+* ``nthreads`` executor threads running tasks;
+* a reader per peer comm, serving ``get-data`` requests straight from the data
+  store (the loop is not involved, so a large transfer does not stall it) and
+  handing ``data-reply`` answers to the fetch waiting for them;
+* up to ``transfer-incoming-count-limit`` fetch threads.
+
+A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
+with a message naming the address it tried. ``lifetime`` (a batch job's
+walltime) makes it ask the scheduler to retire it gracefully in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import random
+import socket
+import threading
+import time
+import traceback as tb_mod
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.core import events as ev
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
+from hpcsched.core.graph import evaluate
+from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.serialize import (
+    SerializationError,
+    deserialize,
+    loads_function,
+    loads_object,
+    serialize,
+    sizeof,
+)
+from hpcsched.core.worker_state import WorkerState
+
+logger = logging.getLogger("hpcsched.worker")
+
+
+class RemoteError(Exception):
+    """Stands in for an exception that could not be pickled on the worker."""
+
+    def __init__(self, typename: str, message: str):
+        super().__init__(f"{typename}: {message}")
+        self.typename = typename
+
+
+def run_spec_call(run_spec: Any, data: dict) -> Any:
+    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec."""
+    func_blob, args_blob, needs_eval = run_spec
+    if args_blob is None:
+        args, kwargs = (), {}
+    else:
+        args, kwargs = loads_object(args_blob)
+    if needs_eval:
+        args = evaluate(args, data)
+        kwargs = evaluate(kwargs, data) if kwargs else kwargs
+    if func_blob is None:  # a literal value or an alias
+        return args[0]
+    func = loads_function(func_blob)
+    return func(*args, **kwargs)
+
+
+def pack_exception(exc: BaseException, tb: Any) -> tuple[Any, str, str]:
+    """(Serialized exception, traceback text, one-line description)."""
+    text = f"{type(exc).__name__}: {exc}"
+    tb_text = "".join(tb_mod.format_exception(type(exc), exc, tb))
+    try:
+        packed = serialize(exc)
+    except SerializationError:
+        packed = serialize(RemoteError(type(exc).__name__, str(exc)))
+    return packed, tb_text, text
+
+
+class Worker:
+    def __init__(
+        self,
+        scheduler_address: str,
+        *,
+        nthreads: int | None = None,
+        memory_limit: int | None = None,
+        name: str | None = None,
+        resources: dict | None = None,
+        security: Security | None = None,
+        listen_address: str | None = None,
+        death_timeout: float | None = None,
+        lifetime: float | None = None,
+        lifetime_stagger: float = 0.0,
+        heartbeat_interval: float | None = None,
+        host: str | None = None,
+        on_close: Any = None,
+    ):
+        self.scheduler_address = scheduler_address
+        self.nthreads = nthreads or os.cpu_count() or 1
+        self.memory_limit = memory_limit or 0
+        self.name = name
+        self.resources = dict(resources or {})
+        self.security = security
+        scheme, _ = parse_address(scheduler_address)
+        if listen_address is None:
+            listen_address = {"tcp": "tcp://0.0.0.0:0", "tls": "tls://0.0.0.0:0",
+                              "mpi": "mpi://"}.get(scheme, "inproc://")
+            if scheme in ("tcp", "tls") and host:
+                listen_address = f"{scheme}://{host}:0"
+        self.listen_address = listen_address
+        self.death_timeout = config.get("worker.death-timeout", death_timeout)
+        self.lifetime = lifetime
+        if lifetime and lifetime_stagger:
+            self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
+                                1.0)
+        self.heartbeat_interval = config.get("worker.heartbeat-interval", heartbeat_interval)
+        self.host = host or socket.gethostname()
+        self.address = ""
+        self.state: WorkerState | None = None
+        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick,
+                         self.heartbeat_interval)
+        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="hpcsched-task")
+        self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
+                                          thread_name_prefix="hpcsched-fetch")
+        self._scheduler_comm: Comm | None = None
+        self._outbox: list = []
+        self._listener = None
+        self._peers: dict[str, Comm] = {}
+        self._peer_lock = threading.Lock()
+        self._reading: set[int] = set()
+        self._pending: dict[str, tuple[threading.Event, list, Any]] = {}
+        self._ids = itertools.count()
+        self._closed = threading.Event()
+        self._close_lock = threading.Lock()
+        self.close_reason = ""
+        self._started = 0.0
+        self._retire_asked = False
+        self._on_close = on_close
+        self._uses_heartbeat = scheme in ("tcp", "tls")
+
+    # ================================================================ lifecycle
+    def start(self) -> Worker:
+        self._listener = registry.listen(self.listen_address, self._on_peer, self.security)
+        self.address = self._listener.address
+        self.state = WorkerState(self.address, self.nthreads, self.resources,
+                                 config.get("worker.transfer-incoming-count-limit"))
+        comm = self._connect_scheduler()
+        comm.send([{"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
+                    "memory_limit": self.memory_limit, "name": self.name or self.address,
+                    "host": self.host, "resources": self.resources, "pid": os.getpid(),
+                    "keys": {}}])
+        try:
+            reply = comm.recv(timeout=self.death_timeout)
+        except (CommClosedError, TimeoutError) as e:
+            comm.close()
+            self._listener.stop()
+            raise ConnectionError(f"scheduler at {self.scheduler_address} did not answer our "
+                                  f"registration: {e}") from e
+        first = reply[0] if isinstance(reply, list) and reply else reply
+        if not isinstance(first, dict) or first.get("op") != "registered":
+            comm.close()
+            self._listener.stop()
+            msg = first.get("message") if isinstance(first, dict) else repr(first)
+            raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {msg}")
+        self._scheduler_comm = comm
+        self._started = time.monotonic()
+        self.loop.start()
+        start_reader(comm, "scheduler", self.loop.inbox, "worker-scheduler-reader")
+        logger.info("worker %s (%s) connected to %s", self.address, self.name,
+                    self.scheduler_address)
+        return self
+
+    def _connect_scheduler(self) -> Comm:
+        deadline = time.monotonic() + self.death_timeout
+        last: Exception | None = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._listener.stop()
+                raise TimeoutError(
+                    f"worker could not reach the scheduler at {self.scheduler_address} within "
+                    f"death_timeout={self.death_timeout}s: {last}")
+            try:
+                return registry.connect(self.scheduler_address, timeout=left,
+                                        security=self.security)
+            except (TimeoutError, OSError) as e:
+                if isinstance(e, ConnectionError) and "refused our credentials" in str(e):
+                    self._listener.stop()
+                    raise
+                last = e
+                time.sleep(min(0.2, max(left, 0)))
+
+    def run(self) -> None:
+        """Start and block until closed (the CLI's main loop)."""
+        if not self.address:
+            self.start()
+        while not self._closed.wait(1.0):
+            pass
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        return self._closed.wait(timeout)
+
+    def close(self, reason: str = "closed") -> None:
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self.close_reason = reason
+            self._closed.set()
+        logger.info("worker %s closing: %s", self.address, reason)
+        if self._listener is not None:
+            self._listener.stop()
+        self.loop.stop(join=True)
+        if self.state is not None:
+            self.state.closing = True
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.fetcher.shutdown(wait=False, cancel_futures=True)
+        if self._scheduler_comm is not None:
+            self._scheduler_comm.close()
+        with self._peer_lock:
+            peers = list(self._peers.values())
+            self._peers.clear()
+        for c in peers:
+            c.close()
+        for event, box, _ in list(self._pending.values()):
+            box.append(None)
+            event.set()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> Worker:
+        return self.start() if not self.address else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ================================================================ the loop
+    def _process(self, items: list) -> None:
+        state = self.state
+        now = time.time()
+        out: list = []
+        for source, payload in items:
+            if source == "scheduler":
+                if payload is CLOSED:
+                    threading.Thread(target=self.close, args=("scheduler connection lost",),
+                                     daemon=True).start()
+                    return
+                for msg in payload:
+                    op = msg.get("op")
+                    if op in ev.WORKER_OPS:
+                        out += state.handle(ev.from_message(ev.WORKER_OPS, msg, now=now))
+                    elif op == "update-data":
+                        data = {k: deserialize(v) for k, v in msg["data"].items()}
+                        out += state.handle(ev.UpdateData(data, msg.get("scatter_id"), now))
+                    elif op == "get-data":
+                        self._serve(self._scheduler_comm, msg)
+                    elif op == "close":
+                        threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
+                                         daemon=True).start()
+                        return
+                    elif op == "registered":
+                        pass
+                    else:
+                        logger.warning("unknown op from scheduler: %r", op)
+            else:  # our own events: task results, transfers
+                out += state.handle(payload)
+        self._carry_out(out)
+
+    def _carry_out(self, commands: list) -> None:
+        for cmd in commands:
+            t = type(cmd)
+            if t is ev.Send:
+                self._outbox.append(cmd.msg)
+            elif t is ev.Execute:
+                self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+            elif t is ev.GatherDep:
+                self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+
+    def _flush(self) -> None:
+        if self._outbox and self._scheduler_comm is not None:
+            msgs, self._outbox = self._outbox, []
+            try:
+                self._scheduler_comm.send(msgs)
+            except (CommClosedError, OSError):
+                pass
+
+    def _tick(self, now: float) -> None:
+        if self._uses_heartbeat:
+            self._outbox.append({"op": "heartbeat", "metrics": self.metrics()})
+        if self.lifetime and not self._retire_asked and \
+                time.monotonic() - self._started > self.lifetime:
+            self._retire_asked = True
+            logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
+                        self.lifetime)
+            self._outbox.append({"op": "retire-me"})
+
+    def metrics(self) -> dict:
+        st = self.state
+        m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
+             "in_flight": len(st.in_flight_workers), "time": time.time()}
+        try:
+            import psutil
+
+            m["memory"] = psutil.Process().memory_info().rss
+        except Exception:
+            pass
+        return m
+
+    # ================================================================ execution
+    def _execute(self, key: Any, run_spec: Any) -> None:
+        start = time.time()
+        try:
+            value = run_spec_call(run_spec, self.state.data)
+        except BaseException as e:  # noqa: BLE001 - reported to the scheduler
+            stop = time.time()
+            packed, tb_text, text = pack_exception(e, e.__traceback__)
+            self.loop.put((None, ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)))
+            return
+        stop = time.time()
+        try:
+            nbytes = sizeof(value)
+        except Exception:
+            nbytes = 64
+        self.loop.put((None, ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start,
+                                               stop, stop)))
+
+    # ================================================================ peers
+    def _on_peer(self, comm: Comm) -> None:
+        with self._peer_lock:
+            if id(comm) in self._reading:
+                return
+            self._reading.add(id(comm))
+        threading.Thread(target=self._peer_reader, args=(comm,), daemon=True,
+                         name=f"worker-peer {comm.peer_address}").start()
+
+    def _peer_comm(self, address: str) -> Comm:
+        with self._peer_lock:
+            comm = self._peers.get(address)
+            if comm is not None and not comm.closed:
+                return comm
+        comm = registry.connect(address, timeout=config.get("comm.timeouts.connect"),
+                                security=self.security)
+        with self._peer_lock:
+            existing = self._peers.get(address)
+            if existing is not None and not existing.closed and existing is not comm:
+                comm.close()
+                return existing
+            self._peers[address] = comm
+            start = id(comm) not in self._reading
+            self._reading.add(id(comm))
+        if start:
+            threading.Thread(target=self._peer_reader, args=(comm,), daemon=True,
+                             name=f"worker-peer {address}").start()
+        return comm
+
+    def _peer_reader(self, comm: Comm) -> None:
+        try:
+            while not self._closed.is_set():
+                msgs = comm.recv()
+                for msg in msgs if isinstance(msgs, list) else [msgs]:
+                    op = msg.get("op") if isinstance(msg, dict) else None
+                    if op == "get-data":
+                        self._serve(comm, msg)
+                    elif op == "data-reply":
+                        entry = self._pending.get(msg.get("request_id"))
+                        if entry is not None:
+                            entry[1].append(msg)
+                            entry[0].set()
+                    else:
+                        logger.warning("dropping peer %s: unexpected op %r", comm.peer_address,
+                                       op)
+                        comm.close()
+                        return
+        except (CommClosedError, OSError, EOFError):
+            pass
+        finally:
+            with self._peer_lock:
+                self._reading.discard(id(comm))
+                for a, c in list(self._peers.items()):
+                    if c is comm:
+                        del self._peers[a]
+            for event, box, c in list(self._pending.values()):
+                if c is comm:  # fetches waiting on this peer fail now, not at a timeout
+                    box.append(None)
+                    event.set()
+
+    def _serve(self, comm: Comm | None, msg: dict) -> None:
+        data = self.state.data
+        out: dict = {}
+        missing = []
+        wrap = bool(msg.get("serialized"))
+        for key in msg.get("keys", ()):
+            try:
+                value = data[key]
+            except KeyError:
+                missing.append(key)
+                continue
+            out[key] = serialize(value) if wrap else value
+        reply = {"op": "data-reply", "request_id": msg.get("request_id"), "data": out,
+                 "missing": missing}
+        if comm is self._scheduler_comm:
+            self._outbox.append(reply)  # on the loop thread: goes out with this batch
+            return
+        try:
+            comm.send([reply])
+        except (CommClosedError, OSError):
+            pass
+
+    def _fetch(self, worker: str, keys: list) -> None:
+        rid = f"{self.address}/{next(self._ids)}"
+        event = threading.Event()
+        box: list = []
+        try:
+            comm = self._peer_comm(worker)
+            self._pending[rid] = (event, box, comm)
+            comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
+            timeout = config.get("comm.timeouts.connect") * 4
+            while not event.wait(1.0):
+                timeout -= 1.0
+                if self._closed.is_set() or comm.closed or timeout <= 0:
+                    raise CommClosedError(f"no answer from {worker}")
+            reply = box[0]
+            if reply is None:
+                raise CommClosedError(f"connection to {worker} lost")
+            result = ev.GatherDepSuccess(worker, reply.get("data") or {},
+                                         reply.get("missing") or [], time.time())
+        except (CommClosedError, OSError, TimeoutError) as e:
+            result = ev.GatherDepFailure(worker, keys, str(e), time.time())
+        finally:
+            self._pending.pop(rid, None)
+        if not self._closed.is_set():
+            self.loop.put((None, result))
+
+
+def new_worker_name() -> str:
+    return f"worker-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,422 @@
+"""The worker as a pure state machine: events in, commands out.
+
+Rules of this file: no sockets, threads or clocks (events carry ``now``); the
+server runs ``Execute`` commands in its thread pool, ``GatherDep`` commands as
+peer transfers, and sends ``Send(to="scheduler")`` messages batched.
+
+Task states: released, waiting (for dependencies), fetch (to be fetched),
+flight (being fetched), missing (no known holder), ready, executing, memory,
+error. Ready tasks sit in a heap by scheduler priority, so the dependents of a
+task that just finished run next (depth-first, LIFO in effect).
+
+Data fetched only to feed local tasks is dropped as soon as no local task
+needs it; results computed here (and replicas the scheduler asked for) stay
+until the scheduler says ``free-keys``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Any
+
+from hpcsched.core import events as ev
+
+Key = Any
+
+
+class WTask:
+    __slots__ = ("key", "state", "priority", "run_spec", "dependencies", "dependents",
+                 "waiting_for_data", "who_has", "nbytes", "resource_restrictions", "duration",
+                 "coming_from", "release_after", "keep", "report_replica", "seq")
+
+    def __init__(self, key: Key):
+        self.key = key
+        self.state = "released"
+        self.priority: tuple = ()
+        self.run_spec: Any = None
+        self.dependencies: set[WTask] = set()
+        self.dependents: set[WTask] = set()
+        self.waiting_for_data: set[WTask] = set()
+        self.who_has: set[str] = set()
+        self.nbytes = -1
+        self.resource_restrictions: dict | None = None
+        self.duration = 0.0
+        self.coming_from: str | None = None
+        self.release_after = False  # released while executing / in flight
+        self.keep = False  # computed here or asked for: kept until the scheduler frees it
+        self.report_replica = False  # acquire-replicas: tell the scheduler once it is here
+        self.seq = 0
+
+    def __repr__(self) -> str:
+        return f"<WTask {self.key!r} {self.state}>"
+
+
+class WorkerState:
+    def __init__(self, address: str, nthreads: int, resources: dict | None = None,
+                 transfer_incoming_count_limit: int = 4, transfer_message_bytes: int = 50e6):
+        self.address = address
+        self.nthreads = max(int(nthreads), 1)
+        self.total_resources = dict(resources or {})
+        self.available_resources = dict(self.total_resources)
+        self.transfer_limit = transfer_incoming_count_limit
+        self.transfer_message_bytes = transfer_message_bytes
+        self.tasks: dict[Key, WTask] = {}
+        self.data: dict[Key, Any] = {}
+        self.ready: list[tuple[tuple, int, WTask]] = []
+        self.executing: set[WTask] = set()
+        self.in_flight_workers: dict[str, set[WTask]] = {}
+        self.fetch_queue: list[tuple[tuple, int, WTask]] = []
+        self.busy_workers: set[str] = set()
+        self._seq = itertools.count()
+        self._out: list = []
+        self.closing = False
+
+    # ================================================================ dispatch
+    def handle(self, event: Any) -> list:
+        self._handlers[type(event)](self, event)
+        self._ensure_communicating()
+        self._ensure_computing()
+        out, self._out = self._out, []
+        return out
+
+    def _to_scheduler(self, msg: dict) -> None:
+        self._out.append(ev.Send("scheduler", msg))
+
+    def _ensure_task(self, key: Key) -> WTask:
+        ts = self.tasks.get(key)
+        if ts is None:
+            ts = self.tasks[key] = WTask(key)
+        return ts
+
+    # ================================================================ scheduler events
+    def _compute_task(self, e: ev.ComputeTask) -> None:
+        ts = self._ensure_task(e.key)
+        if ts.state == "memory":
+            ts.keep = True
+            self._to_scheduler({"op": "task-finished", "key": ts.key, "nbytes": ts.nbytes,
+                                "typename": type(self.data.get(ts.key)).__name__})
+            return
+        if ts.state in ("executing", "waiting", "ready"):
+            ts.release_after = False
+            return
+        if ts.state in ("fetch", "flight", "missing"):
+            # we were fetching it as someone's dependency; computing it is what we're asked now
+            if ts.state == "flight":
+                ts.release_after = True  # drop the transfer's copy
+            self._unfetch(ts)
+        ts.run_spec = e.run_spec
+        ts.priority = tuple(e.priority)
+        ts.duration = e.duration
+        ts.keep = True
+        ts.release_after = False
+        ts.resource_restrictions = e.resource_restrictions
+        ts.waiting_for_data = set()
+        for dep_key, holders in (e.who_has or {}).items():
+            dts = self._ensure_task(dep_key)
+            ts.dependencies.add(dts)
+            dts.dependents.add(ts)
+            if dts.state == "memory":
+                continue
+            ts.waiting_for_data.add(dts)
+            dts.who_has.update(h for h in holders if h != self.address)
+            if e.nbytes and dep_key in e.nbytes:
+                dts.nbytes = e.nbytes[dep_key]
+            if dts.priority == () or ts.priority < dts.priority:
+                dts.priority = ts.priority
+            if dts.state == "released":
+                self._to_fetch(dts)
+        if ts.waiting_for_data:
+            ts.state = "waiting"
+        else:
+            self._to_ready(ts)
+
+    def _to_fetch(self, ts: WTask) -> None:
+        if ts.who_has:
+            ts.state = "fetch"
+            ts.seq = next(self._seq)
+            heapq.heappush(self.fetch_queue, (ts.priority, ts.seq, ts))
+        else:
+            ts.state = "missing"
+
+    def _unfetch(self, ts: WTask) -> None:
+        ts.state = "released"
+
+    def _to_ready(self, ts: WTask) -> None:
+        ts.state = "ready"
+        ts.seq = next(self._seq)
+        heapq.heappush(self.ready, (ts.priority, ts.seq, ts))
+
+    def _free_keys(self, e: ev.FreeKeys) -> None:
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.keep = False
+            ts.report_replica = False
+            self._release(ts)
+
+    def _release(self, ts: WTask) -> None:
+        """Forget ``ts`` unless a local task still needs it as a dependency."""
+        if ts.state in ("executing", "flight"):
+            ts.release_after = True
+            return
+        if ts.state in ("memory", "fetch", "missing") and self._needed(ts):
+            return  # still feeds a local task
+        if ts.state in ("ready", "waiting"):
+            for dts in list(ts.dependencies):
+                dts.dependents.discard(ts)
+                if not dts.keep and not self._needed(dts):
+                    self._release(dts)
+            ts.dependencies.clear()
+            ts.waiting_for_data.clear()
+        self.data.pop(ts.key, None)
+        ts.state = "released"
+        ts.release_after = False
+        if not ts.dependents:
+            self.tasks.pop(ts.key, None)
+
+    def _needed(self, ts: WTask) -> bool:
+        return any(d.state in ("waiting", "ready", "executing") for d in ts.dependents)
+
+    def _steal_request(self, e: ev.StealRequest) -> None:
+        ts = self.tasks.get(e.key)
+        state = ts.state if ts is not None else "released"
+        if ts is not None and state in ("waiting", "ready"):
+            ts.keep = False
+            self._release(ts)
+            state = "released"
+        self._to_scheduler({"op": "steal-response", "key": e.key, "state": state})
+
+    def _acquire_replicas(self, e: ev.AcquireReplicas) -> None:
+        for key, holders in e.who_has.items():
+            ts = self._ensure_task(key)
+            ts.keep = True
+            if ts.state == "memory":
+                self._to_scheduler({"op": "add-keys", "keys": {key: ts.nbytes}})
+                continue
+            ts.report_replica = True
+            ts.who_has.update(h for h in holders if h != self.address)
+            if key in e.nbytes:
+                ts.nbytes = e.nbytes[key]
+            if ts.state in ("released", "missing"):
+                if ts.priority == ():
+                    ts.priority = (float("inf"),)
+                self._to_fetch(ts)
+
+    def _refresh_who_has(self, e: ev.RefreshWhoHas) -> None:
+        for key, holders in e.who_has.items():
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            ts.who_has = {h for h in holders if h != self.address}
+            if ts.state == "missing":
+                self._to_fetch(ts)
+
+    def _update_data(self, e: ev.UpdateData) -> None:
+        report = {}
+        for key, value in e.data.items():
+            ts = self._ensure_task(key)
+            nbytes = _sizeof(value)
+            self._put(ts, value, nbytes)
+            ts.keep = True
+            report[key] = nbytes
+        self._to_scheduler({"op": "add-keys", "keys": report, "scatter_id": e.scatter_id})
+
+    # ================================================================ results
+    def _put(self, ts: WTask, value: Any, nbytes: int) -> None:
+        self.data[ts.key] = value
+        ts.nbytes = nbytes
+        ts.state = "memory"
+        for dts in ts.dependents:
+            if ts in dts.waiting_for_data:
+                dts.waiting_for_data.discard(ts)
+                if not dts.waiting_for_data and dts.state == "waiting":
+                    self._to_ready(dts)
+
+    def _done_with_dependencies(self, ts: WTask) -> None:
+        for dts in ts.dependencies:
+            dts.dependents.discard(ts)
+            if not dts.keep and not self._needed(dts):
+                self._release(dts)
+        ts.dependencies.clear()
+
+    def _execute_success(self, e: ev.ExecuteSuccess) -> None:
+        ts = self.tasks.get(e.key)
+        if ts is None or ts.state != "executing":
+            return
+        self._finish_executing(ts)
+        if ts.release_after:
+            self._done_with_dependencies(ts)
+            ts.state = "released"
+            ts.release_after = False
+            ts.keep = False
+            if not ts.dependents:
+                self.tasks.pop(ts.key, None)
+            return
+        self._put(ts, e.value, e.nbytes)
+        self._done_with_dependencies(ts)
+        self._to_scheduler({"op": "task-finished", "key": ts.key, "nbytes": e.nbytes,
+                            "typename": e.typename, "start": e.start, "stop": e.stop})
+
+    def _execute_failure(self, e: ev.ExecuteFailure) -> None:
+        ts = self.tasks.get(e.key)
+        if ts is None or ts.state != "executing":
+            return
+        self._finish_executing(ts)
+        self._done_with_dependencies(ts)
+        if ts.release_after:
+            ts.state = "released"
+            self.tasks.pop(ts.key, None)
+            return
+        ts.state = "error"
+        ts.keep = False
+        self._to_scheduler({"op": "task-erred", "key": ts.key, "exception": e.exception,
+                            "traceback": e.traceback, "exception_text": e.exception_text,
+                            "start": e.start, "stop": e.stop})
+        self.tasks.pop(ts.key, None)
+
+    def _finish_executing(self, ts: WTask) -> None:
+        self.executing.discard(ts)
+        if ts.resource_restrictions:
+            for r, q in ts.resource_restrictions.items():
+                self.available_resources[r] = self.available_resources.get(r, 0) + q
+
+    def _gather_dep_success(self, e: ev.GatherDepSuccess) -> None:
+        tasks = self.in_flight_workers.pop(e.worker, set())
+        self.busy_workers.discard(e.worker)
+        replicas = {}
+        for ts in tasks:
+            if ts.key in e.data:
+                value = e.data[ts.key]
+                if ts.release_after or ts.state != "flight":
+                    ts.release_after = False
+                    if ts.state == "flight":
+                        ts.state = "released"
+                    if not ts.keep and not self._needed(ts):
+                        self._release(ts)
+                        continue
+                nbytes = ts.nbytes if ts.nbytes >= 0 else _sizeof(value)
+                self._put(ts, value, nbytes)
+                if ts.report_replica:
+                    ts.report_replica = False
+                    replicas[ts.key] = nbytes
+            else:
+                self._peer_lacks(ts, e.worker)
+        if replicas:
+            self._to_scheduler({"op": "add-keys", "keys": replicas})
+
+    def _peer_lacks(self, ts: WTask, worker: str) -> None:
+        ts.who_has.discard(worker)
+        if ts.release_after:
+            ts.release_after = False
+            ts.state = "released"
+            if not ts.keep and not self._needed(ts):
+                self._release(ts)
+                return
+        if ts.state not in ("flight", "released", "fetch", "missing"):
+            return
+        self._to_scheduler({"op": "missing-data", "key": ts.key, "errant_worker": worker})
+        ts.state = "released"
+        self._to_fetch(ts)
+
+    def _gather_dep_failure(self, e: ev.GatherDepFailure) -> None:
+        tasks = self.in_flight_workers.pop(e.worker, set())
+        self.busy_workers.discard(e.worker)
+        # the peer is gone: forget it as a holder of anything
+        for ts in self.tasks.values():
+            ts.who_has.discard(e.worker)
+        for ts in tasks:
+            ts.who_has.add(e.worker)  # so that _peer_lacks reports it
+            self._peer_lacks(ts, e.worker)
+
+    # ================================================================ progress
+    def _ensure_computing(self) -> None:
+        while self.ready and len(self.executing) < self.nthreads and not self.closing:
+            _, seq, ts = self.ready[0]
+            if ts.state != "ready" or ts.seq != seq or self.tasks.get(ts.key) is not ts:
+                heapq.heappop(self.ready)
+                continue
+            if ts.resource_restrictions and not all(
+                    self.available_resources.get(r, 0) >= q
+                    for r, q in ts.resource_restrictions.items()):
+                break  # wait for resources; highest priority first
+            heapq.heappop(self.ready)
+            if ts.resource_restrictions:
+                for r, q in ts.resource_restrictions.items():
+                    self.available_resources[r] = self.available_resources.get(r, 0) - q
+            ts.state = "executing"
+            self.executing.add(ts)
+            self._to_scheduler({"op": "task-started", "key": ts.key})
+            self._out.append(ev.Execute(ts.key, ts.run_spec))
+
+    def _ensure_communicating(self) -> None:
+        deferred = []
+        while self.fetch_queue and len(self.in_flight_workers) < self.transfer_limit:
+            _, seq, ts = heapq.heappop(self.fetch_queue)
+            if ts.state != "fetch" or ts.seq != seq or self.tasks.get(ts.key) is not ts:
+                continue
+            holders = [w for w in ts.who_has if w not in self.in_flight_workers]
+            if not holders:
+                deferred.append((ts.priority, seq, ts))
+                continue
+            worker = min(holders)  # deterministic; peers are symmetric here
+            batch = {ts}
+            total = max(ts.nbytes, 0)
+            # more keys from the same peer in one message
+            for _, _, other in self.fetch_queue:
+                if total >= self.transfer_message_bytes:
+                    break
+                if other.state == "fetch" and worker in other.who_has and other not in batch:
+                    batch.add(other)
+                    total += max(other.nbytes, 0)
+            for t in batch:
+                t.state = "flight"
+                t.coming_from = worker
+            self.in_flight_workers[worker] = batch
+            self._out.append(ev.GatherDep(worker, [t.key for t in batch]))
+        for item in deferred:
+            heapq.heappush(self.fetch_queue, item)
+
+    # ================================================================ invariants
+    def validate(self) -> None:
+        for key, ts in self.tasks.items():
+            assert ts.key == key
+            if ts.state == "memory":
+                assert key in self.data, ts
+            else:
+                assert key not in self.data, ts
+            if ts.state == "executing":
+                assert ts in self.executing, ts
+            if ts.state == "waiting":
+                assert ts.waiting_for_data, ts
+                for dts in ts.waiting_for_data:
+                    assert dts.state != "memory", (ts, dts)
+            if ts.state == "flight":
+                assert ts.coming_from in self.in_flight_workers, ts
+        for ts in self.executing:
+            assert ts.state == "executing", ts
+        assert len(self.executing) <= self.nthreads
+        for w, tasks in self.in_flight_workers.items():
+            for ts in tasks:
+                assert ts.coming_from == w
+
+
+def _sizeof(value: Any) -> int:
+    from hpcsched.core.serialize import sizeof
+
+    return sizeof(value)
+
+
+WorkerState._handlers = {
+    ev.ComputeTask: WorkerState._compute_task,
+    ev.FreeKeys: WorkerState._free_keys,
+    ev.StealRequest: WorkerState._steal_request,
+    ev.AcquireReplicas: WorkerState._acquire_replicas,
+    ev.RefreshWhoHas: WorkerState._refresh_who_has,
+    ev.UpdateData: WorkerState._update_data,
+    ev.ExecuteSuccess: WorkerState._execute_success,
+    ev.ExecuteFailure: WorkerState._execute_failure,
+    ev.GatherDepSuccess: WorkerState._gather_dep_success,
+    ev.GatherDepFailure: WorkerState._gather_dep_failure,
+}

@@ -1,0 +1,226 @@
+"""Command line: ``hpcsched scheduler``, ``hpcsched worker``, ``python -m hpcsched script.py``.
+
+* ``hpcsched scheduler [--host H] [--port P] [--interface IF] [--scheduler-file F]``
+  starts a scheduler over authenticated TCP. The scheduler file (JSON with the
+  address and the secret, mode 0600) is how workers and clients find it.
+* ``hpcsched worker ADDRESS | --scheduler-file F [--nthreads N] [--nworkers P] ...``
+  starts worker(s). The secret comes from the scheduler file, or from
+  ``HPCSCHED_SECRET_FILE`` / ``HPCSCHED_SECRET`` in the environment — never from
+  the command line, where other users could read it.
+* anything else is a script: ``python -m hpcsched script.py [args]`` under
+  mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Any
+
+logger = logging.getLogger("hpcsched.cli")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+
+
+def _rank_suffix() -> str | None:
+    """The rank of this process under srun/mpiexec when several were started, else None."""
+    for size_var, rank_var in (("SLURM_NTASKS", "SLURM_PROCID"), ("PMI_SIZE", "PMI_RANK"),
+                               ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+                               ("PMIX_SIZE", "PMIX_RANK")):
+        try:
+            if int(os.environ.get(size_var, "1")) > 1 and rank_var in os.environ:
+                return os.environ[rank_var]
+        except ValueError:
+            continue
+    return None
+
+
+def parse_resources(text: str | None) -> dict[str, float]:
+    """``"GPU=2,MEM=1e9"`` -> ``{"GPU": 2.0, "MEM": 1e9}``."""
+    out: dict[str, float] = {}
+    if not text:
+        return out
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name] = float(value)
+        except ValueError:
+            raise SystemExit(f"hpcsched worker: --resources: {part!r} is not NAME=NUMBER") from None
+    return out
+
+
+def worker_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="hpcsched worker", description="Start hpcsched worker(s).")
+    p.add_argument("address", nargs="?", help="scheduler address, e.g. tcp://10.0.0.1:8786")
+    p.add_argument("--scheduler-file", help="JSON file written by the scheduler")
+    p.add_argument("--name", default=None)
+    p.add_argument("--nthreads", type=int, default=None)
+    p.add_argument("--nworkers", type=int, default=1, help="worker processes to start")
+    p.add_argument("--memory-limit", default="auto")
+    p.add_argument("--death-timeout", type=float, default=None)
+    p.add_argument("--lifetime", type=float, default=None,
+                   help="retire gracefully after this many seconds (a job's walltime)")
+    p.add_argument("--lifetime-stagger", type=float, default=0.0)
+    p.add_argument("--resources", default=None)
+    p.add_argument("--local-directory", default=None)
+    p.add_argument("--host", default=None, help="address to listen on for peers")
+    p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
+    args = p.parse_args(argv)
+    _setup_logging(args.log_level)
+    if args.nworkers > 1:
+        return _spawn_workers(argv, args)
+
+    from hpcsched.core.client import read_scheduler_file
+    from hpcsched.core.comm.base import Security
+    from hpcsched.core.worker import Worker
+
+    security = Security.from_environment()
+    if args.scheduler_file:
+        address, security = read_scheduler_file(args.scheduler_file, security)
+    elif args.address:
+        address = args.address if "://" in args.address else f"tcp://{args.address}"
+    else:
+        p.error("give the scheduler's ADDRESS or --scheduler-file")
+    name = args.name
+    suffix = _rank_suffix()
+    if name and suffix is not None:
+        name = f"{name}-{suffix}"
+    nthreads, memory = _default_resources(args)
+    if args.local_directory:
+        os.makedirs(args.local_directory, exist_ok=True)
+        os.chdir(args.local_directory)
+    worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
+                    resources=parse_resources(args.resources), security=security,
+                    death_timeout=args.death_timeout, lifetime=args.lifetime,
+                    lifetime_stagger=args.lifetime_stagger, host=args.host)
+
+    def on_signal(signum: int, frame: Any) -> None:
+        threading.Thread(target=worker.close, args=(f"signal {signum}",), daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.start()
+    except (TimeoutError, ConnectionError, OSError) as e:
+        print(f"hpcsched worker: {e}", file=sys.stderr, flush=True)
+        return 1
+    worker.run()
+    return 0
+
+
+def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
+    from hpcsched.hpc.resources import detect, parse_bytes
+
+    res = detect()
+    nthreads = args.nthreads or res.nthreads
+    mem = args.memory_limit
+    if mem in (None, "auto"):
+        memory = res.memory_limit
+    elif str(mem) in ("0", "none", "None"):
+        memory = 0
+    else:
+        memory = parse_bytes(str(mem))
+    return nthreads, memory
+
+
+def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
+    """``--nworkers P``: P worker processes named NAME-0..NAME-(P-1); signals forwarded."""
+    base = list(argv)
+    i = base.index("--nworkers") if "--nworkers" in base else None
+    if i is not None:
+        del base[i:i + 2]
+    else:
+        base = [a for a in base if not a.startswith("--nworkers=")]
+    if "--name" in base:
+        j = base.index("--name")
+        del base[j:j + 2]
+    name = args.name or f"worker-{os.getpid()}"
+    procs = [subprocess.Popen([sys.executable, "-m", "hpcsched", "worker", *base,
+                               "--name", f"{name}-{k}"]) for k in range(args.nworkers)]
+
+    def forward(signum: int, frame: Any) -> None:
+        for pr in procs:
+            if pr.poll() is None:
+                pr.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [pr.wait() for pr in procs]
+    return max(codes, key=abs) if codes else 0
+
+
+def scheduler_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="hpcsched scheduler", description="Start a scheduler.")
+    p.add_argument("--host", default=None)
+    p.add_argument("--port", type=int, default=8786)
+    p.add_argument("--interface", default=None, help="network interface to listen on")
+    p.add_argument("--scheduler-file", default=None)
+    p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "info"))
+    args = p.parse_args(argv)
+    _setup_logging(args.log_level)
+    from hpcsched.core.client import write_scheduler_file
+    from hpcsched.core.comm.base import Security
+    from hpcsched.core.scheduler import Scheduler, default_host
+
+    host = args.host
+    if args.interface:
+        from hpcsched.jobqueue.base import interface_address
+
+        host = interface_address(args.interface)
+    host = host or default_host()
+    security = Security.from_environment() or Security.generate()
+    sched = Scheduler(f"tcp://{host}:{args.port}", security).start()
+    if args.scheduler_file:
+        write_scheduler_file(args.scheduler_file, sched.address, security)
+    print(f"hpcsched scheduler at {sched.address}", file=sys.stderr, flush=True)
+    if not args.scheduler_file:
+        print("(no --scheduler-file: workers need HPCSCHED_SECRET to join)", file=sys.stderr)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    signal.signal(signal.SIGINT, lambda *a: stop.set())
+    while not stop.wait(1.0):
+        pass
+    sched.close()
+    if args.scheduler_file:
+        try:
+            os.unlink(args.scheduler_file)
+        except OSError:
+            pass
+    return 0
+
+
+USAGE = """usage: hpcsched scheduler [options]
+       hpcsched worker ADDRESS|--scheduler-file F [options]
+       python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]   (under mpiexec)
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    if argv[0] == "worker":
+        return worker_main(argv[1:])
+    if argv[0] == "scheduler":
+        return scheduler_main(argv[1:])
+    from hpcsched.hpc.bootstrap import main as run_script
+
+    return run_script(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

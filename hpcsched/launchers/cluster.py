@@ -1,0 +1,162 @@
+"""The base every cluster shares: a scheduler in this process, workers from somewhere.
+
+A subclass says how workers start and stop (:meth:`Cluster._start_workers`,
+:meth:`Cluster._stop_workers`); the base implements ``scale``,
+``scale_up(n)`` / ``scale_down(addresses)`` (the interface of seed 003 that
+:class:`~hpcsched.jobqueue.adaptive.Adaptive` drives), ``adapt``, ``close`` and
+the context manager.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import weakref
+from typing import Any
+
+from hpcsched.core.comm.base import Security
+from hpcsched.core.scheduler import Scheduler
+
+logger = logging.getLogger("hpcsched.cluster")
+
+
+class Cluster:
+    #: workers started per unit the subclass manages (a batch job runs ``processes`` workers)
+    workers_per_unit = 1
+
+    def __init__(self, scheduler_address: str = "tcp://127.0.0.1:0",
+                 security: Security | None = None, scheduler_kwargs: dict | None = None):
+        scheme = scheduler_address.split("://", 1)[0]
+        if security is None and scheme in ("tcp", "tls"):
+            security = Security.generate()
+        self.security = security
+        self.scheduler = Scheduler(scheduler_address, security, **(scheduler_kwargs or {}))
+        self.scheduler.start()
+        self.scheduler_address = self.scheduler.address
+        self.adaptive = None
+        self._lock = threading.RLock()
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _finalize, weakref.ref(self))
+
+    # ---------------------------------------------------------------- for subclasses
+    def _start_workers(self, count: int, **kwargs: Any) -> None:
+        raise NotImplementedError
+
+    def _stop_workers(self, names: list[str]) -> None:
+        raise NotImplementedError
+
+    def _requested(self) -> int:
+        """Workers asked for (started or still starting)."""
+        raise NotImplementedError
+
+    def _worker_name_of(self, address: str) -> str | None:
+        info = self.scheduler_info_workers().get(address)
+        return info["name"] if info else None
+
+    # ---------------------------------------------------------------- public
+    def scheduler_info_workers(self) -> dict[str, dict]:
+        return self.scheduler.workers_info()
+
+    @property
+    def workers(self) -> dict[str, dict]:
+        return self.scheduler_info_workers()
+
+    def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
+              cores: Any = None) -> None:
+        """Ask for ``n`` workers (or ``jobs`` units); starts or retires to match."""
+        if jobs is not None:
+            n = jobs * self.workers_per_unit
+        if n is None:
+            raise TypeError("scale needs n= (workers) or jobs=")
+        if n < 0:
+            raise ValueError(f"cannot scale to {n} workers")
+        with self._lock:
+            have = self._requested()
+            if n > have:
+                self.scale_up(n)
+            elif n < have:
+                self._scale_to(n)
+
+    def scale_up(self, n: int, **kwargs: Any) -> None:
+        """Bring the total number of workers up to ``n``."""
+        with self._lock:
+            have = self._requested()
+            if n > have:
+                units = math.ceil((n - have) / self.workers_per_unit)
+                self._start_workers(units, **kwargs)
+
+    def scale_down(self, workers: list[str]) -> None:
+        """Remove these worker addresses: retire them gracefully, then stop what ran them."""
+        if not workers:
+            return
+        names = [self._worker_name_of(a) or a for a in workers]
+        try:
+            self.scheduler.retire_workers(workers=list(workers), close=True, timeout=60)
+        except Exception as e:
+            logger.warning("graceful retirement of %s failed: %s", workers, e)
+        self._stop_workers(names)
+
+    def _scale_to(self, n: int) -> None:
+        """Shrink to ``n``: subclasses with pending units override to drop those first."""
+        info = self.scheduler_info_workers()
+        extra = len(info) - n
+        if extra <= 0:
+            return
+        victims = sorted(info.values(), key=lambda w: (w["processing"], w["nbytes"]))[:extra]
+        self.scale_down([w["address"] for w in victims])
+
+    def adapt(self, minimum: int = 0, maximum: float = math.inf, minimum_jobs: int | None = None,
+              maximum_jobs: int | None = None, **kwargs: Any) -> Any:
+        from hpcsched.jobqueue.adaptive import Adaptive
+
+        if minimum_jobs is not None:
+            minimum = minimum_jobs * self.workers_per_unit
+        if maximum_jobs is not None:
+            maximum = maximum_jobs * self.workers_per_unit
+        if self.adaptive is not None:
+            self.adaptive.stop()
+        self.adaptive = Adaptive(self.scheduler, self, minimum=minimum, maximum=maximum,
+                                 **kwargs)
+        return self.adaptive
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        self.scheduler.wait_for_workers(n, timeout)
+
+    def get_client(self) -> Any:
+        from hpcsched.core.client import Client
+
+        return Client(self)
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self.adaptive is not None:
+            self.adaptive.stop()
+        try:
+            self._close_workers(timeout)
+        finally:
+            self.scheduler.close(timeout)
+
+    def _close_workers(self, timeout: float) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.scheduler_address} workers={self._requested()}>"
+
+
+def _finalize(ref: weakref.ref) -> None:
+    cluster = ref()
+    if cluster is not None and not cluster._closed:
+        try:
+            cluster.close(timeout=5)
+        except Exception:
+            pass

@@ -1,0 +1,176 @@
+"""LocalCluster: a scheduler in this process and workers on this machine.
+
+``processes=True`` (default) starts each worker as a ``python -m hpcsched
+worker`` subprocess that connects back over authenticated TCP (the secret
+travels in the child's environment, never on its command line);
+``processes=False`` runs workers as threads of this process over ``inproc://``.
+
+Example::
+
+    from hpcsched import Client, LocalCluster
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        print(client.submit(sum, [1, 2, 3]).result())
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import time
+import weakref
+from typing import Any
+
+import psutil
+
+from hpcsched.core.comm.base import Security
+from hpcsched.core.worker import Worker
+from hpcsched.launchers.cluster import Cluster
+
+logger = logging.getLogger("hpcsched.local")
+
+
+def _kill_all(procs: dict) -> None:
+    """Finalizer: end worker processes still running (the cluster was never closed)."""
+    for p in list(procs.values()):
+        if p.poll() is None:
+            p.kill()
+    for p in list(procs.values()):
+        try:
+            p.wait(5)
+        except Exception:
+            pass
+
+
+class LocalCluster(Cluster):
+    def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
+                 processes: bool = True, memory_limit: Any = "auto",
+                 host: str = "127.0.0.1", scheduler_port: int = 0,
+                 security: Security | None = None, resources: dict | None = None,
+                 timeout: float = 60.0, worker_env: dict | None = None,
+                 scheduler_kwargs: dict | None = None, **worker_kwargs: Any):
+        ncpu = os.cpu_count() or 1
+        if n_workers is None and threads_per_worker is None:
+            n_workers = ncpu if processes else 1
+            threads_per_worker = 1 if processes else ncpu
+        elif n_workers is None:
+            n_workers = max(ncpu // max(threads_per_worker or 1, 1), 1)
+        elif threads_per_worker is None:
+            threads_per_worker = max(ncpu // max(n_workers, 1), 1)
+        if n_workers < 0 or threads_per_worker < 1:
+            raise ValueError(f"n_workers={n_workers}, threads_per_worker={threads_per_worker} "
+                             "make no cluster")
+        self.processes = processes
+        self.threads_per_worker = threads_per_worker
+        self.memory_limit = _memory_limit(memory_limit, max(n_workers, 1))
+        self.resources = resources
+        self.worker_kwargs = worker_kwargs
+        self.worker_env = dict(worker_env or {})
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._threads: dict[str, Worker] = {}
+        self._names = itertools.count()
+        address = f"tcp://{host}:{scheduler_port}" if processes else "inproc://"
+        super().__init__(address, security, scheduler_kwargs)
+        self._proc_finalizer = weakref.finalize(self, _kill_all, self._procs)
+        try:
+            if n_workers:
+                self._start_workers(n_workers)
+                self.wait_for_workers(n_workers, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---------------------------------------------------------------- workers
+    def _requested(self) -> int:
+        alive = [n for n, p in self._procs.items() if p.poll() is None]
+        return len(alive) + len(self._threads)
+
+    def _start_workers(self, count: int, **kwargs: Any) -> None:
+        for _ in range(count):
+            name = f"local-{next(self._names)}"
+            if self.processes:
+                self._procs[name] = self._spawn(name)
+            else:
+                w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
+                           memory_limit=self.memory_limit, name=name, resources=self.resources,
+                           security=self.security, **self.worker_kwargs)
+                w.start()
+                self._threads[name] = w
+
+    def _spawn(self, name: str) -> subprocess.Popen:
+        cmd = [sys.executable, "-m", "hpcsched", "worker", self.scheduler_address,
+               "--name", name, "--nthreads", str(self.threads_per_worker),
+               "--memory-limit", str(self.memory_limit), "--death-timeout", "30"]
+        if self.resources:
+            cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
+        env = dict(os.environ)
+        env.update(self.worker_env)
+        env.pop("HPCSCHED_SECRET_FILE", None)
+        if self.security and self.security.secret:
+            env["HPCSCHED_SECRET"] = self.security.secret_hex()
+        # workers must not think they are MPI ranks of a job that started us
+        for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"):
+            env.pop(var, None)
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+
+    def _stop_workers(self, names: list[str]) -> None:
+        for name in names:
+            w = self._threads.pop(name, None)
+            if w is not None:
+                w.close("stopped by the cluster")
+            p = self._procs.pop(name, None)
+            if p is not None:
+                _stop_process(p)
+
+    def _worker_name_of(self, address: str) -> str | None:
+        return super()._worker_name_of(address)
+
+    def _close_workers(self, timeout: float) -> None:
+        # ask workers to close through the scheduler, then make sure
+        try:
+            self.scheduler.loop.call(lambda: [
+                self.scheduler._queue(a, {"op": "close", "reason": "cluster closing"})
+                for a in list(self.scheduler.state.workers)], timeout=2)
+        except Exception:
+            pass
+        for w in list(self._threads.values()):
+            w.close("cluster closing")
+        self._threads.clear()
+        deadline = time.monotonic() + min(timeout, 5)
+        for p in list(self._procs.values()):
+            try:
+                p.wait(max(deadline - time.monotonic(), 0.05))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in list(self._procs.values()):
+            _stop_process(p)
+        self._procs.clear()
+
+    @property
+    def worker_processes(self) -> dict[str, subprocess.Popen]:
+        return dict(self._procs)
+
+
+def _stop_process(p: subprocess.Popen, grace: float = 3.0) -> None:
+    if p.poll() is not None:
+        return
+    p.terminate()
+    try:
+        p.wait(grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
+def _memory_limit(value: Any, n_workers: int) -> int:
+    if value in (None, 0, "0"):
+        return 0
+    if value == "auto":
+        return int(psutil.virtual_memory().total / n_workers)
+    if isinstance(value, (int, float)):
+        return int(value)
+    from hpcsched.hpc.resources import parse_bytes
+
+    return parse_bytes(str(value))
