@@ -122,17 +122,19 @@ def worker_main(argv: list[str]) -> int:
 
 
 def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
+    mem = str(args.memory_limit)
+    if args.nthreads and mem.isdigit():  # what LocalCluster passes: nothing to detect
+        return args.nthreads, int(mem)
     from hpcsched.hpc.resources import detect, parse_bytes
 
     res = detect()
     nthreads = args.nthreads or res.nthreads
-    mem = args.memory_limit
-    if mem in (None, "auto"):
+    if mem in ("None", "auto"):
         memory = res.memory_limit
-    elif str(mem) in ("0", "none", "None"):
+    elif mem in ("0", "none"):
         memory = 0
     else:
-        memory = parse_bytes(str(mem))
+        memory = parse_bytes(mem)
     return nthreads, memory
 
 
