@@ -1,0 +1,351 @@
+"""What this process may use: threads, memory, job identity and walltime.
+
+:func:`detect` reads the batch system's environment (SLURM, PBS/Torque, LSF,
+SGE), shares the node's CPUs and memory among the ranks placed on the node,
+and falls back to what the machine shows (CPU affinity, available memory).
+It is pure apart from reading ``os.environ`` and psutil, and takes the
+environment as an argument so every batch system is tested with a mapping.
+
+How many ranks share the node (``local_size``), first found wins:
+
+1. the ``local_size`` argument;
+2. an MPI communicator given as ``comm``: ``Split_type(COMM_TYPE_SHARED)``.
+   That is a collective call: every rank of ``comm`` must call ``detect`` at
+   the same time (MPICH spins while waiting), so it is only used when asked;
+3. the launcher's environment: ``MPI_LOCALNRANKS`` (MPICH hydra),
+   ``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI), ``PMIX_LOCAL_SIZE``,
+   ``SLURM_STEP_TASKS_PER_NODE`` / ``SLURM_NTASKS_PER_NODE`` /
+   ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` indexed by ``SLURM_NODEID``);
+4. otherwise 1.
+
+Sizes: :func:`parse_bytes` and :func:`format_bytes` are the one place where
+``"16GB"`` becomes a number and back (the jobqueue uses them too). Decimal
+units (kB, MB, GB, TB, PB; a bare K, M, G, T, P) are powers of 1000, binary
+units (KiB, MiB, GiB, TiB, PiB; Ki, Mi, ...) powers of 1024, as in dask.
+Batch systems' own memory variables (SLURM_MEM_PER_NODE, in megabytes) follow
+their own conventions and are read by their own code below.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+    "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
+    "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """``"16GB"`` -> ``16_000_000_000``; ``"4GiB"`` -> ``4 * 2**30``; numbers pass through.
+
+    >>> parse_bytes("500M"), parse_bytes("1.5 TiB"), parse_bytes("100")
+    (500000000, 1649267441664, 100)
+    """
+    if isinstance(text, bool):
+        raise ValueError(f"not a number of bytes: {text!r}")
+    if isinstance(text, (int, float)):
+        if not math.isfinite(text) or text < 0:
+            raise ValueError(f"not a number of bytes: {text!r} (must be finite and >= 0)")
+        return int(text)
+    if not isinstance(text, str):
+        raise ValueError(f"not a number of bytes: {text!r} (expected a string like '16GB')")
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(
+            f"cannot read {text!r} as a number of bytes; write a number and a unit, "
+            "e.g. '16GB', '4GiB', '500M', '1.5T' (kB/MB/GB/TB are powers of 1000, "
+            "KiB/MiB/GiB/TiB powers of 1024)"
+        )
+    return int(round(float(m.group(1)) * _UNITS[unit]))
+
+
+def format_bytes(n: int | float) -> str:
+    """``format_bytes(1536 * 2**20)`` -> ``"1.50 GiB"`` (binary units, 3 significant digits).
+
+    >>> format_bytes(512), format_bytes(2**30), format_bytes(1.5 * 2**40)
+    ('512 B', '1.00 GiB', '1.50 TiB')
+    """
+    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
+        raise ValueError(f"format_bytes needs a finite number >= 0, got {n!r}")
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20),
+                       ("KiB", 2**10)):
+        if n >= size * 0.9995:  # 1023.9 MiB reads better as 1.00 GiB
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one rank (process) may use, and what is known of its job."""
+
+    nthreads: int
+    memory_limit: int  # bytes
+    hostname: str
+    batch_system: str | None = None  # "slurm" | "pbs" | "lsf" | "sge"
+    job_id: str | None = None
+    walltime_end: float | None = None  # epoch seconds when the job's walltime ends
+    rank: int | None = None
+    local_rank: int | None = None
+    local_size: int = 1  # ranks sharing this node
+    node_cpus: int | None = None  # CPUs of the node given to the job (all local ranks)
+    node_memory: int | None = None  # bytes of the node given to the job
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------ env readers
+def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
+    value = env.get(name)
+    if value is None or value.strip() == "":
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+    if n < minimum:
+        raise ValueError(f"environment variable {name}={value!r} must be >= {minimum}")
+    return n
+
+
+def _first_int(env: Mapping[str, str], names: tuple[str, ...], minimum: int = 1) -> int | None:
+    for name in names:
+        n = _int(env, name, minimum)
+        if n is not None:
+            return n
+    return None
+
+
+def _slurm_megabytes(env: Mapping[str, str], name: str) -> int | None:
+    """SLURM memory variables count megabytes (MiB); a suffix K/M/G/T is binary too."""
+    value = env.get(name)
+    if value is None or value.strip() in ("", "0"):  # 0 means "all the node's memory"
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
+    if m is None:
+        raise ValueError(f"environment variable {name}={value!r} is not a SLURM memory size "
+                         "(megabytes, e.g. 4000 or 4G)")
+    scale = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def slurm_tasks_on_node(text: str, node_index: int) -> int:
+    """``"2(x3),1"`` (SLURM_TASKS_PER_NODE) -> tasks on node ``node_index``.
+
+    >>> slurm_tasks_on_node("2(x3),1", 3), slurm_tasks_on_node("4", 0)
+    (1, 4)
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            raise ValueError(f"cannot read SLURM task layout {text!r} (expected e.g. '2(x3),1')")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if not counts:
+        raise ValueError(f"empty SLURM task layout {text!r}")
+    return counts[min(max(node_index, 0), len(counts) - 1)]
+
+
+def _local_size_from_env(env: Mapping[str, str]) -> int | None:
+    n = _first_int(env, ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
+                         "MV2_COMM_WORLD_LOCAL_SIZE"))
+    if n is not None:
+        return n
+    node = _int(env, "SLURM_NODEID", minimum=0) or 0
+    for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        if env.get(name, "").strip():
+            return slurm_tasks_on_node(env[name], node)
+    return None
+
+
+def _rank_from_env(env: Mapping[str, str]) -> tuple[int | None, int | None]:
+    rank = _first_int(env, ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                            "SLURM_PROCID"), minimum=0)
+    local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK",
+                             "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"), minimum=0)
+    return rank, local
+
+
+def _mpi_local(comm: Any) -> tuple[int, int, int]:
+    """(rank, local rank, local size) from a communicator: collective over ``comm``."""
+    from mpi4py import MPI
+
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return comm.Get_rank(), node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def _machine_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # honours cpusets (SLURM's task/cgroup, taskset)
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _machine_memory() -> int:
+    import psutil
+
+    available = int(psutil.virtual_memory().available)
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" means no limit
+            available = min(available, int(text))
+        break
+    return available
+
+
+def _process_start() -> float:
+    import psutil
+
+    return float(psutil.Process().create_time())
+
+
+# ------------------------------------------------------------------ batch systems
+def _which_batch(env: Mapping[str, str]) -> str | None:
+    if env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"):
+        return "slurm"
+    if env.get("PBS_JOBID"):
+        return "pbs"
+    if env.get("LSB_JOBID"):
+        return "lsf"
+    if env.get("JOB_ID") and (env.get("SGE_ROOT") or env.get("NSLOTS") or env.get("SGE_TASK_ID")):
+        return "sge"
+    return None
+
+
+def _lsf_host_cpus(env: Mapping[str, str], hostname: str) -> int | None:
+    """Slots of this host in ``LSB_MCPU_HOSTS="hostA 4 hostB 2"``."""
+    text = env.get("LSB_MCPU_HOSTS", "").split()
+    if len(text) % 2:
+        raise ValueError(f"cannot read LSB_MCPU_HOSTS={env['LSB_MCPU_HOSTS']!r} "
+                         "(expected 'host slots host slots ...')")
+    short = hostname.split(".")[0]
+    for host, slots in zip(text[::2], text[1::2], strict=True):
+        if host == hostname or host.split(".")[0] == short:
+            try:
+                return int(slots)
+            except ValueError:
+                raise ValueError(f"LSB_MCPU_HOSTS gives host {host} {slots!r} slots") from None
+    return None
+
+
+def _walltime_seconds(text: str) -> float:
+    """PBS walltime: seconds (Torque's PBS_WALLTIME) or ``HH:MM:SS``."""
+    text = text.strip()
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        raise ValueError(f"cannot read walltime {text!r} (expected seconds or HH:MM:SS)") from None
+    if len(parts) > 3 or any(p < 0 for p in parts):
+        raise ValueError(f"cannot read walltime {text!r} (expected seconds or HH:MM:SS)")
+    seconds = 0.0
+    for p in parts:
+        seconds = seconds * 60 + p
+    return seconds
+
+
+def detect(
+    env: Mapping[str, str] | None = None,
+    *,
+    comm: Any = None,
+    local_size: int | None = None,
+    hostname: str | None = None,
+) -> Resources:
+    """The resources of this rank; see the module docstring for the rules.
+
+    ``comm``: an MPI communicator to count the ranks on this node with (collective).
+    """
+    env = os.environ if env is None else env
+    hostname = hostname or socket.gethostname()
+    batch = _which_batch(env)
+    rank, local_rank = _rank_from_env(env)
+    if local_size is None and comm is not None:
+        rank, local_rank, local_size = _mpi_local(comm)
+    if local_size is None:
+        local_size = _local_size_from_env(env) or 1
+    if local_size < 1:
+        raise ValueError(f"local_size must be >= 1, got {local_size}")
+
+    node_cpus: int | None = None
+    node_memory: int | None = None
+    cpus_per_rank: int | None = None
+    memory_per_rank: int | None = None
+    job_id: str | None = None
+    walltime_end: float | None = None
+
+    if batch == "slurm":
+        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+        cpus_per_rank = _int(env, "SLURM_CPUS_PER_TASK")
+        node_cpus = _int(env, "SLURM_CPUS_ON_NODE")
+        per_cpu = _slurm_megabytes(env, "SLURM_MEM_PER_CPU")
+        node_memory = _slurm_megabytes(env, "SLURM_MEM_PER_NODE")
+        if per_cpu is not None:
+            threads = cpus_per_rank or max(1, (node_cpus or _machine_cpus()) // local_size)
+            memory_per_rank = per_cpu * threads
+        end = env.get("SLURM_JOB_END_TIME", "").strip()
+        if end:
+            try:
+                walltime_end = float(end)
+            except ValueError:
+                raise ValueError(f"SLURM_JOB_END_TIME={end!r} is not epoch seconds") from None
+    elif batch == "pbs":
+        job_id = env["PBS_JOBID"]
+        node_cpus = _first_int(env, ("PBS_NUM_PPN", "NCPUS"))
+        if env.get("PBS_WALLTIME", "").strip():
+            # the job started about when this process did (workers start with the job)
+            walltime_end = _process_start() + _walltime_seconds(env["PBS_WALLTIME"])
+    elif batch == "lsf":
+        job_id = env["LSB_JOBID"]
+        node_cpus = _lsf_host_cpus(env, hostname)
+        if node_cpus is None:
+            node_cpus = _int(env, "LSB_DJOB_NUMPROC")
+    elif batch == "sge":
+        job_id = env["JOB_ID"]
+        task = env.get("SGE_TASK_ID", "").strip()
+        if task and task.lower() != "undefined":
+            job_id = f"{job_id}.{task}"
+        node_cpus = _int(env, "NSLOTS")
+
+    if cpus_per_rank is None:
+        cpus_per_rank = max(1, (node_cpus or _machine_cpus()) // local_size)
+    if memory_per_rank is None:
+        memory_per_rank = (node_memory or _machine_memory()) // local_size
+    return Resources(
+        nthreads=cpus_per_rank,
+        memory_limit=int(memory_per_rank),
+        hostname=hostname,
+        batch_system=batch,
+        job_id=job_id,
+        walltime_end=walltime_end,
+        rank=rank,
+        local_rank=local_rank,
+        local_size=local_size,
+        node_cpus=node_cpus,
+        node_memory=node_memory,
+    )
+
+
+def seconds_left(resources: Resources, now: float | None = None) -> float | None:
+    """Seconds until the job's walltime ends, or None when unknown."""
+    if resources.walltime_end is None:
+        return None
+    return resources.walltime_end - (time.time() if now is None else now)
