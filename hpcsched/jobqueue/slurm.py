@@ -128,6 +128,16 @@ class SLURMSystem(BatchSystem):
         # every id unknown: "slurm_load_jobs error: Invalid job id specified", exit 1
         return "Invalid job id" in error.stderr
 
+    def status(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        result = super().status(job_ids)
+        for job_id, st in result.items():
+            # squeue has no exit-code field: ask scontrol, only on the (rare) failure path
+            if st.state is JobState.FAILED and st.exit_code is None and self.has_command("scontrol"):
+                detail = self._scontrol(job_id)
+                if detail is not None and detail.exit_code is not None:
+                    result[job_id] = JobStatus(st.state, st.native, detail.exit_code)
+        return result
+
     def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         result = self._sacct(job_ids)
         for job_id in job_ids:
