@@ -216,7 +216,8 @@ def order(dependencies: Mapping[Key, Collection[Key]]) -> dict[Key, int]:
             later.extend(rest)
         if take:
             if len(take) > 1:
-                take.sort(key=rank_of, reverse=True)
+                # Outputs on top (they are handed over at once), then by rank.
+                take.sort(key=lambda p: (not waiting[p], -rank[p]))
             stack.extend(take)
 
     return dict(zip(keys, result, strict=True))

@@ -1,0 +1,34 @@
+"""Fixtures shared by the tests of hpcsched.core."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+import pytest
+
+# --- graph policies (order, mars): key renaming --------------------------------------
+
+
+@pytest.fixture(params=[None, 1, 2, 3], ids=["as-written", "renamed-1", "renamed-2", "renamed-3"])
+def relabel(request: pytest.FixtureRequest) -> Callable[..., dict]:
+    """``relabel(policy, dependencies, *args)``: run ``policy`` on the graph with its
+    keys renamed at random and inserted in a random order, and map the result's keys
+    back. A policy that follows structure, not key names, gives the same answers on
+    every parameter."""
+    seed = request.param
+
+    def run(policy: Callable[..., Mapping], dependencies: Mapping[Any, Collection],
+            *args: Any, **kwargs: Any) -> dict:
+        if seed is None:
+            return dict(policy(dependencies, *args, **kwargs))
+        rng = random.Random(seed)
+        keys = list(dependencies)
+        rng.shuffle(keys)
+        new = {k: f"k-{rng.getrandbits(48):012x}" for k in keys}
+        old = {v: k for k, v in new.items()}
+        renamed = {new[k]: [new.get(d, d) for d in dependencies[k]] for k in keys}
+        return {old[k]: v for k, v in policy(renamed, *args, **kwargs).items()}
+
+    return run
