@@ -917,6 +917,11 @@ class SchedulerState:
             dts.waiters.discard(ts)
             if dts.state == "released" and not self._wanted(dts):
                 recs.append((dts, "forgotten"))
+            elif dts.state == "erred" and not self._wanted(dts) and \
+                    all(d.state == "released" for d in dts.dependents):
+                # the last task that could report this failure is gone: forget the failed
+                # dependency too, or a later graph with its key would inherit the old error
+                recs.append((dts, "released"))
         for dts in ts.dependents:
             dts.dependencies.discard(ts)
         ts.dependents.clear()

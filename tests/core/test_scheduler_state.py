@@ -1,0 +1,548 @@
+"""SchedulerState driven by events alone: no processes, no threads, no clock.
+
+Each test is a story: events go in, the ``Send`` commands that come out are
+checked, and :meth:`SchedulerState.validate` runs after every step (``step``).
+Workers are ``tcp://a``, ``tcp://b``...; the client is ``c``; run specs are
+opaque strings (the state machine never looks inside them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from hpcsched.core import events as ev
+from hpcsched.core.events import Send
+from hpcsched.core.scheduler_state import KilledWorker, SchedulerState
+
+A, B, C = "tcp://a", "tcp://b", "tcp://c"
+
+
+# ---------------------------------------------------------------- helpers
+def new_state(**kw: Any) -> SchedulerState:
+    kw.setdefault("work_stealing", False)
+    s = SchedulerState(**kw)
+    s.validate()
+    return s
+
+
+def step(s: SchedulerState, event: Any) -> list[Send]:
+    """Handle one event, then check every invariant."""
+    out = s.handle(event)
+    s.validate()
+    return out
+
+
+def sent(out: list[Send], op: str, **kw: Any) -> list[Send]:
+    """The commands of ``out`` with this op (and matching fields / ``to=``)."""
+    return [m for m in out if m.match(op=op, **kw)]
+
+
+def one(out: list[Send], op: str, **kw: Any) -> Send:
+    found = sent(out, op, **kw)
+    assert len(found) == 1, (op, kw, out)
+    return found[0]
+
+
+def graph(**deps: list[str]) -> dict:
+    """``graph(x=[], y=["x"])`` -> the ``tasks`` of an update-graph."""
+    return {k: {"run_spec": f"spec-{k}", "deps": list(d)} for k, d in deps.items()}
+
+
+def submit(s: SchedulerState, tasks: dict, keys: list, client: str = "c", **kw: Any
+           ) -> list[Send]:
+    if client not in s.clients:
+        step(s, ev.AddClient(client))
+    return step(s, ev.UpdateGraph(client, tasks, keys, **kw))
+
+
+def finish(s: SchedulerState, worker: str, key: Any, nbytes: int = 8, now: float = 0.0
+           ) -> list[Send]:
+    step(s, ev.TaskStarted(worker, key, now=now))
+    return step(s, ev.TaskFinished(worker, key, nbytes=nbytes, typename="int", start=now,
+                                   stop=now + 0.01, now=now))
+
+
+def processing_on(s: SchedulerState, key: Any) -> str:
+    ts = s.tasks[key]
+    assert ts.state == "processing", ts
+    return ts.processing_on.address
+
+
+def with_workers(*addresses: str, nthreads: int = 1, **kw: Any) -> SchedulerState:
+    s = new_state(**kw)
+    for a in addresses:
+        step(s, ev.AddWorker(a, nthreads, name=a.split("//")[1]))
+    return s
+
+
+# ---------------------------------------------------------------- basic flow
+def test_chain_runs_where_its_dependency_is_and_is_forgotten_when_released():
+    s = with_workers(A, B)
+    out = submit(s, graph(x=[], y=["x"]), keys=["y"])
+    cx = one(out, "compute-task", key="x")
+    wx = cx.to
+    assert not sent(out, "compute-task", key="y")  # y waits for x
+    assert s.tasks["y"].state == "waiting"
+
+    out = finish(s, wx, "x")
+    cy = one(out, "compute-task", key="y")
+    assert cy.to == wx  # where its dependency already is
+    assert cy.msg["who_has"] == {"x": [wx]}
+    assert cy.msg["nbytes"] == {"x": 8}
+
+    out = finish(s, wx, "y")
+    assert one(out, "key-in-memory", key="y").to == "c"
+    # x is no longer needed: its data is freed, but its task is kept (released) in
+    # case y is lost and must be recomputed
+    assert one(out, "free-keys", keys=["x"]).to == wx
+    assert s.tasks["x"].state == "released" and not s.tasks["x"].who_has
+    assert s.tasks["y"].state == "memory"
+
+    out = step(s, ev.ClientReleasesKeys("c", ["y"]))
+    assert one(out, "free-keys", keys=["y"]).to == wx
+    assert s.tasks == {}
+    assert all(not ws.has_what and ws.nbytes == 0 for ws in s.workers.values())
+
+
+def test_diamond_dependents_go_to_the_holder_and_join_across_workers():
+    """
+        d
+       / \\
+      b   c
+       \\ /
+        a
+    """
+    s = with_workers(A, B)
+    out = submit(s, graph(a=[], b=["a"], c=["a"], d=["b", "c"]), keys=["d"])
+    wa = one(out, "compute-task", key="a").to
+    out = finish(s, wa, "a")
+    assert {m.msg["key"] for m in sent(out, "compute-task")} == {"b", "c"}
+    assert all(m.to == wa for m in sent(out, "compute-task"))
+    out = finish(s, wa, "b")
+    assert not sent(out, "compute-task", key="d")  # still waits for c
+    assert s.tasks["d"].waiting_on == {s.tasks["c"]}
+    out = finish(s, wa, "c")
+    cd = one(out, "compute-task", key="d")
+    assert cd.msg["who_has"] == {"b": [wa], "c": [wa]}
+    # a's data is dropped once both of its dependents are in memory
+    assert s.tasks["a"].state == "released"
+    out = finish(s, wa, "d")
+    assert one(out, "key-in-memory", key="d")
+    assert [k for k, ts in s.tasks.items() if ts.state == "memory"] == ["d"]
+    step(s, ev.ClientReleasesKeys("c", ["d"]))
+    assert s.tasks == {}
+
+
+def test_new_client_for_existing_key_in_memory_is_told_at_once():
+    s = with_workers(A)
+    out = submit(s, graph(x=[]), keys=["x"])
+    finish(s, A, "x")
+    out = submit(s, graph(x=[]), keys=["x"], client="c2")
+    assert one(out, "key-in-memory", key="x").to == "c2"
+    assert not sent(out, "compute-task")
+    out = step(s, ev.ClientDesiresKeys("c3", ["x", "nope"]))
+    assert one(out, "key-in-memory", key="x").to == "c3"
+    assert one(out, "cancelled-keys", keys=["nope"]).to == "c3"
+
+
+def test_tasks_before_any_worker_wait_and_start_when_one_joins():
+    s = new_state()
+    out = submit(s, graph(x=[]), keys=["x"])
+    assert not sent(out, "compute-task")
+    assert s.tasks["x"].state == "no-worker"
+    out = step(s, ev.AddWorker(A, 1))
+    assert one(out, "compute-task", key="x").to == A
+
+
+# ---------------------------------------------------------------- errors
+def test_task_erred_errs_dependents_and_tells_the_client():
+    s = with_workers(A, B)
+    out = submit(s, graph(x=[], y=["x"], z=["y"], other=[]), keys=["z", "other"])
+    wx = one(out, "compute-task", key="x").to
+    step(s, ev.TaskStarted(wx, "x"))
+    out = step(s, ev.TaskErred(wx, "x", exception="EXC", traceback="TB",
+                               exception_text="ZeroDivisionError: boom"))
+    e = one(out, "task-erred", key="z")
+    assert e.to == "c"
+    assert e.msg["exception"] == "EXC" and e.msg["traceback"] == "TB"
+    assert e.msg["origin"] == "x"
+    assert s.tasks["y"].state == "erred" and s.tasks["z"].state == "erred"
+    assert s.tasks["z"].exception_blame is s.tasks["x"]
+    # unrelated work goes on
+    assert s.tasks["other"].state in ("processing", "memory")
+    # a late result of the erred task is dropped on its worker
+    out = step(s, ev.TaskFinished(wx, "x", nbytes=1))
+    assert s.tasks["x"].state == "erred"
+    # releasing the failed key forgets the whole failed chain
+    step(s, ev.ClientReleasesKeys("c", ["z"]))
+    assert set(s.tasks) == {"other"}
+
+
+def test_graph_resubmitted_after_a_failure_runs_again():
+    """x fails, then a new graph with the same keys (dask keys are deterministic): x is
+    retried and its dependents run, instead of inheriting the first failure."""
+    s = with_workers(A)
+    chain = graph(x=[], y=["x"], z=["y"])
+    submit(s, chain, keys=["z"])
+    step(s, ev.TaskStarted(A, "x"))
+    out = step(s, ev.TaskErred(A, "x", exception="E", exception_text="E"))
+    assert one(out, "task-erred", key="z")
+    step(s, ev.ClientReleasesKeys("c", ["z"]))
+    assert s.tasks == {}  # nothing of the failed chain is left behind
+    out = submit(s, chain, keys=["z"])
+    assert not sent(out, "task-erred")
+    assert one(out, "compute-task", key="x")
+    out = finish(s, A, "x")
+    assert one(out, "compute-task", key="y")
+    out = finish(s, A, "y")
+    assert one(out, "compute-task", key="z")
+
+
+def test_retries_recompute_then_err():
+    s = with_workers(A)
+    out = submit(s, graph(x=[]), keys=["x"], retries={"x": 1})
+    one(out, "compute-task", key="x")
+    step(s, ev.TaskStarted(A, "x"))
+    out = step(s, ev.TaskErred(A, "x", exception="E1", exception_text="E1"))
+    assert not sent(out, "task-erred")
+    assert one(out, "compute-task", key="x").to == A  # second try
+    step(s, ev.TaskStarted(A, "x"))
+    out = step(s, ev.TaskErred(A, "x", exception="E2", exception_text="E2"))
+    assert one(out, "task-erred", key="x").msg["exception"] == "E2"
+    assert s.tasks["x"].state == "erred"
+
+
+def test_resubmitting_an_erred_task_runs_it_again():
+    s = with_workers(A)
+    submit(s, graph(x=[]), keys=["x"])
+    out = step(s, ev.TaskErred(A, "x", exception="E", exception_text="E"))
+    assert one(out, "task-erred", key="x")
+    out = submit(s, graph(x=[]), keys=["x"])
+    assert one(out, "compute-task", key="x")
+
+
+def test_update_graph_with_unknown_dependency_errs_naming_the_key():
+    s = with_workers(A)
+    out = submit(s, graph(y=["ghost"]), keys=["y"])
+    e = one(out, "task-erred", key="y")
+    assert "ghost" in e.msg["exception_text"] and "'y'" in e.msg["exception_text"]
+    assert isinstance(e.msg["exception"], KeyError)
+    assert not sent(out, "compute-task")
+
+
+# ---------------------------------------------------------------- lost workers
+def test_worker_lost_while_processing_reschedules_elsewhere():
+    s = with_workers(A, B)
+    out = submit(s, graph(x=[]), keys=["x"])
+    w = one(out, "compute-task", key="x").to
+    other = B if w == A else A
+    step(s, ev.TaskStarted(w, "x"))
+    out = step(s, ev.RemoveWorker(w, "connection lost"))
+    assert one(out, "compute-task", key="x").to == other
+    assert s.tasks["x"].suspicious == 1
+    assert not sent(out, "free-keys")  # nothing to tell the dead worker
+
+
+def test_worker_lost_before_task_started_is_not_suspicious():
+    s = with_workers(A, B)
+    out = submit(s, graph(x=[]), keys=["x"])
+    w = one(out, "compute-task", key="x").to
+    step(s, ev.RemoveWorker(w, "gone"))
+    assert s.tasks["x"].suspicious == 0
+    assert s.tasks["x"].state == "processing"
+
+
+def test_task_that_kills_allowed_failures_workers_errs_with_killed_worker():
+    workers = [f"tcp://w{i}" for i in range(5)]
+    s = with_workers(*workers, allowed_failures=3)
+    out = submit(s, graph(bad=[], good=[]), keys=["bad", "good"])
+    for i in range(3):
+        w = processing_on(s, "bad")
+        step(s, ev.TaskStarted(w, "bad"))
+        out = step(s, ev.RemoveWorker(w, f"killed {i}"))
+        if i < 2:
+            assert one(out, "compute-task", key="bad").to != w
+    e = one(out, "task-erred", key="bad")
+    exc = e.msg["exception"]
+    assert isinstance(exc, KilledWorker)
+    assert "'bad'" in str(exc) and "3 workers" in str(exc) and "killed 2" in str(exc)
+    assert s.tasks["bad"].state == "erred"
+    assert len(s.workers) == 2
+    # the cluster keeps working
+    w = processing_on(s, "good") if s.tasks["good"].state == "processing" else None
+    if w is not None:
+        out = finish(s, w, "good")
+        assert one(out, "key-in-memory", key="good")
+    assert s.tasks["good"].state == "memory"
+
+
+def test_lost_only_copy_of_wanted_key_is_recomputed_from_its_inputs():
+    s = with_workers(A, B)
+    out = submit(s, graph(x=[], y=["x"]), keys=["y"])
+    wx = one(out, "compute-task", key="x").to
+    finish(s, wx, "x")
+    finish(s, wx, "y")
+    assert s.tasks["x"].state == "released"  # its data dropped after y was computed
+    survivor = B if wx == A else A
+    out = step(s, ev.RemoveWorker(wx, "killed"))
+    assert one(out, "lost-data", key="y").to == "c"
+    # y needs x again: x is recomputed first, on the survivor
+    assert one(out, "compute-task", key="x").to == survivor
+    assert s.tasks["y"].state == "waiting"
+    out = finish(s, survivor, "x")
+    assert one(out, "compute-task", key="y").to == survivor
+    out = finish(s, survivor, "y")
+    assert one(out, "key-in-memory", key="y")
+
+
+def test_lost_dependency_of_a_processing_task_is_recomputed():
+    s = with_workers(A, B)
+    submit(s, graph(x=[]), keys=["x"])
+    wx = processing_on(s, "x")
+    finish(s, wx, "x")
+    other = B if wx == A else A
+    # y runs on the other worker (restricted there), x stays on wx only
+    out = submit(s, graph(y=["x"]), keys=["y"], workers=[other])
+    assert one(out, "compute-task", key="y").to == other
+    out = step(s, ev.RemoveWorker(wx, "killed"))
+    assert one(out, "free-keys", keys=["y"]).to == other  # y cannot run without x
+    assert one(out, "compute-task", key="x").to == other
+    out = finish(s, other, "x")
+    assert one(out, "compute-task", key="y").to == other
+
+
+def test_scattered_data_lost_with_its_worker_errs_clearly():
+    s = with_workers(A)
+    step(s, ev.AddClient("c"))
+    step(s, ev.ScatterData("c", "s1", {"d": b"x"}, {"d": 1}))
+    step(s, ev.AddKeys(A, {"d": 1}, scatter_id="s1"))
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    e = one(out, "task-erred", key="d")
+    assert "scattered" in e.msg["exception_text"]
+
+
+def test_worker_ttl_removes_a_silent_worker_on_tick():
+    s = new_state(worker_ttl=10.0)
+    step(s, ev.AddWorker(A, 1, now=0.0))
+    step(s, ev.AddWorker(B, 1, now=0.0))
+    submit(s, graph(x=[]), keys=["x"])
+    w = processing_on(s, "x")
+    live = B if w == A else A
+    step(s, ev.Heartbeat(live, now=8.0))
+    step(s, ev.Tick(now=9.0))
+    assert set(s.workers) == {A, B}
+    out = step(s, ev.Tick(now=12.0))
+    assert set(s.workers) == {live}
+    assert one(out, "compute-task", key="x").to == live
+
+
+# ---------------------------------------------------------------- missing data
+def test_missing_data_with_no_other_holder_recomputes():
+    s = with_workers(A, B)
+    submit(s, graph(x=[]), keys=["x"])
+    wx = processing_on(s, "x")
+    finish(s, wx, "x")
+    other = B if wx == A else A
+    out = submit(s, graph(y=["x"]), keys=["y"], workers=[other])
+    assert one(out, "compute-task", key="y").to == other
+    # other could not get x from wx: the scheduler's only copy is gone
+    out = step(s, ev.MissingData(other, "x", wx))
+    assert one(out, "lost-data", key="x")
+    assert one(out, "free-keys", keys=["y"]).to == other
+    w = one(out, "compute-task", key="x").to
+    out = finish(s, w, "x")
+    assert one(out, "compute-task", key="y").to == other
+
+
+def test_missing_data_with_another_holder_refreshes_who_has():
+    s = with_workers(A, B, C)
+    submit(s, graph(x=[]), keys=["x"])
+    wx = processing_on(s, "x")
+    finish(s, wx, "x")
+    second = next(w for w in (A, B, C) if w != wx)
+    step(s, ev.AddKeys(second, {"x": 8}))
+    third = next(w for w in (A, B, C) if w not in (wx, second))
+    out = step(s, ev.MissingData(third, "x", wx))
+    r = one(out, "refresh-who-has")
+    assert r.to == third and r.msg["who_has"] == {"x": [second]}
+    assert [ws.address for ws in s.tasks["x"].who_has] == [second]
+
+
+# ---------------------------------------------------------------- cancel
+def test_cancel_frees_the_running_task_and_its_dependents():
+    s = with_workers(A)
+    out = submit(s, graph(x=[], y=["x"]), keys=["x", "y"])
+    one(out, "compute-task", key="x")
+    out = step(s, ev.CancelKeys("c", ["x"]))
+    assert one(out, "cancelled-keys", keys=["x"]).to == "c"
+    assert one(out, "cancelled-keys", keys=["y"]).to == "c"
+    assert one(out, "free-keys", keys=["x"]).to == A
+    assert s.tasks == {}
+    assert not s.workers[A].processing
+    # a late result is dropped on the worker
+    out = step(s, ev.TaskFinished(A, "x", nbytes=1))
+    assert one(out, "free-keys", keys=["x"]).to == A
+
+
+# ---------------------------------------------------------------- scatter
+def test_scatter_then_add_keys_then_a_task_on_the_holder():
+    s = with_workers(A, B)
+    step(s, ev.AddClient("c"))
+    out = step(s, ev.ScatterData("c", "s1", {"d1": "D1", "d2": "D2"}, {"d1": 10, "d2": 20}))
+    ups = sent(out, "update-data")
+    assert {m.to for m in ups} == {A, B}  # spread over the workers
+    assert not sent(out, "scatter-reply")  # not before the workers have it
+    holder = {}
+    for m in ups:
+        for k in m.msg["data"]:
+            holder[k] = m.to
+        out = step(s, ev.AddKeys(m.to, {k: 10 for k in m.msg["data"]}, scatter_id="s1"))
+    assert one(out, "scatter-reply", scatter_id="s1", error=None).to == "c"
+    assert s.tasks["d1"].state == "memory"
+    out = submit(s, graph(y=["d1"]), keys=["y"])
+    assert one(out, "compute-task", key="y").to == holder["d1"]
+
+
+def test_scatter_without_workers_replies_with_an_error():
+    s = new_state()
+    step(s, ev.AddClient("c"))
+    out = step(s, ev.ScatterData("c", "s1", {"d": 1}, {"d": 1}))
+    assert "no running worker" in one(out, "scatter-reply").msg["error"]
+
+
+# ---------------------------------------------------------------- retirement
+def test_retire_workers_moves_unique_data_then_closes():
+    s = with_workers(A, B)
+    submit(s, graph(x=[]), keys=["x"], workers=[A])
+    finish(s, A, "x")
+    out = step(s, ev.RetireWorkers("r1", "c", [A]))
+    acq = one(out, "acquire-replicas")
+    assert acq.to == B and acq.msg["who_has"] == {"x": [A]}
+    assert not sent(out, "close")
+    assert s.workers[A].status == "closing_gracefully"
+    out = step(s, ev.AddKeys(B, {"x": 8}))
+    assert one(out, "close").to == A
+    reply = one(out, "retire-workers-reply", request_id="r1")
+    assert reply.to == "c" and reply.msg["retired"] == [A]
+    assert set(s.workers) == {B}
+    assert [ws.address for ws in s.tasks["x"].who_has] == [B]
+
+
+def test_retire_the_only_worker_with_unique_data_keeps_it():
+    s = with_workers(A)
+    submit(s, graph(x=[]), keys=["x"])
+    finish(s, A, "x")
+    out = step(s, ev.RetireWorkers("r1", "c", [A]))
+    reply = one(out, "retire-workers-reply", request_id="r1")
+    assert reply.msg["retired"] == [] and reply.msg["kept"] == [A]
+    assert s.workers[A].status == "running"
+
+
+def test_retired_worker_takes_no_new_work():
+    s = with_workers(A, B)
+    step(s, ev.RetireWorkers("r1", "c", [A]))
+    assert set(s.workers) == {B}  # nothing to move: closed at once
+    out = submit(s, graph(x=[]), keys=["x"])
+    assert one(out, "compute-task", key="x").to == B
+
+
+# ---------------------------------------------------------------- queuing
+def test_rootish_tasks_are_queued_beyond_saturation_and_released_in_priority_order():
+    s = with_workers(A, B, worker_saturation=1.1)
+    keys = [f"inc-{i}" for i in range(10)]
+    out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
+                 static_priorities={k: i for i, k in enumerate(keys)})
+    slots = math.ceil(1.1 * 1)  # per worker of one thread
+    computes = sent(out, "compute-task")
+    assert len(computes) == 2 * slots
+    for w in (A, B):
+        assert len(sent(computes, "compute-task", to=w)) == slots
+    # the highest-priority tasks go first, the rest wait on the scheduler
+    assert {m.msg["key"] for m in computes} == set(keys[:4])
+    assert s.n_queued == 6
+    assert all(s.tasks[k].state == "queued" for k in keys[4:])
+    # a slot opens on A: the best queued task goes there
+    first_a = sent(computes, "compute-task", to=A)[0].msg["key"]
+    out = finish(s, A, first_a)
+    assert [m.msg["key"] for m in sent(out, "compute-task")] == [keys[4]]
+    assert sent(out, "compute-task")[0].to == A
+    out = finish(s, B, sent(computes, "compute-task", to=B)[0].msg["key"])
+    assert [m.msg["key"] for m in sent(out, "compute-task")] == [keys[5]]
+    assert s.n_queued == 4
+
+
+def test_queued_tasks_drain_completely():
+    s = with_workers(A, worker_saturation=1.0)
+    keys = [f"inc-{i}" for i in range(6)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    done = 0
+    while done < 6:
+        ws = s.workers[A]
+        assert len(ws.processing) == 1
+        (ts,) = ws.processing
+        finish(s, A, ts.key)
+        done += 1
+    assert all(s.tasks[k].state == "memory" for k in keys)
+    assert s.n_queued == 0
+
+
+def test_no_queuing_with_infinite_saturation():
+    s = with_workers(A, B, worker_saturation=float("inf"))
+    keys = [f"inc-{i}" for i in range(10)]
+    out = submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    assert len(sent(out, "compute-task")) == 10
+    assert s.n_queued == 0
+
+
+# ---------------------------------------------------------------- stealing
+def test_idle_worker_steals_not_started_work():
+    s = with_workers(A, worker_saturation=float("inf"), work_stealing=True)
+    keys = [f"slow-{i}" for i in range(4)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    assert len(s.workers[A].processing) == 4
+    step(s, ev.TaskStarted(A, keys[0]))
+    step(s, ev.AddWorker(B, 1))
+    out = step(s, ev.Tick(now=1.0))
+    reqs = sent(out, "steal-request", to=A)
+    assert reqs and keys[0] not in {m.msg["key"] for m in reqs}  # never the running one
+    key = reqs[0].msg["key"]
+    out = step(s, ev.StealResponse(A, key, "released"))
+    assert one(out, "compute-task", key=key).to == B
+    # a victim that already runs it keeps it
+    if len(reqs) > 1:
+        k2 = reqs[1].msg["key"]
+        step(s, ev.StealResponse(A, k2, "executing"))
+        assert processing_on(s, k2) == A
+
+
+@pytest.mark.parametrize("policy", ["co-assign", "mars"])
+def test_other_rootish_policies_run_everything(policy: str):
+    s = with_workers(A, B, worker_saturation=float("inf"), rootish_policy=policy)
+    keys = [f"inc-{i}" for i in range(8)]
+    tasks = graph(**{k: [] for k in keys})
+    tasks["total"] = {"run_spec": "sum", "deps": keys}
+    submit(s, tasks, keys=["total"])
+    for _ in range(20):
+        todo = [(ts.processing_on.address, ts.key) for ts in s.tasks.values()
+                if ts.state == "processing"]
+        if not todo:
+            break
+        for w, k in todo:
+            finish(s, w, k)
+    assert [k for k, ts in s.tasks.items() if ts.state == "memory"] == ["total"]
+
+
+def test_unknown_rootish_policy_is_refused():
+    with pytest.raises(ValueError, match="rootish-policy"):
+        SchedulerState(rootish_policy="random")
+
+
+def test_client_disconnect_releases_its_keys():
+    s = with_workers(A)
+    submit(s, graph(x=[], y=["x"]), keys=["y"])
+    out = step(s, ev.RemoveClient("c"))
+    assert one(out, "free-keys", keys=["x"]).to == A
+    assert s.tasks == {}
