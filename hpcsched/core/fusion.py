@@ -13,7 +13,9 @@ key the user asked for::
 ``a`` and ``b`` stay: they do not form a line with ``add`` (``add`` has two
 dependencies). The fused task keeps the key of the chain's end and runs the
 whole chain as one nested expression, so the scheduler handles one task
-instead of many and no intermediate result crosses the network.
+instead of many and no intermediate result crosses the network. Chains
+longer than 100 tasks are cut into consecutive fused tasks of 100, so that
+evaluating one stays far from Python's recursion limit.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from collections.abc import Collection
 from hpcsched.core.graph import Key, Task, substitute
 
 __all__ = ["fuse_linear"]
+
+# Longest chain fused into one task (evaluation recurses once per level; a
+# longer chain becomes several consecutive fused tasks).
+_MAX_CHAIN = 100
 
 
 def fuse_linear(tasks: dict[Key, Task], keep: Collection[Key] = ()) -> dict[Key, Task]:
@@ -66,11 +72,17 @@ def fuse_linear(tasks: dict[Key, Task], keep: Collection[Key] = ()) -> dict[Key,
         chain = [k]
         while chain[-1] in prev:
             chain.append(prev[chain[-1]])
-        head = tasks[chain[-1]]
-        expr = head.expr
-        # From the head up: each step walks only that task's own expression,
-        # so a chain costs the sum of its expressions' sizes.
-        for below, above in zip(reversed(chain[1:]), reversed(chain[:-1]), strict=True):
-            expr = substitute(tasks[above].expr, below, expr)
-        out[k] = Task(k, expr, head.dependencies)
+        chain.reverse()  # head first
+        # Segments of at most _MAX_CHAIN tasks: a fused task is a nested
+        # expression, evaluated recursively, so it must stay shallow.
+        for start in range(0, len(chain), _MAX_CHAIN):
+            segment = chain[start:start + _MAX_CHAIN]
+            head = tasks[segment[0]]
+            expr = head.expr
+            # Each step walks only that task's own expression: a chain costs
+            # the sum of its expressions' sizes.
+            for below, above in zip(segment, segment[1:], strict=False):
+                expr = substitute(tasks[above].expr, below, expr)
+            end = segment[-1]
+            out[end] = Task(end, expr, head.dependencies) if len(segment) > 1 else head
     return out
