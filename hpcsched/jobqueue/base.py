@@ -362,6 +362,10 @@ class BatchSystem:
     def to_state(self, native: str, exit_code: int | None) -> JobState:
         return self.states.get(native, JobState.UNKNOWN)
 
+    def stuck_in_queue(self, native: str) -> bool:
+        """Hook: a failed state in which the job stays queued until deleted (SGE's Eqw)."""
+        return False
+
     def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         """Hook: ask accounting about jobs missing from the status output."""
         return {}

@@ -24,6 +24,7 @@ The cluster owns what is the same on every batch system; the per-system adapter
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ from hpcsched.core.comm.base import Security
 from hpcsched.jobqueue import cleanup, runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
+from hpcsched.launchers.cluster import Cluster
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ def read_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
     return runner.tail(text, lines) or f"(log file {path} is empty)"
 
 
-class JobQueueCluster:
+class JobQueueCluster(Cluster):
     """Base of SLURMCluster, SGECluster, PBSCluster, LSFCluster (see module docstring)."""
 
     system_class: ClassVar[type[BatchSystem]]
@@ -100,31 +102,34 @@ class JobQueueCluster:
         self.system = self.system_class(**kwargs)
         self.system.check_commands()
         p = self.system.params
+        self.workers_per_unit = p["processes"]
+        opts = p["scheduler_options"]
+        host = scheduler_host(opts.get("interface") or p["interface"], opts.get("host"))
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
         self.cluster_id = secrets.token_hex(3)
         self.jobs: dict[str, Job] = {}
         self.failed_jobs: list[Job] = []
-        self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
         self._target_jobs = 0
         self._failed_since_scale = 0
         self._next_index = 0
         self._live_ids: set[str] = set()
-        self._closed = False
         self._scripts: list[str] = []
-        self.security = security or Security.generate()
+        security = security or Security.generate()
+        self.security = security
         os.makedirs(p["log_directory"], exist_ok=True)
         self.secret_file = self._write_secret()
         try:
-            self.scheduler = self._start_scheduler()
+            super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security)
         except BaseException:
             os.unlink(self.secret_file)
             raise
-        self.scheduler_address = self.scheduler.address
-        self._finalizer = cleanup.register(self, cleanup.cancel_all_live, self.system,
-                                           self._live_ids, self.secret_file, self.scheduler)
+        self._events: collections.deque = collections.deque()  # worker joins/leaves, not applied yet
+        self._wake = threading.Event()  # set on worker events and ended jobs
+        self._finalizer_jobs = cleanup.register(self, cleanup.cancel_all_live, self.system,
+                                                self._live_ids, self.secret_file, self.scheduler)
         self._callback = _weak_callback(self)
-        if hasattr(self.scheduler, "add_worker_callback"):
-            self.scheduler.add_worker_callback(self._callback)
+        self.scheduler.add_worker_callback(self._callback)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=_poll_loop, args=(weakref.ref(self), self._stop),
                                         name=f"{type(self).__name__}-poll", daemon=True)
@@ -139,17 +144,6 @@ class JobQueueCluster:
             os.fchmod(f.fileno(), 0o600)
             f.write(self.security.secret_hex())
         return path
-
-    def _start_scheduler(self) -> Any:
-        from hpcsched.core.scheduler import Scheduler
-
-        p = self.system.params
-        opts = p["scheduler_options"]
-        host = scheduler_host(opts.get("interface") or p["interface"], opts.get("host"))
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        address = f"tcp://{host}:{int(opts.get('port') or 0)}"
-        return Scheduler(address=address, security=self.security).start()
 
     # ------------------------------------------------------------ scripts
     def _job_name(self, index: int) -> str:
@@ -197,6 +191,7 @@ class JobQueueCluster:
         if not jobs:
             return
         with self._lock:
+            self._drain_events()
             for job in jobs:
                 job.cancel_requested = True
             names = [n for job in jobs for n in job.workers.values()]
@@ -238,27 +233,49 @@ class JobQueueCluster:
         self._adjust()
 
     def scale_up(self, n: int, **kwargs: Any) -> None:
-        """Bring the number of workers up to ``n`` (whole jobs)."""
-        self.scale(n=n)
+        """Bring the number of workers up to ``n`` (whole jobs); never lowers the target."""
+        jobs = math.ceil(n / self.system.params["processes"])
+        with self._lock:
+            if jobs <= self._target_jobs:
+                return
+        self.scale(jobs=jobs)
 
     def scale_down(self, workers: list[str]) -> None:
-        """Retire and cancel the jobs of these worker addresses (or names)."""
+        """Retire and cancel the jobs of these worker addresses (or names): whole jobs."""
+        self._stop_workers(list(workers))
+
+    # the Cluster base's hooks, in jobs
+    def _requested(self) -> int:
         with self._lock:
-            wanted = set(workers)
+            return sum(1 for j in self.jobs.values() if j.active) * self.workers_per_unit
+
+    def _start_workers(self, count: int, **kwargs: Any) -> None:
+        with self._lock:
+            self._target_jobs += count
+        self._adjust()
+
+    def _stop_workers(self, names: list[str]) -> None:
+        with self._lock:
+            self._drain_events()
+            wanted = set(names)
             jobs = [j for j in self.jobs.values() if not j.ended and not j.cancel_requested
                     and (wanted & set(j.workers) or wanted & set(j.workers.values()))]
             self._target_jobs = max(0, self._target_jobs - len(jobs))
         self._cancel(jobs, retire=True)
 
+    def _close_workers(self, timeout: float) -> None:
+        self._finalizer_jobs()  # cancels live jobs, removes the secret, closes the scheduler
+        cleanup.unregister(self._finalizer_jobs)
+
     def _adjust(self) -> None:
         with self._lock:
             if self._closed:
                 return
+            self._drain_events()
             active = [j for j in self.jobs.values() if j.active]
             deficit = self._target_jobs - len(active) - self._failed_since_scale
             if deficit > 0:
                 self._submit(deficit)
-                self._changed.notify_all()
                 return
             excess = len(active) - self._target_jobs
             if excess <= 0:
@@ -272,18 +289,30 @@ class JobQueueCluster:
         self._cancel(victims, retire=True)
 
     # ------------------------------------------------------------ status
-    def _worker_event(self, event: str, address: str, info: dict) -> None:
-        name = str(info.get("name", ""))
-        with self._lock:
+    def _worker_event(self, event: str, address: str, info: dict | None = None) -> None:
+        """Scheduler callback, on its loop thread: queue the event, never block on our lock
+        (which a submission may hold for seconds)."""
+        name = ""
+        if event == "add":
+            if info is None:  # the callback gives only the address: read the name there
+                ws = getattr(getattr(self.scheduler, "state", None), "workers", {}).get(address)
+                info = {"name": getattr(ws, "name", "")}
+            name = str(info.get("name", ""))
+        self._events.append((event, address, name))
+        self._wake.set()
+
+    def _drain_events(self) -> None:
+        """Apply queued worker joins/leaves to the jobs; caller holds the lock."""
+        while self._events:
+            event, address, name = self._events.popleft()
+            if event != "add":
+                for job in self.jobs.values():
+                    job.workers.pop(address, None)
+                continue
             job = self._job_of_worker(name)
-            if job is None:
-                return
-            if event == "add":
+            if job is not None:
                 job.workers[address] = name
                 job.workers_seen.add(name)
-            else:
-                job.workers.pop(address, None)
-            self._changed.notify_all()
 
     def _job_of_worker(self, name: str) -> Job | None:
         for job in self.jobs.values():
@@ -310,6 +339,7 @@ class JobQueueCluster:
         """Update every live job's state with one status command (the poll thread calls this)."""
         self._sync_workers()
         with self._lock:
+            self._drain_events()
             ids = [j.job_id for j in self.jobs.values() if not j.ended]
         if not ids:
             return
@@ -336,11 +366,11 @@ class JobQueueCluster:
                     ended.append(job)
             for job in ended:
                 self._job_ended(job)
-            if ended:
-                self._changed.notify_all()
-        failed_states = [j for j in ended if j.state is JobState.FAILED and j.native_state.startswith("E")]
-        if failed_states:  # SGE Eqw: the job would sit in the queue forever
-            self._cancel(failed_states, retire=False)
+        if ended:
+            self._wake.set()
+        stuck = [j for j in ended if self.system.stuck_in_queue(j.native_state)]
+        if stuck:  # SGE's Eqw: failed, yet it would sit in the queue forever
+            self._cancel(stuck, retire=False)
         if ended:
             self._adjust()
 
@@ -370,18 +400,20 @@ class JobQueueCluster:
         deadline = time.monotonic() + timeout
         with self._lock:
             seen_failures = 0 if self._failed_since_scale else len(self.failed_jobs)
-            while True:
+        while True:
+            with self._lock:
+                self._drain_events()
                 connected = sum(len(j.workers) for j in self.jobs.values())
                 if connected >= n:
                     return
                 if len(self.failed_jobs) > seen_failures:
                     raise JobFailedError(self._failure_message(self.failed_jobs[-1]))
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"{connected} of {n} workers connected after {timeout:g} s; "
-                                       f"jobs: {self.job_summary()}")
-                self._changed.wait(min(left, 0.5))
-                self._sync_workers()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{connected} of {n} workers connected after {timeout:g} s; "
+                                   f"jobs: {self.job_summary()}")
+            self._wake.wait(min(left, 0.5))
+            self._wake.clear()
 
     def job_summary(self) -> str:
         with self._lock:
@@ -390,20 +422,6 @@ class JobQueueCluster:
                 key = "gone" if j.gone and not j.state.terminal else j.state.value
                 counts[key] = counts.get(key, 0) + 1
         return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
-
-    # ------------------------------------------------------------ info
-    @property
-    def workers(self) -> dict[str, dict]:
-        return self.scheduler.workers_info()
-
-    @property
-    def scheduler_info(self) -> dict[str, Any]:
-        return {"address": self.scheduler_address, "workers": self.workers}
-
-    def get_client(self) -> Any:
-        from hpcsched.core.client import Client
-
-        return Client(self)
 
     def __repr__(self) -> str:
         return (f"<{type(self).__name__} {getattr(self, 'scheduler_address', '?')} "
@@ -415,39 +433,29 @@ class JobQueueCluster:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
             self._target_jobs = 0
             for job in self.jobs.values():
                 if not job.ended:
                     job.cancel_requested = True
-            self._changed.notify_all()
         self._stop.set()
         if self._poller is not threading.current_thread():
             self._poller.join(timeout)
-        if hasattr(self.scheduler, "remove_worker_callback"):
-            try:
-                self.scheduler.remove_worker_callback(self._callback)
-            except Exception:
-                pass
-        self._finalizer()  # cancels live jobs, removes the secret, closes the scheduler
-        cleanup.unregister(self._finalizer)
+        try:
+            self.scheduler.remove_worker_callback(self._callback)
+        except Exception:
+            pass
+        super().close(timeout)  # adaptive stops; _close_workers cancels; scheduler closes
         for path in self._scripts:
             try:
                 os.unlink(path)
             except OSError:
                 pass
 
-    def __enter__(self) -> JobQueueCluster:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
 
 def _weak_callback(cluster: JobQueueCluster) -> Any:
     ref = weakref.ref(cluster)
 
-    def on_worker(event: str, address: str, info: dict) -> None:
+    def on_worker(event: str, address: str, info: dict | None = None) -> None:
         c = ref()
         if c is not None:
             c._worker_event(event, address, info)

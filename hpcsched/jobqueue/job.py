@@ -69,35 +69,22 @@ class Job:
 
 # ---------------------------------------------------------------- memory
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-    "t": 1000**4, "tb": 1000**4, "p": 1000**5, "pb": 1000**5,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-
-
 def parse_memory(value: str | int | float, what: str = "memory") -> int:
-    """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; ValueError naming ``what``.
+    """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; errors name ``what``.
 
-    Decimal suffixes are powers of 1000 and binary ones (``GiB``) powers of 1024, as in
-    dask; batch systems' own ``G`` means GiB, which the per-system renderers handle.
+    The units are those of :func:`hpcsched.hpc.resources.parse_bytes` (the project's one
+    size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
+    GiB, which the per-system renderers handle.
     """
-    if isinstance(value, bool):
-        raise TypeError(f"{what} must be a size such as '16GB', got {value!r}")
-    if isinstance(value, (int, float)):
-        if value <= 0 or not math.isfinite(value):
-            raise ValueError(f"{what} must be positive, got {value!r}")
-        return int(value)
-    if not isinstance(value, str):
-        raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} {value!r}")
-    m = _SIZE_RE.match(value)
-    unit = m.group(2).lower() if m else ""
-    if not m or unit not in _UNITS:
-        raise ValueError(f"{what}={value!r} is not a size: use a number with a unit, e.g. '16GB', "
-                         "'1500MB', '4GiB'")
-    n = int(float(m.group(1)) * _UNITS[unit])
+    from hpcsched.hpc.resources import parse_bytes
+
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} "
+                        f"{value!r}")
+    try:
+        n = parse_bytes(value)
+    except ValueError as e:
+        raise ValueError(f"{what}={value!r} is not a size: {e}") from None
     if n <= 0:
         raise ValueError(f"{what}={value!r} must be positive")
     return n

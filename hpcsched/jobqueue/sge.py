@@ -121,6 +121,9 @@ class SGESystem(BatchSystem):
     def to_state(self, native: str, exit_code: int | None) -> JobState:
         return sge_state(native)
 
+    def stuck_in_queue(self, native: str) -> bool:
+        return "E" in native
+
     def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         if not self.has_command("qacct"):
             return {}
