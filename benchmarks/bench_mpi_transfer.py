@@ -53,34 +53,6 @@ def main() -> None:
         print(f"{case:>11s} {mib:5d} MiB: {results[case, mib]:6.2f} GB/s "
               f"(median {med * 1e3:7.1f} ms of {len(times)})", flush=True)
 
-    # ---------------------------------------------------------------- raw mpi4py
-    for mib in sizes:
-        n = mib * 2**20 // 8
-        if rank == 0:
-            data = np.arange(n, dtype=np.float64)
-            for _ in range(2 * (args.reps + 1)):
-                raw.Recv(go, 1, 1)
-                raw.Send(data, 1, 2)
-            del data
-        else:
-            for case in ("raw-fresh", "raw-reused"):
-                reused = np.empty(n, dtype=np.float64) if case == "raw-reused" else None
-                if reused is not None:
-                    reused.fill(0)  # touch the pages once, as a long-lived buffer would be
-                times = []
-                for rep in range(args.reps + 1):
-                    t0 = time.perf_counter()
-                    raw.Send(go, 0, 1)
-                    buf = np.empty(n, dtype=np.float64) if reused is None else reused
-                    raw.Recv(buf, 0, 2)
-                    dt = time.perf_counter() - t0
-                    assert buf[-1] == n - 1
-                    if rep:
-                        times.append(dt)
-                    del buf
-                report(case, mib, times)
-
-    # ---------------------------------------------------------------- ours
     from hpcsched.core.comm import registry
 
     mpi.init_endpoint(timeout=30)
@@ -93,28 +65,48 @@ def main() -> None:
         listener = registry.listen("mpi://", accepted.put)
         comm = accepted.get(timeout=30)
         listener.stop()
+
+    # The cases take turns within each repetition, so that drift of this shared
+    # machine's speed hits them alike.
+    cases = ("raw-fresh", "raw-reused", "ours")
     for mib in sizes:
         n = mib * 2**20 // 8
+        times: dict[str, list[float]] = {case: [] for case in cases}
         if rank == 0:
             data = np.arange(n, dtype=np.float64)
-            for _ in range(args.reps + 1):
-                assert comm.recv(timeout=60) == "go"
-                comm.send(data)
-            assert comm.recv(timeout=60) == "next"
-            del data
         else:
-            times = []
-            for rep in range(args.reps + 1):
+            reused = np.empty(n, dtype=np.float64)
+            reused.fill(0)  # touch the pages once, as a long-lived buffer would be
+        for rep in range(args.reps + 1):
+            for case in cases:
+                if rank == 0:
+                    if case == "ours":
+                        assert comm.recv(timeout=60) == "go"
+                        comm.send(data)
+                    else:
+                        raw.Recv(go, 1, 1)
+                        raw.Send(data, 1, 2)
+                    continue
                 t0 = time.perf_counter()
-                comm.send("go")
-                arr = comm.recv(timeout=60)
+                if case == "ours":
+                    comm.send("go")
+                    arr = comm.recv(timeout=60)
+                    assert not arr.flags.owndata
+                else:
+                    raw.Send(go, 0, 1)
+                    arr = np.empty(n, dtype=np.float64) if case == "raw-fresh" else reused
+                    raw.Recv(arr, 0, 2)
                 dt = time.perf_counter() - t0
-                assert arr.shape == (n,) and arr[-1] == n - 1 and not arr.flags.owndata
-                if rep:
-                    times.append(dt)
+                assert arr.shape == (n,) and arr[-1] == n - 1
                 del arr
-            report("ours", mib, times)
-            comm.send("next")
+                if rep:  # the first round is a warm-up
+                    times[case].append(dt)
+        if rank == 1:
+            for case in cases:
+                report(case, mib, times[case])
+            del reused
+        else:
+            del data
 
     # ---------------------------------------------------------------- latency
     msg = [{"op": "task-finished", "key": "inc-123", "nbytes": 8, "thread": 140234}]
