@@ -64,6 +64,7 @@ class WorkerState:
         self.tasks: dict[Key, WTask] = {}
         self.data: dict[Key, Any] = {}
         self.ready: list[tuple[tuple, int, WTask]] = []
+        self.constrained: list[tuple[tuple, int, WTask]] = []  # ready, needing resources
         self.executing: set[WTask] = set()
         self.in_flight_workers: dict[str, set[WTask]] = {}
         self.fetch_queue: list[tuple[tuple, int, WTask]] = []
@@ -145,7 +146,8 @@ class WorkerState:
     def _to_ready(self, ts: WTask) -> None:
         ts.state = "ready"
         ts.seq = next(self._seq)
-        heapq.heappush(self.ready, (ts.priority, ts.seq, ts))
+        heap = self.constrained if ts.resource_restrictions else self.ready
+        heapq.heappush(heap, (ts.priority, ts.seq, ts))
 
     def _free_keys(self, e: ev.FreeKeys) -> None:
         for key in e.keys:
@@ -287,6 +289,8 @@ class WorkerState:
         self.busy_workers.discard(e.worker)
         replicas = {}
         for ts in tasks:
+            if ts.state in ("waiting", "ready", "executing"):
+                continue  # compute-task arrived while in flight: our own run will produce it
             if ts.key in e.data:
                 value = e.data[ts.key]
                 if ts.release_after or ts.state != "flight":
@@ -332,23 +336,36 @@ class WorkerState:
 
     # ================================================================ progress
     def _ensure_computing(self) -> None:
-        while self.ready and len(self.executing) < self.nthreads and not self.closing:
-            _, seq, ts = self.ready[0]
-            if ts.state != "ready" or ts.seq != seq or self.tasks.get(ts.key) is not ts:
-                heapq.heappop(self.ready)
-                continue
-            if ts.resource_restrictions and not all(
+        # tasks with resource restrictions wait in their own heap, so that one waiting for a
+        # busy resource does not keep free threads from running unrestricted tasks
+        while len(self.executing) < self.nthreads and not self.closing:
+            head = self._head(self.ready)
+            chead = self._head(self.constrained)
+            if chead is not None and not all(
                     self.available_resources.get(r, 0) >= q
-                    for r, q in ts.resource_restrictions.items()):
-                break  # wait for resources; highest priority first
-            heapq.heappop(self.ready)
-            if ts.resource_restrictions:
+                    for r, q in chead[2].resource_restrictions.items()):
+                chead = None  # wait for resources; highest priority first among them
+            if head is None and chead is None:
+                break
+            if chead is not None and (head is None or chead[:2] < head[:2]):
+                _, _, ts = heapq.heappop(self.constrained)
                 for r, q in ts.resource_restrictions.items():
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
+            else:
+                _, _, ts = heapq.heappop(self.ready)
             ts.state = "executing"
             self.executing.add(ts)
             self._to_scheduler({"op": "task-started", "key": ts.key})
             self._out.append(ev.Execute(ts.key, ts.run_spec))
+
+    def _head(self, heap: list) -> tuple | None:
+        """The first live entry of a ready heap (stale entries are dropped)."""
+        while heap:
+            _, seq, ts = heap[0]
+            if ts.state == "ready" and ts.seq == seq and self.tasks.get(ts.key) is ts:
+                return heap[0]
+            heapq.heappop(heap)
+        return None
 
     def _ensure_communicating(self) -> None:
         deferred = []

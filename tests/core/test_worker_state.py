@@ -1,0 +1,307 @@
+"""WorkerState driven by events alone: no processes, no threads, no clock.
+
+Events in (compute-task, transfers finishing, executions finishing), commands
+out (``Send`` to the scheduler, ``Execute``, ``GatherDep``), and
+:meth:`WorkerState.validate` after every step. The worker is ``tcp://me``;
+peers are ``tcp://p1``, ``tcp://p2``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpcsched.core import events as ev
+from hpcsched.core.events import Execute, GatherDep, Send
+from hpcsched.core.worker_state import WorkerState
+
+ME, P1, P2 = "tcp://me", "tcp://p1", "tcp://p2"
+
+
+def new_state(nthreads: int = 1, **kw: Any) -> WorkerState:
+    s = WorkerState(ME, nthreads, **kw)
+    s.validate()
+    return s
+
+
+def step(s: WorkerState, event: Any) -> list:
+    out = s.handle(event)
+    s.validate()
+    return out
+
+
+def to_scheduler(out: list, op: str, **kw: Any) -> list[Send]:
+    return [c for c in out if type(c) is Send and c.to == "scheduler" and c.match(op=op, **kw)]
+
+
+def executes(out: list) -> list[Any]:
+    return [c.key for c in out if type(c) is Execute]
+
+
+def gathers(out: list) -> dict[str, list]:
+    return {c.worker: sorted(c.keys) for c in out if type(c) is GatherDep}
+
+
+def compute(key: Any, deps: dict | None = None, priority: tuple = (0,), **kw: Any
+            ) -> ev.ComputeTask:
+    return ev.ComputeTask(key, f"spec-{key}", priority=priority, who_has=deps or {},
+                          nbytes={k: 10 for k in (deps or {})}, **kw)
+
+
+def success(key: Any, value: Any = 1, nbytes: int = 8) -> ev.ExecuteSuccess:
+    return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start=1.0, stop=2.0)
+
+
+# ---------------------------------------------------------------- compute
+def test_task_without_dependencies_executes_and_reports():
+    s = new_state()
+    out = step(s, compute("x"))
+    assert executes(out) == ["x"]
+    assert to_scheduler(out, "task-started", key="x")
+    out = step(s, success("x", 42))
+    (fin,) = to_scheduler(out, "task-finished", key="x")
+    assert fin.msg["nbytes"] == 8 and fin.msg["typename"] == "int"
+    assert fin.msg["start"] == 1.0 and fin.msg["stop"] == 2.0
+    assert s.data == {"x": 42}
+    out = step(s, ev.FreeKeys(["x"]))
+    assert s.data == {} and s.tasks == {}
+
+
+def test_dependencies_on_peers_are_fetched_in_one_message_per_peer():
+    s = new_state()
+    out = step(s, compute("y", {"a": [P1], "b": [P1], "c": [P2]}))
+    assert gathers(out) == {P1: ["a", "b"], P2: ["c"]}
+    assert executes(out) == []
+    assert s.tasks["y"].state == "waiting"
+    assert {s.tasks[k].state for k in "abc"} == {"flight"}
+    out = step(s, ev.GatherDepSuccess(P1, {"a": 1, "b": 2}))
+    assert executes(out) == []  # c still missing
+    out = step(s, ev.GatherDepSuccess(P2, {"c": 3}))
+    assert executes(out) == ["y"]
+    out = step(s, success("y", 6))
+    assert to_scheduler(out, "task-finished", key="y")
+    # fetched only for y: dropped once y is done; y's own result is kept
+    assert s.data == {"y": 6}
+
+
+def test_dependency_already_here_is_not_fetched():
+    s = new_state()
+    step(s, compute("x"))
+    step(s, success("x", 1))
+    out = step(s, compute("y", {"x": [ME]}))
+    assert gathers(out) == {}
+    assert executes(out) == ["y"]
+
+
+def test_transfers_limited_by_the_incoming_count_limit():
+    s = new_state(transfer_incoming_count_limit=1)
+    out = step(s, compute("y", {"a": [P1], "b": [P2]}))
+    assert len(gathers(out)) == 1  # one peer at a time
+    first = next(iter(gathers(out)))
+    key = gathers(out)[first][0]
+    out = step(s, ev.GatherDepSuccess(first, {key: 1}))
+    assert len(gathers(out)) == 1 and first not in gathers(out)
+    second = next(iter(gathers(out)))
+    out = step(s, ev.GatherDepSuccess(second, {gathers(out)[second][0]: 2}))
+    assert executes(out) == ["y"]
+
+
+def test_large_batches_are_split_by_message_bytes():
+    s = new_state(transfer_message_bytes=15)
+    out = step(s, compute("y", {"a": [P1], "b": [P1], "c": [P1]}))
+    (batch,) = gathers(out).values()
+    assert 1 <= len(batch) < 3  # 10 bytes each, 15 bytes per message
+
+
+def test_execute_failure_reports_task_erred():
+    s = new_state()
+    step(s, compute("x"))
+    out = step(s, ev.ExecuteFailure("x", "EXC", "TB", "ValueError: no", 1.0, 2.0))
+    (err,) = to_scheduler(out, "task-erred", key="x")
+    assert err.msg["exception"] == "EXC" and err.msg["traceback"] == "TB"
+    assert err.msg["exception_text"] == "ValueError: no"
+    assert "x" not in s.data and "x" not in s.tasks
+
+
+# ---------------------------------------------------------------- peers failing
+def test_peer_without_the_data_is_reported_and_another_holder_tried():
+    s = new_state()
+    out = step(s, compute("y", {"a": [P1, P2]}))
+    (peer,) = gathers(out)
+    other = P2 if peer == P1 else P1
+    out = step(s, ev.GatherDepSuccess(peer, {}, missing=["a"]))
+    (md,) = to_scheduler(out, "missing-data", key="a")
+    assert md.msg["errant_worker"] == peer
+    assert gathers(out) == {other: ["a"]}
+    out = step(s, ev.GatherDepSuccess(other, {"a": 1}))
+    assert executes(out) == ["y"]
+
+
+def test_unreachable_peer_is_dropped_and_others_tried():
+    s = new_state()
+    out = step(s, compute("y", {"a": [P1, P2], "b": [P1]}))
+    assert P1 in gathers(out)
+    out = step(s, ev.GatherDepFailure(P1, gathers(out)[P1], "connection refused"))
+    # a comes from P2 now; b had no other holder: the scheduler is told
+    assert gathers(out).get(P2) == ["a"]
+    reported = {m.msg["key"] for m in to_scheduler(out, "missing-data")}
+    assert "b" in reported
+    assert s.tasks["b"].state == "missing"
+    assert P1 not in s.tasks["a"].who_has
+    # the scheduler tells us where b is now
+    out = step(s, ev.RefreshWhoHas({"b": [P2]}))
+    out += step(s, ev.GatherDepSuccess(P2, {"a": 1}))
+    assert gathers(out) == {P2: ["b"]}
+    out = step(s, ev.GatherDepSuccess(P2, {"b": 2}))
+    assert executes(out) == ["y"]
+
+
+# ---------------------------------------------------------------- free-keys
+def test_free_keys_while_executing_drops_the_result():
+    s = new_state()
+    step(s, compute("x"))
+    out = step(s, ev.FreeKeys(["x"]))
+    assert out == []
+    out = step(s, success("x", 1))
+    assert to_scheduler(out, "task-finished") == []
+    assert s.data == {} and "x" not in s.tasks
+    # the thread is free for the next task
+    assert executes(step(s, compute("z"))) == ["z"]
+
+
+def test_free_keys_while_in_flight_drops_the_transfer():
+    s = new_state()
+    step(s, compute("y", {"a": [P1]}))
+    step(s, ev.FreeKeys(["y"]))
+    out = step(s, ev.GatherDepSuccess(P1, {"a": 1}))
+    assert executes(out) == []
+    assert s.data == {}
+
+
+def test_compute_again_after_free_while_executing_keeps_the_result():
+    """free-keys then compute-task again for the same key while it runs (e.g. a cancel
+    followed by a resubmit): the running execution's result is what is wanted."""
+    s = new_state()
+    step(s, compute("x"))
+    step(s, ev.FreeKeys(["x"]))
+    out = step(s, compute("x"))
+    assert executes(out) == []  # already running
+    out = step(s, success("x", 5))
+    assert to_scheduler(out, "task-finished", key="x")
+    assert s.data == {"x": 5}
+
+
+# ---------------------------------------------------------------- ordering and limits
+def test_ready_tasks_run_highest_priority_first():
+    s = new_state(nthreads=1)
+    assert executes(step(s, compute("first", priority=(0, 0, 0)))) == ["first"]
+    for key, prio in [("low", (1, 0, 9)), ("high", (1, 0, 1)), ("mid", (1, 0, 5))]:
+        assert executes(step(s, compute(key, priority=prio))) == []
+    order = []
+    running = "first"
+    for _ in range(3):
+        out = step(s, success(running))
+        (running,) = executes(out)
+        order.append(running)
+    assert order == ["high", "mid", "low"]
+
+
+def test_nthreads_limit_concurrent_executions():
+    s = new_state(nthreads=2)
+    out = []
+    for k in "abcd":
+        out += step(s, compute(k))
+    assert sorted(executes(out)) == ["a", "b"]
+    assert len(s.executing) == 2
+    out = step(s, success("a"))
+    assert executes(out) == ["c"]
+
+
+def test_resource_restrictions_limit_concurrency():
+    s = new_state(nthreads=4, resources={"GPU": 1})
+    out = step(s, compute("g1", resource_restrictions={"GPU": 1}))
+    out += step(s, compute("g2", resource_restrictions={"GPU": 1}))
+    out += step(s, compute("cpu"))
+    assert sorted(executes(out)) == ["cpu", "g1"]  # g2 waits for the GPU, cpu does not
+    out = step(s, success("g1"))
+    assert executes(out) == ["g2"]
+    assert s.available_resources == {"GPU": 0}
+    step(s, success("g2"))
+    assert s.available_resources == {"GPU": 1}
+
+
+# ---------------------------------------------------------------- stealing, replicas, scatter
+def test_steal_request_for_a_ready_task_gives_it_up():
+    s = new_state(nthreads=1)
+    step(s, compute("busy"))
+    step(s, compute("queued"))
+    out = step(s, ev.StealRequest("queued"))
+    (r,) = to_scheduler(out, "steal-response", key="queued")
+    assert r.msg["state"] == "released"
+    out = step(s, success("busy"))
+    assert executes(out) == []  # it was given away
+
+
+def test_steal_request_for_an_executing_task_keeps_it():
+    s = new_state(nthreads=1)
+    step(s, compute("busy"))
+    out = step(s, ev.StealRequest("busy"))
+    (r,) = to_scheduler(out, "steal-response", key="busy")
+    assert r.msg["state"] == "executing"
+    out = step(s, success("busy"))
+    assert to_scheduler(out, "task-finished", key="busy")
+
+
+def test_acquire_replicas_fetches_and_reports_add_keys():
+    s = new_state()
+    out = step(s, ev.AcquireReplicas({"x": [P1]}, {"x": 100}))
+    assert gathers(out) == {P1: ["x"]}
+    out = step(s, ev.GatherDepSuccess(P1, {"x": "value"}))
+    (ak,) = to_scheduler(out, "add-keys")
+    assert ak.msg["keys"] == {"x": 100}
+    assert s.data == {"x": "value"}  # kept until the scheduler frees it
+
+
+def test_update_data_stores_and_reports_with_the_scatter_id():
+    s = new_state()
+    out = step(s, ev.UpdateData({"d": b"12345"}, scatter_id="s1"))
+    (ak,) = to_scheduler(out, "add-keys", scatter_id="s1")
+    assert ak.msg["keys"] == {"d": 5}
+    out = step(s, compute("y", {"d": [ME]}))
+    assert executes(out) == ["y"]
+    step(s, success("y"))
+    assert "d" in s.data  # scattered data stays until freed
+
+
+def test_compute_task_for_a_key_held_here_reports_finished_at_once():
+    s = new_state()
+    step(s, ev.UpdateData({"x": 3}))
+    out = step(s, compute("x"))
+    assert executes(out) == []
+    assert to_scheduler(out, "task-finished", key="x")
+
+
+def test_compute_task_for_a_key_in_flight_computes_it_and_reports_once():
+    """a is being fetched for y when the scheduler asks us to compute a itself (its holder
+    was lost, and we were chosen): the late transfer must not leave a un-reported."""
+    s = new_state(nthreads=2)
+    out = step(s, compute("y", {"a": [P1]}))
+    assert gathers(out) == {P1: ["a"]}
+    out = step(s, compute("a"))
+    assert executes(out) == ["a"]
+    out = step(s, ev.GatherDepSuccess(P1, {"a": "fetched"}))
+    out += step(s, success("a", "computed"))
+    assert len(to_scheduler(out, "task-finished", key="a")) == 1
+    assert executes(out) == ["y"]
+    assert s.data["a"] in ("fetched", "computed")
+
+
+def test_compute_task_for_a_key_in_flight_whose_transfer_fails():
+    s = new_state(nthreads=2)
+    step(s, compute("y", {"a": [P1]}))
+    out = step(s, compute("a"))
+    assert executes(out) == ["a"]
+    out = step(s, ev.GatherDepFailure(P1, ["a"], "connection lost"))
+    assert to_scheduler(out, "missing-data") == []  # we compute it: nothing is missing
+    out = step(s, success("a", 1))
+    assert to_scheduler(out, "task-finished", key="a")
+    assert executes(out) == ["y"]
