@@ -1,8 +1,9 @@
 """The single-machine scheduler: run a dask-style graph in this process.
 
-``get(dsk, keys)`` runs the tasks needed for ``keys`` on a pool of threads
-and returns their results in the shape of ``keys``. It is ``hpcsched.get``,
-usable as ``dask.compute(..., scheduler=hpcsched.get)`` on plain graphs.
+``get(dsk, keys)`` runs the tasks needed for ``keys`` of a dask-style graph
+dict (``{key: (func, *args)}``, see :mod:`hpcsched.core.graph`) on a pool of
+threads and returns their results in the shape of ``keys``. It is
+``hpcsched.get``.
 
 Goal: a small memory footprint within a scheduling budget of well under a
 millisecond per task. Three tie-breakers decide which ready task runs next:
@@ -78,7 +79,8 @@ def get(dsk: Mapping, keys: Any, num_workers: int | None = None, **kwargs: Any) 
 
     ``keys`` is a key or a (nested) list of keys; the result has the same
     shape. ``num_workers`` defaults to the number of CPUs. Other keyword
-    arguments (passed by ``dask.compute``) are accepted and ignored.
+    arguments (dask's schedulers take ``cache``, ``pool``...) are accepted and
+    ignored, so callers written for dask's ``get`` work unchanged.
     Raises ``KeyError`` for a requested key that is not in the graph and
     :class:`~hpcsched.core.graph.GraphError` for a cycle.
 
