@@ -64,6 +64,8 @@ DEFAULTS: dict[str, Any] = {
     "mpi.poll-min": 1e-5,  # seconds: first back-off step after traffic
     "mpi.poll-max": 0.05,  # seconds: cap of the back-off when idle for long
     "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
+    "mpi.poll-hold": 0.002,  # seconds of polling at poll-min after any traffic
+    "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
     # adaptive
     "adaptive.interval": 1.0,
     "adaptive.wait-count": 3,
