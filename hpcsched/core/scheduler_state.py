@@ -381,6 +381,9 @@ class SchedulerState:
                             key=lambda t: t.priority, reverse=True)
         recs += [(ts, "waiting") for ts in new_wanted]
         self._transitions(recs)
+        # parts of the graph no requested key needs (a dask graph is sent whole) go at once
+        self._transitions([(ts, "forgotten") for ts in new
+                           if ts.state == "released" and not self._wanted(ts)])
 
     def _mars_assign(self, new: list[TaskState]) -> None:
         from hpcsched.core.mars import assign_initial
@@ -909,8 +912,10 @@ class SchedulerState:
     def _forget(self, ts: TaskState) -> list:
         if ts.state != "released" or self._wanted(ts):
             return []
-        if any(d.state != "released" or d.who_wants for d in ts.dependents):
-            return []  # a dependent may still need us to be recomputed
+        if ts.dependents:
+            # a dependent, even a released one, may need us recomputed: forgetting us would
+            # leave it with a dangling dependency (it would later run without its input)
+            return []
         recs: list = []
         for dts in ts.dependencies:
             dts.dependents.discard(ts)
@@ -1135,6 +1140,9 @@ class SchedulerState:
                 assert ts.exception is not None or ts.exception_blame is not None, ts
             if s in ("waiting", "processing", "queued", "no-worker"):
                 assert self._wanted(ts), ts
+            if s == "released":
+                # nobody wants it and nothing could need it recomputed: it leaked
+                assert self._wanted(ts) or ts.dependents, ("leaked", ts)
         assert n_queued == self.n_queued, (n_queued, self.n_queued)
 
 

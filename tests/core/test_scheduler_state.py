@@ -136,6 +136,42 @@ def test_diamond_dependents_go_to_the_holder_and_join_across_workers():
     assert s.tasks == {}
 
 
+def test_parts_of_a_graph_nobody_asked_for_are_dropped_and_resubmission_works():
+    """A dask graph is sent whole: asking for x of {x, y(x), z(x, y)} must not leave y and z
+    behind -- and asking for y later must still compute x first."""
+    s = with_workers(A)
+    tasks = graph(x=[], y=["x"], z=["x", "y"])
+    out = submit(s, tasks, keys=["x"])
+    assert set(s.tasks) == {"x"}
+    finish(s, A, "x")
+    step(s, ev.ClientReleasesKeys("c", ["x"]))
+    assert s.tasks == {}
+    out = submit(s, tasks, keys=["y"])
+    assert not sent(out, "compute-task", key="y")
+    assert one(out, "compute-task", key="x")
+    out = finish(s, A, "x")
+    assert one(out, "compute-task", key="y").msg["who_has"] == {"x": [A]}
+
+
+def test_a_released_dependent_keeps_its_dependencies():
+    """y (released, kept for z) must keep its link to x, else a recomputation of y would
+    run without its input."""
+    s = with_workers(A)
+    submit(s, graph(x=[], y=["x"], z=["y"]), keys=["z", "x"])
+    finish(s, A, "x")
+    finish(s, A, "y")
+    finish(s, A, "z")
+    assert s.tasks["y"].state == "released"
+    step(s, ev.ClientReleasesKeys("c", ["x"]))  # x: not wanted, but y may need it again
+    assert s.tasks["y"].dependencies == {s.tasks["x"]}
+    step(s, ev.RemoveWorker(A, "killed"))  # z is lost: y and then x are recomputed
+    assert s.tasks["z"].state == "waiting"
+    out = step(s, ev.AddWorker(B, 1))
+    w = one(out, "compute-task", key="x").to
+    out = finish(s, w, "x")
+    assert one(out, "compute-task", key="y").msg["who_has"] == {"x": [w]}
+
+
 def test_new_client_for_existing_key_in_memory_is_told_at_once():
     s = with_workers(A)
     out = submit(s, graph(x=[]), keys=["x"])
