@@ -82,6 +82,7 @@ class Scheduler:
         self.address = ""
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._listener = None
+        self._extra_listeners: list = []
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
         self._outbox: dict[str, list] = {}
         self._gathers: dict[str, dict] = {}  # request_id -> pending gather
@@ -101,22 +102,33 @@ class Scheduler:
         logger.info("scheduler at %s", self.address)
         return self
 
+    def add_listener(self, address: str) -> str:
+        """Also accept peers on ``address`` (e.g. ``inproc://`` for a client in this process
+        while workers come over ``mpi://``); returns the contactable address."""
+        lst = registry.listen(address, self._on_connect, self.security)
+        self._extra_listeners.append(lst)
+        return lst.address
+
     def __enter__(self) -> Scheduler:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, exit_code: int = 0) -> None:
+        """Close every worker (they exit with ``exit_code`` when run by the CLI or under
+        MPI), tell clients, stop listening."""
         if self._closed:
             return
         self._closed = True
-        if self._listener is not None:
-            self._listener.stop()
+        for lst in [self._listener, *self._extra_listeners]:
+            if lst is not None:
+                lst.stop()
 
         def shutdown() -> None:
             for addr in list(self.state.workers):
-                self._queue(addr, {"op": "close", "reason": "scheduler closing"})
+                self._queue(addr, {"op": "close", "reason": "scheduler closing",
+                                   "exit_code": exit_code})
             for cid in list(self.state.clients):
                 self._queue(cid, {"op": "scheduler-closing"})
 

@@ -139,6 +139,7 @@ class Worker:
         self._closed = threading.Event()
         self._close_lock = threading.Lock()
         self.close_reason = ""
+        self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
         self._started = 0.0
         self._retire_asked = False
         self._on_close = on_close
@@ -260,6 +261,7 @@ class Worker:
                     elif op == "get-data":
                         self._serve(self._scheduler_comm, msg)
                     elif op == "close":
+                        self.exit_code = int(msg.get("exit_code") or 0)
                         threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
                                          daemon=True).start()
                         return

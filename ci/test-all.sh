@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# test-all.sh - install hpcsched with its test dependencies, start the batch
+# systems the tests use (SLURM and Grid Engine on localhost, when run as root
+# on Debian), run the whole test suite, and stop the daemons it started.
+#
+# This is the README Quickstart's second command; .ci/run runs exactly it.
+# A pytest run that collects nothing (exit 5) counts as a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+echo "== installing hpcsched[mpi,test]"
+$PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test]' || exit 1
+
+started=()
+cleanup() {
+    for s in "${started[@]}"; do bash "ci/batch/stop-$s.sh" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
+
+require=()
+if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BATCH:-0}" != 1 ]; then
+    for s in slurm sge; do
+        echo "== starting $s on localhost (ci/batch/start-$s.sh)"
+        daemon=slurmctld; [ "$s" = sge ] && daemon=sge_qmaster
+        was_running=0
+        pgrep -x "$daemon" >/dev/null 2>&1 && was_running=1
+        if bash "ci/batch/start-$s.sh"; then
+            require+=("$s")
+            [ "$was_running" = 0 ] && started+=("$s")
+        else
+            echo "!! could not start $s: its tests will fail" >&2
+            require+=("$s")
+        fi
+    done
+else
+    echo "== not root on Debian (or HPCSCHED_SKIP_BATCH=1): SLURM/SGE tests will be skipped"
+fi
+export HPCSCHED_REQUIRE_BATCH=$(IFS=,; echo "${require[*]:-}")
+
+echo "== running the test suite"
+$PY -m pytest -q -p no:cacheprovider "$@"
+rc=$?
+if [ "$rc" = 5 ]; then
+    echo "!! pytest collected no tests: failing" >&2
+    rc=1
+fi
+exit "$rc"
