@@ -362,6 +362,10 @@ class BatchSystem:
     def to_state(self, native: str, exit_code: int | None) -> JobState:
         return self.states.get(native, JobState.UNKNOWN)
 
+    def job_output(self, log_text: str) -> str:
+        """Hook: the job's own output in its log file, without what the system added."""
+        return log_text
+
     def stuck_in_queue(self, native: str) -> bool:
         """Hook: a failed state in which the job stays queued until deleted (SGE's Eqw)."""
         return False

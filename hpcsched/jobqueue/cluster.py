@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from hpcsched.core import config
@@ -81,14 +82,18 @@ def scheduler_host(interface: str | None, host: str | None) -> str:
     return ip
 
 
-def read_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
+def read_tail(path: str, lines: int = LOG_TAIL_LINES,
+              clean: Callable[[str], str] | None = None) -> str:
+    """The last ``lines`` of a job's log; ``clean`` drops what the batch system appended."""
     try:
         with open(path, errors="replace") as f:
-            text = f.read()[-64 * 1024:]
+            text = f.read()[-256 * 1024:]
     except FileNotFoundError:
         return f"(log file {path} does not exist)"
     except OSError as e:
         return f"(cannot read log file {path}: {e})"
+    if clean is not None:
+        text = clean(text)
     return runner.tail(text, lines) or f"(log file {path} is empty)"
 
 
@@ -393,7 +398,7 @@ class JobQueueCluster(Cluster):
             (f", exit code {job.exit_code})" if job.exit_code is not None else ")")
         return (f"batch job {job.job_id} ({job.name}) {how} before any of its workers "
                 f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
-                f"{read_tail(job.log_file)}")
+                f"{read_tail(job.log_file, clean=self.system.job_output)}")
 
     def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
         """Block until ``n`` workers are connected; JobFailedError if a job died first."""

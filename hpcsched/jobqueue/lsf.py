@@ -106,6 +106,21 @@ class LSFSystem(BatchSystem):
         text = error.stderr + error.stdout
         return any(s in text for s in ("is not found", "has already finished", "No matching job"))
 
+    def job_output(self, log_text: str) -> str:
+        # LSF adds a mail-like job report to the -o file: after the output
+        # (LSB_STDOUT_DIRECT=Y) or before it, ending in "The output (if any) follows:"
+        marker = "The output (if any) follows:"
+        if marker in log_text:
+            return log_text.split(marker, 1)[1]
+        cut = log_text.rfind("\nSender: LSF System")
+        if cut >= 0:
+            dashes = log_text.rfind("\n---", 0, cut)
+            report = log_text[cut:]
+            status = [ln for ln in report.splitlines() if ln.startswith(("Exited", "Successfully",
+                                                                        "TERM_"))]
+            return log_text[:dashes if dashes >= 0 else cut] + "\n" + "\n".join(status)
+        return log_text
+
     def status_command(self, job_ids: list[str]) -> list[str]:
         return ["bjobs", "-o", "jobid jobindex stat exit_code", "-noheader", *job_ids]
 

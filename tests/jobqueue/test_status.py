@@ -267,3 +267,35 @@ def test_submit_command_extra():
     s.run_command = FakeRunner({"sbatch": "12\n"})
     assert s.submit("/j.sh", "") == "12"
     assert s.run_command.calls == [["sbatch", "--parsable", "--qos=debug", "/j.sh"]]
+
+
+LSF_REPORT = """hpcsched worker: scheduler at tcp://10.0.0.1:1 refused our credentials: wrong secret?
+
+------------------------------------------------------------
+Sender: LSF System <lsfadmin@vm>
+Subject: Job 1: <w-0> in cluster <c> Exited
+
+Your job looked like:
+
+------------------------------------------------------------
+# LSBATCH: User input
+#!/usr/bin/env bash
+------------------------------------------------------------
+
+Exited with exit code 1.
+
+Resource usage summary:
+
+    CPU time :                                   0.20 sec.
+"""
+
+
+def test_lsf_log_keeps_the_jobs_output_not_the_report():
+    s = LSFSystem(cores=1, memory="1GB")
+    out = s.job_output(LSF_REPORT)
+    assert "refused our credentials" in out and "Exited with exit code 1." in out
+    assert "Resource usage" not in out and "LSBATCH" not in out
+    before = ("Sender: LSF System <lsfadmin@vm>\nSubject: Job 2\n\nThe output (if any) follows:\n\n"
+              "Traceback: boom\n")
+    assert s.job_output(before).strip() == "Traceback: boom"
+    assert s.job_output("plain\n") == "plain\n"

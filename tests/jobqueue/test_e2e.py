@@ -1,0 +1,308 @@
+"""End to end: SLURMCluster / SGECluster against the real batch systems on localhost,
+PBSCluster / LSFCluster against the command emulators -- the same tests for all four.
+
+Every test checks with the batch system's own command (``squeue``, ``qstat``,
+``bjobs``), not through the adapter, that nothing it submitted is left, and the
+``batch`` fixture cancels whatever a failing test leaves behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from hpcsched.core import config
+from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster
+from hpcsched.jobqueue.job import JobState
+from hpcsched.jobqueue.lsf import LSFCluster
+from hpcsched.jobqueue.pbs import PBSCluster
+from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
+from hpcsched.jobqueue.sge import SGECluster
+from hpcsched.jobqueue.slurm import SLURMCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster}
+
+
+def _run(cmd: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
+
+
+def unfinished(system: str, env: dict[str, str] | None = None) -> set[str]:
+    """Numeric ids of this user's unfinished jobs, straight from the batch system."""
+    if system == "slurm":
+        out = _run(["squeue", "-h", "-o", "%i %T"], env).stdout
+        return {ln.split()[0].split("_")[0] for ln in out.splitlines()
+                if len(ln.split()) > 1 and ln.split()[1] not in ("COMPLETED", "CANCELLED",
+                                                                 "FAILED", "TIMEOUT")}
+    if system == "sge":
+        return {ln.split()[0] for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
+    if system == "pbs":  # without -x: unfinished jobs only
+        return {ln.split()[0].split("[")[0].split(".")[0]
+                for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
+    out = _run(["bjobs", "-noheader", "-o", "jobid"], env).stdout  # unfinished only
+    return {ln.strip() for ln in out.splitlines() if ln.strip().isdigit()}
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def numeric(job_id: str) -> str:
+    return job_id.split("_")[0].split("[")[0].split(".")[0]
+
+
+@dataclass
+class Batch:
+    system: str
+    log_dir: Path
+    env: dict[str, str]
+    clusters: list[JobQueueCluster] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)  # numeric ids this test submitted
+
+    def cluster(self, **kwargs) -> JobQueueCluster:
+        kw = dict(cores=1, memory="300MB", walltime="00:10:00", death_timeout=20,
+                  log_directory=str(self.log_dir))
+        kw.update(kwargs)
+        c = CLASSES[self.system](**kw)
+        self.clusters.append(c)
+        return c
+
+    def record(self, cluster: JobQueueCluster) -> set[str]:
+        ids = {numeric(j) for j in cluster.jobs}
+        self.ids |= ids
+        return ids
+
+    def assert_queue_empty(self, ids: set[str] | None = None, timeout: float = 30) -> None:
+        ids = self.ids if ids is None else ids
+        wait_for(lambda: not (ids & unfinished(self.system, self.env)), timeout,
+                 f"jobs {sorted(ids)} to leave the {self.system} queue "
+                 f"(still: {sorted(ids & unfinished(self.system, self.env))})")
+
+
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm),
+                        pytest.param("sge", marks=pytest.mark.sge), "pbs", "lsf"])
+def batch(request, tmp_path, monkeypatch, fast_poll):
+    system = request.param
+    env = dict(os.environ)
+    state = tmp_path / "emu-state"
+    if system in ("slurm", "sge"):
+        request.getfixturevalue(system)  # skip / fail loudly when not running
+    else:
+        if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
+            pytest.skip("the PBS/LSF emulators are not in this tree")
+        from tests.jobqueue.emulators import emulator_env
+
+        env = emulator_env(system, state)
+        for k, v in env.items():
+            if os.environ.get(k) != v:
+                monkeypatch.setenv(k, v)
+    b = Batch(system, tmp_path / "logs", env)
+    yield b
+    for c in b.clusters:
+        b.record(c)
+        c.close()
+    try:
+        b.assert_queue_empty()
+    finally:
+        if system in ("pbs", "lsf"):
+            from tests.jobqueue.emulators import cleanup
+
+            cleanup(state)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("job_array", [False, True], ids=["jobs", "array"])
+def test_scale_compute_scale_down(batch, job_array):
+    from hpcsched.core.client import Client
+
+    c = batch.cluster(job_array=job_array, processes=1)
+    c.scale(jobs=2)
+    ids = batch.record(c)
+    assert len(c.jobs) == 2 and len(ids) == (1 if job_array else 2)
+    c.wait_for_workers(2, timeout=60)
+    assert all(j.state is JobState.RUNNING or j.workers for j in c.jobs.values())
+    with Client(c) as client:
+        assert sum(client.gather(client.map(lambda x: x * 2, range(10)))) == 90
+    c.scale(0)
+    batch.assert_queue_empty(ids)
+    wait_for(lambda: not c.workers, 30, "workers to leave")
+    c.close()
+    assert not os.path.exists(c.secret_file)
+
+
+@pytest.mark.timeout(90)
+def test_two_workers_per_job_and_scale_by_workers(batch):
+    c = batch.cluster(cores=2, processes=2, memory="600MB")
+    c.scale(3)  # 3 workers = 2 whole jobs
+    batch.record(c)
+    assert len(c.jobs) == 2
+    c.wait_for_workers(4, timeout=60)
+    names = sorted(w["name"] for w in c.workers.values())
+    assert len(names) == 4 and all(c._job_of_worker(n) for n in names)
+    c.scale_down([next(iter(c.workers))])  # one worker's address: its whole job goes
+    wait_for(lambda: len(c.workers) == 2, 30, "the other job's 2 workers to remain")
+    assert sum(1 for j in c.jobs.values() if j.active) == 1
+
+
+@pytest.mark.timeout(90)
+def test_job_failing_at_start_is_reported_with_its_log(batch, caplog):
+    c = batch.cluster(job_script_prologue=["echo 'prologue: module python/9 not found' >&2",
+                                           "exit 3"])
+    c.scale(jobs=1)
+    batch.record(c)
+    t0 = time.monotonic()
+    with pytest.raises(JobFailedError) as info:
+        c.wait_for_workers(1, timeout=60)
+    assert time.monotonic() - t0 < 45
+    msg = str(info.value)
+    assert "before any of its workers connected" in msg
+    assert "exit code 3" in msg and "module python/9 not found" in msg
+    assert c.failed_jobs and c.failed_jobs[0].state is JobState.FAILED
+    assert "module python/9 not found" in caplog.text  # logged too
+    # not resubmitted in a loop: the target waits for the next scale()
+    time.sleep(3 * config.get("jobqueue.poll-interval"))
+    assert len(c.jobs) == 1
+
+
+@pytest.mark.timeout(90)
+def test_worker_that_cannot_reach_the_scheduler_exits_naming_the_address(batch):
+    c = batch.cluster(death_timeout=3)
+    c.scheduler_address = "tcp://127.0.0.1:9"  # nothing listens there
+    c.scale(jobs=1)
+    batch.record(c)
+    with pytest.raises(JobFailedError) as info:
+        c.wait_for_workers(1, timeout=60)
+    msg = str(info.value)
+    assert "could not reach the scheduler at tcp://127.0.0.1:9" in msg
+    assert "death_timeout=3" in msg
+
+
+@pytest.mark.timeout(90)
+def test_wrong_secret_is_refused(batch):
+    c = batch.cluster(death_timeout=5)
+    with open(c.secret_file, "w") as f:
+        f.write("ab" * 32)
+    c.scale(jobs=1)
+    batch.record(c)
+    with pytest.raises(JobFailedError, match="refused our credentials"):
+        c.wait_for_workers(1, timeout=60)
+    assert not c.workers
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["sigterm", "exit", "gc"])
+def test_client_process_ending_leaves_no_job(batch, how):
+    """SIGTERM, a plain exit without close(), garbage collection: jobs are cancelled."""
+    code = textwrap.dedent(f"""
+        import gc, sys, time
+        from hpcsched.core import config
+        from hpcsched.jobqueue.{batch.system} import {CLASSES[batch.system].__name__} as C
+        with config.set({{"jobqueue.poll-interval": 0.2}}):
+            c = C(cores=1, memory="300MB", walltime="00:10:00", log_directory={str(batch.log_dir)!r})
+            c.scale(jobs=2)
+            print(" ".join(c.jobs), flush=True)
+            c.wait_for_workers(2, timeout=60)
+            print("ready", flush=True)
+            if {how!r} == "gc":
+                del c
+                gc.collect()
+                print("collected", flush=True)
+            if {how!r} == "sigterm":
+                time.sleep(120)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=batch.env, cwd=ROOT)
+    try:
+        ids = {numeric(j) for j in proc.stdout.readline().split()}
+        batch.ids |= ids
+        assert len(ids) == 2, proc.stderr.read() if proc.poll() is not None else "no job ids"
+        assert proc.stdout.readline().strip() == "ready"
+        assert ids <= unfinished(batch.system, batch.env)
+        if how == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == -signal.SIGTERM  # still dies of SIGTERM after cleanup
+        elif how == "gc":
+            assert proc.stdout.readline().strip() == "collected"
+            batch.assert_queue_empty(ids)  # before the process exits
+            assert proc.wait(30) == 0
+        else:
+            assert proc.wait(30) == 0
+        batch.assert_queue_empty(ids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.timeout(90)
+def test_submit_that_errors_raises_and_submits_nothing(batch):
+    bad = {"slurm": ["-p nosuchpartition"], "sge": ["-q nosuchqueue"],
+           "pbs": ["-q nosuchqueue"], "lsf": ["-q nosuchqueue"]}[batch.system]
+    c = batch.cluster(job_extra_directives=bad)
+    with pytest.raises(BatchCommandError, match="exit status"):
+        c.scale(jobs=1)
+    assert c.jobs == {}
+
+
+@pytest.mark.timeout(60)
+def test_missing_submit_command_raises_before_anything_starts(batch, monkeypatch, tmp_path):
+    import threading
+
+    before = threading.active_count()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    exe = CLASSES[batch.system].system_class.submit_command[0]
+    with pytest.raises(FileNotFoundError, match=f"{exe} not found on PATH"):
+        batch.cluster()
+    assert threading.active_count() == before  # no scheduler, no poller
+
+
+@pytest.mark.timeout(60)
+def test_hanging_status_command_times_out(batch, tmp_path, monkeypatch):
+    c = batch.cluster()
+    c.scale(jobs=1)
+    batch.record(c)
+    hang = tmp_path / "hang-bin"
+    hang.mkdir()
+    status_cmd = c.system.status_command(["1"])[0]
+    (hang / status_cmd).write_text("#!/bin/sh\nsleep 300\n")
+    (hang / status_cmd).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{hang}{os.pathsep}{os.environ['PATH']}")
+    with config.set({"jobqueue.command-timeout": 1}):
+        t0 = time.monotonic()
+        with pytest.raises(BatchCommandTimeout, match=f"{status_cmd}.*did not finish within 1 s"):
+            c.poll()
+        assert time.monotonic() - t0 < 10
+    monkeypatch.setenv("PATH", batch.env["PATH"])
+    c.close()  # cancelling still works
+
+
+@pytest.mark.timeout(90)
+def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
+    if batch.system != "slurm":
+        pytest.skip("cluster logic, same on every system: run once")
+    c = batch.cluster()
+    c.scale(jobs=1)
+    c.wait_for_workers(1, timeout=60)
+    (first,) = list(c.jobs)
+    name = next(iter(c.workers.values()))["name"]
+    c.scheduler.retire_workers(names=[name])  # as at walltime: the worker leaves, the job ends
+    wait_for(lambda: len(c.jobs) == 2, 30, "a replacement job")
+    c.wait_for_workers(1, timeout=60)
+    batch.record(c)
+    assert c.jobs[first].ended and not c.failed_jobs
