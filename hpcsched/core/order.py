@@ -19,17 +19,21 @@ rules would run the graph:
         |   |
         a   d
 
-2. Among the dependencies of a task (and among outputs), the one on which the
-   most depends comes first: most transitive dependents (a cheap over-counting
-   proxy: sums over dependents), then the longest chain of dependents above it,
-   then the longest chain of dependencies below it, then the biggest subgraph
-   below it (a big subtree computed first is held while a small one is
-   computed, not the other way round). Ties fall back to the graph's insertion
-   order, never to key names.
+2. Among the dependencies of a task, the one on which the most depends comes
+   first: the longest critical path through it (chain of dependencies below
+   plus chain of dependents above), then the most transitive dependents (a
+   cheap over-counting proxy: sums over dependents), then the longest chain
+   below, then the biggest subgraph below (a big subtree computed first is
+   held while a small one is computed, not the other way round). Outputs
+   start by the longest chain, then the smallest subgraph (an end of a
+   map-overlap rather than its middle). Ties fall back to the graph's
+   insertion order, never to key names. (On random DAGs the critical path
+   first gave lower peaks than dependents first; both are in the key.)
 
 3. Eager reductions: when a task is emitted, any ready task that would be the
-   last consumer of one of its inputs is emitted next (running it can only
-   lower the number of results held)::
+   last consumer of one of its inputs, or that is an output (handed over at
+   once), is emitted next: running it never raises the number of results
+   held for long::
 
         ab  cd           a b ab c d cd: ab runs as soon as a and b exist
         /\  /\
