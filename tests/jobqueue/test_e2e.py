@@ -204,9 +204,9 @@ def test_wrong_secret_is_refused(batch):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["sigterm", "exit", "gc"])
+@pytest.mark.parametrize("how", ["sigterm", "sigint", "exit", "gc"])
 def test_client_process_ending_leaves_no_job(batch, how):
-    """SIGTERM, a plain exit without close(), garbage collection: jobs are cancelled."""
+    """SIGTERM, Ctrl-C, a plain exit without close(), garbage collection: jobs are cancelled."""
     code = textwrap.dedent(f"""
         import gc, sys, time
         from hpcsched.core import config
@@ -221,7 +221,7 @@ def test_client_process_ending_leaves_no_job(batch, how):
                 del c
                 gc.collect()
                 print("collected", flush=True)
-            if {how!r} == "sigterm":
+            if {how!r} in ("sigterm", "sigint"):
                 time.sleep(120)
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -235,6 +235,10 @@ def test_client_process_ending_leaves_no_job(batch, how):
         if how == "sigterm":
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(30) == -signal.SIGTERM  # still dies of SIGTERM after cleanup
+        elif how == "sigint":  # KeyboardInterrupt ends the script: cancelled at exit
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(30) == -signal.SIGINT  # Python re-raises it after finalizing
+            assert "KeyboardInterrupt" in proc.stderr.read()
         elif how == "gc":
             assert proc.stdout.readline().strip() == "collected"
             batch.assert_queue_empty(ids)  # before the process exits
@@ -306,3 +310,22 @@ def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
     c.wait_for_workers(1, timeout=60)
     batch.record(c)
     assert c.jobs[first].ended and not c.failed_jobs
+
+
+def test_scale_down_cancels_pending_jobs_first(batch, monkeypatch):
+    if batch.system not in ("pbs", "lsf"):
+        pytest.skip("needs a queue that keeps jobs pending: the emulators' max-running knob")
+    monkeypatch.setenv("HPCSCHED_EMU_MAX_RUNNING", "1")
+    c = batch.cluster()
+    c.scale(jobs=3)
+    batch.record(c)
+    c.wait_for_workers(1, timeout=60)
+    wait_for(lambda: (c.poll() or True) and sorted(j.state.value for j in c.jobs.values())
+             == ["pending", "pending", "running"], 30, "1 running and 2 pending jobs")
+    (running,) = [j for j in c.jobs.values() if j.state is JobState.RUNNING]
+    c.scale(jobs=1)
+    assert [j.job_id for j in c.jobs.values() if j.active] == [running.job_id]
+    pending_ids = {numeric(j.job_id) for j in c.jobs.values() if j is not running}
+    batch.assert_queue_empty(pending_ids)
+    assert numeric(running.job_id) in unfinished(batch.system, batch.env)
+    assert len(c.workers) == 1
