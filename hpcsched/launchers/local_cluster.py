@@ -106,6 +106,13 @@ class LocalCluster(Cluster):
         if self.resources:
             cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
         env = dict(os.environ)
+        # workers import what the client can import (modules next to the user's script)
+        paths = [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
+                 and not p.startswith(sys.base_prefix)]
+        if env.get("PYTHONPATH"):
+            paths.append(env["PYTHONPATH"])
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env.update(self.worker_env)
         env.pop("HPCSCHED_SECRET_FILE", None)
         if self.security and self.security.secret:
