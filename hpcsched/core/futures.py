@@ -1,0 +1,331 @@
+"""Futures: handles on remote results, and the ways to wait for many of them.
+
+A :class:`Future` only knows its key and its client; the client's reader
+thread moves its :class:`FutureState` along (pending -> finished | error |
+cancelled, or back to pending when the data was lost and is recomputed).
+``wait``, ``as_completed`` and ``progress`` work on any mix of futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import queue
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
+
+logger = logging.getLogger("hpcsched.client")
+
+
+class CancelledError(cf.CancelledError):
+    pass
+
+
+class _RemoteTraceback(Exception):
+    def __init__(self, tb: str):
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class FutureState:
+    __slots__ = ("status", "event", "exception", "traceback", "typename", "callbacks", "lock",
+                 "exception_text")
+
+    def __init__(self) -> None:
+        self.status = "pending"
+        self.event = threading.Event()
+        self.exception: Any = None
+        self.traceback = ""
+        self.exception_text = ""
+        self.typename = ""
+        self.callbacks: list = []
+        self.lock = threading.Lock()
+
+    def _done(self) -> list:
+        self.event.set()
+        with self.lock:
+            cbs, self.callbacks = self.callbacks, []
+        return cbs
+
+    def finish(self, typename: str = "") -> list:
+        self.status = "finished"
+        self.typename = typename
+        return self._done()
+
+    def error(self, exception: Any, traceback: str, text: str) -> list:
+        self.status = "error"
+        self.exception = exception
+        self.traceback = traceback
+        self.exception_text = text
+        return self._done()
+
+    def cancel(self) -> list:
+        self.status = "cancelled"
+        return self._done()
+
+    def lose(self) -> None:
+        self.status = "lost"
+        self.event.clear()
+
+    def done(self) -> bool:
+        return self.event.is_set()
+
+
+class Future:
+    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
+
+    __slots__ = ("key", "client", "_state", "__weakref__")
+
+    def __init__(self, key: Any, client: Client, state: FutureState | None = None):
+        self.key = key
+        self.client = client
+        self._state = state or client._state_for(key)
+        client._inc_ref(key)
+
+    @property
+    def status(self) -> str:
+        return self._state.status
+
+    def done(self) -> bool:
+        return self._state.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.client._gather_one(self, timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._state.event.wait(timeout):
+            raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
+        if self._state.status != "error":
+            return None
+        return self.client._exception_of(self._state)
+
+    def traceback(self) -> str:
+        return self._state.traceback
+
+    def cancel(self) -> None:
+        self.client.cancel([self])
+
+    def cancelled(self) -> bool:
+        return self._state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """Call ``fn(future)`` when done (at once if already done), in a client thread."""
+        st = self._state
+        with st.lock:
+            if not st.event.is_set():
+                st.callbacks.append((weakref.ref(self), fn, self))
+                return
+        _run_callback(fn, self)
+
+    def __del__(self) -> None:
+        try:
+            self.client._dec_ref(self.key)
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        return f"<Future: {self.status}, key: {self.key!r}>"
+
+    def __await__(self):  # pragma: no cover - convenience for notebooks with asyncio
+        import asyncio
+
+        return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
+
+
+def _run_callback(fn: Callable, fut: Future) -> None:
+    try:
+        fn(fut)
+    except Exception:
+        logger.exception("done callback %r of %r failed", fn, fut)
+
+
+class ClientExecutor(cf.Executor):
+    """``concurrent.futures`` on top of a Client."""
+
+    def __init__(self, client: Client, **submit_kwargs: Any):
+        self.client = client
+        self.kwargs = submit_kwargs
+        self._futures: set[Future] = set()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
+        cfut: cf.Future = cf.Future()
+        cfut.set_running_or_notify_cancel()
+        with self._lock:
+            self._futures.add(fut)
+
+        def done(f: Future) -> None:
+            with self._lock:
+                self._futures.discard(f)
+            try:
+                cfut.set_result(f.result())
+            except BaseException as e:  # noqa: BLE001
+                if not cfut.done():
+                    cfut.set_exception(e)
+
+        fut.add_done_callback(done)
+        return cfut
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._shutdown = True
+        with self._lock:
+            fs = list(self._futures)
+        if cancel_futures and fs:
+            self.client.cancel(fs)
+        elif wait:
+            wait_futures(fs)
+
+
+class DoneAndNotDoneFutures(NamedTuple):
+    done: set
+    not_done: set
+
+
+def wait_futures(fs: Any, timeout: float | None = None,
+                 return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
+    flat: list[Future] = []
+    _collect_futures(fs, flat)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == "ALL_COMPLETED":
+        for f in flat:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not f._state.event.wait(left):
+                raise TimeoutError(f"futures not done within {timeout}s")
+    elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
+        done_event = threading.Event()
+        for f in flat:
+            f.add_done_callback(lambda _f: done_event.set())
+        if not any(f.done() for f in flat):
+            done_event.wait(timeout)
+    else:
+        raise ValueError(f"unknown return_when {return_when!r}")
+    done = {f for f in flat if f.done()}
+    return DoneAndNotDoneFutures(done, set(flat) - done)
+
+
+wait = wait_futures
+
+
+class as_completed(Iterator):  # noqa: N801 - dask's name
+    """Iterate over futures in the order they finish; ``add`` more while iterating."""
+
+    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
+                 raise_errors: bool = True):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._count = 0
+        self._lock = threading.Lock()
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        with self._lock:
+            self._count += 1
+        future.add_done_callback(self._queue.put)
+
+    def update(self, futures: Iterable[Future]) -> None:
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        return self._count
+
+    def is_empty(self) -> bool:
+        return self._count == 0
+
+    def __iter__(self) -> as_completed:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._count == 0:
+                raise StopIteration
+            self._count -= 1
+        f = self._queue.get()
+        if self.with_results:
+            try:
+                return f, f.result()
+            except Exception as e:
+                if self.raise_errors:
+                    raise
+                return f, e
+        return f
+
+    def next_batch(self, block: bool = True) -> list:
+        out = [next(self)] if block and self._count else []
+        while True:
+            try:
+                f = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            with self._lock:
+                self._count -= 1
+            out.append((f, f.result()) if self.with_results else f)
+
+
+def progress(futures: Any, file: Any = None, interval: float = 0.2) -> None:
+    """A text progress bar on stderr until ``futures`` are done."""
+    flat: list[Future] = []
+    _collect_futures(futures, flat)
+    file = file or sys.stderr
+    n = len(flat)
+    done_event = threading.Event()
+    remaining = [n]
+    lock = threading.Lock()
+
+    def one(_f: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                done_event.set()
+
+    for f in flat:
+        f.add_done_callback(one)
+    while True:
+        finished = done_event.wait(interval) or n == 0
+        k = n - remaining[0]
+        bar = "#" * int(40 * k / max(n, 1))
+        print(f"\r[{bar:<40}] {k}/{n}", end="", file=file, flush=True)
+        if finished:
+            print(file=file)
+            return
+
+
+def _collect_futures(x: Any, out: list) -> None:
+    if isinstance(x, Future):
+        out.append(x)
+    elif isinstance(x, (list, tuple, set, frozenset)):
+        for i in x:
+            _collect_futures(i, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _collect_futures(v, out)
+
+
+def _pack_futures(x: Any, values: dict, errors: str) -> Any:
+    if isinstance(x, Future):
+        return values.get(x.key)
+    if isinstance(x, list):
+        return [_pack_futures(i, values, errors) for i in x
+                if errors == "raise" or not isinstance(i, Future) or i.key in values]
+    if isinstance(x, tuple):
+        return tuple(_pack_futures(i, values, errors) for i in x)
+    if isinstance(x, (set, frozenset)):
+        return type(x)(_pack_futures(i, values, errors) for i in x)
+    if isinstance(x, dict):
+        return {k: _pack_futures(v, values, errors) for k, v in x.items()}
+    return x
