@@ -200,6 +200,7 @@ class SchedulerState:
         self._steal_targets: dict[Key, WorkerInfo] = {}
         self.transition_log: list[tuple] = []  # (key, start, finish) -- only when log_transitions
         self.log_transitions = False
+        self._deferred_ready: list[TaskState] | None = None  # see _update_graph
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
@@ -380,7 +381,16 @@ class SchedulerState:
         new_wanted = sorted((ts for ts in new if ts.state == "released" and self._wanted(ts)),
                             key=lambda t: t.priority, reverse=True)
         recs += [(ts, "waiting") for ts in new_wanted]
-        self._transitions(recs)
+        # tasks made ready by this graph go to workers (or the queue) in priority order, not
+        # in the order the walk down from the requested keys reaches them: with queuing the
+        # first ones take the free slots, with co-assignment consecutive ones share a worker
+        self._deferred_ready = []
+        try:
+            self._transitions(recs)
+        finally:
+            ready, self._deferred_ready = self._deferred_ready, None
+        ready.sort(key=lambda t: t.priority)
+        self._transitions([(ts, "waiting-ready") for ts in ready])
         # parts of the graph no requested key needs (a dask graph is sent whole) go at once
         self._transitions([(ts, "forgotten") for ts in new
                            if ts.state == "released" and not self._wanted(ts)])
@@ -587,6 +597,8 @@ class SchedulerState:
             dts.waiting_on.discard(ts)
             if dts.state == "waiting" and not dts.waiting_on:
                 recs.append((dts, "waiting-ready"))
+        if len(recs) > 1:
+            recs.sort(key=lambda r: r[0].priority)  # several made ready: best priority first
         for dts in ts.dependencies:
             dts.waiters.discard(ts)
             if not dts.waiters and not dts.who_wants and dts.state in ("memory", "erred"):
@@ -688,6 +700,9 @@ class SchedulerState:
             if finish == "waiting":
                 new = self._released_to_waiting(ts)
             elif finish == "waiting-ready":
+                if self._deferred_ready is not None:
+                    self._deferred_ready.append(ts)
+                    continue
                 new = self._ready(ts) if ts.state in ("waiting", "no-worker") and \
                     not ts.waiting_on else []
             elif finish == "released":
