@@ -1,0 +1,143 @@
+"""Fixtures shared by the whole test suite.
+
+* ``cluster`` / ``client``: a fresh ``LocalCluster(processes=True, n_workers=2,
+  threads_per_worker=1)`` (real worker processes over authenticated TCP) and a
+  Client on it, both closed in ``finally`` — for tests that break things.
+* ``shared_cluster`` / ``shared_client``: the same, once per test module, for
+  tests that leave the cluster as they found it (worker start-up costs ~1 s).
+* ``no_leaked_processes`` (autouse, per test and per module): no hpcsched
+  scheduler or worker process started during a test (or a module) outlives it.
+* ``wait_until(predicate, timeout)``: poll a condition with a deadline (tests
+  wait on conditions, never on bare sleeps).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import pytest
+
+LEAK_GRACE = 10.0  # seconds a process may take to exit after its owner closed it
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker_env() -> dict[str, str]:
+    """Environment for worker processes: functions defined in test modules are pickled by
+    reference, so workers must be able to import ``tests.*`` wherever pytest was started."""
+    path = os.environ.get("PYTHONPATH")
+    return {"PYTHONPATH": REPO + (os.pathsep + path if path else "")}
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+               what: str = "condition") -> Any:
+    """Return ``predicate()`` once truthy; raise TimeoutError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s")
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.25)
+
+
+def hpcsched_children() -> dict[int, str]:
+    """pid -> command line of every hpcsched scheduler/worker process below this one."""
+    out = {}
+    for p in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        text = " ".join(cmd)
+        if "hpcsched" in text and ("worker" in cmd or "scheduler" in cmd):
+            out[p.pid] = text
+    return out
+
+
+def _check_no_new_children(before: dict[int, str], where: str) -> None:
+    def leaked() -> dict[int, str]:
+        return {pid: cmd for pid, cmd in hpcsched_children().items() if pid not in before}
+
+    try:
+        wait_until(lambda: not leaked(), timeout=LEAK_GRACE, what="no leaked processes")
+    except TimeoutError:
+        left = leaked()
+        for pid in left:  # end them, so one leak does not fail every later test
+            try:
+                psutil.Process(pid).kill()
+            except psutil.NoSuchProcess:
+                pass
+        pytest.fail(f"{where} left hpcsched processes running: {left}")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = hpcsched_children()
+    yield
+    _check_no_new_children(before, request.node.nodeid)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_leaked_processes_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    before = hpcsched_children()
+    yield
+    _check_no_new_children(before, f"module {request.module.__name__}")
+
+
+def _local_cluster(**kw: Any) -> Any:
+    from hpcsched.launchers.local_cluster import LocalCluster
+
+    kw.setdefault("n_workers", 2)
+    kw.setdefault("threads_per_worker", 1)
+    kw.setdefault("processes", True)
+    kw.setdefault("timeout", 60)
+    kw.setdefault("worker_env", worker_env())
+    return LocalCluster(**kw)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Any]:
+    c = _local_cluster()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def client(cluster: Any) -> Iterator[Any]:
+    from hpcsched.core.client import Client
+
+    cl = Client(cluster, set_as_default=False)
+    try:
+        yield cl
+    finally:
+        cl.close()
+
+
+@pytest.fixture(scope="module")
+def shared_cluster() -> Iterator[Any]:
+    c = _local_cluster()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def shared_client(shared_cluster: Any) -> Iterator[Any]:
+    from hpcsched.core.client import Client
+
+    cl = Client(shared_cluster, set_as_default=False)
+    try:
+        yield cl
+    finally:
+        cl.close()
