@@ -249,6 +249,7 @@ class SchedulerState:
             return
         self.total_nthreads -= ws.nthreads
         graceful = ws.status == "closing_gracefully"
+        ws.status = "closed"  # objects that still point to it (a TaskGroup's last worker) skip it
         self.retiring.pop(ws.address, None)
         recs: list = []
         for ts in list(ws.processing):
@@ -1134,6 +1135,7 @@ class SchedulerState:
                 assert not ts.who_has, (ts, ts.who_has)
             if s == "processing":
                 assert ts.processing_on is not None and ts in ts.processing_on.processing, ts
+                assert self.workers.get(ts.processing_on.address) is ts.processing_on, ts
                 assert all(d.state == "memory" for d in ts.dependencies), ts
             else:
                 assert ts.processing_on is None, ts
