@@ -101,6 +101,7 @@ class Client:
         self._requests: dict[str, tuple[threading.Event, list]] = {}
         self._ids = itertools.count()
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
+        self._callback_q: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self.status = "connecting"
         try:
@@ -120,8 +121,11 @@ class Client:
                                         daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name=f"{self.id}-sender",
                                         daemon=True)
+        self._callback_thread = threading.Thread(target=self._callback_loop,
+                                                 name=f"{self.id}-callbacks", daemon=True)
         self._reader.start()
         self._sender.start()
+        self._callback_thread.start()
         self._handle([reply] if isinstance(reply, dict) else reply)
         self.status = "running"
         if set_as_default:
@@ -252,10 +256,20 @@ class Client:
                 logger.warning("client: unknown message %r", op)
 
     def _callbacks(self, cbs: list) -> None:
-        for ref, fn, _strong in cbs:
-            fut = ref()
-            if fut is not None:
-                _run_callback(fn, fut)
+        """Done callbacks run on their own thread: one that calls ``result()`` (which needs
+        the reader thread) must not block the reader."""
+        if cbs:
+            self._callback_q.put(cbs)
+
+    def _callback_loop(self) -> None:
+        while True:
+            cbs = self._callback_q.get()
+            if cbs is None:
+                return
+            for ref, fn, _strong in cbs:
+                fut = ref()
+                if fut is not None:
+                    _run_callback(fn, fut)
 
     def _request(self, msg: dict, rid: str, timeout: float | None) -> dict:
         event = threading.Event()
@@ -578,6 +592,7 @@ class Client:
         self._closed = True
         self.status = "closed"
         self._outq.put(None)
+        self._callback_q.put(None)
         self._comm.close()
         self._sender.join(timeout)
         self._reader.join(timeout)
