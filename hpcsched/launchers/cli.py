@@ -179,7 +179,7 @@ def scheduler_main(argv: list[str]) -> int:
 
     host = args.host
     if args.interface:
-        from hpcsched.jobqueue.base import interface_address
+        from hpcsched.jobqueue.cluster import interface_address
 
         host = interface_address(args.interface)
     host = host or default_host()
