@@ -201,6 +201,9 @@ class SchedulerState:
         self.transition_log: list[tuple] = []  # (key, start, finish) -- only when log_transitions
         self.log_transitions = False
         self._deferred_ready: list[TaskState] | None = None  # see _update_graph
+        # running workers, rebuilt only when a worker joins, leaves or changes status: building
+        # it per decision made every task cost O(workers)
+        self._running_cache: list[WorkerInfo] | None = None
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
@@ -226,6 +229,7 @@ class SchedulerState:
         ws = WorkerInfo(e.address, e.nthreads, e.memory_limit, e.name, e.host, e.resources,
                         e.pid, e.now)
         self.workers[ws.address] = ws
+        self._running_cache = None
         self.total_nthreads += ws.nthreads
         self._push_free(ws)
         recs: list = []
@@ -250,6 +254,7 @@ class SchedulerState:
         self.total_nthreads -= ws.nthreads
         graceful = ws.status == "closing_gracefully"
         ws.status = "closed"  # objects that still point to it (a TaskGroup's last worker) skip it
+        self._running_cache = None
         self.retiring.pop(ws.address, None)
         recs: list = []
         for ts in list(ws.processing):
@@ -766,10 +771,15 @@ class SchedulerState:
         return []
 
     def _any_running(self) -> bool:
-        return any(ws.status == "running" for ws in self.workers.values())
+        return bool(self._running())
 
     def _running(self) -> list[WorkerInfo]:
-        return [ws for ws in self.workers.values() if ws.status == "running"]
+        """Running workers (cached; callers must not modify the list)."""
+        r = self._running_cache
+        if r is None:
+            r = self._running_cache = [ws for ws in self.workers.values()
+                                       if ws.status == "running"]
+        return r
 
     def _decide_worker(self, ts: TaskState) -> WorkerInfo | None:
         if not self.workers:
@@ -1011,6 +1021,7 @@ class SchedulerState:
             if ws is None:
                 continue
             ws.status = "closing_gracefully"
+            self._running_cache = None
             self.retiring[address] = {"request_id": e.request_id, "requester": e.requester,
                                       "start": e.now, "close": e.close, "sent": set()}
         # tasks not yet started on retiring workers go elsewhere
@@ -1046,6 +1057,7 @@ class SchedulerState:
         if unique and not survivors and not timed_out:
             # nowhere to put the data: give up retiring this one (it keeps the results)
             ws.status = "running"
+            self._running_cache = None
             del self.retiring[ws.address]
             self._push_free(ws)
             self._slots_opened[ws] = None
@@ -1114,6 +1126,9 @@ class SchedulerState:
             nbytes = sum(max(ts.nbytes, 0) for ts in ws.has_what)
             assert ws.nbytes == nbytes, (ws, ws.nbytes, nbytes)
         assert total == self.total_nthreads, (total, self.total_nthreads)
+        if self._running_cache is not None:
+            assert self._running_cache == [ws for ws in self.workers.values()
+                                           if ws.status == "running"], "stale running workers"
         n_queued = 0
         for key, ts in self.tasks.items():
             assert ts.key == key
