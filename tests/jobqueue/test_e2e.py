@@ -297,9 +297,9 @@ def test_hanging_status_command_times_out(batch, tmp_path, monkeypatch):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm)], indirect=True)
 def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
-    if batch.system != "slurm":
-        pytest.skip("cluster logic, same on every system: run once")
+    """Cluster logic, the same on every system: run once."""
     c = batch.cluster()
     c.scale(jobs=1)
     c.wait_for_workers(1, timeout=60)
@@ -312,9 +312,9 @@ def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
     assert c.jobs[first].ended and not c.failed_jobs
 
 
+@pytest.mark.parametrize("batch", ["pbs", "lsf"], indirect=True)
 def test_scale_down_cancels_pending_jobs_first(batch, monkeypatch):
-    if batch.system not in ("pbs", "lsf"):
-        pytest.skip("needs a queue that keeps jobs pending: the emulators' max-running knob")
+    """Needs a queue that keeps jobs pending: the emulators' max-running knob."""
     monkeypatch.setenv("HPCSCHED_EMU_MAX_RUNNING", "1")
     c = batch.cluster()
     c.scale(jobs=3)
