@@ -1,0 +1,182 @@
+"""The command line, as a user on a login node runs it: real ``hpcsched`` processes.
+
+``hpcsched scheduler --scheduler-file F`` and ``hpcsched worker --scheduler-file
+F`` started as subprocesses, a Client joining through the file; every process a
+test starts is killed in ``finally``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcsched.core.client import Client, read_scheduler_file
+from tests.conftest import wait_until, worker_env
+
+HPCSCHED = shutil.which("hpcsched")
+# explicit threads and memory: no resource detection in these tests
+WORKER_OPTS = ["--nthreads", "1", "--memory-limit", "0"]
+
+
+def inc(x):
+    return x + 1
+
+
+class Procs:
+    """Starts subprocesses with output to files; ``kill_all`` ends whatever is left."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, args: list[str], name: str, **kw: Any) -> subprocess.Popen:
+        env = dict(os.environ)
+        env.update(worker_env())
+        for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE", "HPCSCHED_SCHEDULER_FILE",
+                    "HPCSCHED_SCHEDULER_ADDRESS"):
+            env.pop(var, None)
+        env.update(kw.pop("env", {}))
+        out = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        p = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
+                             stdin=subprocess.DEVNULL, env=env, **kw)
+        out.close()
+        self.procs.append(p)
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def kill_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Procs]:
+    ps = Procs(tmp_path)
+    try:
+        yield ps
+    finally:
+        ps.kill_all()
+
+
+def hpcsched_cmd() -> list[str]:
+    return [HPCSCHED] if HPCSCHED else [sys.executable, "-m", "hpcsched"]
+
+
+def start_scheduler(procs: Procs, sfile: Path) -> subprocess.Popen:
+    p = procs.start([*hpcsched_cmd(), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                     "--scheduler-file", str(sfile)], "scheduler")
+    wait_until(lambda: sfile.exists() or p.poll() is not None, timeout=30,
+               what="the scheduler file")
+    assert p.poll() is None, procs.log("scheduler")
+    return p
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def n_workers(client: Client) -> int:
+    return len(client.scheduler_info()["workers"])
+
+
+# ---------------------------------------------------------------- tests
+@pytest.mark.timeout(90)
+def test_scheduler_file_workers_and_a_client(procs, tmp_path):
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    assert stat.S_IMODE(os.stat(sfile).st_mode) == 0o600
+    address, security = read_scheduler_file(str(sfile))
+    assert address.startswith("tcp://127.0.0.1:")
+    assert security is not None and security.secret
+    assert security.secret_hex() not in procs.log("scheduler")  # never printed
+    for i in range(2):
+        procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file", str(sfile),
+                     "--name", f"cli-{i}", *WORKER_OPTS], f"worker-{i}")
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=30)
+        names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+        assert names == ["cli-0", "cli-1"]
+        assert sum(client.gather(client.map(inc, range(100)), timeout=30)) == 5050
+    # worker processes do not carry the secret on their command line
+    for p in procs.procs:
+        assert security.secret_hex() not in " ".join(map(str, p.args))
+
+
+@pytest.mark.timeout(60)
+def test_worker_to_an_address_where_nothing_listens_exits_with_the_address(procs):
+    address = f"tcp://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    p = procs.start([sys.executable, "-m", "hpcsched", "worker", address, "--death-timeout", "2",
+                     *WORKER_OPTS], "lonely")
+    code = p.wait(30)
+    assert code != 0
+    assert time.monotonic() - t0 < 20
+    assert address in procs.log("lonely")
+
+
+@pytest.mark.timeout(90)
+def test_nworkers_starts_named_workers_and_sigterm_ends_them(procs, tmp_path):
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    parent = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                          str(sfile), "--nworkers", "2", "--name", "grp", *WORKER_OPTS],
+                         "workers")
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=30)
+        names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
+        assert names == ["grp-0", "grp-1"]
+        assert client.submit(inc, 1).result(timeout=30) == 2
+        parent.send_signal(signal.SIGTERM)
+        parent.wait(20)
+        wait_until(lambda: n_workers(client) == 0, timeout=20, what="the workers to leave")
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_to_the_scheduler_ends_it_and_its_workers(procs, tmp_path):
+    sfile = tmp_path / "scheduler.json"
+    sched = start_scheduler(procs, sfile)
+    workers = [procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                            str(sfile), *WORKER_OPTS], f"w{i}") for i in range(2)]
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=30)
+        sched.send_signal(signal.SIGTERM)
+        assert sched.wait(20) == 0
+        for w in workers:
+            w.wait(20)
+        assert not sfile.exists()  # the scheduler removes its file
+        wait_until(lambda: client.status != "running", timeout=10,
+                   what="the client to notice the scheduler left")
+
+
+def test_help_and_usage_errors(procs):
+    out = subprocess.run([*hpcsched_cmd(), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and "hpcsched scheduler" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "hpcsched", "worker"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode != 0 and "--scheduler-file" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "hpcsched", "worker", "tcp://127.0.0.1:1",
+                          "--resources", "GPU"], capture_output=True, text=True, timeout=30)
+    assert out.returncode != 0 and "GPU" in out.stderr
