@@ -52,8 +52,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from hpcsched.core import config, serialize
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import (
@@ -439,7 +437,10 @@ class Endpoint:
                         f"MPI rank {source} sent a data frame of {status.Get_count(MPI.BYTE)} "
                         f"bytes where its header announced {nbytes}"
                     )
-                buf = np.empty(nbytes, dtype=np.uint8)
+                import numpy  # here, not at import: a rank that never sees a large frame
+                # (no-op tasks) starts ~0.15 s sooner without it
+
+                buf = numpy.empty(nbytes, dtype=numpy.uint8)
                 message.Recv([buf, MPI.BYTE])  # has arrived: completes at memory speed
                 head.frames[index] = buf
                 head.missing.popleft()

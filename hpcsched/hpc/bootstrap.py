@@ -1,0 +1,434 @@
+"""MPI mode: ``mpiexec -n N python -m hpcsched script.py [args...]`` and :func:`initialize`.
+
+Roles: rank 0 runs the scheduler (over ``mpi://0``, plus an ``inproc://``
+listener for the client in its own process) and the user's script as
+``__main__``; ranks 1..N-1 are workers reached over ``mpi://<rank>``. Inside
+the script ``Client()`` needs no address. With a world of one process the
+script runs on a LocalCluster instead (said on stderr).
+
+How a job ends (the failure model; the README quotes it):
+
+* The script finishes: the scheduler closes every worker, every rank exits 0
+  within a second or two.
+* The script raises: rank 0 prints the traceback (once), the workers are
+  closed with exit code 1 and every rank exits 1. ``sys.exit(n)`` in the
+  script makes ``n`` the exit status of every rank, hence of ``mpiexec``.
+  Ctrl-C gives 130.
+* A task that raises on a worker does not end anything: its future errs and
+  the script decides.
+* Ranks meet at an exit fence (a nonblocking barrier polled with back-off,
+  never a spinning blocking call). A rank that does not reach it within
+  ``mpi.exit-timeout`` seconds (a worker stuck in a task that ignores the
+  close, a script that never returns from ``Client.close``...) makes rank 0
+  call ``MPI_Abort`` with the job's exit code, after saying why on stderr:
+  the job ends instead of hanging.
+* A rank that dies (killed, segfault, out of memory) ends the whole MPI job:
+  that is MPI's own semantics (the launcher kills the other ranks and reports
+  which one died). There is no recovery of a lost rank in MPI mode.
+* SIGTERM/SIGINT sent to the launcher reach every rank (mpiexec forwards
+  them): SIGTERM ends them at once, SIGINT interrupts the script (exit 130).
+* A worker rank that cannot join the scheduler at start-up aborts the job with
+  a message naming the rank.
+
+Worker ranks leave with C ``exit()`` right after ``MPI_Finalize``: a task
+thread still running cannot keep the rank alive once the scheduler said
+goodbye.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import importlib.util
+import logging
+import os
+import runpy
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from hpcsched.core import config
+
+logger = logging.getLogger("hpcsched.bootstrap")
+
+# (size variable, rank variable) of the launchers we know; first present wins
+_LAUNCHER_VARS = (
+    ("PMI_SIZE", "PMI_RANK"),  # MPICH hydra, Intel MPI, srun --mpi=pmi2
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),  # Open MPI
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),  # MVAPICH
+    ("PMIX_SIZE", "PMIX_RANK"),
+    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),  # inside an srun step
+)
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class _Job:
+    """This process's place in the MPI job (``MPI`` is None for a world of one)."""
+
+    MPI: Any
+    rank: int
+    size: int
+    fence_comm: Any = None
+
+
+_job: _Job | None = None  # set once MPI mode is set up in this process
+_scheduler: Any = None  # rank 0's Scheduler
+_exit_status: int | None = None  # what the script's sys.exit asked for (initialize())
+
+
+# ------------------------------------------------------------------ the world
+def launcher_size(env: dict[str, str] | os._Environ = os.environ) -> int | None:
+    """Number of processes the launcher says it started; None if no launcher is seen.
+
+    0 means "a launcher is there but did not say how many" (ask MPI).
+    """
+    for size_var, rank_var in _LAUNCHER_VARS:
+        if size_var == "SLURM_STEP_NUM_TASKS" and not env.get("SLURM_STEP_ID"):
+            continue  # a batch script's own environment, not an srun step
+        value = env.get(size_var, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise RuntimeError(f"hpcsched: {size_var}={value!r} is not a number of "
+                                   "processes") from None
+        if env.get(rank_var, "").strip():
+            return 0
+    return None
+
+
+def _world() -> _Job:
+    """Rank and size, importing mpi4py only when a launcher started us with several ranks.
+
+    Outside any launcher MPI is not initialized at all (on some machines that
+    fails outright on a login node).
+    """
+    hint = launcher_size()
+    if hint is None or hint == 1:
+        return _Job(None, 0, 1)
+    if importlib.util.find_spec("mpi4py") is None:
+        raise RuntimeError(
+            f"hpcsched: started by an MPI launcher ({hint or 'several'} processes) but mpi4py "
+            "is not installed; install it with: pip install 'hpcsched[mpi]'")
+    from hpcsched.hpc.mpi import _mpi
+
+    MPI = _mpi()
+    world = MPI.COMM_WORLD
+    size, rank = world.Get_size(), world.Get_rank()
+    if hint > 1 and size == 1:
+        raise RuntimeError(
+            f"hpcsched: the launcher started {hint} processes but MPI sees a world of 1: "
+            "the mpiexec on PATH does not belong to the MPI library mpi4py was built with "
+            f"({MPI.Get_library_version().splitlines()[0].strip()}); use that library's "
+            "mpiexec (e.g. `python -m pip install mpich` puts one on PATH)")
+    return _Job(MPI, rank, size)
+
+
+def _setup(nthreads: int | None, memory_limit: int | None) -> _Job:
+    """Collective start-up on every rank: endpoint, exit fence; rank 0's scheduler."""
+    global _job, _scheduler
+    job = _world()
+    if job.size == 1:
+        _job = job
+        return job
+    from hpcsched.hpc.backoff import Backoff
+    from hpcsched.hpc.mpi import init_endpoint
+
+    timeout = float(config.get("comm.timeouts.connect"))
+    init_endpoint(timeout=timeout)
+    # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
+    dup, req = job.MPI.COMM_WORLD.Idup()
+    deadline = time.monotonic() + timeout
+    wait = Backoff()
+    while not req.Test():
+        if time.monotonic() > deadline:
+            _abort(job, 1, f"rank {job.rank}: the other ranks did not start within {timeout}s")
+        wait.sleep()
+    job.fence_comm = dup
+    _job = job
+    if job.rank == 0:
+        _scheduler = _start_scheduler(job, timeout)
+    return job
+
+
+def _start_scheduler(job: _Job, timeout: float) -> Any:
+    from hpcsched.core import client as client_mod
+    from hpcsched.core.scheduler import Scheduler
+
+    sched = Scheduler("mpi://0").start()
+    client_mod.default_scheduler_address = sched.add_listener("inproc://")
+    client_mod.default_security = None
+    try:
+        sched.wait_for_workers(job.size - 1, timeout=timeout)
+    except TimeoutError:
+        joined = {int(a.rsplit("/", 1)[-1]) for a in sched.workers_info()}
+        missing = [r for r in range(1, job.size) if r not in joined]
+        _abort(job, 1, f"worker ranks {missing} did not join the scheduler within {timeout}s "
+                       "(config comm.timeouts.connect)")
+    return sched
+
+
+# ------------------------------------------------------------------ worker ranks
+def _serve(job: _Job, nthreads: int | None, memory_limit: int | None) -> int:
+    """Run a worker until the scheduler closes it; its exit code."""
+    from hpcsched.core.worker import Worker
+    from hpcsched.hpc.resources import detect
+
+    res = detect() if nthreads is None or memory_limit is None else None
+    worker = Worker("mpi://0", nthreads=nthreads or res.nthreads,
+                    memory_limit=res.memory_limit if memory_limit is None else memory_limit,
+                    name=f"rank-{job.rank}", host=res.hostname if res else None)
+    try:
+        worker.start()
+    except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
+        _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
+    try:
+        while not worker.wait_closed(1.0):
+            pass
+        code = worker.exit_code
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    worker.close("rank exiting")
+    _leave(job, code)
+    return code
+
+
+def _exit_rank(code: int) -> None:
+    """Finalize MPI and leave now, whatever threads remain (a worker rank's end).
+
+    C ``exit()``, not ``os._exit``: the MPI library's own exit handlers must run
+    (hydra reports a rank that skips them as killed, measured), but Python's
+    shutdown must not wait for a task thread that ignores the close.
+    """
+    job = _job
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        logging.shutdown()
+        if job is not None and job.MPI is not None and not job.MPI.Is_finalized():
+            job.MPI.Finalize()
+        import ctypes
+
+        ctypes.CDLL(None).exit(code)
+    finally:
+        os._exit(code)
+
+
+# ------------------------------------------------------------------ ending
+def _abort(job: _Job, code: int, why: str) -> None:
+    print(f"hpcsched: {why}; aborting the MPI job", file=sys.stderr, flush=True)
+    job.MPI.COMM_WORLD.Abort(code or 1)
+
+
+def _fence(job: _Job, timeout: float) -> bool:
+    """Nonblocking barrier of all ranks polled with back-off; False on timeout."""
+    from hpcsched.hpc.backoff import Backoff
+
+    req = job.fence_comm.Ibarrier()
+    deadline = time.monotonic() + timeout
+    wait = Backoff(min=1e-4, fast_max=5e-3, max=2e-2)
+    while not req.Test():
+        if time.monotonic() > deadline:
+            return False
+        wait.sleep()
+    return True
+
+
+def _leave(job: _Job, code: int) -> None:
+    """This rank's server is closed: meet the others at the fence, stop the endpoint."""
+    from hpcsched.hpc.mpi import shutdown_endpoint
+
+    timeout = float(config.get("mpi.exit-timeout", None, default=5.0))
+    if job.rank != 0:
+        timeout *= 2  # rank 0 is the one to abort, with the better message
+    # the endpoint first: pending sends (the close messages) finish while peers still poll
+    shutdown_endpoint(timeout=1.0)
+    if not _fence(job, timeout):
+        who = "the worker ranks" if job.rank == 0 else "rank 0"
+        _abort(job, code, f"{who} did not finish within {timeout:g}s after "
+                          f"{'the script ended' if job.rank == 0 else 'the scheduler closed'}"
+                          " (config mpi.exit-timeout)")
+    # fence_comm is not freed: MPI_Finalize follows, and a free could wait on peers
+
+
+def _close_cluster(code: int) -> None:
+    """Rank 0: close the workers with ``code``, wait for every rank at the fence."""
+    global _scheduler
+    job = _job
+    if job is None or job.size == 1 or job.rank != 0 or job.fence_comm is None:
+        return
+    from hpcsched.core import client as client_mod
+
+    sched, _scheduler = _scheduler, None
+    if sched is not None:
+        sched.close(timeout=5.0, exit_code=code)
+    client_mod.default_scheduler_address = None
+    _leave(job, code)
+    job.fence_comm = None
+
+
+# ------------------------------------------------------------------ the script
+def _exit_code(e: SystemExit) -> int:
+    """What Python itself would exit with for ``SystemExit(e.code)`` (printing a message)."""
+    code = e.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if code >= 0 else code % 256
+    print(code, file=sys.stderr, flush=True)
+    return 1
+
+
+def _print_traceback(e: BaseException) -> None:
+    """The traceback as ``python script.py`` would show it (without our frames)."""
+    tb = e.__traceback__
+    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+    while tb is not None and (tb.tb_frame.f_code.co_filename in ours or
+                              os.path.abspath(tb.tb_frame.f_code.co_filename) in ours):
+        tb = tb.tb_next
+    traceback.print_exception(type(e), e, tb, file=sys.stderr)
+    sys.stderr.flush()
+
+
+def run_script(path: str, args: list[str]) -> int:
+    """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]``; its exit status."""
+    sys.argv = [path, *args]
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as e:
+        return _exit_code(e)
+    except KeyboardInterrupt as e:
+        _print_traceback(e)
+        return EXIT_INTERRUPTED
+    except BaseException as e:  # noqa: BLE001 - the user's error: reported, job ends with 1
+        _print_traceback(e)
+        return 1
+    return 0
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m hpcsched",
+        description="Run SCRIPT under mpiexec: rank 0 runs the scheduler and the script, "
+                    "the other ranks are workers; Client() in the script connects to them.")
+    p.add_argument("--nthreads", type=int, default=None,
+                   help="threads per worker rank (default: the CPUs the job gives each rank)")
+    p.add_argument("--memory-limit", default="auto",
+                   help="memory per worker rank, e.g. 4GB (default: the job's share per rank)")
+    p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
+    p.add_argument("script", help="the Python script to run on rank 0")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
+    ns = p.parse_args(argv)
+    if ns.nthreads is not None and ns.nthreads < 1:
+        p.error(f"--nthreads must be >= 1, got {ns.nthreads}")
+    ns.memory_limit = _memory(ns.memory_limit, p)
+    if not os.path.isfile(ns.script):
+        p.error(f"no such script: {ns.script}")
+    return ns
+
+
+def _memory(text: str, p: argparse.ArgumentParser) -> int | None:
+    if text.lower() == "auto":
+        return None
+    if text.lower() in ("0", "none"):
+        return 0
+    from hpcsched.hpc.resources import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        p.error(f"--memory-limit: {e}")
+        raise  # unreachable: p.error exits
+
+
+def main(argv: list[str]) -> int:
+    """``python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]``."""
+    ns = _parse(argv)
+    logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+                        stream=sys.stderr)
+    script = os.path.abspath(ns.script)
+    # as `python script.py` does, and on the workers too: modules next to the script import
+    sys.path[0] = os.path.dirname(script)
+    try:
+        job = _setup(ns.nthreads, ns.memory_limit)
+    except RuntimeError as e:
+        print(e, file=sys.stderr, flush=True)
+        return 1
+    if job.size == 1:
+        print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
+              file=sys.stderr, flush=True)
+        return run_script(ns.script, ns.args)
+    if job.rank != 0:
+        _exit_rank(_serve(job, ns.nthreads, ns.memory_limit))
+    code = EXIT_INTERRUPTED
+    try:
+        code = run_script(ns.script, ns.args)
+    finally:
+        _close_cluster(code)
+    return code
+
+
+# ------------------------------------------------------------------ initialize()
+def initialize(nthreads: int | None = None, memory_limit: int | str | None = None,
+               exit: bool = True) -> bool:  # noqa: A002 - dask-mpi's name
+    """Set up MPI mode from inside a script started with ``mpiexec -n N python script.py``.
+
+    Rank 0 starts the scheduler, makes ``Client()`` connect to it, and returns
+    True: the script goes on as the client. At exit the workers are closed
+    with the script's status (``sys.exit(n)`` -> n, an uncaught exception -> 1)
+    and the job ends on every rank. The other ranks serve as workers until then
+    and exit with that status; the rest of the script never runs on them (with
+    ``exit=False`` they return False instead). With a single process nothing is
+    set up and ``Client()`` starts a LocalCluster. Example::
+
+        import hpcsched
+        hpcsched.initialize()
+        from hpcsched import Client
+        client = Client()
+    """
+    if _job is not None:  # python -m hpcsched already did it, or a second call
+        return _job.rank == 0
+    if isinstance(memory_limit, str):
+        from hpcsched.hpc.resources import parse_bytes
+
+        memory_limit = None if memory_limit.lower() == "auto" else parse_bytes(memory_limit)
+    job = _setup(nthreads, memory_limit)
+    if job.size == 1:
+        print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
+              file=sys.stderr, flush=True)
+        return True
+    if job.rank == 0:
+        _record_exit_status()
+        atexit.register(_close_at_exit)
+        return True
+    code = _serve(job, nthreads, memory_limit)
+    if exit:
+        _exit_rank(code)
+    return False
+
+
+def _record_exit_status() -> None:
+    """Remember the script's exit status for the workers: sys.exit(n), or 1 on an error."""
+    previous_hook, previous_exit = sys.excepthook, sys.exit
+
+    def excepthook(tp: type, value: BaseException, tb: Any) -> None:
+        global _exit_status
+        _exit_status = EXIT_INTERRUPTED if issubclass(tp, KeyboardInterrupt) else 1
+        previous_hook(tp, value, tb)
+
+    def recording_exit(status: Any = None) -> None:
+        global _exit_status
+        code = status if status is None or isinstance(status, int) else 1
+        _exit_status = 0 if code is None else code & 0xFF
+        previous_exit(status)
+
+    sys.excepthook = excepthook
+    sys.exit = recording_exit
+
+
+def _close_at_exit() -> None:
+    _close_cluster(_exit_status or 0)
