@@ -130,8 +130,15 @@ def test_scale_compute_scale_down(batch, job_array):
     from hpcsched.core.client import Client
 
     c = batch.cluster(job_array=job_array, processes=1)
+    preview = c.job_script(array=2 if job_array else None)
+    assert oct(os.stat(c.secret_file).st_mode & 0o777) == "0o600"
+    assert c.security.secret_hex() not in preview
+    assert f"HPCSCHED_SECRET_FILE={c.secret_file}" in preview
     c.scale(jobs=2)
     ids = batch.record(c)
+    first = next(iter(c.jobs.values()))
+    # job_script() showed exactly what was submitted
+    assert (batch.log_dir / f"{first.name.split('.')[0]}.sh").read_text() == preview
     assert len(c.jobs) == 2 and len(ids) == (1 if job_array else 2)
     c.wait_for_workers(2, timeout=60)
     assert all(j.state is JobState.RUNNING or j.workers for j in c.jobs.values())
@@ -329,3 +336,14 @@ def test_scale_down_cancels_pending_jobs_first(batch, monkeypatch):
     batch.assert_queue_empty(pending_ids)
     assert numeric(running.job_id) in unfinished(batch.system, batch.env)
     assert len(c.workers) == 1
+
+
+def test_scheduler_listens_on_the_interface_asked_for(batch):
+    c = batch.cluster(interface="lo")
+    assert c.scheduler_address.startswith("tcp://127.0.0.1:")
+    assert f" {c.scheduler_address} " in c.job_script()
+    c.close()
+    c2 = batch.cluster(scheduler_options={"host": "127.0.0.1", "port": 0})
+    assert c2.scheduler_address.startswith("tcp://127.0.0.1:")
+    with pytest.raises(ValueError, match="interface='nosuch0' not found on this host; available: .*lo"):
+        batch.cluster(interface="nosuch0")
