@@ -434,3 +434,38 @@ def test_connecting_to_nothing_fails_fast():
     with pytest.raises((OSError, TimeoutError)):
         Client(f"tcp://127.0.0.1:{port}", timeout=1, set_as_default=False)
     assert time.monotonic() - t0 < 10
+
+
+# ---------------------------------------------------------------- memory is given back
+def _cluster_is_empty(client, keys_before: int) -> bool:
+    info = client.scheduler_info()
+    return info["n_tasks"] == 0 and \
+        sum(w["n_keys"] for w in info["workers"].values()) <= keys_before
+
+
+def test_released_futures_free_scheduler_and_worker_memory(own_client):
+    client = own_client
+    wait_until(lambda: client.scheduler_info()["n_tasks"] == 0, timeout=20,
+               what="earlier tests' tasks to be released")
+    held = sum(w["n_keys"] for w in client.scheduler_info()["workers"].values())
+    xs = client.map(inc, range(200))
+    total = client.submit(sum, xs)
+    data = client.scatter(list(range(10)))
+    assert total.result(timeout=30) == sum(range(1, 201))
+    graph_result = client.get({("a", i): (inc, i) for i in range(50)} |
+                              {"s": (sum, [("a", i) for i in range(50)])}, "s")
+    assert graph_result == sum(range(1, 51))
+    del xs, total, data
+    wait_until(lambda: _cluster_is_empty(client, held), timeout=20,
+               what="scheduler and workers to forget released keys")
+
+
+def test_large_arrays_move_between_workers(c):
+    np = pytest.importorskip("numpy")
+    workers = sorted(c.scheduler_info()["workers"])
+    a = c.submit(np.arange, 5_000_000, workers=[workers[0]])  # 40 MB
+    b = c.submit(np.ones, 5_000_000, workers=[workers[1]])
+    s = c.submit(lambda x, y: float((x + y).sum()), a, b, workers=[workers[1]])
+    assert s.result(timeout=60) == float(np.arange(5_000_000).sum() + 5_000_000)
+    back = a.result(timeout=60)
+    assert back.shape == (5_000_000,) and back[-1] == 4_999_999

@@ -109,6 +109,20 @@ def test_result_held_only_by_the_killed_worker_is_recomputed_from_its_inputs(cli
 
 
 @pytest.mark.timeout(90)
+def test_gather_right_after_the_holder_died(client, cluster):
+    victim, _ = sorted(cluster.scheduler_info_workers())
+    x = client.submit(inc, 1, workers=[victim], allow_other_workers=True)
+    ys = client.map(inc, range(10), workers=[victim], allow_other_workers=True)
+    assert x.result(timeout=30) == 2
+    client.gather(ys, timeout=30)
+    proc = proc_of(cluster, victim)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    # no waiting for the scheduler to notice: the gather may hit the dead worker
+    assert client.gather([x, *ys], timeout=60) == [2, *range(1, 11)]
+
+
+@pytest.mark.timeout(90)
 def test_graph_survives_a_killed_worker(client, cluster):
     dsk = {("x", i): (slowinc, i, 0.05) for i in range(20)}
     dsk["total"] = (sum, [("x", i) for i in range(20)])
@@ -116,6 +130,31 @@ def test_graph_survives_a_killed_worker(client, cluster):
     victim = executing_on(cluster)
     kill(cluster, victim)
     assert fut.result(timeout=60) == sum(range(1, 21))
+
+
+@pytest.mark.timeout(90)
+def test_silent_worker_is_removed_by_heartbeat_timeout():
+    """A frozen worker (SIGSTOP: connection open, no heartbeats) is removed after the
+    worker-ttl and its task runs elsewhere."""
+    cluster = _local_cluster(n_workers=2, scheduler_kwargs={"worker_ttl": 3.0})
+    victim_proc = None
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            x = client.submit(slowinc, 1, 1.0)
+            victim = executing_on(cluster)
+            victim_proc = proc_of(cluster, victim)
+            victim_proc.send_signal(signal.SIGSTOP)
+            t0 = time.monotonic()
+            assert x.result(timeout=60) == 2
+            assert victim not in cluster.scheduler_info_workers()
+            assert time.monotonic() - t0 < 30
+            victim_proc.send_signal(signal.SIGCONT)
+            # thawed, it finds its scheduler connection closed and exits
+            victim_proc.wait(30)
+    finally:
+        if victim_proc is not None and victim_proc.poll() is None:
+            victim_proc.send_signal(signal.SIGCONT)
+        cluster.close()
 
 
 @pytest.mark.timeout(120)
