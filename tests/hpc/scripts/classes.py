@@ -1,5 +1,10 @@
-"""Functions and classes defined in the script are used on the workers."""
+"""Functions and classes defined in the script are used on the workers.
 
+    classes.py functions   functions, and script classes made on workers, moving between them
+    classes.py arguments   instances of script classes made here, sent as task arguments
+"""
+
+import sys
 from dataclasses import dataclass
 
 from hpcsched import Client
@@ -28,7 +33,7 @@ def make_point(i):
 
 
 def norm2(p):
-    return p.norm2()  # a script class received as an argument on a worker
+    return p.norm2()
 
 
 def accumulate(acc, values):
@@ -37,14 +42,20 @@ def accumulate(acc, values):
     return acc.total
 
 
+def total_of(start, values):
+    return accumulate(Accumulator(start), values)  # script class used inside a task
+
+
 with Client() as client:
-    points = client.map(make_point, range(5))
-    norms = client.map(norm2, points)  # worker-made instances flow between workers
-    assert client.gather(norms) == [5 * i * i for i in range(5)], client.gather(norms)
-    direct = client.submit(norm2, Point(3, 4))  # a client-made instance as an argument
-    assert direct.result(timeout=30) == 25
-    total = client.submit(accumulate, Accumulator(10), [1, 2, 3]).result(timeout=30)
-    assert total == 16, total
-    back = client.gather(points)
-    assert [(p.x, p.y) for p in back] == [(i, 2 * i) for i in range(5)]
-    print(f"classes ok: {type(back[0]).__name__}", flush=True)
+    if sys.argv[1] == "functions":
+        points = client.map(make_point, range(5))
+        norms = client.map(norm2, points)  # worker-made instances flow between workers
+        assert client.gather(norms) == [5 * i * i for i in range(5)]
+        assert client.submit(total_of, 10, [1, 2, 3]).result(timeout=30) == 16
+        back = client.gather(points)
+        assert [(p.x, p.y) for p in back] == [(i, 2 * i) for i in range(5)]
+        print("functions ok", flush=True)
+    else:
+        assert client.submit(norm2, Point(3, 4)).result(timeout=30) == 25
+        assert client.submit(accumulate, Accumulator(10), [1, 2, 3]).result(timeout=30) == 16
+        print("arguments ok", flush=True)

@@ -1,0 +1,316 @@
+"""MPI mode end to end: ``mpiexec -n 4 python -m hpcsched <script>`` in a subprocess.
+
+Every run has a timeout and its own session; whatever it started is killed in
+``finally``, and each test checks that no process of the run outlived
+``mpiexec`` (4 ranks on this 2-core machine: oversubscribed, as on a login
+node). The scripts live in tests/hpc/scripts/ and examples/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hpcsched.hpc.bootstrap import launcher_size
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "hpc" / "scripts"
+PI = REPO / "examples" / "monte_carlo_pi.py"
+RUN_TIMEOUT = 60.0
+
+needs_mpiexec = pytest.mark.skipif(shutil.which("mpiexec") is None,
+                                   reason="mpiexec is not on PATH")
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+    elapsed: float  # seconds from start to mpiexec's exit
+    ended: float  # time.time() when mpiexec exited
+
+    def __str__(self) -> str:
+        return f"exit {self.code} after {self.elapsed:.2f}s\n--- stdout\n{self.out[-4000:]}" \
+               f"\n--- stderr\n{self.err[-6000:]}"
+
+
+def session_members(sid: int) -> list[psutil.Process]:
+    """Live processes of session ``sid`` (mpiexec's: its proxies and ranks)."""
+    out = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if os.getsid(p.pid) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+            continue
+    return out
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in session_members(proc.pid):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def assert_all_gone(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """No process of the run is left ``grace`` seconds after mpiexec exited."""
+    deadline = time.monotonic() + grace
+    while True:
+        left = session_members(proc.pid)
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            names = [" ".join(p.cmdline()) for p in left]
+            kill_session(proc)
+            pytest.fail(f"processes left after mpiexec exited: {names}")
+        time.sleep(0.05)
+
+
+def start(args: list[str], nprocs: int | None = 4, env: dict | None = None
+          ) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "hpcsched", *args]
+    if nprocs is not None:
+        cmd = ["mpiexec", "-n", str(nprocs), *cmd]
+    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def run(args: list[str], nprocs: int | None = 4, timeout: float = RUN_TIMEOUT,
+        env: dict | None = None) -> Run:
+    """Run to the end (or kill at ``timeout``); check nothing of it is left."""
+    t0 = time.monotonic()
+    proc = start(args, nprocs, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        ended = time.time()
+        result = Run(proc.returncode, out, err, time.monotonic() - t0, ended)
+        assert_all_gone(proc)
+        return result
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        out, err = proc.communicate()
+        pytest.fail(f"{args} did not finish within {timeout}s\n{out[-3000:]}\n{err[-5000:]}")
+    finally:
+        if proc.poll() is None or session_members(proc.pid):
+            kill_session(proc)
+
+
+def script(name: str) -> str:
+    return str(SCRIPTS / name)
+
+
+# ------------------------------------------------------------------ pure
+def test_launcher_size_from_environment():
+    assert launcher_size({}) is None
+    assert launcher_size({"PMI_SIZE": "4", "PMI_RANK": "0"}) == 4
+    assert launcher_size({"OMPI_COMM_WORLD_SIZE": "8"}) == 8
+    assert launcher_size({"PMIX_RANK": "2"}) == 0  # a launcher that does not say the size
+    # a batch script's environment is not an srun step: no launcher
+    assert launcher_size({"SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4"}) is None
+    assert launcher_size({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                          "SLURM_PROCID": "1"}) == 4
+    with pytest.raises(RuntimeError, match="PMI_SIZE='four'"):
+        launcher_size({"PMI_SIZE": "four"})
+
+
+def test_missing_script_is_a_clear_error():
+    r = run(["no/such/script.py"], nprocs=None, timeout=30)
+    assert r.code == 2, r
+    assert "no such script: no/such/script.py" in r.err, r
+
+
+# ------------------------------------------------------------------ under mpiexec
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_pi_example_succeeds():
+    r = run([str(PI), "4e6"])
+    assert r.code == 0, r
+    m = re.search(r"pi ~ (\d\.\d+) .* on 3 workers", r.out)
+    assert m, r
+    assert abs(float(m.group(1)) - 3.14159) < 0.01, r
+    assert "Traceback" not in r.err, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_every_rank_is_gone_soon_after_the_script_ends():
+    r = run([script("quick_end.py")])
+    assert r.code == 0, r
+    m = re.search(r"SCRIPT END (\d+\.\d+)", r.out)
+    assert m, r
+    lag = r.ended - float(m.group(1))
+    # "within a second or two"; the bound leaves room for this shared, oversubscribed VM
+    assert lag < 3.0, f"ranks took {lag:.2f}s to exit after the script ended\n{r}"
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_script_exception_ends_every_rank_with_one_traceback():
+    r = run([script("raises.py")], timeout=30)
+    assert r.code == 1, r
+    assert r.err.count("Traceback (most recent call last)") == 1, r
+    assert r.err.count("ValueError: script failed on purpose") == 1, r
+    assert 'raises.py", line 13, in <module>' in r.err, r
+    assert "runpy" not in r.err and "bootstrap.py" not in r.err, r  # only the user's frames
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_script_exception_while_workers_are_stuck_in_tasks():
+    # the tasks sleep 60 s: the ranks must not wait for them
+    r = run([script("raises_while_busy.py")], timeout=40)
+    assert r.code == 1, r
+    assert "RuntimeError: giving up while tasks run" in r.err, r
+    assert r.elapsed < 20, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_sys_exit_code_is_the_job_exit_status():
+    r = run([script("exit3.py")])
+    assert r.code == 3, r
+    assert "exiting with 3" in r.out, r
+    assert "Traceback" not in r.err, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_task_error_on_a_worker_does_not_end_the_job():
+    r = run([script("task_error.py")])
+    assert r.code == 0, r
+    assert "caught on the client: task 7 failed on purpose" in r.out, r
+    assert "workers after the error: 3" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_initialize_runs_the_body_on_rank_0_only():
+    cmd = ["mpiexec", "-n", "4", sys.executable, script("uses_initialize.py")]
+    for arg, code in (([], 0), (["4"], 4)):
+        proc = subprocess.Popen(cmd + arg, cwd=REPO, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=RUN_TIMEOUT)
+            assert_all_gone(proc)
+        finally:
+            kill_session(proc)
+        assert proc.returncode == code, (out, err)
+        assert out.count("body runs on") == 1 and "body runs on PMI_RANK=0" in out, (out, err)
+        assert "initialize ok" in out, (out, err)
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_world_size_one_runs_on_a_local_cluster():
+    r = run([str(PI), "2e6"], nprocs=None)
+    assert r.code == 0, r
+    assert "hpcsched: world size 1: running" in r.err and "on a LocalCluster" in r.err, r
+    assert "pi ~ 3.1" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_functions_and_classes_of_the_script_work_on_workers():
+    r = run([script("classes.py"), "functions"])
+    assert r.code == 0, r
+    assert "functions ok" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+@pytest.mark.xfail(strict=True, reason=(
+    "core serialize.dumps/dumps_object pickle instances of __main__ classes by reference "
+    "(plain pickle succeeds on rank 0, workers cannot resolve __main__.Point); fix: fall "
+    "back to cloudpickle when the pickle contains b'__main__', as distributed does"))
+def test_instances_of_script_classes_as_task_arguments():
+    r = run([script("classes.py"), "arguments"])
+    assert r.code == 0, r
+    assert "arguments ok" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_worker_to_worker_numpy_transfer_is_zero_copy():
+    r = run([script("transfer.py")])
+    assert r.code == 0, r
+    assert "transfer ok" in r.out and "'owndata': False" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_resources_and_hostnames_in_scheduler_info():
+    import socket
+
+    def workers(r: Run) -> dict:
+        assert r.code == 0, r
+        m = re.search(r"^WORKERS (.*)$", r.out, flags=re.MULTILINE)
+        assert m, r
+        return json.loads(m.group(1))
+
+    # from the batch system's environment (SLURM: 3 CPUs per task, 1000 MiB per CPU)
+    slurm = {"SLURM_JOB_ID": "42", "SLURM_CPUS_PER_TASK": "3", "SLURM_MEM_PER_CPU": "1000"}
+    w = workers(run([script("resources.py")], env=slurm))
+    assert sorted(w) == ["mpi://1", "mpi://2", "mpi://3"], w
+    for info in w.values():
+        assert info["host"] == socket.gethostname()
+        assert info["nthreads"] == 3 and info["memory_limit"] == 3000 * 2**20, w
+    # from the command line
+    w = workers(run(["--nthreads", "2", "--memory-limit", "1GB", script("resources.py")]))
+    assert {(i["nthreads"], i["memory_limit"]) for i in w.values()} == {(2, 10**9)}, w
+    assert {i["name"] for i in w.values()} == {"rank-1", "rank-2", "rank-3"}, w
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_mpiexec_ends_every_rank(signum):
+    proc = start([script("long_running.py")])
+    lines: list[str] = []
+    running = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if "cluster running" in line:
+                running.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert running.wait(40), f"the script did not start: {lines}"
+        t0 = time.monotonic()
+        proc.send_signal(signum)
+        code = proc.wait(20)
+        took = time.monotonic() - t0
+        assert_all_gone(proc)
+        assert code != 0
+        if signum == signal.SIGINT:
+            assert code == 130, code
+        assert took < 10, f"mpiexec took {took:.1f}s to end after the signal"
+    finally:
+        kill_session(proc)
+        reader.join(5)
