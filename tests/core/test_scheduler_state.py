@@ -582,3 +582,41 @@ def test_client_disconnect_releases_its_keys():
     out = step(s, ev.RemoveClient("c"))
     assert one(out, "free-keys", keys=["x"]).to == A
     assert s.tasks == {}
+
+
+def test_queued_tasks_wait_out_a_cluster_without_workers():
+    s = with_workers(A, worker_saturation=1.0)
+    keys = [f"inc-{i}" for i in range(5)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    assert s.n_queued == 4
+    assert processing_on(s, keys[0]) == A
+    step(s, ev.TaskStarted(A, keys[0]))
+    step(s, ev.RemoveWorker(A, "killed"))
+    assert not s.workers
+    assert all(s.tasks[k].state in ("queued", "no-worker") for k in keys)
+    out = step(s, ev.AddWorker(B, 1))
+    assert one(out, "compute-task", key=keys[0]).to == B  # best priority first
+    done = 0
+    while done < 5:
+        (ts,) = s.workers[B].processing
+        finish(s, B, ts.key)
+        done += 1
+    assert all(s.tasks[k].state == "memory" for k in keys)
+
+
+def test_worker_joining_with_data_registers_replicas_and_frees_unknown_keys():
+    s = with_workers(A)
+    submit(s, graph(x=[]), keys=["x"])
+    finish(s, A, "x")
+    out = step(s, ev.AddWorker(B, 1, keys={"x": 8, "stale": 3}))
+    assert one(out, "free-keys", keys=["stale"]).to == B
+    assert {ws.address for ws in s.tasks["x"].who_has} == {A, B}
+
+
+def test_worker_dropping_the_last_copy_recomputes():
+    s = with_workers(A)
+    submit(s, graph(x=[]), keys=["x"])
+    finish(s, A, "x")
+    out = step(s, ev.ReleaseWorkerData(A, ["x"]))
+    assert one(out, "lost-data", key="x")
+    assert one(out, "compute-task", key="x").to == A

@@ -305,3 +305,27 @@ def test_compute_task_for_a_key_in_flight_whose_transfer_fails():
     out = step(s, success("a", 1))
     assert to_scheduler(out, "task-finished", key="a")
     assert executes(out) == ["y"]
+
+
+def test_steal_of_a_task_whose_dependency_is_in_flight_drops_the_transfer():
+    s = new_state()
+    step(s, compute("y", {"a": [P1]}))
+    out = step(s, ev.StealRequest("y"))
+    (r,) = to_scheduler(out, "steal-response", key="y")
+    assert r.msg["state"] == "released"
+    out = step(s, ev.GatherDepSuccess(P1, {"a": 1}))
+    assert executes(out) == [] and s.data == {} and s.tasks == {}
+
+
+def test_a_dependency_needed_by_two_tasks_is_fetched_once_and_kept_until_both_ran():
+    s = new_state(nthreads=1)
+    out = step(s, compute("y1", {"a": [P1]}))
+    out += step(s, compute("y2", {"a": [P1]}))
+    assert [c for c in out if type(c) is GatherDep] == [GatherDep(P1, ["a"])]
+    out = step(s, ev.GatherDepSuccess(P1, {"a": 1}))
+    (first,) = executes(out)
+    out = step(s, success(first))
+    (second,) = executes(out)
+    assert "a" in s.data  # the second still needs it
+    step(s, success(second))
+    assert "a" not in s.data
