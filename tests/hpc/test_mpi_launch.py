@@ -104,3 +104,9 @@ def test_a_failing_rank_does_not_hang_the_run(tmp_path):
     code, out = run_mpi(2, [str(script)], timeout=50)
     assert code != 0, out
     assert "rank 1 fails on purpose" in out
+
+
+@pytest.mark.timeout(150)
+def test_mpi_client_on_4_ranks():
+    # rank 0: scheduler + client, ranks 1-3: workers; oversubscribed on 2 cores
+    pytest_under_mpi(4, "tests/hpc/test_mpi_client.py", timeout=120)
