@@ -460,3 +460,18 @@ def test_adaptive_refuses_a_cluster_without_scale_methods_and_bad_intervals():
     assert parse_interval(3) == 3.0
     with pytest.raises(ValueError, match="not a duration"):
         parse_interval("soon")
+
+
+def test_adaptive_drops_pending_workers_through_scale_when_nothing_needs_them():
+    class ScalableCluster(FakeCluster):
+        def scale(self, n):
+            self.calls.append(("scale", n))
+
+    cluster = ScalableCluster()
+    cluster.requested = 2  # two jobs still in the queue, and no work any more
+    a = Adaptive(FakeScheduler(SchedulerState()), cluster, wait_count=2, start=False)
+    assert a.adapt().action == "none"
+    r = a.adapt()
+    assert (r.action, r.cancel_pending, r.target) == ("down", 2, 0)
+    assert cluster.calls == [("scale", 0)]
+    assert "2 pending workers not needed" in str(a.log[-1])

@@ -1,0 +1,198 @@
+"""Adaptive scaling end to end: LocalCluster (worker processes), real SLURM, and the PBS
+emulator holding jobs pending.
+
+The story of each test: a burst of work arrives -> workers (jobs) are requested and
+join; the work ends -> after ``wait_count`` intervals idle workers retire gracefully
+(their results move to a survivor first); futures the user still holds keep their
+values -- a task that counts its own executions in a file shows nothing was
+recomputed; the futures are released -> the last worker retires and, on a batch
+system, no job of the cluster is left in the queue.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched.core.client import Client
+from tests.conftest import wait_until, worker_env
+
+N_TASKS = 12
+
+
+def count_and_sleep(i: int, path: str, delay: float = 0.5) -> int:
+    """Append ``i`` to ``path`` (one line per execution), sleep, return ``i * i``."""
+    with open(path, "a") as f:
+        f.write(f"{i}\n")
+    time.sleep(delay)
+    return i * i
+
+
+def executions(path: Path) -> list[int]:
+    return sorted(int(x) for x in path.read_text().split()) if path.exists() else []
+
+
+class PeakWorkers:
+    """Counts connected workers through the scheduler's join/leave callback."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        self.now = self.peak = self.joined = 0
+        self.lock = threading.Lock()
+        scheduler.add_worker_callback(self)
+
+    def __call__(self, event: str, address: str, info: dict | None = None) -> None:
+        with self.lock:
+            self.now += 1 if event == "add" else -1
+            self.joined += event == "add"
+            self.peak = max(self.peak, self.now)
+
+    def detach(self) -> None:
+        self.scheduler.remove_worker_callback(self)
+
+
+def check_burst_and_retirement(cluster, client, adaptive, runs: Path, maximum: int,
+                               timeout: float) -> None:
+    """The shared story: burst, growth, shrink with data kept, release, shrink to zero."""
+    peak = PeakWorkers(cluster.scheduler)
+    try:
+        futures = client.map(count_and_sleep, range(N_TASKS), path=str(runs))
+        results = client.gather(futures, timeout=timeout)
+        assert results == [i * i for i in range(N_TASKS)]
+        ups = [d for d in adaptive.log if d.action == "up"]
+        assert ups and ups[0].kind == "no-workers", list(map(str, adaptive.log))
+        assert peak.peak >= 2, f"never grew past one worker: {list(map(str, adaptive.log))}"
+        assert all(d.target <= maximum for d in adaptive.log)
+
+        # the work ended: idle workers retire, one stays with the results
+        wait_until(lambda: len(cluster.workers) == 1, timeout=timeout,
+                   what="all but one worker to retire")
+        downs = [i for i, d in enumerate(adaptive.log) if d.action == "down"]
+        assert downs and adaptive.log[downs[0] - 1].kind == "idle-wait", \
+            list(map(str, adaptive.log))  # hysteresis: recommended before acted upon
+        survivor = next(iter(cluster.workers.values()))
+        assert survivor["n_keys"] == N_TASKS
+        assert client.gather(futures, timeout=30) == results
+        assert executions(runs) == list(range(N_TASKS)), "a result was recomputed"
+
+        # the user lets go of the results: nothing holds the last worker any more
+        del futures
+        wait_until(lambda: not cluster.workers, timeout=timeout, what="the last worker to retire")
+        assert peak.peak <= maximum
+        assert executions(runs) == list(range(N_TASKS))
+    finally:
+        peak.detach()
+
+
+@pytest.mark.timeout(60)
+def test_local_cluster_adapts_to_a_burst_and_retires_gracefully(tmp_path):
+    from hpcsched.launchers.local_cluster import LocalCluster
+
+    runs = tmp_path / "runs.txt"
+    cluster = LocalCluster(n_workers=0, threads_per_worker=1, memory_limit="1GB",
+                           worker_env=worker_env())
+    try:
+        adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.2, wait_count=2,
+                                 target_duration=0.5)
+        assert cluster.adaptive is adaptive
+        with Client(cluster, set_as_default=False) as client:
+            check_burst_and_retirement(cluster, client, adaptive, runs, 4, timeout=30)
+            wait_until(lambda: not cluster.worker_processes, timeout=10,
+                       what="worker processes to be stopped")
+        print("\n".join(map(str, adaptive.log)))
+    finally:
+        cluster.close()
+    assert not adaptive.running
+
+
+# ---------------------------------------------------------------- batch systems
+def squeue_ids() -> set[str]:
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return {ln.strip().split("_")[0] for ln in out.splitlines() if ln.strip()}
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(110)
+def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, tmp_path):
+    from hpcsched.jobqueue.slurm import SLURMCluster
+
+    runs = tmp_path / "runs.txt"
+    cluster = SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
+                           death_timeout=20, log_directory=str(tmp_path / "logs"),
+                           job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    ids: set[str] = set()
+    try:
+        adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.3, wait_count=2,
+                                 target_duration=0.5)
+        with Client(cluster, set_as_default=False) as client:
+            check_burst_and_retirement(cluster, client, adaptive, runs, 4, timeout=60)
+        ids = {j.split("_")[0] for j in cluster.jobs}
+        assert 2 <= len(ids) <= 4, cluster.jobs
+        wait_until(lambda: not ids & squeue_ids(), timeout=30,
+                   what=f"jobs {sorted(ids)} to leave the SLURM queue")
+        print("\n".join(map(str, adaptive.log)))
+    finally:
+        ids |= {j.split("_")[0] for j in getattr(cluster, "jobs", {})}
+        cluster.close()
+    wait_until(lambda: not ids & squeue_ids(), timeout=30, what="no job left after close")
+
+
+@pytest.fixture
+def pbs_hold(tmp_path, monkeypatch, fast_poll):
+    """The PBS emulator on PATH with every job held pending until released."""
+    from tests.jobqueue.emulators import cleanup, emulator_env
+
+    state = tmp_path / "pbs-state"
+    env = emulator_env("pbs", state)
+    env["HPCSCHED_EMU_HOLD"] = "1"
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    yield state
+    cleanup(state)
+
+
+@pytest.mark.timeout(90)
+def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, tmp_path):
+    from hpcsched.jobqueue.pbs import PBSCluster
+    from tests.jobqueue.emulators import live_processes, release
+
+    runs = tmp_path / "runs.txt"
+    cluster = PBSCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
+                         death_timeout=20, log_directory=str(tmp_path / "logs"),
+                         job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    try:
+        adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.1, wait_count=2,
+                                 target_duration=0.5)
+        with Client(cluster, set_as_default=False) as client:
+            futures = client.map(count_and_sleep, range(N_TASKS), path=str(runs), delay=0.3)
+            wait_until(lambda: cluster.jobs, timeout=10, what="a job submission")
+            # 30 intervals with the queue not starting anything: the request stands
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline:
+                assert len(cluster.jobs) <= 1, cluster.jobs
+                time.sleep(0.1)
+            assert len(cluster.jobs) == 1 and not cluster.workers
+            assert all(j.state.value == "pending" for j in cluster.jobs.values())
+            # one request, then "already requested" -- the log shows no second submission
+            assert [d.kind for d in adaptive.log if d.kind != "steady"] == \
+                ["no-workers", "pending"], list(map(str, adaptive.log))
+            # the queue starts moving: growth, but never beyond maximum jobs in all
+            release(pbs_hold)
+            assert client.gather(futures, timeout=60) == [i * i for i in range(N_TASKS)]
+            assert 2 <= len(cluster.jobs) <= 4, cluster.jobs
+            del futures
+            wait_until(lambda: not cluster.workers and not any(
+                j.active for j in cluster.jobs.values()), timeout=30,
+                what="every worker to retire")
+            assert len(cluster.jobs) <= 4
+        print("\n".join(map(str, adaptive.log)))
+    finally:
+        cluster.close()
+    wait_until(lambda: not live_processes(pbs_hold), timeout=15, what="no emulated job left")
