@@ -44,6 +44,7 @@ import logging
 import os
 import runpy
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -178,9 +179,13 @@ def _serve(job: _Job, nthreads: int | None, memory_limit: int | None) -> int:
     from hpcsched.hpc.resources import detect
 
     res = detect() if nthreads is None or memory_limit is None else None
+    # wait_closed() returns when the close starts; the endpoint may only be shut down
+    # once the close is over (its last messages sent), which on_close tells
+    closed = threading.Event()
     worker = Worker("mpi://0", nthreads=nthreads or res.nthreads,
                     memory_limit=res.memory_limit if memory_limit is None else memory_limit,
-                    name=f"rank-{job.rank}", host=res.hostname if res else None)
+                    name=f"rank-{job.rank}", host=res.hostname if res else None,
+                    on_close=lambda _: closed.set())
     try:
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
@@ -191,7 +196,9 @@ def _serve(job: _Job, nthreads: int | None, memory_limit: int | None) -> int:
         code = worker.exit_code
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
-    worker.close("rank exiting")
+        worker.close("interrupted")
+    if not closed.wait(10.0):
+        logger.warning("worker rank %d: closing took over 10s; leaving anyway", job.rank)
     _leave(job, code)
     return code
 

@@ -152,7 +152,7 @@ def test_pi_example_succeeds():
     m = re.search(r"pi ~ (\d\.\d+) .* on 3 workers", r.out)
     assert m, r
     assert abs(float(m.group(1)) - 3.14159) < 0.01, r
-    assert "Traceback" not in r.err, r
+    assert "Traceback" not in r.err and "WARNING" not in r.err, r
 
 
 @needs_mpiexec
@@ -162,6 +162,7 @@ def test_every_rank_is_gone_soon_after_the_script_ends():
     assert r.code == 0, r
     m = re.search(r"SCRIPT END (\d+\.\d+)", r.out)
     assert m, r
+    assert "WARNING" not in r.err, r  # e.g. sends left behind at the endpoint's shutdown
     lag = r.ended - float(m.group(1))
     # "within a second or two"; the bound leaves room for this shared, oversubscribed VM
     assert lag < 3.0, f"ranks took {lag:.2f}s to exit after the script ended\n{r}"
