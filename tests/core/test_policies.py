@@ -11,6 +11,7 @@ Workers are ``tcp://a``, ``tcp://b``; the client is ``c``.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import pytest
@@ -616,3 +617,75 @@ def test_steal_handshake_never_runs_a_task_twice():
     assert sorted(ran) == ["t-0", "t-1", "t-2", "t-3"]
     assert all(s.tasks[f"t-{i}"].state == "memory" for i in range(4))
     assert [where(s, f"t-{i}") for i in range(4)] == [A, A, A, B]
+
+
+# ================================================================ 10. configuration
+@pytest.fixture
+def clean_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """No HPCSCHED_* variables, no YAML files but the ones a test writes."""
+    from hpcsched.core import config
+
+    for name in list(os.environ):
+        if name.startswith("HPCSCHED_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config.refresh()
+    try:
+        yield tmp_path
+    finally:
+        config.refresh()
+
+
+def knobs() -> dict:
+    """The scheduling knobs as a Scheduler built now sees them (not started)."""
+    from hpcsched.core import config
+    from hpcsched.core.scheduler import Scheduler
+
+    st = Scheduler("inproc://").state
+    return {"saturation": st.worker_saturation, "policy": st.rootish_policy,
+            "stealing": st.work_stealing, "fuse": config.get("scheduler.fuse")}
+
+
+def test_config_defaults(clean_config: Any):
+    assert knobs() == {"saturation": 1.1, "policy": "queue", "stealing": True, "fuse": True}
+
+
+def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest.MonkeyPatch):
+    """defaults < YAML (``HPCSCHED_CONFIG``) < ``HPCSCHED_…`` environment < keyword
+    arguments, for each scheduling knob."""
+    from hpcsched.core import config
+    from hpcsched.core.scheduler import Scheduler
+
+    path = clean_config / "sched.yaml"
+    path.write_text("scheduler:\n  worker-saturation: 2.0\n  rootish-policy: mars\n"
+                    "  work-stealing: false\n  fuse: false\n")
+    monkeypatch.setenv("HPCSCHED_CONFIG", str(path))
+    config.refresh()
+    assert knobs() == {"saturation": 2.0, "policy": "mars", "stealing": False, "fuse": False}
+
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__WORKER_SATURATION", "inf")
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__ROOTISH_POLICY", "queue")
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__WORK_STEALING", "true")
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__FUSE", "true")
+    # queuing needs a finite saturation: inf turns "queue" into co-assignment
+    assert knobs() == {"saturation": math.inf, "policy": "co-assign", "stealing": True,
+                       "fuse": True}
+
+    st = Scheduler("inproc://", worker_saturation=1.0, rootish_policy="queue",
+                   work_stealing=False).state
+    assert (st.worker_saturation, st.rootish_policy, st.work_stealing) == (1.0, "queue", False)
+    assert config.get("scheduler.fuse", False) is False
+
+
+def test_worker_saturation_from_the_environment_drives_queuing(
+        clean_config: Any, monkeypatch: pytest.MonkeyPatch):
+    """``HPCSCHED_SCHEDULER__WORKER_SATURATION=1.0``: a 2-thread worker gets
+    ceil(1.0 x 2) = 2 of 10 root tasks, not ceil(1.1 x 2) = 3."""
+    from hpcsched.core.scheduler import Scheduler
+
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__WORKER_SATURATION", "1.0")
+    s = Scheduler("inproc://").state
+    step(s, ev.AddWorker(A, 2))
+    step(s, ev.AddClient("c"))
+    out = submit(s, {f"inc-{i}": [] for i in range(10)}, [f"inc-{i}" for i in range(10)])
+    assert len(computes(out)) == 2
