@@ -475,3 +475,27 @@ def test_adaptive_drops_pending_workers_through_scale_when_nothing_needs_them():
     assert (r.action, r.cancel_pending, r.target) == ("down", 2, 0)
     assert cluster.calls == [("scale", 0)]
     assert "2 pending workers not needed" in str(a.log[-1])
+
+
+def test_adaptive_maps_workers_to_their_jobs_for_whole_job_retirement():
+    from hpcsched.jobqueue.job import Job
+
+    cluster = FakeCluster()
+    cluster.workers_per_unit = 2
+    cluster.jobs = {"17": Job("17", "hpcsched-ab12-0", "log", 2),
+                    "18": Job("18", "hpcsched-ab12-1", "log", 2)}
+    state = SchedulerState()
+    for i, name in enumerate(["hpcsched-ab12-0-0", "hpcsched-ab12-0-1",
+                              "hpcsched-ab12-1-0", "hpcsched-ab12-1-1"]):
+        state.handle(ev.AddWorker(f"tcp://w{i}", 1, name=name))
+    a = Adaptive(FakeScheduler(state), cluster, wait_count=1, start=False)
+    assert a.policy.workers_per_unit == 2
+    snapshot = a.snapshot()
+    assert [w.unit for w in snapshot.workers] == ["job:17", "job:17", "job:18", "job:18"]
+    assert a.unit_of("someone-else-3") == "someone-else"
+    state.handle(ev.AddClient("c", 0.0))
+    state.handle(ev.UpdateGraph("c", {"x": {"run_spec": 1, "deps": []}}, ["x"],
+                                workers=["tcp://w1"]))
+    r = a.adapt()  # w1 (job 17) computes x: only job 18 may go, both of its workers
+    assert r.action == "down" and r.retire == ("tcp://w2", "tcp://w3")
+    assert cluster.calls == [("down", ["tcp://w2", "tcp://w3"])]
