@@ -319,8 +319,13 @@ class JobQueueCluster(Cluster):
                 job.workers[address] = name
                 job.workers_seen.add(name)
 
+    def unit_of(self, worker_name: str) -> str:
+        """The job a worker belongs to (Adaptive retires the workers of one job together)."""
+        job = self._job_of_worker(worker_name)
+        return job.job_id if job is not None else ""
+
     def _job_of_worker(self, name: str) -> Job | None:
-        for job in self.jobs.values():
+        for job in list(self.jobs.values()):  # a snapshot: other threads may add jobs
             if job.owns_worker(name):
                 return job
         return None

@@ -347,3 +347,25 @@ def test_scheduler_listens_on_the_interface_asked_for(batch):
     assert c2.scheduler_address.startswith("tcp://127.0.0.1:")
     with pytest.raises(ValueError, match="interface='nosuch0' not found on this host; available: .*lo"):
         batch.cluster(interface="nosuch0")
+
+
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm), "pbs"],
+                         indirect=True)
+@pytest.mark.timeout(120)
+def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch):
+    from hpcsched.core.client import Client
+
+    c = batch.cluster()
+    with config.set({"adaptive.interval": 0.3, "adaptive.wait-count": 2,
+                     "adaptive.target-duration": 1.0}):
+        adaptive = c.adapt(minimum=1, maximum=2)
+        c.wait_for_workers(1, timeout=60)
+        with Client(c) as client:
+            futures = client.map(lambda x: (time.sleep(0.3), x)[1], range(30))
+            wait_for(lambda: len(c.jobs) == 2, 30, "adaptive to submit a second job")
+            assert sum(client.gather(futures)) == sum(range(30))
+        wait_for(lambda: sum(j.active for j in c.jobs.values()) == 1, 60,
+                 "adaptive to retire the idle job down to the minimum")
+        adaptive.stop()
+    batch.record(c)
+    assert len(c.jobs) == 2 and not c.failed_jobs
