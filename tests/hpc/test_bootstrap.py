@@ -1,8 +1,9 @@
 """MPI mode end to end: ``mpiexec -n 4 python -m hpcsched <script>`` in a subprocess.
 
-Every run has a timeout and its own session; whatever it started is killed in
-``finally``, and each test checks that no process of the run outlived
-``mpiexec`` (4 ranks on this 2-core machine: oversubscribed, as on a login
+Every run has a timeout and a mark in its environment (inherited by mpiexec,
+its proxies and the ranks, which hydra puts in sessions of their own): whatever
+carries the mark is killed in ``finally``, and each test checks that no process
+of the run outlived ``mpiexec`` (4 ranks on this 2-core machine: oversubscribed, as on a login
 node). The scripts live in tests/hpc/scripts/ and examples/.
 """
 
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,24 +49,31 @@ class Run:
                f"\n--- stderr\n{self.err[-6000:]}"
 
 
-def session_members(sid: int) -> list[psutil.Process]:
-    """Live processes of session ``sid`` (mpiexec's: its proxies and ranks)."""
+MARK = "HPCSCHED_TEST_RUN"  # in the environment of every process of one run
+
+
+def run_members(mark: str) -> list[psutil.Process]:
+    """Live processes of the run marked ``mark``: mpiexec, its proxies and the ranks.
+
+    Found by their environment, as hydra puts proxies and ranks in sessions of
+    their own and a rank outliving mpiexec is reparented.
+    """
     out = []
-    for p in psutil.process_iter(["status"]):
+    for p in psutil.process_iter():
         try:
-            if os.getsid(p.pid) == sid and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if p.environ().get(MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p)
-        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
 
 
-def kill_session(proc: subprocess.Popen) -> None:
+def kill_run(proc: subprocess.Popen, mark: str) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    for p in session_members(proc.pid):
+    for p in run_members(mark):
         try:
             p.kill()
         except psutil.NoSuchProcess:
@@ -75,48 +84,56 @@ def kill_session(proc: subprocess.Popen) -> None:
         pass
 
 
-def assert_all_gone(proc: subprocess.Popen, grace: float = 3.0) -> None:
+def assert_all_gone(mark: str, proc: subprocess.Popen, grace: float = 3.0) -> None:
     """No process of the run is left ``grace`` seconds after mpiexec exited."""
     deadline = time.monotonic() + grace
     while True:
-        left = session_members(proc.pid)
+        left = run_members(mark)
         if not left:
             return
         if time.monotonic() > deadline:
-            names = [" ".join(p.cmdline()) for p in left]
-            kill_session(proc)
+            names = []
+            for p in left:
+                try:
+                    names.append(" ".join(p.cmdline()))
+                except psutil.NoSuchProcess:
+                    pass
+            kill_run(proc, mark)
             pytest.fail(f"processes left after mpiexec exited: {names}")
         time.sleep(0.05)
 
 
-def start(args: list[str], nprocs: int | None = 4, env: dict | None = None
-          ) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "hpcsched", *args]
+def start(args: list[str], nprocs: int | None = 4, env: dict | None = None,
+          module: bool = True) -> tuple[subprocess.Popen, str]:
+    """Start ``[mpiexec -n N] python -m hpcsched *args`` (or ``python *args``); (proc, mark)."""
+    cmd = [sys.executable, *(["-m", "hpcsched"] if module else []), *args]
     if nprocs is not None:
         cmd = ["mpiexec", "-n", str(nprocs), *cmd]
-    return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    mark = uuid.uuid4().hex
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, **(env or {}), MARK: mark})
+    return proc, mark
 
 
 def run(args: list[str], nprocs: int | None = 4, timeout: float = RUN_TIMEOUT,
-        env: dict | None = None) -> Run:
+        env: dict | None = None, module: bool = True) -> Run:
     """Run to the end (or kill at ``timeout``); check nothing of it is left."""
     t0 = time.monotonic()
-    proc = start(args, nprocs, env)
+    proc, mark = start(args, nprocs, env, module)
     try:
         out, err = proc.communicate(timeout=timeout)
         ended = time.time()
         result = Run(proc.returncode, out, err, time.monotonic() - t0, ended)
-        assert_all_gone(proc)
+        assert_all_gone(mark, proc)
         return result
     except subprocess.TimeoutExpired:
-        kill_session(proc)
+        kill_run(proc, mark)
         out, err = proc.communicate()
         pytest.fail(f"{args} did not finish within {timeout}s\n{out[-3000:]}\n{err[-5000:]}")
     finally:
-        if proc.poll() is None or session_members(proc.pid):
-            kill_session(proc)
+        if proc.poll() is None or run_members(mark):
+            kill_run(proc, mark)
 
 
 def script(name: str) -> str:
@@ -210,18 +227,11 @@ def test_task_error_on_a_worker_does_not_end_the_job():
 @needs_mpiexec
 @pytest.mark.timeout(90)
 def test_initialize_runs_the_body_on_rank_0_only():
-    cmd = ["mpiexec", "-n", "4", sys.executable, script("uses_initialize.py")]
     for arg, code in (([], 0), (["4"], 4)):
-        proc = subprocess.Popen(cmd + arg, cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=RUN_TIMEOUT)
-            assert_all_gone(proc)
-        finally:
-            kill_session(proc)
-        assert proc.returncode == code, (out, err)
-        assert out.count("body runs on") == 1 and "body runs on PMI_RANK=0" in out, (out, err)
-        assert "initialize ok" in out, (out, err)
+        r = run([script("uses_initialize.py"), *arg], module=False)
+        assert r.code == code, r
+        assert r.out.count("body runs on") == 1 and "body runs on PMI_RANK=0" in r.out, r
+        assert "initialize ok" in r.out, r
 
 
 @needs_mpiexec
@@ -289,7 +299,7 @@ def test_resources_and_hostnames_in_scheduler_info():
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_mpiexec_ends_every_rank(signum):
-    proc = start([script("long_running.py")])
+    proc, mark = start([script("long_running.py")])
     lines: list[str] = []
     running = threading.Event()
 
@@ -303,15 +313,18 @@ def test_signal_to_mpiexec_ends_every_rank(signum):
     reader.start()
     try:
         assert running.wait(40), f"the script did not start: {lines}"
+        ranks = [p for p in run_members(mark)
+                 if p.pid != proc.pid and "long_running" in " ".join(p.cmdline())]
+        assert len(ranks) == 4, f"expected 4 rank processes: {ranks}"
         t0 = time.monotonic()
         proc.send_signal(signum)
         code = proc.wait(20)
         took = time.monotonic() - t0
-        assert_all_gone(proc)
+        assert_all_gone(mark, proc)
         assert code != 0
         if signum == signal.SIGINT:
             assert code == 130, code
         assert took < 10, f"mpiexec took {took:.1f}s to end after the signal"
     finally:
-        kill_session(proc)
+        kill_run(proc, mark)
         reader.join(5)
