@@ -171,6 +171,9 @@ class Worker:
             raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {msg}")
         self._scheduler_comm = comm
         self._started = time.monotonic()
+        if isinstance(reply, list) and len(reply) > 1:
+            # tasks assigned at registration travel in the same batch as "registered"
+            self.loop.inbox.put(("scheduler", reply[1:]))
         self.loop.start()
         start_reader(comm, "scheduler", self.loop.inbox, "worker-scheduler-reader")
         logger.info("worker %s (%s) connected to %s", self.address, self.name,
@@ -274,14 +277,21 @@ class Worker:
         self._carry_out(out)
 
     def _carry_out(self, commands: list) -> None:
+        executes = []
         for cmd in commands:
             t = type(cmd)
             if t is ev.Send:
                 self._outbox.append(cmd.msg)
             elif t is ev.Execute:
-                self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                executes.append(cmd)
             elif t is ev.GatherDep:
                 self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+        if executes:
+            # "task-started" must reach the scheduler before the task can kill this process,
+            # or a task that crashes its worker is never blamed (and kills worker after worker)
+            self._flush()
+            for cmd in executes:
+                self.executor.submit(self._execute, cmd.key, cmd.run_spec)
 
     def _flush(self) -> None:
         if self._outbox and self._scheduler_comm is not None:

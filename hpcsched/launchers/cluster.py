@@ -90,12 +90,18 @@ class Cluster:
         """Remove these worker addresses: retire them gracefully, then stop what ran them."""
         if not workers:
             return
-        names = [self._worker_name_of(a) or a for a in workers]
+        names = {a: self._worker_name_of(a) or a for a in workers}
         try:
-            self.scheduler.retire_workers(workers=list(workers), close=True, timeout=60)
+            retired = self.scheduler.retire_workers(workers=list(workers), close=True,
+                                                    timeout=60)
         except Exception as e:
             logger.warning("graceful retirement of %s failed: %s", workers, e)
-        self._stop_workers(names)
+            return
+        kept = set(workers) - set(retired)
+        if kept:
+            # the scheduler keeps a worker whose results have nowhere else to go
+            logger.info("not stopping %s: it holds the only copy of results", sorted(kept))
+        self._stop_workers([names[a] for a in retired if a in names])
 
     def _scale_to(self, n: int) -> None:
         """Shrink to ``n``: subclasses with pending units override to drop those first."""

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from typing import Any
@@ -71,6 +72,7 @@ class LocalCluster(Cluster):
         self._procs: dict[str, subprocess.Popen] = {}
         self._threads: dict[str, Worker] = {}
         self._names = itertools.count()
+        self._restarts: list[float] = []
         address = f"tcp://{host}:{scheduler_port}" if processes else "inproc://"
         super().__init__(address, security, scheduler_kwargs)
         self._proc_finalizer = weakref.finalize(self, _kill_all, self._procs)
@@ -91,7 +93,9 @@ class LocalCluster(Cluster):
         for _ in range(count):
             name = f"local-{next(self._names)}"
             if self.processes:
-                self._procs[name] = self._spawn(name)
+                self._procs[name] = p = self._spawn(name)
+                threading.Thread(target=self._watch, args=(name, p), daemon=True,
+                                 name=f"watch {name}").start()
             else:
                 w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
                            memory_limit=self.memory_limit, name=name, resources=self.resources,
@@ -121,6 +125,24 @@ class LocalCluster(Cluster):
         for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"):
             env.pop(var, None)
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+
+    def _watch(self, name: str, p: subprocess.Popen) -> None:
+        """Like dask's nanny: a worker process that crashed (non-zero exit: killed, out of
+        memory, os._exit) is replaced, so the cluster keeps the size it was asked for. A
+        worker that retired or was stopped exits 0 or is no longer ours: not replaced."""
+        code = p.wait()
+        with self._lock:
+            if self._closed or self._procs.get(name) is not p or code == 0:
+                return
+            del self._procs[name]
+            now = time.monotonic()
+            self._restarts = [t for t in self._restarts if now - t < 60] + [now]
+            if len(self._restarts) > max(10, 3 * len(self._procs)):
+                logger.error("worker %s died (exit %s); too many restarts in a minute: "
+                             "not replacing it", name, code)
+                return
+            logger.warning("worker %s died (exit %s): starting a replacement", name, code)
+            self._start_workers(1)
 
     def _stop_workers(self, names: list[str]) -> None:
         for name in names:
