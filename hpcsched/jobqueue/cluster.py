@@ -394,7 +394,6 @@ class JobQueueCluster(Cluster):
             return
         self.failed_jobs.append(job)
         self._failed_since_scale += 1
-        job.reported = True
         logger.error("%s", self._failure_message(job))
 
     def _failure_message(self, job: Job) -> str:

@@ -48,7 +48,6 @@ class Job:
     workers: dict[str, str] = field(default_factory=dict)  # connected: address -> worker name
     workers_seen: set[str] = field(default_factory=set)  # names that ever connected
     end_time: float | None = None
-    reported: bool = False  # failure already logged
 
     @property
     def ended(self) -> bool:
