@@ -211,7 +211,12 @@ def test_wrong_secret_is_refused(batch):
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["sigterm", "sigint", "exit", "gc"])
+@pytest.mark.parametrize("batch,how", [
+    # SIGTERM on every system; the other ways end in the same cleanup code: once
+    pytest.param("slurm", "sigterm", marks=pytest.mark.slurm),
+    pytest.param("sge", "sigterm", marks=pytest.mark.sge), ("pbs", "sigterm"), ("lsf", "sigterm"),
+    *(pytest.param("slurm", how, marks=pytest.mark.slurm) for how in ("sigint", "exit", "gc")),
+], indirect=["batch"])
 def test_client_process_ending_leaves_no_job(batch, how):
     """SIGTERM, Ctrl-C, a plain exit without close(), garbage collection: jobs are cancelled."""
     code = textwrap.dedent(f"""
