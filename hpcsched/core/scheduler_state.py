@@ -1023,7 +1023,8 @@ class SchedulerState:
             ws.status = "closing_gracefully"
             self._running_cache = None
             self.retiring[address] = {"request_id": e.request_id, "requester": e.requester,
-                                      "start": e.now, "close": e.close, "sent": set()}
+                                      "start": e.now, "close": e.close, "sent": set(),
+                                      "workers": list(e.workers)}
         # tasks not yet started on retiring workers go elsewhere
         recs: list = []
         for address in e.workers:
@@ -1083,7 +1084,7 @@ class SchedulerState:
             self._send(ws.address, {"op": "close", "reason": "retired"})
         self._remove_worker(ev.RemoveWorker(ws.address, "retired", now))
         if not self._pending_retirements(r["request_id"]):
-            self._finish_request(r["request_id"], r["requester"], [ws.address])
+            self._finish_request(r["request_id"], r["requester"], r["workers"])
 
     def _finish_request(self, request_id: str, requester: str, workers: list[str]) -> None:
         retired = [a for a in workers if a not in self.workers]

@@ -620,3 +620,22 @@ def test_worker_dropping_the_last_copy_recomputes():
     out = step(s, ev.ReleaseWorkerData(A, ["x"]))
     assert one(out, "lost-data", key="x")
     assert one(out, "compute-task", key="x").to == A
+
+
+def test_retiring_several_workers_replies_with_all_of_them():
+    s = with_workers(A, B, C)
+    submit(s, graph(x=[]), keys=["x"], workers=[A])
+    submit(s, graph(y=[]), keys=["y"], workers=[B])
+    finish(s, A, "x")
+    finish(s, B, "y")
+    out = step(s, ev.RetireWorkers("r1", "c", [A, B]))
+    assert {m.msg["who_has"].popitem()[0] for m in sent(out, "acquire-replicas", to=C)} == \
+        {"x", "y"}
+    out = step(s, ev.AddKeys(C, {"x": 8}))
+    assert one(out, "close").to == A
+    assert not sent(out, "retire-workers-reply")  # B is not done yet
+    out = step(s, ev.AddKeys(C, {"y": 8}))
+    assert one(out, "close").to == B
+    reply = one(out, "retire-workers-reply", request_id="r1")
+    assert sorted(reply.msg["retired"]) == [A, B] and reply.msg["kept"] == []
+    assert set(s.workers) == {C}
