@@ -84,6 +84,7 @@ class Scheduler:
         self._listener = None
         self._extra_listeners: list = []
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
+        self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
         self._outbox: dict[str, list] = {}
         self._gathers: dict[str, dict] = {}  # request_id -> pending gather
         self._sub_gathers: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)
@@ -205,12 +206,13 @@ class Scheduler:
             comm.close()
             return
         self._comms[peer] = comm
+        self._worker_peers.add(peer)
         self._queue(peer, {"op": "registered", "address": self.address, "id": self.id,
                            "heartbeat_interval": config.get("worker.heartbeat-interval")})
         self._route(self.state.handle(event))
         start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
-        self._notify_workers("add", peer)
+        self._notify_workers("add", peer, self.state.workers[peer].info())
 
     def _disconnect(self, peer: str, reason: str) -> None:
         comm = self._comms.pop(peer, None)
@@ -218,20 +220,26 @@ class Scheduler:
             comm.close()
         self._outbox.pop(peer, None)
         now = time.time()
-        if peer in self.state.workers:
-            logger.info("worker %s left: %s", peer, reason)
-            self._route(self.state.handle(ev.RemoveWorker(peer, reason, now)))
+        if peer in self._worker_peers:
+            self._worker_peers.discard(peer)
+            info = None
+            if peer in self.state.workers:  # not already removed by the state (retired, ttl)
+                logger.info("worker %s left: %s", peer, reason)
+                info = self.state.workers[peer].info()
+                self._route(self.state.handle(ev.RemoveWorker(peer, reason, now)))
             self._fail_gathers_from(peer)
-            self._notify_workers("remove", peer)
+            self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
             self._route(self.state.handle(ev.RemoveClient(peer, now)))
 
-    def _notify_workers(self, what: str, address: str) -> None:
+    def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
+        """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
+        thread: they must not block)."""
         with self._workers_changed:
             self._workers_changed.notify_all()
         for cb in list(self._worker_callbacks):
             try:
-                cb(what, address)
+                cb(what, address, info)
             except Exception:
                 logger.exception("worker callback failed")
 
@@ -276,8 +284,7 @@ class Scheduler:
     def _tick(self, now: float) -> None:
         self._route(self.state.handle(ev.Tick(now)))
         # workers removed by the tick (no heartbeat) lose their comms too
-        for peer in [p for p in self._comms if p.startswith(("tcp", "tls", "inproc", "mpi"))
-                     and p not in self.state.workers]:
+        for peer in [p for p in self._worker_peers if p not in self.state.workers]:
             self._disconnect(peer, "removed")
 
     def _route(self, commands: list) -> None:
