@@ -305,6 +305,10 @@ class SchedulerState:
         if ws is not None:
             ws.last_seen = e.now
             ws.metrics = e.metrics
+            bw = e.metrics.get("bandwidth") if isinstance(e.metrics, dict) else None
+            if isinstance(bw, (int, float)) and bw > 0:
+                # measured peer-to-peer transfer speed: a moving average over reports
+                self.bandwidth = 0.8 * self.bandwidth + 0.2 * float(bw)
 
     # ================================================================ clients
     def _add_client(self, e: ev.AddClient) -> None:

@@ -143,7 +143,7 @@ class Worker:
         self._started = 0.0
         self._retire_asked = False
         self._on_close = on_close
-        self._uses_heartbeat = scheme in ("tcp", "tls")
+        self._transfers = (0, 0.0)  # bytes fetched from peers, seconds spent: bandwidth
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -302,8 +302,9 @@ class Worker:
                 pass
 
     def _tick(self, now: float) -> None:
-        if self._uses_heartbeat:
-            self._outbox.append({"op": "heartbeat", "metrics": self.metrics()})
+        # every transport: the scheduler learns bandwidth and memory; only TCP uses the
+        # heartbeat to detect lost workers (an MPI rank that dies ends the job)
+        self._outbox.append({"op": "heartbeat", "metrics": self.metrics()})
         if self.lifetime and not self._retire_asked and \
                 time.monotonic() - self._started > self.lifetime:
             self._retire_asked = True
@@ -315,6 +316,10 @@ class Worker:
         st = self.state
         m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
              "in_flight": len(st.in_flight_workers), "time": time.time()}
+        nbytes, seconds = self._transfers
+        if seconds > 0 and nbytes >= 1_000_000:  # small transfers measure latency, not speed
+            m["bandwidth"] = nbytes / seconds
+            self._transfers = (0, 0.0)
         try:
             import psutil
 
@@ -427,6 +432,7 @@ class Worker:
         rid = f"{self.address}/{next(self._ids)}"
         event = threading.Event()
         box: list = []
+        started = time.monotonic()
         try:
             comm = self._peer_comm(worker)
             self._pending[rid] = (event, box, comm)
@@ -439,6 +445,10 @@ class Worker:
             reply = box[0]
             if reply is None:
                 raise CommClosedError(f"connection to {worker} lost")
+            data = reply.get("data") or {}
+            nbytes = sum(sizeof(v) for v in data.values())
+            b, t = self._transfers
+            self._transfers = (b + nbytes, t + time.monotonic() - started)
             result = ev.GatherDepSuccess(worker, reply.get("data") or {},
                                          reply.get("missing") or [], time.time())
         except (CommClosedError, OSError, TimeoutError) as e:
