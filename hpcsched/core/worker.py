@@ -144,6 +144,7 @@ class Worker:
         self._retire_asked = False
         self._on_close = on_close
         self._transfers = (0, 0.0)  # bytes fetched from peers, seconds spent: bandwidth
+        self._uses_heartbeat = scheme in ("tcp", "tls")
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -302,9 +303,12 @@ class Worker:
                 pass
 
     def _tick(self, now: float) -> None:
-        # every transport: the scheduler learns bandwidth and memory; only TCP uses the
-        # heartbeat to detect lost workers (an MPI rank that dies ends the job)
-        self._outbox.append({"op": "heartbeat", "metrics": self.metrics()})
+        # TCP: the heartbeat is how the scheduler detects lost workers. Other transports
+        # (an MPI rank that dies ends the job) report only when there is news (a measured
+        # bandwidth), so that idle ranks stay silent and cost no CPU
+        m = self.metrics()
+        if self._uses_heartbeat or "bandwidth" in m:
+            self._outbox.append({"op": "heartbeat", "metrics": m})
         if self.lifetime and not self._retire_asked and \
                 time.monotonic() - self._started > self.lifetime:
             self._retire_asked = True
