@@ -1,0 +1,389 @@
+"""The adaptive policy as pure functions: scheduler state -> snapshot -> recommendation.
+
+No threads, clocks or clusters here (seed 003's rules; see
+:mod:`hpcsched.jobqueue.adaptive` for the list): :func:`snapshot_state` reads a
+``SchedulerState`` into plain dataclasses on the scheduler's thread, and
+:func:`recommend` turns a snapshot, a :class:`Policy` and the previous
+hysteresis counts into a :class:`Recommendation`. Tests drive them with drawn
+snapshots, no processes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# ====================================================================== snapshot
+@dataclass(frozen=True)
+class WorkerSnapshot:
+    """One connected worker as adaptive sees it."""
+
+    address: str
+    name: str = ""
+    nthreads: int = 1
+    memory_limit: int = 0  # bytes; 0 = no limit
+    nbytes: int = 0  # bytes of results stored there
+    n_keys: int = 0
+    processing: int = 0  # tasks assigned (executing or waiting for a thread)
+    waiting_tasks: int = 0  # of those, beyond its threads
+    waiting_work: float = 0.0  # expected seconds of the tasks beyond its threads
+    resources: Mapping[str, float] = field(default_factory=dict)
+    host: str = ""
+    status: str = "running"  # running | closing_gracefully
+    unit: str = ""  # the job (or other unit) it belongs to; "" = a unit of its own
+
+    @property
+    def unit_id(self) -> str:
+        return self.unit or self.address
+
+
+@dataclass(frozen=True)
+class TaskDemand:
+    """``count`` waiting tasks of TaskGroup ``group`` sharing restrictions.
+
+    ``ready`` tasks could run now (queued, or no worker can take them); tasks still
+    waiting for dependencies are recorded only when restricted (their resources make
+    workers needed) and have ``ready=False``.
+    """
+
+    group: str
+    count: int
+    duration: float  # expected seconds per task
+    ready: bool = True
+    resources: Mapping[str, float] | None = None
+    workers: frozenset[str] | None = None  # addresses, names or hosts allowed
+    loose: bool = False  # worker restrictions may be ignored
+
+    def could_run_on(self, ws: WorkerSnapshot) -> bool:
+        if self.workers and not self.loose and not (
+                ws.address in self.workers or ws.name in self.workers or ws.host in self.workers):
+            return False
+        if self.resources:
+            return all(ws.resources.get(r, 0) >= q for r, q in self.resources.items())
+        return True
+
+    @property
+    def restricted(self) -> bool:
+        return bool(self.resources) or (bool(self.workers) and not self.loose)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the policy decides on; ``requested`` is the workers the cluster asked for
+    (connected + still starting); ``None`` means "just the connected ones"."""
+
+    workers: tuple[WorkerSnapshot, ...] = ()
+    demand: tuple[TaskDemand, ...] = ()
+    requested: int | None = None
+    now: float = 0.0
+
+    @property
+    def running(self) -> list[WorkerSnapshot]:
+        return [w for w in self.workers if w.status == "running"]
+
+    @property
+    def n_requested(self) -> int:
+        n = len(self.running)
+        return n if self.requested is None else max(self.requested, n)
+
+    @property
+    def pending(self) -> int:
+        """Workers asked for that have not connected yet."""
+        return self.n_requested - len(self.running)
+
+    @property
+    def n_ready(self) -> int:
+        return sum(d.count for d in self.demand if d.ready)
+
+    @property
+    def n_waiting(self) -> int:
+        """Tasks waiting unclaimed: ready ones and those assigned beyond a worker's threads."""
+        return self.n_ready + sum(w.waiting_tasks for w in self.running)
+
+    @property
+    def waiting_work(self) -> float:
+        """Expected seconds of work of the waiting tasks."""
+        return (sum(d.count * d.duration for d in self.demand if d.ready)
+                + sum(w.waiting_work for w in self.running))
+
+    @property
+    def backlog(self) -> float:
+        """Seconds the connected workers would need for the waiting work (inf: no threads)."""
+        work = self.waiting_work
+        threads = sum(w.nthreads for w in self.running)
+        if work <= 0:
+            return 0.0
+        return work / threads if threads else math.inf
+
+    @property
+    def memory_fraction(self) -> float:
+        """Stored bytes over memory limits, over the workers that have a limit."""
+        limited = [w for w in self.running if w.memory_limit > 0]
+        limit = sum(w.memory_limit for w in limited)
+        return sum(w.nbytes for w in limited) / limit if limit else 0.0
+
+    def waiting_restrictions(self) -> list[dict]:
+        """Resource restrictions of waiting tasks (for ``get_scale_up_kwargs``)."""
+        return [dict(d.resources) for d in self.demand if d.resources]
+
+
+def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -> Snapshot:
+    """Read a SchedulerState into a :class:`Snapshot` (call on the scheduler's thread).
+
+    Costs one pass over the tasks: fine at an interval of a second even with 10^5 tasks.
+    """
+    default = float(getattr(state, "unknown_task_duration", 0.5))
+
+    def duration(ts: Any) -> float:
+        avg = ts.group.average_duration
+        return default if avg is None else avg
+
+    demand: dict[tuple, list] = {}
+    for ts in state.tasks.values():
+        s = ts.state
+        if s in ("queued", "no-worker"):
+            ready = True
+        elif s == "waiting" and (ts.resource_restrictions or
+                                 (ts.worker_restrictions and not ts.loose_restrictions)):
+            ready = False
+        else:
+            continue
+        res = tuple(sorted(ts.resource_restrictions.items())) if ts.resource_restrictions \
+            else None
+        wr = frozenset(ts.worker_restrictions) if ts.worker_restrictions else None
+        key = (ts.group.name, ready, res, wr, bool(ts.loose_restrictions))
+        entry = demand.get(key)
+        if entry is None:
+            demand[key] = [1, duration(ts)]
+        else:
+            entry[0] += 1
+    workers = []
+    for ws in state.workers.values():
+        extra = len(ws.processing) - ws.nthreads
+        work = 0.0
+        if extra > 0:
+            left = extra
+            for ts in ws.processing:
+                if ts in ws.executing:
+                    continue
+                work += duration(ts)
+                left -= 1
+                if not left:
+                    break
+        workers.append(WorkerSnapshot(
+            address=ws.address, name=ws.name, nthreads=ws.nthreads,
+            memory_limit=ws.memory_limit, nbytes=ws.nbytes, n_keys=len(ws.has_what),
+            processing=len(ws.processing), waiting_tasks=max(extra, 0), waiting_work=work,
+            resources=dict(ws.resources), host=ws.host, status=ws.status))
+    return Snapshot(
+        workers=tuple(workers),
+        demand=tuple(TaskDemand(group, count, dur, ready, dict(res) if res else None, wr, loose)
+                     for (group, ready, res, wr, loose), (count, dur) in demand.items()),
+        requested=requested, now=now)
+
+
+# ====================================================================== policy
+@dataclass(frozen=True)
+class Policy:
+    """Parameters of :func:`recommend`; ``minimum`` / ``maximum`` count workers."""
+
+    minimum: int = 0
+    maximum: float = math.inf
+    target_duration: float = 5.0
+    scale_factor: float = 2.0
+    memory_high: float = 0.8
+    wait_count: int = 3
+    workers_per_unit: int = 1
+
+    def __post_init__(self) -> None:
+        wpu = self.workers_per_unit
+        if isinstance(wpu, bool) or not isinstance(wpu, int) or wpu < 1:
+            raise ValueError(f"workers_per_unit must be a positive integer, not {wpu!r}")
+        if self.minimum < 0 or self.maximum < 0:
+            raise ValueError(f"adaptive bounds must not be negative (minimum={self.minimum}, "
+                             f"maximum={self.maximum})")
+        if self.minimum > self.maximum:
+            raise ValueError(f"adaptive minimum={self.minimum} is above maximum={self.maximum}")
+        if 0 < self.maximum < wpu:
+            raise ValueError(f"adaptive maximum={self.maximum} workers is less than one job of "
+                             f"{wpu} worker processes; pass maximum_jobs= instead")
+        if self.min_workers > self.max_workers:
+            raise ValueError(f"adaptive minimum={self.minimum} rounds up to {self.min_workers} "
+                             f"workers (whole jobs of {wpu}), above maximum={self.maximum}")
+        if not self.target_duration > 0:
+            raise ValueError(f"target_duration must be positive, not {self.target_duration!r}")
+        if not self.scale_factor >= 1:
+            raise ValueError(f"scale_factor must be at least 1, not {self.scale_factor!r}")
+        if not 0 < self.memory_high <= 1:
+            raise ValueError(f"memory_high must be in (0, 1], not {self.memory_high!r}")
+        if isinstance(self.wait_count, bool) or not isinstance(self.wait_count, int) \
+                or self.wait_count < 1:
+            raise ValueError(f"wait_count must be a positive integer, not {self.wait_count!r}")
+
+    @property
+    def min_workers(self) -> int:
+        return math.ceil(self.minimum / self.workers_per_unit) * self.workers_per_unit
+
+    @property
+    def max_workers(self) -> float:
+        if math.isinf(self.maximum):
+            return math.inf
+        return math.floor(self.maximum / self.workers_per_unit) * self.workers_per_unit
+
+    def units_up(self, n: float) -> int:
+        """``n`` workers rounded up to whole units."""
+        wpu = self.workers_per_unit
+        return math.ceil(n / wpu) * wpu
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What to do now. ``target`` is the number of workers wanted after it.
+
+    ``close_counts`` (unit -> consecutive recommendations to retire it) is the
+    hysteresis state to pass to the next :func:`recommend` call.
+    """
+
+    action: str  # "up" | "down" | "none"
+    target: int
+    reason: str
+    kind: str  # short tag of the rule that decided: minimum, maximum, backlog, memory, ...
+    retire: tuple[str, ...] = ()  # worker addresses to retire now (whole units)
+    cancel_pending: int = 0  # not-yet-connected workers no longer wanted
+    close_counts: Mapping[str, int] = field(default_factory=dict)
+
+
+def _retire_order(units: Mapping[str, list[WorkerSnapshot]], names: Iterable[str]) -> list[str]:
+    """Units with the least data first (then fewest keys, then name: deterministic)."""
+    return sorted(names, key=lambda u: (sum(w.nbytes for w in units[u]),
+                                        sum(w.n_keys for w in units[u]), u))
+
+
+def _fits(survivors: list[WorkerSnapshot], total_nbytes: int, memory_high: float) -> bool:
+    """Could ``survivors`` hold all the data below the high-water mark?"""
+    if any(w.memory_limit <= 0 for w in survivors):
+        return True  # a worker without a limit takes the rest
+    return total_nbytes <= memory_high * sum(w.memory_limit for w in survivors)
+
+
+def recommend(snap: Snapshot, policy: Policy,
+              close_counts: Mapping[str, int] | None = None) -> Recommendation:
+    """The adaptive policy: a pure function (see the module docstring for the rules)."""
+    counts = dict(close_counts or {})
+    running = snap.running
+    n = len(running)
+    requested = snap.n_requested
+    pending = snap.pending
+    lo, hi = policy.min_workers, policy.max_workers
+    units: dict[str, list[WorkerSnapshot]] = {}
+    for w in running:
+        units.setdefault(w.unit_id, []).append(w)
+
+    def none(reason: str, kind: str, keep: Mapping[str, int] | None = None) -> Recommendation:
+        return Recommendation("none", requested, reason, kind, close_counts=dict(keep or {}))
+
+    # 1. bounds
+    if requested < lo:
+        return Recommendation("up", lo, f"{requested} workers requested, below minimum {lo}",
+                              "minimum")
+    if requested > hi:
+        excess = requested - hi
+        cancel = min(pending, excess)
+        excess -= cancel
+        retire: list[str] = []
+        busy_last = sorted(units, key=lambda u: (sum(w.processing for w in units[u]),
+                                                 sum(w.nbytes for w in units[u]), u))
+        for u in busy_last:
+            if excess <= 0:
+                break
+            retire += [w.address for w in units[u]]
+            excess -= len(units[u])
+        return Recommendation("down", requested - cancel - len(retire),
+                              f"{requested} workers requested, above maximum {hi:g}",
+                              "maximum", tuple(retire), cancel)
+
+    # 2. growth
+    want = 0
+    why: list[str] = []
+    kind = ""
+    if n == 0 and snap.n_ready:
+        want = policy.workers_per_unit
+        why.append(f"no workers and {snap.n_ready} tasks waiting")
+        kind = "no-workers"
+    elif n:
+        grown = max(math.ceil(n * policy.scale_factor), n + 1)
+        backlog = snap.backlog
+        if backlog > policy.target_duration:
+            threads_per_worker = sum(w.nthreads for w in running) / n
+            tasks = snap.n_ready + sum(w.processing for w in running)
+            useful = math.ceil(tasks / threads_per_worker)
+            if useful > n:
+                want = min(grown, useful)
+                why.append(f"backlog {backlog:.3g} s > target {policy.target_duration:g} s "
+                           f"({snap.n_waiting} tasks waiting)")
+                kind = "backlog"
+        memory = snap.memory_fraction
+        if memory > policy.memory_high:
+            want = max(want, grown)
+            why.append(f"memory {memory:.0%} of limits > {policy.memory_high:.0%}")
+            kind = kind or "memory"
+    if want:
+        target = min(policy.units_up(want), hi)
+        target = max(target, lo)
+        reason = "; ".join(why)
+        if target > requested:
+            return Recommendation("up", int(target), reason, kind)
+        if pending:
+            return none(f"{reason}; {pending} requested workers not yet connected", "pending")
+        return none(f"{reason}; at maximum {hi:g}", "at-maximum")
+
+    # 3. shrink: idle units, least data first, within bounds, memory and survivors
+    needing = [d for d in snap.demand if d.ready or d.restricted]
+    idle = [u for u, ws in units.items()
+            if all(w.processing == 0 and not any(d.could_run_on(w) for d in needing)
+                   for w in ws)]
+    candidates: list[str] = []
+    cancel = 0
+    remaining = requested
+    if pending and (idle or not (snap.n_ready or any(w.processing for w in running))):
+        cancel = min(pending, max(requested - lo, 0))
+        if cancel:
+            candidates.append("<pending>")
+            remaining -= cancel
+    total_nbytes = sum(w.nbytes for w in running)
+    survivors = list(running)
+    for u in _retire_order(units, idle):
+        ws = units[u]
+        if remaining - len(ws) < lo:
+            continue
+        after = [w for w in survivors if w.unit_id != u]
+        if any(w.nbytes > 0 or w.n_keys for w in ws) and not after:
+            continue  # its results need somewhere to go
+        if not _fits(after, total_nbytes, policy.memory_high):
+            continue
+        candidates.append(u)
+        survivors = after
+        remaining -= len(ws)
+    if not candidates:
+        return none("steady" if n else "no workers and nothing to do", "steady")
+    new_counts = {u: counts.get(u, 0) + 1 for u in candidates}
+    due = [u for u in candidates if new_counts[u] >= policy.wait_count]
+    if not due:
+        waited = min(new_counts.values())
+        return none(f"{len(candidates)} idle units to retire after {policy.wait_count} "
+                    f"intervals ({waited} so far)", "idle-wait", new_counts)
+    keep = {u: c for u, c in new_counts.items() if u not in due}
+    retire = [w.address for u in due if u != "<pending>" for w in units[u]]
+    cancel = cancel if "<pending>" in due else 0
+    parts = []
+    if retire:
+        parts.append(f"{len(retire)} idle workers with the least data")
+    if cancel:
+        parts.append(f"{cancel} pending workers not needed")
+    return Recommendation(
+        "down", requested - len(retire) - cancel,
+        f"{' and '.join(parts)}, for {policy.wait_count} intervals", "idle",
+        tuple(retire), cancel, keep)
