@@ -266,10 +266,12 @@ class Client:
             cbs = self._callback_q.get()
             if cbs is None:
                 return
+            fut = _strong = None
             for ref, fn, _strong in cbs:
                 fut = ref()
                 if fut is not None:
                     _run_callback(fn, fut)
+            del cbs, fut, _strong  # or the last future stays alive while we wait
 
     def _request(self, msg: dict, rid: str, timeout: float | None) -> dict:
         event = threading.Event()

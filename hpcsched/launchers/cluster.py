@@ -37,7 +37,8 @@ class Cluster:
         self.adaptive = None
         self._lock = threading.RLock()
         self._closed = False
-        self._finalizer = weakref.finalize(self, _finalize, weakref.ref(self))
+        # a cluster dropped without close(): its scheduler (thread, socket) closes too
+        self._finalizer = weakref.finalize(self, self.scheduler.close)
 
     # ---------------------------------------------------------------- for subclasses
     def _start_workers(self, count: int, **kwargs: Any) -> None:
@@ -157,12 +158,3 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.scheduler_address} workers={self._requested()}>"
-
-
-def _finalize(ref: weakref.ref) -> None:
-    cluster = ref()
-    if cluster is not None and not cluster._closed:
-        try:
-            cluster.close(timeout=5)
-        except Exception:
-            pass

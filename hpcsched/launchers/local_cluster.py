@@ -33,12 +33,23 @@ from hpcsched.launchers.cluster import Cluster
 logger = logging.getLogger("hpcsched.local")
 
 
+def _watch(ref: weakref.ref, name: str, p: subprocess.Popen) -> None:
+    """Waits for one worker process; holds the cluster only weakly (a dropped cluster must
+    still be collected, and its finalizer kill its workers)."""
+    code = p.wait()
+    cluster = ref()
+    if cluster is not None and cluster._proc_finalizer.alive:
+        cluster._replace_crashed(name, p, code)
+
+
 def _kill_all(procs: dict) -> None:
     """Finalizer: end worker processes still running (the cluster was never closed)."""
-    for p in list(procs.values()):
+    procs_list = list(procs.values())
+    procs.clear()  # watchers see the processes are no longer ours: no replacements
+    for p in procs_list:
         if p.poll() is None:
             p.kill()
-    for p in list(procs.values()):
+    for p in procs_list:
         try:
             p.wait(5)
         except Exception:
@@ -94,8 +105,8 @@ class LocalCluster(Cluster):
             name = f"local-{next(self._names)}"
             if self.processes:
                 self._procs[name] = p = self._spawn(name)
-                threading.Thread(target=self._watch, args=(name, p), daemon=True,
-                                 name=f"watch {name}").start()
+                threading.Thread(target=_watch, args=(weakref.ref(self), name, p),
+                                 daemon=True, name=f"watch {name}").start()
             else:
                 w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
                            memory_limit=self.memory_limit, name=name, resources=self.resources,
@@ -126,11 +137,10 @@ class LocalCluster(Cluster):
             env.pop(var, None)
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
-    def _watch(self, name: str, p: subprocess.Popen) -> None:
+    def _replace_crashed(self, name: str, p: subprocess.Popen, code: int) -> None:
         """Like dask's nanny: a worker process that crashed (non-zero exit: killed, out of
         memory, os._exit) is replaced, so the cluster keeps the size it was asked for. A
         worker that retired or was stopped exits 0 or is no longer ours: not replaced."""
-        code = p.wait()
         with self._lock:
             if self._closed or self._procs.get(name) is not p or code == 0:
                 return

@@ -462,12 +462,6 @@ def test_released_futures_free_scheduler_and_worker_memory(own_client, shared_cl
                what="workers to free released keys")
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
-    "client.py: Client._callback_loop keeps its loop variables (cbs, which holds the Future "
-    "strongly as _strong, and fut) alive while it blocks in _callback_q.get() for the next "
-    "batch, so the last future given a done callback is never released: its key stays "
-    "wanted in the scheduler and its data on a worker. Fix: `del cbs, fut` (or set them to "
-    "None) at the end of each iteration."))
 def test_a_future_with_a_done_callback_is_released_when_dropped(own_client, shared_cluster):
     f = own_client.submit(inc, 1000)
     called = threading.Event()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import socket
-import subprocess
 import threading
 import time
 import weakref
@@ -136,14 +135,6 @@ def test_closing_the_cluster_under_a_client_fails_its_futures_not_hangs():
         cluster.close()
 
 
-@pytest.mark.xfail(strict=True, raises=subprocess.TimeoutExpired, reason=(
-    "local_cluster.py: LocalCluster._start_workers starts a watcher thread per worker with "
-    "target=self._watch (a bound method), so the thread keeps the cluster alive; a LocalCluster "
-    "dropped without close() is never collected, _proc_finalizer (_kill_all) never runs and its "
-    "worker processes live until the interpreter exits (and at exit _kill_all's kills look "
-    "like crashes to the watchers, which may start replacements). Fix: give the watcher a "
-    "weakref to the cluster (module-level function), and have it stop replacing once the "
-    "finalizer ran (a flag in the shared procs dict)."))
 def test_a_dropped_cluster_leaves_no_worker_process():
     cluster = _local_cluster(n_workers=1)
     procs = list(cluster.worker_processes.values())
@@ -159,13 +150,6 @@ def test_a_dropped_cluster_leaves_no_worker_process():
             alive.close()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "cluster.py: Cluster._finalizer = weakref.finalize(self, _finalize, weakref.ref(self)); "
-    "a finalizer runs after the object is dead, so ref() is always None and _finalize never "
-    "closes the scheduler of a cluster dropped without close(): its loop thread and listening "
-    "socket stay. Fix: register finalize(self, scheduler.close) (plus the worker stop), "
-    "holding the scheduler, not the cluster. (Today the dropped cluster is not even "
-    "collected: see test_a_dropped_cluster_leaves_no_worker_process.)"))
 def test_a_dropped_cluster_closes_its_scheduler():
     cluster = _local_cluster(n_workers=1)
     host, port = cluster.scheduler_address.split("://")[1].rsplit(":", 1)
