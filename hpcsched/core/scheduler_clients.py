@@ -1,0 +1,195 @@
+"""Scheduler state, continued: what clients ask for.
+
+A mixin of :class:`~hpcsched.core.scheduler_state.SchedulerState` (same rules:
+events in, ``Send`` commands out, no clock): clients come and go, submit
+graphs (``update-graph``: new tasks get priorities ``(generation, -user
+priority, static priority from order())``), want keys, release them, cancel
+them.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any
+
+from hpcsched.core import events as ev
+from hpcsched.core.graph import key_split
+from hpcsched.core.scheduler_model import TaskGroup, TaskState
+
+Key = Any
+
+
+class ClientsMixin:
+    # ================================================================ clients
+    def _add_client(self, e: ev.AddClient) -> None:
+        self.clients.add(e.client)
+
+    def _remove_client(self, e: ev.RemoveClient) -> None:
+        self.clients.discard(e.client)
+        keys = [ts.key for ts in self.tasks.values() if e.client in ts.who_wants]
+        self._client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
+
+    def _update_graph(self, e: ev.UpdateGraph) -> None:
+        self.generation += 1
+        new: list[TaskState] = []
+        recs: list = []
+        missing: dict[TaskState, Key] = {}
+        for key, spec in e.tasks.items():
+            ts = self.tasks.get(key)
+            if ts is not None:
+                if ts.state == "erred" and ts.exception_blame is None:
+                    # re-submission of a failed task runs it again
+                    ts.exception = None
+                    ts.traceback = ts.exception_text = ""
+                    ts.state = "released"
+                    ts.run_spec = spec.get("run_spec", ts.run_spec)
+                    ts.suspicious = 0
+                    ts.erred_on = []
+                    new.append(ts)
+                continue
+            name = key_split(key)
+            tg = self.groups.get(name)
+            if tg is None:
+                tg = self.groups[name] = TaskGroup(name)
+            ts = self.tasks[key] = TaskState(key, spec.get("run_spec"), tg)
+            tg.n_tasks += 1
+            new.append(ts)
+        for ts in new:
+            spec = e.tasks[ts.key]
+            for dk in spec.get("deps", ()):
+                dts = self.tasks.get(dk)
+                if dts is None:
+                    missing[ts] = dk
+                    continue
+                ts.dependencies.add(dts)
+                dts.dependents.add(ts)
+                if len(ts.group.dep_keys) < 64 and dts.group is not ts.group:
+                    ts.group.dep_keys.add(dk)
+            ts.retries = int(e.retries.get(ts.key, 0)) if e.retries else 0
+            if e.resources:
+                ts.resource_restrictions = dict(e.resources)
+            if e.workers:
+                ts.worker_restrictions = set(e.workers)
+                ts.loose_restrictions = e.allow_other_workers
+        # static priorities for the new part of the graph
+        static = e.static_priorities
+        if static is None:
+            if len(new) > 1:
+                from hpcsched.core.order import order
+
+                keys = {ts.key for ts in new}
+                static = order({ts.key: [d.key for d in ts.dependencies if d.key in keys]
+                                for ts in new})
+            else:
+                static = {}
+        for i, ts in enumerate(new):
+            ts.priority = (self.generation, -e.priority, static.get(ts.key, i))
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is not None:
+                ts.who_wants.add(e.client)
+        for ts, dk in missing.items():
+            exc = KeyError(f"task {ts.key!r} depends on {dk!r}, which the scheduler does not "
+                           "hold (was its future released?)")
+            recs += self._set_erred(ts, exc, "", str(exc))
+        if self.rootish_policy == "mars" and self.workers:
+            self._mars_assign(new)
+        # existing wanted keys: report their state to the new client
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is not None and ts not in missing:
+                recs += self._report_or_wake(ts, e.client)
+        new_wanted = sorted((ts for ts in new if ts.state == "released" and self._wanted(ts)),
+                            key=lambda t: t.priority, reverse=True)
+        recs += [(ts, "waiting") for ts in new_wanted]
+        # tasks made ready by this graph go to workers (or the queue) in priority order, not
+        # in the order the walk down from the requested keys reaches them: with queuing the
+        # first ones take the free slots, with co-assignment consecutive ones share a worker
+        self._deferred_ready = []
+        try:
+            self._transitions(recs)
+        finally:
+            ready, self._deferred_ready = self._deferred_ready, None
+        ready.sort(key=lambda t: t.priority)
+        self._transitions([(ts, "waiting-ready") for ts in ready])
+        # parts of the graph no requested key needs (a dask graph is sent whole) go at once
+        self._transitions([(ts, "forgotten") for ts in new
+                           if ts.state == "released" and not self._wanted(ts)])
+
+    def _update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
+        """A graph arrives as many new objects and no garbage: the cyclic collector's
+        full passes during the insertion (several, over a heap that grows with the graph)
+        find nothing to free and cost ~15 us per task on a 100,000-task graph."""
+        if len(e.tasks) < 1000 or not gc.isenabled():
+            self._update_graph(e)
+            return
+        gc.disable()
+        try:
+            self._update_graph(e)
+        finally:
+            gc.enable()
+
+    def _mars_assign(self, new: list[TaskState]) -> None:
+        from hpcsched.core.mars import assign_initial
+
+        deps = {ts.key: [d.key for d in ts.dependencies] for ts in new}
+        running = [ws.address for ws in self.workers.values() if ws.status == "running"]
+        if running:
+            self.mars_assignment.update(assign_initial(deps, running))
+
+    def _report_or_wake(self, ts: TaskState, client: str) -> list:
+        if ts.state == "memory":
+            self._send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+        elif ts.state == "erred":
+            self._report_erred(ts, [client])
+        elif ts.state == "released":
+            return [(ts, "waiting")]
+        return []
+
+    def _client_desires(self, e: ev.ClientDesiresKeys) -> None:
+        recs: list = []
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is None:
+                self._send(e.client, {"op": "cancelled-keys", "keys": [key]})
+                continue
+            ts.who_wants.add(e.client)
+            recs += self._report_or_wake(ts, e.client)
+        self._transitions(recs)
+
+    def _client_releases(self, e: ev.ClientReleasesKeys) -> None:
+        recs: list = []
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is None or e.client not in ts.who_wants:
+                continue
+            ts.who_wants.discard(e.client)
+            if not self._wanted(ts):
+                recs.append((ts, "released"))
+        self._transitions(recs)
+
+    def _cancel(self, e: ev.CancelKeys) -> None:
+        recs: list = []
+        cancelled = []
+        for key in e.keys:
+            ts = self.tasks.get(key)
+            if ts is None:
+                continue
+            cancelled.append(key)
+            clients = set(ts.who_wants)
+            ts.who_wants.clear()
+            for c in clients | {e.client}:
+                self._send(c, {"op": "cancelled-keys", "keys": [key]})
+            # dependents cannot run any more: cancel them too
+            stack = list(ts.dependents)
+            while stack:
+                dts = stack.pop()
+                if dts.who_wants:
+                    for c in dts.who_wants:
+                        self._send(c, {"op": "cancelled-keys", "keys": [dts.key]})
+                    dts.who_wants.clear()
+                    stack.extend(dts.dependents)
+                if dts.state not in ("memory", "released"):
+                    recs.append((dts, "released"))
+            recs.append((ts, "released"))
+        self._transitions(recs)
