@@ -12,6 +12,11 @@ Rules of this file:
   :mod:`hpcsched.core.order` (static priorities).
 * :meth:`SchedulerState.validate` checks every invariant; tests call it after
   each step.
+* This file holds workers joining and leaving, task results and the
+  transitions; client requests live in :mod:`.scheduler_clients`, data
+  movement, stealing and retirement in :mod:`.scheduler_maintenance`, the
+  records in :mod:`.scheduler_model`, queries and ``validate`` in
+  :mod:`.scheduler_validate` (mixins of one class).
 
 Priorities are ``(generation, -user_priority, static_priority)``: every task of
 an earlier ``submit``/``map``/``compute`` call comes before those of a later
