@@ -102,6 +102,9 @@ class Client:
         self._ids = itertools.count()
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
         self._callback_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._changed = threading.Condition()  # a future's state changed
+        self._token = uuid.uuid4().hex[:16]  # keys: token + counter (os.urandom is slow here)
+        self._keys = itertools.count()
         self._closed = False
         self.status = "connecting"
         try:
@@ -219,8 +222,17 @@ class Client:
         for event, box in list(self._requests.values()):
             box.append(None)
             event.set()
+        with self._changed:
+            self._changed.notify_all()
 
     def _handle(self, msgs: list) -> None:
+        try:
+            self._handle_msgs(msgs)
+        finally:
+            with self._changed:
+                self._changed.notify_all()
+
+    def _handle_msgs(self, msgs: list) -> None:
         for msg in msgs:
             op = msg.get("op")
             if op == "key-in-memory":
@@ -272,6 +284,20 @@ class Client:
                 if fut is not None:
                     _run_callback(fn, fut)
             del cbs, fut, _strong  # or the last future stays alive while we wait
+
+    def _wait_done(self, states: list[FutureState], deadline: float | None,
+                   timeout: float | None) -> None:
+        """Block until every state is done: one condition for the whole client (notified per
+        batch of scheduler messages), not an event per future."""
+        for st in states:
+            if st.done():
+                continue
+            with self._changed:
+                while not st.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"futures not done within {timeout}s")
+                    self._changed.wait(left if left is not None else 1.0)
 
     def _request(self, msg: dict, rid: str, timeout: float | None) -> dict:
         event = threading.Event()
@@ -326,7 +352,7 @@ class Client:
         if not callable(func):
             raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
         if key is None:
-            key = f"{funcname(func)}-{uuid.uuid4().hex}"
+            key = f"{funcname(func)}-{self._token}{next(self._keys):08x}"
         if key in self.futures:
             return Future(key, self)
         (args, kwargs), deps = self._unpack((args, kwargs))
@@ -357,7 +383,7 @@ class Client:
                 raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
         else:
             base = key or funcname(func)
-            token = uuid.uuid4().hex[:20]
+            token = f"{self._token}{next(self._keys):08x}"
             keys = [f"{base}-{token}{i:08x}" for i in range(len(items))]
         fblob = dumps_function(func)
         tasks = {}
@@ -481,10 +507,8 @@ class Client:
         values: dict = {}
         pending = {f.key: f for f in flat}
         while pending:
+            self._wait_done([f._state for f in pending.values()], deadline, timeout)
             for f in list(pending.values()):
-                left = None if deadline is None else max(deadline - time.monotonic(), 0)
-                if not f._state.event.wait(left):
-                    raise TimeoutError(f"future {f.key!r} not done within {timeout}s")
                 st = f._state
                 if st.status == "error":
                     if errors == "raise":
@@ -548,6 +572,8 @@ class Client:
         for f in flat:
             if not f.done():
                 self._callbacks(f._state.cancel())
+        with self._changed:
+            self._changed.notify_all()
         self._send({"op": "cancel-keys", "keys": keys})
 
     # ================================================================ cluster

@@ -36,25 +36,33 @@ class _RemoteTraceback(Exception):
         return self.tb
 
 
+_lock = threading.Lock()  # guards every future's lazily made event and callback list
+
+
 class FutureState:
-    __slots__ = ("status", "event", "exception", "traceback", "typename", "callbacks", "lock",
-                 "exception_text")
+    """Where a key stands for this client. Events and callback lists are made only when
+    someone waits or registers a callback: a ``map`` of 10,000 items creates none."""
+
+    __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
+                 "exception_text", "_is_done")
 
     def __init__(self) -> None:
         self.status = "pending"
-        self.event = threading.Event()
+        self._event: threading.Event | None = None
         self.exception: Any = None
         self.traceback = ""
         self.exception_text = ""
         self.typename = ""
-        self.callbacks: list = []
-        self.lock = threading.Lock()
+        self.callbacks: list | None = None
+        self._is_done = False
 
     def _done(self) -> list:
-        self.event.set()
-        with self.lock:
-            cbs, self.callbacks = self.callbacks, []
-        return cbs
+        with _lock:
+            self._is_done = True
+            event, cbs, self.callbacks = self._event, self.callbacks, None
+        if event is not None:
+            event.set()
+        return cbs or []
 
     def finish(self, typename: str = "") -> list:
         self.status = "finished"
@@ -73,11 +81,36 @@ class FutureState:
         return self._done()
 
     def lose(self) -> None:
-        self.status = "lost"
-        self.event.clear()
+        """The result was lost and is being recomputed: pending again."""
+        with _lock:
+            self._is_done = False
+            self.status = "lost"
+            if self._event is not None:
+                self._event.clear()
 
     def done(self) -> bool:
-        return self.event.is_set()
+        return self._is_done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._is_done:
+            return True
+        with _lock:
+            if self._is_done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def add_callback(self, entry: Any) -> bool:
+        """Queue ``entry`` for when the future is done; False if it already is."""
+        with _lock:
+            if self._is_done:
+                return False
+            if self.callbacks is None:
+                self.callbacks = []
+            self.callbacks.append(entry)
+            return True
 
 
 class Future:
@@ -102,7 +135,7 @@ class Future:
         return self.client._gather_one(self, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._state.event.wait(timeout):
+        if not self._state.wait(timeout):
             raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
         if self._state.status != "error":
             return None
@@ -119,12 +152,8 @@ class Future:
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` when done (at once if already done), in a client thread."""
-        st = self._state
-        with st.lock:
-            if not st.event.is_set():
-                st.callbacks.append((weakref.ref(self), fn, self))
-                return
-        _run_callback(fn, self)
+        if not self._state.add_callback((weakref.ref(self), fn, self)):
+            _run_callback(fn, self)
 
     def __del__(self) -> None:
         try:
@@ -202,7 +231,7 @@ def wait_futures(fs: Any, timeout: float | None = None,
     if return_when == "ALL_COMPLETED":
         for f in flat:
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not f._state.event.wait(left):
+            if not f._state.wait(left):
                 raise TimeoutError(f"futures not done within {timeout}s")
     elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
         done_event = threading.Event()
