@@ -157,8 +157,11 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         self._running_cache = None
         self.retiring.pop(ws.address, None)
         recs: list = []
+        # blame the tasks the worker said it started; if its "task-started" messages did
+        # not get out before it died, every task it held (as dask does)
+        suspects = set(ws.executing) or set(ws.processing)
         for ts in list(ws.processing):
-            was_executing = ts in ws.executing
+            was_executing = ts in suspects
             self._exit_processing(ts)
             ts.state = "released"
             if was_executing and not graceful:

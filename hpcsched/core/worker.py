@@ -288,9 +288,8 @@ class Worker:
             elif t is ev.GatherDep:
                 self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
         if executes:
-            # "task-started" must reach the scheduler before the task can kill this process,
-            # or a task that crashes its worker is never blamed (and kills worker after worker)
-            self._flush()
+            # "task-started" goes out first when the loop flushes after this batch; should the
+            # task kill the process before that, the scheduler blames all it had assigned here
             for cmd in executes:
                 self.executor.submit(self._execute, cmd.key, cmd.run_spec)
 

@@ -282,13 +282,26 @@ def test_worker_lost_while_processing_reschedules_elsewhere():
     assert not sent(out, "free-keys")  # nothing to tell the dead worker
 
 
-def test_worker_lost_before_task_started_is_not_suspicious():
+def test_only_tasks_reported_started_are_suspicious_when_a_worker_dies():
+    """A holds x (started) and y (assigned, not started): only x is blamed."""
+    s = with_workers(A, nthreads=1)
+    out = submit(s, graph(x=[], y=[]), keys=["x", "y"])
+    assert {m.msg["key"] for m in out if m.to == A and m.msg["op"] == "compute-task"} == {"x", "y"}
+    step(s, ev.TaskStarted(A, "x"))
+    step(s, ev.RemoveWorker(A, "gone"))
+    assert s.tasks["x"].suspicious == 1
+    assert s.tasks["y"].suspicious == 0
+
+
+def test_worker_lost_before_any_task_started_blames_what_it_held():
+    """No "task-started" got out before the worker died (a task may crash it at once):
+    everything it held is suspicious, as in dask, so a crashing task is still caught."""
     s = with_workers(A, B)
     out = submit(s, graph(x=[]), keys=["x"])
     w = one(out, "compute-task", key="x").to
     step(s, ev.RemoveWorker(w, "gone"))
-    assert s.tasks["x"].suspicious == 0
-    assert s.tasks["x"].state == "processing"
+    assert s.tasks["x"].suspicious == 1
+    assert s.tasks["x"].state == "processing"  # rescheduled on the other worker
 
 
 def test_task_that_kills_allowed_failures_workers_errs_with_killed_worker():
