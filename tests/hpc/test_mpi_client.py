@@ -204,11 +204,14 @@ def test_idle_worker_ranks_do_not_spin(cluster):
     pids = [client.submit(where, workers=[w], pure=False).result(timeout=WAIT)[0]
             for w in workers]
     procs = [psutil.Process(p) for p in pids] + [psutil.Process()]
+    # the back-off keeps a 1 ms cap for the first second of idleness (a reply is
+    # usually near); the claim is about the idleness after it
+    time.sleep(1.2)
     before = [sum(p.cpu_times()[:2]) for p in procs]
     t0 = time.monotonic()
-    time.sleep(2.0)  # measuring idleness: nothing to wait for
+    time.sleep(3.0)  # measuring idleness: nothing to wait for
     elapsed = time.monotonic() - t0
     used = [(sum(p.cpu_times()[:2]) - b) / elapsed for p, b in zip(procs, before, strict=True)]
-    # each worker rank's progress thread backs off to a few dozen polls a second
-    assert max(used[:-1]) < 0.03, f"idle worker ranks used {used[:-1]} of a CPU"
-    assert used[-1] < 0.05, f"idle rank 0 (scheduler + client) used {used[-1]:.3f} of a CPU"
+    # each worker rank's progress thread polls a few dozen times a second (~0.1 %)
+    assert max(used[:-1]) < 0.02, f"idle worker ranks used {used[:-1]} of a CPU"
+    assert used[-1] < 0.04, f"idle rank 0 (scheduler + client) used {used[-1]:.3f} of a CPU"
