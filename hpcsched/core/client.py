@@ -94,6 +94,14 @@ class Client:
         if security is None:
             security = Security.from_environment()
         self.scheduler_address: str = address
+        from hpcsched.core.scheduler import LOCAL_SCHEDULERS
+
+        # the scheduler lives in this process: no sockets, no pickling between us (for a
+        # client holding its secret: a wrong one must be refused as over the network)
+        connect_address = address
+        local = LOCAL_SCHEDULERS.get(address)
+        if local is not None and local[1] == (security.secret if security else None):
+            connect_address = local[0]
         self.security = security
         self.futures: dict[Any, FutureState] = {}
         self._refcount: dict[Any, int] = {}
@@ -108,7 +116,7 @@ class Client:
         self._closed = False
         self.status = "connecting"
         try:
-            self._comm = registry.connect(address, timeout=timeout, security=security)
+            self._comm = registry.connect(connect_address, timeout=timeout, security=security)
         except Exception:
             self._close_owned_cluster()
             raise
@@ -402,6 +410,9 @@ class Client:
     def _unpack(self, obj: Any) -> tuple[Any, set]:
         """Replace futures inside ``obj`` by Refs; return (new obj, their keys)."""
         deps: set = set()
+        if type(obj) is tuple and len(obj) == 2 and type(obj[1]) is dict and not obj[1] \
+                and all(type(a) in _SCALARS for a in obj[0]):
+            return obj, deps  # (args, {}) of plain values: the common case of submit/map
 
         def walk(x: Any) -> Any:
             t = type(x)
@@ -524,9 +535,10 @@ class Client:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             reply = self._request({"op": "gather", "request_id": rid, "keys": list(pending)},
                                   rid, left)
-            for k, v in (reply.get("data") or {}).items():
-                values[k] = deserialize(v)
-                pending.pop(k, None)
+            for blob in reply.get("blobs") or ():
+                for k, v in deserialize(blob).items():
+                    values[k] = v
+                    pending.pop(k, None)
             for k in reply.get("missing") or ():
                 f = pending.get(k)
                 if f is not None and f._state.status == "finished":
@@ -643,6 +655,9 @@ def _close_at_exit(ref: weakref.ref) -> None:
 
 
 # ==================================================================== helpers
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
+
+
 def funcname(func: Any) -> str:
     while hasattr(func, "func") and not hasattr(func, "__name__"):
         func = func.func  # functools.partial

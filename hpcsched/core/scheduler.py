@@ -36,6 +36,8 @@ from hpcsched.core.scheduler_state import SchedulerState
 logger = logging.getLogger("hpcsched.scheduler")
 
 INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
+# public address -> (inproc address, secret) of the schedulers running in this process
+LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
 
 _client_fields = {op for op, cls in ev.SCHEDULER_OPS.items()
                   if "client" in cls.__dataclass_fields__}
@@ -80,6 +82,7 @@ class Scheduler:
         self.loop = Loop("hpcsched-scheduler", self._process, self._flush, self._tick,
                          tick_interval)
         self.address = ""
+        self.inproc_address = ""
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._listener = None
         self._extra_listeners: list = []
@@ -100,6 +103,11 @@ class Scheduler:
         self.loop.start()
         self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
         self.address = self._listener.address
+        # a client in this process (a notebook's, rank 0's) talks to us without sockets
+        self.inproc_address = self.address if self.scheme == "inproc" else \
+            self.add_listener("inproc://")
+        LOCAL_SCHEDULERS[self.address] = (self.inproc_address,
+                                          self.security.secret if self.security else None)
         logger.info("scheduler at %s", self.address)
         return self
 
@@ -122,6 +130,7 @@ class Scheduler:
         if self._closed:
             return
         self._closed = True
+        LOCAL_SCHEDULERS.pop(self.address, None)
         for lst in [self._listener, *self._extra_listeners]:
             if lst is not None:
                 lst.stop()
@@ -333,7 +342,7 @@ class Scheduler:
             holders = sorted(ts.who_has, key=lambda ws: ws.address)
             ws = holders[hash(key) % len(holders)] if len(holders) > 1 else holders[0]
             per_worker.setdefault(ws.address, []).append(key)
-        g = {"requester": requester, "data": {}, "missing": missing, "subs": set()}
+        g = {"requester": requester, "blobs": [], "missing": missing, "subs": set()}
         self._gathers[request_id] = g
         for worker, wkeys in per_worker.items():
             sub = f"{request_id}/{next(self._ids)}"
@@ -353,7 +362,8 @@ class Scheduler:
         if g is None:
             return
         g["subs"].discard(sub)
-        g["data"].update(msg.get("data") or {})
+        if msg.get("blob") is not None:
+            g["blobs"].append(msg["blob"])  # relayed as is: never unpickled here
         for key in msg.get("missing") or ():
             g["missing"].append(key)
             self._route(self.state.handle(ev.MissingData("", key, worker, time.time())))
@@ -375,7 +385,7 @@ class Scheduler:
             return
         del self._gathers[request_id]
         self._queue(g["requester"], {"op": "gather-reply", "request_id": request_id,
-                                     "data": g["data"], "missing": g["missing"]})
+                                     "blobs": g["blobs"], "missing": g["missing"]})
 
     def _op_scatter(self, source: str, msg: dict) -> None:
         event = ev.ScatterData(client=source, scatter_id=msg["scatter_id"], data=msg["data"],

@@ -420,9 +420,13 @@ class Worker:
             except KeyError:
                 missing.append(key)
                 continue
-            out[key] = serialize(value) if wrap else value
-        reply = {"op": "data-reply", "request_id": msg.get("request_id"), "data": out,
-                 "missing": missing}
+            out[key] = value
+        if wrap:  # for a relay (the scheduler): one opaque blob for all the values
+            reply = {"op": "data-reply", "request_id": msg.get("request_id"),
+                     "blob": serialize(out), "missing": missing}
+        else:
+            reply = {"op": "data-reply", "request_id": msg.get("request_id"), "data": out,
+                     "missing": missing}
         if comm is self._scheduler_comm:
             self._outbox.append(reply)  # on the loop thread: goes out with this batch
             return
