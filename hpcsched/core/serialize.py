@@ -54,6 +54,10 @@ def dumps(obj: Any) -> list[Frame]:
 
     try:
         head = pickle.dumps(obj, protocol=5, buffer_callback=callback)
+        if b"__main__" in head:
+            # a class or function of the user's script, pickled by reference: the other
+            # side has a different __main__, so send it by value
+            raise pickle.PicklingError("refers to __main__")
     except Exception:
         buffers.clear()
         try:
@@ -108,12 +112,15 @@ def loads_function(blob: bytes) -> Any:
 def dumps_object(obj: Any) -> bytes:
     """cloudpickle ``obj`` in band (task arguments): names the culprit on failure."""
     try:
-        return pickle.dumps(obj, protocol=5)
+        out = pickle.dumps(obj, protocol=5)
+        if b"__main__" not in out:  # else: the script's classes must travel by value
+            return out
     except Exception:
-        try:
-            return cloudpickle.dumps(obj, protocol=5)
-        except Exception as e:
-            raise SerializationError(f"cannot serialize {_describe(obj)}: {e}") from e
+        pass
+    try:
+        return cloudpickle.dumps(obj, protocol=5)
+    except Exception as e:
+        raise SerializationError(f"cannot serialize {_describe(obj)}: {e}") from e
 
 
 def loads_object(blob: bytes) -> Any:

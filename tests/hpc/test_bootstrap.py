@@ -253,10 +253,6 @@ def test_functions_and_classes_of_the_script_work_on_workers():
 
 @needs_mpiexec
 @pytest.mark.timeout(90)
-@pytest.mark.xfail(strict=True, reason=(
-    "core serialize.dumps/dumps_object pickle instances of __main__ classes by reference "
-    "(plain pickle succeeds on rank 0, workers cannot resolve __main__.Point); fix: fall "
-    "back to cloudpickle when the pickle contains b'__main__', as distributed does"))
 def test_instances_of_script_classes_as_task_arguments():
     r = run([script("classes.py"), "arguments"])
     assert r.code == 0, r
