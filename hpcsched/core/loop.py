@@ -136,9 +136,13 @@ class Loop:
             logger.exception("%s: error while handling %d messages", self.name, len(work))
 
 
-def start_reader(comm: Comm, source: Any, inbox: queue.SimpleQueue, name: str) -> threading.Thread:
-    """A thread putting ``(source, message)`` on ``inbox`` for every message of ``comm``,
-    then ``(source, CLOSED)`` when it closes."""
+def start_reader(comm: Comm, source: Any, inbox: queue.SimpleQueue,
+                 name: str) -> threading.Thread | None:
+    """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
+    ``(source, CLOSED)`` when it closes: by the backend itself where it can
+    (``Comm.deliver_to``), else by a reader thread (returned)."""
+    if comm.deliver_to(inbox, source, CLOSED):
+        return None
 
     def run() -> None:
         try:

@@ -41,8 +41,13 @@ def _describe(obj: Any) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__} {r}"
 
 
-def dumps(obj: Any) -> list[Frame]:
-    """``obj`` as ``[pickle stream, *out-of-band buffers]``."""
+def dumps(obj: Any, main_by_value: bool = False) -> list[Frame]:
+    """``obj`` as ``[pickle stream, *out-of-band buffers]``.
+
+    ``main_by_value``: user data from the client's process, where classes of the user's
+    script are ``__main__.X`` and would pickle by reference: send those by value. Not for
+    messages (their task blobs mention ``__main__`` without needing it).
+    """
     buffers: list[Frame] = []
 
     def callback(buf: pickle.PickleBuffer) -> bool | None:
@@ -54,7 +59,7 @@ def dumps(obj: Any) -> list[Frame]:
 
     try:
         head = pickle.dumps(obj, protocol=5, buffer_callback=callback)
-        if b"__main__" in head:
+        if main_by_value and b"__main__" in head:
             # a class or function of the user's script, pickled by reference: the other
             # side has a different __main__, so send it by value
             raise pickle.PicklingError("refers to __main__")
@@ -155,7 +160,7 @@ def _rebuild_serialized(*frames: Frame) -> Serialized:
 
 
 def serialize(obj: Any) -> Serialized:
-    return Serialized(dumps(obj))
+    return Serialized(dumps(obj, main_by_value=True))
 
 
 def deserialize(obj: Any) -> Any:

@@ -57,6 +57,14 @@ class Comm(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool: ...
 
+    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
+        """Optional fast path: push every later message onto ``inbox`` (anything with
+        ``put``) as ``(source, message)``, then ``(source, closed_marker)`` once the comm
+        closes, instead of waiting for ``recv`` calls. Returns False when the backend
+        cannot (then the caller runs a reader thread). Saves a thread hand-off per message.
+        """
+        return False
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.local_address} -> {self.peer_address}>"
 

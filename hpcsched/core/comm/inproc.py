@@ -35,8 +35,44 @@ def new_address(name: str = "") -> str:
     return f"inproc://{os.getpid()}/{name or 'srv'}-{next(_ids)}"
 
 
+class _Pipe:
+    """One direction of an inproc comm: a queue, or, once the receiver asked for it
+    (``deliver_to``), straight into the receiver's inbox."""
+
+    __slots__ = ("queue", "target", "lock")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.target: tuple[Any, Any, Any] | None = None  # (inbox, source, closed marker)
+        self.lock = threading.Lock()
+
+    def put(self, msg: Any) -> None:
+        target = self.target
+        if target is None:
+            with self.lock:
+                target = self.target
+                if target is None:
+                    self.queue.put(msg)
+                    return
+        inbox, source, marker = target
+        inbox.put((source, marker if msg is _CLOSE else msg))
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.queue.get(timeout=timeout)
+
+    def redirect(self, inbox: Any, source: Any, marker: Any) -> None:
+        with self.lock:
+            while True:  # what arrived before goes first, in order
+                try:
+                    msg = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                inbox.put((source, marker if msg is _CLOSE else msg))
+            self.target = (inbox, source, marker)
+
+
 class InprocComm(Comm):
-    def __init__(self, inbox: queue.SimpleQueue, outbox: queue.SimpleQueue, local: str, peer: str):
+    def __init__(self, inbox: _Pipe, outbox: _Pipe, local: str, peer: str):
         self._in = inbox
         self._out = outbox
         self.local_address = local
@@ -73,11 +109,14 @@ class InprocComm(Comm):
     def closed(self) -> bool:
         return self._closed
 
+    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
+        self._in.redirect(inbox, source, closed_marker)
+        return True
+
 
 def pipe(a_address: str = "inproc://a", b_address: str = "inproc://b") -> tuple[InprocComm, InprocComm]:
     """Two connected comms (for tests and same-process wiring)."""
-    q1: queue.SimpleQueue = queue.SimpleQueue()
-    q2: queue.SimpleQueue = queue.SimpleQueue()
+    q1, q2 = _Pipe(), _Pipe()
     a = InprocComm(q1, q2, a_address, b_address)
     b = InprocComm(q2, q1, b_address, a_address)
     return a, b
