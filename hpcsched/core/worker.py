@@ -47,6 +47,8 @@ from hpcsched.core.worker_state import WorkerState
 
 logger = logging.getLogger("hpcsched.worker")
 
+INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+
 
 class RemoteError(Exception):
     """Stands in for an exception that could not be pickled on the worker."""
@@ -290,8 +292,15 @@ class Worker:
         if executes:
             # "task-started" goes out first when the loop flushes after this batch; should the
             # task kill the process before that, the scheduler blames all it had assigned here
+            tasks = self.state.tasks
             for cmd in executes:
-                self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                ts = tasks.get(cmd.key)
+                if ts is not None and ts.duration < INLINE_TASK:
+                    # known to take well under a millisecond: running it here saves two
+                    # thread hand-offs, which would cost more than the task itself
+                    self._execute(cmd.key, cmd.run_spec)
+                else:
+                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
 
     def _flush(self) -> None:
         if self._outbox and self._scheduler_comm is not None:
