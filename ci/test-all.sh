@@ -11,6 +11,12 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 echo "== installing hpcsched[mpi,test]"
 $PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test]' || exit 1
+# the mpich wheel's mpiexec lives beside this interpreter's scripts (pyenv shims may not
+# know it yet): put that directory first, and make the MPI tests fail rather than skip
+scripts=$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+export PATH="$scripts:$PATH"
+command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null
+export HPCSCHED_REQUIRE_MPI=1
 
 started=()
 cleanup() {
