@@ -46,6 +46,7 @@ from hpcsched.launchers.cluster import Cluster
 logger = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 20
+GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
 
 
 class JobFailedError(RuntimeError):
@@ -361,11 +362,17 @@ class JobQueueCluster(Cluster):
                 status = statuses.get(job_id)
                 if status is None:
                     job.missing_polls += 1
-                    job.gone = job.missing_polls >= 3  # not a race right after submission
+                    if job.missing_since is None:
+                        job.missing_since = time.time()
+                    # not a race right after submission, and time for the accounting record
+                    # (SGE's qacct lags a second or more) to tell how it ended
+                    job.gone = job.missing_polls >= 3 and (
+                        job.cancel_requested or time.time() - job.missing_since >= GONE_AFTER)
                     if job.gone and job.cancel_requested:
                         job.state = JobState.CANCELLED
                 else:
                     job.missing_polls = 0
+                    job.missing_since = None
                     state = status.state
                     if state is JobState.FAILED and job.cancel_requested:
                         state = JobState.CANCELLED  # killed by our own cancel

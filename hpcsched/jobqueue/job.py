@@ -44,6 +44,7 @@ class Job:
     exit_code: int | None = None
     gone: bool = False  # vanished from the batch system with no accounting record
     missing_polls: int = 0
+    missing_since: float | None = None  # when the status command first lost sight of it
     cancel_requested: bool = False
     workers: dict[str, str] = field(default_factory=dict)  # connected: address -> worker name
     workers_seen: set[str] = field(default_factory=set)  # names that ever connected

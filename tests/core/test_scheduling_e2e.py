@@ -62,7 +62,9 @@ def scheduled_keys(cluster: LocalCluster, run: Any) -> tuple[Any, set]:
     set_logging(True)
     try:
         result = run()
-        keys = cluster.scheduler.call(lambda s: {k for k, _, _ in s.state.transition_log})
+        # keys that were scheduled; releases of an earlier call's keys may still trickle in
+        keys = cluster.scheduler.call(lambda s: {k for k, _, finish in s.state.transition_log
+                                                 if finish not in ("released", "forgotten")})
     finally:
         set_logging(False)
     return result, keys
