@@ -209,6 +209,15 @@ class BatchSystem:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ------------------------------------------------------------ rendering
+    #: the system's flags for the queue (partition) and the account (project) to charge
+    queue_flag = "-q"
+    account_flag = "-A"
+
+    def queue_account_directives(self) -> list[str]:
+        p = self.params
+        return ([f"{self.queue_flag} {p['queue']}"] if p["queue"] else []) + \
+            ([f"{self.account_flag} {p['account']}"] if p["account"] else [])
+
     def resource_directives(self, ntasks: int) -> list[str]:
         """Directives (without prefix) for queue, account, cores, memory, walltime."""
         raise NotImplementedError

@@ -48,6 +48,7 @@ def lsf_units(envdir: str | None = None) -> str:
 class LSFSystem(BatchSystem):
     system = "lsf"
     directive_prefix = "#BSUB"
+    account_flag = "-P"
     submit_command = ["bsub"]
     cancel_command = ["bkill"]
     job_id_regex = r"Job <(?P<job_id>\d+)> is submitted"
@@ -80,11 +81,7 @@ class LSFSystem(BatchSystem):
 
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
-        out = []
-        if p["queue"]:
-            out.append(f"-q {p['queue']}")
-        if p["account"]:
-            out.append(f"-P {p['account']}")
+        out = self.queue_account_directives()
         out.append(f"-n {p['cores']}")
         if p["cores"] > 1 and ntasks == 1:
             out.append('-R "span[hosts=1]"')

@@ -48,11 +48,7 @@ class PBSSystem(BatchSystem):
 
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
-        out = []
-        if p["queue"]:
-            out.append(f"-q {p['queue']}")
-        if p["account"]:
-            out.append(f"-A {p['account']}")
+        out = self.queue_account_directives()
         if p["resource_spec"]:
             out.append(f"-l {p['resource_spec']}")
         else:

@@ -44,6 +44,7 @@ def sge_state(native: str) -> JobState:
 class SGESystem(BatchSystem):
     system = "sge"
     directive_prefix = "#$"
+    account_flag = "-P"
     submit_command = ["qsub", "-terse"]
     cancel_command = ["qdel"]
     job_id_regex = r"^(?P<job_id>\d+)(?:\.\d+-\d+:\d+)?$"  # "3", arrays "3.1-4:1"
@@ -69,11 +70,7 @@ class SGESystem(BatchSystem):
 
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
-        out = []
-        if p["queue"]:
-            out.append(f"-q {p['queue']}")
-        if p["account"]:
-            out.append(f"-P {p['account']}")
+        out = self.queue_account_directives()
         slots = 1
         if p["cores"] > 1 and p["pe"]:
             slots = p["cores"]

@@ -61,6 +61,7 @@ def parse_exit_code(text: str) -> int | None:
 class SLURMSystem(BatchSystem):
     system = "slurm"
     directive_prefix = "#SBATCH"
+    queue_flag = "-p"
     submit_command = ["sbatch", "--parsable"]
     cancel_command = ["scancel"]
     job_id_regex = r"^(?P<job_id>\d+)(?:;\S+)?$"  # "42", or "42;cluster" when federated
@@ -88,11 +89,7 @@ class SLURMSystem(BatchSystem):
 
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
-        out = []
-        if p["queue"]:
-            out.append(f"-p {p['queue']}")
-        if p["account"]:
-            out.append(f"-A {p['account']}")
+        out = self.queue_account_directives()
         out.append(f"-n {ntasks}")
         out.append(f"--cpus-per-task={max(1, p['cores'] // ntasks)}")
         out.append(f"--mem={mib(self.memory_bytes)}M")
