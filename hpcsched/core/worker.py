@@ -136,6 +136,9 @@ class Worker:
         self._peers: dict[str, Comm] = {}
         self._peer_lock = threading.Lock()
         self._reading: set[int] = set()
+        self._direct: set[int] = set()  # peer comms delivering onto the loop's inbox
+        # request id -> (worker, keys, comm, started): fetches answered on the loop
+        self._direct_fetches: dict[str, tuple[str, list, Comm, float]] = {}
         self._pending: dict[str, tuple[threading.Event, list, Any]] = {}
         self._ids = itertools.count()
         self._closed = threading.Event()
@@ -275,6 +278,8 @@ class Worker:
                         pass
                     else:
                         logger.warning("unknown op from scheduler: %r", op)
+            elif type(source) is tuple:  # ("peer", comm): a direct peer comm
+                out += self._peer_message(source[1], payload)
             else:  # our own events: task results, transfers
                 out += state.handle(payload)
         self._carry_out(out)
@@ -288,7 +293,11 @@ class Worker:
             elif t is ev.Execute:
                 executes.append(cmd)
             elif t is ev.GatherDep:
-                self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+                comm = self._direct_peer(cmd.worker)
+                if comm is not None:  # no thread needed: the reply comes to the loop
+                    self._send_fetch(comm, cmd.worker, cmd.keys)
+                else:
+                    self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
         if executes:
             # "task-started" goes out first when the loop flushes after this batch; should the
             # task kill the process before that, the scheduler blames all it had assigned here
@@ -311,6 +320,12 @@ class Worker:
                 pass
 
     def _tick(self, now: float) -> None:
+        limit = config.get("comm.timeouts.connect") * 4
+        for rid, (worker, keys, _, started) in list(self._direct_fetches.items()):
+            if time.monotonic() - started > limit:
+                del self._direct_fetches[rid]
+                self._carry_out(self.state.handle(ev.GatherDepFailure(
+                    worker, keys, f"no answer within {limit:.0f}s", now)))
         # TCP: the heartbeat is how the scheduler detects lost workers. Other transports
         # (an MPI rank that dies ends the job) report only when there is news (a measured
         # bandwidth), so that idle ranks stay silent and cost no CPU
@@ -360,12 +375,22 @@ class Worker:
 
     # ================================================================ peers
     def _on_peer(self, comm: Comm) -> None:
+        self._attach(comm)
+
+    def _attach(self, comm: Comm) -> bool:
+        """Route a peer comm's messages: straight onto the loop's inbox where the backend
+        can (MPI, inproc: returns True), else through a reader thread."""
         with self._peer_lock:
             if id(comm) in self._reading:
-                return
+                return id(comm) in self._direct
             self._reading.add(id(comm))
+        if comm.deliver_to(self.loop.inbox, ("peer", comm), CLOSED):
+            with self._peer_lock:
+                self._direct.add(id(comm))
+            return True
         threading.Thread(target=self._peer_reader, args=(comm,), daemon=True,
                          name=f"worker-peer {comm.peer_address}").start()
+        return False
 
     def _peer_comm(self, address: str) -> Comm:
         with self._peer_lock:
@@ -380,12 +405,65 @@ class Worker:
                 comm.close()
                 return existing
             self._peers[address] = comm
-            start = id(comm) not in self._reading
-            self._reading.add(id(comm))
-        if start:
-            threading.Thread(target=self._peer_reader, args=(comm,), daemon=True,
-                             name=f"worker-peer {address}").start()
+        self._attach(comm)
         return comm
+
+    def _direct_peer(self, address: str) -> Comm | None:
+        """The open peer comm to ``address`` whose messages reach the loop directly."""
+        with self._peer_lock:
+            comm = self._peers.get(address)
+            if comm is not None and not comm.closed and id(comm) in self._direct:
+                return comm
+        return None
+
+    def _send_fetch(self, comm: Comm, worker: str, keys: list) -> None:
+        """Ask ``worker`` for ``keys`` over a direct comm: the reply is handled on the loop."""
+        rid = f"{self.address}/{next(self._ids)}"
+        self._direct_fetches[rid] = (worker, keys, comm, time.monotonic())
+        try:
+            comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
+        except (CommClosedError, OSError) as e:
+            if self._direct_fetches.pop(rid, None) is not None:
+                self.loop.put((None, ev.GatherDepFailure(worker, keys, str(e), time.time())))
+
+    def _peer_message(self, comm: Comm, payload: Any) -> list:
+        """A message from a direct peer comm, on the loop thread; returns state commands."""
+        now = time.time()
+        if payload is CLOSED:
+            with self._peer_lock:
+                self._reading.discard(id(comm))
+                self._direct.discard(id(comm))
+                for a, c in list(self._peers.items()):
+                    if c is comm:
+                        del self._peers[a]
+            out: list = []
+            for rid, (worker, keys, c, _) in list(self._direct_fetches.items()):
+                if c is comm:
+                    del self._direct_fetches[rid]
+                    out += self.state.handle(ev.GatherDepFailure(worker, keys,
+                                                                 "connection lost", now))
+            return out
+        out = []
+        for msg in payload if isinstance(payload, list) else [payload]:
+            op = msg.get("op") if isinstance(msg, dict) else None
+            if op == "get-data":
+                self._serve(comm, msg)
+            elif op == "data-reply":
+                entry = self._direct_fetches.pop(msg.get("request_id"), None)
+                if entry is None:
+                    continue
+                worker, _, _, started = entry
+                data = msg.get("data") or {}
+                b, t = self._transfers
+                self._transfers = (b + sum(sizeof(v) for v in data.values()),
+                                   t + time.monotonic() - started)
+                out += self.state.handle(ev.GatherDepSuccess(worker, data,
+                                                             msg.get("missing") or [], now))
+            else:
+                logger.warning("dropping peer %s: unexpected op %r", comm.peer_address, op)
+                comm.close()
+                break
+        return out
 
     def _peer_reader(self, comm: Comm) -> None:
         try:
@@ -451,6 +529,9 @@ class Worker:
         started = time.monotonic()
         try:
             comm = self._peer_comm(worker)
+            if id(comm) in self._direct:
+                self._send_fetch(comm, worker, keys)
+                return
             self._pending[rid] = (event, box, comm)
             comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
             timeout = config.get("comm.timeouts.connect") * 4
