@@ -285,31 +285,33 @@ class Worker:
         self._carry_out(out)
 
     def _carry_out(self, commands: list) -> None:
-        executes = []
-        for cmd in commands:
-            t = type(cmd)
-            if t is ev.Send:
-                self._outbox.append(cmd.msg)
-            elif t is ev.Execute:
-                executes.append(cmd)
-            elif t is ev.GatherDep:
-                comm = self._direct_peer(cmd.worker)
-                if comm is not None:  # no thread needed: the reply comes to the loop
-                    self._send_fetch(comm, cmd.worker, cmd.keys)
-                else:
-                    self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
-        if executes:
-            # "task-started" goes out first when the loop flushes after this batch; should the
-            # task kill the process before that, the scheduler blames all it had assigned here
-            tasks = self.state.tasks
-            for cmd in executes:
-                ts = tasks.get(cmd.key)
-                if ts is not None and ts.duration < INLINE_TASK:
-                    # known to take well under a millisecond: running it here saves two
-                    # thread hand-offs, which would cost more than the task itself
-                    self._execute(cmd.key, cmd.run_spec)
-                else:
-                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+        work = [commands]
+        while work:
+            inline = []
+            for cmd in work.pop():
+                t = type(cmd)
+                if t is ev.Send:
+                    self._outbox.append(cmd.msg)
+                elif t is ev.Execute:
+                    ts = self.state.tasks.get(cmd.key)
+                    if ts is not None and ts.duration < INLINE_TASK:
+                        inline.append(cmd)
+                    else:
+                        # "task-started" goes out when the loop flushes after this batch;
+                        # should the task kill the process first, the scheduler blames all
+                        # it had assigned here
+                        self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                elif t is ev.GatherDep:
+                    comm = self._direct_peer(cmd.worker)
+                    if comm is not None:  # no thread needed: the reply comes to the loop
+                        self._send_fetch(comm, cmd.worker, cmd.keys)
+                    else:
+                        self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+            for cmd in inline:
+                # known to take well under a millisecond: run here, and handle the result
+                # at once (its "task-finished" leaves with this batch): a thread hand-off
+                # each way would cost more than the task itself
+                work.append(self.state.handle(self._run(cmd.key, cmd.run_spec)))
 
     def _flush(self) -> None:
         if self._outbox and self._scheduler_comm is not None:
@@ -357,21 +359,23 @@ class Worker:
 
     # ================================================================ execution
     def _execute(self, key: Any, run_spec: Any) -> None:
+        """In an executor thread: run the task, hand the result to the loop."""
+        self.loop.put((None, self._run(key, run_spec)))
+
+    def _run(self, key: Any, run_spec: Any) -> Any:
         start = time.time()
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             stop = time.time()
             packed, tb_text, text = pack_exception(e, e.__traceback__)
-            self.loop.put((None, ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)))
-            return
+            return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)
         stop = time.time()
         try:
             nbytes = sizeof(value)
         except Exception:
             nbytes = 64
-        self.loop.put((None, ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start,
-                                               stop, stop)))
+        return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
 
     # ================================================================ peers
     def _on_peer(self, comm: Comm) -> None:
