@@ -10,8 +10,7 @@ The public API mirrors dask.distributed's names so users can move over::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hpcsched._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -38,16 +37,4 @@ _exports = {
 __all__ = sorted(_exports)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _exports[name]
-    except KeyError:
-        raise AttributeError(f"module 'hpcsched' has no attribute {name!r}") from None
-    mod = importlib.import_module(module)
-    value = mod if name == "config" else getattr(mod, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports, modules=('config',))

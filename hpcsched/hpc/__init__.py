@@ -7,8 +7,7 @@ Names are imported on first use, so ``import hpcsched.hpc`` never imports mpi4py
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hpcsched._lazy import lazy_exports
 
 _exports = {
     "detect": "hpcsched.hpc.resources",
@@ -23,15 +22,4 @@ _exports = {
 __all__ = sorted(_exports)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _exports[name]
-    except KeyError:
-        raise AttributeError(f"module 'hpcsched.hpc' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

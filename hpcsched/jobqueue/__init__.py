@@ -9,8 +9,7 @@ leaks), and one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hpcsched._lazy import lazy_exports
 
 _exports = {
     "SLURMCluster": "hpcsched.jobqueue.slurm",
@@ -30,11 +29,4 @@ _exports = {
 __all__ = sorted(_exports)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _exports[name]
-    except KeyError:
-        raise AttributeError(f"module 'hpcsched.jobqueue' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)
