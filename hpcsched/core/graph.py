@@ -49,14 +49,6 @@ class Task:
     dependencies: frozenset = frozenset()
 
 
-def is_key(x: Any) -> bool:
-    if isinstance(x, (str, bytes, int)):
-        return True
-    if isinstance(x, tuple) and x and isinstance(x[0], str):
-        return all(isinstance(i, (str, int, float, tuple)) for i in x)
-    return False
-
-
 def is_task(x: Any) -> bool:
     return isinstance(x, tuple) and bool(x) and callable(x[0])
 

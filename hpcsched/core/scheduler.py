@@ -417,9 +417,6 @@ class Scheduler:
         self._flush()
         self._disconnect(source, "client closed")
 
-    def _op_noop(self, source: str, msg: dict) -> None:
-        pass
-
     _server_ops = {
         "gather": _op_gather,
         "data-reply": _op_data_reply,
@@ -428,7 +425,6 @@ class Scheduler:
         "retire-workers": _op_retire,
         "retire-me": _op_retire_me,
         "close-client": _op_close_client,
-        "registered-ack": _op_noop,
     }
 
     def _resolve_workers(self, addresses: list | None, names: list | None,

@@ -25,7 +25,6 @@ import socket
 import threading
 import time
 import traceback as tb_mod
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -559,6 +558,3 @@ class Worker:
         if not self._closed.is_set():
             self.loop.put((None, result))
 
-
-def new_worker_name() -> str:
-    return f"worker-{uuid.uuid4().hex[:8]}"

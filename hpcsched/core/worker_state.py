@@ -107,7 +107,7 @@ class WorkerState:
             # we were fetching it as someone's dependency; computing it is what we're asked now
             if ts.state == "flight":
                 ts.release_after = True  # drop the transfer's copy
-            self._unfetch(ts)
+            ts.state = "released"
         ts.run_spec = e.run_spec
         ts.priority = tuple(e.priority)
         ts.duration = e.duration
@@ -141,9 +141,6 @@ class WorkerState:
             heapq.heappush(self.fetch_queue, (ts.priority, ts.seq, ts))
         else:
             ts.state = "missing"
-
-    def _unfetch(self, ts: WTask) -> None:
-        ts.state = "released"
 
     def _to_ready(self, ts: WTask) -> None:
         ts.state = "ready"

@@ -16,7 +16,6 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -26,19 +25,11 @@ from hpcsched.core import config
 from hpcsched.core.comm import CommClosedError, HandshakeError, Security, registry
 from hpcsched.core.comm import tcp as tcp_backend
 from hpcsched.core.serialize import SerializationError
+from tests.conftest import wait_until as wait_for
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
 
 
 class Server:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_until as wait_for
 from tests.jobqueue.emulators import cleanup, emulator_env, live_processes, release
 
 pytestmark = pytest.mark.timeout(60)
@@ -25,15 +26,6 @@ for i in $(seq 200); do [ -e "{go}" ] && break; sleep 0.05; done
 """
 
 
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 class Emu:
