@@ -435,6 +435,11 @@ class Endpoint:
         got = False
         for _ in range(_MAX_CONTROL_PER_POLL):
             message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_CONTROL, status)
+            if message is None and not got:
+                # MPICH's Improbe matches first and makes progress after: a message that
+                # progress pulled in shows only on the next call. Ask again at once
+                # instead of a back-off nap later (measured: 455 -> 285 us ping-pong).
+                message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_CONTROL, status)
             if message is None:
                 break
             buf = bytearray(status.Get_count(MPI.BYTE))
@@ -485,6 +490,8 @@ class Endpoint:
             while head.missing:
                 index, nbytes = head.missing[0]
                 message = self.comm.Improbe(source, TAG_DATA, status)
+                if message is None:  # see _poll_control
+                    message = self.comm.Improbe(source, TAG_DATA, status)
                 if message is None:
                     return progressed
                 if status.Get_count(MPI.BYTE) != nbytes:
