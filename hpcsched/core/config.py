@@ -65,8 +65,10 @@ DEFAULTS: dict[str, Any] = {
     "mpi.poll-max": 0.05,  # seconds: cap of the back-off when idle for long
     "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
     "mpi.poll-hold": 0.002,  # seconds of polling at poll-min after any traffic
-    "mpi.data-threshold": 65536,
-    "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort  # frames of this many bytes or more travel as separate MPI messages
+    "mpi.doorbell": True,  # same-node ranks wake each other (hpcsched/hpc/doorbell.py)
+    "mpi.doorbell-poll": 0.002,  # seconds: fallback poll interval when every peer rings
+    "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
+    "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort
     # adaptive
     "adaptive.interval": 1.0,
     "adaptive.wait-count": 3,

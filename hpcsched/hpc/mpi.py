@@ -16,6 +16,11 @@ and ONE progress thread. Everything else is plain Python:
 * **Receiving never spins.** MPICH's blocking calls busy-wait, so the
   progress thread polls ``Improbe(ANY_SOURCE, TAG_CONTROL)`` and sleeps with
   a :class:`~hpcsched.hpc.backoff.Backoff` between polls (idle rank: ~0% CPU).
+  Ranks on the same node also ring each other's
+  :class:`~hpcsched.hpc.doorbell.Doorbell` after each send, so the progress
+  thread sleeps until something arrives instead of polling every few
+  microseconds for a reply; when every rank is on this node it then polls
+  only every ``mpi.doorbell-poll`` (a fallback) while idle.
   It puts each complete message on its channel's ``queue.SimpleQueue``;
   ``MPIComm.recv(timeout)`` waits on that queue, and unpickles there.
 * **Wire format.** ``frames = serialize.dumps(msg)``. One control message
@@ -23,8 +28,9 @@ and ONE progress thread. Everything else is plain Python:
   every frame smaller than ``mpi.data-threshold`` (64 KiB). Each larger frame
   follows as its own message (tag :data:`TAG_DATA`), sent from the frame's
   memory with no copy. The receiver reads the header, then, once ``Improbe``
-  shows the data message has arrived, receives it straight into a fresh
-  ``numpy.empty(n, uint8)`` on top of which the array unpickles (zero-copy).
+  shows the data message has arrived, receives it straight into fresh memory
+  (``numpy.empty(n, uint8)``, or an anonymous ``mmap`` while numpy is not
+  loaded) on top of which the array unpickles (zero-copy).
   MPI's non-overtaking rule (per source, tag and communicator) plus a
   per-destination send lock keep every message's data after its own header.
 * **Sending never blocks.** ``send`` posts ``Isend`` requests and returns;
@@ -43,6 +49,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import logging
+import mmap
 import queue
 import struct
 import sys
@@ -63,6 +70,7 @@ from hpcsched.core.comm.base import (
     parse_address,
 )
 from hpcsched.hpc.backoff import Backoff
+from hpcsched.hpc.doorbell import Doorbell
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +114,19 @@ def _as_bytes_view(frame: serialize.Frame) -> memoryview:
     if mv.format != "B" or mv.ndim != 1:
         mv = mv.cast("B")
     return mv
+
+
+def _fresh_buffer(nbytes: int) -> Any:
+    """Writable memory for a received frame, not touched before MPI writes it.
+
+    ``numpy.empty`` if numpy is loaded already; else an anonymous ``mmap`` (also
+    untouched zero pages): importing numpy here would stall this thread ~0.3 s the
+    first time a large pickle (say, a gather of 3,000 small results) arrives.
+    """
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        return numpy.empty(nbytes, dtype=numpy.uint8)
+    return mmap.mmap(-1, nbytes) if nbytes else bytearray()
 
 
 class _Incoming:
@@ -241,8 +262,9 @@ class MPIListener(Listener):
 class Endpoint:
     """This process's MPI endpoint: the private communicator and the progress thread."""
 
-    def __init__(self, comm: Any):
+    def __init__(self, comm: Any, bell: Doorbell | None = None):
         self.comm = comm
+        self.bell = bell
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self.data_threshold = int(config.get("mpi.data-threshold", None, default=64 * 1024))
@@ -322,8 +344,10 @@ class Endpoint:
         while self.pending_sends() and self._thread.is_alive() and time.monotonic() < deadline:
             wait.sleep()
         self._stop.set()
-        self._wake.set()
+        self._poke()
         self._thread.join(max(0.1, deadline - time.monotonic()))
+        if self.bell is not None and not self._thread.is_alive():
+            self.bell.close()
         left = self.pending_sends()
         if left:
             logger.warning("MPI endpoint of rank %d shut down with %d sends not completed "
@@ -375,11 +399,17 @@ class Endpoint:
             self._send_reqs.extend(reqs)
             self._send_keep.append(control)
             self._send_keep.extend(large)
+        bell = self.bell
+        if bell is not None and dest in bell.peers:
+            bell.ring(dest)
+            if not large:
+                return  # its reply rings us: no need to poll eagerly for it
         # A request usually draws a reply soon: poll eagerly from now on. Without this, in a
         # ping-pong each side's back-off grows while it waits and the latency creeps up to
-        # the fast cap (1 ms) on every hop.
+        # the fast cap (1 ms) on every hop. (Large frames move only while this rank's MPI
+        # progresses: poll eagerly for them too.)
         self._poked = True
-        self._wake.set()
+        self._poke()
 
     def _test_sends(self) -> bool:
         """Test pending sends; True while some are pending and moved recently.
@@ -406,15 +436,29 @@ class Endpoint:
     # ------------------------------------------------------------ receiving
     def _run(self) -> None:
         backoff = Backoff(sleep=self._nap)
+        # Every peer rings us when it sends: between messages poll only as a fallback.
+        # Partial receives and pending sends still need MPI progress: poll for them fast.
+        rung = None
+        if self.bell is not None and self.bell.all_local:
+            every = float(config.get("mpi.doorbell-poll", None, default=2e-3))
+            rung = Backoff(min=every, fast_max=max(every, backoff.fast_max),
+                           max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
             while not self._stop.is_set():
                 busy = self._poll_control()
+                partial = False
                 for source in [s for s, dq in self._incoming.items() if dq]:
                     busy |= self._advance(source)
-                busy |= self._test_sends()
+                    partial = True
+                sending = self._test_sends()
+                busy |= sending
                 if busy or self._poked:
                     self._poked = False
                     backoff.reset()
+                    if rung is not None:
+                        rung.reset()
+                elif rung is not None and not partial:
+                    rung.sleep()
                 else:
                     backoff.sleep()
         except BaseException as e:  # never die silently: fail every channel loudly
@@ -425,8 +469,17 @@ class Endpoint:
             for comm in comms:
                 comm._on_peer_closed(f"MPI endpoint failed: {e!r}")
 
+    def _poke(self) -> None:
+        """Wake the progress thread now (from another thread)."""
+        self._wake.set()
+        if self.bell is not None:
+            self.bell.ring_self()
+
     def _nap(self, seconds: float) -> None:
-        self._wake.wait(seconds)
+        if self.bell is None:
+            self._wake.wait(seconds)
+        elif not self._wake.is_set():
+            self.bell.wait(seconds)
         self._wake.clear()
 
     def _poll_control(self) -> bool:
@@ -499,10 +552,7 @@ class Endpoint:
                         f"MPI rank {source} sent a data frame of {status.Get_count(MPI.BYTE)} "
                         f"bytes where its header announced {nbytes}"
                     )
-                import numpy  # here, not at import: a rank that never sees a large frame
-                # (no-op tasks) starts ~0.15 s sooner without it
-
-                buf = numpy.empty(nbytes, dtype=numpy.uint8)
+                buf = _fresh_buffer(nbytes)
                 message.Recv([buf, MPI.BYTE])  # has arrived: completes at memory speed
                 head.frames[index] = buf
                 head.missing.popleft()
@@ -579,7 +629,8 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
                     f"its hpcsched endpoint within {timeout}s (init_endpoint is collective)"
                 )
             wait.sleep()
-        _endpoint = Endpoint(dup)
+        bell = Doorbell.exchange(dup, wait.sleep) if config.get("mpi.doorbell", None, default=True) else None
+        _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the
         # last-registered first: the progress thread stops before MPI_Finalize
         atexit.unregister(shutdown_endpoint)

@@ -439,3 +439,53 @@ def test_idle_ranks_use_almost_no_cpu(net):
     after, elapsed = proc.cpu_times(), time.monotonic() - t0
     used = (after.user + after.system) - (before.user + before.system)
     assert used / elapsed < 0.05, f"rank {ep.rank} used {100 * used / elapsed:.1f}% CPU while idle"
+
+
+@pytest.mark.timeout(60)
+def test_doorbell_wakes_a_rank_that_would_poll_only_every_30_s(net):
+    """A second endpoint whose progress threads poll only every 30 s: rank 1 still
+    gets rank 0's message within seconds, so the ring (not a poll) delivered it."""
+    from mpi4py import MPI
+
+    from hpcsched.core import config
+    from hpcsched.core.comm.base import CommClosedError
+    from hpcsched.hpc.backoff import Backoff
+    from hpcsched.hpc.doorbell import Doorbell
+    from hpcsched.hpc.mpi import Endpoint
+
+    if not config.get("mpi.doorbell", None, default=True):
+        pytest.skip("doorbells are disabled (HPCSCHED_MPI__DOORBELL=false)")
+    rank = MPI.COMM_WORLD.Get_rank()
+    dup, request = MPI.COMM_WORLD.Idup()
+    wait = Backoff(min=1e-4, fast_max=1e-2, max=1e-2)
+    deadline = time.monotonic() + WAIT
+    while not request.Test():  # not a blocking collective: it would spin
+        assert time.monotonic() < deadline, "the other ranks did not create their communicator"
+        wait.sleep()
+    bell = Doorbell.exchange(dup, wait.sleep)
+    assert bell is not None, "every rank of this test runs on one Linux node: bells must work"
+    assert bell.all_local and sorted(bell.peers) == [r for r in range(dup.Get_size()) if r != rank]
+    slow = {"mpi.poll-min": 30.0, "mpi.poll-fast-max": 30.0, "mpi.poll-max": 30.0,
+            "mpi.poll-hold": 0.0, "mpi.doorbell-poll": 30.0}
+    with config.set(slow):
+        ep = Endpoint(dup, bell)
+        got: queue.SimpleQueue = queue.SimpleQueue()
+        ep.listen(got.put)
+        try:
+            if rank == 0:
+                time.sleep(0.5)  # let rank 1's progress thread start its 30 s nap
+                comm = ep.connect(1)
+                comm.send("ring")
+                assert comm.recv(timeout=10) == "rang"
+            elif rank == 1:
+                comm = got.get(timeout=10)
+                t0 = time.monotonic()
+                assert comm.recv(timeout=10) == "ring"
+                comm.send("rang")
+                assert time.monotonic() - t0 < 10
+                assert bell.rings >= 1
+                with pytest.raises(CommClosedError):  # rank 0 shuts down: its bye rings too
+                    comm.recv(timeout=10)
+        finally:
+            ep.shutdown(timeout=5)
+    assert not ep._thread.is_alive()

@@ -1,0 +1,148 @@
+"""Doorbells: let an MPI rank sleep until a rank on the same node has sent it something.
+
+MPI has no call that waits for a message without spinning a core (MPICH's
+blocking calls busy-wait), so the progress thread of :mod:`hpcsched.hpc.mpi`
+polls and sleeps in between. On this kind of VM a short sleep costs ~30 us of
+CPU per wake-up, so a rank that polls every 100 us for a reply burns a third
+of a core doing nothing -- and with more ranks than cores (the normal case on
+a laptop or in CI) that CPU is taken from the ranks doing the work.
+
+A doorbell is a wake-up hint, not a message: every rank binds one Linux
+*abstract* ``AF_UNIX`` datagram socket (no file to clean up; it vanishes with
+the process) named after a random token of the job and its rank. After a rank
+posts an MPI send to a peer on the same node, it sends an empty datagram to
+that peer's doorbell; the peer's progress thread sleeps in ``select`` on its
+doorbell and wakes at once. Messages and data still travel only over MPI. A
+lost or early ring costs nothing but latency: the progress thread still polls
+MPI, just rarely (``mpi.doorbell-poll``), so correctness never depends on it.
+
+Which peers share a node is decided once, when the endpoint is created (a
+nonblocking ``Iallgather`` polled with back-off): ranks whose hostname, kernel
+boot id and network namespace agree can reach each other's abstract sockets.
+Off Linux, or with ``mpi.doorbell: false``, there are no doorbells and the
+transport polls as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import select
+import socket
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+_RECORD = 48  # bytes per rank in the exchange: 32 node digest + 16 job token
+_ALREADY_RUNG = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS)
+
+
+def node_identity() -> bytes:
+    """32 bytes equal for exactly the processes that can reach each other's abstract sockets."""
+    parts = [socket.gethostname().encode()]
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            parts.append(f.read())
+    except OSError:
+        parts.append(b"?")
+    try:
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino).encode())
+    except OSError:
+        parts.append(b"?")
+    return hashlib.sha256(b"\0".join(parts)).digest()
+
+
+def bell_name(token: bytes, rank: int) -> str:
+    """The abstract socket address of ``rank``'s doorbell in the job ``token``."""
+    return f"\0hpcsched-bell-{token.hex()}-{rank}"
+
+
+class Doorbell:
+    """This rank's doorbell and the addresses of the doorbells of its node's peers."""
+
+    def __init__(self, token: bytes, rank: int, peers: Iterable[int], size: int):
+        if not sys.platform.startswith("linux"):
+            raise OSError(errno.EAFNOSUPPORT, "abstract AF_UNIX sockets are Linux-only")
+        self.rank = rank
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self._sock.bind(bell_name(token, rank))
+            self._sock.setblocking(False)
+        except OSError:
+            self._sock.close()
+            raise
+        self._name = bell_name(token, rank)
+        self.peers: dict[int, str] = {r: bell_name(token, r) for r in peers if r != rank}
+        #: every other rank of the communicator has a doorbell: nothing needs fast polling
+        self.all_local = len(self.peers) == size - 1
+        self.rings = 0  # wake-ups caused by a ring (for tests and benchmarks)
+
+    @classmethod
+    def exchange(cls, comm: Any, wait: Any) -> Doorbell | None:
+        """Collective over ``comm``: create this rank's doorbell and learn its node's peers.
+
+        ``wait()`` is called between tests of the nonblocking allgather (a
+        back-off sleep). Returns None (and logs why) where doorbells cannot work.
+        """
+        from hpcsched.hpc.mpi import _mpi
+
+        MPI = _mpi()
+        rank, size = comm.Get_rank(), comm.Get_size()
+        mine = bytearray(node_identity() + os.urandom(16))
+        every = bytearray(_RECORD * size)
+        request = comm.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
+        while not request.Test():
+            wait()
+        token = bytes(every[32:48])  # rank 0's: the same on every rank
+        node = bytes(mine[:32])
+        peers = [r for r in range(size) if bytes(every[r * _RECORD:r * _RECORD + 32]) == node]
+        try:
+            return cls(token, rank, peers, size)
+        except OSError as e:
+            logger.info("MPI rank %d: no doorbells (%s); the transport polls instead", rank, e)
+            return None
+
+    def ring(self, rank: int) -> None:
+        """Wake ``rank``'s progress thread (no-op if it is not on this node)."""
+        name = self.peers.get(rank)
+        if name is not None:
+            self._ring(name)
+
+    def ring_self(self) -> None:
+        """Wake this rank's own progress thread (from another thread)."""
+        self._ring(self._name)
+
+    def _ring(self, name: str) -> None:
+        try:
+            self._sock.sendto(b"", name)
+        except OSError as e:
+            # full queue: the owner has rings waiting, it will wake anyway; refused or
+            # absent: that rank has shut down (or not bound yet), nothing to wake
+            if e.errno not in (*_ALREADY_RUNG, errno.ECONNREFUSED, errno.ENOENT):
+                logger.debug("ringing %r failed: %s", name, e)
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until rung or ``timeout`` seconds passed; True if rung. Clears the rings."""
+        try:
+            ready, _, _ = select.select([self._sock], [], [], timeout)
+        except (OSError, ValueError):  # closed under us: shutting down
+            return False
+        if not ready:
+            return False
+        try:
+            while True:
+                self._sock.recv(16)
+        except OSError:
+            pass
+        self.rings += 1
+        return True
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __repr__(self) -> str:
+        return f"<Doorbell rank {self.rank}, {len(self.peers)} peers on this node>"
