@@ -1,23 +1,25 @@
 """The thread that owns a state machine, and the reader threads that feed it.
 
-A server has one :class:`Loop`: an inbox (a ``queue.SimpleQueue``) that reader
-threads, the thread pool and other threads put items on. Each iteration takes
-everything pending (so a busy server handles large batches), hands the items
-to the server's ``process`` callback, then calls ``flush`` once, which sends
-one batched message per destination. Idle, the thread sleeps in
-``SimpleQueue.get`` until the next item or the next tick: no spinning.
+A server has one :class:`Loop`: an :class:`Inbox` that reader threads, the
+thread pool and other threads put items on. Each iteration takes everything
+pending (so a busy server handles large batches), hands the items to the
+server's ``process`` callback, then calls ``flush`` once, which sends one
+batched message per destination. Idle, the thread sleeps on a condition until
+the next item or the next tick: no spinning. A producer may ``offer`` an item
+instead: if the loop is idle, the producer runs that iteration itself (the MPI
+progress thread does, saving a thread hand-off per message).
 
 Other threads run code on the loop with :meth:`Loop.call` (the result comes
 back through a ``concurrent.futures.Future``), so server state is only ever
-touched by the loop thread.
+touched by one thread at a time, the one running the current iteration.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -38,6 +40,22 @@ class _Call:
         self.future = future
 
 
+class Inbox:
+    """A :class:`Loop`'s queue. ``put`` from any thread; a producer that may run
+    the server's code itself (the MPI progress thread) calls ``offer`` instead."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: Loop):
+        self._loop = loop
+
+    def put(self, item: Any) -> None:
+        self._loop._put(item)
+
+    def offer(self, item: Any) -> None:
+        self._loop._offer(item)
+
+
 class Loop:
     def __init__(
         self,
@@ -48,7 +66,7 @@ class Loop:
         tick_interval: float = 0.5,
     ):
         self.name = name
-        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.inbox = Inbox(self)
         self._process = process
         self._flush = flush
         self._tick = tick
@@ -56,78 +74,133 @@ class Loop:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._items: deque = deque()
+        self._busy = False  # a thread is running an iteration (state is taken)
+        self._owner: int | None = None  # ... and this is its thread id
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def put(self, item: Any) -> None:
-        self.inbox.put(item)
+        self._put(item)
+
+    def _put(self, item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+            if not self._busy:
+                self._wakeup.notify()
+
+    def _offer(self, item: Any) -> None:
+        """Handle ``item`` now, in the calling thread, if the loop is idle (nothing
+        queued, no iteration running): one iteration -- process, then flush -- as the
+        loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
+        thread wake-up costs ~100 us). Otherwise queue it like :meth:`put`. Order is
+        kept: an item runs inline only when everything put before it has run."""
+        with self._lock:
+            if self._busy or self._items or self._stop or self._thread is None:
+                self._items.append(item)
+                if not self._busy:
+                    self._wakeup.notify()
+                return
+            self._busy = True
+            self._owner = threading.get_ident()
+        try:
+            self._iteration([item])
+        finally:
+            with self._lock:
+                self._busy = False
+                self._owner = None
+                if self._items or self._stop:
+                    self._wakeup.notify()
+
+    def _on_loop(self) -> bool:
+        """Is the calling thread the one running the loop's code right now?"""
+        return self._owner == threading.get_ident() or threading.current_thread() is self._thread
 
     def call(self, fn: Callable[[], Any], timeout: float | None = 30.0) -> Any:
         """Run ``fn()`` on the loop thread and return its result (raises its exception)."""
-        if threading.current_thread() is self._thread:
+        if self._on_loop():
             return fn()
         if self.stopped.is_set():
             raise RuntimeError(f"{self.name} is closed")
         fut: Future = Future()
-        self.inbox.put(_Call(fn, fut))
+        self._put(_Call(fn, fut))
         return fut.result(timeout)
 
     def stop(self, join: bool = True, timeout: float = 5.0) -> None:
-        self._stop = True
-        self.inbox.put(None)
-        if join and self._thread is not None and threading.current_thread() is not self._thread:
+        with self._lock:
+            self._stop = True
+            self._wakeup.notify()
+        if join and self._thread is not None and not self._on_loop():
             self._thread.join(timeout)
 
     def _run(self) -> None:
         next_tick = time.monotonic() + self.tick_interval
-        get = self.inbox.get
-        get_nowait = self.inbox.get_nowait
+        items = self._items
+        me = threading.get_ident()
         try:
-            while not self._stop:
-                wait = max(next_tick - time.monotonic(), 0.0) if self._tick else None
-                items: list = []
+            while True:
+                with self._lock:
+                    while not self._stop and (self._busy or not items):
+                        if self._tick is not None:
+                            wait = next_tick - time.monotonic()
+                            if wait <= 0 and not self._busy:
+                                break
+                            self._wakeup.wait(max(wait, 0.001))
+                        else:
+                            self._wakeup.wait()
+                    if self._stop:
+                        break
+                    batch = [items.popleft() for _ in range(min(len(items), MAX_BATCH))]
+                    self._busy = True
+                    self._owner = me
                 try:
-                    items.append(get(timeout=wait))
-                    while len(items) < MAX_BATCH:
-                        items.append(get_nowait())
-                except queue.Empty:
-                    pass
-                work = []
-                for item in items:
-                    if type(item) is _Call:
-                        if work:
-                            self._safe_process(work)
-                            work = []
-                        try:
-                            item.future.set_result(item.fn())
-                        except BaseException as e:  # noqa: BLE001 - handed to the caller
-                            item.future.set_exception(e)
-                    elif item is not None:
-                        work.append(item)
-                if work:
-                    self._safe_process(work)
-                if self._tick is not None and time.monotonic() >= next_tick:
-                    next_tick = time.monotonic() + self.tick_interval
-                    try:
-                        self._tick(time.time())
-                    except Exception:
-                        logger.exception("%s: error in periodic tick", self.name)
-                try:
-                    self._flush()
-                except Exception:
-                    logger.exception("%s: error while sending", self.name)
+                    if self._tick is not None and time.monotonic() >= next_tick:
+                        next_tick = time.monotonic() + self.tick_interval
+                        self._iteration(batch, tick=True)
+                    else:
+                        self._iteration(batch)
+                finally:
+                    with self._lock:
+                        self._busy = False
+                        self._owner = None
         finally:
             self.stopped.set()
             # fail pending calls instead of leaving callers blocked
-            while True:
-                try:
-                    item = get_nowait()
-                except queue.Empty:
-                    break
+            with self._lock:
+                left = list(items)
+                items.clear()
+            for item in left:
                 if type(item) is _Call and not item.future.done():
                     item.future.set_exception(RuntimeError(f"{self.name} closed"))
+
+    def _iteration(self, items: list, tick: bool = False) -> None:
+        work = []
+        for item in items:
+            if type(item) is _Call:
+                if work:
+                    self._safe_process(work)
+                    work = []
+                try:
+                    item.future.set_result(item.fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    item.future.set_exception(e)
+            elif item is not None:
+                work.append(item)
+        if work:
+            self._safe_process(work)
+        if tick:
+            try:
+                self._tick(time.time())
+            except Exception:
+                logger.exception("%s: error in periodic tick", self.name)
+        try:
+            self._flush()
+        except Exception:
+            logger.exception("%s: error while sending", self.name)
 
     def _safe_process(self, work: list) -> None:
         try:
@@ -136,7 +209,7 @@ class Loop:
             logger.exception("%s: error while handling %d messages", self.name, len(work))
 
 
-def start_reader(comm: Comm, source: Any, inbox: queue.SimpleQueue,
+def start_reader(comm: Comm, source: Any, inbox: Inbox,
                  name: str) -> threading.Thread | None:
     """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
     ``(source, CLOSED)`` when it closes: by the backend itself where it can
