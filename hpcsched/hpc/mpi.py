@@ -206,7 +206,11 @@ class MPIComm(Comm):
             logger.warning("closing %r: undecodable message: %s", self, e)
             inbox.put((source, marker))
             return
-        inbox.put((source, msg))
+        offer = getattr(inbox, "offer", None)  # a Loop's inbox: run it here if it is idle
+        if offer is not None:
+            offer((source, msg))
+        else:
+            inbox.put((source, msg))
 
     def close(self) -> None:
         if self._closed:
@@ -452,13 +456,18 @@ class Endpoint:
                     partial = True
                 sending = self._test_sends()
                 busy |= sending
-                if busy or self._poked:
+                if rung is not None and not (partial or sending or self._poked):
+                    # Got everything that had arrived: nap at once (releasing the GIL
+                    # to the thread we just handed messages to); the next ring wakes us.
+                    if busy:
+                        rung.reset()
+                        backoff.reset()
+                    rung.sleep()
+                elif busy or self._poked:
                     self._poked = False
                     backoff.reset()
                     if rung is not None:
                         rung.reset()
-                elif rung is not None and not partial:
-                    rung.sleep()
                 else:
                     backoff.sleep()
         except BaseException as e:  # never die silently: fail every channel loudly
@@ -488,7 +497,7 @@ class Endpoint:
         got = False
         for _ in range(_MAX_CONTROL_PER_POLL):
             message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_CONTROL, status)
-            if message is None and not got:
+            if message is None:
                 # MPICH's Improbe matches first and makes progress after: a message that
                 # progress pulled in shows only on the next call. Ask again at once
                 # instead of a back-off nap later (measured: 455 -> 285 us ping-pong).
