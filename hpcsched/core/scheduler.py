@@ -89,6 +89,9 @@ class Scheduler:
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
         self._outbox: dict[str, list] = {}
+        # per worker: messages that may wait for the next one to it or the tick (free-keys)
+        self._held: dict[str, list] = {}
+        self._release_held = False
         self._gathers: dict[str, dict] = {}  # request_id -> pending gather
         self._sub_gathers: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)
         self._internal: dict[str, Future] = {}
@@ -228,6 +231,7 @@ class Scheduler:
         if comm is not None:
             comm.close()
         self._outbox.pop(peer, None)
+        self._held.pop(peer, None)
         now = time.time()
         if peer in self._worker_peers:
             self._worker_peers.discard(peer)
@@ -291,6 +295,7 @@ class Scheduler:
                 self._disconnect(source, f"malformed message: {e}")
 
     def _tick(self, now: float) -> None:
+        self._release_held = True  # this iteration's flush sends what waited
         self._route(self.state.handle(ev.Tick(now)))
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
@@ -312,10 +317,26 @@ class Scheduler:
         box.append(msg)
 
     def _flush(self) -> None:
+        """Send each destination its batch. A batch of only ``free-keys`` waits (up to
+        a tick) to ride along with the next message to that worker: releasing memory is
+        not urgent, and on a busy node every message costs both ends a wake-up (a
+        tree reduction sends one free-keys per task)."""
+        held = self._held
+        release, self._release_held = self._release_held, False
+        if release and held:
+            for to, msgs in held.items():
+                self._outbox[to] = msgs + self._outbox.get(to, [])
+            held.clear()
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}
         for to, msgs in outbox.items():
+            waiting = held.pop(to, None)
+            if waiting is not None:
+                msgs = waiting + msgs
+            if not release and all(m.get("op") == "free-keys" for m in msgs):
+                held[to] = msgs
+                continue
             comm = self._comms.get(to)
             if comm is None:
                 continue

@@ -190,3 +190,40 @@ def test_hpcsched_get_is_the_local_scheduler():
     dsk["total"] = (sum, [("x", i) for i in range(8)])
     assert hpcsched.get(dsk, "total", num_workers=2) == 28
     assert 1 <= len(threads) <= 2  # num_workers threads at most
+
+
+class _RecordingComm:
+    def __init__(self) -> None:
+        self.sent: list[list] = []
+        self.closed = False
+
+    def send(self, msgs: list) -> None:
+        self.sent.append([m["op"] for m in msgs])
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_free_keys_wait_for_the_next_message_or_the_tick():
+    """A batch of only free-keys is held back (it is not urgent and every message costs
+    both ends a wake-up); it goes first in the next batch to that worker, or at the tick."""
+    from hpcsched.core.scheduler import Scheduler
+
+    s = Scheduler("inproc://")
+    comm = s._comms["w1"] = _RecordingComm()
+    s._queue("w1", {"op": "free-keys", "keys": ["a"]})
+    s._flush()
+    s._queue("w1", {"op": "free-keys", "keys": ["b"]})
+    s._flush()
+    assert comm.sent == []
+    s._queue("w1", {"op": "compute-task", "key": "c"})
+    s._flush()
+    assert comm.sent == [["free-keys", "free-keys", "compute-task"]]  # in order, one message
+    s._queue("w1", {"op": "free-keys", "keys": ["c"]})
+    s._flush()
+    assert len(comm.sent) == 1
+    s._tick(time.time())
+    s._flush()
+    assert comm.sent[-1] == ["free-keys"]
+    s._flush()
+    assert len(comm.sent) == 2  # nothing is sent twice
