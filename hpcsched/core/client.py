@@ -417,6 +417,14 @@ class Client:
                     "static_priorities": {k: i for i, k in enumerate(keys)}})
         return futures
 
+    def _future_key(self, x: Any) -> Any:
+        """The key of ``x`` if it is one of this client's futures (for graph normalization)."""
+        if type(x) is not Future:
+            return None
+        if x.client is not self:
+            raise ValueError(f"{x!r} belongs to another client")
+        return x.key
+
     def _unpack(self, obj: Any) -> tuple[Any, set]:
         """Replace futures inside ``obj`` by Refs; return (new obj, their keys)."""
         deps: set = set()
@@ -466,16 +474,11 @@ class Client:
         if not isinstance(dsk, Mapping):
             raise TypeError(f"compute expects a graph dict, not {type(dsk).__name__}")
         flat = _flatten_keys(keys)
-        graph = {}
-        known = set()
-        for k, v in dsk.items():
-            v2, deps = self._unpack(v)
-            known |= deps
-            graph[k] = v2
-        missing = [k for k in flat if k not in graph and k not in self.futures]
+        missing = [k for k in flat if k not in dsk and k not in self.futures]
         if missing:
             raise KeyError(f"keys not in the graph: {missing[:10]!r}")
-        tasks = normalize(graph, known=known | set(self.futures))
+        # one walk over the graph: futures inside it become references to their keys
+        tasks = normalize(dsk, known=set(self.futures), ref_of=self._future_key)
         do_fuse = config.get("scheduler.fuse", fuse)
         if do_fuse and len(tasks) > 1:
             from hpcsched.core.fusion import fuse_linear

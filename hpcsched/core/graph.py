@@ -59,26 +59,38 @@ def is_task(x: Any) -> bool:
     return isinstance(x, tuple) and bool(x) and callable(x[0])
 
 
-def _convert(x: Any, keys: Collection[Key], deps: set) -> Any:
-    """dask-style value -> expr with Ref / Call nodes; records references in deps."""
+_PLAIN = frozenset({int, float, bool, str, bytes, type(None)})
+
+
+def _convert(x: Any, keys: Collection[Key], deps: set,
+             ref_of: Callable[[Any], Key | None] | None = None) -> Any:
+    """dask-style value -> expr with Ref / Call nodes; records references in deps.
+
+    ``ref_of(obj)``, if given, is asked about objects of other types (a Client
+    passes one that turns its Futures into their keys)."""
     t = type(x)
     if t is Ref:
         deps.add(x.key)
         return x
     if t is Call:
-        return Call(x.func, tuple(_convert(a, keys, deps) for a in x.args),
-                    {k: _convert(v, keys, deps) for k, v in x.kwargs.items()})
+        return Call(x.func, tuple([_convert(a, keys, deps, ref_of) for a in x.args]),
+                    {k: _convert(v, keys, deps, ref_of) for k, v in x.kwargs.items()})
     if t is tuple and x and callable(x[0]):
-        return Call(x[0], tuple(_convert(a, keys, deps) for a in x[1:]))
+        return Call(x[0], tuple([_convert(a, keys, deps, ref_of) for a in x[1:]]))
     if t in (str, tuple, int) and _hashable_in(x, keys):
         deps.add(x)
         return Ref(x)
     if t is list:
-        return [_convert(a, keys, deps) for a in x]
+        return [_convert(a, keys, deps, ref_of) for a in x]
     if t is tuple:
-        return tuple(_convert(a, keys, deps) for a in x)
+        return tuple([_convert(a, keys, deps, ref_of) for a in x])
     if t is dict:
-        return {k: _convert(v, keys, deps) for k, v in x.items()}
+        return {k: _convert(v, keys, deps, ref_of) for k, v in x.items()}
+    if ref_of is not None and t not in _PLAIN:
+        key = ref_of(x)
+        if key is not None:
+            deps.add(key)
+            return Ref(key)
     return x
 
 
@@ -89,8 +101,10 @@ def _hashable_in(x: Any, keys: Collection[Key]) -> bool:
         return False
 
 
-def normalize(dsk: Mapping[Key, Any], known: Collection[Key] = ()) -> dict[Key, Task]:
-    """Normalize a dask-style graph. ``known``: keys already held by the cluster.
+def normalize(dsk: Mapping[Key, Any], known: Collection[Key] = (),
+              ref_of: Callable[[Any], Key | None] | None = None) -> dict[Key, Task]:
+    """Normalize a dask-style graph. ``known``: keys already held by the cluster;
+    ``ref_of``: see :func:`_convert`.
 
     Raises :class:`GraphError` on a key that depends on itself or a cycle.
     """
@@ -98,7 +112,7 @@ def normalize(dsk: Mapping[Key, Any], known: Collection[Key] = ()) -> dict[Key, 
     out: dict[Key, Task] = {}
     for k, v in dsk.items():
         deps: set = set()
-        expr = _convert(v, keys, deps)
+        expr = _convert(v, keys, deps, ref_of)
         if k in deps:
             raise GraphError(f"key {k!r} depends on itself")
         out[k] = Task(k, expr, frozenset(deps))

@@ -177,6 +177,17 @@ def test_get_nested_keys_literals_and_nested_tasks(c):
 def test_get_with_futures_in_the_graph(c):
     x = c.submit(inc, 1)
     assert c.get({"y": (add, x, 10)}, "y") == 12
+    # nested in containers and in a task's arguments, next to keys of the graph
+    assert c.get({"a": 5, "z": (sum, [x, "a", (inc, x)])}, "z") == 2 + 5 + 3
+
+
+def test_a_future_of_another_client_in_a_graph_is_refused(c, shared_cluster):
+    from hpcsched.core.client import Client
+
+    with Client(shared_cluster, set_as_default=False) as other:
+        x = other.submit(inc, 1)
+        with pytest.raises(ValueError, match="another client"):
+            c.get({"y": (add, x, 10)}, "y")
 
 
 def test_compute_returns_futures_in_the_same_nesting(c):
