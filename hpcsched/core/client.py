@@ -49,7 +49,7 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     wait,
     wait_futures,
 )
-from hpcsched.core.graph import GraphError, Ref, normalize
+from hpcsched.core.graph import GraphError, Ref, gc_paused, normalize
 from hpcsched.core.serialize import (
     deserialize,
     dumps_function,
@@ -405,11 +405,12 @@ class Client:
             keys = [f"{base}-{token}{i:08x}" for i in range(len(items))]
         fblob = dumps_function(func)
         tasks = {}
-        for k, args in zip(keys, items, strict=False):
-            (a, kw), deps = self._unpack((args, kwargs))
-            tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
-                        "deps": list(deps)}
-        futures = [Future(k, self) for k in keys]
+        with gc_paused(len(items)):
+            for k, args in zip(keys, items, strict=False):
+                (a, kw), deps = self._unpack((args, kwargs))
+                tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
+                            "deps": list(deps)}
+            futures = [Future(k, self) for k in keys]
         self._send({"op": "update-graph", "tasks": tasks, "keys": keys, "priority": priority,
                     "retries": {k: retries for k in keys} if retries else {},
                     "resources": resources, "workers": _as_list(workers),
@@ -477,15 +478,17 @@ class Client:
         missing = [k for k in flat if k not in dsk and k not in self.futures]
         if missing:
             raise KeyError(f"keys not in the graph: {missing[:10]!r}")
-        # one walk over the graph: futures inside it become references to their keys
-        tasks = normalize(dsk, known=set(self.futures), ref_of=self._future_key)
-        do_fuse = config.get("scheduler.fuse", fuse)
-        if do_fuse and len(tasks) > 1:
-            from hpcsched.core.fusion import fuse_linear
+        with gc_paused(len(dsk)):
+            # one walk over the graph: futures inside it become references to their keys
+            tasks = normalize(dsk, known=set(self.futures), ref_of=self._future_key)
+            do_fuse = config.get("scheduler.fuse", fuse)
+            if do_fuse and len(tasks) > 1:
+                from hpcsched.core.fusion import fuse_linear
 
-            tasks = fuse_linear(tasks, keep=set(flat))
-        wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
-                for k, t in tasks.items()}
+                tasks = fuse_linear(tasks, keep=set(flat))
+            wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
+                    for k, t in tasks.items()}
+            del tasks
         futures = {k: Future(k, self) for k in flat}
         self._send({"op": "update-graph", "tasks": wire, "keys": list(futures),
                     "priority": priority,

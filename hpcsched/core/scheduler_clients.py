@@ -9,11 +9,10 @@ them.
 
 from __future__ import annotations
 
-import gc
 from typing import Any
 
 from hpcsched.core import events as ev
-from hpcsched.core.graph import key_split
+from hpcsched.core.graph import gc_paused, key_split
 from hpcsched.core.scheduler_model import TaskGroup, TaskState
 
 Key = Any
@@ -117,17 +116,8 @@ class ClientsMixin:
                            if ts.state == "released" and not self._wanted(ts)])
 
     def _update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
-        """A graph arrives as many new objects and no garbage: the cyclic collector's
-        full passes during the insertion (several, over a heap that grows with the graph)
-        find nothing to free and cost ~15 us per task on a 100,000-task graph."""
-        if len(e.tasks) < 1000 or not gc.isenabled():
+        with gc_paused(len(e.tasks)):
             self._update_graph(e)
-            return
-        gc.disable()
-        try:
-            self._update_graph(e)
-        finally:
-            gc.enable()
 
     def _mars_assign(self, new: list[TaskState]) -> None:
         from hpcsched.core.mars import assign_initial
