@@ -204,12 +204,12 @@ class Client:
                 while len(msgs) < 10000:
                     m = get_nowait()
                     if m is None:
-                        self._comm_send(msgs)
+                        self._comm_send(_coalesce(msgs))
                         return
                     msgs.append(m)
             except queue.Empty:
                 pass
-            self._comm_send(msgs)
+            self._comm_send(_coalesce(msgs))
 
     def _comm_send(self, msgs: list) -> None:
         try:
@@ -659,6 +659,24 @@ class Client:
         self._close_owned_cluster()
 
     shutdown = close
+
+
+def _coalesce(msgs: list) -> list:
+    """Merge runs of adjacent ``client-releases-keys`` (one per dropped future) into one
+    message: the scheduler then handles one event for a whole map's worth of releases."""
+    out: list = []
+    run: list | None = None  # keys of the release message being built
+    for m in msgs:
+        if m.get("op") == "client-releases-keys":
+            if run is None:
+                run = list(m["keys"])
+                out.append({"op": "client-releases-keys", "keys": run})
+            else:
+                run.extend(m["keys"])
+        else:
+            run = None
+            out.append(m)
+    return out
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

@@ -493,3 +493,15 @@ def test_large_arrays_move_between_workers(c):
     assert s.result(timeout=60) == float(np.arange(5_000_000).sum() + 5_000_000)
     back = a.result(timeout=60)
     assert back.shape == (5_000_000,) and back[-1] == 4_999_999
+
+
+def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
+    from hpcsched.core.client import _coalesce
+
+    rel = [{"op": "client-releases-keys", "keys": [k]} for k in "abc"]
+    other = {"op": "update-graph", "tasks": {}}
+    out = _coalesce([*rel, other, *rel[:2]])
+    assert out == [{"op": "client-releases-keys", "keys": ["a", "b", "c"]}, other,
+                   {"op": "client-releases-keys", "keys": ["a", "b"]}]  # order kept
+    assert rel[0] == {"op": "client-releases-keys", "keys": ["a"]}  # inputs untouched
+
