@@ -17,10 +17,11 @@ lost or early ring costs nothing but latency: the progress thread still polls
 MPI, just rarely (``mpi.doorbell-poll``), so correctness never depends on it.
 
 Which peers share a node is decided once, when the endpoint is created (a
-nonblocking ``Iallgather`` polled with back-off): ranks whose hostname, kernel
-boot id and network namespace agree can reach each other's abstract sockets.
-Off Linux, or with ``mpi.doorbell: false``, there are no doorbells and the
-transport polls as before.
+nonblocking ``Iallgather`` polled with back-off, made on every rank whatever
+its configuration): ranks whose hostname, kernel boot id and network
+namespace agree can reach each other's abstract sockets. A rank with
+``mpi.doorbell: false`` does not listen (it polls) but still rings its peers;
+off Linux there are no doorbells and the transport polls as before.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-_RECORD = 48  # bytes per rank in the exchange: 32 node digest + 16 job token
+_RECORD = 64  # bytes per rank in the exchange: 32 node digest, 16 job token, listens?
 _ALREADY_RUNG = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS)
 
 
@@ -62,28 +63,40 @@ def bell_name(token: bytes, rank: int) -> str:
 
 
 class Doorbell:
-    """This rank's doorbell and the addresses of the doorbells of its node's peers."""
+    """This rank's doorbell and the addresses of the doorbells of its node's peers.
 
-    def __init__(self, token: bytes, rank: int, peers: Iterable[int], size: int):
+    ``peers``: the ranks on this node (this one may be among them); ``quiet``:
+    those of them that do not listen (``mpi.doorbell: false`` there), which are
+    not rung. With ``listen=False`` this rank only rings its peers and polls for
+    its own messages.
+    """
+
+    def __init__(self, token: bytes, rank: int, peers: Iterable[int], size: int,
+                 quiet: Iterable[int] = (), listen: bool = True):
         if not sys.platform.startswith("linux"):
             raise OSError(errno.EAFNOSUPPORT, "abstract AF_UNIX sockets are Linux-only")
         self.rank = rank
+        self._name = bell_name(token, rank)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         try:
-            self._sock.bind(bell_name(token, rank))
+            if listen:
+                self._sock.bind(self._name)
             self._sock.setblocking(False)
         except OSError:
             self._sock.close()
             raise
-        self._name = bell_name(token, rank)
-        self.peers: dict[int, str] = {r: bell_name(token, r) for r in peers if r != rank}
-        #: every other rank of the communicator has a doorbell: nothing needs fast polling
-        self.all_local = len(self.peers) == size - 1
+        self.listening = listen
+        local = set(peers) - {rank}
+        silent = set(quiet)
+        self.peers: dict[int, str] = {r: bell_name(token, r) for r in sorted(local - silent)}
+        #: every other rank is on this node and rings us: nothing needs fast polling
+        self.all_local = listen and len(local) == size - 1
         self.rings = 0  # wake-ups caused by a ring (for tests and benchmarks)
 
     @classmethod
-    def exchange(cls, comm: Any, wait: Any) -> Doorbell | None:
-        """Collective over ``comm``: create this rank's doorbell and learn its node's peers.
+    def exchange(cls, comm: Any, wait: Any, listen: bool = True) -> Doorbell | None:
+        """Collective over ``comm`` (whatever ``listen`` is on each rank): create this
+        rank's doorbell and learn which ranks share its node and listen.
 
         ``wait()`` is called between tests of the nonblocking allgather (a
         back-off sleep). Returns None (and logs why) where doorbells cannot work.
@@ -92,17 +105,27 @@ class Doorbell:
 
         MPI = _mpi()
         rank, size = comm.Get_rank(), comm.Get_size()
-        mine = bytearray(node_identity() + os.urandom(16))
+        listen = bool(listen) and sys.platform.startswith("linux")
+        mine = bytearray(node_identity() + os.urandom(16) + bytes([listen])).ljust(_RECORD, b"\0")
         every = bytearray(_RECORD * size)
         request = comm.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
         while not request.Test():
             wait()
         token = bytes(every[32:48])  # rank 0's: the same on every rank
         node = bytes(mine[:32])
-        peers = [r for r in range(size) if bytes(every[r * _RECORD:r * _RECORD + 32]) == node]
+        records = [bytes(every[r * _RECORD:(r + 1) * _RECORD]) for r in range(size)]
+        peers = [r for r, rec in enumerate(records) if rec[:32] == node]
+        quiet = [r for r in peers if not records[r][48]]
         try:
-            return cls(token, rank, peers, size)
+            return cls(token, rank, peers, size, quiet, listen)
         except OSError as e:
+            if listen:
+                try:  # we cannot be rung, but must still ring the peers that wait for it
+                    bell = cls(token, rank, peers, size, quiet, listen=False)
+                    logger.warning("MPI rank %d: no doorbell of its own (%s); it polls", rank, e)
+                    return bell
+                except OSError:
+                    pass
             logger.info("MPI rank %d: no doorbells (%s); the transport polls instead", rank, e)
             return None
 
@@ -114,7 +137,8 @@ class Doorbell:
 
     def ring_self(self) -> None:
         """Wake this rank's own progress thread (from another thread)."""
-        self._ring(self._name)
+        if self.listening:
+            self._ring(self._name)
 
     def _ring(self, name: str) -> None:
         try:

@@ -406,7 +406,7 @@ class Endpoint:
         bell = self.bell
         if bell is not None and dest in bell.peers:
             bell.ring(dest)
-            if not large:
+            if not large and bell.listening:
                 return  # its reply rings us: no need to poll eagerly for it
         # A request usually draws a reply soon: poll eagerly from now on. Without this, in a
         # ping-pong each side's back-off grows while it waits and the latency creeps up to
@@ -482,10 +482,10 @@ class Endpoint:
         """Wake the progress thread now (from another thread)."""
         self._wake.set()
         if self.bell is not None:
-            self.bell.ring_self()
+            self.bell.ring_self()  # (a no-op unless it listens)
 
     def _nap(self, seconds: float) -> None:
-        if self.bell is None:
+        if self.bell is None or not self.bell.listening:
             self._wake.wait(seconds)
         elif not self._wake.is_set():
             self.bell.wait(seconds)
@@ -638,7 +638,10 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
                     f"its hpcsched endpoint within {timeout}s (init_endpoint is collective)"
                 )
             wait.sleep()
-        bell = Doorbell.exchange(dup, wait.sleep) if config.get("mpi.doorbell", None, default=True) else None
+        # collective on every rank, whatever its mpi.doorbell: one that does not listen
+        # still rings the peers that do
+        bell = Doorbell.exchange(dup, wait.sleep,
+                                 listen=bool(config.get("mpi.doorbell", None, default=True)))
         _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the
         # last-registered first: the progress thread stops before MPI_Finalize

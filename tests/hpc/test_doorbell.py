@@ -109,3 +109,18 @@ def test_a_name_can_be_bound_once():
 def test_node_identity_is_stable_and_private_to_the_node():
     ident = node_identity()
     assert len(ident) == 32 and ident == node_identity()
+
+
+def test_a_rank_that_does_not_listen_still_rings_and_is_not_rung():
+    token = os.urandom(16)
+    listener = Doorbell(token, 0, peers=[0, 1], size=2, quiet=[1])
+    poller = Doorbell(token, 1, peers=[0, 1], size=2, quiet=[1], listen=False)
+    try:
+        assert listener.peers == {} and listener.all_local  # rank 1 is here and rings it
+        assert sorted(poller.peers) == [0] and not poller.all_local and not poller.listening
+        poller.ring(0)
+        assert listener.wait(5)
+        poller.ring_self()  # nothing to wake: it polls
+    finally:
+        listener.close()
+        poller.close()
