@@ -403,19 +403,25 @@ class Client:
             base = key or funcname(func)
             token = f"{self._token}{next(self._keys):08x}"
             keys = [f"{base}-{token}{i:08x}" for i in range(len(items))]
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
         fblob = dumps_function(func)
-        tasks = {}
+        futures: list[Future] = []
         with gc_paused(len(items)):
-            for k, args in zip(keys, items, strict=False):
-                (a, kw), deps = self._unpack((args, kwargs))
-                tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
-                            "deps": list(deps)}
-            futures = [Future(k, self) for k in keys]
-        self._send({"op": "update-graph", "tasks": tasks, "keys": keys, "priority": priority,
-                    "retries": {k: retries for k in keys} if retries else {},
-                    "resources": resources, "workers": _as_list(workers),
-                    "allow_other_workers": allow_other_workers,
-                    "static_priorities": {k: i for i, k in enumerate(keys)}})
+            for start, stop in _map_batches(len(items), batch_size):
+                tasks = {}
+                for k, args in zip(keys[start:stop], items[start:stop], strict=False):
+                    (a, kw), deps = self._unpack((args, kwargs))
+                    tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
+                                "deps": list(deps)}
+                batch = keys[start:stop]
+                futures += [Future(k, self) for k in batch]
+                self._send({"op": "update-graph", "tasks": tasks, "keys": batch,
+                            "priority": priority,
+                            "retries": {k: retries for k in batch} if retries else {},
+                            "resources": resources, "workers": _as_list(workers),
+                            "allow_other_workers": allow_other_workers,
+                            "static_priorities": {k: start + i for i, k in enumerate(batch)}})
         return futures
 
     def _future_key(self, x: Any) -> Any:
@@ -659,6 +665,32 @@ class Client:
         self._close_owned_cluster()
 
     shutdown = close
+
+
+FIRST_MAP_BATCH = 1000  # tasks of a large map sent ahead of the rest
+MAX_MAP_BATCH = 50_000  # tasks per update-graph message at most
+
+
+def _map_batches(n: int, batch_size: int | None) -> list[tuple[int, int]]:
+    """(start, stop) of the update-graph messages of a map of ``n`` items.
+
+    Without ``batch_size``, a large map sends its first :data:`FIRST_MAP_BATCH`
+    tasks on their own: the workers start on them while the client prepares,
+    and the scheduler inserts, the rest (measured: a 10,000-task map kept every
+    worker idle for the 0.15-0.35 s the whole graph took to prepare and insert).
+    """
+    if batch_size is None:
+        if n <= 2 * FIRST_MAP_BATCH:
+            return [(0, n)] if n else []
+        bounds = [(0, FIRST_MAP_BATCH)]
+        start = FIRST_MAP_BATCH
+        step = MAX_MAP_BATCH
+    else:
+        bounds, start, step = [], 0, batch_size
+    while start < n:
+        bounds.append((start, min(start + step, n)))
+        start += step
+    return bounds
 
 
 def _coalesce(msgs: list) -> list:

@@ -505,3 +505,24 @@ def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
                    {"op": "client-releases-keys", "keys": ["a", "b"]}]  # order kept
     assert rel[0] == {"op": "client-releases-keys", "keys": ["a"]}  # inputs untouched
 
+
+
+def test_a_large_map_is_sent_first_batch_ahead():
+    from hpcsched.core.client import FIRST_MAP_BATCH, MAX_MAP_BATCH, _map_batches
+
+    assert _map_batches(0, None) == []
+    assert _map_batches(10, None) == [(0, 10)]
+    assert _map_batches(2 * FIRST_MAP_BATCH, None) == [(0, 2 * FIRST_MAP_BATCH)]
+    n = FIRST_MAP_BATCH + 2 * MAX_MAP_BATCH
+    assert _map_batches(n, None) == [(0, FIRST_MAP_BATCH),
+                                     (FIRST_MAP_BATCH, FIRST_MAP_BATCH + MAX_MAP_BATCH),
+                                     (FIRST_MAP_BATCH + MAX_MAP_BATCH, n)]
+    assert _map_batches(7, 3) == [(0, 3), (3, 6), (6, 7)]
+
+
+def test_map_in_batches_gives_every_result_in_order(c):
+    assert c.gather(c.map(inc, range(10), batch_size=3, pure=False)) == list(range(1, 11))
+    n = 2500  # over two batches without batch_size
+    assert c.gather(c.map(inc, range(n), pure=False)) == list(range(1, n + 1))
+    with pytest.raises(ValueError, match="batch_size"):
+        c.map(inc, range(3), batch_size=0)
