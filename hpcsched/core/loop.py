@@ -98,7 +98,10 @@ class Loop:
         queued, no iteration running): one iteration -- process, then flush -- as the
         loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
         thread wake-up costs ~100 us). Otherwise queue it like :meth:`put`. Order is
-        kept: an item runs inline only when everything put before it has run."""
+        kept: an item runs inline only when everything put before it has run.
+
+        Only for producers that may block no peer by doing so: the MPI progress thread
+        (its sends never block). A TCP reader must not (see :func:`start_reader`)."""
         with self._lock:
             if self._busy or self._items or self._stop or self._thread is None:
                 self._items.append(item)
@@ -218,6 +221,9 @@ def start_reader(comm: Comm, source: Any, inbox: Inbox,
         return None
 
     def run() -> None:
+        # put, never offer: running the server's code here could block this thread in a
+        # send (TCP sends block when the peer's buffer is full) while the peer, blocked
+        # sending to us, waits for this very thread to read -- a deadlock
         try:
             while True:
                 msg = comm.recv()
