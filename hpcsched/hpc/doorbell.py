@@ -33,6 +33,7 @@ import os
 import select
 import socket
 import sys
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -94,12 +95,14 @@ class Doorbell:
         self.rings = 0  # wake-ups caused by a ring (for tests and benchmarks)
 
     @classmethod
-    def exchange(cls, comm: Any, wait: Any, listen: bool = True) -> Doorbell | None:
+    def exchange(cls, comm: Any, wait: Any, listen: bool = True,
+                 timeout: float = 30.0) -> Doorbell | None:
         """Collective over ``comm`` (whatever ``listen`` is on each rank): create this
         rank's doorbell and learn which ranks share its node and listen.
 
         ``wait()`` is called between tests of the nonblocking allgather (a
-        back-off sleep). Returns None (and logs why) where doorbells cannot work.
+        back-off sleep); TimeoutError if the other ranks do not take part within
+        ``timeout`` seconds. Returns None (and logs why) where doorbells cannot work.
         """
         from hpcsched.hpc.mpi import _mpi
 
@@ -109,7 +112,11 @@ class Doorbell:
         mine = bytearray(node_identity() + os.urandom(16) + bytes([listen])).ljust(_RECORD, b"\0")
         every = bytearray(_RECORD * size)
         request = comm.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
+        deadline = time.monotonic() + timeout
         while not request.Test():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"MPI rank {rank}: the other ranks did not exchange "
+                                   f"doorbells within {timeout}s (the exchange is collective)")
             wait()
         token = bytes(every[32:48])  # rank 0's: the same on every rank
         node = bytes(mine[:32])

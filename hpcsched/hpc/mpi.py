@@ -641,7 +641,8 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
         # collective on every rank, whatever its mpi.doorbell: one that does not listen
         # still rings the peers that do
         bell = Doorbell.exchange(dup, wait.sleep,
-                                 listen=bool(config.get("mpi.doorbell", None, default=True)))
+                                 listen=bool(config.get("mpi.doorbell", None, default=True)),
+                                 timeout=timeout)
         _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the
         # last-registered first: the progress thread stops before MPI_Finalize
