@@ -34,6 +34,15 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Security
+from hpcsched.core.dask_collections import (
+    annotations_for_wire,
+    become_dask_scheduler,
+    finalize_expr,
+    graph_of,
+    is_dask_collection,
+    persist_expr,
+    restore_dask_scheduler,
+)
 from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public names live here too
     CancelledError,
     ClientExecutor,
@@ -45,6 +54,8 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     _RemoteTraceback,
     _run_callback,
     as_completed,
+    fire_and_forget,
+    futures_of,
     progress,
     wait,
     wait_futures,
@@ -59,16 +70,17 @@ from hpcsched.core.serialize import (
 )
 from hpcsched.core.submission import (  # noqa: F401 - funcname/task_run_spec re-exported
     _SCALARS,
-    _apply_kwargs,
     _as_list,
     _flatten_keys,
-    _legacy,
     _pack_keys,
     funcname,
+    pure_token,
     task_run_spec,
 )
 from hpcsched.launchers.scheduler_file import (  # noqa: F401 - re-exported
+    looks_like_scheduler_file,
     read_scheduler_file,
+    wait_for_scheduler_file,
     write_scheduler_file,
 )
 
@@ -82,23 +94,33 @@ default_security: Security | None = None
 
 
 class Client:
-    def __init__(self, address: Any = None, *, security: Security | None = None,
-                 timeout: float | None = None, set_as_default: bool = True, name: str = "",
-                 **cluster_kwargs: Any):
+    #: dask asks whether a scheduler object is asynchronous before using its ``get``
+    asynchronous = False
+
+    def __init__(self, address: Any = None, *, scheduler_file: str | None = None,
+                 security: Security | None = None, timeout: float | None = None,
+                 set_as_default: bool = True, name: str = "", **cluster_kwargs: Any):
         self.id = f"client-{name + '-' if name else ''}{uuid.uuid4().hex[:12]}"
         self.cluster = None
         self._owns_cluster = False
+        self._dask_config: tuple | None = None
         timeout = config.get("comm.timeouts.connect", timeout)
+        if scheduler_file is not None:
+            if address is not None:
+                raise ValueError("give an address or a scheduler_file, not both")
+            address = wait_for_scheduler_file(scheduler_file, timeout, security)
         if address is None:
             address, security = self._find_scheduler(security, cluster_kwargs)
         elif hasattr(address, "scheduler_address"):
             self.cluster = address
             security = security or getattr(address, "security", None)
             address = address.scheduler_address
+        elif isinstance(address, tuple):  # from wait_for_scheduler_file
+            address, security = address
         elif isinstance(address, str) and not address.startswith(("tcp://", "tls://", "inproc://",
                                                                    "mpi://")):
-            if os.path.exists(address):  # a scheduler file
-                address, security = read_scheduler_file(address, security)
+            if looks_like_scheduler_file(address):
+                address, security = wait_for_scheduler_file(address, timeout, security)
             else:
                 address = f"tcp://{address}"
         if security is None:
@@ -153,6 +175,7 @@ class Client:
             global _default_client
             with _default_lock:
                 _default_client = self
+            self._dask_config = become_dask_scheduler(self.get)
         self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -360,49 +383,58 @@ class Client:
     # ================================================================ submit / map
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
                resources: dict | None = None, retries: int = 0, priority: int = 0,
-               allow_other_workers: bool = False, pure: bool | None = None,
+               allow_other_workers: bool = False, pure: bool = True,
                **kwargs: Any) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments are waited for.
+        """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments (also inside
+        lists, tuples, dicts and sets) are waited for and replaced by their results.
+
+        ``pure=True`` (the default, as in dask): the key is derived from the function and its
+        arguments, so submitting the same call twice shares one task; pass ``pure=False`` for
+        functions with side effects or randomness.
 
         Raises :class:`~hpcsched.core.serialize.SerializationError` here, in the caller, when
         the function or an argument cannot be pickled.
         """
         if not callable(func):
             raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
+        # ``held`` keeps the futures found in the arguments alive until the graph that needs
+        # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
+        # released, and the scheduler told so, before the task that depends on it arrives
+        (args, kwargs), held = self._unpack((args, kwargs))
+        fblob = dumps_function(func)
+        ablob = dumps_object((args, kwargs)) if (args or kwargs) else None
         if key is None:
-            key = f"{funcname(func)}-{self._token}{next(self._keys):08x}"
+            key = f"{funcname(func)}-" + (pure_token(fblob, ablob) if pure else
+                                          f"{self._token}{next(self._keys):08x}")
         if key in self.futures:
             return Future(key, self)
-        (args, kwargs), deps = self._unpack((args, kwargs))
-        run_spec = (dumps_function(func),
-                    dumps_object((args, kwargs)) if (args or kwargs) else None, bool(deps))
         fut = Future(key, self)
-        self._send({"op": "update-graph", "tasks": {key: {"run_spec": run_spec,
-                                                          "deps": list(deps)}},
+        self._send({"op": "update-graph", "tasks": {key: {"run_spec": (fblob, ablob, bool(held)),
+                                                          "deps": list(held)}},
                     "keys": [key], "priority": priority,
                     "retries": {key: retries} if retries else {},
                     "resources": resources, "workers": _as_list(workers),
                     "allow_other_workers": allow_other_workers, "static_priorities": {key: 0}})
+        del held
         return fut
 
     def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
             resources: dict | None = None, retries: int = 0, priority: int = 0,
             allow_other_workers: bool = False, batch_size: int | None = None,
-            pure: bool | None = None, **kwargs: Any) -> list[Future]:
+            pure: bool = True, **kwargs: Any) -> list[Future]:
         """``[submit(func, *args) for args in zip(*iterables)]`` as one submission."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:
             raise TypeError("map needs at least one iterable")
         items = list(zip(*iterables, strict=False))
+        keys: list | None = None
         if isinstance(key, (list, tuple)):
             keys = list(key)
             if len(keys) != len(items):
                 raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
-        else:
-            base = key or funcname(func)
-            token = f"{self._token}{next(self._keys):08x}"
-            keys = [f"{base}-{token}{i:08x}" for i in range(len(items))]
+        base = key if isinstance(key, str) else funcname(func)
+        token = f"{self._token}{next(self._keys):08x}"
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
         fblob = dumps_function(func)
@@ -410,18 +442,32 @@ class Client:
         with gc_paused(len(items)):
             for start, stop in _map_batches(len(items), batch_size):
                 tasks = {}
-                for k, args in zip(keys[start:stop], items[start:stop], strict=False):
-                    (a, kw), deps = self._unpack((args, kwargs))
-                    tasks[k] = {"run_spec": (fblob, dumps_object((a, kw)), bool(deps)),
-                                "deps": list(deps)}
-                batch = keys[start:stop]
+                held: list = []
+                batch = []
+                for i in range(start, stop):
+                    (a, kw), deps = self._unpack((items[i], kwargs))
+                    ablob = dumps_object((a, kw))
+                    if keys is not None:
+                        k = keys[i]
+                    elif pure:
+                        k = f"{base}-{pure_token(fblob, ablob)}"
+                    else:
+                        k = f"{base}-{token}{i:08x}"
+                    batch.append(k)
+                    if deps:
+                        held.append(deps)
+                    if k not in self.futures:
+                        tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
                 futures += [Future(k, self) for k in batch]
-                self._send({"op": "update-graph", "tasks": tasks, "keys": batch,
-                            "priority": priority,
-                            "retries": {k: retries for k in batch} if retries else {},
-                            "resources": resources, "workers": _as_list(workers),
-                            "allow_other_workers": allow_other_workers,
-                            "static_priorities": {k: start + i for i, k in enumerate(batch)}})
+                if tasks:
+                    self._send({"op": "update-graph", "tasks": tasks, "keys": list(tasks),
+                                "priority": priority,
+                                "retries": {k: retries for k in tasks} if retries else {},
+                                "resources": resources, "workers": _as_list(workers),
+                                "allow_other_workers": allow_other_workers,
+                                "static_priorities": {k: start + i
+                                                      for i, k in enumerate(tasks)}})
+                del held
         return futures
 
     def _future_key(self, x: Any) -> Any:
@@ -432,40 +478,27 @@ class Client:
             raise ValueError(f"{x!r} belongs to another client")
         return x.key
 
-    def _unpack(self, obj: Any) -> tuple[Any, set]:
-        """Replace futures inside ``obj`` by Refs; return (new obj, their keys)."""
-        deps: set = set()
+    def _unpack(self, obj: Any) -> tuple[Any, dict]:
+        """Replace futures inside ``obj`` by Refs; return (new obj, {key: future}). The caller
+        keeps the futures until the message that depends on them is queued."""
+        deps: dict = {}
         if type(obj) is tuple and len(obj) == 2 and type(obj[1]) is dict and not obj[1] \
                 and all(type(a) in _SCALARS for a in obj[0]):
             return obj, deps  # (args, {}) of plain values: the common case of submit/map
 
-        def walk(x: Any) -> Any:
-            t = type(x)
-            if t is Future:
-                if x.client is not self:
-                    raise ValueError(f"{x!r} belongs to another client")
-                deps.add(x.key)
-                return Ref(x.key)
-            if t is tuple:
-                return tuple(walk(i) for i in x) if x else x
-            if t is list:
-                return [walk(i) for i in x]
-            if t is dict:
-                return {k: walk(v) for k, v in x.items()}
-            if t is set:
-                return {walk(i) for i in x}
-            return x
-
-        return walk(obj), deps
+        return _refs_for_futures(obj, deps, self), deps
 
     # ================================================================ graphs
-    def get(self, dsk: Mapping, keys: Any, *, sync: bool = True, fuse: bool | None = None,
+    def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,
             priority: int = 0, retries: int = 0, resources: dict | None = None,
-            workers: Any = None, timeout: float | None = None, **kwargs: Any) -> Any:
-        """Compute ``keys`` of a dask-style graph ``{key: (func, *args)}``; nested lists of
-        keys give nested lists of results."""
-        futures = self.compute(dsk, keys, fuse=fuse, priority=priority, retries=retries,
-                               resources=resources, workers=workers)
+            workers: Any = None, allow_other_workers: bool = False,
+            timeout: float | None = None, **kwargs: Any) -> Any:
+        """Compute ``keys`` of a task graph: a dask-style dict ``{key: (func, *args)}``, or
+        whatever dask hands a scheduler (``dask.compute(x, scheduler=client.get)``).
+        Nested lists of keys give nested lists of results."""
+        futures = self._submit_graph(dsk, keys, fuse=fuse, priority=priority, retries=retries,
+                                     resources=resources, workers=workers,
+                                     allow_other_workers=allow_other_workers)
         if not sync:
             return futures
         try:
@@ -473,25 +506,75 @@ class Client:
         finally:
             del futures
 
-    def compute(self, dsk: Any, keys: Any = None, *, fuse: bool | None = None, priority: int = 0,
-                retries: int = 0, resources: dict | None = None, workers: Any = None) -> Any:
-        """Submit a graph; return futures for ``keys`` (same nesting)."""
-        if hasattr(dsk, "__dask_graph__") and keys is None:
-            return self._compute_collection(dsk, fuse=fuse, priority=priority)
-        if not isinstance(dsk, Mapping):
-            raise TypeError(f"compute expects a graph dict, not {type(dsk).__name__}")
+    def compute(self, collections: Any, keys: Any = None, *, sync: bool = False,
+                optimize_graph: bool = True, fuse: bool | None = None, priority: int = 0,
+                retries: int = 0, resources: dict | None = None, workers: Any = None,
+                allow_other_workers: bool = False, traverse: bool = True,
+                **kwargs: Any) -> Any:
+        """Start computing dask collections on the cluster: one :class:`Future` per collection
+        (a list for a list), whose result is the collection's final value (one array, one
+        DataFrame), as ``dask.compute`` would give. ``sync=True`` returns the results.
+
+        ``client.compute(graph, keys)`` with a task-graph dict submits it and returns futures
+        for ``keys`` (same nesting).
+        """
+        opts = dict(priority=priority, retries=retries, resources=resources, workers=workers,
+                    allow_other_workers=allow_other_workers)
+        if keys is not None:
+            return self._submit_graph(collections, keys, fuse=fuse, **opts)
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        if traverse:
+            items = [_delayed_container(a) for a in items]
+        variables = [a for a in items if is_dask_collection(a)]
+        futures: list = []
+        if variables:
+            expr, names = finalize_expr(variables, optimize_graph)
+            by_name = self._submit_graph(expr, names, fuse=fuse, **opts)
+            it = iter(by_name)
+            futures = [next(it) if is_dask_collection(a) else a for a in items]
+        else:
+            futures = items
+        result = self.gather(futures) if sync else futures
+        return result[0] if singleton else result
+
+    def persist(self, collections: Any, *, optimize_graph: bool = True, priority: int = 0,
+                retries: int = 0, resources: dict | None = None, workers: Any = None,
+                allow_other_workers: bool = False, **kwargs: Any) -> Any:
+        """Start computing dask collections; return the same collections, backed by futures
+        on the cluster (computing them later reads those results)."""
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        bad = [type(a).__name__ for a in items if not is_dask_collection(a)]
+        if bad:
+            raise TypeError(f"persist takes dask collections, not {', '.join(bad)}")
+        expr, keys = persist_expr(items, optimize_graph)
+        futures = self._submit_graph(expr, [list(_flatten_keys(k)) for k in keys],
+                                     priority=priority, retries=retries, resources=resources,
+                                     workers=workers, allow_other_workers=allow_other_workers)
+        out = []
+        for coll, ks, futs in zip(items, keys, futures, strict=True):
+            rebuild, args = coll.__dask_postpersist__()
+            out.append(rebuild({f.key: f for f in futs}, *args))
+        return out[0] if singleton else out
+
+    def _submit_graph(self, dsk: Any, keys: Any, *, fuse: bool | None = None,
+                      priority: int = 0, retries: int = 0, resources: dict | None = None,
+                      workers: Any = None, allow_other_workers: bool = False) -> Any:
+        """Send a graph (see :func:`~hpcsched.core.dask_collections.graph_of`); return futures
+        for ``keys`` in the same nesting."""
+        graph, annotations = graph_of(dsk)
         flat = _flatten_keys(keys)
-        missing = [k for k in flat if k not in dsk and k not in self.futures]
+        missing = [k for k in flat if k not in graph and k not in self.futures]
         if missing:
             raise KeyError(f"keys not in the graph: {missing[:10]!r}")
-        with gc_paused(len(dsk)):
+        with gc_paused(len(graph)):
             # one walk over the graph: futures inside it become references to their keys
-            tasks = normalize(dsk, known=set(self.futures), ref_of=self._future_key)
-            do_fuse = config.get("scheduler.fuse", fuse)
-            if do_fuse and len(tasks) > 1:
+            tasks = normalize(graph, known=set(self.futures), ref_of=self._future_key)
+            if config.get("scheduler.fuse", fuse) and len(tasks) > 1:
                 from hpcsched.core.fusion import fuse_linear
 
-                tasks = fuse_linear(tasks, keep=set(flat))
+                tasks = fuse_linear(tasks, keep=set(flat) | _annotated_keys(annotations))
             wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
                     for k, t in tasks.items()}
             del tasks
@@ -500,19 +583,18 @@ class Client:
                     "priority": priority,
                     "retries": {k: retries for k in wire} if retries else {},
                     "resources": resources, "workers": _as_list(workers),
-                    "allow_other_workers": False, "static_priorities": None})
+                    "allow_other_workers": allow_other_workers, "static_priorities": None,
+                    "annotations": annotations_for_wire(annotations, wire.keys()) or None})
         return _pack_keys(keys, futures)
 
-    def _compute_collection(self, obj: Any, **kw: Any) -> Any:
-        """A dask collection (e.g. ``dask.delayed``): its legacy graph, computed here."""
-        try:
-            from dask.core import flatten  # noqa: F401
-            graph = dict(obj.__dask_graph__())
-            keys = obj.__dask_keys__()
-        except Exception as e:
-            raise TypeError(f"cannot compute {type(obj).__name__}: {e}") from e
-        graph = {k: _legacy(v) for k, v in graph.items()}
-        return self.compute(graph, keys, **kw)
+    def retry(self, futures: Any) -> None:
+        """Run erred futures again (with the erred tasks they depend on)."""
+        flat: list[Future] = []
+        _collect_futures(futures, flat)
+        for f in flat:
+            if f._state.status == "error":
+                f._state.lose()  # pending again until the scheduler reports
+        self._send({"op": "retry-keys", "keys": [f.key for f in flat]})
 
     # ================================================================ results
     def _exception_of(self, st: FutureState) -> BaseException:
@@ -662,6 +744,9 @@ class Client:
         with _default_lock:
             if _default_client is self:
                 _default_client = None
+        if self._dask_config is not None:
+            restore_dask_scheduler(self.get, self._dask_config)
+            self._dask_config = None
         self._close_owned_cluster()
 
     shutdown = close
@@ -708,6 +793,47 @@ def _coalesce(msgs: list) -> list:
         else:
             run = None
             out.append(m)
+    return out
+
+
+def _refs_for_futures(x: Any, deps: dict, client: Client) -> Any:
+    """``x`` with ``client``'s futures replaced by Refs, recorded in ``deps`` (a module function,
+    not a closure: a recursive closure is a reference cycle that would keep ``deps``'s
+    futures alive until the garbage collector runs)."""
+    t = type(x)
+    if t is Future:
+        if x.client is not client:
+            raise ValueError(f"{x!r} belongs to another client")
+        deps[x.key] = x
+        return Ref(x.key)
+    if t is tuple:
+        return tuple([_refs_for_futures(i, deps, client) for i in x]) if x else x
+    if t is list:
+        return [_refs_for_futures(i, deps, client) for i in x]
+    if t is dict:
+        return {k: _refs_for_futures(v, deps, client) for k, v in x.items()}
+    if t is set:
+        return {_refs_for_futures(i, deps, client) for i in x}
+    return x
+
+
+def _delayed_container(x: Any) -> Any:
+    """A list/tuple/set/dict holding dask collections, as one ``dask.delayed`` (as
+    ``dask.compute`` and distributed's ``compute(traverse=True)`` treat them)."""
+    if isinstance(x, (list, tuple, set, dict)):
+        values = x.values() if isinstance(x, dict) else x
+        if any(is_dask_collection(v) for v in values):
+            import dask
+
+            return dask.delayed(x)
+    return x
+
+
+def _annotated_keys(annotations: dict) -> set:
+    """Keys that carry an annotation: fusion keeps them (their settings are theirs alone)."""
+    out: set = set()
+    for per_key in annotations.values():
+        out.update(per_key)
     return out
 
 

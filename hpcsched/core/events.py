@@ -90,11 +90,23 @@ class UpdateGraph:
     workers: list | None = None  # worker addresses or names allowed
     allow_other_workers: bool = False
     static_priorities: dict | None = None  # key -> int, from the client (else order())
+    # per-key annotations (dask.annotate): name -> {key: value}; override the call's values
+    annotations: dict | None = None
     now: float = 0.0
 
 
 @dataclass(slots=True)
 class ClientDesiresKeys:
+    client: str
+    keys: list
+    fire_and_forget: bool = False  # run them even once no client wants them
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class RetryKeys:
+    """Run erred tasks again, with the erred tasks they depend on."""
+
     client: str
     keys: list
     now: float = 0.0
@@ -314,6 +326,7 @@ SCHEDULER_OPS: dict[str, type] = {
     "client-desires-keys": ClientDesiresKeys,
     "client-releases-keys": ClientReleasesKeys,
     "cancel-keys": CancelKeys,
+    "retry-keys": RetryKeys,
 }
 
 WORKER_OPS: dict[str, type] = {

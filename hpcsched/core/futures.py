@@ -38,6 +38,13 @@ class _RemoteTraceback(Exception):
 
 _lock = threading.Lock()  # guards every future's lazily made event and callback list
 
+try:
+    # dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
+    # that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+    from dask._task_spec import TaskRef as _FutureBase
+except ImportError:  # dask is optional
+    _FutureBase = object
+
 
 class FutureState:
     """Where a key stands for this client. Events and callback lists are made only when
@@ -113,15 +120,17 @@ class FutureState:
             return True
 
 
-class Future:
+class Future(_FutureBase):  # type: ignore[misc,valid-type]
     """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
 
-    __slots__ = ("key", "client", "_state", "__weakref__")
+    __slots__ = (() if _FutureBase is not object else ("key",)) + (
+        "client", "_state", "_released", "__weakref__")
 
     def __init__(self, key: Any, client: Client, state: FutureState | None = None):
         self.key = key
         self.client = client
         self._state = state or client._state_for(key)
+        self._released = False
         client._inc_ref(key)
 
     @property
@@ -155,14 +164,40 @@ class Future:
         if not self._state.add_callback((weakref.ref(self), fn, self)):
             _run_callback(fn, self)
 
+    def release(self) -> None:
+        """Drop this future's claim on its result now, rather than when it is collected."""
+        if not self._released:
+            self._released = True
+            self.client._dec_ref(self.key)
+
+    def retry(self) -> None:
+        """Run an erred task (and its erred dependencies) again."""
+        self.client.retry([self])
+
+    # one object per key and client for hashing, as futures were before dask's TaskRef
+    # (whose equality is by key) became their base
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __reduce__(self) -> Any:
+        # inside a dask task this is a reference to the result (dask resolves TaskRefs)
+        if _FutureBase is object:
+            raise TypeError(f"{self!r} cannot be pickled: pass it as an argument of "
+                            "submit/map or inside a task graph instead")
+        return (_FutureBase, (self.key,))
+
     def __del__(self) -> None:
         try:
-            self.client._dec_ref(self.key)
+            self.release()
         except Exception:
             pass
 
     def __repr__(self) -> str:
         return f"<Future: {self.status}, key: {self.key!r}>"
+
+    __str__ = __repr__
 
     def __await__(self):  # pragma: no cover - convenience for notebooks with asyncio
         import asyncio
@@ -332,6 +367,43 @@ def progress(futures: Any, file: Any = None, interval: float = 0.2) -> None:
         if finished:
             print(file=file)
             return
+
+
+def fire_and_forget(obj: Any) -> None:
+    """Run the tasks of ``obj`` (futures, or containers of them) even when no future of theirs
+    is held any more; their results are dropped once they finish."""
+    flat: list[Future] = []
+    _collect_futures(obj, flat)
+    by_client: dict[int, tuple[Client, list]] = {}
+    for f in flat:
+        by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
+    for client, keys in by_client.values():
+        client._send({"op": "client-desires-keys", "keys": keys, "fire_and_forget": True})
+
+
+def futures_of(obj: Any) -> list[Future]:
+    """The futures inside ``obj``: containers, and dask collections persisted on the cluster."""
+    out: list[Future] = []
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Future):
+            if id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif hasattr(x, "__dask_graph__") and not isinstance(x, type):
+            stack.extend(dict(x.__dask_graph__()).values())
+        elif hasattr(x, "args") and hasattr(x, "dependencies"):  # a dask task-spec Task
+            stack.extend(x.args)
+            stack.extend((getattr(x, "kwargs", None) or {}).values())
+        elif type(x).__name__ == "DataNode" and hasattr(x, "value"):
+            stack.append(x.value)
+    return out[::-1]
 
 
 def _collect_futures(x: Any, out: list) -> None:

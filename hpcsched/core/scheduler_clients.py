@@ -13,7 +13,7 @@ from typing import Any
 
 from hpcsched.core import events as ev
 from hpcsched.core.graph import gc_paused, key_split
-from hpcsched.core.scheduler_model import TaskGroup, TaskState
+from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
 Key = Any
 
@@ -70,6 +70,8 @@ class ClientsMixin:
             if e.workers:
                 ts.worker_restrictions = set(e.workers)
                 ts.loose_restrictions = e.allow_other_workers
+        if e.annotations:
+            _annotate(new, e.annotations)
         # static priorities for the new part of the graph
         static = e.static_priorities
         if static is None:
@@ -81,8 +83,10 @@ class ClientsMixin:
                                 for ts in new})
             else:
                 static = {}
+        user_priority = (e.annotations or {}).get("priority") or {}
         for i, ts in enumerate(new):
-            ts.priority = (self.generation, -e.priority, static.get(ts.key, i))
+            ts.priority = (self.generation, -user_priority.get(ts.key, e.priority),
+                           static.get(ts.key, i))
         for key in e.keys:
             ts = self.tasks.get(key)
             if ts is not None:
@@ -143,9 +147,33 @@ class ClientsMixin:
             if ts is None:
                 self._send(e.client, {"op": "cancelled-keys", "keys": [key]})
                 continue
+            if e.fire_and_forget:
+                if ts.state not in ("memory", "erred"):
+                    ts.who_wants.add(FIRE_AND_FORGET)
+                continue
             ts.who_wants.add(e.client)
             recs += self._report_or_wake(ts, e.client)
         self._transitions(recs)
+
+    def _retry(self, e: ev.RetryKeys) -> None:
+        """Erred tasks run again: each key's erred dependencies first (the task that raised
+        and everything that erred because of it)."""
+        again: list[TaskState] = []
+        stack = [self.tasks[k] for k in e.keys if k in self.tasks]
+        seen: set = set()
+        while stack:
+            ts = stack.pop()
+            if ts in seen or ts.state != "erred":
+                continue
+            seen.add(ts)
+            ts.state = "released"
+            ts.exception = ts.exception_blame = None
+            ts.traceback = ts.exception_text = ""
+            ts.suspicious = 0
+            ts.erred_on = []
+            again.append(ts)
+            stack.extend(ts.dependencies)
+        self._transitions([(ts, "waiting") for ts in again if self._wanted(ts)])
 
     def _client_releases(self, e: ev.ClientReleasesKeys) -> None:
         recs: list = []
@@ -183,3 +211,21 @@ class ClientsMixin:
                     recs.append((dts, "released"))
             recs.append((ts, "released"))
         self._transitions(recs)
+
+
+def _annotate(new: list[TaskState], annotations: dict) -> None:
+    """Per-key annotations (``dask.annotate``) override the values given for the whole call."""
+    retries = annotations.get("retries") or {}
+    resources = annotations.get("resources") or {}
+    workers = annotations.get("workers") or {}
+    loose = annotations.get("allow_other_workers") or {}
+    for ts in new:
+        k = ts.key
+        if k in retries:
+            ts.retries = int(retries[k])
+        if k in resources:
+            ts.resource_restrictions = dict(resources[k])
+        if k in workers:
+            ts.worker_restrictions = set(workers[k])
+        if k in loose:
+            ts.loose_restrictions = bool(loose[k])

@@ -13,6 +13,9 @@ from typing import Any
 Key = Any
 
 
+#: who wants a key passed to ``fire_and_forget``: nobody to report to; released once done
+FIRE_AND_FORGET = "fire-and-forget"
+
 class KilledWorker(RuntimeError):
     """A task was running on workers that died, ``allowed-failures`` times."""
 

@@ -37,6 +37,7 @@ from hpcsched.core import policies
 from hpcsched.core.scheduler_clients import ClientsMixin
 from hpcsched.core.scheduler_maintenance import MaintenanceMixin
 from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
+    FIRE_AND_FORGET,
     KilledWorker,
     LostData,
     TaskGroup,
@@ -280,6 +281,7 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
             dts.waiters.discard(ts)
             if not dts.waiters and not dts.who_wants and dts.state in ("memory", "erred"):
                 recs.append((dts, "released"))
+        ts.who_wants.discard(FIRE_AND_FORGET)
         for client in ts.who_wants:
             self._send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
         if not self._wanted(ts):
@@ -319,6 +321,7 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
                 dts.waiters.discard(t)
                 if not dts.waiters and not dts.who_wants and dts.state == "memory":
                     recs.append((dts, "released"))
+            t.who_wants.discard(FIRE_AND_FORGET)
             if t.who_wants:
                 self._report_erred(t, list(t.who_wants))
             for dts in t.dependents:
@@ -659,6 +662,7 @@ SchedulerState._handlers = {
     ev.ClientDesiresKeys: SchedulerState._client_desires,
     ev.ClientReleasesKeys: SchedulerState._client_releases,
     ev.CancelKeys: SchedulerState._cancel,
+    ev.RetryKeys: SchedulerState._retry,
     ev.ScatterData: SchedulerState._scatter,
     ev.AddKeys: SchedulerState._add_keys,
     ev.ReleaseWorkerData: SchedulerState._release_worker_data,

@@ -3,13 +3,13 @@
 A task travels as ``(function blob, arguments blob, needs evaluation)``: the function
 cloudpickled once per function (cached), the arguments pickled per task, and a flag
 telling the worker whether arguments hold references to other results (or nested
-calls) to evaluate first. Dask collections' newer task objects are turned back into
-the classic tuple form here.
+calls) to evaluate first. With ``pure=True`` a task's key is derived from those blobs,
+so the same call submitted twice is one task (dask's pure functions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
 from typing import Any
 
 from hpcsched.core.graph import Call, Task
@@ -25,44 +25,21 @@ def funcname(func: Any) -> str:
     return "lambda" if name == "<lambda>" else name.replace("-", "_")
 
 
+def pure_token(func_blob: bytes, args_blob: bytes | None) -> str:
+    """A deterministic token of a call from its pickled function and arguments (hex, so that
+    :func:`~hpcsched.core.graph.key_split` drops it from the task's group name)."""
+    h = hashlib.blake2b(func_blob, digest_size=16)
+    if args_blob is not None:
+        h.update(args_blob)
+    return h.hexdigest()
+
+
 def task_run_spec(task: Task) -> tuple:
     """The wire form of a normalized graph task: (function blob, args blob, needs evaluation)."""
     expr = task.expr
     if type(expr) is Call:
         return (dumps_function(expr.func), dumps_object((expr.args, dict(expr.kwargs))), True)
     return (None, dumps_object(((expr,), {})), True)
-
-
-def _legacy(v: Any) -> Any:
-    """A dask task-spec object (dask >= 2024.12) as a legacy tuple, when needed."""
-    try:
-        from dask._task_spec import Alias, DataNode, TaskRef  # type: ignore
-        from dask._task_spec import Task as DTask
-    except Exception:  # pragma: no cover - older dask: graphs are tuples already
-        return v
-    if isinstance(v, DataNode):
-        return v.value
-    if isinstance(v, Alias):
-        return v.target.key if hasattr(v.target, "key") else v.target
-    if isinstance(v, TaskRef):
-        return v.key
-    if isinstance(v, DTask):
-        args = tuple(_legacy(a) for a in v.args)
-        if v.kwargs:
-            from functools import partial
-
-            return (partial(_apply_kwargs, v.func), list(args),
-                    {k: _legacy(x) for k, x in v.kwargs.items()})
-        return (v.func, *args)
-    if isinstance(v, (list, tuple)):
-        return type(v)(_legacy(a) for a in v)
-    if isinstance(v, dict):
-        return {k: _legacy(x) for k, x in v.items()}
-    return v
-
-
-def _apply_kwargs(func: Callable, args: list, kwargs: dict) -> Any:
-    return func(*args, **kwargs)
 
 
 def _as_list(x: Any) -> list | None:

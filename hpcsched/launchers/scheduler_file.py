@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from hpcsched.core.comm.base import Security
 
@@ -34,3 +35,33 @@ def read_scheduler_file(path: str, security: Security | None = None
     if security is None and data.get("secret"):
         security = Security.from_hex(data["secret"])
     return data["address"], security
+
+
+def looks_like_scheduler_file(address: str) -> bool:
+    """An address argument that names a file (``"sched.json"``, ``"~/run/sched"``), not a
+    ``host:port``."""
+    return (address.endswith(".json") or os.sep in address or address.startswith("~")
+            or os.path.exists(address))
+
+
+def wait_for_scheduler_file(path: str, timeout: float | None,
+                            security: Security | None = None) -> tuple[str, Security | None]:
+    """Read the scheduler file at ``path``, waiting up to ``timeout`` seconds for it to appear
+    (a batch job's scheduler may start after the client), as dask's ``Client(scheduler_file=)``
+    does; then an error that names the file."""
+    path = os.path.expanduser(path)
+    deadline = time.monotonic() + (timeout if timeout is not None else 30.0)
+    delay = 0.01
+    while True:
+        if os.path.exists(path):
+            try:
+                return read_scheduler_file(path, security)
+            except ValueError:
+                if time.monotonic() >= deadline:  # still half-written, or not ours
+                    raise
+        elif time.monotonic() >= deadline:
+            raise FileNotFoundError(
+                f"scheduler file {path} did not appear within {timeout}s: start the scheduler "
+                "with --scheduler-file pointing there, or check the path")
+        time.sleep(min(delay, max(deadline - time.monotonic(), 0.001)))
+        delay = min(delay * 2, 0.5)

@@ -1,0 +1,186 @@
+"""dask collections and task graphs on hpcsched: what dask hands a scheduler, made ours.
+
+dask talks to a scheduler through a *get function*, ``get(graph, keys)``
+(dask's "Scheduler overview" documentation). What ``graph`` is has changed
+over dask's releases: a dict of tuples, a ``HighLevelGraph`` of layers, and
+since 2025 an *expression* whose ``__dask_graph__()`` gives a dict of
+task-spec nodes (``Task``, ``DataNode``, ``Alias``, with ``TaskRef``
+pointers). This module accepts each of them through dask's own public
+methods (``__dask_graph__``, ``__dask_annotations__``,
+``convert_legacy_graph``) and turns them into the dict hpcsched's
+:func:`~hpcsched.core.graph.normalize` reads:
+
+* a legacy dict (tuples only) passes unchanged, so hpcsched's own fusion and
+  ordering see its structure;
+* a graph holding task-spec nodes is converted whole with dask's
+  ``convert_legacy_graph`` (it also handles a mix of both forms); each node
+  then runs as dask runs it, ``node(values_of_its_dependencies)``, so no
+  copy of dask's evaluation rules lives here.
+
+Annotations (``dask.annotate(retries=..., resources=..., priority=...,
+workers=..., allow_other_workers=...)``) come back per key, as dask's
+distributed scheduler reads them.
+
+dask is optional: nothing here imports it unless the graph came from it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hpcsched.core.graph import Call, Ref
+
+Key = Any
+Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
+
+#: the annotations hpcsched acts on (others are accepted and kept for plugins)
+KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers")
+
+
+def is_dask_collection(x: Any) -> bool:
+    """``dask.is_dask_collection`` without importing dask for objects that cannot be one."""
+    if type(x).__module__.split(".", 1)[0] in ("builtins", "hpcsched", "numpy"):
+        return False
+    dask = sys.modules.get("dask")
+    if dask is None:
+        return False
+    return bool(dask.is_dask_collection(x))
+
+
+def graph_of(obj: Any) -> tuple[dict, Annotations]:
+    """``(graph dict, annotations)`` of whatever dask passes a get function.
+
+    ``obj`` is a dict (legacy tuples or task-spec nodes), a ``HighLevelGraph``,
+    or anything with ``__dask_graph__`` (an expression, a collection).
+    """
+    annotations: Annotations = {}
+    if not isinstance(obj, Mapping):
+        if not hasattr(obj, "__dask_graph__"):
+            raise TypeError(f"expected a task graph (a dict of tasks, or a dask collection or "
+                            f"expression), not {type(obj).__name__}")
+        get_annotations = getattr(obj, "__dask_annotations__", None)
+        if get_annotations is not None:
+            for name, per_key in (get_annotations() or {}).items():
+                annotations.setdefault(name, {}).update(per_key)
+        obj = obj.__dask_graph__()
+    layers = getattr(obj, "layers", None)
+    if isinstance(layers, Mapping):  # a HighLevelGraph: annotations live on its layers
+        for layer in layers.values():
+            for name, value in (getattr(layer, "annotations", None) or {}).items():
+                per_key = annotations.setdefault(name, {})
+                for key in layer:
+                    per_key.setdefault(key, value(key) if callable(value) else value)
+    graph = dict(obj)
+    return convert_task_spec(graph), annotations
+
+
+def convert_task_spec(graph: dict) -> dict:
+    """``graph`` with dask task-spec nodes made into hpcsched expressions (unchanged when it
+    holds none)."""
+    spec = sys.modules.get("dask._task_spec")
+    if spec is None:
+        return graph
+    node_type = spec.GraphNode
+    if not any(isinstance(v, node_type) for v in graph.values()):
+        return graph
+    converted = spec.convert_legacy_graph(graph)
+    alias_type = spec.Alias
+    out: dict = {}
+    for key, node in converted.items():
+        if type(node) is alias_type:
+            out[key] = Ref(node.target)
+        else:
+            out[key] = Call(run_node, (node, {d: Ref(d) for d in node.dependencies}))
+    for key in graph.keys() - out.keys():
+        # convert_legacy_graph drops a key that names itself (a persisted future)
+        out[key] = graph[key]
+    return out
+
+
+def run_node(node: Callable, values: dict) -> Any:
+    """Run a dask task-spec node with the results of its dependencies (on a worker)."""
+    return node(values)
+
+
+def annotations_for_wire(annotations: Annotations, keys: set) -> dict:
+    """The annotations hpcsched acts on, restricted to ``keys``, in a form that pickles
+    (values checked: a bad annotation is an error here, in the caller)."""
+    out: dict = {}
+    for name in KNOWN_ANNOTATIONS:
+        per_key = annotations.get(name)
+        if not per_key:
+            continue
+        vals = {k: v for k, v in per_key.items() if k in keys}
+        for k, v in vals.items():
+            _check_annotation(name, k, v)
+            if name == "workers" and isinstance(v, str):
+                vals[k] = [v]
+        if vals:
+            out[name] = vals
+    return out
+
+
+def _check_annotation(name: str, key: Key, value: Any) -> None:
+    ok = {
+        "retries": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+        "priority": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+        "resources": lambda v: isinstance(v, Mapping) and all(
+            isinstance(q, (int, float)) for q in v.values()),
+        "workers": lambda v: isinstance(v, (str, list, tuple, set)),
+        "allow_other_workers": lambda v: isinstance(v, bool),
+    }[name]
+    if not ok(value):
+        raise ValueError(f"annotation {name}={value!r} of {key!r} is not valid")
+
+
+def finalize_expr(collections: list, optimize_graph: bool = True) -> tuple[Any, list]:
+    """One dask expression computing every collection to its final value, and its output keys
+    (one per collection), as ``dask.compute`` builds it."""
+    from dask.base import collections_to_expr
+    from dask.core import flatten
+
+    try:
+        from dask._expr import FinalizeCompute
+    except ImportError as e:  # pragma: no cover - dask older than the supported range
+        raise ImportError(f"hpcsched needs dask >= 2025.1 for collections: {e}") from e
+    expr = FinalizeCompute(collections_to_expr(collections, optimize_graph)).optimize()
+    return expr, list(flatten(expr.__dask_keys__()))
+
+
+def persist_expr(collections: list, optimize_graph: bool = True) -> tuple[Any, list]:
+    """The optimized expression of ``collections`` and each one's (nested) keys, for persist."""
+    from dask.base import collections_to_expr
+
+    expr = collections_to_expr(collections, optimize_graph).optimize()
+    return expr, list(expr.__dask_keys__())
+
+
+# ----------------------------------------------------------------- dask's default scheduler
+#: dask settings a client makes while it is the default: its ``get`` runs ``.compute()``,
+#: and dataframe shuffles run as tasks (dask's "disk" shuffle writes to one machine's files)
+_DASK_SETTINGS = ("scheduler", "dataframe.shuffle.method")
+
+
+def become_dask_scheduler(get: Callable) -> tuple | None:
+    """Make ``get`` dask's default scheduler (when dask is installed), as distributed's
+    ``Client(set_as_default=True)`` does; returns what to restore, for
+    :func:`restore_dask_scheduler`."""
+    try:
+        import dask.config
+    except ImportError:
+        return None
+    previous = {name: dask.config.get(name, None) for name in _DASK_SETTINGS}
+    dask.config.set({"scheduler": get, "dataframe.shuffle.method": "tasks"})
+    return (previous,)
+
+
+def restore_dask_scheduler(get: Callable, saved: tuple) -> None:
+    """Undo :func:`become_dask_scheduler`, unless another client has taken over since."""
+    import dask.config
+
+    if dask.config.get("scheduler", None) != get:
+        return
+    (previous,) = saved
+    dask.config.set(previous)
