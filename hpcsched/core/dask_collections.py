@@ -30,6 +30,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpcsched.core.futures import Future
 from hpcsched.core.graph import Call, Ref
 
 Key = Any
@@ -72,7 +73,9 @@ def graph_of(obj: Any) -> tuple[dict, Annotations]:
                 per_key = annotations.setdefault(name, {})
                 for key in layer:
                     per_key.setdefault(key, value(key) if callable(value) else value)
-    graph = dict(obj)
+    # a persisted collection's graph maps each key to the future holding its result: those
+    # keys are already on the cluster, not tasks to run
+    graph = {k: v for k, v in obj.items() if not (isinstance(v, Future) and v.key == k)}
     return convert_task_spec(graph), annotations
 
 

@@ -37,6 +37,7 @@ import threading
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from hpcsched.core.dask_collections import graph_of
 from hpcsched.core.graph import Key, Task, evaluate, normalize
 from hpcsched.core.order import order
 
@@ -57,8 +58,10 @@ def _flatten(keys: Any, out: list) -> list:
 
 
 def _pack(keys: Any, results: Mapping[Key, Any]) -> Any:
+    """Results in the shape of ``keys``; a list of keys gives a tuple, as dask's get
+    functions return (``dask.compute`` unpacks that)."""
     if isinstance(keys, list):
-        return [_pack(k, results) for k in keys]
+        return tuple([_pack(k, results) for k in keys])
     return results[keys]
 
 
@@ -74,33 +77,37 @@ def _needed(tasks: Mapping[Key, Task], wanted: Collection[Key]) -> dict[Key, Tas
     return {k: t for k, t in tasks.items() if k in seen}
 
 
-def get(dsk: Mapping, keys: Any, num_workers: int | None = None, **kwargs: Any) -> Any:
+def get(dsk: Any, keys: Any, num_workers: int | None = None, **kwargs: Any) -> Any:
     """Compute ``keys`` of the dask-style graph ``dsk`` with ``num_workers`` threads.
 
+    ``dsk`` is a graph dict, or whatever dask hands a get function
+    (``dask.compute(x, scheduler=hpcsched.get)``: a HighLevelGraph, an expression).
     ``keys`` is a key or a (nested) list of keys; the result has the same
-    shape. ``num_workers`` defaults to the number of CPUs. Other keyword
-    arguments (dask's schedulers take ``cache``, ``pool``...) are accepted and
-    ignored, so callers written for dask's ``get`` work unchanged.
+    shape, with tuples for lists as dask's get functions return. ``num_workers``
+    defaults to the number of CPUs. Other keyword arguments (dask's schedulers
+    take ``cache``, ``pool``...) are accepted and ignored, so callers written
+    for dask's ``get`` work unchanged.
     Raises ``KeyError`` for a requested key that is not in the graph and
     :class:`~hpcsched.core.graph.GraphError` for a cycle.
 
     >>> inc = lambda x: x + 1
     >>> get({"x": 1, "y": (inc, "x")}, ["y", ["x"]])
-    [2, [1]]
+    (2, (1,))
     """
     if num_workers is None:
         num_workers = os.cpu_count() or 1
     if not isinstance(num_workers, int) or isinstance(num_workers, bool) or num_workers < 1:
         raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+    graph, _ = graph_of(dsk)
     wanted = _flatten(keys, [])
     for k in wanted:
         try:
-            present = k in dsk
+            present = k in graph
         except TypeError:
             raise TypeError(f"requested key {k!r} is not hashable") from None
         if not present:
             raise KeyError(k)
-    tasks = _needed(normalize(dsk), wanted)
+    tasks = _needed(normalize(graph), wanted)
     results = _execute(tasks, set(wanted), num_workers)
     return _pack(keys, results)
 

@@ -154,6 +154,8 @@ def test_cancel_then_other_work_runs(c):
 class TestClientGet(GetFunctionTestMixin):
     """The conformance tests every ``get`` passes, run by the distributed Client."""
 
+    seq = list  # as distributed's Client.get
+
     @pytest.fixture(autouse=True)
     def _use_client(self, shared_client):
         self.client = shared_client
