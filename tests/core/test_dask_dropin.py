@@ -18,22 +18,20 @@ import os
 import threading
 from operator import add
 
+import dask
+import dask.array as da
+import dask.bag as db
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
 import pytest
+from dask import delayed
+from dask.utils_test import GetFunctionTestMixin
 
-dask = pytest.importorskip("dask")
-da = pytest.importorskip("dask.array")
-db = pytest.importorskip("dask.bag")
-dd = pytest.importorskip("dask.dataframe")
-np = pytest.importorskip("numpy")
-pd = pytest.importorskip("pandas")
-
-from dask import delayed  # noqa: E402
-from dask.utils_test import GetFunctionTestMixin  # noqa: E402
-
-import hpcsched  # noqa: E402
-from hpcsched import Client, LocalCluster  # noqa: E402
-from hpcsched.core.futures import Future, fire_and_forget, futures_of  # noqa: E402
-from tests.conftest import wait_until, worker_env  # noqa: E402
+import hpcsched
+from hpcsched import Client, LocalCluster
+from hpcsched.core.futures import Future, fire_and_forget, futures_of
+from tests.conftest import wait_until, worker_env
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -119,6 +119,12 @@ def test_mpi_client_on_4_ranks():
     pytest_under_mpi(4, "tests/hpc/test_mpi_client.py", timeout=120)
 
 
+@pytest.mark.timeout(200)
+def test_mpi_dask_collections_on_4_ranks():
+    # dask collections and dask's get-function conformance suite over MPI point-to-point
+    pytest_under_mpi(4, "tests/hpc/test_mpi_dask.py", timeout=180)
+
+
 @pytest.mark.timeout(90)
 def test_ranks_may_disagree_about_doorbells():
     """mpi.doorbell is per-rank configuration, the exchange is collective: worker rank 1
