@@ -180,3 +180,17 @@ def test_help_and_usage_errors(procs):
     out = subprocess.run([sys.executable, "-m", "hpcsched", "worker", "tcp://127.0.0.1:1",
                           "--resources", "GPU"], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "GPU" in out.stderr
+
+
+@pytest.mark.parametrize("args", [["--version"], ["worker", "--version"],
+                                  ["scheduler", "--version"]])
+def test_every_entry_point_prints_its_version(args):
+    import hpcsched
+
+    commands = [[sys.executable, "-m", "hpcsched", *args]]
+    if HPCSCHED:
+        commands.append([HPCSCHED, *args])
+    for cmd in commands:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().startswith(f"hpcsched {hpcsched.__version__}"), out
