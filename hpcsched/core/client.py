@@ -288,7 +288,7 @@ class Client:
             elif op == "cancelled-keys":
                 for key in msg["keys"]:
                     st = self.futures.get(key)
-                    if st is not None and not st.done():
+                    if st is not None and st.status != "cancelled":
                         self._callbacks(st.cancel())
             elif op == "lost-data":
                 st = self.futures.get(msg["key"])
@@ -406,7 +406,7 @@ class Client:
         if key is None:
             key = f"{funcname(func)}-" + (pure_token(fblob, ablob) if pure else
                                           f"{self._token}{next(self._keys):08x}")
-        if key in self.futures:
+        if self._known(key):
             return Future(key, self)
         fut = Future(key, self)
         self._send({"op": "update-graph", "tasks": {key: {"run_spec": (fblob, ablob, bool(held)),
@@ -456,7 +456,7 @@ class Client:
                     batch.append(k)
                     if deps:
                         held.append(deps)
-                    if k not in self.futures:
+                    if not self._known(k):
                         tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
                 futures += [Future(k, self) for k in batch]
                 if tasks:
@@ -469,6 +469,17 @@ class Client:
                                                       for i, k in enumerate(tasks)}})
                 del held
         return futures
+
+    def _known(self, key: Any) -> bool:
+        """Whether this client already holds a live future for ``key`` (so submitting it again
+        is the same task); a cancelled one is made pending, to be submitted anew."""
+        st = self.futures.get(key)
+        if st is None:
+            return False
+        if st.status == "cancelled":
+            st.lose("pending")
+            return False
+        return True
 
     def _future_key(self, x: Any) -> Any:
         """The key of ``x`` if it is one of this client's futures (for graph normalization)."""
@@ -685,8 +696,8 @@ class Client:
         flat: list[Future] = []
         _collect_futures(futures, flat)
         keys = [f.key for f in flat]
-        for f in flat:
-            if not f.done():
+        for f in flat:  # finished ones too: their data is dropped
+            if f._state.status != "cancelled":
                 self._callbacks(f._state.cancel())
         with self._changed:
             self._changed.notify_all()

@@ -87,11 +87,12 @@ class FutureState:
         self.status = "cancelled"
         return self._done()
 
-    def lose(self) -> None:
-        """The result was lost and is being recomputed: pending again."""
+    def lose(self, status: str = "lost") -> None:
+        """The result was lost and is being recomputed (or the key submitted again after a
+        cancellation): not done any more."""
         with _lock:
             self._is_done = False
-            self.status = "lost"
+            self.status = status
             if self._event is not None:
                 self._event.clear()
 
@@ -195,7 +196,9 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
             pass
 
     def __repr__(self) -> str:
-        return f"<Future: {self.status}, key: {self.key!r}>"
+        st = self._state
+        kind = f", type: {st.typename}" if st.status == "finished" and st.typename else ""
+        return f"<Future: status: {st.status}{kind}, key: {self.key}>"
 
     __str__ = __repr__
 
@@ -328,6 +331,12 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                     raise
                 return f, e
         return f
+
+    def batches(self) -> Iterator[list]:
+        """Lists of what finished since the last one (at least one item each), until all are
+        done."""
+        while self._count:
+            yield self.next_batch(block=True)
 
     def next_batch(self, block: bool = True) -> list:
         out = [next(self)] if block and self._count else []

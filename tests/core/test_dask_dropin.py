@@ -102,6 +102,64 @@ def test_documentation_futures_examples(client):
     assert y.result() == 12
 
 
+def div(x, y):
+    return x / y
+
+
+def score(x):
+    return (x * 7) % 11
+
+
+def test_futures_documentation_page(client):
+    """The examples of dask's "Futures" page, in its order, as written there."""
+    a = client.submit(inc, 10)  # calls inc(10) in background thread or process
+    b = client.submit(inc, 20)
+    assert repr(a).startswith("<Future: status: ") and a.key in repr(a)
+    assert a.result() == 11
+    assert "type: int" in repr(a)
+    c = client.submit(add, a, b)  # calls add on the results of a and b
+    futures = client.map(inc, range(1000))
+    assert c.result() == 32
+    results = client.gather(futures)  # this can be faster
+    assert results == list(range(1, 1001))
+    df = pd.DataFrame({"x": range(5)})
+    future = client.submit(len, df)
+    remote_df = client.scatter(df)
+    assert remote_df.result().equals(df)
+    assert client.submit(len, remote_df).result() == future.result() == 5
+    assert len(client.scatter([1, 2, 3])) == 3
+    future.cancel()  # deletes data even if other futures point to it
+    assert future.cancelled()
+    a = client.submit(div, 1, 0)  # 1 / 0 raises a ZeroDivisionError
+    with pytest.raises(ZeroDivisionError):
+        a.result()
+    b = client.submit(inc, a)  # futures depending on an erred one err the same way
+    with pytest.raises(ZeroDivisionError):
+        b.result()
+    assert isinstance(b.exception(), ZeroDivisionError) and "div" in b.traceback()
+    futures = client.map(score, range(20))
+    hpcsched.wait(futures)
+    best = -1
+    for future in hpcsched.as_completed(futures):
+        y = future.result()
+        if y > best:
+            best = y
+    assert best == 10
+    seen = [r for _, r in hpcsched.as_completed(futures, with_results=True)]
+    assert sorted(seen) == sorted(score(i) for i in range(20))
+    batched = [r for batch in hpcsched.as_completed(futures, with_results=True).batches()
+               for _, r in batch]
+    assert sorted(batched) == sorted(seen)
+    seq = hpcsched.as_completed(client.map(inc, range(3)))
+    added = 0
+    for future in seq:
+        y = future.result()
+        if y < 3 and added < 2:
+            seq.add(client.submit(inc, y + 100))  # add back into the loop
+            added += 1
+    assert added == 2
+
+
 def test_pure_keys_share_identical_work_and_impure_do_not(client):
     a, b = client.submit(inc, 41), client.submit(inc, 41)
     assert a.key == b.key and a.result(timeout=30) == 42
