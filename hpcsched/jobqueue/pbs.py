@@ -13,18 +13,32 @@ elements ``1234[0].server``. Resources use PBS Pro's select syntax::
 from __future__ import annotations
 
 import json
+import os
 import re
 
 from hpcsched.jobqueue import runner
-from hpcsched.jobqueue.base import BatchSystem, mib
+from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.job import JobState, format_hms
+from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
 
 STATES: dict[str, JobState] = {
     **dict.fromkeys(["Q", "H", "W", "T", "S", "U", "M"], JobState.PENDING),
     **dict.fromkeys(["R", "E", "B"], JobState.RUNNING),  # E: exiting, B: array begun
     **dict.fromkeys(["F", "X"], JobState.DONE),  # finished: refined by the exit status
 }
+
+
+def pbs_memory(nbytes: int) -> str:
+    """``mem=`` as dask-jobqueue writes it: PBS's ``gb``/``mb``/``kb`` are binary; whole
+    GB from 10 GiB on, whole MB from 10 MiB on, rounded up (never less than asked for).
+
+    >>> pbs_memory(28 * 10**9), pbs_memory(2 * 10**9), pbs_memory(12345678)
+    ('27GB', '1908MB', '12MB')
+    """
+    for suffix, unit in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if nbytes >= 10 * unit:
+            return f"{ceil_div(nbytes, unit)}{suffix}"
+    return f"{nbytes}B"
 
 
 class PBSSystem(BatchSystem):
@@ -36,6 +50,11 @@ class PBSSystem(BatchSystem):
     states = STATES
     array_index_var = "PBS_ARRAY_INDEX"
     array_first_index = 0
+    project_is_deprecated = True
+
+    def validate_system(self) -> None:
+        if not self.params["account"]:  # dask-jobqueue's fallback, the variable qsub reads
+            self.params["account"] = os.environ.get("PBS_ACCOUNT") or None
 
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-N {job_name}", f"-o {log_file}", "-j oe"]
@@ -55,7 +74,7 @@ class PBSSystem(BatchSystem):
             select = f"select=1:ncpus={p['cores']}"
             if ntasks > 1:
                 select += f":mpiprocs={ntasks}"
-            out.append(f"-l {select}:mem={mib(self.memory_bytes)}mb")
+            out.append(f"-l {select}:mem={pbs_memory(self.memory_bytes)}")
         if self.walltime_seconds:
             out.append(f"-l walltime={format_hms(self.walltime_seconds)}")
         return out
