@@ -290,10 +290,14 @@ class BatchSystem:
         if self.run_command is None:  # a replaced runner needs no executables
             runner.require_executable(self.submit_command[0])
 
-    def submit(self, script_path: str, script: str) -> str:
+    def submit_options(self, job_name: str, log_file: str) -> list[str]:
+        """Hook: submit-command options repeating the script's own directives."""
+        return []
+
+    def submit(self, script_path: str, script: str, options: Iterable[str] = ()) -> str:
         """Submit; return the job id (the parent id for arrays)."""
         self.check_commands()
-        extra = self.params["submit_command_extra"]
+        extra = [*options, *self.params["submit_command_extra"]]
         if self.script_on_stdin:
             out = self._run([*self.submit_command, *extra], input=script)
         else:

@@ -1,6 +1,7 @@
 """Fixtures for batch-system tests: real SLURM / Grid Engine when they answer.
 
-A test marked ``slurm`` or ``sge`` takes the fixture of the same name. It skips
+A test marked ``slurm`` or ``sge`` takes the fixture of the same name (``torque``: the
+Torque wrappers over SLURM, from ``ci/batch/start-torque.sh``). It skips
 when the system does not answer (``sinfo`` / ``qstat``), unless the environment
 variable ``HPCSCHED_REQUIRE_BATCH`` names the system (``slurm,sge``): then it
 fails loudly, so that CI cannot pass by skipping.
@@ -52,6 +53,28 @@ def slurm() -> None:
 @pytest.fixture(scope="session")
 def sge() -> None:
     _need("sge", ["qstat"])
+
+
+#: where ci/batch/start-torque.sh unpacks SchedMD's Torque wrappers (BATCH_STATE_DIR)
+TORQUE_BIN = os.path.join(os.environ.get("BATCH_STATE_DIR", "/var/tmp/hpcsched-batch"),
+                          "torque", "root", "usr", "bin")
+
+
+@pytest.fixture(scope="session")
+def torque(slurm) -> str:
+    """The directory of the Torque wrappers over SLURM, to put first on PATH."""
+    qstat = os.path.join(TORQUE_BIN, "qstat")
+    why = None if os.access(qstat, os.X_OK) else f"{qstat} missing"
+    if why is None:
+        env = dict(os.environ, PATH=f"{TORQUE_BIN}{os.pathsep}{os.environ['PATH']}")
+        r = subprocess.run([qstat], capture_output=True, text=True, timeout=30, env=env)
+        why = None if r.returncode == 0 else f"qstat exited {r.returncode}: {r.stderr[-300:]}"
+    if why is not None:
+        msg = f"Torque wrappers not available ({why}); install them: bash ci/batch/start-torque.sh"
+        if _require("torque"):
+            pytest.fail(f"HPCSCHED_REQUIRE_BATCH={os.environ['HPCSCHED_REQUIRE_BATCH']} but {msg}")
+        pytest.skip(msg)
+    return TORQUE_BIN
 
 
 @pytest.fixture
