@@ -106,7 +106,10 @@ class JobQueueCluster(Cluster):
                  "(logging.getLogger('hpcsched').setLevel(...))")):
             if value is not None:
                 logger.info("%s: %s=%r is ignored: %s", type(self).__name__, what, value, why)
-        system_class = self.system_class if job_cls is None else job_cls
+        system_class = getattr(self, "system_class", None) if job_cls is None else job_cls
+        if system_class is None:
+            raise ValueError("JobQueueCluster needs a batch system: use SLURMCluster, SGECluster, "
+                             "PBSCluster or LSFCluster, or pass job_cls=<a BatchSystem subclass>")
         if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
             raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
                             "subclass (dask-jobqueue's Job classes do not apply)")

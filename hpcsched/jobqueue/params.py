@@ -141,6 +141,7 @@ def resolve(owner: str, system: str, defaults: Mapping[str, Any], kwargs: Mappin
             deprecated_project: bool = False) -> dict[str, Any]:
     """Merged parameters (see the module docstring); ``owner`` names the class in errors."""
     kwargs = dict(kwargs)
+    owner = owner.replace("System", "Cluster")  # users meet the cluster class
     section = kwargs.pop("config_name", None) or system
     known = dict(defaults)
     unknown = sorted(set(kwargs) - set(known))
@@ -156,10 +157,9 @@ def resolve(owner: str, system: str, defaults: Mapping[str, Any], kwargs: Mappin
         if isinstance(merged.get(key), Mapping):
             merged[key] = {str(k).replace("-", "_"): v for k, v in merged[key].items()}
     if merged["cores"] is None or merged["memory"] is None:
-        cluster = owner.replace("System", "Cluster")
         raise ValueError(
             "You must specify how many cores and how much memory each job has "
-            f"(cores and memory), for example:\ncluster = {cluster}("
+            f"(cores and memory), for example:\ncluster = {owner}("
             f"cores={merged['cores'] or 8}, memory={merged['memory'] or '24GB'!r})")
     _apply_deprecated(merged, deprecated_project)
     for name, (matters, why) in IGNORED.items():

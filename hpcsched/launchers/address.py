@@ -71,10 +71,10 @@ def _reachable(ip: str) -> bool:
     return not (a.is_loopback or a.is_link_local or a.is_unspecified)
 
 
-def routable_address(probe: Callable[[], str | None] = _probe_route,
+def routable_address(probe: Callable[[], str | None] | None = None,
                      interfaces: Mapping[str, Sequence[str]] | None = None) -> str | None:
     """This host's address that other nodes can reach, or None (see the module docstring)."""
-    ip = probe()
+    ip = (probe or _probe_route)()
     if ip and _reachable(ip):
         return ip
     ifaces = _up_interfaces() if interfaces is None else interfaces
@@ -86,13 +86,13 @@ def routable_address(probe: Callable[[], str | None] = _probe_route,
 
 
 def scheduler_host(interface: str | None = None, host: str | None = None,
-                   find: Callable[[], str | None] = routable_address) -> str:
+                   find: Callable[[], str | None] | None = None) -> str:
     """The host a scheduler for remote workers listens on and names in job scripts."""
     if host:
         return host
     if interface:
         return interface_address(interface)
-    ip = find()
+    ip = (find or routable_address)()
     if ip is None:
         raise NoRoutableAddress(
             "this host has no network address but loopback, so workers in batch jobs on other "

@@ -86,12 +86,15 @@ def fast_poll():
 
 @pytest.fixture
 def isolated_config(monkeypatch, tmp_path):
-    """No user YAML files and no HPCSCHED_JOBQUEUE__* variables leak into a test."""
+    """No user YAML files (hpcsched's or dask's) and no HPCSCHED_JOBQUEUE__* /
+    DASK_JOBQUEUE__* variables leak into a test."""
     for name in list(os.environ):
-        if name.startswith("HPCSCHED_JOBQUEUE"):
+        if name.startswith(("HPCSCHED_JOBQUEUE", "DASK_JOBQUEUE", "PBS_ACCOUNT", "LSF_ENVDIR")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DASK_ROOT_CONFIG", str(tmp_path / "etc-dask"))
     monkeypatch.delenv("HPCSCHED_CONFIG", raising=False)
+    monkeypatch.delenv("DASK_CONFIG", raising=False)
     config.refresh()
     yield
     config.refresh()
