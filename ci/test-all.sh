@@ -39,6 +39,11 @@ if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BATCH:
             require+=("$s")
         fi
     done
+    # PBS commands from a second source: SchedMD's Torque wrappers over this SLURM, in a
+    # prefix of their own (never on PATH but for the tests that ask for them)
+    echo "== installing the Torque wrappers over SLURM (ci/batch/start-torque.sh)"
+    bash ci/batch/start-torque.sh >/dev/null || echo "!! Torque wrappers missing: their tests will fail" >&2
+    require+=(torque)
 else
     echo "== not root on Debian (or HPCSCHED_SKIP_BATCH=1): SLURM/SGE tests will be skipped"
 fi

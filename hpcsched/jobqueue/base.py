@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from hpcsched.core import config
-from hpcsched.jobqueue import runner
+from hpcsched.jobqueue import params, runner
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -34,44 +34,44 @@ from hpcsched.jobqueue.job import (
     parse_walltime,
     worker_lifetime,
 )
-from hpcsched.jobqueue.launch import LAUNCHERS, Expand, launch_command, quote_arg
+from hpcsched.jobqueue.launch import LAUNCHERS, launch_command, shell_literal
 
 logger = logging.getLogger(__name__)
 
-_REQUIRED = object()
-
-#: parameter -> default, shared by every system (subclasses add ``extra_params``)
-COMMON_PARAMS: dict[str, Any] = {
-    "cores": _REQUIRED,
-    "memory": _REQUIRED,
-    "processes": 1,
-    "nthreads": None,  # threads per worker; default cores // processes
-    "walltime": None,
-    "queue": None,
-    "account": None,
-    "project": None,  # alias of account (PBS / LSF habit)
-    "resource_spec": None,
-    "job_extra_directives": [],
-    "job_directives_skip": [],
-    "job_script_prologue": [],
-    "env_extra": None,  # dask-jobqueue's old name of job_script_prologue
-    "log_directory": None,
-    "local_directory": None,
-    "interface": None,
-    "name": "hpcsched",
-    "python": None,
-    "scheduler_options": {},
-    "death_timeout": None,
-    "job_array": False,
-    "shebang": "#!/usr/bin/env bash",
-    "submit_command_extra": [],
-    "worker_extra_args": [],
-    "launcher": "fork",
-}
-
 _LIST_PARAMS = ("job_extra_directives", "job_directives_skip", "job_script_prologue",
-                "env_extra", "submit_command_extra", "worker_extra_args")
-_SCHEDULER_OPTIONS = ("host", "port", "interface")
+                "submit_command_extra", "worker_extra_args")
+#: scheduler_options the cluster uses; dask's other Scheduler options are logged and ignored
+SCHEDULER_OPTIONS = ("host", "port", "interface", "dashboard_address", "protocol")
+#: below this, a memory figure is surely a unit mistake (memory=16 meaning 16 GB)
+MIN_MEMORY = 2**20
+
+
+#: options of dask.distributed's Scheduler that mean nothing to hpcsched's (logged, ignored)
+_DASK_SCHEDULER_OPTIONS = ("dashboard", "http_prefix", "security", "services", "service_kwargs",
+                           "allowed_failures", "extensions", "validate", "scheduler_file",
+                           "worker_ttl", "idle_timeout", "preload", "preload_argv", "plugins",
+                           "contact_address", "transition_counter_max", "jupyter",
+                           "blocked_handlers", "loop")
+
+
+def check_scheduler_options(opts: Any) -> dict[str, Any]:
+    """``scheduler_options`` as the cluster uses them: host, port, interface (and
+    dashboard_address, protocol, checked by the cluster); dask's other Scheduler options
+    are logged and dropped, anything else is an error naming the key."""
+    if opts is None:
+        return {}
+    if not isinstance(opts, Mapping):
+        raise TypeError(f"scheduler_options must be a dict, got {opts!r}")
+    out = {str(k).replace("-", "_"): v for k, v in opts.items()}
+    bad = sorted(set(out) - set(SCHEDULER_OPTIONS) - set(_DASK_SCHEDULER_OPTIONS))
+    if bad:
+        raise ValueError(f"scheduler_options: unknown key(s) {', '.join(bad)} "
+                         f"(known: {', '.join(SCHEDULER_OPTIONS)})")
+    for k in sorted(set(out) & set(_DASK_SCHEDULER_OPTIONS)):
+        logger.info("scheduler_options[%r] is ignored: an option of dask.distributed's "
+                    "Scheduler that hpcsched's scheduler does not have", k)
+        del out[k]
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,93 +104,76 @@ class BatchSystem:
     array_index_var: ClassVar[str] = ""  # env var holding the element index inside a job
     array_first_index: ClassVar[int] = 0
     extra_params: ClassVar[dict[str, Any]] = {}
+    #: read a walltime "HH:MM" as hours:minutes (LSF's -W); elsewhere it is refused
+    walltime_hh_mm: ClassVar[bool] = False
+
+    #: dask-jobqueue deprecated ``project`` in favour of ``account`` here (SLURM, PBS);
+    #: elsewhere (SGE, LSF) ``project`` is the system's own word and ``account`` its alias
+    project_is_deprecated: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         self.run_command: Callable[..., str] | None = None  # tests may replace
-        self.params = self._merge_params(kwargs)
+        self.params = params.resolve(type(self).__name__, self.system, self.param_defaults(),
+                                     kwargs, deprecated_project=self.project_is_deprecated)
         self._validate()
 
     # ------------------------------------------------------------ parameters
     @classmethod
     def param_defaults(cls) -> dict[str, Any]:
-        return {**COMMON_PARAMS, **cls.extra_params}
-
-    @classmethod
-    def _config_params(cls) -> dict[str, Any]:
-        known = cls.param_defaults()
-        out: dict[str, Any] = {}
-        for key, value in config.get_prefix(f"jobqueue.{cls.system}").items():
-            top, _, sub = key.partition(".")
-            param = top.replace("-", "_")
-            if param not in known:
-                raise ValueError(f"unknown parameter {param!r} in configuration "
-                                 f"jobqueue.{cls.system}.{top} (known: {', '.join(sorted(known))})")
-            if sub:  # YAML mappings arrive flattened: scheduler-options.host
-                out.setdefault(param, {})[sub.replace("-", "_")] = value
-            else:
-                out[param] = value
-        return out
-
-    def _merge_params(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        known = self.param_defaults()
-        unknown = sorted(set(kwargs) - set(known))
-        if unknown:
-            raise TypeError(f"{type(self).__name__} got unknown parameter(s) {', '.join(unknown)} "
-                            f"(known: {', '.join(sorted(known))})")
-        merged = dict(known)
-        merged.update(self._config_params())
-        merged.update({k: v for k, v in kwargs.items() if v is not None})
-        for k, v in merged.items():
-            if v is _REQUIRED:
-                raise ValueError(f"{k} is required: pass {k}=... or set jobqueue.{self.system}."
-                                 f"{k.replace('_', '-')} in the configuration")
-        return merged
+        return {**params.COMMON, **cls.extra_params}
 
     def _validate(self) -> None:
         p = self.params
         for k in _LIST_PARAMS:
             v = p[k]
             if v is None:
+                p[k] = []
                 continue
-            if isinstance(v, str) or not isinstance(v, (list, tuple)) \
+            if isinstance(v, str) or not isinstance(v, (list, tuple, set)) \
                     or not all(isinstance(x, str) for x in v):
                 raise TypeError(f"{k} must be a list of strings, got {v!r}")
             p[k] = list(v)
-        for k in ("cores", "processes"):
-            if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] < 1:
-                raise ValueError(f"{k} must be a positive integer, got {p[k]!r}")
+        if isinstance(p["cores"], bool) or not isinstance(p["cores"], int) or p["cores"] < 1:
+            raise ValueError(f"cores must be a positive integer, got {p['cores']!r}")
+        if p["processes"] is None:
+            p["processes"] = params.default_processes(p["cores"])
+        if isinstance(p["processes"], bool) or not isinstance(p["processes"], int) \
+                or p["processes"] < 1:
+            raise ValueError(f"processes must be a positive integer, got {p['processes']!r}")
         if p["processes"] > p["cores"]:
             raise ValueError(f"processes={p['processes']} > cores={p['cores']}: each worker "
                              "process needs at least one core")
         if p["nthreads"] is None:
             p["nthreads"] = p["cores"] // p["processes"]
-        elif isinstance(p["nthreads"], bool) or not isinstance(p["nthreads"], int) or p["nthreads"] < 1:
+        elif isinstance(p["nthreads"], bool) or not isinstance(p["nthreads"], int) \
+                or p["nthreads"] < 1:
             raise ValueError(f"nthreads must be a positive integer, got {p['nthreads']!r}")
         self.memory_bytes = parse_memory(p["memory"], "memory")
-        self.walltime_seconds = parse_walltime(p["walltime"]) if p["walltime"] is not None else None
-        if p["account"] and p["project"] and p["account"] != p["project"]:
-            raise ValueError(f"account={p['account']!r} and project={p['project']!r} disagree: "
-                             "pass one of them")
-        p["account"] = p["account"] or p["project"]
-        if p["env_extra"]:
-            if p["job_script_prologue"]:
-                raise ValueError("pass job_script_prologue or its old name env_extra, not both")
-            p["job_script_prologue"] = p["env_extra"]
+        if self.memory_bytes < MIN_MEMORY:
+            raise ValueError(
+                f"memory={p['memory']!r} is {self.memory_bytes} bytes, less than 1 MiB: a number "
+                "means bytes (as dask's parse_bytes reads it); did you mean "
+                f"'{p['memory']}GB'?")
+        self.walltime_seconds = (parse_walltime(p["walltime"], hh_mm=self.walltime_hh_mm)
+                                 if p["walltime"] not in (None, "") else None)
+        if not self.project_is_deprecated:
+            if p["account"] and p["project"] and p["account"] != p["project"]:
+                raise ValueError(f"account={p['account']!r} and project={p['project']!r} "
+                                 "disagree: pass one of them")
+            p["account"] = p["project"] or p["account"]
         if p["launcher"] not in LAUNCHERS:
             raise ValueError(f"launcher={p['launcher']!r} is not one of {', '.join(LAUNCHERS)}")
-        if not isinstance(p["name"], str) or not re.match(r"^[A-Za-z][A-Za-z0-9_.-]*$", p["name"]):
-            raise ValueError(f"name={p['name']!r}: use letters, digits, '_', '.', '-', "
+        if not isinstance(p["job_name"], str) \
+                or not re.match(r"^[A-Za-z][A-Za-z0-9_.-]*$", p["job_name"]):
+            raise ValueError(f"job_name={p['job_name']!r}: use letters, digits, '_', '.', '-', "
                              "starting with a letter")
         if not isinstance(p["shebang"], str) or not p["shebang"].startswith("#!"):
             raise ValueError(f"shebang={p['shebang']!r} must start with '#!'")
-        opts = p["scheduler_options"] or {}
-        if not isinstance(opts, Mapping):
-            raise TypeError(f"scheduler_options must be a dict, got {opts!r}")
-        bad = sorted(set(opts) - set(_SCHEDULER_OPTIONS))
-        if bad:
-            raise ValueError(f"scheduler_options: unknown key(s) {', '.join(bad)} "
-                             f"(known: {', '.join(_SCHEDULER_OPTIONS)})")
-        p["scheduler_options"] = dict(opts)
+        p["scheduler_options"] = check_scheduler_options(p["scheduler_options"])
+        if p["protocol"] not in (None, "tcp", "tcp://"):
+            raise ValueError(f"protocol={p['protocol']!r}: hpcsched's batch clusters speak tcp:// "
+                             "(authenticated by the cluster's secret); for TLS set comm.tls.cert "
+                             "/ comm.tls.key / comm.tls.ca in the configuration")
         if p["python"] is None:
             p["python"] = sys.executable
         p["death_timeout"] = float(config.get("worker.death-timeout", p["death_timeout"]))
@@ -203,9 +186,9 @@ class BatchSystem:
         """Hook: system-specific checks of ``self.params``."""
 
     def __getattr__(self, name: str) -> Any:  # s.cores, s.queue, ...
-        params = self.__dict__.get("params")
-        if params is not None and name in params:
-            return params[name]
+        values = self.__dict__.get("params")
+        if values is not None and name in values:
+            return values[name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ------------------------------------------------------------ rendering
@@ -274,20 +257,20 @@ class BatchSystem:
             cmd += ["--lifetime", str(life), "--lifetime-stagger", str(stagger)]
         if p["local_directory"]:
             cmd += ["--local-directory", p["local_directory"]]
+        if p["interface"]:  # as dask-jobqueue: workers listen on the same interface
+            cmd += ["--interface", p["interface"]]
         return cmd + p["worker_extra_args"]
 
     def render(self, job_name: str, scheduler_address: str, secret_file: str | None,
                array: int | None = None) -> str:
         """The complete job script; ``array=N`` renders one submission of N elements."""
         p = self.params
-        if array:
-            worker_name: str = Expand(f"{job_name}.${{{self.array_index_var}}}")
-        else:
-            worker_name = job_name
+        # an array element's name carries its index, which the job's shell expands
+        worker_name = f"{job_name}.${{{self.array_index_var}}}" if array else job_name
         lines = [p["shebang"], "", *self.header(job_name, array), ""]
         lines += p["job_script_prologue"]
         if secret_file:
-            lines.append(f"export HPCSCHED_SECRET_FILE={quote_arg(secret_file)}")
+            lines.append(f"export HPCSCHED_SECRET_FILE={shell_literal(secret_file)}")
         lines.append("exec " + launch_command(self.worker_command(scheduler_address, worker_name),
                                               p["processes"], p["launcher"]))
         return "\n".join(lines) + "\n"
@@ -302,13 +285,19 @@ class BatchSystem:
         return self.run_command is not None or shutil.which(executable) is not None
 
     def check_commands(self) -> None:
-        """Raise :class:`~hpcsched.jobqueue.runner.BatchCommandNotFound` before submitting."""
+        """Raise :class:`~hpcsched.jobqueue.runner.BatchCommandNotFound` before submitting
+        (only submitting needs the batch system's commands, never rendering a script)."""
         if self.run_command is None:  # a replaced runner needs no executables
             runner.require_executable(self.submit_command[0])
 
-    def submit(self, script_path: str, script: str) -> str:
+    def submit_options(self, job_name: str, log_file: str) -> list[str]:
+        """Hook: submit-command options repeating the script's own directives."""
+        return []
+
+    def submit(self, script_path: str, script: str, options: Iterable[str] = ()) -> str:
         """Submit; return the job id (the parent id for arrays)."""
-        extra = self.params["submit_command_extra"]
+        self.check_commands()
+        extra = [*options, *self.params["submit_command_extra"]]
         if self.script_on_stdin:
             out = self._run([*self.submit_command, *extra], input=script)
         else:

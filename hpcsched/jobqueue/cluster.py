@@ -3,10 +3,18 @@
 The cluster owns what is the same on every batch system; the per-system adapter
 (:class:`hpcsched.jobqueue.base.BatchSystem`) owns commands and formats.
 
-* **Connecting back.** The scheduler listens on the IPv4 address of ``interface``
-  (or ``scheduler_options["host"]``, else the address of this host's name). The
-  secret goes to a 0600 file in ``log_directory`` (a shared filesystem) named by
-  ``HPCSCHED_SECRET_FILE`` in the job script -- never on a command line.
+* **Connecting back.** The scheduler listens on, and job scripts name, an address
+  other nodes reach (:mod:`hpcsched.launchers.address`): ``scheduler_options["host"]``,
+  else the IPv4 address of ``scheduler_options["interface"]`` or ``interface``, else
+  this host's routable address; loopback only when the user asks for it. The
+  secret goes to a 0600 file in ``shared_temp_directory`` or ``log_directory`` (a
+  shared filesystem) named by ``HPCSCHED_SECRET_FILE`` in the job script -- never on
+  a command line.
+* **dask-jobqueue's interface.** The constructor takes dask-jobqueue's cluster
+  keywords (``n_workers``, ``name``, ``security``, ``silence_logs``, ...; see
+  :meth:`JobQueueCluster.__init__`) besides the job parameters of
+  :mod:`hpcsched.jobqueue.params`; ``job_script()``, ``job_header``, ``job_name``,
+  ``get_logs()``, ``dashboard_link``, ``plan`` / ``requested`` / ``observed`` are there.
 * **Bookkeeping.** One :class:`~hpcsched.jobqueue.job.Job` per job or array
   element in ``cluster.jobs``; a thread polls all their states with ONE status
   command every ``jobqueue.poll-interval`` seconds. Workers are mapped to jobs by
@@ -29,7 +37,6 @@ import logging
 import math
 import os
 import secrets
-import socket
 import threading
 import time
 import weakref
@@ -41,6 +48,7 @@ from hpcsched.core.comm.base import Security
 from hpcsched.jobqueue import cleanup, runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
+from hpcsched.launchers.address import scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
 logger = logging.getLogger(__name__)
@@ -51,36 +59,6 @@ GONE_AFTER = 5.0  # seconds without status or accounting record before a job cou
 
 class JobFailedError(RuntimeError):
     """A batch job ended before its workers connected."""
-
-
-def interface_address(interface: str) -> str:
-    """The IPv4 address of network interface ``interface`` (psutil.net_if_addrs)."""
-    import psutil
-
-    addrs = psutil.net_if_addrs()
-    if interface not in addrs:
-        raise ValueError(f"interface={interface!r} not found on this host; available: "
-                         f"{', '.join(sorted(addrs))}")
-    for a in addrs[interface]:
-        if a.family == socket.AF_INET:
-            return a.address
-    raise ValueError(f"interface={interface!r} has no IPv4 address")
-
-
-def scheduler_host(interface: str | None, host: str | None) -> str:
-    if host:
-        return host
-    if interface:
-        return interface_address(interface)
-    try:
-        ip = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        ip = "127.0.0.1"
-    if ip.startswith("127."):
-        logger.warning("this host's name resolves to %s: workers on other nodes cannot reach the "
-                       "scheduler; pass interface='ib0' (or another interface) or "
-                       "scheduler_options={'host': ...}", ip)
-    return ip
 
 
 def read_tail(path: str, lines: int = LOG_TAIL_LINES,
@@ -103,16 +81,58 @@ class JobQueueCluster(Cluster):
 
     system_class: ClassVar[type[BatchSystem]]
 
-    def __init__(self, security: Security | None = None, **kwargs: Any) -> None:
+    def __init__(self, n_workers: int = 0, security: Security | bool | None = None,
+                 name: str | None = None, silence_logs: Any = None, asynchronous: bool = False,
+                 loop: Any = None, scheduler_cls: Any = None,
+                 job_cls: type[BatchSystem] | None = None, dashboard_address: Any = None,
+                 host: str | None = None, **kwargs: Any) -> None:
+        """dask-jobqueue's cluster keywords, then the job parameters (``cores``, ``memory``,
+        ...: :mod:`hpcsched.jobqueue.params`). Keywords that mean nothing here (``loop``,
+        ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored."""
         # every check that can fail runs before anything is started or submitted
-        self.system = self.system_class(**kwargs)
-        self.system.check_commands()
+        for what, value in (("host", host), ("dashboard_address", dashboard_address)):
+            if value is not None:
+                raise ValueError(f"Please pass {what!r} through 'scheduler_options': use "
+                                 f"{type(self).__name__}(..., scheduler_options="
+                                 f"{{{what!r}: {value!r}}})")
+        if asynchronous:
+            raise ValueError(f"{type(self).__name__}(asynchronous=True): hpcsched's clusters "
+                             "are synchronous objects (no 'await cluster'); run them from a "
+                             "thread with loop.run_in_executor if an event loop needs one")
+        for what, value, why in (
+                ("loop", loop, "the scheduler runs its own event loop thread"),
+                ("scheduler_cls", scheduler_cls, "an hpcsched scheduler is always started"),
+                ("silence_logs", silence_logs, "hpcsched leaves logging to the application "
+                 "(logging.getLogger('hpcsched').setLevel(...))")):
+            if value is not None:
+                logger.info("%s: %s=%r is ignored: %s", type(self).__name__, what, value, why)
+        system_class = getattr(self, "system_class", None) if job_cls is None else job_cls
+        if system_class is None:
+            raise ValueError("JobQueueCluster needs a batch system: use SLURMCluster, SGECluster, "
+                             "PBSCluster or LSFCluster, or pass job_cls=<a BatchSystem subclass>")
+        if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
+            raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
+                            "subclass (dask-jobqueue's Job classes do not apply)")
+        self.system = system_class(**kwargs)
         p = self.system.params
+        self.name = name or type(self).__name__
         self.workers_per_unit = p["processes"]
         opts = p["scheduler_options"]
+        if opts.get("dashboard_address") is not None:
+            logger.info("scheduler_options['dashboard_address'] is ignored: hpcsched's scheduler "
+                        "serves no web dashboard")
+        if opts.get("protocol") not in (None, "tcp", "tcp://"):
+            raise ValueError(f"scheduler_options['protocol']={opts['protocol']!r}: the scheduler "
+                             "of a batch cluster speaks tcp://")
         host = scheduler_host(opts.get("interface") or p["interface"], opts.get("host"))
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
+        if security is True or security is None:
+            security = Security.generate()
+        elif not isinstance(security, Security):
+            raise TypeError(f"security={security!r}: pass True, None or an "
+                            "hpcsched.core.comm.base.Security (the cluster's secret, optional "
+                            "TLS via comm.tls.*), not dask.distributed's Security")
         self.cluster_id = secrets.token_hex(3)
         self.jobs: dict[str, Job] = {}
         self.failed_jobs: list[Job] = []
@@ -121,7 +141,7 @@ class JobQueueCluster(Cluster):
         self._next_index = 0
         self._live_ids: set[str] = set()
         self._scripts: list[str] = []
-        security = security or Security.generate()
+        self._notes: collections.deque[str] = collections.deque(maxlen=1000)  # get_logs()
         self.security = security
         os.makedirs(p["log_directory"], exist_ok=True)
         self.secret_file = self._write_secret()
@@ -140,11 +160,18 @@ class JobQueueCluster(Cluster):
         self._poller = threading.Thread(target=_poll_loop, args=(weakref.ref(self), self._stop),
                                         name=f"{type(self).__name__}-poll", daemon=True)
         self._poller.start()
+        if n_workers:
+            self.scale(n_workers)
 
     # ------------------------------------------------------------ setup
     def _write_secret(self) -> str:
-        path = os.path.join(self.system.params["log_directory"],
-                            f".hpcsched-{self.cluster_id}.secret")
+        p = self.system.params
+        directory = p["log_directory"]
+        if p["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
+            directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
+                p["shared_temp_directory"])))
+            os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f".hpcsched-{self.cluster_id}.secret")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             os.fchmod(f.fileno(), 0o600)
@@ -153,12 +180,73 @@ class JobQueueCluster(Cluster):
 
     # ------------------------------------------------------------ scripts
     def _job_name(self, index: int) -> str:
-        return f"{self.system.params['name']}-{self.cluster_id}-{index}"
+        return f"{self.system.params['job_name']}-{self.cluster_id}-{index}"
 
     def job_script(self, array: int | None = None) -> str:
         """The script the next submission will use (``array=N``: an N-element job array)."""
         return self.system.render(self._job_name(self._next_index), self.scheduler_address,
                                   self.secret_file, array=array)
+
+    @property
+    def job_header(self) -> str:
+        """The directive lines of :meth:`job_script` (dask-jobqueue's attribute)."""
+        return "\n".join(self.system.header(self._job_name(self._next_index)))
+
+    @property
+    def job_name(self) -> str:
+        """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``);
+        each job adds ``-<cluster id>-<n>`` so that workers map to their job."""
+        return self.system.params["job_name"]
+
+    @property
+    def dashboard_link(self) -> str:
+        """Empty: hpcsched's scheduler serves no web dashboard (dask's would be here)."""
+        return ""
+
+    def _expected_workers(self, jobs: list[Job]) -> set[str]:
+        return {n for j in jobs for n in j.worker_names()}
+
+    @property
+    def plan(self) -> set[str]:
+        """Names of the workers the cluster aims for: those of jobs counted in its target."""
+        with self._lock:
+            return self._expected_workers([j for j in self.jobs.values() if j.active])
+
+    @property
+    def requested(self) -> set[str]:
+        """Names of the workers of every job submitted and not yet ended (being cancelled
+        included)."""
+        with self._lock:
+            return self._expected_workers([j for j in self.jobs.values() if not j.ended])
+
+    @property
+    def observed(self) -> set[str]:
+        """Names of the workers connected to the scheduler now."""
+        return {str(w.get("name", "")) for w in self.scheduler_info_workers().values()}
+
+    def get_logs(self, cluster: bool = True, scheduler: bool = True,
+                 workers: bool = True) -> dict[str, str]:
+        """``{"Cluster": what this cluster did, <job name>: that job's log file, ...}``.
+
+        A job's log holds the output of all its workers (one file per job, stderr joined).
+        ``scheduler`` is accepted for dask's signature: the scheduler runs in this process
+        and logs through :mod:`logging`.
+        """
+        logs: dict[str, str] = {}
+        if cluster:
+            logs["Cluster"] = "\n".join(self._notes)
+        if workers:
+            with self._lock:
+                jobs = list(self.jobs.values())
+            for job in jobs:
+                logs[job.name] = read_tail(job.log_file, lines=10_000,
+                                           clean=self.system.job_output)
+        return logs
+
+    def _note(self, level: int, msg: str, *args: Any) -> None:
+        """Log, and keep the line for :meth:`get_logs`."""
+        logger.log(level, msg, *args)
+        self._notes.append(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg % args}")
 
     # ------------------------------------------------------------ submit / cancel
     def _submit(self, count: int) -> list[Job]:
@@ -175,7 +263,8 @@ class JobQueueCluster(Cluster):
             with open(path, "w") as f:
                 f.write(script)
             self._scripts.append(path)
-            job_id = self.system.submit(path, script)
+            job_id = self.system.submit(path, script, self.system.submit_options(
+                name, self.system.log_file(name, array)))
             if array:
                 ids = self.system.array_element_ids(job_id, array)
                 first = self.system.array_first_index
@@ -189,7 +278,7 @@ class JobQueueCluster(Cluster):
                 self.jobs[job.job_id] = job
                 self._live_ids.add(job.job_id)
             new += jobs
-            logger.info("submitted %s %s (%s)", type(self).__name__, job_id, name)
+            self._note(logging.INFO, "submitted %s %s (%s)", type(self).__name__, job_id, name)
         return new
 
     def _cancel(self, jobs: list[Job], retire: bool) -> None:
@@ -207,6 +296,7 @@ class JobQueueCluster(Cluster):
             except Exception as e:  # cancelling below still frees the allocation
                 logger.warning("graceful retirement of %s failed (%s): cancelling anyway", names, e)
         ids = [j.job_id for j in jobs]
+        self._note(logging.INFO, "cancelling %s", " ".join(ids))
         try:
             self.system.cancel(ids)
         except runner.BatchCommandError as e:
@@ -401,7 +491,7 @@ class JobQueueCluster(Cluster):
             return
         self.failed_jobs.append(job)
         self._failed_since_scale += 1
-        logger.error("%s", self._failure_message(job))
+        self._note(logging.ERROR, "%s", self._failure_message(job))
 
     def _failure_message(self, job: Job) -> str:
         how = "vanished from the queue" if job.gone and not job.state.terminal else \

@@ -59,6 +59,12 @@ class Job:
         """Counts towards the cluster's target: not ended and not being cancelled."""
         return not self.ended and not self.cancel_requested
 
+    def worker_names(self) -> list[str]:
+        """The names its workers take: the job's name, or name-0 .. name-(P-1)."""
+        if self.expected_workers == 1:
+            return [self.name]
+        return [f"{self.name}-{k}" for k in range(self.expected_workers)]
+
     def owns_worker(self, worker_name: str) -> bool:
         return worker_name == self.name or worker_name.rsplit("-", 1)[0] == self.name
 
@@ -109,10 +115,12 @@ _DURATION_RE = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?:in)?)?\s
                           re.IGNORECASE)
 
 
-def parse_walltime(value: str | int | float | timedelta, what: str = "walltime") -> int:
+def parse_walltime(value: str | int | float | timedelta, what: str = "walltime",
+                   hh_mm: bool = False) -> int:
     """Seconds in ``"01:30:00"``, ``"2-00:00:00"``, ``"90m"``, ``"1h30m"``, ``5400``.
 
-    ``"HH:MM"`` is refused: SLURM reads it as minutes:seconds, LSF as hours:minutes.
+    ``"HH:MM"`` is refused unless ``hh_mm`` (LSF, whose ``-W`` is hours:minutes): SLURM,
+    PBS and Grid Engine read two fields as minutes:seconds, a common surprise.
     """
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a duration such as '01:00:00', got {value!r}")
@@ -121,7 +129,7 @@ def parse_walltime(value: str | int | float | timedelta, what: str = "walltime")
     elif isinstance(value, (int, float)):
         seconds = float(value)
     elif isinstance(value, str):
-        seconds = _parse_walltime_str(value, what)
+        seconds = _parse_walltime_str(value, what, hh_mm)
     else:
         raise TypeError(f"{what} must be a duration such as '01:00:00', got "
                         f"{type(value).__name__} {value!r}")
@@ -130,7 +138,7 @@ def parse_walltime(value: str | int | float | timedelta, what: str = "walltime")
     return int(math.ceil(seconds))
 
 
-def _parse_walltime_str(text: str, what: str) -> float:
+def _parse_walltime_str(text: str, what: str, hh_mm: bool = False) -> float:
     s = text.strip()
     days = 0
     if re.match(r"^\d+-", s):
@@ -142,6 +150,11 @@ def _parse_walltime_str(text: str, what: str) -> float:
         if m >= 60 or sec >= 60:
             raise ValueError(f"{what}={text!r}: minutes and seconds must be below 60")
         return days * 86400 + h * 3600 + m * 60 + sec
+    if len(parts) == 2 and all(p.isdigit() for p in parts) and hh_mm and days == 0:
+        h, m = (int(p) for p in parts)
+        if m >= 60:
+            raise ValueError(f"{what}={text!r}: minutes must be below 60")
+        return h * 3600 + m * 60
     if len(parts) == 2 and all(p.isdigit() for p in parts):
         raise ValueError(f"{what}={text!r} is ambiguous (HH:MM or MM:SS?): write HH:MM:SS, "
                          "e.g. '01:30:00'")

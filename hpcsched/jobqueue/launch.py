@@ -12,9 +12,22 @@ shell line the job script runs out. It knows nothing of batch systems::
   ask for ``-n P`` tasks);
 * ``mpiexec``: the MPI launcher starts P workers.
 
-Arguments are quoted with :func:`shlex.quote`, except :class:`Expand` arguments,
-which the shell must expand (a job-array index in a worker name) and are
-double-quoted with only ``$`` active.
+Quoting. Users write settings such as ``local_directory="$TMPDIR"`` or
+``python="$HOME/venv/bin/python"`` expecting the job's shell to expand them, as it
+does in dask-jobqueue's unquoted scripts. :func:`shell_word` renders a value so that
+``$NAME`` and ``${NAME}`` (and a leading ``~/``) expand inside the job and nothing
+else is interpreted: the value sits in double quotes (no word splitting, no
+globbing of a path with spaces or ``*``), and backquotes, backslashes, double quotes
+and every other ``$`` (``$(...)``, ``$1``, ``${X:-y}``) are escaped -- so a value
+can never run a command. Paths that hpcsched itself computed go through
+:func:`shell_literal` (no expansion at all).
+
+    >>> shell_word("$TMPDIR")
+    '"$TMPDIR"'
+    >>> shell_word("~/my venv/bin/python")
+    '~/"my venv/bin/python"'
+    >>> shell_word("/scratch/my data/$(id)")
+    '"/scratch/my data/\\\\$(id)"'
 """
 
 from __future__ import annotations
@@ -25,30 +38,43 @@ from collections.abc import Sequence
 
 LAUNCHERS = ("fork", "srun", "mpiexec")
 
-
-class Expand(str):
-    """A command argument holding shell variables (``"w-${SLURM_ARRAY_TASK_ID}"``).
-
-    Only ``$NAME`` / ``${NAME}`` references are allowed, so that expansion cannot run
-    commands (no backticks, no ``$(...)``).
-    """
-
-    _ok = re.compile(r"^(?:[^$`\\\"]|\$[A-Za-z_][A-Za-z0-9_]*|\$\{[A-Za-z_][A-Za-z0-9_]*\})*$")
-
-    def __new__(cls, value: str) -> Expand:
-        if not cls._ok.match(value):
-            raise ValueError(f"Expand({value!r}): only $VAR / ${{VAR}} references are allowed")
-        return super().__new__(cls, value)
+_SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
 
 
-def quote_arg(arg: str) -> str:
-    if isinstance(arg, Expand):
-        return f'"{arg}"'
-    return shlex.quote(str(arg))
+def _escape_in_double_quotes(text: str) -> str:
+    return re.sub(r'([\\"`$])', r"\\\1", text)
 
 
-def join_command(cmd: Sequence[str]) -> str:
-    return " ".join(quote_arg(a) for a in cmd)
+def shell_word(value: object) -> str:
+    """``value`` as one shell word in which only ``$VAR`` / ``${VAR}`` (and a leading
+    ``~/``) expand (see the module docstring)."""
+    text = str(value)
+    prefix = ""
+    if text == "~" or text.startswith("~/"):
+        # the tilde prefix ends at the first unquoted slash: keep "~/" outside the quotes
+        prefix, text = text[:2], text[2:]
+        if not text:
+            return prefix
+    if _SAFE.match(text):
+        return prefix + text
+    out: list[str] = []
+    pos = 0
+    for m in _VARIABLE.finditer(text):
+        out.append(_escape_in_double_quotes(text[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(_escape_in_double_quotes(text[pos:]))
+    return f'{prefix}"{"".join(out)}"'
+
+
+def shell_literal(value: object) -> str:
+    """``value`` as one shell word, taken literally (nothing expands)."""
+    return shlex.quote(str(value))
+
+
+def join_command(cmd: Sequence[object]) -> str:
+    return " ".join(shell_word(a) for a in cmd)
 
 
 def launch_command(worker_cmd: Sequence[str], processes: int, launcher: str = "fork") -> str:

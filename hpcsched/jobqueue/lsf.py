@@ -2,8 +2,10 @@
 
 The script goes to ``bsub`` on stdin (``use_stdin=True``, LSF's usual way: the
 ``#BSUB`` lines are read only then). ``-M`` is in the unit ``LSF_UNIT_FOR_LIMITS``
-of ``lsf.conf`` (found through ``LSF_ENVDIR``; KB when unset), or ``lsf_units``.
-``-W`` is ``[HH:]MM`` rounded up to a whole minute.
+of ``lsf.conf`` (found through ``LSF_ENVDIR``; KB when unset), or ``lsf_units``,
+counted as dask-jobqueue counts it (``memory / 1000**k``, rounded up: LSF's units are
+binary, so this never asks for less than ``memory``). ``-W`` is ``HH:MM`` (a walltime
+of ``"00:30"`` means 30 minutes here, as LSF reads it), rounded up to a whole minute.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import re
 from hpcsched.jobqueue import runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.job import JobState, ceil_div
+from hpcsched.jobqueue.job import JobState, ceil_div, parse_memory
 
 STATES: dict[str, JobState] = {
     **dict.fromkeys(["PEND", "PSUSP", "USUSP", "SSUSP", "WAIT", "PROV"], JobState.PENDING),
@@ -24,7 +26,8 @@ STATES: dict[str, JobState] = {
     **dict.fromkeys(["UNKWN", "ZOMBI"], JobState.UNKNOWN),
 }
 
-_UNIT_BYTES = {"KB": 2**10, "MB": 2**20, "GB": 2**30, "TB": 2**40, "PB": 2**50, "EB": 2**60}
+_UNIT_BYTES = {"KB": 1000, "MB": 1000**2, "GB": 1000**3, "TB": 1000**4, "PB": 1000**5,
+               "EB": 1000**6}
 
 
 def lsf_units(envdir: str | None = None) -> str:
@@ -55,15 +58,24 @@ class LSFSystem(BatchSystem):
     states = STATES
     array_index_var = "LSB_JOBINDEX"
     array_first_index = 1
-    extra_params = {"use_stdin": True, "lsf_units": None}
+    walltime_hh_mm = True
+    #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
+    extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
 
     def validate_system(self) -> None:
         p = self.params
-        units = (p["lsf_units"] or lsf_units()).upper()
+        units = str(p["lsf_units"] or lsf_units()).upper()
+        units = units if units.endswith("B") else units + "B"  # dask-jobqueue's "mb" or "m"
         if units not in _UNIT_BYTES:
             raise ValueError(f"lsf_units / LSF_UNIT_FOR_LIMITS={units!r}: use one of "
                              f"{', '.join(_UNIT_BYTES)}")
         p["lsf_units"] = units
+        if p["ncpus"] is not None and (isinstance(p["ncpus"], bool)
+                                       or not isinstance(p["ncpus"], int) or p["ncpus"] < 1):
+            raise ValueError(f"ncpus must be a positive integer, got {p['ncpus']!r}")
+        self.booked_memory = self.memory_bytes
+        if p["mem"] is not None:
+            self.booked_memory = parse_memory(p["mem"], "mem")
 
     @property
     def script_on_stdin(self) -> bool:  # type: ignore[override]
@@ -79,15 +91,21 @@ class LSFSystem(BatchSystem):
     def array_log_token(self) -> str:
         return "%I"
 
+    def queue_account_directives(self) -> list[str]:
+        p = self.params  # the project in quotes, as dask-jobqueue writes it (it may hold spaces)
+        return ([f"-q {p['queue']}"] if p["queue"] else []) + \
+            ([f'-P "{p["account"]}"'] if p["account"] else [])
+
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
         out = self.queue_account_directives()
-        out.append(f"-n {p['cores']}")
-        if p["cores"] > 1 and ntasks == 1:
+        ncpus = p["ncpus"] or p["cores"]
+        out.append(f"-n {ncpus}")
+        if ncpus > 1 and ntasks == 1:
             out.append('-R "span[hosts=1]"')
         if p["resource_spec"]:
             out.append(f'-R "{p["resource_spec"]}"')
-        out.append(f"-M {ceil_div(self.memory_bytes, _UNIT_BYTES[p['lsf_units']])}")
+        out.append(f"-M {ceil_div(self.booked_memory, _UNIT_BYTES[p['lsf_units']])}")
         if self.walltime_seconds:
             minutes = ceil_div(self.walltime_seconds, 60)
             out.append(f"-W {minutes // 60:02d}:{minutes % 60:02d}")

@@ -6,25 +6,50 @@ elements ``1234[0].server``. Resources use PBS Pro's select syntax::
     #PBS -l select=1:ncpus=8:mem=15259mb
     #PBS -l walltime=01:00:00
 
-``resource_spec`` replaces the select line (dask-jobqueue's behaviour). Older
-``qstat`` without JSON output is parsed from its table (``qstat -x``).
+``resource_spec`` replaces the select line (dask-jobqueue's behaviour). A ``qstat``
+without JSON output (Torque, older PBS, SchedMD's Torque wrappers over SLURM) is
+recognised by its usage error and then asked ``qstat -f IDS``, whose ``Job Id:``
+blocks are parsed; Torque's ``C`` (completed) counts as finished.
+
+Job name, output file and joined stderr are given on the ``qsub`` command line as
+well as in ``#PBS`` lines: the same values for a real PBS server, and the only ones
+the Torque wrappers over SLURM read (they pass their own ``-o`` / ``-e`` to sbatch).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import re
 
 from hpcsched.jobqueue import runner
-from hpcsched.jobqueue.base import BatchSystem, mib
+from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.job import JobState, format_hms
+from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
+
+logger = logging.getLogger(__name__)
 
 STATES: dict[str, JobState] = {
     **dict.fromkeys(["Q", "H", "W", "T", "S", "U", "M"], JobState.PENDING),
     **dict.fromkeys(["R", "E", "B"], JobState.RUNNING),  # E: exiting, B: array begun
-    **dict.fromkeys(["F", "X"], JobState.DONE),  # finished: refined by the exit status
+    **dict.fromkeys(["F", "X", "C"], JobState.DONE),  # finished: refined by the exit status
 }
+
+_USAGE_ERROR = re.compile(r"Unknown option|illegal option|invalid option|usage:", re.IGNORECASE)
+
+
+def pbs_memory(nbytes: int) -> str:
+    """``mem=`` as dask-jobqueue writes it: PBS's ``gb``/``mb``/``kb`` are binary; whole
+    GB from 10 GiB on, whole MB from 10 MiB on, rounded up (never less than asked for).
+
+    >>> pbs_memory(28 * 10**9), pbs_memory(2 * 10**9), pbs_memory(12345678)
+    ('27GB', '1908MB', '12MB')
+    """
+    for suffix, unit in (("GB", 2**30), ("MB", 2**20), ("kB", 2**10)):
+        if nbytes >= 10 * unit:
+            return f"{ceil_div(nbytes, unit)}{suffix}"
+    return f"{nbytes}B"
 
 
 class PBSSystem(BatchSystem):
@@ -36,6 +61,18 @@ class PBSSystem(BatchSystem):
     states = STATES
     array_index_var = "PBS_ARRAY_INDEX"
     array_first_index = 0
+    project_is_deprecated = True
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)
+        self._text_qstat = False  # set once qstat turned out to have no -F json
+
+    def submit_options(self, job_name: str, log_file: str) -> list[str]:
+        return ["-N", job_name, "-o", log_file, "-j", "oe"]
+
+    def validate_system(self) -> None:
+        if not self.params["account"]:  # dask-jobqueue's fallback, the variable qsub reads
+            self.params["account"] = os.environ.get("PBS_ACCOUNT") or None
 
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-N {job_name}", f"-o {log_file}", "-j oe"]
@@ -55,7 +92,7 @@ class PBSSystem(BatchSystem):
             select = f"select=1:ncpus={p['cores']}"
             if ntasks > 1:
                 select += f":mpiprocs={ntasks}"
-            out.append(f"-l {select}:mem={mib(self.memory_bytes)}mb")
+            out.append(f"-l {select}:mem={pbs_memory(self.memory_bytes)}")
         if self.walltime_seconds:
             out.append(f"-l walltime={format_hms(self.walltime_seconds)}")
         return out
@@ -68,9 +105,25 @@ class PBSSystem(BatchSystem):
 
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         text = error.stderr + error.stdout
-        return "Unknown Job Id" in text or "finished" in text
+        # the Torque wrappers' qdel exits 1 without a word for a job that has finished
+        return "Unknown Job Id" in text or "finished" in text or \
+            (error.returncode == 1 and not text.strip())
+
+    def status(self, job_ids: list[str]) -> dict[str, JobStatus]:
+        try:
+            return super().status(job_ids)
+        except runner.BatchCommandError as e:
+            if self._text_qstat or isinstance(e, runner.BatchCommandTimeout) \
+                    or not _USAGE_ERROR.search(e.stderr + e.stdout):
+                raise
+            logger.info("qstat has no JSON output (%s): reading 'qstat -f' instead",
+                        runner.tail(e.stderr, 1))
+            self._text_qstat = True
+            return super().status(job_ids)
 
     def status_command(self, job_ids: list[str]) -> list[str]:
+        if self._text_qstat:
+            return ["qstat", "-f", *job_ids]
         cmd = ["qstat", "-x", "-f", "-F", "json"]
         if any("[]" in j for j in job_ids):
             cmd.append("-t")  # list array elements
@@ -87,7 +140,30 @@ class PBSSystem(BatchSystem):
             return {}
         if text.startswith("{"):
             return self._parse_json(text)
+        if text.startswith("Job Id:"):
+            return self._parse_full(text)
         return self._parse_table(text)
+
+    @staticmethod
+    def _parse_full(text: str) -> dict[str, tuple[str, int | None]]:
+        """``qstat -f``: ``Job Id: 12.server`` blocks of ``key = value`` lines."""
+        out: dict[str, tuple[str, int | None]] = {}
+        job_id = ""
+        for line in text.splitlines():
+            if line.startswith("Job Id:"):
+                job_id = line.split(":", 1)[1].strip()
+                out[job_id] = ("", None)
+                continue
+            key, eq, value = line.strip().partition(" = ")
+            if not job_id or not eq:
+                continue
+            state, code = out[job_id]
+            if key == "job_state":
+                state = value.strip()
+            elif key.lower() == "exit_status" and value.strip().lstrip("-").isdigit():
+                code = int(value)
+            out[job_id] = (state, code)
+        return out
 
     @staticmethod
     def _parse_json(text: str) -> dict[str, tuple[str, int | None]]:

@@ -5,6 +5,10 @@ Memory is requested per slot, as Grid Engine counts it: ``memory / cores`` with 
 ``smp`` parallel environment. ``memory_resource`` names the complex: ``mem_free``
 (a scheduling hint, the default) or ``h_vmem`` (a hard virtual-memory limit, which
 can kill Python processes that merely reserve address space).
+
+dask-jobqueue writes neither: its users ask for memory in ``resource_spec`` and for
+slots in ``job_extra_directives`` (``-pe smp 8``). So a ``resource_spec`` replaces the
+memory request, and a ``-pe`` among the extra directives replaces the ``pe`` one.
 """
 
 from __future__ import annotations
@@ -72,10 +76,11 @@ class SGESystem(BatchSystem):
         p = self.params
         out = self.queue_account_directives()
         slots = 1
-        if p["cores"] > 1 and p["pe"]:
+        own_pe = any(d.strip().startswith("-pe ") for d in p["job_extra_directives"])
+        if p["cores"] > 1 and p["pe"] and not own_pe:
             slots = p["cores"]
             out.append(f"-pe {p['pe']} {slots}")
-        if p["memory_resource"]:
+        if p["memory_resource"] and not p["resource_spec"]:
             out.append(f"-l {p['memory_resource']}={ceil_div(mib(self.memory_bytes), slots)}M")
         if self.walltime_seconds:
             out.append(f"-l h_rt={format_hms(self.walltime_seconds)}")

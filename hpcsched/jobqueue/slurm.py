@@ -16,9 +16,9 @@ import re
 from typing import Any
 
 from hpcsched.jobqueue import runner
-from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
+from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.job import JobState, format_hms
+from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
 
 P, R = JobState.PENDING, JobState.RUNNING
 
@@ -49,6 +49,19 @@ def expand_ranges(spec: str) -> list[int]:
     return out
 
 
+def slurm_memory(nbytes: int) -> str:
+    """``--mem`` as dask-jobqueue writes it: whole GiB (SLURM's ``G``) rounded up from 1 GiB
+    on, else whole MiB, else KiB -- never less than asked for.
+
+    >>> slurm_memory(28 * 10**9), slurm_memory(300 * 10**6), slurm_memory(2**30)
+    ('27G', '287M', '1G')
+    """
+    for suffix, unit in (("G", 2**30), ("M", 2**20)):
+        if nbytes >= unit:
+            return f"{ceil_div(nbytes, unit)}{suffix}"
+    return f"{max(1, ceil_div(nbytes, 2**10))}K"
+
+
 def parse_exit_code(text: str) -> int | None:
     """SLURM's ``"3:0"`` (status:signal) -> 3; a signal gives 128 + signal."""
     m = re.match(r"^(\d+):(\d+)$", text.strip())
@@ -68,15 +81,25 @@ class SLURMSystem(BatchSystem):
     states = STATES
     array_index_var = "SLURM_ARRAY_TASK_ID"
     array_first_index = 0
+    project_is_deprecated = True
+    #: dask-jobqueue's: CPUs and memory to book when they differ from cores and memory
+    extra_params = {"job_cpu": None, "job_mem": None}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._sacct_works: bool | None = None  # None: not tried yet
 
     def validate_system(self) -> None:
-        if self.params["resource_spec"]:
+        p = self.params
+        if p["resource_spec"]:
             raise ValueError("resource_spec is not a SLURM option: put SLURM options in "
                              "job_extra_directives, e.g. ['--gres=gpu:1']")
+        if p["job_cpu"] is not None and (isinstance(p["job_cpu"], bool)
+                                         or not isinstance(p["job_cpu"], int) or p["job_cpu"] < 1):
+            raise ValueError(f"job_cpu must be a positive integer, got {p['job_cpu']!r}")
+        if p["job_mem"] is not None and not isinstance(p["job_mem"], (str, int)):
+            raise TypeError(f"job_mem must be SLURM's --mem value such as '100G', "
+                            f"got {p['job_mem']!r}")
 
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-J {job_name}", f"-o {log_file}"]
@@ -91,8 +114,8 @@ class SLURMSystem(BatchSystem):
         p = self.params
         out = self.queue_account_directives()
         out.append(f"-n {ntasks}")
-        out.append(f"--cpus-per-task={max(1, p['cores'] // ntasks)}")
-        out.append(f"--mem={mib(self.memory_bytes)}M")
+        out.append(f"--cpus-per-task={p['job_cpu'] or max(1, p['cores'] // ntasks)}")
+        out.append(f"--mem={p['job_mem'] or slurm_memory(self.memory_bytes)}")
         if self.walltime_seconds:
             out.append(f"-t {format_hms(self.walltime_seconds)}")
         return out

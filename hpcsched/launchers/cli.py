@@ -78,6 +78,8 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--resources", default=None)
     p.add_argument("--local-directory", default=None)
     p.add_argument("--host", default=None, help="address to listen on for peers")
+    p.add_argument("--interface", default=None,
+                   help="network interface to listen on for peers (e.g. ib0), instead of --host")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
     args = p.parse_args(argv)
     _setup_logging(args.log_level)
@@ -100,13 +102,22 @@ def worker_main(argv: list[str]) -> int:
     if name and suffix is not None:
         name = f"{name}-{suffix}"
     nthreads, memory = _default_resources(args)
+    host = args.host
+    if args.interface and not host:
+        from hpcsched.launchers.address import interface_address
+
+        try:
+            host = interface_address(args.interface)
+        except ValueError as e:
+            print(f"hpcsched worker: --interface: {e}", file=sys.stderr, flush=True)
+            return 1
     if args.local_directory:
         os.makedirs(args.local_directory, exist_ok=True)
         os.chdir(args.local_directory)
     worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
                     resources=parse_resources(args.resources), security=security,
                     death_timeout=args.death_timeout, lifetime=args.lifetime,
-                    lifetime_stagger=args.lifetime_stagger, host=args.host)
+                    lifetime_stagger=args.lifetime_stagger, host=host)
 
     def on_signal(signum: int, frame: Any) -> None:
         threading.Thread(target=worker.close, args=(f"signal {signum}",), daemon=True).start()
@@ -181,7 +192,7 @@ def scheduler_main(argv: list[str]) -> int:
 
     host = args.host
     if args.interface:
-        from hpcsched.jobqueue.cluster import interface_address
+        from hpcsched.launchers.address import interface_address
 
         host = interface_address(args.interface)
     host = host or default_host()

@@ -1,6 +1,7 @@
 """Fixtures for batch-system tests: real SLURM / Grid Engine when they answer.
 
-A test marked ``slurm`` or ``sge`` takes the fixture of the same name. It skips
+A test marked ``slurm`` or ``sge`` takes the fixture of the same name (``torque``: the
+Torque wrappers over SLURM, from ``ci/batch/start-torque.sh``). It skips
 when the system does not answer (``sinfo`` / ``qstat``), unless the environment
 variable ``HPCSCHED_REQUIRE_BATCH`` names the system (``slurm,sge``): then it
 fails loudly, so that CI cannot pass by skipping.
@@ -54,6 +55,28 @@ def sge() -> None:
     _need("sge", ["qstat"])
 
 
+#: where ci/batch/start-torque.sh unpacks SchedMD's Torque wrappers (BATCH_STATE_DIR)
+TORQUE_BIN = os.path.join(os.environ.get("BATCH_STATE_DIR", "/var/tmp/hpcsched-batch"),
+                          "torque", "root", "usr", "bin")
+
+
+@pytest.fixture(scope="session")
+def torque(slurm) -> str:
+    """The directory of the Torque wrappers over SLURM, to put first on PATH."""
+    qstat = os.path.join(TORQUE_BIN, "qstat")
+    why = None if os.access(qstat, os.X_OK) else f"{qstat} missing"
+    if why is None:
+        env = dict(os.environ, PATH=f"{TORQUE_BIN}{os.pathsep}{os.environ['PATH']}")
+        r = subprocess.run([qstat], capture_output=True, text=True, timeout=30, env=env)
+        why = None if r.returncode == 0 else f"qstat exited {r.returncode}: {r.stderr[-300:]}"
+    if why is not None:
+        msg = f"Torque wrappers not available ({why}); install them: bash ci/batch/start-torque.sh"
+        if _require("torque"):
+            pytest.fail(f"HPCSCHED_REQUIRE_BATCH={os.environ['HPCSCHED_REQUIRE_BATCH']} but {msg}")
+        pytest.skip(msg)
+    return TORQUE_BIN
+
+
 @pytest.fixture
 def fast_poll():
     """Poll job states every 0.2 s instead of every 2 s."""
@@ -63,12 +86,15 @@ def fast_poll():
 
 @pytest.fixture
 def isolated_config(monkeypatch, tmp_path):
-    """No user YAML files and no HPCSCHED_JOBQUEUE__* variables leak into a test."""
+    """No user YAML files (hpcsched's or dask's) and no HPCSCHED_JOBQUEUE__* /
+    DASK_JOBQUEUE__* variables leak into a test."""
     for name in list(os.environ):
-        if name.startswith("HPCSCHED_JOBQUEUE"):
+        if name.startswith(("HPCSCHED_JOBQUEUE", "DASK_JOBQUEUE", "PBS_ACCOUNT", "LSF_ENVDIR")):
             monkeypatch.delenv(name)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("DASK_ROOT_CONFIG", str(tmp_path / "etc-dask"))
     monkeypatch.delenv("HPCSCHED_CONFIG", raising=False)
+    monkeypatch.delenv("DASK_CONFIG", raising=False)
     config.refresh()
     yield
     config.refresh()

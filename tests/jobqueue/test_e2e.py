@@ -1,5 +1,7 @@
 """End to end: SLURMCluster / SGECluster against the real batch systems on localhost,
-PBSCluster / LSFCluster against the command emulators -- the same tests for all four.
+PBSCluster / LSFCluster against the command emulators -- the same tests for all four;
+PBSCluster also against SchedMD's Torque wrappers over the local SLURM (``torque``: a
+second, independent source of PBS command behaviour) where a test says so.
 
 Every test checks with the batch system's own command (``squeue``, ``qstat``,
 ``bjobs``), not through the adapter, that nothing it submitted is left, and the
@@ -30,7 +32,9 @@ from hpcsched.jobqueue.sge import SGECluster
 from hpcsched.jobqueue.slurm import SLURMCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster}
+CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,
+           "torque": PBSCluster}
+MODULES = {"torque": "pbs"}
 
 
 def _run(cmd: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess:
@@ -46,6 +50,9 @@ def unfinished(system: str, env: dict[str, str] | None = None) -> set[str]:
                                                                  "FAILED", "TIMEOUT")}
     if system == "sge":
         return {ln.split()[0] for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
+    if system == "torque":  # the wrappers list finished jobs as C for a while
+        return {ln.split()[0] for ln in _run(["qstat"], env).stdout.splitlines()[2:]
+                if len(ln.split()) > 4 and ln.split()[-2] != "C"}
     if system == "pbs":  # without -x: unfinished jobs only
         return {ln.split()[0].split("[")[0].split(".")[0]
                 for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
@@ -101,6 +108,10 @@ def batch(request, tmp_path, monkeypatch, fast_poll):
     state = tmp_path / "emu-state"
     if system in ("slurm", "sge"):
         request.getfixturevalue(system)  # skip / fail loudly when not running
+    elif system == "torque":
+        bin_dir = request.getfixturevalue("torque")
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        monkeypatch.setenv("PATH", env["PATH"])
     else:
         if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
             pytest.skip("the PBS/LSF emulators are not in this tree")
@@ -222,7 +233,7 @@ def test_client_process_ending_leaves_no_job(batch, how):
     code = textwrap.dedent(f"""
         import gc, sys, time
         from hpcsched.core import config
-        from hpcsched.jobqueue.{batch.system} import {CLASSES[batch.system].__name__} as C
+        from hpcsched.jobqueue.{MODULES.get(batch.system, batch.system)} import {CLASSES[batch.system].__name__} as C
         with config.set({{"jobqueue.poll-interval": 0.2}}):
             c = C(cores=1, memory="300MB", walltime="00:10:00", log_directory={str(batch.log_dir)!r})
             c.scale(jobs=2)
@@ -277,15 +288,15 @@ def test_submit_that_errors_raises_and_submits_nothing(batch):
 
 
 @pytest.mark.timeout(60)
-def test_missing_submit_command_raises_before_anything_starts(batch, monkeypatch, tmp_path):
-    import threading
-
-    before = threading.active_count()
+def test_missing_submit_command_raises_at_submission_not_for_a_script(batch, monkeypatch,
+                                                                       tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     exe = CLASSES[batch.system].system_class.submit_command[0]
+    c = batch.cluster()
+    assert c.job_script().startswith("#!")  # printing a script needs no batch command
     with pytest.raises(FileNotFoundError, match=f"{exe} not found on PATH"):
-        batch.cluster()
-    assert threading.active_count() == before  # no scheduler, no poller
+        c.scale(jobs=1)
+    assert c.jobs == {}
 
 
 @pytest.mark.timeout(60)
@@ -374,3 +385,73 @@ def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch):
         adaptive.stop()
     batch.record(c)
     assert len(c.jobs) == 2 and not c.failed_jobs
+
+
+def _where_am_i() -> tuple[str, str, str]:
+    """Run on a worker: the interpreter, the working (local) directory, the job's TMPDIR."""
+    import os
+    import sys
+
+    return sys.executable, os.getcwd(), os.environ.get("TMPDIR", "")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm),
+                                   pytest.param("sge", marks=pytest.mark.sge),
+                                   pytest.param("torque", marks=pytest.mark.slurm)],
+                         indirect=True)
+def test_the_jobs_shell_expands_the_users_variables(batch, tmp_path):
+    """dask-jobqueue's habit: settings with $VARS, expanded where the job runs; a path
+    with a space stays one path."""
+    from hpcsched.core.client import Client
+
+    venv = tmp_path / "my env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    fallback_tmp = tmp_path / "job tmp"
+    c = batch.cluster(
+        python="$SOMEVAR/bin/python", local_directory="$TMPDIR/${WORKDIR_NAME}",
+        job_script_prologue=[f"export SOMEVAR='{venv}'", "export WORKDIR_NAME=w",
+                             # Grid Engine gives each job a TMPDIR; SLURM may not
+                             f"export TMPDIR=\"${{TMPDIR:-{fallback_tmp}}}\"",
+                             f"export PYTHONPATH='{ROOT}'"])
+    script = c.job_script()
+    assert 'exec "$SOMEVAR/bin/python" ' in script
+    assert '--local-directory "$TMPDIR/${WORKDIR_NAME}"' in script
+    c.scale(jobs=1)
+    batch.record(c)
+    c.wait_for_workers(1, timeout=60)
+    with Client(c) as client:
+        executable, cwd, tmpdir = client.submit(_where_am_i).result(timeout=30)
+    assert executable == str(venv / "bin" / "python")
+    assert tmpdir and "$" not in tmpdir
+    assert cwd == os.path.join(tmpdir, "w")
+    c.close()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("batch", [pytest.param("torque", marks=pytest.mark.slurm)],
+                         indirect=True)
+def test_pbs_cluster_over_the_torque_wrappers(batch):
+    """PBSCluster against a second implementation of qsub/qstat/qdel: SchedMD's wrappers
+    (no JSON qstat, no exit status, own -o/-e unless told): scale, compute, scale down."""
+    from hpcsched.core.client import Client
+
+    c = batch.cluster(cores=2, processes=2, memory="600MB")
+    c.scale(jobs=2)
+    ids = batch.record(c)
+    assert len(ids) == 2
+    c.wait_for_workers(4, timeout=60)
+    assert c.observed == c.plan == c.requested and len(c.observed) == 4
+    with Client(c) as client:
+        assert sum(client.gather(client.map(lambda x: x + 1, range(8)))) == 36
+    logs = c.get_logs()
+    assert "submitted PBSCluster" in logs["Cluster"]
+    assert set(logs) == {"Cluster", *(j.name for j in c.jobs.values())}
+    c.scale(jobs=1)
+    wait_for(lambda: len(c.workers) == 2, 30, "one job's workers to leave")
+    c.poll()
+    assert c.system._text_qstat  # it found out that this qstat has no JSON
+    c.scale(0)
+    batch.assert_queue_empty(ids)
+    assert not c.failed_jobs

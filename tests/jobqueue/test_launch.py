@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import shlex
 import subprocess
 
 import pytest
 
-from hpcsched.jobqueue.launch import Expand, join_command, launch_command
+from hpcsched.jobqueue.launch import join_command, launch_command, shell_literal, shell_word
 
 WORKER = ["/opt/py/bin/python", "-m", "hpcsched", "worker", "tcp://10.0.0.1:8786",
           "--name", "job-0"]
@@ -29,28 +28,39 @@ def test_mpiexec():
         "mpiexec -n 3 /opt/py/bin/python -m hpcsched worker tcp://10.0.0.1:8786 --name job-0")
 
 
+def shell_words(line: str, env: dict[str, str]) -> list[str]:
+    """The words a real shell makes of ``line`` (one per output line)."""
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + line],
+                         env={"PATH": "/usr/bin:/bin", **env},
+                         capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
 @pytest.mark.parametrize("launcher", ["fork", "srun", "mpiexec"])
-def test_arguments_with_spaces_and_quotes_survive_the_shell(launcher):
-    cmd = ["/path with space/python", "-c", "print('a b')", "$HOME", "`id`"]
-    line = launch_command(cmd, 2, launcher)
-    words = shlex.split(line)
+def test_arguments_with_spaces_and_quotes_stay_one_word_each(launcher):
+    cmd = ["/path with space/python", "-c", "print('a b')", "*", "`id`", "$(id)", 'say "hi"',
+           "back\\slash", "$1", "${X:-default}", ""]
+    # the shell sees the same words: no splitting, no globbing, no command substitution
+    words = shell_words(launch_command(cmd, 2, launcher), {"X": "x"})
     assert words[-len(cmd) - (2 if launcher == "fork" else 0):][:len(cmd)] == cmd
-    # the shell itself sees the same words (no expansion, no command substitution)
-    out = subprocess.run(["sh", "-c", "printf '%s\\n' " + join_command(cmd)],
-                         capture_output=True, text=True, check=True).stdout
-    assert out.splitlines() == cmd
 
 
-def test_expand_arguments_are_expanded_by_the_shell_only_for_variables():
-    cmd = ["echo", Expand("job-3.${SGE_TASK_ID}")]
-    line = join_command(cmd)
-    assert line == 'echo "job-3.${SGE_TASK_ID}"'
-    out = subprocess.run(["sh", "-c", line], env={"SGE_TASK_ID": "7", "PATH": "/usr/bin:/bin"},
-                         capture_output=True, text=True, check=True).stdout
-    assert out == "job-3.7\n"
-    for bad in ("$(id)", "`id`", 'a"b', "a\\b"):
-        with pytest.raises(ValueError, match="only"):
-            Expand(bad)
+def test_variables_expand_in_the_job_shell_and_nothing_else():
+    env = {"TMPDIR": "/scratch/job 42", "SOMEVAR": "/opt/my env", "SGE_TASK_ID": "7",
+           "HOME": "/home/u"}
+    cmd = ["$TMPDIR", "$SOMEVAR/bin/python", "job-3.${SGE_TASK_ID}", "${SOMEVAR}/*.py",
+           "~/venv/bin/python", "$TMPDIR/$(id)", "cost$5"]
+    assert shell_words(join_command(cmd), env) == [
+        "/scratch/job 42", "/opt/my env/bin/python", "job-3.7", "/opt/my env/*.py",
+        "/home/u/venv/bin/python", "/scratch/job 42/$(id)", "cost$5"]
+    assert shell_word("$TMPDIR") == '"$TMPDIR"'
+    assert shell_word("/plain/path-1.0") == "/plain/path-1.0"  # no quotes when none are needed
+    # an unset variable is an empty word, not a missing one
+    assert shell_words(shell_word("$UNSET"), {}) == [""]
+
+
+def test_literal_words_never_expand():
+    assert shell_words(shell_literal("/logs/$HOME/x y"), {"HOME": "/h"}) == ["/logs/$HOME/x y"]
 
 
 @pytest.mark.parametrize("processes", [0, -1, 1.5, True])

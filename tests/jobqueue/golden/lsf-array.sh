@@ -3,10 +3,10 @@
 #BSUB -J "hpcsched-abc123-0[1-3]"
 #BSUB -o /shared/logs/hpcsched-abc123-0.%I.out
 #BSUB -q normal
-#BSUB -P proj42
+#BSUB -P "proj42"
 #BSUB -n 8
 #BSUB -R "span[hosts=1]"
-#BSUB -M 15259
+#BSUB -M 16000
 #BSUB -W 01:00
 
 module load python/3.11

@@ -4,7 +4,7 @@
 #BSUB -o /shared/logs/hpcsched-abc123-0.out
 #BSUB -n 8
 #BSUB -R "span[hosts=1]"
-#BSUB -M 15259
+#BSUB -M 16000
 #BSUB -W 01:00
 #BSUB -x
 

@@ -6,7 +6,7 @@
 #PBS -J 0-2
 #PBS -q normal
 #PBS -A proj42
-#PBS -l select=1:ncpus=8:mem=15259mb
+#PBS -l select=1:ncpus=8:mem=15GB
 #PBS -l walltime=01:00:00
 
 module load python/3.11

@@ -5,7 +5,7 @@
 #PBS -j oe
 #PBS -q normal
 #PBS -A proj42
-#PBS -l select=1:ncpus=8:mem=15259mb
+#PBS -l select=1:ncpus=8:mem=15GB
 #PBS -l walltime=01:00:00
 #PBS -m n
 

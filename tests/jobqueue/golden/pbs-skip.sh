@@ -3,7 +3,7 @@
 #PBS -N hpcsched-abc123-0
 #PBS -o /shared/logs/hpcsched-abc123-0.out
 #PBS -j oe
-#PBS -l select=1:ncpus=8:mem=15259mb
+#PBS -l select=1:ncpus=8:mem=15GB
 #PBS -l walltime=01:00:00
 #PBS -m n
 

@@ -6,7 +6,7 @@
 #SBATCH -A proj42
 #SBATCH -n 1
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=15259M
+#SBATCH --mem=15G
 #SBATCH -t 01:00:00
 #SBATCH --exclusive
 

@@ -4,7 +4,8 @@
 #SBATCH -o /l/hpcsched-abc123-0.out
 #SBATCH -n 1
 #SBATCH --cpus-per-task=1
-#SBATCH --mem=1908M
+#SBATCH --mem=2G
+#SBATCH -t 00:30:00
 
 export HPCSCHED_SECRET_FILE=/shared/logs/.hpcsched-abc123.secret
-exec /usr/bin/python3 -m hpcsched worker tcp://10.1.2.3:8786 --name hpcsched-abc123-0 --nthreads 1 --memory-limit 2GB --death-timeout 60 --nworkers 1
+exec /usr/bin/python3 -m hpcsched worker tcp://10.1.2.3:8786 --name hpcsched-abc123-0 --nthreads 1 --memory-limit 2GB --death-timeout 60 --lifetime 1740 --lifetime-stagger 30 --nworkers 1

@@ -4,7 +4,7 @@
 #SBATCH -o /shared/logs/hpcsched-abc123-0.out
 #SBATCH -n 1
 #SBATCH --cpus-per-task=8
-#SBATCH --mem=15259M
+#SBATCH --mem=15G
 #SBATCH -t 01:00:00
 #SBATCH --exclusive
 

@@ -1,0 +1,185 @@
+"""Job parameters under dask-jobqueue's names and with its meanings.
+
+:func:`resolve` turns keyword arguments into the parameter dict a
+:class:`~hpcsched.jobqueue.base.BatchSystem` renders from. The layers, later winning:
+
+1. defaults -- dask-jobqueue's own (``jobqueue.yaml`` of dask-jobqueue 0.9: a 30 minute
+   walltime, ``processes`` about the square root of ``cores``, ...);
+2. dask's configuration ``jobqueue.<section>`` (:mod:`hpcsched.jobqueue.dask_config`):
+   keys this system has no use for are ignored there, as dask-jobqueue ignores them;
+3. hpcsched's configuration ``jobqueue.<section>`` (YAML, ``HPCSCHED_JOBQUEUE__...``):
+   unknown keys are errors (a typo must not pass silently);
+4. keyword arguments that are not ``None``.
+
+``<section>`` is ``config_name`` when given, else the system (``slurm``, ``sge``, ...).
+
+dask-jobqueue's renamed parameters (``extra``, ``job_extra``, ``env_extra``,
+``header_skip``; ``project`` on SLURM and PBS) still work with its ``FutureWarning``:
+the new name wins when both are set. Parameters that mean nothing to hpcsched are
+accepted and one line is logged saying why they are ignored (:data:`IGNORED`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.jobqueue import dask_config
+
+logger = logging.getLogger(__name__)
+
+#: parameter -> default, shared by every system (a system adds its own)
+COMMON: dict[str, Any] = {
+    "cores": None,
+    "memory": None,
+    "processes": None,  # None: about sqrt(cores), see default_processes
+    "nthreads": None,  # threads per worker; default cores // processes
+    "walltime": "00:30:00",
+    "queue": None,
+    "account": None,
+    "project": None,
+    "resource_spec": None,
+    "job_extra_directives": [],
+    "job_directives_skip": [],
+    "job_script_prologue": [],
+    "log_directory": None,
+    "local_directory": None,
+    "interface": None,
+    "job_name": "hpcsched",  # configuration key "name", as in dask-jobqueue
+    "python": None,
+    "scheduler_options": {},
+    "death_timeout": None,  # None: worker.death-timeout (60 s, as dask-jobqueue)
+    "job_array": False,
+    "shebang": "#!/usr/bin/env bash",
+    "submit_command_extra": [],
+    "worker_extra_args": [],
+    "launcher": "fork",
+    "shared_temp_directory": None,  # where the cluster's secret file goes (else log_directory)
+    "protocol": None,
+    # dask-jobqueue parameters hpcsched accepts and does not use (see IGNORED)
+    "nanny": True,
+    "worker_command": None,
+    # dask-jobqueue's old names (see DEPRECATED)
+    "extra": None,
+    "job_extra": None,
+    "env_extra": None,
+    "header_skip": None,
+}
+
+#: old name -> new name, renamed in dask-jobqueue 0.8 (it warns with FutureWarning)
+DEPRECATED = {
+    "extra": "worker_extra_args",
+    "job_extra": "job_extra_directives",
+    "env_extra": "job_script_prologue",
+    "header_skip": "job_directives_skip",
+}
+
+#: worker commands that mean "start a worker": what hpcsched does anyway
+_WORKER_COMMANDS = (None, "distributed.cli.dask_worker", "hpcsched", "hpcsched worker")
+
+#: parameter -> (is it set to something hpcsched would have to honour?, why it is ignored)
+IGNORED: dict[str, tuple[Any, str]] = {
+    "nanny": (lambda v: v is False,
+              "hpcsched workers run without a nanny process; a job's worker that dies is "
+              "replaced by a new job while the cluster's target asks for it"),
+    "worker_command": (lambda v: v not in _WORKER_COMMANDS,
+                       "jobs always start 'python -m hpcsched worker' (an hpcsched scheduler "
+                       "speaks only to hpcsched workers)"),
+}
+
+def default_processes(cores: int) -> int:
+    """dask-jobqueue's default (``distributed.deploy.local.nprocesses_nthreads``): one
+    process per core up to 4 cores, then the smallest factor of ``cores`` that is at least
+    its square root, so that processes and threads per process are about equal.
+
+    >>> [default_processes(c) for c in (1, 4, 6, 8, 12, 24, 36, 7)]
+    [1, 4, 3, 4, 4, 6, 6, 7]
+    """
+    if cores <= 4:
+        return cores
+    return min(f for f in range(1, cores + 1) if cores % f == 0 and f >= math.sqrt(cores))
+
+
+def _param_name(key: str) -> str:
+    key = key.replace("-", "_")
+    return "job_name" if key == "name" else key
+
+
+def _config_layers(section: str, known: Mapping[str, Any]) -> dict[str, Any]:
+    """dask's section (lenient), then hpcsched's (strict); nested mappings kept nested."""
+    out: dict[str, Any] = {}
+    ignored = []
+    for key, value in dask_config.section(section).items():
+        param = _param_name(key)
+        if param in known:
+            out[param] = dict(value) if isinstance(value, Mapping) else value
+        else:
+            ignored.append(key)
+    if ignored:
+        logger.debug("dask configuration jobqueue.%s: ignoring %s (not parameters of this "
+                     "batch system)", section, ", ".join(sorted(ignored)))
+    for key, value in config.get_prefix(f"jobqueue.{section}").items():
+        top, _, sub = key.partition(".")
+        param = _param_name(top)
+        if param not in known:
+            raise ValueError(f"unknown parameter {param!r} in configuration "
+                             f"jobqueue.{section}.{top} (known: {', '.join(sorted(known))})")
+        if sub:  # hpcsched's configuration arrives flattened: scheduler-options.host
+            prev = out.get(param)
+            out[param] = dict(prev) if isinstance(prev, Mapping) else {}
+            out[param][sub.replace("-", "_")] = value
+        else:
+            out[param] = value
+    return out
+
+
+def resolve(owner: str, system: str, defaults: Mapping[str, Any], kwargs: Mapping[str, Any],
+            deprecated_project: bool = False) -> dict[str, Any]:
+    """Merged parameters (see the module docstring); ``owner`` names the class in errors."""
+    kwargs = dict(kwargs)
+    owner = owner.replace("System", "Cluster")  # users meet the cluster class
+    section = kwargs.pop("config_name", None) or system
+    known = dict(defaults)
+    unknown = sorted(set(kwargs) - set(known))
+    if unknown:
+        raise TypeError(f"{owner} got unexpected keyword argument(s) {', '.join(unknown)} "
+                        f"(known: {', '.join(sorted(known))})")
+    merged = dict(known)
+    merged.update(_config_layers(section, known))
+    given = {k: v for k, v in kwargs.items() if v is not None}
+    merged.update(given)
+    merged["config_name"] = section
+    for key in ("scheduler_options",):
+        if isinstance(merged.get(key), Mapping):
+            merged[key] = {str(k).replace("-", "_"): v for k, v in merged[key].items()}
+    if merged["cores"] is None or merged["memory"] is None:
+        raise ValueError(
+            "You must specify how many cores and how much memory each job has "
+            f"(cores and memory), for example:\ncluster = {owner}("
+            f"cores={merged['cores'] or 8}, memory={merged['memory'] or '24GB'!r})")
+    _apply_deprecated(merged, deprecated_project)
+    for name, (matters, why) in IGNORED.items():
+        if matters(merged[name]):
+            logger.info("%s: %s=%r is ignored: %s", owner, name, merged[name], why)
+    return merged
+
+
+def _apply_deprecated(p: dict[str, Any], deprecated_project: bool) -> None:
+    renames = dict(DEPRECATED)
+    if deprecated_project:
+        renames["project"] = "account"
+    for old, new in renames.items():
+        if p.get(old) is None:
+            continue
+        warnings.warn(
+            f"{old} has been renamed to {new} (as in dask-jobqueue). You are still using it "
+            f"(even if only set to []; please also check configuration files). If {new} is "
+            f"not set, {old} is respected for now; if it is, {old} is ignored and you can "
+            "remove it.", FutureWarning, stacklevel=4)
+        if not p.get(new):
+            p[new] = p[old]
+        p[old] = None

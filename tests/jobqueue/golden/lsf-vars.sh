@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+
+#BSUB -J hpcsched-abc123-0
+#BSUB -o /l/hpcsched-abc123-0.out
+#BSUB -n 2
+#BSUB -R "span[hosts=1]"
+#BSUB -M 4000
+#BSUB -W 00:30
+
+export HPCSCHED_SECRET_FILE=/shared/logs/.hpcsched-abc123.secret
+exec "$SOMEVAR/my env/bin/python" -m hpcsched worker tcp://10.1.2.3:8786 --name hpcsched-abc123-0 --nthreads 1 --memory-limit 2GB --death-timeout 60 --lifetime 1740 --lifetime-stagger 30 --local-directory "$TMPDIR" --resources "GPU=${NGPUS}" --nworkers 2

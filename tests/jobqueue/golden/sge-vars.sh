@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+
+#$ -N hpcsched-abc123-0
+#$ -o /l/hpcsched-abc123-0.out
+#$ -j y
+#$ -cwd
+#$ -pe smp 2
+#$ -l mem_free=1908M
+#$ -l h_rt=00:30:00
+
+export HPCSCHED_SECRET_FILE=/shared/logs/.hpcsched-abc123.secret
+exec "$SOMEVAR/my env/bin/python" -m hpcsched worker tcp://10.1.2.3:8786 --name hpcsched-abc123-0 --nthreads 1 --memory-limit 2GB --death-timeout 60 --lifetime 1740 --lifetime-stagger 30 --local-directory "$TMPDIR" --resources "GPU=${NGPUS}" --nworkers 2

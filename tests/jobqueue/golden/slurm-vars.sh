@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+
+#SBATCH -J hpcsched-abc123-0
+#SBATCH -o /l/hpcsched-abc123-0.out
+#SBATCH -n 1
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=4G
+#SBATCH -t 00:30:00
+
+export HPCSCHED_SECRET_FILE=/shared/logs/.hpcsched-abc123.secret
+exec "$SOMEVAR/my env/bin/python" -m hpcsched worker tcp://10.1.2.3:8786 --name hpcsched-abc123-0 --nthreads 1 --memory-limit 2GB --death-timeout 60 --lifetime 1740 --lifetime-stagger 30 --local-directory "$TMPDIR" --resources "GPU=${NGPUS}" --nworkers 2
