@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core import config
@@ -564,7 +564,7 @@ class Client:
                                      priority=priority, retries=retries, resources=resources,
                                      workers=workers, allow_other_workers=allow_other_workers)
         out = []
-        for coll, ks, futs in zip(items, keys, futures, strict=True):
+        for coll, futs in zip(items, futures, strict=True):
             rebuild, args = coll.__dask_postpersist__()
             out.append(rebuild({f.key: f for f in futs}, *args))
         return out[0] if singleton else out
