@@ -7,7 +7,8 @@ Events carry ``now`` (seconds, from the server's clock) wherever time matters;
 state machines never read a clock.
 
 Commands are few: ``Send`` (a message to a peer: a worker address, a client id
-or ``"scheduler"``), and on the worker side ``Execute`` and ``GatherDep``.
+or ``"scheduler"``), and on the worker side ``Execute``, ``GatherDep`` and
+``Resume`` (a seceded task may take a thread slot again).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ class Execute:
 class GatherDep:
     worker: str
     keys: list
+
+
+@dataclass(slots=True)
+class Resume:
+    """A seceded task that asked to rejoin has a thread slot again: let it go on."""
+
+    key: Key
 
 
 # ============================================================ scheduler events
@@ -153,6 +161,28 @@ class TaskErred:
     exception_text: str = ""
     start: float = 0.0
     stop: float = 0.0
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class LongRunning:
+    """A task on ``worker`` seceded from the thread pool: it no longer occupies a slot."""
+
+    worker: str
+    key: Key
+    compute_duration: float = 0.0  # seconds it ran before seceding
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class ResultErred:
+    """The result of ``key``, held by ``worker``, could not be serialized to leave it."""
+
+    worker: str
+    key: Key
+    exception: Any = None  # Serialized exception object
+    traceback: str = ""
+    exception_text: str = ""
     now: float = 0.0
 
 
@@ -297,6 +327,36 @@ class GatherDepSuccess:
     worker: str
     data: dict  # key -> value
     missing: list = field(default_factory=list)  # asked for but not held by the peer
+    # key -> text: held by the peer but could not be serialized (the peer reports it)
+    errors: dict = field(default_factory=dict)
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class Secede:
+    """The task ``key`` gave its thread back to the pool (``hpcsched.secede()``)."""
+
+    key: Key
+    compute_duration: float = 0.0
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class Rejoin:
+    """The seceded task ``key`` waits for a thread slot (``hpcsched.rejoin()``)."""
+
+    key: Key
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class ServeFailed:
+    """The result of ``key`` could not be serialized for a peer or a client."""
+
+    key: Key
+    exception: Any = None
+    traceback: str = ""
+    exception_text: str = ""
     now: float = 0.0
 
 
@@ -318,6 +378,8 @@ SCHEDULER_OPS: dict[str, type] = {
     "task-finished": TaskFinished,
     "task-erred": TaskErred,
     "missing-data": MissingData,
+    "long-running": LongRunning,
+    "result-erred": ResultErred,
     "add-keys": AddKeys,
     "release-worker-data": ReleaseWorkerData,
     "steal-response": StealResponse,

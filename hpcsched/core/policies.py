@@ -43,8 +43,14 @@ def worker_slots(ws: WorkerInfo, saturation: float) -> int:
     return max(math.ceil(saturation * ws.nthreads), 1)
 
 
+def busy_slots(ws: WorkerInfo) -> int:
+    """Tasks holding a thread slot of ``ws``: those processing there, except the ones that
+    seceded (``long_running``), which wait on other tasks and give their thread back."""
+    return len(ws.processing) - len(ws.long_running)
+
+
 def worker_full(ws: WorkerInfo, saturation: float) -> bool:
-    return len(ws.processing) >= worker_slots(ws, saturation)
+    return busy_slots(ws) >= worker_slots(ws, saturation)
 
 
 def has_resources(ws: WorkerInfo, needed: dict | None) -> bool:
@@ -137,7 +143,7 @@ def plan_steals(
     """(task, victim, thief) moves: thieves have idle threads, victims a backlog of tasks that
     have not started; a move is worth it when transfer time < ``ratio`` x expected runtime."""
     ws_list = [ws for ws in workers if ws.status == "running"]
-    thieves = [ws for ws in ws_list if len(ws.processing) < ws.nthreads]
+    thieves = [ws for ws in ws_list if busy_slots(ws) < ws.nthreads]
     if not thieves:
         return []
     victims = [ws for ws in ws_list
@@ -145,7 +151,7 @@ def plan_steals(
     if not victims:
         return []
     moves: list[tuple[TaskState, WorkerInfo, WorkerInfo]] = []
-    free = {ws: ws.nthreads - len(ws.processing) for ws in thieves}
+    free = {ws: ws.nthreads - busy_slots(ws) for ws in thieves}
     victims.sort(key=lambda ws: len(ws.processing) / ws.nthreads, reverse=True)
     for victim in victims:
         backlog = len(victim.processing) - victim.nthreads

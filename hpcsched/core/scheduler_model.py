@@ -94,7 +94,7 @@ class TaskState:
 class WorkerInfo:
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
-                 "status", "last_seen", "metrics", "pid", "heap_version")
+                 "status", "last_seen", "metrics", "pid", "heap_version", "long_running")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -107,6 +107,8 @@ class WorkerInfo:
         self.used_resources = {r: 0 for r in self.resources}
         self.processing: dict[TaskState, float] = {}  # task -> estimated duration
         self.executing: set[TaskState] = set()
+        # processing tasks that seceded from the worker's thread pool: they occupy no slot
+        self.long_running: set[TaskState] = set()
         self.has_what: dict[TaskState, None] = {}
         self.nbytes = 0
         self.occupancy = 0.0
@@ -125,6 +127,7 @@ class WorkerInfo:
             "nthreads": self.nthreads, "memory_limit": self.memory_limit,
             "resources": dict(self.resources), "nbytes": self.nbytes,
             "processing": len(self.processing), "executing": len(self.executing),
+            "long_running": len(self.long_running),
             "n_keys": len(self.has_what), "occupancy": self.occupancy, "status": self.status,
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
         }

@@ -233,6 +233,23 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         if ts is not None and ws is not None and ts.processing_on is ws:
             ws.executing.add(ts)
 
+    def _long_running(self, e: ev.LongRunning) -> None:
+        """The task seceded (``hpcsched.secede()``, ``worker_client()``): it waits on other
+        tasks, so its slot opens for queued work, as dask.distributed's scheduler does;
+        it stays processing there (and is never stolen: it has started)."""
+        ts = self.tasks.get(e.key)
+        ws = self.workers.get(e.worker)
+        if ts is None or ws is None or ts.state != "processing" or ts.processing_on is not ws \
+                or ts in ws.long_running:
+            return
+        ws.long_running.add(ts)
+        ws.executing.add(ts)
+        est = ws.processing[ts]
+        ws.processing[ts] = 0.0  # no longer counts towards the worker's occupancy
+        ws.occupancy = max(ws.occupancy - est, 0.0)
+        self._slots_opened[ws] = None
+        self._push_free(ws)
+
     def _task_finished(self, e: ev.TaskFinished) -> None:
         ts = self.tasks.get(e.key)
         ws = self.workers.get(e.worker)
@@ -300,6 +317,22 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
             self._transitions([(ts, "waiting")])
             return
         ts.state = "released"
+        self._transitions(self._set_erred(ts, e.exception, e.traceback, e.exception_text))
+
+    def _result_erred(self, e: ev.ResultErred) -> None:
+        """The result of ``ts`` exists but cannot leave its worker (it failed to serialize for
+        a client or a peer): err it and its dependents with that exception rather than let
+        the clients and dependents wait for data that can never arrive, or recompute a
+        result that would fail the same way."""
+        ts = self.tasks.get(e.key)
+        ws = self.workers.get(e.worker)
+        if ts is None or ws is None or ts.state != "memory" or ws not in ts.who_has:
+            return
+        for holder in list(ts.who_has):
+            self._send(holder.address, {"op": "free-keys", "keys": [ts.key]})
+            self._remove_replica(ts, holder)
+        ts.state = "released"
+        self._log(ts, "memory", "erred")
         self._transitions(self._set_erred(ts, e.exception, e.traceback, e.exception_text))
 
     def _set_erred(self, ts: TaskState, exception: Any, traceback: str, text: str,
@@ -479,15 +512,15 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
             return None
         if len(running) > policies.SAMPLE_LIMIT:
             running = self.rng.sample(running, policies.SAMPLE_LIMIT)
-        return min(running, key=lambda ws: (len(ws.processing) / ws.nthreads, ws.nbytes))
+        return min(running, key=lambda ws: (policies.busy_slots(ws) / ws.nthreads, ws.nbytes))
 
     # ---------------------------------------------------------------- free-worker heap
     def _push_free(self, ws: WorkerInfo) -> None:
         if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
             return
         ws.heap_version += 1
-        heapq.heappush(self._free_heap,
-                       (len(ws.processing) / ws.nthreads, next(self._seq), ws.heap_version, ws))
+        heapq.heappush(self._free_heap, (policies.busy_slots(ws) / ws.nthreads, next(self._seq),
+                                         ws.heap_version, ws))
 
     def _pop_free_worker(self) -> WorkerInfo | None:
         """The least-busy running worker that is not full, or None (lazy heap)."""
@@ -533,6 +566,7 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         est = ws.processing.pop(ts, 0.0)
         ws.occupancy = max(ws.occupancy - est, 0.0) if ws.processing else 0.0
         ws.executing.discard(ts)
+        ws.long_running.discard(ts)
         if ts.resource_restrictions:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) - q
@@ -669,6 +703,8 @@ SchedulerState._handlers = {
     ev.TaskStarted: SchedulerState._task_started,
     ev.TaskFinished: SchedulerState._task_finished,
     ev.TaskErred: SchedulerState._task_erred,
+    ev.LongRunning: SchedulerState._long_running,
+    ev.ResultErred: SchedulerState._result_erred,
     ev.MissingData: SchedulerState._missing_data,
     ev.StealResponse: SchedulerState._steal_response,
     ev.Heartbeat: SchedulerState._heartbeat,

@@ -43,6 +43,7 @@ class ValidationMixin:
                 assert ts.processing_on is ws and ts.state == "processing", (ts, ws)
                 assert self.tasks.get(ts.key) is ts, ts
             assert ws.executing <= set(ws.processing), ws
+            assert ws.long_running <= ws.executing, ws
             occ = sum(ws.processing.values())
             assert abs(ws.occupancy - occ) < 1e-6 * max(1, occ) + 1e-9, (ws, ws.occupancy, occ)
             for ts in ws.has_what:

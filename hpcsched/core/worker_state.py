@@ -5,9 +5,18 @@ server runs ``Execute`` commands in its thread pool, ``GatherDep`` commands as
 peer transfers, and sends ``Send(to="scheduler")`` messages batched.
 
 Task states: released, waiting (for dependencies), fetch (to be fetched),
-flight (being fetched), missing (no known holder), ready, executing, memory,
-error. Ready tasks sit in a heap by scheduler priority, so the dependents of a
-task that just finished run next (depth-first, LIFO in effect).
+flight (being fetched), missing (no known holder), ready, executing,
+long-running (seceded: runs without holding a thread slot), rejoining (seceded
+and waiting for a slot again), memory, error. Ready tasks sit in a heap by
+scheduler priority, so the dependents of a task that just finished run next
+(depth-first, LIFO in effect).
+
+Secede and rejoin follow dask.distributed ("Launch Tasks from Tasks"): a task
+that waits on tasks it submitted gives its slot back (``Secede``), so that at
+most ``nthreads`` tasks *hold slots* while any number may be running; the
+scheduler is told (``long-running``) so that it sends more work. ``Rejoin``
+queues the task for the next free slot, ahead of ready tasks (it has started);
+``Resume`` tells the server it may go on.
 
 Data fetched only to feed local tasks is dropped as soon as no local task
 needs it; results computed here (and replicas the scheduler asked for) stay
@@ -25,6 +34,8 @@ from hpcsched.core import events as ev
 Key = Any
 
 SHORT_TASK = 0.01  # seconds: tasks expected to be shorter do not report "task-started"
+RUNNING = frozenset({"executing", "long-running", "rejoining"})  # a thread runs the task
+NEEDS_DEPENDENCIES = RUNNING | {"waiting", "ready"}
 
 
 class WTask:
@@ -67,7 +78,9 @@ class WorkerState:
         self.data: dict[Key, Any] = {}
         self.ready: list[tuple[tuple, int, WTask]] = []
         self.constrained: list[tuple[tuple, int, WTask]] = []  # ready, needing resources
-        self.executing: set[WTask] = set()
+        self.executing: set[WTask] = set()  # tasks holding a thread slot
+        self.long_running: set[WTask] = set()  # seceded tasks (also while rejoining)
+        self.rejoining: list[WTask] = []  # seceded tasks waiting for a slot, first come first
         self.in_flight_workers: dict[str, set[WTask]] = {}
         self.fetch_queue: list[tuple[tuple, int, WTask]] = []
         self.busy_workers: set[str] = set()
@@ -100,7 +113,7 @@ class WorkerState:
             self._to_scheduler({"op": "task-finished", "key": ts.key, "nbytes": ts.nbytes,
                                 "typename": type(self.data.get(ts.key)).__name__})
             return
-        if ts.state in ("executing", "waiting", "ready"):
+        if ts.state in NEEDS_DEPENDENCIES:
             ts.release_after = False
             return
         if ts.state in ("fetch", "flight", "missing"):
@@ -159,7 +172,7 @@ class WorkerState:
 
     def _release(self, ts: WTask) -> None:
         """Forget ``ts`` unless a local task still needs it as a dependency."""
-        if ts.state in ("executing", "flight"):
+        if ts.state in RUNNING or ts.state == "flight":
             ts.release_after = True
             return
         if ts.state in ("memory", "fetch", "missing") and self._needed(ts):
@@ -178,7 +191,7 @@ class WorkerState:
             self.tasks.pop(ts.key, None)
 
     def _needed(self, ts: WTask) -> bool:
-        return any(d.state in ("waiting", "ready", "executing") for d in ts.dependents)
+        return any(d.state in NEEDS_DEPENDENCIES for d in ts.dependents)
 
     def _steal_request(self, e: ev.StealRequest) -> None:
         ts = self.tasks.get(e.key)
@@ -244,7 +257,7 @@ class WorkerState:
 
     def _execute_success(self, e: ev.ExecuteSuccess) -> None:
         ts = self.tasks.get(e.key)
-        if ts is None or ts.state != "executing":
+        if ts is None or ts.state not in RUNNING:
             return
         self._finish_executing(ts)
         if ts.release_after:
@@ -262,7 +275,7 @@ class WorkerState:
 
     def _execute_failure(self, e: ev.ExecuteFailure) -> None:
         ts = self.tasks.get(e.key)
-        if ts is None or ts.state != "executing":
+        if ts is None or ts.state not in RUNNING:
             return
         self._finish_executing(ts)
         self._done_with_dependencies(ts)
@@ -279,6 +292,9 @@ class WorkerState:
 
     def _finish_executing(self, ts: WTask) -> None:
         self.executing.discard(ts)
+        self.long_running.discard(ts)
+        if ts.state == "rejoining":
+            self.rejoining.remove(ts)
         if ts.resource_restrictions:
             for r, q in ts.resource_restrictions.items():
                 self.available_resources[r] = self.available_resources.get(r, 0) + q
@@ -288,9 +304,11 @@ class WorkerState:
         self.busy_workers.discard(e.worker)
         replicas = {}
         for ts in tasks:
-            if ts.state in ("waiting", "ready", "executing"):
+            if ts.state in NEEDS_DEPENDENCIES:
                 continue  # compute-task arrived while in flight: our own run will produce it
-            if ts.key in e.data:
+            if ts.key in e.errors:
+                self._unobtainable(ts, e.worker)
+            elif ts.key in e.data:
                 value = e.data[ts.key]
                 if ts.release_after or ts.state != "flight":
                     ts.release_after = False
@@ -308,6 +326,16 @@ class WorkerState:
                 self._peer_lacks(ts, e.worker)
         if replicas:
             self._to_scheduler({"op": "add-keys", "keys": replicas})
+
+    def _unobtainable(self, ts: WTask, worker: str) -> None:
+        """``worker`` holds ``ts`` but cannot serialize it; it tells the scheduler, which errs
+        ``ts`` and our tasks needing it (their ``free-keys`` follow). Not "missing": that
+        would have the scheduler recompute a result that fails the same way."""
+        ts.who_has.discard(worker)
+        ts.release_after = False
+        ts.state = "missing"
+        if not ts.keep and not self._needed(ts):
+            self._release(ts)
 
     def _peer_lacks(self, ts: WTask, worker: str) -> None:
         ts.who_has.discard(worker)
@@ -333,8 +361,42 @@ class WorkerState:
             ts.who_has.add(e.worker)  # so that _peer_lacks reports it
             self._peer_lacks(ts, e.worker)
 
+    # ================================================================ secede / rejoin
+    def _secede(self, e: ev.Secede) -> None:
+        ts = self.tasks.get(e.key)
+        if ts is None or ts.state != "executing":
+            return
+        self.executing.discard(ts)
+        self.long_running.add(ts)
+        ts.state = "long-running"
+        self._to_scheduler({"op": "long-running", "key": ts.key,
+                            "compute_duration": e.compute_duration})
+
+    def _rejoin(self, e: ev.Rejoin) -> None:
+        ts = self.tasks.get(e.key)
+        if ts is None or ts.state != "long-running":
+            # not seceded (or released meanwhile): nothing to wait for
+            self._out.append(ev.Resume(e.key))
+            return
+        ts.state = "rejoining"
+        self.rejoining.append(ts)
+
+    def _serve_failed(self, e: ev.ServeFailed) -> None:
+        ts = self.tasks.get(e.key)
+        if ts is None or ts.state != "memory":
+            return
+        self._to_scheduler({"op": "result-erred", "key": ts.key, "exception": e.exception,
+                            "traceback": e.traceback, "exception_text": e.exception_text})
+
     # ================================================================ progress
     def _ensure_computing(self) -> None:
+        # seceded tasks that rejoin have started already: they take free slots first
+        while self.rejoining and len(self.executing) < self.nthreads:
+            ts = self.rejoining.pop(0)
+            self.long_running.discard(ts)
+            self.executing.add(ts)
+            ts.state = "executing"
+            self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
         # busy resource does not keep free threads from running unrestricted tasks
         while len(self.executing) < self.nthreads and not self.closing:
@@ -407,6 +469,9 @@ class WorkerState:
                 assert key not in self.data, ts
             if ts.state == "executing":
                 assert ts in self.executing, ts
+            if ts.state in ("long-running", "rejoining"):
+                assert ts in self.long_running and ts not in self.executing, ts
+            assert (ts in self.rejoining) == (ts.state == "rejoining"), ts
             if ts.state == "waiting":
                 assert ts.waiting_for_data, ts
                 for dts in ts.waiting_for_data:
@@ -415,6 +480,8 @@ class WorkerState:
                 assert ts.coming_from in self.in_flight_workers, ts
         for ts in self.executing:
             assert ts.state == "executing", ts
+        for ts in self.long_running:
+            assert ts.state in ("long-running", "rejoining"), ts
         assert len(self.executing) <= self.nthreads
         for w, tasks in self.in_flight_workers.items():
             for ts in tasks:
@@ -438,4 +505,7 @@ WorkerState._handlers = {
     ev.ExecuteFailure: WorkerState._execute_failure,
     ev.GatherDepSuccess: WorkerState._gather_dep_success,
     ev.GatherDepFailure: WorkerState._gather_dep_failure,
+    ev.Secede: WorkerState._secede,
+    ev.Rejoin: WorkerState._rejoin,
+    ev.ServeFailed: WorkerState._serve_failed,
 }

@@ -1,0 +1,102 @@
+"""Secede and rejoin in both state machines, driven by events alone (no process, no thread).
+
+A task that waits on tasks it submitted (``worker_client()``, ``secede()``)
+must give its thread slot back, on the worker (which starts the next ready
+task) and on the scheduler (which counts it out of the worker's slots, so that
+queued work reaches the worker); ``rejoin()`` waits for a slot again. Without
+this, a one-thread worker running a task that waits on its own subtasks is
+deadlocked. ``validate()`` runs after every step.
+"""
+
+from __future__ import annotations
+
+from hpcsched.core import events as ev
+from hpcsched.core.events import Resume
+from tests.core.test_scheduler_state import A, finish, graph, sent, step, submit, with_workers
+from tests.core.test_worker_state import compute, executes, new_state, success, to_scheduler
+from tests.core.test_worker_state import step as wstep
+
+
+def resumes(out: list) -> list:
+    return [c.key for c in out if type(c) is Resume]
+
+
+# ---------------------------------------------------------------- worker state
+def test_seceded_task_frees_its_slot_for_the_next_ready_task():
+    s = new_state(nthreads=1)
+    assert executes(wstep(s, compute("parent", priority=(0,)))) == ["parent"]
+    assert executes(wstep(s, compute("child", priority=(1,)))) == []  # the one slot is taken
+    out = wstep(s, ev.Secede("parent", compute_duration=0.25))
+    # the scheduler hears of it, and the child runs beside the (still running) parent
+    (msg,) = to_scheduler(out, "long-running", key="parent")
+    assert msg.msg["compute_duration"] == 0.25
+    assert executes(out) == ["child"]
+    assert s.tasks["parent"].state == "long-running"
+    # the parent's result is accepted as any other
+    out = wstep(s, success("parent", 5))
+    assert to_scheduler(out, "task-finished", key="parent")
+    assert s.data["parent"] == 5 and not s.long_running
+
+
+def test_rejoin_waits_for_a_free_slot_and_goes_before_ready_tasks():
+    s = new_state(nthreads=1)
+    wstep(s, compute("parent", priority=(0,)))
+    wstep(s, compute("child", priority=(1,)))
+    wstep(s, compute("other", priority=(2,)))
+    assert executes(wstep(s, ev.Secede("parent"))) == ["child"]
+    out = wstep(s, ev.Rejoin("parent"))
+    assert resumes(out) == [] and s.tasks["parent"].state == "rejoining"  # child holds the slot
+    out = wstep(s, success("child"))
+    # the slot goes to the task that rejoins, not to the ready "other"
+    assert resumes(out) == ["parent"] and executes(out) == []
+    assert s.tasks["parent"].state == "executing"
+    out = wstep(s, success("parent"))
+    assert executes(out) == ["other"]
+
+
+def test_rejoin_without_secede_resumes_at_once():
+    s = new_state(nthreads=1)
+    wstep(s, compute("x"))
+    assert resumes(wstep(s, ev.Rejoin("x"))) == ["x"]
+    assert s.tasks["x"].state == "executing"
+
+
+def test_seceded_task_released_by_the_scheduler_still_finishes_quietly():
+    s = new_state(nthreads=1)
+    wstep(s, compute("x"))
+    wstep(s, ev.Secede("x"))
+    wstep(s, ev.FreeKeys(["x"]))  # cancelled while it waits on its subtasks
+    assert s.tasks["x"].state == "long-running"
+    out = wstep(s, success("x"))
+    assert not to_scheduler(out, "task-finished") and "x" not in s.data
+
+
+# ---------------------------------------------------------------- scheduler state
+def test_long_running_task_opens_a_slot_for_queued_tasks():
+    """One worker, one thread, queuing at saturation 1.0: one task at a time. The parent
+    secedes; the queued child goes to the worker although the parent still runs there."""
+    s = with_workers(A, worker_saturation=1.0)
+    keys = [f"fib-{i}" for i in range(4)]  # root-ish: more tasks than 2 x threads
+    out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
+                 static_priorities={k: i for i, k in enumerate(keys)})
+    assert [m.msg["key"] for m in sent(out, "compute-task")] == ["fib-0"]
+    ws = s.workers[A]
+    out = step(s, ev.LongRunning(A, "fib-0", compute_duration=0.1))
+    assert [m.msg["key"] for m in sent(out, "compute-task")] == ["fib-1"]
+    assert s.tasks["fib-0"].state == "processing" and s.tasks["fib-0"] in ws.long_running
+    assert ws.processing[s.tasks["fib-0"]] == 0.0  # weighs nothing in the worker's occupancy
+    # a repeated report changes nothing
+    assert not sent(step(s, ev.LongRunning(A, "fib-0")), "compute-task")
+    # the seceded task finishing does not open a second slot: fib-1 still holds the one
+    assert not sent(finish(s, A, "fib-0"), "compute-task")
+    assert not ws.long_running
+    assert [m.msg["key"] for m in sent(finish(s, A, "fib-1"), "compute-task")] == ["fib-2"]
+
+
+def test_long_running_task_is_never_stolen_and_is_blamed_if_its_worker_dies():
+    s = with_workers(A, "tcp://b", worker_saturation=float("inf"), work_stealing=True)
+    submit(s, graph(x=[]), keys=["x"], workers=[A])
+    step(s, ev.LongRunning(A, "x"))
+    assert s.tasks["x"] in s.workers[A].executing  # started: not stealable
+    step(s, ev.RemoveWorker(A, "killed"))
+    assert s.tasks["x"].suspicious == 1
