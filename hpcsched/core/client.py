@@ -182,6 +182,11 @@ class Client:
     # ================================================================ setup
     def _find_scheduler(self, security: Security | None, cluster_kwargs: dict
                         ) -> tuple[str, Security | None]:
+        from hpcsched.core.worker_client import task_scheduler
+
+        in_task = task_scheduler()  # inside a task: the cluster it runs on, with its worker's
+        if in_task is not None:  # credentials (never a new cluster per task)
+            return in_task[0], security or in_task[1]
         if default_scheduler_address is not None:
             return default_scheduler_address, security or default_security
         env_addr = os.environ.get("HPCSCHED_SCHEDULER_ADDRESS")

@@ -385,6 +385,17 @@ class Scheduler:
         g["subs"].discard(sub)
         if msg.get("blob") is not None:
             g["blobs"].append(msg["blob"])  # relayed as is: never unpickled here
+        for key, error in (msg.get("errors") or {}).items():
+            # the value could not be serialized: err the task now, so that the requester
+            # hears task-erred before this gather's reply (which lists the key as missing)
+            g["missing"].append(key)
+            try:
+                exception, traceback, text = error
+                event = ev.ResultErred(worker, key, exception, str(traceback), str(text),
+                                       time.time())
+            except (TypeError, ValueError) as e:
+                raise ev.MalformedMessage(f"data-reply: bad error for {key!r}: {e}") from None
+            self._route(self.state.handle(event))
         for key in msg.get("missing") or ():
             g["missing"].append(key)
             self._route(self.state.handle(ev.MissingData("", key, worker, time.time())))

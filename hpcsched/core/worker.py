@@ -4,11 +4,22 @@ Threads of a worker:
 
 * the loop (owns the state machine): scheduler messages, task results and
   transfer results come in through one inbox, batched messages go out;
-* ``nthreads`` executor threads running tasks;
+* ``nthreads`` task threads (:class:`~hpcsched.core.task_pool.TaskPool`), one
+  more for each task that seceded while it runs (``hpcsched.secede()``);
 * a reader per peer comm, serving ``get-data`` requests straight from the data
   store (the loop is not involved, so a large transfer does not stall it) and
   handing ``data-reply`` answers to the fetch waiting for them;
 * up to ``transfer-incoming-count-limit`` fetch threads.
+
+Tasks reach their cluster through :mod:`hpcsched.core.worker_client`
+(``get_client()``): one client per worker, made on first use with the
+worker's address and credentials, closed with the worker.
+
+A result is serialized only when it leaves the worker (for a peer, or the
+client through the scheduler). One that cannot be does not fail silently: the
+requester learns which keys failed (and does not report them missing, which
+would recompute them), and the scheduler errs the task with the real
+exception and its traceback, so that ``result()`` raises instead of waiting.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
 with a message naming the address it tried. ``lifetime`` (a batch job's
@@ -26,23 +37,29 @@ import threading
 import time
 import traceback as tb_mod
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core import events as ev
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
-from hpcsched.core.graph import evaluate
+from hpcsched.core.graph import evaluate, key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
 from hpcsched.core.serialize import (
     SerializationError,
     deserialize,
+    dumps,
     loads_function,
     loads_object,
     serialize,
     sizeof,
 )
+from hpcsched.core.task_pool import TaskPool
+from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker_state import WorkerState
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -126,7 +143,7 @@ class Worker:
         self.state: WorkerState | None = None
         self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick,
                          self.heartbeat_interval)
-        self.executor = ThreadPoolExecutor(self.nthreads, thread_name_prefix="hpcsched-task")
+        self.executor = TaskPool(self.nthreads, "hpcsched-task")
         self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
                                           thread_name_prefix="hpcsched-fetch")
         self._scheduler_comm: Comm | None = None
@@ -149,6 +166,11 @@ class Worker:
         self._on_close = on_close
         self._transfers = (0, 0.0)  # bytes fetched from peers, seconds spent: bandwidth
         self._uses_heartbeat = scheme in ("tcp", "tls")
+        self._client: Client | None = None  # for tasks: get_client()
+        self._client_lock = threading.Lock()
+        self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
+        # task groups that must not run on the loop thread: one of theirs asked for a client
+        self._threaded_groups: set[str] = set()
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -227,7 +249,7 @@ class Worker:
         self.loop.stop(join=True)
         if self.state is not None:
             self.state.closing = True
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown()
         self.fetcher.shutdown(wait=False, cancel_futures=True)
         if self._scheduler_comm is not None:
             self._scheduler_comm.close()
@@ -239,6 +261,12 @@ class Worker:
         for event, box, _ in list(self._pending.values()):
             box.append(None)
             event.set()
+        for event in list(self._resume.values()):  # seceded tasks waiting to rejoin go on
+            event.set()
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close(timeout=2.0)
         if self._on_close is not None:
             self._on_close(self)
 
@@ -293,7 +321,8 @@ class Worker:
                     self._outbox.append(cmd.msg)
                 elif t is ev.Execute:
                     ts = self.state.tasks.get(cmd.key)
-                    if ts is not None and ts.duration < INLINE_TASK:
+                    if ts is not None and ts.duration < INLINE_TASK and not (
+                            self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
                         inline.append(cmd)
                     else:
                         # "task-started" goes out when the loop flushes after this batch;
@@ -306,11 +335,20 @@ class Worker:
                         self._send_fetch(comm, cmd.worker, cmd.keys)
                     else:
                         self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+                elif t is ev.Resume:
+                    event = self._resume.pop(cmd.key, None)
+                    if event is not None:
+                        event.set()
             for cmd in inline:
                 # known to take well under a millisecond: run here, and handle the result
                 # at once (its "task-finished" leaves with this batch): a thread hand-off
                 # each way would cost more than the task itself
-                work.append(self.state.handle(self._run(cmd.key, cmd.run_spec)))
+                result = self._run(cmd.key, cmd.run_spec, on_loop=True)
+                if result is None:  # it asked for a client or seceded: it needs a thread
+                    self._threaded_groups.add(key_split(cmd.key))
+                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                else:
+                    work.append(self.state.handle(result))
 
     def _flush(self) -> None:
         if self._outbox and self._scheduler_comm is not None:
@@ -361,20 +399,57 @@ class Worker:
         """In an executor thread: run the task, hand the result to the loop."""
         self.loop.put((None, self._run(key, run_spec)))
 
-    def _run(self, key: Any, run_spec: Any) -> Any:
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False) -> Any:
+        """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
+        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker_client`)."""
         start = time.time()
+        outer = enter_task(self, key, on_loop)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
+            if on_loop and type(e) is TaskNeedsThread:
+                return None
             stop = time.time()
             packed, tb_text, text = pack_exception(e, e.__traceback__)
             return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)
+        finally:
+            leave_task(outer)
         stop = time.time()
         try:
             nbytes = sizeof(value)
         except Exception:
             nbytes = 64
         return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
+
+    # ================================================================ tasks' API
+    def get_client(self, timeout: float | None = None) -> Client:
+        """This worker's client (made on first use): connected to its scheduler with its
+        credentials, shared by its tasks, closed with it. See ``hpcsched.get_client``."""
+        with self._client_lock:
+            if self._closed.is_set():
+                raise RuntimeError(f"worker {self.address} is closed")
+            client = self._client
+            if client is None or client.status != "running":
+                from hpcsched.core.client import Client
+
+                client = self._client = Client(
+                    self.scheduler_address, security=self.security, timeout=timeout,
+                    set_as_default=False, name=f"worker-{self.name or 'w'}")
+            return client
+
+    def secede_task(self, key: Any, compute_duration: float) -> None:
+        """The task ``key`` (on the calling thread) leaves the pool: see ``hpcsched.secede``."""
+        self.loop.put((None, ev.Secede(key, compute_duration, time.time())))
+
+    def rejoin_task(self, key: Any) -> None:
+        """Block until the seceded task ``key`` has a thread slot again (or the worker
+        closes): see ``hpcsched.rejoin``."""
+        event = self._resume[key] = threading.Event()
+        self.loop.put((None, ev.Rejoin(key, time.time())))
+        while not event.wait(1.0):
+            if self._closed.is_set():
+                break
+        self._resume.pop(key, None)
 
     # ================================================================ peers
     def _on_peer(self, comm: Comm) -> None:
@@ -460,8 +535,8 @@ class Worker:
                 b, t = self._transfers
                 self._transfers = (b + sum(sizeof(v) for v in data.values()),
                                    t + time.monotonic() - started)
-                out += self.state.handle(ev.GatherDepSuccess(worker, data,
-                                                             msg.get("missing") or [], now))
+                out += self.state.handle(ev.GatherDepSuccess(
+                    worker, data, msg.get("missing") or [], dict(msg.get("errors") or {}), now))
             else:
                 logger.warning("dropping peer %s: unexpected op %r", comm.peer_address, op)
                 comm.close()
@@ -511,19 +586,51 @@ class Worker:
                 missing.append(key)
                 continue
             out[key] = value
+        reply = {"op": "data-reply", "request_id": msg.get("request_id"), "missing": missing}
+        errors: dict = {}
         if wrap:  # for a relay (the scheduler): one opaque blob for all the values
-            reply = {"op": "data-reply", "request_id": msg.get("request_id"),
-                     "blob": serialize(out), "missing": missing}
+            try:
+                reply["blob"] = serialize(out)
+            except SerializationError:
+                errors = self._unserializable(out)
+                reply["blob"] = serialize({k: v for k, v in out.items() if k not in errors})
         else:
-            reply = {"op": "data-reply", "request_id": msg.get("request_id"), "data": out,
-                     "missing": missing}
+            reply["data"] = out
+        if errors:
+            reply["errors"] = errors
         if comm is self._scheduler_comm:
             self._outbox.append(reply)  # on the loop thread: goes out with this batch
-            return
-        try:
-            comm.send([reply])
-        except (CommClosedError, OSError):
-            pass
+        else:
+            try:
+                comm.send([reply])
+            except SerializationError:  # a value the transport must pickle refuses to be
+                errors = self._unserializable(out)
+                reply["data"] = {k: v for k, v in out.items() if k not in errors}
+                reply["errors"] = errors
+                try:
+                    comm.send([reply])
+                except (CommClosedError, OSError, SerializationError):
+                    pass
+            except (CommClosedError, OSError):
+                pass
+        for key, (packed, tb_text, text) in errors.items():
+            self.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, time.time())))
+
+    def _unserializable(self, values: dict) -> dict:
+        """Per key whose value cannot be serialized: (packed exception, traceback text,
+        description) of the exception pickling raised."""
+        errors: dict = {}
+        for key, value in values.items():
+            try:
+                dumps(value, main_by_value=True)
+            except SerializationError as e:
+                cause = e.__cause__ if e.__cause__ is not None else e
+                cause.add_note(f"(raised while serializing the result of {key!r} to send it "
+                               f"from worker {self.address})")
+                errors[key] = pack_exception(cause, cause.__traceback__)
+                logger.warning("the result of %r cannot leave worker %s: %s", key,
+                               self.address, errors[key][2])
+        return errors
 
     def _fetch(self, worker: str, keys: list) -> None:
         rid = f"{self.address}/{next(self._ids)}"
@@ -550,7 +657,8 @@ class Worker:
             b, t = self._transfers
             self._transfers = (b + nbytes, t + time.monotonic() - started)
             result = ev.GatherDepSuccess(worker, reply.get("data") or {},
-                                         reply.get("missing") or [], time.time())
+                                         reply.get("missing") or [],
+                                         dict(reply.get("errors") or {}), time.time())
         except (CommClosedError, OSError, TimeoutError) as e:
             result = ev.GatherDepFailure(worker, keys, str(e), time.time())
         finally:
