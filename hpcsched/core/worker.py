@@ -35,7 +35,6 @@ import random
 import socket
 import threading
 import time
-import traceback as tb_mod
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -43,17 +42,10 @@ from hpcsched.core import config
 from hpcsched.core import events as ev
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
-from hpcsched.core.graph import evaluate, key_split
+from hpcsched.core.execution import pack_exception, run_spec_call, serialization_errors
+from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
-from hpcsched.core.serialize import (
-    SerializationError,
-    deserialize,
-    dumps,
-    loads_function,
-    loads_object,
-    serialize,
-    sizeof,
-)
+from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker_state import WorkerState
@@ -64,41 +56,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.worker")
 
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
-
-
-class RemoteError(Exception):
-    """Stands in for an exception that could not be pickled on the worker."""
-
-    def __init__(self, typename: str, message: str):
-        super().__init__(f"{typename}: {message}")
-        self.typename = typename
-
-
-def run_spec_call(run_spec: Any, data: dict) -> Any:
-    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec."""
-    func_blob, args_blob, needs_eval = run_spec
-    if args_blob is None:
-        args, kwargs = (), {}
-    else:
-        args, kwargs = loads_object(args_blob)
-    if needs_eval:
-        args = evaluate(args, data)
-        kwargs = evaluate(kwargs, data) if kwargs else kwargs
-    if func_blob is None:  # a literal value or an alias
-        return args[0]
-    func = loads_function(func_blob)
-    return func(*args, **kwargs)
-
-
-def pack_exception(exc: BaseException, tb: Any) -> tuple[Any, str, str]:
-    """(Serialized exception, traceback text, one-line description)."""
-    text = f"{type(exc).__name__}: {exc}"
-    tb_text = "".join(tb_mod.format_exception(type(exc), exc, tb))
-    try:
-        packed = serialize(exc)
-    except SerializationError:
-        packed = serialize(RemoteError(type(exc).__name__, str(exc)))
-    return packed, tb_text, text
 
 
 class Worker:
@@ -432,6 +389,8 @@ class Worker:
             if client is None or client.status != "running":
                 from hpcsched.core.client import Client
 
+                if client is not None:  # lost its scheduler: replaced, not leaked
+                    client.close(timeout=1.0)
                 client = self._client = Client(
                     self.scheduler_address, security=self.security, timeout=timeout,
                     set_as_default=False, name=f"worker-{self.name or 'w'}")
@@ -592,7 +551,7 @@ class Worker:
             try:
                 reply["blob"] = serialize(out)
             except SerializationError:
-                errors = self._unserializable(out)
+                errors = serialization_errors(out, self.address)
                 reply["blob"] = serialize({k: v for k, v in out.items() if k not in errors})
         else:
             reply["data"] = out
@@ -604,7 +563,7 @@ class Worker:
             try:
                 comm.send([reply])
             except SerializationError:  # a value the transport must pickle refuses to be
-                errors = self._unserializable(out)
+                errors = serialization_errors(out, self.address)
                 reply["data"] = {k: v for k, v in out.items() if k not in errors}
                 reply["errors"] = errors
                 try:
@@ -614,23 +573,8 @@ class Worker:
             except (CommClosedError, OSError):
                 pass
         for key, (packed, tb_text, text) in errors.items():
+            logger.warning("the result of %r cannot leave worker %s: %s", key, self.address, text)
             self.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, time.time())))
-
-    def _unserializable(self, values: dict) -> dict:
-        """Per key whose value cannot be serialized: (packed exception, traceback text,
-        description) of the exception pickling raised."""
-        errors: dict = {}
-        for key, value in values.items():
-            try:
-                dumps(value, main_by_value=True)
-            except SerializationError as e:
-                cause = e.__cause__ if e.__cause__ is not None else e
-                cause.add_note(f"(raised while serializing the result of {key!r} to send it "
-                               f"from worker {self.address})")
-                errors[key] = pack_exception(cause, cause.__traceback__)
-                logger.warning("the result of %r cannot leave worker %s: %s", key,
-                               self.address, errors[key][2])
-        return errors
 
     def _fetch(self, worker: str, keys: list) -> None:
         rid = f"{self.address}/{next(self._ids)}"

@@ -324,3 +324,19 @@ def test_signal_to_mpiexec_ends_every_rank(signum):
     finally:
         kill_run(proc, mark)
         reader.join(5)
+
+
+@needs_mpiexec
+@pytest.mark.timeout(90)
+def test_tasks_submit_tasks_over_mpi_and_bad_results_err():
+    # one thread per worker rank: a task waiting on its subtasks must secede
+    r = run(["--nthreads", "1", script("tasks_submit_tasks.py")])
+    assert r.code == 0, r
+    assert "fib(9) = 34" in r.out and "fib_secede(8) = 21" in r.out, r
+    # a worker rank's client reaches rank 0's scheduler over MPI (one per worker)
+    assert "task clients reach ['mpi://0']" in r.out, r
+    assert "plain Client() in a task: (5, 'mpi://0')" in r.out, r
+    assert "unserializable result raised ValueError: RefusesPickling will not be " \
+           "pickled" in r.out, r
+    assert "dependent on another rank raised ValueError" in r.out, r
+    assert "workers at the end: 3" in r.out, r
