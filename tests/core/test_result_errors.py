@@ -74,7 +74,7 @@ def two_workers(request: pytest.FixtureRequest) -> Iterator[tuple[Client, list[s
 ])
 def test_unserializable_result_errs_the_future_on_gather(two_workers, make, exc, match):
     client, _, _ = two_workers
-    fut = client.submit(make)
+    fut = client.submit(make, pure=False)
     start = time.monotonic()
     with pytest.raises(exc, match=match) as info:
         fut.result(timeout=WAIT)
@@ -91,10 +91,10 @@ def test_unserializable_result_errs_the_future_on_gather(two_workers, make, exc,
 
 def test_unserializable_dependency_errs_a_dependent_on_another_worker(two_workers):
     client, (w1, w2), transport = two_workers
-    x = client.submit(refuses, workers=[w1])
+    x = client.submit(refuses, workers=[w1], pure=False)
     here = client.submit(kind_of, x, workers=[w1])  # same worker: never serialized
     assert here.result(timeout=WAIT) == "RefusesPickling"
-    there = client.submit(kind_of, x, workers=[w2])  # must travel from w1 to w2
+    there = client.submit(kind_of, x, workers=[w2], pure=False)  # must travel from w1 to w2
     if transport == "inproc":  # between threads of one process: handed over, not pickled
         assert there.result(timeout=WAIT) == "RefusesPickling"
     else:
@@ -106,8 +106,8 @@ def test_unserializable_dependency_errs_a_dependent_on_another_worker(two_worker
 
 def test_gather_of_good_and_bad_results_raises_for_the_bad_one(two_workers):
     client, (w1, _), _ = two_workers
-    good = client.submit(kind_of, 2, workers=[w1])
-    bad = client.submit(refuses, workers=[w1])
+    good = client.submit(kind_of, 2, workers=[w1], pure=False)
+    bad = client.submit(refuses, workers=[w1], pure=False)
     with pytest.raises(ValueError, match="will not be pickled"):
         client.gather([good, bad], timeout=WAIT)
     assert client.gather([good, bad], errors="skip", timeout=WAIT) == ["int"]

@@ -68,13 +68,13 @@ with Client() as client:
           flush=True)
     start = time.monotonic()
     try:
-        client.submit(refuses).result(timeout=30)
+        client.submit(refuses, pure=False).result(timeout=30)
     except ValueError as e:
         print(f"unserializable result raised {type(e).__name__}: {e} after "
               f"{time.monotonic() - start:.1f}s", flush=True)
     else:
         raise AssertionError("an unserializable result should err its future")
-    x = client.submit(refuses, workers=["mpi://1"])
+    x = client.submit(refuses, workers=["mpi://1"], pure=False)
     there = client.submit(kind_of, x, workers=["mpi://2"])  # must travel between ranks
     try:
         there.result(timeout=30)
