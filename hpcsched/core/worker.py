@@ -360,7 +360,7 @@ class Worker:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
         thread and needs a task thread instead (see :mod:`~hpcsched.core.worker_client`)."""
         start = time.time()
-        outer = enter_task(self, key, on_loop)
+        outer = enter_task(self, key, on_loop, start)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler

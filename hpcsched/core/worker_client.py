@@ -56,26 +56,15 @@ class TaskNeedsThread(BaseException):
     """
 
 
-class _Running:
-    __slots__ = ("worker", "key", "start", "on_loop", "seceded")
-
-    def __init__(self, worker: Worker, key: Any, on_loop: bool):
-        self.worker = worker
-        self.key = key
-        self.start = time.time()
-        self.on_loop = on_loop
-        self.seceded = False
-
-
-_local = threading.local()
+_local = threading.local()  # .task: (worker, key, start time, on the loop thread?) or None
 
 
 # ---------------------------------------------------------------- for the worker
-def enter_task(worker: Worker, key: Any, on_loop: bool = False) -> Any:
-    """Mark this thread as running ``key`` for ``worker``; returns what to pass to
-    :func:`leave_task` (the mark of an enclosing task, if any)."""
+def enter_task(worker: Worker, key: Any, on_loop: bool, start: float) -> Any:
+    """Mark this thread as running ``key`` for ``worker`` since ``start``; returns what to
+    pass to :func:`leave_task`. (A tuple: this runs for every task, tiny ones included.)"""
     previous = getattr(_local, "task", None)
-    _local.task = _Running(worker, key, on_loop)
+    _local.task = (worker, key, start, on_loop)
     return previous
 
 
@@ -83,13 +72,13 @@ def leave_task(previous: Any) -> None:
     _local.task = previous
 
 
-def _current() -> _Running | None:
+def _current() -> tuple[Worker, Any, float, bool] | None:
     return getattr(_local, "task", None)
 
 
-def _off_loop(running: _Running, what: str) -> None:
-    if running.on_loop:
-        raise TaskNeedsThread(f"{what} inside task {running.key!r} on the worker's loop thread")
+def _off_loop(running: tuple, what: str) -> None:
+    if running[3]:
+        raise TaskNeedsThread(f"{what} inside task {running[1]!r} on the worker's loop thread")
 
 
 def task_scheduler() -> tuple[str, Security | None] | None:
@@ -101,7 +90,7 @@ def task_scheduler() -> tuple[str, Security | None] | None:
     if running is None:
         return None
     _off_loop(running, "connecting a client")
-    return running.worker.scheduler_address, running.worker.security
+    return running[0].scheduler_address, running[0].security
 
 
 # ---------------------------------------------------------------- public API
@@ -114,7 +103,7 @@ def get_worker() -> Worker:
     if running is None:
         raise ValueError("No worker found: get_worker() works only inside a task running on "
                          "an hpcsched worker")
-    return running.worker
+    return running[0]
 
 
 def get_client(address: str | None = None, timeout: float | None = None) -> Client:
@@ -130,9 +119,9 @@ def get_client(address: str | None = None, timeout: float | None = None) -> Clie
     slot it holds itself.
     """
     running = _current()
-    if running is not None and (address is None or address == running.worker.scheduler_address):
+    if running is not None and (address is None or address == running[0].scheduler_address):
         _off_loop(running, "get_client()")
-        return running.worker.get_client(timeout=timeout)
+        return running[0].get_client(timeout=timeout)
     from hpcsched.core import client as client_mod
 
     default = client_mod.default_client()
@@ -154,11 +143,9 @@ def secede() -> None:
     running = _current()
     if running is None:
         raise ValueError("secede() works only inside a task running on an hpcsched worker")
-    if running.seceded:
-        return
     _off_loop(running, "secede()")
-    running.seceded = True
-    running.worker.secede_task(running.key, time.time() - running.start)
+    worker, key, start, _ = running
+    worker.secede_task(key, time.time() - start)  # a second call changes nothing
 
 
 def rejoin() -> None:
@@ -170,10 +157,9 @@ def rejoin() -> None:
     running = _current()
     if running is None:
         raise ValueError("rejoin() works only inside a task running on an hpcsched worker")
-    if not running.seceded:
-        return
-    running.worker.rejoin_task(running.key)
-    running.seceded = False
+    if running[3]:
+        return  # on the loop thread: it cannot have seceded (that moves it to a thread)
+    running[0].rejoin_task(running[1])
 
 
 @contextlib.contextmanager
