@@ -175,7 +175,7 @@ class Client:
             global _default_client
             with _default_lock:
                 _default_client = self
-            self._dask_config = become_dask_scheduler(self.get)
+            self._dask_config = become_dask_scheduler(self)
         self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -761,7 +761,7 @@ class Client:
             if _default_client is self:
                 _default_client = None
         if self._dask_config is not None:
-            restore_dask_scheduler(self.get, self._dask_config)
+            restore_dask_scheduler(self._dask_config)
             self._dask_config = None
         self._close_owned_cluster()
 

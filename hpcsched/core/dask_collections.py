@@ -161,29 +161,63 @@ def persist_expr(collections: list, optimize_graph: bool = True) -> tuple[Any, l
 
 
 # ----------------------------------------------------------------- dask's default scheduler
-#: dask settings a client makes while it is the default: its ``get`` runs ``.compute()``,
-#: and dataframe shuffles run as tasks (dask's "disk" shuffle writes to one machine's files)
-_DASK_SETTINGS = ("scheduler", "dataframe.shuffle.method")
+class DaskScheduler:
+    """dask's default scheduler while an hpcsched client is (``dask.config`` ``scheduler``).
+
+    Outside tasks it is ``client.get``. Inside a task (a task calling
+    ``.compute()``, as dask's "Futures" documentation allows), it computes
+    through the worker's own client with the task seceded meanwhile, so a
+    worker whose threads all wait on such computations cannot deadlock. Worker
+    processes install one without a client: outside tasks it is then dask's
+    threaded scheduler.
+    """
+
+    def __init__(self, client: Any = None):
+        self.client = client
+
+    def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
+        from hpcsched.core.worker_client import in_task, worker_client
+
+        if in_task():
+            with worker_client() as client:
+                return client.get(dsk, keys, **kwargs)
+        if self.client is not None:
+            return self.client.get(dsk, keys, **kwargs)
+        import dask.threaded
+
+        return dask.threaded.get(dsk, keys, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<hpcsched dask scheduler of {self.client!r}>"
 
 
-def become_dask_scheduler(get: Callable) -> tuple | None:
-    """Make ``get`` dask's default scheduler (when dask is installed), as distributed's
-    ``Client(set_as_default=True)`` does; returns what to restore, for
-    :func:`restore_dask_scheduler`."""
+def become_dask_scheduler(client: Any) -> tuple | None:
+    """Make ``client`` (None in a worker process) dask's default scheduler when dask is
+    installed, as distributed's ``Client(set_as_default=True)`` does; dataframe shuffles then
+    run as tasks (dask's "disk" shuffle writes to one machine's files). Returns what to
+    restore, for :func:`restore_dask_scheduler`."""
     try:
         import dask.config
     except ImportError:
         return None
-    previous = {name: dask.config.get(name, None) for name in _DASK_SETTINGS}
-    dask.config.set({"scheduler": get, "dataframe.shuffle.method": "tasks"})
-    return (previous,)
+    names = ("scheduler", "dataframe.shuffle.method")
+    previous = {name: dask.config.get(name, None) for name in names}
+    scheduler = DaskScheduler(client)
+    dask.config.set({"scheduler": scheduler, "dataframe.shuffle.method": "tasks"})
+    return scheduler, previous
 
 
-def restore_dask_scheduler(get: Callable, saved: tuple) -> None:
+def restore_dask_scheduler(saved: tuple) -> None:
     """Undo :func:`become_dask_scheduler`, unless another client has taken over since."""
     import dask.config
 
-    if dask.config.get("scheduler", None) != get:
-        return
-    (previous,) = saved
-    dask.config.set(previous)
+    scheduler, previous = saved
+    if dask.config.get("scheduler", None) is scheduler:
+        dask.config.set(previous)
+
+
+def dask_scheduler_client() -> Any:
+    """The client whose scheduler dask uses now, if it is an hpcsched client's."""
+    dask = sys.modules.get("dask.config")
+    scheduler = dask.get("scheduler", None) if dask is not None else None
+    return scheduler.client if isinstance(scheduler, DaskScheduler) else None

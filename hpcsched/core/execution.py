@@ -24,6 +24,7 @@ from hpcsched.core.serialize import (
     loads_object,
     serialize,
 )
+from hpcsched.core.worker_client import hook_dask
 
 
 class RemoteError(Exception):
@@ -47,6 +48,7 @@ def run_spec_call(run_spec: Any, data: dict) -> Any:
     if func_blob is None:  # a literal value or an alias
         return args[0]
     func = loads_function(func_blob)
+    hook_dask()  # the function may have brought dask in: its .compute() goes to the cluster
     return func(*args, **kwargs)
 
 

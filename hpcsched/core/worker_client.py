@@ -37,6 +37,7 @@ here may thus run twice; call these first.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -66,6 +67,29 @@ def enter_task(worker: Worker, key: Any, on_loop: bool, start: float) -> Any:
     previous = getattr(_local, "task", None)
     _local.task = (worker, key, start, on_loop)
     return previous
+
+
+_dask_hooked = [False]
+
+
+def hook_dask() -> None:
+    """Once dask is loaded in a worker's process (a task's function came from it), make
+    ``.compute()`` inside tasks run on the cluster through the worker's client, unless the
+    process chose a dask scheduler itself. Called per task: cheap once done."""
+    if _dask_hooked[0] or "dask.config" not in sys.modules:
+        return
+    import dask.config
+
+    from hpcsched.core.dask_collections import become_dask_scheduler
+
+    _dask_hooked[0] = True
+    if dask.config.get("scheduler", None) is None:
+        become_dask_scheduler(None)
+
+
+def in_task() -> bool:
+    """Whether this thread is running a task of an hpcsched worker."""
+    return getattr(_local, "task", None) is not None
 
 
 def leave_task(previous: Any) -> None:

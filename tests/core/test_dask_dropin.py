@@ -30,6 +30,7 @@ from dask.utils_test import GetFunctionTestMixin
 
 import hpcsched
 from hpcsched import Client, LocalCluster
+from hpcsched.core.dask_collections import dask_scheduler_client
 from hpcsched.core.futures import Future, fire_and_forget, futures_of
 from tests.conftest import wait_until, worker_env
 
@@ -177,7 +178,7 @@ def where_am_i(_):
 
 def test_plain_compute_runs_on_the_cluster(client, cluster):
     x = da.ones((40, 40), chunks=10)
-    assert dask.config.get("scheduler") == client.get
+    assert dask_scheduler_client() is client
     assert (x + 1).sum().compute() == sync((x + 1).sum())
     pid, thread = delayed(where_am_i)(1).compute()
     if cluster.processes:
@@ -239,6 +240,33 @@ def test_persist_keeps_results_on_the_cluster(client):
     np.testing.assert_array_equal(y.compute(), sync(x))
     a, b = client.persist([x + 1, delayed(inc)(1)])
     assert b.compute() == 2 and a.sum().compute() == sync((x + 1).sum())
+
+
+def _ran_in_a_task(i):
+    from hpcsched.core.worker_client import in_task
+
+    return in_task()
+
+
+def _compute_inside(n):
+    """A task that computes a dask collection itself (dask's "Futures" page allows it)."""
+    import dask
+    import dask.array as da
+
+    total = int(da.arange(n, chunks=max(n // 4, 1)).sum().compute())
+    where = dask.compute(*[delayed(_ran_in_a_task)(i) for i in range(3)])
+    return total, where
+
+
+def test_compute_inside_a_task_runs_on_the_cluster_without_deadlock(client):
+    # every task waits on a computation of its own: with a slot held per waiting task, the
+    # inner tasks could never run
+    nthreads = sum(w["nthreads"] for w in client.scheduler_info()["workers"].values())
+    sizes = range(10, 10 + 2 * nthreads)
+    results = client.gather(client.map(_compute_inside, sizes), timeout=60)
+    assert [total for total, _ in results] == [n * (n - 1) // 2 for n in sizes]
+    # the inner tasks ran as tasks of the cluster, not in dask's threads inside the worker
+    assert all(where == (True, True, True) for _, where in results), results
 
 
 def test_delayed_functions_accept_futures(client):
@@ -357,12 +385,12 @@ def test_default_client_and_dask_scheduler_restored_on_close(cluster):
     before = dask.config.get("scheduler", None)
     with Client(cluster) as c1:
         assert hpcsched.default_client() is c1
-        assert dask.config.get("scheduler") == c1.get
+        assert dask_scheduler_client() is c1
         with Client(cluster) as c2:
-            assert dask.config.get("scheduler") == c2.get
+            assert dask_scheduler_client() is c2
         with Client(cluster, set_as_default=False):
-            assert dask.config.get("scheduler") == c1.get
-    assert dask.config.get("scheduler", None) == before
+            assert dask_scheduler_client() is c1
+    assert dask.config.get("scheduler", None) is before
 
 
 # ---------------------------------------------------------------- scheduler files

@@ -100,7 +100,8 @@ def test_resources_are_declared_and_respected():
         futures = [client.submit(inc, i, resources={"GPU": 1}) for i in range(4)]
         assert client.gather(futures, timeout=30) == [1, 2, 3, 4]
         # a resource no worker has: the task waits instead of running anywhere
-        f = client.submit(inc, 1, resources={"TPU": 1})
+        # (pure=False: inc(1) above is the same pure call, and the same key, as in dask)
+        f = client.submit(inc, 1, resources={"TPU": 1}, pure=False)
         wait_until(lambda: client.scheduler_info()["unrunnable"] == 1, timeout=10,
                    what="the TPU task to wait for a worker")
         assert not f.done()
