@@ -43,12 +43,10 @@ import json
 import operator
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.abspath(__file__)
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 # ====================================================================== tasks
@@ -294,62 +292,18 @@ def command(system: str, role: str, nprocs: int, args: argparse.Namespace,
     return ["mpiexec", "-n", str(nprocs), py, HERE, *opts]
 
 
-MARK = "HPCSCHED_BENCH_RUN"  # in the environment of every process of one sub-run
+def launch(cmd: list[str], timeout: float, on_line=None) -> tuple[list[dict], str, float, float]:
+    """Run ``cmd`` (see benchmarks/_launch.py); (RESULT dicts, stderr tail, start, FIRST)."""
+    import _launch
+
+    return _launch.launch(cmd, timeout, on_line)
 
 
 def rank_processes(mark: str) -> list:
-    """The rank processes of the sub-run marked ``mark`` (hydra gives each rank a session
-    of its own, so they are found by the mark their environment inherited)."""
-    import psutil
+    """The rank processes of the sub-run marked ``mark``."""
+    import _launch
 
-    out = []
-    for p in psutil.process_iter(["name", "cmdline"]):
-        try:
-            if p.environ().get(MARK) == mark and HERE in (p.info["cmdline"] or []) and \
-                    "mpiexec" not in (p.info["name"] or ""):
-                out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return out
-
-
-def launch(cmd: list[str], timeout: float, on_line=None) -> tuple[list[dict], str, float, float]:
-    """Run ``cmd``; (RESULT dicts, stderr tail, start time, FIRST time or nan)."""
-    import threading
-    import uuid
-
-    mark = uuid.uuid4().hex
-    env = {**os.environ, MARK: mark,
-           "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    t_start = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
-                            env=env)
-    results: list[dict] = []
-    first = [float("nan")]
-    err: list[str] = []
-    t_err = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
-    t_err.start()
-    killer = threading.Timer(timeout, lambda: [p.kill() for p in [proc, *rank_processes(mark)]])
-    killer.start()
-    try:
-        for line in proc.stdout:
-            if line.startswith("RESULT "):
-                results.append(json.loads(line[7:]))
-            elif line.startswith("FIRST "):
-                first[0] = float(line.split()[1])
-            elif on_line is not None:
-                on_line(line, mark)
-        proc.wait()
-    finally:
-        killer.cancel()
-        for p in rank_processes(mark):  # whatever is left of the run
-            p.kill()
-        t_err.join(5)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
-                           + "".join(err[-40:]))
-    return results, "".join(err[-20:]), t_start, first[0]
+    return _launch.rank_processes(mark, HERE)
 
 
 def measure_idle(system: str, role: str, args: argparse.Namespace) -> dict:

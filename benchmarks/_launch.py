@@ -1,0 +1,125 @@
+"""Running one benchmark sub-run in a process tree of its own, and ending all of it.
+
+Shared by the benchmark drivers (bench_mpi.py, bench_dask.py). A sub-run is a
+command (``mpiexec -n 4 python ...`` or plain ``python ...``) whose processes
+all carry a mark in their environment: hydra gives each MPI rank a session of
+its own and local clusters spawn worker processes, so process groups do not
+catch everything, but the inherited environment does. Whatever carries the
+mark is killed when the sub-run ends, fails or outlives its timeout.
+
+A sub-run reports by printing ``RESULT <json>`` lines (and ``FIRST <time>``
+for first-result latencies) on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARK = "HPCSCHED_BENCH_RUN"  # in the environment of every process of one sub-run
+
+
+def marked_processes(mark: str) -> list:
+    """Every live process of the sub-run marked ``mark``."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get(MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def rank_processes(mark: str, script: str) -> list:
+    """The rank processes of the sub-run marked ``mark``: those running ``script``, not
+    ``mpiexec`` or its proxies."""
+    import psutil
+
+    out = []
+    for p in marked_processes(mark):
+        try:
+            if script in p.cmdline() and "mpiexec" not in p.name():
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return out
+
+
+def kill_marked(mark: str, *procs: subprocess.Popen) -> None:
+    import psutil
+
+    for proc in procs:
+        try:
+            proc.kill()
+        except OSError:
+            pass
+    for p in marked_processes(mark):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launch(cmd: list[str], timeout: float,
+           on_line: Callable[[str, str], None] | None = None,
+           env: dict[str, str] | None = None) -> tuple[list[dict], str, float, float]:
+    """Run ``cmd`` from the repository root, killed after ``timeout`` seconds; every process
+    it started is ended before this returns or raises.
+
+    Returns (RESULT dicts, stderr tail, start time, FIRST time or nan). ``on_line(line,
+    mark)`` sees every other stdout line. A non-zero exit raises RuntimeError with the end of
+    stderr.
+    """
+    mark = uuid.uuid4().hex
+    full_env = {**os.environ, **(env or {}), MARK: mark,
+                "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    t_start = time.time()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+                            env=full_env)
+    results: list[dict] = []
+    first = [float("nan")]
+    err: list[str] = []
+    timed_out = threading.Event()
+    t_err = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    t_err.start()
+
+    def expire() -> None:
+        timed_out.set()
+        kill_marked(mark, proc)
+
+    killer = threading.Timer(timeout, expire)
+    killer.start()
+    try:
+        for line in proc.stdout:
+            if line.startswith("RESULT "):
+                results.append(json.loads(line[7:]))
+            elif line.startswith("FIRST "):
+                first[0] = float(line.split()[1])
+            elif on_line is not None:
+                on_line(line, mark)
+        proc.wait(timeout)
+    finally:
+        killer.cancel()
+        kill_marked(mark, proc)  # whatever is left of the run (also on error)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+        t_err.join(5)
+    if timed_out.is_set():
+        raise RuntimeError(f"{' '.join(cmd)} did not finish within {timeout:.0f} s:\n"
+                           + "".join(err[-40:]))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
+                           + "".join(err[-40:]))
+    return results, "".join(err[-20:]), t_start, first[0]
