@@ -1,0 +1,245 @@
+"""dask collections on hpcsched vs dask.distributed and dask-mpi, side by side in one run.
+
+    python benchmarks/bench_dask.py [--repeat 3] [--only tcp,mpi] [--workloads array,dataframe]
+                                    [--blas-threads 1] [--timeout 900] [--json FILE]
+
+Workloads, each a plain ``.compute()`` with the system's client as dask's
+default scheduler (checked in every sub-run):
+
+* ``array``: ``(x @ x.T).sum()`` where ``x = da.random.RandomState(42).random_sample(
+  (4000, 4000), chunks=500)`` -- 8 x 8 chunks made on the workers, 512 block
+  products and their reductions;
+* ``dataframe``: ``dask.datasets.timeseries`` of 20 daily partitions (86,400
+  rows each, generated on the workers: nothing is read or downloaded),
+  ``groupby("name").agg({"x": "mean", "y": "sum", "id": "max"})``.
+
+The driver (no MPI) launches every sub-run in a process tree of its own
+(``benchmarks/_launch.py``: killed at ``--timeout``, and whatever is left of it
+is ended when it returns or fails), one after the other:
+
+* tcp, hpcsched: ``python bench_dask.py --role hs-tcp`` -- ``LocalCluster(n_workers=2,
+  threads_per_worker=1)`` (worker processes over TCP) and ``Client(cluster)``;
+* tcp, dask.distributed: ``python bench_dask.py --role dd-tcp`` -- ``LocalCluster(
+  n_workers=2, threads_per_worker=1, processes=True)`` and ``Client(cluster)``;
+* mpi, hpcsched: ``mpiexec -n 4 python -m hpcsched bench_dask.py --role hs-mpi``
+  (rank 0: scheduler + client, 3 worker ranks of 1 thread);
+* mpi, dask-mpi: ``mpiexec -n 4 python bench_dask.py --role dm-mpi``
+  (``dask_mpi.initialize(nthreads=1)``: rank 0 scheduler, rank 1 client, 2 workers, TCP).
+
+4 ranks on this 2-core machine are oversubscribed, as in bench_mpi.py. Each
+sub-run computes a small array and dataframe first (imports on the workers),
+then each workload ``--repeat`` times; the best time is kept. Every process
+runs with ``--blas-threads`` BLAS threads (``OMP_NUM_THREADS`` etc.; 1 is what
+dask.distributed's nanny sets for its workers; 0 leaves the environment as
+it is). The results of every system and repetition are checked equal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+BLAS_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+# ====================================================================== workloads
+def array_workload(n: int = 4000, chunk: int = 500):
+    import dask.array as da
+
+    x = da.random.RandomState(42).random_sample((n, n), chunks=chunk)
+    return (x @ x.T).sum()
+
+
+def dataframe_workload(days: int = 20):
+    import dask
+
+    df = dask.datasets.timeseries(start="2000-01-01", end=f"2000-01-{days + 1:02d}",
+                                  freq="1s", partition_freq="1D", seed=42)
+    assert df.npartitions == days, df.npartitions
+    return df.groupby("name").agg({"x": "mean", "y": "sum", "id": "max"})
+
+
+def as_plain(value) -> object:
+    """A workload's result as JSON-able data (floats round-trip exactly)."""
+    if hasattr(value, "sort_index"):  # the dataframe
+        value = value.sort_index()
+        return {"index": [str(i) for i in value.index],
+                **{c: [float(v) for v in value[c]] for c in value.columns}}
+    return float(value)
+
+
+def same(a: object, b: object, rel: float = 1e-9) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(
+            same(a[k], b[k], rel) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(
+            same(x, y, rel) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return isinstance(b, float) and math.isclose(a, b, rel_tol=rel)
+    return a == b
+
+
+WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload}
+
+
+# ====================================================================== sub-runs
+def run_workloads(system: str, client, args: argparse.Namespace) -> None:
+    """Time ``.compute()`` of each workload on ``client`` (dask's default scheduler)."""
+    import dask
+
+    assert dask.base.get_scheduler() == client.get, "the client is not dask's scheduler"
+    workers = len(client.scheduler_info()["workers"])
+    array_workload(1000, 500).compute()  # warm-up: imports and connections on the workers
+    dataframe_workload(2).compute()
+    for name in args.workloads.split(","):
+        times, value = [], None
+        for _ in range(args.repeat):
+            collection = WORKLOADS[name]()
+            t0 = time.perf_counter()
+            result = collection.compute()
+            times.append(time.perf_counter() - t0)
+            plain = as_plain(result)
+            assert value is None or same(plain, value, 0.0), "repetitions differ"
+            value = plain
+        ntasks = len(WORKLOADS[name]().__dask_graph__())
+        report(system=system, workload=name, times=times, value=value, workers=workers,
+               tasks=ntasks)
+
+
+def report(**result) -> None:
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+def quiet_distributed() -> None:
+    import logging
+
+    logging.getLogger("distributed").setLevel(logging.ERROR)
+
+
+def role_hs_tcp(args: argparse.Namespace) -> None:
+    from hpcsched import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        run_workloads("hpcsched", client, args)
+
+
+def role_dd_tcp(args: argparse.Namespace) -> None:
+    from distributed import Client, LocalCluster
+
+    quiet_distributed()
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None) as cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        run_workloads("dask.distributed", client, args)
+
+
+def role_hs_mpi(args: argparse.Namespace) -> None:
+    from hpcsched import Client
+
+    with Client() as client:
+        run_workloads("hpcsched", client, args)
+
+
+def role_dm_mpi(args: argparse.Namespace) -> None:
+    import dask_mpi
+    from distributed import Client
+
+    quiet_distributed()
+    dask_mpi.initialize(nthreads=1, dashboard=False, memory_limit=None)
+    with Client() as client:
+        client.wait_for_workers(2, timeout=60)
+        run_workloads("dask-mpi", client, args)
+
+
+ROLES = {"hs-tcp": role_hs_tcp, "dd-tcp": role_dd_tcp, "hs-mpi": role_hs_mpi,
+         "dm-mpi": role_dm_mpi}
+
+# mode -> [(system, role, command prefix before this script)]
+SUBRUNS = {
+    "tcp": [("hpcsched", "hs-tcp", []), ("dask.distributed", "dd-tcp", [])],
+    "mpi": [("hpcsched", "hs-mpi", ["mpiexec", "-n", "4", "@python", "-m", "hpcsched"]),
+            ("dask-mpi", "dm-mpi", ["mpiexec", "-n", "4"])],
+}
+
+
+# ====================================================================== the driver
+def command(prefix: list[str], role: str, args: argparse.Namespace) -> list[str]:
+    head = [sys.executable if a == "@python" else a for a in prefix]
+    if "@python" not in prefix:
+        head.append(sys.executable)
+    return [*head, HERE, "--role", role, "--repeat", str(args.repeat),
+            "--workloads", args.workloads]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
+    p.add_argument("--only", default="tcp,mpi", help="which comparisons: tcp, mpi")
+    p.add_argument("--workloads", default="array,dataframe")
+    p.add_argument("--blas-threads", type=int, default=1,
+                   help="BLAS threads of every process (0: leave the environment as it is)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per sub-run")
+    p.add_argument("--json", default=None, help="also write all figures to this file")
+    args = p.parse_args()
+    if args.role:
+        ROLES[args.role](args)
+        return
+
+    import _launch
+
+    env = {v: str(args.blas_threads) for v in BLAS_VARS} if args.blas_threads else {}
+    figures: dict = {"command": " ".join(["python", *sys.argv]),
+                     "time": time.strftime("%Y-%m-%d %H:%M"), "runs": {}}
+    for mode in [m for m in ("tcp", "mpi") if m in args.only.split(",")]:
+        for system, role, prefix in SUBRUNS[mode]:
+            print(f"... {mode}: {system}", file=sys.stderr, flush=True)
+            results, _, _, _ = _launch.launch(command(prefix, role, args), args.timeout,
+                                              env=env)
+            figures["runs"][f"{mode}/{system}"] = {r["workload"]: r for r in results}
+    check(figures)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+    print_table(figures)
+
+
+def check(figures: dict) -> None:
+    """Every system computed the same values (the dataframe's and the array's)."""
+    reference: dict = {}
+    for run, per_workload in figures["runs"].items():
+        for name, r in per_workload.items():
+            ref = reference.setdefault(name, (run, r["value"]))
+            if not same(r["value"], ref[1]):
+                raise AssertionError(f"{name}: {run} computed {r['value']!r}, "
+                                     f"{ref[0]} {ref[1]!r}")
+
+
+def print_table(f: dict) -> None:
+    print(f"\n# {f['command']}  ({f['time']})\n")
+    print(f"{'workload':28s}{'vs':18s}{'hpcsched s':>11s}{'peer s':>9s}{'peer/ours':>11s}"
+          "   every run: hpcsched | peer")
+    runs = f["runs"]
+    for mode, peer in (("tcp", "dask.distributed"), ("mpi", "dask-mpi")):
+        ours, theirs = runs.get(f"{mode}/hpcsched"), runs.get(f"{mode}/{peer}")
+        if not ours or not theirs:
+            continue
+        for name in ours:
+            a, b = min(ours[name]["times"]), min(theirs[name]["times"])
+            every = " ".join(f"{t:.2f}" for t in ours[name]["times"]) + " | " + " ".join(
+                f"{t:.2f}" for t in theirs[name]["times"])
+            print(f"{name + ' (' + str(ours[name]['tasks']) + ' tasks)':28s}{peer:18s}"
+                  f"{a:11.2f}{b:9.2f}{b / a:10.2f}x   {every}")
+    workers = {run: next(iter(r.values()))["workers"] for run, r in runs.items() if r}
+    print("(best of each; peer/ours > 1: hpcsched is faster; workers: "
+          + ", ".join(f"{k} {v}" for k, v in workers.items()) + ")")
+
+
+if __name__ == "__main__":
+    main()
