@@ -11,7 +11,11 @@ default scheduler (checked in every sub-run):
   products and their reductions;
 * ``dataframe``: ``dask.datasets.timeseries`` of 20 daily partitions (86,400
   rows each, generated on the workers: nothing is read or downloaded),
-  ``groupby("name").agg({"x": "mean", "y": "sum", "id": "max"})``.
+  ``groupby("name").agg({"x": "mean", "y": "sum", "id": "max"})``. dask reduces
+  its 20 partial results through a shuffle into 2 partitions and lets the
+  scheduler choose how: dask.distributed and dask-mpi use their "p2p" shuffle
+  extension, hpcsched a shuffle made of tasks -- so the graphs differ;
+* ``dataframe-tasks``: the same with ``shuffle_method="tasks"``: one graph for all.
 
 The driver (no MPI) launches every sub-run in a process tree of its own
 (``benchmarks/_launch.py``: killed at ``--timeout``, and whatever is left of it
@@ -28,7 +32,9 @@ is ended when it returns or fails), one after the other:
 
 4 ranks on this 2-core machine are oversubscribed, as in bench_mpi.py. Each
 sub-run computes a small array and dataframe first (imports on the workers),
-then each workload ``--repeat`` times; the best time is kept. Every process
+then each workload once, timed. The load of a shared machine changes from one
+minute to the next, so the sub-runs go in ``--repeat`` rounds, each system once
+per round and the order alternating between rounds; the best time is kept. Every process
 runs with ``--blas-threads`` BLAS threads (``OMP_NUM_THREADS`` etc.; 1 is what
 dask.distributed's nanny sets for its workers; 0 leaves the environment as
 it is). The results of every system and repetition are checked equal.
@@ -55,13 +61,19 @@ def array_workload(n: int = 4000, chunk: int = 500):
     return (x @ x.T).sum()
 
 
-def dataframe_workload(days: int = 20):
+def dataframe_workload(days: int = 20, **agg_kwargs):
     import dask
 
     df = dask.datasets.timeseries(start="2000-01-01", end=f"2000-01-{days + 1:02d}",
                                   freq="1s", partition_freq="1D", seed=42)
     assert df.npartitions == days, df.npartitions
-    return df.groupby("name").agg({"x": "mean", "y": "sum", "id": "max"})
+    return df.groupby("name").agg({"x": "mean", "y": "sum", "id": "max"}, **agg_kwargs)
+
+
+def dataframe_tasks_workload():
+    """The same groupby with the shuffle of its partial results run as tasks on both systems
+    (by default dask.distributed picks its "p2p" shuffle, hpcsched makes it "tasks")."""
+    return dataframe_workload(shuffle_method="tasks")
 
 
 def as_plain(value) -> object:
@@ -85,7 +97,8 @@ def same(a: object, b: object, rel: float = 1e-9) -> bool:
     return a == b
 
 
-WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload}
+WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload,
+             "dataframe-tasks": dataframe_tasks_workload}
 
 
 # ====================================================================== sub-runs
@@ -173,16 +186,16 @@ def command(prefix: list[str], role: str, args: argparse.Namespace) -> list[str]
     head = [sys.executable if a == "@python" else a for a in prefix]
     if "@python" not in prefix:
         head.append(sys.executable)
-    return [*head, HERE, "--role", role, "--repeat", str(args.repeat),
-            "--workloads", args.workloads]
+    return [*head, HERE, "--role", role, "--repeat", "1", "--workloads", args.workloads]
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
-    p.add_argument("--repeat", type=int, default=3, help="timed repetitions (best is kept)")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="rounds: each sub-run is launched once per round (best is kept)")
     p.add_argument("--only", default="tcp,mpi", help="which comparisons: tcp, mpi")
-    p.add_argument("--workloads", default="array,dataframe")
+    p.add_argument("--workloads", default="array,dataframe,dataframe-tasks")
     p.add_argument("--blas-threads", type=int, default=1,
                    help="BLAS threads of every process (0: leave the environment as it is)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per sub-run")
@@ -197,12 +210,24 @@ def main() -> None:
     env = {v: str(args.blas_threads) for v in BLAS_VARS} if args.blas_threads else {}
     figures: dict = {"command": " ".join(["python", *sys.argv]),
                      "time": time.strftime("%Y-%m-%d %H:%M"), "runs": {}}
-    for mode in [m for m in ("tcp", "mpi") if m in args.only.split(",")]:
-        for system, role, prefix in SUBRUNS[mode]:
-            print(f"... {mode}: {system}", file=sys.stderr, flush=True)
-            results, _, _, _ = _launch.launch(command(prefix, role, args), args.timeout,
-                                              env=env)
-            figures["runs"][f"{mode}/{system}"] = {r["workload"]: r for r in results}
+    modes = [m for m in ("tcp", "mpi") if m in args.only.split(",")]
+    for mode in modes:
+        for system, _, _ in SUBRUNS[mode]:
+            figures["runs"][f"{mode}/{system}"] = {}
+    for rnd in range(args.repeat):  # rounds: each system once per round, alternating order
+        for mode in modes:
+            subruns = SUBRUNS[mode] if rnd % 2 == 0 else SUBRUNS[mode][::-1]
+            for system, role, prefix in subruns:
+                print(f"... round {rnd + 1}/{args.repeat}, {mode}: {system}", file=sys.stderr,
+                      flush=True)
+                results, _, _, _ = _launch.launch(command(prefix, role, args), args.timeout,
+                                                  env=env)
+                per_workload = figures["runs"][f"{mode}/{system}"]
+                for r in results:
+                    if r["workload"] in per_workload:
+                        per_workload[r["workload"]]["times"] += r["times"]
+                    else:
+                        per_workload[r["workload"]] = r
     check(figures)
     if args.json:
         with open(args.json, "w") as f:
@@ -223,8 +248,8 @@ def check(figures: dict) -> None:
 
 def print_table(f: dict) -> None:
     print(f"\n# {f['command']}  ({f['time']})\n")
-    print(f"{'workload':28s}{'vs':18s}{'hpcsched s':>11s}{'peer s':>9s}{'peer/ours':>11s}"
-          "   every run: hpcsched | peer")
+    print(f"{'workload (tasks: ours/peer)':34s}{'vs':18s}{'hpcsched s':>11s}{'peer s':>9s}"
+          f"{'peer/ours':>11s}   every run: hpcsched | peer")
     runs = f["runs"]
     for mode, peer in (("tcp", "dask.distributed"), ("mpi", "dask-mpi")):
         ours, theirs = runs.get(f"{mode}/hpcsched"), runs.get(f"{mode}/{peer}")
@@ -234,7 +259,8 @@ def print_table(f: dict) -> None:
             a, b = min(ours[name]["times"]), min(theirs[name]["times"])
             every = " ".join(f"{t:.2f}" for t in ours[name]["times"]) + " | " + " ".join(
                 f"{t:.2f}" for t in theirs[name]["times"])
-            print(f"{name + ' (' + str(ours[name]['tasks']) + ' tasks)':28s}{peer:18s}"
+            label = f"{name} ({ours[name]['tasks']}/{theirs[name]['tasks']})"
+            print(f"{label:34s}{peer:18s}"
                   f"{a:11.2f}{b:9.2f}{b / a:10.2f}x   {every}")
     workers = {run: next(iter(r.values()))["workers"] for run, r in runs.items() if r}
     print("(best of each; peer/ours > 1: hpcsched is faster; workers: "
