@@ -38,6 +38,10 @@ per round and the order alternating between rounds; the best time is kept. Every
 runs with ``--blas-threads`` BLAS threads (``OMP_NUM_THREADS`` etc.; 1 is what
 dask.distributed's nanny sets for its workers; 0 leaves the environment as
 it is). The results of every system and repetition are checked equal.
+
+Besides wall-clock times, each sub-run reports the CPU time (user + system) that
+all of its processes (client, scheduler, workers, launchers) spent during each
+compute: on a loaded machine it varies much less than the wall-clock time.
 """
 
 from __future__ import annotations
@@ -104,25 +108,42 @@ WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload,
 # ====================================================================== sub-runs
 def run_workloads(system: str, client, args: argparse.Namespace) -> None:
     """Time ``.compute()`` of each workload on ``client`` (dask's default scheduler)."""
+    import _launch
     import dask
 
     assert dask.base.get_scheduler() == client.get, "the client is not dask's scheduler"
     workers = len(client.scheduler_info()["workers"])
     array_workload(1000, 500).compute()  # warm-up: imports and connections on the workers
     dataframe_workload(2).compute()
+    procs = _launch.marked_processes(os.environ[_launch.MARK])  # every process of this run
     for name in args.workloads.split(","):
-        times, value = [], None
+        times, cpu, value = [], [], None
         for _ in range(args.repeat):
             collection = WORKLOADS[name]()
+            cpu0 = cpu_seconds(procs)
             t0 = time.perf_counter()
             result = collection.compute()
             times.append(time.perf_counter() - t0)
+            cpu.append(cpu_seconds(procs) - cpu0)
             plain = as_plain(result)
             assert value is None or same(plain, value, 0.0), "repetitions differ"
             value = plain
         ntasks = len(WORKLOADS[name]().__dask_graph__())
-        report(system=system, workload=name, times=times, value=value, workers=workers,
-               tasks=ntasks)
+        report(system=system, workload=name, times=times, cpu=cpu, value=value,
+               workers=workers, processes=len(procs), tasks=ntasks)
+
+
+def cpu_seconds(procs: list) -> float:
+    """User + system CPU time of ``procs`` (those still alive)."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def report(**result) -> None:
@@ -226,6 +247,7 @@ def main() -> None:
                 for r in results:
                     if r["workload"] in per_workload:
                         per_workload[r["workload"]]["times"] += r["times"]
+                        per_workload[r["workload"]]["cpu"] += r["cpu"]
                     else:
                         per_workload[r["workload"]] = r
     check(figures)
@@ -248,8 +270,8 @@ def check(figures: dict) -> None:
 
 def print_table(f: dict) -> None:
     print(f"\n# {f['command']}  ({f['time']})\n")
-    print(f"{'workload (tasks: ours/peer)':34s}{'vs':18s}{'hpcsched s':>11s}{'peer s':>9s}"
-          f"{'peer/ours':>11s}   every run: hpcsched | peer")
+    print(f"{'workload (tasks)':26s}{'vs':18s}{'hpcsched s':>11s}{'peer s':>9s}{'peer/ours':>11s}"
+          f"{'CPU s: ours':>13s}{'peer':>7s}{'peer/ours':>11s}   every run (s): hpcsched | peer")
     runs = f["runs"]
     for mode, peer in (("tcp", "dask.distributed"), ("mpi", "dask-mpi")):
         ours, theirs = runs.get(f"{mode}/hpcsched"), runs.get(f"{mode}/{peer}")
@@ -257,14 +279,17 @@ def print_table(f: dict) -> None:
             continue
         for name in ours:
             a, b = min(ours[name]["times"]), min(theirs[name]["times"])
+            ca, cb = min(ours[name]["cpu"]), min(theirs[name]["cpu"])
             every = " ".join(f"{t:.2f}" for t in ours[name]["times"]) + " | " + " ".join(
                 f"{t:.2f}" for t in theirs[name]["times"])
-            label = f"{name} ({ours[name]['tasks']}/{theirs[name]['tasks']})"
-            print(f"{label:34s}{peer:18s}"
-                  f"{a:11.2f}{b:9.2f}{b / a:10.2f}x   {every}")
-    workers = {run: next(iter(r.values()))["workers"] for run, r in runs.items() if r}
-    print("(best of each; peer/ours > 1: hpcsched is faster; workers: "
-          + ", ".join(f"{k} {v}" for k, v in workers.items()) + ")")
+            label = f"{name} ({ours[name]['tasks']})"
+            print(f"{label:26s}{peer:18s}{a:11.2f}{b:9.2f}{b / a:10.2f}x"
+                  f"{ca:13.2f}{cb:7.2f}{cb / ca:10.2f}x   {every}")
+    procs = {run: (next(iter(r.values()))["workers"], next(iter(r.values()))["processes"])
+             for run, r in runs.items() if r}
+    print("(best of each; peer/ours > 1: hpcsched is faster. CPU s: user + system time of every "
+          "process of the run during the compute. workers, processes: "
+          + ", ".join(f"{k} {w}, {n}" for k, (w, n) in procs.items()) + ")")
 
 
 if __name__ == "__main__":
