@@ -111,7 +111,9 @@ def run_workloads(system: str, client, args: argparse.Namespace) -> None:
     import _launch
     import dask
 
-    assert dask.base.get_scheduler() == client.get, "the client is not dask's scheduler"
+    scheduler = dask.base.get_scheduler()  # distributed: client.get; hpcsched: an object
+    assert scheduler == client.get or getattr(scheduler, "client", None) is client, \
+        f"the client is not dask's scheduler: {scheduler!r}"
     workers = len(client.scheduler_info()["workers"])
     array_workload(1000, 500).compute()  # warm-up: imports and connections on the workers
     dataframe_workload(2).compute()
