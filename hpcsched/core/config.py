@@ -48,6 +48,11 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
     # workers
     "worker.heartbeat-interval": 1.0,
+    # threads of numerical libraries (OpenMP, OpenBLAS, MKL) per worker process that
+    # LocalCluster starts, unless the environment sets them: a worker already runs one task
+    # per thread, and each library otherwise starts one thread per core (dask's nanny does
+    # the same through distributed.nanny.pre-spawn-environ). None leaves them alone.
+    "worker.blas-threads": 1,
     "worker.transfer-incoming-count-limit": 4,
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
     "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends

@@ -26,6 +26,7 @@ from typing import Any
 
 import psutil
 
+from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.worker import Worker
 from hpcsched.launchers.cluster import Cluster
@@ -54,6 +55,11 @@ def _kill_all(procs: dict) -> None:
             p.wait(5)
         except Exception:
             pass
+
+
+#: environment variables that size the thread pools of numerical libraries
+BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                         "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
 
 
 class LocalCluster(Cluster):
@@ -128,6 +134,10 @@ class LocalCluster(Cluster):
             paths.append(env["PYTHONPATH"])
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        blas = config.get("worker.blas-threads")
+        if blas is not None:
+            for var in BLAS_THREAD_VARIABLES:
+                env.setdefault(var, str(blas))
         env.update(self.worker_env)
         env.pop("HPCSCHED_SECRET_FILE", None)
         if self.security and self.security.secret:

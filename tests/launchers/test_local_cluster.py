@@ -7,6 +7,7 @@ autouse leak check of ``tests/conftest.py`` verifies no worker outlives a test.
 from __future__ import annotations
 
 import gc
+import os
 import socket
 import threading
 import time
@@ -168,3 +169,23 @@ def test_a_dropped_cluster_closes_its_scheduler():
         if alive is not None:
             alive.close()
         scheduler.close()
+
+
+def _blas_env():
+    return {v: os.environ.get(v) for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                            "MKL_NUM_THREADS")}
+
+
+def test_worker_processes_run_numerical_libraries_single_threaded(monkeypatch):
+    # each worker thread runs a task: one BLAS thread per task, as dask's nanny sets it
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    with _local_cluster(n_workers=1) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        assert client.submit(_blas_env, pure=False).result(timeout=30) == {
+            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    # what the user's environment says wins
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    with _local_cluster(n_workers=1) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        assert client.submit(_blas_env, pure=False).result(timeout=30)["OMP_NUM_THREADS"] == "3"
