@@ -9,10 +9,11 @@ them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from hpcsched.core import events as ev
-from hpcsched.core.graph import gc_paused, key_split
+from hpcsched.core.graph import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
 Key = Any
@@ -29,6 +30,7 @@ class ClientsMixin:
         self._client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
 
     def _update_graph(self, e: ev.UpdateGraph) -> None:
+        check_update_graph(e, self.tasks)  # all of it, before anything changes
         self.generation += 1
         new: list[TaskState] = []
         recs: list = []
@@ -229,3 +231,77 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
             ts.worker_restrictions = set(workers[k])
         if k in loose:
             ts.loose_restrictions = bool(loose[k])
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def check_update_graph(e: ev.UpdateGraph, known: Mapping) -> None:
+    """Raise :class:`~hpcsched.core.events.MalformedMessage` naming the problem if
+    ``update-graph`` cannot be applied whole: it is checked entirely before any state changes,
+    so a rejected graph leaves the scheduler as it was."""
+    bad = ev.MalformedMessage
+    if not isinstance(e.tasks, dict):
+        raise bad(f"update-graph: tasks must be a dict, not {type(e.tasks).__name__}")
+    if not isinstance(e.keys, (list, tuple)):
+        raise bad(f"update-graph: keys must be a list, not {type(e.keys).__name__}")
+    if not _number(e.priority):
+        raise bad(f"update-graph: priority must be a number, not {e.priority!r}")
+    deps_of: dict = {}
+    for key, spec in e.tasks.items():
+        if not isinstance(spec, dict) or "run_spec" not in spec:
+            raise bad(f"update-graph: task {key!r} has no run_spec")
+        deps = spec.get("deps", ())
+        if not isinstance(deps, (list, tuple, set, frozenset)):
+            raise bad(f"update-graph: deps of {key!r} must be a list, not "
+                      f"{type(deps).__name__}")
+        for d in deps:
+            try:
+                hash(d)
+            except TypeError:
+                raise bad(f"update-graph: dependency {d!r} of {key!r} is not a key") from None
+        deps_of[key] = deps
+    for k in e.keys:
+        try:
+            hash(k)
+        except TypeError:
+            raise bad(f"update-graph: {k!r} is not a key") from None
+    for name, table in (("retries", e.retries), ("static_priorities", e.static_priorities)):
+        if table is None and name == "static_priorities":
+            continue
+        if not isinstance(table, dict) or not all(_number(v) for v in table.values()):
+            raise bad(f"update-graph: {name} must map keys to numbers")
+    if e.retries and any(v < 0 for v in e.retries.values()):
+        raise bad("update-graph: retries must not be negative")
+    if e.resources is not None and not (isinstance(e.resources, dict) and all(
+            _number(v) for v in e.resources.values())):
+        raise bad(f"update-graph: resources must map names to numbers, not {e.resources!r}")
+    if e.workers is not None and not (isinstance(e.workers, (list, tuple)) and all(
+            isinstance(w, str) for w in e.workers)):
+        raise bad(f"update-graph: workers must be a list of addresses, not {e.workers!r}")
+    if e.annotations is not None:
+        if not isinstance(e.annotations, dict) or not all(
+                isinstance(v, dict) for v in e.annotations.values()):
+            raise bad("update-graph: annotations must map names to {key: value}")
+        for name, k, v in ((n, k, v) for n, per in e.annotations.items()
+                           for k, v in per.items()):
+            ok = {"retries": lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
+                  "priority": _number,
+                  "resources": lambda x: isinstance(x, dict) and all(
+                      _number(q) for q in x.values()),
+                  "workers": lambda x: isinstance(x, (list, tuple)) and all(
+                      isinstance(w, str) for w in x),
+                  "allow_other_workers": lambda x: isinstance(x, bool)}.get(name)
+            if ok is not None and not ok(v):
+                raise bad(f"update-graph: annotation {name}={v!r} of {k!r} is not valid")
+    # a cycle among the new tasks (tasks already held cannot depend on new ones)
+    new = {k: [d for d in deps if d in e.tasks and d not in known]
+           for k, deps in deps_of.items() if k not in known}
+    try:
+        check_acyclic(new)
+    except GraphError as err:
+        raise bad(f"update-graph: {err}") from None
+    for k, deps in new.items():
+        if k in deps:
+            raise bad(f"update-graph: {k!r} depends on itself")

@@ -652,3 +652,42 @@ def test_retiring_several_workers_replies_with_all_of_them():
     reply = one(out, "retire-workers-reply", request_id="r1")
     assert sorted(reply.msg["retired"]) == [A, B] and reply.msg["kept"] == []
     assert set(s.workers) == {C}
+
+
+# ---------------------------------------------------------------- rejected input
+def _snapshot(s: SchedulerState) -> tuple:
+    return (sorted(map(repr, s.tasks)), {k: ts.state for k, ts in s.tasks.items()},
+            s.generation, sorted(s.groups), s.n_queued)
+
+
+@pytest.mark.parametrize("bad", [
+    dict(tasks=graph(x=[], y=["x", "y"])),  # depends on itself
+    dict(tasks=graph(a=["c"], b=["a"], c=["b"])),  # a cycle
+    dict(tasks=graph(x=[]), keys=5),  # keys not a list
+    dict(tasks=graph(x=[]), keys=[[1]]),  # an unhashable key
+    dict(tasks={"x": {"deps": []}}),  # no run_spec
+    dict(tasks={"x": {"run_spec": "s", "deps": [["unhashable"]]}}),
+    dict(tasks={"x": {"run_spec": "s", "deps": 7}}),
+    dict(tasks=["not", "a", "dict"]),
+    dict(tasks=graph(x=[]), priority="high"),
+    dict(tasks=graph(x=[]), retries={"x": -1}),
+    dict(tasks=graph(x=[]), retries={"x": "3"}),
+    dict(tasks=graph(x=[]), resources={"GPU": "one"}),
+    dict(tasks=graph(x=[]), workers=[7]),
+    dict(tasks=graph(x=[]), static_priorities={"x": "first"}),
+    dict(tasks=graph(x=[]), annotations={"retries": {"x": -2}}),
+    dict(tasks=graph(x=[]), annotations={"workers": "not-a-mapping"}),
+])
+def test_a_rejected_update_graph_changes_nothing(bad):
+    s = with_workers(A)
+    submit(s, graph(held=[]), ["held"])
+    finish(s, A, "held")
+    before = _snapshot(s)
+    event = ev.UpdateGraph("c", bad.pop("tasks"), bad.pop("keys", ["x"]), **bad)
+    with pytest.raises(ev.MalformedMessage, match="update-graph"):
+        s.handle(event)
+    s.validate()
+    assert _snapshot(s) == before
+    # and the state still works
+    submit(s, graph(z=["held"]), ["z"])
+    assert s.tasks["z"].state == "processing"
