@@ -140,6 +140,8 @@ class MaintenanceMixin:
 
     # ================================================================ retirement
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
+        if self.recorder is not None and e.workers:
+            self.recorder.event("retire-workers", list(e.workers), e.now)
         for address in e.workers:
             ws = self.workers.get(address)
             if ws is None:

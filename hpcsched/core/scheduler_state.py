@@ -105,6 +105,9 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         # running workers, rebuilt only when a worker joins, leaves or changes status: building
         # it per decision made every task cost O(workers)
         self._running_cache: list[WorkerInfo] | None = None
+        # what happened, for the dashboard and reports (hpcsched.diagnostics.recorder):
+        # called from a few handlers, never read back here
+        self.recorder: Any = None
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
@@ -147,6 +150,8 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
             recs.append((ts, "waiting-ready"))
         self._transitions(recs)
         self._slots_opened[ws] = None
+        if self.recorder is not None:
+            self.recorder.worker_added(ws, e.now)
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         ws = self.workers.pop(e.address, None)
@@ -155,6 +160,8 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         self.total_nthreads -= ws.nthreads
         graceful = ws.status == "closing_gracefully"
         ws.status = "closed"  # objects that still point to it (a TaskGroup's last worker) skip it
+        if self.recorder is not None:
+            self.recorder.worker_removed(ws.address, e.reason, e.now)
         self._running_cache = None
         self.retiring.pop(ws.address, None)
         recs: list = []
@@ -206,6 +213,8 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
     def _heartbeat(self, e: ev.Heartbeat) -> None:
         ws = self.workers.get(e.worker)
         if ws is not None:
+            if self.recorder is not None:
+                self.recorder.heartbeat(e, ws)
             ws.last_seen = e.now
             ws.metrics = e.metrics
             bw = e.metrics.get("bandwidth") if isinstance(e.metrics, dict) else None
@@ -255,6 +264,8 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         ws = self.workers.get(e.worker)
         if ws is None:
             return
+        if self.recorder is not None:
+            self.recorder.task_finished(e, ts, ws)
         if ts is None or ts.state in ("released", "erred", "waiting", "no-worker", "queued"):
             # a result nobody asked for any more (released, cancelled, or recomputed elsewhere)
             if ts is None or not self._wanted(ts) or ts.state == "erred":
@@ -310,6 +321,8 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         ws = self.workers.get(e.worker)
         if ts is None or ws is None or ts.state != "processing" or ts.processing_on is not ws:
             return
+        if self.recorder is not None:
+            self.recorder.task_erred(e, ts, ws)
         self._exit_processing(ts)
         if ts.retries > 0:
             ts.retries -= 1
