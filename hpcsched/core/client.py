@@ -300,7 +300,7 @@ class Client:
                 if st is not None:
                     st.lose()
             elif op in ("gather-reply", "scatter-reply", "scheduler-info-reply",
-                        "retire-workers-reply", "close-client-reply"):
+                        "retire-workers-reply", "close-client-reply", "extension-reply"):
                 rid = msg.get("request_id") or msg.get("scatter_id") or op
                 entry = self._requests.get(rid)
                 if entry is not None:
@@ -734,6 +734,34 @@ class Client:
         reply = self._request({"op": "retire-workers", "request_id": rid, "workers": workers,
                                "names": names, "n": n, "close": close}, rid, timeout)
         return list(reply.get("retired", []))
+
+    # ---------------------------------------------------------------- diagnostics
+    # (the work is done in hpcsched.diagnostics, imported when first used)
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's link, with its access token; None when it is disabled."""
+        return self.scheduler_info().get("services", {}).get("dashboard")
+
+    def get_task_stream(self, start: Any = None, stop: Any = None, count: int | None = None,
+                        plot: bool = False, filename: str = "task-stream.html") -> list:
+        from hpcsched.diagnostics import report
+
+        data = report.task_stream_records(self, start, stop, count)
+        if plot:
+            report.write_report(self, report.as_time(start), filename)
+        return data
+
+    def get_worker_logs(self, n: int | None = None, workers: list | None = None,
+                        nanny: bool = False) -> dict:
+        """Recent log records of each worker: ``{address: [(level, message), ...]}``."""
+        from hpcsched.diagnostics import report
+
+        return report.worker_logs(self, n, workers)
+
+    def _repr_html_(self) -> str:
+        from hpcsched.diagnostics import reprs
+
+        return reprs.client_html(self)
 
     def get_executor(self, **kwargs: Any) -> ClientExecutor:
         """A ``concurrent.futures.Executor`` running on this cluster."""

@@ -195,6 +195,11 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
         except Exception:
             pass
 
+    def _repr_html_(self) -> str:
+        from hpcsched.diagnostics import reprs  # presentation lives in the diagnostics layer
+
+        return reprs.future_html(self)
+
     def __repr__(self) -> str:
         st = self._state
         kind = f", type: {st.typename}" if st.status == "finished" and st.typename else ""

@@ -58,7 +58,7 @@ class Scheduler:
 
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
-                 **state_kwargs: Any):
+                 dashboard_address: Any = ..., **state_kwargs: Any):
         self.listen_address = address
         self.security = security
         scheme, _ = parse_address(address)
@@ -100,6 +100,12 @@ class Scheduler:
         self._closed = False
         self._workers_changed = threading.Condition()
         self.started = time.time()
+        # ``host:port`` of the dashboard (None: none); read by the diagnostics extension
+        self.dashboard_address = config.get("diagnostics.dashboard.address") \
+            if dashboard_address is ... else dashboard_address
+        # extensions (config scheduler.extensions) by name, and the links they serve
+        self.extensions: dict[str, Any] = {}
+        self.services: dict[str, str] = {}
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
@@ -112,7 +118,26 @@ class Scheduler:
         LOCAL_SCHEDULERS[self.address] = (self.inproc_address,
                                           self.security.secret if self.security else None)
         logger.info("scheduler at %s", self.address)
+        self._start_extensions()
         return self
+
+    def _start_extensions(self) -> None:
+        """The one seam to higher layers: ``scheduler.extensions`` names factories
+        (``module:function``) called with this scheduler; one that fails is logged and
+        skipped, the scheduler runs on without it."""
+        import importlib
+
+        for spec in config.get("scheduler.extensions") or ():
+            try:
+                module, _, attr = str(spec).partition(":")
+                ext = getattr(importlib.import_module(module), attr)(self)
+                self.extensions[getattr(ext, "name", spec)] = ext
+            except Exception:
+                logger.exception("scheduler extension %s failed to start", spec)
+
+    @property
+    def dashboard_link(self) -> str | None:
+        return self.services.get("dashboard")
 
     def add_listener(self, address: str) -> str:
         """Also accept peers on ``address`` (e.g. ``inproc://`` for a client in this process
@@ -134,6 +159,11 @@ class Scheduler:
             return
         self._closed = True
         LOCAL_SCHEDULERS.pop(self.address, None)
+        for ext in list(self.extensions.values()):
+            try:
+                ext.close()
+            except Exception:
+                logger.exception("closing scheduler extension %r failed", ext)
         for lst in [self._listener, *self._extra_listeners]:
             if lst is not None:
                 lst.stop()
@@ -444,6 +474,18 @@ class Scheduler:
         self._route(self.state.handle(ev.RetireWorkers(rid, INTERNAL, [source], True,
                                                        time.time())))
 
+    def _op_extension(self, source: str, msg: dict) -> None:
+        """A request for an extension (``msg["extension"]`` names it): it answers with a dict."""
+        ext = self.extensions.get(msg.get("extension"))
+        try:
+            reply = ext.handle(source, msg) if ext is not None else \
+                {"error": f"no scheduler extension {msg.get('extension')!r}"}
+        except Exception as e:  # a bad request must not stop the scheduler
+            logger.warning("extension request %r from %s failed: %s", msg.get("what"), source, e)
+            reply = {"error": f"{type(e).__name__}: {e}"}
+        self._queue(source, {**reply, "op": "extension-reply",
+                             "request_id": msg.get("request_id")})
+
     def _op_close_client(self, source: str, msg: dict) -> None:
         self._queue(source, {"op": "close-client-reply"})
         self._flush()
@@ -457,6 +499,7 @@ class Scheduler:
         "retire-workers": _op_retire,
         "retire-me": _op_retire_me,
         "close-client": _op_close_client,
+        "extension": _op_extension,
     }
 
     def _resolve_workers(self, addresses: list | None, names: list | None,
@@ -484,7 +527,7 @@ class Scheduler:
             "workers": {a: ws.info() for a, ws in self.state.workers.items()},
             "n_tasks": len(self.state.tasks), "task_counts": self.state.task_counts(),
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
-            "unrunnable": len(self.state.unrunnable),
+            "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
         }
 
     def workers_info(self) -> dict[str, dict]:

@@ -127,6 +127,11 @@ class Cluster:
                                  **kwargs)
         return self.adaptive
 
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's address with its access token (None when it is disabled)."""
+        return self.scheduler.dashboard_link
+
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
         self.scheduler.wait_for_workers(n, timeout)
 
@@ -158,3 +163,8 @@ class Cluster:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.scheduler_address} workers={self._requested()}>"
+
+    def _repr_html_(self) -> str:
+        from hpcsched.diagnostics import reprs  # presentation lives in the diagnostics layer
+
+        return reprs.cluster_html(self)

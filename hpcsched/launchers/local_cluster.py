@@ -68,7 +68,8 @@ class LocalCluster(Cluster):
                  host: str = "127.0.0.1", scheduler_port: int = 0,
                  security: Security | None = None, resources: dict | None = None,
                  timeout: float = 60.0, worker_env: dict | None = None,
-                 scheduler_kwargs: dict | None = None, **worker_kwargs: Any):
+                 scheduler_kwargs: dict | None = None, dashboard_address: Any = ...,
+                 **worker_kwargs: Any):
         ncpu = os.cpu_count() or 1
         if n_workers is None and threads_per_worker is None:
             n_workers = ncpu if processes else 1
@@ -91,6 +92,8 @@ class LocalCluster(Cluster):
         self._names = itertools.count()
         self._restarts: list[float] = []
         address = f"tcp://{host}:{scheduler_port}" if processes else "inproc://"
+        if dashboard_address is not ...:  # as dask's: ":8787", "127.0.0.1:0", None (none)
+            scheduler_kwargs = {**(scheduler_kwargs or {}), "dashboard_address": dashboard_address}
         super().__init__(address, security, scheduler_kwargs)
         self._proc_finalizer = weakref.finalize(self, _kill_all, self._procs)
         try:

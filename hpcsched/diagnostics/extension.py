@@ -1,0 +1,194 @@
+"""The diagnostics extension of a scheduler: recorder, cached snapshots, dashboard server.
+
+:func:`attach` is named by the ``scheduler.extensions`` configuration key, so
+every :class:`~hpcsched.core.scheduler.Scheduler` gets it when it starts
+(LocalCluster, ``hpcsched scheduler``, batch clusters, rank 0 under MPI)
+without the core importing this package. It
+
+* gives the scheduler's state a :class:`~hpcsched.diagnostics.recorder.Recorder`;
+* serves the dashboard and ``/metrics`` (:mod:`hpcsched.diagnostics.server`)
+  at ``diagnostics.dashboard.address`` unless that is None;
+* answers clients' ``extension`` requests (task stream, worker logs, report
+  data) on the scheduler's thread.
+
+Pages read :meth:`Diagnostics.cached`, which takes a new snapshot on the
+scheduler's thread at most every ``diagnostics.dashboard.refresh`` seconds
+however many browsers poll.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.diagnostics import snapshot
+from hpcsched.diagnostics.recorder import Recorder
+
+logger = logging.getLogger("hpcsched.diagnostics")
+
+NAME = "diagnostics"
+
+
+def dashboard_token(secret: bytes | None) -> str:
+    """The token a dashboard link carries: derived from the cluster's secret (whoever holds
+    the secret can open the dashboard; the token does not reveal the secret), random when
+    the cluster has none (MPI, in-process)."""
+    if not secret:
+        return secrets.token_hex(16)
+    return hmac.new(secret, b"hpcsched dashboard token", hashlib.sha256).hexdigest()[:32]
+
+
+def attach(scheduler: Any) -> Diagnostics:
+    return Diagnostics(scheduler)
+
+
+class Diagnostics:
+    name = NAME
+
+    def __init__(self, scheduler: Any):
+        self.scheduler = scheduler
+        self.recorder = Recorder()
+        scheduler.state.recorder = self.recorder
+        self.refresh = float(config.get("diagnostics.dashboard.refresh"))
+        self._cache: dict[Any, tuple[float, Any]] = {}
+        self._cache_lock = threading.Lock()
+        self.server = None
+        self.link: str | None = None
+        security = getattr(scheduler, "security", None)
+        self.token = dashboard_token(security.secret if security is not None else None)
+        address = scheduler.dashboard_address
+        if address is not None:
+            self._start_server(str(address))
+
+    # ------------------------------------------------------------ dashboard server
+    def _start_server(self, address: str) -> None:
+        from hpcsched.diagnostics.server import DashboardServer
+
+        host, _, port_text = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            port = int(port_text or 0)
+        except ValueError:
+            logger.warning("diagnostics.dashboard.address %r is not host:port: no dashboard",
+                           address)
+            return
+        if not host:
+            host = self._default_host()
+        try:
+            self.server = DashboardServer(self, host, port)
+        except OSError as e:
+            logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)
+            return
+        shown = self.server.host
+        if shown in ("0.0.0.0", "::", ""):
+            shown = socket.gethostname()
+        self.link = f"http://{shown}:{self.server.port}/status?token={self.token}"
+        self.scheduler.services["dashboard"] = self.link
+        logger.info("dashboard at %s", self.link)
+        if self.scheduler.scheme == "mpi":
+            self._print_tunnel(shown, self.server.port)
+
+    def _default_host(self) -> str:
+        """Where to listen when the address names no host: beside the scheduler's own TCP
+        address; on every interface under MPI (rank 0's node is reached through an ssh
+        tunnel from the login node); loopback otherwise."""
+        scheme = self.scheduler.scheme
+        if scheme in ("tcp", "tls"):
+            hostport = self.scheduler.address.split("://", 1)[1]
+            return hostport.rpartition(":")[0].strip("[]") or "127.0.0.1"
+        if scheme == "mpi":
+            return "0.0.0.0"
+        return "127.0.0.1"
+
+    def _print_tunnel(self, host: str, port: int) -> None:
+        """Rank 0 says once where the dashboard is and how to reach it from a laptop."""
+        print(f"hpcsched dashboard: {self.link}\n"
+              f"  from your laptop: ssh -N -L {port}:{host}:{port} <login-node>\n"
+              f"  then open http://localhost:{port}/status?token={self.token}",
+              file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        self.scheduler.services.pop("dashboard", None)
+
+    # ------------------------------------------------------------ snapshots
+    def cached(self, what: str, fn: Any, max_age: float | None = None) -> Any:
+        """``fn(scheduler, recorder, now)`` run on the scheduler's thread, reused for
+        ``max_age`` seconds (default ``diagnostics.dashboard.refresh``)."""
+        max_age = self.refresh if max_age is None else max_age
+        now = time.time()
+        with self._cache_lock:
+            hit = self._cache.get(what)
+            if hit is not None and now - hit[0] < max_age:
+                return hit[1]
+        value = self.scheduler.call(lambda s: fn(s, self.recorder, now), timeout=10.0)
+        with self._cache_lock:
+            self._cache[what] = (now, value)
+        return value
+
+    def status(self) -> dict:
+        return self.cached("status", _status_and_sample)
+
+    def task_stream(self, window: float = 60.0) -> dict:
+        def take(_s: Any, rec: Any, now: float) -> dict:
+            out = snapshot.task_stream(rec, now - window, None, limit=20_000)
+            out["time"] = now
+            out["workers"] = [[ws.address, ws.nthreads] for ws in _s.state.workers.values()]
+            return out
+
+        return self.cached(("task-stream", window), take)
+
+    def events(self) -> list:
+        return self.cached("events", lambda s, rec, now: snapshot.events(rec))
+
+    # ------------------------------------------------------------ client requests
+    def handle(self, source: str, msg: dict) -> dict:
+        """A client's request, on the scheduler's thread (see ``Scheduler._op_extension``)."""
+        what = msg.get("what")
+        rec = self.recorder
+        if what == "task-stream":
+            start = float(msg.get("start") or 0.0)
+            stop = msg.get("stop")
+            limit = int(msg.get("limit") or 100_000)
+            return snapshot.task_stream(rec, start, None if stop is None else float(stop), limit)
+        if what == "worker-logs":
+            return {"logs": snapshot.worker_logs(rec, msg.get("workers"))}
+        if what == "report":
+            return self.report_data(float(msg.get("start") or 0.0), time.time())
+        if what == "status":
+            return _status_and_sample(self.scheduler, rec, time.time())
+        if what == "dashboard-link":
+            return {"link": self.link}
+        raise ValueError(f"unknown diagnostics request {what!r}")
+
+    def report_data(self, start: float, stop: float) -> dict:
+        """What a performance report shows of ``[start, stop]`` (scheduler's thread)."""
+        stream = snapshot.task_stream(self.recorder, start, stop, limit=100_000)
+        workers = {ws.address: ws.nthreads for ws in self.scheduler.state.workers.values()}
+        for w, *_ in stream["tasks"]:
+            workers.setdefault(w, 1)
+        return {
+            "start": start, "stop": stop, "address": self.scheduler.address,
+            "tasks": stream["tasks"], "transfers": stream["transfers"],
+            "workers": [[w, n] for w, n in workers.items()],
+            "events": snapshot.events(self.recorder, start, limit=2_000),
+            "status": snapshot.status(self.scheduler, self.recorder, stop),
+        }
+
+
+def _status_and_sample(scheduler: Any, recorder: Any, now: float) -> dict:
+    out = snapshot.status(scheduler, recorder, now)
+    if now - recorder.last_sample >= 1.0:
+        recorder.sample(now, (out["memory"], out["managed"], out["executing"], out["nthreads"]))
+    out["samples"] = [list(s) for s in list(recorder.samples)[-600:]]
+    return out
