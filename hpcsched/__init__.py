@@ -39,6 +39,8 @@ _exports = {
     "LSFCluster": "hpcsched.jobqueue.lsf",
     "Adaptive": "hpcsched.jobqueue.adaptive",
     "Security": "hpcsched.core.comm.base",
+    "performance_report": "hpcsched.diagnostics.report",
+    "get_task_stream": "hpcsched.diagnostics.report",
     "config": "hpcsched.core.config",
 }
 
