@@ -21,7 +21,7 @@ _exports = {
     "Future": "hpcsched.core.client",
     "wait": "hpcsched.core.client",
     "as_completed": "hpcsched.core.client",
-    "progress": "hpcsched.core.client",
+    "progress": "hpcsched.diagnostics.progress",
     "default_client": "hpcsched.core.client",
     "fire_and_forget": "hpcsched.core.client",
     "futures_of": "hpcsched.core.client",

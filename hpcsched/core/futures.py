@@ -11,7 +11,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import queue
-import sys
 import threading
 import time
 import weakref
@@ -355,32 +354,11 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
             out.append((f, f.result()) if self.with_results else f)
 
 
-def progress(futures: Any, file: Any = None, interval: float = 0.2) -> None:
-    """A text progress bar on stderr until ``futures`` are done."""
-    flat: list[Future] = []
-    _collect_futures(futures, flat)
-    file = file or sys.stderr
-    n = len(flat)
-    done_event = threading.Event()
-    remaining = [n]
-    lock = threading.Lock()
+def progress(*futures: Any, **kwargs: Any) -> Any:
+    """Show the progress of futures: see :func:`hpcsched.diagnostics.progress.progress`."""
+    from hpcsched.diagnostics.progress import progress as show
 
-    def one(_f: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                done_event.set()
-
-    for f in flat:
-        f.add_done_callback(one)
-    while True:
-        finished = done_event.wait(interval) or n == 0
-        k = n - remaining[0]
-        bar = "#" * int(40 * k / max(n, 1))
-        print(f"\r[{bar:<40}] {k}/{n}", end="", file=file, flush=True)
-        if finished:
-            print(file=file)
-            return
+    return show(*futures, **kwargs)
 
 
 def fire_and_forget(obj: Any) -> None:

@@ -47,6 +47,7 @@ from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
 from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
 from hpcsched.core.task_pool import TaskPool
+from hpcsched.core.telemetry import WorkerTelemetry
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker_state import WorkerState
 
@@ -128,6 +129,7 @@ class Worker:
         self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
         # task groups that must not run on the loop thread: one of theirs asked for a client
         self._threaded_groups: set[str] = set()
+        self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -204,6 +206,7 @@ class Worker:
         if self._listener is not None:
             self._listener.stop()
         self.loop.stop(join=True)
+        self.telemetry.close()
         if self.state is not None:
             self.state.closing = True
         self.executor.shutdown()
@@ -326,7 +329,7 @@ class Worker:
         # (an MPI rank that dies ends the job) report only when there is news (a measured
         # bandwidth), so that idle ranks stay silent and cost no CPU
         m = self.metrics()
-        if self._uses_heartbeat or "bandwidth" in m:
+        if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m:
             self._outbox.append({"op": "heartbeat", "metrics": m})
         if self.lifetime and not self._retire_asked and \
                 time.monotonic() - self._started > self.lifetime:
@@ -343,6 +346,7 @@ class Worker:
         if seconds > 0 and nbytes >= 1_000_000:  # small transfers measure latency, not speed
             m["bandwidth"] = nbytes / seconds
             self._transfers = (0, 0.0)
+        self.telemetry.add_to(m)
         try:
             import psutil
 
@@ -368,6 +372,7 @@ class Worker:
                 return None
             stop = time.time()
             packed, tb_text, text = pack_exception(e, e.__traceback__)
+            logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
             return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)
         finally:
             leave_task(outer)
@@ -494,6 +499,7 @@ class Worker:
                 b, t = self._transfers
                 self._transfers = (b + sum(sizeof(v) for v in data.values()),
                                    t + time.monotonic() - started)
+                self.telemetry.transfer(worker, started, self._transfers[0] - b)
                 out += self.state.handle(ev.GatherDepSuccess(
                     worker, data, msg.get("missing") or [], dict(msg.get("errors") or {}), now))
             else:
@@ -600,6 +606,7 @@ class Worker:
             nbytes = sum(sizeof(v) for v in data.values())
             b, t = self._transfers
             self._transfers = (b + nbytes, t + time.monotonic() - started)
+            self.telemetry.transfer(worker, started, nbytes)
             result = ev.GatherDepSuccess(worker, reply.get("data") or {},
                                          reply.get("missing") or [],
                                          dict(reply.get("errors") or {}), time.time())

@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -52,6 +53,7 @@ from hpcsched.launchers.address import scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
 logger = logging.getLogger(__name__)
+WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
 
 LOG_TAIL_LINES = 20
 GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
@@ -506,6 +508,7 @@ class JobQueueCluster(Cluster):
         deadline = time.monotonic() + timeout
         with self._lock:
             seen_failures = 0 if self._failed_since_scale else len(self.failed_jobs)
+        said = time.monotonic()  # a long wait says, every few seconds, what the jobs do
         while True:
             with self._lock:
                 self._drain_events()
@@ -518,6 +521,10 @@ class JobQueueCluster(Cluster):
             if left <= 0:
                 raise TimeoutError(f"{connected} of {n} workers connected after {timeout:g} s; "
                                    f"jobs: {self.job_summary()}")
+            if time.monotonic() - said >= WAIT_REPORT_EVERY:
+                said = time.monotonic()
+                print(f"waiting for workers: {connected} of {n} connected; jobs: "
+                      f"{self.job_summary()}", file=sys.stderr, flush=True)
             self._wake.wait(min(left, 0.5))
             self._wake.clear()
 
