@@ -49,6 +49,19 @@ else
 fi
 export HPCSCHED_REQUIRE_BATCH=$(IFS=,; echo "${require[*]:-}")
 
+# the dashboard's browser tests drive Debian's headless Chromium (tests/diagnostics/browser.py)
+if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BROWSER:-0}" != 1 ]; then
+    if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
+        echo "== installing chromium and chromium-driver (apt-get)"
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq chromium chromium-driver >/dev/null; } \
+            || echo "!! could not install chromium: the browser tests will fail" >&2
+    fi
+    export HPCSCHED_REQUIRE_BROWSER=1
+else
+    echo "== not root on Debian (or HPCSCHED_SKIP_BROWSER=1): browser tests will be skipped"
+fi
+
 echo "== running the test suite"
 $PY -m pytest -q -p no:cacheprovider "$@"
 rc=$?

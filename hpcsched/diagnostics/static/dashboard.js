@@ -13,9 +13,11 @@
   const main = document.getElementById("main");
   const inlined = document.getElementById("data");
   const REFRESH_MS = 1000;
+  // task group colours; reds are kept for transfers and black for errors
   const PALETTE = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#76b7b2", "#edc948",
-    "#9c755f", "#ff9da7", "#86bcb6", "#8cd17d", "#499894", "#d37295", "#a0cbe8",
-    "#ffbe7d", "#b6992d", "#79706e"];
+    "#9c755f", "#86bcb6", "#8cd17d", "#499894", "#a0cbe8", "#ffbe7d", "#b6992d", "#79706e",
+    "#6b6ecf", "#8ca252"];
+  const TRANSFER = "#d62728";
   const STATE_COLORS = { done: "#3b5b7f", memory: "#59a14f", processing: "#4e79a7",
     queued: "#a0cbe8", "no-worker": "#edc948", waiting: "#d7dde4", erred: "#e15759" };
 
@@ -120,6 +122,24 @@
     canvas.onmouseleave = ev => showTip(ev, "");
   }
 
+  function hbars(canvas, items, fmt) {
+    // one labelled row per item: [[label, value]], longest first
+    const rowH = 18, labelW = 180;
+    const { ctx, w, h } = sized(canvas, Math.max(items.length * rowH + 4, 40));
+    ctx.clearRect(0, 0, w, h);
+    const max = Math.max(...items.map(v => v[1]), 1e-9);
+    items.forEach(([label, v], i) => {
+      const y = i * rowH + 2;
+      ctx.fillStyle = "#1d2330";
+      ctx.fillText(label.length > 28 ? label.slice(0, 27) + "…" : label, 0, y + 12);
+      ctx.fillStyle = color(label);
+      const bw = Math.max((w - labelW - 80) * v / max, 1);
+      ctx.fillRect(labelW, y + 2, bw, rowH - 5);
+      ctx.fillStyle = "#5f6b7a";
+      ctx.fillText(fmt(v), labelW + bw + 6, y + 12);
+    });
+  }
+
   function lines(canvas, series, t0, t1, opts) {
     // series: [{name, color, points: [[t, v]]}]
     const { ctx, w, h } = sized(canvas, opts.height || 140);
@@ -167,7 +187,7 @@
       if (x1 - x0 >= 2) hit.push([x0, x1, y, y + rowH, key + " (" + group + ") on " + worker +
         ": " + secs(e - s) + (kind === "erred" ? ", erred" : "")]);
     }
-    ctx.fillStyle = "#e15759";
+    ctx.fillStyle = TRANSFER;
     for (const [worker, peer, s, e, nb] of data.transfers) {
       if (e < t0 || s > t1) continue;
       const base = rows.get(worker);
@@ -194,7 +214,7 @@
     const top = [...total.entries()].sort((a, b) => b[1] - a[1]).slice(0, 24);
     return el("div", { class: "legend" }, ...top.map(([g, s]) =>
       el("span", {}, el("i", { style: "background:" + color(g) }), g + " " + secs(s))),
-      el("span", {}, el("i", { style: "background:#e15759" }), "transfer"),
+      el("span", {}, el("i", { style: "background:" + TRANSFER }), "transfer"),
       el("span", {}, el("i", { style: "background:#000" }), "erred"));
   }
 
@@ -236,7 +256,7 @@
         return th;
       }));
       const body = sorted.slice(0, 2000).map(r => el("tr", {}, ...columns.map(([, k, f, cls]) =>
-        el("td", cls ? { class: cls } : {}, f ? f(r[k], r) : r[k]))));
+        el("td", cls ? { class: cls } : {}, f ? f(r[k], r) : (r[k] ?? "-")))));
       wrap.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
     }
     draw();
@@ -260,7 +280,7 @@
       card("processing", num(s.processing)), card("tasks / s", s.tasks_per_second.toFixed(1)),
       card("finished", num(s.n_finished)), card("erred", num(s.n_erred)),
       card("memory (process)", mem), card("memory (managed)", bytes(s.managed)),
-      card("bandwidth", bytes(s.bandwidth) + "/s"),
+      card("bandwidth (estimate)", bytes(s.bandwidth) + "/s"),
       card("transferred", bytes(s.bytes_transferred)));
     const cpu = el("canvas"), memc = el("canvas"), proc = el("canvas"), hist = el("canvas");
     main.replaceChildren(cards,
@@ -271,8 +291,10 @@
     const ws = s.workers;
     bars(cpu, ws.map(w => [w.name, w.cpu || 0]), { title: "CPU % per worker", fmt: v =>
       v.toFixed(0) + " %", max: 100 * Math.max(1, ...ws.map(w => w.nthreads)) });
-    bars(memc, ws.map(w => [w.name, w.memory || w.managed, w.memory_limit]), {
-      title: "process memory per worker (grey: limit)", fmt: bytes, color: "#59a14f" });
+    const limit = Math.max(0, ...ws.map(w => w.memory_limit || 0));
+    bars(memc, ws.map(w => [w.name, w.memory || w.managed]), {
+      title: "process memory per worker" + (limit ? " (limit " + bytes(limit) + ")" : ""),
+      fmt: bytes, color: "#59a14f" });
     bars(proc, ws.map(w => [w.name, w.processing]), { title: "tasks processing per worker",
       fmt: num, color: "#f28e2b" });
     const sm = s.samples || [];
@@ -387,8 +409,7 @@
           m: v.s / v.n, e: v.erred })), "s", "group-table")),
       panel("Scheduler events (" + r.events.length + ")", eventsTable(r.events)));
     taskStream(stream, r, t0, t1, 420);
-    bars(pergroup, groups.slice(0, 64).map(([g, v]) => [g, v.s]), { title:
-      "compute seconds per group", fmt: secs, height: 160 });
+    hbars(pergroup, groups.slice(0, 40).map(([g, v]) => [g, v.s]), secs);
     const u = utilization(r.tasks, r.workers, t0, t1, 100);
     lines(util, [{ name: "busy threads %", color: "#4e79a7", points: u }], t0, t1, {
       fmt: v => v.toFixed(0) + " %", max: 100, height: 160 });
