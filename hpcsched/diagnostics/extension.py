@@ -139,14 +139,17 @@ class Diagnostics:
     def status(self) -> dict:
         return self.cached("status", _status_and_sample)
 
-    def task_stream(self, window: float = 60.0) -> dict:
-        def take(_s: Any, rec: Any, now: float) -> dict:
-            out = snapshot.task_stream(rec, now - window, None, limit=20_000)
-            out["time"] = now
-            out["workers"] = [[ws.address, ws.nthreads] for ws in _s.state.workers.values()]
-            return out
+    def task_stream(self, after_tasks: int = -1, after_transfers: int = -1) -> dict:
+        """Entries of the last minute a page has not seen yet, compact; the scheduler's
+        thread only slices the ring buffers, the rest happens on the caller's."""
+        def take(s: Any, rec: Any, now: float) -> dict:
+            raw = snapshot.live_stream(rec, after_tasks, after_transfers)
+            raw["workers"] = [[ws.address, ws.nthreads] for ws in s.state.workers.values()]
+            return raw
 
-        return self.cached(("task-stream", window), take)
+        now = time.time()
+        raw = self.scheduler.call(lambda s: take(s, self.recorder, now), timeout=10.0)
+        return snapshot.compact_stream(raw, now, since=now - 60.0)
 
     def events(self) -> list:
         return self.cached("events", lambda s, rec, now: snapshot.events(rec))

@@ -66,11 +66,15 @@ class Recorder:
         self.groups: dict[str, GroupTotals] = {}
         self.max_groups = max_groups
         self.logs: dict[str, deque] = {}  # worker address -> recent log lines
+        # entries ever appended: a page asks for those after the last it saw
+        self.stream_count = 0
+        self.transfer_count = 0
         self.n_finished = 0
         self.n_erred = 0
         self.bytes_transferred = 0
         self.compute_seconds = 0.0
         self.last_sample = 0.0
+        self.rate_marks: deque = deque(maxlen=256)  # (time, n_finished) of recent snapshots
         self._lanes: dict[str, list[float]] = {}  # worker -> end time of each thread's last task
 
     # ------------------------------------------------------------ called by the scheduler
@@ -106,6 +110,7 @@ class Recorder:
         group = ts.group.name if ts is not None else key_split(e.key)
         lane = self._lane(ws.address, ws.nthreads, start, stop)
         self.stream.append((ws.address, lane, group, e.key, start, stop, "compute"))
+        self.stream_count += 1
         g = self._group(group)
         duration = stop - start if stop > start else 0.0
         g.done += 1
@@ -123,6 +128,7 @@ class Recorder:
         if e.stop > 0.0:
             lane = self._lane(ws.address, ws.nthreads, e.start, e.stop)
             self.stream.append((ws.address, lane, group, e.key, e.start, e.stop, "erred"))
+            self.stream_count += 1
         self._group(group).erred += 1
         self.n_erred += 1
         self.events.append((e.now, "task-erred", (e.key, ws.address, e.exception_text)))
@@ -163,6 +169,7 @@ class Recorder:
             except (TypeError, ValueError, IndexError):
                 continue
             self.transfers.append((worker, peer, start, stop, nbytes))
+            self.transfer_count += 1
             self.bytes_transferred += nbytes if nbytes > 0 else 0
 
     def event(self, topic: str, what: Any, now: float) -> None:

@@ -182,11 +182,13 @@ class _Handler(BaseHTTPRequestHandler):
         elif name == "api/status.json":
             self._json(diag.status(), extra)
         elif name == "api/task-stream.json":
-            try:
-                window = min(max(float(query.get("window", ["60"])[0]), 1.0), 3600.0)
+            try:  # the counts of entries the page already has (-1: none yet)
+                after = [int(query.get(k, ["-1"])[0]) for k in ("tasks", "transfers")]
             except ValueError:
-                window = 60.0
-            self._json(diag.task_stream(round(window)), extra)
+                self._send(HTTPStatus.BAD_REQUEST, "text/plain; charset=utf-8",
+                           b"tasks= and transfers= must be integers\n", extra)
+                return
+            self._json(diag.task_stream(*after), extra)
         elif name == "api/events.json":
             self._json(diag.events(), extra)
         elif name == "metrics":

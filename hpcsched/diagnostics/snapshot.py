@@ -12,6 +12,7 @@ is looking), so the scheduler pays nothing per task for it.
 from __future__ import annotations
 
 from collections import Counter
+from itertools import islice
 from typing import Any
 
 TASK_STATES = ("released", "waiting", "queued", "no-worker", "processing", "memory", "erred")
@@ -92,13 +93,14 @@ def status(scheduler: Any, recorder: Any, now: float) -> dict:
 
 
 def tasks_per_second(recorder: Any, now: float, window: float = 10.0) -> float:
-    """Tasks finished over the last ``window`` seconds (from the newest end of the stream)."""
-    n = 0
-    for entry in reversed(recorder.stream):
-        if entry[5] < now - window:
-            break
-        n += 1
-    return n / window
+    """Tasks finished per second over about the last ``window`` seconds, from the counts
+    seen by earlier snapshots (no walk over the stream)."""
+    marks = recorder.rate_marks
+    marks.append((now, recorder.n_finished))
+    for t, n in marks:  # the oldest mark still inside the window
+        if now - t <= window:
+            return (recorder.n_finished - n) / (now - t) if now > t else 0.0
+    return 0.0
 
 
 def task_stream(recorder: Any, start: float = 0.0, stop: float | None = None,
@@ -124,6 +126,62 @@ def task_stream(recorder: Any, start: float = 0.0, stop: float | None = None,
     tasks.reverse()
     transfers.reverse()
     return {"tasks": tasks, "transfers": transfers}
+
+
+def newest(ring: Any, count: int, after: int, limit: int) -> list:
+    """The entries of ``ring`` (a deque that has had ``count`` appended) after the
+    ``after``-th, at most the newest ``limit``; O(entries returned)."""
+    n = min(count - after if after >= 0 else len(ring), len(ring), limit)
+    if n <= 0:
+        return []
+    out = list(islice(reversed(ring), n))
+    out.reverse()
+    return out
+
+
+def live_stream(recorder: Any, after_tasks: int, after_transfers: int,
+                limit: int = 20_000) -> dict:
+    """For a page: raw entries it has not seen (converted later, off the scheduler's
+    thread, by :func:`compact_stream`)."""
+    return {"tasks": newest(recorder.stream, recorder.stream_count, after_tasks, limit),
+            "transfers": newest(recorder.transfers, recorder.transfer_count, after_transfers,
+                                limit),
+            "task_count": recorder.stream_count, "transfer_count": recorder.transfer_count}
+
+
+def compact_stream(raw: dict, now: float, since: float = 0.0) -> dict:
+    """What the task stream page reads: workers and groups as indices, times as integer
+    milliseconds from ``base`` and durations in microseconds (encoding floats and repeated
+    addresses made JSON several times larger and slower)."""
+    workers: dict[str, int] = {}
+    groups: dict[str, int] = {}
+    base = int(now) - 3600
+    tasks = []
+    for w, lane, group, key, t0, t1, kind in raw["tasks"]:
+        if t1 < since:
+            continue
+        wi = workers.get(w)
+        if wi is None:
+            wi = workers[w] = len(workers)
+        gi = groups.get(group)
+        if gi is None:
+            gi = groups[group] = len(groups)
+        tasks.append((wi, lane, gi, key if type(key) is str and len(key) <= 80 else short(key, 80),
+                      int((t0 - base) * 1e3), int((t1 - t0) * 1e6), kind == "erred"))
+    transfers = []
+    for w, peer, t0, t1, nbytes in raw["transfers"]:
+        if t1 < since:
+            continue
+        wi = workers.get(w)
+        if wi is None:
+            wi = workers[w] = len(workers)
+        pi = workers.get(peer)
+        if pi is None:
+            pi = workers[peer] = len(workers)
+        transfers.append((wi, pi, int((t0 - base) * 1e3), int((t1 - t0) * 1e6), nbytes))
+    return {"base": base, "time": now, "names": list(workers), "groups": list(groups),
+            "tasks": tasks, "transfers": transfers, "task_count": raw["task_count"],
+            "transfer_count": raw["transfer_count"], "workers": raw.get("workers", [])}
 
 
 def events(recorder: Any, start: float = 0.0, limit: int = 500) -> list[list]:

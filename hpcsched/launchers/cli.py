@@ -201,6 +201,8 @@ def scheduler_main(argv: list[str]) -> int:
     if args.scheduler_file:
         write_scheduler_file(args.scheduler_file, sched.address, security)
     print(f"hpcsched scheduler at {sched.address}", file=sys.stderr, flush=True)
+    if sched.dashboard_link:
+        print(f"dashboard at {sched.dashboard_link}", file=sys.stderr, flush=True)
     if not args.scheduler_file:
         print("(no --scheduler-file: workers need HPCSCHED_SECRET to join)", file=sys.stderr)
     stop = threading.Event()

@@ -75,11 +75,19 @@ def test_status_and_task_stream_show_the_work_by_group(dash_cluster, dash_client
                    timeout=30, what="40 slow_inc tasks shown as finished")
     assert g["erred"] == 0 and g["seconds"] > 0.3
     stream = json.loads(http_get(base + "/api/task-stream.json", auth)[2])
-    mine = [t for t in stream["tasks"] if t[2] == "slow_inc"]
+    names, groups = stream["names"], stream["groups"]
+    mine = [t for t in stream["tasks"] if groups[t[2]] == "slow_inc"]
     assert len(mine) >= 40
     workers = {w for w, _ in stream["workers"]}
-    for worker, lane, _, _key, start, stop, kind in mine:
-        assert worker in workers and lane in (0, 1) and stop >= start and kind == "compute"
+    for wi, lane, _, key, start_ms, duration_us, erred in mine:
+        assert names[wi] in workers and lane in (0, 1) and key.startswith("slow_inc-")
+        assert duration_us >= 10_000 and not erred
+        assert stream["base"] + start_ms / 1e3 <= stream["time"]
+    # the page then asks only for what is new: nothing, here
+    more = json.loads(http_get(f"{base}/api/task-stream.json?tasks={stream['task_count']}"
+                               f"&transfers={stream['transfer_count']}", auth)[2])
+    assert more["tasks"] == [] and more["task_count"] == stream["task_count"]
+    assert http_get(base + "/api/task-stream.json?tasks=x", auth)[0] == 400
 
 
 def test_client_and_cluster_give_the_same_link(dash_cluster, dash_client):

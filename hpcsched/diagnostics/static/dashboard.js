@@ -304,16 +304,39 @@
       sm[0][0], sm[sm.length - 1][0], { fmt: bytes });
   }
 
+  // the task stream page keeps the last minute here and asks only for what is new
+  const stream = { tasks: [], transfers: [], taskCount: -1, transferCount: -1, workers: [] };
+  function streamURL() {
+    return "api/task-stream.json?tasks=" + stream.taskCount + "&transfers=" +
+      stream.transferCount;
+  }
   function renderTasks(d) {
+    const names = d.names, groups = d.groups;
+    for (const [wi, lane, gi, key, t0, dur, erred] of d.tasks) {
+      const s = d.base + t0 / 1e3;
+      stream.tasks.push([names[wi], lane, groups[gi], key, s, s + dur / 1e6,
+        erred ? "erred" : "compute"]);
+    }
+    for (const [wi, pi, t0, dur, nb] of d.transfers) {
+      const s = d.base + t0 / 1e3;
+      stream.transfers.push([names[wi], names[pi], s, s + dur / 1e6, nb]);
+    }
+    stream.taskCount = d.task_count;
+    stream.transferCount = d.transfer_count;
+    const t1 = d.time, cut = t1 - 60;
+    if (stream.tasks.length && stream.tasks[0][5] < cut)
+      stream.tasks = stream.tasks.filter(t => t[5] >= cut);
+    if (stream.transfers.length && stream.transfers[0][3] < cut)
+      stream.transfers = stream.transfers.filter(t => t[3] >= cut);
+    const view = { tasks: stream.tasks, transfers: stream.transfers, workers: d.workers };
     const c = el("canvas", { id: "stream" });
     main.replaceChildren(panel("Task stream: up to the last minute, one row per worker thread " +
-      "(" + num(d.tasks.length) + " tasks, " + num(d.transfers.length) + " transfers)",
-      groupLegend(d.tasks), c));
+      "(" + num(view.tasks.length) + " tasks, " + num(view.transfers.length) + " transfers)",
+      groupLegend(view.tasks), c));
     // the last minute, or less when the cluster has not run that long
-    const first = d.tasks.length ? Math.min(d.tasks[0][4], ...d.transfers.slice(0, 1).map(
-      t => t[2])) : d.time - 60;
-    const t0 = Math.max(d.time - 60, Math.min(first, d.time - 5));
-    taskStream(c, d, t0, d.time, Math.max(window.innerHeight - 180, 240));
+    let first = t1 - 5;
+    for (const t of view.tasks) first = Math.min(first, t[4]);
+    taskStream(c, view, Math.max(cut, first), t1, Math.max(window.innerHeight - 180, 240));
   }
 
   function renderWorkers(s) {
@@ -332,14 +355,14 @@
   }
 
   const LIVE = { status: ["api/status.json", renderStatus],
-    tasks: ["api/task-stream.json", renderTasks], workers: ["api/status.json", renderWorkers],
+    tasks: [streamURL, renderTasks], workers: ["api/status.json", renderWorkers],
     events: ["api/events.json", renderEvents] };
 
   async function poll() {
     const [url, render] = LIVE[page];
     if (!document.hidden) {
       try {
-        render(await getJSON("/" + url));
+        render(await getJSON("/" + (typeof url === "function" ? url() : url)));
         document.getElementById("clock").textContent = "updated " + clock(Date.now() / 1000);
         main.dataset.updates = String(Number(main.dataset.updates || 0) + 1);
       } catch (e) {
