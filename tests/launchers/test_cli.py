@@ -120,6 +120,9 @@ def test_scheduler_file_workers_and_a_client(procs, tmp_path):
         names = sorted(w["name"] for w in client.scheduler_info()["workers"].values())
         assert names == ["cli-0", "cli-1"]
         assert sum(client.gather(client.map(inc, range(100)), timeout=30)) == 5050
+        # the dashboard's link, with its token, is printed for whoever started the scheduler
+        assert client.dashboard_link.startswith("http://127.0.0.1:")
+        assert f"dashboard at {client.dashboard_link}" in procs.log("scheduler")
     # worker processes do not carry the secret on their command line
     for p in procs.procs:
         assert security.secret_hex() not in " ".join(map(str, p.args))
