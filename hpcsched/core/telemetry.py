@@ -81,12 +81,20 @@ class WorkerTelemetry:
                 pass
         if self.job_id:
             metrics["job_id"] = self.job_id
+        # other threads append while we read (fetch threads, any logger): popleft is atomic
         if self.transfers:
-            metrics["transfers"] = [list(t) for t in self.transfers]
-            self.transfers.clear()
+            metrics["transfers"] = _drain(self.transfers)
         if self._logs.records:
-            metrics["logs"] = [list(r) for r in self._logs.records]
-            self._logs.records.clear()
+            metrics["logs"] = _drain(self._logs.records)
 
     def close(self) -> None:
         self._logger.removeHandler(self._logs)
+
+
+def _drain(box: deque) -> list[list]:
+    out = []
+    while True:
+        try:
+            out.append(list(box.popleft()))
+        except IndexError:
+            return out

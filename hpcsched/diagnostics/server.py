@@ -82,6 +82,17 @@ class _Server(ThreadingHTTPServer):
             self.connections.add(request)
         super().process_request(request, client_address)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that went away mid-answer is no error worth a traceback on stderr."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            logger.debug("dashboard connection from %s: %s", client_address[0], exc)
+        else:
+            logger.warning("dashboard request from %s failed", client_address[0],
+                           exc_info=True)
+
     def shutdown_request(self, request: Any) -> None:
         with self.lock:
             self.connections.discard(request)
