@@ -35,6 +35,7 @@ from hpcsched.diagnostics.recorder import Recorder
 logger = logging.getLogger("hpcsched.diagnostics")
 
 NAME = "diagnostics"
+DUTY_CYCLE = 0.02  # share of the scheduler's thread that snapshots may take at most
 
 
 def dashboard_token(secret: bytes | None) -> str:
@@ -58,7 +59,7 @@ class Diagnostics:
         self.recorder = Recorder()
         scheduler.state.recorder = self.recorder
         self.refresh = float(config.get("diagnostics.dashboard.refresh"))
-        self._cache: dict[Any, tuple[float, Any]] = {}
+        self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
         self.server = None
         self.link: str | None = None
@@ -124,17 +125,30 @@ class Diagnostics:
     # ------------------------------------------------------------ snapshots
     def cached(self, what: str, fn: Any, max_age: float | None = None) -> Any:
         """``fn(scheduler, recorder, now)`` run on the scheduler's thread, reused for
-        ``max_age`` seconds (default ``diagnostics.dashboard.refresh``)."""
+        ``max_age`` seconds (default ``diagnostics.dashboard.refresh``), or longer when it
+        is costly (see ``DUTY_CYCLE``)."""
         max_age = self.refresh if max_age is None else max_age
         now = time.time()
         with self._cache_lock:
             hit = self._cache.get(what)
-            if hit is not None and now - hit[0] < max_age:
+            # a snapshot that took the scheduler's thread c seconds is reused for at least
+            # DUTY_CYCLE * c: however big the cluster, pages take at most 2 % of its time
+            if hit is not None and now - hit[0] < max(max_age, hit[2] / DUTY_CYCLE):
                 return hit[1]
-        value = self.scheduler.call(lambda s: fn(s, self.recorder, now), timeout=10.0)
+
+        def take(s: Any) -> tuple[Any, float]:
+            t0 = time.perf_counter()
+            return fn(s, self.recorder, now), time.perf_counter() - t0
+
+        value, cost = self.scheduler.call(take, timeout=10.0)
         with self._cache_lock:
-            self._cache[what] = (now, value)
+            self._cache[what] = (now, value, cost)
         return value
+
+    def forget(self) -> None:
+        """Drop cached snapshots: the next request takes new ones."""
+        with self._cache_lock:
+            self._cache.clear()
 
     def status(self) -> dict:
         return self.cached("status", _status_and_sample)

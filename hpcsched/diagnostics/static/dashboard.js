@@ -237,13 +237,24 @@
   }
 
   const sorting = {};  // table id -> [key, ascending]: kept across refreshes
+  const filters = {};  // table id -> its filter box, kept across refreshes (and its focus)
+  const MAX_ROWS = 250;  // rows drawn at most: sort or filter to find the others
   function table(columns, rows, sortKey, id) {
     // columns: [[title, key, format]]; click a header to sort
     let [key, asc] = sorting[id] || [sortKey, false];
     const wrap = el("div", { id: id || "" });
+    const box = filters[id] || (filters[id] = el("input", { type: "search",
+      placeholder: "filter", style: "margin:4px 0;width:240px" }));
+    const note = el("span", { class: "muted", style: "margin-left:8px" });
+    const holder = el("div");
+    box.oninput = () => draw();
+    wrap.append(el("div", {}, box, note), holder);
     function draw() {
       sorting[id] = [key, asc];
-      const sorted = rows.slice().sort((a, b) => {
+      const needle = box.value.trim().toLowerCase();
+      const kept = needle ? rows.filter(r => columns.some(([, k]) =>
+        String(r[k] ?? "").toLowerCase().includes(needle))) : rows;
+      const sorted = kept.slice().sort((a, b) => {
         const x = a[key], y = b[key];
         const c = (x === null || x === undefined) ? -1 : (y === null || y === undefined) ? 1 :
           (typeof x === "number" ? x - y : String(x).localeCompare(String(y), "en",
@@ -255,9 +266,11 @@
         th.onclick = () => { if (key === k) asc = !asc; else { key = k; asc = true; } draw(); };
         return th;
       }));
-      const body = sorted.slice(0, 2000).map(r => el("tr", {}, ...columns.map(([, k, f, cls]) =>
+      note.textContent = sorted.length > MAX_ROWS ? "first " + MAX_ROWS + " of " +
+        num(sorted.length) + " rows" : num(sorted.length) + " rows";
+      const body = sorted.slice(0, MAX_ROWS).map(r => el("tr", {}, ...columns.map(([, k, f, cls]) =>
         el("td", cls ? { class: cls } : {}, f ? f(r[k], r) : (r[k] ?? "-")))));
-      wrap.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
+      holder.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...body)));
     }
     draw();
     return wrap;
