@@ -120,9 +120,9 @@ class JobQueueCluster(Cluster):
         self.name = name or type(self).__name__
         self.workers_per_unit = p["processes"]
         opts = p["scheduler_options"]
-        if opts.get("dashboard_address") is not None:
-            logger.info("scheduler_options['dashboard_address'] is ignored: hpcsched's scheduler "
-                        "serves no web dashboard")
+        # the dashboard's address, as dask-jobqueue takes it (else diagnostics.dashboard.address)
+        dashboard = {"dashboard_address": opts["dashboard_address"]} \
+            if opts.get("dashboard_address") is not None else None
         if opts.get("protocol") not in (None, "tcp", "tcp://"):
             raise ValueError(f"scheduler_options['protocol']={opts['protocol']!r}: the scheduler "
                              "of a batch cluster speaks tcp://")
@@ -148,7 +148,7 @@ class JobQueueCluster(Cluster):
         os.makedirs(p["log_directory"], exist_ok=True)
         self.secret_file = self._write_secret()
         try:
-            super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security)
+            super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security, dashboard)
         except BaseException:
             os.unlink(self.secret_file)
             raise
@@ -199,11 +199,6 @@ class JobQueueCluster(Cluster):
         """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``);
         each job adds ``-<cluster id>-<n>`` so that workers map to their job."""
         return self.system.params["job_name"]
-
-    @property
-    def dashboard_link(self) -> str:
-        """Empty: hpcsched's scheduler serves no web dashboard (dask's would be here)."""
-        return ""
 
     def _expected_workers(self, jobs: list[Job]) -> set[str]:
         return {n for j in jobs for n in j.worker_names()}

@@ -87,10 +87,11 @@ def test_memory_as_a_number_is_bytes_and_tiny_memory_is_refused(Cluster):
         Cluster(cores=2, memory=16)
 
 
-def test_dashboard_link_differs_no_dashboard(Cluster):
-    """hpcsched's scheduler serves no web dashboard: the link is empty."""
+def test_dashboard_link_carries_the_token(Cluster):
+    """As dask-jobqueue's, the link of the scheduler's dashboard; hpcsched's carries the
+    access token derived from the cluster's secret."""
     with Cluster(cores=1, memory="1GB") as c:
-        assert c.dashboard_link == ""
+        assert c.dashboard_link.startswith("http://") and "/status?token=" in c.dashboard_link
 
 
 def test_forward_ip_and_routable_default(Cluster):
@@ -141,16 +142,15 @@ def test_scheduler_options_from_config_replaced_by_keyword(Cluster):
             assert c.scheduler_address != f"tcp://127.0.0.1:{port}"
 
 
-def test_host_and_dashboard_address_go_through_scheduler_options(Cluster, caplog):
+def test_host_and_dashboard_address_go_through_scheduler_options(Cluster):
     for kw in ({"host": "127.0.0.1"}, {"dashboard_address": ":8787"}):
         (key,) = kw
         with pytest.raises(ValueError, match=f"pass {key!r} through 'scheduler_options'"):
             Cluster(cores=1, memory="1GB", **kw)
-    with caplog.at_level(logging.INFO, logger="hpcsched.jobqueue"):
-        with Cluster(cores=1, memory="1GB", interface="lo",
-                     scheduler_options={"dashboard_address": ":12435"}):
-            pass
-    assert "dashboard_address'] is ignored" in caplog.text
+    with Cluster(cores=1, memory="1GB", interface="lo",
+                 scheduler_options={"dashboard_address": "127.0.0.1:0"}) as c:
+        assert c.dashboard_link.startswith("http://127.0.0.1:")
+        assert not c.dashboard_link.startswith("http://127.0.0.1:0/")
 
 
 def test_wrong_parameter_error_names_it(Cluster):
