@@ -51,11 +51,6 @@ class GroupTotals:
         self.first_start = 0.0
         self.last_stop = 0.0
 
-    def to_dict(self) -> dict:
-        return {"done": self.done, "seconds": self.seconds, "nbytes": self.nbytes,
-                "erred": self.erred, "first_start": self.first_start,
-                "last_stop": self.last_stop}
-
 
 class Recorder:
     def __init__(self, max_groups: int = 1_000, stream_length: int = STREAM_LENGTH):
@@ -177,6 +172,7 @@ class Recorder:
         self.events.append((now, topic, what))
 
     def sample(self, now: float, values: tuple) -> None:
-        """One cluster-wide sample (see :func:`hpcsched.diagnostics.snapshot.take_sample`)."""
+        """One cluster-wide sample, ``(memory, managed, executing, threads)``, taken with a
+        status snapshot (at most once a second)."""
         self.last_sample = now
         self.samples.append((now, *values))

@@ -158,27 +158,17 @@ def compact_stream(raw: dict, now: float, since: float = 0.0) -> dict:
     base = int(now) - 3600
     tasks = []
     for w, lane, group, key, t0, t1, kind in raw["tasks"]:
-        if t1 < since:
-            continue
-        wi = workers.get(w)
-        if wi is None:
-            wi = workers[w] = len(workers)
-        gi = groups.get(group)
-        if gi is None:
-            gi = groups[group] = len(groups)
-        tasks.append((wi, lane, gi, key if type(key) is str and len(key) <= 80 else short(key, 80),
-                      int((t0 - base) * 1e3), int((t1 - t0) * 1e6), kind == "erred"))
+        if t1 >= since:
+            tasks.append((workers.setdefault(w, len(workers)), lane,
+                          groups.setdefault(group, len(groups)),
+                          key if type(key) is str and len(key) <= 80 else short(key, 80),
+                          int((t0 - base) * 1e3), int((t1 - t0) * 1e6), kind == "erred"))
     transfers = []
     for w, peer, t0, t1, nbytes in raw["transfers"]:
-        if t1 < since:
-            continue
-        wi = workers.get(w)
-        if wi is None:
-            wi = workers[w] = len(workers)
-        pi = workers.get(peer)
-        if pi is None:
-            pi = workers[peer] = len(workers)
-        transfers.append((wi, pi, int((t0 - base) * 1e3), int((t1 - t0) * 1e6), nbytes))
+        if t1 >= since:
+            transfers.append((workers.setdefault(w, len(workers)),
+                              workers.setdefault(peer, len(workers)),
+                              int((t0 - base) * 1e3), int((t1 - t0) * 1e6), nbytes))
     return {"base": base, "time": now, "names": list(workers), "groups": list(groups),
             "tasks": tasks, "transfers": transfers, "task_count": raw["task_count"],
             "transfer_count": raw["transfer_count"], "workers": raw.get("workers", [])}
