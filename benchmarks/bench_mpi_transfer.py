@@ -37,7 +37,7 @@ def main() -> None:
 
     from hpcsched.hpc import mpi
 
-    MPI = mpi._mpi()  # initialized with MPI_THREAD_MULTIPLE, as the transport needs
+    MPI = mpi.mpi_module()  # initialized with MPI_THREAD_MULTIPLE, as the transport needs
     world = MPI.COMM_WORLD
     if world.Get_size() != 2:
         raise SystemExit("run with: mpiexec -n 2 python benchmarks/bench_mpi_transfer.py")

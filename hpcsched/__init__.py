@@ -37,7 +37,7 @@ _exports = {
     "SGECluster": "hpcsched.jobqueue.sge",
     "PBSCluster": "hpcsched.jobqueue.pbs",
     "LSFCluster": "hpcsched.jobqueue.lsf",
-    "Adaptive": "hpcsched.jobqueue.adaptive",
+    "Adaptive": "hpcsched.launchers.adaptive",
     "Security": "hpcsched.core.comm.base",
     "performance_report": "hpcsched.diagnostics.report",
     "get_task_stream": "hpcsched.diagnostics.report",

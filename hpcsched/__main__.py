@@ -1,8 +1,34 @@
-"""``python -m hpcsched script.py`` (under mpiexec) and the ``scheduler`` / ``worker`` commands."""
+"""The ``hpcsched`` command and ``python -m hpcsched``: the one entry point above the layers.
+
+``hpcsched scheduler`` / ``hpcsched worker`` start servers
+(:mod:`hpcsched.launchers.cli`); anything else is a script to run in MPI mode
+under mpiexec (:mod:`hpcsched.hpc.bootstrap`): ``python -m hpcsched script.py``.
+It lives here, not in a layer, so that the launchers never import the MPI mode.
+"""
+
+from __future__ import annotations
 
 import sys
 
-from hpcsched.launchers.cli import main
+
+def main(argv: list[str] | None = None) -> int:
+    from hpcsched.launchers.cli import USAGE, scheduler_main, version_text, worker_main
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        print(version_text())
+        return 0
+    if argv[0] == "worker":
+        return worker_main(argv[1:])
+    if argv[0] == "scheduler":
+        return scheduler_main(argv[1:])
+    from hpcsched.hpc.bootstrap import main as run_script
+
+    return run_script(argv)
+
 
 if __name__ == "__main__":
     sys.exit(main())

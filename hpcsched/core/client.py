@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpcsched.core import config
+from hpcsched.core import config, seams
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Security
 from hpcsched.core.dask_collections import (
@@ -49,14 +49,14 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     DoneAndNotDoneFutures,
     Future,
     FutureState,
-    _collect_futures,
-    _pack_futures,
-    _RemoteTraceback,
-    _run_callback,
+    RemoteTraceback,
     as_completed,
+    collect_futures,
     fire_and_forget,
     futures_of,
+    pack_futures,
     progress,
+    run_callback,
     wait,
     wait_futures,
 )
@@ -69,11 +69,11 @@ from hpcsched.core.serialize import (
     sizeof,
 )
 from hpcsched.core.submission import (  # noqa: F401 - funcname/task_run_spec re-exported
-    _SCALARS,
-    _as_list,
-    _flatten_keys,
-    _pack_keys,
+    SCALARS,
+    as_list,
+    flatten_keys,
     funcname,
+    pack_keys,
     pure_token,
     task_run_spec,
 )
@@ -195,9 +195,7 @@ class Client:
         env_file = os.environ.get("HPCSCHED_SCHEDULER_FILE")
         if env_file:
             return read_scheduler_file(env_file, security)
-        from hpcsched.launchers.local_cluster import LocalCluster
-
-        self.cluster = LocalCluster(**cluster_kwargs)
+        self.cluster = seams.resolve("local-cluster")(**cluster_kwargs)
         self._owns_cluster = True
         return self.cluster.scheduler_address, self.cluster.security
 
@@ -328,7 +326,7 @@ class Client:
             for ref, fn, _strong in cbs:
                 fut = ref()
                 if fut is not None:
-                    _run_callback(fn, fut)
+                    run_callback(fn, fut)
             del cbs, fut, _strong  # or the last future stays alive while we wait
 
     def _wait_done(self, states: list[FutureState], deadline: float | None,
@@ -418,7 +416,7 @@ class Client:
                                                           "deps": list(held)}},
                     "keys": [key], "priority": priority,
                     "retries": {key: retries} if retries else {},
-                    "resources": resources, "workers": _as_list(workers),
+                    "resources": resources, "workers": as_list(workers),
                     "allow_other_workers": allow_other_workers, "static_priorities": {key: 0}})
         del held
         return fut
@@ -468,7 +466,7 @@ class Client:
                     self._send({"op": "update-graph", "tasks": tasks, "keys": list(tasks),
                                 "priority": priority,
                                 "retries": {k: retries for k in tasks} if retries else {},
-                                "resources": resources, "workers": _as_list(workers),
+                                "resources": resources, "workers": as_list(workers),
                                 "allow_other_workers": allow_other_workers,
                                 "static_priorities": {k: start + i
                                                       for i, k in enumerate(tasks)}})
@@ -499,7 +497,7 @@ class Client:
         keeps the futures until the message that depends on them is queued."""
         deps: dict = {}
         if type(obj) is tuple and len(obj) == 2 and type(obj[1]) is dict and not obj[1] \
-                and all(type(a) in _SCALARS for a in obj[0]):
+                and all(type(a) in SCALARS for a in obj[0]):
             return obj, deps  # (args, {}) of plain values: the common case of submit/map
 
         return _refs_for_futures(obj, deps, self), deps
@@ -565,7 +563,7 @@ class Client:
         if bad:
             raise TypeError(f"persist takes dask collections, not {', '.join(bad)}")
         expr, keys = persist_expr(items, optimize_graph)
-        futures = self._submit_graph(expr, [list(_flatten_keys(k)) for k in keys],
+        futures = self._submit_graph(expr, [list(flatten_keys(k)) for k in keys],
                                      priority=priority, retries=retries, resources=resources,
                                      workers=workers, allow_other_workers=allow_other_workers)
         out = []
@@ -580,7 +578,7 @@ class Client:
         """Send a graph (see :func:`~hpcsched.core.dask_collections.graph_of`); return futures
         for ``keys`` in the same nesting."""
         graph, annotations = graph_of(dsk)
-        flat = _flatten_keys(keys)
+        flat = flatten_keys(keys)
         missing = [k for k in flat if k not in graph and k not in self.futures]
         if missing:
             raise KeyError(f"keys not in the graph: {missing[:10]!r}")
@@ -598,15 +596,15 @@ class Client:
         self._send({"op": "update-graph", "tasks": wire, "keys": list(futures),
                     "priority": priority,
                     "retries": {k: retries for k in wire} if retries else {},
-                    "resources": resources, "workers": _as_list(workers),
+                    "resources": resources, "workers": as_list(workers),
                     "allow_other_workers": allow_other_workers, "static_priorities": None,
                     "annotations": annotations_for_wire(annotations, wire.keys()) or None})
-        return _pack_keys(keys, futures)
+        return pack_keys(keys, futures)
 
     def retry(self, futures: Any) -> None:
         """Run erred futures again (with the erred tasks they depend on)."""
         flat: list[Future] = []
-        _collect_futures(futures, flat)
+        collect_futures(futures, flat)
         for f in flat:
             if f._state.status == "error":
                 f._state.lose()  # pending again until the scheduler reports
@@ -622,7 +620,7 @@ class Client:
         if not isinstance(exc, BaseException):
             exc = RuntimeError(st.exception_text or repr(exc))
         if st.traceback and exc.__cause__ is None:
-            exc.__cause__ = _RemoteTraceback(f'\n"""\n{st.traceback}"""')
+            exc.__cause__ = RemoteTraceback(f'\n"""\n{st.traceback}"""')
         return exc
 
     def _gather_one(self, fut: Future, timeout: float | None) -> Any:
@@ -633,7 +631,7 @@ class Client:
         if errors not in ("raise", "skip"):
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
-        _collect_futures(futures, flat)
+        collect_futures(futures, flat)
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict = {}
         pending = {f.key: f for f in flat}
@@ -667,7 +665,7 @@ class Client:
                     self._send({"op": "client-desires-keys", "keys": [k]})
             if pending and deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
-        return _pack_futures(futures, values, errors)
+        return pack_futures(futures, values, errors)
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
                 timeout: float | None = 60.0) -> Any:
@@ -683,7 +681,7 @@ class Client:
         futures = {k: Future(k, self) for k in items}
         reply = self._request({"op": "scatter", "scatter_id": sid, "data": payload,
                                "nbytes": {k: sizeof(v) for k, v in items.items()},
-                               "workers": _as_list(workers), "broadcast": broadcast},
+                               "workers": as_list(workers), "broadcast": broadcast},
                               sid, timeout)
         if reply.get("error"):
             raise RuntimeError(f"scatter failed: {reply['error']}")
@@ -699,7 +697,7 @@ class Client:
 
     def cancel(self, futures: Any) -> None:
         flat: list[Future] = []
-        _collect_futures(futures, flat)
+        collect_futures(futures, flat)
         keys = [f.key for f in flat]
         for f in flat:  # finished ones too: their data is dropped
             if f._state.status != "cancelled":
@@ -736,7 +734,7 @@ class Client:
         return list(reply.get("retired", []))
 
     # ---------------------------------------------------------------- diagnostics
-    # (the work is done in hpcsched.diagnostics, imported when first used)
+    # (the work is done in hpcsched.diagnostics, reached through core.seams)
     @property
     def dashboard_link(self) -> str | None:
         """The dashboard's link, with its access token; None when it is disabled."""
@@ -744,24 +742,18 @@ class Client:
 
     def get_task_stream(self, start: Any = None, stop: Any = None, count: int | None = None,
                         plot: bool = False, filename: str = "task-stream.html") -> list:
-        from hpcsched.diagnostics import report
-
-        data = report.task_stream_records(self, start, stop, count)
+        data = seams.resolve("task-stream")(self, start, stop, count)
         if plot:
-            report.write_report(self, report.as_time(start), filename)
+            seams.resolve("task-stream-report")(self, seams.resolve("as-time")(start), filename)
         return data
 
     def get_worker_logs(self, n: int | None = None, workers: list | None = None,
                         nanny: bool = False) -> dict:
         """Recent log records of each worker: ``{address: [(level, message), ...]}``."""
-        from hpcsched.diagnostics import report
-
-        return report.worker_logs(self, n, workers)
+        return seams.resolve("worker-logs")(self, n, workers)
 
     def _repr_html_(self) -> str:
-        from hpcsched.diagnostics import reprs
-
-        return reprs.client_html(self)
+        return seams.resolve("client-html")(self)
 
     def get_executor(self, **kwargs: Any) -> ClientExecutor:
         """A ``concurrent.futures.Executor`` running on this cluster."""

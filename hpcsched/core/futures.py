@@ -27,7 +27,7 @@ class CancelledError(cf.CancelledError):
     pass
 
 
-class _RemoteTraceback(Exception):
+class RemoteTraceback(Exception):
     def __init__(self, tb: str):
         self.tb = tb
 
@@ -162,7 +162,7 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` when done (at once if already done), in a client thread."""
         if not self._state.add_callback((weakref.ref(self), fn, self)):
-            _run_callback(fn, self)
+            run_callback(fn, self)
 
     def release(self) -> None:
         """Drop this future's claim on its result now, rather than when it is collected."""
@@ -195,9 +195,9 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
             pass
 
     def _repr_html_(self) -> str:
-        from hpcsched.diagnostics import reprs  # presentation lives in the diagnostics layer
+        from hpcsched.core import seams  # presentation lives in the diagnostics layer
 
-        return reprs.future_html(self)
+        return seams.resolve("future-html")(self)
 
     def __repr__(self) -> str:
         st = self._state
@@ -212,7 +212,7 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
         return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
 
 
-def _run_callback(fn: Callable, fut: Future) -> None:
+def run_callback(fn: Callable, fut: Future) -> None:
     try:
         fn(fut)
     except Exception:
@@ -268,7 +268,7 @@ class DoneAndNotDoneFutures(NamedTuple):
 def wait_futures(fs: Any, timeout: float | None = None,
                  return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
     flat: list[Future] = []
-    _collect_futures(fs, flat)
+    collect_futures(fs, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == "ALL_COMPLETED":
         for f in flat:
@@ -356,16 +356,16 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
 
 def progress(*futures: Any, **kwargs: Any) -> Any:
     """Show the progress of futures: see :func:`hpcsched.diagnostics.progress.progress`."""
-    from hpcsched.diagnostics.progress import progress as show
+    from hpcsched.core import seams
 
-    return show(*futures, **kwargs)
+    return seams.resolve("progress")(*futures, **kwargs)
 
 
 def fire_and_forget(obj: Any) -> None:
     """Run the tasks of ``obj`` (futures, or containers of them) even when no future of theirs
     is held any more; their results are dropped once they finish."""
     flat: list[Future] = []
-    _collect_futures(obj, flat)
+    collect_futures(obj, flat)
     by_client: dict[int, tuple[Client, list]] = {}
     for f in flat:
         by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
@@ -398,27 +398,27 @@ def futures_of(obj: Any) -> list[Future]:
     return out[::-1]
 
 
-def _collect_futures(x: Any, out: list) -> None:
+def collect_futures(x: Any, out: list) -> None:
     if isinstance(x, Future):
         out.append(x)
     elif isinstance(x, (list, tuple, set, frozenset)):
         for i in x:
-            _collect_futures(i, out)
+            collect_futures(i, out)
     elif isinstance(x, dict):
         for v in x.values():
-            _collect_futures(v, out)
+            collect_futures(v, out)
 
 
-def _pack_futures(x: Any, values: dict, errors: str) -> Any:
+def pack_futures(x: Any, values: dict, errors: str) -> Any:
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):
-        return [_pack_futures(i, values, errors) for i in x
+        return [pack_futures(i, values, errors) for i in x
                 if errors == "raise" or not isinstance(i, Future) or i.key in values]
     if isinstance(x, tuple):
-        return tuple(_pack_futures(i, values, errors) for i in x)
+        return tuple(pack_futures(i, values, errors) for i in x)
     if isinstance(x, (set, frozenset)):
-        return type(x)(_pack_futures(i, values, errors) for i in x)
+        return type(x)(pack_futures(i, values, errors) for i in x)
     if isinstance(x, dict):
-        return {k: _pack_futures(v, values, errors) for k, v in x.items()}
+        return {k: pack_futures(v, values, errors) for k, v in x.items()}
     return x

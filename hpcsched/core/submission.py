@@ -15,7 +15,7 @@ from typing import Any
 from hpcsched.core.graph import Call, Task
 from hpcsched.core.serialize import dumps_function, dumps_object
 
-_SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
+SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
 
 
 def funcname(func: Any) -> str:
@@ -42,7 +42,7 @@ def task_run_spec(task: Task) -> tuple:
     return (None, dumps_object(((expr,), {})), True)
 
 
-def _as_list(x: Any) -> list | None:
+def as_list(x: Any) -> list | None:
     if x is None:
         return None
     if isinstance(x, str):
@@ -50,7 +50,7 @@ def _as_list(x: Any) -> list | None:
     return list(x)
 
 
-def _flatten_keys(keys: Any) -> list:
+def flatten_keys(keys: Any) -> list:
     out: list = []
 
     def walk(k: Any) -> None:
@@ -64,7 +64,7 @@ def _flatten_keys(keys: Any) -> list:
     return out
 
 
-def _pack_keys(keys: Any, mapping: dict) -> Any:
+def pack_keys(keys: Any, mapping: dict) -> Any:
     if isinstance(keys, list):
-        return [_pack_keys(k, mapping) for k in keys]
+        return [pack_keys(k, mapping) for k in keys]
     return mapping[keys]

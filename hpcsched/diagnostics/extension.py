@@ -84,7 +84,8 @@ class Diagnostics:
         if not host:
             host = self._default_host()
         try:
-            self.server = DashboardServer(self, host, port)
+            asked = address != config.DEFAULTS["diagnostics.dashboard.address"]
+            self.server = DashboardServer(self, host, port, asked=asked)
         except OSError as e:
             logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)
             return

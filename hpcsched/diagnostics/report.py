@@ -56,7 +56,7 @@ def as_time(t: Any) -> float:
         return 0.0
     if isinstance(t, (int, float)):
         return float(t)
-    from hpcsched.jobqueue.adaptive import parse_interval
+    from hpcsched.core.units import parse_interval
 
     return time.time() - parse_interval(t, "start")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 from typing import Any
 
-from hpcsched.hpc.resources import format_bytes
+from hpcsched.core.units import format_bytes
 
 
 def _rows(rows: list[tuple[str, Any]]) -> str:

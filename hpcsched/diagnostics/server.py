@@ -102,7 +102,9 @@ class _Server(ThreadingHTTPServer):
 class DashboardServer:
     """Serves ``diagnostics`` (a :class:`~.extension.Diagnostics`) on ``host:port``."""
 
-    def __init__(self, diagnostics: Any, host: str, port: int):
+    def __init__(self, diagnostics: Any, host: str, port: int, asked: bool = True):
+        """``asked``: the port was chosen by the user (not the default 8787): serving on
+        another one is then worth a warning; for the default, the printed link says it."""
         self.diagnostics = diagnostics
         try:
             self.httpd = _Server((host, port), _Handler, self)
@@ -110,8 +112,9 @@ class DashboardServer:
             if e.errno != errno.EADDRINUSE or port == 0:
                 raise
             self.httpd = _Server((host, 0), _Handler, self)
-            logger.warning("port %d is already in use; the dashboard is served on port %d "
-                           "instead", port, self.httpd.server_address[1])
+            (logger.warning if asked else logger.info)(
+                "port %d is already in use; the dashboard is served on port %d instead",
+                port, self.httpd.server_address[1])
         self.host = host
         self.port = self.httpd.server_address[1]
         self.cookie = f"hpcsched-token-{self.port}"

@@ -1,5 +1,6 @@
-"""HPC support: the ``mpi://`` transport, MPI mode (``python -m hpcsched script.py``,
-:func:`initialize`) and resource detection from batch-system environments.
+"""HPC support: the ``mpi://`` transport and MPI mode (``python -m hpcsched script.py``,
+:func:`initialize`). Resource detection from batch-system environments lives in
+:mod:`hpcsched.launchers.resources` (LocalCluster and the worker CLI size themselves with it).
 
 Names are imported on first use, so ``import hpcsched.hpc`` never imports mpi4py
 (nor initializes MPI).
@@ -10,10 +11,6 @@ from __future__ import annotations
 from hpcsched._lazy import lazy_exports
 
 _exports = {
-    "detect": "hpcsched.hpc.resources",
-    "parse_bytes": "hpcsched.hpc.resources",
-    "format_bytes": "hpcsched.hpc.resources",
-    "Resources": "hpcsched.hpc.resources",
     "init_endpoint": "hpcsched.hpc.mpi",
     "shutdown_endpoint": "hpcsched.hpc.mpi",
     "initialize": "hpcsched.hpc.bootstrap",

@@ -114,9 +114,9 @@ def _world() -> _Job:
         raise RuntimeError(
             f"hpcsched: started by an MPI launcher ({hint or 'several'} processes) but mpi4py "
             "is not installed; install it with: pip install 'hpcsched[mpi]'")
-    from hpcsched.hpc.mpi import _mpi
+    from hpcsched.hpc.mpi import mpi_module
 
-    MPI = _mpi()
+    MPI = mpi_module()
     world = MPI.COMM_WORLD
     size, rank = world.Get_size(), world.Get_rank()
     if hint > 1 and size == 1:
@@ -176,7 +176,7 @@ def _start_scheduler(job: _Job, timeout: float) -> Any:
 def _serve(job: _Job, nthreads: int | None, memory_limit: int | None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
     from hpcsched.core.worker import Worker
-    from hpcsched.hpc.resources import detect
+    from hpcsched.launchers.resources import detect
 
     res = detect() if nthreads is None or memory_limit is None else None
     # wait_closed() returns when the close starts; the endpoint may only be shut down
@@ -342,7 +342,7 @@ def _memory(text: str, p: argparse.ArgumentParser) -> int | None:
         return None
     if text.lower() in ("0", "none"):
         return 0
-    from hpcsched.hpc.resources import parse_bytes
+    from hpcsched.core.units import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -400,7 +400,7 @@ def initialize(nthreads: int | None = None, memory_limit: int | str | None = Non
     if _job is not None:  # python -m hpcsched already did it, or a second call
         return _job.rank == 0
     if isinstance(memory_limit, str):
-        from hpcsched.hpc.resources import parse_bytes
+        from hpcsched.core.units import parse_bytes
 
         memory_limit = None if memory_limit.lower() == "auto" else parse_bytes(memory_limit)
     job = _setup(nthreads, memory_limit)

@@ -104,9 +104,9 @@ class Doorbell:
         back-off sleep); TimeoutError if the other ranks do not take part within
         ``timeout`` seconds. Returns None (and logs why) where doorbells cannot work.
         """
-        from hpcsched.hpc.mpi import _mpi
+        from hpcsched.hpc.mpi import mpi_module
 
-        MPI = _mpi()
+        MPI = mpi_module()
         rank, size = comm.Get_rank(), comm.Get_size()
         listen = bool(listen) and sys.platform.startswith("linux")
         mine = bytearray(node_identity() + os.urandom(16) + bytes([listen])).ljust(_RECORD, b"\0")

@@ -87,7 +87,7 @@ _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
 
 
-def _mpi() -> Any:
+def mpi_module() -> Any:
     """mpi4py's MPI module, initialized with MPI_THREAD_MULTIPLE (checked)."""
     import mpi4py
 
@@ -272,7 +272,7 @@ class Endpoint:
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
         self.data_threshold = int(config.get("mpi.data-threshold", None, default=64 * 1024))
-        self._MPI = _mpi()
+        self._MPI = mpi_module()
         self._lock = threading.Lock()  # channels, listener, unaccepted
         self._channels: dict[tuple[int, int, int, bool], MPIComm] = {}
         self._numbers = itertools.count()
@@ -625,7 +625,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
     with _endpoint_lock:
         if _endpoint is not None:
             return _endpoint
-        MPI = _mpi()
+        MPI = mpi_module()
         base = MPI.COMM_WORLD if comm is None else comm
         timeout = float(config.get("comm.timeouts.connect", timeout))
         dup, request = base.Idup()

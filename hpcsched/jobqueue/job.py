@@ -78,11 +78,11 @@ class Job:
 def parse_memory(value: str | int | float, what: str = "memory") -> int:
     """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; errors name ``what``.
 
-    The units are those of :func:`hpcsched.hpc.resources.parse_bytes` (the project's one
+    The units are those of :func:`hpcsched.launchers.resources.parse_bytes` (the project's one
     size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
     GiB, which the per-system renderers handle.
     """
-    from hpcsched.hpc.resources import parse_bytes
+    from hpcsched.core.units import parse_bytes
 
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} "

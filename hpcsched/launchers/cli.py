@@ -64,7 +64,7 @@ def parse_resources(text: str | None) -> dict[str, float]:
 
 def worker_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcsched worker", description="Start hpcsched worker(s).")
-    p.add_argument("--version", action="version", version=_version_text())
+    p.add_argument("--version", action="version", version=version_text())
     p.add_argument("address", nargs="?", help="scheduler address, e.g. tcp://10.0.0.1:8786")
     p.add_argument("--scheduler-file", help="JSON file written by the scheduler")
     p.add_argument("--name", default=None)
@@ -137,7 +137,7 @@ def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
     mem = str(args.memory_limit)
     if args.nthreads and mem.isdigit():  # what LocalCluster passes: nothing to detect
         return args.nthreads, int(mem)
-    from hpcsched.hpc.resources import detect, parse_bytes
+    from hpcsched.launchers.resources import detect, parse_bytes
 
     res = detect()
     nthreads = args.nthreads or res.nthreads
@@ -178,7 +178,7 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
 
 def scheduler_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="hpcsched scheduler", description="Start a scheduler.")
-    p.add_argument("--version", action="version", version=_version_text())
+    p.add_argument("--version", action="version", version=version_text())
     p.add_argument("--host", default=None)
     p.add_argument("--port", type=int, default=8786)
     p.add_argument("--interface", default=None, help="network interface to listen on")
@@ -226,30 +226,9 @@ USAGE = """usage: hpcsched scheduler [options]
 """
 
 
-def _version_text() -> str:
+def version_text() -> str:
     import platform
 
     from hpcsched import __version__
 
     return f"hpcsched {__version__} (Python {platform.python_version()})"
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE, end="")
-        return 0 if argv else 2
-    if argv[0] in ("--version", "-V"):
-        print(_version_text())
-        return 0
-    if argv[0] == "worker":
-        return worker_main(argv[1:])
-    if argv[0] == "scheduler":
-        return scheduler_main(argv[1:])
-    from hpcsched.hpc.bootstrap import main as run_script
-
-    return run_script(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 A subclass says how workers start and stop (:meth:`Cluster._start_workers`,
 :meth:`Cluster._stop_workers`); the base implements ``scale``,
 ``scale_up(n)`` / ``scale_down(addresses)`` (the interface of seed 003 that
-:class:`~hpcsched.jobqueue.adaptive.Adaptive` drives), ``adapt``, ``close`` and
+:class:`~hpcsched.launchers.adaptive.Adaptive` drives), ``adapt``, ``close`` and
 the context manager.
 """
 
@@ -115,7 +115,7 @@ class Cluster:
 
     def adapt(self, minimum: int = 0, maximum: float = math.inf, minimum_jobs: int | None = None,
               maximum_jobs: int | None = None, **kwargs: Any) -> Any:
-        from hpcsched.jobqueue.adaptive import Adaptive
+        from hpcsched.launchers.adaptive import Adaptive
 
         if minimum_jobs is not None:
             minimum = minimum_jobs * self.workers_per_unit

@@ -223,6 +223,6 @@ def _memory_limit(value: Any, n_workers: int) -> int:
         return int(psutil.virtual_memory().total / n_workers)
     if isinstance(value, (int, float)):
         return int(value)
-    from hpcsched.hpc.resources import parse_bytes
+    from hpcsched.core.units import parse_bytes
 
     return parse_bytes(str(value))

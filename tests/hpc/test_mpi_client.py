@@ -26,9 +26,9 @@ WAIT = 30.0
 
 
 def _rank_and_size() -> tuple[int, int]:
-    from hpcsched.hpc.mpi import _mpi
+    from hpcsched.hpc.mpi import mpi_module
 
-    world = _mpi().COMM_WORLD
+    world = mpi_module().COMM_WORLD
     return world.Get_rank(), world.Get_size()
 
 

@@ -13,13 +13,13 @@ import pytest
 
 from hpcsched.core import events as ev
 from hpcsched.core.scheduler_state import SchedulerState
-from hpcsched.jobqueue.adaptive import (
-    Adaptive,
+from hpcsched.core.units import parse_interval
+from hpcsched.launchers.adaptive import Adaptive
+from hpcsched.launchers.adaptive_policy import (
     Policy,
     Snapshot,
     TaskDemand,
     WorkerSnapshot,
-    parse_interval,
     recommend,
     snapshot_state,
 )

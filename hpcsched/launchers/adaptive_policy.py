@@ -1,7 +1,7 @@
 """The adaptive policy as pure functions: scheduler state -> snapshot -> recommendation.
 
 No threads, clocks or clusters here (seed 003's rules; see
-:mod:`hpcsched.jobqueue.adaptive` for the list): :func:`snapshot_state` reads a
+:mod:`hpcsched.launchers.adaptive` for the list): :func:`snapshot_state` reads a
 ``SchedulerState`` into plain dataclasses on the scheduler's thread, and
 :func:`recommend` turns a snapshot, a :class:`Policy` and the previous
 hysteresis counts into a :class:`Recommendation`. Tests drive them with drawn
@@ -256,13 +256,13 @@ class Recommendation:
     close_counts: Mapping[str, int] = field(default_factory=dict)
 
 
-def _retire_order(units: Mapping[str, list[WorkerSnapshot]], names: Iterable[str]) -> list[str]:
+def retire_order(units: Mapping[str, list[WorkerSnapshot]], names: Iterable[str]) -> list[str]:
     """Units with the least data first (then fewest keys, then name: deterministic)."""
     return sorted(names, key=lambda u: (sum(w.nbytes for w in units[u]),
                                         sum(w.n_keys for w in units[u]), u))
 
 
-def _fits(survivors: list[WorkerSnapshot], total_nbytes: int, memory_high: float) -> bool:
+def fits_in_memory(survivors: list[WorkerSnapshot], total_nbytes: int, memory_high: float) -> bool:
     """Could ``survivors`` hold all the data below the high-water mark?"""
     if any(w.memory_limit <= 0 for w in survivors):
         return True  # a worker without a limit takes the rest
@@ -355,14 +355,14 @@ def recommend(snap: Snapshot, policy: Policy,
             remaining -= cancel
     total_nbytes = sum(w.nbytes for w in running)
     survivors = list(running)
-    for u in _retire_order(units, idle):
+    for u in retire_order(units, idle):
         ws = units[u]
         if remaining - len(ws) < lo:
             continue
         after = [w for w in survivors if w.unit_id != u]
         if any(w.nbytes > 0 or w.n_keys for w in ws) and not after:
             continue  # its results need somewhere to go
-        if not _fits(after, total_nbytes, policy.memory_high):
+        if not fits_in_memory(after, total_nbytes, policy.memory_high):
             continue
         candidates.append(u)
         survivors = after

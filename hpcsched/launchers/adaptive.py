@@ -53,7 +53,6 @@ import collections
 import inspect
 import logging
 import math
-import re
 import threading
 import time
 import weakref
@@ -61,14 +60,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcsched.core import config
-from hpcsched.jobqueue.adaptive_policy import (  # noqa: F401 - re-exported
+from hpcsched.core.units import parse_interval
+from hpcsched.launchers.adaptive_policy import (
     Policy,
     Recommendation,
     Snapshot,
-    TaskDemand,
-    WorkerSnapshot,
-    _fits,
-    _retire_order,
     recommend,
     snapshot_state,
 )
@@ -98,25 +94,6 @@ class Decision:
         if self.error:
             text += f" FAILED: {self.error}"
         return text
-
-
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
-def parse_interval(value: Any, what: str = "interval") -> float:
-    """Seconds from a number or a string such as ``"500ms"``, ``"2s"``, ``"1m"``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9.]+(?:e-?[0-9]+)?)\s*([a-z]*)\s*", value.lower())
-        if not m or (m.group(2) and m.group(2) not in _UNITS):
-            raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s')")
-        seconds = float(m.group(1)) * _UNITS.get(m.group(2) or "s", 1.0)
-    else:
-        raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s')")
-    if not seconds > 0 or math.isinf(seconds):
-        raise ValueError(f"{what} must be a positive finite duration, not {value!r}")
-    return seconds
 
 
 class Adaptive:

@@ -18,17 +18,13 @@ How many ranks share the node (``local_size``), first found wins:
    ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` indexed by ``SLURM_NODEID``);
 4. otherwise 1.
 
-Sizes: :func:`parse_bytes` and :func:`format_bytes` are the one place where
-``"16GB"`` becomes a number and back (the jobqueue uses them too). Decimal
-units (kB, MB, GB, TB, PB; a bare K, M, G, T, P) are powers of 1000, binary
-units (KiB, MiB, GiB, TiB, PiB; Ki, Mi, ...) powers of 1024, as in dask.
-Batch systems' own memory variables (SLURM_MEM_PER_NODE, in megabytes) follow
-their own conventions and are read by their own code below.
+Sizes are read by :func:`hpcsched.core.units.parse_bytes`; batch systems' own
+memory variables (SLURM_MEM_PER_NODE, in megabytes) follow their own
+conventions and are read by their own code below.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import socket
@@ -37,54 +33,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-    "t": 10**12, "tb": 10**12, "p": 10**15, "pb": 10**15,
-    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
-    "ti": 2**40, "tib": 2**40, "pi": 2**50, "pib": 2**50,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-
-
-def parse_bytes(text: str | int | float) -> int:
-    """``"16GB"`` -> ``16_000_000_000``; ``"4GiB"`` -> ``4 * 2**30``; numbers pass through.
-
-    >>> parse_bytes("500M"), parse_bytes("1.5 TiB"), parse_bytes("100")
-    (500000000, 1649267441664, 100)
-    """
-    if isinstance(text, bool):
-        raise ValueError(f"not a number of bytes: {text!r}")
-    if isinstance(text, (int, float)):
-        if not math.isfinite(text) or text < 0:
-            raise ValueError(f"not a number of bytes: {text!r} (must be finite and >= 0)")
-        return int(text)
-    if not isinstance(text, str):
-        raise ValueError(f"not a number of bytes: {text!r} (expected a string like '16GB')")
-    m = _SIZE.match(text)
-    unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS:
-        raise ValueError(
-            f"cannot read {text!r} as a number of bytes; write a number and a unit, "
-            "e.g. '16GB', '4GiB', '500M', '1.5T' (kB/MB/GB/TB are powers of 1000, "
-            "KiB/MiB/GiB/TiB powers of 1024)"
-        )
-    return int(round(float(m.group(1)) * _UNITS[unit]))
-
-
-def format_bytes(n: int | float) -> str:
-    """``format_bytes(1536 * 2**20)`` -> ``"1.50 GiB"`` (binary units, 3 significant digits).
-
-    >>> format_bytes(512), format_bytes(2**30), format_bytes(1.5 * 2**40)
-    ('512 B', '1.00 GiB', '1.50 TiB')
-    """
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
-        raise ValueError(f"format_bytes needs a finite number >= 0, got {n!r}")
-    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20),
-                       ("KiB", 2**10)):
-        if n >= size * 0.9995:  # 1023.9 MiB reads better as 1.00 GiB
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+from hpcsched.core.units import format_bytes, parse_bytes  # noqa: F401 - used below
 
 
 @dataclass(frozen=True)

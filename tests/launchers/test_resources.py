@@ -7,8 +7,8 @@ import socket
 import psutil
 import pytest
 
-from hpcsched.hpc import resources
-from hpcsched.hpc.resources import (
+from hpcsched.launchers import resources
+from hpcsched.launchers.resources import (
     Resources,
     detect,
     format_bytes,
