@@ -185,16 +185,24 @@ class Client:
         from hpcsched.core.worker_client import task_scheduler
 
         in_task = task_scheduler()  # inside a task: the cluster it runs on, with its worker's
-        if in_task is not None:  # credentials (never a new cluster per task)
-            return in_task[0], security or in_task[1]
-        if default_scheduler_address is not None:
-            return default_scheduler_address, security or default_security
-        env_addr = os.environ.get("HPCSCHED_SCHEDULER_ADDRESS")
-        if env_addr:
-            return env_addr, security
-        env_file = os.environ.get("HPCSCHED_SCHEDULER_FILE")
-        if env_file:
-            return read_scheduler_file(env_file, security)
+        found = None  # credentials (never a new cluster per task)
+        if in_task is not None:
+            found = in_task[0], security or in_task[1]
+        elif default_scheduler_address is not None:
+            found = default_scheduler_address, security or default_security
+        elif os.environ.get("HPCSCHED_SCHEDULER_ADDRESS"):
+            found = os.environ["HPCSCHED_SCHEDULER_ADDRESS"], security
+        elif os.environ.get("HPCSCHED_SCHEDULER_FILE"):
+            found = read_scheduler_file(os.environ["HPCSCHED_SCHEDULER_FILE"], security)
+        if found is not None:
+            if cluster_kwargs:
+                # the same script runs on a laptop (a LocalCluster of this shape) and under
+                # python -m hpcsched (the job's ranks): say what is not used, once
+                logger.warning("Client(%s): connecting to the existing scheduler at %s; "
+                               "these LocalCluster settings are not used",
+                               ", ".join(f"{k}={v!r}" for k, v in cluster_kwargs.items()),
+                               found[0])
+            return found
         self.cluster = seams.resolve("local-cluster")(**cluster_kwargs)
         self._owns_cluster = True
         return self.cluster.scheduler_address, self.cluster.security

@@ -465,3 +465,21 @@ class TestLocalGetDaskConformance(GetFunctionTestMixin):
     """dask's own tests of a get function, run against ``hpcsched.get``."""
 
     get = staticmethod(hpcsched.get)
+
+
+def test_cluster_settings_given_where_a_scheduler_exists_are_reported(cluster, monkeypatch,
+                                                                      caplog):
+    # the same script on a laptop (a LocalCluster of that shape) and where a scheduler is
+    # given by the environment (a batch job, python -m hpcsched): never a silent surprise
+    from tests.conftest import hpcsched_children
+
+    if not cluster.processes:
+        pytest.skip("an inproc address is only reachable in its own process")
+    monkeypatch.setenv("HPCSCHED_SCHEDULER_ADDRESS", cluster.scheduler_address)
+    monkeypatch.setenv("HPCSCHED_SECRET", cluster.security.secret_hex())
+    before = hpcsched_children()
+    with caplog.at_level("WARNING", logger="hpcsched.client"), \
+            Client(n_workers=3, threads_per_worker=1) as c:
+        assert c.scheduler_address == cluster.scheduler_address
+        assert hpcsched_children() == before  # no cluster of its own
+    assert "n_workers=3" in caplog.text and "not used" in caplog.text
