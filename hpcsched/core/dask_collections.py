@@ -141,13 +141,13 @@ def _check_annotation(name: str, key: Key, value: Any) -> None:
 def finalize_expr(collections: list, optimize_graph: bool = True) -> tuple[Any, list]:
     """One dask expression computing every collection to its final value, and its output keys
     (one per collection), as ``dask.compute`` builds it."""
-    from dask.base import collections_to_expr
     from dask.core import flatten
 
     try:
         from dask._expr import FinalizeCompute
+        from dask.base import collections_to_expr
     except ImportError as e:  # pragma: no cover - dask older than the supported range
-        raise ImportError(f"hpcsched needs dask >= 2025.1 for collections: {e}") from e
+        raise ImportError(f"hpcsched needs dask >= 2025.7 for collections: {e}") from e
     expr = FinalizeCompute(collections_to_expr(collections, optimize_graph)).optimize()
     return expr, list(flatten(expr.__dask_keys__()))
 
