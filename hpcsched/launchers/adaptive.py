@@ -241,6 +241,12 @@ class Adaptive:
         self.log.append(d)
         level = logging.INFO if rec.action != "none" or error else logging.DEBUG
         logger.log(level, "adaptive %s", d)
+        if level == logging.INFO:
+            # the scheduler's recent events (dashboard, performance reports) show decisions
+            # too; the scheduler runs in this process for every cluster that adapts
+            recorder = getattr(getattr(self.scheduler, "state", None), "recorder", None)
+            if recorder is not None:
+                recorder.event("adaptive", str(d), d.time)  # a deque append: thread-safe
 
     # ------------------------------------------------------------ lifecycle
     def stop(self, timeout: float = 10.0) -> None:

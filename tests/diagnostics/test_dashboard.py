@@ -150,3 +150,19 @@ def test_closing_the_cluster_stops_the_server_and_its_threads():
                                   int(base.rsplit(":", 1)[1])), timeout=5)
     wait_until(lambda: not [t for t in threading.enumerate() if t.ident not in before
                             and t.is_alive()], timeout=10, what="dashboard threads ended")
+
+
+def test_adaptive_decisions_are_among_the_scheduler_events():
+    # LocalCluster(n_workers=0).adapt(): work arrives, adaptive starts a worker, and the
+    # decision shows where the dashboard and reports read the scheduler's recent events
+    with LocalCluster(n_workers=0, threads_per_worker=1, processes=False) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        cluster.adapt(minimum=0, maximum=1, interval="50ms")
+        assert client.submit(slow_inc, 1).result(timeout=60) == 2
+        recorder = cluster.scheduler.state.recorder
+
+        def adaptive_events():
+            return [what for _, topic, what in list(recorder.events) if topic == "adaptive"]
+
+        found = wait_until(adaptive_events, timeout=30, what="an adaptive event")
+        assert any("up" in text and "target=1" in text for text in found), found
