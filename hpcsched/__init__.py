@@ -33,6 +33,7 @@ _exports = {
     "rejoin": "hpcsched.core.worker_client",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
+    "send_close_signal": "hpcsched.hpc.bootstrap",
     "SLURMCluster": "hpcsched.jobqueue.slurm",
     "SGECluster": "hpcsched.jobqueue.sge",
     "PBSCluster": "hpcsched.jobqueue.pbs",

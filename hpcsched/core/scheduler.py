@@ -240,7 +240,7 @@ class Scheduler:
         try:
             event = ev.AddWorker(
                 address=peer, nthreads=int(msg.get("nthreads", 1)),
-                memory_limit=int(msg.get("memory_limit") or 0), name=str(name),
+                memory_limit=int(msg.get("memory_limit") or 0), name=_worker_name(name),
                 host=str(msg.get("host", "")), resources=dict(msg.get("resources") or {}),
                 keys=dict(msg.get("keys") or {}), pid=int(msg.get("pid") or 0), now=now)
         except (TypeError, ValueError) as e:
@@ -510,7 +510,7 @@ class Scheduler:
             out += [a for a in addresses if a in state.workers]
         if names:
             wanted = set(map(str, names))
-            out += [ws.address for ws in state.workers.values() if ws.name in wanted]
+            out += [ws.address for ws in state.workers.values() if str(ws.name) in wanted]
         if n:
             # idle workers with the least data first
             cands = sorted((ws for ws in state.workers.values() if ws.address not in out),
@@ -573,6 +573,12 @@ class Scheduler:
     def remove_worker_callback(self, fn: Any) -> None:
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
+
+
+def _worker_name(name: Any) -> str | int:
+    """A worker's name as given if it is a str or an int (dask-mpi names workers by their
+    rank, and ``submit(..., workers=2)`` then means rank 2), else its text."""
+    return name if isinstance(name, (str, int)) and not isinstance(name, bool) else str(name)
 
 
 def _short(x: Any) -> str:

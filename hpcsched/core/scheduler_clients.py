@@ -278,8 +278,9 @@ def check_update_graph(e: ev.UpdateGraph, known: Mapping) -> None:
             _number(v) for v in e.resources.values())):
         raise bad(f"update-graph: resources must map names to numbers, not {e.resources!r}")
     if e.workers is not None and not (isinstance(e.workers, (list, tuple)) and all(
-            isinstance(w, str) for w in e.workers)):
-        raise bad(f"update-graph: workers must be a list of addresses, not {e.workers!r}")
+            isinstance(w, (str, int)) and not isinstance(w, bool) for w in e.workers)):
+        raise bad(f"update-graph: workers must be a list of addresses, names or ranks, "
+                  f"not {e.workers!r}")
     if e.annotations is not None:
         if not isinstance(e.annotations, dict) or not all(
                 isinstance(v, dict) for v in e.annotations.values()):

@@ -45,7 +45,7 @@ def task_run_spec(task: Task) -> tuple:
 def as_list(x: Any) -> list | None:
     if x is None:
         return None
-    if isinstance(x, str):
+    if isinstance(x, (str, int)):  # one worker: an address, a name, a rank (dask-mpi's names)
         return [x]
     return list(x)
 

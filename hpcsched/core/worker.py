@@ -76,8 +76,13 @@ class Worker:
         heartbeat_interval: float | None = None,
         host: str | None = None,
         on_close: Any = None,
+        local_directory: str | None = None,
     ):
         self.scheduler_address = scheduler_address
+        # this worker's own directory for files (dask's local_directory); made on demand
+        self.local_directory = local_directory
+        if local_directory is not None:
+            os.makedirs(local_directory, exist_ok=True)
         self.nthreads = nthreads or os.cpu_count() or 1
         self.memory_limit = memory_limit or 0
         self.name = name

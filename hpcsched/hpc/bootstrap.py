@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 
 logger = logging.getLogger("hpcsched.bootstrap")
 
@@ -73,6 +74,7 @@ class _Job:
     rank: int
     size: int
     fence_comm: Any = None
+    comm: Any = None  # the communicator the cluster runs on (None: COMM_WORLD)
 
 
 _job: _Job | None = None  # set once MPI mode is set up in this process
@@ -101,12 +103,17 @@ def launcher_size(env: dict[str, str] | os._Environ = os.environ) -> int | None:
     return None
 
 
-def _world() -> _Job:
+def _world(comm: Any = None) -> _Job:
     """Rank and size, importing mpi4py only when a launcher started us with several ranks.
 
     Outside any launcher MPI is not initialized at all (on some machines that
-    fails outright on a login node).
+    fails outright on a login node). ``comm``: run on that communicator instead
+    of ``COMM_WORLD`` (the caller made it, so MPI is there).
     """
+    if comm is not None:
+        from hpcsched.hpc.mpi import mpi_module
+
+        return _Job(mpi_module(), comm.Get_rank(), comm.Get_size(), comm=comm)
     hint = launcher_size()
     if hint is None or hint == 1:
         return _Job(None, 0, 1)
@@ -125,13 +132,14 @@ def _world() -> _Job:
             "the mpiexec on PATH does not belong to the MPI library mpi4py was built with "
             f"({MPI.Get_library_version().splitlines()[0].strip()}); use that library's "
             "mpiexec (e.g. `python -m pip install mpich` puts one on PATH)")
-    return _Job(MPI, rank, size)
+    return _Job(MPI, rank, size, comm=world)
 
 
-def _setup(nthreads: int | None, memory_limit: int | None) -> _Job:
-    """Collective start-up on every rank: endpoint, exit fence; rank 0's scheduler."""
+def _setup(options: InitOptions) -> _Job:
+    """Collective start-up on every rank of ``options.comm``: endpoint, exit fence;
+    rank 0's scheduler."""
     global _job, _scheduler
-    job = _world()
+    job = _world(options.comm)
     if job.size == 1:
         _job = job
         return job
@@ -139,9 +147,9 @@ def _setup(nthreads: int | None, memory_limit: int | None) -> _Job:
     from hpcsched.hpc.mpi import init_endpoint
 
     timeout = float(config.get("comm.timeouts.connect"))
-    init_endpoint(timeout=timeout)
+    init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
-    dup, req = job.MPI.COMM_WORLD.Idup()
+    dup, req = job.comm.Idup()
     deadline = time.monotonic() + timeout
     wait = Backoff()
     while not req.Test():
@@ -151,15 +159,15 @@ def _setup(nthreads: int | None, memory_limit: int | None) -> _Job:
     job.fence_comm = dup
     _job = job
     if job.rank == 0:
-        _scheduler = _start_scheduler(job, timeout)
+        _scheduler = _start_scheduler(job, timeout, options.dashboard_address)
     return job
 
 
-def _start_scheduler(job: _Job, timeout: float) -> Any:
+def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
     from hpcsched.core import client as client_mod
     from hpcsched.core.scheduler import Scheduler
 
-    sched = Scheduler("mpi://0").start()
+    sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
     client_mod.default_security = None
     try:
@@ -173,20 +181,30 @@ def _start_scheduler(job: _Job, timeout: float) -> Any:
 
 
 # ------------------------------------------------------------------ worker ranks
-def _serve(job: _Job, nthreads: int | None, memory_limit: int | None) -> int:
+def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
     from hpcsched.core.worker import Worker
+    from hpcsched.hpc.initialize_options import memory_bytes
     from hpcsched.launchers.resources import detect
 
+    nthreads, memory_limit = options.nthreads, options.memory_limit
     res = detect() if nthreads is None or memory_limit is None else None
     # wait_closed() returns when the close starts; the endpoint may only be shut down
     # once the close is over (its last messages sent), which on_close tells
     closed = threading.Event()
-    worker = Worker("mpi://0", nthreads=nthreads or res.nthreads,
-                    memory_limit=res.memory_limit if memory_limit is None else memory_limit,
-                    name=f"rank-{job.rank}", host=res.hostname if res else None,
-                    on_close=lambda _: closed.set())
+    kwargs: dict[str, Any] = {
+        "nthreads": nthreads or res.nthreads,
+        "memory_limit": memory_bytes(memory_limit, res.memory_limit if res else 0),
+        "name": f"rank-{job.rank}" if name is None else name,
+        "host": res.hostname if res else None,
+        **options.worker_kwargs,
+    }
+    if options.local_directory is not None:
+        kwargs.setdefault("local_directory",
+                          os.path.join(options.local_directory, f"hpcsched-worker-{job.rank}"))
     try:
+        worker = (options.worker_class or Worker)("mpi://0", on_close=lambda _: closed.set(),
+                                                  **kwargs)
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
         _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
@@ -227,7 +245,7 @@ def _exit_rank(code: int) -> None:
 # ------------------------------------------------------------------ ending
 def _abort(job: _Job, code: int, why: str) -> None:
     print(f"hpcsched: {why}; aborting the MPI job", file=sys.stderr, flush=True)
-    job.MPI.COMM_WORLD.Abort(code or 1)
+    (job.comm or job.MPI.COMM_WORLD).Abort(code or 1)
 
 
 def _fence(job: _Job, timeout: float) -> bool:
@@ -361,7 +379,8 @@ def main(argv: list[str]) -> int:
     # as `python script.py` does, and on the workers too: modules next to the script import
     sys.path[0] = os.path.dirname(script)
     try:
-        job = _setup(ns.nthreads, ns.memory_limit)
+        job = _setup(InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
+                                 dashboard_address=config.get("diagnostics.dashboard.address")))
     except RuntimeError as e:
         print(e, file=sys.stderr, flush=True)
         return 1
@@ -370,7 +389,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr, flush=True)
         return run_script(ns.script, ns.args)
     if job.rank != 0:
-        _exit_rank(_serve(job, ns.nthreads, ns.memory_limit))
+        _exit_rank(_serve(job, InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit)))
     code = EXIT_INTERRUPTED
     try:
         code = run_script(ns.script, ns.args)
@@ -380,42 +399,67 @@ def main(argv: list[str]) -> int:
 
 
 # ------------------------------------------------------------------ initialize()
-def initialize(nthreads: int | None = None, memory_limit: int | str | None = None,
-               exit: bool = True) -> bool:  # noqa: A002 - dask-mpi's name
+def initialize(interface: str | None = None, nthreads: int | None = None,
+               local_directory: str | None = None, memory_limit: int | float | str | None = "auto",
+               nanny: bool = False, dashboard: bool = True, dashboard_address: str | None = ":8787",
+               protocol: str | None = None, worker_class: Any = None,
+               worker_options: dict | None = None, comm: Any = None,
+               exit: bool = True, scheduler_port: int | None = None) -> bool:  # noqa: A002
     """Set up MPI mode from inside a script started with ``mpiexec -n N python script.py``.
 
-    Rank 0 starts the scheduler, makes ``Client()`` connect to it, and returns
-    True: the script goes on as the client. At exit the workers are closed
-    with the script's status (``sys.exit(n)`` -> n, an uncaught exception -> 1)
-    and the job ends on every rank. The other ranks serve as workers until then
-    and exit with that status; the rest of the script never runs on them (with
-    ``exit=False`` they return False instead). With a single process nothing is
-    set up and ``Client()`` starts a LocalCluster. Example::
+    Takes ``dask_mpi.initialize``'s parameters (see
+    :mod:`hpcsched.hpc.initialize_options` for what each means here; those
+    meaningless under MPI are logged once as ignored, with why), so a dask-mpi
+    script runs after changing its import line.
+
+    Unlike dask-mpi, rank 0 of ``comm`` runs both the scheduler and the script
+    (the client), so every other rank is a worker: ``mpiexec -n 4`` gives three
+    workers, named by their rank as dask-mpi names them (``submit(...,
+    workers=2)``). Rank 0 returns True. At exit the workers are closed with the
+    script's status (``sys.exit(n)`` -> n, an uncaught exception -> 1) and the
+    job ends on every rank. The other ranks serve as workers until then and exit
+    with that status; the rest of the script never runs on them. With
+    ``exit=False`` they return False instead once the cluster is closed, which
+    rank 0 does with :func:`send_close_signal` (or at its exit). With a single
+    process nothing is set up and ``Client()`` starts a LocalCluster (dask-mpi
+    raises instead). Example::
 
         import hpcsched
         hpcsched.initialize()
         from hpcsched import Client
         client = Client()
     """
+    options = resolve(interface=interface, nthreads=nthreads, local_directory=local_directory,
+                      memory_limit=memory_limit, nanny=nanny, dashboard=dashboard,
+                      dashboard_address=dashboard_address, protocol=protocol,
+                      worker_class=worker_class, worker_options=worker_options, comm=comm,
+                      scheduler_port=scheduler_port, exit=exit)
     if _job is not None:  # python -m hpcsched already did it, or a second call
         return _job.rank == 0
-    if isinstance(memory_limit, str):
-        from hpcsched.core.units import parse_bytes
-
-        memory_limit = None if memory_limit.lower() == "auto" else parse_bytes(memory_limit)
-    job = _setup(nthreads, memory_limit)
+    job = _setup(options)
     if job.size == 1:
         print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
               file=sys.stderr, flush=True)
         return True
     if job.rank == 0:
+        log_ignored(options)
         _record_exit_status()
         atexit.register(_close_at_exit)
         return True
-    code = _serve(job, nthreads, memory_limit)
-    if exit:
+    code = _serve(job, options, name=job.rank)
+    if options.exit:
         _exit_rank(code)
     return False
+
+
+def send_close_signal() -> None:
+    """Rank 0: close the workers now and end the cluster (dask-mpi's ``send_close_signal``).
+
+    For ``initialize(exit=False)``: the worker ranks then return False from
+    ``initialize`` and the script goes on on every rank. Idempotent; without it
+    the cluster closes when rank 0's script ends.
+    """
+    _close_cluster(_exit_status or 0)
 
 
 def _record_exit_status() -> None:
