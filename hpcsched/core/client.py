@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpcsched.core import config, seams
+from hpcsched.core import client_control, config, seams
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Security
 from hpcsched.core.dask_collections import (
@@ -306,7 +306,8 @@ class Client:
                 if st is not None:
                     st.lose()
             elif op in ("gather-reply", "scatter-reply", "scheduler-info-reply",
-                        "retire-workers-reply", "close-client-reply", "extension-reply"):
+                        "retire-workers-reply", "close-client-reply", "extension-reply",
+                        "control-reply"):
                 rid = msg.get("request_id") or msg.get("scatter_id") or op
                 entry = self._requests.get(rid)
                 if entry is not None:
@@ -718,6 +719,41 @@ class Client:
     def scheduler_info(self, timeout: float | None = 30.0) -> dict:
         rid = self._new_id("info")
         return self._request({"op": "scheduler-info", "request_id": rid}, rid, timeout)["info"]
+
+    # ---------------------------------------------------------------- cluster control
+    def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
+            nanny: bool = False, on_error: str = "raise", **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on every worker now (not as a task):
+        ``{address: result}``; it gets ``dask_worker=`` if it takes that argument.
+        ``nanny=True`` is refused: hpcsched workers have no nanny process."""
+        if nanny:
+            raise ValueError("Client.run(nanny=True): hpcsched workers have no nanny process")
+        return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
+                                  on_error=on_error)
+
+    def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in the scheduler's process, on its loop thread
+        (``dask_scheduler=`` is passed if it takes it): keep it short."""
+        return client_control.run_on_scheduler(self, function, args, kwargs)
+
+    def who_has(self, futures: Any = None) -> dict:
+        """``{key: [addresses of the workers holding it]}`` (all keys, or ``futures``')."""
+        return client_control.who_has(self, futures)
+
+    def has_what(self, workers: Any = None) -> dict:
+        """``{worker address: [keys it holds]}``."""
+        return client_control.has_what(self, workers)
+
+    def nthreads(self, workers: Any = None) -> dict:
+        """``{worker address: number of threads}``."""
+        return client_control.nthreads(self, workers)
+
+    ncores = nthreads
+
+    def upload_file(self, filename: str, load: bool = True) -> dict:
+        """Send a local file to every worker, and to every worker that joins later; a
+        ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
+        return client_control.upload_file(self, filename, load=load)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

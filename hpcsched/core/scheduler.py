@@ -28,6 +28,9 @@ from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core import events as ev
+from hpcsched.core.cluster_control import CLIENT_OPS as CONTROL_CLIENT_OPS
+from hpcsched.core.cluster_control import WORKER_OPS as CONTROL_WORKER_OPS
+from hpcsched.core.cluster_control import ClusterControl
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.loop import CLOSED, Loop, start_reader
@@ -106,6 +109,8 @@ class Scheduler:
         # extensions (config scheduler.extensions) by name, and the links they serve
         self.extensions: dict[str, Any] = {}
         self.services: dict[str, str] = {}
+        # Client.run, who_has, upload_file, ... (core/cluster_control.py)
+        self.control = ClusterControl(self)
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
@@ -486,6 +491,9 @@ class Scheduler:
         self._queue(source, {**reply, "op": "extension-reply",
                              "request_id": msg.get("request_id")})
 
+    def _op_control(self, source: str, msg: dict) -> None:
+        self.control.handle(source, msg)
+
     def _op_close_client(self, source: str, msg: dict) -> None:
         self._queue(source, {"op": "close-client-reply"})
         self._flush()
@@ -500,6 +508,7 @@ class Scheduler:
         "retire-me": _op_retire_me,
         "close-client": _op_close_client,
         "extension": _op_extension,
+        **dict.fromkeys((*CONTROL_CLIENT_OPS, *CONTROL_WORKER_OPS), _op_control),
     }
 
     def _resolve_workers(self, addresses: list | None, names: list | None,
@@ -529,6 +538,10 @@ class Scheduler:
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
         }
+
+    def send(self, to: str, msg: dict) -> None:
+        """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so)."""
+        self._queue(to, msg)
 
     def workers_info(self) -> dict[str, dict]:
         return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})

@@ -49,6 +49,8 @@ from hpcsched.core.serialize import SerializationError, deserialize, serialize, 
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.telemetry import WorkerTelemetry
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
+from hpcsched.core.worker_control import OPS as CONTROL_OPS
+from hpcsched.core.worker_control import WorkerControl
 from hpcsched.core.worker_state import WorkerState
 
 if TYPE_CHECKING:
@@ -135,6 +137,8 @@ class Worker:
         # task groups that must not run on the loop thread: one of theirs asked for a client
         self._threaded_groups: set[str] = set()
         self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
+        # Client.run and upload_file; replies reach the scheduler through the loop
+        self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -266,10 +270,14 @@ class Worker:
                         threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
                                          daemon=True).start()
                         return
+                    elif op in CONTROL_OPS:
+                        self.control.handle(msg)
                     elif op == "registered":
                         pass
                     else:
                         logger.warning("unknown op from scheduler: %r", op)
+            elif source == "control":  # a Client.run / upload_file reply
+                self._outbox.append(payload)
             elif type(source) is tuple:  # ("peer", comm): a direct peer comm
                 out += self._peer_message(source[1], payload)
             else:  # our own events: task results, transfers

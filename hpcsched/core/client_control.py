@@ -1,0 +1,100 @@
+"""The client's side of cluster control: requests to the scheduler and their answers.
+
+``Client.run``, ``run_on_scheduler``, ``who_has``, ``has_what``, ``nthreads``
+and ``upload_file`` are thin methods calling these functions, with
+distributed's signatures and results
+(https://distributed.dask.org/en/stable/api.html#client). The scheduler's
+side is :mod:`hpcsched.core.cluster_control`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from hpcsched.core.serialize import dumps_function, dumps_object, loads_object
+from hpcsched.core.submission import as_list
+
+ON_ERROR = ("raise", "return", "ignore")
+
+
+def request(client: Any, op: str, timeout: float | None, **fields: Any) -> dict:
+    """Send ``op`` to the scheduler and wait (at most ``timeout`` s) for its control-reply."""
+    rid = client._new_id(op)
+    return client._request({"op": op, "request_id": rid, **fields}, rid, timeout)
+
+
+def _outcome(entry: dict) -> tuple[bool, Any]:
+    """(ok, result or exception) of one ``{"status", "result" | "exception"}`` answer."""
+    if entry.get("status") == "OK":
+        return True, loads_object(entry["result"]) if entry.get("result") is not None else None
+    exc = loads_object(entry["exception"]) if entry.get("exception") else \
+        RuntimeError(str(entry.get("traceback") or "unknown error"))
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(repr(exc))
+    return False, exc
+
+
+def _call_fields(function: Any, args: tuple, kwargs: dict) -> dict:
+    if not callable(function):
+        raise TypeError(f"expected a callable, got {type(function).__name__}")
+    return {"function": dumps_function(function), "args": dumps_object(tuple(args)),
+            "kwargs": dumps_object(dict(kwargs))}
+
+
+def run(client: Any, function: Any, args: tuple, kwargs: dict, *, workers: Any = None,
+        wait: bool = True, on_error: str = "raise", timeout: float | None = None) -> Any:
+    """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}."""
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    reply = request(client, "run", timeout, workers=as_list(workers), wait=bool(wait),
+                    **_call_fields(function, args, kwargs))
+    out = {}
+    for address, entry in sorted(reply.get("results", {}).items()):
+        ok, value = _outcome(entry)
+        if not ok and on_error == "raise":
+            raise value
+        if ok or on_error == "return":
+            out[address] = value
+    return out if wait else None
+
+
+def run_on_scheduler(client: Any, function: Any, args: tuple, kwargs: dict,
+                     timeout: float | None = None) -> Any:
+    reply = request(client, "run-on-scheduler", timeout, **_call_fields(function, args, kwargs))
+    ok, value = _outcome(reply)
+    if not ok:
+        raise value
+    return value
+
+
+def who_has(client: Any, futures: Any = None, timeout: float | None = 30.0) -> dict:
+    if futures is not None and not isinstance(futures, (list, tuple, set)):
+        futures = [futures]
+    keys = None if futures is None else [getattr(f, "key", f) for f in futures]
+    return request(client, "who-has", timeout, keys=keys)["result"]
+
+
+def has_what(client: Any, workers: Any = None, timeout: float | None = 30.0) -> dict:
+    return request(client, "has-what", timeout, workers=as_list(workers))["result"]
+
+
+def nthreads(client: Any, workers: Any = None, timeout: float | None = 30.0) -> dict:
+    return request(client, "nthreads", timeout, workers=as_list(workers))["result"]
+
+
+def upload_file(client: Any, filename: str | os.PathLike, load: bool = True,
+                timeout: float | None = 120.0) -> dict:
+    """Send a file to every worker (and to every worker that joins later): {address: path}."""
+    path = os.fspath(filename)
+    with open(path, "rb") as f:
+        data = f.read()
+    reply = request(client, "upload-file", timeout, filename=os.path.basename(path),
+                    data=data, load=bool(load))
+    out = {}
+    for address, entry in sorted(reply.get("results", {}).items()):
+        ok, value = _outcome(entry)
+        if not ok:
+            raise value
+        out[address] = value
+    return out

@@ -1,0 +1,193 @@
+"""Cluster control on the scheduler: ``Client.run``, ``who_has``, ``upload_file``, ...
+
+The client asks the scheduler (it talks to nobody else, as in distributed);
+the scheduler answers from its state (``who-has``, ``has-what``,
+``nthreads``), runs a function itself (``run-on-scheduler``), or fans a
+request out to the workers and answers once each has replied or left
+(``run``, ``upload-file``). Every answer is one ``control-reply`` carrying the
+client's ``request_id``.
+
+Functions, arguments and results travel as cloudpickle blobs the scheduler
+relays without unpickling, except for ``run-on-scheduler``, whose function
+runs here (the peer proved it holds the cluster's secret, like any client
+whose tasks run on the workers). Uploaded files are kept and sent to every
+worker that joins later, as distributed does with its upload-file plugin
+(https://distributed.dask.org/en/stable/api.html#distributed.Client.upload_file).
+
+Runs on the scheduler's loop thread, like every server op.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import os
+import traceback
+from typing import Any
+
+from hpcsched.core import events as ev
+from hpcsched.core.serialize import dumps_object, loads_function, loads_object
+
+logger = logging.getLogger("hpcsched.scheduler")
+
+#: ops a client sends, served by :class:`ClusterControl`
+CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file")
+#: ops a worker sends back
+WORKER_OPS = ("run-reply",)
+
+MAX_UPLOAD = 256 * 2**20  # bytes: a file is held in the scheduler's memory for later workers
+
+
+def check_filename(name: Any) -> str:
+    """A bare file name (no directory, no ``..``): what a worker may write into its directory."""
+    if not isinstance(name, str) or not name or name in (".", "..") \
+            or os.path.basename(name) != name or "\0" in name:
+        raise ev.MalformedMessage(f"upload-file: not a bare file name: {name!r}")
+    return name
+
+
+def error_reply(e: BaseException) -> dict:
+    try:
+        blob = dumps_object(e)
+    except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as its text
+        blob = dumps_object(RuntimeError(f"{type(e).__name__}: {e}"))
+    return {"status": "error", "exception": blob,
+            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
+
+
+def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
+    """``fn(*args, **kwargs)``, adding ``name=value`` if ``fn`` takes that argument (distributed
+    passes ``dask_worker`` / ``dask_scheduler`` so)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if name in params:
+        kwargs = {**kwargs, name: value}
+    return fn(*args, **kwargs)
+
+
+class ClusterControl:
+    """The scheduler's side of cluster control; ``handle`` is its one entry point."""
+
+    def __init__(self, scheduler: Any):
+        self.scheduler = scheduler
+        self.files: dict[str, bytes] = {}  # uploaded: replayed to workers that join later
+        self._pending: dict[str, dict] = {}  # sub-request id -> fan-out in progress
+        self._ids = itertools.count()
+        scheduler.add_worker_callback(self._on_worker)
+
+    # ------------------------------------------------------------ dispatch
+    def handle(self, source: str, msg: dict) -> None:
+        op = msg["op"]
+        if op == "run-reply":
+            self._worker_replied(source, msg)
+            return
+        rid = msg.get("request_id")
+        if not isinstance(rid, str):
+            raise ev.MalformedMessage(f"{op}: request_id must be a string")
+        state = self.scheduler.state
+        if op == "who-has":
+            keys = msg.get("keys")
+            keys = list(state.tasks) if keys is None else self._list(op, keys, "keys")
+            self._reply(source, rid, result={
+                k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
+                else [] for k in keys})
+        elif op == "has-what":
+            self._reply(source, rid, result={
+                a: [ts.key for ts in state.workers[a].has_what]
+                for a in self._workers(msg)})
+        elif op == "nthreads":
+            self._reply(source, rid, result={a: state.workers[a].nthreads
+                                             for a in self._workers(msg)})
+        elif op == "run-on-scheduler":
+            self._run_here(source, rid, msg)
+        elif op == "run":
+            self._fan_out(source, rid, self._workers(msg), {
+                "op": "run", "function": msg.get("function"), "args": msg.get("args"),
+                "kwargs": msg.get("kwargs"), "wait": bool(msg.get("wait", True))})
+        elif op == "upload-file":
+            name = check_filename(msg.get("filename"))
+            data = msg.get("data")
+            if not isinstance(data, bytes) or len(data) > MAX_UPLOAD:
+                raise ev.MalformedMessage(f"upload-file: data must be bytes of at most "
+                                          f"{MAX_UPLOAD} (got {type(data).__name__})")
+            self.files[name] = data
+            self._fan_out(source, rid, list(state.workers),
+                          {"op": "upload-file", "filename": name, "data": data,
+                           "load": bool(msg.get("load", True))})
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _list(op: str, value: Any, what: str) -> list:
+        if not isinstance(value, (list, tuple)):
+            raise ev.MalformedMessage(f"{op}: {what} must be a list")
+        return list(value)
+
+    def _workers(self, msg: dict) -> list[str]:
+        """The workers named by ``msg["workers"]`` (addresses or names; None: all)."""
+        workers = self.scheduler.state.workers
+        wanted = msg.get("workers")
+        if wanted is None:
+            return list(workers)
+        wanted = self._list(msg["op"], wanted, "workers")
+        names = {str(w) for w in wanted}
+        return [a for a, ws in workers.items() if a in names or str(ws.name) in names]
+
+    def _reply(self, to: str, rid: str, **fields: Any) -> None:
+        self.scheduler.send(to, {"op": "control-reply", "request_id": rid, **fields})
+
+    def _run_here(self, source: str, rid: str, msg: dict) -> None:
+        try:
+            fn = loads_function(msg["function"])
+            args = loads_object(msg["args"]) if msg.get("args") else ()
+            kwargs = loads_object(msg["kwargs"]) if msg.get("kwargs") else {}
+            result = call_with(fn, tuple(args), dict(kwargs), "dask_scheduler", self.scheduler)
+            reply = {"status": "OK", "result": dumps_object(result)}
+        except Exception as e:  # noqa: BLE001 - the user's function: its error goes back
+            reply = error_reply(e)
+        self._reply(source, rid, **reply)
+
+    def _fan_out(self, client: str, rid: str, workers: list[str], msg: dict) -> None:
+        fan = {"client": client, "request_id": rid, "waiting": set(workers), "results": {}}
+        sub = f"control-{next(self._ids)}"
+        self._pending[sub] = fan
+        for w in workers:
+            self.scheduler.send(w, {**msg, "request_id": sub})
+        self._maybe_done(sub)
+
+    def _worker_replied(self, worker: str, msg: dict) -> None:
+        sub = msg.get("request_id")
+        fan = self._pending.get(sub) if isinstance(sub, str) else None
+        if fan is None or worker not in fan["waiting"]:
+            return
+        fan["waiting"].discard(worker)
+        status = msg.get("status")
+        if status == "OK":
+            fan["results"][worker] = {"status": "OK", "result": msg.get("result")}
+        else:
+            fan["results"][worker] = {"status": "error", "exception": msg.get("exception"),
+                                      "traceback": str(msg.get("traceback", ""))}
+        self._maybe_done(sub)
+
+    def _maybe_done(self, sub: str) -> None:
+        fan = self._pending[sub]
+        if fan["waiting"]:
+            return
+        del self._pending[sub]
+        self._reply(fan["client"], fan["request_id"], status="OK", results=fan["results"])
+
+    def _on_worker(self, what: str, address: str, info: dict | None) -> None:
+        if what == "add":
+            for name, data in self.files.items():
+                self.scheduler.send(address, {"op": "upload-file", "filename": name,
+                                                "data": data, "load": True,
+                                                "request_id": "replay"})
+            return
+        for sub in [s for s, f in self._pending.items() if address in f["waiting"]]:
+            fan = self._pending[sub]
+            fan["waiting"].discard(address)
+            fan["results"][address] = error_reply(
+                RuntimeError(f"worker {address} left before it answered"))
+            self._maybe_done(sub)

@@ -1,0 +1,109 @@
+"""A worker's side of cluster control: ``run`` a function, receive an uploaded file.
+
+The scheduler relays these from a client (see :mod:`hpcsched.core.cluster_control`).
+``run`` executes on a thread of its own, never on the worker's loop (which
+must keep serving) nor in the task pool (which may be full): the function may
+take as long as it likes, and may call back into the cluster. Its answer goes
+back through the loop as a ``run-reply``.
+
+An uploaded file is written into the worker's ``local_directory`` (a private
+temporary one if it has none), which is put on ``sys.path``; a ``.py`` file is
+then imported (reloaded if it was already), a ``.zip``/``.egg`` put on
+``sys.path`` itself, as distributed's ``upload_file`` does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from typing import Any
+
+from hpcsched.core.cluster_control import call_with, check_filename, error_reply
+from hpcsched.core.serialize import dumps_object, loads_function, loads_object
+
+logger = logging.getLogger("hpcsched.worker")
+
+OPS = ("run", "upload-file")
+
+
+class WorkerControl:
+    """``handle(msg)`` on the loop thread; ``send(reply)`` queues a reply to the scheduler
+    from any thread."""
+
+    def __init__(self, worker: Any, send: Any):
+        self.worker = worker
+        self.send = send
+        self._lock = threading.Lock()
+
+    def handle(self, msg: dict) -> None:
+        if msg.get("op") == "run":
+            threading.Thread(target=self._run, args=(msg,), daemon=True,
+                             name="hpcsched-run").start()
+        else:
+            self._upload(msg)
+
+    def _run(self, msg: dict) -> None:
+        try:
+            fn = loads_function(msg["function"])
+            args = loads_object(msg["args"]) if msg.get("args") else ()
+            kwargs = loads_object(msg["kwargs"]) if msg.get("kwargs") else {}
+            result = call_with(fn, tuple(args), dict(kwargs), "dask_worker", self.worker)
+            reply = {"status": "OK", "result": dumps_object(result if msg.get("wait", True)
+                                                            else None)}
+        except Exception as e:  # noqa: BLE001 - the user's function: its error goes back
+            reply = error_reply(e)
+        self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+    def directory(self) -> str:
+        """The worker's directory for files, made (and put on ``sys.path``) on first use."""
+        with self._lock:
+            d = self.worker.local_directory
+            if d is None:
+                d = self.worker.local_directory = tempfile.mkdtemp(prefix="hpcsched-worker-")
+                atexit.register(shutil.rmtree, d, True)  # ours: gone with the process
+            os.makedirs(d, exist_ok=True)
+            if d not in sys.path:
+                sys.path.insert(0, d)
+            return d
+
+    def _upload(self, msg: dict) -> None:
+        try:
+            name = check_filename(msg.get("filename"))
+            data = msg.get("data")
+            if not isinstance(data, bytes):
+                raise TypeError("upload-file: data must be bytes")
+            path = os.path.join(self.directory(), name)
+            tmp = f"{path}.{os.getpid()}.part"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # a reader never sees half a file
+            if msg.get("load", True):
+                load(path)
+            reply = {"status": "OK", "result": dumps_object(path)}
+        except Exception as e:  # noqa: BLE001 - a bad file errs the upload, not the worker
+            logger.warning("upload of %r failed: %s", msg.get("filename"), e)
+            reply = error_reply(e)
+        self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+
+def load(path: str) -> None:
+    """Make an uploaded file usable: import a module, put an archive on ``sys.path``."""
+    root, ext = os.path.splitext(os.path.basename(path))
+    if ext in (".zip", ".egg", ".whl"):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+        return
+    if ext == ".py":
+        importlib.invalidate_caches()
+        module = sys.modules.get(root)
+        if module is not None and getattr(module, "__file__", None) == path:
+            importlib.reload(module)
+        else:
+            sys.modules.pop(root, None)
+            importlib.import_module(root)

@@ -1,0 +1,85 @@
+"""Cluster control assertions, run the same over TCP (LocalCluster) and under mpiexec.
+
+``check(client, tmp_dir, add_worker)``: ``add_worker()`` starts one more worker
+and returns once it joined, or returns False where workers cannot be added
+(MPI: ranks are fixed), which skips only the late-joiner part.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from typing import Any
+
+
+def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
+    workers = client.scheduler_info()["workers"]
+    assert len(workers) >= 2, workers
+    addrs = sorted(workers)
+
+    # run: every worker, dask_worker passed, one worker, errors three ways
+    assert client.run(lambda dask_worker: dask_worker.address) == {a: a for a in addrs}
+    assert client.run(lambda x, y=0: x + y, 1, y=2, workers=[addrs[0]]) == {addrs[0]: 3}
+    name = workers[addrs[1]]["name"]
+    assert list(client.run(os.getpid, workers=[name])) == [addrs[1]]
+    try:
+        client.run(lambda: 1 / 0)
+        raise AssertionError("run did not raise")
+    except ZeroDivisionError:
+        pass
+    errs = client.run(lambda: 1 / 0, on_error="return")
+    assert sorted(errs) == addrs and all(isinstance(e, ZeroDivisionError) for e in errs.values())
+    assert client.run(lambda: 1 / 0, on_error="ignore") == {}
+    assert client.run(lambda: 1, wait=False) is None
+
+    # run_on_scheduler
+    assert client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.state.workers)) \
+        == addrs
+    assert client.run_on_scheduler(lambda a, b: a * b, 6, 7) == 42
+    try:
+        client.run_on_scheduler(lambda: {}["missing"])
+        raise AssertionError("run_on_scheduler did not raise")
+    except KeyError:
+        pass
+
+    # who_has / has_what / nthreads / ncores
+    fut = client.submit(lambda x: x + 1, 1, workers=[addrs[0]], pure=False)
+    assert fut.result(timeout=30) == 2
+    assert client.who_has(fut) == {fut.key: [addrs[0]]}
+    assert client.who_has([fut])[fut.key] == [addrs[0]]
+    assert fut.key in client.who_has()
+    has = client.has_what()
+    assert sorted(has) == addrs and fut.key in has[addrs[0]]
+    assert list(client.has_what(workers=[addrs[1]])) == [addrs[1]]
+    threads = {a: w["nthreads"] for a, w in workers.items()}
+    assert client.nthreads() == threads == client.ncores()
+    assert client.nthreads(workers=[addrs[0]]) == {addrs[0]: threads[addrs[0]]}
+
+    # upload_file: imported on every worker, reloaded on a second upload, and sent to a
+    # worker that joins later
+    module = f"uploaded_{uuid.uuid4().hex[:8]}"
+    path = os.path.join(tmp_dir, f"{module}.py")
+    with open(path, "w") as f:
+        f.write("VALUE = 1\n")
+    paths = client.upload_file(path)
+    assert sorted(paths) == addrs
+    assert client.submit(lambda: sys.modules[module].VALUE, pure=False).result(30) == 1
+    with open(path, "w") as f:
+        f.write("VALUE = 2\n")
+    client.upload_file(path)
+    assert set(client.run(lambda: sys.modules[module].VALUE).values()) == {2}
+    if add_worker():
+        values = client.run(lambda: __import__(module).VALUE)
+        assert len(values) == len(addrs) + 1 and set(values.values()) == {2}, values
+    try:
+        client.upload_file(os.path.join(tmp_dir, "no-such-file.py"))
+        raise AssertionError("upload_file of a missing file did not raise")
+    except FileNotFoundError:
+        pass
+    try:
+        client.run(print, nanny=True)
+        raise AssertionError("run(nanny=True) did not raise")
+    except ValueError:
+        pass
+    del fut
