@@ -236,6 +236,7 @@ class Worker:
             client, self._client = self._client, None
         if client is not None:
             client.close(timeout=2.0)
+        self.control.cleanup()  # a temporary directory it made for uploads
         if self._on_close is not None:
             self._on_close(self)
 

@@ -14,7 +14,6 @@ then imported (reloaded if it was already), a ``.zip``/``.egg`` put on
 
 from __future__ import annotations
 
-import atexit
 import importlib
 import logging
 import os
@@ -40,6 +39,14 @@ class WorkerControl:
         self.worker = worker
         self.send = send
         self._lock = threading.Lock()
+        self._made: str | None = None  # a temporary directory this worker made: removed at close
+
+    def cleanup(self) -> None:
+        """Remove the temporary directory made for uploads (the worker is closing)."""
+        with self._lock:
+            made, self._made = self._made, None
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
     def handle(self, msg: dict) -> None:
         if msg.get("op") == "run":
@@ -66,7 +73,7 @@ class WorkerControl:
             d = self.worker.local_directory
             if d is None:
                 d = self.worker.local_directory = tempfile.mkdtemp(prefix="hpcsched-worker-")
-                atexit.register(shutil.rmtree, d, True)  # ours: gone with the process
+                self._made = d
             os.makedirs(d, exist_ok=True)
             if d not in sys.path:
                 sys.path.insert(0, d)
