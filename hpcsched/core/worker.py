@@ -22,8 +22,19 @@ would recompute them), and the scheduler errs the task with the real
 exception and its traceback, so that ``result()`` raises instead of waiting.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
-with a message naming the address it tried. ``lifetime`` (a batch job's
-walltime) makes it ask the scheduler to retire it gracefully in time.
+with a message naming the address it tried; one that loses its scheduler
+closes at once with :data:`EXIT_SCHEDULER_LOST`, whatever its tasks are doing
+(the CLI then leaves without waiting for task threads, so that a batch job
+ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
+the scheduler to retire it gracefully in time.
+
+Memory (:mod:`hpcsched.core.memory`): with a ``memory_limit``, results live in
+a :class:`~hpcsched.core.spill.SpillBuffer` under ``local_directory``, and the
+loop's tick samples process memory every ``worker.memory.monitor-interval``
+seconds to spill, pause or resume; past the terminate fraction it calls
+``on_memory_terminate(reason)``: the CLI's exits for its supervisor to restart
+it (``restartable``), an MPI rank's ends the job naming the rank once nothing
+is left to spill.
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.execution import pack_exception, run_spec_call, serialization_errors
 from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.memory import MemoryLimits, format_bytes, plan, process_memory
 from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
+from hpcsched.core.spill import SpillBuffer, local_directory
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.telemetry import WorkerTelemetry
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
@@ -57,6 +70,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.worker")
 
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
 
 
 class Worker:
@@ -76,6 +90,13 @@ class Worker:
         heartbeat_interval: float | None = None,
         host: str | None = None,
         on_close: Any = None,
+        local_directory: str | None = None,
+        memory_target_fraction: float | bool | None = None,
+        memory_spill_fraction: float | bool | None = None,
+        memory_pause_fraction: float | bool | None = None,
+        memory_terminate_fraction: float | bool | None = None,
+        on_memory_terminate: Any = None,
+        restartable: bool = False,
     ):
         self.scheduler_address = scheduler_address
         self.nthreads = nthreads or os.cpu_count() or 1
@@ -99,8 +120,21 @@ class Worker:
         self.host = host or socket.gethostname()
         self.address = ""
         self.state: WorkerState | None = None
-        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick,
-                         self.heartbeat_interval)
+        self.memory = MemoryLimits.from_config(
+            int(self.memory_limit), target=memory_target_fraction, spill=memory_spill_fraction,
+            pause=memory_pause_fraction, terminate=memory_terminate_fraction)
+        self.local_directory = local_directory
+        self.spill_buffer: SpillBuffer | None = None
+        self._on_memory_terminate = on_memory_terminate
+        self.restartable = restartable
+        self._memory_sample = (0.0, 0)  # (monotonic time, rss) of the last sample
+        self._terminating = False
+        self._close_asked = False  # the scheduler said "close" (its exit code stands)
+        tick = self.heartbeat_interval
+        if self.memory.managed:
+            tick = min(tick, float(config.get("worker.memory.monitor-interval")))
+        self._next_heartbeat = 0.0
+        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
         self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
                                           thread_name_prefix="hpcsched-fetch")
@@ -135,8 +169,17 @@ class Worker:
     def start(self) -> Worker:
         self._listener = registry.listen(self.listen_address, self._on_peer, self.security)
         self.address = self._listener.address
+        if self.memory.managed and (self.memory.target or self.memory.spill):
+            try:
+                self.spill_buffer = SpillBuffer(local_directory(self.local_directory),
+                                                self.memory.bytes_at("target"))
+            except OSError as e:
+                self._listener.stop()
+                raise OSError(f"worker cannot spill to local_directory "
+                              f"{local_directory(self.local_directory)!r}: {e}") from e
         self.state = WorkerState(self.address, self.nthreads, self.resources,
-                                 config.get("worker.transfer-incoming-count-limit"))
+                                 config.get("worker.transfer-incoming-count-limit"),
+                                 data=self.spill_buffer)
         comm = self._connect_scheduler()
         comm.send([{"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
                     "memory_limit": self.memory_limit, "name": self.name or self.address,
@@ -196,11 +239,13 @@ class Worker:
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed.wait(timeout)
 
-    def close(self, reason: str = "closed") -> None:
+    def close(self, reason: str = "closed", exit_code: int | None = None) -> None:
         with self._close_lock:
             if self._closed.is_set():
                 return
             self.close_reason = reason
+            if exit_code is not None:
+                self.exit_code = exit_code
             self._closed.set()
         logger.info("worker %s closing: %s", self.address, reason)
         if self._listener is not None:
@@ -227,6 +272,8 @@ class Worker:
             client, self._client = self._client, None
         if client is not None:
             client.close(timeout=2.0)
+        if self.spill_buffer is not None:
+            self.spill_buffer.close()
         if self._on_close is not None:
             self._on_close(self)
 
@@ -244,8 +291,10 @@ class Worker:
         for source, payload in items:
             if source == "scheduler":
                 if payload is CLOSED:
-                    threading.Thread(target=self.close, args=("scheduler connection lost",),
-                                     daemon=True).start()
+                    # after a "close" it asked for, the scheduler's exit code stands
+                    code = None if self._close_asked else EXIT_SCHEDULER_LOST
+                    threading.Thread(target=self.close, args=("scheduler connection lost",
+                                                              code), daemon=True).start()
                     return
                 for msg in payload:
                     op = msg.get("op")
@@ -257,6 +306,7 @@ class Worker:
                     elif op == "get-data":
                         self._serve(self._scheduler_comm, msg)
                     elif op == "close":
+                        self._close_asked = True
                         self.exit_code = int(msg.get("exit_code") or 0)
                         threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
                                          daemon=True).start()
@@ -319,9 +369,15 @@ class Worker:
                 pass
 
     def _tick(self, now: float) -> None:
+        if self.memory.managed:
+            self._monitor_memory(now)
+        mono = time.monotonic()
+        if mono < self._next_heartbeat:
+            return
+        self._next_heartbeat = mono + self.heartbeat_interval * 0.95
         limit = config.get("comm.timeouts.connect") * 4
         for rid, (worker, keys, _, started) in list(self._direct_fetches.items()):
-            if time.monotonic() - started > limit:
+            if mono - started > limit:
                 del self._direct_fetches[rid]
                 self._carry_out(self.state.handle(ev.GatherDepFailure(
                     worker, keys, f"no answer within {limit:.0f}s", now)))
@@ -331,28 +387,66 @@ class Worker:
         m = self.metrics()
         if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m:
             self._outbox.append({"op": "heartbeat", "metrics": m})
-        if self.lifetime and not self._retire_asked and \
-                time.monotonic() - self._started > self.lifetime:
+        if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
             self._retire_asked = True
             logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
                         self.lifetime)
             self._outbox.append({"op": "retire-me"})
 
+    # ================================================================ memory
+    def _monitor_memory(self, now: float) -> None:
+        """One sample of process memory, and what it calls for (on the loop thread)."""
+        rss = process_memory()
+        self._memory_sample = (time.monotonic(), rss)
+        buf = self.spill_buffer
+        spillable = buf.memory_bytes if buf is not None else 0
+        paused = self.state.status == "paused"
+        p = plan(self.memory, rss, spillable, paused, self.restartable)
+        if p.evict_bytes:
+            done = buf.evict(p.evict_bytes)
+            logger.debug("worker %s: process memory %s > spill fraction: spilled %s",
+                         self.address, format_bytes(rss), format_bytes(done))
+        if p.pause is not None:
+            if p.pause:
+                logger.warning(
+                    "worker %s paused: process memory %s is above %.0f%% of memory_limit %s "
+                    "(worker.memory.pause); managed %s, spilled %s", self.address,
+                    format_bytes(rss), 100 * (self.memory.pause or 1),
+                    format_bytes(self.memory.limit), format_bytes(spillable),
+                    format_bytes(buf.disk_bytes if buf is not None else 0))
+            else:
+                logger.warning("worker %s resumed: process memory %s", self.address,
+                               format_bytes(rss))
+            self._carry_out(self.state.handle(ev.PauseWorker(p.pause, now)))
+        if p.terminate and not self._terminating:
+            self._terminating = True
+            why = (f"process memory {format_bytes(rss)} is above "
+                   f"{100 * (self.memory.terminate or 1):.0f}% of memory_limit "
+                   f"{format_bytes(self.memory.limit)} (worker.memory.terminate)"
+                   + ("" if self.restartable else
+                      f" with nothing left to spill ({format_bytes(buf.disk_bytes if buf else 0)}"
+                      " on disk)"))
+            logger.error("worker %s (%s): %s", self.address, self.name, why)
+            if self._on_memory_terminate is not None:
+                self._on_memory_terminate(why)
+        elif not p.terminate:
+            self._terminating = False
+
     def metrics(self) -> dict:
         st = self.state
         m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
-             "in_flight": len(st.in_flight_workers), "time": time.time()}
+             "in_flight": len(st.in_flight_workers), "time": time.time(),
+             "status": st.status}
         nbytes, seconds = self._transfers
         if seconds > 0 and nbytes >= 1_000_000:  # small transfers measure latency, not speed
             m["bandwidth"] = nbytes / seconds
             self._transfers = (0, 0.0)
         self.telemetry.add_to(m)
-        try:
-            import psutil
-
-            m["memory"] = psutil.Process().memory_info().rss
-        except Exception:
-            pass
+        sampled, rss = self._memory_sample
+        m["memory"] = rss if time.monotonic() - sampled < 1.0 else process_memory()
+        if self.spill_buffer is not None:
+            m["managed"] = self.spill_buffer.memory_bytes
+            m["spilled"] = self.spill_buffer.disk_bytes
         return m
 
     # ================================================================ execution
@@ -541,12 +635,13 @@ class Worker:
 
     def _serve(self, comm: Comm | None, msg: dict) -> None:
         data = self.state.data
+        get = data.peek if self.spill_buffer is not None else data.__getitem__
         out: dict = {}
         missing = []
         wrap = bool(msg.get("serialized"))
         for key in msg.get("keys", ()):
             try:
-                value = data[key]
+                value = get(key)
             except KeyError:
                 missing.append(key)
                 continue
