@@ -27,7 +27,7 @@ on its tick (``worker.memory.monitor-interval``), never per task.
 
 >>> limits = MemoryLimits(1000, target=0.6, spill=0.7, pause=0.8, terminate=0.95)
 >>> plan(limits, rss=750, spillable=400, paused=False)
-MemoryPlan(evict_bytes=150, pause=None, terminate=False)
+MemoryPlan(evict_bytes=150, pause=None, terminate=False, fast_bytes=350.0)
 >>> plan(limits, rss=850, spillable=0, paused=False).pause
 True
 """
@@ -106,6 +106,8 @@ class MemoryPlan:
     evict_bytes: int = 0  # spill this many bytes of results (least recently used first)
     pause: bool | None = None  # True: pause; False: resume; None: no change
     terminate: bool = False  # past the terminate fraction with nothing left to spill
+    # bytes of results the spill buffer may keep in memory until the next sample
+    fast_bytes: float = math.inf
 
 
 def plan(limits: MemoryLimits, rss: int, spillable: int, paused: bool,
@@ -119,6 +121,11 @@ def plan(limits: MemoryLimits, rss: int, spillable: int, paused: bool,
     """
     if not limits.managed:
         return MemoryPlan()
+    # results are stored between samples, many per sample when tasks are short: the buffer
+    # keeps at most target, and no more than leaves room for the memory sizeof does not
+    # see (interpreter, libraries, fragmentation) below the spill fraction
+    unmanaged = max(rss - spillable, 0)
+    fast = min(limits.bytes_at("target"), max(limits.bytes_at("spill") - unmanaged, 0))
     evict = 0
     spill_at = limits.bytes_at("spill")
     if rss > spill_at:
@@ -135,7 +142,7 @@ def plan(limits: MemoryLimits, rss: int, spillable: int, paused: bool,
     if terminate and not restartable:
         want_pause = True
     change = want_pause if want_pause != paused else None
-    return MemoryPlan(max(evict, 0), change, terminate)
+    return MemoryPlan(max(evict, 0), change, terminate, fast)
 
 
 def process_memory() -> int:

@@ -161,7 +161,16 @@ class SpillBuffer(MutableMapping):
 
     @property
     def target(self) -> float:
+        """Bytes of results kept in memory; setting it spills what is past it now."""
         return self._buffer.n
+
+    @target.setter
+    def target(self, nbytes: float) -> None:
+        self._buffer.n = nbytes
+        try:
+            self._buffer.evict_until_below_target()
+        except Exception as e:  # noqa: BLE001 - zict kept the result in memory
+            logger.warning("could not spill to %s: %s", self.directory, e)
 
     def close(self) -> None:
         self._buffer.fast.clear()

@@ -150,6 +150,7 @@ class Worker:
         self._pending: dict[str, tuple[threading.Event, list, Any]] = {}
         self._ids = itertools.count()
         self._closed = threading.Event()
+        self._close_done = threading.Event()
         self._close_lock = threading.Lock()
         self.close_reason = ""
         self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
@@ -230,11 +231,13 @@ class Worker:
                 time.sleep(min(0.2, max(left, 0)))
 
     def run(self) -> None:
-        """Start and block until closed (the CLI's main loop)."""
+        """Start and block until closed, and the close is over (the CLI's main loop)."""
         if not self.address:
             self.start()
         while not self._closed.wait(1.0):
             pass
+        if not self._close_done.wait(15.0):  # each step of close() is bounded
+            logger.warning("worker %s: closing took over 15s; leaving anyway", self.address)
 
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed.wait(timeout)
@@ -274,6 +277,7 @@ class Worker:
             client.close(timeout=2.0)
         if self.spill_buffer is not None:
             self.spill_buffer.close()
+        self._close_done.set()
         if self._on_close is not None:
             self._on_close(self)
 
@@ -402,6 +406,8 @@ class Worker:
         spillable = buf.memory_bytes if buf is not None else 0
         paused = self.state.status == "paused"
         p = plan(self.memory, rss, spillable, paused, self.restartable)
+        if buf is not None and p.fast_bytes != buf.target:
+            buf.target = p.fast_bytes
         if p.evict_bytes:
             done = buf.evict(p.evict_bytes)
             logger.debug("worker %s: process memory %s > spill fraction: spilled %s",
@@ -428,6 +434,8 @@ class Worker:
                       " on disk)"))
             logger.error("worker %s (%s): %s", self.address, self.name, why)
             if self._on_memory_terminate is not None:
+                if buf is not None:  # the process ends: so do its spilled results
+                    buf.close()
                 self._on_memory_terminate(why)
         elif not p.terminate:
             self._terminating = False

@@ -40,12 +40,24 @@ def test_false_turns_a_step_off_in_config_as_in_dask():
     with config.set({"worker.memory.pause": False, "worker.memory.spill": "false"}):
         limits = MemoryLimits.from_config(1000)
     assert limits.pause is None and limits.spill is None
-    assert plan(limits, rss=999, spillable=500, paused=False, restartable=True) == \
-        MemoryPlan(0, None, True)
+    assert decisions(plan(limits, rss=999, spillable=500, paused=False, restartable=True)) \
+        == (0, None, True)
+
+
+def decisions(p: MemoryPlan) -> tuple:
+    return p.evict_bytes, p.pause, p.terminate
 
 
 def test_below_spill_nothing_happens():
-    assert plan(LIMITS, rss=690, spillable=500, paused=False) == MemoryPlan()
+    assert decisions(plan(LIMITS, rss=690, spillable=500, paused=False)) == (0, None, False)
+
+
+def test_results_kept_in_memory_leave_room_for_what_sizeof_does_not_see():
+    # 100 bytes of interpreter and libraries: up to target (600) of results
+    assert plan(LIMITS, rss=300, spillable=200, paused=False).fast_bytes == 600
+    # 300 bytes unmanaged: only 400 of results fit below the spill fraction (700)
+    assert plan(LIMITS, rss=500, spillable=200, paused=False).fast_bytes == 400
+    assert plan(LIMITS, rss=900, spillable=0, paused=False).fast_bytes == 0
 
 
 def test_past_spill_results_go_until_process_memory_would_be_at_target():
@@ -69,7 +81,7 @@ def test_terminate_restarts_at_once_where_a_restart_is_possible():
 def test_terminate_without_restart_spills_everything_first_then_gives_up():
     """An MPI rank: spilling and pausing must be tried before ending the job."""
     p = plan(LIMITS, rss=960, spillable=300, paused=False, restartable=False)
-    assert p == MemoryPlan(evict_bytes=300, pause=True, terminate=False)
+    assert decisions(p) == (300, True, False)
     p = plan(LIMITS, rss=960, spillable=0, paused=True, restartable=False)
     assert p.terminate
 
