@@ -56,12 +56,13 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.execution import pack_exception, run_spec_call, serialization_errors
 from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
-from hpcsched.core.memory import MemoryLimits, format_bytes, plan, process_memory
+from hpcsched.core.memory import MemoryLimits
 from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
 from hpcsched.core.spill import SpillBuffer, local_directory
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.telemetry import WorkerTelemetry
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
+from hpcsched.core.worker_memory import MemoryMonitor
 from hpcsched.core.worker_state import WorkerState
 
 if TYPE_CHECKING:
@@ -125,10 +126,7 @@ class Worker:
             pause=memory_pause_fraction, terminate=memory_terminate_fraction)
         self.local_directory = local_directory
         self.spill_buffer: SpillBuffer | None = None
-        self._on_memory_terminate = on_memory_terminate
-        self.restartable = restartable
-        self._memory_sample = (0.0, 0)  # (monotonic time, rss) of the last sample
-        self._terminating = False
+        self.memory_monitor = MemoryMonitor(self.memory, on_memory_terminate, restartable)
         self._close_asked = False  # the scheduler said "close" (its exit code stands)
         tick = self.heartbeat_interval
         if self.memory.managed:
@@ -174,6 +172,7 @@ class Worker:
             try:
                 self.spill_buffer = SpillBuffer(local_directory(self.local_directory),
                                                 self.memory.bytes_at("target"))
+                self.memory_monitor.spill_buffer = self.spill_buffer
             except OSError as e:
                 self._listener.stop()
                 raise OSError(f"worker cannot spill to local_directory "
@@ -399,46 +398,10 @@ class Worker:
 
     # ================================================================ memory
     def _monitor_memory(self, now: float) -> None:
-        """One sample of process memory, and what it calls for (on the loop thread)."""
-        rss = process_memory()
-        self._memory_sample = (time.monotonic(), rss)
-        buf = self.spill_buffer
-        spillable = buf.memory_bytes if buf is not None else 0
-        paused = self.state.status == "paused"
-        p = plan(self.memory, rss, spillable, paused, self.restartable)
-        if buf is not None and p.fast_bytes != buf.target:
-            buf.target = p.fast_bytes
-        if p.evict_bytes:
-            done = buf.evict(p.evict_bytes)
-            logger.debug("worker %s: process memory %s > spill fraction: spilled %s",
-                         self.address, format_bytes(rss), format_bytes(done))
-        if p.pause is not None:
-            if p.pause:
-                logger.warning(
-                    "worker %s paused: process memory %s is above %.0f%% of memory_limit %s "
-                    "(worker.memory.pause); managed %s, spilled %s", self.address,
-                    format_bytes(rss), 100 * (self.memory.pause or 1),
-                    format_bytes(self.memory.limit), format_bytes(spillable),
-                    format_bytes(buf.disk_bytes if buf is not None else 0))
-            else:
-                logger.warning("worker %s resumed: process memory %s", self.address,
-                               format_bytes(rss))
-            self._carry_out(self.state.handle(ev.PauseWorker(p.pause, now)))
-        if p.terminate and not self._terminating:
-            self._terminating = True
-            why = (f"process memory {format_bytes(rss)} is above "
-                   f"{100 * (self.memory.terminate or 1):.0f}% of memory_limit "
-                   f"{format_bytes(self.memory.limit)} (worker.memory.terminate)"
-                   + ("" if self.restartable else
-                      f" with nothing left to spill ({format_bytes(buf.disk_bytes if buf else 0)}"
-                      " on disk)"))
-            logger.error("worker %s (%s): %s", self.address, self.name, why)
-            if self._on_memory_terminate is not None:
-                if buf is not None:  # the process ends: so do its spilled results
-                    buf.close()
-                self._on_memory_terminate(why)
-        elif not p.terminate:
-            self._terminating = False
+        """One sample of process memory; a pause or resume goes through the state machine."""
+        change = self.memory_monitor.sample(self.address, self.state.status == "paused")
+        if change is not None:
+            self._carry_out(self.state.handle(ev.PauseWorker(change, now)))
 
     def metrics(self) -> dict:
         st = self.state
@@ -450,11 +413,7 @@ class Worker:
             m["bandwidth"] = nbytes / seconds
             self._transfers = (0, 0.0)
         self.telemetry.add_to(m)
-        sampled, rss = self._memory_sample
-        m["memory"] = rss if time.monotonic() - sampled < 1.0 else process_memory()
-        if self.spill_buffer is not None:
-            m["managed"] = self.spill_buffer.memory_bytes
-            m["spilled"] = self.spill_buffer.disk_bytes
+        m.update(self.memory_monitor.metrics())
         return m
 
     # ================================================================ execution
