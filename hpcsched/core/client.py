@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core import client_control, config, seams
+from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Security
 from hpcsched.core.dask_collections import (
@@ -160,6 +161,10 @@ class Client:
             self._close_owned_cluster()
             raise ConnectionError(f"scheduler at {address} did not accept this client: {e}") \
                 from e
+        self._lost_reason = ""
+        # a scheduler in this process cannot hang apart from us: no watch needed
+        self._watch = None if connect_address.startswith("inproc://") else SchedulerWatch(
+            self.id, self._ping, self._scheduler_unresponsive)
         self._reader = threading.Thread(target=self._read_loop, name=f"{self.id}-reader",
                                         daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name=f"{self.id}-sender",
@@ -171,6 +176,8 @@ class Client:
         self._callback_thread.start()
         self._handle([reply] if isinstance(reply, dict) else reply)
         self.status = "running"
+        if self._watch is not None:
+            self._watch.start()
         if set_as_default:
             global _default_client
             with _default_lock:
@@ -252,9 +259,12 @@ class Client:
             logger.debug("client send failed: %s", e)
 
     def _read_loop(self) -> None:
+        watch = self._watch
         try:
             while True:
                 msgs = self._comm.recv()
+                if watch is not None:
+                    watch.heard()
                 self._handle(msgs if isinstance(msgs, list) else [msgs])
         except (CommClosedError, OSError, EOFError):
             pass
@@ -263,11 +273,24 @@ class Client:
         finally:
             self._lost_scheduler()
 
+    def _ping(self) -> None:
+        if not self._closed:  # any answer will do: the reader hears it
+            self._outq.put({"op": "scheduler-info", "request_id": self._new_id("ping")})
+
+    def _scheduler_unresponsive(self, reason: str) -> None:
+        logger.error("client %s: %s at %s: giving up on it", self.id, reason,
+                     self.scheduler_address)
+        self._lost_reason = f": {reason}"
+        self._comm.close()  # the reader sees it closed and errs what waits
+
     def _lost_scheduler(self) -> None:
         if self._closed:
             return
         self.status = "disconnected"
-        exc = serialize(ConnectionError(f"lost the scheduler at {self.scheduler_address}"))
+        if self._watch is not None:
+            self._watch.stop()
+        exc = serialize(ConnectionError(f"lost the scheduler at {self.scheduler_address}"
+                                        f"{self._lost_reason}"))
         for st in list(self.futures.values()):
             if not st.done():
                 self._callbacks(st.error(exc, "", "lost the scheduler"))
@@ -815,6 +838,8 @@ class Client:
             pass
         self._closed = True
         self.status = "closed"
+        if self._watch is not None:
+            self._watch.stop()
         self._outq.put(None)
         self._callback_q.put(None)
         self._comm.close()

@@ -62,6 +62,24 @@ DEFAULTS: dict[str, Any] = {
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
     "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends
     "worker.walltime-stagger": 30.0,  # spread of retirements between workers of one job
+    # memory management, with dask.distributed's names and defaults ("Worker Memory
+    # Management" in its documentation). Fractions of the worker's memory_limit; false
+    # turns a step off. target: results measured by sizeof above it spill to disk, least
+    # recently used first; spill: process memory (RSS) above it spills until below target;
+    # pause: process memory above it stops new tasks (and fetches) until it drops;
+    # terminate: process memory above it makes a worker with a nanny restart (TCP); under
+    # MPI, where a rank cannot be restarted, it ends the job with an error naming the rank
+    # once nothing is left to spill
+    "worker.memory.target": 0.6,
+    "worker.memory.spill": 0.7,
+    "worker.memory.pause": 0.8,
+    "worker.memory.terminate": 0.95,
+    "worker.memory.monitor-interval": 0.1,  # seconds between samples of process memory
+    # where results spill: the node's local disk (None: $TMPDIR, else the system's temp dir)
+    "worker.local-directory": None,
+    # clients
+    "client.heartbeat-interval": 5.0,  # seconds of silence from the scheduler before a ping
+    "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost
     # transport
     "comm.timeouts.connect": 30.0,
     "comm.timeouts.handshake": 10.0,

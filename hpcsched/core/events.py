@@ -231,6 +231,16 @@ class Heartbeat:
 
 
 @dataclass(slots=True)
+class WorkerStatusChange:
+    """``worker`` paused (its memory is past the pause fraction: it starts nothing) or runs
+    again; a paused worker is given no new task."""
+
+    worker: str
+    status: str  # "paused" | "running"
+    now: float = 0.0
+
+
+@dataclass(slots=True)
 class ScatterData:
     client: str
     scatter_id: str
@@ -297,6 +307,15 @@ class RefreshWhoHas:
 class UpdateData:
     data: dict  # key -> value (deserialized by the server)
     scatter_id: str | None = None
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class PauseWorker:
+    """The worker's memory monitor: stop starting tasks and fetching (``paused=True``), or
+    go on again."""
+
+    paused: bool
     now: float = 0.0
 
 
@@ -384,6 +403,7 @@ SCHEDULER_OPS: dict[str, type] = {
     "release-worker-data": ReleaseWorkerData,
     "steal-response": StealResponse,
     "heartbeat": Heartbeat,
+    "worker-status-change": WorkerStatusChange,
     "update-graph": UpdateGraph,
     "client-desires-keys": ClientDesiresKeys,
     "client-releases-keys": ClientReleasesKeys,

@@ -138,6 +138,21 @@ class MaintenanceMixin:
                 self._steal_targets[ts.key] = thief
                 self._send(victim.address, {"op": "steal-request", "key": ts.key})
 
+    # ================================================================ paused workers
+    def _worker_status_change(self, e: ev.WorkerStatusChange) -> None:
+        """A worker paused (memory past its pause fraction) or runs again. Paused, it is no
+        candidate for new tasks (it is not "running"); what it holds already waits there
+        (or is stolen). Resumed, its slots count as opened: queued tasks flow to it."""
+        ws = self.workers.get(e.worker)
+        if ws is None or e.status not in ("running", "paused") or ws.status == e.status \
+                or ws.status not in ("running", "paused"):  # retiring: it stays so
+            return
+        ws.status = e.status
+        self._running_cache = None
+        if e.status == "running":
+            self._push_free(ws)
+            self._slots_opened[ws] = None
+
     # ================================================================ retirement
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
         if self.recorder is not None and e.workers:

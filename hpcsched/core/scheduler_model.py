@@ -112,7 +112,7 @@ class WorkerInfo:
         self.has_what: dict[TaskState, None] = {}
         self.nbytes = 0
         self.occupancy = 0.0
-        self.status = "running"  # running | closing_gracefully
+        self.status = "running"  # running | paused | closing_gracefully
         self.last_seen = now
         self.metrics: dict = {}
         self.pid = pid

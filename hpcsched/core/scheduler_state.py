@@ -721,6 +721,7 @@ SchedulerState._handlers = {
     ev.MissingData: SchedulerState._missing_data,
     ev.StealResponse: SchedulerState._steal_response,
     ev.Heartbeat: SchedulerState._heartbeat,
+    ev.WorkerStatusChange: SchedulerState._worker_status_change,
     ev.RetireWorkers: SchedulerState._retire_workers,
     ev.Tick: SchedulerState._tick,
 }

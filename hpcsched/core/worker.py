@@ -22,8 +22,19 @@ would recompute them), and the scheduler errs the task with the real
 exception and its traceback, so that ``result()`` raises instead of waiting.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
-with a message naming the address it tried. ``lifetime`` (a batch job's
-walltime) makes it ask the scheduler to retire it gracefully in time.
+with a message naming the address it tried; one that loses its scheduler
+closes at once with :data:`EXIT_SCHEDULER_LOST`, whatever its tasks are doing
+(the CLI then leaves without waiting for task threads, so that a batch job
+ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
+the scheduler to retire it gracefully in time.
+
+Memory (:mod:`hpcsched.core.memory`): with a ``memory_limit``, results live in
+a :class:`~hpcsched.core.spill.SpillBuffer` under ``local_directory``, and the
+loop's tick samples process memory every ``worker.memory.monitor-interval``
+seconds to spill, pause or resume; past the terminate fraction it calls
+``on_memory_terminate(reason)``: the CLI's exits for its supervisor to restart
+it (``restartable``), an MPI rank's ends the job naming the rank once nothing
+is left to spill.
 """
 
 from __future__ import annotations
@@ -45,12 +56,15 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.execution import pack_exception, run_spec_call, serialization_errors
 from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.memory import MemoryLimits
 from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
+from hpcsched.core.spill import SpillBuffer, local_directory
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.telemetry import WorkerTelemetry
 from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker_control import OPS as CONTROL_OPS
 from hpcsched.core.worker_control import WorkerControl
+from hpcsched.core.worker_memory import MemoryMonitor
 from hpcsched.core.worker_state import WorkerState
 
 if TYPE_CHECKING:
@@ -59,6 +73,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.worker")
 
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
 
 
 class Worker:
@@ -79,6 +94,12 @@ class Worker:
         host: str | None = None,
         on_close: Any = None,
         local_directory: str | None = None,
+        memory_target_fraction: float | bool | None = None,
+        memory_spill_fraction: float | bool | None = None,
+        memory_pause_fraction: float | bool | None = None,
+        memory_terminate_fraction: float | bool | None = None,
+        on_memory_terminate: Any = None,
+        restartable: bool = False,
     ):
         self.scheduler_address = scheduler_address
         # this worker's own directory for files (dask's local_directory); made on demand
@@ -106,8 +127,17 @@ class Worker:
         self.host = host or socket.gethostname()
         self.address = ""
         self.state: WorkerState | None = None
-        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick,
-                         self.heartbeat_interval)
+        self.memory = MemoryLimits.from_config(
+            int(self.memory_limit), target=memory_target_fraction, spill=memory_spill_fraction,
+            pause=memory_pause_fraction, terminate=memory_terminate_fraction)
+        self.spill_buffer: SpillBuffer | None = None
+        self.memory_monitor = MemoryMonitor(self.memory, on_memory_terminate, restartable)
+        self._close_asked = False  # the scheduler said "close" (its exit code stands)
+        tick = self.heartbeat_interval
+        if self.memory.managed:
+            tick = min(tick, float(config.get("worker.memory.monitor-interval")))
+        self._next_heartbeat = 0.0
+        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
         self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
                                           thread_name_prefix="hpcsched-fetch")
@@ -123,6 +153,7 @@ class Worker:
         self._pending: dict[str, tuple[threading.Event, list, Any]] = {}
         self._ids = itertools.count()
         self._closed = threading.Event()
+        self._close_done = threading.Event()
         self._close_lock = threading.Lock()
         self.close_reason = ""
         self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
@@ -144,8 +175,18 @@ class Worker:
     def start(self) -> Worker:
         self._listener = registry.listen(self.listen_address, self._on_peer, self.security)
         self.address = self._listener.address
+        if self.memory.managed and (self.memory.target or self.memory.spill):
+            try:
+                self.spill_buffer = SpillBuffer(local_directory(self.local_directory),
+                                                self.memory.bytes_at("target"))
+                self.memory_monitor.spill_buffer = self.spill_buffer
+            except OSError as e:
+                self._listener.stop()
+                raise OSError(f"worker cannot spill to local_directory "
+                              f"{local_directory(self.local_directory)!r}: {e}") from e
         self.state = WorkerState(self.address, self.nthreads, self.resources,
-                                 config.get("worker.transfer-incoming-count-limit"))
+                                 config.get("worker.transfer-incoming-count-limit"),
+                                 data=self.spill_buffer)
         comm = self._connect_scheduler()
         comm.send([{"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
                     "memory_limit": self.memory_limit, "name": self.name or self.address,
@@ -196,20 +237,24 @@ class Worker:
                 time.sleep(min(0.2, max(left, 0)))
 
     def run(self) -> None:
-        """Start and block until closed (the CLI's main loop)."""
+        """Start and block until closed, and the close is over (the CLI's main loop)."""
         if not self.address:
             self.start()
         while not self._closed.wait(1.0):
             pass
+        if not self._close_done.wait(15.0):  # each step of close() is bounded
+            logger.warning("worker %s: closing took over 15s; leaving anyway", self.address)
 
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed.wait(timeout)
 
-    def close(self, reason: str = "closed") -> None:
+    def close(self, reason: str = "closed", exit_code: int | None = None) -> None:
         with self._close_lock:
             if self._closed.is_set():
                 return
             self.close_reason = reason
+            if exit_code is not None:
+                self.exit_code = exit_code
             self._closed.set()
         logger.info("worker %s closing: %s", self.address, reason)
         if self._listener is not None:
@@ -237,6 +282,9 @@ class Worker:
         if client is not None:
             client.close(timeout=2.0)
         self.control.cleanup()  # a temporary directory it made for uploads
+        if self.spill_buffer is not None:
+            self.spill_buffer.close()
+        self._close_done.set()
         if self._on_close is not None:
             self._on_close(self)
 
@@ -254,8 +302,10 @@ class Worker:
         for source, payload in items:
             if source == "scheduler":
                 if payload is CLOSED:
-                    threading.Thread(target=self.close, args=("scheduler connection lost",),
-                                     daemon=True).start()
+                    # after a "close" it asked for, the scheduler's exit code stands
+                    code = None if self._close_asked else EXIT_SCHEDULER_LOST
+                    threading.Thread(target=self.close, args=("scheduler connection lost",
+                                                              code), daemon=True).start()
                     return
                 for msg in payload:
                     op = msg.get("op")
@@ -267,6 +317,7 @@ class Worker:
                     elif op == "get-data":
                         self._serve(self._scheduler_comm, msg)
                     elif op == "close":
+                        self._close_asked = True
                         self.exit_code = int(msg.get("exit_code") or 0)
                         threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
                                          daemon=True).start()
@@ -333,9 +384,15 @@ class Worker:
                 pass
 
     def _tick(self, now: float) -> None:
+        if self.memory.managed:
+            self._monitor_memory(now)
+        mono = time.monotonic()
+        if mono < self._next_heartbeat:
+            return
+        self._next_heartbeat = mono + self.heartbeat_interval * 0.95
         limit = config.get("comm.timeouts.connect") * 4
         for rid, (worker, keys, _, started) in list(self._direct_fetches.items()):
-            if time.monotonic() - started > limit:
+            if mono - started > limit:
                 del self._direct_fetches[rid]
                 self._carry_out(self.state.handle(ev.GatherDepFailure(
                     worker, keys, f"no answer within {limit:.0f}s", now)))
@@ -345,28 +402,30 @@ class Worker:
         m = self.metrics()
         if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m:
             self._outbox.append({"op": "heartbeat", "metrics": m})
-        if self.lifetime and not self._retire_asked and \
-                time.monotonic() - self._started > self.lifetime:
+        if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
             self._retire_asked = True
             logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
                         self.lifetime)
             self._outbox.append({"op": "retire-me"})
 
+    # ================================================================ memory
+    def _monitor_memory(self, now: float) -> None:
+        """One sample of process memory; a pause or resume goes through the state machine."""
+        change = self.memory_monitor.sample(self.address, self.state.status == "paused")
+        if change is not None:
+            self._carry_out(self.state.handle(ev.PauseWorker(change, now)))
+
     def metrics(self) -> dict:
         st = self.state
         m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
-             "in_flight": len(st.in_flight_workers), "time": time.time()}
+             "in_flight": len(st.in_flight_workers), "time": time.time(),
+             "status": st.status}
         nbytes, seconds = self._transfers
         if seconds > 0 and nbytes >= 1_000_000:  # small transfers measure latency, not speed
             m["bandwidth"] = nbytes / seconds
             self._transfers = (0, 0.0)
         self.telemetry.add_to(m)
-        try:
-            import psutil
-
-            m["memory"] = psutil.Process().memory_info().rss
-        except Exception:
-            pass
+        m.update(self.memory_monitor.metrics())
         return m
 
     # ================================================================ execution
@@ -555,12 +614,13 @@ class Worker:
 
     def _serve(self, comm: Comm | None, msg: dict) -> None:
         data = self.state.data
+        get = data.peek if self.spill_buffer is not None else data.__getitem__
         out: dict = {}
         missing = []
         wrap = bool(msg.get("serialized"))
         for key in msg.get("keys", ()):
             try:
-                value = data[key]
+                value = get(key)
             except KeyError:
                 missing.append(key)
                 continue

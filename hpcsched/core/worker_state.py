@@ -21,12 +21,21 @@ queues the task for the next free slot, ahead of ready tasks (it has started);
 Data fetched only to feed local tasks is dropped as soon as no local task
 needs it; results computed here (and replicas the scheduler asked for) stay
 until the scheduler says ``free-keys``.
+
+Memory: ``data`` is the mapping results are stored in, a dict or the server's
+spill buffer (:mod:`hpcsched.core.spill`: one with a ``store(key, value,
+nbytes)`` method is given each result's size, measured once). ``PauseWorker``
+(from the server's memory monitor) pauses the worker as dask's does: no task
+starts and no dependency is fetched until it is resumed; tasks already running
+go on; the scheduler is told (``worker-status-change``) so that it sends no new
+work meanwhile.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import MutableMapping
 from typing import Any
 
 from hpcsched.core import events as ev
@@ -67,7 +76,8 @@ class WTask:
 
 class WorkerState:
     def __init__(self, address: str, nthreads: int, resources: dict | None = None,
-                 transfer_incoming_count_limit: int = 4, transfer_message_bytes: int = 50e6):
+                 transfer_incoming_count_limit: int = 4, transfer_message_bytes: int = 50e6,
+                 data: MutableMapping | None = None):
         self.address = address
         self.nthreads = max(int(nthreads), 1)
         self.total_resources = dict(resources or {})
@@ -75,7 +85,9 @@ class WorkerState:
         self.transfer_limit = transfer_incoming_count_limit
         self.transfer_message_bytes = transfer_message_bytes
         self.tasks: dict[Key, WTask] = {}
-        self.data: dict[Key, Any] = {}
+        self.data: MutableMapping = {} if data is None else data
+        self._store = getattr(self.data, "store", None)  # a spill buffer takes our nbytes
+        self.status = "running"  # running | paused
         self.ready: list[tuple[tuple, int, WTask]] = []
         self.constrained: list[tuple[tuple, int, WTask]] = []  # ready, needing resources
         self.executing: set[WTask] = set()  # tasks holding a thread slot
@@ -239,7 +251,10 @@ class WorkerState:
 
     # ================================================================ results
     def _put(self, ts: WTask, value: Any, nbytes: int) -> None:
-        self.data[ts.key] = value
+        if self._store is None:
+            self.data[ts.key] = value
+        else:
+            self._store(ts.key, value, nbytes)
         ts.nbytes = nbytes
         ts.state = "memory"
         for dts in ts.dependents:
@@ -388,6 +403,12 @@ class WorkerState:
         self._to_scheduler({"op": "result-erred", "key": ts.key, "exception": e.exception,
                             "traceback": e.traceback, "exception_text": e.exception_text})
 
+    def _pause(self, e: ev.PauseWorker) -> None:
+        status = "paused" if e.paused else "running"
+        if status != self.status:
+            self.status = status
+            self._to_scheduler({"op": "worker-status-change", "status": status})
+
     # ================================================================ progress
     def _ensure_computing(self) -> None:
         # seceded tasks that rejoin have started already: they take free slots first
@@ -399,7 +420,8 @@ class WorkerState:
             self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
         # busy resource does not keep free threads from running unrestricted tasks
-        while len(self.executing) < self.nthreads and not self.closing:
+        while len(self.executing) < self.nthreads and not self.closing \
+                and self.status == "running":
             head = self._head(self.ready)
             chead = self._head(self.constrained)
             if chead is not None and not all(
@@ -432,6 +454,8 @@ class WorkerState:
         return None
 
     def _ensure_communicating(self) -> None:
+        if self.status != "running":
+            return  # paused: fetched data would only add to the memory that paused us
         deferred = []
         while self.fetch_queue and len(self.in_flight_workers) < self.transfer_limit:
             _, seq, ts = heapq.heappop(self.fetch_queue)
@@ -508,4 +532,5 @@ WorkerState._handlers = {
     ev.Secede: WorkerState._secede,
     ev.Rejoin: WorkerState._rejoin,
     ev.ServeFailed: WorkerState._serve_failed,
+    ev.PauseWorker: WorkerState._pause,
 }

@@ -29,6 +29,12 @@ How a job ends (the failure model; the README quotes it):
   them): SIGTERM ends them at once, SIGINT interrupts the script (exit 130).
 * A worker rank that cannot join the scheduler at start-up aborts the job with
   a message naming the rank.
+* Memory (``worker.memory.*``): a rank cannot be restarted, so past the
+  terminate fraction it spills every result it holds and pauses (the
+  scheduler sends it nothing new) -- the job goes on. Only when process memory
+  stays past terminate with nothing left to spill does the rank abort the job,
+  naming itself, its host and its memory: a clear error instead of the
+  out-of-memory killer's.
 
 Worker ranks leave with C ``exit()`` right after ``MPI_Finalize``: a task
 thread still running cannot keep the rank alive once the scheduler said
@@ -192,11 +198,20 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     # wait_closed() returns when the close starts; the endpoint may only be shut down
     # once the close is over (its last messages sent), which on_close tells
     closed = threading.Event()
+    host = res.hostname if res else None
+
+    def out_of_memory(why: str) -> None:
+        # a rank cannot be restarted: spilling and pausing did not hold, so the job ends
+        _abort(job, 1, f"worker rank {job.rank} (on {host or os.uname().nodename}) is out of "
+                       f"memory: {why}")
+
     kwargs: dict[str, Any] = {
         "nthreads": nthreads or res.nthreads,
         "memory_limit": memory_bytes(memory_limit, res.memory_limit if res else 0),
         "name": f"rank-{job.rank}" if name is None else name,
-        "host": res.hostname if res else None,
+        "host": host,
+        "on_memory_terminate": out_of_memory,
+        "restartable": False,
         **options.worker_kwargs,
     }
     if options.local_directory is not None:

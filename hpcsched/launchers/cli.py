@@ -6,7 +6,13 @@
 * ``hpcsched worker ADDRESS | --scheduler-file F [--nthreads N] [--nworkers P] ...``
   starts worker(s). The secret comes from the scheduler file, or from
   ``HPCSCHED_SECRET_FILE`` / ``HPCSCHED_SECRET`` in the environment — never from
-  the command line, where other users could read it.
+  the command line, where other users could read it. A worker leaves as soon as
+  it is closed, whatever its task threads are doing; one past its memory's
+  terminate fraction exits with ``EXIT_MEMORY``. With ``--nworkers P`` (or
+  ``--nanny``) this process supervises the workers as dask's nanny does: one
+  that exits with ``EXIT_MEMORY`` or is killed by a signal (the out-of-memory
+  killer) is started again; one that exits otherwise (closed, lost its
+  scheduler) is not, so that a batch job ends with its scheduler.
 * anything else is a script: ``python -m hpcsched script.py [args]`` under
   mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
 """
@@ -20,6 +26,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 logger = logging.getLogger("hpcsched.cli")
@@ -70,20 +77,27 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--name", default=None)
     p.add_argument("--nthreads", type=int, default=None)
     p.add_argument("--nworkers", type=int, default=1, help="worker processes to start")
+    p.add_argument("--nanny", action="store_true",
+                   help="supervise the worker in a process of its own and restart it when "
+                        "memory or a signal ends it (always so with --nworkers > 1)")
     p.add_argument("--memory-limit", default="auto")
     p.add_argument("--death-timeout", type=float, default=None)
     p.add_argument("--lifetime", type=float, default=None,
                    help="retire gracefully after this many seconds (a job's walltime)")
     p.add_argument("--lifetime-stagger", type=float, default=0.0)
     p.add_argument("--resources", default=None)
-    p.add_argument("--local-directory", default=None)
+    p.add_argument("--local-directory", default=None,
+                   help="where results spill to disk (default: worker.local-directory, "
+                        "else $TMPDIR)")
     p.add_argument("--host", default=None, help="address to listen on for peers")
     p.add_argument("--interface", default=None,
                    help="network interface to listen on for peers (e.g. ib0), instead of --host")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
     args = p.parse_args(argv)
     _setup_logging(args.log_level)
-    if args.nworkers > 1:
+    if args.nworkers < 1:
+        p.error(f"--nworkers must be at least 1, not {args.nworkers}")
+    if args.nworkers > 1 or args.nanny:
         return _spawn_workers(argv, args)
 
     from hpcsched.core.client import read_scheduler_file
@@ -114,10 +128,17 @@ def worker_main(argv: list[str]) -> int:
     if args.local_directory:
         os.makedirs(args.local_directory, exist_ok=True)
         os.chdir(args.local_directory)
+    from hpcsched.core.memory import EXIT_MEMORY
+
     worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
                     resources=parse_resources(args.resources), security=security,
                     death_timeout=args.death_timeout, lifetime=args.lifetime,
-                    lifetime_stagger=args.lifetime_stagger, host=host)
+                    lifetime_stagger=args.lifetime_stagger, host=host,
+                    local_directory=args.local_directory,
+                    # a process of its own: past the terminate fraction it leaves at once
+                    # (its connection drops, the scheduler reschedules its tasks) for its
+                    # supervisor to start it anew
+                    on_memory_terminate=lambda why: exit_now(EXIT_MEMORY), restartable=True)
 
     def on_signal(signum: int, frame: Any) -> None:
         threading.Thread(target=worker.close, args=(f"signal {signum}",), daemon=True).start()
@@ -130,7 +151,20 @@ def worker_main(argv: list[str]) -> int:
         print(f"hpcsched worker: {e}", file=sys.stderr, flush=True)
         return 1
     worker.run()
-    return 0
+    # closed: leave now. A task thread still running (the scheduler is gone, it will
+    # never be asked for its result) must not keep the process, hence a batch job, alive
+    exit_now(worker.exit_code)
+    return worker.exit_code
+
+
+def exit_now(code: int) -> None:
+    """End this process with ``code`` without waiting for other threads (logs flushed)."""
+    try:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
@@ -161,19 +195,60 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
     if "--name" in base:
         j = base.index("--name")
         del base[j:j + 2]
+    base = [a for a in base if a != "--nanny"]
     name = args.name or f"worker-{os.getpid()}"
-    procs = [subprocess.Popen([sys.executable, "-m", "hpcsched", "worker", *base,
-                               "--name", f"{name}-{k}"]) for k in range(args.nworkers)]
+    if args.nworkers == 1 and args.name:
+        names = [args.name]
+    else:
+        names = [f"{name}-{k}" for k in range(args.nworkers)]
+
+    def start(k: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "hpcsched", "worker", *base,
+                                 "--name", names[k]])
+
+    procs = [start(k) for k in range(args.nworkers)]
+    stopping = threading.Event()
 
     def forward(signum: int, frame: Any) -> None:
+        stopping.set()
         for pr in procs:
             if pr.poll() is None:
                 pr.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    codes = [pr.wait() for pr in procs]
-    return max(codes, key=abs) if codes else 0
+    return supervise(procs, start, stopping)
+
+
+def supervise(procs: list[subprocess.Popen], start: Any, stopping: threading.Event,
+              max_restarts: int = 10, poll: float = 0.5) -> int:
+    """Wait for the worker processes ``procs``, restarting (``procs[k] = start(k)``) one
+    that left because of memory (``EXIT_MEMORY``) or a signal we did not send (the
+    out-of-memory killer), at most ``max_restarts`` times a minute; the exit status of
+    the workers once they are all done (the largest in magnitude)."""
+    from hpcsched.core.memory import EXIT_MEMORY
+
+    codes: dict[int, int] = {}
+    restarts: list[float] = []
+    while len(codes) < len(procs):
+        for k, pr in enumerate(procs):
+            if k in codes:
+                continue
+            code = pr.poll()
+            if code is None:
+                continue
+            now = time.monotonic()
+            restarts = [t for t in restarts if now - t < 60]
+            if not stopping.is_set() and (code == EXIT_MEMORY or code < 0) \
+                    and len(restarts) < max_restarts:
+                restarts.append(now)
+                logger.warning("worker process %d exited with %d: restarting it", pr.pid, code)
+                procs[k] = start(k)
+                continue
+            codes[k] = code
+        if len(codes) < len(procs):
+            stopping.wait(poll)
+    return max(codes.values(), key=abs) if codes else 0
 
 
 def scheduler_main(argv: list[str]) -> int:

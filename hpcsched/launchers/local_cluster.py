@@ -5,6 +5,13 @@ worker`` subprocess that connects back over authenticated TCP (the secret
 travels in the child's environment, never on its command line);
 ``processes=False`` runs workers as threads of this process over ``inproc://``.
 
+Worker processes are supervised as dask's nanny does: the cluster keeps the
+number of workers it was asked for (``n_workers``, ``scale``), whatever way one
+left -- killed, out of memory (``worker.memory.terminate``), or exited after the
+scheduler dropped it (stopped past ``scheduler.worker-ttl``, then resumed).
+Only workers the cluster itself stops (``scale`` down, ``close``) are not
+replaced; no more than ``max(10, 3 x n_workers)`` replacements a minute.
+
 Example::
 
     from hpcsched import Client, LocalCluster
@@ -40,7 +47,7 @@ def _watch(ref: weakref.ref, name: str, p: subprocess.Popen) -> None:
     code = p.wait()
     cluster = ref()
     if cluster is not None and cluster._proc_finalizer.alive:
-        cluster._replace_crashed(name, p, code)
+        cluster._replace_exited(name, p, code)
 
 
 def _kill_all(procs: dict) -> None:
@@ -69,6 +76,7 @@ class LocalCluster(Cluster):
                  security: Security | None = None, resources: dict | None = None,
                  timeout: float = 60.0, worker_env: dict | None = None,
                  scheduler_kwargs: dict | None = None, dashboard_address: Any = ...,
+                 local_directory: str | None = None,
                  **worker_kwargs: Any):
         ncpu = os.cpu_count() or 1
         if n_workers is None and threads_per_worker is None:
@@ -86,6 +94,8 @@ class LocalCluster(Cluster):
         self.memory_limit = _memory_limit(memory_limit, max(n_workers, 1))
         self.resources = resources
         self.worker_kwargs = worker_kwargs
+        self.local_directory = local_directory
+        self._target = n_workers  # worker processes to keep alive
         self.worker_env = dict(worker_env or {})
         self._procs: dict[str, subprocess.Popen] = {}
         self._threads: dict[str, Worker] = {}
@@ -119,7 +129,8 @@ class LocalCluster(Cluster):
             else:
                 w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
                            memory_limit=self.memory_limit, name=name, resources=self.resources,
-                           security=self.security, **self.worker_kwargs)
+                           security=self.security, local_directory=self.local_directory,
+                           **self.worker_kwargs)
                 w.start()
                 self._threads[name] = w
 
@@ -129,6 +140,8 @@ class LocalCluster(Cluster):
                "--memory-limit", str(self.memory_limit), "--death-timeout", "30"]
         if self.resources:
             cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
+        if self.local_directory:
+            cmd += ["--local-directory", str(self.local_directory)]
         env = dict(os.environ)
         # workers import what the client can import (modules next to the user's script)
         paths = [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p
@@ -150,22 +163,46 @@ class LocalCluster(Cluster):
             env.pop(var, None)
         return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
-    def _replace_crashed(self, name: str, p: subprocess.Popen, code: int) -> None:
-        """Like dask's nanny: a worker process that crashed (non-zero exit: killed, out of
-        memory, os._exit) is replaced, so the cluster keeps the size it was asked for. A
-        worker that retired or was stopped exits 0 or is no longer ours: not replaced."""
+    def _replace_exited(self, name: str, p: subprocess.Popen, code: int) -> None:
+        """Like dask's nanny: a worker process that left while the cluster wants it (killed,
+        out of memory, or exited after the scheduler dropped it) is replaced, so that the
+        cluster keeps the size it was asked for. One the cluster stopped is no longer in
+        ``_procs``; one retired by a scale down lowered the target first."""
         with self._lock:
-            if self._closed or self._procs.get(name) is not p or code == 0:
+            if self._closed or self._procs.get(name) is not p:
                 return
             del self._procs[name]
+            if self._requested() >= self._target:
+                return
             now = time.monotonic()
             self._restarts = [t for t in self._restarts if now - t < 60] + [now]
-            if len(self._restarts) > max(10, 3 * len(self._procs)):
-                logger.error("worker %s died (exit %s); too many restarts in a minute: "
+            if len(self._restarts) > max(10, 3 * self._target):
+                logger.error("worker %s exited (%s); too many restarts in a minute: "
                              "not replacing it", name, code)
                 return
-            logger.warning("worker %s died (exit %s): starting a replacement", name, code)
+            logger.warning("worker %s exited (%s): starting a replacement", name, code)
             self._start_workers(1)
+
+    # the size the cluster keeps: what was last asked for
+    def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
+              cores: Any = None) -> None:
+        with self._lock:
+            if n is None and jobs is not None:
+                n = jobs * self.workers_per_unit
+            if n is not None and n >= 0:
+                self._target = n
+        super().scale(n, None, memory, cores)
+
+    def scale_up(self, n: int, **kwargs: Any) -> None:
+        with self._lock:
+            self._target = max(self._target, n)
+        super().scale_up(n, **kwargs)
+
+    def scale_down(self, workers: list[str]) -> None:
+        # lowered before retiring: a retired worker exits before _stop_workers forgets it
+        with self._lock:
+            self._target = max(min(self._target, self._requested() - len(workers)), 0)
+        super().scale_down(workers)
 
     def _stop_workers(self, names: list[str]) -> None:
         for name in names:
