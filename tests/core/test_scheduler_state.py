@@ -673,7 +673,7 @@ def _snapshot(s: SchedulerState) -> tuple:
     dict(tasks=graph(x=[]), retries={"x": -1}),
     dict(tasks=graph(x=[]), retries={"x": "3"}),
     dict(tasks=graph(x=[]), resources={"GPU": "one"}),
-    dict(tasks=graph(x=[]), workers=[7]),
+    dict(tasks=graph(x=[]), workers=[["tcp://a"]]),  # a list where an address goes
     dict(tasks=graph(x=[]), static_priorities={"x": "first"}),
     dict(tasks=graph(x=[]), annotations={"retries": {"x": -2}}),
     dict(tasks=graph(x=[]), annotations={"workers": "not-a-mapping"}),
