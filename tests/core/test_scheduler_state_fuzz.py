@@ -1,0 +1,167 @@
+"""SchedulerState driven by random sequences of valid and invalid events (hypothesis).
+
+A rule-based state machine plays workers, clients and a clock: workers come,
+go and report tasks started, finished and erred (also for keys they were
+never given, or twice); clients submit graphs (also malformed ones, cycles,
+unknown dependencies), want, release, cancel and retry keys. After every
+step the scheduler's own ``validate()`` must hold, and an event it refuses
+(``MalformedMessage``) must leave the state exactly as it was. Worker replies
+are drawn from what the scheduler asked of them, so long runs do reach
+completed graphs, and from arbitrary keys, so stale and foreign replies are
+covered too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from hpcsched.core import events as ev
+from hpcsched.core.scheduler_state import SchedulerState
+
+WORKERS = ["tcp://w1", "tcp://w2", "tcp://w3"]
+CLIENTS = ["c1", "c2"]
+KEYS = [f"k{i}" for i in range(8)]
+
+keys = st.sampled_from(KEYS)
+workers = st.sampled_from(WORKERS)
+clients = st.sampled_from(CLIENTS)
+
+
+def _snapshot(s: SchedulerState) -> Any:
+    return ({k: (ts.state, sorted(d.key for d in ts.dependencies), sorted(ts.who_wants))
+             for k, ts in s.tasks.items()},
+            sorted(s.workers), s.generation, s.n_queued)
+
+
+@st.composite
+def graphs(draw: Any) -> dict:
+    """A graph over KEYS whose dependencies point to earlier keys (no cycle)."""
+    chosen = draw(st.lists(keys, min_size=1, max_size=5, unique=True))
+    order = sorted(chosen, key=KEYS.index)
+    tasks = {}
+    for i, k in enumerate(order):
+        deps = draw(st.lists(st.sampled_from(order[:i]), max_size=2, unique=True)) if i else []
+        tasks[k] = {"run_spec": f"spec-{k}", "deps": deps}
+    return tasks
+
+
+bad_graphs = st.sampled_from([
+    {"k0": {"run_spec": "s", "deps": ["k0"]}},
+    {"k0": {"run_spec": "s", "deps": ["k1"]}, "k1": {"run_spec": "s", "deps": ["k0"]}},
+    {"k0": {"deps": []}},
+    {"k0": {"run_spec": "s", "deps": [["unhashable"]]}},
+    {"k0": {"run_spec": "s", "deps": 3}},
+    ["not", "a", "dict"],
+])
+
+
+class SchedulerStory(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = SchedulerState(work_stealing=False)
+        self.now = 0.0
+        self.asked: list[tuple[str, Any]] = []  # (worker, key) the scheduler sent to compute
+
+    def handle(self, event: Any) -> None:
+        before = _snapshot(self.s)
+        try:
+            out = self.s.handle(event)
+        except ev.MalformedMessage:
+            assert _snapshot(self.s) == before, f"a refused {type(event).__name__} changed state"
+            return
+        for cmd in out:
+            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "compute-task":
+                self.asked.append((cmd.to, cmd.msg["key"]))
+
+    def tick(self) -> float:
+        self.now += 0.01
+        return self.now
+
+    # ------------------------------------------------------------ workers
+    @rule(worker=workers, nthreads=st.integers(1, 3))
+    def add_worker(self, worker: str, nthreads: int) -> None:
+        self.handle(ev.AddWorker(worker, nthreads, name=worker[-2:], now=self.tick()))
+
+    @rule(worker=workers)
+    def remove_worker(self, worker: str) -> None:
+        self.handle(ev.RemoveWorker(worker, "gone", now=self.tick()))
+
+    @precondition(lambda self: self.asked)
+    @rule(i=st.integers(0, 10_000), nbytes=st.integers(0, 10**6))
+    def finish_asked(self, i: int, nbytes: int) -> None:
+        worker, key = self.asked.pop(i % len(self.asked))
+        now = self.tick()
+        self.handle(ev.TaskStarted(worker, key, now=now))
+        self.handle(ev.TaskFinished(worker, key, nbytes=nbytes, typename="int", start=now,
+                                    stop=now + 0.001, now=now))
+
+    @precondition(lambda self: self.asked)
+    @rule(i=st.integers(0, 10_000))
+    def err_asked(self, i: int) -> None:
+        worker, key = self.asked.pop(i % len(self.asked))
+        self.handle(ev.TaskErred(worker, key, exception="boom", exception_text="boom",
+                                 now=self.tick()))
+
+    @rule(worker=workers, key=keys, finished=st.booleans())
+    def stray_reply(self, worker: str, key: str, finished: bool) -> None:
+        """A reply for a key this worker may never have been given (late, or foreign)."""
+        if finished:
+            self.handle(ev.TaskFinished(worker, key, nbytes=8, now=self.tick()))
+        else:
+            self.handle(ev.TaskErred(worker, key, exception="x", now=self.tick()))
+
+    @rule(worker=workers, key=keys)
+    def missing_data(self, worker: str, key: str) -> None:
+        self.handle(ev.MissingData(worker, key, WORKERS[0], now=self.tick()))
+
+    # ------------------------------------------------------------ clients
+    @rule(client=clients, tasks=graphs(), priority=st.integers(-3, 3))
+    def submit(self, client: str, tasks: dict, priority: int) -> None:
+        if client not in self.s.clients:
+            self.handle(ev.AddClient(client))
+        wanted = list(tasks)[-1:]
+        self.handle(ev.UpdateGraph(client, tasks, wanted, priority=priority, now=self.tick()))
+
+    @rule(client=clients, tasks=bad_graphs)
+    def submit_malformed(self, client: str, tasks: Any) -> None:
+        self.handle(ev.UpdateGraph(client, tasks, ["k0"], now=self.tick()))
+
+    @rule(client=clients, key=keys)
+    def release(self, client: str, key: str) -> None:
+        self.handle(ev.ClientReleasesKeys(client, [key], now=self.tick()))
+
+    @rule(client=clients, key=keys)
+    def desire(self, client: str, key: str) -> None:
+        self.handle(ev.ClientDesiresKeys(client, [key], now=self.tick()))
+
+    @rule(client=clients, key=keys)
+    def cancel(self, client: str, key: str) -> None:
+        self.handle(ev.CancelKeys(client, [key], now=self.tick()))
+
+    @rule(client=clients, key=keys)
+    def retry(self, client: str, key: str) -> None:
+        self.handle(ev.RetryKeys(client, [key], now=self.tick()))
+
+    @rule(client=clients)
+    def remove_client(self, client: str) -> None:
+        self.handle(ev.RemoveClient(client, now=self.tick()))
+
+    @rule()
+    def tick_event(self) -> None:
+        self.handle(ev.Tick(self.tick()))
+
+    # ------------------------------------------------------------ invariants
+    @invariant()
+    def valid(self) -> None:
+        self.s.validate()
+
+
+SchedulerStory.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerStory.TestCase)
