@@ -34,6 +34,8 @@ from hpcsched.core.cluster_control import ClusterControl
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.primitives import OP as PRIMITIVE_OP
+from hpcsched.core.primitives import Primitives
 from hpcsched.core.scheduler_state import SchedulerState
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -111,6 +113,8 @@ class Scheduler:
         self.services: dict[str, str] = {}
         # Client.run, who_has, upload_file, ... (core/cluster_control.py)
         self.control = ClusterControl(self)
+        # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (core/primitives.py)
+        self.primitives = Primitives(self)
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
@@ -278,6 +282,7 @@ class Scheduler:
             self._fail_gathers_from(peer)
             self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
+            self.primitives.peer_left(peer)
             self._route(self.state.handle(ev.RemoveClient(peer, now)))
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
@@ -332,6 +337,7 @@ class Scheduler:
     def _tick(self, now: float) -> None:
         self._release_held = True  # this iteration's flush sends what waited
         self._route(self.state.handle(ev.Tick(now)))
+        self.primitives.tick(now)
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
             self._disconnect(peer, "removed")
@@ -494,6 +500,9 @@ class Scheduler:
     def _op_control(self, source: str, msg: dict) -> None:
         self.control.handle(source, msg)
 
+    def _op_primitive(self, source: str, msg: dict) -> None:
+        self.primitives.handle(source, msg)
+
     def _op_close_client(self, source: str, msg: dict) -> None:
         self._queue(source, {"op": "close-client-reply"})
         self._flush()
@@ -509,6 +518,7 @@ class Scheduler:
         "close-client": _op_close_client,
         "extension": _op_extension,
         **dict.fromkeys((*CONTROL_CLIENT_OPS, *CONTROL_WORKER_OPS), _op_control),
+        PRIMITIVE_OP: _op_primitive,
     }
 
     def _resolve_workers(self, addresses: list | None, names: list | None,
@@ -538,6 +548,10 @@ class Scheduler:
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
         }
+
+    def handle_event(self, event: Any) -> None:
+        """Feed ``event`` to the state and carry out its commands (on the loop thread)."""
+        self._route(self.state.handle(event))
 
     def send(self, to: str, msg: dict) -> None:
         """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so)."""
