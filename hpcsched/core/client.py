@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core import client_control, config, seams
+from hpcsched.core import datasets as dataset_ops
 from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Security
@@ -777,6 +778,30 @@ class Client:
         """Send a local file to every worker, and to every worker that joins later; a
         ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
         return client_control.upload_file(self, filename, load=load)
+
+    # ---------------------------------------------------------------- datasets
+    def publish_dataset(self, *args: Any, name: str | None = None, override: bool = False,
+                        **kwargs: Any) -> None:
+        """Publish named datasets (``publish_dataset(x=f)`` or ``publish_dataset(f,
+        name="x")``) on the scheduler, which keeps their futures alive until unpublished;
+        ``KeyError`` if the name is taken (unless ``override=True``)."""
+        dataset_ops.publish_dataset(self, args, name, override, kwargs)
+
+    def get_dataset(self, name: str, default: Any = dataset_ops.NO_DEFAULT) -> Any:
+        """A published dataset (its futures bound to this client); ``KeyError`` if there is
+        none by that name and no ``default``."""
+        return dataset_ops.get_dataset(self, name, default)
+
+    def list_datasets(self) -> list[str]:
+        return dataset_ops.list_datasets(self)
+
+    def unpublish_dataset(self, name: str) -> None:
+        dataset_ops.unpublish_dataset(self, name)
+
+    @property
+    def datasets(self) -> dataset_ops.Datasets:
+        """The published datasets as a mutable mapping."""
+        return dataset_ops.Datasets(self)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
