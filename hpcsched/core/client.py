@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpcsched.core import client_control, config, seams
+from hpcsched.core import client_control, config, seams, versions
 from hpcsched.core import datasets as dataset_ops
 from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
@@ -779,7 +779,7 @@ class Client:
         ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
         return client_control.upload_file(self, filename, load=load)
 
-    # ---------------------------------------------------------------- datasets
+    # ---------------------------------------------------------------- datasets, versions
     def publish_dataset(self, *args: Any, name: str | None = None, override: bool = False,
                         **kwargs: Any) -> None:
         """Publish named datasets (``publish_dataset(x=f)`` or ``publish_dataset(f,
@@ -802,6 +802,11 @@ class Client:
     def datasets(self) -> dataset_ops.Datasets:
         """The published datasets as a mutable mapping."""
         return dataset_ops.Datasets(self)
+
+    def get_versions(self, check: bool = False, packages: Any = None) -> dict:
+        """Versions of Python and key packages in the client, the scheduler and each
+        worker; ``check=True`` raises ``ValueError`` if they differ."""
+        return versions.collect(self, check=check, packages=packages)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

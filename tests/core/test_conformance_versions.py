@@ -1,0 +1,23 @@
+"""Versions: tests/conformance/versions.py over TCP and under ``mpiexec -n 4``."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcsched import Client, LocalCluster
+from tests.conformance import versions
+from tests.hpc.test_bootstrap import needs_mpiexec, run, script
+
+
+@pytest.mark.timeout(300)
+def test_over_tcp(tmp_path):
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        versions.check(client, str(tmp_path), lambda: False)
+
+
+@needs_mpiexec
+@pytest.mark.timeout(300)
+def test_under_mpiexec(tmp_path):
+    r = run([script("conformance.py"), "versions", str(tmp_path)], timeout=240)
+    assert r.code == 0, r
+    assert "versions conformance ok" in r.out, r
