@@ -339,7 +339,7 @@ class MultiLock(Primitive):
         if not self.names:
             return
         if self._held is None:
-            raise RuntimeError("MultiLock is not yet acquired")
+            raise ValueError("Lock is not yet acquired")
         lock_id, self._held = self._held, None
         request(self.client, self.kind, "release", lock_id)
 
