@@ -37,6 +37,8 @@ _exports = {
     "Variable": "hpcsched.core.coordination",
     "Queue": "hpcsched.core.coordination",
     "MultiLock": "hpcsched.core.coordination",
+    "WorkerPlugin": "hpcsched.core.plugins",
+    "SchedulerPlugin": "hpcsched.core.plugins",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",

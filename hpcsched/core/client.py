@@ -31,7 +31,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpcsched.core import client_control, config, seams, versions
+from hpcsched.core import client_control, config, plugins, seams, versions
 from hpcsched.core import datasets as dataset_ops
 from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
@@ -807,6 +807,26 @@ class Client:
         """Versions of Python and key packages in the client, the scheduler and each
         worker; ``check=True`` raises ``ValueError`` if they differ."""
         return versions.collect(self, check=check, packages=packages)
+
+    def register_plugin(self, plugin: Any, name: str | None = None,
+                        idempotent: bool | None = None) -> Any:
+        """Register a ``WorkerPlugin`` (set up on every worker, and on workers joining
+        later) or a ``SchedulerPlugin`` (started in the scheduler); see
+        :mod:`hpcsched.core.plugins`."""
+        return plugins.register_plugin(self, plugin, name, idempotent)
+
+    def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
+                               nanny: bool | None = None) -> Any:
+        """``register_plugin`` for a worker plugin (distributed's older name); ``nanny=True``
+        raises: there is no nanny."""
+        if nanny:
+            raise ValueError("register_worker_plugin(nanny=True): hpcsched workers have no "
+                             "nanny process")
+        return plugins.register_plugin(self, plugin, name, kind="worker")
+
+    def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
+        """Tear a worker plugin down on every worker; later workers no longer get it."""
+        return plugins.unregister_worker_plugin(self, name)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -24,7 +24,7 @@ def request(client: Any, op: str, timeout: float | None, **fields: Any) -> dict:
     return client._request({"op": op, "request_id": rid, **fields}, rid, timeout)
 
 
-def _outcome(entry: dict) -> tuple[bool, Any]:
+def outcome(entry: dict) -> tuple[bool, Any]:
     """(ok, result or exception) of one ``{"status", "result" | "exception"}`` answer."""
     if entry.get("status") == "OK":
         return True, loads_object(entry["result"]) if entry.get("result") is not None else None
@@ -51,7 +51,7 @@ def run(client: Any, function: Any, args: tuple, kwargs: dict, *, workers: Any =
                     **_call_fields(function, args, kwargs))
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
-        ok, value = _outcome(entry)
+        ok, value = outcome(entry)
         if not ok and on_error == "raise":
             raise value
         if ok or on_error == "return":
@@ -62,7 +62,7 @@ def run(client: Any, function: Any, args: tuple, kwargs: dict, *, workers: Any =
 def run_on_scheduler(client: Any, function: Any, args: tuple, kwargs: dict,
                      timeout: float | None = None) -> Any:
     reply = request(client, "run-on-scheduler", timeout, **_call_fields(function, args, kwargs))
-    ok, value = _outcome(reply)
+    ok, value = outcome(reply)
     if not ok:
         raise value
     return value
@@ -93,7 +93,7 @@ def upload_file(client: Any, filename: str | os.PathLike, load: bool = True,
                     data=data, load=bool(load))
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
-        ok, value = _outcome(entry)
+        ok, value = outcome(entry)
         if not ok:
             raise value
         out[address] = value

@@ -32,7 +32,8 @@ from hpcsched.core.serialize import dumps_object, loads_function, loads_object
 logger = logging.getLogger("hpcsched.scheduler")
 
 #: ops a client sends, served by :class:`ClusterControl`
-CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file")
+CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
+              "register-plugin", "unregister-plugin")
 #: ops a worker sends back
 WORKER_OPS = ("run-reply",)
 
@@ -68,12 +69,28 @@ def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
     return fn(*args, **kwargs)
 
 
+def call_hook(plugin: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
+    """``plugin.hook(*args, **kwargs)`` if the plugin has that hook; a coroutine it returns
+    (distributed's hooks may be ``async``) is run to its end."""
+    fn = getattr(plugin, hook, None)
+    if fn is None:
+        return None
+    out = fn(*args, **kwargs)
+    if inspect.iscoroutine(out):
+        import asyncio
+
+        out = asyncio.run(out)
+    return out
+
+
 class ClusterControl:
     """The scheduler's side of cluster control; ``handle`` is its one entry point."""
 
     def __init__(self, scheduler: Any):
         self.scheduler = scheduler
         self.files: dict[str, bytes] = {}  # uploaded: replayed to workers that join later
+        self.worker_plugins: dict[str, bytes] = {}  # name -> pickled plugin: replayed too
+        self.scheduler_plugins: dict[str, Any] = {}  # name -> plugin object, started here
         self._pending: dict[str, dict] = {}  # sub-request id -> fan-out in progress
         self._ids = itertools.count()
         scheduler.add_worker_callback(self._on_worker)
@@ -117,6 +134,67 @@ class ClusterControl:
             self._fan_out(source, rid, list(state.workers),
                           {"op": "upload-file", "filename": name, "data": data,
                            "load": bool(msg.get("load", True))})
+        elif op == "register-plugin":
+            self._register_plugin(source, rid, msg)
+        elif op == "unregister-plugin":
+            name = self._plugin_name(msg)
+            if name not in self.worker_plugins:
+                self._reply(source, rid, **error_reply(ValueError(
+                    f"Could not find plugin {name!r} among the registered worker plugins")))
+                return
+            del self.worker_plugins[name]
+            self._fan_out(source, rid, list(state.workers), {"op": "plugin-remove", "name": name})
+
+    # ------------------------------------------------------------ plugins
+    @staticmethod
+    def _plugin_name(msg: dict) -> str:
+        name = msg.get("name")
+        if not isinstance(name, str) or not name or len(name) > 1024:
+            raise ev.MalformedMessage("register-plugin: name must be a string of 1 to 1024 "
+                                      "characters")
+        return name
+
+    def _register_plugin(self, source: str, rid: str, msg: dict) -> None:
+        """A worker plugin is set up on every worker (and every worker that joins later); a
+        scheduler plugin here: ``start(scheduler)`` now, ``add_worker`` / ``remove_worker``
+        as workers come and go, ``close()`` with the scheduler."""
+        name, kind, blob = self._plugin_name(msg), msg.get("kind"), msg.get("plugin")
+        if kind not in ("worker", "scheduler") or not isinstance(blob, bytes) \
+                or len(blob) > MAX_UPLOAD:
+            raise ev.MalformedMessage("register-plugin: kind must be worker or scheduler, "
+                                      f"plugin bytes of at most {MAX_UPLOAD}")
+        idempotent = bool(msg.get("idempotent"))
+        if kind == "worker":
+            if idempotent and name in self.worker_plugins:
+                self._reply(source, rid, status="OK", results={})
+                return
+            self.worker_plugins[name] = blob
+            self._fan_out(source, rid, list(self.scheduler.state.workers),
+                          {"op": "plugin-add", "name": name, "plugin": blob})
+            return
+        if idempotent and name in self.scheduler_plugins:
+            self._reply(source, rid, status="OK", result=dumps_object(None))
+            return
+        try:
+            plugin = loads_object(blob)
+            old = self.scheduler_plugins.pop(name, None)
+            if old is not None:
+                call_hook(old, "close")
+            call_hook(plugin, "start", self.scheduler)
+            self.scheduler_plugins[name] = plugin
+            reply = {"status": "OK", "result": dumps_object(None)}
+        except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
+            reply = error_reply(e)
+        self._reply(source, rid, **reply)
+
+    def close(self) -> None:
+        """The scheduler closes: its plugins' ``close()``."""
+        for name, plugin in list(self.scheduler_plugins.items()):
+            try:
+                call_hook(plugin, "close")
+            except Exception:  # noqa: BLE001
+                logger.exception("scheduler plugin %s failed to close", name)
+        self.scheduler_plugins.clear()
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -179,11 +257,21 @@ class ClusterControl:
         self._reply(fan["client"], fan["request_id"], status="OK", results=fan["results"])
 
     def _on_worker(self, what: str, address: str, info: dict | None) -> None:
+        for name, plugin in list(self.scheduler_plugins.items()):
+            try:
+                extra = {"stimulus_id": f"remove-worker-{address}"} if what == "remove" else {}
+                call_hook(plugin, f"{what}_worker", scheduler=self.scheduler, worker=address,
+                          **extra)
+            except Exception:  # noqa: BLE001 - a plugin's error is logged, the scheduler goes on
+                logger.exception("scheduler plugin %s failed in %s_worker", name, what)
         if what == "add":
+            for name, blob in self.worker_plugins.items():
+                self.scheduler.send(address, {"op": "plugin-add", "name": name, "plugin": blob,
+                                              "request_id": "replay"}, before_tasks=True)
             for name, data in self.files.items():
                 self.scheduler.send(address, {"op": "upload-file", "filename": name,
                                                 "data": data, "load": True,
-                                                "request_id": "replay"})
+                                                "request_id": "replay"}, before_tasks=True)
             return
         for sub in [s for s, f in self._pending.items() if address in f["waiting"]]:
             fan = self._pending[sub]

@@ -168,6 +168,7 @@ class Scheduler:
             return
         self._closed = True
         LOCAL_SCHEDULERS.pop(self.address, None)
+        self.control.close()  # scheduler plugins
         for ext in list(self.extensions.values()):
             try:
                 ext.close()
@@ -553,8 +554,16 @@ class Scheduler:
         """Feed ``event`` to the state and carry out its commands (on the loop thread)."""
         self._route(self.state.handle(event))
 
-    def send(self, to: str, msg: dict) -> None:
-        """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so)."""
+    def send(self, to: str, msg: dict, before_tasks: bool = False) -> None:
+        """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so);
+        ``before_tasks``: ahead of the tasks already queued for it (what a worker that just
+        joined must have first: uploaded files, plugins)."""
+        box = self._outbox.get(to)
+        if before_tasks and box:
+            at = next((i for i, m in enumerate(box) if m.get("op") == "compute-task"),
+                      len(box))
+            box.insert(at, msg)
+            return
         self._queue(to, msg)
 
     def workers_info(self) -> dict[str, dict]:

@@ -1,4 +1,5 @@
-"""A worker's side of cluster control: ``run`` a function, receive an uploaded file.
+"""A worker's side of cluster control: ``run`` a function, receive an uploaded file, set up
+and tear down worker plugins.
 
 The scheduler relays these from a client (see :mod:`hpcsched.core.cluster_control`).
 ``run`` executes on a thread of its own, never on the worker's loop (which
@@ -23,12 +24,12 @@ import tempfile
 import threading
 from typing import Any
 
-from hpcsched.core.cluster_control import call_with, check_filename, error_reply
+from hpcsched.core.cluster_control import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.serialize import dumps_object, loads_function, loads_object
 
 logger = logging.getLogger("hpcsched.worker")
 
-OPS = ("run", "upload-file")
+OPS = ("run", "upload-file", "plugin-add", "plugin-remove")
 
 
 class WorkerControl:
@@ -40,18 +41,28 @@ class WorkerControl:
         self.send = send
         self._lock = threading.Lock()
         self._made: str | None = None  # a temporary directory this worker made: removed at close
+        self.plugins: dict[str, Any] = {}  # name -> worker plugin set up here
 
     def cleanup(self) -> None:
-        """Remove the temporary directory made for uploads (the worker is closing)."""
+        """Tear the plugins down and remove the temporary directory made for uploads (the
+        worker is closing)."""
+        with self._lock:
+            plugins, self.plugins = list(self.plugins.items()), {}
+        for name, plugin in plugins:
+            self._teardown(name, plugin)
         with self._lock:
             made, self._made = self._made, None
         if made is not None:
             shutil.rmtree(made, ignore_errors=True)
 
     def handle(self, msg: dict) -> None:
-        if msg.get("op") == "run":
-            threading.Thread(target=self._run, args=(msg,), daemon=True,
-                             name="hpcsched-run").start()
+        op = msg.get("op")
+        if op == "plugin-add" and msg.get("request_id") == "replay":
+            self._plugin(msg)  # this worker just joined: set up before it runs any task
+        elif op in ("run", "plugin-add", "plugin-remove"):
+            target = self._run if op == "run" else self._plugin
+            threading.Thread(target=target, args=(msg,), daemon=True,
+                             name=f"hpcsched-{op}").start()
         else:
             self._upload(msg)
 
@@ -66,6 +77,32 @@ class WorkerControl:
         except Exception as e:  # noqa: BLE001 - the user's function: its error goes back
             reply = error_reply(e)
         self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+    def _plugin(self, msg: dict) -> None:
+        """Set up a plugin (``setup(worker=)``; one of the same name is torn down first), or
+        tear one down; on a thread of its own, as ``run``."""
+        name = str(msg.get("name"))
+        try:
+            with self._lock:
+                old = self.plugins.pop(name, None)
+            if old is not None:
+                self._teardown(name, old)
+            if msg["op"] == "plugin-add":
+                plugin = loads_object(msg["plugin"])
+                call_hook(plugin, "setup", worker=self.worker)
+                with self._lock:
+                    self.plugins[name] = plugin
+            reply = {"status": "OK", "result": dumps_object({"status": "OK"})}
+        except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
+            logger.warning("worker plugin %s: %s failed: %s", name, msg["op"], e)
+            reply = error_reply(e)
+        self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+    def _teardown(self, name: str, plugin: Any) -> None:
+        try:
+            call_hook(plugin, "teardown", worker=self.worker)
+        except Exception:  # noqa: BLE001 - the worker goes on without it
+            logger.exception("worker plugin %s failed to tear down", name)
 
     def directory(self) -> str:
         """The worker's directory for files, made (and put on ``sys.path``) on first use."""

@@ -1,0 +1,108 @@
+"""Plugins: ``Client.register_plugin``, ``register_worker_plugin``,
+``unregister_worker_plugin``, and the ``WorkerPlugin`` / ``SchedulerPlugin`` base
+classes, as distributed's (https://distributed.dask.org/en/stable/plugins.html)::
+
+    from hpcsched import Client, WorkerPlugin
+
+    class Warm(WorkerPlugin):
+        def setup(self, worker):
+            worker.model = load_model()   # once per worker, and on workers joining later
+
+    with Client() as client:
+        client.register_plugin(Warm(), name="warm")
+
+A worker plugin is pickled and sent to every worker through the scheduler,
+which keeps it for workers that join later; ``setup(worker=)`` runs when it
+arrives, ``teardown(worker=)`` when it is replaced, unregistered, or the
+worker closes. A scheduler plugin runs in the scheduler: ``start(scheduler)``,
+``add_worker(scheduler=, worker=)``, ``remove_worker(scheduler=, worker=,
+stimulus_id=)``, ``close()``. Hooks run on the scheduler's loop thread: keep
+them short. Per-task ``transition`` hooks are not called. There are no nanny
+plugins (no nanny process).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from hpcsched.core.client_control import outcome, request
+from hpcsched.core.serialize import dumps_object
+
+
+class WorkerPlugin:
+    """Base class of worker plugins: override ``setup(worker)`` and ``teardown(worker)``."""
+
+    def setup(self, worker: Any) -> None:
+        """Run when the plugin reaches a worker."""
+
+    def teardown(self, worker: Any) -> None:
+        """Run when the plugin is replaced or unregistered, or the worker closes."""
+
+
+class SchedulerPlugin:
+    """Base class of scheduler plugins: override ``start``, ``add_worker``,
+    ``remove_worker``, ``close``."""
+
+    def start(self, scheduler: Any) -> None:
+        """Run when the plugin is registered."""
+
+    def add_worker(self, scheduler: Any = None, worker: str | None = None) -> None:
+        """A worker joined."""
+
+    def remove_worker(self, scheduler: Any = None, worker: str | None = None,
+                      **kwargs: Any) -> None:
+        """A worker left."""
+
+    def close(self) -> None:
+        """The scheduler closes (or the plugin is replaced)."""
+
+
+def _kind(plugin: Any) -> str:
+    """worker or scheduler: by our base classes, else by distributed's class names."""
+    if isinstance(plugin, SchedulerPlugin):
+        return "scheduler"
+    if isinstance(plugin, WorkerPlugin):
+        return "worker"
+    names = {c.__name__ for c in type(plugin).__mro__}
+    if "SchedulerPlugin" in names:
+        return "scheduler"
+    if "NannyPlugin" in names:
+        raise ValueError("nanny plugins are not supported: hpcsched workers have no nanny "
+                         "process (use a WorkerPlugin)")
+    if "WorkerPlugin" in names or hasattr(plugin, "setup") or hasattr(plugin, "teardown"):
+        return "worker"
+    raise TypeError(f"{plugin!r} is not a WorkerPlugin or a SchedulerPlugin")
+
+
+def register_plugin(client: Any, plugin: Any, name: str | None = None,
+                    idempotent: bool | None = None, kind: str | None = None) -> Any:
+    """Register ``plugin``; a worker plugin returns ``{worker: {"status": "OK"}}`` and raises
+    the first error a worker's ``setup`` raised."""
+    kind = kind or _kind(plugin)
+    if name is None:
+        name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
+    if idempotent is None:
+        idempotent = bool(getattr(plugin, "idempotent", False))
+    reply = request(client, "register-plugin", 120.0, kind=kind, name=str(name),
+                    plugin=dumps_object(plugin), idempotent=bool(idempotent))
+    return _results(reply, kind)
+
+
+def unregister_worker_plugin(client: Any, name: str) -> Any:
+    return _results(request(client, "unregister-plugin", 120.0, name=str(name)), "worker")
+
+
+def _results(reply: dict, kind: str) -> Any:
+    if "results" not in reply:
+        ok, value = outcome(reply)
+        if not ok:
+            raise value
+        return value
+    out = {}
+    for address, entry in sorted(reply["results"].items()):
+        ok, value = outcome(entry)
+        if not ok:
+            raise value
+        out[address] = value
+    return out

@@ -1,0 +1,29 @@
+"""Plugins: tests/conformance/plugins.py over TCP and under ``mpiexec -n 4``."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcsched import Client, LocalCluster
+from tests.conformance import plugins
+from tests.hpc.test_bootstrap import needs_mpiexec, run, script
+
+
+@pytest.mark.timeout(300)
+def test_over_tcp(tmp_path):
+    with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        def add_worker() -> bool:
+            n = len(client.scheduler_info()["workers"]) + 1
+            cluster.scale(n)
+            client.wait_for_workers(n, timeout=60)
+            return True
+
+        plugins.check(client, str(tmp_path), add_worker)
+
+
+@needs_mpiexec
+@pytest.mark.timeout(300)
+def test_under_mpiexec(tmp_path):
+    r = run([script("conformance.py"), "plugins", str(tmp_path)], timeout=240)
+    assert r.code == 0, r
+    assert "plugins conformance ok" in r.out, r
