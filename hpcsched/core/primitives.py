@@ -116,6 +116,14 @@ class Primitives:
         self.multi_requests: dict[str, dict] = {}  # lock id -> {names, n, peer, waiter}
         self.datasets: dict[str, dict] = {}  # name -> stored value
         self._ids = itertools.count()
+        self._next_deadline: float | None = None  # earliest deadline of a waiter, if any
+
+    def _waiter(self, peer: str, rid: str, timeout: float | None, data: Any = None) -> Waiter:
+        w = Waiter(peer, rid, timeout, data)
+        if w.deadline is not None and (self._next_deadline is None or
+                                       w.deadline < self._next_deadline):
+            self._next_deadline = w.deadline
+        return w
 
     # ------------------------------------------------------------ dispatch
     def handle(self, source: str, msg: dict) -> None:
@@ -209,7 +217,7 @@ class Primitives:
         elif timeout == 0:
             self.reply(peer, rid, result=False)
         else:
-            sem["waiters"].append(Waiter(peer, rid, timeout, lease))
+            sem["waiters"].append(self._waiter(peer, rid, timeout, lease))
 
     def _grant(self, table: dict, name: str) -> None:
         sem = table[name]
@@ -246,7 +254,7 @@ class Primitives:
                 self.reply(peer, rid, result=False)
             else:
                 e = self.events.setdefault(name, {"set": False, "waiters": []})
-                e["waiters"].append(Waiter(peer, rid, timeout))
+                e["waiters"].append(self._waiter(peer, rid, timeout))
 
     # ------------------------------------------------------------ variable
     def _variable(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
@@ -281,7 +289,7 @@ class Primitives:
                 self.reply(peer, rid, status="timeout")
             else:
                 var = self.variables.setdefault(name, {"value": None, "waiters": []})
-                var["waiters"].append(Waiter(peer, rid, timeout))
+                var["waiters"].append(self._waiter(peer, rid, timeout))
 
     # ------------------------------------------------------------ queue
     def _queue(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
@@ -307,7 +315,7 @@ class Primitives:
                     self._drop(stored)
                     self.reply(peer, rid, status="timeout")
                 else:
-                    q["putters"].append(Waiter(peer, rid, timeout, stored))
+                    q["putters"].append(self._waiter(peer, rid, timeout, stored))
                 return
             q["items"].append(stored)
             self.reply(peer, rid, result=None)
@@ -324,7 +332,7 @@ class Primitives:
                 if timeout == 0:
                     self.reply(peer, rid, status="timeout")
                 else:
-                    q["getters"].append(Waiter(peer, rid, timeout, batch or 0))
+                    q["getters"].append(self._waiter(peer, rid, timeout, batch or 0))
             else:
                 self._serve_getter(q, peer, rid, batch)
         self._pump(q)
@@ -385,7 +393,7 @@ class Primitives:
             self._multi_remove(name)
             self.reply(peer, rid, result=False)
         else:
-            self.multi_requests[name]["waiter"] = Waiter(peer, rid, timeout)
+            self.multi_requests[name]["waiter"] = self._waiter(peer, rid, timeout)
 
     def _multi_granted(self, lock_id: str) -> bool:
         req = self.multi_requests[lock_id]
@@ -478,8 +486,16 @@ class Primitives:
             self._pump(q)
 
     def tick(self, now: float) -> None:
+        """Answer the waiters whose timeout passed (a scan only when one may have)."""
         t = time.monotonic()
+        if self._next_deadline is None or self._next_deadline > t:
+            return
         self._expire(lambda w: w.deadline is None or w.deadline > t)
+        deadlines = [w.deadline for holder, field in self._waiter_lists()
+                     for w in holder[field] if w.deadline is not None]
+        deadlines += [r["waiter"].deadline for r in self.multi_requests.values()
+                      if r["waiter"] is not None and r["waiter"].deadline is not None]
+        self._next_deadline = min(deadlines, default=None)
 
     def peer_left(self, peer: str) -> None:
         """A client left: its waits end, its leases and multi-locks are released."""
