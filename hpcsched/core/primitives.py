@@ -294,6 +294,12 @@ class Primitives:
     # ------------------------------------------------------------ queue
     def _queue(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
         maxsize = _int(msg, "maxsize", 0)
+        timeout = _timeout(msg)
+        stored = _value(msg) if action == "put" else None
+        batch = msg.get("batch", False)
+        if not (batch is True or batch is False or
+                (isinstance(batch, int) and 0 < batch <= MAX_KEYS)):
+            raise ev.MalformedMessage("primitive: batch must be a bool or a positive int")
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = {"maxsize": maxsize, "items": deque(),
@@ -301,9 +307,7 @@ class Primitives:
         if action == "qsize":
             self.reply(peer, rid, result=len(q["items"]))
             return
-        timeout = _timeout(msg)
-        if action == "put":
-            stored = _value(msg)
+        if stored is not None:
             try:
                 self._check_keys(stored)
             except ValueError as e:
@@ -320,10 +324,6 @@ class Primitives:
             q["items"].append(stored)
             self.reply(peer, rid, result=None)
         else:
-            batch = msg.get("batch", False)
-            if not (batch is True or batch is False or
-                    (isinstance(batch, int) and 0 < batch <= MAX_KEYS)):
-                raise ev.MalformedMessage("primitive: batch must be a bool or a positive int")
             if batch is True:
                 items = list(q["items"])
                 q["items"].clear()
