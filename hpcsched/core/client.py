@@ -828,6 +828,13 @@ class Client:
         """Tear a worker plugin down on every worker; later workers no longer get it."""
         return plugins.unregister_worker_plugin(self, name)
 
+    def replicate(self, futures: Any, n: int | None = None, workers: Any = None,
+                  branching_factor: int = 2) -> None:
+        """Copy the futures' data onto ``n`` workers (all if None), among ``workers`` if
+        given; returns once they hold it. Copies beyond ``n`` are kept (distributed drops
+        them); ``branching_factor`` is accepted and unused (workers fetch from holders)."""
+        client_control.replicate(self, futures, n=n, workers=workers)
+
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02

@@ -98,3 +98,30 @@ def upload_file(client: Any, filename: str | os.PathLike, load: bool = True,
             raise value
         out[address] = value
     return out
+
+
+def replicate(client: Any, futures: Any, n: int | None = None, workers: Any = None,
+              timeout: float | None = 120.0) -> None:
+    """Copy the futures' data onto ``n`` workers (all: None), of ``workers`` if given; returns
+    once the scheduler sees every copy (``TimeoutError`` after ``timeout`` seconds)."""
+    import time
+
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"n must be None or a positive integer, got {n!r}")
+    if not isinstance(futures, (list, tuple, set)):
+        futures = [futures]
+    for f in futures:
+        f.result(timeout)
+    keys = [getattr(f, "key", f) for f in futures]
+    wanted = request(client, "replicate", timeout, keys=keys, n=n,
+                     workers=as_list(workers))["result"]
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        has = who_has(client, list(wanted))
+        if all(set(targets) <= set(has.get(k, ())) for k, targets in wanted.items()):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"replicas not made within {timeout}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)

@@ -33,7 +33,7 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 #: ops a client sends, served by :class:`ClusterControl`
 CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
-              "register-plugin", "unregister-plugin")
+              "register-plugin", "unregister-plugin", "replicate")
 #: ops a worker sends back
 WORKER_OPS = ("run-reply",)
 
@@ -67,6 +67,14 @@ def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
     if name in params:
         kwargs = {**kwargs, name: value}
     return fn(*args, **kwargs)
+
+
+def _hashable(key: Any) -> bool:
+    try:
+        hash(key)
+    except TypeError:
+        return False
+    return True
 
 
 def call_hook(plugin: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
@@ -134,6 +142,8 @@ class ClusterControl:
             self._fan_out(source, rid, list(state.workers),
                           {"op": "upload-file", "filename": name, "data": data,
                            "load": bool(msg.get("load", True))})
+        elif op == "replicate":
+            self._replicate(source, rid, msg)
         elif op == "register-plugin":
             self._register_plugin(source, rid, msg)
         elif op == "unregister-plugin":
@@ -144,6 +154,39 @@ class ClusterControl:
                 return
             del self.worker_plugins[name]
             self._fan_out(source, rid, list(state.workers), {"op": "plugin-remove", "name": name})
+
+    # ------------------------------------------------------------ replicas
+    def _replicate(self, source: str, rid: str, msg: dict) -> None:
+        """Copy each key in memory onto workers (of ``workers``, least loaded first) until
+        ``n`` of them (all: None) hold it; answers at once with ``{key: [workers that will
+        hold it]}`` (the client waits for ``who_has`` to show them). Extra copies are kept."""
+        state = self.scheduler.state
+        keys = self._list("replicate", msg.get("keys"), "keys")
+        n = msg.get("n")
+        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+            raise ev.MalformedMessage("replicate: n must be None or a positive integer")
+        pool = [state.workers[a] for a in self._workers(msg)
+                if state.workers[a].status == "running"]
+        want = len(pool) if n is None else min(n, len(pool))
+        orders: dict[str, dict] = {}
+        result: dict = {}
+        for key in keys:
+            ts = state.tasks.get(key) if _hashable(key) else None
+            if ts is None or ts.state != "memory" or not ts.who_has:
+                continue
+            holders = sorted(ws.address for ws in ts.who_has)
+            have = [ws for ws in pool if ws in ts.who_has]
+            lacking = sorted((ws for ws in pool if ws not in ts.who_has),
+                             key=lambda ws: (ws.nbytes, ws.address))
+            targets = lacking[:max(0, want - len(have))]
+            for ws in targets:
+                order = orders.setdefault(ws.address, {"who_has": {}, "nbytes": {}})
+                order["who_has"][key] = holders
+                order["nbytes"][key] = ts.nbytes
+            result[key] = sorted(ws.address for ws in [*have, *targets])
+        for address, order in orders.items():
+            self.scheduler.send(address, {"op": "acquire-replicas", **order})
+        self._reply(source, rid, status="OK", result=result)
 
     # ------------------------------------------------------------ plugins
     @staticmethod

@@ -83,3 +83,19 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     except ValueError:
         pass
     del fut
+
+    # replicate: onto every worker, or n of them; the data stays gettable
+    futs = client.map(lambda i: [i] * 100, range(4), workers=[addrs[0]], pure=False)
+    client.replicate(futs)
+    has = client.who_has(futs)
+    now = sorted(client.scheduler_info()["workers"])  # a worker may have joined above
+    assert all(sorted(has[f.key]) == now for f in futs), has
+    one = client.submit(lambda: "one", workers=[addrs[0]], pure=False)
+    client.replicate(one, n=2)
+    assert len(client.who_has(one)[one.key]) == 2
+    assert client.gather(futs) == [[i] * 100 for i in range(4)] and one.result(30) == "one"
+    try:
+        client.replicate(one, n=0)
+        raise AssertionError("replicate(n=0) did not raise")
+    except ValueError:
+        pass
