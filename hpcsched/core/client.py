@@ -835,6 +835,15 @@ class Client:
         them); ``branching_factor`` is accepted and unused (workers fetch from holders)."""
         client_control.replicate(self, futures, n=n, workers=workers)
 
+    def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
+        """Reset the cluster: every future of every client is cancelled and the workers drop
+        its data; each worker plugin is torn down and set up again.
+
+        Workers are *not* new processes: under MPI a rank cannot be respawned, and without
+        a nanny no process is restarted over TCP either. Module-level state a task left
+        in a worker's process remains; a task running now finishes, its result dropped."""
+        client_control.restart(self, timeout, wait_for_workers)
+
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02

@@ -125,3 +125,18 @@ def replicate(client: Any, futures: Any, n: int | None = None, workers: Any = No
             raise TimeoutError(f"replicas not made within {timeout}s")
         time.sleep(delay)
         delay = min(delay * 2, 0.5)
+
+
+def restart(client: Any, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
+    """Cancel every task and reset the workers' plugins; see ``Client.restart``."""
+    n = len(client.scheduler_info()["workers"])
+    for st in list(client.futures.values()):
+        if st.status != "cancelled":
+            client._callbacks(st.cancel())
+    reply = request(client, "restart", timeout)
+    for entry in reply.get("results", {}).values():
+        ok, value = outcome(entry)
+        if not ok:
+            raise value
+    if wait_for_workers:
+        client.wait_for_workers(n, timeout=timeout)

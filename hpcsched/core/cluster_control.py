@@ -23,6 +23,7 @@ import inspect
 import itertools
 import logging
 import os
+import time
 import traceback
 from typing import Any
 
@@ -33,7 +34,7 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 #: ops a client sends, served by :class:`ClusterControl`
 CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
-              "register-plugin", "unregister-plugin", "replicate")
+              "register-plugin", "unregister-plugin", "replicate", "restart")
 #: ops a worker sends back
 WORKER_OPS = ("run-reply",)
 
@@ -142,6 +143,12 @@ class ClusterControl:
             self._fan_out(source, rid, list(state.workers),
                           {"op": "upload-file", "filename": name, "data": data,
                            "load": bool(msg.get("load", True))})
+        elif op == "restart":
+            # every task is cancelled (its clients hear so, workers drop its data), then each
+            # worker tears its plugins down and sets them up again
+            event = ev.CancelKeys(source, list(state.tasks), time.time())
+            self.scheduler.handle_event(event)
+            self._fan_out(source, rid, list(state.workers), {"op": "plugins-reset"})
         elif op == "replicate":
             self._replicate(source, rid, msg)
         elif op == "register-plugin":

@@ -29,7 +29,7 @@ from hpcsched.core.serialize import dumps_object, loads_function, loads_object
 
 logger = logging.getLogger("hpcsched.worker")
 
-OPS = ("run", "upload-file", "plugin-add", "plugin-remove")
+OPS = ("run", "upload-file", "plugin-add", "plugin-remove", "plugins-reset")
 
 
 class WorkerControl:
@@ -59,8 +59,9 @@ class WorkerControl:
         op = msg.get("op")
         if op == "plugin-add" and msg.get("request_id") == "replay":
             self._plugin(msg)  # this worker just joined: set up before it runs any task
-        elif op in ("run", "plugin-add", "plugin-remove"):
-            target = self._run if op == "run" else self._plugin
+        elif op in ("run", "plugin-add", "plugin-remove", "plugins-reset"):
+            target = self._run if op == "run" else self._reset if op == "plugins-reset" \
+                else self._plugin
             threading.Thread(target=target, args=(msg,), daemon=True,
                              name=f"hpcsched-{op}").start()
         else:
@@ -95,6 +96,19 @@ class WorkerControl:
             reply = {"status": "OK", "result": dumps_object({"status": "OK"})}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             logger.warning("worker plugin %s: %s failed: %s", name, msg["op"], e)
+            reply = error_reply(e)
+        self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+    def _reset(self, msg: dict) -> None:
+        """``Client.restart``: every plugin torn down and set up again."""
+        try:
+            with self._lock:
+                plugins = list(self.plugins.items())
+            for name, plugin in plugins:
+                self._teardown(name, plugin)
+                call_hook(plugin, "setup", worker=self.worker)
+            reply = {"status": "OK", "result": dumps_object(None)}
+        except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             reply = error_reply(e)
         self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
 

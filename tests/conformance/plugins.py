@@ -80,3 +80,16 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     if add_worker():
         events = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.conf_events)
         assert events[0] == "start" and events[1][0] == "add", events
+
+    # restart: futures cancelled, data dropped, worker plugins set up again
+    client.register_plugin(Marker("r"), name="restart-marker")
+    before = client.run(lambda dask_worker: dask_worker.conf_setups)
+    kept = client.submit(lambda: "data", pure=False)
+    assert kept.result(30) == "data"
+    client.restart()
+    assert kept.status == "cancelled"
+    assert client.has_what() == {a: [] for a in client.has_what()}
+    after = client.run(lambda dask_worker: dask_worker.conf_setups)
+    assert all(after[a] == before[a] + 1 for a in before), (before, after)
+    assert client.submit(lambda: 5, pure=False).result(30) == 5
+    client.unregister_worker_plugin("restart-marker")
