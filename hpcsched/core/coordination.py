@@ -102,7 +102,9 @@ def request(client: Any, kind: str, action: str, name: str, *, wait: bool = Fals
     rid = client._new_id(kind)
     msg = {"op": "primitive", "request_id": rid, "kind": kind, "action": action,
            "name": name, **fields}
-    seceded = wait and fields.get("timeout") != 0 and worker_client.in_task()
+    # a task that seceded itself (worker_client) stays so: it rejoins when it chooses
+    seceded = wait and fields.get("timeout") != 0 and worker_client.in_task() \
+        and not worker_client.seceded()
     if seceded:
         worker_client.secede()
     try:

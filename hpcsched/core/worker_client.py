@@ -66,6 +66,7 @@ def enter_task(worker: Worker, key: Any, on_loop: bool, start: float) -> Any:
     pass to :func:`leave_task`. (A tuple: this runs for every task, tiny ones included.)"""
     previous = getattr(_local, "task", None)
     _local.task = (worker, key, start, on_loop)
+    _local.seceded = False
     return previous
 
 
@@ -170,6 +171,7 @@ def secede() -> None:
     _off_loop(running, "secede()")
     worker, key, start, _ = running
     worker.secede_task(key, time.time() - start)  # a second call changes nothing
+    _local.seceded = True
 
 
 def rejoin() -> None:
@@ -184,6 +186,12 @@ def rejoin() -> None:
     if running[3]:
         return  # on the loop thread: it cannot have seceded (that moves it to a thread)
     running[0].rejoin_task(running[1])
+    _local.seceded = False
+
+
+def seceded() -> bool:
+    """Whether the current task has seceded (and not rejoined since)."""
+    return _current() is not None and bool(getattr(_local, "seceded", False))
 
 
 @contextlib.contextmanager

@@ -223,3 +223,18 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
         bad.close()
     assert not Lock("conf-bad").locked()
     assert client.submit(lambda: 2, pure=False).result(30) == 2
+
+    # a task already seceded (worker_client) stays seceded across a wait: it still waits
+    # on futures it submits without holding a thread slot
+    def nested() -> int:
+        from hpcsched import worker_client
+
+        with worker_client() as c:
+            assert Event("conf-nested").wait(timeout=120)
+            fs = [c.submit(lambda i: i, i, workers=[addr], pure=False)
+                  for i in range(nthreads + 1)]
+            return sum(c.gather(fs, timeout=60))
+
+    Event("conf-nested").set()
+    tasks = [client.submit(nested, workers=[addr], pure=False) for _ in range(nthreads)]
+    assert client.gather(tasks) == [sum(range(nthreads + 1))] * nthreads
