@@ -340,6 +340,8 @@ class Client:
                 pass
             elif op == "scheduler-closing":
                 self._lost_scheduler()
+            elif op == "error":  # the scheduler refused a message of ours and drops us
+                logger.error("scheduler at %s: %s", self.scheduler_address, msg.get("message"))
             else:
                 logger.warning("client: unknown message %r", op)
 

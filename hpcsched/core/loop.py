@@ -7,7 +7,7 @@ server's ``process`` callback, then calls ``flush`` once, which sends one
 batched message per destination. Idle, the thread sleeps on a condition until
 the next item or the next tick: no spinning. A producer may ``offer`` an item
 instead: if the loop is idle, the producer runs that iteration itself (the MPI
-progress thread does, saving a thread hand-off per message).
+progress thread and the TCP I/O thread do, saving a thread hand-off per message).
 
 Other threads run code on the loop with :meth:`Loop.call` (the result comes
 back through a ``concurrent.futures.Future``), so server state is only ever
@@ -100,8 +100,10 @@ class Loop:
         thread wake-up costs ~100 us). Otherwise queue it like :meth:`put`. Order is
         kept: an item runs inline only when everything put before it has run.
 
-        Only for producers that may block no peer by doing so: the MPI progress thread
-        (its sends never block). A TCP reader must not (see :func:`start_reader`)."""
+        Only for producers whose transport never blocks in ``send``: the handler may send
+        to the very peer the producer reads for, and a send waiting for that peer to read
+        while the producer is busy in the handler would deadlock both ends. MPI sends
+        and TCP sends (queued per connection, written by the I/O thread) never wait."""
         with self._lock:
             if self._busy or self._items or self._stop or self._thread is None:
                 self._items.append(item)
@@ -221,9 +223,8 @@ def start_reader(comm: Comm, source: Any, inbox: Inbox,
         return None
 
     def run() -> None:
-        # put, never offer: running the server's code here could block this thread in a
-        # send (TCP sends block when the peer's buffer is full) while the peer, blocked
-        # sending to us, waits for this very thread to read -- a deadlock
+        # put, never offer: this comm's send may block on a full peer, and then running
+        # the server's code here could deadlock (see Loop._offer)
         try:
             while True:
                 msg = comm.recv()
