@@ -51,6 +51,7 @@ from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
 from hpcsched.launchers.address import scheduler_host
 from hpcsched.launchers.cluster import Cluster
+from hpcsched.launchers.scheduler_file import write_secret_file
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
@@ -173,12 +174,8 @@ class JobQueueCluster(Cluster):
             directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
                 p["shared_temp_directory"])))
             os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f".hpcsched-{self.cluster_id}.secret")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(self.security.secret_hex())
-        return path
+        self._secret = write_secret_file(directory, self.cluster_id, self.security)
+        return self._secret.path
 
     # ------------------------------------------------------------ scripts
     def _job_name(self, index: int) -> str:
