@@ -229,3 +229,13 @@ def test_a_batch_keeps_other_peers_messages_after_a_bad_one():
         for c in comms:
             c.close()
         s.close()
+
+
+def test_every_op_the_scheduler_handles_has_its_checks():
+    """A new op must say what its fields are: otherwise every peer sending it is refused."""
+    from hpcsched.core import events as ev
+    from hpcsched.core.message_checks import CLIENT_MESSAGES, WORKER_MESSAGES
+    from hpcsched.core.scheduler import Scheduler
+
+    handled = set(ev.SCHEDULER_OPS) | set(Scheduler._server_ops)
+    assert handled == set(CLIENT_MESSAGES) | set(WORKER_MESSAGES)
