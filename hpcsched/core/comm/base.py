@@ -61,8 +61,8 @@ class Comm(abc.ABC):
         """Push every later message onto ``inbox`` as ``(source, message)``, then
         ``(source, closed_marker)`` once the comm closes, instead of waiting for ``recv``
         calls; messages that arrived before go first. ``inbox`` has ``put``, and may have
-        ``offer`` (a :class:`~hpcsched.core.loop.Loop`'s inbox: the transport's thread may
-        run an idle loop's iteration itself). Every backend of hpcsched does this (inproc,
+        ``offer`` / ``offer_batch`` (a :class:`~hpcsched.core.loop.Loop`'s inbox: the
+        transport's thread may run an idle loop's iteration itself). Every backend of hpcsched does this (inproc,
         tcp, mpi); returns False when a backend cannot (then the caller runs a reader
         thread).
         """

@@ -24,9 +24,13 @@ Every socket of a process is served by one I/O thread
 * **Receiving.** The I/O thread decodes frames (memory grows only as bytes
   arrive; a message that started must finish within ``comm.timeouts.message``)
   and either queues them for ``recv`` or, after :meth:`TCPComm.deliver_to`,
-  unpickles them and hands ``(source, message)`` to the receiver's inbox --
-  ``offer`` when it has one, so an idle server handles the message on the I/O
-  thread without a hand-off (safe because ``send`` never blocks).
+  unpickles them and hands ``(source, message)`` to the receiver's inbox. It
+  hands them over once per round of socket events, all the messages of the
+  round for one inbox together (``offer_batch`` when the inbox has it): an
+  idle server then handles everything that arrived at once, from every peer,
+  in one iteration on the I/O thread, without a thread hand-off -- safe
+  because ``send`` never blocks -- and batched, so it flushes one message per
+  destination for all of them.
 * **Closing.** ``close`` stops both directions for the user at once; what was
   already queued still goes out (within a linger timeout), then the write side
   is shut and the socket closed once the peer has closed too, so data sent just

@@ -100,7 +100,10 @@ class TCPComm(Comm):
             if target is None or self._marker_sent:
                 return True
             self._marker_sent = True
-        target[0].put((target[1], target[2]))
+        if self._io.on_thread():  # after the messages handed over in this round
+            self._io.deliver(target[0], (target[1], target[2]))
+        else:
+            target[0].put((target[1], target[2]))
         return True
 
     def close(self) -> None:
@@ -400,16 +403,13 @@ class TCPComm(Comm):
                 self._recv_cond.notify()
                 return
         inbox, source, _ = target
-        put = getattr(inbox, "offer", None) or inbox.put  # a Loop's inbox runs idle loops here
         for frames in msgs:
             try:
                 msg = serialize.loads(frames)
             except serialize.SerializationError as e:
                 self._fail(f"undecodable message: {e}", log=True)
                 return
-            put((source, msg))
-            if self._closed:
-                return
+            self._io.deliver(inbox, (source, msg))
 
     def recv(self, timeout: float | None = None) -> Any:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -436,7 +436,8 @@ class TCPComm(Comm):
 
     def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
         """From now on the I/O thread unpickles each message and hands it to ``inbox``
-        (``offer`` if it has one, else ``put``); messages queued before go first."""
+        (batched per round of events: ``offer_batch`` if it has one, else ``put``);
+        messages queued before go first."""
         with self._recv_cond:
             pending = list(self._inq)
             self._inq.clear()

@@ -71,6 +71,7 @@ class IOThread:
         self.exiting = False
         self._thread = threading.Thread(target=self._run, name="hpcsched-tcp-io", daemon=True)
         self._ident: int | None = None
+        self._deliveries: dict[int, tuple[Any, list]] = {}  # id(inbox) -> (inbox, items)
 
     # ------------------------------------------------------------ any thread
     def on_thread(self) -> bool:
@@ -106,6 +107,30 @@ class IOThread:
         heapq.heappush(self._timers, (t.when, next(self._seq), t))
         return t
 
+    def deliver(self, inbox: Any, item: Any) -> None:
+        """Hand ``item`` to ``inbox`` once this round of events is handled, together with
+        every other item for it: a server's loop then handles all the messages that
+        arrived at once, from every peer, in one iteration (one flush per destination)."""
+        entry = self._deliveries.get(id(inbox))
+        if entry is None:
+            self._deliveries[id(inbox)] = (inbox, [item])
+        else:
+            entry[1].append(item)
+
+    def _hand_over(self) -> None:
+        while self._deliveries:
+            batch, self._deliveries = self._deliveries, {}
+            for inbox, items in batch.values():
+                try:
+                    offer = getattr(inbox, "offer_batch", None)
+                    if offer is not None:  # an idle loop runs its iteration here
+                        offer(items)
+                    else:
+                        for item in items:
+                            inbox.put(item)
+                except Exception:
+                    logger.exception("delivering %d messages to %r failed", len(items), inbox)
+
     def register(self, sock: socket.socket, events: int, handler: Handler) -> None:
         self._selector.register(sock, events, handler)
 
@@ -139,6 +164,7 @@ class IOThread:
                         handler.on_event(mask)
                     except Exception:  # a bug in one connection must not stop the others
                         logger.exception("I/O handler %r failed", handler)
+                self._hand_over()
                 with self._lock:
                     calls, self._calls = self._calls, deque()
                     self._woken = False
@@ -156,6 +182,7 @@ class IOThread:
                             t.fn()
                         except Exception:
                             logger.exception("I/O timer %r failed", t.fn)
+                self._hand_over()
         finally:
             self._selector.close()
             self._wake_r.close()
