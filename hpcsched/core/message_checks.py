@@ -80,6 +80,10 @@ def mapping(x: Any) -> str | None:
     return None if isinstance(x, dict) else f"expected a dict, got {type(x).__name__}"
 
 
+def blob(x: Any) -> str | None:
+    return None if isinstance(x, (bytes, bytearray)) else f"expected bytes, got {_short(x)}"
+
+
 def serialized(x: Any) -> str | None:
     return None if isinstance(x, Serialized) else f"expected serialized data, got {_short(x)}"
 
@@ -145,6 +149,9 @@ WORKER_MESSAGES: dict[str, dict[str, tuple[Check, bool]]] = {
     "release-worker-data": {"keys": (keys, REQUIRED)},
     "steal-response": {"key": (key, REQUIRED), "state": (string, REQUIRED)},
     "heartbeat": {"metrics": (mapping, OPTIONAL)},
+    "worker-status-change": {"status": (string, REQUIRED)},
+    "run-reply": {"request_id": (optional(string), OPTIONAL), "status": (string, OPTIONAL),
+                  "traceback": (anything, OPTIONAL)},
     "data-reply": {"request_id": (string, REQUIRED), "blob": (optional(serialized), OPTIONAL),
                    "missing": (optional(keys), OPTIONAL)},
     "retire-me": {},
@@ -175,6 +182,20 @@ CLIENT_MESSAGES: dict[str, dict[str, tuple[Check, bool]]] = {
                        "n": (optional(count), OPTIONAL), "close": (boolean, OPTIONAL)},
     "close-client": {},
     "extension": {"extension": (string, REQUIRED), "request_id": (optional(string), OPTIONAL)},
+    # cluster control (core/cluster_control.py checks its fields further as it reads them)
+    "run": {"request_id": (string, REQUIRED), "function": (blob, REQUIRED),
+            "args": (optional(blob), OPTIONAL), "kwargs": (optional(blob), OPTIONAL),
+            "wait": (boolean, OPTIONAL), "workers": (optional(list_of(anything)), OPTIONAL)},
+    "run-on-scheduler": {"request_id": (string, REQUIRED), "function": (blob, REQUIRED),
+                         "args": (optional(blob), OPTIONAL),
+                         "kwargs": (optional(blob), OPTIONAL)},
+    "who-has": {"request_id": (string, REQUIRED), "keys": (optional(keys), OPTIONAL)},
+    "has-what": {"request_id": (string, REQUIRED),
+                 "workers": (optional(list_of(anything)), OPTIONAL)},
+    "nthreads": {"request_id": (string, REQUIRED),
+                 "workers": (optional(list_of(anything)), OPTIONAL)},
+    "upload-file": {"request_id": (string, REQUIRED), "filename": (string, REQUIRED),
+                    "data": (blob, REQUIRED), "load": (boolean, OPTIONAL)},
 }
 REGISTER_WORKER: dict[str, tuple[Check, bool]] = {
     "address": (string, REQUIRED), "nthreads": (positive, OPTIONAL),
