@@ -63,6 +63,12 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     wait_futures,
 )
 from hpcsched.core.graph import GraphError, Ref, gc_paused, normalize
+from hpcsched.core.scheduler_file import (  # noqa: F401 - re-exported
+    looks_like_scheduler_file,
+    read_scheduler_file,
+    wait_for_scheduler_file,
+    write_scheduler_file,
+)
 from hpcsched.core.serialize import (
     deserialize,
     dumps_function,
@@ -78,12 +84,6 @@ from hpcsched.core.submission import (  # noqa: F401 - funcname/task_run_spec re
     pack_keys,
     pure_token,
     task_run_spec,
-)
-from hpcsched.launchers.scheduler_file import (  # noqa: F401 - re-exported
-    looks_like_scheduler_file,
-    read_scheduler_file,
-    wait_for_scheduler_file,
-    write_scheduler_file,
 )
 
 logger = logging.getLogger("hpcsched.client")
@@ -341,6 +341,8 @@ class Client:
                 pass
             elif op == "scheduler-closing":
                 self._lost_scheduler()
+            elif op == "error":  # the scheduler refused a message of ours and drops us
+                logger.error("scheduler at %s: %s", self.scheduler_address, msg.get("message"))
             else:
                 logger.warning("client: unknown message %r", op)
 

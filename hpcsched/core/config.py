@@ -82,9 +82,12 @@ DEFAULTS: dict[str, Any] = {
     "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost
     # transport
     "comm.timeouts.connect": 30.0,
-    "comm.timeouts.handshake": 10.0,
-    "comm.max-frame-bytes": 2**34,  # 16 GiB: larger announced frames are refused
+    "comm.timeouts.handshake": 5.0,  # seconds an accepted peer has to authenticate
+    "comm.timeouts.message": 300.0,  # seconds a message that started arriving has to finish
+    "comm.max-pending-handshakes": 256,  # unauthenticated peers held; the oldest go first
+    "comm.max-frame-bytes": 2**32,  # 4 GiB: larger frames are refused (sending and receiving)
     "comm.max-frames": 100_000,
+    "comm.max-send-queue-bytes": 2**31,  # queued for a peer that does not read: then closed
     "comm.tls.cert": None,
     "comm.tls.key": None,
     "comm.tls.ca": None,

@@ -6,8 +6,10 @@ pending (so a busy server handles large batches), hands the items to the
 server's ``process`` callback, then calls ``flush`` once, which sends one
 batched message per destination. Idle, the thread sleeps on a condition until
 the next item or the next tick: no spinning. A producer may ``offer`` an item
-instead: if the loop is idle, the producer runs that iteration itself (the MPI
-progress thread does, saving a thread hand-off per message).
+(or ``offer_batch`` several) instead: if the loop is idle, the producer runs
+that iteration itself (the MPI progress thread and the TCP I/O thread do,
+saving a thread hand-off per message; the I/O thread offers everything one
+round of socket events brought, so the iteration still handles a batch).
 
 Other threads run code on the loop with :meth:`Loop.call` (the result comes
 back through a ``concurrent.futures.Future``), so server state is only ever
@@ -53,7 +55,11 @@ class Inbox:
         self._loop._put(item)
 
     def offer(self, item: Any) -> None:
-        self._loop._offer(item)
+        self._loop._offer([item])
+
+    def offer_batch(self, items: list) -> None:
+        """Like ``offer`` for several items at once: one iteration handles them all."""
+        self._loop._offer(items)
 
 
 class Loop:
@@ -93,25 +99,27 @@ class Loop:
             if not self._busy:
                 self._wakeup.notify()
 
-    def _offer(self, item: Any) -> None:
-        """Handle ``item`` now, in the calling thread, if the loop is idle (nothing
+    def _offer(self, items: list) -> None:
+        """Handle ``items`` now, in the calling thread, if the loop is idle (nothing
         queued, no iteration running): one iteration -- process, then flush -- as the
         loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
-        thread wake-up costs ~100 us). Otherwise queue it like :meth:`put`. Order is
-        kept: an item runs inline only when everything put before it has run.
+        thread wake-up costs ~100 us). Otherwise queue them like :meth:`put`. Order is
+        kept: items run inline only when everything put before them has run.
 
-        Only for producers that may block no peer by doing so: the MPI progress thread
-        (its sends never block). A TCP reader must not (see :func:`start_reader`)."""
+        Only for producers whose transport never blocks in ``send``: the handler may send
+        to the very peer the producer reads for, and a send waiting for that peer to read
+        while the producer is busy in the handler would deadlock both ends. MPI sends
+        and TCP sends (queued per connection, written by the I/O thread) never wait."""
         with self._lock:
             if self._busy or self._items or self._stop or self._thread is None:
-                self._items.append(item)
+                self._items.extend(items)
                 if not self._busy:
                     self._wakeup.notify()
                 return
             self._busy = True
             self._owner = threading.get_ident()
         try:
-            self._iteration([item])
+            self._iteration(items)
         finally:
             with self._lock:
                 self._busy = False
@@ -221,9 +229,8 @@ def start_reader(comm: Comm, source: Any, inbox: Inbox,
         return None
 
     def run() -> None:
-        # put, never offer: running the server's code here could block this thread in a
-        # send (TCP sends block when the peer's buffer is full) while the peer, blocked
-        # sending to us, waits for this very thread to read -- a deadlock
+        # put, never offer: this comm's send may block on a full peer, and then running
+        # the server's code here could deadlock (see Loop._offer)
         try:
             while True:
                 msg = comm.recv()

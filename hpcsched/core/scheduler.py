@@ -10,8 +10,10 @@ data or answer questions: ``gather`` (relayed from the workers holding the
 keys, as :class:`~hpcsched.core.serialize.Serialized` frames never unpickled
 here), ``scatter``, ``scheduler-info``, ``retire-workers``.
 
-A peer that sends a malformed message is logged and dropped; everyone else is
-served on.
+Every message is checked (:mod:`hpcsched.core.message_checks`) before it is
+handled, and handled on its own: a peer whose message is malformed, or makes a
+handler fail, is sent one error message, logged and dropped; the other
+messages of the batch, everyone else's, are served on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hpcsched.core.cluster_control import ClusterControl
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.message_checks import check_registration, check_scheduler_message
 from hpcsched.core.primitives import OP as PRIMITIVE_OP
 from hpcsched.core.primitives import Primitives
 from hpcsched.core.scheduler_state import SchedulerState
@@ -44,10 +47,6 @@ INTERNAL = "internal"  # requester id for calls made by this process (clusters, 
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
 
-_client_fields = {op for op, cls in ev.SCHEDULER_OPS.items()
-                  if "client" in cls.__dataclass_fields__}
-_worker_fields = {op for op, cls in ev.SCHEDULER_OPS.items()
-                  if "worker" in cls.__dataclass_fields__}
 
 
 class Scheduler:
@@ -299,41 +298,72 @@ class Scheduler:
 
     # ================================================================ the loop
     def _process(self, items: list) -> None:
+        """Handle a batch. Each peer's message is checked (:mod:`message_checks`) and
+        handled on its own: whatever one message provokes, the peer that sent it gets one
+        error message and is disconnected, and everyone else's messages are handled."""
         now = time.time()
-        state = self.state
         for source, payload in items:
-            if source is None:
-                self._register(*payload)
-                continue
-            if payload is CLOSED:
-                self._disconnect(source, "connection closed")
-                continue
-            if source not in self._comms:
-                continue  # a late message from a peer we dropped
-            msgs = payload if isinstance(payload, list) else [payload]
-            is_worker = source in state.workers
             try:
-                for msg in msgs:
-                    op = msg.get("op") if isinstance(msg, dict) else None
-                    handler = self._server_ops.get(op)
-                    if handler is not None:
-                        handler(self, source, msg)
-                        continue
-                    if is_worker:
-                        if op not in _worker_fields:
-                            raise ev.MalformedMessage(f"op {op!r} is not a worker's op")
-                        event = ev.from_message(ev.SCHEDULER_OPS, msg, worker=source, now=now)
-                    else:
-                        if op not in _client_fields:
-                            raise ev.MalformedMessage(f"op {op!r} is not a client's op")
-                        event = ev.from_message(ev.SCHEDULER_OPS, msg, client=source, now=now)
-                    self._route(state.handle(event))
-            except ev.MalformedMessage as e:
-                logger.warning("dropping %s: malformed message: %s", source, e)
-                self._disconnect(source, f"malformed message: {e}")
-            except AttributeError as e:
-                logger.warning("dropping %s: malformed message: %s", source, e)
-                self._disconnect(source, f"malformed message: {e}")
+                if source is None:
+                    kind, peer, comm, msg = payload
+                    if kind == "worker":
+                        try:
+                            check_registration(msg)
+                        except ev.MalformedMessage as e:
+                            self._refuse_registration(peer, comm, str(e))
+                            continue
+                    self._register(kind, peer, comm, msg)
+                elif payload is CLOSED:
+                    self._disconnect(source, "connection closed")
+                elif source in self._comms:  # else a late message from a peer we dropped
+                    self._handle_messages(source, payload, now)
+            except Exception:  # a bug, not the peer's fault: log it, serve the rest
+                logger.exception("error while handling a message from %s", source)
+
+    def _handle_messages(self, source: str, payload: Any, now: float) -> None:
+        state = self.state
+        sender = "worker" if source in self._worker_peers else "client"
+        extra = {sender: source, "now": now}
+        for msg in payload if isinstance(payload, list) else [payload]:
+            try:
+                op = check_scheduler_message(msg, sender)
+                handler = self._server_ops.get(op)
+                if handler is not None:
+                    handler(self, source, msg)
+                elif sender == "worker" and source not in state.workers:
+                    continue  # news from a worker already removed (retired, timed out)
+                else:
+                    self._route(state.handle(ev.from_message(ev.SCHEDULER_OPS, msg, **extra)))
+            except Exception as e:
+                self._reject(source, msg, e)
+                return  # the peer is gone: the rest of its batch goes with it
+
+    def _reject(self, peer: str, msg: Any, error: Exception) -> None:
+        """Tell ``peer`` why its message was refused, then disconnect it."""
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if isinstance(error, ev.MalformedMessage):
+            reason = f"malformed message: {error}"
+            logger.warning("dropping %s: %s", peer, reason)
+        else:
+            reason = f"handling op {_short(op)} failed: {type(error).__name__}: {error}"
+            logger.error("dropping %s: %s", peer, reason, exc_info=error)
+        comm = self._comms.get(peer)
+        if comm is not None:
+            notice = ({"op": "close", "reason": reason, "exit_code": 1}
+                      if peer in self._worker_peers else {"op": "error", "message": reason})
+            try:
+                comm.send(self._outbox.pop(peer, []) + [notice])
+            except (CommClosedError, OSError):
+                pass
+        self._disconnect(peer, reason)
+
+    def _refuse_registration(self, peer: str, comm: Comm, reason: str) -> None:
+        logger.warning("refusing worker %s: malformed registration: %s", peer, reason)
+        try:
+            comm.send([{"op": "register-error", "message": f"malformed registration: {reason}"}])
+        except (CommClosedError, OSError):
+            pass
+        comm.close()
 
     def _tick(self, now: float) -> None:
         self._release_held = True  # this iteration's flush sends what waited

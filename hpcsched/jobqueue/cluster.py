@@ -46,6 +46,7 @@ from typing import Any, ClassVar
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
+from hpcsched.core.scheduler_file import write_secret_file
 from hpcsched.jobqueue import cleanup, runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
@@ -173,12 +174,8 @@ class JobQueueCluster(Cluster):
             directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
                 p["shared_temp_directory"])))
             os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f".hpcsched-{self.cluster_id}.secret")
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            os.fchmod(f.fileno(), 0o600)
-            f.write(self.security.secret_hex())
-        return path
+        self._secret = write_secret_file(directory, self.cluster_id, self.security)
+        return self._secret.path
 
     # ------------------------------------------------------------ scripts
     def _job_name(self, index: int) -> str:

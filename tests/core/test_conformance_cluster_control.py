@@ -7,7 +7,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from tests.conformance import cluster_control
-from tests.hpc.test_bootstrap import needs_mpiexec, run, script
+from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
 
 
 @pytest.mark.timeout(180)
@@ -24,6 +24,6 @@ def test_over_tcp(tmp_path):
 @needs_mpiexec
 @pytest.mark.timeout(180)
 def test_under_mpiexec(tmp_path):
-    r = run([script("conformance.py"), "cluster_control", str(tmp_path)], timeout=150)
+    r = run([script("conformance.py"), "cluster_control", str(tmp_path)], timeout=150, env=REPO_ON_PATH)
     assert r.code == 0, r
     assert "cluster_control conformance ok" in r.out, r

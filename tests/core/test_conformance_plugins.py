@@ -6,7 +6,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from tests.conformance import plugins
-from tests.hpc.test_bootstrap import needs_mpiexec, run, script
+from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
 
 
 @pytest.mark.timeout(300)
@@ -24,6 +24,6 @@ def test_over_tcp(tmp_path):
 @needs_mpiexec
 @pytest.mark.timeout(300)
 def test_under_mpiexec(tmp_path):
-    r = run([script("conformance.py"), "plugins", str(tmp_path)], timeout=240)
+    r = run([script("conformance.py"), "plugins", str(tmp_path)], timeout=240, env=REPO_ON_PATH)
     assert r.code == 0, r
     assert "plugins conformance ok" in r.out, r

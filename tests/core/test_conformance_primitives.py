@@ -6,7 +6,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from tests.conformance import primitives
-from tests.hpc.test_bootstrap import needs_mpiexec, run, script
+from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
 
 
 @pytest.mark.timeout(300)
@@ -18,6 +18,6 @@ def test_over_tcp(tmp_path):
 @needs_mpiexec
 @pytest.mark.timeout(300)
 def test_under_mpiexec(tmp_path):
-    r = run([script("conformance.py"), "primitives", str(tmp_path)], timeout=240)
+    r = run([script("conformance.py"), "primitives", str(tmp_path)], timeout=240, env=REPO_ON_PATH)
     assert r.code == 0, r
     assert "primitives conformance ok" in r.out, r

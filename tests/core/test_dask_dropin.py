@@ -395,7 +395,7 @@ def test_default_client_and_dask_scheduler_restored_on_close(cluster):
 
 # ---------------------------------------------------------------- scheduler files
 def test_client_from_a_scheduler_file(cluster, tmp_path):
-    from hpcsched.launchers.scheduler_file import write_scheduler_file
+    from hpcsched.core.scheduler_file import write_scheduler_file
 
     if not cluster.processes:
         pytest.skip("an inproc address is only reachable in its own process")
@@ -409,7 +409,7 @@ def test_client_from_a_scheduler_file(cluster, tmp_path):
 
 
 def test_a_scheduler_file_that_appears_later_is_waited_for(cluster, tmp_path):
-    from hpcsched.launchers.scheduler_file import write_scheduler_file
+    from hpcsched.core.scheduler_file import write_scheduler_file
 
     if not cluster.processes:
         pytest.skip("an inproc address is only reachable in its own process")

@@ -28,6 +28,10 @@ import pytest
 from hpcsched.hpc.bootstrap import launcher_size
 
 REPO = Path(__file__).resolve().parents[2]
+# what a run needs when its tasks' functions live in the repository's tests package: the
+# worker ranks import them, as a user's modules must be importable on workers
+REPO_ON_PATH = {"PYTHONPATH": os.pathsep.join(
+    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
 SCRIPTS = REPO / "tests" / "hpc" / "scripts"
 PI = REPO / "examples" / "monte_carlo_pi.py"
 RUN_TIMEOUT = 60.0

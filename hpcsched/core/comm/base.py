@@ -58,10 +58,13 @@ class Comm(abc.ABC):
     def closed(self) -> bool: ...
 
     def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
-        """Optional fast path: push every later message onto ``inbox`` (anything with
-        ``put``) as ``(source, message)``, then ``(source, closed_marker)`` once the comm
-        closes, instead of waiting for ``recv`` calls. Returns False when the backend
-        cannot (then the caller runs a reader thread). Saves a thread hand-off per message.
+        """Push every later message onto ``inbox`` as ``(source, message)``, then
+        ``(source, closed_marker)`` once the comm closes, instead of waiting for ``recv``
+        calls; messages that arrived before go first. ``inbox`` has ``put``, and may have
+        ``offer`` / ``offer_batch`` (a :class:`~hpcsched.core.loop.Loop`'s inbox: the
+        transport's thread may run an idle loop's iteration itself). Every backend of hpcsched does this (inproc,
+        tcp, mpi); returns False when a backend cannot (then the caller runs a reader
+        thread).
         """
         return False
 

@@ -1,167 +1,118 @@
-"""The TCP transport's security layer: byte streams (plain or TLS) and the handshake.
+"""The TCP transport's security layer: the authentication handshake and TLS.
 
-See :mod:`hpcsched.core.comm.tcp` for the handshake's steps. This module holds
-the parts that touch secrets and certificates, so they can be read (and
-reviewed) on their own: the mutual HMAC-SHA256 challenge-response, TLS
-contexts built from :class:`~hpcsched.core.comm.base.Security`, and the
-stream classes the comm reads and writes through.
+Every connection starts with a handshake, bounded by ``comm.timeouts.handshake``:
+
+1. server -> client, in clear: ``b"HPCS" version flags nonce[32]``; ``flags``
+   says whether TLS follows and whether a shared secret is required, so a
+   client whose settings differ fails at once with a clear message.
+2. (TLS handshake, if the flag is set.)
+3. client -> server: ``b"HPCS" version flags client_nonce[32] mac[32]`` with
+   ``mac = HMAC-SHA256(secret, b"client" + nonce + client_nonce)``.
+4. server -> client: ``accepted:uint8 proof[32]`` with
+   ``proof = HMAC-SHA256(secret, b"server" + client_nonce + nonce)``; the client
+   checks it, so both sides prove they hold the secret without sending it.
+
+Without a secret the macs are zeros and only the flags are compared. Nothing a
+peer sends is unpickled before step 4: until then only fixed-size structs are
+parsed.
+
+The server side is :class:`ServerHandshake`, a sans-IO state machine (wire
+bytes in, wire bytes out) that the I/O thread advances as bytes arrive, so a
+pending handshake never holds a thread. The client side
+(:func:`client_handshake`) runs in the connecting thread with a blocking
+socket: that thread waits for the connection anyway.
+
+TLS uses :class:`ssl.SSLObject` over memory BIOs (:class:`TLSCodec`), so the
+same non-blocking loop drives plain and encrypted connections.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import secrets
 import socket
 import ssl
 import struct
-import threading
 import time
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import HandshakeError, Security
 
-logger = logging.getLogger("hpcsched.comm")
-
-IOV_MAX = 512  # buffers per sendmsg call (the kernel limit is 1024)
-BUFFER_SIZE = 256 * 1024  # reusable receive buffer per comm
 HELLO_MAGIC = b"HPCS"
 PROTOCOL_VERSION = 1
 FLAG_TLS = 1
 FLAG_AUTH = 2
-_HELLO = struct.Struct("<4sBB32s")
-_REPLY = struct.Struct("<4sBB32s32s")
-_VERDICT = struct.Struct("<B32s")
+HELLO = struct.Struct("<4sBB32s")
+REPLY = struct.Struct("<4sBB32s32s")
+VERDICT = struct.Struct("<B32s")
 _NO_MAC = bytes(32)
-TLS_CHUNK = 256 * 1024
+TLS_CHUNK = 256 * 1024  # plaintext per TLS write
+WIRE_CHUNK = 256 * 1024  # bytes per socket read
 
 
 def _mac(secret: bytes, role: bytes, a: bytes, b: bytes) -> bytes:
     return hmac.new(secret, role + a + b, hashlib.sha256).digest()
 
 
+class Refused(Exception):
+    """Server side: why a peer was not accepted. ``verdict`` is what to tell it first."""
 
-# ---------------------------------------------------------------- byte streams
-class _PlainStream:
-    """The socket itself; ``sendv`` and ``recv_into`` are thin wrappers."""
-
-    def __init__(self, sock: socket.socket):
-        self.sock = sock
-
-    def recv_into(self, view: memoryview) -> int:
-        return self.sock.recv_into(view)
-
-    def sendall(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def sendv(self, buffers: list[memoryview]) -> None:
-        bufs = [b for b in buffers if b.nbytes]
-        i = 0
-        while i < len(bufs):
-            sent = self.sock.sendmsg(bufs[i : i + IOV_MAX])
-            while sent:  # advance past what the kernel took (partial sends are normal)
-                n = bufs[i].nbytes
-                if sent >= n:
-                    sent -= n
-                    i += 1
-                else:
-                    bufs[i] = bufs[i][sent:]
-                    sent = 0
+    def __init__(self, problem: str, verdict: bytes = b""):
+        super().__init__(problem)
+        self.verdict = verdict
 
 
-class _TLSStream:
-    """TLS over memory BIOs; ``lock`` guards the OpenSSL object and the BIOs.
+class HandshakeInterrupted(ConnectionError):
+    """The server hung up before greeting or before its verdict (overloaded, stopping, or
+    it evicted our pending handshake to make room): worth retrying, unlike a refusal."""
 
-    Socket writes of encrypted records happen under ``send_lock`` (held by the
-    caller of ``sendv``/``sendall``), also when a read produced records to send
-    (TLS 1.3 session tickets, key updates): lock order is send_lock, then lock.
-    """
 
-    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, server_side: bool,
-                 server_hostname: str | None):
-        self.sock = sock
-        self.incoming = ssl.MemoryBIO()
-        self.outgoing = ssl.MemoryBIO()
-        self.obj = ctx.wrap_bio(self.incoming, self.outgoing, server_side=server_side,
-                                server_hostname=server_hostname)
-        self.lock = threading.Lock()
-        self.send_lock = threading.Lock()
+# ---------------------------------------------------------------- TLS over memory BIOs
+class TLSCodec:
+    """An ``SSLObject`` between wire bytes and plaintext; used by one thread at a time."""
 
-    def _feed(self) -> bool:
-        data = self.sock.recv(BUFFER_SIZE)
-        with self.lock:
-            if data:
-                self.incoming.write(data)
-            else:
-                self.incoming.write_eof()
-        return bool(data)
+    def __init__(self, ctx: ssl.SSLContext, server_side: bool, server_hostname: str | None):
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._obj = ctx.wrap_bio(self._in, self._out, server_side=server_side,
+                                 server_hostname=server_hostname)
+        self.handshake_done = False
 
-    def handshake(self) -> None:
-        while True:
+    def feed(self, wire: bytes) -> None:
+        if wire:
+            self._in.write(wire)
+        else:
+            self._in.write_eof()
+
+    def wire_out(self) -> bytes:
+        """Encrypted bytes waiting to go to the socket."""
+        return self._out.read() if self._out.pending else b""
+
+    def handshake(self) -> bool:
+        """Advance the TLS handshake with what was fed; True once complete."""
+        if not self.handshake_done:
             try:
-                self.obj.do_handshake()
-                break
+                self._obj.do_handshake()
+                self.handshake_done = True
             except ssl.SSLWantReadError:
-                out = self.outgoing.read()
-                if out:
-                    self.sock.sendall(out)
-                if not self._feed():
-                    raise ConnectionError("peer closed the connection during the TLS handshake") from None
-        out = self.outgoing.read()
-        if out:
-            self.sock.sendall(out)
+                pass
+        return self.handshake_done
 
-    def recv_into(self, view: memoryview) -> int:
-        while True:
-            with self.lock:
-                try:
-                    n: int | None = self.obj.read(len(view), view)
-                except ssl.SSLWantReadError:
-                    n = None
-                except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                    return 0
-                pending = self.outgoing.pending
-            # Records produced by a read (key updates) go out now if no writer is busy;
-            # otherwise the writer sends them with its next chunk, in order. Waiting for
-            # the send lock here could deadlock two peers that both send large messages.
-            if pending and self.send_lock.acquire(blocking=False):
-                try:
-                    with self.lock:
-                        out = self.outgoing.read()
-                    if out:
-                        self.sock.sendall(out)
-                finally:
-                    self.send_lock.release()
-            if n is not None:
-                return n
-            if not self._feed():
-                return 0
-
-    def sendall(self, data: bytes) -> None:
-        self.sendv([memoryview(data)])
-
-    def sendv(self, buffers: list[memoryview]) -> None:
-        for buf in buffers:
-            for off in range(0, buf.nbytes, TLS_CHUNK):
-                with self.lock:
-                    self.obj.write(buf[off : off + TLS_CHUNK])
-                    out = self.outgoing.read()
-                self.sock.sendall(out)
-
-
-def _read_exact(stream: _PlainStream | _TLSStream, n: int, deadline: float) -> bytes | None:
-    """``n`` bytes before ``deadline`` (TimeoutError), or None if the peer closes first."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        stream.sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-        k = stream.recv_into(view[got:])
-        if k == 0:
+    def read_into(self, view: memoryview) -> int | None:
+        """Plaintext into ``view``: bytes written, 0 at the end of the stream, None if
+        more wire bytes are needed."""
+        try:
+            return self._obj.read(len(view), view)
+        except ssl.SSLWantReadError:
             return None
-        got += k
-    return bytes(buf)
+        except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+            return 0
+
+    def write(self, plain: memoryview | bytes) -> None:
+        view = memoryview(plain)
+        for off in range(0, view.nbytes, TLS_CHUNK):
+            self._obj.write(view[off:off + TLS_CHUNK])
 
 
 # ---------------------------------------------------------------- TLS contexts
@@ -171,7 +122,7 @@ def _tls_files(security: Security | None) -> tuple[str | None, str | None, str |
             s.tls_ca or config.get("comm.tls.ca"))
 
 
-def _server_context(security: Security | None) -> ssl.SSLContext | None:
+def server_context(security: Security | None) -> ssl.SSLContext | None:
     cert, key, ca = _tls_files(security)
     if not cert:
         return None
@@ -187,7 +138,7 @@ def _server_context(security: Security | None) -> ssl.SSLContext | None:
     return ctx
 
 
-def _client_context(security: Security | None, force: bool) -> ssl.SSLContext | None:
+def client_context(security: Security | None, force: bool) -> ssl.SSLContext | None:
     cert, key, ca = _tls_files(security)
     if not (cert or ca or force):
         return None
@@ -207,63 +158,158 @@ def _client_context(security: Security | None, force: bool) -> ssl.SSLContext | 
     return ctx
 
 
-# ---------------------------------------------------------------- handshakes
-class _Refused(Exception):
-    """Server side: why a peer was not accepted."""
+# ---------------------------------------------------------------- server side
+class ServerHandshake:
+    """The server's half of the handshake as a state machine.
+
+    ``receive(wire_bytes)`` (``b""`` at end of stream) advances it and raises
+    :class:`Refused` on any failure; ``data_to_send()`` returns wire bytes to
+    write; once ``done``, ``tls`` (or None) and ``leftover`` (plaintext the peer
+    sent after its reply) belong to the connection.
+    """
+
+    def __init__(self, secret: bytes | None, ctx: ssl.SSLContext | None):
+        self._secret = secret
+        self._flags = (FLAG_TLS if ctx else 0) | (FLAG_AUTH if secret else 0)
+        self._nonce = secrets.token_bytes(32)
+        self._out = bytearray(HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, self._flags,
+                                         self._nonce))
+        self.tls = TLSCodec(ctx, server_side=True, server_hostname=None) if ctx else None
+        self._plain = bytearray()
+        self.done = False
+        self.leftover = b""
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def _say(self, plain: bytes) -> bytes:
+        """Plaintext as wire bytes (encrypted once TLS is up)."""
+        if self.tls is None:
+            return plain
+        self.tls.write(plain)
+        return self.tls.wire_out()
+
+    def receive(self, wire: bytes) -> None:
+        if self.done:
+            raise Refused("data after the handshake was handed over")
+        if self.tls is None:
+            if not wire:
+                raise Refused("peer closed the connection during the handshake")
+            self._plain += wire
+        else:
+            self.tls.feed(wire)
+            try:
+                if not self.tls.handshake():
+                    self._out += self.tls.wire_out()
+                    if not wire:
+                        raise Refused("peer closed the connection during the TLS handshake")
+                    return
+                self._out += self.tls.wire_out()
+                buf = bytearray(4096)
+                while (n := self.tls.read_into(memoryview(buf))):
+                    self._plain += buf[:n]
+                    if len(self._plain) > REPLY.size + (1 << 20):
+                        break  # enough to decide; the rest waits in the codec
+                if n == 0 and len(self._plain) < REPLY.size:
+                    raise Refused("peer closed the connection during the handshake")
+            except ssl.SSLError as e:
+                raise Refused(f"TLS handshake failed: {e}") from e
+        if len(self._plain) < REPLY.size:
+            return
+        magic, version, peer_flags, client_nonce, mac = REPLY.unpack_from(self._plain)
+        if magic != HELLO_MAGIC:
+            raise Refused(f"not an hpcsched peer (greeting {bytes(self._plain[:8])!r})")
+        if version != PROTOCOL_VERSION:
+            raise Refused(f"protocol version {version}, we speak {PROTOCOL_VERSION}")
+        no = VERDICT.pack(0, _NO_MAC)
+        if peer_flags != self._flags:
+            raise Refused(f"security settings differ (peer flags {peer_flags}, ours "
+                          f"{self._flags})", self._say(no))
+        proof = _NO_MAC
+        if self._secret:
+            if not hmac.compare_digest(mac, _mac(self._secret, b"client", self._nonce,
+                                                 client_nonce)):
+                raise Refused("wrong HMAC: the peer does not hold the cluster's secret",
+                              self._say(no))
+            proof = _mac(self._secret, b"server", client_nonce, self._nonce)
+        self._out += self._say(VERDICT.pack(1, proof))
+        self.leftover = bytes(self._plain[REPLY.size:])
+        self.done = True
 
 
-def _server_handshake(sock: socket.socket, secret: bytes | None, ctx: ssl.SSLContext | None,
-                      timeout: float) -> _PlainStream | _TLSStream:
-    deadline = time.monotonic() + timeout
-    flags = (FLAG_TLS if ctx else 0) | (FLAG_AUTH if secret else 0)
-    nonce = secrets.token_bytes(32)
-    sock.settimeout(timeout)
-    sock.sendall(_HELLO.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, nonce))
-    stream: _PlainStream | _TLSStream = _PlainStream(sock)
-    if ctx is not None:
-        stream = _TLSStream(sock, ctx, server_side=True, server_hostname=None)
-        try:
-            stream.handshake()
-        except (ssl.SSLError, ConnectionError) as e:
-            raise _Refused(f"TLS handshake failed: {e}") from e
-    reply = _read_exact(stream, _REPLY.size, deadline)
-    if reply is None:
-        raise _Refused("peer closed the connection during the handshake")
-    magic, version, peer_flags, client_nonce, mac = _REPLY.unpack(reply)
-    if magic != HELLO_MAGIC:
-        raise _Refused(f"not an hpcsched peer (greeting {reply[:8]!r})")
-    if version != PROTOCOL_VERSION:
-        raise _Refused(f"protocol version {version}, we speak {PROTOCOL_VERSION}")
-    if peer_flags != flags:
-        stream.sendall(_VERDICT.pack(0, _NO_MAC))
-        raise _Refused(f"security settings differ (peer flags {peer_flags}, ours {flags})")
-    proof = _NO_MAC
-    if secret:
-        if not hmac.compare_digest(mac, _mac(secret, b"client", nonce, client_nonce)):
-            stream.sendall(_VERDICT.pack(0, _NO_MAC))
-            raise _Refused("wrong HMAC: the peer does not hold the cluster's secret")
-        proof = _mac(secret, b"server", client_nonce, nonce)
-    stream.sendall(_VERDICT.pack(1, proof))
-    return stream
+# ---------------------------------------------------------------- client side
+class _Blocking:
+    """The client's socket during the handshake, with or without TLS, and a deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float):
+        self.sock = sock
+        self.deadline = deadline
+        self.tls: TLSCodec | None = None
+
+    def _recv(self) -> bytes:
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
+        return self.sock.recv(WIRE_CHUNK)
+
+    def sendall(self, plain: bytes) -> None:
+        if self.tls is not None:
+            self.tls.write(plain)
+            plain = self.tls.wire_out()
+        self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
+        self.sock.sendall(plain)
+
+    def start_tls(self, codec: TLSCodec) -> None:
+        self.tls = codec
+        while not codec.handshake():
+            out = codec.wire_out()
+            if out:
+                self.sock.sendall(out)
+            data = self._recv()
+            if not data:
+                raise ConnectionError("peer closed the connection during the TLS handshake")
+            codec.feed(data)
+        out = codec.wire_out()
+        if out:
+            self.sock.sendall(out)
+
+    def read_exact(self, n: int) -> bytes | None:
+        """``n`` bytes (TimeoutError past the deadline), or None if the peer closes first.
+        Never reads past them on a plain socket; with TLS, the rest stays in the codec."""
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            if self.tls is None:
+                self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
+                k = self.sock.recv_into(view[got:])
+                if k == 0:
+                    return None
+            else:
+                k = self.tls.read_into(view[got:])
+                if k is None:
+                    data = self._recv()
+                    self.tls.feed(data)
+                    continue
+                if k == 0:
+                    return None
+            got += k
+        return bytes(buf)
 
 
-class _GoneBeforeHello(ConnectionError):
-    """The server closed before greeting (overloaded or stopping): worth retrying."""
-
-
-def _client_handshake(sock: socket.socket, address: str, host: str, security: Security | None,
-                      ctx: ssl.SSLContext | None, timeout: float) -> _PlainStream | _TLSStream:
-    deadline = time.monotonic() + timeout
+def client_handshake(sock: socket.socket, address: str, host: str, security: Security | None,
+                     ctx: ssl.SSLContext | None, timeout: float) -> TLSCodec | None:
+    """Authenticate to the server on ``sock`` (blocking); returns the TLS codec if any."""
+    chan = _Blocking(sock, time.monotonic() + timeout)
     secret = security.secret if security else None
-    stream: _PlainStream | _TLSStream = _PlainStream(sock)
     try:
-        hello = _read_exact(stream, _HELLO.size, deadline)
+        hello = chan.read_exact(HELLO.size)
     except TimeoutError:
         raise HandshakeError(f"no greeting from {address} within {timeout}s: is it an hpcsched "
                              "server (or one with TLS when we use none)?") from None
     if hello is None:
-        raise _GoneBeforeHello(f"{address} closed the connection before greeting")
-    magic, version, flags, nonce = _HELLO.unpack(hello)
+        raise HandshakeInterrupted(f"{address} closed the connection before greeting")
+    magic, version, flags, nonce = HELLO.unpack(hello)
     if magic != HELLO_MAGIC:
         raise HandshakeError(f"{address} is not an hpcsched server (greeting {hello[:8]!r})")
     if version != PROTOCOL_VERSION:
@@ -281,33 +327,32 @@ def _client_handshake(sock: socket.socket, address: str, host: str, security: Se
         raise HandshakeError(f"{address} does not authenticate its peers but we hold a secret: "
                              "refusing to talk to an unauthenticated server")
     if ctx is not None:
-        stream = _TLSStream(sock, ctx, server_side=False,
-                            server_hostname=host if ctx.check_hostname else None)
         try:
-            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
-            stream.handshake()
+            chan.start_tls(TLSCodec(ctx, server_side=False,
+                                    server_hostname=host if ctx.check_hostname else None))
         except (ssl.SSLError, OSError) as e:
             raise HandshakeError(f"TLS handshake with {address} failed: {e}") from e
     client_nonce = secrets.token_bytes(32)
     mac = _mac(secret, b"client", nonce, client_nonce) if secret else _NO_MAC
     try:
-        stream.sendall(_REPLY.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, client_nonce, mac))
-        verdict = _read_exact(stream, _VERDICT.size, deadline)
+        chan.sendall(REPLY.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, client_nonce, mac))
+        verdict = chan.read_exact(VERDICT.size)
     except TimeoutError:
         raise HandshakeError(f"{address} did not answer our handshake within {timeout}s") from None
     except (ssl.SSLError, OSError) as e:
-        verdict = None  # the server hung up on us: treated as a refusal below
-        logger.debug("handshake with %s: %s", address, e)
-    if verdict is None or verdict[0] != 1:
+        raise HandshakeInterrupted(f"{address} hung up during the handshake: {e}") from e
+    if verdict is None:
+        raise HandshakeInterrupted(f"{address} hung up before its verdict")
+    if verdict[0] != 1:
         if secret:
             raise HandshakeError(f"scheduler at {address} refused our credentials: wrong secret?")
         raise HandshakeError(f"{address} refused the connection during the handshake")
     if secret and not hmac.compare_digest(verdict[1:], _mac(secret, b"server", client_nonce, nonce)):
         raise HandshakeError(f"{address} could not prove it holds the cluster's secret: "
                              "not our scheduler?")
-    return stream
+    return chan.tls
 
 
-def _tune(sock: socket.socket) -> None:
+def tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)

@@ -1,0 +1,271 @@
+"""The TCP listener: accepts peers and authenticates them on the I/O thread.
+
+A listener accepts without limit but keeps at most ``comm.max-pending-handshakes``
+unauthenticated peers: when full, the oldest pending one is dropped. Each must
+finish within ``comm.timeouts.handshake``. A legitimate peer answers the
+greeting in one round trip, so a flood of idle or reconnecting sockets cannot
+keep it out for long (and the client retries a handshake cut short); the flood
+costs sockets, not threads. Refusals are logged on ``hpcsched.comm``, at a
+bounded rate.
+
+Once a peer is authenticated its socket becomes a
+:class:`~hpcsched.core.comm.tcp_comm.TCPComm`, and ``on_connect(comm)`` runs on
+a short-lived thread of its own (a server may wait there for the peer's first
+message without holding up the I/O thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.core.comm import tcp_io
+from hpcsched.core.comm.base import Comm, Listener, Security, parse_address, parse_host_port
+from hpcsched.core.comm.tcp_comm import TCPComm, format_hostport
+from hpcsched.core.comm.tcp_io import READ, WRITE
+from hpcsched.core.comm.tcp_security import (
+    WIRE_CHUNK,
+    Refused,
+    ServerHandshake,
+    server_context,
+    tune,
+)
+
+logger = logging.getLogger("hpcsched.comm")
+
+ACCEPTS_PER_EVENT = 64  # then let pending handshakes answer before accepting more
+
+
+def _contact_host(host: str) -> str:
+    """A host peers can reach when we bound to every interface."""
+    if host not in ("", "0.0.0.0", "::"):
+        return host
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+class _Pending:
+    """An accepted peer that has not authenticated yet (lives on the I/O thread)."""
+
+    __slots__ = ("listener", "sock", "peer", "deadline", "hs", "out")
+
+    def __init__(self, listener: TCPListener, sock: socket.socket, peer: str, deadline: float,
+                 hs: ServerHandshake):
+        self.listener = listener
+        self.sock = sock
+        self.peer = peer
+        self.deadline = deadline
+        self.hs = hs
+        self.out = bytearray()
+
+    def on_event(self, mask: int) -> None:
+        self.listener._advance(self, mask)
+
+
+class TCPListener(Listener):
+    def __init__(self, address: str, on_connect: Callable[[Comm], None],
+                 security: Security | None):
+        scheme, loc = parse_address(address)
+        host, port = parse_host_port(loc, default_port=0)
+        self._scheme = scheme
+        self._on_connect = on_connect
+        self._secret = security.secret if security else None
+        self._ctx = server_context(security)
+        if scheme == "tls" and self._ctx is None:
+            raise ValueError(f"{address}: a tls:// listener needs security.tls_cert (and tls_key)")
+        self._handshake_timeout = float(config.get("comm.timeouts.handshake"))
+        self._max_pending = max(1, int(config.get("comm.max-pending-handshakes")))
+        if host in ("", "0.0.0.0"):
+            family, sockaddr = socket.AF_INET, ("0.0.0.0", port)
+        else:
+            info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, sockaddr = info[0][0], info[0][4]
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._sock.bind(sockaddr)
+            self._sock.listen(1024)
+        except OSError as e:
+            self._sock.close()
+            raise OSError(e.errno, f"cannot listen on {address}: {e.strerror}") from e
+        self._sock.setblocking(False)
+        port = self._sock.getsockname()[1]
+        self.address = f"{scheme}://{format_hostport(_contact_host(host), port)}"
+        self._pending: OrderedDict[socket.socket, _Pending] = OrderedDict()
+        self._timer: tcp_io.Timer | None = None
+        self._stopped = False
+        self._stopped_event = threading.Event()
+        self._refusals = _LogLimit()
+        self._io = tcp_io.acquire()
+        self._io.call_soon(self._io.register, self._sock, READ, self)
+
+    def __repr__(self) -> str:
+        return f"<TCPListener {self.address}>"
+
+    # ------------------------------------------------------------ I/O thread
+    def on_event(self, mask: int) -> None:
+        for _ in range(ACCEPTS_PER_EVENT):
+            try:
+                conn, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as e:  # out of file descriptors or the like
+                self._refusals.log("%r: accept failed: %s", self, e)
+                return
+            self._admit(conn, f"{self._scheme}://{format_hostport(*addr[:2])}")
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        while len(self._pending) >= self._max_pending:
+            _, oldest = self._pending.popitem(last=False)
+            self._refusals.log("%s: %d handshakes pending, dropping the oldest (%s)",
+                               self.address, self._max_pending, oldest.peer)
+            self._drop(oldest)
+        try:
+            conn.setblocking(False)
+            tune(conn)
+        except OSError:
+            conn.close()
+            return
+        p = _Pending(self, conn, peer, time.monotonic() + self._handshake_timeout,
+                     ServerHandshake(self._secret, self._ctx))
+        self._pending[conn] = p
+        self._io.register(conn, READ, p)
+        self._send_pending(p)
+        if self._timer is None:
+            self._timer = self._io.call_later(self._handshake_timeout, self._expire)
+
+    def _drop(self, p: _Pending) -> None:
+        self._pending.pop(p.sock, None)
+        self._io.unregister(p.sock)
+        p.sock.close()
+
+    def _refuse(self, p: _Pending, problem: str, verdict: bytes = b"") -> None:
+        what = "authentication failed" if self._secret else "handshake failed"
+        self._refusals.log("%s for peer %s on %s: %s", what, p.peer, self.address, problem)
+        if verdict:
+            try:
+                p.sock.send(bytes(p.out) + verdict)
+            except OSError:
+                pass
+        self._drop(p)
+
+    def _send_pending(self, p: _Pending) -> bool:
+        p.out += p.hs.data_to_send()
+        if p.out:
+            try:
+                n = p.sock.send(p.out)
+            except (BlockingIOError, InterruptedError):
+                n = 0
+            except OSError as e:
+                self._refuse(p, f"connection lost: {e}")
+                return False
+            del p.out[:n]
+            self._io.modify(p.sock, READ | (WRITE if p.out else 0), p)
+        return True
+
+    def _advance(self, p: _Pending, mask: int) -> None:
+        if mask & READ:
+            try:
+                data = p.sock.recv(WIRE_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError as e:
+                self._refuse(p, f"connection lost: {e}")
+                return
+            if data is not None:
+                try:
+                    p.hs.receive(data)
+                except Refused as e:
+                    self._refuse(p, str(e), e.verdict)
+                    return
+        if not self._send_pending(p) or not p.hs.done:
+            return
+        # authenticated: the socket becomes a comm
+        self._pending.pop(p.sock, None)
+        self._io.unregister(p.sock)
+        try:
+            local = f"{self._scheme}://{format_hostport(*p.sock.getsockname()[:2])}"
+        except OSError:
+            p.sock.close()
+            return
+        comm = TCPComm(tcp_io.acquire(), p.sock, p.hs.tls, local, p.peer, p.hs.leftover,
+                       unsent=bytes(p.out))
+        comm.start()
+        threading.Thread(target=self._hand_over, args=(comm,), daemon=True,
+                         name=f"hpcsched-on-connect {p.peer}").start()
+
+    def _hand_over(self, comm: TCPComm) -> None:
+        if self._stopped:
+            comm.close()
+            return
+        try:
+            self._on_connect(comm)
+        except Exception:
+            logger.exception("%r: on_connect failed for %s; closing it", self, comm.peer_address)
+            comm.close()
+
+    def _expire(self) -> None:
+        self._timer = None
+        now = time.monotonic()
+        while self._pending:
+            p = next(iter(self._pending.values()))
+            if p.deadline > now:
+                self._timer = self._io.call_later(p.deadline - now, self._expire)
+                return
+            self._refuse(p, f"no complete handshake within {self._handshake_timeout}s")
+
+    def _stop_now(self) -> None:
+        try:
+            self._io.unregister(self._sock)
+            self._sock.close()
+            for p in list(self._pending.values()):
+                self._drop(p)
+            if self._timer is not None:
+                self._timer.cancel()
+        finally:
+            self._stopped_event.set()
+            self._io.release()
+
+    def stop(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._io.on_thread():
+            self._stop_now()
+            return
+        self._io.call_soon(self._stop_now)
+        self._stopped_event.wait(10)
+
+
+class _LogLimit:
+    """Warnings about refused peers, at most ``burst`` per ``period`` seconds: a flood of
+    bad connections must not flood the log (nor cost the I/O thread its time)."""
+
+    def __init__(self, burst: int = 20, period: float = 10.0):
+        self.burst = burst
+        self.period = period
+        self.window = 0.0
+        self.count = 0
+        self.suppressed = 0
+
+    def log(self, fmt: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self.window > self.period:
+            if self.suppressed:
+                logger.warning("... and %d more refused or dropped peers", self.suppressed)
+            self.window, self.count, self.suppressed = now, 0, 0
+        self.count += 1
+        if self.count <= self.burst:
+            logger.warning(fmt, *args)
+        else:
+            self.suppressed += 1
+
+

@@ -1,0 +1,253 @@
+"""tcp:// under stress and attack: floods, slow and oversized messages, socket storms.
+
+Real sockets on 127.0.0.1 only; every comm, listener, thread and process a test
+starts is ended by it, also when it fails. Each test states what it bounds
+(bytes, sockets, seconds); none depends on the machine being fast.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import subprocess
+import sys
+import textwrap
+import threading
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from hpcsched.core import config
+from hpcsched.core.comm import CommClosedError, Security
+from hpcsched.core.comm.tcp_frames import FrameTooLarge
+from hpcsched.core.loop import CLOSED
+from tests.conftest import wait_until, worker_env
+from tests.core.tcp_net import Net, authenticated_raw_socket, logged, read_until_eof
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def net():
+    n = Net()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def comm_log(caplog):
+    caplog.set_level(logging.INFO, logger="hpcsched.comm")
+    return caplog
+
+
+# ---------------------------------------------------------------- frames
+def test_a_message_that_never_finishes_is_dropped_after_the_message_timeout(net, comm_log):
+    with config.set({"comm.timeouts.message": 0.5}):
+        sec = Security.generate()
+        srv = net.serve(security=sec, echo=False)
+        s = authenticated_raw_socket(net, srv.address, sec.secret)
+        server_side = srv.accepted.get(timeout=5)
+        s.sendall(b"HSm1" + (1).to_bytes(4, "little") + (100).to_bytes(8, "little") + b"abc")
+        with pytest.raises(CommClosedError, match="comm.timeouts.message"):
+            server_side.recv(timeout=30)
+        assert read_until_eof(s) == b""
+        assert logged(comm_log, "closing comm with", "still incomplete")
+        c = net.connect(srv.address, security=sec)  # the listener is unaffected
+        srv.accepted.get(timeout=5).send("still serving")
+        assert c.recv(timeout=5) == "still serving"
+
+
+def test_an_announced_gigabyte_costs_the_server_nothing_until_it_arrives(net):
+    sec = Security.generate()
+    srv = net.serve(security=sec, echo=False)
+    s = authenticated_raw_socket(net, srv.address, sec.secret)
+    server_side = srv.accepted.get(timeout=5)
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    s.sendall(b"HSm1" + (1).to_bytes(4, "little") + (2**30).to_bytes(8, "little") + b"x" * 4096)
+    with pytest.raises(TimeoutError):
+        server_side.recv(timeout=0.5)  # the frame is incomplete: nothing to deliver yet
+    assert proc.memory_info().rss - before < 200 * 2**20
+    s.close()
+    with pytest.raises(CommClosedError):
+        server_side.recv(timeout=10)
+
+
+def test_sending_a_frame_over_the_limit_names_the_setting_and_keeps_the_comm(net):
+    srv = net.serve()
+    c = net.connect(srv.address)
+    with config.set({"comm.max-frame-bytes": 2**20}):
+        c2 = net.connect(srv.address)
+    with pytest.raises(FrameTooLarge, match=r"comm.max-frame-bytes=1048576"):
+        c2.send(np.zeros(2**18))  # 2 MiB
+    c2.send("small still goes")
+    assert c2.recv(timeout=5) == "small still goes"
+    assert c.closed is False
+
+
+# ---------------------------------------------------------------- sending never blocks
+def test_two_peers_flooding_each_other_do_not_deadlock(net):
+    """Each side queues 200 MB for the other before it reads anything. With sends that
+    waited for the peer to read, both would wait forever."""
+    srv = net.serve(echo=False)
+    a = net.connect(srv.address)
+    b = srv.accepted.get(timeout=5)
+    block = np.arange(10 * 2**20 // 8, dtype="f8")  # 10 MiB
+    n = 20
+    sent = {"a": threading.Event(), "b": threading.Event()}
+    errors: queue.Queue = queue.Queue()
+
+    def flood(comm: Any, name: str) -> None:
+        try:
+            for i in range(n):
+                comm.send((name, i, block))
+            sent[name].set()
+        except Exception as e:
+            errors.put(e)
+
+    threads = [threading.Thread(target=flood, args=(a, "a")),
+               threading.Thread(target=flood, args=(b, "b"))]
+    net.threads += threads
+    for t in threads:
+        t.start()
+    for name, ev in sent.items():
+        assert ev.wait(60), f"{name}'s sends did not return while nobody read"
+    assert errors.empty()
+    for comm, other in ((a, "b"), (b, "a")):
+        for i in range(n):
+            name, j, arr = comm.recv(timeout=60)
+            assert (name, j) == (other, i)
+            assert arr[-1] == block[-1] and arr.nbytes == block.nbytes
+
+
+def test_a_peer_that_does_not_read_is_cut_off_at_the_queue_limit(net, comm_log):
+    srv = net.serve(echo=False)  # accepts, never reads: its socket buffers fill up
+    with config.set({"comm.max-send-queue-bytes": 8 * 2**20}):
+        c = net.connect(srv.address)
+    block = np.zeros(2**20)  # 8 MiB
+    with pytest.raises(CommClosedError, match="comm.max-send-queue-bytes"):
+        for _ in range(200):
+            c.send(block)
+    assert c.closed
+    assert logged(comm_log, "not reading")
+
+
+# ---------------------------------------------------------------- delivery
+class RecordingInbox:
+    def __init__(self, offer: bool):
+        self.items: queue.Queue = queue.Queue()
+        self.threads: list[str] = []
+        if offer:
+            self.offer_batch = self._record_batch
+
+    def put(self, item: Any) -> None:
+        self._record(item)
+
+    def _record_batch(self, items: list) -> None:
+        for item in items:
+            self._record(item)
+
+    def _record(self, item: Any) -> None:
+        self.threads.append(threading.current_thread().name)
+        self.items.put(item)
+
+
+@pytest.mark.parametrize("offer", [False, True])
+def test_deliver_to_pushes_messages_in_order_then_the_closed_marker(net, offer):
+    srv = net.serve(echo=False)
+    c = net.connect(srv.address)
+    server_side = srv.accepted.get(timeout=5)
+    c.send("queued before deliver_to")
+    wait_until(lambda: server_side._inq, what="the first message to arrive")
+    inbox = RecordingInbox(offer)
+    assert server_side.deliver_to(inbox, "peer-1", CLOSED)
+    for i in range(100):
+        c.send(i)
+    got = [inbox.items.get(timeout=10) for _ in range(101)]
+    assert got == [("peer-1", "queued before deliver_to")] + [("peer-1", i) for i in range(100)]
+    c.close()
+    assert inbox.items.get(timeout=10) == ("peer-1", CLOSED)
+    assert inbox.items.empty()
+    # what was queued is handed over by the caller of deliver_to; the rest by the I/O
+    # thread itself (an idle loop runs its iteration there), batched per round of events
+    assert set(inbox.threads[1:]) == {"hpcsched-tcp-io"}
+
+
+# ---------------------------------------------------------------- handshake storms
+ATTACKER = textwrap.dedent("""
+    import selectors, socket, sys, time
+    host, port, n, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    sel = selectors.DefaultSelector()
+    reopened = 0
+    def open_one():
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((host, port))
+        sel.register(s, selectors.EVENT_READ)
+    for _ in range(n):
+        open_one()
+    sel.register(sys.stdin, selectors.EVENT_READ)
+    print("ready", flush=True)
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        for key, _ in sel.select(0.5):
+            if key.fileobj is sys.stdin:
+                print("reopened", reopened, flush=True)
+                sys.exit(0)
+            try:
+                data = key.fileobj.recv(4096)  # the greeting, and never an answer
+            except OSError:
+                data = b""
+            if not data:  # dropped by the server: come straight back
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+                open_one()
+                reopened += 1
+""")
+
+
+def test_a_client_gets_in_while_500_idle_sockets_keep_coming_back(tmp_path):
+    """500 unauthenticated sockets that never answer the greeting, reopened as soon as the
+    scheduler drops them, cannot keep a legitimate Client out for 2 seconds."""
+    from hpcsched.core.client import Client
+
+    env = dict(os.environ, **worker_env())
+    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
+        env.pop(var, None)
+    sched_file = tmp_path / "scheduler.json"
+    procs: list[subprocess.Popen] = []
+    try:
+        sched = subprocess.Popen(
+            [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--scheduler-file", str(sched_file)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "scheduler.log", "wb"))  # noqa: SIM115 - closed with it
+        procs.append(sched)
+        wait_until(sched_file.exists, timeout=60, what="the scheduler file")
+        with Client(str(sched_file), timeout=30, set_as_default=False) as warmup:
+            address = warmup.scheduler_address
+        host, port = address[len("tcp://"):].rsplit(":", 1)
+        attacker = subprocess.Popen([sys.executable, "-c", ATTACKER, host, port, "500", "90"],
+                                    env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True)
+        procs.append(attacker)
+        assert attacker.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            with Client(str(sched_file), timeout=2, set_as_default=False) as c:
+                assert c.scheduler_info()["address"] == address
+        attacker.stdin.close()
+        report = attacker.stdout.readline().split()
+        assert report[0] == "reopened" and int(report[1]) > 0  # the storm was on
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+            for f in (p.stdin, p.stdout):
+                if f is not None:
+                    f.close()
