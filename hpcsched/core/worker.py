@@ -73,6 +73,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.worker")
 
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
 EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
 
 
@@ -162,6 +163,7 @@ class Worker:
         self._on_close = on_close
         self._transfers = (0, 0.0)  # bytes fetched from peers, seconds spent: bandwidth
         self._uses_heartbeat = scheme in ("tcp", "tls")
+        self._quiet_ticks = IDLE_REPORT_EVERY  # intervals without a report: the first is due
         self._client: Client | None = None  # for tasks: get_client()
         self._client_lock = threading.Lock()
         self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
@@ -397,10 +399,15 @@ class Worker:
                 self._carry_out(self.state.handle(ev.GatherDepFailure(
                     worker, keys, f"no answer within {limit:.0f}s", now)))
         # TCP: the heartbeat is how the scheduler detects lost workers. Other transports
-        # (an MPI rank that dies ends the job) report only when there is news (a measured
-        # bandwidth), so that idle ranks stay silent and cost no CPU
+        # (an MPI rank that dies ends the job) report when there is news (a measured
+        # bandwidth, transfers, logs), and otherwise only every IDLE_REPORT_EVERY intervals:
+        # idle ranks stay nearly silent, yet the dashboard's workers table keeps their CPU
+        # and memory current
         m = self.metrics()
-        if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m:
+        self._quiet_ticks += 1
+        if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m \
+                or self._quiet_ticks >= IDLE_REPORT_EVERY:
+            self._quiet_ticks = 0
             self._outbox.append({"op": "heartbeat", "metrics": m})
         if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
             self._retire_asked = True

@@ -215,3 +215,24 @@ def test_idle_worker_ranks_do_not_spin(cluster):
     # each worker rank's progress thread polls a few dozen times a second (~0.1 %)
     assert max(used[:-1]) < 0.02, f"idle worker ranks used {used[:-1]} of a CPU"
     assert used[-1] < 0.04, f"idle rank 0 (scheduler + client) used {used[-1]:.3f} of a CPU"
+
+
+def test_idle_worker_ranks_report_their_metrics(cluster):
+    # idle ranks stay nearly silent (no per-second heartbeat over MPI), but each reports
+    # its CPU and memory now and then, so the dashboard's workers table stays current
+    if cluster is None:
+        return
+    from tests.conftest import wait_until
+
+    _, sched, size = cluster
+
+    def report_times():
+        return sched.call(lambda s: {a: (ws.metrics or {}).get("time", 0.0)
+                                     for a, ws in s.state.workers.items()})
+
+    since = time.time()
+    assert len(report_times()) == size - 1
+    wait_until(lambda: all(t > since for t in report_times().values()), timeout=WAIT,
+               what="a fresh report from every idle worker rank")
+    metrics = sched.call(lambda s: [ws.metrics for ws in s.state.workers.values()])
+    assert all("memory" in m and "cpu" in m for m in metrics), metrics
