@@ -54,6 +54,14 @@ def string(x: Any) -> str | None:
     return None if isinstance(x, str) else f"expected a string, got {type(x).__name__}"
 
 
+def worker_ref(x: Any) -> str | None:
+    """A worker named by its address, its name, or its MPI rank (dask-mpi names workers by
+    rank: ``submit(..., workers=2)``)."""
+    if isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)):
+        return None
+    return f"expected a worker address, name or rank, got {_short(x)}"
+
+
 def boolean(x: Any) -> str | None:
     return None if isinstance(x, bool) else f"expected true or false, got {_short(x)}"
 
@@ -161,7 +169,7 @@ CLIENT_MESSAGES: dict[str, dict[str, tuple[Check, bool]]] = {
         "tasks": (dict_of(_task), REQUIRED), "keys": (keys, REQUIRED),
         "priority": (number, OPTIONAL), "retries": (dict_of(count), OPTIONAL),
         "resources": (optional(dict_of(number, keyed=string)), OPTIONAL),
-        "workers": (optional(list_of(string)), OPTIONAL),
+        "workers": (optional(list_of(worker_ref)), OPTIONAL),
         "allow_other_workers": (boolean, OPTIONAL),
         "static_priorities": (optional(dict_of(number)), OPTIONAL),
         "annotations": (optional(dict_of(mapping, keyed=string)), OPTIONAL),
@@ -173,7 +181,7 @@ CLIENT_MESSAGES: dict[str, dict[str, tuple[Check, bool]]] = {
     "gather": {"request_id": (string, REQUIRED), "keys": (keys, REQUIRED)},
     "scatter": {"scatter_id": (string, REQUIRED), "data": (dict_of(serialized), REQUIRED),
                 "nbytes": (dict_of(count), OPTIONAL),
-                "workers": (optional(list_of(string)), OPTIONAL),
+                "workers": (optional(list_of(worker_ref)), OPTIONAL),
                 "broadcast": (boolean, OPTIONAL)},
     "scheduler-info": {"request_id": (string, REQUIRED)},
     "retire-workers": {"request_id": (string, REQUIRED),

@@ -239,3 +239,17 @@ def test_every_op_the_scheduler_handles_has_its_checks():
 
     handled = set(ev.SCHEDULER_OPS) | set(Scheduler._server_ops)
     assert handled == set(CLIENT_MESSAGES) | set(WORKER_MESSAGES)
+
+
+def test_workers_may_be_named_by_address_name_or_rank():
+    # dask-mpi names workers by rank: submit(..., workers=2) must not cost the client its
+    # connection; a list where a worker goes is still refused
+    from hpcsched.core import events as ev
+    from hpcsched.core.message_checks import check_scheduler_message
+
+    msg = {"op": "update-graph", "tasks": {}, "keys": [], "workers": ["tcp://a:1", "w-1", 2]}
+    assert check_scheduler_message(msg, "client") == "update-graph"
+    with pytest.raises(ev.MalformedMessage, match="workers"):
+        check_scheduler_message({**msg, "workers": [["tcp://a:1"]]}, "client")
+    with pytest.raises(ev.MalformedMessage, match="workers"):
+        check_scheduler_message({**msg, "workers": [True]}, "client")
