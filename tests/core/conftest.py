@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -32,3 +33,21 @@ def relabel(request: pytest.FixtureRequest) -> Callable[..., dict]:
         return {old[k]: v for k, v in policy(renamed, *args, **kwargs).items()}
 
     return run
+
+
+# --- TCP tests: peers on loopback, ended by the test ----------------------------------
+@pytest.fixture
+def net():
+    from tests.core.tcp_net import Net
+
+    n = Net()
+    try:
+        yield n
+    finally:
+        n.close()
+
+
+@pytest.fixture
+def comm_log(caplog):
+    caplog.set_level(logging.INFO, logger="hpcsched.comm")
+    return caplog

@@ -6,7 +6,6 @@ is ended by the ``net`` fixture, also when the test fails.
 
 from __future__ import annotations
 
-import logging
 import mmap
 import queue
 import shutil
@@ -26,7 +25,6 @@ from hpcsched.core.comm import tcp as tcp_backend
 from hpcsched.core.serialize import SerializationError
 from tests.conftest import wait_until as wait_for
 from tests.core.tcp_net import (
-    Net,
     Server,
     authenticated_raw_socket,
     free_port,
@@ -35,23 +33,6 @@ from tests.core.tcp_net import (
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-
-
-@pytest.fixture
-def net():
-    n = Net()
-    try:
-        yield n
-    finally:
-        n.close()
-
-
-@pytest.fixture
-def comm_log(caplog):
-    caplog.set_level(logging.INFO, logger="hpcsched.comm")
-    return caplog
 
 
 # ---------------------------------------------------------------- messages

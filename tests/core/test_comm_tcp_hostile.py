@@ -7,7 +7,6 @@ starts is ended by it, also when it fails. Each test states what it bounds
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import subprocess
@@ -25,24 +24,13 @@ from hpcsched.core.comm import CommClosedError, Security
 from hpcsched.core.comm.tcp_frames import FrameTooLarge
 from hpcsched.core.loop import CLOSED
 from tests.conftest import wait_until, worker_env
-from tests.core.tcp_net import Net, authenticated_raw_socket, logged, read_until_eof
+from tests.core.tcp_net import (
+    authenticated_raw_socket,
+    logged,
+    read_until_eof,
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def net():
-    n = Net()
-    try:
-        yield n
-    finally:
-        n.close()
-
-
-@pytest.fixture
-def comm_log(caplog):
-    caplog.set_level(logging.INFO, logger="hpcsched.comm")
-    return caplog
 
 
 # ---------------------------------------------------------------- frames
