@@ -32,6 +32,7 @@ from typing import Any
 
 from hpcsched.core.futures import Future
 from hpcsched.core.graph import Call, Ref
+from hpcsched.core.message_checks import annotation_problem
 
 Key = Any
 Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
@@ -108,8 +109,9 @@ def run_node(node: Callable, values: dict) -> Any:
 
 
 def annotations_for_wire(annotations: Annotations, keys: set) -> dict:
-    """The annotations hpcsched acts on, restricted to ``keys``, in a form that pickles
-    (values checked: a bad annotation is an error here, in the caller)."""
+    """The annotations hpcsched acts on, restricted to ``keys``, in the form the scheduler
+    checks (a worker or a set of them becomes a list); a bad value is an error here, in the
+    caller, rather than a refused message."""
     out: dict = {}
     for name in KNOWN_ANNOTATIONS:
         per_key = annotations.get(name)
@@ -117,25 +119,15 @@ def annotations_for_wire(annotations: Annotations, keys: set) -> dict:
             continue
         vals = {k: v for k, v in per_key.items() if k in keys}
         for k, v in vals.items():
-            _check_annotation(name, k, v)
-            if name == "workers" and isinstance(v, str):
-                vals[k] = [v]
+            if name == "workers":
+                v = vals[k] = [v] if isinstance(v, (str, int)) else \
+                    list(v) if isinstance(v, (list, tuple, set, frozenset)) else v
+            if annotation_problem(name, v) is not None:
+                raise ValueError(f"annotation {name}={v!r} of {k!r} is not valid: "
+                                 f"{annotation_problem(name, v)}")
         if vals:
             out[name] = vals
     return out
-
-
-def _check_annotation(name: str, key: Key, value: Any) -> None:
-    ok = {
-        "retries": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-        "priority": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "resources": lambda v: isinstance(v, Mapping) and all(
-            isinstance(q, (int, float)) for q in v.values()),
-        "workers": lambda v: isinstance(v, (str, list, tuple, set)),
-        "allow_other_workers": lambda v: isinstance(v, bool),
-    }[name]
-    if not ok(value):
-        raise ValueError(f"annotation {name}={value!r} of {key!r} is not valid")
 
 
 def finalize_expr(collections: list, optimize_graph: bool = True) -> tuple[Any, list]:

@@ -225,6 +225,23 @@ REGISTER_WORKER: dict[str, tuple[Check, bool]] = {
 }
 
 
+#: per-task annotations hpcsched acts on (dask.annotate): what each value must be; the client
+#: checks them before sending, the scheduler again on arrival
+ANNOTATIONS: dict[str, Check] = {
+    "retries": count,
+    "priority": number,
+    "resources": dict_of(number, keyed=string),
+    "workers": list_of(worker_ref),
+    "allow_other_workers": boolean,
+}
+
+
+def annotation_problem(name: str, value: Any) -> str | None:
+    """What is wrong with annotation ``name=value`` (None if fine, or not one we act on)."""
+    check = ANNOTATIONS.get(name)
+    return None if check is None else check(value)
+
+
 def check_fields(op: str, msg: dict, fields: dict[str, tuple[Check, bool]]) -> None:
     for name, (check, required) in fields.items():
         if name not in msg:

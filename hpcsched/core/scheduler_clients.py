@@ -14,6 +14,7 @@ from typing import Any
 
 from hpcsched.core import events as ev
 from hpcsched.core.graph import GraphError, check_acyclic, gc_paused, key_split
+from hpcsched.core.message_checks import annotation_problem
 from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
 Key = Any
@@ -285,20 +286,17 @@ def check_update_graph(e: ev.UpdateGraph, known: Mapping) -> None:
         if not isinstance(e.annotations, dict) or not all(
                 isinstance(v, dict) for v in e.annotations.values()):
             raise bad("update-graph: annotations must map names to {key: value}")
-        for name, k, v in ((n, k, v) for n, per in e.annotations.items()
-                           for k, v in per.items()):
-            ok = {"retries": lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 0,
-                  "priority": _number,
-                  "resources": lambda x: isinstance(x, dict) and all(
-                      _number(q) for q in x.values()),
-                  "workers": lambda x: isinstance(x, (list, tuple)) and all(
-                      isinstance(w, str) for w in x),
-                  "allow_other_workers": lambda x: isinstance(x, bool)}.get(name)
-            if ok is not None and not ok(v):
-                raise bad(f"update-graph: annotation {name}={v!r} of {k!r} is not valid")
-    # a cycle among the new tasks (tasks already held cannot depend on new ones)
-    new = {k: [d for d in deps if d in e.tasks and d not in known]
-           for k, deps in deps_of.items() if k not in known}
+        for name, per_key in e.annotations.items():
+            for k, v in per_key.items():
+                if annotation_problem(name, v) is not None:
+                    raise bad(f"update-graph: annotation {name}={v!r} of {k!r} is not valid")
+    # a cycle among the tasks this graph (re)defines: new ones, and erred ones submitted
+    # again (they run anew with the dependencies given now); tasks held otherwise keep
+    # theirs and cannot depend on new ones
+    redefined = {k for k in deps_of
+                 if k not in known or (known[k].state == "erred"
+                                       and known[k].exception_blame is None)}
+    new = {k: [d for d in deps_of[k] if d in redefined] for k in redefined}
     try:
         check_acyclic(new)
     except GraphError as err:

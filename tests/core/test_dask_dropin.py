@@ -323,12 +323,19 @@ def test_priority_annotation_reaches_the_scheduler(client, cluster):
     assert max(prio[h] for h in keys[3:]) < min(prio[lo] for lo in keys[:3])
 
 
+def _worker_address(_):
+    return hpcsched.get_worker().address
+
+
 def test_resources_and_workers_annotations_restrict_placement(client):
     workers = sorted(client.scheduler_info()["workers"])
     with dask.annotate(workers=workers[0]):
         parts = [delayed(os.getpid)(dask_key_name=f"pid-{i}") for i in range(6)]
     pids = set(dask.compute(*parts))
     assert len(pids) == 1
+    with dask.annotate(workers={workers[1]}):  # a set of workers, as dask allows
+        others = [delayed(_worker_address)(i, dask_key_name=f"where-set-{i}") for i in range(4)]
+    assert set(dask.compute(*others)) == {workers[1]}
     with dask.annotate(resources={"GPU": 1}):
         never = delayed(inc)(1)
     fut = client.compute(never)
