@@ -286,8 +286,13 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
         elif ts.state == "no-worker":
             self.unrunnable.pop(ts, None)
         elif ts.state == "waiting":
+            # its result arrived without its dependencies (a worker already held it): those
+            # only it needed are not needed any more
             for dts in ts.dependencies:
                 dts.waiters.discard(ts)
+                if not dts.waiters and not dts.who_wants and dts.state in (
+                        "processing", "waiting", "queued", "no-worker"):
+                    self._transitions([(dts, "released")])
         self._add_replica(ts, ws, e.nbytes)
         tg.nbytes_total += max(e.nbytes, 0)
         ts.state = "memory"
@@ -365,7 +370,10 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
             t.exception_blame = b
             for dts in t.dependencies:
                 dts.waiters.discard(t)
-                if not dts.waiters and not dts.who_wants and dts.state == "memory":
+                # a dependency only this task needed is not needed any more, whether it is
+                # in memory or still to be computed
+                if not dts.waiters and not dts.who_wants and dts.state in (
+                        "memory", "processing", "waiting", "queued", "no-worker"):
                     recs.append((dts, "released"))
             t.who_wants.discard(FIRE_AND_FORGET)
             if t.who_wants:
@@ -687,7 +695,11 @@ class SchedulerState(ClientsMixin, MaintenanceMixin, ValidationMixin):
 
     # ---------------------------------------------------------------- replicas
     def _add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
-        if nbytes >= 0:
+        if nbytes >= 0 and nbytes != ts.nbytes:
+            # a new size (a result reported again): the workers holding it account the change
+            delta = nbytes - max(ts.nbytes, 0)
+            for holder in ts.who_has:
+                holder.nbytes += delta
             ts.nbytes = nbytes
         if ws not in ts.who_has:
             ts.who_has.add(ws)

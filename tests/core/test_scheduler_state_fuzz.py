@@ -162,6 +162,6 @@ class SchedulerStory(RuleBasedStateMachine):
 
 
 SchedulerStory.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None,
+    max_examples=60, stateful_step_count=40, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerStory.TestCase)
