@@ -39,6 +39,7 @@ _exports = {
     "MultiLock": "hpcsched.core.coordination",
     "WorkerPlugin": "hpcsched.core.plugins",
     "SchedulerPlugin": "hpcsched.core.plugins",
+    "NannyPlugin": "hpcsched.core.nanny",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",

@@ -17,8 +17,10 @@ arrives, ``teardown(worker=)`` when it is replaced, unregistered, or the
 worker closes. A scheduler plugin runs in the scheduler: ``start(scheduler)``,
 ``add_worker(scheduler=, worker=)``, ``remove_worker(scheduler=, worker=,
 stimulus_id=)``, ``close()``. Hooks run on the scheduler's loop thread: keep
-them short. Per-task ``transition`` hooks are not called. There are no nanny
-plugins (no nanny process).
+them short. Per-task ``transition`` hooks are not called. A ``NannyPlugin``
+runs in the process supervising a worker (``LocalCluster``, ``hpcsched worker
+--nanny``) and is refused by workers nothing supervises (MPI ranks): see
+:mod:`hpcsched.core.nanny`.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from hpcsched.core import nanny
 from hpcsched.core.client_control import outcome, request
 from hpcsched.core.serialize import dumps_object
 
@@ -59,7 +62,7 @@ class SchedulerPlugin:
 
 
 def _kind(plugin: Any) -> str:
-    """worker or scheduler: by our base classes, else by distributed's class names."""
+    """worker, scheduler or nanny: by our base classes, else by distributed's class names."""
     if isinstance(plugin, SchedulerPlugin):
         return "scheduler"
     if isinstance(plugin, WorkerPlugin):
@@ -68,8 +71,7 @@ def _kind(plugin: Any) -> str:
     if "SchedulerPlugin" in names:
         return "scheduler"
     if "NannyPlugin" in names:
-        raise ValueError("nanny plugins are not supported: hpcsched workers have no nanny "
-                         "process (use a WorkerPlugin)")
+        return "nanny"
     if "WorkerPlugin" in names or hasattr(plugin, "setup") or hasattr(plugin, "teardown"):
         return "worker"
     raise TypeError(f"{plugin!r} is not a WorkerPlugin or a SchedulerPlugin")
@@ -84,8 +86,13 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
     if idempotent is None:
         idempotent = bool(getattr(plugin, "idempotent", False))
+    restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
+    if kind == "nanny":  # carried to each worker's nanny by a worker plugin
+        plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
     reply = request(client, "register-plugin", 120.0, kind=kind, name=str(name),
                     plugin=dumps_object(plugin), idempotent=bool(idempotent))
+    if restart:
+        return nanny.results_after_restart(client, reply)
     return _results(reply, kind)
 
 

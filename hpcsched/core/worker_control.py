@@ -105,6 +105,8 @@ class WorkerControl:
             with self._lock:
                 plugins = list(self.plugins.items())
             for name, plugin in plugins:
+                if getattr(plugin, "in_nanny", False):
+                    continue  # a nanny plugin lives in the worker's nanny: kept as it is
                 self._teardown(name, plugin)
                 call_hook(plugin, "setup", worker=self.worker)
             reply = {"status": "OK", "result": dumps_object(None)}
