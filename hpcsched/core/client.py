@@ -63,6 +63,7 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     wait_futures,
 )
 from hpcsched.core.graph import GraphError, Ref, gc_paused, normalize
+from hpcsched.core.nanny import is_nanny_plugin
 from hpcsched.core.scheduler_file import (  # noqa: F401 - re-exported
     looks_like_scheduler_file,
     read_scheduler_file,
@@ -820,9 +821,11 @@ class Client:
     def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
                                nanny: bool | None = None) -> Any:
         """``register_plugin`` for a worker plugin (distributed's older name), for a nanny
-        plugin with ``nanny=True``."""
+        plugin with ``nanny=True`` (or a ``NannyPlugin`` and ``nanny=None``)."""
         if nanny and isinstance(plugin, plugins.WorkerPlugin):
             raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
+        if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
+            nanny = is_nanny_plugin(plugin)
         return plugins.register_plugin(self, plugin, name, kind="nanny" if nanny else "worker")
 
     def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:

@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -54,6 +55,13 @@ def _watch(ref: weakref.ref, name: str, p: subprocess.Popen) -> None:
     cluster = ref()
     if cluster is not None and cluster._proc_finalizer.alive:
         cluster._replace_exited(name, p, code)
+
+
+def _restart(ref: weakref.ref, name: str) -> None:
+    """A nanny restarts its worker, if the cluster is still there."""
+    cluster = ref()
+    if cluster is not None:
+        cluster._restart_worker(name)
 
 
 def _kill_all(procs: dict) -> None:
@@ -164,8 +172,10 @@ class LocalCluster(Cluster):
         env.update(self.worker_env)
         nanny = self._nannies.get(name)
         if nanny is None:
+            # the nanny's threads hold it: only a weak reference back, so that a dropped
+            # cluster is still collected (and its finalizer kills its workers)
             nanny = self._nannies[name] = Nanny(
-                name, self.scheduler_address, lambda: self._restart_worker(name),
+                name, self.scheduler_address, functools.partial(_restart, weakref.ref(self), name),
                 local_directory=self.local_directory)
         env.update(nanny.env)  # what nanny plugins set
         env.pop("HPCSCHED_SECRET_FILE", None)

@@ -141,9 +141,12 @@ def test_workers_nothing_supervises_refuse_nanny_plugins(tmp_path):
         with pytest.raises(RuntimeError, match="has no nanny.*a rank cannot be restarted"):
             client.register_plugin(Recorder(str(log), "rec"), name="rec")
         assert not log.exists()
-        # distributed's spelling; a WorkerPlugin is not a nanny plugin
-        with pytest.raises(RuntimeError, match="has no nanny"):
-            client.register_worker_plugin(Recorder(str(log), "rec"), name="rec", nanny=True)
+        # distributed's older spelling, nanny=True or found from the class; a WorkerPlugin
+        # is not a nanny plugin
+        for nanny in (True, None):
+            with pytest.raises(RuntimeError, match="has no nanny"):
+                client.register_worker_plugin(Recorder(str(log), "rec"), name="rec",
+                                              nanny=nanny)
         from hpcsched import WorkerPlugin
 
         with pytest.raises(ValueError, match="is a WorkerPlugin"):
