@@ -100,6 +100,15 @@ def test_local_cluster_runs_nanny_plugins_in_its_supervisor(tmp_path):
         # the restarted workers found the plugin set up in their nanny: not set up again
         assert sorted(lines(log, "setup", "env")) == [(n, os.getpid()) for n in names]
 
+        # idempotent: already registered, nothing runs and nothing restarts
+        assert client.register_plugin(Recorder(str(log), "env", "other"), name="env",
+                                      idempotent=True) == {}
+        assert worker_view(client) == after
+        # Client.restart resets worker plugins; nanny plugins stay as they are
+        client.restart()
+        assert worker_view(client) == after
+        assert len(lines(log, "setup", "env")) == 2 and lines(log, "teardown", "env") == []
+
         # the user's error in setup is raised by register_plugin
         with pytest.raises(ZeroDivisionError, match="nanny setup failed"):
             client.register_plugin(Broken(), name="broken")
