@@ -45,16 +45,23 @@ cannot be restarted), a plain ``hpcsched worker`` without ``--nanny``, threads
 of ``LocalCluster(processes=False)`` -- refuse nanny plugins: the relay's
 ``setup`` raises ``RuntimeError`` saying so, which ``register_plugin`` raises.
 Use a ``WorkerPlugin`` there.
+
+Built in, as distributed's: :class:`Environ` (environment variables for the
+workers) and :class:`UploadDirectory` (a local directory copied to every nanny).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
+import zipfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -100,6 +107,42 @@ class Environ(NannyPlugin):
 
     def setup(self, nanny: Any) -> None:
         nanny.env.update(self.environ)
+
+
+class UploadDirectory(NannyPlugin):
+    """A local directory copied to every nanny (distributed's ``UploadDirectory``): read
+    and zipped here, unpacked into the nanny's :meth:`Nanny.directory`; ``update_path``
+    puts it on the workers' ``PYTHONPATH`` (seen once they restart: ``restart=True``).
+    Files under a directory named in ``skip_words``, or for which a ``skip`` function
+    is true, are left out."""
+
+    def __init__(self, path: str, restart: bool = False, update_path: bool = False,
+                 skip_words: tuple = (".git", ".github", ".pytest_cache", "tests", "docs"),
+                 skip: tuple = (lambda fn: os.path.splitext(fn)[1] == ".pyc",)):
+        path = os.path.expanduser(path)
+        self.path = os.path.split(os.path.abspath(path))[-1]
+        self.restart = restart
+        self.update_path = update_path
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+            for root, dirs, files in os.walk(path):
+                dirs[:] = [d for d in dirs if d not in skip_words]
+                for name in files:
+                    full = os.path.join(root, name)
+                    if any(f(full) for f in skip):
+                        continue
+                    z.write(full, os.path.join(self.path, os.path.relpath(full, path)))
+        self.data = buf.getvalue()
+
+    def setup(self, nanny: Any) -> None:
+        base = nanny.directory()
+        with zipfile.ZipFile(io.BytesIO(self.data)) as z:
+            z.extractall(base)
+        if self.update_path:
+            where = os.path.join(base, self.path)
+            paths = nanny.env.get("PYTHONPATH", "").split(os.pathsep)
+            nanny.env["PYTHONPATH"] = os.pathsep.join(
+                dict.fromkeys(p for p in [where, *paths] if p))
 
 
 def is_nanny_plugin(plugin: Any) -> bool:
@@ -189,7 +232,8 @@ class Nanny:
 
     ``name`` (the worker's), ``env`` (laid over the environment of each process started
     for the worker), ``local_directory``, ``scheduler_addr``, ``process`` (the current
-    ``Popen``), ``pid``, ``plugins`` (name -> plugin set up here) and ``restart()``."""
+    ``Popen``), ``pid``, ``plugins`` (name -> plugin set up here), ``restart()`` and
+    ``directory()``. ``PYTHONPATH`` in ``env`` goes before the worker's own."""
 
     def __init__(self, name: str, scheduler_addr: str, restart: Callable[[], None],
                  local_directory: str | None = None):
@@ -203,6 +247,7 @@ class Nanny:
         self._restart = restart
         self._lock = threading.Lock()
         self._closed = False
+        self._made: str | None = None  # a temporary directory made here: removed at close
 
     @property
     def pid(self) -> int | None:
@@ -212,12 +257,24 @@ class Nanny:
         """Stop the worker process and start it again (in ``env`` as it is now)."""
         self._restart()
 
+    def directory(self) -> str:
+        """The nanny's directory for files: ``local_directory``, else a temporary one made
+        on first use and removed when the nanny closes."""
+        if self.local_directory is None:
+            self.local_directory = self._made = tempfile.mkdtemp(
+                prefix=f"hpcsched-nanny-{self.name}-")
+        os.makedirs(self.local_directory, exist_ok=True)
+        return self.local_directory
+
     def popen(self, cmd: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Popen:
         """Start a process for the worker, with ``env`` under this nanny's ``env`` and the
         worker's end of a new socket pair to this nanny."""
         mine, theirs = socket.socketpair()
         try:
+            paths = [self.env.get("PYTHONPATH", ""), env.get("PYTHONPATH", "")]
             env = {**env, **self.env, ENV_FD: str(theirs.fileno())}
+            if any(paths):
+                env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
             p = subprocess.Popen(cmd, env=env, pass_fds=(theirs.fileno(),), **kwargs)
         except BaseException:
             mine.close()
@@ -290,6 +347,8 @@ class Nanny:
             self._blobs.clear()
         for name, plugin in plugins:
             self._teardown(name, plugin)
+        if self._made is not None:
+            shutil.rmtree(self._made, ignore_errors=True)
 
 
 # ==================================================================== the client's side

@@ -177,13 +177,13 @@ class LocalCluster(Cluster):
             nanny = self._nannies[name] = Nanny(
                 name, self.scheduler_address, functools.partial(_restart, weakref.ref(self), name),
                 local_directory=self.local_directory)
-        env.update(nanny.env)  # what nanny plugins set
         env.pop("HPCSCHED_SECRET_FILE", None)
         if self.security and self.security.secret:
             env["HPCSCHED_SECRET"] = self.security.secret_hex()
         # workers must not think they are MPI ranks of a job that started us
         for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"):
             env.pop(var, None)
+        # with what nanny plugins set in nanny.env laid over
         return nanny.popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     def _restart_worker(self, name: str) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from hpcsched import Client, LocalCluster, NannyPlugin
-from hpcsched.core.nanny import Environ
+from hpcsched.core.nanny import Environ, UploadDirectory
 from tests.conftest import wait_until
-from tests.launchers.test_cli import WORKER_OPTS, procs, start_scheduler  # noqa: F401
+from tests.launchers.test_cli import WORKER_OPTS, inc, procs, start_scheduler  # noqa: F401
 
 VAR = "HPCSCHED_TEST_NANNY_VAR"
 
@@ -185,3 +185,21 @@ def test_hpcsched_worker_nworkers_runs_nanny_plugins_in_its_process(procs, tmp_p
         sup.send_signal(signal.SIGTERM)
         assert sup.wait(30) is not None, procs.log("workers")
 
+
+
+@pytest.mark.timeout(120)
+def test_upload_directory_reaches_each_nanny_and_the_workers_path(tmp_path):
+    src = tmp_path / "mylib"
+    (src / "tests").mkdir(parents=True)
+    (src / "nanny_uploaded_mod.py").write_text("VALUE = 42\n")
+    (src / "tests" / "skipped.py").write_text("")
+    plugin = UploadDirectory(str(src), restart=True, update_path=True)
+    with LocalCluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
+        client.register_plugin(plugin, name="upload")
+        (nanny,) = cluster.nannies.values()
+        where = Path(nanny.directory()) / "mylib"
+        assert sorted(p.name for p in where.iterdir()) == ["nanny_uploaded_mod.py"]
+        # the restarted worker imports it; the cluster's own path (tests.*) is kept
+        assert set(client.run(lambda: __import__("nanny_uploaded_mod").VALUE).values()) == {42}
+        assert client.submit(inc, 1).result(30) == 2
+    assert not where.exists()  # the nanny's temporary directory went with it
