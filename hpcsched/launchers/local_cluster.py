@@ -190,9 +190,9 @@ class LocalCluster(Cluster):
         """A nanny restarts its worker: the process is stopped and started again under the
         same name, not replaced by a new worker (it is out of ``_procs`` before it exits)."""
         with self._lock:
-            p = self._procs.pop(name, None)
-            if self._closed or p is None:
-                return
+            if self._closed or name not in self._procs:
+                return  # closing (it stops the process), or the worker was stopped
+            p = self._procs.pop(name)
             _stop_process(p)
             self._procs[name] = p = self._spawn(name)
             threading.Thread(target=_watch, args=(weakref.ref(self), name, p),
