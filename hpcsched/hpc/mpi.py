@@ -65,6 +65,7 @@ from hpcsched.core.comm.base import (
     Backend,
     Comm,
     CommClosedError,
+    Inbox,
     Listener,
     Security,
     parse_address,
@@ -183,9 +184,10 @@ class MPIComm(Comm):
             raise CommClosedError(f"{self!r}: {self._reason}")
         return serialize.loads(item)
 
-    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
-        """The progress thread unpickles each message and puts it on ``inbox`` itself:
-        one thread hand-off per message instead of two."""
+    def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
+        """The progress thread unpickles each message and offers it to ``inbox`` itself
+        (MPI sends never block it, so an idle loop may run its iteration there): one
+        thread hand-off per message at most, instead of two."""
         with self._target_lock:
             while True:  # what arrived before goes first, in order
                 try:
@@ -194,9 +196,8 @@ class MPIComm(Comm):
                     break
                 self._push(inbox, source, closed_marker, item)
             self._target = (inbox, source, closed_marker)
-        return True
 
-    def _push(self, inbox: Any, source: Any, marker: Any, item: Any) -> None:
+    def _push(self, inbox: Inbox, source: Any, marker: Any, item: Any) -> None:
         if item is _CLOSE:
             inbox.put((source, marker))
             return
@@ -206,11 +207,7 @@ class MPIComm(Comm):
             logger.warning("closing %r: undecodable message: %s", self, e)
             inbox.put((source, marker))
             return
-        offer = getattr(inbox, "offer", None)  # a Loop's inbox: run it here if it is idle
-        if offer is not None:
-            offer((source, msg))
-        else:
-            inbox.put((source, msg))
+        inbox.offer((source, msg))
 
     def close(self) -> None:
         if self._closed:

@@ -108,5 +108,16 @@ def _listen(address: str, on_connect: Callable[[Comm], None], security: Security
     return TCPListener(address, on_connect, security)
 
 
-registry.register("tcp", Backend(connect=_connect, listen=_listen))
-registry.register("tls", Backend(connect=_connect, listen=_listen))
+def _worker_listen_address(scheduler_address: str, host: str | None) -> str:
+    """The scheduler's scheme, on ``host`` if given, else on every interface; any port."""
+    scheme, _ = parse_address(scheduler_address)
+    return f"{scheme}://{format_hostport(host or '0.0.0.0', 0)}"
+
+
+# a TCP peer that crashes, or whose host does, can leave its connection open: only the
+# missing heartbeats tell (as distributed's worker-ttl); and anyone reaching the port may
+# try to connect, hence a secret
+_BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
+                   worker_listen_address=_worker_listen_address)
+registry.register("tcp", _BACKEND)
+registry.register("tls", _BACKEND)
