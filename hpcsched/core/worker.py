@@ -109,7 +109,7 @@ class Worker:
         backend = registry.backend_for(scheduler_address)
         self.listen_address = listen_address or backend.worker_listen_address(
             scheduler_address, host)
-        # where peers' deaths are noticed only by their silence, report every interval
+        # the scheduler notices this worker died only by missing heartbeats (TCP): send them
         self._uses_heartbeat = backend.needs_heartbeat
         self.death_timeout = config.get("worker.death-timeout", death_timeout)
         self.lifetime = lifetime
