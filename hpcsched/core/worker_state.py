@@ -123,9 +123,15 @@ class WorkerState:
         self.transitions = [] if callback is not None else None
 
     def _set_state(self, ts: WTask, finish: str) -> None:
-        if self.transitions is not None and ts.state != finish:
-            self.transitions.append((ts.key, ts.state, finish))
+        # the states every task passes through test ``self.transitions`` inline instead
+        # (no call when nobody watches)
+        if self.transitions is not None:
+            self._note(ts, finish)
         ts.state = finish
+
+    def _note(self, ts: WTask, finish: str) -> None:
+        if ts.state != finish:
+            self.transitions.append((ts.key, ts.state, finish))
 
     def _forget(self, ts: WTask) -> None:
         if self.tasks.pop(ts.key, None) is ts and self.transitions is not None:
@@ -178,7 +184,9 @@ class WorkerState:
             if dts.state == "released":
                 self._to_fetch(dts)
         if ts.waiting_for_data:
-            self._set_state(ts, "waiting")
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "waiting")
+            ts.state = "waiting"
         else:
             self._to_ready(ts)
 
@@ -191,7 +199,9 @@ class WorkerState:
             self._set_state(ts, "missing")
 
     def _to_ready(self, ts: WTask) -> None:
-        self._set_state(ts, "ready")
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "ready")
+        ts.state = "ready"
         ts.seq = next(self._seq)
         heap = self.constrained if ts.resource_restrictions else self.ready
         heapq.heappush(heap, (ts.priority, ts.seq, ts))
@@ -220,7 +230,9 @@ class WorkerState:
             ts.dependencies.clear()
             ts.waiting_for_data.clear()
         self.data.pop(ts.key, None)
-        self._set_state(ts, "released")
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "released")
+        ts.state = "released"
         ts.release_after = False
         if not ts.dependents:
             self._forget(ts)
@@ -279,7 +291,9 @@ class WorkerState:
         else:
             self._store(ts.key, value, nbytes)
         ts.nbytes = nbytes
-        self._set_state(ts, "memory")
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "memory")
+        ts.state = "memory"
         for dts in ts.dependents:
             if ts in dts.waiting_for_data:
                 dts.waiting_for_data.discard(ts)
@@ -439,7 +453,9 @@ class WorkerState:
             ts = self.rejoining.pop(0)
             self.long_running.discard(ts)
             self.executing.add(ts)
-            self._set_state(ts, "executing")
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "executing")
+            ts.state = "executing"
             self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
         # busy resource does not keep free threads from running unrestricted tasks
@@ -459,7 +475,9 @@ class WorkerState:
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
             else:
                 _, _, ts = heapq.heappop(self.ready)
-            self._set_state(ts, "executing")
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "executing")
+            ts.state = "executing"
             self.executing.add(ts)
             if ts.duration >= SHORT_TASK:
                 # lets the scheduler blame exactly this task if the worker dies now; for
