@@ -26,7 +26,7 @@ Every socket of a process is served by one I/O thread
   and either queues them for ``recv`` or, after :meth:`TCPComm.deliver_to`,
   unpickles them and hands ``(source, message)`` to the receiver's inbox. It
   hands them over once per round of socket events, all the messages of the
-  round for one inbox together (``offer_batch`` when the inbox has it): an
+  round for one inbox together (``Inbox.offer_batch``): an
   idle server then handles everything that arrived at once, from every peer,
   in one iteration on the I/O thread, without a thread hand-off -- safe
   because ``send`` never blocks -- and batched, so it flushes one message per
