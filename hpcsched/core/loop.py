@@ -1,7 +1,7 @@
-"""The thread that owns a state machine, and the reader threads that feed it.
+"""The thread that owns a state machine, and the inbox that feeds it.
 
-A server has one :class:`Loop`: an :class:`Inbox` that reader threads, the
-thread pool and other threads put items on. Each iteration takes everything
+A server has one :class:`Loop`: an :class:`Inbox` that transports
+(``Comm.deliver_to``), the thread pool and other threads put items on. Each iteration takes everything
 pending (so a busy server handles large batches), hands the items to the
 server's ``process`` callback, then calls ``flush`` once, which sends one
 batched message per destination. Idle, the thread sleeps on a condition until
