@@ -320,7 +320,7 @@ class Worker:
         return ()
 
     def _close_op(self, msg: dict, now: float) -> tuple:
-        self._close_asked = True  # _process handles nothing after this
+        self._close_asked = True  # _process carries out nothing from here on
         self.exit_code = int(msg.get("exit_code") or 0)
         threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
                          daemon=True).start()
