@@ -34,13 +34,19 @@ from hpcsched.core.serialize import dumps_object
 
 
 class WorkerPlugin:
-    """Base class of worker plugins: override ``setup(worker)`` and ``teardown(worker)``."""
+    """Base class of worker plugins: override ``setup(worker)``, ``teardown(worker)``,
+    ``transition(key, start, finish, **kwargs)``."""
 
     def setup(self, worker: Any) -> None:
         """Run when the plugin reaches a worker."""
 
     def teardown(self, worker: Any) -> None:
         """Run when the plugin is replaced or unregistered, or the worker closes."""
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        """A task of this worker changed state (``finish`` is "forgotten" when the worker
+        drops it); on the worker's loop thread, so keep it short. An exception is logged,
+        the worker goes on."""
 
 
 class SchedulerPlugin:

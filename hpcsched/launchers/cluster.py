@@ -15,6 +15,7 @@ import threading
 import weakref
 from typing import Any
 
+from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Security
 from hpcsched.core.scheduler import Scheduler
 
@@ -27,8 +28,7 @@ class Cluster:
 
     def __init__(self, scheduler_address: str = "tcp://127.0.0.1:0",
                  security: Security | None = None, scheduler_kwargs: dict | None = None):
-        scheme = scheduler_address.split("://", 1)[0]
-        if security is None and scheme in ("tcp", "tls"):
+        if security is None and registry.backend_for(scheduler_address).needs_secret:
             security = Security.generate()
         self.security = security
         self.scheduler = Scheduler(scheduler_address, security, **(scheduler_kwargs or {}))
