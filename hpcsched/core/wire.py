@@ -30,9 +30,9 @@ the field: the one error path for whatever a peer sends.
 ...     now: float = context(0.0)
 >>> encode(Ping(3))
 {'op': 'ping', 'seq': 3}
->>> decode(PINGS, {"op": "ping", "seq": 3}, now=1.5)
+>>> decode(PINGS, dict(op="ping", seq=3), now=1.5)
 Ping(seq=3, now=1.5)
->>> decode(PINGS, {"op": "ping", "seq": -1})
+>>> decode(PINGS, dict(op="ping", seq=-1))
 Traceback (most recent call last):
 ...
 hpcsched.core.wire.MalformedMessage: op 'ping', field 'seq': expected an integer >= 0, got -1
