@@ -240,7 +240,7 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
     if unknown:
         if s.extra is None:
             raise MalformedMessage(f"op {op!r} has unknown fields "
-                                   f"{sorted(short(k) for k in unknown)}")
+                                   f"{', '.join(sorted(short(k) for k in unknown))}")
         kw = {k: v for k, v in msg.items() if k in s.allowed}
         kw[s.extra] = {k: msg[k] for k in unknown}
     else:

@@ -113,7 +113,7 @@ def test_a_wrong_context_field_is_the_receivers_mistake():
     ({"key": "x"}, "unknown op None"),
     ({"op": "missing-data", "key": "x"}, "op 'missing-data' lacks the field 'errant_worker'"),
     ({"op": "task-started", "key": "x", "colour": 1},
-     "op 'task-started' has unknown fields [\"'colour'\"]"),
+     "op 'task-started' has unknown fields 'colour'"),
     ({"op": "task-finished", "key": "x", "nbytes": -1},
      "op 'task-finished', field 'nbytes': expected an integer >= 0, got -1"),
     ({"op": "task-finished", "key": ["unhashable"]}, "op 'task-finished', field 'key'"),
