@@ -18,6 +18,7 @@ finishes.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ class _Tracker:
         self.left = len(futures)
         self.on_change = on_change
         self.start = time.monotonic()
-        groups = {}
+        groups: dict[Any, str] = {}
         for f in futures:
             g = groups[f.key] = key_split(f.key)
             self.total[g] = self.total.get(g, 0) + 1
@@ -51,7 +52,7 @@ class _Tracker:
         if not futures:
             self.finished.set()
         for f in futures:
-            f.add_done_callback(lambda fut, g=groups[f.key]: self._one(fut, g))
+            f.add_done_callback(functools.partial(self._one, group=groups[f.key]))
 
     def _one(self, fut: Future, group: str) -> None:
         with self.lock:

@@ -147,7 +147,7 @@ class JobQueueCluster(Cluster):
         self._notes: collections.deque[str] = collections.deque(maxlen=1000)  # get_logs()
         self.security = security
         os.makedirs(p["log_directory"], exist_ok=True)
-        self.secret_file = self._write_secret()
+        self.secret_file = self._write_secret(security)
         try:
             super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security, dashboard)
         except BaseException:
@@ -167,14 +167,14 @@ class JobQueueCluster(Cluster):
             self.scale(n_workers)
 
     # ------------------------------------------------------------ setup
-    def _write_secret(self) -> str:
+    def _write_secret(self, security: Security) -> str:
         p = self.system.params
         directory = p["log_directory"]
         if p["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
             directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
                 p["shared_temp_directory"])))
             os.makedirs(directory, exist_ok=True)
-        self._secret = write_secret_file(directory, self.cluster_id, self.security)
+        self._secret = write_secret_file(directory, self.cluster_id, security)
         return self._secret.path
 
     # ------------------------------------------------------------ scripts
@@ -399,10 +399,10 @@ class JobQueueCluster(Cluster):
                 for job in self.jobs.values():
                     job.workers.pop(address, None)
                 continue
-            job = self._job_of_worker(name)
-            if job is not None:
-                job.workers[address] = name
-                job.workers_seen.add(name)
+            owner = self._job_of_worker(name)
+            if owner is not None:
+                owner.workers[address] = name
+                owner.workers_seen.add(name)
 
     def unit_of(self, worker_name: str) -> str:
         """The job a worker belongs to (Adaptive retires the workers of one job together)."""
@@ -425,10 +425,10 @@ class JobQueueCluster(Cluster):
                 job.workers = {a: w for a, w in job.workers.items() if a in info}
             for address, winfo in info.items():
                 name = str(winfo.get("name", ""))
-                job = self._job_of_worker(name)
-                if job is not None:
-                    job.workers[address] = name
-                    job.workers_seen.add(name)
+                owner = self._job_of_worker(name)
+                if owner is not None:
+                    owner.workers[address] = name
+                    owner.workers_seen.add(name)
 
     def poll(self) -> None:
         """Update every live job's state with one status command (the poll thread calls this)."""
@@ -495,9 +495,12 @@ class JobQueueCluster(Cluster):
                 f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
                 f"{read_tail(job.log_file, clean=self.system.job_output)}")
 
-    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
-        """Block until ``n`` workers are connected; JobFailedError if a job died first."""
-        deadline = time.monotonic() + timeout
+    def wait_for_workers(self, n: int, timeout: float | None = 60.0) -> None:
+        """Block until ``n`` workers are connected; JobFailedError if a job died first.
+
+        ``timeout=None`` waits as long as it takes, as the base class does.
+        """
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._lock:
             seen_failures = 0 if self._failed_since_scale else len(self.failed_jobs)
         said = time.monotonic()  # a long wait says, every few seconds, what the jobs do

@@ -290,7 +290,7 @@ def recommend(snap: Snapshot, policy: Policy,
         return Recommendation("up", lo, f"{requested} workers requested, below minimum {lo}",
                               "minimum")
     if requested > hi:
-        excess = requested - hi
+        excess = requested - int(hi)  # hi is finite here, a whole number of units
         cancel = min(pending, excess)
         excess -= cancel
         retire: list[str] = []

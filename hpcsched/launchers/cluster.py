@@ -13,10 +13,13 @@ import logging
 import math
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.comm.base import Security
 from hpcsched.core.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from hpcsched.launchers.adaptive import Adaptive
 
 logger = logging.getLogger("hpcsched.cluster")
 
@@ -34,7 +37,7 @@ class Cluster:
         self.scheduler = Scheduler(scheduler_address, security, **(scheduler_kwargs or {}))
         self.scheduler.start()
         self.scheduler_address = self.scheduler.address
-        self.adaptive = None
+        self.adaptive: Adaptive | None = None
         self._lock = threading.RLock()
         self._closed = False
         # a cluster dropped without close(): its scheduler (thread, socket) closes too
