@@ -87,6 +87,7 @@ def _text_bar(done: int, total: int, erred: int, elapsed: float, width: int = 40
 
 
 def text_progress(tracker: _Tracker, file: Any = None, interval: float = 0.1) -> None:
+    """Draw a text bar on ``file`` (stderr) every ``interval`` s until the futures finish."""
     file = file or sys.stderr
     while True:
         finished = tracker.finished.wait(interval)
@@ -125,12 +126,14 @@ class ProgressWidget:
                                         layout=self.w.Layout(width="200px")), bar, label])
 
     def on_change(self, last: bool) -> None:
+        """A future finished: redraw, at most every WIDGET_REDRAW s but for the ``last``."""
         now = time.monotonic()
         if last or now - self._last >= WIDGET_REDRAW:
             self._last = now
             self.redraw()
 
     def redraw(self) -> None:
+        """Set every bar and label from the tracker's counts."""
         t = self.tracker
         with self._lock, t.lock:
             if self.multi:

@@ -142,8 +142,10 @@ def _world(comm: Any = None) -> _Job:
 
 
 def _setup(options: InitOptions) -> _Job:
-    """Collective start-up on every rank of ``options.comm``: endpoint, exit fence;
-    rank 0's scheduler."""
+    """Collective start-up on every rank of ``options.comm``.
+
+    Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler.
+    """
     global _job, _scheduler
     job = _world(options.comm)
     if job.size == 1:

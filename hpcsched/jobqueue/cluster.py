@@ -89,9 +89,12 @@ class JobQueueCluster(Cluster):
                  loop: Any = None, scheduler_cls: Any = None,
                  job_cls: type[BatchSystem] | None = None, dashboard_address: Any = None,
                  host: str | None = None, **kwargs: Any) -> None:
-        """dask-jobqueue's cluster keywords, then the job parameters (``cores``, ``memory``,
-        ...: :mod:`hpcsched.jobqueue.params`). Keywords that mean nothing here (``loop``,
-        ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored."""
+        """Take dask-jobqueue's cluster keywords, then the job parameters.
+
+        The job parameters (``cores``, ``memory``, ...) are those of
+        :mod:`hpcsched.jobqueue.params`. Keywords that mean nothing here (``loop``,
+        ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored.
+        """
         # every check that can fail runs before anything is started or submitted
         for what, value in (("host", host), ("dashboard_address", dashboard_address)):
             if value is not None:
@@ -193,8 +196,10 @@ class JobQueueCluster(Cluster):
 
     @property
     def job_name(self) -> str:
-        """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``);
-        each job adds ``-<cluster id>-<n>`` so that workers map to their job."""
+        """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``).
+
+        Each job adds ``-<cluster id>-<n>`` so that workers map to their job.
+        """
         return self.system.params["job_name"]
 
     def _expected_workers(self, jobs: list[Job]) -> set[str]:
@@ -208,8 +213,10 @@ class JobQueueCluster(Cluster):
 
     @property
     def requested(self) -> set[str]:
-        """Names of the workers of every job submitted and not yet ended (being cancelled
-        included)."""
+        """Names of the workers of every job submitted and not yet ended.
+
+        Jobs being cancelled are included.
+        """
         with self._lock:
             return self._expected_workers([j for j in self.jobs.values() if not j.ended])
 
@@ -380,8 +387,10 @@ class JobQueueCluster(Cluster):
 
     # ------------------------------------------------------------ status
     def _worker_event(self, event: str, address: str, info: dict | None = None) -> None:
-        """Scheduler callback, on its loop thread: queue the event, never block on our lock
-        (which a submission may hold for seconds)."""
+        """Scheduler callback, on its loop thread: queue the event.
+
+        It never blocks on our lock, which a submission may hold for seconds.
+        """
         name = ""
         if event == "add":
             if info is None:  # the callback gives only the address: read the name there
@@ -524,6 +533,7 @@ class JobQueueCluster(Cluster):
             self._wake.clear()
 
     def job_summary(self) -> str:
+        """The jobs counted by state, e.g. ``"2 running, 1 pending"`` (``"none"``)."""
         with self._lock:
             counts: dict[str, int] = {}
             for j in self.jobs.values():

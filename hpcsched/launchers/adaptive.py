@@ -147,14 +147,17 @@ class Adaptive:
     # ------------------------------------------------------------ bounds
     @property
     def minimum(self) -> int:
+        """Fewest workers kept."""
         return self.policy.minimum
 
     @property
     def maximum(self) -> float:
+        """Most workers run (``inf``: no bound)."""
         return self.policy.maximum
 
     @property
     def wait_count(self) -> int:
+        """Consecutive recommendations to retire a worker before it is retired."""
         return self.policy.wait_count
 
     # ------------------------------------------------------------ hooks
@@ -260,6 +263,7 @@ class Adaptive:
 
     @property
     def running(self) -> bool:
+        """Whether the adaptive thread is still deciding (false after :meth:`stop`)."""
         return self._thread.is_alive() and not self._stop.is_set()
 
     def __repr__(self) -> str:
@@ -268,8 +272,11 @@ class Adaptive:
 
 
 def _run(ref: weakref.ref, stop: threading.Event, interval: float) -> None:
-    """The adaptive thread: holds its Adaptive weakly, so that an abandoned cluster can be
-    collected (and its jobs cancelled by its finalizer)."""
+    """The adaptive thread.
+
+    It holds its Adaptive weakly, so that an abandoned cluster can be collected (and its
+    jobs cancelled by its finalizer).
+    """
     while not stop.is_set():
         adaptive = ref()
         if adaptive is None:
