@@ -1,6 +1,8 @@
 """Adaptive scaling: the scheduler decides when to grow and shrink, a cluster carries it out.
 
-Three parts, each usable alone (seed 003):
+Three parts, each usable alone -- as in dask's adaptive deployments
+(https://docs.dask.org/en/stable/adaptive.html), where the scheduler recommends and the
+cluster object only starts and stops workers:
 
 * :func:`snapshot_state` reads a :class:`~hpcsched.core.scheduler_state.SchedulerState`
   into a :class:`Snapshot` of plain dataclasses: workers (threads, memory, data held,

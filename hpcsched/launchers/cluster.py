@@ -2,9 +2,10 @@
 
 A subclass says how workers start and stop (:meth:`Cluster._start_workers`,
 :meth:`Cluster._stop_workers`); the base implements ``scale``,
-``scale_up(n)`` / ``scale_down(addresses)`` (the interface of seed 003 that
-:class:`~hpcsched.launchers.adaptive.Adaptive` drives), ``adapt``, ``close`` and
-the context manager.
+``scale_up(n)`` / ``scale_down(addresses)`` (the interface dask's adaptive deployments
+drive, https://docs.dask.org/en/stable/adaptive.html, here through
+:class:`~hpcsched.launchers.adaptive.Adaptive`), ``adapt``, ``close`` and the context
+manager.
 """
 
 from __future__ import annotations
