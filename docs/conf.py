@@ -34,7 +34,7 @@ exclude_patterns = ["_build"]
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "show-inheritance": False}
-# importing hpcsched never needs these: they are used only when asked for
+# building the reference never initializes MPI, and needs no MPI installed
 autodoc_mock_imports = ["mpi4py"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
