@@ -77,7 +77,7 @@ check() {
         failed+=("$name")
     fi
 }
-check "ruff check (lint and the public API's docstrings)" $PY -m ruff check hpcsched tests
+check "ruff check (lint and the public API's docstrings)" $PY -m ruff check hpcsched tests docs
 check "mypy hpcsched (types; settings in pyproject.toml)" $PY -m mypy hpcsched
 rm -rf docs/_build
 check "sphinx-build (API reference, warnings are errors)" \
