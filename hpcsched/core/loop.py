@@ -191,7 +191,7 @@ class Loop:
                     item.future.set_exception(RuntimeError(f"{self.name} closed"))
 
     def _iteration(self, items: list, tick: bool = False) -> None:
-        work = []
+        work: list = []
         for item in items:
             if type(item) is _Call:
                 if work:
@@ -205,7 +205,7 @@ class Loop:
                 work.append(item)
         if work:
             self._safe_process(work)
-        if tick:
+        if tick and self._tick is not None:
             try:
                 self._tick(time.time())
             except Exception:
