@@ -65,6 +65,7 @@ __all__ = [
     "LocalCluster",
     "Lock",
     "MultiLock",
+    "NannyPlugin",
     "PBSCluster",
     "Queue",
     "SGECluster",
@@ -111,6 +112,7 @@ if TYPE_CHECKING:
     from hpcsched.core.comm.base import Security
     from hpcsched.core.coordination import Event, Lock, MultiLock, Queue, Semaphore, Variable
     from hpcsched.core.local import get
+    from hpcsched.core.nanny import NannyPlugin
     from hpcsched.core.plugins import SchedulerPlugin, WorkerPlugin
     from hpcsched.core.worker_client import get_client, get_worker, rejoin, secede, worker_client
     from hpcsched.diagnostics.progress import progress

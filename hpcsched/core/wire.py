@@ -149,7 +149,9 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
 def _spec(op: str, cls: type) -> Spec:
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls.__name__}: a record must be a dataclass")
-    wires, contexts, extras = [], [], []
+    wires: list = []
+    contexts: list = []
+    extras: list = []
     for f in dataclasses.fields(cls):
         kind = f.metadata.get("kind")
         if kind is None:
@@ -300,7 +302,7 @@ def markdown(title: str, intro: str, directions: Iterable[Direction],
             s = _SPECS[d[op]]
             out += [f"### `{op}`", "", f"`{s.cls.__name__}`: {_first_paragraph(s.cls.__doc__)}",
                     ""]
-            rows = [(f"`{f.name}`", _cell(describe(f.check)), _default(f),
+            rows = [(f"`{f.name}`", _cell(describe(f.check) if f.check else ""), _default(f),
                      _cell(f.doc or common.get(f.name, ""))) for f in s.wire]
             if s.extra is not None:
                 rows.append(("*others*", "any", "optional", _extra_doc(s)))

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("hpcsched.cli")
@@ -228,8 +229,11 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
                 old.wait()
             procs[k] = start(k)
 
+    def restarter(k: int) -> Callable[[], None]:
+        return lambda: restart(k)
+
     nannies = [Nanny(names[k], args.address or args.scheduler_file or "",
-                     lambda k=k: restart(k), local_directory=args.local_directory)
+                     restarter(k), local_directory=args.local_directory)
                for k in range(args.nworkers)]
     procs = [start(k) for k in range(args.nworkers)]
 

@@ -283,7 +283,7 @@ class LocalCluster(Cluster):
 
     @property
     def nannies(self) -> dict[str, Nanny]:
-        """worker name -> the nanny supervising its process (``processes=True``)."""
+        """Worker name -> the nanny supervising its process (``processes=True``)."""
         return dict(self._nannies)
 
     @property
