@@ -64,6 +64,7 @@ class AddWorker:
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
     pid: int = 0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -71,18 +72,21 @@ class RemoveWorker:
     address: str
     reason: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class AddClient:
     client: str
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class RemoveClient:
     client: str
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -101,6 +105,7 @@ class UpdateGraph:
     # per-key annotations (dask.annotate): name -> {key: value}; override the call's values
     annotations: dict | None = None
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -109,6 +114,7 @@ class ClientDesiresKeys:
     keys: list
     fire_and_forget: bool = False  # run them even once no client wants them
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -118,6 +124,7 @@ class RetryKeys:
     client: str
     keys: list
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -125,6 +132,7 @@ class ClientReleasesKeys:
     client: str
     keys: list
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -132,6 +140,7 @@ class CancelKeys:
     client: str
     keys: list
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -139,6 +148,7 @@ class TaskStarted:
     worker: str
     key: Key
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -150,6 +160,7 @@ class TaskFinished:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -162,6 +173,7 @@ class TaskErred:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -172,6 +184,7 @@ class LongRunning:
     key: Key
     compute_duration: float = 0.0  # seconds it ran before seceding
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -184,6 +197,7 @@ class ResultErred:
     traceback: str = ""
     exception_text: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -194,6 +208,7 @@ class MissingData:
     key: Key
     errant_worker: str
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -204,6 +219,7 @@ class AddKeys:
     keys: dict  # key -> nbytes
     scatter_id: str | None = None
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -213,6 +229,7 @@ class ReleaseWorkerData:
     worker: str
     keys: list
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -221,6 +238,7 @@ class StealResponse:
     key: Key
     state: str
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -228,6 +246,7 @@ class Heartbeat:
     worker: str
     metrics: dict = field(default_factory=dict)
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -238,6 +257,7 @@ class WorkerStatusChange:
     worker: str
     status: str  # "paused" | "running"
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -249,6 +269,7 @@ class ScatterData:
     workers: list | None = None
     broadcast: bool = False
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -258,11 +279,25 @@ class RetireWorkers:
     workers: list  # addresses
     close: bool = True
     now: float = 0.0
+    stimulus_id: str = ""
+
+
+@dataclass(slots=True)
+class RebalanceKeys:
+    """``Client.rebalance``: spread ``keys`` (all if None) over ``workers`` (all if None)."""
+
+    request_id: str
+    requester: str
+    keys: list | None = None
+    workers: list | None = None
+    now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class Tick:
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 # ============================================================ worker events
@@ -276,18 +311,21 @@ class ComputeTask:
     resource_restrictions: dict | None = None
     duration: float = 0.5
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class FreeKeys:
     keys: list
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class StealRequest:
     key: Key
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -295,12 +333,14 @@ class AcquireReplicas:
     who_has: dict  # key -> [worker addresses]
     nbytes: dict = field(default_factory=dict)
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class RefreshWhoHas:
     who_has: dict
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -308,6 +348,7 @@ class UpdateData:
     data: dict  # key -> value (deserialized by the server)
     scatter_id: str | None = None
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -317,6 +358,7 @@ class PauseWorker:
 
     paused: bool
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -328,6 +370,7 @@ class ExecuteSuccess:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -339,6 +382,7 @@ class ExecuteFailure:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -349,6 +393,7 @@ class GatherDepSuccess:
     # key -> text: held by the peer but could not be serialized (the peer reports it)
     errors: dict = field(default_factory=dict)
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -358,6 +403,7 @@ class Secede:
     key: Key
     compute_duration: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -366,6 +412,7 @@ class Rejoin:
 
     key: Key
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -377,6 +424,7 @@ class ServeFailed:
     traceback: str = ""
     exception_text: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -387,6 +435,7 @@ class GatherDepFailure:
     keys: list
     error: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 # ============================================================ op table

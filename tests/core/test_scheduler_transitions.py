@@ -1,0 +1,106 @@
+"""The transition log: every change of a task's state, with the event that caused it.
+
+Each step gives its event a ``stimulus_id``; after it, every task whose state
+changed (or that was forgotten) must have log entries of that step, carrying
+that id, that lead from its old state to its new one. The stories cover the
+paths a log easily misses: tasks erring (and their dependents with them),
+a worker leaving with tasks processing and results in memory, stealing,
+retirement and retries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpcsched.core import events as ev
+from hpcsched.core.scheduler_state import InvalidTransition, SchedulerState
+from tests.core.test_scheduler_state import graph
+
+A, B = "tcp://a", "tcp://b"
+
+
+class Story:
+    def __init__(self, **kw: Any):
+        kw.setdefault("work_stealing", False)
+        self.s = SchedulerState(**kw)
+        self.n = 0
+
+    def states(self) -> dict:
+        return {k: ts.state for k, ts in self.s.tasks.items()}
+
+    def step(self, event: Any) -> list:
+        self.n += 1
+        event.stimulus_id = sid = f"{type(event).__name__}-{self.n}"
+        before, seen = self.states(), self.s.transition_count
+        out = self.s.handle(event)
+        self.s.validate()
+        after = self.states()
+        entries = self.s.new_transitions(seen)
+        assert all(e[3] == sid for e in entries), entries
+        for key in set(before) | set(after):
+            old, new = before.get(key, "released"), after.get(key, "forgotten")
+            chain = [(s, f) for k, s, f, _, _ in entries if k == key]
+            if old == new and not chain:
+                continue
+            assert chain, (key, old, new, entries)
+            assert chain[0][0] == old and chain[-1][1] == new, (key, old, new, chain)
+            assert all(a[1] == b[0] for a, b in zip(chain, chain[1:])), (key, chain)
+        return out
+
+    def finish(self, worker: str, key: str) -> None:
+        self.step(ev.TaskStarted(worker, key))
+        self.step(ev.TaskFinished(worker, key, nbytes=8, typename="int"))
+
+
+def test_erred_tasks_and_their_dependents_are_logged():
+    st = Story()
+    st.step(ev.AddWorker(A, 1))
+    st.step(ev.AddClient("c"))
+    st.step(ev.UpdateGraph("c", graph(x=[], y=["x"], z=["y"]), ["z"]))
+    st.finish(A, "x")
+    st.step(ev.TaskErred(A, "y", exception="boom", exception_text="boom"))
+    assert st.s.tasks["y"].state == st.s.tasks["z"].state == "erred"
+    st.step(ev.RetryKeys("c", ["z"]))
+    st.step(ev.ClientReleasesKeys("c", ["z"]))
+    assert not st.s.tasks
+
+
+def test_a_removed_worker_s_tasks_are_logged():
+    st = Story(allowed_failures=1)
+    for w in (A, B):
+        st.step(ev.AddWorker(w, 1))
+    st.step(ev.AddClient("c"))
+    st.step(ev.UpdateGraph("c", graph(x=[], y=[], z=["x", "y"]), ["x", "z"]))
+    on = {ts.key: ts.processing_on.address for ts in st.s.tasks.values()
+          if ts.state == "processing"}
+    st.finish(on["x"], "x")
+    st.step(ev.TaskStarted(on["y"], "y"))
+    # y was running there (erred: allowed_failures=1); x's only copy is lost (recomputed)
+    st.step(ev.RemoveWorker(on["y"], "killed"))
+    assert st.s.tasks["y"].state == "erred"
+    log = list(st.s.transition_log)
+    assert ("y", "processing", "released") in [e[:3] for e in log]
+    assert ("y", "released", "erred") in [e[:3] for e in log]
+
+
+def test_retirement_and_stealing_are_logged():
+    st = Story()
+    for w in (A, B):
+        st.step(ev.AddWorker(w, 1))
+    st.step(ev.AddClient("c"))
+    st.step(ev.UpdateGraph("c", graph(**{f"t{i}": [] for i in range(4)}), [f"t{i}"
+                                                                          for i in range(4)]))
+    st.step(ev.RetireWorkers("r", "c", [A]))
+    for ts in list(st.s.tasks.values()):
+        if ts.state == "processing":
+            st.finish(ts.processing_on.address, ts.key)
+
+
+def test_the_table_refuses_a_transition_it_does_not_list():
+    s = SchedulerState()
+    s.handle(ev.AddClient("c"))
+    s.handle(ev.UpdateGraph("c", graph(x=[]), ["x"]))
+    with pytest.raises(InvalidTransition, match="no-worker -> forgotten"):
+        s.transition(s.tasks["x"], "forgotten")
