@@ -34,7 +34,7 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 #: ops a client sends, served by :class:`ClusterControl`
 CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
-              "register-plugin", "unregister-plugin", "replicate", "restart")
+              "register-plugin", "unregister-plugin", "replicate", "rebalance", "restart")
 #: ops a worker sends back
 WORKER_OPS = ("run-reply",)
 
@@ -151,6 +151,13 @@ class ClusterControl:
             self._fan_out(source, rid, list(state.workers), {"op": "plugins-reset"})
         elif op == "replicate":
             self._replicate(source, rid, msg)
+        elif op == "rebalance":
+            # a state-machine event: it answers once every moved key's sender dropped its copy
+            keys = msg.get("keys")
+            keys = None if keys is None else self._list(op, keys, "keys")
+            workers = None if msg.get("workers") is None else self._workers(msg)
+            self.scheduler.handle_event(ev.RebalanceKeys(rid, source, keys, workers,
+                                                         time.time()), op)
         elif op == "register-plugin":
             self._register_plugin(source, rid, msg)
         elif op == "unregister-plugin":
@@ -305,6 +312,21 @@ class ClusterControl:
             return
         del self._pending[sub]
         self._reply(fan["client"], fan["request_id"], status="OK", results=fan["results"])
+
+    def transitions(self, entries: list[tuple]) -> None:
+        """Call the scheduler plugins' ``transition(key, start, finish, stimulus_id=)`` for
+        each logged transition (on the loop thread); a plugin's error is logged, not fatal,
+        as in distributed (https://distributed.dask.org/en/stable/plugins.html)."""
+        for name, plugin in list(self.scheduler_plugins.items()):
+            if getattr(plugin, "transition", None) is None:
+                continue
+            for key, start, finish, stimulus_id, _ in entries:
+                try:
+                    call_hook(plugin, "transition", key, start, finish,
+                              stimulus_id=stimulus_id)
+                except Exception:  # noqa: BLE001 - a plugin's error is logged, not fatal
+                    logger.exception("scheduler plugin %s failed in transition(%r, %s, %s)",
+                                     name, key, start, finish)
 
     def _on_worker(self, what: str, address: str, info: dict | None) -> None:
         for name, plugin in list(self.scheduler_plugins.items()):

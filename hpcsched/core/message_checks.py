@@ -207,6 +207,8 @@ CLIENT_MESSAGES: dict[str, dict[str, tuple[Check, bool]]] = {
     "replicate": {"request_id": (string, REQUIRED), "keys": (keys, REQUIRED),
                   "n": (optional(positive), OPTIONAL),
                   "workers": (optional(list_of(anything)), OPTIONAL)},
+    "rebalance": {"request_id": (string, REQUIRED), "keys": (optional(keys), OPTIONAL),
+                  "workers": (optional(list_of(anything)), OPTIONAL)},
     "restart": {"request_id": (string, REQUIRED)},
     "register-plugin": {"request_id": (string, REQUIRED), "kind": (string, REQUIRED),
                         "name": (string, REQUIRED), "plugin": (blob, REQUIRED),

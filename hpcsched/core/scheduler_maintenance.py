@@ -345,3 +345,20 @@ class Maintenance:
 def _needed_on(ts: TaskState, ws: WorkerInfo) -> bool:
     """A task of ``ws`` still to run needs ``ts`` there: its copy must stay."""
     return any(d.processing_on is ws for d in ts.dependents)
+
+
+def resolve_workers(s: SchedulerState, addresses: list | None, names: list | None,
+                    n: int | None = None) -> list[str]:
+    """The workers to retire: by address, by name, and ``n`` more (idle ones with the
+    least data first)."""
+    out: list[str] = []
+    if addresses:
+        out += [a for a in addresses if a in s.workers]
+    if names:
+        wanted = set(map(str, names))
+        out += [ws.address for ws in s.workers.values() if str(ws.name) in wanted]
+    if n:
+        cands = sorted((ws for ws in s.workers.values() if ws.address not in out),
+                       key=lambda ws: (len(ws.processing), ws.nbytes))
+        out += [ws.address for ws in cands[:n]]
+    return out

@@ -46,7 +46,7 @@ class Story:
                 continue
             assert chain, (key, old, new, entries)
             assert chain[0][0] == old and chain[-1][1] == new, (key, old, new, chain)
-            assert all(a[1] == b[0] for a, b in zip(chain, chain[1:])), (key, chain)
+            assert all(a[1] == b[0] for a, b in zip(chain, chain[1:], strict=False)), (key, chain)
         return out
 
     def finish(self, worker: str, key: str) -> None:
