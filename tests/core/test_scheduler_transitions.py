@@ -104,3 +104,76 @@ def test_the_table_refuses_a_transition_it_does_not_list():
     s.handle(ev.UpdateGraph("c", graph(x=[]), ["x"]))
     with pytest.raises(InvalidTransition, match="no-worker -> forgotten"):
         s.transition(s.tasks["x"], "forgotten")
+
+
+# ---------------------------------------------------------------- rebalance
+def _held(st: Story, worker: str, keys: dict[str, int]) -> None:
+    """``keys`` computed on ``worker`` (key -> nbytes)."""
+    st.step(ev.UpdateGraph("c", graph(**{k: [] for k in keys}), list(keys), workers=[worker]))
+    for k, nbytes in keys.items():
+        st.step(ev.TaskStarted(worker, k))
+        st.step(ev.TaskFinished(worker, k, nbytes=nbytes))
+
+
+def test_rebalance_moves_keys_to_the_emptier_worker_and_drops_the_old_copy_last():
+    st = Story()
+    for w in (A, B):
+        st.step(ev.AddWorker(w, 1))
+    st.step(ev.AddClient("c"))
+    _held(st, A, {"x": 100, "y": 100, "z": 100, "w": 100})
+    out = st.step(ev.RebalanceKeys("r1", "c"))
+    [order] = [m for m in out if m.match(op="acquire-replicas")]
+    assert order.to == B and all(v == [A] for v in order.msg["who_has"].values())
+    moved = sorted(order.msg["who_has"])
+    assert len(moved) == 2  # 400 bytes on A, none on B: two keys even them out
+    assert not [m for m in out if m.match(op="control-reply")], "not done before the copies"
+    # the first copy arrives: A drops that key only
+    out = st.step(ev.AddKeys(B, {moved[0]: 100}))
+    assert [m.msg["keys"] for m in out if m.match(op="free-keys", to=A)] == [[moved[0]]]
+    assert st.s.who_has([moved[0]]) == {moved[0]: [B]}
+    assert not [m for m in out if m.match(op="control-reply")]
+    out = st.step(ev.AddKeys(B, {moved[1]: 100}))
+    assert [m.msg for m in out if m.match(op="control-reply")] == [
+        {"op": "control-reply", "request_id": "r1", "status": "OK", "result": None}]
+    assert st.s.workers[A].nbytes == st.s.workers[B].nbytes == 200
+
+
+def test_rebalance_never_loses_a_key_whose_recipient_leaves():
+    st = Story()
+    for w in (A, B):
+        st.step(ev.AddWorker(w, 1))
+    st.step(ev.AddClient("c"))
+    _held(st, A, {"x": 100, "y": 100})
+    out = st.step(ev.RebalanceKeys("r1", "c", keys=["x", "y"]))
+    assert [m.to for m in out if m.match(op="acquire-replicas")] == [B]
+    out = st.step(ev.RemoveWorker(B, "gone"))
+    assert [m.msg["request_id"] for m in out if m.match(op="control-reply")] == ["r1"]
+    assert not [m for m in out if m.match(op="free-keys")]
+    assert st.s.who_has(["x", "y"]) == {"x": [A], "y": [A]}
+
+
+def test_rebalance_with_balanced_workers_or_one_worker_answers_at_once():
+    st = Story()
+    st.step(ev.AddWorker(A, 1))
+    st.step(ev.AddClient("c"))
+    _held(st, A, {"x": 100})
+    out = st.step(ev.RebalanceKeys("r1", "c"))
+    assert [m.to for m in out] == ["c"] and out[0].match(op="control-reply", request_id="r1")
+    st.step(ev.AddWorker(B, 1))
+    _held(st, B, {"y": 100})
+    out = st.step(ev.RebalanceKeys("r2", "c"))
+    assert [m.to for m in out] == ["c"]
+
+
+def test_rebalance_keeps_a_copy_a_task_on_the_sender_still_needs():
+    st = Story()
+    for w in (A, B):
+        st.step(ev.AddWorker(w, 1))
+    st.step(ev.AddClient("c"))
+    _held(st, A, {"x": 100, "y": 100})
+    # t (on A) needs x: x stays on A; y may move
+    st.step(ev.UpdateGraph("c", graph(t=["x"]), ["t"], workers=[A]))
+    assert st.s.tasks["t"].processing_on.address == A
+    out = st.step(ev.RebalanceKeys("r1", "c"))
+    [order] = [m for m in out if m.match(op="acquire-replicas")]
+    assert list(order.msg["who_has"]) == ["y"]
