@@ -62,10 +62,10 @@ def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
     """``fn(*args, **kwargs)``, adding ``name=value`` if ``fn`` takes that argument (distributed
     passes ``dask_worker`` / ``dask_scheduler`` so)."""
     try:
-        params = inspect.signature(fn).parameters
+        takes = name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        params = {}
-    if name in params:
+        takes = False
+    if takes:
         kwargs = {**kwargs, name: value}
     return fn(*args, **kwargs)
 
@@ -295,7 +295,7 @@ class ClusterControl:
     def _worker_replied(self, worker: str, msg: dict) -> None:
         sub = msg.get("request_id")
         fan = self._pending.get(sub) if isinstance(sub, str) else None
-        if fan is None or worker not in fan["waiting"]:
+        if fan is None or not isinstance(sub, str) or worker not in fan["waiting"]:
             return
         fan["waiting"].discard(worker)
         status = msg.get("status")

@@ -58,7 +58,7 @@ class AddWorker:
     address: str
     nthreads: int
     memory_limit: int = 0
-    name: str = ""
+    name: str | int = ""  # dask-mpi names workers by their rank
     host: str = ""
     resources: dict = field(default_factory=dict)
     keys: dict = field(default_factory=dict)  # key -> nbytes already held

@@ -101,7 +101,7 @@ class Scheduler:
         self.address = ""
         self.inproc_address = ""
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
-        self._listener = None
+        self._listener: Any = None
         self._extra_listeners: list = []
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
@@ -343,7 +343,7 @@ class Scheduler:
 
     def _queue(self, to: str, msg: dict) -> None:
         if to == INTERNAL:
-            fut = self._internal.pop(msg.get("request_id"), None)
+            fut = self._internal.pop(str(msg.get("request_id")), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
             return

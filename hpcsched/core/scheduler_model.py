@@ -151,7 +151,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running")
 
-    def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str = "",
+    def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
         self.address = address
         self.name = name or address
