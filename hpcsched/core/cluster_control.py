@@ -147,7 +147,7 @@ class ClusterControl:
             # every task is cancelled (its clients hear so, workers drop its data), then each
             # worker tears its plugins down and sets them up again
             event = ev.CancelKeys(source, list(state.tasks), time.time())
-            self.scheduler.handle_event(event)
+            self.scheduler.handle_event(event, "restart")
             self._fan_out(source, rid, list(state.workers), {"op": "plugins-reset"})
         elif op == "replicate":
             self._replicate(source, rid, msg)
@@ -239,6 +239,8 @@ class ClusterControl:
                 call_hook(old, "close")
             call_hook(plugin, "start", self.scheduler)
             self.scheduler_plugins[name] = plugin
+            if self.scheduler.state.transition_listener is None:
+                self.scheduler.state.transition_listener = []  # for its transition hook
             reply = {"status": "OK", "result": dumps_object(None)}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             reply = error_reply(e)

@@ -111,7 +111,6 @@ class Scheduler:
         self._release_held = False
         self.gathers = Gathers(self)
         self._stimuli = itertools.count()
-        self._transitions_seen = 0  # of the state's transition_count: told to plugins
         self._internal: dict[str, Future] = {}
         self._worker_callbacks: list = []
         self._ids = itertools.count()
@@ -333,11 +332,10 @@ class Scheduler:
 
     def _route(self, commands: list) -> None:
         """Queue the state's commands; tell scheduler plugins of the new transitions."""
-        count = self.state.transition_count
-        if count != self._transitions_seen:
-            if self.control.scheduler_plugins:
-                self.control.transitions(self.state.new_transitions(self._transitions_seen))
-            self._transitions_seen = count
+        entries = self.state.transition_listener
+        if entries:
+            self.state.transition_listener = [] if self.control.scheduler_plugins else None
+            self.control.transitions(entries)
         for cmd in commands:
             self._queue(cmd.to, cmd.msg)
 

@@ -86,7 +86,7 @@ class SchedulerState:
         work_stealing: bool = True,
         worker_ttl: float | None = None,
         retire_timeout: float = 120.0,
-        transition_log_length: int = 100_000,
+        transition_log_length: int = 1000,
         seed: int = 0,
     ):
         if rootish_policy not in ("queue", "co-assign", "mars"):
@@ -123,10 +123,13 @@ class SchedulerState:
         self.scatters: dict[str, Scatter] = {}  # by scatter id
         self.mars_assignment: dict[Key, str] = {}
         self.steal_targets: dict[Key, WorkerInfo] = {}
-        # the newest transitions (bounded, as distributed's ``transition_log``); the count
-        # lets a reader (the server's plugin hooks) find the entries it has not seen yet
+        # the newest transitions, bounded as distributed's (its ``low-level-log-length``
+        # defaults to 1000): a long log keeps objects alive that every full garbage
+        # collection then scans
         self.transition_log: deque[Transition] = deque(maxlen=transition_log_length)
-        self.transition_count = 0
+        # every transition also goes here while a list is set (the server sets one while
+        # scheduler plugins want ``transition`` calls, and empties it after each event)
+        self.transition_listener: list[Transition] | None = None
         self.stimulus_id = ""  # of the event being handled
         self.now = 0.0  # of the event being handled
         self.deferred_ready: list[TaskState] | None = None  # see ClientRequests.update_graph
@@ -218,12 +221,6 @@ class SchedulerState:
                                       if ws.status == "running"]
         return r
 
-    def new_transitions(self, seen: int) -> list[Transition]:
-        """The log entries after the first ``seen`` ever made (those still kept)."""
-        n = min(self.transition_count - seen, len(self.transition_log))
-        return list(itertools.islice(self.transition_log, len(self.transition_log) - n, None)) \
-            if n > 0 else []
-
     # ================================================================ transitions
     def transition(self, ts: TaskState, finish: str, stimulus_id: str | None = None,
                    notify: bool = False) -> None:
@@ -242,10 +239,10 @@ class SchedulerState:
             else:
                 self.unrunnable.pop(ts, None)
         ts.state = finish
-        self.transition_log.append((ts.key, start, finish,
-                                    self.stimulus_id if stimulus_id is None else stimulus_id,
-                                    self.now))
-        self.transition_count += 1
+        entry = (ts.key, start, finish, stimulus_id or self.stimulus_id, self.now)
+        self.transition_log.append(entry)
+        if self.transition_listener is not None:
+            self.transition_listener.append(entry)
 
     def transitions(self, recs: list[Rec]) -> None:
         """Run recommendations, LIFO: (task, "waiting" | "waiting-ready" | "released" |
