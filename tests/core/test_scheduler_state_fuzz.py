@@ -66,10 +66,11 @@ bad_graphs = st.sampled_from([
 class SchedulerStory(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s = SchedulerState(work_stealing=False)
+        self.s = SchedulerState(work_stealing=True)
         self.now = 0.0
         self.asked: list[tuple[str, Any]] = []  # (worker, key) the scheduler sent to compute
         self.copies: list[tuple[str, Any]] = []  # (worker, key) it asked to fetch a copy of
+        self.steals: list[tuple[str, Any]] = []  # (victim, key) it asked to give a task up
         self.n = 0
 
     def handle(self, event: Any) -> None:
@@ -86,6 +87,8 @@ class SchedulerStory(RuleBasedStateMachine):
         for cmd in out:
             if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "compute-task":
                 self.asked.append((cmd.to, cmd.msg["key"]))
+            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "steal-request":
+                self.steals.append((cmd.to, cmd.msg["key"]))
             if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "acquire-replicas":
                 self.copies += [(cmd.to, k) for k in cmd.msg["who_has"]]
 
@@ -137,6 +140,26 @@ class SchedulerStory(RuleBasedStateMachine):
             self.handle(ev.TaskFinished(worker, key, nbytes=8, now=self.tick()))
         else:
             self.handle(ev.TaskErred(worker, key, exception="x", now=self.tick()))
+
+    @precondition(lambda self: self.asked)
+    @rule(i=st.integers(0, 10_000))
+    def secede_asked(self, i: int) -> None:
+        worker, key = self.asked[i % len(self.asked)]
+        self.handle(ev.LongRunning(worker, key, now=self.tick()))
+
+    @precondition(lambda self: self.steals)
+    @rule(i=st.integers(0, 10_000), state=st.sampled_from(["released", "executing", "memory"]))
+    def steal_answered(self, i: int, state: str) -> None:
+        victim, key = self.steals.pop(i % len(self.steals))
+        self.handle(ev.StealResponse(victim, key, state, now=self.tick()))
+
+    @rule(worker=workers, key=keys)
+    def result_erred(self, worker: str, key: str) -> None:
+        self.handle(ev.ResultErred(worker, key, "exc", "", "exc", now=self.tick()))
+
+    @rule(worker=workers, status=st.sampled_from(["paused", "running"]))
+    def pause(self, worker: str, status: str) -> None:
+        self.handle(ev.WorkerStatusChange(worker, status, now=self.tick()))
 
     @rule(worker=workers, key=keys)
     def missing_data(self, worker: str, key: str) -> None:
@@ -216,6 +239,6 @@ class SchedulerStory(RuleBasedStateMachine):
 
 
 SchedulerStory.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, database=None,
+    max_examples=150, stateful_step_count=60, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerStory.TestCase)
