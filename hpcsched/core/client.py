@@ -840,6 +840,11 @@ class Client:
         them); ``branching_factor`` is accepted and unused (workers fetch from holders)."""
         client_control.replicate(self, futures, n=n, workers=workers)
 
+    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
+        """Move data from workers holding more than the mean to those holding less, as
+        distributed does; no copy is dropped before its new holder has it."""
+        client_control.rebalance(self, futures, workers)
+
     def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
         """Reset the cluster: every future of every client is cancelled and the workers drop
         its data; each worker plugin is torn down and set up again.
