@@ -77,6 +77,10 @@ DEFAULTS: dict[str, Any] = {
     "worker.memory.monitor-interval": 0.1,  # seconds between samples of process memory
     # where results spill: the node's local disk (None: $TMPDIR, else the system's temp dir)
     "worker.local-directory": None,
+    # CPython's cyclic garbage collector in processes that run a scheduler or a worker:
+    # the young generation's threshold (allocations between collections; CPython's own
+    # is 700) is raised to at least this. None leaves the collector as it is.
+    "admin.gc-threshold": 20_000,
     # clients
     "client.heartbeat-interval": 5.0,  # seconds of silence from the scheduler before a ping
     "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost

@@ -28,6 +28,7 @@ from typing import Any
 
 from hpcsched.core.comm.base import Comm
 from hpcsched.core.comm.base import Inbox as CommInbox
+from hpcsched.core.graph import raise_gc_threshold
 
 logger = logging.getLogger("hpcsched.loop")
 
@@ -89,6 +90,7 @@ class Loop:
         self._owner: int | None = None  # ... and this is its thread id
 
     def start(self) -> None:
+        raise_gc_threshold()  # a server runs in this process: see its docstring
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 

@@ -1,0 +1,53 @@
+"""A process running a scheduler or worker loop raises CPython's young-generation GC
+threshold (config ``admin.gc-threshold``), never lowers it, and leaves it alone when the
+setting is None. Each case runs in a fresh interpreter: the threshold is process-wide."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+START_A_LOOP = """
+import gc, sys
+gc.set_threshold(int(sys.argv[1]), 10, 10)
+from hpcsched.core.loop import Loop
+loop = Loop("gc-test", lambda work: None, lambda: None)
+loop.start()
+print(gc.get_threshold()[0])
+loop.stop()
+"""
+
+
+def threshold_after_start(initial: int, **env: str) -> int:
+    out = subprocess.run([sys.executable, "-c", START_A_LOOP, str(initial)],
+                         env={**os.environ, **env}, capture_output=True, text=True,
+                         timeout=50, check=True)
+    return int(out.stdout.strip())
+
+
+def test_a_loop_raises_the_young_generation_threshold():
+    assert threshold_after_start(700) == 20_000
+
+
+def test_a_higher_threshold_is_kept():
+    assert threshold_after_start(50_000) == 50_000
+
+
+def test_the_setting_chooses_the_threshold():
+    assert threshold_after_start(700, HPCSCHED_ADMIN__GC_THRESHOLD="5000") == 5000
+
+
+@pytest.mark.parametrize("off", ["null", "None"])
+def test_none_leaves_the_collector_alone(off):
+    assert threshold_after_start(700, HPCSCHED_ADMIN__GC_THRESHOLD=off) == 700
+
+
+def test_a_wrong_setting_is_named():
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        threshold_after_start(700, HPCSCHED_ADMIN__GC_THRESHOLD="lots")
+    assert "admin.gc-threshold" in e.value.stderr and "'lots'" in e.value.stderr
