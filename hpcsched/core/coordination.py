@@ -82,7 +82,7 @@ def loads_value(client: Any, reply: dict) -> Any:
     if not keys:
         return loads_object(reply["blob"])
     value = _Unpickler(io.BytesIO(reply["blob"]), client).load()
-    client._send({"op": "client-desires-keys", "keys": list(keys)})
+    client.scheduler_comm.send({"op": "client-desires-keys", "keys": list(keys)})
     return value
 
 
@@ -99,16 +99,14 @@ def request(client: Any, kind: str, action: str, name: str, *, wait: bool = Fals
             **fields: Any) -> dict:
     """One request to the scheduler's primitives; ``wait``: it may block, so a task gives its
     thread slot back meanwhile. Raises the error the scheduler answered."""
-    rid = client._new_id(kind)
-    msg = {"op": "primitive", "request_id": rid, "kind": kind, "action": action,
-           "name": name, **fields}
     # a task that seceded itself (worker_client) stays so: it rejoins when it chooses
     seceded = wait and fields.get("timeout") != 0 and worker_client.in_task() \
         and not worker_client.seceded()
     if seceded:
         worker_client.secede()
     try:
-        reply = client._request(msg, rid, None)
+        reply = client.request("primitive", None, kind=kind, action=action, name=name,
+                               **fields)
     finally:
         if seceded:
             worker_client.rejoin()

@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hpcsched.core.serialize import deserialize
+
 if TYPE_CHECKING:
     from hpcsched.core.client import Client
 
@@ -120,6 +122,125 @@ class FutureState:
             return True
 
 
+def exception_of(st: FutureState) -> BaseException:
+    """The exception of an erred future, rebuilt here, with the remote traceback as its
+    cause (a class that does not exist in this process becomes a ``RuntimeError``)."""
+    exc = st.exception
+    try:
+        exc = deserialize(exc)
+    except Exception as e:  # e.g. the exception's class does not exist here
+        exc = RuntimeError(f"{st.exception_text} (could not rebuild the exception: {e})")
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(st.exception_text or repr(exc))
+    if st.traceback and exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{st.traceback}"""')
+    return exc
+
+
+class FutureTable:
+    """The futures one client holds: each key's :class:`FutureState`, how many
+    :class:`Future` objects refer to it, the condition waiters sleep on, and the thread
+    that runs done callbacks.
+
+    When the last Future of a key is released, ``post`` gets the
+    ``client-releases-keys`` message (the client's outgoing queue, so that
+    ``Future.__del__`` never blocks on a socket). Done callbacks run on their own
+    thread: one that calls ``result()`` (which needs the client's reader thread) must
+    not block the reader.
+    """
+
+    def __init__(self, post: Callable[[dict], Any]):
+        self.states: dict[Any, FutureState] = {}
+        self.changed = threading.Condition()  # some future's state changed
+        self.closed = False
+        self._counts: dict[Any, int] = {}
+        self._lock = threading.Lock()
+        self._post = post
+        self._callback_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, key: Any, state: FutureState | None = None) -> FutureState:
+        """Count one more Future of ``key``; its state (``state`` if given, else the key's,
+        made on first use)."""
+        with self._lock:
+            if state is None:
+                state = self.states.get(key)
+                if state is None:
+                    state = self.states[key] = FutureState()
+            self._counts[key] = self._counts.get(key, 0) + 1
+        return state
+
+    def release(self, key: Any) -> None:
+        """One Future of ``key`` fewer; the last one tells the scheduler."""
+        with self._lock:
+            n = self._counts.get(key, 0) - 1
+            if n > 0:
+                self._counts[key] = n
+                return
+            self._counts.pop(key, None)
+            self.states.pop(key, None)
+        if not self.closed:
+            self._post({"op": "client-releases-keys", "keys": [key]})
+
+    def known(self, key: Any) -> bool:
+        """Whether a live future of ``key`` is held (so submitting it again is the same
+        task); a cancelled one is made pending, to be submitted anew."""
+        st = self.states.get(key)
+        if st is None:
+            return False
+        if st.status == "cancelled":
+            st.lose("pending")
+            return False
+        return True
+
+    def notify(self) -> None:
+        """Wake whoever waits in :meth:`wait`: states changed."""
+        with self.changed:
+            self.changed.notify_all()
+
+    def wait(self, states: list[FutureState], deadline: float | None,
+             timeout: float | None) -> None:
+        """Block until every state is done: one condition for the whole client (notified
+        per batch of scheduler messages), not an event per future."""
+        for st in states:
+            if st.done():
+                continue
+            with self.changed:
+                while not st.done():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        raise TimeoutError(f"futures not done within {timeout}s")
+                    self.changed.wait(left if left is not None else 1.0)
+
+    def run_callbacks(self, cbs: list) -> None:
+        """Queue the done callbacks a state change returned (see ``FutureState.finish``)."""
+        if cbs:
+            self._callback_q.put(cbs)
+
+    def start(self, name: str) -> None:
+        self._thread = threading.Thread(target=_callback_loop, args=(self._callback_q,),
+                                        name=f"{name}-callbacks", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """No more release messages; the callback thread ends after what is queued."""
+        self.closed = True
+        self._callback_q.put(None)
+
+
+def _callback_loop(q: queue.SimpleQueue) -> None:
+    while True:
+        cbs = q.get()
+        if cbs is None:
+            return
+        fut = _strong = None
+        for ref, fn, _strong in cbs:
+            fut = ref()
+            if fut is not None:
+                run_callback(fn, fut)
+        del cbs, fut, _strong  # or the last future stays alive while we wait
+
+
 class Future(_FutureBase):  # type: ignore[misc,valid-type]
     """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
 
@@ -129,34 +250,41 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
     def __init__(self, key: Any, client: Client, state: FutureState | None = None):
         self.key = key
         self.client = client
-        self._state = state or client._state_for(key)
+        self._state = client.future_table.acquire(key, state)
         self._released = False
-        client._inc_ref(key)
 
     @property
     def status(self) -> str:
+        """``pending``, ``finished``, ``error``, ``cancelled`` or ``lost`` (recomputing)."""
         return self._state.status
 
     def done(self) -> bool:
+        """Whether the task finished, erred or was cancelled (without waiting)."""
         return self._state.done()
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.client._gather_one(self, timeout)
+        """Wait for the result and return it; raise the task's exception if it erred,
+        :class:`CancelledError` if it was cancelled, ``TimeoutError`` after ``timeout``."""
+        return self.client.gather([self], timeout=timeout)[0]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception of an erred task (None if it succeeded); waits until done."""
         if not self._state.wait(timeout):
             raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
         if self._state.status != "error":
             return None
-        return self.client._exception_of(self._state)
+        return exception_of(self._state)
 
     def traceback(self) -> str:
+        """The remote traceback of an erred task, as text ("" otherwise)."""
         return self._state.traceback
 
     def cancel(self) -> None:
+        """Cancel the task (see :meth:`Client.cancel`)."""
         self.client.cancel([self])
 
     def cancelled(self) -> bool:
+        """Whether the future was cancelled."""
         return self._state.status == "cancelled"
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
@@ -168,7 +296,7 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
         """Drop this future's claim on its result now, rather than when it is collected."""
         if not self._released:
             self._released = True
-            self.client._dec_ref(self.key)
+            self.client.future_table.release(self.key)
 
     def retry(self) -> None:
         """Run an erred task (and its erred dependencies) again."""
@@ -370,7 +498,8 @@ def fire_and_forget(obj: Any) -> None:
     for f in flat:
         by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
     for client, keys in by_client.values():
-        client._send({"op": "client-desires-keys", "keys": keys, "fire_and_forget": True})
+        client.scheduler_comm.send({"op": "client-desires-keys", "keys": keys,
+                                    "fire_and_forget": True})
 
 
 def futures_of(obj: Any) -> list[Future]:

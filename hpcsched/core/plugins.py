@@ -26,7 +26,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from hpcsched.core.client_control import outcome, request
+from hpcsched.core.client_control import outcome
 from hpcsched.core.serialize import dumps_object
 
 
@@ -84,13 +84,13 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
     if idempotent is None:
         idempotent = bool(getattr(plugin, "idempotent", False))
-    reply = request(client, "register-plugin", 120.0, kind=kind, name=str(name),
-                    plugin=dumps_object(plugin), idempotent=bool(idempotent))
+    reply = client.request("register-plugin", 120.0, kind=kind, name=str(name),
+                           plugin=dumps_object(plugin), idempotent=bool(idempotent))
     return _results(reply, kind)
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
-    return _results(request(client, "unregister-plugin", 120.0, name=str(name)), "worker")
+    return _results(client.request("unregister-plugin", 120.0, name=str(name)), "worker")
 
 
 def _results(reply: dict, kind: str) -> Any:
