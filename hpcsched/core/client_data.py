@@ -64,10 +64,10 @@ def gather(client: Client, futures: Any, errors: str = "raise",
                 values[k] = v
                 pending.pop(k, None)
         for k in reply.get("missing") or ():
-            f = pending.get(k)
-            if f is not None and f._state.status == "finished":
+            lost = pending.get(k)
+            if lost is not None and lost._state.status == "finished":
                 # the scheduler lost it after telling us: wait for the recomputation
-                f._state.lose()
+                lost._state.lose()
                 conn.send({"op": "client-desires-keys", "keys": [k]})
         if pending and deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import io
 import pickle
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -39,6 +39,9 @@ from hpcsched.core import worker_client
 from hpcsched.core.futures import Future
 from hpcsched.core.serialize import SerializationError, loads_object
 from hpcsched.core.units import parse_interval
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
 
 
 # ------------------------------------------------------------------ values with futures
@@ -55,7 +58,7 @@ class _Pickler(cloudpickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: Any, client: Any) -> None:
+    def __init__(self, file: Any, client: Client) -> None:
         super().__init__(file)
         self.client = client
 
@@ -76,7 +79,7 @@ def dumps_value(value: Any) -> dict:
     return {"blob": buf.getvalue(), "keys": list(dict.fromkeys(p.keys))}
 
 
-def loads_value(client: Any, reply: dict) -> Any:
+def loads_value(client: Client, reply: dict) -> Any:
     """The value of a reply, its futures bound to ``client`` (which asks for their state)."""
     keys = reply.get("keys") or []
     if not keys:
@@ -95,7 +98,7 @@ def parse_timeout(timeout: Any) -> float | None:
     return parse_interval(timeout, "timeout")
 
 
-def request(client: Any, kind: str, action: str, name: str, *, wait: bool = False,
+def request(client: Client, kind: str, action: str, name: str, *, wait: bool = False,
             **fields: Any) -> dict:
     """One request to the scheduler's primitives; ``wait``: it may block, so a task gives its
     thread slot back meanwhile. Raises the error the scheduler answered."""
@@ -122,12 +125,12 @@ class Primitive:
 
     kind = ""
 
-    def __init__(self, name: str | None = None, client: Any = None):
+    def __init__(self, name: str | None = None, client: Client | None = None):
         self.name = name or uuid.uuid4().hex
         self._client = client
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
         if self._client is None:
             self._client = worker_client.get_client()
         return self._client
@@ -159,7 +162,7 @@ class Semaphore(Primitive):
     kind = "semaphore"
 
     def __init__(self, max_leases: int = 1, name: str | None = None,
-                 scheduler_rpc: Any = None, loop: Any = None, client: Any = None):
+                 scheduler_rpc: Any = None, loop: Any = None, client: Client | None = None):
         if not isinstance(max_leases, int) or isinstance(max_leases, bool) or max_leases < 1:
             raise ValueError(f"max_leases must be a positive integer, got {max_leases!r}")
         super().__init__(name, client)
@@ -205,7 +208,7 @@ class Lock(Semaphore):
 
     kind = "lock"
 
-    def __init__(self, name: str | None = None, client: Any = None,
+    def __init__(self, name: str | None = None, client: Client | None = None,
                  scheduler_rpc: Any = None, loop: Any = None):
         super().__init__(1, name, client=client)
 
@@ -271,7 +274,7 @@ class Queue(Primitive):
 
     kind = "queue"
 
-    def __init__(self, name: str | None = None, client: Any = None, maxsize: int = 0):
+    def __init__(self, name: str | None = None, client: Client | None = None, maxsize: int = 0):
         if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
             raise ValueError(f"maxsize must be an integer >= 0, got {maxsize!r}")
         super().__init__(name, client)
@@ -312,7 +315,7 @@ class MultiLock(Primitive):
 
     kind = "multilock"
 
-    def __init__(self, names: list[str] | None = None, client: Any = None):
+    def __init__(self, names: list[str] | None = None, client: Client | None = None):
         names = list(names or [])
         if not all(isinstance(n, str) for n in names):
             raise TypeError("MultiLock names must be strings")

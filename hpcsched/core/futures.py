@@ -39,12 +39,15 @@ class RemoteTraceback(Exception):
 
 _lock = threading.Lock()  # guards every future's lazily made event and callback list
 
-try:
-    # dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
-    # that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+# dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
+# that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+if TYPE_CHECKING:
     from dask._task_spec import TaskRef as _FutureBase
-except ImportError:  # dask is optional
-    _FutureBase = object
+else:
+    try:
+        from dask._task_spec import TaskRef as _FutureBase
+    except ImportError:  # dask is optional
+        _FutureBase = object
 
 
 class FutureState:
@@ -241,7 +244,7 @@ def _callback_loop(q: queue.SimpleQueue) -> None:
         del cbs, fut, _strong  # or the last future stays alive while we wait
 
 
-class Future(_FutureBase):  # type: ignore[misc,valid-type]
+class Future(_FutureBase):
     """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
 
     __slots__ = (() if _FutureBase is not object else ("key",)) + (
