@@ -157,8 +157,9 @@ class Client:
         return f"<Client {self.id} scheduler={self.scheduler_address} status={self.status}>"
 
     # ================================================================ messages
-    def request(self, op: str, timeout: float | None = None, **fields: Any) -> dict:
-        """Send the request ``{"op": op, **fields}`` to the scheduler and return its reply.
+    def request(self, msg: dict, timeout: float | None = None) -> dict:
+        """Send the request ``msg`` (``{"op": ..., **fields}``) to the scheduler and return
+        its reply, e.g. ``client.request({"op": "who-has", "keys": None})["result"]``.
 
         The way the client's extensions (cluster control, plugins, datasets, coordination
         primitives) talk to the scheduler: the request gets a fresh ``request_id`` that
@@ -166,8 +167,8 @@ class Client:
         (None: no limit); ``ConnectionError`` if the scheduler is lost meanwhile.
         """
         conn = self.scheduler_comm
-        rid = conn.new_id(op)
-        return conn.request({"op": op, "request_id": rid, **fields}, rid, timeout)
+        rid = conn.new_id(msg["op"])
+        return conn.request({**msg, "request_id": rid}, rid, timeout)
 
     def _handle(self, msgs: list) -> None:
         """Dispatch a batch of scheduler messages (on the reader thread): each through
@@ -391,7 +392,7 @@ class Client:
     def scheduler_info(self, timeout: float | None = 30.0) -> dict:
         """The scheduler's description of itself and its workers (``"workers"``:
         ``{address: info}``), as distributed's."""
-        return self.request("scheduler-info", timeout)["info"]
+        return self.request({"op": "scheduler-info"}, timeout)["info"]
 
     # ---------------------------------------------------------------- cluster control
     def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
@@ -504,8 +505,8 @@ class Client:
                        timeout: float | None = 120.0) -> list[str]:
         """Retire workers gracefully (their data moved to others first); the retired
         workers' addresses."""
-        reply = self.request("retire-workers", timeout, workers=workers, names=names, n=n,
-                             close=close)
+        reply = self.request({"op": "retire-workers", "workers": workers, "names": names,
+                              "n": n, "close": close}, timeout)
         return list(reply.get("retired", []))
 
     # ---------------------------------------------------------------- diagnostics

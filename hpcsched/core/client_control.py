@@ -45,8 +45,8 @@ def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: An
     """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    reply = client.request("run", timeout, workers=as_list(workers), wait=bool(wait),
-                    **_call_fields(function, args, kwargs))
+    reply = client.request({"op": "run", "workers": as_list(workers), "wait": bool(wait),
+                            **_call_fields(function, args, kwargs)}, timeout)
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
         ok, value = outcome(entry)
@@ -59,7 +59,8 @@ def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: An
 
 def run_on_scheduler(client: Client, function: Any, args: tuple, kwargs: dict,
                      timeout: float | None = None) -> Any:
-    reply = client.request("run-on-scheduler", timeout, **_call_fields(function, args, kwargs))
+    reply = client.request({"op": "run-on-scheduler", **_call_fields(function, args, kwargs)},
+                           timeout)
     ok, value = outcome(reply)
     if not ok:
         raise value
@@ -70,15 +71,15 @@ def who_has(client: Client, futures: Any = None, timeout: float | None = 30.0) -
     if futures is not None and not isinstance(futures, (list, tuple, set)):
         futures = [futures]
     keys = None if futures is None else [getattr(f, "key", f) for f in futures]
-    return client.request("who-has", timeout, keys=keys)["result"]
+    return client.request({"op": "who-has", "keys": keys}, timeout)["result"]
 
 
 def has_what(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return client.request("has-what", timeout, workers=as_list(workers))["result"]
+    return client.request({"op": "has-what", "workers": as_list(workers)}, timeout)["result"]
 
 
 def nthreads(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return client.request("nthreads", timeout, workers=as_list(workers))["result"]
+    return client.request({"op": "nthreads", "workers": as_list(workers)}, timeout)["result"]
 
 
 def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
@@ -87,8 +88,8 @@ def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
     path = os.fspath(filename)
     with open(path, "rb") as f:
         data = f.read()
-    reply = client.request("upload-file", timeout, filename=os.path.basename(path),
-                    data=data, load=bool(load))
+    reply = client.request({"op": "upload-file", "filename": os.path.basename(path),
+                            "data": data, "load": bool(load)}, timeout)
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
         ok, value = outcome(entry)
@@ -109,8 +110,8 @@ def replicate(client: Client, futures: Any, n: int | None = None, workers: Any =
     for f in futures:
         f.result(timeout)
     keys = [getattr(f, "key", f) for f in futures]
-    wanted = client.request("replicate", timeout, keys=keys, n=n,
-                     workers=as_list(workers))["result"]
+    wanted = client.request({"op": "replicate", "keys": keys, "n": n,
+                             "workers": as_list(workers)}, timeout)["result"]
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.02
     while True:
@@ -129,7 +130,7 @@ def restart(client: Client, timeout: float | None = 120.0, wait_for_workers: boo
     for st in list(client.futures.values()):
         if st.status != "cancelled":
             client.future_table.run_callbacks(st.cancel())
-    reply = client.request("restart", timeout)
+    reply = client.request({"op": "restart"}, timeout)
     for entry in reply.get("results", {}).values():
         ok, value = outcome(entry)
         if not ok:

@@ -108,8 +108,8 @@ def request(client: Client, kind: str, action: str, name: str, *, wait: bool = F
     if seceded:
         worker_client.secede()
     try:
-        reply = client.request("primitive", None, kind=kind, action=action, name=name,
-                               **fields)
+        reply = client.request({"op": "primitive", "kind": kind, "action": action,
+                                "name": name, **fields})
     finally:
         if seceded:
             worker_client.rejoin()

@@ -84,13 +84,14 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
     if idempotent is None:
         idempotent = bool(getattr(plugin, "idempotent", False))
-    reply = client.request("register-plugin", 120.0, kind=kind, name=str(name),
-                           plugin=dumps_object(plugin), idempotent=bool(idempotent))
+    reply = client.request({"op": "register-plugin", "kind": kind, "name": str(name),
+                            "plugin": dumps_object(plugin), "idempotent": bool(idempotent)},
+                           120.0)
     return _results(reply, kind)
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
-    return _results(client.request("unregister-plugin", 120.0, name=str(name)), "worker")
+    return _results(client.request({"op": "unregister-plugin", "name": str(name)}, 120.0), "worker")
 
 
 def _results(reply: dict, kind: str) -> Any:

@@ -40,7 +40,8 @@ def _client(client: Any) -> Any:
 
 def request(client: Any, what: str, timeout: float | None = 60.0, **kw: Any) -> dict:
     """Ask the scheduler's diagnostics extension; raises RuntimeError with its error."""
-    reply = client.request("extension", timeout, extension="diagnostics", what=what, **kw)
+    reply = client.request({"op": "extension", "extension": "diagnostics", "what": what, **kw},
+                           timeout)
     if reply.get("error"):
         raise RuntimeError(f"the scheduler's diagnostics could not answer {what!r}: "
                            f"{reply['error']}")

@@ -101,6 +101,6 @@ def test_a_message_the_client_cannot_handle_is_logged_with_its_op_and_dropped(c,
 
 
 def test_request_returns_the_schedulers_reply(c):
-    info = c.request("scheduler-info", timeout=30)["info"]
+    info = c.request({"op": "scheduler-info"}, timeout=30)["info"]
     assert set(info["workers"]) == set(c.scheduler_info()["workers"])
     assert len(info["workers"]) == 2
