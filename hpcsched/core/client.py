@@ -112,7 +112,8 @@ class Client:
                                  (default_scheduler_address, default_security))
         self.cluster, self._owns_cluster = where.cluster, where.owns_cluster
         self.scheduler_address: str = where.address
-        self.security = where.security or Security.from_environment()
+        self.security = where.security if where.security is not None else \
+            Security.from_environment()
         self._token = uuid.uuid4().hex[:16]  # keys: token + counter (os.urandom is slow here)
         self._keys = itertools.count()
         self._closed = False
@@ -193,7 +194,9 @@ class Client:
     def _on_key_in_memory(self, msg: dict) -> None:
         st = self.futures.get(msg["key"])
         if st is not None and st.status != "finished":
-            self.future_table.run_callbacks(st.finish(msg.get("type", "")))
+            cbs = st.finish(msg.get("type", ""))
+            if cbs:  # the common case has none: no call (one message per finished task)
+                self.future_table.run_callbacks(cbs)
 
     def _on_task_erred(self, msg: dict) -> None:
         st = self.futures.get(msg["key"])
