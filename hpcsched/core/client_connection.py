@@ -187,10 +187,12 @@ class SchedulerConnection:
                                         daemon=True)
 
     def start(self) -> None:
+        """Start the reader and the sender."""
         self._reader.start()
         self._sender.start()
 
     def start_watch(self) -> None:
+        """Start watching the scheduler (once the client is registered and running)."""
         if self._watch is not None:
             self._watch.start()
 

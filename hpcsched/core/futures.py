@@ -221,6 +221,7 @@ class FutureTable:
             self._callback_q.put(cbs)
 
     def start(self, name: str) -> None:
+        """Start the thread that runs done callbacks (named after the client)."""
         self._thread = threading.Thread(target=_callback_loop, args=(self._callback_q,),
                                         name=f"{name}-callbacks", daemon=True)
         self._thread.start()
