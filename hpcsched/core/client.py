@@ -364,8 +364,8 @@ class Client:
         flat: list[Future] = []
         collect_futures(futures, flat)
         for f in flat:
-            if f._state.status == "error":
-                f._state.lose()  # pending again until the scheduler reports
+            if f.state.status == "error":
+                f.state.lose()  # pending again until the scheduler reports
         self.scheduler_comm.send({"op": "retry-keys", "keys": [f.key for f in flat]})
 
     # ================================================================ data
@@ -386,8 +386,8 @@ class Client:
         collect_futures(futures, flat)
         keys = [f.key for f in flat]
         for f in flat:  # finished ones too: their data is dropped
-            if f._state.status != "cancelled":
-                self.future_table.run_callbacks(f._state.cancel())
+            if f.state.status != "cancelled":
+                self.future_table.run_callbacks(f.state.cancel())
         self.future_table.notify()
         self.scheduler_comm.send({"op": "cancel-keys", "keys": keys})
 

@@ -42,9 +42,9 @@ def gather(client: Client, futures: Any, errors: str = "raise",
     values: dict = {}
     pending = {f.key: f for f in flat}
     while pending:
-        client.future_table.wait([f._state for f in pending.values()], deadline, timeout)
+        client.future_table.wait([f.state for f in pending.values()], deadline, timeout)
         for f in list(pending.values()):
-            st = f._state
+            st = f.state
             if st.status == "error":
                 if errors == "raise":
                     raise exception_of(st)
@@ -65,9 +65,9 @@ def gather(client: Client, futures: Any, errors: str = "raise",
                 pending.pop(k, None)
         for k in reply.get("missing") or ():
             lost = pending.get(k)
-            if lost is not None and lost._state.status == "finished":
+            if lost is not None and lost.state.status == "finished":
                 # the scheduler lost it after telling us: wait for the recomputation
-                lost._state.lose()
+                lost.state.lose()
                 conn.send({"op": "client-desires-keys", "keys": [k]})
         if pending and deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
@@ -95,7 +95,7 @@ def scatter(client: Client, data: Any, workers: Any = None, broadcast: bool = Fa
         raise RuntimeError(f"scatter failed: {reply['error']}")
     for f in futures.values():
         if not f.done():
-            client.future_table.run_callbacks(f._state.finish())
+            client.future_table.run_callbacks(f.state.finish())
     if isinstance(data, dict):
         return futures
     if isinstance(data, (list, tuple, set)):

@@ -246,25 +246,30 @@ def _callback_loop(q: queue.SimpleQueue) -> None:
 
 
 class Future(_FutureBase):
-    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
+    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency.
+
+    ``key`` names the task, ``client`` holds it, ``state`` is the key's
+    :class:`FutureState` (shared by the client's futures of that key), which the
+    client's reader thread moves along.
+    """
 
     __slots__ = (() if _FutureBase is not object else ("key",)) + (
-        "client", "_state", "_released", "__weakref__")
+        "client", "state", "_released", "__weakref__")
 
     def __init__(self, key: Any, client: Client, state: FutureState | None = None):
         self.key = key
         self.client = client
-        self._state = client.future_table.acquire(key, state)
+        self.state = client.future_table.acquire(key, state)
         self._released = False
 
     @property
     def status(self) -> str:
         """``pending``, ``finished``, ``error``, ``cancelled`` or ``lost`` (recomputing)."""
-        return self._state.status
+        return self.state.status
 
     def done(self) -> bool:
         """Whether the task finished, erred or was cancelled (without waiting)."""
-        return self._state.done()
+        return self.state.done()
 
     def result(self, timeout: float | None = None) -> Any:
         """Wait for the result and return it; raise the task's exception if it erred,
@@ -273,15 +278,15 @@ class Future(_FutureBase):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The exception of an erred task (None if it succeeded); waits until done."""
-        if not self._state.wait(timeout):
+        if not self.state.wait(timeout):
             raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
-        if self._state.status != "error":
+        if self.state.status != "error":
             return None
-        return exception_of(self._state)
+        return exception_of(self.state)
 
     def traceback(self) -> str:
         """The remote traceback of an erred task, as text ("" otherwise)."""
-        return self._state.traceback
+        return self.state.traceback
 
     def cancel(self) -> None:
         """Cancel the task (see :meth:`Client.cancel`)."""
@@ -289,11 +294,11 @@ class Future(_FutureBase):
 
     def cancelled(self) -> bool:
         """Whether the future was cancelled."""
-        return self._state.status == "cancelled"
+        return self.state.status == "cancelled"
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` when done (at once if already done), in a client thread."""
-        if not self._state.add_callback((weakref.ref(self), fn, self)):
+        if not self.state.add_callback((weakref.ref(self), fn, self)):
             run_callback(fn, self)
 
     def release(self) -> None:
@@ -332,7 +337,7 @@ class Future(_FutureBase):
         return seams.resolve("future-html")(self)
 
     def __repr__(self) -> str:
-        st = self._state
+        st = self.state
         kind = f", type: {st.typename}" if st.status == "finished" and st.typename else ""
         return f"<Future: status: {st.status}{kind}, key: {self.key}>"
 
@@ -405,7 +410,7 @@ def wait_futures(fs: Any, timeout: float | None = None,
     if return_when == "ALL_COMPLETED":
         for f in flat:
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not f._state.wait(left):
+            if not f.state.wait(left):
                 raise TimeoutError(f"futures not done within {timeout}s")
     elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
         done_event = threading.Event()
