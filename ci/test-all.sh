@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # test-all.sh - install hpcsched with its test dependencies, start the batch
 # systems the tests use (SLURM and Grid Engine on localhost, when run as root
-# on Debian), run the whole test suite, and stop the daemons it started.
+# on Debian), check the code (ruff, mypy, the Sphinx API reference with warnings as
+# errors), run the whole test suite, and stop the daemons it started.
 #
 # This is the README Quickstart's second command; .ci/run runs exactly it.
+# A failed check fails the run (the tests still run, to report everything at once).
 # A pytest run that collects nothing (exit 5) counts as a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-echo "== installing hpcsched[mpi,test]"
-$PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test]' || exit 1
+echo "== installing hpcsched[mpi,test,lint,docs]"
+$PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test,lint,docs]' || exit 1
 # the mpich wheel's mpiexec lives beside this interpreter's scripts (pyenv shims may not
 # know it yet): put that directory first, and make the MPI tests fail rather than skip
 scripts=$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
@@ -62,11 +64,36 @@ else
     echo "== not root on Debian (or HPCSCHED_SKIP_BROWSER=1): browser tests will be skipped"
 fi
 
+# check NAME COMMAND...: run one check, say how long it took, remember a failure
+failed=()
+check() {
+    local name=$1; shift
+    echo "== $name"
+    local t0=$SECONDS
+    if "$@"; then
+        echo "== $name: passed in $((SECONDS - t0)) s"
+    else
+        echo "!! $name FAILED (after $((SECONDS - t0)) s): fix the errors above; the run fails" >&2
+        failed+=("$name")
+    fi
+}
+check "ruff check (lint and the public API's docstrings)" $PY -m ruff check hpcsched tests docs
+check "mypy hpcsched (types; settings in pyproject.toml)" $PY -m mypy hpcsched
+rm -rf docs/_build
+check "sphinx-build (API reference, warnings are errors)" \
+    $PY -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 echo "== running the test suite"
+t0=$SECONDS
 $PY -m pytest -q -p no:cacheprovider "$@"
 rc=$?
+echo "== test suite: exit $rc after $((SECONDS - t0)) s"
 if [ "$rc" = 5 ]; then
     echo "!! pytest collected no tests: failing" >&2
     rc=1
+fi
+if [ "${#failed[@]}" -gt 0 ]; then
+    echo "!! failed checks: $(IFS=';'; echo "${failed[*]}")" >&2
+    [ "$rc" = 0 ] && rc=1
 fi
 exit "$rc"

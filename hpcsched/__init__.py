@@ -10,6 +10,8 @@ The public API mirrors dask.distributed's names so users can move over::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hpcsched._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -39,6 +41,7 @@ _exports = {
     "MultiLock": "hpcsched.core.coordination",
     "WorkerPlugin": "hpcsched.core.plugins",
     "SchedulerPlugin": "hpcsched.core.plugins",
+    "NannyPlugin": "hpcsched.core.nanny",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
@@ -53,7 +56,73 @@ _exports = {
     "config": "hpcsched.core.config",
 }
 
-__all__ = sorted(_exports)
+__all__ = [
+    "Adaptive",
+    "Client",
+    "Event",
+    "Future",
+    "LSFCluster",
+    "LocalCluster",
+    "Lock",
+    "MultiLock",
+    "NannyPlugin",
+    "PBSCluster",
+    "Queue",
+    "SGECluster",
+    "SLURMCluster",
+    "SchedulerPlugin",
+    "Security",
+    "Semaphore",
+    "Variable",
+    "WorkerPlugin",
+    "as_completed",
+    "config",
+    "default_client",
+    "fire_and_forget",
+    "futures_of",
+    "get",
+    "get_client",
+    "get_task_stream",
+    "get_worker",
+    "initialize",
+    "performance_report",
+    "progress",
+    "rejoin",
+    "secede",
+    "send_close_signal",
+    "wait",
+    "worker_client",
+]
 
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports, modules=('config',))
+# Type checkers and IDEs read these imports (public through __all__, which they read as a
+# literal list); at run time the names come from __getattr__ below. tests/test_exports.py
+# keeps _exports, __all__ and these imports equal. Without a __getattr__ in their view, a
+# misspelt name is an error to them rather than Any.
+if TYPE_CHECKING:
+    from hpcsched.core import config
+    from hpcsched.core.client import (
+        Client,
+        Future,
+        as_completed,
+        default_client,
+        fire_and_forget,
+        futures_of,
+        wait,
+    )
+    from hpcsched.core.comm.base import Security
+    from hpcsched.core.coordination import Event, Lock, MultiLock, Queue, Semaphore, Variable
+    from hpcsched.core.local import get
+    from hpcsched.core.nanny import NannyPlugin
+    from hpcsched.core.plugins import SchedulerPlugin, WorkerPlugin
+    from hpcsched.core.worker_client import get_client, get_worker, rejoin, secede, worker_client
+    from hpcsched.diagnostics.progress import progress
+    from hpcsched.diagnostics.report import get_task_stream, performance_report
+    from hpcsched.hpc.bootstrap import initialize, send_close_signal
+    from hpcsched.jobqueue.lsf import LSFCluster
+    from hpcsched.jobqueue.pbs import PBSCluster
+    from hpcsched.jobqueue.sge import SGECluster
+    from hpcsched.jobqueue.slurm import SLURMCluster
+    from hpcsched.launchers.adaptive import Adaptive
+    from hpcsched.launchers.local_cluster import LocalCluster
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports, modules=("config",))

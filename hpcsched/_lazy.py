@@ -1,7 +1,8 @@
 """Lazy package exports: names imported on first use (PEP 562 ``__getattr__``).
 
 ``import hpcsched`` stays cheap and never imports mpi4py (or initializes MPI) unless
-an MPI name is used.
+an MPI name is used. Type checkers do not run this: each package also imports its names
+under ``if TYPE_CHECKING:`` so they see the real types.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 
 def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str],
-                 modules: tuple[str, ...] = ()) -> tuple[Callable, Callable]:
+                 modules: tuple[str, ...] = ()
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for ``package``: ``exports`` maps a name to the module
     defining it; names in ``modules`` are modules themselves."""
 
@@ -27,6 +29,7 @@ def lazy_exports(package: str, namespace: dict[str, Any], exports: dict[str, str
         return value
 
     def __dir__() -> list[str]:
-        return sorted(list(namespace) + list(exports))
+        # a name already imported is in the namespace too: list it once
+        return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__

@@ -66,6 +66,7 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     wait_futures,
 )
 from hpcsched.core.graph import GraphError
+from hpcsched.core.nanny import is_nanny_plugin
 from hpcsched.core.scheduler_file import (  # noqa: F401 - re-exported
     looks_like_scheduler_file,
     read_scheduler_file,
@@ -472,15 +473,17 @@ class Client:
 
     def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
                                nanny: bool | None = None) -> Any:
-        """``register_plugin`` for a worker plugin (distributed's older name); ``nanny=True``
-        raises: there is no nanny."""
-        if nanny:
-            raise ValueError("register_worker_plugin(nanny=True): hpcsched workers have no "
-                             "nanny process")
-        return plugins.register_plugin(self, plugin, name, kind="worker")
+        """``register_plugin`` for a worker plugin (distributed's older name), for a nanny
+        plugin with ``nanny=True`` (or a ``NannyPlugin`` and ``nanny=None``)."""
+        if nanny and isinstance(plugin, plugins.WorkerPlugin):
+            raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
+        if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
+            nanny = is_nanny_plugin(plugin)
+        return plugins.register_plugin(self, plugin, name, kind="nanny" if nanny else "worker")
 
     def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
-        """Tear a worker plugin down on every worker; later workers no longer get it."""
+        """Tear a worker (or nanny) plugin down on every worker (nanny); later ones no longer
+        get it."""
         return plugins.unregister_worker_plugin(self, name)
 
     def replicate(self, futures: Any, n: int | None = None, workers: Any = None,

@@ -1,36 +1,91 @@
 """Events (stimuli in) and commands (instructions out) of the two state machines.
 
+An event that arrives as a message *is* that message's record in
+:mod:`hpcsched.core.protocol` (``TaskFinished`` is the ``task-finished`` op);
+the others happen inside a server (a worker joined, a task ran, a tick). Every
+event carries ``now`` (seconds, from the server's clock) wherever time matters
+-- state machines never read a clock -- and a ``stimulus_id`` naming it, so a
+state change can be traced to the event that caused it, as in distributed's
+worker state machine.
+
 Servers turn each received op dict ``{"op": "task-finished", ...}`` into an
 event with :func:`from_message` (unknown ops or wrong fields raise
 :class:`MalformedMessage`) and carry out the commands the state machine returns.
-Events carry ``now`` (seconds, from the server's clock) wherever time matters;
-state machines never read a clock.
 
 Commands are few: ``Send`` (a message to a peer: a worker address, a client id
-or ``"scheduler"``), and on the worker side ``Execute``, ``GatherDep`` and
-``Resume`` (a seceded task may take a thread slot again).
+or ``"scheduler"``; a wire dict or a protocol record), and on the worker side
+``Execute``, ``GatherDep`` and ``Resume`` (a seceded task may take a thread
+slot again).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.core.protocol import (
+    AcquireReplicas,
+    AddKeys,
+    CancelKeys,
+    ClientDesiresKeys,
+    ClientReleasesKeys,
+    ComputeTask,
+    Direction,
+    FreeKeys,
+    Heartbeat,
+    LongRunning,
+    MalformedMessage,
+    MissingData,
+    RefreshWhoHas,
+    ReleaseWorkerData,
+    ResultErred,
+    RetryKeys,
+    ScatterData,
+    StealRequest,
+    StealResponse,
+    TaskErred,
+    TaskFinished,
+    TaskStarted,
+    UpdateData,
+    UpdateGraph,
+    WorkerStatusChange,
+    decode,
+    encode,
+)
+
+__all__ = [
+    "AcquireReplicas", "AddClient", "AddKeys", "AddWorker", "CancelKeys", "ClientDesiresKeys",
+    "ClientReleasesKeys", "ComputeTask", "Execute", "ExecuteFailure", "ExecuteSuccess",
+    "FreeKeys", "GatherDep", "GatherDepFailure", "GatherDepSuccess", "Heartbeat", "Key",
+    "LongRunning", "MalformedMessage", "MissingData", "PauseWorker", "RefreshWhoHas", "Rejoin",
+    "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
+    "RetireWorkers", "RetryKeys", "SCHEDULER_OPS", "ScatterData", "Secede", "Send",
+    "ServeFailed", "StealRequest", "StealResponse", "TaskErred", "TaskFinished", "TaskStarted",
+    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange", "from_message",
+]
+
 Key = Any
-
-
-class MalformedMessage(ValueError):
-    """A message that is not a known op with the right fields."""
 
 
 # ============================================================ commands
 @dataclass(slots=True)
 class Send:
+    """Send ``msg`` -- a wire dict or a protocol record -- to peer ``to``."""
+
     to: str
-    msg: dict
+    msg: Any
 
     def match(self, **kw: Any) -> bool:
-        return all(self.msg.get(k) == v if k != "to" else self.to == v for k, v in kw.items())
+        """Whether ``to`` and the message's fields (``op`` included) have these values."""
+        msg = self.msg
+        if isinstance(msg, dict):
+            return all(msg.get(k) == v if k != "to" else self.to == v for k, v in kw.items())
+        return all(getattr(msg, k, None) == v if k != "to" else self.to == v
+                   for k, v in kw.items())
+
+    def wire(self) -> dict:
+        """The message as it goes on the wire."""
+        return self.msg if isinstance(self.msg, dict) else encode(self.msg)
 
 
 @dataclass(slots=True)
@@ -53,8 +108,11 @@ class Resume:
 
 
 # ============================================================ scheduler events
+# (those a worker or a client sends are protocol records, imported above)
 @dataclass(slots=True)
 class AddWorker:
+    """A worker registered (the scheduler's reading of its ``register-worker``)."""
+
     address: str
     nthreads: int
     memory_limit: int = 0
@@ -64,252 +122,53 @@ class AddWorker:
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
     pid: int = 0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class RemoveWorker:
+    """A worker left (its connection closed, it timed out, it was retired)."""
+
     address: str
     reason: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class AddClient:
     client: str
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class RemoveClient:
     client: str
     now: float = 0.0
-
-
-@dataclass(slots=True)
-class UpdateGraph:
-    """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
-
-    client: str
-    tasks: dict
-    keys: list  # keys the client holds futures to
-    priority: int = 0  # user priority: higher runs earlier
-    retries: dict = field(default_factory=dict)  # key -> n
-    resources: dict | None = None  # {"GPU": 1}: applies to all tasks of the call
-    workers: list | None = None  # worker addresses or names allowed
-    allow_other_workers: bool = False
-    static_priorities: dict | None = None  # key -> int, from the client (else order())
-    # per-key annotations (dask.annotate): name -> {key: value}; override the call's values
-    annotations: dict | None = None
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class ClientDesiresKeys:
-    client: str
-    keys: list
-    fire_and_forget: bool = False  # run them even once no client wants them
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class RetryKeys:
-    """Run erred tasks again, with the erred tasks they depend on."""
-
-    client: str
-    keys: list
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class ClientReleasesKeys:
-    client: str
-    keys: list
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class CancelKeys:
-    client: str
-    keys: list
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class TaskStarted:
-    worker: str
-    key: Key
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class TaskFinished:
-    worker: str
-    key: Key
-    nbytes: int = 0
-    typename: str = ""
-    start: float = 0.0
-    stop: float = 0.0
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class TaskErred:
-    worker: str
-    key: Key
-    exception: Any = None  # Serialized exception object
-    traceback: str = ""
-    exception_text: str = ""
-    start: float = 0.0
-    stop: float = 0.0
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class LongRunning:
-    """A task on ``worker`` seceded from the thread pool: it no longer occupies a slot."""
-
-    worker: str
-    key: Key
-    compute_duration: float = 0.0  # seconds it ran before seceding
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class ResultErred:
-    """The result of ``key``, held by ``worker``, could not be serialized to leave it."""
-
-    worker: str
-    key: Key
-    exception: Any = None  # Serialized exception object
-    traceback: str = ""
-    exception_text: str = ""
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class MissingData:
-    """``worker`` could not get ``key`` from ``errant_worker``."""
-
-    worker: str
-    key: Key
-    errant_worker: str
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class AddKeys:
-    """``worker`` now holds ``keys`` (replicas acquired, scattered data stored)."""
-
-    worker: str
-    keys: dict  # key -> nbytes
-    scatter_id: str | None = None
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class ReleaseWorkerData:
-    """``worker`` dropped its copy of ``keys``."""
-
-    worker: str
-    keys: list
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class StealResponse:
-    worker: str
-    key: Key
-    state: str
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class Heartbeat:
-    worker: str
-    metrics: dict = field(default_factory=dict)
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class WorkerStatusChange:
-    """``worker`` paused (its memory is past the pause fraction: it starts nothing) or runs
-    again; a paused worker is given no new task."""
-
-    worker: str
-    status: str  # "paused" | "running"
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class ScatterData:
-    client: str
-    scatter_id: str
-    data: dict  # key -> Serialized
-    nbytes: dict  # key -> int
-    workers: list | None = None
-    broadcast: bool = False
-    now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class RetireWorkers:
+    """Retire ``workers`` (addresses, resolved from a ``retire-workers`` request or a
+    worker's ``retire-me``); ``requester`` hears the reply."""
+
     request_id: str
     requester: str
     workers: list  # addresses
     close: bool = True
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
 class Tick:
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 # ============================================================ worker events
-@dataclass(slots=True)
-class ComputeTask:
-    key: Key
-    run_spec: Any
-    priority: tuple = ()
-    who_has: dict = field(default_factory=dict)  # dep key -> [worker addresses]
-    nbytes: dict = field(default_factory=dict)  # dep key -> nbytes
-    resource_restrictions: dict | None = None
-    duration: float = 0.5
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class FreeKeys:
-    keys: list
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class StealRequest:
-    key: Key
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class AcquireReplicas:
-    who_has: dict  # key -> [worker addresses]
-    nbytes: dict = field(default_factory=dict)
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class RefreshWhoHas:
-    who_has: dict
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class UpdateData:
-    data: dict  # key -> value (deserialized by the server)
-    scatter_id: str | None = None
-    now: float = 0.0
-
-
 @dataclass(slots=True)
 class PauseWorker:
     """The worker's memory monitor: stop starting tasks and fetching (``paused=True``), or
@@ -317,6 +176,7 @@ class PauseWorker:
 
     paused: bool
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -328,6 +188,7 @@ class ExecuteSuccess:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -339,6 +200,7 @@ class ExecuteFailure:
     start: float = 0.0
     stop: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -349,6 +211,7 @@ class GatherDepSuccess:
     # key -> text: held by the peer but could not be serialized (the peer reports it)
     errors: dict = field(default_factory=dict)
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -358,6 +221,7 @@ class Secede:
     key: Key
     compute_duration: float = 0.0
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -366,6 +230,7 @@ class Rejoin:
 
     key: Key
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -377,6 +242,7 @@ class ServeFailed:
     traceback: str = ""
     exception_text: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -387,58 +253,29 @@ class GatherDepFailure:
     keys: list
     error: str = ""
     now: float = 0.0
+    stimulus_id: str = ""
 
 
-# ============================================================ op table
-# ops a peer may send, and the event each becomes; the server adds the sender
-# (worker=/client=) and now=.
-SCHEDULER_OPS: dict[str, type] = {
-    "task-started": TaskStarted,
-    "task-finished": TaskFinished,
-    "task-erred": TaskErred,
-    "missing-data": MissingData,
-    "long-running": LongRunning,
-    "result-erred": ResultErred,
-    "add-keys": AddKeys,
-    "release-worker-data": ReleaseWorkerData,
-    "steal-response": StealResponse,
-    "heartbeat": Heartbeat,
-    "worker-status-change": WorkerStatusChange,
-    "update-graph": UpdateGraph,
-    "client-desires-keys": ClientDesiresKeys,
-    "client-releases-keys": ClientReleasesKeys,
-    "cancel-keys": CancelKeys,
-    "retry-keys": RetryKeys,
-}
+# ============================================================ op tables
+# ops that go straight to a state machine, and the event each becomes; the server adds
+# the sender (worker=/client=) and now=. The scheduler checks each message's fields first
+# (hpcsched.core.message_checks), so these tables check only ops and field names.
+def _ops(name: str, *events: type) -> Direction:
+    table = Direction(name, "state machine", checked=False)
+    table.update((e.op, e) for e in events)  # type: ignore[attr-defined]
+    return table
 
-WORKER_OPS: dict[str, type] = {
-    "compute-task": ComputeTask,
-    "free-keys": FreeKeys,
-    "steal-request": StealRequest,
-    "acquire-replicas": AcquireReplicas,
-    "refresh-who-has": RefreshWhoHas,
-}
 
-_field_names: dict[type, frozenset] = {}
+SCHEDULER_OPS: Direction = _ops(
+    "worker or client", TaskStarted, TaskFinished, TaskErred, MissingData, LongRunning,
+    ResultErred, AddKeys, ReleaseWorkerData, StealResponse, Heartbeat, WorkerStatusChange,
+    UpdateGraph, ClientDesiresKeys, ClientReleasesKeys, CancelKeys, RetryKeys)
+
+WORKER_OPS: Direction = _ops(
+    "scheduler", ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)
 
 
 def from_message(table: dict[str, type], msg: Any, **extra: Any) -> Any:
-    """The event for op dict ``msg``; raises MalformedMessage naming what is wrong."""
-    if not isinstance(msg, dict):
-        raise MalformedMessage(f"expected an op dict, got {type(msg).__name__}")
-    op = msg.get("op")
-    cls = table.get(op)  # type: ignore[arg-type]
-    if cls is None:
-        raise MalformedMessage(f"unknown op {op!r}")
-    names = _field_names.get(cls)
-    if names is None:
-        names = _field_names[cls] = frozenset(f.name for f in fields(cls))
-    kw = {k: v for k, v in msg.items() if k != "op"}
-    kw.update(extra)
-    bad = set(kw) - names
-    if bad:
-        raise MalformedMessage(f"op {op!r} has unknown fields {sorted(bad)}")
-    try:
-        return cls(**kw)
-    except TypeError as e:
-        raise MalformedMessage(f"op {op!r}: {e}") from None
+    """The event for op dict ``msg``; raises MalformedMessage naming what is wrong (a thin
+    wrapper of :func:`hpcsched.core.protocol.decode`)."""
+    return decode(table, msg, **extra)

@@ -1,7 +1,7 @@
-"""The thread that owns a state machine, and the reader threads that feed it.
+"""The thread that owns a state machine, and the inbox that feeds it.
 
-A server has one :class:`Loop`: an :class:`Inbox` that reader threads, the
-thread pool and other threads put items on. Each iteration takes everything
+A server has one :class:`Loop`: an :class:`Inbox` that transports
+(``Comm.deliver_to``), the thread pool and other threads put items on. Each iteration takes everything
 pending (so a busy server handles large batches), hands the items to the
 server's ``process`` callback, then calls ``flush`` once, which sends one
 batched message per destination. Idle, the thread sleeps on a condition until
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from hpcsched.core.comm.base import Comm, CommClosedError
+from hpcsched.core.comm.base import Comm
+from hpcsched.core.comm.base import Inbox as CommInbox
 
 logger = logging.getLogger("hpcsched.loop")
 
@@ -42,9 +43,10 @@ class _Call:
         self.future = future
 
 
-class Inbox:
+class Inbox(CommInbox):
     """A :class:`Loop`'s queue. ``put`` from any thread; a producer that may run
-    the server's code itself (the MPI progress thread) calls ``offer`` instead."""
+    the server's code itself (the MPI progress thread, the TCP I/O thread) calls
+    ``offer`` instead."""
 
     __slots__ = ("_loop",)
 
@@ -189,7 +191,7 @@ class Loop:
                     item.future.set_exception(RuntimeError(f"{self.name} closed"))
 
     def _iteration(self, items: list, tick: bool = False) -> None:
-        work = []
+        work: list = []
         for item in items:
             if type(item) is _Call:
                 if work:
@@ -203,7 +205,7 @@ class Loop:
                 work.append(item)
         if work:
             self._safe_process(work)
-        if tick:
+        if tick and self._tick is not None:
             try:
                 self._tick(time.time())
             except Exception:
@@ -220,28 +222,8 @@ class Loop:
             logger.exception("%s: error while handling %d messages", self.name, len(work))
 
 
-def start_reader(comm: Comm, source: Any, inbox: Inbox,
-                 name: str) -> threading.Thread | None:
+def start_reader(comm: Comm, source: Any, inbox: Inbox, name: str) -> None:
     """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
-    ``(source, CLOSED)`` when it closes: by the backend itself where it can
-    (``Comm.deliver_to``), else by a reader thread (returned)."""
-    if comm.deliver_to(inbox, source, CLOSED):
-        return None
-
-    def run() -> None:
-        # put, never offer: this comm's send may block on a full peer, and then running
-        # the server's code here could deadlock (see Loop._offer)
-        try:
-            while True:
-                msg = comm.recv()
-                inbox.put((source, msg))
-        except (CommClosedError, OSError, EOFError):
-            pass
-        except Exception:
-            logger.exception("reader for %s failed", source)
-        finally:
-            inbox.put((source, CLOSED))
-
-    t = threading.Thread(target=run, name=name, daemon=True)
-    t.start()
-    return t
+    ``(source, CLOSED)`` when it closes: the backend does it (``Comm.deliver_to``).
+    ``name`` is kept for callers; no thread is started."""
+    comm.deliver_to(inbox, source, CLOSED)

@@ -17,8 +17,10 @@ arrives, ``teardown(worker=)`` when it is replaced, unregistered, or the
 worker closes. A scheduler plugin runs in the scheduler: ``start(scheduler)``,
 ``add_worker(scheduler=, worker=)``, ``remove_worker(scheduler=, worker=,
 stimulus_id=)``, ``close()``. Hooks run on the scheduler's loop thread: keep
-them short. Per-task ``transition`` hooks are not called. There are no nanny
-plugins (no nanny process).
+them short. Per-task ``transition`` hooks are not called. A ``NannyPlugin``
+runs in the process supervising a worker (``LocalCluster``, ``hpcsched worker
+--nanny``) and is refused by workers nothing supervises (MPI ranks): see
+:mod:`hpcsched.core.nanny`.
 """
 
 from __future__ import annotations
@@ -26,18 +28,25 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from hpcsched.core import nanny
 from hpcsched.core.client_control import outcome
 from hpcsched.core.serialize import dumps_object
 
 
 class WorkerPlugin:
-    """Base class of worker plugins: override ``setup(worker)`` and ``teardown(worker)``."""
+    """Base class of worker plugins: override ``setup(worker)``, ``teardown(worker)``,
+    ``transition(key, start, finish, **kwargs)``."""
 
     def setup(self, worker: Any) -> None:
         """Run when the plugin reaches a worker."""
 
     def teardown(self, worker: Any) -> None:
         """Run when the plugin is replaced or unregistered, or the worker closes."""
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        """A task of this worker changed state (``finish`` is "forgotten" when the worker
+        drops it); on the worker's loop thread, so keep it short. An exception is logged,
+        the worker goes on."""
 
 
 class SchedulerPlugin:
@@ -59,7 +68,7 @@ class SchedulerPlugin:
 
 
 def _kind(plugin: Any) -> str:
-    """worker or scheduler: by our base classes, else by distributed's class names."""
+    """worker, scheduler or nanny: by our base classes, else by distributed's class names."""
     if isinstance(plugin, SchedulerPlugin):
         return "scheduler"
     if isinstance(plugin, WorkerPlugin):
@@ -68,8 +77,7 @@ def _kind(plugin: Any) -> str:
     if "SchedulerPlugin" in names:
         return "scheduler"
     if "NannyPlugin" in names:
-        raise ValueError("nanny plugins are not supported: hpcsched workers have no nanny "
-                         "process (use a WorkerPlugin)")
+        return "nanny"
     if "WorkerPlugin" in names or hasattr(plugin, "setup") or hasattr(plugin, "teardown"):
         return "worker"
     raise TypeError(f"{plugin!r} is not a WorkerPlugin or a SchedulerPlugin")
@@ -84,9 +92,14 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
     if idempotent is None:
         idempotent = bool(getattr(plugin, "idempotent", False))
+    restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
+    if kind == "nanny":  # carried to each worker's nanny by a worker plugin
+        plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
     reply = client.request({"op": "register-plugin", "kind": kind, "name": str(name),
                             "plugin": dumps_object(plugin), "idempotent": bool(idempotent)},
                            120.0)
+    if restart:
+        return nanny.results_after_restart(client, reply)
     return _results(reply, kind)
 
 

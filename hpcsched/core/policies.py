@@ -1,4 +1,7 @@
-"""Pure scheduling decisions over scheduler state (seed 000, "Choosing Workers").
+"""Pure scheduling decisions over scheduler state.
+
+They follow dask.distributed's scheduling policies ("Choosing Workers",
+https://distributed.dask.org/en/stable/scheduling-policies.html).
 
 Every function here reads :class:`~hpcsched.core.scheduler_state.TaskState` /
 ``WorkerInfo`` objects and returns a decision; none of them changes state.

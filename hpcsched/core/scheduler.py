@@ -67,7 +67,7 @@ class Scheduler:
         self.security = security
         scheme, _ = parse_address(address)
         self.scheme = scheme
-        if worker_ttl is None and scheme in ("tcp", "tls"):
+        if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
         kw = {
             "worker_saturation": config.get("scheduler.worker-saturation"),
@@ -121,8 +121,8 @@ class Scheduler:
         self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
         self.address = self._listener.address
         # a client in this process (a notebook's, rank 0's) talks to us without sockets
-        self.inproc_address = self.address if self.scheme == "inproc" else \
-            self.add_listener("inproc://")
+        same_process = registry.backend_for(self.address).same_process
+        self.inproc_address = self.address if same_process else self.add_listener("inproc://")
         LOCAL_SCHEDULERS[self.address] = (self.inproc_address,
                                           self.security.secret if self.security else None)
         logger.info("scheduler at %s", self.address)

@@ -177,7 +177,7 @@ def write_secret_file(directory: str, name: str, security: Security) -> SecretFi
 def remove_stale_secrets(directory: str) -> list[str]:
     """Remove the secret files in ``directory`` that no live process holds (their cluster
     was killed before it could clean up); returns their paths."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except OSError:

@@ -88,7 +88,9 @@ class SpillBuffer(MutableMapping):
         self.spilled_bytes_total = 0  # written to disk since start
         self.spill_count = 0
         self.unspill_count = 0
-        slow = zict.Func(_pack, _unpack, zict.File(self.directory))
+        # zict.File writes a list of buffers as one file without joining them, though its
+        # annotations name bytes only
+        slow = zict.Func(_pack, _unpack, zict.File(self.directory))  # type: ignore[arg-type]
         self._buffer = zict.Buffer(
             {}, slow, n=target, weight=self._weight,
             fast_to_slow_callbacks=[self._on_spill], slow_to_fast_callbacks=[self._on_unspill])

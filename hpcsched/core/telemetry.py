@@ -44,7 +44,7 @@ class _LogBuffer(logging.Handler):
                 return True  # a real handler, or another buffer that forwards
             if not lg.propagate:
                 return False
-            lg = lg.parent  # type: ignore[assignment]
+            lg = lg.parent
         return False
 
 

@@ -2,24 +2,19 @@
 
 Threads of a worker:
 
-* the loop (owns the state machine): scheduler messages, task results and
-  transfer results come in through one inbox, batched messages go out;
+* the loop (owns the state machine): scheduler messages, peer messages, task
+  results and transfer results come in through one inbox (every transport
+  delivers there, :meth:`~hpcsched.core.comm.base.Comm.deliver_to`; MPI's and
+  TCP's threads may run an idle loop's iteration themselves), batched messages
+  go out;
 * ``nthreads`` task threads (:class:`~hpcsched.core.task_pool.TaskPool`), one
   more for each task that seceded while it runs (``hpcsched.secede()``);
-* a reader per peer comm, serving ``get-data`` requests straight from the data
-  store (the loop is not involved, so a large transfer does not stall it) and
-  handing ``data-reply`` answers to the fetch waiting for them;
-* up to ``transfer-incoming-count-limit`` fetch threads.
+* up to ``transfer-incoming-count-limit`` fetch threads, which only open comms
+  to peers (transfers themselves: :mod:`hpcsched.core.worker_peers`).
 
 Tasks reach their cluster through :mod:`hpcsched.core.worker_client`
 (``get_client()``): one client per worker, made on first use with the
 worker's address and credentials, closed with the worker.
-
-A result is serialized only when it leaves the worker (for a peer, or the
-client through the scheduler). One that cannot be does not fail silently: the
-requester learns which keys failed (and does not report them missing, which
-would recompute them), and the scheduler errs the task with the real
-exception and its traceback, so that ``result()`` raises instead of waiting.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
 with a message naming the address it tried; one that loses its scheduler
@@ -39,25 +34,23 @@ is left to spill.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import random
 import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core import events as ev
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
-from hpcsched.core.execution import pack_exception, run_spec_call, serialization_errors
+from hpcsched.core.comm.base import Comm, CommClosedError, Security
+from hpcsched.core.execution import pack_exception, run_spec_call
 from hpcsched.core.graph import key_split
-from hpcsched.core.loop import CLOSED, Loop, start_reader
+from hpcsched.core.loop import CLOSED, Loop
 from hpcsched.core.memory import MemoryLimits
-from hpcsched.core.serialize import SerializationError, deserialize, serialize, sizeof
+from hpcsched.core.serialize import deserialize, sizeof
 from hpcsched.core.spill import SpillBuffer, local_directory
 from hpcsched.core.task_pool import TaskPool
 from hpcsched.core.telemetry import WorkerTelemetry
@@ -65,6 +58,7 @@ from hpcsched.core.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker_control import OPS as CONTROL_OPS
 from hpcsched.core.worker_control import WorkerControl
 from hpcsched.core.worker_memory import MemoryMonitor
+from hpcsched.core.worker_peers import PeerTransfers
 from hpcsched.core.worker_state import WorkerState
 
 if TYPE_CHECKING:
@@ -112,13 +106,11 @@ class Worker:
         self.name = name
         self.resources = dict(resources or {})
         self.security = security
-        scheme, _ = parse_address(scheduler_address)
-        if listen_address is None:
-            listen_address = {"tcp": "tcp://0.0.0.0:0", "tls": "tls://0.0.0.0:0",
-                              "mpi": "mpi://"}.get(scheme, "inproc://")
-            if scheme in ("tcp", "tls") and host:
-                listen_address = f"{scheme}://{host}:0"
-        self.listen_address = listen_address
+        backend = registry.backend_for(scheduler_address)
+        self.listen_address = listen_address or backend.worker_listen_address(
+            scheduler_address, host)
+        # the scheduler notices this worker died only by missing heartbeats (TCP): send them
+        self._uses_heartbeat = backend.needs_heartbeat
         self.death_timeout = config.get("worker.death-timeout", death_timeout)
         self.lifetime = lifetime
         if lifetime and lifetime_stagger:
@@ -140,19 +132,10 @@ class Worker:
         self._next_heartbeat = 0.0
         self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
-        self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
-                                          thread_name_prefix="hpcsched-fetch")
+        self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
         self._scheduler_comm: Comm | None = None
         self._outbox: list = []
         self._listener = None
-        self._peers: dict[str, Comm] = {}
-        self._peer_lock = threading.Lock()
-        self._reading: set[int] = set()
-        self._direct: set[int] = set()  # peer comms delivering onto the loop's inbox
-        # request id -> (worker, keys, comm, started): fetches answered on the loop
-        self._direct_fetches: dict[str, tuple[str, list, Comm, float]] = {}
-        self._pending: dict[str, tuple[threading.Event, list, Any]] = {}
-        self._ids = itertools.count()
         self._closed = threading.Event()
         self._close_done = threading.Event()
         self._close_lock = threading.Lock()
@@ -161,8 +144,6 @@ class Worker:
         self._started = 0.0
         self._retire_asked = False
         self._on_close = on_close
-        self._transfers = (0, 0.0)  # bytes fetched from peers, seconds spent: bandwidth
-        self._uses_heartbeat = scheme in ("tcp", "tls")
         self._quiet_ticks = IDLE_REPORT_EVERY  # intervals without a report: the first is due
         self._client: Client | None = None  # for tasks: get_client()
         self._client_lock = threading.Lock()
@@ -172,10 +153,18 @@ class Worker:
         self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
         # Client.run and upload_file; replies reach the scheduler through the loop
         self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
+        # the scheduler's ops -> handler(msg, now) returning state-machine commands
+        self._scheduler_ops = {
+            **dict.fromkeys(ev.WORKER_OPS, self._state_op),
+            **dict.fromkeys(CONTROL_OPS, self._control_op),
+            "update-data": self._update_data, "get-data": self._get_data,
+            "close": self._close_op, "registered": lambda msg, now: (),
+        }
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
-        self._listener = registry.listen(self.listen_address, self._on_peer, self.security)
+        self._listener = registry.listen(self.listen_address, self.peers.on_connect,
+                                         self.security)
         self.address = self._listener.address
         if self.memory.managed and (self.memory.target or self.memory.spill):
             try:
@@ -213,7 +202,7 @@ class Worker:
             # tasks assigned at registration travel in the same batch as "registered"
             self.loop.inbox.put(("scheduler", reply[1:]))
         self.loop.start()
-        start_reader(comm, "scheduler", self.loop.inbox, "worker-scheduler-reader")
+        comm.deliver_to(self.loop.inbox, "scheduler", CLOSED)
         logger.info("worker %s (%s) connected to %s", self.address, self.name,
                     self.scheduler_address)
         return self
@@ -266,17 +255,9 @@ class Worker:
         if self.state is not None:
             self.state.closing = True
         self.executor.shutdown()
-        self.fetcher.shutdown(wait=False, cancel_futures=True)
         if self._scheduler_comm is not None:
             self._scheduler_comm.close()
-        with self._peer_lock:
-            peers = list(self._peers.values())
-            self._peers.clear()
-        for c in peers:
-            c.close()
-        for event, box, _ in list(self._pending.values()):
-            box.append(None)
-            event.set()
+        self.peers.close()
         for event in list(self._resume.values()):  # seceded tasks waiting to rejoin go on
             event.set()
         with self._client_lock:
@@ -301,6 +282,7 @@ class Worker:
         state = self.state
         now = time.time()
         out: list = []
+        ops = self._scheduler_ops
         for source, payload in items:
             if source == "scheduler":
                 if payload is CLOSED:
@@ -310,33 +292,53 @@ class Worker:
                                                               code), daemon=True).start()
                     return
                 for msg in payload:
-                    op = msg.get("op")
-                    if op in ev.WORKER_OPS:
-                        out += state.handle(ev.from_message(ev.WORKER_OPS, msg, now=now))
-                    elif op == "update-data":
-                        data = {k: deserialize(v) for k, v in msg["data"].items()}
-                        out += state.handle(ev.UpdateData(data, msg.get("scatter_id"), now))
-                    elif op == "get-data":
-                        self._serve(self._scheduler_comm, msg)
-                    elif op == "close":
-                        self._close_asked = True
-                        self.exit_code = int(msg.get("exit_code") or 0)
-                        threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
-                                         daemon=True).start()
-                        return
-                    elif op in CONTROL_OPS:
-                        self.control.handle(msg)
-                    elif op == "registered":
-                        pass
+                    handler = ops.get(msg.get("op"))
+                    if handler is None:
+                        logger.warning("unknown op from scheduler: %r", msg.get("op"))
                     else:
-                        logger.warning("unknown op from scheduler: %r", op)
+                        out += handler(msg, now)
+                if self._close_asked:
+                    return
             elif source == "control":  # a Client.run / upload_file reply
                 self._outbox.append(payload)
-            elif type(source) is tuple:  # ("peer", comm): a direct peer comm
-                out += self._peer_message(source[1], payload)
+            elif type(source) is tuple:  # (PEER, comm): a peer's messages
+                out += self._handle_all(self.peers.handle(source[1], payload))
             else:  # our own events: task results, transfers
                 out += state.handle(payload)
         self._carry_out(out)
+
+    # the scheduler's ops (see _scheduler_ops), on the loop
+    def _state_op(self, msg: dict, now: float) -> list:
+        return self.state.handle(ev.from_message(ev.WORKER_OPS, msg, now=now))
+
+    def _update_data(self, msg: dict, now: float) -> list:
+        data = {k: deserialize(v) for k, v in msg["data"].items()}
+        return self.state.handle(ev.UpdateData(data, msg.get("scatter_id"), now))
+
+    def _get_data(self, msg: dict, now: float) -> tuple:
+        self.peers.serve(None, msg)
+        return ()
+
+    def _close_op(self, msg: dict, now: float) -> tuple:
+        self._close_asked = True  # _process carries out nothing from here on
+        self.exit_code = int(msg.get("exit_code") or 0)
+        threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
+                         daemon=True).start()
+        return ()
+
+    def _control_op(self, msg: dict, now: float) -> tuple:
+        self.control.handle(msg)
+        return ()
+
+    def _handle_all(self, events: list) -> list:
+        out: list = []
+        for e in events:
+            out += self.state.handle(e)
+        return out
+
+    def send_to_scheduler(self, msg: dict) -> None:
+        """On the loop: ``msg`` leaves with this iteration's batch to the scheduler."""
+        self._outbox.append(msg)
 
     def _carry_out(self, commands: list) -> None:
         work = [commands]
@@ -357,11 +359,7 @@ class Worker:
                         # it had assigned here
                         self.executor.submit(self._execute, cmd.key, cmd.run_spec)
                 elif t is ev.GatherDep:
-                    comm = self._direct_peer(cmd.worker)
-                    if comm is not None:  # no thread needed: the reply comes to the loop
-                        self._send_fetch(comm, cmd.worker, cmd.keys)
-                    else:
-                        self.fetcher.submit(self._fetch, cmd.worker, cmd.keys)
+                    self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.Resume:
                     event = self._resume.pop(cmd.key, None)
                     if event is not None:
@@ -392,14 +390,10 @@ class Worker:
         if mono < self._next_heartbeat:
             return
         self._next_heartbeat = mono + self.heartbeat_interval * 0.95
-        limit = config.get("comm.timeouts.connect") * 4
-        for rid, (worker, keys, _, started) in list(self._direct_fetches.items()):
-            if mono - started > limit:
-                del self._direct_fetches[rid]
-                self._carry_out(self.state.handle(ev.GatherDepFailure(
-                    worker, keys, f"no answer within {limit:.0f}s", now)))
-        # TCP: the heartbeat is how the scheduler detects lost workers. Other transports
-        # (an MPI rank that dies ends the job) report when there is news (a measured
+        self._carry_out(self._handle_all(self.peers.expire(mono, now)))
+        # Where the transport needs heartbeats (TCP), they are how the scheduler detects
+        # lost workers. Other transports (an MPI rank that dies ends the job) report when
+        # there is news (a measured
         # bandwidth, transfers, logs), and otherwise only every IDLE_REPORT_EVERY intervals:
         # idle ranks stay nearly silent, yet the dashboard's workers table keeps their CPU
         # and memory current
@@ -427,10 +421,9 @@ class Worker:
         m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
              "in_flight": len(st.in_flight_workers), "time": time.time(),
              "status": st.status}
-        nbytes, seconds = self._transfers
-        if seconds > 0 and nbytes >= 1_000_000:  # small transfers measure latency, not speed
-            m["bandwidth"] = nbytes / seconds
-            self._transfers = (0, 0.0)
+        bandwidth = self.peers.take_bandwidth()
+        if bandwidth is not None:
+            m["bandwidth"] = bandwidth
         self.telemetry.add_to(m)
         m.update(self.memory_monitor.metrics())
         return m
@@ -494,207 +487,3 @@ class Worker:
             if self._closed.is_set():
                 break
         self._resume.pop(key, None)
-
-    # ================================================================ peers
-    def _on_peer(self, comm: Comm) -> None:
-        self._attach(comm)
-
-    def _attach(self, comm: Comm) -> bool:
-        """Route a peer comm's messages: straight onto the loop's inbox where the backend
-        can (MPI, inproc: returns True), else through a reader thread."""
-        with self._peer_lock:
-            if id(comm) in self._reading:
-                return id(comm) in self._direct
-            self._reading.add(id(comm))
-        if comm.deliver_to(self.loop.inbox, ("peer", comm), CLOSED):
-            with self._peer_lock:
-                self._direct.add(id(comm))
-            return True
-        threading.Thread(target=self._peer_reader, args=(comm,), daemon=True,
-                         name=f"worker-peer {comm.peer_address}").start()
-        return False
-
-    def _peer_comm(self, address: str) -> Comm:
-        with self._peer_lock:
-            comm = self._peers.get(address)
-            if comm is not None and not comm.closed:
-                return comm
-        comm = registry.connect(address, timeout=config.get("comm.timeouts.connect"),
-                                security=self.security)
-        with self._peer_lock:
-            existing = self._peers.get(address)
-            if existing is not None and not existing.closed and existing is not comm:
-                comm.close()
-                return existing
-            self._peers[address] = comm
-        self._attach(comm)
-        return comm
-
-    def _direct_peer(self, address: str) -> Comm | None:
-        """The open peer comm to ``address`` whose messages reach the loop directly."""
-        with self._peer_lock:
-            comm = self._peers.get(address)
-            if comm is not None and not comm.closed and id(comm) in self._direct:
-                return comm
-        return None
-
-    def _send_fetch(self, comm: Comm, worker: str, keys: list) -> None:
-        """Ask ``worker`` for ``keys`` over a direct comm: the reply is handled on the loop."""
-        rid = f"{self.address}/{next(self._ids)}"
-        self._direct_fetches[rid] = (worker, keys, comm, time.monotonic())
-        try:
-            comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
-        except (CommClosedError, OSError) as e:
-            if self._direct_fetches.pop(rid, None) is not None:
-                self.loop.put((None, ev.GatherDepFailure(worker, keys, str(e), time.time())))
-
-    def _peer_message(self, comm: Comm, payload: Any) -> list:
-        """A message from a direct peer comm, on the loop thread; returns state commands."""
-        now = time.time()
-        if payload is CLOSED:
-            with self._peer_lock:
-                self._reading.discard(id(comm))
-                self._direct.discard(id(comm))
-                for a, c in list(self._peers.items()):
-                    if c is comm:
-                        del self._peers[a]
-            out: list = []
-            for rid, (worker, keys, c, _) in list(self._direct_fetches.items()):
-                if c is comm:
-                    del self._direct_fetches[rid]
-                    out += self.state.handle(ev.GatherDepFailure(worker, keys,
-                                                                 "connection lost", now))
-            return out
-        out = []
-        for msg in payload if isinstance(payload, list) else [payload]:
-            op = msg.get("op") if isinstance(msg, dict) else None
-            if op == "get-data":
-                self._serve(comm, msg)
-            elif op == "data-reply":
-                entry = self._direct_fetches.pop(msg.get("request_id"), None)
-                if entry is None:
-                    continue
-                worker, _, _, started = entry
-                data = msg.get("data") or {}
-                b, t = self._transfers
-                self._transfers = (b + sum(sizeof(v) for v in data.values()),
-                                   t + time.monotonic() - started)
-                self.telemetry.transfer(worker, started, self._transfers[0] - b)
-                out += self.state.handle(ev.GatherDepSuccess(
-                    worker, data, msg.get("missing") or [], dict(msg.get("errors") or {}), now))
-            else:
-                logger.warning("dropping peer %s: unexpected op %r", comm.peer_address, op)
-                comm.close()
-                break
-        return out
-
-    def _peer_reader(self, comm: Comm) -> None:
-        try:
-            while not self._closed.is_set():
-                msgs = comm.recv()
-                for msg in msgs if isinstance(msgs, list) else [msgs]:
-                    op = msg.get("op") if isinstance(msg, dict) else None
-                    if op == "get-data":
-                        self._serve(comm, msg)
-                    elif op == "data-reply":
-                        entry = self._pending.get(msg.get("request_id"))
-                        if entry is not None:
-                            entry[1].append(msg)
-                            entry[0].set()
-                    else:
-                        logger.warning("dropping peer %s: unexpected op %r", comm.peer_address,
-                                       op)
-                        comm.close()
-                        return
-        except (CommClosedError, OSError, EOFError):
-            pass
-        finally:
-            with self._peer_lock:
-                self._reading.discard(id(comm))
-                for a, c in list(self._peers.items()):
-                    if c is comm:
-                        del self._peers[a]
-            for event, box, c in list(self._pending.values()):
-                if c is comm:  # fetches waiting on this peer fail now, not at a timeout
-                    box.append(None)
-                    event.set()
-
-    def _serve(self, comm: Comm | None, msg: dict) -> None:
-        data = self.state.data
-        get = data.peek if self.spill_buffer is not None else data.__getitem__
-        out: dict = {}
-        missing = []
-        wrap = bool(msg.get("serialized"))
-        for key in msg.get("keys", ()):
-            try:
-                value = get(key)
-            except KeyError:
-                missing.append(key)
-                continue
-            out[key] = value
-        reply = {"op": "data-reply", "request_id": msg.get("request_id"), "missing": missing}
-        errors: dict = {}
-        if wrap:  # for a relay (the scheduler): one opaque blob for all the values
-            try:
-                reply["blob"] = serialize(out)
-            except SerializationError:
-                errors = serialization_errors(out, self.address)
-                reply["blob"] = serialize({k: v for k, v in out.items() if k not in errors})
-        else:
-            reply["data"] = out
-        if errors:
-            reply["errors"] = errors
-        if comm is self._scheduler_comm:
-            self._outbox.append(reply)  # on the loop thread: goes out with this batch
-        else:
-            try:
-                comm.send([reply])
-            except SerializationError:  # a value the transport must pickle refuses to be
-                errors = serialization_errors(out, self.address)
-                reply["data"] = {k: v for k, v in out.items() if k not in errors}
-                reply["errors"] = errors
-                try:
-                    comm.send([reply])
-                except (CommClosedError, OSError, SerializationError):
-                    pass
-            except (CommClosedError, OSError):
-                pass
-        for key, (packed, tb_text, text) in errors.items():
-            logger.warning("the result of %r cannot leave worker %s: %s", key, self.address, text)
-            self.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, time.time())))
-
-    def _fetch(self, worker: str, keys: list) -> None:
-        rid = f"{self.address}/{next(self._ids)}"
-        event = threading.Event()
-        box: list = []
-        started = time.monotonic()
-        try:
-            comm = self._peer_comm(worker)
-            if id(comm) in self._direct:
-                self._send_fetch(comm, worker, keys)
-                return
-            self._pending[rid] = (event, box, comm)
-            comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
-            timeout = config.get("comm.timeouts.connect") * 4
-            while not event.wait(1.0):
-                timeout -= 1.0
-                if self._closed.is_set() or comm.closed or timeout <= 0:
-                    raise CommClosedError(f"no answer from {worker}")
-            reply = box[0]
-            if reply is None:
-                raise CommClosedError(f"connection to {worker} lost")
-            data = reply.get("data") or {}
-            nbytes = sum(sizeof(v) for v in data.values())
-            b, t = self._transfers
-            self._transfers = (b + nbytes, t + time.monotonic() - started)
-            self.telemetry.transfer(worker, started, nbytes)
-            result = ev.GatherDepSuccess(worker, reply.get("data") or {},
-                                         reply.get("missing") or [],
-                                         dict(reply.get("errors") or {}), time.time())
-        except (CommClosedError, OSError, TimeoutError) as e:
-            result = ev.GatherDepFailure(worker, keys, str(e), time.time())
-        finally:
-            self._pending.pop(rid, None)
-        if not self._closed.is_set():
-            self.loop.put((None, result))
-

@@ -1,5 +1,5 @@
 """A worker's side of cluster control: ``run`` a function, receive an uploaded file, set up
-and tear down worker plugins.
+and tear down worker plugins, and call their ``transition`` hook.
 
 The scheduler relays these from a client (see :mod:`hpcsched.core.cluster_control`).
 ``run`` executes on a thread of its own, never on the worker's loop (which
@@ -11,6 +11,14 @@ An uploaded file is written into the worker's ``local_directory`` (a private
 temporary one if it has none), which is put on ``sys.path``; a ``.py`` file is
 then imported (reloaded if it was already), a ``.zip``/``.egg`` put on
 ``sys.path`` itself, as distributed's ``upload_file`` does.
+
+A plugin's ``transition(key, start, finish)`` is called on the worker's loop
+thread for each task state change, as distributed's ``WorkerPlugin.transition``
+(https://distributed.dask.org/en/stable/plugins.html#worker-plugins), after
+the event that caused it is handled (the state is consistent then). The state
+machine records changes only while a plugin defines the hook, so that a worker
+without one pays nothing for it; an exception in the hook is logged, the
+worker goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import threading
 from typing import Any
 
 from hpcsched.core.cluster_control import call_hook, call_with, check_filename, error_reply
+from hpcsched.core.plugins import WorkerPlugin
 from hpcsched.core.serialize import dumps_object, loads_function, loads_object
 
 logger = logging.getLogger("hpcsched.worker")
@@ -42,6 +51,7 @@ class WorkerControl:
         self._lock = threading.Lock()
         self._made: str | None = None  # a temporary directory this worker made: removed at close
         self.plugins: dict[str, Any] = {}  # name -> worker plugin set up here
+        self._watching: tuple = ()  # the plugins with a transition hook (read on the loop)
 
     def cleanup(self) -> None:
         """Tear the plugins down and remove the temporary directory made for uploads (the
@@ -93,6 +103,7 @@ class WorkerControl:
                 call_hook(plugin, "setup", worker=self.worker)
                 with self._lock:
                     self.plugins[name] = plugin
+            self._watch()
             reply = {"status": "OK", "result": dumps_object({"status": "OK"})}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             logger.warning("worker plugin %s: %s failed: %s", name, msg["op"], e)
@@ -105,12 +116,34 @@ class WorkerControl:
             with self._lock:
                 plugins = list(self.plugins.items())
             for name, plugin in plugins:
+                if getattr(plugin, "in_nanny", False):
+                    continue  # a nanny plugin lives in the worker's nanny: kept as it is
                 self._teardown(name, plugin)
                 call_hook(plugin, "setup", worker=self.worker)
             reply = {"status": "OK", "result": dumps_object(None)}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             reply = error_reply(e)
         self.send({"op": "run-reply", "request_id": msg.get("request_id"), **reply})
+
+    def _watch(self) -> None:
+        """Have the state machine report state changes while a plugin wants them."""
+        with self._lock:
+            watching = tuple(p for p in self.plugins.values() if has_transition(p))
+
+        def install() -> None:  # on the loop: the state machine is the loop's alone
+            self._watching = watching
+            self.worker.state.watch_transitions(self._transitions if watching else None)
+
+        self.worker.loop.call(install)
+
+    def _transitions(self, changes: list) -> None:
+        for key, start, finish in changes:
+            for plugin in self._watching:
+                try:
+                    plugin.transition(key, start, finish)
+                except Exception:  # noqa: BLE001 - a plugin's error is not the worker's
+                    logger.exception("worker plugin %r failed in transition(%r, %r, %r)",
+                                     plugin, key, start, finish)
 
     def _teardown(self, name: str, plugin: Any) -> None:
         try:
@@ -165,3 +198,9 @@ def load(path: str) -> None:
         else:
             sys.modules.pop(root, None)
             importlib.import_module(root)
+
+
+def has_transition(plugin: Any) -> bool:
+    """Does ``plugin`` define a ``transition`` hook (not only inherit our base's no-op)?"""
+    hook = getattr(type(plugin), "transition", None)
+    return callable(hook) and hook is not WorkerPlugin.transition

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from hpcsched.core import events as ev
@@ -99,6 +99,9 @@ class WorkerState:
         self._seq = itertools.count()
         self._out: list = []
         self.closing = False
+        # (key, start, finish) of each state change, while someone watches them
+        self.transitions: list | None = None
+        self.on_transitions: Callable[[list], None] | None = None
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list:
@@ -106,7 +109,33 @@ class WorkerState:
         self._ensure_communicating()
         self._ensure_computing()
         out, self._out = self._out, []
+        if self.transitions:
+            changes, self.transitions = self.transitions, []
+            self.on_transitions(changes)
         return out
+
+    def watch_transitions(self, callback: Callable[[list], None] | None) -> None:
+        """Have ``callback(changes)`` called after each event that changed task states,
+        with the ``(key, start, finish)`` of each change in order (``finish`` is
+        "forgotten" when the task is dropped); ``None`` stops it. Off (the default), a
+        change costs one test; on, the state is consistent when the callback runs."""
+        self.on_transitions = callback
+        self.transitions = [] if callback is not None else None
+
+    def _set_state(self, ts: WTask, finish: str) -> None:
+        # the states every task passes through test ``self.transitions`` inline instead
+        # (no call when nobody watches)
+        if self.transitions is not None:
+            self._note(ts, finish)
+        ts.state = finish
+
+    def _note(self, ts: WTask, finish: str) -> None:
+        if ts.state != finish:
+            self.transitions.append((ts.key, ts.state, finish))
+
+    def _forget(self, ts: WTask) -> None:
+        if self.tasks.pop(ts.key, None) is ts and self.transitions is not None:
+            self.transitions.append((ts.key, ts.state, "forgotten"))
 
     def _to_scheduler(self, msg: dict) -> None:
         self._out.append(ev.Send("scheduler", msg))
@@ -132,7 +161,7 @@ class WorkerState:
             # we were fetching it as someone's dependency; computing it is what we're asked now
             if ts.state == "flight":
                 ts.release_after = True  # drop the transfer's copy
-            ts.state = "released"
+            self._set_state(ts, "released")
         ts.run_spec = e.run_spec
         ts.priority = tuple(e.priority)
         ts.duration = e.duration
@@ -155,19 +184,23 @@ class WorkerState:
             if dts.state == "released":
                 self._to_fetch(dts)
         if ts.waiting_for_data:
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "waiting")
             ts.state = "waiting"
         else:
             self._to_ready(ts)
 
     def _to_fetch(self, ts: WTask) -> None:
         if ts.who_has:
-            ts.state = "fetch"
+            self._set_state(ts, "fetch")
             ts.seq = next(self._seq)
             heapq.heappush(self.fetch_queue, (ts.priority, ts.seq, ts))
         else:
-            ts.state = "missing"
+            self._set_state(ts, "missing")
 
     def _to_ready(self, ts: WTask) -> None:
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "ready")
         ts.state = "ready"
         ts.seq = next(self._seq)
         heap = self.constrained if ts.resource_restrictions else self.ready
@@ -197,10 +230,12 @@ class WorkerState:
             ts.dependencies.clear()
             ts.waiting_for_data.clear()
         self.data.pop(ts.key, None)
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "released")
         ts.state = "released"
         ts.release_after = False
         if not ts.dependents:
-            self.tasks.pop(ts.key, None)
+            self._forget(ts)
 
     def _needed(self, ts: WTask) -> bool:
         return any(d.state in NEEDS_DEPENDENCIES for d in ts.dependents)
@@ -256,6 +291,8 @@ class WorkerState:
         else:
             self._store(ts.key, value, nbytes)
         ts.nbytes = nbytes
+        if self.transitions is not None:  # inline: a task passes here every time
+            self._note(ts, "memory")
         ts.state = "memory"
         for dts in ts.dependents:
             if ts in dts.waiting_for_data:
@@ -277,11 +314,11 @@ class WorkerState:
         self._finish_executing(ts)
         if ts.release_after:
             self._done_with_dependencies(ts)
-            ts.state = "released"
+            self._set_state(ts, "released")
             ts.release_after = False
             ts.keep = False
             if not ts.dependents:
-                self.tasks.pop(ts.key, None)
+                self._forget(ts)
             return
         self._put(ts, e.value, e.nbytes)
         self._done_with_dependencies(ts)
@@ -295,15 +332,15 @@ class WorkerState:
         self._finish_executing(ts)
         self._done_with_dependencies(ts)
         if ts.release_after:
-            ts.state = "released"
-            self.tasks.pop(ts.key, None)
+            self._set_state(ts, "released")
+            self._forget(ts)
             return
-        ts.state = "error"
+        self._set_state(ts, "error")
         ts.keep = False
         self._to_scheduler({"op": "task-erred", "key": ts.key, "exception": e.exception,
                             "traceback": e.traceback, "exception_text": e.exception_text,
                             "start": e.start, "stop": e.stop})
-        self.tasks.pop(ts.key, None)
+        self._forget(ts)
 
     def _finish_executing(self, ts: WTask) -> None:
         self.executing.discard(ts)
@@ -328,7 +365,7 @@ class WorkerState:
                 if ts.release_after or ts.state != "flight":
                     ts.release_after = False
                     if ts.state == "flight":
-                        ts.state = "released"
+                        self._set_state(ts, "released")
                     if not ts.keep and not self._needed(ts):
                         self._release(ts)
                         continue
@@ -348,7 +385,7 @@ class WorkerState:
         would have the scheduler recompute a result that fails the same way."""
         ts.who_has.discard(worker)
         ts.release_after = False
-        ts.state = "missing"
+        self._set_state(ts, "missing")
         if not ts.keep and not self._needed(ts):
             self._release(ts)
 
@@ -356,14 +393,14 @@ class WorkerState:
         ts.who_has.discard(worker)
         if ts.release_after:
             ts.release_after = False
-            ts.state = "released"
+            self._set_state(ts, "released")
             if not ts.keep and not self._needed(ts):
                 self._release(ts)
                 return
         if ts.state not in ("flight", "released", "fetch", "missing"):
             return
         self._to_scheduler({"op": "missing-data", "key": ts.key, "errant_worker": worker})
-        ts.state = "released"
+        self._set_state(ts, "released")
         self._to_fetch(ts)
 
     def _gather_dep_failure(self, e: ev.GatherDepFailure) -> None:
@@ -383,7 +420,7 @@ class WorkerState:
             return
         self.executing.discard(ts)
         self.long_running.add(ts)
-        ts.state = "long-running"
+        self._set_state(ts, "long-running")
         self._to_scheduler({"op": "long-running", "key": ts.key,
                             "compute_duration": e.compute_duration})
 
@@ -393,7 +430,7 @@ class WorkerState:
             # not seceded (or released meanwhile): nothing to wait for
             self._out.append(ev.Resume(e.key))
             return
-        ts.state = "rejoining"
+        self._set_state(ts, "rejoining")
         self.rejoining.append(ts)
 
     def _serve_failed(self, e: ev.ServeFailed) -> None:
@@ -416,6 +453,8 @@ class WorkerState:
             ts = self.rejoining.pop(0)
             self.long_running.discard(ts)
             self.executing.add(ts)
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "executing")
             ts.state = "executing"
             self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
@@ -436,6 +475,8 @@ class WorkerState:
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
             else:
                 _, _, ts = heapq.heappop(self.ready)
+            if self.transitions is not None:  # inline: a task passes here every time
+                self._note(ts, "executing")
             ts.state = "executing"
             self.executing.add(ts)
             if ts.duration >= SHORT_TASK:
@@ -476,7 +517,7 @@ class WorkerState:
                     batch.add(other)
                     total += max(other.nbytes, 0)
             for t in batch:
-                t.state = "flight"
+                self._set_state(t, "flight")
                 t.coming_from = worker
             self.in_flight_workers[worker] = batch
             self._out.append(ev.GatherDep(worker, [t.key for t in batch]))

@@ -17,14 +17,27 @@ Example::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hpcsched._lazy import lazy_exports
 
+# progress() is hpcsched.progress: here the name is the submodule's, which Python binds on
+# the package once imported, so a lazy function of that name would come and go
 _exports = {
     "performance_report": "hpcsched.diagnostics.report",
     "get_task_stream": "hpcsched.diagnostics.report",
-    "progress": "hpcsched.diagnostics.progress",
 }
 
-__all__ = sorted(_exports)
+__all__ = [
+    "get_task_stream",
+    "performance_report",
+]
 
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)
+# Type checkers and IDEs read these imports (public through __all__, which they read as a
+# literal list); at run time the names come from __getattr__ below. tests/test_exports.py
+# keeps _exports, __all__ and these imports equal. Without a __getattr__ in their view, a
+# misspelt name is an error to them rather than Any.
+if TYPE_CHECKING:
+    from hpcsched.diagnostics.report import get_task_stream, performance_report
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

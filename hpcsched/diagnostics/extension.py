@@ -26,11 +26,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
+
+if TYPE_CHECKING:  # imported when the dashboard is served: its HTTP server is not needed before
+    from hpcsched.diagnostics.server import DashboardServer
 
 logger = logging.getLogger("hpcsched.diagnostics")
 
@@ -61,7 +64,7 @@ class Diagnostics:
         self.refresh = float(config.get("diagnostics.dashboard.refresh"))
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
-        self.server = None
+        self.server: DashboardServer | None = None
         self.link: str | None = None
         security = getattr(scheduler, "security", None)
         self.token = dashboard_token(security.secret if security is not None else None)

@@ -18,6 +18,7 @@ finishes.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -42,7 +43,7 @@ class _Tracker:
         self.left = len(futures)
         self.on_change = on_change
         self.start = time.monotonic()
-        groups = {}
+        groups: dict[Any, str] = {}
         for f in futures:
             g = groups[f.key] = key_split(f.key)
             self.total[g] = self.total.get(g, 0) + 1
@@ -51,7 +52,7 @@ class _Tracker:
         if not futures:
             self.finished.set()
         for f in futures:
-            f.add_done_callback(lambda fut, g=groups[f.key]: self._one(fut, g))
+            f.add_done_callback(functools.partial(self._one, group=groups[f.key]))
 
     def _one(self, fut: Future, group: str) -> None:
         with self.lock:
@@ -86,6 +87,7 @@ def _text_bar(done: int, total: int, erred: int, elapsed: float, width: int = 40
 
 
 def text_progress(tracker: _Tracker, file: Any = None, interval: float = 0.1) -> None:
+    """Draw a text bar on ``file`` (stderr) every ``interval`` s until the futures finish."""
     file = file or sys.stderr
     while True:
         finished = tracker.finished.wait(interval)
@@ -124,12 +126,14 @@ class ProgressWidget:
                                         layout=self.w.Layout(width="200px")), bar, label])
 
     def on_change(self, last: bool) -> None:
+        """A future finished: redraw, at most every WIDGET_REDRAW s but for the ``last``."""
         now = time.monotonic()
         if last or now - self._last >= WIDGET_REDRAW:
             self._last = now
             self.redraw()
 
     def redraw(self) -> None:
+        """Set every bar and label from the tracker's counts."""
         t = self.tracker
         with self._lock, t.lock:
             if self.multi:

@@ -49,8 +49,10 @@ def request(client: Any, what: str, timeout: float | None = 60.0, **kw: Any) -> 
 
 
 def as_time(t: Any) -> float:
-    """A start given as epoch seconds, or as a string like dask's ``"10s"`` / ``"2 min"``
-    meaning that long ago."""
+    """Epoch seconds from a start given as epoch seconds or as a time ago.
+
+    A string such as dask's ``"10s"`` / ``"2 min"`` means that long ago.
+    """
     if t is None:
         return 0.0
     if isinstance(t, (int, float)):
@@ -62,8 +64,11 @@ def as_time(t: Any) -> float:
 
 def task_stream_records(client: Any, start: Any = None, stop: Any = None,
                         count: int | None = None) -> list[dict]:
-    """The task stream as distributed's ``get_task_stream`` gives it: one dict a task, with
-    ``worker``, ``key``, ``group``, ``thread``, ``status`` and ``startstops``."""
+    """The task stream as distributed's ``get_task_stream`` gives it.
+
+    One dict a task, with ``worker``, ``key``, ``group``, ``thread``, ``status`` and
+    ``startstops``.
+    """
     reply = request(_client(client), "task-stream", start=as_time(start),
                     stop=None if stop is None else as_time(stop), limit=count or 100_000)
     out = [{"worker": w, "thread": lane, "group": group, "key": key,
@@ -79,8 +84,10 @@ def task_stream_records(client: Any, start: Any = None, stop: Any = None,
 
 
 def worker_logs(client: Any, n: int | None = None, workers: list | None = None) -> dict:
-    """``{worker address: [(level, message), ...]}``, the last ``n`` records of each (the
-    workers send theirs with their heartbeats)."""
+    """``{worker address: [(level, message), ...]}``, the last ``n`` records of each.
+
+    The workers send theirs with their heartbeats.
+    """
     logs = request(client, "worker-logs", workers=workers)["logs"]
     out = {}
     for address, records in logs.items():
@@ -90,7 +97,9 @@ def worker_logs(client: Any, n: int | None = None, workers: list | None = None) 
 
 
 class get_task_stream:  # noqa: N801 - distributed's name, used as a context manager
-    """Collect the task stream of the work done inside the ``with`` block::
+    """Collect the task stream of the work done inside the ``with`` block.
+
+    ::
 
         with get_task_stream(client) as ts:
             client.gather(futures)
@@ -133,9 +142,10 @@ def write_report(client: Any, start: float, filename: str | os.PathLike) -> str:
 
 
 class performance_report:  # noqa: N801 - distributed's name, used as a context manager
-    """Write one self-contained HTML file (it opens offline, nothing is fetched) about the
-    work done inside the ``with`` block: task stream, time per task group, transfers,
-    worker utilization over time, the scheduler's events::
+    """Write one self-contained HTML file about the work done inside the ``with`` block.
+
+    The file opens offline (nothing is fetched) and shows the task stream, time per task
+    group, transfers, worker utilization over time and the scheduler's events::
 
         with performance_report(filename="report.html"):
             client.gather(client.map(f, range(1000)))

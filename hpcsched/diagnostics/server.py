@@ -44,7 +44,7 @@ REQUEST_TIMEOUT = 30.0  # seconds an idle keep-alive connection holds its thread
 
 
 def static_text(name: str) -> str:
-    return resources.files("hpcsched.diagnostics").joinpath("static", name).read_text("utf-8")
+    return resources.files("hpcsched.diagnostics").joinpath("static").joinpath(name).read_text("utf-8")
 
 
 def page_html(page: str, data: str = "") -> str:

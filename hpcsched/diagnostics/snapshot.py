@@ -176,7 +176,7 @@ def compact_stream(raw: dict, now: float, since: float = 0.0) -> dict:
 
 def events(recorder: Any, start: float = 0.0, limit: int = 500) -> list[list]:
     """Recent events, oldest first, as ``[time, topic, text]``."""
-    out = []
+    out: list[list] = []
     for t, topic, what in reversed(recorder.events):
         if t < start or len(out) >= limit:
             break

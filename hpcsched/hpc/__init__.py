@@ -8,6 +8,8 @@ Names are imported on first use, so ``import hpcsched.hpc`` never imports mpi4py
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hpcsched._lazy import lazy_exports
 
 _exports = {
@@ -16,7 +18,18 @@ _exports = {
     "initialize": "hpcsched.hpc.bootstrap",
 }
 
-__all__ = sorted(_exports)
+__all__ = [
+    "init_endpoint",
+    "initialize",
+    "shutdown_endpoint",
+]
 
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)
+# Type checkers and IDEs read these imports (public through __all__, which they read as a
+# literal list); at run time the names come from __getattr__ below. tests/test_exports.py
+# keeps _exports, __all__ and these imports equal. Without a __getattr__ in their view, a
+# misspelt name is an error to them rather than Any.
+if TYPE_CHECKING:
+    from hpcsched.hpc.bootstrap import initialize
+    from hpcsched.hpc.mpi import init_endpoint, shutdown_endpoint
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

@@ -54,7 +54,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from hpcsched.core import config
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
@@ -142,8 +142,10 @@ def _world(comm: Any = None) -> _Job:
 
 
 def _setup(options: InitOptions) -> _Job:
-    """Collective start-up on every rank of ``options.comm``: endpoint, exit fence;
-    rank 0's scheduler."""
+    """Collective start-up on every rank of ``options.comm``.
+
+    Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler.
+    """
     global _job, _scheduler
     job = _world(options.comm)
     if job.size == 1:
@@ -206,7 +208,7 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
                        f"memory: {why}")
 
     kwargs: dict[str, Any] = {
-        "nthreads": nthreads or res.nthreads,
+        "nthreads": nthreads if res is None else nthreads or res.nthreads,
         "memory_limit": memory_bytes(memory_limit, res.memory_limit if res else 0),
         "name": f"rank-{job.rank}" if name is None else name,
         "host": host,
@@ -486,7 +488,7 @@ def _record_exit_status() -> None:
         _exit_status = EXIT_INTERRUPTED if issubclass(tp, KeyboardInterrupt) else 1
         previous_hook(tp, value, tb)
 
-    def recording_exit(status: Any = None) -> None:
+    def recording_exit(status: Any = None) -> NoReturn:
         global _exit_status
         code = status if status is None or isinstance(status, int) else 1
         _exit_status = 0 if code is None else code & 0xFF

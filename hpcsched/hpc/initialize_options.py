@@ -182,7 +182,7 @@ def _worker_options(options: dict | None, cls: type | None) -> tuple[dict, list[
     if not isinstance(options, dict):
         raise TypeError(f"initialize: worker_options must be a dict, got "
                         f"{type(options).__name__}")
-    params = inspect.signature((cls or Worker).__init__).parameters
+    params = inspect.signature(cls or Worker).parameters  # the __init__ options, no self
     has_var_kw = any(p.kind is p.VAR_KEYWORD for p in params.values())
     reserved = {"self", "scheduler_address", "on_close"}
     kwargs, notes = {}, []

@@ -50,7 +50,6 @@ import atexit
 import itertools
 import logging
 import mmap
-import queue
 import struct
 import sys
 import threading
@@ -71,18 +70,17 @@ from hpcsched.core.comm.base import (
 )
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
+from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener
 
 logger = logging.getLogger(__name__)
 
 TAG_CONTROL = 7301
 TAG_DATA = 7302
 
-KIND_HELLO, KIND_MSG, KIND_BYE = 1, 2, 3
 WIRE_VERSION = 1
 # version, kind, sent by the channel's initiator?, initiator rank, channel number, frame count
 _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
-_CLOSE = object()
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
 
@@ -142,127 +140,6 @@ class _Incoming:
         self.missing = missing  # (frame index, nbytes) of frames that follow as data messages
 
 
-class MPIComm(Comm):
-    """One channel between this rank and ``peer``; see the module docstring."""
-
-    def __init__(self, endpoint: Endpoint, peer: int, key: tuple[int, int, int, bool]):
-        self._ep = endpoint
-        self.peer = peer
-        self._key = key  # (peer, initiator rank, channel number, this side initiated?)
-        self.local_address = f"mpi://{endpoint.rank}"
-        self.peer_address = f"mpi://{peer}"
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._closed = False
-        self._peer_closed = False
-        self._reason = "peer closed"
-        self._target: tuple[Any, Any, Any] | None = None  # deliver_to: (inbox, source, marker)
-        self._target_lock = threading.Lock()
-
-    @property
-    def channel(self) -> tuple[int, int]:
-        """(initiator rank, number): the same on both ends of the channel."""
-        return self._key[1], self._key[2]
-
-    def send(self, msg: Any) -> None:
-        if self._closed:
-            raise CommClosedError(f"{self!r} is closed")
-        if self._peer_closed:
-            raise CommClosedError(f"{self!r}: {self._reason}")
-        self._ep._send(self.peer, KIND_MSG, self._key, serialize.dumps(msg))
-
-    def recv(self, timeout: float | None = None) -> Any:
-        if self._closed:
-            raise CommClosedError(f"{self!r} is closed")
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError(f"no message on {self!r} within {timeout}s") from None
-        if item is _CLOSE:
-            self._closed = True
-            self._queue.put(_CLOSE)  # later recv calls fail too
-            raise CommClosedError(f"{self!r}: {self._reason}")
-        return serialize.loads(item)
-
-    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
-        """The progress thread unpickles each message and puts it on ``inbox`` itself:
-        one thread hand-off per message instead of two."""
-        with self._target_lock:
-            while True:  # what arrived before goes first, in order
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                self._push(inbox, source, closed_marker, item)
-            self._target = (inbox, source, closed_marker)
-        return True
-
-    def _push(self, inbox: Any, source: Any, marker: Any, item: Any) -> None:
-        if item is _CLOSE:
-            inbox.put((source, marker))
-            return
-        try:
-            msg = serialize.loads(item)
-        except serialize.SerializationError as e:
-            logger.warning("closing %r: undecodable message: %s", self, e)
-            inbox.put((source, marker))
-            return
-        offer = getattr(inbox, "offer", None)  # a Loop's inbox: run it here if it is idle
-        if offer is not None:
-            offer((source, msg))
-        else:
-            inbox.put((source, msg))
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if not self._peer_closed:
-            try:
-                self._ep._send(self.peer, KIND_BYE, self._key, ())
-            except CommClosedError:
-                pass  # the endpoint is shut down: the peer learns nothing more from us anyway
-        self._ep._forget(self)
-        self._queue.put(_CLOSE)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    # called by the progress thread
-    def _deliver(self, frames: list[Any]) -> None:
-        if self._closed:
-            return
-        target = self._target
-        if target is None:
-            with self._target_lock:
-                target = self._target
-                if target is None:
-                    self._queue.put(frames)
-                    return
-        self._push(*target, frames)
-
-    def _on_peer_closed(self, reason: str = "peer closed") -> None:
-        if not self._peer_closed:
-            self._reason = reason
-            self._peer_closed = True
-            with self._target_lock:
-                target = self._target
-                if target is None:
-                    self._queue.put(_CLOSE)
-            if target is not None:
-                target[0].put((target[1], target[2]))
-
-
-class MPIListener(Listener):
-    def __init__(self, endpoint: Endpoint, on_connect: Callable[[Comm], None]):
-        self._ep = endpoint
-        self.on_connect = on_connect
-        self.address = f"mpi://{endpoint.rank}"
-
-    def stop(self) -> None:
-        self._ep._unlisten(self)
-
-
 class Endpoint:
     """This process's MPI endpoint: the private communicator and the progress thread."""
 
@@ -312,7 +189,7 @@ class Endpoint:
             if self._shut:
                 raise CommClosedError(f"the MPI endpoint of rank {self.rank} is shut down")
             self._channels[key] = comm
-        self._send(rank, KIND_HELLO, key, ())
+        self.send_frames(rank, KIND_HELLO, key, ())
         return comm
 
     def listen(self, on_connect: Callable[[Comm], None]) -> MPIListener:
@@ -362,7 +239,7 @@ class Endpoint:
             except Exception:  # best effort: the job is ending anyway
                 logger.debug("freeing the endpoint communicator failed", exc_info=True)
         for comm in list(self._unaccepted):
-            comm._on_peer_closed("MPI endpoint shut down")
+            comm.on_peer_closed("MPI endpoint shut down")
         self._unaccepted.clear()
 
     def pending_sends(self) -> int:
@@ -377,7 +254,7 @@ class Endpoint:
                 lock = self._send_locks.setdefault(dest, threading.Lock())
         return lock
 
-    def _send(self, dest: int, kind: int, key: tuple[int, int, int, bool],
+    def send_frames(self, dest: int, kind: int, key: tuple[int, int, int, bool],
               frames: Sequence[serialize.Frame]) -> None:
         if self.error is not None:
             raise CommClosedError(f"the MPI endpoint of rank {self.rank} failed: {self.error!r}")
@@ -476,7 +353,7 @@ class Endpoint:
             with self._lock:
                 comms = list(self._channels.values()) + list(self._unaccepted)
             for comm in comms:
-                comm._on_peer_closed(f"MPI endpoint failed: {e!r}")
+                comm.on_peer_closed(f"MPI endpoint failed: {e!r}")
 
     def _poke(self) -> None:
         """Wake the progress thread now (from another thread)."""
@@ -588,22 +465,22 @@ class Endpoint:
             logger.debug("rank %d drops a message for closed channel %s", self.rank, item.key)
             return
         if item.kind == KIND_MSG:
-            comm._deliver(item.frames)
+            comm.deliver(item.frames)
         else:  # KIND_BYE
-            comm._on_peer_closed()
-            self._forget(comm)
+            comm.on_peer_closed()
+            self.forget(comm)
 
     def _accept(self, lst: MPIListener, comm: MPIComm) -> None:
         # in a thread of its own: on_connect may block on comm.recv, which needs this thread
         threading.Thread(target=lst.on_connect, args=(comm,), daemon=True,
                          name=f"mpi-accept {comm.peer_address}").start()
 
-    def _forget(self, comm: MPIComm) -> None:
+    def forget(self, comm: MPIComm) -> None:
         with self._lock:
-            if self._channels.get(comm._key) is comm:
-                del self._channels[comm._key]
+            if self._channels.get(comm.key) is comm:
+                del self._channels[comm.key]
 
-    def _unlisten(self, lst: MPIListener) -> None:
+    def unlisten(self, lst: MPIListener) -> None:
         with self._lock:
             if self._listener is lst:
                 self._listener = None

@@ -9,6 +9,8 @@ leaks), and one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hpcsched._lazy import lazy_exports
 
 _exports = {
@@ -26,7 +28,37 @@ _exports = {
     "launch_command": "hpcsched.jobqueue.launch",
 }
 
-__all__ = sorted(_exports)
+__all__ = [
+    "BatchCommandError",
+    "BatchCommandNotFound",
+    "BatchCommandTimeout",
+    "Job",
+    "JobFailedError",
+    "JobQueueCluster",
+    "JobState",
+    "LSFCluster",
+    "PBSCluster",
+    "SGECluster",
+    "SLURMCluster",
+    "launch_command",
+]
 
-
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)
+# Type checkers and IDEs read these imports (public through __all__, which they read as a
+# literal list); at run time the names come from __getattr__ below. tests/test_exports.py
+# keeps _exports, __all__ and these imports equal. Without a __getattr__ in their view, a
+# misspelt name is an error to them rather than Any.
+if TYPE_CHECKING:
+    from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster
+    from hpcsched.jobqueue.job import Job, JobState
+    from hpcsched.jobqueue.launch import launch_command
+    from hpcsched.jobqueue.lsf import LSFCluster
+    from hpcsched.jobqueue.pbs import PBSCluster
+    from hpcsched.jobqueue.runner import (
+        BatchCommandError,
+        BatchCommandNotFound,
+        BatchCommandTimeout,
+    )
+    from hpcsched.jobqueue.sge import SGECluster
+    from hpcsched.jobqueue.slurm import SLURMCluster
+else:
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

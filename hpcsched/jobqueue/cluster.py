@@ -89,9 +89,12 @@ class JobQueueCluster(Cluster):
                  loop: Any = None, scheduler_cls: Any = None,
                  job_cls: type[BatchSystem] | None = None, dashboard_address: Any = None,
                  host: str | None = None, **kwargs: Any) -> None:
-        """dask-jobqueue's cluster keywords, then the job parameters (``cores``, ``memory``,
-        ...: :mod:`hpcsched.jobqueue.params`). Keywords that mean nothing here (``loop``,
-        ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored."""
+        """Take dask-jobqueue's cluster keywords, then the job parameters.
+
+        The job parameters (``cores``, ``memory``, ...) are those of
+        :mod:`hpcsched.jobqueue.params`. Keywords that mean nothing here (``loop``,
+        ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored.
+        """
         # every check that can fail runs before anything is started or submitted
         for what, value in (("host", host), ("dashboard_address", dashboard_address)):
             if value is not None:
@@ -147,7 +150,7 @@ class JobQueueCluster(Cluster):
         self._notes: collections.deque[str] = collections.deque(maxlen=1000)  # get_logs()
         self.security = security
         os.makedirs(p["log_directory"], exist_ok=True)
-        self.secret_file = self._write_secret()
+        self.secret_file = self._write_secret(security)
         try:
             super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security, dashboard)
         except BaseException:
@@ -167,14 +170,14 @@ class JobQueueCluster(Cluster):
             self.scale(n_workers)
 
     # ------------------------------------------------------------ setup
-    def _write_secret(self) -> str:
+    def _write_secret(self, security: Security) -> str:
         p = self.system.params
         directory = p["log_directory"]
         if p["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
             directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
                 p["shared_temp_directory"])))
             os.makedirs(directory, exist_ok=True)
-        self._secret = write_secret_file(directory, self.cluster_id, self.security)
+        self._secret = write_secret_file(directory, self.cluster_id, security)
         return self._secret.path
 
     # ------------------------------------------------------------ scripts
@@ -193,8 +196,10 @@ class JobQueueCluster(Cluster):
 
     @property
     def job_name(self) -> str:
-        """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``);
-        each job adds ``-<cluster id>-<n>`` so that workers map to their job."""
+        """The prefix of this cluster's job names (``jobqueue.<system>.name``, ``job_name``).
+
+        Each job adds ``-<cluster id>-<n>`` so that workers map to their job.
+        """
         return self.system.params["job_name"]
 
     def _expected_workers(self, jobs: list[Job]) -> set[str]:
@@ -208,8 +213,10 @@ class JobQueueCluster(Cluster):
 
     @property
     def requested(self) -> set[str]:
-        """Names of the workers of every job submitted and not yet ended (being cancelled
-        included)."""
+        """Names of the workers of every job submitted and not yet ended.
+
+        Jobs being cancelled are included.
+        """
         with self._lock:
             return self._expected_workers([j for j in self.jobs.values() if not j.ended])
 
@@ -380,8 +387,10 @@ class JobQueueCluster(Cluster):
 
     # ------------------------------------------------------------ status
     def _worker_event(self, event: str, address: str, info: dict | None = None) -> None:
-        """Scheduler callback, on its loop thread: queue the event, never block on our lock
-        (which a submission may hold for seconds)."""
+        """Scheduler callback, on its loop thread: queue the event.
+
+        It never blocks on our lock, which a submission may hold for seconds.
+        """
         name = ""
         if event == "add":
             if info is None:  # the callback gives only the address: read the name there
@@ -399,10 +408,10 @@ class JobQueueCluster(Cluster):
                 for job in self.jobs.values():
                     job.workers.pop(address, None)
                 continue
-            job = self._job_of_worker(name)
-            if job is not None:
-                job.workers[address] = name
-                job.workers_seen.add(name)
+            owner = self._job_of_worker(name)
+            if owner is not None:
+                owner.workers[address] = name
+                owner.workers_seen.add(name)
 
     def unit_of(self, worker_name: str) -> str:
         """The job a worker belongs to (Adaptive retires the workers of one job together)."""
@@ -425,10 +434,10 @@ class JobQueueCluster(Cluster):
                 job.workers = {a: w for a, w in job.workers.items() if a in info}
             for address, winfo in info.items():
                 name = str(winfo.get("name", ""))
-                job = self._job_of_worker(name)
-                if job is not None:
-                    job.workers[address] = name
-                    job.workers_seen.add(name)
+                owner = self._job_of_worker(name)
+                if owner is not None:
+                    owner.workers[address] = name
+                    owner.workers_seen.add(name)
 
     def poll(self) -> None:
         """Update every live job's state with one status command (the poll thread calls this)."""
@@ -495,9 +504,12 @@ class JobQueueCluster(Cluster):
                 f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
                 f"{read_tail(job.log_file, clean=self.system.job_output)}")
 
-    def wait_for_workers(self, n: int, timeout: float = 60.0) -> None:
-        """Block until ``n`` workers are connected; JobFailedError if a job died first."""
-        deadline = time.monotonic() + timeout
+    def wait_for_workers(self, n: int, timeout: float | None = 60.0) -> None:
+        """Block until ``n`` workers are connected; JobFailedError if a job died first.
+
+        ``timeout=None`` waits as long as it takes, as the base class does.
+        """
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         with self._lock:
             seen_failures = 0 if self._failed_since_scale else len(self.failed_jobs)
         said = time.monotonic()  # a long wait says, every few seconds, what the jobs do
@@ -521,6 +533,7 @@ class JobQueueCluster(Cluster):
             self._wake.clear()
 
     def job_summary(self) -> str:
+        """The jobs counted by state, e.g. ``"2 running, 1 pending"`` (``"none"``)."""
         with self._lock:
             counts: dict[str, int] = {}
             for j in self.jobs.values():

@@ -142,8 +142,8 @@ def _parse_walltime_str(text: str, what: str, hh_mm: bool = False) -> float:
     s = text.strip()
     days = 0
     if re.match(r"^\d+-", s):
-        d, _, s = s.partition("-")
-        days = int(d)
+        day_text, _, s = s.partition("-")
+        days = int(day_text)
     parts = s.split(":")
     if len(parts) == 3 and all(p.isdigit() for p in parts):
         h, m, sec = (int(p) for p in parts)
@@ -159,9 +159,9 @@ def _parse_walltime_str(text: str, what: str, hh_mm: bool = False) -> float:
         raise ValueError(f"{what}={text!r} is ambiguous (HH:MM or MM:SS?): write HH:MM:SS, "
                          "e.g. '01:30:00'")
     if days == 0 and s:
-        m = _DURATION_RE.match(s)
-        if m and any(m.groups()):
-            d, h, mi, sec = (int(g) if g else 0 for g in m.groups())
+        match = _DURATION_RE.match(s)
+        if match and any(match.groups()):
+            d, h, mi, sec = (int(g) if g else 0 for g in match.groups())
             return d * 86400 + h * 3600 + mi * 60 + sec
     raise ValueError(f"{what}={text!r} is not a duration: use HH:MM:SS ('01:00:00'), "
                      "D-HH:MM:SS, '90m' or '1h30m'")

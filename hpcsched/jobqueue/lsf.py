@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import re
 
+from typing_extensions import override
+
 from hpcsched.jobqueue import runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.cluster import JobQueueCluster
@@ -49,6 +51,8 @@ def lsf_units(envdir: str | None = None) -> str:
 
 
 class LSFSystem(BatchSystem):
+    """IBM Spectrum LSF as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
+
     system = "lsf"
     directive_prefix = "#BSUB"
     account_flag = "-P"
@@ -62,6 +66,7 @@ class LSFSystem(BatchSystem):
     #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
     extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
 
+    @override
     def validate_system(self) -> None:
         p = self.params
         units = str(p["lsf_units"] or lsf_units()).upper()
@@ -77,25 +82,31 @@ class LSFSystem(BatchSystem):
         if p["mem"] is not None:
             self.booked_memory = parse_memory(p["mem"], "mem")
 
+    @override
     @property
     def script_on_stdin(self) -> bool:  # type: ignore[override]
         return bool(self.params["use_stdin"])
 
+    @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         name = f'"{job_name}[1-{array}]"' if array else job_name
         return [f"-J {name}", f"-o {log_file}"]
 
+    @override
     def array_directive(self, job_name: str, count: int) -> list[str]:
         return []  # part of -J
 
+    @override
     def array_log_token(self) -> str:
         return "%I"
 
+    @override
     def queue_account_directives(self) -> list[str]:
         p = self.params  # the project in quotes, as dask-jobqueue writes it (it may hold spaces)
         return ([f"-q {p['queue']}"] if p["queue"] else []) + \
             ([f'-P "{p["account"]}"'] if p["account"] else [])
 
+    @override
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
         out = self.queue_account_directives()
@@ -111,16 +122,20 @@ class LSFSystem(BatchSystem):
             out.append(f"-W {minutes // 60:02d}:{minutes % 60:02d}")
         return out
 
+    @override
     def array_element_ids(self, parent: str, count: int) -> list[str]:
         return [f"{parent}[{i}]" for i in range(1, count + 1)]
 
+    @override
     def query_ids(self, job_ids: list[str]) -> list[str]:
         return list(dict.fromkeys(j.split("[", 1)[0] for j in job_ids))
 
+    @override
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         text = error.stderr + error.stdout
         return any(s in text for s in ("is not found", "has already finished", "No matching job"))
 
+    @override
     def job_output(self, log_text: str) -> str:
         # LSF adds a mail-like job report to the -o file: after the output
         # (LSB_STDOUT_DIRECT=Y) or before it, ending in "The output (if any) follows:"
@@ -136,13 +151,16 @@ class LSFSystem(BatchSystem):
             return log_text[:dashes if dashes >= 0 else cut] + "\n" + "\n".join(status)
         return log_text
 
+    @override
     def status_command(self, job_ids: list[str]) -> list[str]:
         return ["bjobs", "-o", "jobid jobindex stat exit_code", "-noheader", *job_ids]
 
+    @override
     def status_error_ok(self, error: runner.BatchCommandError) -> bool:
         lines = [ln for ln in error.stderr.splitlines() if ln.strip()]
         return bool(lines) and all("is not found" in ln for ln in lines)
 
+    @override
     def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
         out: dict[str, tuple[str, int | None]] = {}
         for line in output.splitlines():

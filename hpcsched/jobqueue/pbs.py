@@ -23,6 +23,8 @@ import logging
 import os
 import re
 
+from typing_extensions import override
+
 from hpcsched.jobqueue import runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.cluster import JobQueueCluster
@@ -40,8 +42,10 @@ _USAGE_ERROR = re.compile(r"Unknown option|illegal option|invalid option|usage:"
 
 
 def pbs_memory(nbytes: int) -> str:
-    """``mem=`` as dask-jobqueue writes it: PBS's ``gb``/``mb``/``kb`` are binary; whole
-    GB from 10 GiB on, whole MB from 10 MiB on, rounded up (never less than asked for).
+    """``mem=`` as dask-jobqueue writes it.
+
+    PBS's ``gb``/``mb``/``kb`` are binary; whole GB from 10 GiB on, whole MB from 10 MiB
+    on, rounded up (never less than asked for).
 
     >>> pbs_memory(28 * 10**9), pbs_memory(2 * 10**9), pbs_memory(12345678)
     ('27GB', '1908MB', '12MB')
@@ -53,6 +57,8 @@ def pbs_memory(nbytes: int) -> str:
 
 
 class PBSSystem(BatchSystem):
+    """PBS Pro, OpenPBS or Torque as a :class:`~hpcsched.jobqueue.base.BatchSystem`."""
+
     system = "pbs"
     directive_prefix = "#PBS"
     submit_command = ["qsub"]
@@ -67,22 +73,28 @@ class PBSSystem(BatchSystem):
         super().__init__(**kwargs)
         self._text_qstat = False  # set once qstat turned out to have no -F json
 
+    @override
     def submit_options(self, job_name: str, log_file: str) -> list[str]:
         return ["-N", job_name, "-o", log_file, "-j", "oe"]
 
+    @override
     def validate_system(self) -> None:
         if not self.params["account"]:  # dask-jobqueue's fallback, the variable qsub reads
             self.params["account"] = os.environ.get("PBS_ACCOUNT") or None
 
+    @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-N {job_name}", f"-o {log_file}", "-j oe"]
 
+    @override
     def array_directive(self, job_name: str, count: int) -> list[str]:
         return [f"-J 0-{count - 1}"]
 
+    @override
     def array_log_token(self) -> str:
         return "^array_index^"
 
+    @override
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
         out = self.queue_account_directives()
@@ -97,18 +109,22 @@ class PBSSystem(BatchSystem):
             out.append(f"-l walltime={format_hms(self.walltime_seconds)}")
         return out
 
+    @override
     def array_element_ids(self, parent: str, count: int) -> list[str]:
         return [parent.replace("[]", f"[{i}]", 1) for i in range(count)]
 
+    @override
     def query_ids(self, job_ids: list[str]) -> list[str]:
         return list(dict.fromkeys(re.sub(r"\[\d+\]", "[]", j) for j in job_ids))
 
+    @override
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         text = error.stderr + error.stdout
         # the Torque wrappers' qdel exits 1 without a word for a job that has finished
         return "Unknown Job Id" in text or "finished" in text or \
             (error.returncode == 1 and not text.strip())
 
+    @override
     def status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         try:
             return super().status(job_ids)
@@ -121,6 +137,7 @@ class PBSSystem(BatchSystem):
             self._text_qstat = True
             return super().status(job_ids)
 
+    @override
     def status_command(self, job_ids: list[str]) -> list[str]:
         if self._text_qstat:
             return ["qstat", "-f", *job_ids]
@@ -129,11 +146,13 @@ class PBSSystem(BatchSystem):
             cmd.append("-t")  # list array elements
         return cmd + job_ids
 
+    @override
     def status_error_ok(self, error: runner.BatchCommandError) -> bool:
         # "qstat: Unknown Job Id 12.server" for some ids; the others are still printed
         lines = [ln for ln in error.stderr.splitlines() if ln.strip()]
         return bool(lines) and all("Unknown Job Id" in ln for ln in lines)
 
+    @override
     def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
         text = output.strip()
         if not text:
@@ -192,6 +211,7 @@ class PBSSystem(BatchSystem):
                 out[parts[0]] = (parts[-2], None)
         return out
 
+    @override
     def to_state(self, native: str, exit_code: int | None) -> JobState:
         state = self.states.get(native, JobState.UNKNOWN)
         if state is JobState.DONE and exit_code not in (None, 0):

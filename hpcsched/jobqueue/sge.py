@@ -1,5 +1,7 @@
-"""Grid Engine (SGE / Son of Grid Engine / UGE): ``qsub -terse``, ``qdel``, ``qstat -xml``
-(``qacct`` for jobs that left the queue).
+"""Grid Engine (SGE / Son of Grid Engine / UGE) as a batch system.
+
+It submits with ``qsub -terse``, cancels with ``qdel`` and asks ``qstat -xml`` (``qacct``
+for jobs that left the queue).
 
 Memory is requested per slot, as Grid Engine counts it: ``memory / cores`` with the
 ``smp`` parallel environment. ``memory_resource`` names the complex: ``mem_free``
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+
+from typing_extensions import override
 
 from hpcsched.jobqueue import runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
@@ -46,6 +50,8 @@ def sge_state(native: str) -> JobState:
 
 
 class SGESystem(BatchSystem):
+    """Grid Engine as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
+
     system = "sge"
     directive_prefix = "#$"
     account_flag = "-P"
@@ -57,21 +63,26 @@ class SGESystem(BatchSystem):
     array_first_index = 1
     extra_params = {"pe": "smp", "memory_resource": "mem_free"}
 
+    @override
     def validate_system(self) -> None:
         if self.params["memory_resource"] not in (None, "mem_free", "h_vmem", "s_vmem",
                                                   "virtual_free", "h_rss"):
             raise ValueError(f"memory_resource={self.params['memory_resource']!r}: use mem_free, "
                              "h_vmem, s_vmem, virtual_free, h_rss or None")
 
+    @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-N {job_name}", f"-o {log_file}", "-j y", "-cwd"]
 
+    @override
     def array_directive(self, job_name: str, count: int) -> list[str]:
         return [f"-t 1-{count}"]
 
+    @override
     def array_log_token(self) -> str:
         return "$TASK_ID"
 
+    @override
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
         out = self.queue_account_directives()
@@ -88,15 +99,19 @@ class SGESystem(BatchSystem):
             out.append(f"-l {p['resource_spec']}")
         return out
 
+    @override
     def array_element_ids(self, parent: str, count: int) -> list[str]:
         return [f"{parent}.{i}" for i in range(1, count + 1)]
 
+    @override
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         return "does not exist" in error.stderr + error.stdout
 
+    @override
     def status_command(self, job_ids: list[str]) -> list[str]:
         return ["qstat", "-xml"]  # all of the user's jobs, in one call
 
+    @override
     def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
         if not output.strip():
             return {}
@@ -120,12 +135,15 @@ class SGESystem(BatchSystem):
                 out[number] = (state, None)
         return out
 
+    @override
     def to_state(self, native: str, exit_code: int | None) -> JobState:
         return sge_state(native)
 
+    @override
     def stuck_in_queue(self, native: str) -> bool:
         return "E" in native
 
+    @override
     def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         if not self.has_command("qacct"):
             return {}

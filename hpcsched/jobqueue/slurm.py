@@ -1,5 +1,7 @@
-"""SLURM: ``sbatch --parsable``, ``scancel``, ``squeue`` (``sacct`` / ``scontrol`` for
-jobs that left the queue).
+"""SLURM as a batch system.
+
+It submits with ``sbatch --parsable``, cancels with ``scancel`` and asks ``squeue``
+(``sacct`` / ``scontrol`` for jobs that left the queue).
 
 ::
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from typing_extensions import override
 
 from hpcsched.jobqueue import runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
@@ -50,8 +54,10 @@ def expand_ranges(spec: str) -> list[int]:
 
 
 def slurm_memory(nbytes: int) -> str:
-    """``--mem`` as dask-jobqueue writes it: whole GiB (SLURM's ``G``) rounded up from 1 GiB
-    on, else whole MiB, else KiB -- never less than asked for.
+    """``--mem`` as dask-jobqueue writes it.
+
+    Whole GiB (SLURM's ``G``) rounded up from 1 GiB on, else whole MiB, else KiB -- never
+    less than asked for.
 
     >>> slurm_memory(28 * 10**9), slurm_memory(300 * 10**6), slurm_memory(2**30)
     ('27G', '287M', '1G')
@@ -72,6 +78,8 @@ def parse_exit_code(text: str) -> int | None:
 
 
 class SLURMSystem(BatchSystem):
+    """SLURM as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
+
     system = "slurm"
     directive_prefix = "#SBATCH"
     queue_flag = "-p"
@@ -89,6 +97,7 @@ class SLURMSystem(BatchSystem):
         super().__init__(**kwargs)
         self._sacct_works: bool | None = None  # None: not tried yet
 
+    @override
     def validate_system(self) -> None:
         p = self.params
         if p["resource_spec"]:
@@ -101,15 +110,19 @@ class SLURMSystem(BatchSystem):
             raise TypeError(f"job_mem must be SLURM's --mem value such as '100G', "
                             f"got {p['job_mem']!r}")
 
+    @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
         return [f"-J {job_name}", f"-o {log_file}"]
 
+    @override
     def array_directive(self, job_name: str, count: int) -> list[str]:
         return [f"--array=0-{count - 1}"]
 
+    @override
     def array_log_token(self) -> str:
         return "%a"
 
+    @override
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
         out = self.queue_account_directives()
@@ -120,15 +133,19 @@ class SLURMSystem(BatchSystem):
             out.append(f"-t {format_hms(self.walltime_seconds)}")
         return out
 
+    @override
     def array_element_ids(self, parent: str, count: int) -> list[str]:
         return [f"{parent}_{i}" for i in range(count)]
 
+    @override
     def query_ids(self, job_ids: list[str]) -> list[str]:
         return list(dict.fromkeys(j.split("_", 1)[0] for j in job_ids))
 
+    @override
     def status_command(self, job_ids: list[str]) -> list[str]:
         return ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i %T"]
 
+    @override
     def parse_status(self, output: str) -> dict[str, tuple[str, int | None]]:
         out: dict[str, tuple[str, int | None]] = {}
         for line in output.splitlines():
@@ -144,10 +161,12 @@ class SLURMSystem(BatchSystem):
                 out[job_id] = (state, None)
         return out
 
+    @override
     def status_error_ok(self, error: runner.BatchCommandError) -> bool:
         # every id unknown: "slurm_load_jobs error: Invalid job id specified", exit 1
         return "Invalid job id" in error.stderr
 
+    @override
     def status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         result = super().status(job_ids)
         for job_id, st in result.items():
@@ -158,6 +177,7 @@ class SLURMSystem(BatchSystem):
                     result[job_id] = JobStatus(st.state, st.native, detail.exit_code)
         return result
 
+    @override
     def finished_status(self, job_ids: list[str]) -> dict[str, JobStatus]:
         result = self._sacct(job_ids)
         for job_id in job_ids:

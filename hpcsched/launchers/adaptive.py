@@ -1,6 +1,8 @@
 """Adaptive scaling: the scheduler decides when to grow and shrink, a cluster carries it out.
 
-Three parts, each usable alone (seed 003):
+Three parts, each usable alone -- as in dask's adaptive deployments
+(https://docs.dask.org/en/stable/adaptive.html), where the scheduler recommends and the
+cluster object only starts and stops workers:
 
 * :func:`snapshot_state` reads a :class:`~hpcsched.core.scheduler_state.SchedulerState`
   into a :class:`Snapshot` of plain dataclasses: workers (threads, memory, data held,
@@ -147,14 +149,17 @@ class Adaptive:
     # ------------------------------------------------------------ bounds
     @property
     def minimum(self) -> int:
+        """Fewest workers kept."""
         return self.policy.minimum
 
     @property
     def maximum(self) -> float:
+        """Most workers run (``inf``: no bound)."""
         return self.policy.maximum
 
     @property
     def wait_count(self) -> int:
+        """Consecutive recommendations to retire a worker before it is retired."""
         return self.policy.wait_count
 
     # ------------------------------------------------------------ hooks
@@ -260,6 +265,7 @@ class Adaptive:
 
     @property
     def running(self) -> bool:
+        """Whether the adaptive thread is still deciding (false after :meth:`stop`)."""
         return self._thread.is_alive() and not self._stop.is_set()
 
     def __repr__(self) -> str:
@@ -268,8 +274,11 @@ class Adaptive:
 
 
 def _run(ref: weakref.ref, stop: threading.Event, interval: float) -> None:
-    """The adaptive thread: holds its Adaptive weakly, so that an abandoned cluster can be
-    collected (and its jobs cancelled by its finalizer)."""
+    """The adaptive thread.
+
+    It holds its Adaptive weakly, so that an abandoned cluster can be collected (and its
+    jobs cancelled by its finalizer).
+    """
     while not stop.is_set():
         adaptive = ref()
         if adaptive is None:

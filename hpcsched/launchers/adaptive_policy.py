@@ -1,11 +1,10 @@
 """The adaptive policy as pure functions: scheduler state -> snapshot -> recommendation.
 
-No threads, clocks or clusters here (seed 003's rules; see
-:mod:`hpcsched.launchers.adaptive` for the list): :func:`snapshot_state` reads a
-``SchedulerState`` into plain dataclasses on the scheduler's thread, and
-:func:`recommend` turns a snapshot, a :class:`Policy` and the previous
-hysteresis counts into a :class:`Recommendation`. Tests drive them with drawn
-snapshots, no processes.
+No threads, clocks or clusters here (the rules are listed in
+:mod:`hpcsched.launchers.adaptive`): :func:`snapshot_state` reads a ``SchedulerState``
+into plain dataclasses on the scheduler's thread, and :func:`recommend` turns a snapshot,
+a :class:`Policy` and the previous hysteresis counts into a :class:`Recommendation`.
+Tests drive them with drawn snapshots, no processes.
 """
 
 from __future__ import annotations
@@ -290,7 +289,7 @@ def recommend(snap: Snapshot, policy: Policy,
         return Recommendation("up", lo, f"{requested} workers requested, below minimum {lo}",
                               "minimum")
     if requested > hi:
-        excess = requested - hi
+        excess = requested - int(hi)  # hi is finite here, a whole number of units
         cancel = min(pending, excess)
         excess -= cancel
         retire: list[str] = []

@@ -12,7 +12,10 @@
   ``--nanny``) this process supervises the workers as dask's nanny does: one
   that exits with ``EXIT_MEMORY`` or is killed by a signal (the out-of-memory
   killer) is started again; one that exits otherwise (closed, lost its
-  scheduler) is not, so that a batch job ends with its scheduler.
+  scheduler) is not, so that a batch job ends with its scheduler. Nanny plugins
+  (``Client.register_plugin(NannyPlugin)``) run in this process, one
+  :class:`~hpcsched.core.nanny.Nanny` per worker process; a plain ``hpcsched
+  worker`` has no nanny and refuses them.
 * anything else is a script: ``python -m hpcsched script.py [args]`` under
   mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
 """
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("hpcsched.cli")
@@ -202,12 +206,36 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
     else:
         names = [f"{name}-{k}" for k in range(args.nworkers)]
 
-    def start(k: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "hpcsched", "worker", *base,
-                                 "--name", names[k]])
+    from hpcsched.core.nanny import Nanny
 
-    procs = [start(k) for k in range(args.nworkers)]
+    lock = threading.RLock()
     stopping = threading.Event()
+
+    def start(k: int) -> subprocess.Popen:
+        return nannies[k].popen([sys.executable, "-m", "hpcsched", "worker", *base,
+                                 "--name", names[k]], env=dict(os.environ))
+
+    def restart(k: int) -> None:
+        """A nanny plugin's restart: the worker process stopped and started again."""
+        with lock:
+            if stopping.is_set():
+                return
+            old = procs[k]
+            old.terminate()
+            try:
+                old.wait(10)
+            except subprocess.TimeoutExpired:
+                old.kill()
+                old.wait()
+            procs[k] = start(k)
+
+    def restarter(k: int) -> Callable[[], None]:
+        return lambda: restart(k)
+
+    nannies = [Nanny(names[k], args.address or args.scheduler_file or "",
+                     restarter(k), local_directory=args.local_directory)
+               for k in range(args.nworkers)]
+    procs = [start(k) for k in range(args.nworkers)]
 
     def forward(signum: int, frame: Any) -> None:
         stopping.set()
@@ -217,38 +245,54 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    return supervise(procs, start, stopping)
+    try:
+        return supervise(procs, start, stopping, lock=lock)
+    finally:
+        for nanny in nannies:
+            nanny.close()  # its plugins' teardown
 
 
 def supervise(procs: list[subprocess.Popen], start: Any, stopping: threading.Event,
-              max_restarts: int = 10, poll: float = 0.5) -> int:
+              max_restarts: int = 10, poll: float = 0.5, lock: Any = None) -> int:
     """Wait for the worker processes ``procs``, restarting (``procs[k] = start(k)``) one
     that left because of memory (``EXIT_MEMORY``) or a signal we did not send (the
     out-of-memory killer), at most ``max_restarts`` times a minute; the exit status of
-    the workers once they are all done (the largest in magnitude)."""
+    the workers once they are all done (the largest in magnitude). ``lock`` is held by
+    whoever else replaces ``procs[k]`` (a nanny restarting its worker): a process
+    replaced meanwhile is not ours to judge."""
     from hpcsched.core.memory import EXIT_MEMORY
 
+    lock = lock if lock is not None else threading.Lock()
     codes: dict[int, int] = {}
     restarts: list[float] = []
     while len(codes) < len(procs):
-        for k, pr in enumerate(procs):
-            if k in codes:
-                continue
-            code = pr.poll()
-            if code is None:
-                continue
-            now = time.monotonic()
-            restarts = [t for t in restarts if now - t < 60]
-            if not stopping.is_set() and (code == EXIT_MEMORY or code < 0) \
-                    and len(restarts) < max_restarts:
-                restarts.append(now)
-                logger.warning("worker process %d exited with %d: restarting it", pr.pid, code)
-                procs[k] = start(k)
-                continue
-            codes[k] = code
+        for k in range(len(procs)):
+            with lock:
+                _judge(procs, k, start, stopping, codes, restarts, max_restarts, EXIT_MEMORY)
         if len(codes) < len(procs):
             stopping.wait(poll)
     return max(codes.values(), key=abs) if codes else 0
+
+
+def _judge(procs: list[subprocess.Popen], k: int, start: Any, stopping: threading.Event,
+           codes: dict[int, int], restarts: list[float], max_restarts: int,
+           exit_memory: int) -> None:
+    """One look at worker process ``k``: still running, restarted, or done (in ``codes``)."""
+    pr = procs[k]
+    if k in codes:
+        return
+    code = pr.poll()
+    if code is None:
+        return
+    now = time.monotonic()
+    restarts[:] = [t for t in restarts if now - t < 60]
+    if not stopping.is_set() and (code == exit_memory or code < 0) \
+            and len(restarts) < max_restarts:
+        restarts.append(now)
+        logger.warning("worker process %d exited with %d: restarting it", pr.pid, code)
+        procs[k] = start(k)
+        return
+    codes[k] = code
 
 
 def scheduler_main(argv: list[str]) -> int:

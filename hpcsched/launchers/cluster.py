@@ -2,9 +2,10 @@
 
 A subclass says how workers start and stop (:meth:`Cluster._start_workers`,
 :meth:`Cluster._stop_workers`); the base implements ``scale``,
-``scale_up(n)`` / ``scale_down(addresses)`` (the interface of seed 003 that
-:class:`~hpcsched.launchers.adaptive.Adaptive` drives), ``adapt``, ``close`` and
-the context manager.
+``scale_up(n)`` / ``scale_down(addresses)`` (the interface dask's adaptive deployments
+drive, https://docs.dask.org/en/stable/adaptive.html, here through
+:class:`~hpcsched.launchers.adaptive.Adaptive`), ``adapt``, ``close`` and the context
+manager.
 """
 
 from __future__ import annotations
@@ -13,28 +14,45 @@ import logging
 import math
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Security
 from hpcsched.core.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
+    from hpcsched.launchers.adaptive import Adaptive
 
 logger = logging.getLogger("hpcsched.cluster")
 
 
 class Cluster:
+    """A scheduler in this process and workers started by a subclass.
+
+    As dask's ``distributed.deploy.Cluster``: the batch clusters (:class:`~hpcsched.SLURMCluster` and the others) build on it; it
+    owns the scheduler, scaling (:meth:`scale`, :meth:`adapt`) and shutdown. Pass a cluster
+    to :class:`~hpcsched.Client` to compute on it.
+
+    Args:
+        scheduler_address: where the scheduler listens (``tcp://host:port``, port 0 for
+            any free port).
+        security: the cluster's shared secret and optional TLS; generated for TCP when None.
+        scheduler_kwargs: further options of the scheduler.
+    """
+
     #: workers started per unit the subclass manages (a batch job runs ``processes`` workers)
     workers_per_unit = 1
 
     def __init__(self, scheduler_address: str = "tcp://127.0.0.1:0",
                  security: Security | None = None, scheduler_kwargs: dict | None = None):
-        scheme = scheduler_address.split("://", 1)[0]
-        if security is None and scheme in ("tcp", "tls"):
+        if security is None and registry.backend_for(scheduler_address).needs_secret:
             security = Security.generate()
         self.security = security
         self.scheduler = Scheduler(scheduler_address, security, **(scheduler_kwargs or {}))
         self.scheduler.start()
         self.scheduler_address = self.scheduler.address
-        self.adaptive = None
+        self.adaptive: Adaptive | None = None
         self._lock = threading.RLock()
         self._closed = False
         # a cluster dropped without close(): its scheduler (thread, socket) closes too
@@ -57,10 +75,12 @@ class Cluster:
 
     # ---------------------------------------------------------------- public
     def scheduler_info_workers(self) -> dict[str, dict]:
+        """The connected workers as the scheduler sees them: address -> information."""
         return self.scheduler.workers_info()
 
     @property
     def workers(self) -> dict[str, dict]:
+        """The connected workers: address -> information (name, threads, memory, load)."""
         return self.scheduler_info_workers()
 
     def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
@@ -114,7 +134,23 @@ class Cluster:
         self.scale_down([w["address"] for w in victims])
 
     def adapt(self, minimum: int = 0, maximum: float = math.inf, minimum_jobs: int | None = None,
-              maximum_jobs: int | None = None, **kwargs: Any) -> Any:
+              maximum_jobs: int | None = None, **kwargs: Any) -> Adaptive:
+        """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
+
+        As dask's ``Cluster.adapt``: the cluster grows while tasks wait and shrinks when
+        workers sit idle. A second call replaces the first.
+
+        Args:
+            minimum: fewest workers to keep.
+            maximum: most workers to run.
+            minimum_jobs: the minimum in units (batch jobs) instead of workers.
+            maximum_jobs: the maximum in units (batch jobs) instead of workers.
+            **kwargs: options of :class:`~hpcsched.Adaptive` (``interval``,
+                ``target_duration``, ``wait_count``, ...).
+
+        Returns:
+            The running :class:`~hpcsched.Adaptive`; its ``stop()`` ends adaptivity.
+        """
         from hpcsched.launchers.adaptive import Adaptive
 
         if minimum_jobs is not None:
@@ -133,14 +169,17 @@ class Cluster:
         return self.scheduler.dashboard_link
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers are connected (``TimeoutError`` after ``timeout`` s)."""
         self.scheduler.wait_for_workers(n, timeout)
 
-    def get_client(self) -> Any:
+    def get_client(self) -> Client:
+        """A new :class:`~hpcsched.Client` connected to this cluster."""
         from hpcsched.core.client import Client
 
         return Client(self)
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop adaptivity, the workers and the scheduler; a second call does nothing."""
         with self._lock:
             if self._closed:
                 return

@@ -11,6 +11,11 @@ left -- killed, out of memory (``worker.memory.terminate``), or exited after the
 scheduler dropped it (stopped past ``scheduler.worker-ttl``, then resumed).
 Only workers the cluster itself stops (``scale`` down, ``close``) are not
 replaced; no more than ``max(10, 3 x n_workers)`` replacements a minute.
+Each worker process has a :class:`~hpcsched.core.nanny.Nanny` here, where nanny
+plugins run (``Client.register_plugin(NannyPlugin)``): its ``env`` is laid over
+the worker's environment, and ``restart`` starts the worker's process again
+under the same name. A replacement (a new name) gets a new nanny, which gets
+the registered nanny plugins as a nanny joining later does.
 
 Example::
 
@@ -21,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -35,6 +41,7 @@ import psutil
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
+from hpcsched.core.nanny import Nanny
 from hpcsched.core.worker import Worker
 from hpcsched.launchers.cluster import Cluster
 
@@ -48,6 +55,13 @@ def _watch(ref: weakref.ref, name: str, p: subprocess.Popen) -> None:
     cluster = ref()
     if cluster is not None and cluster._proc_finalizer.alive:
         cluster._replace_exited(name, p, code)
+
+
+def _restart(ref: weakref.ref, name: str) -> None:
+    """A nanny restarts its worker, if the cluster is still there."""
+    cluster = ref()
+    if cluster is not None:
+        cluster._restart_worker(name)
 
 
 def _kill_all(procs: dict) -> None:
@@ -98,6 +112,7 @@ class LocalCluster(Cluster):
         self._target = n_workers  # worker processes to keep alive
         self.worker_env = dict(worker_env or {})
         self._procs: dict[str, subprocess.Popen] = {}
+        self._nannies: dict[str, Nanny] = {}  # worker name -> its nanny (processes only)
         self._threads: dict[str, Worker] = {}
         self._names = itertools.count()
         self._restarts: list[float] = []
@@ -155,13 +170,33 @@ class LocalCluster(Cluster):
             for var in BLAS_THREAD_VARIABLES:
                 env.setdefault(var, str(blas))
         env.update(self.worker_env)
+        nanny = self._nannies.get(name)
+        if nanny is None:
+            # the nanny's threads hold it: only a weak reference back, so that a dropped
+            # cluster is still collected (and its finalizer kills its workers)
+            nanny = self._nannies[name] = Nanny(
+                name, self.scheduler_address, functools.partial(_restart, weakref.ref(self), name),
+                local_directory=self.local_directory)
         env.pop("HPCSCHED_SECRET_FILE", None)
         if self.security and self.security.secret:
             env["HPCSCHED_SECRET"] = self.security.secret_hex()
         # workers must not think they are MPI ranks of a job that started us
         for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"):
             env.pop(var, None)
-        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+        # with what nanny plugins set in nanny.env laid over
+        return nanny.popen(cmd, env=env, stdin=subprocess.DEVNULL)
+
+    def _restart_worker(self, name: str) -> None:
+        """A nanny restarts its worker: the process is stopped and started again under the
+        same name, not replaced by a new worker (it is out of ``_procs`` before it exits)."""
+        with self._lock:
+            if self._closed or name not in self._procs:
+                return  # closing (it stops the process), or the worker was stopped
+            p = self._procs.pop(name)
+            _stop_process(p)
+            self._procs[name] = p = self._spawn(name)
+            threading.Thread(target=_watch, args=(weakref.ref(self), name, p),
+                             daemon=True, name=f"watch {name}").start()
 
     def _replace_exited(self, name: str, p: subprocess.Popen, code: int) -> None:
         """Like dask's nanny: a worker process that left while the cluster wants it (killed,
@@ -172,6 +207,7 @@ class LocalCluster(Cluster):
             if self._closed or self._procs.get(name) is not p:
                 return
             del self._procs[name]
+            self._close_nanny(name)
             if self._requested() >= self._target:
                 return
             now = time.monotonic()
@@ -212,6 +248,12 @@ class LocalCluster(Cluster):
             p = self._procs.pop(name, None)
             if p is not None:
                 _stop_process(p)
+            self._close_nanny(name)
+
+    def _close_nanny(self, name: str) -> None:
+        nanny = self._nannies.pop(name, None)
+        if nanny is not None:
+            nanny.close()  # its plugins' teardown
 
     def _worker_name_of(self, address: str) -> str | None:
         return super()._worker_name_of(address)
@@ -236,6 +278,13 @@ class LocalCluster(Cluster):
         for p in list(self._procs.values()):
             _stop_process(p)
         self._procs.clear()
+        for name in list(self._nannies):
+            self._close_nanny(name)
+
+    @property
+    def nannies(self) -> dict[str, Nanny]:
+        """Worker name -> the nanny supervising its process (``processes=True``)."""
+        return dict(self._nannies)
 
     @property
     def worker_processes(self) -> dict[str, subprocess.Popen]:

@@ -21,6 +21,7 @@ import pytest
 
 from hpcsched.core import config
 from hpcsched.core.comm import CommClosedError, Security
+from hpcsched.core.comm.base import Inbox
 from hpcsched.core.comm.tcp_frames import FrameTooLarge
 from hpcsched.core.loop import CLOSED
 from tests.conftest import wait_until, worker_env
@@ -126,7 +127,9 @@ def test_a_peer_that_does_not_read_is_cut_off_at_the_queue_limit(net, comm_log):
 
 
 # ---------------------------------------------------------------- delivery
-class RecordingInbox:
+class RecordingInbox(Inbox):
+    """``offer=False``: an inbox keeping ``Inbox``'s queueing ``offer_batch``."""
+
     def __init__(self, offer: bool):
         self.items: queue.Queue = queue.Queue()
         self.threads: list[str] = []
@@ -153,7 +156,7 @@ def test_deliver_to_pushes_messages_in_order_then_the_closed_marker(net, offer):
     c.send("queued before deliver_to")
     wait_until(lambda: server_side._inq, what="the first message to arrive")
     inbox = RecordingInbox(offer)
-    assert server_side.deliver_to(inbox, "peer-1", CLOSED)
+    server_side.deliver_to(inbox, "peer-1", CLOSED)
     for i in range(100):
         c.send(i)
     got = [inbox.items.get(timeout=10) for _ in range(101)]

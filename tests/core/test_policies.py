@@ -1,4 +1,7 @@
-"""Scheduling policies (issue 4), each decision shown on a small drawn graph.
+"""Scheduling policies, each decision shown on a small drawn graph.
+
+The policies are dask.distributed's
+(https://distributed.dask.org/en/stable/scheduling-policies.html).
 
 State-machine level: ``SchedulerState`` (and ``WorkerState`` where the worker
 decides) driven by events, no processes, no clock; ``validate()`` after every
@@ -163,7 +166,7 @@ def test_earlier_submission_runs_before_later_one_from_the_queue():
 
 
 def test_priority_is_generation_then_user_priority_then_static():
-    """The tuple of issue 4: ``(generation, -user priority, static priority)``; each
+    """dask's priority tuple ``(generation, -user priority, static priority)``; each
     update-graph is a new generation, ``submit`` and ``map`` included."""
     s = cluster(A)
     submit(s, {"a-0": [], "a-1": ["a-0"]}, ["a-1"])

@@ -329,3 +329,32 @@ def test_a_dependency_needed_by_two_tasks_is_fetched_once_and_kept_until_both_ra
     assert "a" in s.data  # the second still needs it
     step(s, success(second))
     assert "a" not in s.data
+
+
+# ---------------------------------------------------------------- watching transitions
+def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatched():
+    """y needs a from P1: a is fetched, y runs, both are freed. Each event's changes
+    arrive in one call, after the event (the state is consistent then)."""
+    s = new_state()
+    calls: list = []
+
+    def seen(changes: list) -> None:
+        s.validate()  # called after the event: the state machine is consistent
+        calls.append(changes)
+
+    s.watch_transitions(seen)
+    step(s, compute("y", {"a": [P1]}))
+    assert calls.pop() == [("a", "released", "fetch"), ("y", "released", "waiting"),
+                           ("a", "fetch", "flight")]
+    step(s, ev.GatherDepSuccess(P1, {"a": 1}))
+    assert calls.pop() == [("a", "flight", "memory"), ("y", "waiting", "ready"),
+                           ("y", "ready", "executing")]
+    step(s, success("y", 2))
+    assert calls.pop() == [("y", "executing", "memory"), ("a", "memory", "released"),
+                           ("a", "released", "forgotten")]
+    step(s, ev.FreeKeys(["y"]))
+    assert calls.pop() == [("y", "memory", "released"), ("y", "released", "forgotten")]
+    s.watch_transitions(None)
+    step(s, compute("z"))
+    step(s, success("z"))
+    assert calls == [] and s.transitions is None

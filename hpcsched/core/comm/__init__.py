@@ -4,6 +4,7 @@ from hpcsched.core.comm.base import (
     Comm,
     CommClosedError,
     HandshakeError,
+    Inbox,
     Listener,
     Security,
     parse_address,
@@ -12,6 +13,6 @@ from hpcsched.core.comm.base import (
 from hpcsched.core.comm.registry import connect, listen, register
 
 __all__ = [
-    "Comm", "CommClosedError", "HandshakeError", "Listener", "Security",
+    "Comm", "CommClosedError", "HandshakeError", "Inbox", "Listener", "Security",
     "connect", "listen", "register", "parse_address", "parse_host_port",
 ]

@@ -14,7 +14,15 @@ Rules every backend follows (``inproc://``, ``tcp://``, ``mpi://``):
 * A backend registers itself by URL scheme in :mod:`hpcsched.core.comm.registry`
   with a :class:`Backend`: ``connect(address, timeout, security) -> Comm`` and
   ``listen(address, on_connect, security) -> Listener``. ``on_connect(comm)`` is
-  called (in a backend thread) for every accepted, authenticated peer.
+  called (in a backend thread) for every accepted, authenticated peer. The
+  :class:`Backend` also declares what servers must do for the transport
+  (heartbeats, a secret, a worker's default listen address), so that no server
+  branches on a scheme.
+* Servers receive through ``deliver_to(inbox, source, closed_marker)``: the
+  backend pushes each message onto an :class:`Inbox` (``recv`` remains for
+  request-reply exchanges such as a worker's registration). Whether the
+  transport's thread may run the receiver's handler is the inbox's interface
+  (``offer``), not the transport's guess.
 """
 
 from __future__ import annotations
@@ -33,6 +41,33 @@ class CommClosedError(ConnectionError):
 
 class HandshakeError(ConnectionError):
     """A peer failed authentication (wrong secret, bad TLS, garbage)."""
+
+
+class Inbox(abc.ABC):
+    """Where a transport hands a comm's messages (:meth:`Comm.deliver_to`).
+
+    ``put`` only queues the item for the receiver's thread. ``offer`` and
+    ``offer_batch`` say the caller (a transport's thread) may run the receiver's
+    handler itself, now, if the receiver is idle: a server's
+    :class:`~hpcsched.core.loop.Loop` does, saving a thread hand-off per message.
+    An inbox whose handler must not run on another thread keeps these defaults,
+    which queue.
+    """
+
+    __slots__ = ()
+
+    @abc.abstractmethod
+    def put(self, item: Any) -> None:
+        """Queue ``item``; never runs the receiver's code in the caller."""
+
+    def offer(self, item: Any) -> None:
+        """Hand ``item`` over; the receiver may handle it in the calling thread."""
+        self.put(item)
+
+    def offer_batch(self, items: list) -> None:
+        """Like :meth:`offer` for several items at once (one iteration may take them all)."""
+        for item in items:
+            self.put(item)
 
 
 class Comm(abc.ABC):
@@ -57,16 +92,15 @@ class Comm(abc.ABC):
     @abc.abstractmethod
     def closed(self) -> bool: ...
 
-    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
+    @abc.abstractmethod
+    def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
         """Push every later message onto ``inbox`` as ``(source, message)``, then
         ``(source, closed_marker)`` once the comm closes, instead of waiting for ``recv``
-        calls; messages that arrived before go first. ``inbox`` has ``put``, and may have
-        ``offer`` / ``offer_batch`` (a :class:`~hpcsched.core.loop.Loop`'s inbox: the
-        transport's thread may run an idle loop's iteration itself). Every backend of hpcsched does this (inproc,
-        tcp, mpi); returns False when a backend cannot (then the caller runs a reader
-        thread).
+        calls; messages that arrived before go first, in order. How a server receives
+        from its peers: every backend does it. The transport's thread hands messages over
+        with ``inbox.offer`` / ``offer_batch`` where its sends never block (then running
+        the receiver's handler there cannot deadlock), else with ``inbox.put``.
         """
-        return False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.local_address} -> {self.peer_address}>"
@@ -124,10 +158,30 @@ class Security:
         return None
 
 
+def _listen_beside(scheduler_address: str, host: str | None) -> str:
+    """Any address of the scheduler's scheme: ``inproc://``, ``mpi://``."""
+    return f"{parse_address(scheduler_address)[0]}://"
+
+
 @dataclass(frozen=True)
 class Backend:
+    """A transport, and what servers must do for it (so that they never test a scheme)."""
+
     connect: Callable[[str, float, Security | None], Comm]
     listen: Callable[[str, Callable[[Comm], None], Security | None], Listener]
+    #: a peer that dies is noticed only when its heartbeats stop (a TCP connection to a
+    #: crashed host may stay open for a long time); False where the transport reports it
+    #: itself (an MPI rank that dies ends the job; inproc peers share this process)
+    needs_heartbeat: bool = False
+    #: any process that reaches the address may connect, so a cluster makes a shared
+    #: secret when given none (MPI ranks and inproc peers are ours by construction)
+    needs_secret: bool = False
+    #: peers live in this process only: a server's own address already serves a client
+    #: in its process (no second, in-process listener is needed)
+    same_process: bool = False
+    #: ``(scheduler_address, host) -> address`` a worker of that scheduler listens on by
+    #: default; ``host`` is the worker's host name or address, when it was given one
+    worker_listen_address: Callable[[str, str | None], str] = _listen_beside
 
 
 def parse_address(address: str) -> tuple[str, str]:

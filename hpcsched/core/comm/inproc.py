@@ -19,6 +19,7 @@ from hpcsched.core.comm.base import (
     Backend,
     Comm,
     CommClosedError,
+    Inbox,
     Listener,
     Security,
     parse_address,
@@ -109,9 +110,10 @@ class InprocComm(Comm):
     def closed(self) -> bool:
         return self._closed
 
-    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
+    def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
+        """Later messages go straight into ``inbox`` with ``put``: the sender's thread
+        (a server's loop, a task) must not run the receiver's code."""
         self._in.redirect(inbox, source, closed_marker)
-        return True
 
 
 def pipe(a_address: str = "inproc://a", b_address: str = "inproc://b") -> tuple[InprocComm, InprocComm]:
@@ -164,4 +166,4 @@ def _connect(address: str, timeout: float | None, security: Security | None) -> 
     return lst.accept()
 
 
-registry.register("inproc", Backend(connect=_connect, listen=_listen))
+registry.register("inproc", Backend(connect=_connect, listen=_listen, same_process=True))

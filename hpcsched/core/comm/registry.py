@@ -33,6 +33,11 @@ def get_backend(scheme: str) -> Backend:
         ) from None
 
 
+def backend_for(address: str) -> Backend:
+    """The backend of ``address``'s scheme: what it needs (``needs_heartbeat``, ...)."""
+    return get_backend(parse_address(address)[0])
+
+
 def connect(address: str, timeout: float | None = None, security: Security | None = None) -> Comm:
     """Open a comm to ``address``, retrying until ``timeout`` (config comm.timeouts.connect)."""
     scheme, _ = parse_address(address)

@@ -26,7 +26,7 @@ Every socket of a process is served by one I/O thread
   and either queues them for ``recv`` or, after :meth:`TCPComm.deliver_to`,
   unpickles them and hands ``(source, message)`` to the receiver's inbox. It
   hands them over once per round of socket events, all the messages of the
-  round for one inbox together (``offer_batch`` when the inbox has it): an
+  round for one inbox together (``Inbox.offer_batch``): an
   idle server then handles everything that arrived at once, from every peer,
   in one iteration on the I/O thread, without a thread hand-off -- safe
   because ``send`` never blocks -- and batched, so it flushes one message per
@@ -108,5 +108,16 @@ def _listen(address: str, on_connect: Callable[[Comm], None], security: Security
     return TCPListener(address, on_connect, security)
 
 
-registry.register("tcp", Backend(connect=_connect, listen=_listen))
-registry.register("tls", Backend(connect=_connect, listen=_listen))
+def _worker_listen_address(scheduler_address: str, host: str | None) -> str:
+    """The scheduler's scheme, on ``host`` if given, else on every interface; any port."""
+    scheme, _ = parse_address(scheduler_address)
+    return f"{scheme}://{format_hostport(host or '0.0.0.0', 0)}"
+
+
+# a TCP peer that crashes, or whose host does, can leave its connection open: only the
+# missing heartbeats tell (as distributed's worker-ttl); and anyone reaching the port may
+# try to connect, hence a secret
+_BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
+                   worker_listen_address=_worker_listen_address)
+registry.register("tcp", _BACKEND)
+registry.register("tls", _BACKEND)

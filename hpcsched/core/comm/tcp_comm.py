@@ -18,7 +18,7 @@ from typing import Any
 
 from hpcsched.core import config, serialize
 from hpcsched.core.comm import tcp_io
-from hpcsched.core.comm.base import Comm, CommClosedError
+from hpcsched.core.comm.base import Comm, CommClosedError, Inbox
 from hpcsched.core.comm.tcp_frames import FrameDecoder, FrameError, encode_header, frame_nbytes
 from hpcsched.core.comm.tcp_io import READ, WRITE
 from hpcsched.core.comm.tcp_security import WIRE_CHUNK, TLSCodec
@@ -434,10 +434,10 @@ class TCPComm(Comm):
         except serialize.SerializationError as e:
             raise self._fail(f"undecodable message: {e}", log=True) from e
 
-    def deliver_to(self, inbox: Any, source: Any, closed_marker: Any) -> bool:
+    def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
         """From now on the I/O thread unpickles each message and hands it to ``inbox``
-        (batched per round of events: ``offer_batch`` if it has one, else ``put``);
-        messages queued before go first."""
+        with ``offer_batch``, batched per round of events (sends never block it: they
+        are queued per connection); messages queued before go first."""
         with self._recv_cond:
             pending = list(self._inq)
             self._inq.clear()
@@ -458,7 +458,6 @@ class TCPComm(Comm):
             self._fail(f"undecodable message: {e}", log=True)
         elif ended:
             inbox.put((source, closed_marker))
-        return True
 
 
 def format_hostport(host: str, port: int) -> str:

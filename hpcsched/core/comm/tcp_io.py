@@ -122,12 +122,7 @@ class IOThread:
             batch, self._deliveries = self._deliveries, {}
             for inbox, items in batch.values():
                 try:
-                    offer = getattr(inbox, "offer_batch", None)
-                    if offer is not None:  # an idle loop runs its iteration here
-                        offer(items)
-                    else:
-                        for item in items:
-                            inbox.put(item)
+                    inbox.offer_batch(items)  # an idle loop runs its iteration here
                 except Exception:
                     logger.exception("delivering %d messages to %r failed", len(items), inbox)
 

@@ -1,0 +1,292 @@
+"""The wire protocol: every op is a record, records round-trip, malformed messages have one
+error path, and the reference in docs/protocol.md is the records' own."""
+
+from __future__ import annotations
+
+import dataclasses
+import doctest
+import re
+from pathlib import Path
+
+import pytest
+
+from hpcsched.core import events as ev
+from hpcsched.core import field_checks, message_checks, protocol, wire
+from hpcsched.core.protocol import MalformedMessage, decode, encode
+from hpcsched.core.serialize import serialize
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "hpcsched"
+
+RECORDS = sorted({(d.name, op, cls) for d in protocol.DIRECTIONS for op, cls in d.items()},
+                 key=lambda t: (t[0], t[1]))
+ALL_OPS = {op for d in protocol.DIRECTIONS for op in d}
+
+# values to build example records from: for each field, the first that passes its check
+# and differs from its default
+CANDIDATES = [("x", 1), ["x", ("y", 0)], "text", 3, 2.5, True, False, {"x": 4},
+              {"x": ["tcp://w:1"]}, {"GPU": 1.0}, {"x": {"run_spec": b"r", "deps": ["y"]}},
+              {"a": {"x": 1}}, b"blob", serialize({"x": 1}), [serialize({"x": 1})],
+              {"x": serialize(1)}, [2, "w-1"], ["tcp://w:1"], [1, 2], [{"blob": b"v", "keys": []}]]
+CONTEXT = {"worker": "tcp://w:1", "client": "client-1", "now": 12.5, "stimulus_id": "s-1"}
+
+
+def example(cls: type) -> tuple[object, dict]:
+    """A record of ``cls`` with every wire field set (not to its default), and its context."""
+    s = protocol.spec(cls)
+    kw = {}
+    for f in s.wire:
+        kw[f.name] = next(v for v in CANDIDATES
+                          if f.check(v) is None and (f.required or v != f.default))
+    context = {f.name: CONTEXT[f.name] for f in s.context}
+    if s.extra is not None:
+        kw[s.extra] = {"what": "status", "limit": 5}
+    return cls(**kw, **context), context
+
+
+def direction(name: str) -> wire.Direction:
+    return next(d for d in protocol.DIRECTIONS if d.name == name)
+
+
+# ------------------------------------------------------------------ round trips
+@pytest.mark.parametrize(("where", "op", "cls"), RECORDS,
+                         ids=[f"{w}:{op}" for w, op, _ in RECORDS])
+def test_every_record_round_trips(where, op, cls):
+    record, context = example(cls)
+    msg = encode(record)
+    assert msg["op"] == op == cls.op
+    assert not set(msg) & set(context), "context fields never travel"
+    assert decode(direction(where), msg, **context) == record
+    # and what decode gives encodes to the same message (nothing is lost or added)
+    assert encode(decode(direction(where), dict(msg), **context)) == msg
+
+
+def test_a_missing_optional_field_takes_its_default():
+    got = decode(protocol.WORKER_TO_SCHEDULER, {"op": "task-finished", "key": "x"},
+                 worker="w", now=1.0)
+    assert got == ev.TaskFinished("w", "x", 0, "", 0.0, 0.0, 1.0, "")
+
+
+def test_sparse_fields_are_left_off_the_wire_when_they_have_their_default():
+    assert encode(protocol.ComputeTask("x", b"spec", (0, 1))) == {
+        "op": "compute-task", "key": "x", "run_spec": b"spec", "priority": (0, 1),
+        "duration": 0.5}
+    assert encode(protocol.AddKeys("w", {"x": 8})) == {"op": "add-keys", "keys": {"x": 8}}
+    assert encode(protocol.AddKeys("w", {"x": 8}, "s-1"))["scatter_id"] == "s-1"
+    assert encode(protocol.Close("retired")) == {"op": "close", "reason": "retired"}
+    assert encode(protocol.Close("failed", 1))["exit_code"] == 1
+
+
+def test_an_open_record_carries_its_other_fields_beside_its_own():
+    msg = {"op": "extension", "extension": "diagnostics", "request_id": "r", "what": "status"}
+    got = decode(protocol.CLIENT_TO_SCHEDULER, msg)
+    assert got == protocol.Extension("diagnostics", "r", {"what": "status"})
+    assert encode(got) == msg
+    # the record's own fields win over an extra one of the same name
+    reply = protocol.ExtensionReply("r", {"request_id": "forged", "op": "x", "error": "no"})
+    assert encode(reply) == {"op": "extension-reply", "request_id": "r", "error": "no"}
+
+
+def test_context_fields_are_not_encoded_and_cannot_be_sent():
+    record = ev.TaskFinished("tcp://w:1", "x", 8, now=3.0, stimulus_id="task-finished-x")
+    assert encode(record) == {"op": "task-finished", "key": "x", "nbytes": 8, "typename": "",
+                              "start": 0.0, "stop": 0.0}
+    # a peer cannot say who it is or when it spoke: the receiver does
+    forged = {"op": "task-finished", "key": "x", "worker": "tcp://other:1"}
+    with pytest.raises(MalformedMessage, match=r"task-finished.*'worker'"):
+        decode(protocol.WORKER_TO_SCHEDULER, forged, worker="tcp://w:1")
+
+
+def test_a_wrong_context_field_is_the_receivers_mistake():
+    msg = {"op": "task-started", "key": "x"}
+    with pytest.raises(TypeError, match="client"):
+        decode(protocol.WORKER_TO_SCHEDULER, msg, client="c")
+    with pytest.raises(TypeError, match="worker"):
+        decode(protocol.WORKER_TO_SCHEDULER, msg)
+
+
+# ------------------------------------------------------------------ the one error path
+@pytest.mark.parametrize(("msg", "says"), [
+    (["not", "a", "dict"], "expected an op dict, got list"),
+    ({"op": "no-such-op"}, "unknown op 'no-such-op' (worker -> scheduler)"),
+    ({"op": ["unhashable"]}, "unknown op ['unhashable']"),
+    ({"key": "x"}, "unknown op None"),
+    ({"op": "missing-data", "key": "x"}, "op 'missing-data' lacks the field 'errant_worker'"),
+    ({"op": "task-started", "key": "x", "colour": 1},
+     "op 'task-started' has unknown fields 'colour'"),
+    ({"op": "task-finished", "key": "x", "nbytes": -1},
+     "op 'task-finished', field 'nbytes': expected an integer >= 0, got -1"),
+    ({"op": "task-finished", "key": ["unhashable"]}, "op 'task-finished', field 'key'"),
+    ({"op": "add-keys", "keys": {"x": "big"}}, "op 'add-keys', field 'keys'"),
+])
+def test_malformed_messages_raise_one_error_naming_op_and_field(msg, says):
+    with pytest.raises(MalformedMessage) as info:
+        decode(protocol.WORKER_TO_SCHEDULER, msg, worker="w")
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(("where", "op", "cls"),
+                         [r for r in RECORDS if direction(r[0]).checked],
+                         ids=[f"{w}:{op}" for w, op, _ in RECORDS if direction(w).checked])
+def test_every_checked_field_refuses_a_wrong_type(where, op, cls):
+    record, context = example(cls)
+    msg = encode(record)
+    for f in protocol.spec(cls).wire:
+        if f.check is field_checks.anything:
+            continue
+        bad = {**msg, f.name: object()}
+        with pytest.raises(MalformedMessage, match=f"op '{op}', field '{f.name}'"):
+            decode(direction(where), bad, **context)
+
+
+def test_directions_the_receiver_trusts_check_names_not_values():
+    # a worker does not re-check what its scheduler sends (a hot path), but an unknown
+    # field or op is still refused
+    odd = {"op": "compute-task", "key": "x", "run_spec": None, "duration": "soon"}
+    assert decode(protocol.SCHEDULER_TO_WORKER, odd).duration == "soon"
+    with pytest.raises(MalformedMessage, match="unknown fields"):
+        decode(protocol.SCHEDULER_TO_WORKER, {**odd, "colour": 1})
+
+
+# ------------------------------------------------------------------ no op without a record
+OP_PATTERNS = [
+    re.compile(r"""["']op["']\s*:\s*["']([a-z][\w-]*)["']"""),  # {"op": "compute-task"}
+    re.compile(r"""(?:\bop|\[["']op["']\]|\.get\(["']op["']\))\s*[!=]=\s*["']([a-z][\w-]*)["']"""),
+]
+OP_TUPLES = re.compile(r"""(?:\bop|\.get\(["']op["']\))\s+(?:not\s+)?in\s+\(([^)]*)\)""")
+
+
+def ops_in_source(text: str) -> set[str]:
+    """Op strings a module sends or dispatches on: ``"op": "..."`` literals and ``op ==``,
+    ``op in (...)`` comparisons."""
+    found = {m for p in OP_PATTERNS for m in p.findall(text)}
+    for group in OP_TUPLES.findall(text):
+        found.update(re.findall(r"""["']([a-z][\w-]*)["']""", group))
+    return found
+
+
+def test_the_op_scanner_finds_sends_and_dispatches():
+    text = '''send({"op": "brand-new", "x": 1})
+if msg.get("op") == "other-op": pass
+elif op in ("a-op", "b-op"): pass
+if msg["op"] != "fourth": pass'''
+    assert ops_in_source(text) == {"brand-new", "other-op", "a-op", "b-op", "fourth"}
+
+
+def test_every_op_in_the_source_has_a_record():
+    """A new op cannot be sent or handled without a record (and so a line in the docs)."""
+    found: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path == PACKAGE / "core" / "wire.py":  # its doctest registers a toy op of its own
+            continue
+        for op in ops_in_source(path.read_text()):
+            found.setdefault(op, []).append(str(path.relative_to(ROOT)))
+    assert {"compute-task", "who-has", "plugins-reset", "data-reply"} <= set(found)
+    missing = {op: where for op, where in found.items() if op not in ALL_OPS}
+    assert not missing, f"ops without a record in hpcsched.core.protocol: {missing}"
+
+
+def test_every_op_a_server_dispatches_has_a_record():
+    from hpcsched.core import cluster_control, worker_control
+    from hpcsched.core.scheduler import Scheduler
+
+    inbound = set(protocol.CLIENT_TO_SCHEDULER) | set(protocol.WORKER_TO_SCHEDULER)
+    assert set(Scheduler._server_ops) <= inbound
+    assert set(cluster_control.CLIENT_OPS) <= set(protocol.CLIENT_TO_SCHEDULER)
+    assert set(cluster_control.WORKER_OPS) <= set(protocol.WORKER_TO_SCHEDULER)
+    assert set(worker_control.OPS) <= set(protocol.SCHEDULER_TO_WORKER)
+
+
+# ------------------------------------------------------------------ events are the records
+def test_state_machine_events_are_the_records_of_their_ops():
+    for table, directions in [(ev.SCHEDULER_OPS, (protocol.WORKER_TO_SCHEDULER,
+                                                  protocol.CLIENT_TO_SCHEDULER)),
+                              (ev.WORKER_OPS, (protocol.SCHEDULER_TO_WORKER,))]:
+        for op, cls in table.items():
+            assert any(d.get(op) is cls for d in directions), op
+    assert ev.TaskFinished is protocol.TaskFinished
+    assert ev.MalformedMessage is protocol.MalformedMessage
+
+
+def test_every_event_has_a_stimulus_id():
+    commands = {ev.Send, ev.Execute, ev.GatherDep, ev.Resume}
+    events = [obj for obj in vars(ev).values()
+              if dataclasses.is_dataclass(obj) and obj not in commands]
+    assert len(events) > 30
+    for cls in events:
+        f = {f.name: f for f in dataclasses.fields(cls)}.get("stimulus_id")
+        assert f is not None and f.default == "", cls.__name__
+
+
+def test_from_message_decodes_without_rechecking_values():
+    # the scheduler checks values first (message_checks); from_message checks names only
+    event = ev.from_message(ev.SCHEDULER_OPS, {"op": "task-started", "key": "x"},
+                            worker="w", now=2.0)
+    assert event == ev.TaskStarted("w", "x", 2.0)
+    with pytest.raises(MalformedMessage, match="unknown fields"):
+        ev.from_message(ev.WORKER_OPS, {"op": "free-keys", "keys": [], "x": 1})
+
+
+def test_send_carries_a_dict_or_a_record():
+    as_dict = ev.Send("w", {"op": "free-keys", "keys": ["x"]})
+    as_record = ev.Send("w", protocol.FreeKeys(["x"]))
+    for cmd in (as_dict, as_record):
+        assert cmd.match(op="free-keys", keys=["x"], to="w")
+        assert not cmd.match(op="compute-task")
+        assert not cmd.match(to="v")
+        assert cmd.wire() == {"op": "free-keys", "keys": ["x"]}
+
+
+# ------------------------------------------------------------------ one definition
+def test_the_schedulers_checks_are_read_off_the_records():
+    fields = message_checks.WORKER_MESSAGES["task-finished"]
+    assert fields["key"] == (field_checks.key, True)
+    assert fields["nbytes"] == (field_checks.count, False)
+    assert set(message_checks.CLIENT_MESSAGES) == set(protocol.CLIENT_TO_SCHEDULER) - {
+        "register-client"}
+    assert set(message_checks.REGISTER_WORKER) == {
+        f.name for f in protocol.spec(protocol.RegisterWorker).wire}
+
+
+def test_check_scheduler_message_ignores_unknown_fields_of_server_ops():
+    # as before the records: a server op's extra fields are ignored, not refused
+    msg = {"op": "scheduler-info", "request_id": "r", "later": 1}
+    assert message_checks.check_scheduler_message(msg, "client") == "scheduler-info"
+
+
+def test_a_record_must_say_what_each_field_is():
+    table = wire.Direction("a", "b")
+
+    @dataclasses.dataclass(slots=True)
+    class Vague:
+        x: int = 0
+
+    with pytest.raises(TypeError, match="wire"):
+        wire.message("vague", table)(Vague)
+    with pytest.raises(ValueError, match="already the record"):
+        wire.message("another-name", table)(protocol.FreeKeys)
+    assert "vague" not in table
+
+
+@pytest.mark.parametrize("module", [wire, field_checks, message_checks])
+def test_doctests(module):
+    result = doctest.testmod(module)
+    assert result.attempted > 0 and result.failed == 0
+
+
+# ------------------------------------------------------------------ the reference
+def test_the_reference_documents_every_op_and_is_up_to_date():
+    text = protocol.reference()
+    for d in protocol.DIRECTIONS:
+        assert f"## {d.name}" in text
+    for op in ALL_OPS:
+        assert f"### `{op}`" in text
+    path = ROOT / "docs" / "protocol.md"
+    assert path.read_text() == text, (
+        "docs/protocol.md is stale: regenerate it with "
+        "`python -m hpcsched.core.protocol > docs/protocol.md`")
+
+
+def test_every_record_says_what_it_means():
+    for _, op, cls in RECORDS:
+        assert cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "("), op
