@@ -91,6 +91,7 @@ def loads_value(client: Client, reply: dict) -> Any:
 
 # ------------------------------------------------------------------ requests
 def parse_timeout(timeout: Any) -> float | None:
+    """A primitive's timeout in seconds (a number or a string such as ``"5s"``); <= 0: 0."""
     if timeout is None:
         return None
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= 0:
@@ -131,6 +132,7 @@ class Primitive:
 
     @property
     def client(self) -> Client:
+        """The client given, else (on first use) the default one or the task's worker's."""
         if self._client is None:
             self._client = worker_client.get_client()
         return self._client
@@ -170,6 +172,7 @@ class Semaphore(Primitive):
         self._leases: list[str] = []
 
     def acquire(self, timeout: Any = None) -> bool:
+        """Take a lease, waiting at most ``timeout``; False if none came in time."""
         return self._acquire(parse_timeout(timeout))
 
     def _acquire(self, timeout: float | None) -> bool:
@@ -182,12 +185,14 @@ class Semaphore(Primitive):
         return False
 
     def release(self) -> bool:
+        """Give back the lease taken last (``RuntimeError`` if none is held)."""
         if not self._leases:
             raise RuntimeError("Released too often")
         lease = self._leases.pop()
         return bool(self._call("release", lease=lease)["result"])
 
     def get_value(self) -> int:
+        """How many leases are held now."""
         return int(self._call("value")["result"])
 
     def __enter__(self) -> Semaphore:
@@ -213,14 +218,17 @@ class Lock(Semaphore):
         super().__init__(1, name, client=client)
 
     def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:  # type: ignore[override]
+        """Take the lock (waiting at most ``timeout``; not at all if not ``blocking``)."""
         return self._acquire(_blocking_timeout(blocking, timeout))
 
     def release(self) -> None:  # type: ignore[override]
+        """Release the lock (``RuntimeError`` if this object does not hold it)."""
         if not self._leases:
             raise RuntimeError("Lock is not yet acquired")
         super().release()
 
     def locked(self) -> bool:
+        """Whether anyone holds the lock."""
         return bool(self._call("locked")["result"])
 
     def __reduce__(self) -> Any:
@@ -234,15 +242,19 @@ class Event(Primitive):
     kind = "event"
 
     def set(self) -> None:
+        """Set the event: every waiter wakes up."""
         self._call("set")
 
     def clear(self) -> None:
+        """Clear the event: later waiters wait."""
         self._call("clear")
 
     def is_set(self) -> bool:
+        """Whether the event is set."""
         return bool(self._call("is-set")["result"])
 
     def wait(self, timeout: Any = None) -> bool:
+        """Wait until the event is set; False if ``timeout`` passed first."""
         return bool(self._call("wait", wait=True, timeout=parse_timeout(timeout))["result"])
 
 
@@ -254,15 +266,18 @@ class Variable(Primitive):
     kind = "variable"
 
     def set(self, value: Any, timeout: Any = None) -> None:
+        """Set the value (futures in it are kept alive by the scheduler)."""
         self._call("set", **dumps_value(value))
 
     def get(self, timeout: Any = None) -> Any:
+        """The value, once set (``TimeoutError`` after ``timeout``)."""
         reply = self._call("get", wait=True, timeout=parse_timeout(timeout))
         if reply.get("status") == "timeout":
             raise TimeoutError(f"Variable {self.name!r} was not set within {timeout}")
         return loads_value(self.client, reply)
 
     def delete(self) -> None:
+        """Delete the variable on the scheduler."""
         self._call("delete")
 
 
@@ -284,12 +299,14 @@ class Queue(Primitive):
         return super()._call(action, wait=wait, maxsize=self.maxsize, **fields)
 
     def put(self, value: Any, timeout: Any = None) -> None:
+        """Append ``value``, waiting while the queue is full (``TimeoutError`` after ``timeout``)."""
         reply = self._call("put", wait=True, timeout=parse_timeout(timeout),
                            **dumps_value(value))
         if reply.get("status") == "timeout":
             raise TimeoutError(f"Queue {self.name!r} stayed full for {timeout}")
 
     def get(self, timeout: Any = None, batch: bool | int = False) -> Any:
+        """Take the oldest item (or a batch, see the class), waiting at most ``timeout``."""
         if not (isinstance(batch, bool) or (isinstance(batch, int) and batch > 0)):
             raise ValueError(f"batch must be a bool or a positive integer, got {batch!r}")
         reply = self._call("get", wait=batch is not True, timeout=parse_timeout(timeout),
@@ -301,6 +318,7 @@ class Queue(Primitive):
         return loads_value(self.client, reply)
 
     def qsize(self) -> int:
+        """How many items are in the queue now."""
         return int(self._call("qsize")["result"])
 
     def __reduce__(self) -> Any:
@@ -325,6 +343,8 @@ class MultiLock(Primitive):
 
     def acquire(self, blocking: bool = True, timeout: Any = None,
                 num_locks: int | None = None) -> bool:
+        """Hold ``num_locks`` of the locks (all by default) once first in line for them;
+        False if ``timeout`` passed first (not waiting at all if not ``blocking``)."""
         if self._held is not None:
             raise RuntimeError("MultiLock is already acquired")
         if not self.names:
@@ -339,6 +359,7 @@ class MultiLock(Primitive):
         return False
 
     def release(self) -> None:
+        """Release the locks held (``ValueError`` if none are)."""
         if not self.names:
             return
         if self._held is None:

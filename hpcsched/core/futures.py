@@ -26,10 +26,15 @@ logger = logging.getLogger("hpcsched.client")
 
 
 class CancelledError(cf.CancelledError):
+    """The future's task was cancelled (``result()``, ``gather``)."""
+
     pass
 
 
 class RemoteTraceback(Exception):
+    """The traceback of a task's exception on its worker, as the ``__cause__`` of the
+    exception rebuilt here."""
+
     def __init__(self, tb: str):
         self.tb = tb
 
@@ -76,11 +81,13 @@ class FutureState:
         return cbs or []
 
     def finish(self, typename: str = "") -> list:
+        """The result is in memory; returns the callbacks to run."""
         self.status = "finished"
         self.typename = typename
         return self._done()
 
     def error(self, exception: Any, traceback: str, text: str) -> list:
+        """The task erred (``exception`` serialized); returns the callbacks to run."""
         self.status = "error"
         self.exception = exception
         self.traceback = traceback
@@ -88,6 +95,7 @@ class FutureState:
         return self._done()
 
     def cancel(self) -> list:
+        """The key was cancelled; returns the callbacks to run."""
         self.status = "cancelled"
         return self._done()
 
@@ -101,9 +109,11 @@ class FutureState:
                 self._event.clear()
 
     def done(self) -> bool:
+        """Finished, erred or cancelled."""
         return self._is_done
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; False if ``timeout`` seconds passed first."""
         if self._is_done:
             return True
         with _lock:
@@ -350,6 +360,7 @@ class Future(_FutureBase):
 
 
 def run_callback(fn: Callable, fut: Future) -> None:
+    """Call a done callback; its exception is logged, not raised."""
     try:
         fn(fut)
     except Exception:
@@ -367,6 +378,7 @@ class ClientExecutor(cf.Executor):
         self._shutdown = False
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
+        """``fn(*args, **kwargs)`` as a task: a ``concurrent.futures.Future`` of its result."""
         if self._shutdown:
             raise RuntimeError("cannot submit after shutdown")
         fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
@@ -388,6 +400,7 @@ class ClientExecutor(cf.Executor):
         return cfut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more submissions; wait for (or cancel) the tasks submitted."""
         self._shutdown = True
         with self._lock:
             fs = list(self._futures)
@@ -398,12 +411,16 @@ class ClientExecutor(cf.Executor):
 
 
 class DoneAndNotDoneFutures(NamedTuple):
+    """What ``wait`` returns: the futures done and those not done."""
+
     done: set
     not_done: set
 
 
 def wait_futures(fs: Any, timeout: float | None = None,
                  return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
+    """Wait for futures (``ALL_COMPLETED``, ``FIRST_COMPLETED``, ``FIRST_EXCEPTION``), as
+    ``distributed.wait``; ``TimeoutError`` after ``timeout`` seconds for all of them."""
     flat: list[Future] = []
     collect_futures(fs, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -441,18 +458,22 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
             self.add(f)
 
     def add(self, future: Future) -> None:
+        """Yield ``future`` too when it is done."""
         with self._lock:
             self._count += 1
         future.add_done_callback(self._queue.put)
 
     def update(self, futures: Iterable[Future]) -> None:
+        """``add`` each of ``futures``."""
         for f in futures:
             self.add(f)
 
     def count(self) -> int:
+        """How many futures are still to be yielded."""
         return self._count
 
     def is_empty(self) -> bool:
+        """Whether every future was yielded."""
         return self._count == 0
 
     def __iter__(self) -> as_completed:
@@ -480,6 +501,7 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
             yield self.next_batch(block=True)
 
     def next_batch(self, block: bool = True) -> list:
+        """What is done now (waiting for at least one if ``block``)."""
         out = [next(self)] if block and self._count else []
         while True:
             try:
@@ -537,6 +559,7 @@ def futures_of(obj: Any) -> list[Future]:
 
 
 def collect_futures(x: Any, out: list) -> None:
+    """Append the futures inside ``x`` (containers walked) to ``out``."""
     if isinstance(x, Future):
         out.append(x)
     elif isinstance(x, (list, tuple, set, frozenset)):
@@ -548,6 +571,8 @@ def collect_futures(x: Any, out: list) -> None:
 
 
 def pack_futures(x: Any, values: dict, errors: str) -> Any:
+    """``x`` with its futures replaced by ``values[key]`` (``errors="skip"``: futures without a
+    value left out of lists)."""
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):
