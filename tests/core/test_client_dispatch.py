@@ -104,3 +104,12 @@ def test_request_returns_the_schedulers_reply(c):
     info = c.request({"op": "scheduler-info"}, timeout=30)["info"]
     assert set(info["workers"]) == set(c.scheduler_info()["workers"])
     assert len(info["workers"]) == 2
+
+
+def test_every_op_the_scheduler_sends_a_client_has_a_handler():
+    """The client's dispatch table and the protocol's scheduler -> client direction name the
+    same ops: a new op cannot reach the client's 'unknown op' path by omission."""
+    from hpcsched.core.client import Client
+    from hpcsched.core.protocol import SCHEDULER_TO_CLIENT
+
+    assert set(Client._HANDLERS) == set(SCHEDULER_TO_CLIENT)
