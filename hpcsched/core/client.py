@@ -13,19 +13,19 @@ process (``python -m hpcsched script.py`` under mpiexec), to
 ``HPCSCHED_SCHEDULER_ADDRESS`` / ``HPCSCHED_SCHEDULER_FILE``, or starts a
 ``LocalCluster`` sized to the machine and closes it with the client.
 
-The client is a few collaborating parts: its connection
-(:class:`~hpcsched.core.client_connection.SchedulerConnection`: a reader and a
-sender thread, request/reply matching, the heartbeat), its futures
-(:class:`~hpcsched.core.futures.FutureTable`: states, reference counts, done
-callbacks), and the functions that build graphs (:mod:`.client_graphs`), move
-data (:mod:`.client_data`) and control the cluster (:mod:`.client_control`).
-What the scheduler sends is dispatched by one table, op -> handler
-(``Client._HANDLERS``); a message no handler can take is logged and dropped.
+The client is collaborating parts: its connection (``SchedulerConnection``:
+reader and sender threads, request/reply, heartbeat; :mod:`.client_connection`),
+its futures (``FutureTable``: states, reference counts, done callbacks), and the
+functions that build graphs (:mod:`.client_graphs`), move data
+(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). What the
+scheduler sends is dispatched by one table, op -> handler (``Client._HANDLERS``);
+a message no handler can take is logged and dropped.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import threading
@@ -93,10 +93,9 @@ default_security: Security | None = None
 class Client:
     """Connect to a scheduler (or start a LocalCluster) and run work on its workers.
 
-    ``address``: a scheduler address, a scheduler file, a cluster object, or None (see
-    the module docstring); ``cluster_kwargs`` go to the LocalCluster started when there
-    is no scheduler to connect to. As ``distributed.Client``.
-    """
+    ``address``: a scheduler address or file, a cluster object, or None (module docstring);
+    ``cluster_kwargs`` go to the LocalCluster started when there is no scheduler to
+    connect to. As ``distributed.Client``."""
 
     #: dask asks whether a scheduler object is asynchronous before using its ``get``
     asynchronous = False
@@ -160,8 +159,10 @@ class Client:
 
     # ================================================================ messages
     def request(self, msg: dict, timeout: float | None = None) -> dict:
-        """Send the request ``msg`` (``{"op": ..., **fields}``) to the scheduler and return
-        its reply, e.g. ``client.request({"op": "who-has", "keys": None})["result"]``.
+        """Send the request ``msg`` to the scheduler and return its reply.
+
+        ``msg`` is ``{"op": ..., **fields}``, e.g.
+        ``client.request({"op": "who-has", "keys": None})["result"]``.
 
         The way the client's extensions (cluster control, plugins, datasets, coordination
         primitives) talk to the scheduler: the request gets a fresh ``request_id`` that
@@ -173,8 +174,10 @@ class Client:
         return conn.request({**msg, "request_id": rid}, rid, timeout)
 
     def _handle(self, msgs: list) -> None:
-        """Dispatch a batch of scheduler messages (on the reader thread): each through
-        ``_HANDLERS``; one that cannot be handled is logged and dropped, never raised."""
+        """Dispatch a batch of scheduler messages (on the reader thread).
+
+        Each goes through ``_HANDLERS``; one that cannot be handled is logged and dropped,
+        never raised."""
         handlers = self._HANDLERS
         try:
             for msg in msgs:
@@ -200,16 +203,12 @@ class Client:
                 self.future_table.run_callbacks(cbs)
 
     def _on_task_erred(self, msg: dict) -> None:
-        st = self.futures.get(msg["key"])
-        if st is not None:
-            self.future_table.run_callbacks(st.error(
-                msg.get("exception"), msg.get("traceback", ""), msg.get("exception_text", "")))
+        self.future_table.erred(msg["key"], msg.get("exception"), msg.get("traceback", ""),
+                                msg.get("exception_text", ""))
 
     def _on_cancelled_keys(self, msg: dict) -> None:
-        for key in msg["keys"]:
-            st = self.futures.get(key)
-            if st is not None and st.status != "cancelled":
-                self.future_table.run_callbacks(st.cancel())
+        table = self.future_table
+        table.cancel([st for st in map(table.states.get, msg["keys"]) if st is not None])
 
     def _on_lost_data(self, msg: dict) -> None:
         st = self.futures.get(msg["key"])
@@ -218,9 +217,6 @@ class Client:
 
     def _on_reply(self, msg: dict) -> None:
         self.scheduler_comm.deliver_reply(msg)
-
-    def _on_registered(self, msg: dict) -> None:
-        pass
 
     def _on_scheduler_closing(self, msg: dict) -> None:
         self.scheduler_comm.lost()
@@ -236,7 +232,7 @@ class Client:
         **dict.fromkeys(("gather-reply", "scatter-reply", "scheduler-info-reply",
                          "retire-workers-reply", "close-client-reply", "extension-reply",
                          "control-reply"), _on_reply),
-        "registered": _on_registered,
+        "registered": lambda client, msg: None,
         "scheduler-closing": _on_scheduler_closing,
         "error": _on_error,
     }
@@ -244,19 +240,17 @@ class Client:
     def _lost_scheduler(self, reason: str) -> None:
         """The connection's ``on_lost``: every future not done errs with ``reason``."""
         self.status = "disconnected"
-        exc = serialize(ConnectionError(reason))
-        for st in list(self.futures.values()):
-            if not st.done():
-                self.future_table.run_callbacks(st.error(exc, "", "lost the scheduler"))
-        self.future_table.notify()
+        self.future_table.fail(serialize(ConnectionError(reason)), "lost the scheduler")
 
     # ================================================================ submit / map
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
                resources: dict | None = None, retries: int = 0, priority: int = 0,
                allow_other_workers: bool = False, pure: bool = True,
                **kwargs: Any) -> Future:
-        """Run ``func(*args, **kwargs)`` on a worker; futures among the arguments (also inside
-        lists, tuples, dicts and sets) are waited for and replaced by their results.
+        """Run ``func(*args, **kwargs)`` on a worker; a :class:`Future` of its result.
+
+        Futures among the arguments (also inside lists, tuples, dicts and sets) are waited
+        for and replaced by their results.
 
         ``pure=True`` (the default, as in dask): the key is derived from the function and its
         arguments, so submitting the same call twice shares one task; pass ``pure=False`` for
@@ -292,8 +286,10 @@ class Client:
             resources: dict | None = None, retries: int = 0, priority: int = 0,
             allow_other_workers: bool = False, batch_size: int | None = None,
             pure: bool = True, **kwargs: Any) -> list[Future]:
-        """``[submit(func, *args) for args in zip(*iterables)]`` as one submission (large maps
-        in batches of ``batch_size``); ``key``: a prefix, or one key per item."""
+        """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
+
+        Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
+        item."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:
@@ -318,9 +314,11 @@ class Client:
             priority: int = 0, retries: int = 0, resources: dict | None = None,
             workers: Any = None, allow_other_workers: bool = False,
             timeout: float | None = None, **kwargs: Any) -> Any:
-        """Compute ``keys`` of a task graph: a dask-style dict ``{key: (func, *args)}``, or
-        whatever dask hands a scheduler (``dask.compute(x, scheduler=client.get)``).
-        Nested lists of keys give nested lists of results."""
+        """Compute ``keys`` of a task graph.
+
+        The graph is a dask-style dict ``{key: (func, *args)}``, or whatever dask hands a
+        scheduler (``dask.compute(x, scheduler=client.get)``). Nested lists of keys give
+        nested lists of results."""
         futures = client_graphs.submit_graph(
             self, dsk, keys, fuse=fuse, priority=priority, retries=retries,
             resources=resources, workers=workers, allow_other_workers=allow_other_workers)
@@ -336,9 +334,11 @@ class Client:
                 retries: int = 0, resources: dict | None = None, workers: Any = None,
                 allow_other_workers: bool = False, traverse: bool = True,
                 **kwargs: Any) -> Any:
-        """Start computing dask collections on the cluster: one :class:`Future` per collection
-        (a list for a list), whose result is the collection's final value (one array, one
-        DataFrame), as ``dask.compute`` would give. ``sync=True`` returns the results.
+        """Start computing dask collections on the cluster.
+
+        One :class:`Future` per collection (a list for a list), whose result is the
+        collection's final value (one array, one DataFrame), as ``dask.compute`` would give.
+        ``sync=True`` returns the results.
 
         ``client.compute(graph, keys)`` with a task-graph dict submits it and returns futures
         for ``keys`` (same nesting).
@@ -353,8 +353,9 @@ class Client:
     def persist(self, collections: Any, *, optimize_graph: bool = True, priority: int = 0,
                 retries: int = 0, resources: dict | None = None, workers: Any = None,
                 allow_other_workers: bool = False, **kwargs: Any) -> Any:
-        """Start computing dask collections; return the same collections, backed by futures
-        on the cluster (computing them later reads those results)."""
+        """Start computing dask collections; the same collections, backed by futures.
+
+        Computing them later reads the results on the cluster."""
         return client_graphs.persist(
             self, collections, optimize_graph=optimize_graph, priority=priority,
             retries=retries, resources=resources, workers=workers,
@@ -371,7 +372,8 @@ class Client:
 
     # ================================================================ data
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
-        """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;
+        """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure.
+
         ``errors="skip"`` leaves out erred and cancelled ones."""
         return client_data.gather(self, futures, errors, timeout)
 
@@ -381,37 +383,38 @@ class Client:
         return client_data.scatter(self, data, workers, broadcast, timeout)
 
     def cancel(self, futures: Any) -> None:
-        """Cancel futures (and drop their data, if finished); their tasks stop if no other
-        client wants them."""
+        """Cancel futures, and drop their data if they finished.
+
+        Their tasks stop if no other client wants them."""
         flat: list[Future] = []
         collect_futures(futures, flat)
-        keys = [f.key for f in flat]
-        for f in flat:  # finished ones too: their data is dropped
-            if f.state.status != "cancelled":
-                self.future_table.run_callbacks(f.state.cancel())
-        self.future_table.notify()
-        self.scheduler_comm.send({"op": "cancel-keys", "keys": keys})
+        self.future_table.cancel([f.state for f in flat])  # finished ones too: data dropped
+        self.scheduler_comm.send({"op": "cancel-keys", "keys": [f.key for f in flat]})
 
     # ================================================================ cluster
     def scheduler_info(self, timeout: float | None = 30.0) -> dict:
-        """The scheduler's description of itself and its workers (``"workers"``:
-        ``{address: info}``), as distributed's."""
+        """The scheduler's description of itself and its workers, as distributed's.
+
+        ``"workers"`` is ``{address: info}``."""
         return self.request({"op": "scheduler-info"}, timeout)["info"]
 
     # ---------------------------------------------------------------- cluster control
     def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
             nanny: bool = False, on_error: str = "raise", **kwargs: Any) -> Any:
-        """Run ``function(*args, **kwargs)`` on every worker now (not as a task):
-        ``{address: result}``; it gets ``dask_worker=`` if it takes that argument.
-        ``nanny=True`` is refused: hpcsched workers have no nanny process."""
+        """Run ``function(*args, **kwargs)`` on every worker now (not as a task).
+
+        Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
+        argument. ``nanny=True`` is refused: hpcsched workers have no nanny process."""
         if nanny:
             raise ValueError("Client.run(nanny=True): hpcsched workers have no nanny process")
         return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
                                   on_error=on_error)
 
     def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
-        """Run ``function(*args, **kwargs)`` in the scheduler's process, on its loop thread
-        (``dask_scheduler=`` is passed if it takes it): keep it short."""
+        """Run ``function(*args, **kwargs)`` in the scheduler's process.
+
+        It runs on the scheduler's loop thread (``dask_scheduler=`` is passed if it takes
+        it): keep it short."""
         return client_control.run_on_scheduler(self, function, args, kwargs)
 
     def who_has(self, futures: Any = None) -> dict:
@@ -429,21 +432,25 @@ class Client:
     ncores = nthreads
 
     def upload_file(self, filename: str, load: bool = True) -> dict:
-        """Send a local file to every worker, and to every worker that joins later; a
-        ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
+        """Send a local file to every worker, and to every worker that joins later.
+
+        A ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
         return client_control.upload_file(self, filename, load=load)
 
     # ---------------------------------------------------------------- datasets, versions
     def publish_dataset(self, *args: Any, name: str | None = None, override: bool = False,
                         **kwargs: Any) -> None:
-        """Publish named datasets (``publish_dataset(x=f)`` or ``publish_dataset(f,
-        name="x")``) on the scheduler, which keeps their futures alive until unpublished;
-        ``KeyError`` if the name is taken (unless ``override=True``)."""
+        """Publish named datasets on the scheduler.
+
+        ``publish_dataset(x=f)`` or ``publish_dataset(f, name="x")``; the scheduler keeps
+        their futures alive until unpublished. ``KeyError`` if the name is taken (unless
+        ``override=True``)."""
         dataset_ops.publish_dataset(self, args, name, override, kwargs)
 
     def get_dataset(self, name: str, default: Any = dataset_ops.NO_DEFAULT) -> Any:
-        """A published dataset (its futures bound to this client); ``KeyError`` if there is
-        none by that name and no ``default``."""
+        """A published dataset, its futures bound to this client.
+
+        ``KeyError`` if there is none by that name and no ``default``."""
         return dataset_ops.get_dataset(self, name, default)
 
     def list_datasets(self) -> list[str]:
@@ -460,21 +467,24 @@ class Client:
         return dataset_ops.Datasets(self)
 
     def get_versions(self, check: bool = False, packages: Any = None) -> dict:
-        """Versions of Python and key packages in the client, the scheduler and each
-        worker; ``check=True`` raises ``ValueError`` if they differ."""
+        """Versions of Python and key packages in the client, the scheduler and each worker.
+
+        ``check=True`` raises ``ValueError`` if they differ."""
         return versions.collect(self, check=check, packages=packages)
 
     def register_plugin(self, plugin: Any, name: str | None = None,
                         idempotent: bool | None = None) -> Any:
-        """Register a ``WorkerPlugin`` (set up on every worker, and on workers joining
-        later) or a ``SchedulerPlugin`` (started in the scheduler); see
-        :mod:`hpcsched.core.plugins`."""
+        """Register a worker, scheduler or nanny plugin.
+
+        A ``WorkerPlugin`` is set up on every worker, and on workers joining later; a
+        ``SchedulerPlugin`` is started in the scheduler; see :mod:`hpcsched.core.plugins`."""
         return plugins.register_plugin(self, plugin, name, idempotent)
 
     def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
                                nanny: bool | None = None) -> Any:
-        """``register_plugin`` for a worker plugin (distributed's older name), for a nanny
-        plugin with ``nanny=True`` (or a ``NannyPlugin`` and ``nanny=None``)."""
+        """``register_plugin`` for a worker plugin (distributed's older name).
+
+        A nanny plugin with ``nanny=True`` (or a ``NannyPlugin`` and ``nanny=None``)."""
         if nanny and isinstance(plugin, plugins.WorkerPlugin):
             raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
         if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
@@ -482,8 +492,9 @@ class Client:
         return plugins.register_plugin(self, plugin, name, kind="nanny" if nanny else "worker")
 
     def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
-        """Tear a worker (or nanny) plugin down on every worker (nanny); later ones no longer
-        get it."""
+        """Tear a worker (or nanny) plugin down on every worker (nanny).
+
+        Workers (nannies) that join later no longer get it."""
         return plugins.unregister_worker_plugin(self, name)
 
     def replicate(self, futures: Any, n: int | None = None, workers: Any = None,
@@ -509,8 +520,9 @@ class Client:
     def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
                        n: int | None = None, close: bool = True,
                        timeout: float | None = 120.0) -> list[str]:
-        """Retire workers gracefully (their data moved to others first); the retired
-        workers' addresses."""
+        """Retire workers gracefully, their data moved to others first.
+
+        Returns the retired workers' addresses."""
         reply = self.request({"op": "retire-workers", "workers": workers, "names": names,
                               "n": n, "close": close}, timeout)
         return list(reply.get("retired", []))
@@ -524,7 +536,8 @@ class Client:
 
     def get_task_stream(self, start: Any = None, stop: Any = None, count: int | None = None,
                         plot: bool = False, filename: str = "task-stream.html") -> list:
-        """Records of the tasks run between ``start`` and ``stop`` (or the last ``count``);
+        """Records of the tasks run between ``start`` and ``stop`` (or the last ``count``).
+
         ``plot=True`` also writes an HTML report to ``filename``."""
         data = seams.resolve("task-stream")(self, start, stop, count)
         if plot:
@@ -548,12 +561,10 @@ class Client:
         """Release this client's futures, disconnect, and close the cluster it started."""
         if self._closed:
             return
-        try:
-            if self.status == "running":
+        if self.status == "running":
+            with contextlib.suppress(Exception):  # the scheduler may be gone already
                 self.scheduler_comm.request({"op": "close-client"}, "close-client-reply",
                                             timeout)
-        except Exception:
-            pass
         self._closed = True
         self.status = "closed"
         self.future_table.close()
@@ -573,10 +584,8 @@ class Client:
 def _close_at_exit(ref: weakref.ref) -> None:
     client = ref()
     if client is not None and not client._closed:
-        try:
+        with contextlib.suppress(Exception):
             client.close(timeout=2.0)
-        except Exception:
-            pass
 
 
 def default_client() -> Client | None:

@@ -127,9 +127,7 @@ def replicate(client: Client, futures: Any, n: int | None = None, workers: Any =
 def restart(client: Client, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
     """Cancel every task and reset the workers' plugins; see ``Client.restart``."""
     n = len(client.scheduler_info()["workers"])
-    for st in list(client.futures.values()):
-        if st.status != "cancelled":
-            client.future_table.run_callbacks(st.cancel())
+    client.future_table.cancel(list(client.futures.values()))
     reply = client.request({"op": "restart"}, timeout)
     for entry in reply.get("results", {}).values():
         ok, value = outcome(entry)

@@ -206,6 +206,27 @@ class FutureTable:
             return False
         return True
 
+    def erred(self, key: Any, exception: Any, traceback: str, text: str) -> None:
+        """The task of ``key`` erred (``exception`` serialized)."""
+        st = self.states.get(key)
+        if st is not None:
+            self.run_callbacks(st.error(exception, traceback, text))
+
+    def cancel(self, states: Iterable[FutureState]) -> None:
+        """Mark ``states`` cancelled (those not already) and wake the waiters."""
+        for st in states:
+            if st.status != "cancelled":
+                self.run_callbacks(st.cancel())
+        self.notify()
+
+    def fail(self, exception: Any, text: str) -> None:
+        """Every future not done errs with ``exception`` (serialized): the scheduler is
+        lost."""
+        for st in list(self.states.values()):
+            if not st.done():
+                self.run_callbacks(st.error(exception, "", text))
+        self.notify()
+
     def notify(self) -> None:
         """Wake whoever waits in :meth:`wait`: states changed."""
         with self.changed:

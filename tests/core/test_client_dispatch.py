@@ -69,6 +69,22 @@ def test_wait_times_out_on_a_state_never_done():
         table.wait([pending], time.monotonic() + 0.05, 0.05)
 
 
+def test_state_changes_through_the_table():
+    table = FutureTable(lambda msg: None)
+    a, b, c = (table.acquire(k) for k in "abc")
+    table.erred("a", b"blob", "tb", "ValueError: x")
+    table.erred("gone", b"blob", "", "")  # a key no future holds: nothing to do
+    assert a.status == "error" and (a.exception, a.traceback) == (b"blob", "tb")
+    table.cancel([b])
+    assert b.status == "cancelled" and b.done()
+    c.finish()
+    table.fail(b"lost", "lost the scheduler")  # only what is not done yet errs
+    assert (a.exception, b.status, c.status) == (b"blob", "cancelled", "finished")
+    d = table.acquire("d")
+    table.fail(b"lost", "lost the scheduler")
+    assert d.status == "error" and d.exception_text == "lost the scheduler"
+
+
 # ---------------------------------------------------------------- against a scheduler
 @pytest.fixture(scope="module")
 def c(shared_client: Any) -> Iterator[Any]:
