@@ -336,12 +336,9 @@ class Client:
                 **kwargs: Any) -> Any:
         """Start computing dask collections on the cluster.
 
-        One :class:`Future` per collection (a list for a list), whose result is the
-        collection's final value (one array, one DataFrame), as ``dask.compute`` would give.
-        ``sync=True`` returns the results.
-
-        ``client.compute(graph, keys)`` with a task-graph dict submits it and returns futures
-        for ``keys`` (same nesting).
+        One :class:`Future` per collection (a list for a list) whose result is its final
+        value, as ``dask.compute`` gives; ``sync=True`` returns the results. With ``keys``,
+        ``collections`` is a task-graph dict and the futures are ``keys``' (same nesting).
         """
         opts = dict(priority=priority, retries=retries, resources=resources, workers=workers,
                     allow_other_workers=allow_other_workers)
@@ -353,9 +350,7 @@ class Client:
     def persist(self, collections: Any, *, optimize_graph: bool = True, priority: int = 0,
                 retries: int = 0, resources: dict | None = None, workers: Any = None,
                 allow_other_workers: bool = False, **kwargs: Any) -> Any:
-        """Start computing dask collections; the same collections, backed by futures.
-
-        Computing them later reads the results on the cluster."""
+        """Start computing dask collections; the same collections, backed by futures."""
         return client_graphs.persist(
             self, collections, optimize_graph=optimize_graph, priority=priority,
             retries=retries, resources=resources, workers=workers,
@@ -503,6 +498,11 @@ class Client:
         given; returns once they hold it. Copies beyond ``n`` are kept (distributed drops
         them); ``branching_factor`` is accepted and unused (workers fetch from holders)."""
         client_control.replicate(self, futures, n=n, workers=workers)
+
+    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
+        """Move data from workers holding more than the mean to those holding less, as
+        distributed does; no copy is dropped before its new holder has it."""
+        client_control.rebalance(self, futures, workers)
 
     def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
         """Reset the cluster: every future of every client is cancelled and the workers drop

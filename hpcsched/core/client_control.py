@@ -99,6 +99,16 @@ def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
     return out
 
 
+def rebalance(client: Client, futures: Any = None, workers: Any = None,
+              timeout: float | None = 120.0) -> None:
+    """Spread the futures' data (all data if None) evenly over ``workers`` (all if None);
+    returns once every moved key's old copy is dropped (the new one is held first)."""
+    if futures is not None and not isinstance(futures, (list, tuple, set)):
+        futures = [futures]
+    keys = None if futures is None else [getattr(f, "key", f) for f in futures]
+    client.request({"op": "rebalance", "keys": keys, "workers": as_list(workers)}, timeout)
+
+
 def replicate(client: Client, futures: Any, n: int | None = None, workers: Any = None,
               timeout: float | None = 120.0) -> None:
     """Copy the futures' data onto ``n`` workers (all: None), of ``workers`` if given; returns

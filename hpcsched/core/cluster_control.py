@@ -34,7 +34,7 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 #: ops a client sends, served by :class:`ClusterControl`
 CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
-              "register-plugin", "unregister-plugin", "replicate", "restart")
+              "register-plugin", "unregister-plugin", "replicate", "rebalance", "restart")
 #: ops a worker sends back
 WORKER_OPS = ("run-reply",)
 
@@ -62,10 +62,10 @@ def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
     """``fn(*args, **kwargs)``, adding ``name=value`` if ``fn`` takes that argument (distributed
     passes ``dask_worker`` / ``dask_scheduler`` so)."""
     try:
-        params = inspect.signature(fn).parameters
+        takes = name in inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        params = {}
-    if name in params:
+        takes = False
+    if takes:
         kwargs = {**kwargs, name: value}
     return fn(*args, **kwargs)
 
@@ -147,10 +147,17 @@ class ClusterControl:
             # every task is cancelled (its clients hear so, workers drop its data), then each
             # worker tears its plugins down and sets them up again
             event = ev.CancelKeys(source, list(state.tasks), time.time())
-            self.scheduler.handle_event(event)
+            self.scheduler.handle_event(event, "restart")
             self._fan_out(source, rid, list(state.workers), {"op": "plugins-reset"})
         elif op == "replicate":
             self._replicate(source, rid, msg)
+        elif op == "rebalance":
+            # a state-machine event: it answers once every moved key's sender dropped its copy
+            keys = msg.get("keys")
+            keys = None if keys is None else self._list(op, keys, "keys")
+            workers = None if msg.get("workers") is None else self._workers(msg)
+            self.scheduler.handle_event(ev.RebalanceKeys(rid, source, keys, workers,
+                                                         time.time()), op)
         elif op == "register-plugin":
             self._register_plugin(source, rid, msg)
         elif op == "unregister-plugin":
@@ -232,6 +239,8 @@ class ClusterControl:
                 call_hook(old, "close")
             call_hook(plugin, "start", self.scheduler)
             self.scheduler_plugins[name] = plugin
+            if self.scheduler.state.transition_listener is None:
+                self.scheduler.state.transition_listener = []  # for its transition hook
             reply = {"status": "OK", "result": dumps_object(None)}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             reply = error_reply(e)
@@ -288,7 +297,7 @@ class ClusterControl:
     def _worker_replied(self, worker: str, msg: dict) -> None:
         sub = msg.get("request_id")
         fan = self._pending.get(sub) if isinstance(sub, str) else None
-        if fan is None or worker not in fan["waiting"]:
+        if fan is None or not isinstance(sub, str) or worker not in fan["waiting"]:
             return
         fan["waiting"].discard(worker)
         status = msg.get("status")
@@ -305,6 +314,21 @@ class ClusterControl:
             return
         del self._pending[sub]
         self._reply(fan["client"], fan["request_id"], status="OK", results=fan["results"])
+
+    def transitions(self, entries: list[tuple]) -> None:
+        """Call the scheduler plugins' ``transition(key, start, finish, stimulus_id=)`` for
+        each logged transition (on the loop thread); a plugin's error is logged, not fatal,
+        as in distributed (https://distributed.dask.org/en/stable/plugins.html)."""
+        for name, plugin in list(self.scheduler_plugins.items()):
+            if getattr(plugin, "transition", None) is None:
+                continue
+            for key, start, finish, stimulus_id, _ in entries:
+                try:
+                    call_hook(plugin, "transition", key, start, finish,
+                              stimulus_id=stimulus_id)
+                except Exception:  # noqa: BLE001 - a plugin's error is logged, not fatal
+                    logger.exception("scheduler plugin %s failed in transition(%r, %s, %s)",
+                                     name, key, start, finish)
 
     def _on_worker(self, what: str, address: str, info: dict | None) -> None:
         for name, plugin in list(self.scheduler_plugins.items()):

@@ -116,7 +116,7 @@ class AddWorker:
     address: str
     nthreads: int
     memory_limit: int = 0
-    name: str = ""
+    name: str | int = ""  # dask-mpi names workers by their rank
     host: str = ""
     resources: dict = field(default_factory=dict)
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
@@ -158,6 +158,18 @@ class RetireWorkers:
     requester: str
     workers: list  # addresses
     close: bool = True
+    now: float = 0.0
+    stimulus_id: str = ""
+
+
+@dataclass(slots=True)
+class RebalanceKeys:
+    """``Client.rebalance``: spread ``keys`` (all if None) over ``workers`` (all if None)."""
+
+    request_id: str
+    requester: str
+    keys: list | None = None
+    workers: list | None = None
     now: float = 0.0
     stimulus_id: str = ""
 

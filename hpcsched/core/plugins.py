@@ -16,8 +16,13 @@ which keeps it for workers that join later; ``setup(worker=)`` runs when it
 arrives, ``teardown(worker=)`` when it is replaced, unregistered, or the
 worker closes. A scheduler plugin runs in the scheduler: ``start(scheduler)``,
 ``add_worker(scheduler=, worker=)``, ``remove_worker(scheduler=, worker=,
-stimulus_id=)``, ``close()``. Hooks run on the scheduler's loop thread: keep
-them short. Per-task ``transition`` hooks are not called. A ``NannyPlugin``
+stimulus_id=)``, ``close()``, and ``transition(key, start, finish,
+stimulus_id=)`` for every change of a task's state (the scheduler's
+``transition_log``; ``stimulus_id`` names the message that caused it), called
+after the scheduler handled that message. Hooks run on the scheduler's loop
+thread: keep them short; an error in one is logged and the scheduler goes on.
+A worker plugin's ``transition(key, start, finish)`` is called for each change
+of a task's state on its worker. A ``NannyPlugin``
 runs in the process supervising a worker (``LocalCluster``, ``hpcsched worker
 --nanny``) and is refused by workers nothing supervises (MPI ranks): see
 :mod:`hpcsched.core.nanny`.
@@ -51,7 +56,7 @@ class WorkerPlugin:
 
 class SchedulerPlugin:
     """Base class of scheduler plugins: override ``start``, ``add_worker``,
-    ``remove_worker``, ``close``."""
+    ``remove_worker``, ``transition``, ``close``."""
 
     def start(self, scheduler: Any) -> None:
         """Run when the plugin is registered."""
@@ -62,6 +67,10 @@ class SchedulerPlugin:
     def remove_worker(self, scheduler: Any = None, worker: str | None = None,
                       **kwargs: Any) -> None:
         """A worker left."""
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   stimulus_id: str = "", **kwargs: Any) -> None:
+        """Task ``key`` went from state ``start`` to ``finish`` (``forgotten``: deleted)."""
 
     def close(self) -> None:
         """The scheduler closes (or the plugin is replaced)."""

@@ -234,6 +234,18 @@ class Replicate:
     workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
 
 
+@message("rebalance", C2S)
+@dataclass(slots=True)
+class Rebalance:
+    """``Client.rebalance``: move ``keys`` (all if None) from workers holding more bytes than
+    the mean to those holding less, among ``workers`` (all if None); answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    keys: list | None = wire(fc.optional(fc.keys), None)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
 @message("restart", C2S)
 @dataclass(slots=True)
 class Restart:

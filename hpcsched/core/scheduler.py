@@ -6,9 +6,14 @@ or ``register-client``; after that a reader thread per comm feeds the
 to the state machine and sends the resulting messages batched per peer.
 
 A few ops are served here rather than by the state machine because they move
-data or answer questions: ``gather`` (relayed from the workers holding the
-keys, as :class:`~hpcsched.core.serialize.Serialized` frames never unpickled
-here), ``scatter``, ``scheduler-info``, ``retire-workers``.
+data or answer questions: ``gather`` (:mod:`.scheduler_gather`), ``scatter``,
+``scheduler-info``, ``retire-workers``, cluster control
+(:mod:`.cluster_control`), coordination primitives (:mod:`.primitives`) and
+extensions (:mod:`.scheduler_extensions`).
+
+Each event built from a message gets a ``stimulus_id`` (``"<op>-<n>"``), which
+the state's transition log records, and the scheduler plugins' ``transition``
+hooks are called with each logged transition after the event is handled.
 
 Every message is checked (:mod:`hpcsched.core.message_checks`) before it is
 handled, and handled on its own: a peer whose message is malformed, or makes a
@@ -39,6 +44,14 @@ from hpcsched.core.loop import CLOSED, Loop, start_reader
 from hpcsched.core.message_checks import check_registration, check_scheduler_message
 from hpcsched.core.primitives import OP as PRIMITIVE_OP
 from hpcsched.core.primitives import Primitives
+from hpcsched.core.scheduler_extensions import (
+    close_extensions,
+    extension_reply,
+    start_extensions,
+)
+from hpcsched.core.scheduler_gather import Gathers
+from hpcsched.core.scheduler_maintenance import resolve_workers
+from hpcsched.core.scheduler_registration import add_worker_event, read_introduction, refuse, short
 from hpcsched.core.scheduler_state import SchedulerState
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -88,7 +101,7 @@ class Scheduler:
         self.address = ""
         self.inproc_address = ""
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
-        self._listener = None
+        self._listener: Any = None
         self._extra_listeners: list = []
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
@@ -96,8 +109,8 @@ class Scheduler:
         # per worker: messages that may wait for the next one to it or the tick (free-keys)
         self._held: dict[str, list] = {}
         self._release_held = False
-        self._gathers: dict[str, dict] = {}  # request_id -> pending gather
-        self._sub_gathers: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)
+        self.gathers = Gathers(self)
+        self._stimuli = itertools.count()
         self._internal: dict[str, Future] = {}
         self._worker_callbacks: list = []
         self._ids = itertools.count()
@@ -126,22 +139,8 @@ class Scheduler:
         LOCAL_SCHEDULERS[self.address] = (self.inproc_address,
                                           self.security.secret if self.security else None)
         logger.info("scheduler at %s", self.address)
-        self._start_extensions()
+        self.extensions.update(start_extensions(self))
         return self
-
-    def _start_extensions(self) -> None:
-        """The one seam to higher layers: ``scheduler.extensions`` names factories
-        (``module:function``) called with this scheduler; one that fails is logged and
-        skipped, the scheduler runs on without it."""
-        import importlib
-
-        for spec in config.get("scheduler.extensions") or ():
-            try:
-                module, _, attr = str(spec).partition(":")
-                ext = getattr(importlib.import_module(module), attr)(self)
-                self.extensions[getattr(ext, "name", spec)] = ext
-            except Exception:
-                logger.exception("scheduler extension %s failed to start", spec)
 
     @property
     def dashboard_link(self) -> str | None:
@@ -168,11 +167,7 @@ class Scheduler:
         self._closed = True
         LOCAL_SCHEDULERS.pop(self.address, None)
         self.control.close()  # scheduler plugins
-        for ext in list(self.extensions.values()):
-            try:
-                ext.close()
-            except Exception:
-                logger.exception("closing scheduler extension %r failed", ext)
+        close_extensions(self.extensions)
         for lst in [self._listener, *self._extra_listeners]:
             if lst is not None:
                 lst.stop()
@@ -199,59 +194,25 @@ class Scheduler:
     # ================================================================ connections
     def _on_connect(self, comm: Comm) -> None:
         """Runs in a backend thread per accepted peer: read its introduction."""
-        try:
-            first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
-        except (CommClosedError, TimeoutError, OSError) as e:
-            logger.warning("peer %s did not introduce itself: %s", comm.peer_address, e)
-            comm.close()
-            return
-        msg = first[0] if isinstance(first, list) and first else first
-        if not isinstance(msg, dict) or msg.get("op") not in ("register-worker",
-                                                               "register-client"):
-            logger.warning("dropping peer %s: first message is not a registration (%r)",
-                           comm.peer_address, _short(first))
-            comm.close()
-            return
-        if msg["op"] == "register-client":
-            cid = msg.get("client")
-            if not isinstance(cid, str) or not cid:
-                logger.warning("dropping peer %s: bad client id", comm.peer_address)
-                comm.close()
-                return
-            self.loop.put((None, ("client", cid, comm, msg)))
-        else:
-            address = msg.get("address")
-            if not isinstance(address, str) or "://" not in address:
-                logger.warning("dropping worker %s: bad address %r", comm.peer_address, address)
-                comm.close()
-                return
-            self.loop.put((None, ("worker", address, comm, msg)))
+        intro = read_introduction(comm)
+        if intro is not None:
+            self.loop.put((None, intro))
 
     def _register(self, kind: str, peer: str, comm: Comm, msg: dict) -> None:
         now = time.time()
         if kind == "client":
             self._comms[peer] = comm
-            self.state.handle(ev.AddClient(peer, now))
+            self.handle_event(ev.AddClient(peer, now), "register-client")
             self._queue(peer, {"op": "registered", "address": self.address, "id": self.id})
             start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
             return
         name = msg.get("name") or peer
         if peer in self.state.workers or any(ws.name == name for ws in
                                              self.state.workers.values()):
-            logger.warning("refusing worker %s: name %r or address already registered", peer,
-                           name)
-            try:
-                comm.send([{"op": "register-error",
-                            "message": f"a worker named {name!r} is already registered"}])
-            finally:
-                comm.close()
+            refuse(comm, peer, f"a worker named {name!r} is already registered")
             return
         try:
-            event = ev.AddWorker(
-                address=peer, nthreads=int(msg.get("nthreads", 1)),
-                memory_limit=int(msg.get("memory_limit") or 0), name=_worker_name(name),
-                host=str(msg.get("host", "")), resources=dict(msg.get("resources") or {}),
-                keys=dict(msg.get("keys") or {}), pid=int(msg.get("pid") or 0), now=now)
+            event = add_worker_event(peer, msg, name, now)
         except (TypeError, ValueError) as e:
             logger.warning("dropping worker %s: malformed registration: %s", peer, e)
             comm.close()
@@ -260,7 +221,7 @@ class Scheduler:
         self._worker_peers.add(peer)
         self._queue(peer, {"op": "registered", "address": self.address, "id": self.id,
                            "heartbeat_interval": config.get("worker.heartbeat-interval")})
-        self._route(self.state.handle(event))
+        self.handle_event(event, "register-worker")
         start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, self.state.workers[peer].info())
@@ -278,12 +239,12 @@ class Scheduler:
             if peer in self.state.workers:  # not already removed by the state (retired, ttl)
                 logger.info("worker %s left: %s", peer, reason)
                 info = self.state.workers[peer].info()
-                self._route(self.state.handle(ev.RemoveWorker(peer, reason, now)))
-            self._fail_gathers_from(peer)
+                self.handle_event(ev.RemoveWorker(peer, reason, now), "remove-worker")
+            self.gathers.worker_left(peer)
             self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
-            self._route(self.state.handle(ev.RemoveClient(peer, now)))
+            self.handle_event(ev.RemoveClient(peer, now), "remove-client")
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -310,7 +271,7 @@ class Scheduler:
                         try:
                             check_registration(msg)
                         except ev.MalformedMessage as e:
-                            self._refuse_registration(peer, comm, str(e))
+                            refuse(comm, peer, f"malformed registration: {e}")
                             continue
                     self._register(kind, peer, comm, msg)
                 elif payload is CLOSED:
@@ -333,7 +294,8 @@ class Scheduler:
                 elif sender == "worker" and source not in state.workers:
                     continue  # news from a worker already removed (retired, timed out)
                 else:
-                    self._route(state.handle(ev.from_message(ev.SCHEDULER_OPS, msg, **extra)))
+                    self._route(state.handle(ev.from_message(
+                        ev.SCHEDULER_OPS, msg, **extra, stimulus_id=self._stimulus(op))))
             except Exception as e:
                 self._reject(source, msg, e)
                 return  # the peer is gone: the rest of its batch goes with it
@@ -345,7 +307,7 @@ class Scheduler:
             reason = f"malformed message: {error}"
             logger.warning("dropping %s: %s", peer, reason)
         else:
-            reason = f"handling op {_short(op)} failed: {type(error).__name__}: {error}"
+            reason = f"handling op {short(op)} failed: {type(error).__name__}: {error}"
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
         comm = self._comms.get(peer)
         if comm is not None:
@@ -357,29 +319,29 @@ class Scheduler:
                 pass
         self._disconnect(peer, reason)
 
-    def _refuse_registration(self, peer: str, comm: Comm, reason: str) -> None:
-        logger.warning("refusing worker %s: malformed registration: %s", peer, reason)
-        try:
-            comm.send([{"op": "register-error", "message": f"malformed registration: {reason}"}])
-        except (CommClosedError, OSError):
-            pass
-        comm.close()
-
     def _tick(self, now: float) -> None:
         self._release_held = True  # this iteration's flush sends what waited
-        self._route(self.state.handle(ev.Tick(now)))
+        self.handle_event(ev.Tick(now), "tick")
         self.primitives.tick(now)
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
             self._disconnect(peer, "removed")
 
+    def _stimulus(self, op: str) -> str:
+        return f"{op}-{next(self._stimuli)}"
+
     def _route(self, commands: list) -> None:
+        """Queue the state's commands; tell scheduler plugins of the new transitions."""
+        entries = self.state.transition_listener
+        if entries:
+            self.state.transition_listener = [] if self.control.scheduler_plugins else None
+            self.control.transitions(entries)
         for cmd in commands:
             self._queue(cmd.to, cmd.msg)
 
     def _queue(self, to: str, msg: dict) -> None:
         if to == INTERNAL:
-            fut = self._internal.pop(msg.get("request_id"), None)
+            fut = self._internal.pop(str(msg.get("request_id")), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
             return
@@ -420,113 +382,38 @@ class Scheduler:
 
     # ================================================================ server ops
     def _op_gather(self, source: str, msg: dict) -> None:
-        request_id = msg["request_id"]
-        keys = list(msg["keys"])
-        self._start_gather(request_id, source, keys)
-
-    def _start_gather(self, request_id: str, requester: str, keys: list) -> None:
-        per_worker: dict[str, list] = {}
-        missing = []
-        for key in keys:
-            ts = self.state.tasks.get(key)
-            if ts is None or ts.state != "memory" or not ts.who_has:
-                missing.append(key)
-                continue
-            holders = sorted(ts.who_has, key=lambda ws: ws.address)
-            ws = holders[hash(key) % len(holders)] if len(holders) > 1 else holders[0]
-            per_worker.setdefault(ws.address, []).append(key)
-        g = {"requester": requester, "blobs": [], "missing": missing, "subs": set()}
-        self._gathers[request_id] = g
-        for worker, wkeys in per_worker.items():
-            sub = f"{request_id}/{next(self._ids)}"
-            g["subs"].add(sub)
-            self._sub_gathers[sub] = (request_id, worker, wkeys)
-            self._queue(worker, {"op": "get-data", "keys": wkeys, "request_id": sub,
-                                 "serialized": True})
-        self._maybe_finish_gather(request_id)
+        self.gathers.start(msg["request_id"], source, list(msg["keys"]))
 
     def _op_data_reply(self, source: str, msg: dict) -> None:
-        sub = msg.get("request_id")
-        entry = self._sub_gathers.pop(sub, None)
-        if entry is None:
-            return
-        request_id, worker, _ = entry
-        g = self._gathers.get(request_id)
-        if g is None:
-            return
-        g["subs"].discard(sub)
-        if msg.get("blob") is not None:
-            g["blobs"].append(msg["blob"])  # relayed as is: never unpickled here
-        for key, error in (msg.get("errors") or {}).items():
-            # the value could not be serialized: err the task now, so that the requester
-            # hears task-erred before this gather's reply (which lists the key as missing)
-            g["missing"].append(key)
-            try:
-                exception, traceback, text = error
-                event = ev.ResultErred(worker, key, exception, str(traceback), str(text),
-                                       time.time())
-            except (TypeError, ValueError) as e:
-                raise ev.MalformedMessage(f"data-reply: bad error for {key!r}: {e}") from None
-            self._route(self.state.handle(event))
-        for key in msg.get("missing") or ():
-            g["missing"].append(key)
-            self._route(self.state.handle(ev.MissingData("", key, worker, time.time())))
-        self._maybe_finish_gather(request_id)
-
-    def _fail_gathers_from(self, worker: str) -> None:
-        for sub, (request_id, w, keys) in list(self._sub_gathers.items()):
-            if w == worker:
-                del self._sub_gathers[sub]
-                g = self._gathers.get(request_id)
-                if g is not None:
-                    g["subs"].discard(sub)
-                    g["missing"].extend(keys)
-                    self._maybe_finish_gather(request_id)
-
-    def _maybe_finish_gather(self, request_id: str) -> None:
-        g = self._gathers.get(request_id)
-        if g is None or g["subs"]:
-            return
-        del self._gathers[request_id]
-        self._queue(g["requester"], {"op": "gather-reply", "request_id": request_id,
-                                     "blobs": g["blobs"], "missing": g["missing"]})
+        self.gathers.data_reply(msg)
 
     def _op_scatter(self, source: str, msg: dict) -> None:
         event = ev.ScatterData(client=source, scatter_id=msg["scatter_id"], data=msg["data"],
                                nbytes=msg.get("nbytes") or {}, workers=msg.get("workers"),
                                broadcast=bool(msg.get("broadcast")), now=time.time())
-        self._route(self.state.handle(event))
+        self.handle_event(event, "scatter")
 
     def _op_info(self, source: str, msg: dict) -> None:
         self._queue(source, {"op": "scheduler-info-reply", "request_id": msg.get("request_id"),
                              "info": self.identity()})
 
     def _op_retire(self, source: str, msg: dict) -> None:
-        workers = self._resolve_workers(msg.get("workers"), msg.get("names"), msg.get("n"))
+        workers = resolve_workers(self.state, msg.get("workers"), msg.get("names"), msg.get("n"))
         event = ev.RetireWorkers(request_id=msg["request_id"], requester=source,
                                  workers=workers, close=bool(msg.get("close", True)),
                                  now=time.time())
-        self._route(self.state.handle(event))
+        self.handle_event(event, "retire-workers")
 
     def _op_retire_me(self, source: str, msg: dict) -> None:
         """A worker's walltime (lifetime) is up: retire it gracefully."""
         if source not in self.state.workers:
             return
         rid = f"lifetime-{next(self._ids)}"  # nobody waits for it: the reply is dropped
-        self._route(self.state.handle(ev.RetireWorkers(rid, INTERNAL, [source], True,
-                                                       time.time())))
+        self.handle_event(ev.RetireWorkers(rid, INTERNAL, [source], True, time.time()),
+                          "retire-me")
 
     def _op_extension(self, source: str, msg: dict) -> None:
-        """A request for an extension (``msg["extension"]`` names it): it answers with a dict."""
-        ext = self.extensions.get(msg.get("extension"))
-        try:
-            reply = ext.handle(source, msg) if ext is not None else \
-                {"error": f"no scheduler extension {msg.get('extension')!r}"}
-        except Exception as e:  # a bad request must not stop the scheduler
-            logger.warning("extension request %r from %s failed: %s", msg.get("what"), source, e)
-            reply = {"error": f"{type(e).__name__}: {e}"}
-        self._queue(source, {**reply, "op": "extension-reply",
-                             "request_id": msg.get("request_id")})
+        self._queue(source, extension_reply(self.extensions, source, msg))
 
     def _op_control(self, source: str, msg: dict) -> None:
         self.control.handle(source, msg)
@@ -552,22 +439,6 @@ class Scheduler:
         PRIMITIVE_OP: _op_primitive,
     }
 
-    def _resolve_workers(self, addresses: list | None, names: list | None,
-                         n: int | None = None) -> list[str]:
-        state = self.state
-        out: list[str] = []
-        if addresses:
-            out += [a for a in addresses if a in state.workers]
-        if names:
-            wanted = set(map(str, names))
-            out += [ws.address for ws in state.workers.values() if str(ws.name) in wanted]
-        if n:
-            # idle workers with the least data first
-            cands = sorted((ws for ws in state.workers.values() if ws.address not in out),
-                           key=lambda ws: (len(ws.processing), ws.nbytes))
-            out += [ws.address for ws in cands[:n]]
-        return out
-
     # ================================================================ in-process API
     def identity(self) -> dict:
         """Summary of the cluster (runs on the loop thread)."""
@@ -580,8 +451,11 @@ class Scheduler:
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
         }
 
-    def handle_event(self, event: Any) -> None:
-        """Feed ``event`` to the state and carry out its commands (on the loop thread)."""
+    def handle_event(self, event: Any, op: str = "") -> None:
+        """Feed ``event`` to the state and carry out its commands (on the loop thread);
+        an event without a stimulus id is given one named after ``op``."""
+        if not event.stimulus_id:
+            event.stimulus_id = self._stimulus(op or type(event).__name__)
         self._route(self.state.handle(event))
 
     def send(self, to: str, msg: dict, before_tasks: bool = False) -> None:
@@ -615,9 +489,9 @@ class Scheduler:
 
         def start() -> None:
             self._internal[rid] = fut
-            addrs = self._resolve_workers(workers, names, n)
-            self._route(self.state.handle(ev.RetireWorkers(rid, INTERNAL, addrs, close,
-                                                           time.time())))
+            addrs = resolve_workers(self.state, workers, names, n)
+            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, time.time()),
+                              "retire-workers")
 
         self.loop.call(start)
         reply = fut.result(timeout)
@@ -639,17 +513,6 @@ class Scheduler:
     def remove_worker_callback(self, fn: Any) -> None:
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
-
-
-def _worker_name(name: Any) -> str | int:
-    """A worker's name as given if it is a str or an int (dask-mpi names workers by their
-    rank, and ``submit(..., workers=2)`` then means rank 2), else its text."""
-    return name if isinstance(name, (str, int)) and not isinstance(name, bool) else str(name)
-
-
-def _short(x: Any) -> str:
-    r = repr(x)
-    return r if len(r) < 200 else r[:197] + "..."
 
 
 def default_host() -> str:

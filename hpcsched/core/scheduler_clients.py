@@ -1,7 +1,9 @@
 """Scheduler state, continued: what clients ask for.
 
-A mixin of :class:`~hpcsched.core.scheduler_state.SchedulerState` (same rules:
-events in, ``Send`` commands out, no clock): clients come and go, submit
+:class:`ClientRequests` is handed the
+:class:`~hpcsched.core.scheduler_state.SchedulerState` and changes it through
+its methods (same rules: events in, ``Send`` commands out, no clock): clients
+come and go, submit
 graphs (``update-graph``: new tasks get priorities ``(generation, -user
 priority, static priority from order())``), want keys, release them, cancel
 them.
@@ -10,56 +12,65 @@ them.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import events as ev
 from hpcsched.core.graph import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.message_checks import annotation_problem
 from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
+if TYPE_CHECKING:
+    from hpcsched.core.scheduler_state import Rec, SchedulerState
+
 Key = Any
 
 
-class ClientsMixin:
-    # ================================================================ clients
-    def _add_client(self, e: ev.AddClient) -> None:
-        self.clients.add(e.client)
+class ClientRequests:
+    """The handlers of what clients ask; they change the state handed to them."""
 
-    def _remove_client(self, e: ev.RemoveClient) -> None:
-        self.clients.discard(e.client)
-        keys = [ts.key for ts in self.tasks.values() if e.client in ts.who_wants]
-        self._client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
+    def __init__(self, state: SchedulerState):
+        self.s = state
 
-    def _update_graph(self, e: ev.UpdateGraph) -> None:
-        check_update_graph(e, self.tasks)  # all of it, before anything changes
-        self.generation += 1
+    def add_client(self, e: ev.AddClient) -> None:
+        self.s.clients.add(e.client)
+
+    def remove_client(self, e: ev.RemoveClient) -> None:
+        s = self.s
+        s.clients.discard(e.client)
+        keys = [ts.key for ts in s.tasks.values() if e.client in ts.who_wants]
+        self.client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
+
+    def update_graph(self, e: ev.UpdateGraph) -> None:
+        s = self.s
+        check_update_graph(e, s.tasks)  # all of it, before anything changes
+        s.generation += 1
         new: list[TaskState] = []
-        recs: list = []
+        recs: list[Rec] = []
         missing: dict[TaskState, Key] = {}
         for key, spec in e.tasks.items():
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is not None:
                 if ts.state == "erred" and ts.exception_blame is None:
                     # re-submission of a failed task runs it again
                     ts.exception = None
                     ts.traceback = ts.exception_text = ""
-                    ts.state = "released"
+                    s.transition(ts, "released")
                     ts.run_spec = spec.get("run_spec", ts.run_spec)
                     ts.suspicious = 0
                     ts.erred_on = []
                     new.append(ts)
                 continue
             name = key_split(key)
-            tg = self.groups.get(name)
+            tg = s.groups.get(name)
             if tg is None:
-                tg = self.groups[name] = TaskGroup(name)
-            ts = self.tasks[key] = TaskState(key, spec.get("run_spec"), tg)
+                tg = s.groups[name] = TaskGroup(name)
+            ts = s.tasks[key] = TaskState(key, spec.get("run_spec"), tg)
             tg.n_tasks += 1
             new.append(ts)
         for ts in new:
             spec = e.tasks[ts.key]
             for dk in spec.get("deps", ()):
-                dts = self.tasks.get(dk)
+                dts = s.tasks.get(dk)
                 if dts is None:
                     missing[ts] = dk
                     continue
@@ -88,67 +99,70 @@ class ClientsMixin:
                 static = {}
         user_priority = (e.annotations or {}).get("priority") or {}
         for i, ts in enumerate(new):
-            ts.priority = (self.generation, -user_priority.get(ts.key, e.priority),
+            ts.priority = (s.generation, -user_priority.get(ts.key, e.priority),
                            static.get(ts.key, i))
         for key in e.keys:
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is not None:
                 ts.who_wants.add(e.client)
         for ts, dk in missing.items():
             exc = KeyError(f"task {ts.key!r} depends on {dk!r}, which the scheduler does not "
                            "hold (was its future released?)")
-            recs += self._set_erred(ts, exc, "", str(exc))
-        if self.rootish_policy == "mars" and self.workers:
+            recs += s.set_erred(ts, exc, "", str(exc))
+        if s.rootish_policy == "mars" and s.workers:
             self._mars_assign(new)
         # existing wanted keys: report their state to the new client
         for key in e.keys:
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is not None and ts not in missing:
                 recs += self._report_or_wake(ts, e.client)
-        new_wanted = sorted((ts for ts in new if ts.state == "released" and self._wanted(ts)),
+        new_wanted = sorted((ts for ts in new if ts.state == "released" and s.wanted(ts)),
                             key=lambda t: t.priority, reverse=True)
         recs += [(ts, "waiting") for ts in new_wanted]
         # tasks made ready by this graph go to workers (or the queue) in priority order, not
         # in the order the walk down from the requested keys reaches them: with queuing the
         # first ones take the free slots, with co-assignment consecutive ones share a worker
-        self._deferred_ready = []
+        s.deferred_ready = []
         try:
-            self._transitions(recs)
+            s.transitions(recs)
         finally:
-            ready, self._deferred_ready = self._deferred_ready, None
+            ready, s.deferred_ready = s.deferred_ready, None
         ready.sort(key=lambda t: t.priority)
-        self._transitions([(ts, "waiting-ready") for ts in ready])
+        s.transitions([(ts, "waiting-ready") for ts in ready])
         # parts of the graph no requested key needs (a dask graph is sent whole) go at once
-        self._transitions([(ts, "forgotten") for ts in new
-                           if ts.state == "released" and not self._wanted(ts)])
+        s.transitions([(ts, "forgotten") for ts in new
+                       if ts.state == "released" and not s.wanted(ts)])
 
-    def _update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
+    def update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
         with gc_paused(len(e.tasks)):
-            self._update_graph(e)
+            self.update_graph(e)
 
     def _mars_assign(self, new: list[TaskState]) -> None:
+        s = self.s
         from hpcsched.core.mars import assign_initial
 
         deps = {ts.key: [d.key for d in ts.dependencies] for ts in new}
-        running = [ws.address for ws in self.workers.values() if ws.status == "running"]
+        running = [ws.address for ws in s.workers.values() if ws.status == "running"]
         if running:
-            self.mars_assignment.update(assign_initial(deps, running))
+            s.mars_assignment.update(assign_initial(deps, running))
 
     def _report_or_wake(self, ts: TaskState, client: str) -> list:
+        s = self.s
         if ts.state == "memory":
-            self._send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+            s.send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
         elif ts.state == "erred":
-            self._report_erred(ts, [client])
+            s.report_erred(ts, [client])
         elif ts.state == "released":
             return [(ts, "waiting")]
         return []
 
-    def _client_desires(self, e: ev.ClientDesiresKeys) -> None:
-        recs: list = []
+    def client_desires(self, e: ev.ClientDesiresKeys) -> None:
+        s = self.s
+        recs: list[Rec] = []
         for key in e.keys:
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is None:
-                self._send(e.client, {"op": "cancelled-keys", "keys": [key]})
+                s.send(e.client, {"op": "cancelled-keys", "keys": [key]})
                 continue
             if e.fire_and_forget:
                 if ts.state not in ("memory", "erred"):
@@ -156,64 +170,67 @@ class ClientsMixin:
                 continue
             ts.who_wants.add(e.client)
             recs += self._report_or_wake(ts, e.client)
-        self._transitions(recs)
+        s.transitions(recs)
 
-    def _retry(self, e: ev.RetryKeys) -> None:
+    def retry(self, e: ev.RetryKeys) -> None:
         """Erred tasks run again: each key's erred dependencies first (the task that raised
         and everything that erred because of it)."""
+        s = self.s
         again: list[TaskState] = []
-        stack = [self.tasks[k] for k in e.keys if k in self.tasks]
+        stack = [s.tasks[k] for k in e.keys if k in s.tasks]
         seen: set = set()
         while stack:
             ts = stack.pop()
             if ts in seen or ts.state != "erred":
                 continue
             seen.add(ts)
-            ts.state = "released"
+            s.transition(ts, "released")
             ts.exception = ts.exception_blame = None
             ts.traceback = ts.exception_text = ""
             ts.suspicious = 0
             ts.erred_on = []
             again.append(ts)
             stack.extend(ts.dependencies)
-        self._transitions([(ts, "waiting") for ts in again if self._wanted(ts)])
+        s.transitions([(ts, "waiting") for ts in again if s.wanted(ts)])
 
-    def _client_releases(self, e: ev.ClientReleasesKeys) -> None:
-        recs: list = []
+    def client_releases(self, e: ev.ClientReleasesKeys) -> None:
+        s = self.s
+        recs: list[Rec] = []
         for key in e.keys:
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is None or e.client not in ts.who_wants:
                 continue
             ts.who_wants.discard(e.client)
-            if not self._wanted(ts):
+            if not s.wanted(ts):
                 recs.append((ts, "released"))
-        self._transitions(recs)
+        s.transitions(recs)
 
-    def _cancel(self, e: ev.CancelKeys) -> None:
-        recs: list = []
+    def cancel(self, e: ev.CancelKeys) -> None:
+        s = self.s
+        recs: list[Rec] = []
         cancelled = []
         for key in e.keys:
-            ts = self.tasks.get(key)
+            ts = s.tasks.get(key)
             if ts is None:
                 continue
             cancelled.append(key)
             clients = set(ts.who_wants)
             ts.who_wants.clear()
             for c in clients | {e.client}:
-                self._send(c, {"op": "cancelled-keys", "keys": [key]})
+                s.send(c, {"op": "cancelled-keys", "keys": [key]})
             # dependents cannot run any more: cancel them too
             stack = list(ts.dependents)
             while stack:
                 dts = stack.pop()
                 if dts.who_wants:
                     for c in dts.who_wants:
-                        self._send(c, {"op": "cancelled-keys", "keys": [dts.key]})
+                        s.send(c, {"op": "cancelled-keys", "keys": [dts.key]})
                     dts.who_wants.clear()
                     stack.extend(dts.dependents)
                 if dts.state not in ("memory", "released"):
                     recs.append((dts, "released"))
             recs.append((ts, "released"))
-        self._transitions(recs)
+        s.transitions(recs)
 
 
 def _annotate(new: list[TaskState], annotations: dict) -> None:

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 Key = Any
@@ -22,6 +23,60 @@ class KilledWorker(RuntimeError):
 
 class LostData(RuntimeError):
     """Data that cannot be recomputed (scattered) was lost with its worker."""
+
+
+class InvalidTransition(AssertionError):
+    """A task was asked to go from one state to another the transition table does not allow:
+    a bug in the scheduler, never the peer's fault."""
+
+
+#: every (start, finish) a task may go through; ``forgotten`` is the task deleted
+ALLOWED_TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
+    ("released", "waiting"), ("released", "memory"), ("released", "erred"),
+    ("released", "forgotten"),
+    ("waiting", "processing"), ("waiting", "queued"), ("waiting", "no-worker"),
+    ("waiting", "memory"), ("waiting", "released"), ("waiting", "erred"),
+    ("queued", "processing"), ("queued", "memory"), ("queued", "released"), ("queued", "erred"),
+    ("no-worker", "processing"), ("no-worker", "queued"), ("no-worker", "memory"),
+    ("no-worker", "released"), ("no-worker", "erred"),
+    # processing -> waiting: taken back from a worker (stolen, or its worker retires)
+    ("processing", "memory"), ("processing", "released"), ("processing", "erred"),
+    ("processing", "waiting"),
+    ("memory", "released"), ("memory", "erred"),
+    # erred -> memory: scattered data that was lost is scattered again
+    ("erred", "released"), ("erred", "memory"),
+})
+
+
+@dataclass(slots=True)
+class Retirement:
+    """A worker retiring gracefully: its unique results are copied away, then it closes."""
+
+    request_id: str
+    requester: str  # who gets the retire-workers-reply
+    start: float
+    close: bool  # send it ``close`` once done (else it stays up, unused)
+    workers: list[str]  # every worker of the same request (the reply lists them all)
+    sent: set = field(default_factory=set)  # keys whose copy was asked of a survivor
+
+
+@dataclass(slots=True)
+class Scatter:
+    """A client's scatter in flight: answered once every (worker, key) copy is stored."""
+
+    client: str
+    pending: set  # {(worker address, key)}
+
+
+@dataclass(slots=True)
+class Rebalance:
+    """``Client.rebalance`` in flight: each move copies a key to its recipient first; the
+    sender's copy is dropped only once the recipient reports holding it (``add-keys``)."""
+
+    request_id: str
+    requester: str
+    start: float
+    moves: dict = field(default_factory=dict)  # (key, recipient address) -> sender address
 
 
 class TaskGroup:
@@ -96,7 +151,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running")
 
-    def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str = "",
+    def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
         self.address = address
         self.name = name or address

@@ -99,3 +99,17 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
         raise AssertionError("replicate(n=0) did not raise")
     except ValueError:
         pass
+
+    # rebalance: keys all on one worker move (not copy) to the others; all still gather
+    heavy = client.map(lambda i: bytes(20_000) + bytes([i]), range(8), workers=[addrs[0]],
+                       pure=False)
+    values = client.gather(heavy)
+    assert {w for f in heavy for w in client.who_has(heavy)[f.key]} == {addrs[0]}
+    client.rebalance(heavy)
+    has = client.who_has(heavy)
+    assert all(len(has[f.key]) == 1 for f in heavy), has  # moved: the old copy is dropped
+    spread = {has[f.key][0] for f in heavy}
+    assert addrs[0] in spread and len(spread) > 1, has
+    assert client.gather(heavy) == values
+    client.rebalance()  # everything, everywhere: still nothing lost
+    assert client.gather(heavy) == values and all(client.who_has(heavy).values())

@@ -43,6 +43,44 @@ class Watcher(SchedulerPlugin):
         self.scheduler.conf_events.append("close")
 
 
+class TransitionLog(SchedulerPlugin):
+    """Records every transition the scheduler reports, as distributed's plugins see them."""
+
+    def start(self, scheduler: Any) -> None:
+        scheduler.conf_transitions = self.log = []
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any,
+                   stimulus_id: str = "", **kwargs: Any) -> None:
+        self.log.append((key, start, finish, stimulus_id))
+
+
+class BrokenTransition(SchedulerPlugin):
+    def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
+        raise ZeroDivisionError("a plugin's error must not stop the scheduler")
+
+
+def check_transitions(client: Any) -> None:
+    """Each task's transitions reach scheduler plugins in order, each with the stimulus id
+    of the message that caused it; a plugin that raises changes nothing for the others."""
+    client.register_plugin(BrokenTransition(), name="broken-transition")
+    client.register_plugin(TransitionLog(), name="transition-log")
+    ok = client.submit(lambda: 1, key="conf-transition-ok")
+    bad = client.submit(lambda: 1 / 0, key="conf-transition-bad")
+    assert ok.result(30) == 1
+    raises(ZeroDivisionError, bad.result, 30)
+    log = client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.conf_transitions))
+    for key, last, cause in (("conf-transition-ok", "memory", "task-finished-"),
+                             ("conf-transition-bad", "erred", "task-erred-")):
+        chain = [e for e in log if e[0] == key]
+        assert chain and chain[0][1] == "released", (key, chain)
+        assert all(a[2] == b[1] for a, b in zip(chain, chain[1:], strict=False)), chain
+        assert (chain[-1][2], chain[-1][3][:len(cause)]) == (last, cause), chain
+        assert all(e[3].startswith(("update-graph-", cause)) for e in chain), chain
+        assert chain[0][3].startswith("update-graph-"), chain
+    # a plugin raising in every transition stopped nothing
+    assert client.submit(lambda: 2, pure=False).result(30) == 2
+
+
 def marks(client: Any) -> dict:
     return client.run(lambda dask_worker: getattr(dask_worker, "conf_plugin", None))
 
@@ -80,6 +118,8 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     if add_worker():
         events = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.conf_events)
         assert events[0] == "start" and events[1][0] == "add", events
+
+    check_transitions(client)
 
     # restart: futures cancelled, data dropped, worker plugins set up again
     client.register_plugin(Marker("r"), name="restart-marker")

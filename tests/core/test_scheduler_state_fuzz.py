@@ -3,8 +3,11 @@
 A rule-based state machine plays workers, clients and a clock: workers come,
 go and report tasks started, finished and erred (also for keys they were
 never given, or twice); clients submit graphs (also malformed ones, cycles,
-unknown dependencies), want, release, cancel and retry keys. After every
-step the scheduler's own ``validate()`` must hold, and an event it refuses
+unknown dependencies), want, release, cancel and retry keys, retire workers
+and rebalance data. After every step the scheduler's own ``validate()`` must
+hold, every task whose state changed must have log entries of that step
+(with the event's stimulus id) leading from its old state to its new one,
+and an event it refuses
 (``MalformedMessage``) must leave the state exactly as it was. Worker replies
 are drawn from what the scheduler asked of them, so long runs do reach
 completed graphs, and from arbitrary keys, so stale and foreign replies are
@@ -63,20 +66,43 @@ bad_graphs = st.sampled_from([
 class SchedulerStory(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.s = SchedulerState(work_stealing=False)
+        self.s = SchedulerState(work_stealing=True)
         self.now = 0.0
         self.asked: list[tuple[str, Any]] = []  # (worker, key) the scheduler sent to compute
+        self.copies: list[tuple[str, Any]] = []  # (worker, key) it asked to fetch a copy of
+        self.steals: list[tuple[str, Any]] = []  # (victim, key) it asked to give a task up
+        self.n = 0
 
     def handle(self, event: Any) -> None:
         before = _snapshot(self.s)
+        self.n += 1
+        event.stimulus_id = sid = f"{type(event).__name__}-{self.n}"
+        self.s.transition_listener = entries = []
         try:
             out = self.s.handle(event)
         except ev.MalformedMessage:
             assert _snapshot(self.s) == before, f"a refused {type(event).__name__} changed state"
             return
+        self.check_logged(before[0], sid, entries)
         for cmd in out:
             if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "compute-task":
                 self.asked.append((cmd.to, cmd.msg["key"]))
+            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "steal-request":
+                self.steals.append((cmd.to, cmd.msg["key"]))
+            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "acquire-replicas":
+                self.copies += [(cmd.to, k) for k in cmd.msg["who_has"]]
+
+    def check_logged(self, before: dict, sid: str, entries: list) -> None:
+        after = {k: ts.state for k, ts in self.s.tasks.items()}
+        assert all(e[3] == sid for e in entries), entries
+        for key in set(before) | set(after):
+            old = before[key][0] if key in before else "released"
+            new = after.get(key, "forgotten")
+            chain = [(a, b) for k, a, b, _, _ in entries if k == key]
+            if old == new and not chain:
+                continue
+            assert chain and chain[0][0] == old and chain[-1][1] == new, (key, old, new, chain)
+            assert all(x[1] == y[0] for x, y in zip(chain, chain[1:], strict=False)), chain
 
     def tick(self) -> float:
         self.now += 0.01
@@ -115,6 +141,26 @@ class SchedulerStory(RuleBasedStateMachine):
         else:
             self.handle(ev.TaskErred(worker, key, exception="x", now=self.tick()))
 
+    @precondition(lambda self: self.asked)
+    @rule(i=st.integers(0, 10_000))
+    def secede_asked(self, i: int) -> None:
+        worker, key = self.asked[i % len(self.asked)]
+        self.handle(ev.LongRunning(worker, key, now=self.tick()))
+
+    @precondition(lambda self: self.steals)
+    @rule(i=st.integers(0, 10_000), state=st.sampled_from(["released", "executing", "memory"]))
+    def steal_answered(self, i: int, state: str) -> None:
+        victim, key = self.steals.pop(i % len(self.steals))
+        self.handle(ev.StealResponse(victim, key, state, now=self.tick()))
+
+    @rule(worker=workers, key=keys)
+    def result_erred(self, worker: str, key: str) -> None:
+        self.handle(ev.ResultErred(worker, key, "exc", "", "exc", now=self.tick()))
+
+    @rule(worker=workers, status=st.sampled_from(["paused", "running"]))
+    def pause(self, worker: str, status: str) -> None:
+        self.handle(ev.WorkerStatusChange(worker, status, now=self.tick()))
+
     @rule(worker=workers, key=keys)
     def missing_data(self, worker: str, key: str) -> None:
         self.handle(ev.MissingData(worker, key, WORKERS[0], now=self.tick()))
@@ -151,6 +197,37 @@ class SchedulerStory(RuleBasedStateMachine):
     def remove_client(self, client: str) -> None:
         self.handle(ev.RemoveClient(client, now=self.tick()))
 
+    # ------------------------------------------------------------ moving data
+    @rule(client=clients, some=st.booleans())
+    def rebalance(self, client: str, some: bool) -> None:
+        self.handle(ev.RebalanceKeys(f"r{self.n}", client, KEYS[:4] if some else None,
+                                     now=self.tick()))
+
+    @rule(client=clients, worker=workers,
+          chosen=st.lists(st.sampled_from([f"s{i}" for i in range(4)]), min_size=1,
+                          max_size=4, unique=True))
+    def scatter(self, client: str, worker: str, chosen: list) -> None:
+        """Data scattered to one worker (so that rebalance has something to move)."""
+        if client not in self.s.clients:
+            self.handle(ev.AddClient(client))
+        sid = f"scatter-{self.n}"
+        self.handle(ev.ScatterData(client, sid, dict.fromkeys(chosen, b""),
+                                   dict.fromkeys(chosen, 100), workers=[worker],
+                                   now=self.tick()))
+        if sid in self.s.scatters:
+            self.handle(ev.AddKeys(worker, dict.fromkeys(chosen, 100), scatter_id=sid,
+                                   now=self.tick()))
+
+    @precondition(lambda self: self.copies)
+    @rule(i=st.integers(0, 10_000))
+    def copy_arrives(self, i: int) -> None:
+        worker, key = self.copies.pop(i % len(self.copies))
+        self.handle(ev.AddKeys(worker, {key: 8}, now=self.tick()))
+
+    @rule(worker=workers)
+    def retire(self, worker: str) -> None:
+        self.handle(ev.RetireWorkers(f"retire-{self.n}", "c1", [worker], now=self.tick()))
+
     @rule()
     def tick_event(self) -> None:
         self.handle(ev.Tick(self.tick()))
@@ -162,6 +239,6 @@ class SchedulerStory(RuleBasedStateMachine):
 
 
 SchedulerStory.TestCase.settings = settings(
-    max_examples=60, stateful_step_count=40, deadline=None, database=None,
+    max_examples=150, stateful_step_count=60, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerStory.TestCase)

@@ -51,22 +51,13 @@ def inproc() -> Iterator[tuple[LocalCluster, Client]]:
 
 
 def scheduled_keys(cluster: LocalCluster, run: Any) -> tuple[Any, set]:
-    """Run ``run()`` with the scheduler logging transitions; return its result and
-    the keys the scheduler saw."""
-    def set_logging(on: bool) -> None:
-        def f(s: Any) -> None:
-            s.state.log_transitions = on
-            s.state.transition_log.clear()
-        cluster.scheduler.call(f)
-
-    set_logging(True)
-    try:
-        result = run()
-        # keys that were scheduled; releases of an earlier call's keys may still trickle in
-        keys = cluster.scheduler.call(lambda s: {k for k, _, finish in s.state.transition_log
-                                                 if finish not in ("released", "forgotten")})
-    finally:
-        set_logging(False)
+    """Run ``run()``; return its result and the keys the scheduler saw (from its
+    transition log)."""
+    cluster.scheduler.call(lambda s: s.state.transition_log.clear())
+    result = run()
+    # keys that were scheduled; releases of an earlier call's keys may still trickle in
+    keys = cluster.scheduler.call(lambda s: {k for k, _, finish, *_ in s.state.transition_log
+                                             if finish not in ("released", "forgotten")})
     return result, keys
 
 
