@@ -494,23 +494,25 @@ class Client:
 
     def replicate(self, futures: Any, n: int | None = None, workers: Any = None,
                   branching_factor: int = 2) -> None:
-        """Copy the futures' data onto ``n`` workers (all if None), among ``workers`` if
-        given; returns once they hold it. Copies beyond ``n`` are kept (distributed drops
-        them); ``branching_factor`` is accepted and unused (workers fetch from holders)."""
+        """Copy the futures' data onto ``n`` workers (all if None); returns once they hold it.
+
+        Among ``workers`` if given. Copies beyond ``n`` are kept (distributed drops them);
+        ``branching_factor`` is unused (workers fetch from holders)."""
         client_control.replicate(self, futures, n=n, workers=workers)
 
     def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
-        """Move data from workers holding more than the mean to those holding less, as
-        distributed does; no copy is dropped before its new holder has it."""
+        """Move data from workers holding more than the mean to those holding less.
+
+        As distributed does; no copy is dropped before its new holder has it."""
         client_control.rebalance(self, futures, workers)
 
     def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
-        """Reset the cluster: every future of every client is cancelled and the workers drop
-        its data; each worker plugin is torn down and set up again.
+        """Reset the cluster: every client's futures cancelled, the workers' data dropped.
 
-        Workers are *not* new processes: under MPI a rank cannot be respawned, and without
-        a nanny no process is restarted over TCP either. Module-level state a task left
-        in a worker's process remains; a task running now finishes, its result dropped."""
+        Each worker plugin is torn down and set up again. Workers are *not* new processes:
+        under MPI a rank cannot be respawned, and without a nanny no process is restarted
+        over TCP either. Module-level state a task left in a worker's process remains; a
+        task running now finishes, its result dropped."""
         client_control.restart(self, timeout, wait_for_workers)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
