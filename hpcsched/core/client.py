@@ -45,6 +45,7 @@ from hpcsched.core import (
 )
 from hpcsched.core import datasets as dataset_ops
 from hpcsched.core.client_connection import SchedulerConnection, locate_scheduler, open_comm
+from hpcsched.core.client_futures import FutureTable
 from hpcsched.core.comm.base import Security
 from hpcsched.core.dask_collections import become_dask_scheduler, restore_dask_scheduler
 from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public names live here too
@@ -53,7 +54,6 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
     DoneAndNotDoneFutures,
     Future,
     FutureState,
-    FutureTable,
     RemoteTraceback,
     as_completed,
     collect_futures,

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core.futures import FutureState, FutureTable
+from hpcsched.core.client_futures import FutureTable
+from hpcsched.core.futures import FutureState
 from tests.conftest import wait_until
 
 
