@@ -1,5 +1,6 @@
-"""Coordination primitives: ``Lock``, ``Semaphore``, ``Event``, ``Variable``, ``Queue``,
-``MultiLock``, with dask.distributed's names, signatures and meaning
+"""Coordination primitives, with dask.distributed's names, signatures and meaning.
+
+``Lock``, ``Semaphore``, ``Event``, ``Variable``, ``Queue``, ``MultiLock``
 (https://distributed.dask.org/en/stable/api.html#coordination-primitives)::
 
     from hpcsched import Client, Event
@@ -101,8 +102,9 @@ def parse_timeout(timeout: Any) -> float | None:
 
 def request(client: Client, kind: str, action: str, name: str, *, wait: bool = False,
             **fields: Any) -> dict:
-    """One request to the scheduler's primitives; ``wait``: it may block, so a task gives its
-    thread slot back meanwhile. Raises the error the scheduler answered."""
+    """One request to the scheduler's primitives; raises the error the scheduler answered.
+
+    ``wait``: it may block, so a task gives its thread slot back meanwhile."""
     # a task that seceded itself (worker_client) stays so: it rejoins when it chooses
     seceded = wait and fields.get("timeout") != 0 and worker_client.in_task() \
         and not worker_client.seceded()
@@ -157,9 +159,10 @@ def _blocking_timeout(blocking: bool, timeout: Any) -> float | None:
 
 # ------------------------------------------------------------------ Semaphore, Lock
 class Semaphore(Primitive):
-    """At most ``max_leases`` holders at a time. ``acquire(timeout=None) -> bool``,
-    ``release() -> bool``, ``get_value()`` (leases held now). Leases of a client that
-    leaves are released."""
+    """At most ``max_leases`` holders at a time.
+
+    ``acquire(timeout=None) -> bool``, ``release() -> bool``, ``get_value()`` (leases held
+    now). Leases of a client that leaves are released."""
 
     kind = "semaphore"
 
@@ -207,9 +210,10 @@ class Semaphore(Primitive):
 
 
 class Lock(Semaphore):
-    """A lock on the scheduler: ``acquire(blocking=True, timeout=None) -> bool``,
-    ``release()``, ``locked()``; a context manager. Released if its holder's client
-    leaves, as distributed's (a semaphore of one lease)."""
+    """A lock on the scheduler (a semaphore of one lease); a context manager.
+
+    ``acquire(blocking=True, timeout=None) -> bool``, ``release()``, ``locked()``.
+    Released if its holder's client leaves, as distributed's."""
 
     kind = "lock"
 
@@ -260,8 +264,10 @@ class Event(Primitive):
 
 # ------------------------------------------------------------------ Variable
 class Variable(Primitive):
-    """One value shared by name: ``set(value)``, ``get(timeout=None)`` (waits until set;
-    ``TimeoutError`` when ``timeout`` passes first), ``delete()``."""
+    """One value shared by name.
+
+    ``set(value)``, ``get(timeout=None)`` (waits until set; ``TimeoutError`` when
+    ``timeout`` passes first), ``delete()``."""
 
     kind = "variable"
 
@@ -283,9 +289,11 @@ class Variable(Primitive):
 
 # ------------------------------------------------------------------ Queue
 class Queue(Primitive):
-    """A FIFO queue by name: ``put(value, timeout=None)`` (waits while ``maxsize`` items
-    are in it), ``get(timeout=None, batch=False)`` (``batch=True``: every item there now;
-    ``batch=n``: waits for ``n``), ``qsize()``. ``TimeoutError`` when a wait times out."""
+    """A FIFO queue by name.
+
+    ``put(value, timeout=None)`` (waits while ``maxsize`` items are in it),
+    ``get(timeout=None, batch=False)`` (``batch=True``: every item there now; ``batch=n``:
+    waits for ``n``), ``qsize()``. ``TimeoutError`` when a wait times out."""
 
     kind = "queue"
 
@@ -327,9 +335,11 @@ class Queue(Primitive):
 
 # ------------------------------------------------------------------ MultiLock
 class MultiLock(Primitive):
-    """Several locks by name, taken together: ``acquire(blocking=True, timeout=None,
-    num_locks=None) -> bool`` holds ``num_locks`` of them (all by default) once it is
-    first in line for that many; ``release()``. Released if its client leaves."""
+    """Several locks by name, taken together.
+
+    ``acquire(blocking=True, timeout=None, num_locks=None) -> bool`` holds ``num_locks`` of
+    them (all by default) once it is first in line for that many; ``release()``.
+    Released if its client leaves."""
 
     kind = "multilock"
 
@@ -343,7 +353,8 @@ class MultiLock(Primitive):
 
     def acquire(self, blocking: bool = True, timeout: Any = None,
                 num_locks: int | None = None) -> bool:
-        """Hold ``num_locks`` of the locks (all by default) once first in line for them;
+        """Hold ``num_locks`` of the locks (all by default) once first in line for them.
+
         False if ``timeout`` passed first (not waiting at all if not ``blocking``)."""
         if self._held is not None:
             raise RuntimeError("MultiLock is already acquired")

@@ -32,8 +32,9 @@ class CancelledError(cf.CancelledError):
 
 
 class RemoteTraceback(Exception):
-    """The traceback of a task's exception on its worker, as the ``__cause__`` of the
-    exception rebuilt here."""
+    """The traceback of a task's exception on its worker.
+
+    It is the ``__cause__`` of the exception rebuilt here."""
 
     def __init__(self, tb: str):
         self.tb = tb
@@ -56,8 +57,10 @@ else:
 
 
 class FutureState:
-    """Where a key stands for this client. Events and callback lists are made only when
-    someone waits or registers a callback: a ``map`` of 10,000 items creates none."""
+    """Where a key stands for this client.
+
+    Events and callback lists are made only when someone waits or registers a callback:
+    a ``map`` of 10,000 items creates none."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
                  "exception_text", "_is_done")
@@ -100,8 +103,9 @@ class FutureState:
         return self._done()
 
     def lose(self, status: str = "lost") -> None:
-        """The result was lost and is being recomputed (or the key submitted again after a
-        cancellation): not done any more."""
+        """Not done any more: the result was lost and is being recomputed.
+
+        (Or the key was submitted again after a cancellation.)"""
         with _lock:
             self._is_done = False
             self.status = status
@@ -136,8 +140,9 @@ class FutureState:
 
 
 def exception_of(st: FutureState) -> BaseException:
-    """The exception of an erred future, rebuilt here, with the remote traceback as its
-    cause (a class that does not exist in this process becomes a ``RuntimeError``)."""
+    """The exception of an erred future, rebuilt here, the remote traceback as its cause.
+
+    A class that does not exist in this process becomes a ``RuntimeError``."""
     exc = st.exception
     try:
         exc = deserialize(exc)
@@ -177,8 +182,10 @@ class Future(_FutureBase):
         return self.state.done()
 
     def result(self, timeout: float | None = None) -> Any:
-        """Wait for the result and return it; raise the task's exception if it erred,
-        :class:`CancelledError` if it was cancelled, ``TimeoutError`` after ``timeout``."""
+        """Wait for the result and return it.
+
+        Raises the task's exception if it erred, :class:`CancelledError` if it was
+        cancelled, ``TimeoutError`` after ``timeout``."""
         return self.client.gather([self], timeout=timeout)[0]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -314,8 +321,10 @@ class DoneAndNotDoneFutures(NamedTuple):
 
 def wait_futures(fs: Any, timeout: float | None = None,
                  return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
-    """Wait for futures (``ALL_COMPLETED``, ``FIRST_COMPLETED``, ``FIRST_EXCEPTION``), as
-    ``distributed.wait``; ``TimeoutError`` after ``timeout`` seconds for all of them."""
+    """Wait for futures, as ``distributed.wait``.
+
+    ``return_when``: ``ALL_COMPLETED``, ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``;
+    ``TimeoutError`` after ``timeout`` seconds for all of them."""
     flat: list[Future] = []
     collect_futures(fs, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -390,8 +399,9 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         return f
 
     def batches(self) -> Iterator[list]:
-        """Lists of what finished since the last one (at least one item each), until all are
-        done."""
+        """Lists of what finished since the last one (at least one item each).
+
+        Until all are done."""
         while self._count:
             yield self.next_batch(block=True)
 
@@ -416,8 +426,10 @@ def progress(*futures: Any, **kwargs: Any) -> Any:
 
 
 def fire_and_forget(obj: Any) -> None:
-    """Run the tasks of ``obj`` (futures, or containers of them) even when no future of theirs
-    is held any more; their results are dropped once they finish."""
+    """Run the tasks of ``obj`` (futures, or containers of them) to the end.
+
+    Even when no future of theirs is held any more; their results are dropped once they
+    finish."""
     flat: list[Future] = []
     collect_futures(obj, flat)
     by_client: dict[int, tuple[Client, list]] = {}
@@ -466,8 +478,9 @@ def collect_futures(x: Any, out: list) -> None:
 
 
 def pack_futures(x: Any, values: dict, errors: str) -> Any:
-    """``x`` with its futures replaced by ``values[key]`` (``errors="skip"``: futures without a
-    value left out of lists)."""
+    """``x`` with its futures replaced by ``values[key]``.
+
+    With ``errors="skip"``, futures without a value are left out of lists."""
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):
