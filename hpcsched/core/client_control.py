@@ -10,18 +10,16 @@ side is :mod:`hpcsched.core.cluster_control`.
 from __future__ import annotations
 
 import os
-from typing import Any
+import time
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.serialize import dumps_function, dumps_object, loads_object
 from hpcsched.core.submission import as_list
 
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
+
 ON_ERROR = ("raise", "return", "ignore")
-
-
-def request(client: Any, op: str, timeout: float | None, **fields: Any) -> dict:
-    """Send ``op`` to the scheduler and wait (at most ``timeout`` s) for its control-reply."""
-    rid = client._new_id(op)
-    return client._request({"op": op, "request_id": rid, **fields}, rid, timeout)
 
 
 def outcome(entry: dict) -> tuple[bool, Any]:
@@ -42,13 +40,13 @@ def _call_fields(function: Any, args: tuple, kwargs: dict) -> dict:
             "kwargs": dumps_object(dict(kwargs))}
 
 
-def run(client: Any, function: Any, args: tuple, kwargs: dict, *, workers: Any = None,
+def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: Any = None,
         wait: bool = True, on_error: str = "raise", timeout: float | None = None) -> Any:
     """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    reply = request(client, "run", timeout, workers=as_list(workers), wait=bool(wait),
-                    **_call_fields(function, args, kwargs))
+    reply = client.request({"op": "run", "workers": as_list(workers), "wait": bool(wait),
+                            **_call_fields(function, args, kwargs)}, timeout)
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
         ok, value = outcome(entry)
@@ -59,38 +57,39 @@ def run(client: Any, function: Any, args: tuple, kwargs: dict, *, workers: Any =
     return out if wait else None
 
 
-def run_on_scheduler(client: Any, function: Any, args: tuple, kwargs: dict,
+def run_on_scheduler(client: Client, function: Any, args: tuple, kwargs: dict,
                      timeout: float | None = None) -> Any:
-    reply = request(client, "run-on-scheduler", timeout, **_call_fields(function, args, kwargs))
+    reply = client.request({"op": "run-on-scheduler", **_call_fields(function, args, kwargs)},
+                           timeout)
     ok, value = outcome(reply)
     if not ok:
         raise value
     return value
 
 
-def who_has(client: Any, futures: Any = None, timeout: float | None = 30.0) -> dict:
+def who_has(client: Client, futures: Any = None, timeout: float | None = 30.0) -> dict:
     if futures is not None and not isinstance(futures, (list, tuple, set)):
         futures = [futures]
     keys = None if futures is None else [getattr(f, "key", f) for f in futures]
-    return request(client, "who-has", timeout, keys=keys)["result"]
+    return client.request({"op": "who-has", "keys": keys}, timeout)["result"]
 
 
-def has_what(client: Any, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return request(client, "has-what", timeout, workers=as_list(workers))["result"]
+def has_what(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
+    return client.request({"op": "has-what", "workers": as_list(workers)}, timeout)["result"]
 
 
-def nthreads(client: Any, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return request(client, "nthreads", timeout, workers=as_list(workers))["result"]
+def nthreads(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
+    return client.request({"op": "nthreads", "workers": as_list(workers)}, timeout)["result"]
 
 
-def upload_file(client: Any, filename: str | os.PathLike, load: bool = True,
+def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
                 timeout: float | None = 120.0) -> dict:
     """Send a file to every worker (and to every worker that joins later): {address: path}."""
     path = os.fspath(filename)
     with open(path, "rb") as f:
         data = f.read()
-    reply = request(client, "upload-file", timeout, filename=os.path.basename(path),
-                    data=data, load=bool(load))
+    reply = client.request({"op": "upload-file", "filename": os.path.basename(path),
+                            "data": data, "load": bool(load)}, timeout)
     out = {}
     for address, entry in sorted(reply.get("results", {}).items()):
         ok, value = outcome(entry)
@@ -100,22 +99,20 @@ def upload_file(client: Any, filename: str | os.PathLike, load: bool = True,
     return out
 
 
-def rebalance(client: Any, futures: Any = None, workers: Any = None,
+def rebalance(client: Client, futures: Any = None, workers: Any = None,
               timeout: float | None = 120.0) -> None:
     """Spread the futures' data (all data if None) evenly over ``workers`` (all if None);
     returns once every moved key's old copy is dropped (the new one is held first)."""
     if futures is not None and not isinstance(futures, (list, tuple, set)):
         futures = [futures]
     keys = None if futures is None else [getattr(f, "key", f) for f in futures]
-    request(client, "rebalance", timeout, keys=keys, workers=as_list(workers))
+    client.request({"op": "rebalance", "keys": keys, "workers": as_list(workers)}, timeout)
 
 
-def replicate(client: Any, futures: Any, n: int | None = None, workers: Any = None,
+def replicate(client: Client, futures: Any, n: int | None = None, workers: Any = None,
               timeout: float | None = 120.0) -> None:
     """Copy the futures' data onto ``n`` workers (all: None), of ``workers`` if given; returns
     once the scheduler sees every copy (``TimeoutError`` after ``timeout`` seconds)."""
-    import time
-
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise ValueError(f"n must be None or a positive integer, got {n!r}")
     if not isinstance(futures, (list, tuple, set)):
@@ -123,8 +120,8 @@ def replicate(client: Any, futures: Any, n: int | None = None, workers: Any = No
     for f in futures:
         f.result(timeout)
     keys = [getattr(f, "key", f) for f in futures]
-    wanted = request(client, "replicate", timeout, keys=keys, n=n,
-                     workers=as_list(workers))["result"]
+    wanted = client.request({"op": "replicate", "keys": keys, "n": n,
+                             "workers": as_list(workers)}, timeout)["result"]
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.02
     while True:
@@ -137,16 +134,31 @@ def replicate(client: Any, futures: Any, n: int | None = None, workers: Any = No
         delay = min(delay * 2, 0.5)
 
 
-def restart(client: Any, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
+def restart(client: Client, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
     """Cancel every task and reset the workers' plugins; see ``Client.restart``."""
     n = len(client.scheduler_info()["workers"])
-    for st in list(client.futures.values()):
-        if st.status != "cancelled":
-            client._callbacks(st.cancel())
-    reply = request(client, "restart", timeout)
+    client.future_table.cancel(list(client.futures.values()))
+    reply = client.request({"op": "restart"}, timeout)
     for entry in reply.get("results", {}).values():
         ok, value = outcome(entry)
         if not ok:
             raise value
     if wait_for_workers:
         client.wait_for_workers(n, timeout=timeout)
+
+
+def wait_for_workers(client: Client, n_workers: int = 1, timeout: float | None = None) -> None:
+    """Poll the scheduler until ``n_workers`` workers have joined; a cluster that can tell
+    (``check_failures``) raises early when its workers failed to start."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay = 0.02
+    while True:
+        n = len(client.scheduler_info()["workers"])
+        if n >= n_workers:
+            return
+        if client.cluster is not None and hasattr(client.cluster, "check_failures"):
+            client.cluster.check_failures()
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"only {n} of {n_workers} workers joined within {timeout}s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)

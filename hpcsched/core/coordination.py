@@ -1,5 +1,6 @@
-"""Coordination primitives: ``Lock``, ``Semaphore``, ``Event``, ``Variable``, ``Queue``,
-``MultiLock``, with dask.distributed's names, signatures and meaning
+"""Coordination primitives, with dask.distributed's names, signatures and meaning.
+
+``Lock``, ``Semaphore``, ``Event``, ``Variable``, ``Queue``, ``MultiLock``
 (https://distributed.dask.org/en/stable/api.html#coordination-primitives)::
 
     from hpcsched import Client, Event
@@ -31,7 +32,7 @@ from __future__ import annotations
 import io
 import pickle
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -39,6 +40,9 @@ from hpcsched.core import worker_client
 from hpcsched.core.futures import Future
 from hpcsched.core.serialize import SerializationError, loads_object
 from hpcsched.core.units import parse_interval
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
 
 
 # ------------------------------------------------------------------ values with futures
@@ -55,7 +59,7 @@ class _Pickler(cloudpickle.Pickler):
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, file: Any, client: Any) -> None:
+    def __init__(self, file: Any, client: Client) -> None:
         super().__init__(file)
         self.client = client
 
@@ -76,18 +80,19 @@ def dumps_value(value: Any) -> dict:
     return {"blob": buf.getvalue(), "keys": list(dict.fromkeys(p.keys))}
 
 
-def loads_value(client: Any, reply: dict) -> Any:
+def loads_value(client: Client, reply: dict) -> Any:
     """The value of a reply, its futures bound to ``client`` (which asks for their state)."""
     keys = reply.get("keys") or []
     if not keys:
         return loads_object(reply["blob"])
     value = _Unpickler(io.BytesIO(reply["blob"]), client).load()
-    client._send({"op": "client-desires-keys", "keys": list(keys)})
+    client.scheduler_comm.send({"op": "client-desires-keys", "keys": list(keys)})
     return value
 
 
 # ------------------------------------------------------------------ requests
 def parse_timeout(timeout: Any) -> float | None:
+    """A primitive's timeout in seconds (a number or a string such as ``"5s"``); <= 0: 0."""
     if timeout is None:
         return None
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout <= 0:
@@ -95,20 +100,19 @@ def parse_timeout(timeout: Any) -> float | None:
     return parse_interval(timeout, "timeout")
 
 
-def request(client: Any, kind: str, action: str, name: str, *, wait: bool = False,
+def request(client: Client, kind: str, action: str, name: str, *, wait: bool = False,
             **fields: Any) -> dict:
-    """One request to the scheduler's primitives; ``wait``: it may block, so a task gives its
-    thread slot back meanwhile. Raises the error the scheduler answered."""
-    rid = client._new_id(kind)
-    msg = {"op": "primitive", "request_id": rid, "kind": kind, "action": action,
-           "name": name, **fields}
+    """One request to the scheduler's primitives; raises the error the scheduler answered.
+
+    ``wait``: it may block, so a task gives its thread slot back meanwhile."""
     # a task that seceded itself (worker_client) stays so: it rejoins when it chooses
     seceded = wait and fields.get("timeout") != 0 and worker_client.in_task() \
         and not worker_client.seceded()
     if seceded:
         worker_client.secede()
     try:
-        reply = client._request(msg, rid, None)
+        reply = client.request({"op": "primitive", "kind": kind, "action": action,
+                                "name": name, **fields})
     finally:
         if seceded:
             worker_client.rejoin()
@@ -124,12 +128,13 @@ class Primitive:
 
     kind = ""
 
-    def __init__(self, name: str | None = None, client: Any = None):
+    def __init__(self, name: str | None = None, client: Client | None = None):
         self.name = name or uuid.uuid4().hex
         self._client = client
 
     @property
-    def client(self) -> Any:
+    def client(self) -> Client:
+        """The client given, else (on first use) the default one or the task's worker's."""
         if self._client is None:
             self._client = worker_client.get_client()
         return self._client
@@ -154,14 +159,15 @@ def _blocking_timeout(blocking: bool, timeout: Any) -> float | None:
 
 # ------------------------------------------------------------------ Semaphore, Lock
 class Semaphore(Primitive):
-    """At most ``max_leases`` holders at a time. ``acquire(timeout=None) -> bool``,
-    ``release() -> bool``, ``get_value()`` (leases held now). Leases of a client that
-    leaves are released."""
+    """At most ``max_leases`` holders at a time.
+
+    ``acquire(timeout=None) -> bool``, ``release() -> bool``, ``get_value()`` (leases held
+    now). Leases of a client that leaves are released."""
 
     kind = "semaphore"
 
     def __init__(self, max_leases: int = 1, name: str | None = None,
-                 scheduler_rpc: Any = None, loop: Any = None, client: Any = None):
+                 scheduler_rpc: Any = None, loop: Any = None, client: Client | None = None):
         if not isinstance(max_leases, int) or isinstance(max_leases, bool) or max_leases < 1:
             raise ValueError(f"max_leases must be a positive integer, got {max_leases!r}")
         super().__init__(name, client)
@@ -169,6 +175,7 @@ class Semaphore(Primitive):
         self._leases: list[str] = []
 
     def acquire(self, timeout: Any = None) -> bool:
+        """Take a lease, waiting at most ``timeout``; False if none came in time."""
         return self._acquire(parse_timeout(timeout))
 
     def _acquire(self, timeout: float | None) -> bool:
@@ -181,12 +188,14 @@ class Semaphore(Primitive):
         return False
 
     def release(self) -> bool:
+        """Give back the lease taken last (``RuntimeError`` if none is held)."""
         if not self._leases:
             raise RuntimeError("Released too often")
         lease = self._leases.pop()
         return bool(self._call("release", lease=lease)["result"])
 
     def get_value(self) -> int:
+        """How many leases are held now."""
         return int(self._call("value")["result"])
 
     def __enter__(self) -> Semaphore:
@@ -201,25 +210,29 @@ class Semaphore(Primitive):
 
 
 class Lock(Semaphore):
-    """A lock on the scheduler: ``acquire(blocking=True, timeout=None) -> bool``,
-    ``release()``, ``locked()``; a context manager. Released if its holder's client
-    leaves, as distributed's (a semaphore of one lease)."""
+    """A lock on the scheduler (a semaphore of one lease); a context manager.
+
+    ``acquire(blocking=True, timeout=None) -> bool``, ``release()``, ``locked()``.
+    Released if its holder's client leaves, as distributed's."""
 
     kind = "lock"
 
-    def __init__(self, name: str | None = None, client: Any = None,
+    def __init__(self, name: str | None = None, client: Client | None = None,
                  scheduler_rpc: Any = None, loop: Any = None):
         super().__init__(1, name, client=client)
 
     def acquire(self, blocking: bool = True, timeout: Any = None) -> bool:  # type: ignore[override]
+        """Take the lock (waiting at most ``timeout``; not at all if not ``blocking``)."""
         return self._acquire(_blocking_timeout(blocking, timeout))
 
     def release(self) -> None:  # type: ignore[override]
+        """Release the lock (``RuntimeError`` if this object does not hold it)."""
         if not self._leases:
             raise RuntimeError("Lock is not yet acquired")
         super().release()
 
     def locked(self) -> bool:
+        """Whether anyone holds the lock."""
         return bool(self._call("locked")["result"])
 
     def __reduce__(self) -> Any:
@@ -233,47 +246,58 @@ class Event(Primitive):
     kind = "event"
 
     def set(self) -> None:
+        """Set the event: every waiter wakes up."""
         self._call("set")
 
     def clear(self) -> None:
+        """Clear the event: later waiters wait."""
         self._call("clear")
 
     def is_set(self) -> bool:
+        """Whether the event is set."""
         return bool(self._call("is-set")["result"])
 
     def wait(self, timeout: Any = None) -> bool:
+        """Wait until the event is set; False if ``timeout`` passed first."""
         return bool(self._call("wait", wait=True, timeout=parse_timeout(timeout))["result"])
 
 
 # ------------------------------------------------------------------ Variable
 class Variable(Primitive):
-    """One value shared by name: ``set(value)``, ``get(timeout=None)`` (waits until set;
-    ``TimeoutError`` when ``timeout`` passes first), ``delete()``."""
+    """One value shared by name.
+
+    ``set(value)``, ``get(timeout=None)`` (waits until set; ``TimeoutError`` when
+    ``timeout`` passes first), ``delete()``."""
 
     kind = "variable"
 
     def set(self, value: Any, timeout: Any = None) -> None:
+        """Set the value (futures in it are kept alive by the scheduler)."""
         self._call("set", **dumps_value(value))
 
     def get(self, timeout: Any = None) -> Any:
+        """The value, once set (``TimeoutError`` after ``timeout``)."""
         reply = self._call("get", wait=True, timeout=parse_timeout(timeout))
         if reply.get("status") == "timeout":
             raise TimeoutError(f"Variable {self.name!r} was not set within {timeout}")
         return loads_value(self.client, reply)
 
     def delete(self) -> None:
+        """Delete the variable on the scheduler."""
         self._call("delete")
 
 
 # ------------------------------------------------------------------ Queue
 class Queue(Primitive):
-    """A FIFO queue by name: ``put(value, timeout=None)`` (waits while ``maxsize`` items
-    are in it), ``get(timeout=None, batch=False)`` (``batch=True``: every item there now;
-    ``batch=n``: waits for ``n``), ``qsize()``. ``TimeoutError`` when a wait times out."""
+    """A FIFO queue by name.
+
+    ``put(value, timeout=None)`` (waits while ``maxsize`` items are in it),
+    ``get(timeout=None, batch=False)`` (``batch=True``: every item there now; ``batch=n``:
+    waits for ``n``), ``qsize()``. ``TimeoutError`` when a wait times out."""
 
     kind = "queue"
 
-    def __init__(self, name: str | None = None, client: Any = None, maxsize: int = 0):
+    def __init__(self, name: str | None = None, client: Client | None = None, maxsize: int = 0):
         if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
             raise ValueError(f"maxsize must be an integer >= 0, got {maxsize!r}")
         super().__init__(name, client)
@@ -283,12 +307,14 @@ class Queue(Primitive):
         return super()._call(action, wait=wait, maxsize=self.maxsize, **fields)
 
     def put(self, value: Any, timeout: Any = None) -> None:
+        """Append ``value``, waiting while the queue is full (``TimeoutError`` after ``timeout``)."""
         reply = self._call("put", wait=True, timeout=parse_timeout(timeout),
                            **dumps_value(value))
         if reply.get("status") == "timeout":
             raise TimeoutError(f"Queue {self.name!r} stayed full for {timeout}")
 
     def get(self, timeout: Any = None, batch: bool | int = False) -> Any:
+        """Take the oldest item (or a batch, see the class), waiting at most ``timeout``."""
         if not (isinstance(batch, bool) or (isinstance(batch, int) and batch > 0)):
             raise ValueError(f"batch must be a bool or a positive integer, got {batch!r}")
         reply = self._call("get", wait=batch is not True, timeout=parse_timeout(timeout),
@@ -300,6 +326,7 @@ class Queue(Primitive):
         return loads_value(self.client, reply)
 
     def qsize(self) -> int:
+        """How many items are in the queue now."""
         return int(self._call("qsize")["result"])
 
     def __reduce__(self) -> Any:
@@ -308,13 +335,15 @@ class Queue(Primitive):
 
 # ------------------------------------------------------------------ MultiLock
 class MultiLock(Primitive):
-    """Several locks by name, taken together: ``acquire(blocking=True, timeout=None,
-    num_locks=None) -> bool`` holds ``num_locks`` of them (all by default) once it is
-    first in line for that many; ``release()``. Released if its client leaves."""
+    """Several locks by name, taken together.
+
+    ``acquire(blocking=True, timeout=None, num_locks=None) -> bool`` holds ``num_locks`` of
+    them (all by default) once it is first in line for that many; ``release()``.
+    Released if its client leaves."""
 
     kind = "multilock"
 
-    def __init__(self, names: list[str] | None = None, client: Any = None):
+    def __init__(self, names: list[str] | None = None, client: Client | None = None):
         names = list(names or [])
         if not all(isinstance(n, str) for n in names):
             raise TypeError("MultiLock names must be strings")
@@ -324,6 +353,9 @@ class MultiLock(Primitive):
 
     def acquire(self, blocking: bool = True, timeout: Any = None,
                 num_locks: int | None = None) -> bool:
+        """Hold ``num_locks`` of the locks (all by default) once first in line for them.
+
+        False if ``timeout`` passed first (not waiting at all if not ``blocking``)."""
         if self._held is not None:
             raise RuntimeError("MultiLock is already acquired")
         if not self.names:
@@ -338,6 +370,7 @@ class MultiLock(Primitive):
         return False
 
     def release(self) -> None:
+        """Release the locks held (``ValueError`` if none are)."""
         if not self.names:
             return
         if self._held is None:

@@ -27,12 +27,15 @@ dask is optional: nothing here imports it unless the graph came from it.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.futures import Future
 from hpcsched.core.graph import Call, Ref
 from hpcsched.core.message_checks import annotation_problem
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
 
 Key = Any
 Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
@@ -108,7 +111,7 @@ def run_node(node: Callable, values: dict) -> Any:
     return node(values)
 
 
-def annotations_for_wire(annotations: Annotations, keys: set) -> dict:
+def annotations_for_wire(annotations: Annotations, keys: Collection[Any]) -> dict:
     """The annotations hpcsched acts on, restricted to ``keys``, in the form the scheduler
     checks (a worker or a set of them becomes a list); a bad value is an error here, in the
     caller, rather than a refused message."""
@@ -164,7 +167,7 @@ class DaskScheduler:
     threaded scheduler.
     """
 
-    def __init__(self, client: Any = None):
+    def __init__(self, client: Client | None = None):
         self.client = client
 
     def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
@@ -183,7 +186,7 @@ class DaskScheduler:
         return f"<hpcsched dask scheduler of {self.client!r}>"
 
 
-def become_dask_scheduler(client: Any) -> tuple | None:
+def become_dask_scheduler(client: Client | None) -> tuple | None:
     """Make ``client`` (None in a worker process) dask's default scheduler when dask is
     installed, as distributed's ``Client(set_as_default=True)`` does; dataframe shuffles then
     run as tasks (dask's "disk" shuffle writes to one machine's files). Returns what to

@@ -14,14 +14,17 @@ it and whether that client is still connected.
 from __future__ import annotations
 
 from collections.abc import Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.coordination import dumps_value, loads_value, request
+
+if TYPE_CHECKING:
+    from hpcsched.core.client import Client
 
 NO_DEFAULT = object()
 
 
-def publish_dataset(client: Any, args: tuple, name: str | None, override: bool,
+def publish_dataset(client: Client, args: tuple, name: str | None, override: bool,
                     kwargs: dict) -> None:
     if args:
         if name is None or len(args) != 1:
@@ -35,7 +38,7 @@ def publish_dataset(client: Any, args: tuple, name: str | None, override: bool,
                 **dumps_value(value))
 
 
-def get_dataset(client: Any, name: str, default: Any = NO_DEFAULT) -> Any:
+def get_dataset(client: Client, name: str, default: Any = NO_DEFAULT) -> Any:
     try:
         reply = request(client, "dataset", "get", _name(name))
     except KeyError:
@@ -45,11 +48,11 @@ def get_dataset(client: Any, name: str, default: Any = NO_DEFAULT) -> Any:
     return loads_value(client, reply)
 
 
-def list_datasets(client: Any) -> list[str]:
+def list_datasets(client: Client) -> list[str]:
     return list(request(client, "dataset", "list", "")["result"])
 
 
-def unpublish_dataset(client: Any, name: str) -> None:
+def unpublish_dataset(client: Client, name: str) -> None:
     request(client, "dataset", "unpublish", _name(name))
 
 
@@ -62,7 +65,7 @@ def _name(name: Any) -> str:
 class Datasets(MutableMapping):
     """``client.datasets``: the published datasets as a mapping (name -> value)."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Client):
         self._client = client
 
     def __getitem__(self, name: str) -> Any:

@@ -17,6 +17,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hpcsched.core.serialize import deserialize
+
 if TYPE_CHECKING:
     from hpcsched.core.client import Client
 
@@ -24,10 +26,16 @@ logger = logging.getLogger("hpcsched.client")
 
 
 class CancelledError(cf.CancelledError):
+    """The future's task was cancelled (``result()``, ``gather``)."""
+
     pass
 
 
 class RemoteTraceback(Exception):
+    """The traceback of a task's exception on its worker.
+
+    It is the ``__cause__`` of the exception rebuilt here."""
+
     def __init__(self, tb: str):
         self.tb = tb
 
@@ -37,17 +45,22 @@ class RemoteTraceback(Exception):
 
 _lock = threading.Lock()  # guards every future's lazily made event and callback list
 
-try:
-    # dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
-    # that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+# dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
+# that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+if TYPE_CHECKING:
     from dask._task_spec import TaskRef as _FutureBase
-except ImportError:  # dask is optional
-    _FutureBase = object
+else:
+    try:
+        from dask._task_spec import TaskRef as _FutureBase
+    except ImportError:  # dask is optional
+        _FutureBase = object
 
 
 class FutureState:
-    """Where a key stands for this client. Events and callback lists are made only when
-    someone waits or registers a callback: a ``map`` of 10,000 items creates none."""
+    """Where a key stands for this client.
+
+    Events and callback lists are made only when someone waits or registers a callback:
+    a ``map`` of 10,000 items creates none."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
                  "exception_text", "_is_done")
@@ -71,11 +84,13 @@ class FutureState:
         return cbs or []
 
     def finish(self, typename: str = "") -> list:
+        """The result is in memory; returns the callbacks to run."""
         self.status = "finished"
         self.typename = typename
         return self._done()
 
     def error(self, exception: Any, traceback: str, text: str) -> list:
+        """The task erred (``exception`` serialized); returns the callbacks to run."""
         self.status = "error"
         self.exception = exception
         self.traceback = traceback
@@ -83,12 +98,14 @@ class FutureState:
         return self._done()
 
     def cancel(self) -> list:
+        """The key was cancelled; returns the callbacks to run."""
         self.status = "cancelled"
         return self._done()
 
     def lose(self, status: str = "lost") -> None:
-        """The result was lost and is being recomputed (or the key submitted again after a
-        cancellation): not done any more."""
+        """Not done any more: the result was lost and is being recomputed.
+
+        (Or the key was submitted again after a cancellation.)"""
         with _lock:
             self._is_done = False
             self.status = status
@@ -96,9 +113,11 @@ class FutureState:
                 self._event.clear()
 
     def done(self) -> bool:
+        """Finished, erred or cancelled."""
         return self._is_done
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; False if ``timeout`` seconds passed first."""
         if self._is_done:
             return True
         with _lock:
@@ -120,55 +139,85 @@ class FutureState:
             return True
 
 
-class Future(_FutureBase):  # type: ignore[misc,valid-type]
-    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency."""
+def exception_of(st: FutureState) -> BaseException:
+    """The exception of an erred future, rebuilt here, the remote traceback as its cause.
+
+    A class that does not exist in this process becomes a ``RuntimeError``."""
+    exc = st.exception
+    try:
+        exc = deserialize(exc)
+    except Exception as e:  # e.g. the exception's class does not exist here
+        exc = RuntimeError(f"{st.exception_text} (could not rebuild the exception: {e})")
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(st.exception_text or repr(exc))
+    if st.traceback and exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{st.traceback}"""')
+    return exc
+
+
+class Future(_FutureBase):
+    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency.
+
+    ``key`` names the task, ``client`` holds it, ``state`` is the key's
+    :class:`FutureState` (shared by the client's futures of that key), which the
+    client's reader thread moves along.
+    """
 
     __slots__ = (() if _FutureBase is not object else ("key",)) + (
-        "client", "_state", "_released", "__weakref__")
+        "client", "state", "_released", "__weakref__")
 
     def __init__(self, key: Any, client: Client, state: FutureState | None = None):
         self.key = key
         self.client = client
-        self._state = state or client._state_for(key)
+        self.state = client.future_table.acquire(key, state)
         self._released = False
-        client._inc_ref(key)
 
     @property
     def status(self) -> str:
-        return self._state.status
+        """``pending``, ``finished``, ``error``, ``cancelled`` or ``lost`` (recomputing)."""
+        return self.state.status
 
     def done(self) -> bool:
-        return self._state.done()
+        """Whether the task finished, erred or was cancelled (without waiting)."""
+        return self.state.done()
 
     def result(self, timeout: float | None = None) -> Any:
-        return self.client._gather_one(self, timeout)
+        """Wait for the result and return it.
+
+        Raises the task's exception if it erred, :class:`CancelledError` if it was
+        cancelled, ``TimeoutError`` after ``timeout``."""
+        return self.client.gather([self], timeout=timeout)[0]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._state.wait(timeout):
+        """The exception of an erred task (None if it succeeded); waits until done."""
+        if not self.state.wait(timeout):
             raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
-        if self._state.status != "error":
+        if self.state.status != "error":
             return None
-        return self.client._exception_of(self._state)
+        return exception_of(self.state)
 
     def traceback(self) -> str:
-        return self._state.traceback
+        """The remote traceback of an erred task, as text ("" otherwise)."""
+        return self.state.traceback
 
     def cancel(self) -> None:
+        """Cancel the task (see :meth:`Client.cancel`)."""
         self.client.cancel([self])
 
     def cancelled(self) -> bool:
-        return self._state.status == "cancelled"
+        """Whether the future was cancelled."""
+        return self.state.status == "cancelled"
 
     def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
         """Call ``fn(future)`` when done (at once if already done), in a client thread."""
-        if not self._state.add_callback((weakref.ref(self), fn, self)):
+        if not self.state.add_callback((weakref.ref(self), fn, self)):
             run_callback(fn, self)
 
     def release(self) -> None:
         """Drop this future's claim on its result now, rather than when it is collected."""
         if not self._released:
             self._released = True
-            self.client._dec_ref(self.key)
+            self.client.future_table.release(self.key)
 
     def retry(self) -> None:
         """Run an erred task (and its erred dependencies) again."""
@@ -200,7 +249,7 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
         return seams.resolve("future-html")(self)
 
     def __repr__(self) -> str:
-        st = self._state
+        st = self.state
         kind = f", type: {st.typename}" if st.status == "finished" and st.typename else ""
         return f"<Future: status: {st.status}{kind}, key: {self.key}>"
 
@@ -213,6 +262,7 @@ class Future(_FutureBase):  # type: ignore[misc,valid-type]
 
 
 def run_callback(fn: Callable, fut: Future) -> None:
+    """Call a done callback; its exception is logged, not raised."""
     try:
         fn(fut)
     except Exception:
@@ -230,6 +280,7 @@ class ClientExecutor(cf.Executor):
         self._shutdown = False
 
     def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
+        """``fn(*args, **kwargs)`` as a task: a ``concurrent.futures.Future`` of its result."""
         if self._shutdown:
             raise RuntimeError("cannot submit after shutdown")
         fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
@@ -251,6 +302,7 @@ class ClientExecutor(cf.Executor):
         return cfut
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more submissions; wait for (or cancel) the tasks submitted."""
         self._shutdown = True
         with self._lock:
             fs = list(self._futures)
@@ -261,19 +313,25 @@ class ClientExecutor(cf.Executor):
 
 
 class DoneAndNotDoneFutures(NamedTuple):
+    """What ``wait`` returns: the futures done and those not done."""
+
     done: set
     not_done: set
 
 
 def wait_futures(fs: Any, timeout: float | None = None,
                  return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
+    """Wait for futures, as ``distributed.wait``.
+
+    ``return_when``: ``ALL_COMPLETED``, ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``;
+    ``TimeoutError`` after ``timeout`` seconds for all of them."""
     flat: list[Future] = []
     collect_futures(fs, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
     if return_when == "ALL_COMPLETED":
         for f in flat:
             left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not f._state.wait(left):
+            if not f.state.wait(left):
                 raise TimeoutError(f"futures not done within {timeout}s")
     elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
         done_event = threading.Event()
@@ -304,18 +362,22 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
             self.add(f)
 
     def add(self, future: Future) -> None:
+        """Yield ``future`` too when it is done."""
         with self._lock:
             self._count += 1
         future.add_done_callback(self._queue.put)
 
     def update(self, futures: Iterable[Future]) -> None:
+        """``add`` each of ``futures``."""
         for f in futures:
             self.add(f)
 
     def count(self) -> int:
+        """How many futures are still to be yielded."""
         return self._count
 
     def is_empty(self) -> bool:
+        """Whether every future was yielded."""
         return self._count == 0
 
     def __iter__(self) -> as_completed:
@@ -337,12 +399,14 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         return f
 
     def batches(self) -> Iterator[list]:
-        """Lists of what finished since the last one (at least one item each), until all are
-        done."""
+        """Lists of what finished since the last one (at least one item each).
+
+        Until all are done."""
         while self._count:
             yield self.next_batch(block=True)
 
     def next_batch(self, block: bool = True) -> list:
+        """What is done now (waiting for at least one if ``block``)."""
         out = [next(self)] if block and self._count else []
         while True:
             try:
@@ -362,15 +426,18 @@ def progress(*futures: Any, **kwargs: Any) -> Any:
 
 
 def fire_and_forget(obj: Any) -> None:
-    """Run the tasks of ``obj`` (futures, or containers of them) even when no future of theirs
-    is held any more; their results are dropped once they finish."""
+    """Run the tasks of ``obj`` (futures, or containers of them) to the end.
+
+    Even when no future of theirs is held any more; their results are dropped once they
+    finish."""
     flat: list[Future] = []
     collect_futures(obj, flat)
     by_client: dict[int, tuple[Client, list]] = {}
     for f in flat:
         by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
     for client, keys in by_client.values():
-        client._send({"op": "client-desires-keys", "keys": keys, "fire_and_forget": True})
+        client.scheduler_comm.send({"op": "client-desires-keys", "keys": keys,
+                                    "fire_and_forget": True})
 
 
 def futures_of(obj: Any) -> list[Future]:
@@ -399,6 +466,7 @@ def futures_of(obj: Any) -> list[Future]:
 
 
 def collect_futures(x: Any, out: list) -> None:
+    """Append the futures inside ``x`` (containers walked) to ``out``."""
     if isinstance(x, Future):
         out.append(x)
     elif isinstance(x, (list, tuple, set, frozenset)):
@@ -410,6 +478,9 @@ def collect_futures(x: Any, out: list) -> None:
 
 
 def pack_futures(x: Any, values: dict, errors: str) -> Any:
+    """``x`` with its futures replaced by ``values[key]``.
+
+    With ``errors="skip"``, futures without a value are left out of lists."""
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):

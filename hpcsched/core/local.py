@@ -58,8 +58,10 @@ def _flatten(keys: Any, out: list) -> list:
 
 
 def _pack(keys: Any, results: Mapping[Key, Any]) -> Any:
-    """Results in the shape of ``keys``; a list of keys gives a tuple, as dask's get
-    functions return (``dask.compute`` unpacks that)."""
+    """Results in the shape of ``keys``.
+
+    A list of keys gives a tuple, as dask's get functions return (``dask.compute``
+    unpacks that)."""
     if isinstance(keys, list):
         return tuple([_pack(k, results) for k in keys])
     return results[keys]

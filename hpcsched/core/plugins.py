@@ -34,7 +34,7 @@ import uuid
 from typing import Any
 
 from hpcsched.core import nanny
-from hpcsched.core.client_control import outcome, request
+from hpcsched.core.client_control import outcome
 from hpcsched.core.serialize import dumps_object
 
 
@@ -104,15 +104,16 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
     restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
     if kind == "nanny":  # carried to each worker's nanny by a worker plugin
         plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
-    reply = request(client, "register-plugin", 120.0, kind=kind, name=str(name),
-                    plugin=dumps_object(plugin), idempotent=bool(idempotent))
+    reply = client.request({"op": "register-plugin", "kind": kind, "name": str(name),
+                            "plugin": dumps_object(plugin), "idempotent": bool(idempotent)},
+                           120.0)
     if restart:
         return nanny.results_after_restart(client, reply)
     return _results(reply, kind)
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
-    return _results(request(client, "unregister-plugin", 120.0, name=str(name)), "worker")
+    return _results(client.request({"op": "unregister-plugin", "name": str(name)}, 120.0), "worker")
 
 
 def _results(reply: dict, kind: str) -> Any:

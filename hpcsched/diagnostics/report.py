@@ -40,9 +40,8 @@ def _client(client: Any) -> Any:
 
 def request(client: Any, what: str, timeout: float | None = 60.0, **kw: Any) -> dict:
     """Ask the scheduler's diagnostics extension; raises RuntimeError with its error."""
-    rid = client._new_id("diagnostics")
-    reply = client._request({"op": "extension", "extension": "diagnostics", "what": what,
-                             "request_id": rid, **kw}, rid, timeout)
+    reply = client.request({"op": "extension", "extension": "diagnostics", "what": what, **kw},
+                           timeout)
     if reply.get("error"):
         raise RuntimeError(f"the scheduler's diagnostics could not answer {what!r}: "
                            f"{reply['error']}")

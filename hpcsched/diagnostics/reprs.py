@@ -70,7 +70,7 @@ def future_html(future: Any) -> str:
                                                                                     "#2f6fb5")
     rows = [("key", escape(repr(future.key))),
             ("status", f'<span style="color:{colour}">{escape(status)}</span>')]
-    typename = getattr(getattr(future, "_state", None), "typename", "")
+    typename = getattr(getattr(future, "state", None), "typename", "")
     if status == "finished" and typename:
         rows.append(("type", escape(str(typename))))
     return _table("Future", rows)

@@ -216,8 +216,9 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     bad = Client(client.scheduler_address, security=client.security,
                    set_as_default=False)
     try:
-        bad._send({"op": "primitive", "request_id": "x", "kind": "lock", "action": "acquire",
-                   "name": "conf-bad", "lease": 5, "timeout": -1})
+        bad.scheduler_comm.send({"op": "primitive", "request_id": "x", "kind": "lock",
+                                 "action": "acquire", "name": "conf-bad", "lease": 5,
+                                 "timeout": -1})
         until(lambda: bad.status != "running")
     finally:
         bad.close()

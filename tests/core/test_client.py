@@ -499,11 +499,11 @@ def test_large_arrays_move_between_workers(c):
 
 
 def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
-    from hpcsched.core.client import _coalesce
+    from hpcsched.core.client_connection import coalesce
 
     rel = [{"op": "client-releases-keys", "keys": [k]} for k in "abc"]
     other = {"op": "update-graph", "tasks": {}}
-    out = _coalesce([*rel, other, *rel[:2]])
+    out = coalesce([*rel, other, *rel[:2]])
     assert out == [{"op": "client-releases-keys", "keys": ["a", "b", "c"]}, other,
                    {"op": "client-releases-keys", "keys": ["a", "b"]}]  # order kept
     assert rel[0] == {"op": "client-releases-keys", "keys": ["a"]}  # inputs untouched
@@ -511,16 +511,16 @@ def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
 
 
 def test_a_large_map_is_sent_first_batch_ahead():
-    from hpcsched.core.client import FIRST_MAP_BATCH, MAX_MAP_BATCH, _map_batches
+    from hpcsched.core.client_graphs import FIRST_MAP_BATCH, MAX_MAP_BATCH, map_batches
 
-    assert _map_batches(0, None) == []
-    assert _map_batches(10, None) == [(0, 10)]
-    assert _map_batches(2 * FIRST_MAP_BATCH, None) == [(0, 2 * FIRST_MAP_BATCH)]
+    assert map_batches(0, None) == []
+    assert map_batches(10, None) == [(0, 10)]
+    assert map_batches(2 * FIRST_MAP_BATCH, None) == [(0, 2 * FIRST_MAP_BATCH)]
     n = FIRST_MAP_BATCH + 2 * MAX_MAP_BATCH
-    assert _map_batches(n, None) == [(0, FIRST_MAP_BATCH),
+    assert map_batches(n, None) == [(0, FIRST_MAP_BATCH),
                                      (FIRST_MAP_BATCH, FIRST_MAP_BATCH + MAX_MAP_BATCH),
                                      (FIRST_MAP_BATCH + MAX_MAP_BATCH, n)]
-    assert _map_batches(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert map_batches(7, 3) == [(0, 3), (3, 6), (6, 7)]
 
 
 def test_map_in_batches_gives_every_result_in_order(c):
