@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.core import events as ev
 from hpcsched.core.graph import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.message_checks import annotation_problem
+from hpcsched.core.protocol import CancelledKeys, KeyInMemory
 from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ class ClientRequests:
     def _report_or_wake(self, ts: TaskState, client: str) -> list:
         s = self.s
         if ts.state == "memory":
-            s.send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+            s.send(client, KeyInMemory(ts.key, ts.typename))
         elif ts.state == "erred":
             s.report_erred(ts, [client])
         elif ts.state == "released":
@@ -162,7 +163,7 @@ class ClientRequests:
         for key in e.keys:
             ts = s.tasks.get(key)
             if ts is None:
-                s.send(e.client, {"op": "cancelled-keys", "keys": [key]})
+                s.send(e.client, CancelledKeys([key]))
                 continue
             if e.fire_and_forget:
                 if ts.state not in ("memory", "erred"):
@@ -217,14 +218,14 @@ class ClientRequests:
             clients = set(ts.who_wants)
             ts.who_wants.clear()
             for c in clients | {e.client}:
-                s.send(c, {"op": "cancelled-keys", "keys": [key]})
+                s.send(c, CancelledKeys([key]))
             # dependents cannot run any more: cancel them too
             stack = list(ts.dependents)
             while stack:
                 dts = stack.pop()
                 if dts.who_wants:
                     for c in dts.who_wants:
-                        s.send(c, {"op": "cancelled-keys", "keys": [dts.key]})
+                        s.send(c, CancelledKeys([dts.key]))
                     dts.who_wants.clear()
                     stack.extend(dts.dependents)
                 if dts.state not in ("memory", "released"):

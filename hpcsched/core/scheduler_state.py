@@ -46,6 +46,13 @@ from typing import Any
 
 from hpcsched.core import events as ev
 from hpcsched.core import policies
+from hpcsched.core.protocol import (
+    ComputeTask,
+    FreeKeys,
+    KeyInMemory,
+    TaskErredReport,
+)
+from hpcsched.core.protocol import LostData as LostDataReport
 from hpcsched.core.scheduler_clients import ClientRequests
 from hpcsched.core.scheduler_maintenance import Maintenance
 from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
@@ -131,6 +138,9 @@ class SchedulerState:
         # scheduler plugins want ``transition`` calls, and empties it after each event)
         self.transition_listener: list[Transition] | None = None
         self.stimulus_id = ""  # of the event being handled
+        # address -> stimulus id of the event that removed the worker, for the server's
+        # remove_worker hooks (it pops each entry; bounded for a state run without a server)
+        self.removed_by: dict[str, str] = {}
         self.now = 0.0  # of the event being handled
         self.deferred_ready: list[TaskState] | None = None  # see ClientRequests.update_graph
         # running workers, rebuilt only when a worker joins, leaves or changes status: building
@@ -186,7 +196,8 @@ class SchedulerState:
             out.extend(self.handle(e))
         return out
 
-    def send(self, to: str, msg: dict) -> None:
+    def send(self, to: str, msg: Any) -> None:
+        """Emit a message (a protocol record) for peer ``to``."""
         self.out.append(ev.Send(to, msg))
 
     def validate(self) -> None:
@@ -315,7 +326,7 @@ class SchedulerState:
         recs: list[Rec] = []
         if start == "memory":
             for ws in list(ts.who_has):
-                self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self.send(ws.address, FreeKeys([ts.key]))
                 self.remove_replica(ts, ws)
             for dts in ts.dependents:
                 if dts.state in ("waiting", "processing", "queued", "no-worker"):
@@ -383,7 +394,7 @@ class SchedulerState:
                 recs.append((dts, "released"))
         ts.who_wants.discard(FIRE_AND_FORGET)
         for client in ts.who_wants:
-            self.send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+            self.send(client, KeyInMemory(ts.key, ts.typename))
         if not self.wanted(ts):
             recs.append((ts, "released"))
         return recs
@@ -393,7 +404,7 @@ class SchedulerState:
         self.transition(ts, "released")
         recs: list[Rec] = []
         for client in ts.who_wants:
-            self.send(client, {"op": "lost-data", "key": ts.key})
+            self.send(client, LostDataReport(ts.key))
         for dts in ts.dependents:
             if dts.state in ("processing", "waiting", "queued", "no-worker"):
                 dts.waiting_on.add(ts)
@@ -440,9 +451,8 @@ class SchedulerState:
     def report_erred(self, ts: TaskState, clients: list[str]) -> None:
         origin = ts.exception_blame or ts
         for c in clients:
-            self.send(c, {"op": "task-erred", "key": ts.key, "exception": origin.exception,
-                          "traceback": origin.traceback, "exception_text": origin.exception_text,
-                          "origin": origin.key})
+            self.send(c, TaskErredReport(ts.key, origin.exception, origin.traceback,
+                                         origin.exception_text, origin.key))
 
     # ================================================================ deciding workers
     def _is_rootish(self, ts: TaskState) -> bool:
@@ -513,14 +523,12 @@ class SchedulerState:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) + q
         self.push_free(ws)
-        msg = {"op": "compute-task", "key": ts.key, "run_spec": ts.run_spec,
-               "priority": ts.priority, "duration": est}
-        if ts.dependencies:
-            msg["who_has"] = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
-            msg["nbytes"] = {d.key: d.nbytes for d in ts.dependencies}
-        if ts.resource_restrictions:
-            msg["resource_restrictions"] = ts.resource_restrictions
-        self.send(ws.address, msg)
+        deps = ts.dependencies
+        self.send(ws.address, ComputeTask(
+            ts.key, ts.run_spec, ts.priority,
+            {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
+            {d.key: d.nbytes for d in deps} if deps else {},
+            ts.resource_restrictions or None, est))
 
     def exit_processing(self, ts: TaskState, notify: bool = False) -> None:
         """Undo :meth:`add_to_processing` (called by :meth:`transition` only)."""
@@ -538,7 +546,7 @@ class SchedulerState:
         ts.stealing = False
         if ws.address in self.workers:
             if notify:
-                self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self.send(ws.address, FreeKeys([ts.key]))
             self.open_slots(ws)
 
     def fill_slots(self) -> None:

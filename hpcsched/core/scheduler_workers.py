@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpcsched.core import events as ev
+from hpcsched.core.protocol import FreeKeys, RefreshWhoHas
 from hpcsched.core.scheduler_model import KilledWorker, WorkerInfo
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class WorkerEvents:
         for key, nbytes in (e.keys or {}).items():
             ts = s.tasks.get(key)
             if ts is None:
-                s.send(ws.address, {"op": "free-keys", "keys": [key]})
+                s.send(ws.address, FreeKeys([key]))
                 continue
             s.add_replica(ts, ws, nbytes)
             if ts.state != "memory":
@@ -53,6 +54,9 @@ class WorkerEvents:
         if ws is None:
             return
         s.total_nthreads -= ws.nthreads
+        s.removed_by[ws.address] = e.stimulus_id or s.stimulus_id
+        if len(s.removed_by) > 1000:
+            del s.removed_by[next(iter(s.removed_by))]
         graceful = ws.status == "closing_gracefully"
         ws.status = "closed"  # objects that still point to it (a TaskGroup's last worker) skip it
         if s.recorder is not None:
@@ -130,7 +134,7 @@ class WorkerEvents:
         if ts is None or ts.state in ("released", "erred", "waiting", "no-worker", "queued"):
             # a result nobody asked for any more (released, cancelled, or recomputed elsewhere)
             if ts is None or not s.wanted(ts) or ts.state == "erred":
-                s.send(ws.address, {"op": "free-keys", "keys": [e.key]})
+                s.send(ws.address, FreeKeys([e.key]))
                 return
         tg = ts.group
         tg.duration_total += max(e.stop - e.start, 0.0)
@@ -179,7 +183,7 @@ class WorkerEvents:
         if ts is None or ws is None or ts.state != "memory" or ws not in ts.who_has:
             return
         for holder in list(ts.who_has):
-            s.send(holder.address, {"op": "free-keys", "keys": [ts.key]})
+            s.send(holder.address, FreeKeys([ts.key]))
             s.remove_replica(ts, holder)
         s.transitions(s.set_erred(ts, e.exception, e.traceback, e.exception_text))
 
@@ -195,6 +199,5 @@ class WorkerEvents:
         if ts.state == "memory" and not ts.who_has:
             recs += s.lose(ts, f"worker {e.errant_worker} did not have it")
         elif ts.state == "memory" and e.worker in s.workers:
-            s.send(e.worker, {"op": "refresh-who-has",
-                              "who_has": {ts.key: [w.address for w in ts.who_has]}})
+            s.send(e.worker, RefreshWhoHas({ts.key: [w.address for w in ts.who_has]}))
         s.transitions(recs)
