@@ -18,8 +18,9 @@ one exception made for speed: the records that arrive by the thousand (every
 ``task-finished``, ``compute-task``, ...) and the worker's ``ExecuteSuccess`` and
 ``GatherDepSuccess`` (one per task run, one per fetch) are plain slots
 dataclasses, because a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__``, which costs about 2 µs more per event than the
-records themselves take to build (timed with ``timeit`` on CPython 3.11). Nothing
+``object.__setattr__``: building a ``TaskFinished`` or a ``ComputeTask`` takes
+about 1.7 µs frozen instead of 0.33 µs (timed with ``timeit`` on CPython 3.11),
+more than the rest of the scheduler's per-message cost can spare. Nothing
 assigns to an event's fields after building it; the others are frozen so that
 nothing can.
 
@@ -101,12 +102,16 @@ class Send:
 
 @dataclass(slots=True)
 class Execute:
+    """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool."""
+
     key: Key
     run_spec: Any
 
 
 @dataclass(slots=True)
 class GatherDep:
+    """Fetch ``keys`` from peer ``worker``."""
+
     worker: str
     keys: list
 
@@ -148,6 +153,8 @@ class RemoveWorker:
 
 @dataclass(slots=True, frozen=True)
 class AddClient:
+    """A client registered."""
+
     client: str
     now: float = 0.0
     stimulus_id: str = ""
@@ -155,6 +162,8 @@ class AddClient:
 
 @dataclass(slots=True, frozen=True)
 class RemoveClient:
+    """A client left (it closed, or its connection did)."""
+
     client: str
     now: float = 0.0
     stimulus_id: str = ""
@@ -187,6 +196,8 @@ class RebalanceKeys:
 
 @dataclass(slots=True, frozen=True)
 class Tick:
+    """The server's periodic tick: timeouts, work stealing, retirements in progress."""
+
     now: float = 0.0
     stimulus_id: str = ""
 
@@ -204,6 +215,8 @@ class PauseWorker:
 
 @dataclass(slots=True)
 class ExecuteSuccess:
+    """Task ``key`` ran and returned ``value`` (``nbytes`` in memory)."""
+
     key: Key
     value: Any
     nbytes: int
@@ -216,6 +229,8 @@ class ExecuteSuccess:
 
 @dataclass(slots=True, frozen=True)
 class ExecuteFailure:
+    """Task ``key`` raised ``exception``."""
+
     key: Key
     exception: Any
     traceback: str = ""
@@ -228,6 +243,8 @@ class ExecuteFailure:
 
 @dataclass(slots=True)
 class GatherDepSuccess:
+    """Peer ``worker`` answered a fetch with ``data``."""
+
     worker: str
     data: dict  # key -> value
     missing: list = field(default_factory=list)  # asked for but not held by the peer

@@ -94,6 +94,8 @@ def _value(msg: Primitive) -> dict:
 
 
 class Waiter:
+    """A request that waits (for a lease, an event, an item) until ``deadline``."""
+
     __slots__ = ("peer", "rid", "deadline", "data")
 
     def __init__(self, peer: str, rid: str, timeout: float | None, data: Any = None):
@@ -144,6 +146,8 @@ class Primitives:
         getattr(self, f"_{kind}")(source, rid, action, name, msg)
 
     def reply(self, to: str, rid: str, **fields: Any) -> None:
+        """Answer request ``rid`` of peer ``to`` with a ``control-reply`` (``status`` OK unless
+        given)."""
         fields.setdefault("status", "OK")
         self.scheduler.send(to, ControlReply(rid, **fields))
 

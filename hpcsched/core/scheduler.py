@@ -149,6 +149,7 @@ class Scheduler:
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
+        """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
         self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
         self.address = self._listener.address
@@ -163,6 +164,7 @@ class Scheduler:
 
     @property
     def dashboard_link(self) -> str | None:
+        """The dashboard's URL, if the diagnostics extension serves one."""
         return self.services.get("dashboard")
 
     def add_listener(self, address: str) -> str:
@@ -509,9 +511,11 @@ class Scheduler:
         self._queue(to, msg)
 
     def workers_info(self) -> dict[str, dict]:
+        """Each worker's description, by address (from any thread)."""
         return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
 
     def scheduler_info(self) -> dict:
+        """The cluster's summary, :meth:`identity` (from any thread)."""
         return self.loop.call(self.identity)
 
     def call(self, fn: Any, timeout: float | None = 30.0) -> Any:
@@ -536,6 +540,7 @@ class Scheduler:
         return list(reply.retired)
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers are registered (TimeoutError after ``timeout`` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._workers_changed:
             while len(self.state.workers) < n:
@@ -546,9 +551,12 @@ class Scheduler:
                 self._workers_changed.wait(min(left, 1.0) if left is not None else 1.0)
 
     def add_worker_callback(self, fn: Any) -> None:
+        """Call ``fn("add" | "remove", address, info)`` as workers join and leave (on the loop
+        thread: it must not block)."""
         self._worker_callbacks.append(fn)
 
     def remove_worker_callback(self, fn: Any) -> None:
+        """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
 

@@ -33,15 +33,18 @@ class ClientRequests:
         self.s = state
 
     def add_client(self, e: ev.AddClient) -> None:
+        """A client registered."""
         self.s.clients.add(e.client)
 
     def remove_client(self, e: ev.RemoveClient) -> None:
+        """A client left: it wants none of its keys any more."""
         s = self.s
         s.clients.discard(e.client)
         keys = [ts.key for ts in s.tasks.values() if e.client in ts.who_wants]
         self.client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
 
     def update_graph(self, e: ev.UpdateGraph) -> None:
+        """A client submitted tasks: check them, add them, make the runnable ones ready."""
         s = self.s
         check_update_graph(e, s.tasks)  # all of it, before anything changes
         s.generation += 1
@@ -135,6 +138,8 @@ class ClientRequests:
                        if ts.state == "released" and not s.wanted(ts)])
 
     def update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
+        """:meth:`update_graph` with the cyclic garbage collector paused (it finds nothing in a new
+        graph, and costs much on a large one)."""
         with gc_paused(len(e.tasks)):
             self.update_graph(e)
 
@@ -158,6 +163,7 @@ class ClientRequests:
         return []
 
     def client_desires(self, e: ev.ClientDesiresKeys) -> None:
+        """A client wants ``keys``: tell it of those already done, run the released ones again."""
         s = self.s
         recs: list[Rec] = []
         for key in e.keys:
@@ -195,6 +201,7 @@ class ClientRequests:
         s.transitions([(ts, "waiting") for ts in again if s.wanted(ts)])
 
     def client_releases(self, e: ev.ClientReleasesKeys) -> None:
+        """A client dropped its futures to ``keys``: release those nobody wants."""
         s = self.s
         recs: list[Rec] = []
         for key in e.keys:
@@ -207,6 +214,7 @@ class ClientRequests:
         s.transitions(recs)
 
     def cancel(self, e: ev.CancelKeys) -> None:
+        """Cancel ``keys`` and their dependents, for every client."""
         s = self.s
         recs: list[Rec] = []
         cancelled = []

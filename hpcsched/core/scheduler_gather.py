@@ -24,6 +24,8 @@ from hpcsched.core.protocol import DataReply, GatherReply, GetData
 
 @dataclass(slots=True)
 class Gather:
+    """One ``gather`` in flight: what came back, what is missing, what is awaited."""
+
     requester: str
     blobs: list = field(default_factory=list)
     missing: list = field(default_factory=list)

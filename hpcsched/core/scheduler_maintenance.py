@@ -59,6 +59,7 @@ class Maintenance:
         self.rebalances: dict[str, Rebalance] = {}  # by request id
 
     def scatter(self, e: ev.ScatterData) -> None:
+        """Place a client's scattered data on workers (``update-data``)."""
         s = self.s
         running = [ws for ws in s.workers.values() if ws.status == "running"]
         if e.workers:
@@ -93,6 +94,7 @@ class Maintenance:
             s.send(ws.address, UpdateData(d, e.scatter_id))
 
     def add_keys(self, e: ev.AddKeys) -> None:
+        """A worker holds new replicas (scattered, replicated, rebalanced data)."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is None:
@@ -123,6 +125,7 @@ class Maintenance:
                 self.progress_retirement(s.workers[address], e.now)
 
     def release_worker_data(self, e: ev.ReleaseWorkerData) -> None:
+        """A worker dropped its copy of ``keys``."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is None:
@@ -138,6 +141,7 @@ class Maintenance:
 
     # ================================================================ stealing
     def steal_response(self, e: ev.StealResponse) -> None:
+        """A victim answered a steal request: move the task if it gave it up."""
         s = self.s
         ts = s.tasks.get(e.key)
         victim = s.workers.get(e.worker)
@@ -156,6 +160,7 @@ class Maintenance:
                 s.transitions([(ts, "waiting-ready")])
 
     def tick(self, e: ev.Tick) -> None:
+        """Drop workers past their heartbeat TTL, advance retirements, steal work."""
         s = self.s
         if s.worker_ttl:
             for ws in list(s.workers.values()):
@@ -193,6 +198,7 @@ class Maintenance:
 
     # ================================================================ retirement
     def retire_workers(self, e: ev.RetireWorkers) -> None:
+        """Start retiring ``workers``: their unique data moves first, then they close."""
         s = self.s
         if s.recorder is not None and e.workers:
             s.recorder.event("retire-workers", list(e.workers), e.now)
@@ -227,6 +233,7 @@ class Maintenance:
         return [a for a, r in self.s.retiring.items() if r.request_id == request_id]
 
     def progress_retirement(self, ws: WorkerInfo, now: float) -> None:
+        """Move ``ws``'s remaining unique data, or close it once it holds none."""
         s = self.s
         r = s.retiring.get(ws.address)
         if r is None:

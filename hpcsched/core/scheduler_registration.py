@@ -78,5 +78,6 @@ def worker_name(name: Any) -> str | int:
 
 
 def short(x: Any) -> str:
+    """``repr(x)``, cut at 200 characters (for log lines and error messages)."""
     r = repr(x)
     return r if len(r) < 200 else r[:197] + "..."

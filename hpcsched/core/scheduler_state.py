@@ -80,6 +80,8 @@ _LEAVE = frozenset({"processing", "queued", "no-worker"})
 
 
 class SchedulerState:
+    """The scheduler's state and its task transitions (see the module's docstring)."""
+
     def __init__(
         self,
         *,
@@ -183,6 +185,7 @@ class SchedulerState:
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
+        """Apply ``event``; return the messages to send."""
         self.stimulus_id = event.stimulus_id
         self.now = event.now
         self.handlers[type(event)](event)
@@ -191,6 +194,7 @@ class SchedulerState:
         return out
 
     def handle_many(self, events: Iterable[Any]) -> list[ev.Send]:
+        """Apply each of ``events`` in turn; return all the messages to send."""
         out: list[ev.Send] = []
         for e in events:
             out.extend(self.handle(e))
@@ -206,6 +210,7 @@ class SchedulerState:
 
     # ================================================================ queries
     def who_has(self, keys: Iterable[Key]) -> dict[Key, list[str]]:
+        """The addresses of the workers holding each of ``keys``."""
         out = {}
         for k in keys:
             ts = self.tasks.get(k)
@@ -213,15 +218,18 @@ class SchedulerState:
         return out
 
     def idle_workers(self) -> list[WorkerInfo]:
+        """The running workers with nothing to do."""
         return [ws for ws in self.workers.values() if not ws.processing]
 
     def task_counts(self) -> dict[str, int]:
+        """How many tasks are in each state."""
         counts: dict[str, int] = {}
         for ts in self.tasks.values():
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts
 
     def wanted(self, ts: TaskState) -> bool:
+        """Whether a client, or a task still to run, wants ``ts``'s result."""
         return bool(ts.who_wants or ts.waiters)
 
     def running(self) -> list[WorkerInfo]:
@@ -449,6 +457,7 @@ class SchedulerState:
         return recs
 
     def report_erred(self, ts: TaskState, clients: list[str]) -> None:
+        """Tell ``clients`` that ``ts`` erred (itself or through a dependency)."""
         origin = ts.exception_blame or ts
         for c in clients:
             self.send(c, TaskErredReport(ts.key, origin.exception, origin.traceback,
@@ -513,6 +522,7 @@ class SchedulerState:
 
     # ================================================================ processing
     def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are)."""
         avg = ts.group.average_duration
         est = self.unknown_task_duration if avg is None else avg
         self.transition(ts, "processing")
@@ -576,6 +586,7 @@ class SchedulerState:
 
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
+        """``ws`` holds a copy of ``ts``'s result."""
         if nbytes >= 0 and nbytes != ts.nbytes:
             # a new size (a result reported again): the workers holding it account the change
             delta = nbytes - max(ts.nbytes, 0)
@@ -588,6 +599,7 @@ class SchedulerState:
             ws.nbytes += max(ts.nbytes, 0)
 
     def remove_replica(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """``ws`` no longer holds ``ts``'s result."""
         if ws in ts.who_has:
             ts.who_has.discard(ws)
             ws.has_what.pop(ts, None)

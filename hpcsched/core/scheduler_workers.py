@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 
 
 class WorkerEvents:
+    """The handlers of what workers do and say: join, leave, run, finish, err."""
+
     def __init__(self, state: SchedulerState):
         self.s = state
 
     def add_worker(self, e: ev.AddWorker) -> None:
+        """A worker joined (with the data it already holds)."""
         s = self.s
         if e.address in s.workers:
             return
@@ -49,6 +52,7 @@ class WorkerEvents:
             s.recorder.worker_added(ws, e.now)
 
     def remove_worker(self, e: ev.RemoveWorker) -> None:
+        """A worker left: its tasks run elsewhere, data only it held is recomputed."""
         s = self.s
         ws = s.workers.pop(e.address, None)
         if ws is None:
@@ -89,6 +93,7 @@ class WorkerEvents:
         s.transitions(recs)
 
     def heartbeat(self, e: ev.Heartbeat) -> None:
+        """A worker is alive: note when, and its metrics."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is not None:
@@ -102,6 +107,7 @@ class WorkerEvents:
                 s.bandwidth = 0.8 * s.bandwidth + 0.2 * float(bw)
 
     def task_started(self, e: ev.TaskStarted) -> None:
+        """A worker started running a task (it is blamed if the worker dies now)."""
         ts = self.s.tasks.get(e.key)
         ws = self.s.workers.get(e.worker)
         if ts is not None and ws is not None and ts.processing_on is ws:
@@ -124,6 +130,7 @@ class WorkerEvents:
         self.s.open_slots(ws)
 
     def task_finished(self, e: ev.TaskFinished) -> None:
+        """A worker holds a task's result: the task is in memory."""
         s = self.s
         ts = s.tasks.get(e.key)
         ws = s.workers.get(e.worker)
@@ -158,6 +165,7 @@ class WorkerEvents:
             s.maintenance.progress_retirement(ws, e.now)
 
     def task_erred(self, e: ev.TaskErred) -> None:
+        """A task raised: retry it if it may, else it errs."""
         s = self.s
         ts = s.tasks.get(e.key)
         ws = s.workers.get(e.worker)
@@ -188,6 +196,7 @@ class WorkerEvents:
         s.transitions(s.set_erred(ts, e.exception, e.traceback, e.exception_text))
 
     def missing_data(self, e: ev.MissingData) -> None:
+        """A worker did not find ``key`` on ``errant_worker``: forget that replica."""
         s = self.s
         ts = s.tasks.get(e.key)
         if ts is None:
