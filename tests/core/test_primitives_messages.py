@@ -6,9 +6,9 @@ common fields checked by the protocol), then the kind's own fields checked here.
 
 from __future__ import annotations
 
-import pytest
-
 from typing import Any
+
+import pytest
 
 from hpcsched.core import events as ev
 from hpcsched.core.primitives import MAX_NAME, MAX_VALUE, Primitives
