@@ -39,7 +39,7 @@ import uuid
 from concurrent.futures import Future
 from typing import Any
 
-from hpcsched.core import config
+from hpcsched.core import config, scheduler_ops
 from hpcsched.core import events as ev
 from hpcsched.core import protocol as pr
 from hpcsched.core.cluster_control import ClusterControl
@@ -47,19 +47,15 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.loop import CLOSED, Loop, start_reader
 from hpcsched.core.primitives import Primitives
-from hpcsched.core.scheduler_extensions import (
-    close_extensions,
-    extension_reply,
-    start_extensions,
-)
+from hpcsched.core.scheduler_extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler_gather import Gathers
 from hpcsched.core.scheduler_maintenance import resolve_workers
+from hpcsched.core.scheduler_ops import INTERNAL
 from hpcsched.core.scheduler_registration import add_worker_event, read_introduction, refuse, short
 from hpcsched.core.scheduler_state import SchedulerState
 
 logger = logging.getLogger("hpcsched.scheduler")
 
-INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
 ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
@@ -132,7 +128,6 @@ class Scheduler:
         self._internal: dict[str, Future] = {}
         self._worker_callbacks: list = []
         self.removal_stimulus = ""  # of the worker removal being announced to callbacks
-        self._ids = itertools.count()
         self._closed = False
         self._workers_changed = threading.Condition()
         self.started = time.time()
@@ -420,58 +415,16 @@ class Scheduler:
             return  # news from a worker already removed (retired, timed out)
         self._route(self.state.handle(event))
 
-    def _op_gather(self, source: str, msg: pr.Gather) -> None:
-        self.gathers.start(msg.request_id, source, list(msg.keys))
-
-    def _op_data_reply(self, source: str, msg: pr.DataReply) -> None:
-        self.gathers.data_reply(msg)
-
-    def _op_info(self, source: str, msg: pr.SchedulerInfo) -> None:
-        self._queue(source, pr.SchedulerInfoReply(msg.request_id, self.identity()))
-
-    def _op_retire(self, source: str, msg: pr.RetireWorkersRequest) -> None:
-        workers = resolve_workers(self.state, msg.workers, msg.names, msg.n)
-        self.handle_event(ev.RetireWorkers(msg.request_id, source, workers, msg.close,
-                                           time.time(), self._stimulus("retire-workers")))
-
-    def _op_retire_me(self, source: str, msg: pr.RetireMe) -> None:
-        """A worker's walltime (lifetime) is up: retire it gracefully."""
-        if source not in self.state.workers:
-            return
-        rid = f"lifetime-{next(self._ids)}"  # nobody waits for it: the reply is dropped
-        self.handle_event(ev.RetireWorkers(rid, INTERNAL, [source], True, time.time(),
-                                           self._stimulus("retire-me")))
-
-    def _op_extension(self, source: str, msg: pr.Extension) -> None:
-        self._queue(source, extension_reply(self.extensions, source, msg))
-
-    def _op_control(self, source: str, msg: Any) -> None:
-        self.control.handle(source, msg)
-
-    def _op_primitive(self, source: str, msg: pr.Primitive) -> None:
-        self.primitives.handle(source, msg)
-
     def _op_close_client(self, source: str, msg: pr.CloseClient) -> None:
         self._queue(source, pr.CloseClientReply())
         self._flush()
         self._disconnect(source, "client closed")
 
     #: op -> handler(scheduler, sender, record), for every op a worker or a client may send
-    #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`) and the
-    #: ops this server answers itself
-    OPS: dict[str, Any] = {
-        **dict.fromkeys(ev.SCHEDULER_OPS, _op_state),
-        "scatter": _op_state,
-        "gather": _op_gather,
-        "data-reply": _op_data_reply,
-        "scheduler-info": _op_info,
-        "retire-workers": _op_retire,
-        "retire-me": _op_retire_me,
-        "close-client": _op_close_client,
-        "extension": _op_extension,
-        **dict.fromkeys(ClusterControl.OPS, _op_control),
-        "primitive": _op_primitive,
-    }
+    #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`), closing,
+    #: and the requests this server answers itself (:mod:`.scheduler_ops`)
+    OPS: dict[str, Any] = {**dict.fromkeys(ev.SCHEDULER_OPS, _op_state), "scatter": _op_state,
+                           "close-client": _op_close_client, **scheduler_ops.OPS}
 
     # ================================================================ in-process API
     def identity(self) -> dict:
