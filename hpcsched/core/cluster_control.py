@@ -25,18 +25,14 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core import events as ev
+from hpcsched.core import protocol as pr
 from hpcsched.core.serialize import dumps_object, loads_function, loads_object
 
 logger = logging.getLogger("hpcsched.scheduler")
-
-#: ops a client sends, served by :class:`ClusterControl`
-CLIENT_OPS = ("run", "run-on-scheduler", "who-has", "has-what", "nthreads", "upload-file",
-              "register-plugin", "unregister-plugin", "replicate", "rebalance", "restart")
-#: ops a worker sends back
-WORKER_OPS = ("run-reply",)
 
 MAX_UPLOAD = 256 * 2**20  # bytes: a file is held in the scheduler's memory for later workers
 
@@ -50,6 +46,8 @@ def check_filename(name: Any) -> str:
 
 
 def error_reply(e: BaseException) -> dict:
+    """The fields of a reply carrying exception ``e`` (``status``, ``exception``,
+    ``traceback``), the exception cloudpickled."""
     try:
         blob = dumps_object(e)
     except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as its text
@@ -105,84 +103,85 @@ class ClusterControl:
         scheduler.add_worker_callback(self._on_worker)
 
     # ------------------------------------------------------------ dispatch
-    def handle(self, source: str, msg: dict) -> None:
-        op = msg["op"]
-        if op == "run-reply":
-            self._worker_replied(source, msg)
-            return
-        rid = msg.get("request_id")
-        if not isinstance(rid, str):
-            raise ev.MalformedMessage(f"{op}: request_id must be a string")
+    def handle(self, source: str, msg: Any) -> None:
+        """Serve ``msg``, a decoded record of one of :attr:`OPS`, from peer ``source``."""
+        getattr(self, self.OPS[msg.op])(source, msg)
+
+    def _who_has(self, source: str, msg: pr.WhoHas) -> None:
         state = self.scheduler.state
-        if op == "who-has":
-            keys = msg.get("keys")
-            keys = list(state.tasks) if keys is None else self._list(op, keys, "keys")
-            self._reply(source, rid, result={
-                k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
-                else [] for k in keys})
-        elif op == "has-what":
-            self._reply(source, rid, result={
-                a: [ts.key for ts in state.workers[a].has_what]
-                for a in self._workers(msg)})
-        elif op == "nthreads":
-            self._reply(source, rid, result={a: state.workers[a].nthreads
-                                             for a in self._workers(msg)})
-        elif op == "run-on-scheduler":
-            self._run_here(source, rid, msg)
-        elif op == "run":
-            self._fan_out(source, rid, self._workers(msg), {
-                "op": "run", "function": msg.get("function"), "args": msg.get("args"),
-                "kwargs": msg.get("kwargs"), "wait": bool(msg.get("wait", True))})
-        elif op == "upload-file":
-            name = check_filename(msg.get("filename"))
-            data = msg.get("data")
-            if not isinstance(data, bytes) or len(data) > MAX_UPLOAD:
-                raise ev.MalformedMessage(f"upload-file: data must be bytes of at most "
-                                          f"{MAX_UPLOAD} (got {type(data).__name__})")
-            self.files[name] = data
-            self._fan_out(source, rid, list(state.workers),
-                          {"op": "upload-file", "filename": name, "data": data,
-                           "load": bool(msg.get("load", True))})
-        elif op == "restart":
-            # every task is cancelled (its clients hear so, workers drop its data), then each
-            # worker tears its plugins down and sets them up again
-            event = ev.CancelKeys(source, list(state.tasks), time.time())
-            self.scheduler.handle_event(event, "restart")
-            self._fan_out(source, rid, list(state.workers), {"op": "plugins-reset"})
-        elif op == "replicate":
-            self._replicate(source, rid, msg)
-        elif op == "rebalance":
-            # a state-machine event: it answers once every moved key's sender dropped its copy
-            keys = msg.get("keys")
-            keys = None if keys is None else self._list(op, keys, "keys")
-            workers = None if msg.get("workers") is None else self._workers(msg)
-            self.scheduler.handle_event(ev.RebalanceKeys(rid, source, keys, workers,
-                                                         time.time()), op)
-        elif op == "register-plugin":
-            self._register_plugin(source, rid, msg)
-        elif op == "unregister-plugin":
-            name = self._plugin_name(msg)
-            if name not in self.worker_plugins:
-                self._reply(source, rid, **error_reply(ValueError(
-                    f"Could not find plugin {name!r} among the registered worker plugins")))
-                return
-            del self.worker_plugins[name]
-            self._fan_out(source, rid, list(state.workers), {"op": "plugin-remove", "name": name})
+        keys = list(state.tasks) if msg.keys is None else msg.keys
+        self._reply(source, msg.request_id, result={
+            k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
+            else [] for k in keys})
+
+    def _has_what(self, source: str, msg: pr.HasWhat) -> None:
+        workers = self.scheduler.state.workers
+        self._reply(source, msg.request_id, result={
+            a: [ts.key for ts in workers[a].has_what] for a in self._workers(msg.workers)})
+
+    def _nthreads(self, source: str, msg: pr.NThreads) -> None:
+        workers = self.scheduler.state.workers
+        self._reply(source, msg.request_id, result={
+            a: workers[a].nthreads for a in self._workers(msg.workers)})
+
+    def _run(self, source: str, msg: pr.Run) -> None:
+        self._fan_out(source, msg.request_id, self._workers(msg.workers), lambda sub: pr.RunOnWorker(
+            sub, msg.function, msg.args, msg.kwargs, msg.wait))
+
+    def _upload_file(self, source: str, msg: pr.UploadFile) -> None:
+        name, data = check_filename(msg.filename), msg.data
+        if len(data) > MAX_UPLOAD:
+            raise ev.MalformedMessage(f"upload-file: data must be bytes of at most "
+                                      f"{MAX_UPLOAD} (got {len(data)})")
+        self.files[name] = data
+        self._fan_out(source, msg.request_id, list(self.scheduler.state.workers),
+                      lambda sub: pr.UploadFile(sub, name, data, msg.load))
+
+    def _restart(self, source: str, msg: pr.Restart) -> None:
+        # every task is cancelled (its clients hear so, workers drop its data), then each
+        # worker tears its plugins down and sets them up again
+        state = self.scheduler.state
+        self.scheduler.handle_event(ev.CancelKeys(source, list(state.tasks), time.time(),
+                                                  self.scheduler.stimulus("restart")))
+        self._fan_out(source, msg.request_id, list(state.workers), pr.PluginsReset)
+
+    def _rebalance(self, source: str, msg: pr.Rebalance) -> None:
+        # a state-machine event: it answers once every moved key's sender dropped its copy
+        workers = None if msg.workers is None else self._workers(msg.workers)
+        self.scheduler.handle_event(ev.RebalanceKeys(
+            msg.request_id, source, msg.keys, workers, time.time(),
+            self.scheduler.stimulus("rebalance")))
+
+    def _unregister_plugin(self, source: str, msg: pr.UnregisterPlugin) -> None:
+        name = self._plugin_name(msg.name)
+        if name not in self.worker_plugins:
+            self._reply(source, msg.request_id, **error_reply(ValueError(
+                f"Could not find plugin {name!r} among the registered worker plugins")))
+            return
+        del self.worker_plugins[name]
+        self._fan_out(source, msg.request_id, list(self.scheduler.state.workers),
+                      lambda sub: pr.PluginRemove(name, sub))
+
+    #: op -> method serving it: the requests of clients, and the workers' ``run-reply``
+    OPS = {
+        "run": "_run", "run-on-scheduler": "_run_here", "who-has": "_who_has",
+        "has-what": "_has_what", "nthreads": "_nthreads", "upload-file": "_upload_file",
+        "register-plugin": "_register_plugin", "unregister-plugin": "_unregister_plugin",
+        "replicate": "_replicate", "rebalance": "_rebalance", "restart": "_restart",
+        "run-reply": "_worker_replied",
+    }
 
     # ------------------------------------------------------------ replicas
-    def _replicate(self, source: str, rid: str, msg: dict) -> None:
+    def _replicate(self, source: str, msg: pr.Replicate) -> None:
         """Copy each key in memory onto workers (of ``workers``, least loaded first) until
         ``n`` of them (all: None) hold it; answers at once with ``{key: [workers that will
         hold it]}`` (the client waits for ``who_has`` to show them). Extra copies are kept."""
         state = self.scheduler.state
-        keys = self._list("replicate", msg.get("keys"), "keys")
-        n = msg.get("n")
-        if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
-            raise ev.MalformedMessage("replicate: n must be None or a positive integer")
-        pool = [state.workers[a] for a in self._workers(msg)
+        keys, n = msg.keys, msg.n
+        pool = [state.workers[a] for a in self._workers(msg.workers)
                 if state.workers[a].status == "running"]
         want = len(pool) if n is None else min(n, len(pool))
-        orders: dict[str, dict] = {}
+        orders: dict[str, pr.AcquireReplicas] = {}
         result: dict = {}
         for key in keys:
             ts = state.tasks.get(key) if _hashable(key) else None
@@ -194,40 +193,40 @@ class ClusterControl:
                              key=lambda ws: (ws.nbytes, ws.address))
             targets = lacking[:max(0, want - len(have))]
             for ws in targets:
-                order = orders.setdefault(ws.address, {"who_has": {}, "nbytes": {}})
-                order["who_has"][key] = holders
-                order["nbytes"][key] = ts.nbytes
+                order = orders.get(ws.address)
+                if order is None:
+                    order = orders[ws.address] = pr.AcquireReplicas({}, {})
+                order.who_has[key] = holders
+                order.nbytes[key] = ts.nbytes
             result[key] = sorted(ws.address for ws in [*have, *targets])
         for address, order in orders.items():
-            self.scheduler.send(address, {"op": "acquire-replicas", **order})
-        self._reply(source, rid, status="OK", result=result)
+            self.scheduler.send(address, order)
+        self._reply(source, msg.request_id, status="OK", result=result)
 
     # ------------------------------------------------------------ plugins
     @staticmethod
-    def _plugin_name(msg: dict) -> str:
-        name = msg.get("name")
-        if not isinstance(name, str) or not name or len(name) > 1024:
+    def _plugin_name(name: str) -> str:
+        if not name or len(name) > 1024:
             raise ev.MalformedMessage("register-plugin: name must be a string of 1 to 1024 "
                                       "characters")
         return name
 
-    def _register_plugin(self, source: str, rid: str, msg: dict) -> None:
+    def _register_plugin(self, source: str, msg: pr.RegisterPlugin) -> None:
         """A worker plugin is set up on every worker (and every worker that joins later); a
         scheduler plugin here: ``start(scheduler)`` now, ``add_worker`` / ``remove_worker``
         as workers come and go, ``close()`` with the scheduler."""
-        name, kind, blob = self._plugin_name(msg), msg.get("kind"), msg.get("plugin")
-        if kind not in ("worker", "scheduler") or not isinstance(blob, bytes) \
-                or len(blob) > MAX_UPLOAD:
+        name, kind, blob, rid = self._plugin_name(msg.name), msg.kind, msg.plugin, msg.request_id
+        if kind not in ("worker", "scheduler") or len(blob) > MAX_UPLOAD:
             raise ev.MalformedMessage("register-plugin: kind must be worker or scheduler, "
                                       f"plugin bytes of at most {MAX_UPLOAD}")
-        idempotent = bool(msg.get("idempotent"))
+        idempotent = msg.idempotent
         if kind == "worker":
             if idempotent and name in self.worker_plugins:
                 self._reply(source, rid, status="OK", results={})
                 return
             self.worker_plugins[name] = blob
             self._fan_out(source, rid, list(self.scheduler.state.workers),
-                          {"op": "plugin-add", "name": name, "plugin": blob})
+                          lambda sub: pr.PluginAdd(name, blob, sub))
             return
         if idempotent and name in self.scheduler_plugins:
             self._reply(source, rid, status="OK", result=dumps_object(None))
@@ -256,56 +255,51 @@ class ClusterControl:
         self.scheduler_plugins.clear()
 
     # ------------------------------------------------------------ helpers
-    @staticmethod
-    def _list(op: str, value: Any, what: str) -> list:
-        if not isinstance(value, (list, tuple)):
-            raise ev.MalformedMessage(f"{op}: {what} must be a list")
-        return list(value)
-
-    def _workers(self, msg: dict) -> list[str]:
-        """The workers named by ``msg["workers"]`` (addresses or names; None: all)."""
+    def _workers(self, wanted: list | None) -> list[str]:
+        """The workers named by ``wanted`` (addresses or names; None: all)."""
         workers = self.scheduler.state.workers
-        wanted = msg.get("workers")
         if wanted is None:
             return list(workers)
-        wanted = self._list(msg["op"], wanted, "workers")
         names = {str(w) for w in wanted}
         return [a for a, ws in workers.items() if a in names or str(ws.name) in names]
 
     def _reply(self, to: str, rid: str, **fields: Any) -> None:
-        self.scheduler.send(to, {"op": "control-reply", "request_id": rid, **fields})
+        self.scheduler.send(to, pr.ControlReply(rid, **fields))
 
-    def _run_here(self, source: str, rid: str, msg: dict) -> None:
+    def _run_here(self, source: str, msg: pr.RunOnScheduler) -> None:
+        rid = msg.request_id
         try:
-            fn = loads_function(msg["function"])
-            args = loads_object(msg["args"]) if msg.get("args") else ()
-            kwargs = loads_object(msg["kwargs"]) if msg.get("kwargs") else {}
+            fn = loads_function(msg.function)
+            args = loads_object(msg.args) if msg.args else ()
+            kwargs = loads_object(msg.kwargs) if msg.kwargs else {}
             result = call_with(fn, tuple(args), dict(kwargs), "dask_scheduler", self.scheduler)
             reply = {"status": "OK", "result": dumps_object(result)}
         except Exception as e:  # noqa: BLE001 - the user's function: its error goes back
             reply = error_reply(e)
         self._reply(source, rid, **reply)
 
-    def _fan_out(self, client: str, rid: str, workers: list[str], msg: dict) -> None:
+    def _fan_out(self, client: str, rid: str, workers: list[str],
+                 request: Callable[[str], Any]) -> None:
+        """Send each of ``workers`` ``request(sub-request id)``; answer ``client`` once each
+        has replied or left."""
         fan = {"client": client, "request_id": rid, "waiting": set(workers), "results": {}}
         sub = f"control-{next(self._ids)}"
         self._pending[sub] = fan
         for w in workers:
-            self.scheduler.send(w, {**msg, "request_id": sub})
+            self.scheduler.send(w, request(sub))
         self._maybe_done(sub)
 
-    def _worker_replied(self, worker: str, msg: dict) -> None:
-        sub = msg.get("request_id")
-        fan = self._pending.get(sub) if isinstance(sub, str) else None
-        if fan is None or not isinstance(sub, str) or worker not in fan["waiting"]:
+    def _worker_replied(self, worker: str, msg: pr.RunReply) -> None:
+        sub = msg.request_id
+        fan = self._pending.get(sub) if sub is not None else None
+        if fan is None or sub is None or worker not in fan["waiting"]:
             return
         fan["waiting"].discard(worker)
-        status = msg.get("status")
-        if status == "OK":
-            fan["results"][worker] = {"status": "OK", "result": msg.get("result")}
+        if msg.status == "OK":
+            fan["results"][worker] = {"status": "OK", "result": msg.result}
         else:
-            fan["results"][worker] = {"status": "error", "exception": msg.get("exception"),
-                                      "traceback": str(msg.get("traceback", ""))}
+            fan["results"][worker] = {"status": "error", "exception": msg.exception,
+                                      "traceback": str(msg.traceback or "")}
         self._maybe_done(sub)
 
     def _maybe_done(self, sub: str) -> None:
@@ -333,19 +327,19 @@ class ClusterControl:
     def _on_worker(self, what: str, address: str, info: dict | None) -> None:
         for name, plugin in list(self.scheduler_plugins.items()):
             try:
-                extra = {"stimulus_id": f"remove-worker-{address}"} if what == "remove" else {}
+                extra = {"stimulus_id": self.scheduler.removal_stimulus} \
+                    if what == "remove" else {}
                 call_hook(plugin, f"{what}_worker", scheduler=self.scheduler, worker=address,
                           **extra)
             except Exception:  # noqa: BLE001 - a plugin's error is logged, the scheduler goes on
                 logger.exception("scheduler plugin %s failed in %s_worker", name, what)
         if what == "add":
             for name, blob in self.worker_plugins.items():
-                self.scheduler.send(address, {"op": "plugin-add", "name": name, "plugin": blob,
-                                              "request_id": "replay"}, before_tasks=True)
+                self.scheduler.send(address, pr.PluginAdd(name, blob, "replay"),
+                                    before_tasks=True)
             for name, data in self.files.items():
-                self.scheduler.send(address, {"op": "upload-file", "filename": name,
-                                                "data": data, "load": True,
-                                                "request_id": "replay"}, before_tasks=True)
+                self.scheduler.send(address, pr.UploadFile("replay", name, data, True),
+                                    before_tasks=True)
             return
         for sub in [s for s, f in self._pending.items() if address in f["waiting"]]:
             fan = self._pending[sub]

@@ -34,8 +34,8 @@ from typing import Any
 
 from hpcsched.core import events as ev
 from hpcsched.core.cluster_control import error_reply
+from hpcsched.core.protocol import ControlReply, Primitive
 
-OP = "primitive"
 ACTIONS = {
     "lock": ("acquire", "release", "locked"),
     "semaphore": ("acquire", "release", "value"),
@@ -52,23 +52,23 @@ MAX_NAMES = 10_000  # names of one multi-lock
 MAX_LEASES = 2**31
 
 
-def _name(msg: dict, field: str = "name") -> str:
-    value = msg.get(field)
+def _name(msg: Primitive, field: str = "name") -> str:
+    value = getattr(msg, field)
     if not isinstance(value, str) or not value or len(value) > MAX_NAME:
         raise ev.MalformedMessage(f"primitive: {field} must be a string of 1 to {MAX_NAME} "
                                   f"characters")
     return value
 
 
-def _int(msg: dict, field: str, low: int, high: int = MAX_LEASES) -> int:
-    value = msg.get(field)
+def _int(msg: Primitive, field: str, low: int, high: int = MAX_LEASES) -> int:
+    value = getattr(msg, field)
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ev.MalformedMessage(f"primitive: {field} must be an integer in [{low}, {high}]")
     return value
 
 
-def _timeout(msg: dict) -> float | None:
-    value = msg.get("timeout")
+def _timeout(msg: Primitive) -> float | None:
+    value = msg.timeout
     if value is None:
         return None
     if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) \
@@ -83,9 +83,9 @@ def _key_ok(key: Any) -> bool:
     return isinstance(key, (str, bytes, int, float)) and not isinstance(key, bool)
 
 
-def _value(msg: dict) -> dict:
+def _value(msg: Primitive) -> dict:
     """A stored value: ``{"blob": bytes, "keys": [future keys inside]}``."""
-    blob, keys = msg.get("blob"), msg.get("keys", [])
+    blob, keys = msg.blob, [] if msg.keys is None else msg.keys
     if not isinstance(blob, bytes) or len(blob) > MAX_VALUE:
         raise ev.MalformedMessage(f"primitive: blob must be bytes of at most {MAX_VALUE}")
     if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(map(_key_ok, keys)):
@@ -94,6 +94,8 @@ def _value(msg: dict) -> dict:
 
 
 class Waiter:
+    """A request that waits (for a lease, an event, an item) until ``deadline``."""
+
     __slots__ = ("peer", "rid", "deadline", "data")
 
     def __init__(self, peer: str, rid: str, timeout: float | None, data: Any = None):
@@ -126,49 +128,52 @@ class Primitives:
         return w
 
     # ------------------------------------------------------------ dispatch
-    def handle(self, source: str, msg: dict) -> None:
-        rid = msg.get("request_id")
-        if not isinstance(rid, str) or len(rid) > MAX_NAME:
+    def handle(self, source: str, msg: Primitive) -> None:
+        """Serve the decoded ``primitive`` request ``msg`` of peer ``source``; its kind's
+        fields are checked here, before anything changes."""
+        rid = msg.request_id
+        if len(rid) > MAX_NAME:
             raise ev.MalformedMessage("primitive: request_id must be a string")
-        kind, action = msg.get("kind"), msg.get("action")
+        kind, action = msg.kind, msg.action
         if kind not in ACTIONS or action not in ACTIONS[kind]:
             raise ev.MalformedMessage(f"primitive: unknown kind/action {kind!r}/{action!r}")
         name = _name(msg) if (kind, action) != ("dataset", "list") else ""
         if kind == "multilock" and action == "acquire":
-            names = msg.get("names")
+            names = msg.names
             if not isinstance(names, list) or not 0 < len(names) <= MAX_NAMES or \
                     not all(isinstance(n, str) and 0 < len(n) <= MAX_NAME for n in names):
                 raise ev.MalformedMessage("primitive: names must be a list of lock names")
         getattr(self, f"_{kind}")(source, rid, action, name, msg)
 
     def reply(self, to: str, rid: str, **fields: Any) -> None:
-        self.scheduler.send(to, {"op": "control-reply", "request_id": rid,
-                                 "status": fields.pop("status", "OK"), **fields})
+        """Answer request ``rid`` of peer ``to`` with a ``control-reply`` (``status`` OK unless
+        given)."""
+        fields.setdefault("status", "OK")
+        self.scheduler.send(to, ControlReply(rid, **fields))
 
     def _error(self, to: str, rid: str, e: BaseException) -> None:
-        self.scheduler.send(to, {"op": "control-reply", "request_id": rid, **error_reply(e)})
+        self.scheduler.send(to, ControlReply(rid, **error_reply(e)))
 
     # ------------------------------------------------------------ futures held here
     def _hold(self, stored: dict, kind: str, name: str) -> None:
         """Keep the keys of ``stored`` alive while it is stored (a client of its own)."""
         if stored["keys"]:
             stored["holder"] = f"{kind}:{name}:{next(self._ids)}"
-            self._state_event(ev.ClientDesiresKeys(stored["holder"], list(stored["keys"])))
+            self._state_event(ev.ClientDesiresKeys(stored["holder"], list(stored["keys"]), now=time.time()))
 
     def _drop(self, stored: dict | None) -> None:
         if stored and stored.get("holder"):
-            self._state_event(ev.ClientReleasesKeys(stored["holder"], list(stored["keys"])))
+            self._state_event(ev.ClientReleasesKeys(stored["holder"], list(stored["keys"]), now=time.time()))
 
     def _give(self, peer: str, rid: str, stored: dict, **fields: Any) -> None:
         """Answer with ``stored``; its keys are wanted by ``peer`` from now on (before the
         stored copy may let them go), who then asks for their state itself."""
         self.reply(peer, rid, blob=stored["blob"], keys=stored["keys"], **fields)
         if stored["keys"]:
-            self._state_event(ev.ClientDesiresKeys(peer, list(stored["keys"])))
+            self._state_event(ev.ClientDesiresKeys(peer, list(stored["keys"]), now=time.time()))
 
     def _state_event(self, event: Any) -> None:
-        event.now = time.time()
-        self.scheduler.handle_event(event)
+        self.scheduler.handle_event(event, "primitive")
 
     def _check_keys(self, stored: dict) -> None:
         tasks = self.scheduler.state.tasks
@@ -178,10 +183,10 @@ class Primitives:
                              "(released or cancelled)")
 
     # ------------------------------------------------------------ lock, semaphore
-    def _lock(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _lock(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         self._semaphore(peer, rid, action, name, msg, kind="lock")
 
-    def _semaphore(self, peer: str, rid: str, action: str, name: str, msg: dict,
+    def _semaphore(self, peer: str, rid: str, action: str, name: str, msg: Primitive,
                    kind: str = "semaphore") -> None:
         table = self.semaphores[kind]
         if action in ("locked", "value"):
@@ -229,7 +234,7 @@ class Primitives:
             del table[name]
 
     # ------------------------------------------------------------ event
-    def _event(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _event(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         e = self.events.get(name)
         if action == "is-set":
             self.reply(peer, rid, result=bool(e and e["set"]))
@@ -257,7 +262,7 @@ class Primitives:
                 e["waiters"].append(self._waiter(peer, rid, timeout))
 
     # ------------------------------------------------------------ variable
-    def _variable(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _variable(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         var = self.variables.get(name)
         if action == "set":
             stored = _value(msg)
@@ -292,11 +297,11 @@ class Primitives:
                 var["waiters"].append(self._waiter(peer, rid, timeout))
 
     # ------------------------------------------------------------ queue
-    def _queue(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _queue(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         maxsize = _int(msg, "maxsize", 0)
         timeout = _timeout(msg)
         stored = _value(msg) if action == "put" else None
-        batch = msg.get("batch", False)
+        batch = False if msg.batch is None else msg.batch
         if not (batch is True or batch is False or
                 (isinstance(batch, int) and 0 < batch <= MAX_KEYS)):
             raise ev.MalformedMessage("primitive: batch must be a bool or a positive int")
@@ -349,7 +354,7 @@ class Primitives:
         keys = [k for s in items for k in s["keys"]]
         self.reply(peer, rid, items=[{"blob": s["blob"], "keys": s["keys"]} for s in items])
         if keys:
-            self._state_event(ev.ClientDesiresKeys(peer, keys))
+            self._state_event(ev.ClientDesiresKeys(peer, keys, now=time.time()))
         for s in items:
             self._drop(s)
 
@@ -367,7 +372,7 @@ class Primitives:
                 return
 
     # ------------------------------------------------------------ multi-lock
-    def _multilock(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _multilock(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         """``name`` is the id of one MultiLock's acquisition; it waits in the queue of each
         of its lock names and holds those where it is first."""
         if action == "release":
@@ -380,8 +385,8 @@ class Primitives:
             return
         if name in self.multi_requests:
             raise ev.MalformedMessage(f"primitive: multi-lock id {name!r} already in use")
-        names = sorted(set(msg["names"]))
-        n = msg.get("num_locks")
+        names = sorted(set(msg.names))
+        n = msg.num_locks
         n = len(names) if n is None else _int(msg, "num_locks", 1, len(names))
         timeout = _timeout(msg)
         self.multi_requests[name] = {"names": names, "n": n, "peer": peer, "waiter": None}
@@ -422,7 +427,7 @@ class Primitives:
                 self.reply(w.peer, w.rid, result=True)
 
     # ------------------------------------------------------------ datasets
-    def _dataset(self, peer: str, rid: str, action: str, name: str, msg: dict) -> None:
+    def _dataset(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
         if action == "list":
             self.reply(peer, rid, result=sorted(self.datasets))
         elif action == "get":
@@ -435,7 +440,7 @@ class Primitives:
             self.reply(peer, rid, result=None)
         else:
             stored = _value(msg)
-            if name in self.datasets and not msg.get("override"):
+            if name in self.datasets and not msg.override:
                 self._error(peer, rid, KeyError(f"Dataset {name} already exists"))
                 return
             try:

@@ -15,14 +15,20 @@ Each event built from a message gets a ``stimulus_id`` (``"<op>-<n>"``), which
 the state's transition log records, and the scheduler plugins' ``transition``
 hooks are called with each logged transition after the event is handled.
 
-Every message is checked (:mod:`hpcsched.core.message_checks`) before it is
-handled, and handled on its own: a peer whose message is malformed, or makes a
-handler fail, is sent one error message, logged and dropped; the other
-messages of the batch, everyone else's, are served on.
+Every inbound message takes one path: it is decoded into its protocol record
+by its sender's direction (:data:`~hpcsched.core.protocol.WORKER_TO_SCHEDULER`
+or :data:`~hpcsched.core.protocol.CLIENT_TO_SCHEDULER`), which checks every
+field, then handed to the handler :data:`Scheduler.OPS` names for its op: the
+state machine, or an op this server answers itself. Each message is handled
+on its own: a peer whose message is malformed, or makes a handler fail, is
+sent one error message, logged and dropped; the other messages of the batch,
+everyone else's, are served on. The state machine's commands carry records
+too; each is encoded once, when its batch is sent.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -33,32 +39,40 @@ import uuid
 from concurrent.futures import Future
 from typing import Any
 
-from hpcsched.core import config
+from hpcsched.core import config, scheduler_ops
 from hpcsched.core import events as ev
-from hpcsched.core.cluster_control import CLIENT_OPS as CONTROL_CLIENT_OPS
-from hpcsched.core.cluster_control import WORKER_OPS as CONTROL_WORKER_OPS
+from hpcsched.core import protocol as pr
 from hpcsched.core.cluster_control import ClusterControl
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.loop import CLOSED, Loop, start_reader
-from hpcsched.core.message_checks import check_registration, check_scheduler_message
-from hpcsched.core.primitives import OP as PRIMITIVE_OP
 from hpcsched.core.primitives import Primitives
-from hpcsched.core.scheduler_extensions import (
-    close_extensions,
-    extension_reply,
-    start_extensions,
-)
+from hpcsched.core.scheduler_extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler_gather import Gathers
 from hpcsched.core.scheduler_maintenance import resolve_workers
+from hpcsched.core.scheduler_ops import INTERNAL
 from hpcsched.core.scheduler_registration import add_worker_event, read_introduction, refuse, short
 from hpcsched.core.scheduler_state import SchedulerState
 
 logger = logging.getLogger("hpcsched.scheduler")
 
-INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
+ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
+
+
+def _contextual(table: pr.Direction) -> frozenset[str]:
+    """The ops of ``table`` whose records take the sender, ``now`` and a stimulus id."""
+    return frozenset(op for op, cls in table.items()
+                     if "now" in pr.spec(cls).context_names)
+
+
+_WORKER_CONTEXT = _contextual(pr.WORKER_TO_SCHEDULER)
+_CLIENT_CONTEXT = _contextual(pr.CLIENT_TO_SCHEDULER)
+
+
+def _wire(msgs: list) -> list:
+    return [m if m.__class__ is dict else encode(m) for m in msgs]
 
 
 
@@ -113,7 +127,7 @@ class Scheduler:
         self._stimuli = itertools.count()
         self._internal: dict[str, Future] = {}
         self._worker_callbacks: list = []
-        self._ids = itertools.count()
+        self.removal_stimulus = ""  # of the worker removal being announced to callbacks
         self._closed = False
         self._workers_changed = threading.Condition()
         self.started = time.time()
@@ -130,6 +144,7 @@ class Scheduler:
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
+        """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
         self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
         self.address = self._listener.address
@@ -144,6 +159,7 @@ class Scheduler:
 
     @property
     def dashboard_link(self) -> str | None:
+        """The dashboard's URL, if the diagnostics extension serves one."""
         return self.services.get("dashboard")
 
     def add_listener(self, address: str) -> str:
@@ -174,10 +190,9 @@ class Scheduler:
 
         def shutdown() -> None:
             for addr in list(self.state.workers):
-                self._queue(addr, {"op": "close", "reason": "scheduler closing",
-                                   "exit_code": exit_code})
+                self._queue(addr, pr.Close("scheduler closing", exit_code))
             for cid in list(self.state.clients):
-                self._queue(cid, {"op": "scheduler-closing"})
+                self._queue(cid, pr.SchedulerClosing())
 
         try:
             self.loop.call(shutdown, timeout=timeout)
@@ -198,30 +213,33 @@ class Scheduler:
         if intro is not None:
             self.loop.put((None, intro))
 
-    def _register(self, kind: str, peer: str, comm: Comm, msg: dict) -> None:
+    def _register(self, kind: str, peer: str, comm: Comm, msg: Any) -> None:
+        """Accept a peer whose introduction ``msg`` (a decoded ``RegisterClient`` or
+        ``RegisterWorker``) passed its checks."""
         now = time.time()
         if kind == "client":
             self._comms[peer] = comm
-            self.handle_event(ev.AddClient(peer, now), "register-client")
-            self._queue(peer, {"op": "registered", "address": self.address, "id": self.id})
+            self.handle_event(ev.AddClient(peer, now, self._stimulus("register-client")))
+            self._queue(peer, pr.Registered(self.address, self.id))
             start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
             return
-        name = msg.get("name") or peer
+        name = msg.name or peer
         if peer in self.state.workers or any(ws.name == name for ws in
                                              self.state.workers.values()):
             refuse(comm, peer, f"a worker named {name!r} is already registered")
             return
         try:
-            event = add_worker_event(peer, msg, name, now)
+            event = add_worker_event(peer, msg, name, now,
+                                     self._stimulus("register-worker"))
         except (TypeError, ValueError) as e:
             logger.warning("dropping worker %s: malformed registration: %s", peer, e)
             comm.close()
             return
         self._comms[peer] = comm
         self._worker_peers.add(peer)
-        self._queue(peer, {"op": "registered", "address": self.address, "id": self.id,
-                           "heartbeat_interval": config.get("worker.heartbeat-interval")})
-        self.handle_event(event, "register-worker")
+        self._queue(peer, pr.Registered(self.address, self.id,
+                                        config.get("worker.heartbeat-interval")))
+        self.handle_event(event)
         start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, self.state.workers[peer].info())
@@ -239,12 +257,16 @@ class Scheduler:
             if peer in self.state.workers:  # not already removed by the state (retired, ttl)
                 logger.info("worker %s left: %s", peer, reason)
                 info = self.state.workers[peer].info()
-                self.handle_event(ev.RemoveWorker(peer, reason, now), "remove-worker")
+                self.handle_event(ev.RemoveWorker(peer, reason, now,
+                                                  self._stimulus("remove-worker")))
             self.gathers.worker_left(peer)
+            # the remove_worker hooks name the event that removed it (this one, or the
+            # state's own: a retirement, a missed heartbeat)
+            self.removal_stimulus = self.state.removed_by.pop(peer, "")
             self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
-            self.handle_event(ev.RemoveClient(peer, now), "remove-client")
+            self.handle_event(ev.RemoveClient(peer, now, self._stimulus("remove-client")))
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -259,7 +281,7 @@ class Scheduler:
 
     # ================================================================ the loop
     def _process(self, items: list) -> None:
-        """Handle a batch. Each peer's message is checked (:mod:`message_checks`) and
+        """Handle a batch. Each peer's message is decoded (every field checked) and
         handled on its own: whatever one message provokes, the peer that sent it gets one
         error message and is disconnected, and everyone else's messages are handled."""
         now = time.time()
@@ -267,13 +289,14 @@ class Scheduler:
             try:
                 if source is None:
                     kind, peer, comm, msg = payload
-                    if kind == "worker":
-                        try:
-                            check_registration(msg)
-                        except ev.MalformedMessage as e:
-                            refuse(comm, peer, f"malformed registration: {e}")
-                            continue
-                    self._register(kind, peer, comm, msg)
+                    table = pr.WORKER_TO_SCHEDULER if kind == "worker" \
+                        else pr.CLIENT_TO_SCHEDULER
+                    try:
+                        record = pr.decode(table, msg)
+                    except pr.MalformedMessage as e:
+                        refuse(comm, peer, f"malformed registration: {e}")
+                        continue
+                    self._register(kind, peer, comm, record)
                 elif payload is CLOSED:
                     self._disconnect(source, "connection closed")
                 elif source in self._comms:  # else a late message from a peer we dropped
@@ -282,20 +305,23 @@ class Scheduler:
                 logger.exception("error while handling a message from %s", source)
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
-        state = self.state
-        sender = "worker" if source in self._worker_peers else "client"
-        extra = {sender: source, "now": now}
+        if source in self._worker_peers:
+            table, contextual, sender = pr.WORKER_TO_SCHEDULER, _WORKER_CONTEXT, "worker"
+        else:
+            table, contextual, sender = pr.CLIENT_TO_SCHEDULER, _CLIENT_CONTEXT, "client"
+        ops = self.OPS
         for msg in payload if isinstance(payload, list) else [payload]:
             try:
-                op = check_scheduler_message(msg, sender)
-                handler = self._server_ops.get(op)
-                if handler is not None:
-                    handler(self, source, msg)
-                elif sender == "worker" and source not in state.workers:
-                    continue  # news from a worker already removed (retired, timed out)
-                else:
-                    self._route(state.handle(ev.from_message(
-                        ev.SCHEDULER_OPS, msg, **extra, stimulus_id=self._stimulus(op))))
+                op = msg.get("op") if msg.__class__ is dict else None
+                if op.__class__ is str and op in contextual:
+                    record = pr.decode(table, msg, **{sender: source}, now=now,
+                                       stimulus_id=self._stimulus(op))
+                else:  # a server op without context, or a malformed message
+                    record = pr.decode(table, msg)
+                handler = ops.get(record.op)
+                if handler is None:
+                    raise pr.MalformedMessage(f"op {record.op!r} is a peer's first message only")
+                handler(self, source, record)
             except Exception as e:
                 self._reject(source, msg, e)
                 return  # the peer is gone: the rest of its batch goes with it
@@ -303,7 +329,7 @@ class Scheduler:
     def _reject(self, peer: str, msg: Any, error: Exception) -> None:
         """Tell ``peer`` why its message was refused, then disconnect it."""
         op = msg.get("op") if isinstance(msg, dict) else None
-        if isinstance(error, ev.MalformedMessage):
+        if isinstance(error, pr.MalformedMessage):
             reason = f"malformed message: {error}"
             logger.warning("dropping %s: %s", peer, reason)
         else:
@@ -311,17 +337,16 @@ class Scheduler:
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
         comm = self._comms.get(peer)
         if comm is not None:
-            notice = ({"op": "close", "reason": reason, "exit_code": 1}
-                      if peer in self._worker_peers else {"op": "error", "message": reason})
+            notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
             try:
-                comm.send(self._outbox.pop(peer, []) + [notice])
+                comm.send(_wire(self._outbox.pop(peer, []) + [notice]))
             except (CommClosedError, OSError):
                 pass
         self._disconnect(peer, reason)
 
     def _tick(self, now: float) -> None:
         self._release_held = True  # this iteration's flush sends what waited
-        self.handle_event(ev.Tick(now), "tick")
+        self.handle_event(ev.Tick(now, self._stimulus("tick")))
         self.primitives.tick(now)
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
@@ -339,9 +364,12 @@ class Scheduler:
         for cmd in commands:
             self._queue(cmd.to, cmd.msg)
 
-    def _queue(self, to: str, msg: dict) -> None:
+    def _queue(self, to: str, msg: Any) -> None:
+        """Queue ``msg`` (a protocol record, or a wire dict) for peer ``to``."""
         if to == INTERNAL:
-            fut = self._internal.pop(str(msg.get("request_id")), None)
+            rid = msg.get("request_id") if isinstance(msg, dict) else \
+                getattr(msg, "request_id", None)
+            fut = self._internal.pop(str(rid), None)
             if fut is not None and not fut.done():
                 fut.set_result(msg)
             return
@@ -368,76 +396,35 @@ class Scheduler:
             waiting = held.pop(to, None)
             if waiting is not None:
                 msgs = waiting + msgs
-            if not release and all(m.get("op") == "free-keys" for m in msgs):
+            if not release and all(m.__class__ is FreeKeys for m in msgs):
                 held[to] = msgs
                 continue
             comm = self._comms.get(to)
             if comm is None:
                 continue
             try:
-                comm.send(msgs)
+                comm.send(_wire(msgs))
             except (CommClosedError, OSError) as e:
                 self.loop.put((to, CLOSED))
                 logger.info("send to %s failed: %s", to, e)
 
-    # ================================================================ server ops
-    def _op_gather(self, source: str, msg: dict) -> None:
-        self.gathers.start(msg["request_id"], source, list(msg["keys"]))
+    # ================================================================ inbound ops
+    def _op_state(self, source: str, event: Any) -> None:
+        """An op the state machine handles: the decoded record is its event."""
+        if source in self._worker_peers and source not in self.state.workers:
+            return  # news from a worker already removed (retired, timed out)
+        self._route(self.state.handle(event))
 
-    def _op_data_reply(self, source: str, msg: dict) -> None:
-        self.gathers.data_reply(msg)
-
-    def _op_scatter(self, source: str, msg: dict) -> None:
-        event = ev.ScatterData(client=source, scatter_id=msg["scatter_id"], data=msg["data"],
-                               nbytes=msg.get("nbytes") or {}, workers=msg.get("workers"),
-                               broadcast=bool(msg.get("broadcast")), now=time.time())
-        self.handle_event(event, "scatter")
-
-    def _op_info(self, source: str, msg: dict) -> None:
-        self._queue(source, {"op": "scheduler-info-reply", "request_id": msg.get("request_id"),
-                             "info": self.identity()})
-
-    def _op_retire(self, source: str, msg: dict) -> None:
-        workers = resolve_workers(self.state, msg.get("workers"), msg.get("names"), msg.get("n"))
-        event = ev.RetireWorkers(request_id=msg["request_id"], requester=source,
-                                 workers=workers, close=bool(msg.get("close", True)),
-                                 now=time.time())
-        self.handle_event(event, "retire-workers")
-
-    def _op_retire_me(self, source: str, msg: dict) -> None:
-        """A worker's walltime (lifetime) is up: retire it gracefully."""
-        if source not in self.state.workers:
-            return
-        rid = f"lifetime-{next(self._ids)}"  # nobody waits for it: the reply is dropped
-        self.handle_event(ev.RetireWorkers(rid, INTERNAL, [source], True, time.time()),
-                          "retire-me")
-
-    def _op_extension(self, source: str, msg: dict) -> None:
-        self._queue(source, extension_reply(self.extensions, source, msg))
-
-    def _op_control(self, source: str, msg: dict) -> None:
-        self.control.handle(source, msg)
-
-    def _op_primitive(self, source: str, msg: dict) -> None:
-        self.primitives.handle(source, msg)
-
-    def _op_close_client(self, source: str, msg: dict) -> None:
-        self._queue(source, {"op": "close-client-reply"})
+    def _op_close_client(self, source: str, msg: pr.CloseClient) -> None:
+        self._queue(source, pr.CloseClientReply())
         self._flush()
         self._disconnect(source, "client closed")
 
-    _server_ops = {
-        "gather": _op_gather,
-        "data-reply": _op_data_reply,
-        "scatter": _op_scatter,
-        "scheduler-info": _op_info,
-        "retire-workers": _op_retire,
-        "retire-me": _op_retire_me,
-        "close-client": _op_close_client,
-        "extension": _op_extension,
-        **dict.fromkeys((*CONTROL_CLIENT_OPS, *CONTROL_WORKER_OPS), _op_control),
-        PRIMITIVE_OP: _op_primitive,
-    }
+    #: op -> handler(scheduler, sender, record), for every op a worker or a client may send
+    #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`), closing,
+    #: and the requests this server answers itself (:mod:`.scheduler_ops`)
+    OPS: dict[str, Any] = {**dict.fromkeys(ev.SCHEDULER_OPS, _op_state), "scatter": _op_state,
+                           "close-client": _op_close_client, **scheduler_ops.OPS}
 
     # ================================================================ in-process API
     def identity(self) -> dict:
@@ -453,27 +440,35 @@ class Scheduler:
 
     def handle_event(self, event: Any, op: str = "") -> None:
         """Feed ``event`` to the state and carry out its commands (on the loop thread);
-        an event without a stimulus id is given one named after ``op``."""
+        an event without a stimulus id is given one named after ``op`` (events are frozen:
+        a copy carries it)."""
         if not event.stimulus_id:
-            event.stimulus_id = self._stimulus(op or type(event).__name__)
+            event = dataclasses.replace(
+                event, stimulus_id=self._stimulus(op or type(event).__name__))
         self._route(self.state.handle(event))
 
-    def send(self, to: str, msg: dict, before_tasks: bool = False) -> None:
+    def stimulus(self, op: str) -> str:
+        """A new stimulus id, ``"<op>-<n>"``, for an event this server builds."""
+        return self._stimulus(op)
+
+    def send(self, to: str, msg: Any, before_tasks: bool = False) -> None:
         """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so);
         ``before_tasks``: ahead of the tasks already queued for it (what a worker that just
         joined must have first: uploaded files, plugins)."""
         box = self._outbox.get(to)
         if before_tasks and box:
-            at = next((i for i, m in enumerate(box) if m.get("op") == "compute-task"),
+            at = next((i for i, m in enumerate(box) if m.__class__ is ComputeTask),
                       len(box))
             box.insert(at, msg)
             return
         self._queue(to, msg)
 
     def workers_info(self) -> dict[str, dict]:
+        """Each worker's description, by address (from any thread)."""
         return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
 
     def scheduler_info(self) -> dict:
+        """The cluster's summary, :meth:`identity` (from any thread)."""
         return self.loop.call(self.identity)
 
     def call(self, fn: Any, timeout: float | None = 30.0) -> Any:
@@ -490,14 +485,15 @@ class Scheduler:
         def start() -> None:
             self._internal[rid] = fut
             addrs = resolve_workers(self.state, workers, names, n)
-            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, time.time()),
-                              "retire-workers")
+            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, time.time(),
+                                               self._stimulus("retire-workers")))
 
         self.loop.call(start)
-        reply = fut.result(timeout)
-        return list(reply.get("retired", []))
+        reply: pr.RetireWorkersReply = fut.result(timeout)
+        return list(reply.retired)
 
     def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers are registered (TimeoutError after ``timeout`` seconds)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._workers_changed:
             while len(self.state.workers) < n:
@@ -508,9 +504,12 @@ class Scheduler:
                 self._workers_changed.wait(min(left, 1.0) if left is not None else 1.0)
 
     def add_worker_callback(self, fn: Any) -> None:
+        """Call ``fn("add" | "remove", address, info)`` as workers join and leave (on the loop
+        thread: it must not block)."""
         self._worker_callbacks.append(fn)
 
     def remove_worker_callback(self, fn: Any) -> None:
+        """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
 

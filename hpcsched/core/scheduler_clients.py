@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.core import events as ev
 from hpcsched.core.graph import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.message_checks import annotation_problem
+from hpcsched.core.protocol import CancelledKeys, KeyInMemory
 from hpcsched.core.scheduler_model import FIRE_AND_FORGET, TaskGroup, TaskState
 
 if TYPE_CHECKING:
@@ -32,15 +33,18 @@ class ClientRequests:
         self.s = state
 
     def add_client(self, e: ev.AddClient) -> None:
+        """A client registered."""
         self.s.clients.add(e.client)
 
     def remove_client(self, e: ev.RemoveClient) -> None:
+        """A client left: it wants none of its keys any more."""
         s = self.s
         s.clients.discard(e.client)
         keys = [ts.key for ts in s.tasks.values() if e.client in ts.who_wants]
         self.client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
 
     def update_graph(self, e: ev.UpdateGraph) -> None:
+        """A client submitted tasks: check them, add them, make the runnable ones ready."""
         s = self.s
         check_update_graph(e, s.tasks)  # all of it, before anything changes
         s.generation += 1
@@ -134,6 +138,8 @@ class ClientRequests:
                        if ts.state == "released" and not s.wanted(ts)])
 
     def update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
+        """:meth:`update_graph` with the cyclic garbage collector paused (it finds nothing in a new
+        graph, and costs much on a large one)."""
         with gc_paused(len(e.tasks)):
             self.update_graph(e)
 
@@ -149,7 +155,7 @@ class ClientRequests:
     def _report_or_wake(self, ts: TaskState, client: str) -> list:
         s = self.s
         if ts.state == "memory":
-            s.send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+            s.send(client, KeyInMemory(ts.key, ts.typename))
         elif ts.state == "erred":
             s.report_erred(ts, [client])
         elif ts.state == "released":
@@ -157,12 +163,13 @@ class ClientRequests:
         return []
 
     def client_desires(self, e: ev.ClientDesiresKeys) -> None:
+        """A client wants ``keys``: tell it of those already done, run the released ones again."""
         s = self.s
         recs: list[Rec] = []
         for key in e.keys:
             ts = s.tasks.get(key)
             if ts is None:
-                s.send(e.client, {"op": "cancelled-keys", "keys": [key]})
+                s.send(e.client, CancelledKeys([key]))
                 continue
             if e.fire_and_forget:
                 if ts.state not in ("memory", "erred"):
@@ -194,6 +201,7 @@ class ClientRequests:
         s.transitions([(ts, "waiting") for ts in again if s.wanted(ts)])
 
     def client_releases(self, e: ev.ClientReleasesKeys) -> None:
+        """A client dropped its futures to ``keys``: release those nobody wants."""
         s = self.s
         recs: list[Rec] = []
         for key in e.keys:
@@ -206,6 +214,7 @@ class ClientRequests:
         s.transitions(recs)
 
     def cancel(self, e: ev.CancelKeys) -> None:
+        """Cancel ``keys`` and their dependents, for every client."""
         s = self.s
         recs: list[Rec] = []
         cancelled = []
@@ -217,14 +226,14 @@ class ClientRequests:
             clients = set(ts.who_wants)
             ts.who_wants.clear()
             for c in clients | {e.client}:
-                s.send(c, {"op": "cancelled-keys", "keys": [key]})
+                s.send(c, CancelledKeys([key]))
             # dependents cannot run any more: cancel them too
             stack = list(ts.dependents)
             while stack:
                 dts = stack.pop()
                 if dts.who_wants:
                     for c in dts.who_wants:
-                        s.send(c, {"op": "cancelled-keys", "keys": [dts.key]})
+                        s.send(c, CancelledKeys([dts.key]))
                     dts.who_wants.clear()
                     stack.extend(dts.dependents)
                 if dts.state not in ("memory", "released"):

@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.core.protocol import Extension, ExtensionReply, encode
 
 logger = logging.getLogger("hpcsched.scheduler")
 
@@ -34,6 +35,7 @@ def start_extensions(scheduler: Any) -> dict[str, Any]:
 
 
 def close_extensions(extensions: dict[str, Any]) -> None:
+    """Close each extension; one that fails to close is logged, the others still close."""
     for ext in list(extensions.values()):
         try:
             ext.close()
@@ -41,13 +43,18 @@ def close_extensions(extensions: dict[str, Any]) -> None:
             logger.exception("closing scheduler extension %r failed", ext)
 
 
-def extension_reply(extensions: dict[str, Any], source: str, msg: dict) -> dict:
-    """The ``extension-reply`` to ``msg`` (``msg["extension"]`` names the extension)."""
-    ext = extensions.get(msg.get("extension"))  # type: ignore[arg-type]
+def extension_reply(extensions: dict[str, Any], source: str, msg: Extension) -> ExtensionReply:
+    """The ``extension-reply`` to ``msg`` (``msg.extension`` names the extension).
+
+    An extension defines its own fields (an open record): it is handed them as the request's
+    wire dict, ``{"op": "extension", "extension": ..., **fields}``, and answers a dict."""
+    ext = extensions.get(msg.extension)
     try:
-        reply = ext.handle(source, msg) if ext is not None else \
-            {"error": f"no scheduler extension {msg.get('extension')!r}"}
+        reply = ext.handle(source, encode(msg)) if ext is not None else \
+            {"error": f"no scheduler extension {msg.extension!r}"}
     except Exception as e:
-        logger.warning("extension request %r from %s failed: %s", msg.get("what"), source, e)
+        logger.warning("extension request %r from %s failed: %s", msg.extra.get("what"),
+                       source, e)
         reply = {"error": f"{type(e).__name__}: {e}"}
-    return {**reply, "op": "extension-reply", "request_id": msg.get("request_id")}
+    return ExtensionReply(msg.request_id, {k: v for k, v in reply.items()
+                                           if k not in ("op", "request_id")})

@@ -19,10 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.core import events as ev
+from hpcsched.core.protocol import DataReply, GatherReply, GetData
 
 
 @dataclass(slots=True)
 class Gather:
+    """One ``gather`` in flight: what came back, what is missing, what is awaited."""
+
     requester: str
     blobs: list = field(default_factory=list)
     missing: list = field(default_factory=list)
@@ -39,6 +42,7 @@ class Gathers:
         self._ids = itertools.count()
 
     def start(self, request_id: str, requester: str, keys: list) -> None:
+        """Ask the holders of ``keys`` for their values; ``requester`` hears one reply."""
         per_worker: dict[str, list] = {}
         g = self.pending[request_id] = Gather(requester)
         for key in keys:
@@ -53,39 +57,40 @@ class Gathers:
             sub = f"{request_id}/{next(self._ids)}"
             g.subs.add(sub)
             self.subs[sub] = (request_id, worker, wkeys)
-            self.scheduler.send(worker, {"op": "get-data", "keys": wkeys, "request_id": sub,
-                                         "serialized": True})
+            self.scheduler.send(worker, GetData(wkeys, sub, serialized=True))
         self._maybe_finish(request_id)
 
-    def data_reply(self, msg: dict) -> None:
-        entry = self.subs.pop(msg.get("request_id"), None)  # type: ignore[arg-type]
+    def data_reply(self, msg: DataReply) -> None:
+        """A worker's answer to one of our ``get-data`` requests."""
+        entry = self.subs.pop(msg.request_id, None)
         if entry is None:
             return
         request_id, worker, _ = entry
         g = self.pending.get(request_id)
         if g is None:
             return
-        g.subs.discard(msg["request_id"])
-        if msg.get("blob") is not None:
-            g.blobs.append(msg["blob"])  # relayed as is: never unpickled here
-        for key, error in (msg.get("errors") or {}).items():
+        g.subs.discard(msg.request_id)
+        if msg.blob is not None:
+            g.blobs.append(msg.blob)  # relayed as is: never unpickled here
+        for key, error in (msg.errors or {}).items():
             # the value could not be serialized: err the task now, so that the requester
             # hears task-erred before this gather's reply (which lists the key as missing)
             g.missing.append(key)
             try:
                 exception, traceback, text = error
                 event = ev.ResultErred(worker, key, exception, str(traceback), str(text),
-                                       time.time())
+                                       time.time(), self.scheduler.stimulus("result-erred"))
             except (TypeError, ValueError) as e:
                 raise ev.MalformedMessage(f"data-reply: bad error for {key!r}: {e}") from None
-            self.scheduler.handle_event(event, "result-erred")
-        for key in msg.get("missing") or ():
+            self.scheduler.handle_event(event)
+        for key in msg.missing or ():
             g.missing.append(key)
-            self.scheduler.handle_event(ev.MissingData("", key, worker, time.time()),
-                                        "missing-data")
+            self.scheduler.handle_event(ev.MissingData("", key, worker, time.time(),
+                                                       self.scheduler.stimulus("missing-data")))
         self._maybe_finish(request_id)
 
     def worker_left(self, worker: str) -> None:
+        """The keys asked of ``worker`` are missing: it left before it answered."""
         for sub, (request_id, w, keys) in list(self.subs.items()):
             if w == worker:
                 del self.subs[sub]
@@ -100,5 +105,4 @@ class Gathers:
         if g is None or g.subs:
             return
         del self.pending[request_id]
-        self.scheduler.send(g.requester, {"op": "gather-reply", "request_id": request_id,
-                                          "blobs": g.blobs, "missing": g.missing})
+        self.scheduler.send(g.requester, GatherReply(request_id, g.blobs, g.missing))

@@ -25,6 +25,16 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.core import events as ev
 from hpcsched.core import policies
 from hpcsched.core.graph import key_split
+from hpcsched.core.protocol import (
+    AcquireReplicas,
+    Close,
+    ControlReply,
+    FreeKeys,
+    RetireWorkersReply,
+    ScatterReply,
+    StealRequest,
+    UpdateData,
+)
 from hpcsched.core.scheduler_model import (
     Rebalance,
     Retirement,
@@ -49,6 +59,7 @@ class Maintenance:
         self.rebalances: dict[str, Rebalance] = {}  # by request id
 
     def scatter(self, e: ev.ScatterData) -> None:
+        """Place a client's scattered data on workers (``update-data``)."""
         s = self.s
         running = [ws for ws in s.workers.values() if ws.status == "running"]
         if e.workers:
@@ -56,8 +67,7 @@ class Maintenance:
             running = [ws for ws in running
                        if ws.address in allowed or ws.name in allowed or ws.host in allowed]
         if not running:
-            s.send(e.client, {"op": "scatter-reply", "scatter_id": e.scatter_id,
-                              "error": "no running worker to scatter to"})
+            s.send(e.client, ScatterReply(e.scatter_id, "no running worker to scatter to"))
             return
         per_worker: dict[WorkerInfo, dict] = {}
         if e.broadcast:
@@ -81,9 +91,10 @@ class Maintenance:
         pending = {(ws.address, key) for ws, d in per_worker.items() for key in d}
         s.scatters[e.scatter_id] = Scatter(e.client, pending)
         for ws, d in per_worker.items():
-            s.send(ws.address, {"op": "update-data", "data": d, "scatter_id": e.scatter_id})
+            s.send(ws.address, UpdateData(d, e.scatter_id))
 
     def add_keys(self, e: ev.AddKeys) -> None:
+        """A worker holds new replicas (scattered, replicated, rebalanced data)."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is None:
@@ -93,7 +104,7 @@ class Maintenance:
             ts = s.tasks.get(key)
             if ts is None or (ts.state not in ("memory", "released") and ts.run_spec is not None):
                 if ts is None or ts.state in ("erred",):
-                    s.send(ws.address, {"op": "free-keys", "keys": [key]})
+                    s.send(ws.address, FreeKeys([key]))
                     continue
             s.add_replica(ts, ws, nbytes)
             if ts.state != "memory":
@@ -103,8 +114,7 @@ class Maintenance:
             scatter.pending.difference_update((ws.address, k) for k in e.keys)
             if not scatter.pending:
                 del s.scatters[e.scatter_id]
-                s.send(scatter.client, {"op": "scatter-reply", "scatter_id": e.scatter_id,
-                                        "error": None})
+                s.send(scatter.client, ScatterReply(e.scatter_id))
         s.transitions(recs)
         if self.rebalances:
             self._rebalance_arrived(ws, e.keys)
@@ -115,6 +125,7 @@ class Maintenance:
                 self.progress_retirement(s.workers[address], e.now)
 
     def release_worker_data(self, e: ev.ReleaseWorkerData) -> None:
+        """A worker dropped its copy of ``keys``."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is None:
@@ -130,6 +141,7 @@ class Maintenance:
 
     # ================================================================ stealing
     def steal_response(self, e: ev.StealResponse) -> None:
+        """A victim answered a steal request: move the task if it gave it up."""
         s = self.s
         ts = s.tasks.get(e.key)
         victim = s.workers.get(e.worker)
@@ -148,12 +160,14 @@ class Maintenance:
                 s.transitions([(ts, "waiting-ready")])
 
     def tick(self, e: ev.Tick) -> None:
+        """Drop workers past their heartbeat TTL, advance retirements, steal work."""
         s = self.s
         if s.worker_ttl:
             for ws in list(s.workers.values()):
                 if e.now - ws.last_seen > s.worker_ttl:
                     s.worker_events.remove_worker(ev.RemoveWorker(
-                        ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", e.now))
+                        ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", e.now,
+                        e.stimulus_id))
         for address in list(s.retiring):
             retiring = s.workers.get(address)
             if retiring is not None:
@@ -165,7 +179,7 @@ class Maintenance:
             for ts, victim, thief in policies.plan_steals(s.workers.values(), s.bandwidth):
                 ts.stealing = True
                 s.steal_targets[ts.key] = thief
-                s.send(victim.address, {"op": "steal-request", "key": ts.key})
+                s.send(victim.address, StealRequest(ts.key))
 
     # ================================================================ paused workers
     def worker_status_change(self, e: ev.WorkerStatusChange) -> None:
@@ -184,6 +198,7 @@ class Maintenance:
 
     # ================================================================ retirement
     def retire_workers(self, e: ev.RetireWorkers) -> None:
+        """Start retiring ``workers``: their unique data moves first, then they close."""
         s = self.s
         if s.recorder is not None and e.workers:
             s.recorder.event("retire-workers", list(e.workers), e.now)
@@ -218,6 +233,7 @@ class Maintenance:
         return [a for a, r in self.s.retiring.items() if r.request_id == request_id]
 
     def progress_retirement(self, ws: WorkerInfo, now: float) -> None:
+        """Move ``ws``'s remaining unique data, or close it once it holds none."""
         s = self.s
         r = s.retiring.get(ws.address)
         if r is None:
@@ -231,9 +247,8 @@ class Maintenance:
             s.running_cache = None
             del s.retiring[ws.address]
             s.open_slots(ws)
-            s.send(r.requester, {"op": "retire-workers-reply", "request_id": r.request_id,
-                                 "retired": [], "kept": [ws.address],
-                                 "reason": "unique data and no other worker to take it"})
+            s.send(r.requester, RetireWorkersReply(
+                r.request_id, [], [ws.address], "unique data and no other worker to take it"))
             return
         if unique and not timed_out:
             for ts in unique:
@@ -241,17 +256,17 @@ class Maintenance:
                     continue
                 target = max(survivors, key=lambda w: (w.memory_limit or 2**62) - w.nbytes)
                 r.sent.add(ts.key)
-                s.send(target.address, {"op": "acquire-replicas",
-                                        "who_has": {ts.key: [ws.address]},
-                                        "nbytes": {ts.key: ts.nbytes}})
+                s.send(target.address, AcquireReplicas({ts.key: [ws.address]},
+                                                         {ts.key: ts.nbytes}))
             return
         if ws.processing and not timed_out:
             return
         # done: close it
         del s.retiring[ws.address]
         if r.close:
-            s.send(ws.address, {"op": "close", "reason": "retired"})
-        s.worker_events.remove_worker(ev.RemoveWorker(ws.address, "retired", now))
+            s.send(ws.address, Close("retired"))
+        s.worker_events.remove_worker(ev.RemoveWorker(ws.address, "retired", now,
+                                                      s.stimulus_id))
         if not self._pending_retirements(r.request_id):
             self._finish_request(r.request_id, r.requester, r.workers)
 
@@ -259,8 +274,7 @@ class Maintenance:
         s = self.s
         retired = [a for a in workers if a not in s.workers]
         kept = [a for a in workers if a in s.workers]
-        s.send(requester, {"op": "retire-workers-reply", "request_id": request_id,
-                           "retired": retired, "kept": kept, "reason": ""})
+        s.send(requester, RetireWorkersReply(request_id, retired, kept))
 
     # ================================================================ rebalance
     def rebalance(self, e: ev.RebalanceKeys) -> None:
@@ -302,12 +316,13 @@ class Maintenance:
             self._finish_rebalance(r)
             return
         self.rebalances[r.request_id] = r
-        orders: dict[str, dict] = {}
+        orders: dict[str, AcquireReplicas] = {}
         for (key, to), sender in r.moves.items():
-            order = orders.setdefault(to, {"op": "acquire-replicas", "who_has": {},
-                                           "nbytes": {}})
-            order["who_has"][key] = [sender]
-            order["nbytes"][key] = s.tasks[key].nbytes
+            order = orders.get(to)
+            if order is None:
+                order = orders[to] = AcquireReplicas({}, {})
+            order.who_has[key] = [sender]
+            order.nbytes[key] = s.tasks[key].nbytes
         for address, order in orders.items():
             s.send(address, order)
 
@@ -323,7 +338,7 @@ class Maintenance:
                         or holder not in ts.who_has or _needed_on(ts, holder):
                     continue
                 s.remove_replica(ts, holder)
-                s.send(holder.address, {"op": "free-keys", "keys": [key]})
+                s.send(holder.address, FreeKeys([key]))
             if not r.moves:
                 self._finish_rebalance(r)
 
@@ -338,8 +353,7 @@ class Maintenance:
 
     def _finish_rebalance(self, r: Rebalance) -> None:
         self.rebalances.pop(r.request_id, None)
-        self.s.send(r.requester, {"op": "control-reply", "request_id": r.request_id,
-                                  "status": "OK", "result": None})
+        self.s.send(r.requester, ControlReply(r.request_id, "OK"))
 
 
 def _needed_on(ts: TaskState, ws: WorkerInfo) -> bool:

@@ -80,6 +80,8 @@ class Rebalance:
 
 
 class TaskGroup:
+    """The tasks sharing a key prefix (``inc-1``, ``inc-2``, ...): their durations and placement."""
+
     __slots__ = ("name", "n_tasks", "dep_keys", "duration_total", "n_durations",
                  "last_worker", "last_worker_tasks_left", "nbytes_total")
 
@@ -95,6 +97,7 @@ class TaskGroup:
 
     @property
     def average_duration(self) -> float | None:
+        """Mean seconds of the group's finished tasks (None before the first)."""
         return self.duration_total / self.n_durations if self.n_durations else None
 
     def __repr__(self) -> str:
@@ -102,6 +105,8 @@ class TaskGroup:
 
 
 class TaskState:
+    """The scheduler's view of one task."""
+
     __slots__ = (
         "key", "group", "state", "priority", "run_spec", "dependencies", "dependents",
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
@@ -147,6 +152,8 @@ class TaskState:
 
 
 class WorkerInfo:
+    """The scheduler's view of one worker."""
+
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running")
@@ -177,6 +184,7 @@ class WorkerInfo:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
 
     def info(self) -> dict:
+        """A plain description of the worker (``scheduler_info()['workers']``)."""
         return {
             "address": self.address, "name": self.name, "host": self.host,
             "nthreads": self.nthreads, "memory_limit": self.memory_limit,

@@ -15,12 +15,16 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core import events as ev
 from hpcsched.core.comm.base import Comm, CommClosedError
+from hpcsched.core.protocol import RegisterError, RegisterWorker, encode
 
 logger = logging.getLogger("hpcsched.scheduler")
 
 
 def read_introduction(comm: Comm) -> tuple[str, str, Comm, dict] | None:
-    """``("client" | "worker", peer id, comm, message)``, or None (the comm is closed)."""
+    """``("client" | "worker", peer id, comm, message)``, or None (the comm is closed).
+
+    Only what names the peer is read here; the scheduler's loop decodes the whole
+    introduction (every field checked) before it accepts the peer."""
     try:
         first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
     except (CommClosedError, TimeoutError, OSError) as e:
@@ -52,19 +56,19 @@ def refuse(comm: Comm, peer: str, message: str) -> None:
     """Tell a worker why it may not join, then close its comm."""
     logger.warning("refusing worker %s: %s", peer, message)
     try:
-        comm.send([{"op": "register-error", "message": message}])
+        comm.send([encode(RegisterError(message))])
     except (CommClosedError, OSError):
         pass
     comm.close()
 
 
-def add_worker_event(peer: str, msg: dict, name: Any, now: float) -> ev.AddWorker:
-    """The state's event for a worker's registration (TypeError / ValueError if malformed)."""
+def add_worker_event(peer: str, msg: RegisterWorker, name: Any, now: float,
+                     stimulus_id: str = "") -> ev.AddWorker:
+    """The state's event for a worker's registration ``msg``, decoded (its fields checked)."""
     return ev.AddWorker(
-        address=peer, nthreads=int(msg.get("nthreads", 1)),
-        memory_limit=int(msg.get("memory_limit") or 0), name=worker_name(name),
-        host=str(msg.get("host", "")), resources=dict(msg.get("resources") or {}),
-        keys=dict(msg.get("keys") or {}), pid=int(msg.get("pid") or 0), now=now)
+        address=peer, nthreads=msg.nthreads, memory_limit=msg.memory_limit or 0,
+        name=worker_name(name), host=msg.host, resources=dict(msg.resources or {}),
+        keys=dict(msg.keys or {}), pid=msg.pid or 0, now=now, stimulus_id=stimulus_id)
 
 
 def worker_name(name: Any) -> str | int:
@@ -74,5 +78,6 @@ def worker_name(name: Any) -> str | int:
 
 
 def short(x: Any) -> str:
+    """``repr(x)``, cut at 200 characters (for log lines and error messages)."""
     r = repr(x)
     return r if len(r) < 200 else r[:197] + "..."

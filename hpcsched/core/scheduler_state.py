@@ -46,6 +46,13 @@ from typing import Any
 
 from hpcsched.core import events as ev
 from hpcsched.core import policies
+from hpcsched.core.protocol import (
+    ComputeTask,
+    FreeKeys,
+    KeyInMemory,
+    TaskErredReport,
+)
+from hpcsched.core.protocol import LostData as LostDataReport
 from hpcsched.core.scheduler_clients import ClientRequests
 from hpcsched.core.scheduler_maintenance import Maintenance
 from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
@@ -73,6 +80,8 @@ _LEAVE = frozenset({"processing", "queued", "no-worker"})
 
 
 class SchedulerState:
+    """The scheduler's state and its task transitions (see the module's docstring)."""
+
     def __init__(
         self,
         *,
@@ -131,6 +140,9 @@ class SchedulerState:
         # scheduler plugins want ``transition`` calls, and empties it after each event)
         self.transition_listener: list[Transition] | None = None
         self.stimulus_id = ""  # of the event being handled
+        # address -> stimulus id of the event that removed the worker, for the server's
+        # remove_worker hooks (it pops each entry; bounded for a state run without a server)
+        self.removed_by: dict[str, str] = {}
         self.now = 0.0  # of the event being handled
         self.deferred_ready: list[TaskState] | None = None  # see ClientRequests.update_graph
         # running workers, rebuilt only when a worker joins, leaves or changes status: building
@@ -173,6 +185,7 @@ class SchedulerState:
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
+        """Apply ``event``; return the messages to send."""
         self.stimulus_id = event.stimulus_id
         self.now = event.now
         self.handlers[type(event)](event)
@@ -181,12 +194,14 @@ class SchedulerState:
         return out
 
     def handle_many(self, events: Iterable[Any]) -> list[ev.Send]:
+        """Apply each of ``events`` in turn; return all the messages to send."""
         out: list[ev.Send] = []
         for e in events:
             out.extend(self.handle(e))
         return out
 
-    def send(self, to: str, msg: dict) -> None:
+    def send(self, to: str, msg: Any) -> None:
+        """Emit a message (a protocol record) for peer ``to``."""
         self.out.append(ev.Send(to, msg))
 
     def validate(self) -> None:
@@ -195,6 +210,7 @@ class SchedulerState:
 
     # ================================================================ queries
     def who_has(self, keys: Iterable[Key]) -> dict[Key, list[str]]:
+        """The addresses of the workers holding each of ``keys``."""
         out = {}
         for k in keys:
             ts = self.tasks.get(k)
@@ -202,15 +218,18 @@ class SchedulerState:
         return out
 
     def idle_workers(self) -> list[WorkerInfo]:
+        """The running workers with nothing to do."""
         return [ws for ws in self.workers.values() if not ws.processing]
 
     def task_counts(self) -> dict[str, int]:
+        """How many tasks are in each state."""
         counts: dict[str, int] = {}
         for ts in self.tasks.values():
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts
 
     def wanted(self, ts: TaskState) -> bool:
+        """Whether a client, or a task still to run, wants ``ts``'s result."""
         return bool(ts.who_wants or ts.waiters)
 
     def running(self) -> list[WorkerInfo]:
@@ -315,7 +334,7 @@ class SchedulerState:
         recs: list[Rec] = []
         if start == "memory":
             for ws in list(ts.who_has):
-                self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self.send(ws.address, FreeKeys([ts.key]))
                 self.remove_replica(ts, ws)
             for dts in ts.dependents:
                 if dts.state in ("waiting", "processing", "queued", "no-worker"):
@@ -383,7 +402,7 @@ class SchedulerState:
                 recs.append((dts, "released"))
         ts.who_wants.discard(FIRE_AND_FORGET)
         for client in ts.who_wants:
-            self.send(client, {"op": "key-in-memory", "key": ts.key, "type": ts.typename})
+            self.send(client, KeyInMemory(ts.key, ts.typename))
         if not self.wanted(ts):
             recs.append((ts, "released"))
         return recs
@@ -393,7 +412,7 @@ class SchedulerState:
         self.transition(ts, "released")
         recs: list[Rec] = []
         for client in ts.who_wants:
-            self.send(client, {"op": "lost-data", "key": ts.key})
+            self.send(client, LostDataReport(ts.key))
         for dts in ts.dependents:
             if dts.state in ("processing", "waiting", "queued", "no-worker"):
                 dts.waiting_on.add(ts)
@@ -438,11 +457,11 @@ class SchedulerState:
         return recs
 
     def report_erred(self, ts: TaskState, clients: list[str]) -> None:
+        """Tell ``clients`` that ``ts`` erred (itself or through a dependency)."""
         origin = ts.exception_blame or ts
         for c in clients:
-            self.send(c, {"op": "task-erred", "key": ts.key, "exception": origin.exception,
-                          "traceback": origin.traceback, "exception_text": origin.exception_text,
-                          "origin": origin.key})
+            self.send(c, TaskErredReport(ts.key, origin.exception, origin.traceback,
+                                         origin.exception_text, origin.key))
 
     # ================================================================ deciding workers
     def _is_rootish(self, ts: TaskState) -> bool:
@@ -503,6 +522,7 @@ class SchedulerState:
 
     # ================================================================ processing
     def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are)."""
         avg = ts.group.average_duration
         est = self.unknown_task_duration if avg is None else avg
         self.transition(ts, "processing")
@@ -513,14 +533,12 @@ class SchedulerState:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) + q
         self.push_free(ws)
-        msg = {"op": "compute-task", "key": ts.key, "run_spec": ts.run_spec,
-               "priority": ts.priority, "duration": est}
-        if ts.dependencies:
-            msg["who_has"] = {d.key: [w.address for w in d.who_has] for d in ts.dependencies}
-            msg["nbytes"] = {d.key: d.nbytes for d in ts.dependencies}
-        if ts.resource_restrictions:
-            msg["resource_restrictions"] = ts.resource_restrictions
-        self.send(ws.address, msg)
+        deps = ts.dependencies
+        self.send(ws.address, ComputeTask(
+            ts.key, ts.run_spec, ts.priority,
+            {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
+            {d.key: d.nbytes for d in deps} if deps else {},
+            ts.resource_restrictions or None, est))
 
     def exit_processing(self, ts: TaskState, notify: bool = False) -> None:
         """Undo :meth:`add_to_processing` (called by :meth:`transition` only)."""
@@ -538,7 +556,7 @@ class SchedulerState:
         ts.stealing = False
         if ws.address in self.workers:
             if notify:
-                self.send(ws.address, {"op": "free-keys", "keys": [ts.key]})
+                self.send(ws.address, FreeKeys([ts.key]))
             self.open_slots(ws)
 
     def fill_slots(self) -> None:
@@ -568,6 +586,7 @@ class SchedulerState:
 
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
+        """``ws`` holds a copy of ``ts``'s result."""
         if nbytes >= 0 and nbytes != ts.nbytes:
             # a new size (a result reported again): the workers holding it account the change
             delta = nbytes - max(ts.nbytes, 0)
@@ -580,6 +599,7 @@ class SchedulerState:
             ws.nbytes += max(ts.nbytes, 0)
 
     def remove_replica(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """``ws`` no longer holds ``ts``'s result."""
         if ws in ts.who_has:
             ts.who_has.discard(ws)
             ws.has_what.pop(ts, None)

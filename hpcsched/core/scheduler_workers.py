@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpcsched.core import events as ev
+from hpcsched.core.protocol import FreeKeys, RefreshWhoHas
 from hpcsched.core.scheduler_model import KilledWorker, WorkerInfo
 
 if TYPE_CHECKING:
@@ -17,10 +18,13 @@ if TYPE_CHECKING:
 
 
 class WorkerEvents:
+    """The handlers of what workers do and say: join, leave, run, finish, err."""
+
     def __init__(self, state: SchedulerState):
         self.s = state
 
     def add_worker(self, e: ev.AddWorker) -> None:
+        """A worker joined (with the data it already holds)."""
         s = self.s
         if e.address in s.workers:
             return
@@ -34,7 +38,7 @@ class WorkerEvents:
         for key, nbytes in (e.keys or {}).items():
             ts = s.tasks.get(key)
             if ts is None:
-                s.send(ws.address, {"op": "free-keys", "keys": [key]})
+                s.send(ws.address, FreeKeys([key]))
                 continue
             s.add_replica(ts, ws, nbytes)
             if ts.state != "memory":
@@ -48,11 +52,15 @@ class WorkerEvents:
             s.recorder.worker_added(ws, e.now)
 
     def remove_worker(self, e: ev.RemoveWorker) -> None:
+        """A worker left: its tasks run elsewhere, data only it held is recomputed."""
         s = self.s
         ws = s.workers.pop(e.address, None)
         if ws is None:
             return
         s.total_nthreads -= ws.nthreads
+        s.removed_by[ws.address] = e.stimulus_id or s.stimulus_id
+        if len(s.removed_by) > 1000:
+            del s.removed_by[next(iter(s.removed_by))]
         graceful = ws.status == "closing_gracefully"
         ws.status = "closed"  # objects that still point to it (a TaskGroup's last worker) skip it
         if s.recorder is not None:
@@ -85,6 +93,7 @@ class WorkerEvents:
         s.transitions(recs)
 
     def heartbeat(self, e: ev.Heartbeat) -> None:
+        """A worker is alive: note when, and its metrics."""
         s = self.s
         ws = s.workers.get(e.worker)
         if ws is not None:
@@ -98,6 +107,7 @@ class WorkerEvents:
                 s.bandwidth = 0.8 * s.bandwidth + 0.2 * float(bw)
 
     def task_started(self, e: ev.TaskStarted) -> None:
+        """A worker started running a task (it is blamed if the worker dies now)."""
         ts = self.s.tasks.get(e.key)
         ws = self.s.workers.get(e.worker)
         if ts is not None and ws is not None and ts.processing_on is ws:
@@ -120,6 +130,7 @@ class WorkerEvents:
         self.s.open_slots(ws)
 
     def task_finished(self, e: ev.TaskFinished) -> None:
+        """A worker holds a task's result: the task is in memory."""
         s = self.s
         ts = s.tasks.get(e.key)
         ws = s.workers.get(e.worker)
@@ -130,7 +141,7 @@ class WorkerEvents:
         if ts is None or ts.state in ("released", "erred", "waiting", "no-worker", "queued"):
             # a result nobody asked for any more (released, cancelled, or recomputed elsewhere)
             if ts is None or not s.wanted(ts) or ts.state == "erred":
-                s.send(ws.address, {"op": "free-keys", "keys": [e.key]})
+                s.send(ws.address, FreeKeys([e.key]))
                 return
         tg = ts.group
         tg.duration_total += max(e.stop - e.start, 0.0)
@@ -154,6 +165,7 @@ class WorkerEvents:
             s.maintenance.progress_retirement(ws, e.now)
 
     def task_erred(self, e: ev.TaskErred) -> None:
+        """A task raised: retry it if it may, else it errs."""
         s = self.s
         ts = s.tasks.get(e.key)
         ws = s.workers.get(e.worker)
@@ -179,11 +191,12 @@ class WorkerEvents:
         if ts is None or ws is None or ts.state != "memory" or ws not in ts.who_has:
             return
         for holder in list(ts.who_has):
-            s.send(holder.address, {"op": "free-keys", "keys": [ts.key]})
+            s.send(holder.address, FreeKeys([ts.key]))
             s.remove_replica(ts, holder)
         s.transitions(s.set_erred(ts, e.exception, e.traceback, e.exception_text))
 
     def missing_data(self, e: ev.MissingData) -> None:
+        """A worker did not find ``key`` on ``errant_worker``: forget that replica."""
         s = self.s
         ts = s.tasks.get(e.key)
         if ts is None:
@@ -195,6 +208,5 @@ class WorkerEvents:
         if ts.state == "memory" and not ts.who_has:
             recs += s.lose(ts, f"worker {e.errant_worker} did not have it")
         elif ts.state == "memory" and e.worker in s.workers:
-            s.send(e.worker, {"op": "refresh-who-has",
-                              "who_has": {ts.key: [w.address for w in ts.who_has]}})
+            s.send(e.worker, RefreshWhoHas({ts.key: [w.address for w in ts.who_has]}))
         s.transitions(recs)

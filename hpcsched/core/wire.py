@@ -236,7 +236,13 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
         cls = None
     if cls is None:
         where = f" ({table.name})" if isinstance(table, Direction) else ""
-        raise MalformedMessage(f"unknown op {short(op)}{where}")
+        if not isinstance(op, str):
+            why = ": the op must be a string"
+        elif isinstance(table, Direction):
+            why = f": not a {table.sender}'s op"
+        else:
+            why = ""
+        raise MalformedMessage(f"unknown op {short(op)}{where}{why}")
     s = _SPECS[cls]
     unknown = msg.keys() - s.allowed
     if unknown:

@@ -197,7 +197,7 @@ def roots(n: int) -> dict[str, Any]:
 
 
 def on(out: list, worker: str) -> list:
-    return [m.msg["key"] for m in out if m.to == worker and m.msg.get("op") == "compute-task"]
+    return [m.wire()["key"] for m in out if m.to == worker and m.wire().get("op") == "compute-task"]
 
 
 def test_the_scheduler_sends_a_paused_worker_nothing_until_it_resumes():

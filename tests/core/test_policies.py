@@ -61,7 +61,7 @@ def submit(s: SchedulerState, deps: dict[str, list[str]], keys: list[str], **kw:
 
 
 def computes(out: list[Send], to: str | None = None) -> list[str]:
-    return [m.msg["key"] for m in out if m.msg["op"] == "compute-task"
+    return [m.wire()["key"] for m in out if m.wire()["op"] == "compute-task"
             and (to is None or m.to == to)]
 
 
@@ -534,9 +534,9 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                 continue
             if m.to not in workers:
                 continue
-            op = m.msg["op"]
+            op = m.wire()["op"]
             if op in ev.WORKER_OPS:
-                event = ev.from_message(ev.WORKER_OPS, m.msg)
+                event = ev.from_message(ev.WORKER_OPS, m.wire())
                 replies = step(workers[m.to], event)
                 for c in replies:
                     if type(c) is ev.GatherDep:  # the peer hands its data over
@@ -545,10 +545,10 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                             c.worker, {k: peer.data[k] for k in c.keys}))
                     elif type(c) is Execute:
                         executed.append(c.key)
-                    elif type(c) is Send and c.msg["op"] == "steal-response":
-                        nxt += step(s, ev.from_message(ev.SCHEDULER_OPS, c.msg, worker=m.to))
-                    elif type(c) is Send and c.msg["op"] == "task-started":
-                        nxt += step(s, ev.TaskStarted(m.to, c.msg["key"]))
+                    elif type(c) is Send and c.wire()["op"] == "steal-response":
+                        nxt += step(s, ev.from_message(ev.SCHEDULER_OPS, c.wire(), worker=m.to))
+                    elif type(c) is Send and c.wire()["op"] == "task-started":
+                        nxt += step(s, ev.TaskStarted(m.to, c.wire()["key"]))
         out = nxt
     return executed
 
@@ -558,8 +558,8 @@ def test_idle_worker_steals_cheap_backlog():
     takes not-started tasks from a; a keeps the one it runs."""
     s, workers = backlog(1000)
     out = step(s, ev.Tick(now=1.0))
-    reqs = [m.msg["key"] for m in out if m.msg["op"] == "steal-request"]
-    assert reqs and all(m.to == A for m in out if m.msg["op"] == "steal-request")
+    reqs = [m.wire()["key"] for m in out if m.wire()["op"] == "steal-request"]
+    assert reqs and all(m.to == A for m in out if m.wire()["op"] == "steal-request")
     assert "t-0" not in reqs  # running on a
     executed = deliver(s, workers, out)
     moved = [k for k in reqs if where(s, k) == B]
@@ -571,13 +571,13 @@ def test_no_stealing_when_transfer_costs_more_than_the_work():
     """Same backlog but the input is 1 GB (10 s at 100 MB/s, tasks of 0.5 s)."""
     s, _ = backlog(1_000_000_000)
     out = step(s, ev.Tick(now=1.0))
-    assert not [m for m in out if m.msg["op"] == "steal-request"]
+    assert not [m for m in out if m.wire()["op"] == "steal-request"]
 
 
 def test_stealing_off_sends_no_request():
     s, _ = backlog(1000)
     s.work_stealing = False
-    assert not [m for m in step(s, ev.Tick(now=1.0)) if m.msg["op"] == "steal-request"]
+    assert not [m for m in step(s, ev.Tick(now=1.0)) if m.wire()["op"] == "steal-request"]
 
 
 def test_steal_handshake_never_runs_a_task_twice():
@@ -591,8 +591,8 @@ def test_steal_handshake_never_runs_a_task_twice():
     Every task executes exactly once across both workers.
     """
     s, workers = backlog(1000, thief_threads=3)
-    reqs = [m for m in step(s, ev.Tick(now=1.0)) if m.msg["op"] == "steal-request"]
-    assert sorted(m.msg["key"] for m in reqs) == ["t-1", "t-2", "t-3"]
+    reqs = [m for m in step(s, ev.Tick(now=1.0)) if m.wire()["op"] == "steal-request"]
+    assert sorted(m.wire()["key"] for m in reqs) == ["t-1", "t-2", "t-3"]
     ran = ["t-0"]
     responses: dict = {}
 
@@ -601,18 +601,18 @@ def test_steal_handshake_never_runs_a_task_twice():
             if type(c) is Execute:
                 ran.append(c.key)
                 continue
-            op = c.msg["op"]
+            op = c.wire()["op"]
             if op == "steal-response":
-                responses[c.msg["key"]] = c.msg["state"]
+                responses[c.wire()["key"]] = c.wire()["state"]
             if op in ("steal-response", "task-started", "task-finished"):
-                event = ev.from_message(ev.SCHEDULER_OPS, c.msg, worker=w)
+                event = ev.from_message(ev.SCHEDULER_OPS, c.wire(), worker=w)
                 ran.extend(deliver(s, workers, step(s, event)))
 
     on_worker(A, ev.ExecuteSuccess("t-0", 1, 8))
     on_worker(A, ev.ExecuteSuccess("t-1", 1, 8))
     assert ran == ["t-0", "t-1", "t-2"]
     for m in reqs:
-        on_worker(A, ev.StealRequest(m.msg["key"]))
+        on_worker(A, ev.StealRequest(m.wire()["key"]))
     assert responses == {"t-1": "memory", "t-2": "executing", "t-3": "released"}
     assert where(s, "t-2") == A and where(s, "t-3") == B
     on_worker(A, ev.ExecuteSuccess("t-2", 1, 8))

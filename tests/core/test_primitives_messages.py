@@ -1,12 +1,18 @@
 """The scheduler's primitives check every request before it changes anything: a malformed
-one raises MalformedMessage (its peer is dropped), and the others' state is untouched."""
+one raises MalformedMessage (its peer is dropped), and the others' state is untouched.
+
+Requests reach the primitives as the scheduler hands them over: decoded (``primitive``'s
+common fields checked by the protocol), then the kind's own fields checked here."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from hpcsched.core import events as ev
 from hpcsched.core.primitives import MAX_NAME, MAX_VALUE, Primitives
+from hpcsched.core.protocol import CLIENT_TO_SCHEDULER, ControlReply, decode
 
 
 class FakeScheduler:
@@ -19,11 +25,16 @@ class FakeScheduler:
 
         self.state = State()
 
-    def send(self, to: str, msg: dict) -> None:
+    def send(self, to: str, msg: Any) -> None:
         self.sent.append((to, msg))
 
-    def handle_event(self, event) -> None:
+    def handle_event(self, event: Any, op: str = "") -> None:
         self.events.append(event)
+
+
+def handle(p: Primitives, peer: str, request: dict) -> None:
+    """What the scheduler does with a peer's request: decode it, hand it over."""
+    p.handle(peer, decode(CLIENT_TO_SCHEDULER, request))
 
 
 def msg(**fields):
@@ -58,11 +69,11 @@ BAD = [
 def test_malformed_requests_are_refused_before_any_change(bad):
     s = FakeScheduler()
     p = Primitives(s)
-    p.handle("good", msg(kind="lock", action="acquire", lease="held"))
-    p.handle("good", msg(kind="variable", action="set", blob=b"v", keys=[]))
+    handle(p, "good", msg(kind="lock", action="acquire", lease="held"))
+    handle(p, "good", msg(kind="variable", action="set", blob=b"v", keys=[]))
     before = repr((p.semaphores, p.variables, p.queues, p.multilocks, p.datasets))
     with pytest.raises(ev.MalformedMessage):
-        p.handle("bad", bad)
+        handle(p, "bad", bad)
     assert repr((p.semaphores, p.variables, p.queues, p.multilocks, p.datasets)) \
         == before
     assert all(to == "good" for to, _ in s.sent)
@@ -73,18 +84,17 @@ def test_a_value_too_large_is_refused():
     big = msg(kind="queue", action="put", maxsize=0, blob=b"")
     big["blob"] = bytes(MAX_VALUE + 1)
     with pytest.raises(ev.MalformedMessage):
-        p.handle("bad", big)
+        handle(p, "bad", big)
     assert not p.queues.get("n", {}).get("items")
 
 
 def test_leases_and_waits_of_a_peer_that_left_end():
     s = FakeScheduler()
     p = Primitives(s)
-    p.handle("a", msg(kind="lock", action="acquire", lease="la"))
-    p.handle("b", msg(kind="lock", action="acquire", lease="lb", request_id="rb"))
-    p.handle("c", msg(kind="event", action="wait", request_id="rc"))
+    handle(p, "a", msg(kind="lock", action="acquire", lease="la"))
+    handle(p, "b", msg(kind="lock", action="acquire", lease="lb", request_id="rb"))
+    handle(p, "c", msg(kind="event", action="wait", request_id="rc"))
     p.peer_left("a")  # b gets the lock
-    assert ("b", {"op": "control-reply", "request_id": "rb", "status": "OK",
-                  "result": True}) in s.sent
+    assert ("b", ControlReply("rb", "OK", result=True)) in s.sent
     p.peer_left("c")
     assert p.events["n"]["waiters"] == []

@@ -181,7 +181,7 @@ def test_every_op_in_the_source_has_a_record():
             continue
         for op in ops_in_source(path.read_text()):
             found.setdefault(op, []).append(str(path.relative_to(ROOT)))
-    assert {"compute-task", "who-has", "plugins-reset", "data-reply"} <= set(found)
+    assert {"compute-task", "close", "plugins-reset", "data-reply"} <= set(found)
     missing = {op: where for op, where in found.items() if op not in ALL_OPS}
     assert not missing, f"ops without a record in hpcsched.core.protocol: {missing}"
 
@@ -191,9 +191,11 @@ def test_every_op_a_server_dispatches_has_a_record():
     from hpcsched.core.scheduler import Scheduler
 
     inbound = set(protocol.CLIENT_TO_SCHEDULER) | set(protocol.WORKER_TO_SCHEDULER)
-    assert set(Scheduler._server_ops) <= inbound
-    assert set(cluster_control.CLIENT_OPS) <= set(protocol.CLIENT_TO_SCHEDULER)
-    assert set(cluster_control.WORKER_OPS) <= set(protocol.WORKER_TO_SCHEDULER)
+    # one table: every op a registered peer may send has its handler, and nothing else does
+    assert set(Scheduler.OPS) == inbound - {"register-worker", "register-client"}
+    assert set(cluster_control.ClusterControl.OPS) <= inbound
+    for method in cluster_control.ClusterControl.OPS.values():
+        assert callable(getattr(cluster_control.ClusterControl, method)), method
     assert set(worker_control.OPS) <= set(protocol.SCHEDULER_TO_WORKER)
 
 
@@ -219,7 +221,8 @@ def test_every_event_has_a_stimulus_id():
 
 
 def test_from_message_decodes_without_rechecking_values():
-    # the scheduler checks values first (message_checks); from_message checks names only
+    # the state-machine tables check ops and field names only (servers decode with their
+    # checked directions)
     event = ev.from_message(ev.SCHEDULER_OPS, {"op": "task-started", "key": "x"},
                             worker="w", now=2.0)
     assert event == ev.TaskStarted("w", "x", 2.0)
@@ -238,20 +241,17 @@ def test_send_carries_a_dict_or_a_record():
 
 
 # ------------------------------------------------------------------ one definition
-def test_the_schedulers_checks_are_read_off_the_records():
-    fields = message_checks.WORKER_MESSAGES["task-finished"]
-    assert fields["key"] == (field_checks.key, True)
-    assert fields["nbytes"] == (field_checks.count, False)
-    assert set(message_checks.CLIENT_MESSAGES) == set(protocol.CLIENT_TO_SCHEDULER) - {
-        "register-client"}
-    assert set(message_checks.REGISTER_WORKER) == {
-        f.name for f in protocol.spec(protocol.RegisterWorker).wire}
-
-
-def test_check_scheduler_message_ignores_unknown_fields_of_server_ops():
-    # as before the records: a server op's extra fields are ignored, not refused
-    msg = {"op": "scheduler-info", "request_id": "r", "later": 1}
-    assert message_checks.check_scheduler_message(msg, "client") == "scheduler-info"
+def test_the_scheduler_decodes_every_inbound_op_with_its_checks():
+    # one path: the inbound directions check every field (a worker's or a client's bad
+    # message must not break the scheduler for the others), and refuse unknown fields of
+    # every op, those the server answers itself included
+    assert protocol.WORKER_TO_SCHEDULER.checked and protocol.CLIENT_TO_SCHEDULER.checked
+    with pytest.raises(MalformedMessage, match="unknown fields"):
+        decode(protocol.CLIENT_TO_SCHEDULER, {"op": "scheduler-info", "request_id": "r",
+                                              "later": 1})
+    with pytest.raises(MalformedMessage, match="field 'nbytes'"):
+        decode(protocol.WORKER_TO_SCHEDULER, {"op": "task-finished", "key": "x",
+                                              "nbytes": -1}, worker="w")
 
 
 def test_a_record_must_say_what_each_field_is():

@@ -120,8 +120,8 @@ def test_scheduler_errs_a_result_that_cannot_leave_its_worker_and_its_dependents
     finish(s, A, "x")
     out = step(s, ev.ResultErred(A, "x", "exc-blob", "Traceback...", "ValueError: no"))
     err = one(out, "task-erred", to="c", key="x")
-    assert err.msg["exception"] == "exc-blob" and err.msg["traceback"] == "Traceback..."
-    assert one(out, "task-erred", to="c", key="y").msg["exception_text"] == "ValueError: no"
+    assert err.wire()["exception"] == "exc-blob" and err.wire()["traceback"] == "Traceback..."
+    assert one(out, "task-erred", to="c", key="y").wire()["exception_text"] == "ValueError: no"
     assert one(out, "free-keys", to=A, keys=["x"])  # the holder drops it
     assert s.tasks["x"].state == "erred" and s.tasks["y"].state == "erred"
     assert not sent(out, "compute-task")  # never recomputed: it would fail the same way

@@ -159,10 +159,10 @@ def test_a_handler_failure_is_isolated_like_a_malformed_message(shared_cluster, 
     """Not only malformed messages: any exception a handler raises drops that peer only."""
     from hpcsched.core.scheduler import Scheduler
 
-    def broken(self: Any, source: str, msg: dict) -> None:
+    def broken(self: Any, source: str, msg: Any) -> None:
         raise KeyError("a handler bug")
 
-    monkeypatch.setitem(Scheduler._server_ops, "scheduler-info", broken)
+    monkeypatch.setitem(Scheduler.OPS, "scheduler-info", broken)
     bad = RawClient(shared_cluster, "unlucky-client")
     try:
         bad.send({"op": "scheduler-info", "request_id": "r"})
@@ -232,24 +232,24 @@ def test_a_batch_keeps_other_peers_messages_after_a_bad_one():
 
 
 def test_every_op_the_scheduler_handles_has_its_checks():
-    """A new op must say what its fields are: otherwise every peer sending it is refused."""
-    from hpcsched.core import events as ev
-    from hpcsched.core.message_checks import CLIENT_MESSAGES, WORKER_MESSAGES
+    """A new op must say what its fields are: the scheduler's table of handlers is exactly
+    the ops the protocol's inbound directions define (with every field's check)."""
+    from hpcsched.core import protocol
     from hpcsched.core.scheduler import Scheduler
 
-    handled = set(ev.SCHEDULER_OPS) | set(Scheduler._server_ops)
-    assert handled == set(CLIENT_MESSAGES) | set(WORKER_MESSAGES)
+    inbound = set(protocol.WORKER_TO_SCHEDULER) | set(protocol.CLIENT_TO_SCHEDULER)
+    assert set(Scheduler.OPS) == inbound - {"register-worker", "register-client"}
 
 
 def test_workers_may_be_named_by_address_name_or_rank():
     # dask-mpi names workers by rank: submit(..., workers=2) must not cost the client its
     # connection; a list where a worker goes is still refused
     from hpcsched.core import events as ev
-    from hpcsched.core.message_checks import check_scheduler_message
+    from hpcsched.core.protocol import CLIENT_TO_SCHEDULER, decode
 
     msg = {"op": "update-graph", "tasks": {}, "keys": [], "workers": ["tcp://a:1", "w-1", 2]}
-    assert check_scheduler_message(msg, "client") == "update-graph"
+    assert decode(CLIENT_TO_SCHEDULER, msg, client="c").workers == ["tcp://a:1", "w-1", 2]
     with pytest.raises(ev.MalformedMessage, match="workers"):
-        check_scheduler_message({**msg, "workers": [["tcp://a:1"]]}, "client")
+        decode(CLIENT_TO_SCHEDULER, {**msg, "workers": [["tcp://a:1"]]}, client="c")
     with pytest.raises(ev.MalformedMessage, match="workers"):
-        check_scheduler_message({**msg, "workers": [True]}, "client")
+        decode(CLIENT_TO_SCHEDULER, {**msg, "workers": [True]}, client="c")

@@ -90,8 +90,8 @@ def test_chain_runs_where_its_dependency_is_and_is_forgotten_when_released():
     out = finish(s, wx, "x")
     cy = one(out, "compute-task", key="y")
     assert cy.to == wx  # where its dependency already is
-    assert cy.msg["who_has"] == {"x": [wx]}
-    assert cy.msg["nbytes"] == {"x": 8}
+    assert cy.msg.who_has == {"x": [wx]}
+    assert cy.msg.nbytes == {"x": 8}
 
     out = finish(s, wx, "y")
     assert one(out, "key-in-memory", key="y").to == "c"
@@ -119,14 +119,14 @@ def test_diamond_dependents_go_to_the_holder_and_join_across_workers():
     out = submit(s, graph(a=[], b=["a"], c=["a"], d=["b", "c"]), keys=["d"])
     wa = one(out, "compute-task", key="a").to
     out = finish(s, wa, "a")
-    assert {m.msg["key"] for m in sent(out, "compute-task")} == {"b", "c"}
+    assert {m.msg.key for m in sent(out, "compute-task")} == {"b", "c"}
     assert all(m.to == wa for m in sent(out, "compute-task"))
     out = finish(s, wa, "b")
     assert not sent(out, "compute-task", key="d")  # still waits for c
     assert s.tasks["d"].waiting_on == {s.tasks["c"]}
     out = finish(s, wa, "c")
     cd = one(out, "compute-task", key="d")
-    assert cd.msg["who_has"] == {"b": [wa], "c": [wa]}
+    assert cd.msg.who_has == {"b": [wa], "c": [wa]}
     # a's data is dropped once both of its dependents are in memory
     assert s.tasks["a"].state == "released"
     out = finish(s, wa, "d")
@@ -150,7 +150,7 @@ def test_parts_of_a_graph_nobody_asked_for_are_dropped_and_resubmission_works():
     assert not sent(out, "compute-task", key="y")
     assert one(out, "compute-task", key="x")
     out = finish(s, A, "x")
-    assert one(out, "compute-task", key="y").msg["who_has"] == {"x": [A]}
+    assert one(out, "compute-task", key="y").msg.who_has == {"x": [A]}
 
 
 def test_a_released_dependent_keeps_its_dependencies():
@@ -169,7 +169,7 @@ def test_a_released_dependent_keeps_its_dependencies():
     out = step(s, ev.AddWorker(B, 1))
     w = one(out, "compute-task", key="x").to
     out = finish(s, w, "x")
-    assert one(out, "compute-task", key="y").msg["who_has"] == {"x": [w]}
+    assert one(out, "compute-task", key="y").msg.who_has == {"x": [w]}
 
 
 def test_new_client_for_existing_key_in_memory_is_told_at_once():
@@ -203,8 +203,8 @@ def test_task_erred_errs_dependents_and_tells_the_client():
                                exception_text="ZeroDivisionError: boom"))
     e = one(out, "task-erred", key="z")
     assert e.to == "c"
-    assert e.msg["exception"] == "EXC" and e.msg["traceback"] == "TB"
-    assert e.msg["origin"] == "x"
+    assert e.msg.exception == "EXC" and e.msg.traceback == "TB"
+    assert e.msg.origin == "x"
     assert s.tasks["y"].state == "erred" and s.tasks["z"].state == "erred"
     assert s.tasks["z"].exception_blame is s.tasks["x"]
     # unrelated work goes on
@@ -247,7 +247,7 @@ def test_retries_recompute_then_err():
     assert one(out, "compute-task", key="x").to == A  # second try
     step(s, ev.TaskStarted(A, "x"))
     out = step(s, ev.TaskErred(A, "x", exception="E2", exception_text="E2"))
-    assert one(out, "task-erred", key="x").msg["exception"] == "E2"
+    assert one(out, "task-erred", key="x").msg.exception == "E2"
     assert s.tasks["x"].state == "erred"
 
 
@@ -264,8 +264,8 @@ def test_update_graph_with_unknown_dependency_errs_naming_the_key():
     s = with_workers(A)
     out = submit(s, graph(y=["ghost"]), keys=["y"])
     e = one(out, "task-erred", key="y")
-    assert "ghost" in e.msg["exception_text"] and "'y'" in e.msg["exception_text"]
-    assert isinstance(e.msg["exception"], KeyError)
+    assert "ghost" in e.msg.exception_text and "'y'" in e.msg.exception_text
+    assert isinstance(e.msg.exception, KeyError)
     assert not sent(out, "compute-task")
 
 
@@ -286,7 +286,7 @@ def test_only_tasks_reported_started_are_suspicious_when_a_worker_dies():
     """A holds x (started) and y (assigned, not started): only x is blamed."""
     s = with_workers(A, nthreads=1)
     out = submit(s, graph(x=[], y=[]), keys=["x", "y"])
-    assert {m.msg["key"] for m in out if m.to == A and m.msg["op"] == "compute-task"} == {"x", "y"}
+    assert {m.msg.key for m in out if m.to == A and m.msg.op == "compute-task"} == {"x", "y"}
     step(s, ev.TaskStarted(A, "x"))
     step(s, ev.RemoveWorker(A, "gone"))
     assert s.tasks["x"].suspicious == 1
@@ -315,7 +315,7 @@ def test_task_that_kills_allowed_failures_workers_errs_with_killed_worker():
         if i < 2:
             assert one(out, "compute-task", key="bad").to != w
     e = one(out, "task-erred", key="bad")
-    exc = e.msg["exception"]
+    exc = e.msg.exception
     assert isinstance(exc, KilledWorker)
     assert "'bad'" in str(exc) and "3 workers" in str(exc) and "killed 2" in str(exc)
     assert s.tasks["bad"].state == "erred"
@@ -370,7 +370,7 @@ def test_scattered_data_lost_with_its_worker_errs_clearly():
     step(s, ev.AddKeys(A, {"d": 1}, scatter_id="s1"))
     out = step(s, ev.RemoveWorker(A, "killed"))
     e = one(out, "task-erred", key="d")
-    assert "scattered" in e.msg["exception_text"]
+    assert "scattered" in e.msg.exception_text
 
 
 def test_worker_ttl_removes_a_silent_worker_on_tick():
@@ -416,7 +416,7 @@ def test_missing_data_with_another_holder_refreshes_who_has():
     third = next(w for w in (A, B, C) if w not in (wx, second))
     out = step(s, ev.MissingData(third, "x", wx))
     r = one(out, "refresh-who-has")
-    assert r.to == third and r.msg["who_has"] == {"x": [second]}
+    assert r.to == third and r.msg.who_has == {"x": [second]}
     assert [ws.address for ws in s.tasks["x"].who_has] == [second]
 
 
@@ -446,9 +446,9 @@ def test_scatter_then_add_keys_then_a_task_on_the_holder():
     assert not sent(out, "scatter-reply")  # not before the workers have it
     holder = {}
     for m in ups:
-        for k in m.msg["data"]:
+        for k in m.msg.data:
             holder[k] = m.to
-        out = step(s, ev.AddKeys(m.to, {k: 10 for k in m.msg["data"]}, scatter_id="s1"))
+        out = step(s, ev.AddKeys(m.to, {k: 10 for k in m.msg.data}, scatter_id="s1"))
     assert one(out, "scatter-reply", scatter_id="s1", error=None).to == "c"
     assert s.tasks["d1"].state == "memory"
     out = submit(s, graph(y=["d1"]), keys=["y"])
@@ -459,7 +459,7 @@ def test_scatter_without_workers_replies_with_an_error():
     s = new_state()
     step(s, ev.AddClient("c"))
     out = step(s, ev.ScatterData("c", "s1", {"d": 1}, {"d": 1}))
-    assert "no running worker" in one(out, "scatter-reply").msg["error"]
+    assert "no running worker" in one(out, "scatter-reply").msg.error
 
 
 # ---------------------------------------------------------------- retirement
@@ -469,13 +469,13 @@ def test_retire_workers_moves_unique_data_then_closes():
     finish(s, A, "x")
     out = step(s, ev.RetireWorkers("r1", "c", [A]))
     acq = one(out, "acquire-replicas")
-    assert acq.to == B and acq.msg["who_has"] == {"x": [A]}
+    assert acq.to == B and acq.msg.who_has == {"x": [A]}
     assert not sent(out, "close")
     assert s.workers[A].status == "closing_gracefully"
     out = step(s, ev.AddKeys(B, {"x": 8}))
     assert one(out, "close").to == A
     reply = one(out, "retire-workers-reply", request_id="r1")
-    assert reply.to == "c" and reply.msg["retired"] == [A]
+    assert reply.to == "c" and reply.msg.retired == [A]
     assert set(s.workers) == {B}
     assert [ws.address for ws in s.tasks["x"].who_has] == [B]
 
@@ -486,7 +486,7 @@ def test_retire_the_only_worker_with_unique_data_keeps_it():
     finish(s, A, "x")
     out = step(s, ev.RetireWorkers("r1", "c", [A]))
     reply = one(out, "retire-workers-reply", request_id="r1")
-    assert reply.msg["retired"] == [] and reply.msg["kept"] == [A]
+    assert reply.msg.retired == [] and reply.msg.kept == [A]
     assert s.workers[A].status == "running"
 
 
@@ -510,16 +510,16 @@ def test_rootish_tasks_are_queued_beyond_saturation_and_released_in_priority_ord
     for w in (A, B):
         assert len(sent(computes, "compute-task", to=w)) == slots
     # the highest-priority tasks go first, the rest wait on the scheduler
-    assert {m.msg["key"] for m in computes} == set(keys[:4])
+    assert {m.msg.key for m in computes} == set(keys[:4])
     assert s.n_queued == 6
     assert all(s.tasks[k].state == "queued" for k in keys[4:])
     # a slot opens on A: the best queued task goes there
-    first_a = sent(computes, "compute-task", to=A)[0].msg["key"]
+    first_a = sent(computes, "compute-task", to=A)[0].msg.key
     out = finish(s, A, first_a)
-    assert [m.msg["key"] for m in sent(out, "compute-task")] == [keys[4]]
+    assert [m.msg.key for m in sent(out, "compute-task")] == [keys[4]]
     assert sent(out, "compute-task")[0].to == A
-    out = finish(s, B, sent(computes, "compute-task", to=B)[0].msg["key"])
-    assert [m.msg["key"] for m in sent(out, "compute-task")] == [keys[5]]
+    out = finish(s, B, sent(computes, "compute-task", to=B)[0].msg.key)
+    assert [m.msg.key for m in sent(out, "compute-task")] == [keys[5]]
     assert s.n_queued == 4
 
 
@@ -556,13 +556,13 @@ def test_idle_worker_steals_not_started_work():
     step(s, ev.AddWorker(B, 1))
     out = step(s, ev.Tick(now=1.0))
     reqs = sent(out, "steal-request", to=A)
-    assert reqs and keys[0] not in {m.msg["key"] for m in reqs}  # never the running one
-    key = reqs[0].msg["key"]
+    assert reqs and keys[0] not in {m.msg.key for m in reqs}  # never the running one
+    key = reqs[0].msg.key
     out = step(s, ev.StealResponse(A, key, "released"))
     assert one(out, "compute-task", key=key).to == B
     # a victim that already runs it keeps it
     if len(reqs) > 1:
-        k2 = reqs[1].msg["key"]
+        k2 = reqs[1].msg.key
         step(s, ev.StealResponse(A, k2, "executing"))
         assert processing_on(s, k2) == A
 
@@ -642,7 +642,7 @@ def test_retiring_several_workers_replies_with_all_of_them():
     finish(s, A, "x")
     finish(s, B, "y")
     out = step(s, ev.RetireWorkers("r1", "c", [A, B]))
-    assert {m.msg["who_has"].popitem()[0] for m in sent(out, "acquire-replicas", to=C)} == \
+    assert {m.msg.who_has.popitem()[0] for m in sent(out, "acquire-replicas", to=C)} == \
         {"x", "y"}
     out = step(s, ev.AddKeys(C, {"x": 8}))
     assert one(out, "close").to == A
@@ -650,7 +650,7 @@ def test_retiring_several_workers_replies_with_all_of_them():
     out = step(s, ev.AddKeys(C, {"y": 8}))
     assert one(out, "close").to == B
     reply = one(out, "retire-workers-reply", request_id="r1")
-    assert sorted(reply.msg["retired"]) == [A, B] and reply.msg["kept"] == []
+    assert sorted(reply.msg.retired) == [A, B] and reply.msg.kept == []
     assert set(s.workers) == {C}
 
 

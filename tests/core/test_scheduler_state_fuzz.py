@@ -16,6 +16,7 @@ covered too.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import hypothesis.strategies as st
@@ -76,7 +77,8 @@ class SchedulerStory(RuleBasedStateMachine):
     def handle(self, event: Any) -> None:
         before = _snapshot(self.s)
         self.n += 1
-        event.stimulus_id = sid = f"{type(event).__name__}-{self.n}"
+        sid = f"{type(event).__name__}-{self.n}"
+        event = dataclasses.replace(event, stimulus_id=sid)  # events are frozen
         self.s.transition_listener = entries = []
         try:
             out = self.s.handle(event)
@@ -85,12 +87,12 @@ class SchedulerStory(RuleBasedStateMachine):
             return
         self.check_logged(before[0], sid, entries)
         for cmd in out:
-            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "compute-task":
-                self.asked.append((cmd.to, cmd.msg["key"]))
-            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "steal-request":
-                self.steals.append((cmd.to, cmd.msg["key"]))
-            if isinstance(cmd, ev.Send) and cmd.msg.get("op") == "acquire-replicas":
-                self.copies += [(cmd.to, k) for k in cmd.msg["who_has"]]
+            if isinstance(cmd, ev.Send) and cmd.msg.op == "compute-task":
+                self.asked.append((cmd.to, cmd.msg.key))
+            if isinstance(cmd, ev.Send) and cmd.msg.op == "steal-request":
+                self.steals.append((cmd.to, cmd.msg.key))
+            if isinstance(cmd, ev.Send) and cmd.msg.op == "acquire-replicas":
+                self.copies += [(cmd.to, k) for k in cmd.msg.who_has]
 
     def check_logged(self, before: dict, sid: str, entries: list) -> None:
         after = {k: ts.state for k, ts in self.s.tasks.items()}

@@ -10,11 +10,13 @@ retirement and retries.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from hpcsched.core import events as ev
+from hpcsched.core.protocol import ControlReply
 from hpcsched.core.scheduler_state import InvalidTransition, SchedulerState
 from tests.core.test_scheduler_state import graph
 
@@ -32,7 +34,8 @@ class Story:
 
     def step(self, event: Any) -> list:
         self.n += 1
-        event.stimulus_id = sid = f"{type(event).__name__}-{self.n}"
+        sid = f"{type(event).__name__}-{self.n}"
+        event = dataclasses.replace(event, stimulus_id=sid)  # events are frozen
         before = self.states()
         self.s.transition_listener = entries = []
         out = self.s.handle(event)
@@ -123,18 +126,18 @@ def test_rebalance_moves_keys_to_the_emptier_worker_and_drops_the_old_copy_last(
     _held(st, A, {"x": 100, "y": 100, "z": 100, "w": 100})
     out = st.step(ev.RebalanceKeys("r1", "c"))
     [order] = [m for m in out if m.match(op="acquire-replicas")]
-    assert order.to == B and all(v == [A] for v in order.msg["who_has"].values())
-    moved = sorted(order.msg["who_has"])
+    assert order.to == B and all(v == [A] for v in order.msg.who_has.values())
+    moved = sorted(order.msg.who_has)
     assert len(moved) == 2  # 400 bytes on A, none on B: two keys even them out
     assert not [m for m in out if m.match(op="control-reply")], "not done before the copies"
     # the first copy arrives: A drops that key only
     out = st.step(ev.AddKeys(B, {moved[0]: 100}))
-    assert [m.msg["keys"] for m in out if m.match(op="free-keys", to=A)] == [[moved[0]]]
+    assert [m.msg.keys for m in out if m.match(op="free-keys", to=A)] == [[moved[0]]]
     assert st.s.who_has([moved[0]]) == {moved[0]: [B]}
     assert not [m for m in out if m.match(op="control-reply")]
     out = st.step(ev.AddKeys(B, {moved[1]: 100}))
     assert [m.msg for m in out if m.match(op="control-reply")] == [
-        {"op": "control-reply", "request_id": "r1", "status": "OK", "result": None}]
+        ControlReply("r1", "OK", result=None)]
     assert st.s.workers[A].nbytes == st.s.workers[B].nbytes == 200
 
 
@@ -147,7 +150,7 @@ def test_rebalance_never_loses_a_key_whose_recipient_leaves():
     out = st.step(ev.RebalanceKeys("r1", "c", keys=["x", "y"]))
     assert [m.to for m in out if m.match(op="acquire-replicas")] == [B]
     out = st.step(ev.RemoveWorker(B, "gone"))
-    assert [m.msg["request_id"] for m in out if m.match(op="control-reply")] == ["r1"]
+    assert [m.msg.request_id for m in out if m.match(op="control-reply")] == ["r1"]
     assert not [m for m in out if m.match(op="free-keys")]
     assert st.s.who_has(["x", "y"]) == {"x": [A], "y": [A]}
 
@@ -176,7 +179,7 @@ def test_rebalance_keeps_a_copy_a_task_on_the_sender_still_needs():
     assert st.s.tasks["t"].processing_on.address == A
     out = st.step(ev.RebalanceKeys("r1", "c"))
     [order] = [m for m in out if m.match(op="acquire-replicas")]
-    assert list(order.msg["who_has"]) == ["y"]
+    assert list(order.msg.who_has) == ["y"]
 
 
 def test_a_rebalance_whose_copy_never_arrives_answers_after_the_timeout_keeping_the_data():

@@ -196,21 +196,22 @@ class _RecordingComm:
 
 
 def test_free_keys_wait_for_the_next_message_or_the_tick():
-    """A batch of only free-keys is held back (it is not urgent and every message costs
+    """A batch of only free-keys (the state machine's records) is held back (it is not urgent and every message costs
     both ends a wake-up); it goes first in the next batch to that worker, or at the tick."""
+    from hpcsched.core.protocol import ComputeTask, FreeKeys
     from hpcsched.core.scheduler import Scheduler
 
     s = Scheduler("inproc://")
     comm = s._comms["w1"] = _RecordingComm()
-    s._queue("w1", {"op": "free-keys", "keys": ["a"]})
+    s._queue("w1", FreeKeys(["a"]))
     s._flush()
-    s._queue("w1", {"op": "free-keys", "keys": ["b"]})
+    s._queue("w1", FreeKeys(["b"]))
     s._flush()
     assert comm.sent == []
-    s._queue("w1", {"op": "compute-task", "key": "c"})
+    s._queue("w1", ComputeTask("c", None))
     s._flush()
     assert comm.sent == [["free-keys", "free-keys", "compute-task"]]  # in order, one message
-    s._queue("w1", {"op": "free-keys", "keys": ["c"]})
+    s._queue("w1", FreeKeys(["c"]))
     s._flush()
     assert len(comm.sent) == 1
     s._tick(time.time())

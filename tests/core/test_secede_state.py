@@ -29,7 +29,7 @@ def test_seceded_task_frees_its_slot_for_the_next_ready_task():
     out = wstep(s, ev.Secede("parent", compute_duration=0.25))
     # the scheduler hears of it, and the child runs beside the (still running) parent
     (msg,) = to_scheduler(out, "long-running", key="parent")
-    assert msg.msg["compute_duration"] == 0.25
+    assert msg.wire()["compute_duration"] == 0.25
     assert executes(out) == ["child"]
     assert s.tasks["parent"].state == "long-running"
     # the parent's result is accepted as any other
@@ -79,10 +79,10 @@ def test_long_running_task_opens_a_slot_for_queued_tasks():
     keys = [f"fib-{i}" for i in range(4)]  # root-ish: more tasks than 2 x threads
     out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
                  static_priorities={k: i for i, k in enumerate(keys)})
-    assert [m.msg["key"] for m in sent(out, "compute-task")] == ["fib-0"]
+    assert [m.wire()["key"] for m in sent(out, "compute-task")] == ["fib-0"]
     ws = s.workers[A]
     out = step(s, ev.LongRunning(A, "fib-0", compute_duration=0.1))
-    assert [m.msg["key"] for m in sent(out, "compute-task")] == ["fib-1"]
+    assert [m.wire()["key"] for m in sent(out, "compute-task")] == ["fib-1"]
     assert s.tasks["fib-0"].state == "processing" and s.tasks["fib-0"] in ws.long_running
     assert ws.processing[s.tasks["fib-0"]] == 0.0  # weighs nothing in the worker's occupancy
     # a repeated report changes nothing
@@ -90,7 +90,7 @@ def test_long_running_task_opens_a_slot_for_queued_tasks():
     # the seceded task finishing does not open a second slot: fib-1 still holds the one
     assert not sent(finish(s, A, "fib-0"), "compute-task")
     assert not ws.long_running
-    assert [m.msg["key"] for m in sent(finish(s, A, "fib-1"), "compute-task")] == ["fib-2"]
+    assert [m.wire()["key"] for m in sent(finish(s, A, "fib-1"), "compute-task")] == ["fib-2"]
 
 
 def test_long_running_task_is_never_stolen_and_is_blamed_if_its_worker_dies():
