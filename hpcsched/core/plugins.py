@@ -1,6 +1,8 @@
-"""Plugins: ``Client.register_plugin``, ``register_worker_plugin``,
-``unregister_worker_plugin``, and the ``WorkerPlugin`` / ``SchedulerPlugin`` base
-classes, as distributed's (https://distributed.dask.org/en/stable/plugins.html)::
+"""Plugins of workers, the scheduler and nannies, registered by the client.
+
+``Client.register_plugin``, ``register_worker_plugin``, ``unregister_worker_plugin``,
+and the ``WorkerPlugin`` / ``SchedulerPlugin`` base classes, as distributed's
+(https://distributed.dask.org/en/stable/plugins.html)::
 
     from hpcsched import Client, WorkerPlugin
 
@@ -39,8 +41,11 @@ from hpcsched.core.serialize import dumps_object
 
 
 class WorkerPlugin:
-    """Base class of worker plugins: override ``setup(worker)``, ``teardown(worker)``,
-    ``transition(key, start, finish, **kwargs)``."""
+    """Base class of worker plugins.
+
+    Override ``setup(worker)``, ``teardown(worker)``,
+    ``transition(key, start, finish, **kwargs)``.
+    """
 
     def setup(self, worker: Any) -> None:
         """Run when the plugin reaches a worker."""
@@ -49,14 +54,18 @@ class WorkerPlugin:
         """Run when the plugin is replaced or unregistered, or the worker closes."""
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """A task of this worker changed state (``finish`` is "forgotten" when the worker
-        drops it); on the worker's loop thread, so keep it short. An exception is logged,
-        the worker goes on."""
+        """A task of this worker changed state.
+
+        ``finish`` is "forgotten" when the worker drops it. Runs on the worker's loop
+        thread, so keep it short. An exception is logged, the worker goes on.
+        """
 
 
 class SchedulerPlugin:
-    """Base class of scheduler plugins: override ``start``, ``add_worker``,
-    ``remove_worker``, ``transition``, ``close``."""
+    """Base class of scheduler plugins.
+
+    Override ``start``, ``add_worker``, ``remove_worker``, ``transition``, ``close``.
+    """
 
     def start(self, scheduler: Any) -> None:
         """Run when the plugin is registered."""
@@ -94,8 +103,11 @@ def _kind(plugin: Any) -> str:
 
 def register_plugin(client: Any, plugin: Any, name: str | None = None,
                     idempotent: bool | None = None, kind: str | None = None) -> Any:
-    """Register ``plugin``; a worker plugin returns ``{worker: {"status": "OK"}}`` and raises
-    the first error a worker's ``setup`` raised."""
+    """Register ``plugin`` (``Client.register_plugin``).
+
+    A worker plugin returns ``{worker: {"status": "OK"}}`` and raises the first error a
+    worker's ``setup`` raised.
+    """
     kind = kind or _kind(plugin)
     if name is None:
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
@@ -113,6 +125,7 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
+    """Tear the worker plugin ``name`` down on every worker; ``{worker: result}``."""
     return _results(client.request({"op": "unregister-plugin", "name": str(name)}, 120.0), "worker")
 
 
