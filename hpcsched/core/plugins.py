@@ -36,7 +36,8 @@ import uuid
 from typing import Any
 
 from hpcsched.core import nanny
-from hpcsched.core.client_control import outcome
+from hpcsched.core.client_control import outcome, results
+from hpcsched.core.protocol import RegisterPlugin, UnregisterPlugin
 from hpcsched.core.serialize import dumps_object
 
 
@@ -116,27 +117,26 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
     restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
     if kind == "nanny":  # carried to each worker's nanny by a worker plugin
         plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
-    reply = client.request({"op": "register-plugin", "kind": kind, "name": str(name),
-                            "plugin": dumps_object(plugin), "idempotent": bool(idempotent)},
-                           120.0)
+    reply = client.request(RegisterPlugin("", kind, str(name), dumps_object(plugin),
+                                          bool(idempotent)), 120.0)
     if restart:
-        return nanny.results_after_restart(client, reply)
+        return nanny.results_after_restart(client, {"results": results(reply)})
     return _results(reply, kind)
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
     """Tear the worker plugin ``name`` down on every worker; ``{worker: result}``."""
-    return _results(client.request({"op": "unregister-plugin", "name": str(name)}, 120.0), "worker")
+    return _results(client.request(UnregisterPlugin("", str(name)), 120.0), "worker")
 
 
-def _results(reply: dict, kind: str) -> Any:
-    if "results" not in reply:
+def _results(reply: Any, kind: str) -> Any:
+    if reply.results is None:
         ok, value = outcome(reply)
         if not ok:
             raise value
         return value
     out = {}
-    for address, entry in sorted(reply["results"].items()):
+    for address, entry in sorted(reply.results.items()):
         ok, value = outcome(entry)
         if not ok:
             raise value
