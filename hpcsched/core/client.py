@@ -424,11 +424,13 @@ class Client:
         """Run ``function(*args, **kwargs)`` on every worker now (not as a task).
 
         Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
-        argument. ``nanny=True`` is refused: hpcsched workers have no nanny process."""
-        if nanny:
-            raise ValueError("Client.run(nanny=True): hpcsched workers have no nanny process")
+        argument. ``nanny=True``, as distributed: run it in each worker's nanny (the
+        process supervising it: a ``LocalCluster``, ``hpcsched worker --nanny``), results
+        still keyed by worker address, ``dask_worker=`` being the
+        :class:`~hpcsched.core.nanny.Nanny`; a worker with no nanny (an MPI rank) answers a
+        ``RuntimeError`` saying so."""
         return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
-                                  on_error=on_error)
+                                  on_error=on_error, nanny=nanny)
 
     def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in the scheduler's process.

@@ -55,10 +55,21 @@ def results(reply: Any) -> dict:
 
 
 def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: Any = None,
-        wait: bool = True, on_error: str = "raise", timeout: float | None = None) -> Any:
-    """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}."""
+        wait: bool = True, on_error: str = "raise", timeout: float | None = None,
+        nanny: bool = False) -> Any:
+    """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}.
+
+    ``nanny``: in each worker's nanny instead; the worker forwards the call to it over the
+    link nanny plugins use (:func:`hpcsched.core.nanny.run_in_nanny`)."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if nanny:
+        if not callable(function):
+            raise TypeError(f"expected a callable, got {type(function).__name__}")
+        from hpcsched.core.nanny import run_in_nanny  # not at the top: nanny imports us
+
+        call = dumps_object((function, tuple(args), dict(kwargs)))
+        function, args, kwargs = run_in_nanny, (call,), {}
     reply = client.request(pc.Run("", wait=bool(wait), workers=as_list(workers),
                                   **_call_fields(function, args, kwargs)), timeout)
     out = {}
