@@ -17,12 +17,10 @@ The client is collaborating parts: its connection (``SchedulerConnection``:
 reader and sender threads, request/reply, heartbeat; :mod:`.client_connection`),
 its futures (``FutureTable``: states, reference counts, done callbacks), and the
 functions that build graphs (:mod:`.client_graphs`), move data
-(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). What the
-client sends are the records of :mod:`hpcsched.core.protocol_client`, encoded
-once by the sender thread. What the scheduler sends is decoded
-(``decode(SCHEDULER_TO_CLIENT, msg)``) and dispatched by one table, op -> handler
-(``Client._HANDLERS``); a message that is not a known op with the right fields,
-or that its handler cannot take, is logged with its op and dropped.
+(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). It sends
+protocol records (:mod:`.protocol_client`); what the scheduler sends is decoded
+and dispatched by one table, op -> handler (``Client._HANDLERS``); a malformed
+message, or one its handler cannot take, is logged with its op and dropped.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ from hpcsched.core import (
     versions,
 )
 from hpcsched.core import datasets as dataset_ops
+from hpcsched.core import protocol as pc
 from hpcsched.core.client_connection import SchedulerConnection, locate_scheduler, open_comm
 from hpcsched.core.client_futures import FutureTable
 from hpcsched.core.comm.base import Security
@@ -70,18 +69,6 @@ from hpcsched.core.futures import (  # noqa: F401 - re-exported: the public name
 )
 from hpcsched.core.graph import GraphError
 from hpcsched.core.nanny import is_nanny_plugin
-from hpcsched.core.protocol import (
-    CLIENT_TO_SCHEDULER,
-    SCHEDULER_TO_CLIENT,
-    CancelKeys,
-    CloseClient,
-    RetireWorkersRequest,
-    RetryKeys,
-    SchedulerInfo,
-    UpdateGraph,
-    decode,
-    encode,
-)
 from hpcsched.core.scheduler_file import (  # noqa: F401 - re-exported
     looks_like_scheduler_file,
     read_scheduler_file,
@@ -176,25 +163,18 @@ class Client:
     def request(self, msg: Any, timeout: float | None = None) -> Any:
         """Send the request ``msg`` to the scheduler and return its reply.
 
-        ``msg`` is a record of :mod:`hpcsched.core.protocol_client` with a
-        ``request_id`` (left empty: this sets a fresh one, which the scheduler's reply
-        carries back), e.g. ``client.request(WhoHas("", keys=None)).result``; the reply
-        is a record too. The way the client's extensions (cluster control, plugins,
-        datasets, coordination primitives) talk to the scheduler.
-
-        ``msg`` may also be an op dict, ``{"op": "who-has", "keys": None}``, as the
-        diagnostics extension and user code send: it is decoded into its record first (so a
-        malformed one raises :class:`~hpcsched.core.protocol.MalformedMessage` here, not in
-        the scheduler) and the reply comes back as a dict.
-
-        ``TimeoutError`` after ``timeout`` seconds (None: no limit); ``ConnectionError`` if
-        the scheduler is lost meanwhile.
+        ``msg`` is a record of :mod:`hpcsched.core.protocol_client` whose empty
+        ``request_id`` gets a fresh one (the reply carries it back), e.g.
+        ``client.request(WhoHas("", keys=None)).result``; the reply is a record. An op dict
+        (as the diagnostics extension sends) is checked and decoded first, and gets a dict
+        back. The way the client's extensions talk to the scheduler. ``TimeoutError`` after
+        ``timeout`` seconds (None: no limit); ``ConnectionError`` if the scheduler is lost.
         """
         conn = self.scheduler_comm
         if isinstance(msg, dict):
             rid = conn.new_id(str(msg.get("op")))
-            return encode(conn.request(decode(CLIENT_TO_SCHEDULER, {**msg, "request_id": rid}),
-                                       rid, timeout))
+            msg = pc.decode(pc.CLIENT_TO_SCHEDULER, {**msg, "request_id": rid})
+            return pc.encode(conn.request(msg, rid, timeout))
         if not msg.request_id:
             msg.request_id = conn.new_id(msg.op)
         return conn.request(msg, msg.request_id, timeout)
@@ -202,15 +182,13 @@ class Client:
     def _handle(self, msgs: list) -> None:
         """Dispatch a batch of scheduler messages (on the reader thread).
 
-        Each is decoded into its record (:data:`~hpcsched.core.protocol.SCHEDULER_TO_CLIENT`)
-        and goes to its handler in ``_HANDLERS``; one that is malformed (an unknown op, a
-        missing or unknown field) or that its handler cannot take is logged and dropped,
-        never raised."""
+        Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
+        one malformed or that its handler cannot take is logged and dropped, never raised."""
         handlers = self._HANDLERS
         try:
             for msg in msgs:
                 try:
-                    record = decode(SCHEDULER_TO_CLIENT, msg)
+                    record = pc.decode(pc.SCHEDULER_TO_CLIENT, msg)
                     handlers[record.op](self, record)
                 except Exception as e:
                     self._bad_message(msg, e)
@@ -250,7 +228,6 @@ class Client:
     def _on_error(self, msg: Any) -> None:  # the scheduler refused a message and drops us
         logger.error("scheduler at %s: %s", self.scheduler_address, msg.message)
 
-    #: op -> handler of a record the scheduler sent (the ops of ``SCHEDULER_TO_CLIENT``)
     _HANDLERS: ClassVar[dict[str, Callable[[Client, Any], None]]] = {
         "key-in-memory": _on_key_in_memory,
         "task-erred": _on_task_erred,
@@ -301,7 +278,7 @@ class Client:
             return Future(key, self)
         fut = Future(key, self)
         task = {"run_spec": (fblob, ablob, bool(held)), "deps": list(held)}
-        self.scheduler_comm.send(UpdateGraph(
+        self.scheduler_comm.send(pc.UpdateGraph(
             self.id, {key: task}, [key], priority, {key: retries} if retries else {},
             resources, as_list(workers), allow_other_workers, {key: 0}))
         del held
@@ -388,7 +365,7 @@ class Client:
         for f in flat:
             if f.state.status == "error":
                 f.state.lose()  # pending again until the scheduler reports
-        self.scheduler_comm.send(RetryKeys(self.id, [f.key for f in flat]))
+        self.scheduler_comm.send(pc.RetryKeys(self.id, [f.key for f in flat]))
 
     # ================================================================ data
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
@@ -409,14 +386,14 @@ class Client:
         flat: list[Future] = []
         collect_futures(futures, flat)
         self.future_table.cancel([f.state for f in flat])  # finished ones too: data dropped
-        self.scheduler_comm.send(CancelKeys(self.id, [f.key for f in flat]))
+        self.scheduler_comm.send(pc.CancelKeys(self.id, [f.key for f in flat]))
 
     # ================================================================ cluster
     def scheduler_info(self, timeout: float | None = 30.0) -> dict:
         """The scheduler's description of itself and its workers, as distributed's.
 
         ``"workers"`` is ``{address: info}``."""
-        return self.request(SchedulerInfo(""), timeout).info
+        return self.request(pc.SchedulerInfo(""), timeout).info
 
     # ---------------------------------------------------------------- cluster control
     def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
@@ -424,11 +401,8 @@ class Client:
         """Run ``function(*args, **kwargs)`` on every worker now (not as a task).
 
         Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
-        argument. ``nanny=True``, as distributed: run it in each worker's nanny (the
-        process supervising it: a ``LocalCluster``, ``hpcsched worker --nanny``), results
-        still keyed by worker address, ``dask_worker=`` being the
-        :class:`~hpcsched.core.nanny.Nanny`; a worker with no nanny (an MPI rank) answers a
-        ``RuntimeError`` saying so."""
+        argument. ``nanny=True``: in each worker's nanny (``dask_worker=`` is the ``Nanny``),
+        as distributed; a worker with no nanny (an MPI rank) answers a ``RuntimeError``."""
         return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
                                   on_error=on_error, nanny=nanny)
 
@@ -552,7 +526,7 @@ class Client:
         """Retire workers gracefully, their data moved to others first.
 
         Returns the retired workers' addresses."""
-        reply = self.request(RetireWorkersRequest("", workers, names, n, close), timeout)
+        reply = self.request(pc.RetireWorkersRequest("", workers, names, n, close), timeout)
         return list(reply.retired)
 
     # ---------------------------------------------------------------- diagnostics
@@ -591,7 +565,7 @@ class Client:
             return
         if self.status == "running":
             with contextlib.suppress(Exception):  # the scheduler may be gone already
-                self.scheduler_comm.request(CloseClient(), "close-client-reply", timeout)
+                self.scheduler_comm.request(pc.CloseClient(), "close-client-reply", timeout)
         self._closed = True
         self.status = "closed"
         self.future_table.close()

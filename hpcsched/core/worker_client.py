@@ -1,7 +1,8 @@
 """Tasks that submit tasks.
 
 ``get_worker``, ``get_client``, ``worker_client``, ``secede``, ``rejoin``, with
-dask.distributed's names and meaning ("Launch Tasks from Tasks" in its documentation)::
+dask.distributed's names and meaning ("Launch Tasks from Tasks" in its
+documentation)::
 
     from hpcsched import Client, worker_client
 
@@ -78,11 +79,11 @@ _dask_hooked = [False]
 
 
 def hook_dask() -> None:
-    """Make dask's ``.compute()`` inside tasks run on the cluster.
+    """Have dask's ``.compute()`` inside tasks run on the cluster, once dask is loaded.
 
-    Once dask is loaded in a worker's process (a task's function came from it), compute
-    goes through the worker's client, unless the process chose a dask scheduler itself.
-    Called per task: cheap once done.
+    Once dask is loaded in a worker's process (a task's function came from it),
+    ``.compute()`` inside tasks goes through the worker's client, unless the process
+    chose a dask scheduler itself. Called per task: cheap once done.
     """
     if _dask_hooked[0] or "dask.config" not in sys.modules:
         return
@@ -101,7 +102,7 @@ def in_task() -> bool:
 
 
 def leave_task(previous: Any) -> None:
-    """Undo :func:`enter_task`: ``previous`` is what it returned."""
+    """The task this thread ran is over: back to ``previous`` (from :func:`enter_task`)."""
     _local.task = previous
 
 
