@@ -184,11 +184,11 @@ class Client:
 
         Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
         one malformed or that its handler cannot take is logged and dropped, never raised."""
-        handlers = self._HANDLERS
+        handlers, decode, table = self._HANDLERS, pc.decode, pc.SCHEDULER_TO_CLIENT
         try:
             for msg in msgs:
                 try:
-                    record = pc.decode(pc.SCHEDULER_TO_CLIENT, msg)
+                    record = decode(table, msg)
                     handlers[record.op](self, record)
                 except Exception as e:
                     self._bad_message(msg, e)
