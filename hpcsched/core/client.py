@@ -17,9 +17,10 @@ The client is collaborating parts: its connection (``SchedulerConnection``:
 reader and sender threads, request/reply, heartbeat; :mod:`.client_connection`),
 its futures (``FutureTable``: states, reference counts, done callbacks), and the
 functions that build graphs (:mod:`.client_graphs`), move data
-(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). What the
-scheduler sends is dispatched by one table, op -> handler (``Client._HANDLERS``);
-a message no handler can take is logged and dropped.
+(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). It sends
+protocol records (:mod:`.protocol_client`); what the scheduler sends is decoded
+and dispatched by one table, op -> handler (``Client._HANDLERS``); a malformed
+message, or one its handler cannot take, is logged with its op and dropped.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from hpcsched.core import (
     versions,
 )
 from hpcsched.core import datasets as dataset_ops
+from hpcsched.core import protocol as pc
 from hpcsched.core.client_connection import SchedulerConnection, locate_scheduler, open_comm
 from hpcsched.core.client_futures import FutureTable
 from hpcsched.core.comm.base import Security
@@ -158,31 +160,36 @@ class Client:
         return f"<Client {self.id} scheduler={self.scheduler_address} status={self.status}>"
 
     # ================================================================ messages
-    def request(self, msg: dict, timeout: float | None = None) -> dict:
+    def request(self, msg: Any, timeout: float | None = None) -> Any:
         """Send the request ``msg`` to the scheduler and return its reply.
 
-        ``msg`` is ``{"op": ..., **fields}``, e.g.
-        ``client.request({"op": "who-has", "keys": None})["result"]``.
-
-        The way the client's extensions (cluster control, plugins, datasets, coordination
-        primitives) talk to the scheduler: the request gets a fresh ``request_id`` that
-        the scheduler's reply carries back. ``TimeoutError`` after ``timeout`` seconds
-        (None: no limit); ``ConnectionError`` if the scheduler is lost meanwhile.
+        ``msg`` is a record of :mod:`hpcsched.core.protocol_client` whose empty
+        ``request_id`` gets a fresh one (the reply carries it back), e.g.
+        ``client.request(WhoHas("", keys=None)).result``; the reply is a record. An op dict
+        (as the diagnostics extension sends) is checked and decoded first, and gets a dict
+        back. The way the client's extensions talk to the scheduler. ``TimeoutError`` after
+        ``timeout`` seconds (None: no limit); ``ConnectionError`` if the scheduler is lost.
         """
         conn = self.scheduler_comm
-        rid = conn.new_id(msg["op"])
-        return conn.request({**msg, "request_id": rid}, rid, timeout)
+        if isinstance(msg, dict):
+            rid = conn.new_id(str(msg.get("op")))
+            msg = pc.decode(pc.CLIENT_TO_SCHEDULER, {**msg, "request_id": rid})
+            return pc.encode(conn.request(msg, rid, timeout))
+        if not msg.request_id:
+            msg.request_id = conn.new_id(msg.op)
+        return conn.request(msg, msg.request_id, timeout)
 
     def _handle(self, msgs: list) -> None:
         """Dispatch a batch of scheduler messages (on the reader thread).
 
-        Each goes through ``_HANDLERS``; one that cannot be handled is logged and dropped,
-        never raised."""
-        handlers = self._HANDLERS
+        Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
+        one malformed or that its handler cannot take is logged and dropped, never raised."""
+        handlers, decode, table = self._HANDLERS, pc.decode, pc.SCHEDULER_TO_CLIENT
         try:
             for msg in msgs:
                 try:
-                    handlers[msg["op"]](self, msg)
+                    record = decode(table, msg)
+                    handlers[record.op](self, record)
                 except Exception as e:
                     self._bad_message(msg, e)
         finally:
@@ -190,41 +197,38 @@ class Client:
 
     def _bad_message(self, msg: Any, error: Exception) -> None:
         op = msg.get("op") if isinstance(msg, dict) else None
-        reason = "unknown op" if isinstance(msg, dict) and op not in self._HANDLERS else \
-            f"{type(error).__name__}: {error}"
-        logger.error("client %s: dropped a message from the scheduler (op %r): %s",
-                     self.id, op, reason)
+        logger.error("client %s: dropped a message from the scheduler (op %r): %s: %s",
+                     self.id, op, type(error).__name__, error)
 
-    def _on_key_in_memory(self, msg: dict) -> None:
-        st = self.futures.get(msg["key"])
+    def _on_key_in_memory(self, msg: Any) -> None:
+        st = self.futures.get(msg.key)
         if st is not None and st.status != "finished":
-            cbs = st.finish(msg.get("type", ""))
+            cbs = st.finish(msg.type)
             if cbs:  # the common case has none: no call (one message per finished task)
                 self.future_table.run_callbacks(cbs)
 
-    def _on_task_erred(self, msg: dict) -> None:
-        self.future_table.erred(msg["key"], msg.get("exception"), msg.get("traceback", ""),
-                                msg.get("exception_text", ""))
+    def _on_task_erred(self, msg: Any) -> None:
+        self.future_table.erred(msg.key, msg.exception, msg.traceback, msg.exception_text)
 
-    def _on_cancelled_keys(self, msg: dict) -> None:
+    def _on_cancelled_keys(self, msg: Any) -> None:
         table = self.future_table
-        table.cancel([st for st in map(table.states.get, msg["keys"]) if st is not None])
+        table.cancel([st for st in map(table.states.get, msg.keys) if st is not None])
 
-    def _on_lost_data(self, msg: dict) -> None:
-        st = self.futures.get(msg["key"])
+    def _on_lost_data(self, msg: Any) -> None:
+        st = self.futures.get(msg.key)
         if st is not None:
             st.lose()
 
-    def _on_reply(self, msg: dict) -> None:
+    def _on_reply(self, msg: Any) -> None:
         self.scheduler_comm.deliver_reply(msg)
 
-    def _on_scheduler_closing(self, msg: dict) -> None:
+    def _on_scheduler_closing(self, msg: Any) -> None:
         self.scheduler_comm.lost()
 
-    def _on_error(self, msg: dict) -> None:  # the scheduler refused a message and drops us
-        logger.error("scheduler at %s: %s", self.scheduler_address, msg.get("message"))
+    def _on_error(self, msg: Any) -> None:  # the scheduler refused a message and drops us
+        logger.error("scheduler at %s: %s", self.scheduler_address, msg.message)
 
-    _HANDLERS: ClassVar[dict[str, Callable[[Client, dict], None]]] = {
+    _HANDLERS: ClassVar[dict[str, Callable[[Client, Any], None]]] = {
         "key-in-memory": _on_key_in_memory,
         "task-erred": _on_task_erred,
         "cancelled-keys": _on_cancelled_keys,
@@ -274,11 +278,9 @@ class Client:
             return Future(key, self)
         fut = Future(key, self)
         task = {"run_spec": (fblob, ablob, bool(held)), "deps": list(held)}
-        self.scheduler_comm.send({
-            "op": "update-graph", "tasks": {key: task}, "keys": [key], "priority": priority,
-            "retries": {key: retries} if retries else {}, "resources": resources,
-            "workers": as_list(workers), "allow_other_workers": allow_other_workers,
-            "static_priorities": {key: 0}})
+        self.scheduler_comm.send(pc.UpdateGraph(
+            self.id, {key: task}, [key], priority, {key: retries} if retries else {},
+            resources, as_list(workers), allow_other_workers, {key: 0}))
         del held
         return fut
 
@@ -363,7 +365,7 @@ class Client:
         for f in flat:
             if f.state.status == "error":
                 f.state.lose()  # pending again until the scheduler reports
-        self.scheduler_comm.send({"op": "retry-keys", "keys": [f.key for f in flat]})
+        self.scheduler_comm.send(pc.RetryKeys(self.id, [f.key for f in flat]))
 
     # ================================================================ data
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
@@ -384,14 +386,14 @@ class Client:
         flat: list[Future] = []
         collect_futures(futures, flat)
         self.future_table.cancel([f.state for f in flat])  # finished ones too: data dropped
-        self.scheduler_comm.send({"op": "cancel-keys", "keys": [f.key for f in flat]})
+        self.scheduler_comm.send(pc.CancelKeys(self.id, [f.key for f in flat]))
 
     # ================================================================ cluster
     def scheduler_info(self, timeout: float | None = 30.0) -> dict:
         """The scheduler's description of itself and its workers, as distributed's.
 
         ``"workers"`` is ``{address: info}``."""
-        return self.request({"op": "scheduler-info"}, timeout)["info"]
+        return self.request(pc.SchedulerInfo(""), timeout).info
 
     # ---------------------------------------------------------------- cluster control
     def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
@@ -399,11 +401,10 @@ class Client:
         """Run ``function(*args, **kwargs)`` on every worker now (not as a task).
 
         Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
-        argument. ``nanny=True`` is refused: hpcsched workers have no nanny process."""
-        if nanny:
-            raise ValueError("Client.run(nanny=True): hpcsched workers have no nanny process")
+        argument. ``nanny=True``: in each worker's nanny (``dask_worker=`` is the ``Nanny``),
+        as distributed; a worker with no nanny (an MPI rank) answers a ``RuntimeError``."""
         return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
-                                  on_error=on_error)
+                                  on_error=on_error, nanny=nanny)
 
     def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in the scheduler's process.
@@ -525,9 +526,8 @@ class Client:
         """Retire workers gracefully, their data moved to others first.
 
         Returns the retired workers' addresses."""
-        reply = self.request({"op": "retire-workers", "workers": workers, "names": names,
-                              "n": n, "close": close}, timeout)
-        return list(reply.get("retired", []))
+        reply = self.request(pc.RetireWorkersRequest("", workers, names, n, close), timeout)
+        return list(reply.retired)
 
     # ---------------------------------------------------------------- diagnostics
     # (the work is done in hpcsched.diagnostics, reached through core.seams)
@@ -565,8 +565,7 @@ class Client:
             return
         if self.status == "running":
             with contextlib.suppress(Exception):  # the scheduler may be gone already
-                self.scheduler_comm.request({"op": "close-client"}, "close-client-reply",
-                                            timeout)
+                self.scheduler_comm.request(pc.CloseClient(), "close-client-reply", timeout)
         self._closed = True
         self.status = "closed"
         self.future_table.close()

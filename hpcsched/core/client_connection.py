@@ -8,9 +8,11 @@ the client. A :class:`SchedulerConnection` then owns the connection:
 - one **sender** thread sends everything the client queues, in batches (a
   ``Future.__del__`` only puts a message on a queue, never blocks on a socket;
   runs of ``client-releases-keys`` are merged into one message, see
-  :func:`coalesce`);
+  :func:`coalesce`); what is queued are protocol records
+  (:mod:`hpcsched.core.protocol_client`), encoded once, there, as they are sent;
 - one **reader** thread hands each batch of scheduler messages to the client's
-  ``on_messages`` and routes replies to the requests waiting for them;
+  ``on_messages`` (which decodes them) and routes replies to the requests
+  waiting for them;
 - a :class:`~hpcsched.core.client_heartbeat.SchedulerWatch` pings a silent
   scheduler and gives it up after ``client.scheduler-timeout``.
 
@@ -31,7 +33,8 @@ from typing import Any
 from hpcsched.core import seams
 from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Security
+from hpcsched.core.comm.base import Comm, CommClosedError, Security, unparse_address
+from hpcsched.core.protocol import ClientReleasesKeys, RegisterClient, SchedulerInfo, encode
 from hpcsched.core.scheduler_file import (
     looks_like_scheduler_file,
     read_scheduler_file,
@@ -40,7 +43,9 @@ from hpcsched.core.scheduler_file import (
 
 logger = logging.getLogger("hpcsched.client")
 
-SCHEMES = ("tcp://", "tls://", "inproc://", "mpi://")
+#: the scheme of an address given without one (``host:port``), as distributed's
+#: ``distributed.comm.default-scheme``
+DEFAULT_SCHEME = "tcp"
 MAX_SEND_BATCH = 10_000  # messages per send at most
 
 
@@ -92,11 +97,11 @@ def locate_scheduler(address: Any, scheduler_file: str | None, security: Securit
         address = address.scheduler_address
     elif isinstance(address, tuple):  # from wait_for_scheduler_file
         address, security = address
-    elif isinstance(address, str) and not address.startswith(SCHEMES):
+    elif isinstance(address, str) and "://" not in address:
         if looks_like_scheduler_file(address):
             address, security = wait_for_scheduler_file(address, timeout, security)
         else:
-            address = f"tcp://{address}"
+            address = unparse_address(DEFAULT_SCHEME, address)
     return Located(address, security, cluster)
 
 
@@ -129,31 +134,36 @@ def open_comm(address: str, client_id: str, security: Security | None,
     if local is not None and local[1] == (security.secret if security else None):
         connect_address = local[0]
     comm = registry.connect(connect_address, timeout=timeout, security=security)
-    comm.send([{"op": "register-client", "client": client_id}])
+    comm.send([encode(RegisterClient(client_id))])
     try:
         reply = comm.recv(timeout=timeout)
     except (CommClosedError, TimeoutError) as e:
         comm.close()
         raise ConnectionError(f"scheduler at {address} did not accept this client: {e}") \
             from e
-    return comm, reply, connect_address.startswith("inproc://")
+    return comm, reply, registry.backend_for(connect_address).same_process
 
 
 def coalesce(msgs: list) -> list:
-    """Merge runs of adjacent ``client-releases-keys`` (one per dropped future) into one
-    message: the scheduler then handles one event for a whole map's worth of releases."""
+    """The wire dicts of the queued records ``msgs``, runs of adjacent
+    ``client-releases-keys`` (one per dropped future) merged into one message: the
+    scheduler then handles one event for a whole map's worth of releases.
+
+    A queued dict is sent as it is (a request given as a dict was checked when it was
+    decoded into its record; tests send deliberately malformed ones)."""
     out: list = []
     run: list | None = None  # keys of the release message being built
     for m in msgs:
-        if m.get("op") == "client-releases-keys":
+        cls = m.__class__
+        if cls is ClientReleasesKeys:
             if run is None:
-                run = list(m["keys"])
-                out.append({"op": "client-releases-keys", "keys": run})
+                run = list(m.keys)
+                out.append({"op": ClientReleasesKeys.op, "keys": run})  # type: ignore[attr-defined]
             else:
-                run.extend(m["keys"])
+                run.extend(m.keys)
         else:
             run = None
-            out.append(m)
+            out.append(m if cls is dict else encode(m))
     return out
 
 
@@ -172,8 +182,8 @@ class SchedulerConnection:
         self.address = address
         self.closed = False
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
-        #: queue a message without the closed check (``Future.__del__``'s releases)
-        self.post: Callable[[dict], None] = self._outq.put
+        #: queue a record without the closed check (``Future.__del__``'s releases)
+        self.post: Callable[[Any], None] = self._outq.put
         self._requests: dict[str, tuple[threading.Event, list]] = {}
         self._ids = itertools.count()
         self._name = name
@@ -197,8 +207,9 @@ class SchedulerConnection:
             self._watch.start()
 
     # ---------------------------------------------------------------- sending
-    def send(self, msg: dict) -> None:
-        """Queue ``msg`` for the scheduler (``RuntimeError`` once the client is closed)."""
+    def send(self, msg: Any) -> None:
+        """Queue the record ``msg`` for the scheduler (``RuntimeError`` once the client is
+        closed); it is encoded when the sender thread sends it."""
         if self.closed:
             raise RuntimeError("this client is closed")
         self._outq.put(msg)
@@ -207,16 +218,17 @@ class SchedulerConnection:
         """A request id unique in this client."""
         return f"{self._name}-{what}-{next(self._ids)}"
 
-    def request(self, msg: dict, rid: str, timeout: float | None) -> dict:
-        """Send ``msg`` and wait for the reply carrying ``rid`` (``TimeoutError`` after
-        ``timeout`` seconds, ``ConnectionError`` if the scheduler is lost meanwhile)."""
+    def request(self, msg: Any, rid: str, timeout: float | None) -> Any:
+        """Send the record ``msg`` and wait for the reply record carrying ``rid``
+        (``TimeoutError`` after ``timeout`` seconds, ``ConnectionError`` if the scheduler is
+        lost meanwhile)."""
         event = threading.Event()
         box: list = []
         self._requests[rid] = (event, box)
         try:
             self.send(msg)
             if not event.wait(timeout):
-                raise TimeoutError(f"no answer from the scheduler to {msg['op']} within "
+                raise TimeoutError(f"no answer from the scheduler to {msg.op} within "
                                    f"{timeout}s")
         finally:
             self._requests.pop(rid, None)
@@ -224,10 +236,10 @@ class SchedulerConnection:
             raise ConnectionError(f"lost the scheduler at {self.address}")
         return box[0]
 
-    def deliver_reply(self, msg: dict) -> None:
-        """Hand a reply to the request waiting for it (a reply nobody waits for -- a ping's,
-        a timed-out request's -- is dropped)."""
-        rid = msg.get("request_id") or msg.get("scatter_id") or msg["op"]
+    def deliver_reply(self, msg: Any) -> None:
+        """Hand a reply record to the request waiting for it (a reply nobody waits for -- a
+        ping's, a timed-out request's -- is dropped)."""
+        rid = getattr(msg, "request_id", None) or getattr(msg, "scatter_id", None) or msg.op
         entry = self._requests.get(rid)
         if entry is not None:
             entry[1].append(msg)
@@ -276,7 +288,7 @@ class SchedulerConnection:
 
     def _ping(self) -> None:
         if not self.closed:  # any answer will do: the reader hears it
-            self._outq.put({"op": "scheduler-info", "request_id": self.new_id("ping")})
+            self._outq.put(SchedulerInfo(self.new_id("ping")))
 
     def _unresponsive(self, reason: str) -> None:
         logger.error("client %s: %s at %s: giving up on it", self._name, reason, self.address)

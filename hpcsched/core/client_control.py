@@ -13,6 +13,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+from hpcsched.core import protocol as pc
+from hpcsched.core.protocol_client import Rebalance
 from hpcsched.core.serialize import dumps_function, dumps_object, loads_object
 from hpcsched.core.submission import as_list
 
@@ -22,12 +24,19 @@ if TYPE_CHECKING:
 ON_ERROR = ("raise", "return", "ignore")
 
 
-def outcome(entry: dict) -> tuple[bool, Any]:
-    """(ok, result or exception) of one ``{"status", "result" | "exception"}`` answer."""
-    if entry.get("status") == "OK":
-        return True, loads_object(entry["result"]) if entry.get("result") is not None else None
-    exc = loads_object(entry["exception"]) if entry.get("exception") else \
-        RuntimeError(str(entry.get("traceback") or "unknown error"))
+def outcome(entry: Any) -> tuple[bool, Any]:
+    """(ok, result or exception) of one answer: a ``control-reply`` record, or one
+    worker's ``{"status", "result" | "exception", "traceback"}`` of its ``results``."""
+    if isinstance(entry, dict):
+        status, result = entry.get("status"), entry.get("result")
+        exception, traceback = entry.get("exception"), entry.get("traceback")
+    else:
+        status, result = entry.status, entry.result
+        exception, traceback = entry.exception, entry.traceback
+    if status == "OK":
+        return True, loads_object(result) if result is not None else None
+    exc = loads_object(exception) if exception else \
+        RuntimeError(str(traceback or "unknown error"))
     if not isinstance(exc, BaseException):
         exc = RuntimeError(repr(exc))
     return False, exc
@@ -40,15 +49,31 @@ def _call_fields(function: Any, args: tuple, kwargs: dict) -> dict:
             "kwargs": dumps_object(dict(kwargs))}
 
 
+def results(reply: Any) -> dict:
+    """The per-worker answers of a ``control-reply``: ``{worker: {status, ...}}``."""
+    return reply.results or {}
+
+
 def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: Any = None,
-        wait: bool = True, on_error: str = "raise", timeout: float | None = None) -> Any:
-    """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}."""
+        wait: bool = True, on_error: str = "raise", timeout: float | None = None,
+        nanny: bool = False) -> Any:
+    """``function(*args, **kwargs)`` on every worker (or ``workers``): {address: result}.
+
+    ``nanny``: in each worker's nanny instead; the worker forwards the call to it over the
+    link nanny plugins use (:func:`hpcsched.core.nanny.run_in_nanny`)."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
-    reply = client.request({"op": "run", "workers": as_list(workers), "wait": bool(wait),
-                            **_call_fields(function, args, kwargs)}, timeout)
+    if nanny:
+        if not callable(function):
+            raise TypeError(f"expected a callable, got {type(function).__name__}")
+        from hpcsched.core.nanny import run_in_nanny  # not at the top: nanny imports us
+
+        call = dumps_object((function, tuple(args), dict(kwargs)))
+        function, args, kwargs = run_in_nanny, (call,), {}
+    reply = client.request(pc.Run("", wait=bool(wait), workers=as_list(workers),
+                                  **_call_fields(function, args, kwargs)), timeout)
     out = {}
-    for address, entry in sorted(reply.get("results", {}).items()):
+    for address, entry in sorted(results(reply).items()):
         ok, value = outcome(entry)
         if not ok and on_error == "raise":
             raise value
@@ -59,7 +84,7 @@ def run(client: Client, function: Any, args: tuple, kwargs: dict, *, workers: An
 
 def run_on_scheduler(client: Client, function: Any, args: tuple, kwargs: dict,
                      timeout: float | None = None) -> Any:
-    reply = client.request({"op": "run-on-scheduler", **_call_fields(function, args, kwargs)},
+    reply = client.request(pc.RunOnScheduler("", **_call_fields(function, args, kwargs)),
                            timeout)
     ok, value = outcome(reply)
     if not ok:
@@ -71,15 +96,15 @@ def who_has(client: Client, futures: Any = None, timeout: float | None = 30.0) -
     if futures is not None and not isinstance(futures, (list, tuple, set)):
         futures = [futures]
     keys = None if futures is None else [getattr(f, "key", f) for f in futures]
-    return client.request({"op": "who-has", "keys": keys}, timeout)["result"]
+    return client.request(pc.WhoHas("", keys), timeout).result
 
 
 def has_what(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return client.request({"op": "has-what", "workers": as_list(workers)}, timeout)["result"]
+    return client.request(pc.HasWhat("", as_list(workers)), timeout).result
 
 
 def nthreads(client: Client, workers: Any = None, timeout: float | None = 30.0) -> dict:
-    return client.request({"op": "nthreads", "workers": as_list(workers)}, timeout)["result"]
+    return client.request(pc.NThreads("", as_list(workers)), timeout).result
 
 
 def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
@@ -88,10 +113,10 @@ def upload_file(client: Client, filename: str | os.PathLike, load: bool = True,
     path = os.fspath(filename)
     with open(path, "rb") as f:
         data = f.read()
-    reply = client.request({"op": "upload-file", "filename": os.path.basename(path),
-                            "data": data, "load": bool(load)}, timeout)
+    reply = client.request(pc.UploadFile("", os.path.basename(path), data, bool(load)),
+                           timeout)
     out = {}
-    for address, entry in sorted(reply.get("results", {}).items()):
+    for address, entry in sorted(results(reply).items()):
         ok, value = outcome(entry)
         if not ok:
             raise value
@@ -106,7 +131,7 @@ def rebalance(client: Client, futures: Any = None, workers: Any = None,
     if futures is not None and not isinstance(futures, (list, tuple, set)):
         futures = [futures]
     keys = None if futures is None else [getattr(f, "key", f) for f in futures]
-    client.request({"op": "rebalance", "keys": keys, "workers": as_list(workers)}, timeout)
+    client.request(Rebalance("", keys, as_list(workers)), timeout)
 
 
 def replicate(client: Client, futures: Any, n: int | None = None, workers: Any = None,
@@ -120,8 +145,7 @@ def replicate(client: Client, futures: Any, n: int | None = None, workers: Any =
     for f in futures:
         f.result(timeout)
     keys = [getattr(f, "key", f) for f in futures]
-    wanted = client.request({"op": "replicate", "keys": keys, "n": n,
-                             "workers": as_list(workers)}, timeout)["result"]
+    wanted = client.request(pc.Replicate("", keys, n, as_list(workers)), timeout).result
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = 0.02
     while True:
@@ -138,8 +162,8 @@ def restart(client: Client, timeout: float | None = 120.0, wait_for_workers: boo
     """Cancel every task and reset the workers' plugins; see ``Client.restart``."""
     n = len(client.scheduler_info()["workers"])
     client.future_table.cancel(list(client.futures.values()))
-    reply = client.request({"op": "restart"}, timeout)
-    for entry in reply.get("results", {}).values():
+    reply = client.request(pc.Restart(""), timeout)
+    for entry in results(reply).values():
         ok, value = outcome(entry)
         if not ok:
             raise value

@@ -22,6 +22,7 @@ from hpcsched.core.futures import (
     exception_of,
     pack_futures,
 )
+from hpcsched.core.protocol import ClientDesiresKeys, Gather, ScatterData
 from hpcsched.core.serialize import deserialize, serialize, sizeof
 from hpcsched.core.submission import as_list
 
@@ -57,18 +58,17 @@ def gather(client: Client, futures: Any, errors: str = "raise",
             break
         rid = conn.new_id("gather")
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        reply = conn.request({"op": "gather", "request_id": rid, "keys": list(pending)},
-                             rid, left)
-        for blob in reply.get("blobs") or ():
+        reply = conn.request(Gather(rid, list(pending)), rid, left)
+        for blob in reply.blobs:
             for k, v in deserialize(blob).items():
                 values[k] = v
                 pending.pop(k, None)
-        for k in reply.get("missing") or ():
+        for k in reply.missing:
             lost = pending.get(k)
             if lost is not None and lost.state.status == "finished":
                 # the scheduler lost it after telling us: wait for the recomputation
                 lost.state.lose()
-                conn.send({"op": "client-desires-keys", "keys": [k]})
+                conn.send(ClientDesiresKeys(client.id, [k]))
         if pending and deadline is not None and time.monotonic() > deadline:
             raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
     return pack_futures(futures, values, errors)
@@ -88,11 +88,11 @@ def scatter(client: Client, data: Any, workers: Any = None, broadcast: bool = Fa
     sid = conn.new_id("scatter")
     payload = {k: serialize(v) for k, v in items.items()}
     futures = {k: Future(k, client) for k in items}
-    reply = conn.request({"op": "scatter", "scatter_id": sid, "data": payload,
-                          "nbytes": {k: sizeof(v) for k, v in items.items()},
-                          "workers": as_list(workers), "broadcast": broadcast}, sid, timeout)
-    if reply.get("error"):
-        raise RuntimeError(f"scatter failed: {reply['error']}")
+    reply = conn.request(ScatterData(client.id, sid, payload,
+                                     {k: sizeof(v) for k, v in items.items()},
+                                     as_list(workers), broadcast), sid, timeout)
+    if reply.error:
+        raise RuntimeError(f"scatter failed: {reply.error}")
     for f in futures.values():
         if not f.done():
             client.future_table.run_callbacks(f.state.finish())

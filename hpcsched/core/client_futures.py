@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core.futures import FutureState, run_callback
+from hpcsched.core.protocol import ClientReleasesKeys
 
 
 class FutureTable:
@@ -31,13 +32,14 @@ class FutureTable:
     not block the reader.
     """
 
-    def __init__(self, post: Callable[[dict], Any]):
+    def __init__(self, post: Callable[[Any], Any]):
         self.states: dict[Any, FutureState] = {}
         self.changed = threading.Condition()  # some future's state changed
         self.closed = False
         self._counts: dict[Any, int] = {}
         self._lock = threading.Lock()
         self._post = post
+        self.client_id = ""  # the client's id, set by start()
         self._callback_q: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
@@ -62,7 +64,7 @@ class FutureTable:
             self._counts.pop(key, None)
             self.states.pop(key, None)
         if not self.closed:
-            self._post({"op": "client-releases-keys", "keys": [key]})
+            self._post(ClientReleasesKeys(self.client_id, [key]))
 
     def known(self, key: Any) -> bool:
         """Whether a live future of ``key`` is held (so submitting it again is the same
@@ -121,7 +123,8 @@ class FutureTable:
             self._callback_q.put(cbs)
 
     def start(self, name: str) -> None:
-        """Start the thread that runs done callbacks (named after the client)."""
+        """Start the thread that runs done callbacks (named after the client ``name``)."""
+        self.client_id = name
         self._thread = threading.Thread(target=_callback_loop, args=(self._callback_q,),
                                         name=f"{name}-callbacks", daemon=True)
         self._thread.start()

@@ -29,6 +29,7 @@ from hpcsched.core.dask_collections import (
 )
 from hpcsched.core.futures import Future
 from hpcsched.core.graph import Ref, gc_paused, normalize
+from hpcsched.core.protocol import UpdateGraph
 from hpcsched.core.serialize import dumps_function, dumps_object
 from hpcsched.core.submission import (
     SCALARS,
@@ -46,17 +47,15 @@ FIRST_MAP_BATCH = 1000  # tasks of a large map sent ahead of the rest
 MAX_MAP_BATCH = 50_000  # tasks per update-graph message at most
 
 
-def update_graph(tasks: dict, keys: list, *, priority: int = 0, retries: int = 0,
-                 resources: dict | None = None, workers: Any = None,
+def update_graph(client: Client, tasks: dict, keys: list, *, priority: int = 0,
+                 retries: int = 0, resources: dict | None = None, workers: Any = None,
                  allow_other_workers: bool = False, static_priorities: dict | None = None,
-                 annotations: dict | None = None) -> dict:
-    """The ``update-graph`` message for ``tasks`` (``{key: {"run_spec", "deps"}}``) of which
-    the client wants ``keys``."""
-    return {"op": "update-graph", "tasks": tasks, "keys": keys, "priority": priority,
-            "retries": {k: retries for k in tasks} if retries else {},
-            "resources": resources, "workers": as_list(workers),
-            "allow_other_workers": allow_other_workers,
-            "static_priorities": static_priorities, "annotations": annotations}
+                 annotations: dict | None = None) -> UpdateGraph:
+    """The ``update-graph`` record for ``tasks`` (``{key: {"run_spec", "deps"}}``) of which
+    ``client`` wants ``keys``."""
+    return UpdateGraph(client.id, tasks, keys, priority,
+                       {k: retries for k in tasks} if retries else {}, resources,
+                       as_list(workers), allow_other_workers, static_priorities, annotations)
 
 
 def map_batches(n: int, batch_size: int | None) -> list[tuple[int, int]]:
@@ -143,7 +142,7 @@ def map_futures(client: Client, func: Callable, items: list, kwargs: dict, *,
                     tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
             futures += [Future(k, client) for k in batch]
             if tasks:
-                send(update_graph(tasks, list(tasks), static_priorities={
+                send(update_graph(client, tasks, list(tasks), static_priorities={
                     k: start + i for i, k in enumerate(tasks)}, **opts))
             del held
     return futures
@@ -188,7 +187,7 @@ def submit_graph(client: Client, dsk: Any, keys: Any, *, fuse: bool | None = Non
         del tasks
     futures = {k: Future(k, client) for k in flat}
     client.scheduler_comm.send(update_graph(
-        wire, list(futures), annotations=annotations_for_wire(annotations, wire.keys()) or None,
+        client, wire, list(futures), annotations=annotations_for_wire(annotations, wire.keys()) or None,
         **opts))
     return pack_keys(keys, futures)
 

@@ -38,6 +38,8 @@ import cloudpickle
 
 from hpcsched.core import worker_client
 from hpcsched.core.futures import Future
+from hpcsched.core.protocol import ClientDesiresKeys, ControlReply
+from hpcsched.core.protocol import Primitive as PrimitiveRequest
 from hpcsched.core.serialize import SerializationError, loads_object
 from hpcsched.core.units import parse_interval
 
@@ -80,13 +82,15 @@ def dumps_value(value: Any) -> dict:
     return {"blob": buf.getvalue(), "keys": list(dict.fromkeys(p.keys))}
 
 
-def loads_value(client: Client, reply: dict) -> Any:
-    """The value of a reply, its futures bound to ``client`` (which asks for their state)."""
-    keys = reply.get("keys") or []
+def loads_value(client: Client, blob: bytes, keys: list | None) -> Any:
+    """A stored value, ``blob``, holding the futures of ``keys``.
+
+    Its futures are bound to ``client``, which asks the scheduler for their state.
+    """
     if not keys:
-        return loads_object(reply["blob"])
-    value = _Unpickler(io.BytesIO(reply["blob"]), client).load()
-    client.scheduler_comm.send({"op": "client-desires-keys", "keys": list(keys)})
+        return loads_object(blob)
+    value = _Unpickler(io.BytesIO(blob), client).load()
+    client.scheduler_comm.send(ClientDesiresKeys(client.id, list(keys)))
     return value
 
 
@@ -101,7 +105,7 @@ def parse_timeout(timeout: Any) -> float | None:
 
 
 def request(client: Client, kind: str, action: str, name: str, *, wait: bool = False,
-            **fields: Any) -> dict:
+            **fields: Any) -> ControlReply:
     """One request to the scheduler's primitives; raises the error the scheduler answered.
 
     ``wait``: it may block, so a task gives its thread slot back meanwhile."""
@@ -111,14 +115,13 @@ def request(client: Client, kind: str, action: str, name: str, *, wait: bool = F
     if seceded:
         worker_client.secede()
     try:
-        reply = client.request({"op": "primitive", "kind": kind, "action": action,
-                                "name": name, **fields})
+        reply = client.request(PrimitiveRequest("", kind, action, name, **fields))
     finally:
         if seceded:
             worker_client.rejoin()
-    if reply.get("status") == "error":
-        exc = loads_object(reply["exception"]) if reply.get("exception") else \
-            RuntimeError(str(reply.get("traceback")))
+    if reply.status == "error":
+        exc = loads_object(reply.exception) if reply.exception else \
+            RuntimeError(str(reply.traceback))
         raise exc
     return reply
 
@@ -139,7 +142,7 @@ class Primitive:
             self._client = worker_client.get_client()
         return self._client
 
-    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> dict:
+    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> ControlReply:
         return request(self.client, self.kind, action, self.name, wait=wait, **fields)
 
     def __reduce__(self) -> Any:
@@ -182,7 +185,7 @@ class Semaphore(Primitive):
         lease = uuid.uuid4().hex
         fields = {"max_leases": self.max_leases} if self.kind == "semaphore" else {}
         reply = self._call("acquire", wait=True, lease=lease, timeout=timeout, **fields)
-        if reply.get("result"):
+        if reply.result:
             self._leases.append(lease)
             return True
         return False
@@ -192,11 +195,11 @@ class Semaphore(Primitive):
         if not self._leases:
             raise RuntimeError("Released too often")
         lease = self._leases.pop()
-        return bool(self._call("release", lease=lease)["result"])
+        return bool(self._call("release", lease=lease).result)
 
     def get_value(self) -> int:
         """How many leases are held now."""
-        return int(self._call("value")["result"])
+        return int(self._call("value").result)
 
     def __enter__(self) -> Semaphore:
         self.acquire()
@@ -233,7 +236,7 @@ class Lock(Semaphore):
 
     def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        return bool(self._call("locked")["result"])
+        return bool(self._call("locked").result)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name,))
@@ -255,11 +258,11 @@ class Event(Primitive):
 
     def is_set(self) -> bool:
         """Whether the event is set."""
-        return bool(self._call("is-set")["result"])
+        return bool(self._call("is-set").result)
 
     def wait(self, timeout: Any = None) -> bool:
         """Wait until the event is set; False if ``timeout`` passed first."""
-        return bool(self._call("wait", wait=True, timeout=parse_timeout(timeout))["result"])
+        return bool(self._call("wait", wait=True, timeout=parse_timeout(timeout)).result)
 
 
 # ------------------------------------------------------------------ Variable
@@ -278,9 +281,9 @@ class Variable(Primitive):
     def get(self, timeout: Any = None) -> Any:
         """The value, once set (``TimeoutError`` after ``timeout``)."""
         reply = self._call("get", wait=True, timeout=parse_timeout(timeout))
-        if reply.get("status") == "timeout":
+        if reply.status == "timeout":
             raise TimeoutError(f"Variable {self.name!r} was not set within {timeout}")
-        return loads_value(self.client, reply)
+        return loads_value(self.client, reply.blob, reply.keys)
 
     def delete(self) -> None:
         """Delete the variable on the scheduler."""
@@ -303,14 +306,14 @@ class Queue(Primitive):
         super().__init__(name, client)
         self.maxsize = maxsize
 
-    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> dict:
+    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> ControlReply:
         return super()._call(action, wait=wait, maxsize=self.maxsize, **fields)
 
     def put(self, value: Any, timeout: Any = None) -> None:
         """Append ``value``, waiting while the queue is full (``TimeoutError`` after ``timeout``)."""
         reply = self._call("put", wait=True, timeout=parse_timeout(timeout),
                            **dumps_value(value))
-        if reply.get("status") == "timeout":
+        if reply.status == "timeout":
             raise TimeoutError(f"Queue {self.name!r} stayed full for {timeout}")
 
     def get(self, timeout: Any = None, batch: bool | int = False) -> Any:
@@ -319,15 +322,16 @@ class Queue(Primitive):
             raise ValueError(f"batch must be a bool or a positive integer, got {batch!r}")
         reply = self._call("get", wait=batch is not True, timeout=parse_timeout(timeout),
                            batch=batch)
-        if reply.get("status") == "timeout":
+        if reply.status == "timeout":
             raise TimeoutError(f"nothing came in Queue {self.name!r} within {timeout}")
-        if "items" in reply:
-            return [loads_value(self.client, item) for item in reply["items"]]
-        return loads_value(self.client, reply)
+        if reply.items is not None:
+            return [loads_value(self.client, item["blob"], item.get("keys"))
+                    for item in reply.items]
+        return loads_value(self.client, reply.blob, reply.keys)
 
     def qsize(self) -> int:
         """How many items are in the queue now."""
-        return int(self._call("qsize")["result"])
+        return int(self._call("qsize").result)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name, None, self.maxsize))
@@ -364,7 +368,7 @@ class MultiLock(Primitive):
         reply = request(self.client, self.kind, "acquire", lock_id, wait=True,
                         names=self.names, num_locks=num_locks,
                         timeout=_blocking_timeout(blocking, timeout))
-        if reply.get("result"):
+        if reply.result:
             self._held = lock_id
             return True
         return False

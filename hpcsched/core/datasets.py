@@ -45,11 +45,11 @@ def get_dataset(client: Client, name: str, default: Any = NO_DEFAULT) -> Any:
         if default is NO_DEFAULT:
             raise
         return default
-    return loads_value(client, reply)
+    return loads_value(client, reply.blob, reply.keys)
 
 
 def list_datasets(client: Client) -> list[str]:
-    return list(request(client, "dataset", "list", "")["result"])
+    return list(request(client, "dataset", "list", "").result)
 
 
 def unpublish_dataset(client: Client, name: str) -> None:

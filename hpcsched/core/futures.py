@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from hpcsched.core.protocol import ClientDesiresKeys
 from hpcsched.core.serialize import deserialize
 
 if TYPE_CHECKING:
@@ -436,8 +437,7 @@ def fire_and_forget(obj: Any) -> None:
     for f in flat:
         by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
     for client, keys in by_client.values():
-        client.scheduler_comm.send({"op": "client-desires-keys", "keys": keys,
-                                    "fire_and_forget": True})
+        client.scheduler_comm.send(ClientDesiresKeys(client.id, keys, fire_and_forget=True))
 
 
 def futures_of(obj: Any) -> list[Future]:

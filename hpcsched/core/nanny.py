@@ -34,6 +34,8 @@ there (same name, same pickled bytes) and is not restarted again. A nanny
 tears its plugins down when it closes (its worker is stopped by the cluster,
 or the supervisor ends), not when its worker process merely exits.
 ``Client.restart`` resets worker plugins, and leaves nanny plugins as they are.
+``Client.run(nanny=True)`` takes the same link: the worker runs
+:func:`run_in_nanny`, which hands the call to its nanny and returns the answer.
 
 Answered, the nanny restarts its worker at once: the worker's own answer to
 the scheduler may be lost with it, so ``register_plugin`` takes a worker that
@@ -67,7 +69,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from hpcsched.core.client_control import outcome
-from hpcsched.core.cluster_control import call_hook
+from hpcsched.core.cluster_control import call_hook, call_with
 from hpcsched.core.serialize import dumps_object, loads_object
 
 logger = logging.getLogger("hpcsched.nanny")
@@ -186,6 +188,21 @@ class NannyRelay:
             link.request(("plugin-remove", self.name))
 
 
+def run_in_nanny(call: bytes, dask_worker: Any = None) -> Any:
+    """``Client.run(nanny=True)``'s function on a worker: hand the call (``(function, args,
+    kwargs)`` pickled) to this worker's nanny, which runs it and answers its result (as
+    distributed runs it in the worker's ``Nanny`` process, ``dask_worker=`` being the
+    nanny)."""
+    link = supervisor_link()
+    if link is None:
+        raise RuntimeError(
+            f"Client.run(nanny=True): worker {getattr(dask_worker, 'address', '')} has no "
+            "nanny: MPI ranks are started by mpiexec, and a plain `hpcsched worker` "
+            "(without --nanny) and the threads of LocalCluster(processes=False) have no "
+            "supervising process either")
+    return loads_object(link.request(("run", call)))
+
+
 class SupervisorLink:
     """The worker's end of the socket pair: one request at a time, answered in order."""
 
@@ -296,8 +313,13 @@ class Nanny:
                     return
                 restart = False
                 try:
-                    restart = self._handle(msg)
                     reply: tuple = ("OK", None)
+                    if msg[0] == "run":  # Client.run(nanny=True), see run_in_nanny
+                        fn, args, kwargs = loads_object(msg[1])
+                        reply = ("OK", dumps_object(call_with(fn, args, kwargs,
+                                                              "dask_worker", self)))
+                    else:
+                        restart = self._handle(msg)
                 except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
                     logger.warning("nanny %s: %s failed: %s", self.name, msg[0], e)
                     try:

@@ -1,6 +1,8 @@
-"""Plugins: ``Client.register_plugin``, ``register_worker_plugin``,
-``unregister_worker_plugin``, and the ``WorkerPlugin`` / ``SchedulerPlugin`` base
-classes, as distributed's (https://distributed.dask.org/en/stable/plugins.html)::
+"""Plugins of workers, the scheduler and nannies, registered by the client.
+
+``Client.register_plugin``, ``register_worker_plugin``, ``unregister_worker_plugin``,
+and the ``WorkerPlugin`` / ``SchedulerPlugin`` base classes, as distributed's
+(https://distributed.dask.org/en/stable/plugins.html)::
 
     from hpcsched import Client, WorkerPlugin
 
@@ -34,13 +36,17 @@ import uuid
 from typing import Any
 
 from hpcsched.core import nanny
-from hpcsched.core.client_control import outcome
+from hpcsched.core.client_control import outcome, results
+from hpcsched.core.protocol import RegisterPlugin, UnregisterPlugin
 from hpcsched.core.serialize import dumps_object
 
 
 class WorkerPlugin:
-    """Base class of worker plugins: override ``setup(worker)``, ``teardown(worker)``,
-    ``transition(key, start, finish, **kwargs)``."""
+    """Base class of worker plugins.
+
+    Override ``setup(worker)``, ``teardown(worker)``,
+    ``transition(key, start, finish, **kwargs)``.
+    """
 
     def setup(self, worker: Any) -> None:
         """Run when the plugin reaches a worker."""
@@ -49,14 +55,18 @@ class WorkerPlugin:
         """Run when the plugin is replaced or unregistered, or the worker closes."""
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """A task of this worker changed state (``finish`` is "forgotten" when the worker
-        drops it); on the worker's loop thread, so keep it short. An exception is logged,
-        the worker goes on."""
+        """A task of this worker changed state.
+
+        ``finish`` is "forgotten" when the worker drops it. Runs on the worker's loop
+        thread, so keep it short. An exception is logged, the worker goes on.
+        """
 
 
 class SchedulerPlugin:
-    """Base class of scheduler plugins: override ``start``, ``add_worker``,
-    ``remove_worker``, ``transition``, ``close``."""
+    """Base class of scheduler plugins.
+
+    Override ``start``, ``add_worker``, ``remove_worker``, ``transition``, ``close``.
+    """
 
     def start(self, scheduler: Any) -> None:
         """Run when the plugin is registered."""
@@ -94,8 +104,11 @@ def _kind(plugin: Any) -> str:
 
 def register_plugin(client: Any, plugin: Any, name: str | None = None,
                     idempotent: bool | None = None, kind: str | None = None) -> Any:
-    """Register ``plugin``; a worker plugin returns ``{worker: {"status": "OK"}}`` and raises
-    the first error a worker's ``setup`` raised."""
+    """Register ``plugin`` (``Client.register_plugin``).
+
+    A worker plugin returns ``{worker: {"status": "OK"}}`` and raises the first error a
+    worker's ``setup`` raised.
+    """
     kind = kind or _kind(plugin)
     if name is None:
         name = getattr(plugin, "name", None) or f"{type(plugin).__name__}-{uuid.uuid4()}"
@@ -104,26 +117,26 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
     restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
     if kind == "nanny":  # carried to each worker's nanny by a worker plugin
         plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
-    reply = client.request({"op": "register-plugin", "kind": kind, "name": str(name),
-                            "plugin": dumps_object(plugin), "idempotent": bool(idempotent)},
-                           120.0)
+    reply = client.request(RegisterPlugin("", kind, str(name), dumps_object(plugin),
+                                          bool(idempotent)), 120.0)
     if restart:
-        return nanny.results_after_restart(client, reply)
+        return nanny.results_after_restart(client, {"results": results(reply)})
     return _results(reply, kind)
 
 
 def unregister_worker_plugin(client: Any, name: str) -> Any:
-    return _results(client.request({"op": "unregister-plugin", "name": str(name)}, 120.0), "worker")
+    """Tear the worker plugin ``name`` down on every worker; ``{worker: result}``."""
+    return _results(client.request(UnregisterPlugin("", str(name)), 120.0), "worker")
 
 
-def _results(reply: dict, kind: str) -> Any:
-    if "results" not in reply:
+def _results(reply: Any, kind: str) -> Any:
+    if reply.results is None:
         ok, value = outcome(reply)
         if not ok:
             raise value
         return value
     out = {}
-    for address, entry in sorted(reply["results"].items()):
+    for address, entry in sorted(reply.results.items()):
         ok, value = outcome(entry)
         if not ok:
             raise value

@@ -65,6 +65,8 @@ class Direction(dict):
     def __init__(self, sender: str, receiver: str, checked: bool = True, doc: str = ""):
         super().__init__()
         self.sender, self.receiver, self.checked, self.doc = sender, receiver, checked, doc
+        #: op -> (generated decoder, allowed field names), for an unchecked direction
+        self.fast: dict[str, tuple[Callable[[dict], Any], frozenset]] = {}
 
     @property
     def name(self) -> str:
@@ -103,6 +105,7 @@ class Spec:
 
 _SPECS: dict[type, Spec] = {}
 _ENCODERS: dict[type, Callable[[Any], dict]] = {}
+_FAST_DECODERS: dict[type, Callable[[dict], Any] | None] = {}
 
 
 def wire(check: Check = field_checks.anything, default: Any = MISSING, *,
@@ -134,6 +137,7 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
         if spec is None:
             spec = _SPECS[cls] = _spec(op, cls)
             _ENCODERS[cls] = _encoder(spec)
+            _FAST_DECODERS[cls] = _fast_decoder(spec)
             cls.op = op  # type: ignore[attr-defined]
         elif spec.op != op:
             raise ValueError(f"{cls.__name__} is already the record of {spec.op!r}")
@@ -142,6 +146,8 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
                 raise ValueError(f"{d.name} has two records for {op!r}: {d[op].__name__}, "
                                  f"{cls.__name__}")
             d[op] = cls
+            if not d.checked and _FAST_DECODERS[cls] is not None:
+                d.fast[op] = (_FAST_DECODERS[cls], spec.allowed)  # type: ignore[assignment]
         return cls
     return register
 
@@ -203,6 +209,33 @@ def _encoder(spec: Spec) -> Callable[[Any], dict]:
     return fn
 
 
+def _fast_decoder(spec: Spec) -> Callable[[dict], Any] | None:
+    """``def decode(m): return CLS(key=m["key"], type=m.get("type", D_type))``, compiled once
+    per class, for :func:`decode` of an unchecked direction (the client's and the worker's
+    hot paths: one ``key-in-memory`` per finished task); None for a record that needs
+    context or collects extra fields. A missing required field raises ``KeyError``: the
+    general path then names it."""
+    if spec.extra is not None or any(f.required for f in spec.context):
+        return None
+    factories = {f.name: f.default_factory for f in dataclasses.fields(spec.cls)
+                 if f.default_factory is not MISSING}
+    env: dict[str, Any] = {"CLS": spec.cls}
+    args = []
+    for f in spec.wire:
+        if f.required:
+            args.append(f"{f.name}=m[{f.name!r}]")
+        elif f.name in factories:
+            env[f"F_{f.name}"] = factories[f.name]
+            args.append(f"{f.name}=m[{f.name!r}] if {f.name!r} in m else F_{f.name}()")
+        else:
+            env[f"D_{f.name}"] = f.default
+            args.append(f"{f.name}=m.get({f.name!r}, D_{f.name})")
+    src = f"def decode(m):\n    return CLS({', '.join(args)})\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<decode {spec.op}>", "exec"), env, ns)  # noqa: S102 - our own source
+    return ns["decode"]
+
+
 def spec(cls: type) -> Spec:
     """What the protocol knows of record class ``cls`` (KeyError if it is not one)."""
     return _SPECS[cls]
@@ -227,6 +260,18 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
     the wrong type; ``TypeError`` for a context field the record does not have or lacks
     (the receiver's mistake, not the peer's).
     """
+    fast_ops = getattr(table, "fast", None)
+    if fast_ops and not context and type(msg) is dict:
+        try:
+            fast, allowed = fast_ops[msg["op"]]
+        except (KeyError, TypeError):  # no op, an unknown or unhashable one: said below
+            pass
+        else:
+            if msg.keys() <= allowed:
+                try:
+                    return fast(msg)
+                except KeyError:
+                    pass  # a required field is missing: named below
     if not isinstance(msg, dict):
         raise MalformedMessage(f"expected an op dict, got {type(msg).__name__}")
     op = msg.get("op")

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 
-def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
+def check(client: Any, tmp_dir: str, add_worker: Any, supervisor_pid: int | None = None) -> None:
     workers = client.scheduler_info()["workers"]
     assert len(workers) >= 2, workers
     addrs = sorted(workers)
@@ -77,11 +77,27 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
         raise AssertionError("upload_file of a missing file did not raise")
     except FileNotFoundError:
         pass
-    try:
-        client.run(print, nanny=True)
-        raise AssertionError("run(nanny=True) did not raise")
-    except ValueError:
-        pass
+
+    # run(nanny=True): in each worker's nanny, the process supervising it (supervisor_pid:
+    # a LocalCluster's is this process), results by worker address, dask_worker= the nanny;
+    # a worker nothing supervises (an MPI rank) answers why it cannot
+    now = sorted(client.scheduler_info()["workers"])  # a worker may have joined above
+    if supervisor_pid is not None:
+        assert client.run(os.getpid, nanny=True) == dict.fromkeys(now, supervisor_pid)
+        names = client.run(lambda dask_worker: type(dask_worker).__name__, nanny=True,
+                           workers=[addrs[0]])
+        assert names == {addrs[0]: "Nanny"}, names
+        assert client.run(lambda x, y=0: x + y, 1, y=2, nanny=True) == dict.fromkeys(now, 3)
+        try:
+            client.run(lambda: 1 / 0, nanny=True)
+            raise AssertionError("run(nanny=True) did not raise the function's error")
+        except ZeroDivisionError:
+            pass
+    else:
+        errs = client.run(os.getpid, nanny=True, on_error="return")
+        assert sorted(errs) == now, errs
+        assert all(isinstance(e, RuntimeError) and "has no nanny" in str(e)
+                   for e in errs.values()), errs
     del fut
 
     # replicate: onto every worker, or n of them; the data stays gettable

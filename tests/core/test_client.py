@@ -500,13 +500,14 @@ def test_large_arrays_move_between_workers(c):
 
 def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
     from hpcsched.core.client_connection import coalesce
+    from hpcsched.core.protocol import ClientReleasesKeys, RetryKeys, encode
 
-    rel = [{"op": "client-releases-keys", "keys": [k]} for k in "abc"]
-    other = {"op": "update-graph", "tasks": {}}
-    out = coalesce([*rel, other, *rel[:2]])
-    assert out == [{"op": "client-releases-keys", "keys": ["a", "b", "c"]}, other,
+    rel = [ClientReleasesKeys("c", [k]) for k in "abc"]
+    other = RetryKeys("c", ["x"])
+    out = coalesce([*rel, other, *rel[:2]])  # the queued records, encoded as sent
+    assert out == [{"op": "client-releases-keys", "keys": ["a", "b", "c"]}, encode(other),
                    {"op": "client-releases-keys", "keys": ["a", "b"]}]  # order kept
-    assert rel[0] == {"op": "client-releases-keys", "keys": ["a"]}  # inputs untouched
+    assert rel[0].keys == ["a"]  # inputs untouched
 
 
 

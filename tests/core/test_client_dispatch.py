@@ -12,6 +12,7 @@ import pytest
 
 from hpcsched.core.client_futures import FutureTable
 from hpcsched.core.futures import FutureState
+from hpcsched.core.protocol import MalformedMessage, WhoHas, encode
 from tests.conftest import wait_until
 
 
@@ -28,7 +29,7 @@ def test_the_last_future_of_a_key_released_tells_the_scheduler_once():
     table.release("x")
     assert sent == [] and "x" in table.states  # one future of "x" is still held
     table.release("x")
-    assert sent == [{"op": "client-releases-keys", "keys": ["x"]}]
+    assert [encode(m) for m in sent] == [{"op": "client-releases-keys", "keys": ["x"]}]
     assert table.states == {}
 
 
@@ -39,7 +40,7 @@ def test_a_given_state_is_used_and_counted_but_not_stored():
     assert table.acquire("y", mine) is mine
     assert "y" not in table.states
     table.release("y")
-    assert sent == [{"op": "client-releases-keys", "keys": ["y"]}]
+    assert [encode(m) for m in sent] == [{"op": "client-releases-keys", "keys": ["y"]}]
 
 
 def test_a_closed_table_sends_no_releases():
@@ -111,16 +112,27 @@ def test_a_message_the_client_cannot_handle_is_logged_with_its_op_and_dropped(c,
         wait_until(lambda: len(logged()) >= 3, what="three dropped messages logged")
     found = logged()
     assert any("'no-such-op'" in m and "unknown op" in m for m in found)
-    assert any("'key-in-memory'" in m and "KeyError" in m for m in found)
+    assert any("'key-in-memory'" in m and "MalformedMessage" in m and "'key'" in m
+               for m in found)
     assert any("'cancelled-keys'" in m and "TypeError" in m for m in found)
     assert c.status == "running"
     assert c.submit(inc, 1, pure=False).result(timeout=30) == 2  # the reader still serves
 
 
 def test_request_returns_the_schedulers_reply(c):
-    info = c.request({"op": "scheduler-info"}, timeout=30)["info"]
+    info = c.request({"op": "scheduler-info"}, timeout=30)["info"]  # a dict: a dict back
     assert set(info["workers"]) == set(c.scheduler_info()["workers"])
     assert len(info["workers"]) == 2
+    reply = c.request(WhoHas("", keys=None), timeout=30)  # a record: a record back
+    assert reply.op == "control-reply" and reply.request_id.startswith(c.id)
+    assert isinstance(reply.result, dict)
+
+
+def test_a_malformed_request_dict_is_refused_in_the_client(c):
+    with pytest.raises(MalformedMessage, match="who-has.*keys"):
+        c.request({"op": "who-has", "keys": 3}, timeout=30)
+    with pytest.raises(MalformedMessage, match="unknown op"):
+        c.request({"op": "no-such-op"}, timeout=30)
 
 
 def test_every_op_the_scheduler_sends_a_client_has_a_handler():

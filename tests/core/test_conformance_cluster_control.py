@@ -3,6 +3,8 @@ tests/conformance/cluster_control.py over TCP and under ``mpiexec -n 4``."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hpcsched import Client, LocalCluster
@@ -18,7 +20,7 @@ def test_over_tcp(tmp_path):
             client.wait_for_workers(3, timeout=60)
             return True
 
-        cluster_control.check(client, str(tmp_path), add_worker)
+        cluster_control.check(client, str(tmp_path), add_worker, supervisor_pid=os.getpid())
 
 
 @needs_mpiexec

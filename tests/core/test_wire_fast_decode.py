@@ -1,0 +1,54 @@
+"""``decode``'s generated per-class decoders (unchecked directions: what the scheduler
+sends clients and workers) give exactly what the general path gives, and leave every
+malformed message to it."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcsched.core import protocol
+from hpcsched.core.protocol import MalformedMessage, decode, encode
+from tests.core.test_protocol import example
+
+FAST = sorted({(d.name, op) for d in protocol.DIRECTIONS for op in d.fast})
+
+
+def test_the_unchecked_directions_have_fast_decoders_and_the_checked_none():
+    for d in protocol.DIRECTIONS:
+        if d.checked:
+            assert d.fast == {}, d
+        else:
+            assert d.fast, d
+    assert ("scheduler -> client", "key-in-memory") in FAST
+
+
+@pytest.mark.parametrize(("where", "op"), FAST, ids=[f"{w}:{op}" for w, op in FAST])
+def test_fast_and_general_paths_agree(where, op):
+    d = next(d for d in protocol.DIRECTIONS if d.name == where)
+    cls = d[op]
+    record, context = example(cls)  # context fields with defaults only: none required
+    full = encode(record)
+    general = dict(d)  # a plain dict table: the general (checked) path
+    assert decode(d, full) == decode(general, full)  # no context given: the fast path
+    assert decode(d, full, **context) == record  # context given: the general path
+    minimal = {"op": op, **{f.name: full[f.name] for f in protocol.spec(cls).wire
+                            if f.required}}
+    a, b = decode(d, minimal), decode(d, minimal)
+    assert a == decode(general, minimal)
+    for f in protocol.spec(cls).wire:  # a default made by a factory is a fresh object
+        if not f.required and isinstance(f.default, (list, dict)):
+            assert getattr(a, f.name) is not getattr(b, f.name)
+
+
+def test_malformed_messages_leave_the_fast_path_and_are_named():
+    d = protocol.SCHEDULER_TO_CLIENT
+    with pytest.raises(MalformedMessage, match="'key-in-memory' lacks the field 'key'"):
+        decode(d, {"op": "key-in-memory", "type": "int"})
+    with pytest.raises(MalformedMessage, match="'key-in-memory' has unknown fields 'zz'"):
+        decode(d, {"op": "key-in-memory", "key": "x", "zz": 1})
+    with pytest.raises(MalformedMessage, match="unknown op"):
+        decode(d, {"op": ["unhashable"]})
+    with pytest.raises(MalformedMessage, match="unknown op"):
+        decode(d, {"key": "x"})
+    with pytest.raises(MalformedMessage, match="expected an op dict"):
+        decode(d, ["key-in-memory"])
