@@ -126,7 +126,8 @@ class SpillBuffer(MutableMapping):
         """Store a result whose size was measured already (once, when it was made)."""
         n = max(int(nbytes), 1)
         with self._lock:
-            self._drop(key)
+            if key in self._nbytes:
+                self._drop(key)
             self._nbytes[key] = n
             self._fast[key] = value
             self._fast_bytes += n
@@ -345,8 +346,12 @@ class SpillBuffer(MutableMapping):
         """As ``dict.pop``; a spilled result is read from disk, not loaded back first."""
         while True:
             with self._lock:
-                value = self._in_memory(key, touch=False)
-                if value is not _MISSING:
+                fast = self._fast
+                if key in fast:  # the common case, inline: a result in memory
+                    self._fast_bytes -= self._nbytes.pop(key)
+                    return fast.pop(key)
+                if key in self._writing:
+                    value = self._writing[key]
                     self._drop(key)
                     return value
                 gen = self._slow_gen.get(key)
