@@ -140,22 +140,21 @@ class SpillBuffer(MutableMapping):
         """The value of ``key`` without loading it back into memory for good: serving a
         spilled result to a peer or the client must not push out the results that local
         tasks are about to use."""
-        with self._lock:
-            value = self._in_memory(key, touch=False)
-            if value is not _MISSING:
-                return value
-            if key not in self._slow_gen:
-                raise KeyError(key)
-        try:
-            return self._slow[key]
-        except (KeyError, OSError):  # loaded back or deleted by another thread meanwhile?
+        while True:
             with self._lock:
                 value = self._in_memory(key, touch=False)
                 if value is not _MISSING:
                     return value
-                if key in self._slow_gen:
-                    raise  # the file is there but unreadable: a real error
-            raise KeyError(key) from None
+                gen = self._slow_gen.get(key)
+                if gen is None:
+                    raise KeyError(key)
+            try:
+                return self._slow[key]
+            except (KeyError, OSError):
+                with self._lock:
+                    if self._slow_gen.get(key) == gen:
+                        raise  # the file is there but unreadable: a real error
+                # loaded back, deleted or replaced by another thread meanwhile: look again
 
     def evict(self, nbytes: int) -> int:
         """Spill least recently used results until ``nbytes`` went to disk (or none is
