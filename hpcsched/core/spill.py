@@ -10,10 +10,12 @@ client's gather reads a spilled result as if it had never left.
 The memory tier is ours, for speed: every task's result is stored, read and deleted
 here, mostly far below ``target``, so that path is an insertion-ordered ``dict`` used
 as the LRU (a read moves the key to the end), a running byte total and one
-``threading.Lock`` -- a microsecond a result, where ``zict.Buffer`` over ``zict.LRU``
-costs tens (a lock and an ordered set per layer, callbacks, weights measured again).
-The disk tier is zict's, the well-kept file store dask uses: ``zict.Func(_pack,
-_unpack, zict.File(directory))`` (https://zict.readthedocs.io, "File", "Func").
+``threading.Lock``: a few dict operations a result, where ``zict.Buffer`` over
+``zict.LRU`` takes a lock per layer, keeps an ordered set and a weight table of its
+own and runs callbacks on every store, read and delete, an order of magnitude more
+on this path (``benchmarks/bench_spill_buffer.py``). The disk tier stays zict's, the
+well-kept file store dask uses: ``zict.Func(_pack, _unpack, zict.File(directory))``
+(zict's docs, https://zict.readthedocs.io: "File", "Func").
 
 Threads: task threads read dependencies and peer readers serve fetches while the
 loop stores results. The lock guards only the in-memory state, never disk I/O, as in
@@ -23,7 +25,8 @@ its file is complete), and a spilled result is read without the lock, then put b
 in memory only if no other thread deleted, replaced or loaded it meanwhile (each
 file has a generation number). One spill runs at a time (``_spill_lock``), so two
 writers never race on one key's file. A failed write (disk full, unpicklable value)
-puts the result back in memory: nothing is lost.
+puts the result back in memory, as the most recently used so that the next spill
+tries another: nothing is lost.
 
 Each result's size is the ``nbytes`` the worker measured once when the task
 finished (:meth:`SpillBuffer.store`); it is not measured again.
