@@ -1,5 +1,7 @@
-"""Tasks that submit tasks: ``get_worker``, ``get_client``, ``worker_client``, ``secede``,
-``rejoin``, with dask.distributed's names and meaning ("Launch Tasks from Tasks" in its
+"""Tasks that submit tasks.
+
+``get_worker``, ``get_client``, ``worker_client``, ``secede``, ``rejoin``, with
+dask.distributed's names and meaning ("Launch Tasks from Tasks" in its
 documentation)::
 
     from hpcsched import Client, worker_client
@@ -62,8 +64,11 @@ _local = threading.local()  # .task: (worker, key, start time, on the loop threa
 
 # ---------------------------------------------------------------- for the worker
 def enter_task(worker: Worker, key: Any, on_loop: bool, start: float) -> Any:
-    """Mark this thread as running ``key`` for ``worker`` since ``start``; returns what to
-    pass to :func:`leave_task`. (A tuple: this runs for every task, tiny ones included.)"""
+    """Mark this thread as running ``key`` for ``worker`` since ``start``.
+
+    Returns what to pass to :func:`leave_task`. (A tuple: this runs for every task, tiny
+    ones included.)
+    """
     previous = getattr(_local, "task", None)
     _local.task = (worker, key, start, on_loop)
     _local.seceded = False
@@ -74,9 +79,12 @@ _dask_hooked = [False]
 
 
 def hook_dask() -> None:
-    """Once dask is loaded in a worker's process (a task's function came from it), make
-    ``.compute()`` inside tasks run on the cluster through the worker's client, unless the
-    process chose a dask scheduler itself. Called per task: cheap once done."""
+    """Have dask's ``.compute()`` inside tasks run on the cluster, once dask is loaded.
+
+    Once dask is loaded in a worker's process (a task's function came from it),
+    ``.compute()`` inside tasks goes through the worker's client, unless the process
+    chose a dask scheduler itself. Called per task: cheap once done.
+    """
     if _dask_hooked[0] or "dask.config" not in sys.modules:
         return
     import dask.config
@@ -94,6 +102,7 @@ def in_task() -> bool:
 
 
 def leave_task(previous: Any) -> None:
+    """The task this thread ran is over: back to ``previous`` (from :func:`enter_task`)."""
     _local.task = previous
 
 

@@ -102,7 +102,7 @@ class WorkerControl:
             args = loads_object(request.args) if request.args else ()
             kwargs = loads_object(request.kwargs) if request.kwargs else {}
             result = call_with(fn, tuple(args), dict(kwargs), "dask_worker", self.worker)
-            reply = {"status": "OK", "result": dumps_object(result if request.wait else None)}
+            reply: dict[str, Any] = {"status": "OK", "result": dumps_object(result if request.wait else None)}
         except Exception as e:  # noqa: BLE001 - the user's function: its error goes back
             reply = error_reply(e)
         self.send(RunReply(request.request_id, **reply))
@@ -122,7 +122,7 @@ class WorkerControl:
                 with self._lock:
                     self.plugins[name] = plugin
             self._watch()
-            reply = {"status": "OK", "result": dumps_object({"status": "OK"})}
+            reply: dict[str, Any] = {"status": "OK", "result": dumps_object({"status": "OK"})}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             logger.warning("worker plugin %s: %s failed: %s", name, op_of(request), e)
             reply = error_reply(e)
@@ -138,7 +138,7 @@ class WorkerControl:
                     continue  # a nanny plugin lives in the worker's nanny: kept as it is
                 self._teardown(name, plugin)
                 call_hook(plugin, "setup", worker=self.worker)
-            reply = {"status": "OK", "result": dumps_object(None)}
+            reply: dict[str, Any] = {"status": "OK", "result": dumps_object(None)}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
             reply = error_reply(e)
         self.send(RunReply(request.request_id, **reply))
@@ -198,7 +198,7 @@ class WorkerControl:
             os.replace(tmp, path)  # a reader never sees half a file
             if request.load:
                 load(path)
-            reply = {"status": "OK", "result": dumps_object(path)}
+            reply: dict[str, Any] = {"status": "OK", "result": dumps_object(path)}
         except Exception as e:  # noqa: BLE001 - a bad file errs the upload, not the worker
             logger.warning("upload of %r failed: %s", request.filename, e)
             reply = error_reply(e)
