@@ -545,10 +545,10 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                             c.worker, {k: peer.data[k] for k in c.keys}))
                     elif type(c) is Execute:
                         executed.append(c.key)
-                    elif type(c) is Send and c.msg["op"] == "steal-response":
-                        nxt += step(s, ev.from_message(ev.SCHEDULER_OPS, c.msg, worker=m.to))
-                    elif type(c) is Send and c.msg["op"] == "task-started":
-                        nxt += step(s, ev.TaskStarted(m.to, c.msg["key"]))
+                    elif type(c) is Send and c.wire()["op"] == "steal-response":
+                        nxt += step(s, ev.from_message(ev.SCHEDULER_OPS, c.wire(), worker=m.to))
+                    elif type(c) is Send and c.wire()["op"] == "task-started":
+                        nxt += step(s, ev.TaskStarted(m.to, c.wire()["key"]))
         out = nxt
     return executed
 
@@ -601,11 +601,12 @@ def test_steal_handshake_never_runs_a_task_twice():
             if type(c) is Execute:
                 ran.append(c.key)
                 continue
-            op = c.msg["op"]
+            msg = c.wire()  # as it goes on the wire
+            op = msg["op"]
             if op == "steal-response":
-                responses[c.msg["key"]] = c.msg["state"]
+                responses[msg["key"]] = msg["state"]
             if op in ("steal-response", "task-started", "task-finished"):
-                event = ev.from_message(ev.SCHEDULER_OPS, c.msg, worker=w)
+                event = ev.from_message(ev.SCHEDULER_OPS, msg, worker=w)
                 ran.extend(deliver(s, workers, step(s, event)))
 
     on_worker(A, ev.ExecuteSuccess("t-0", 1, 8))
