@@ -12,6 +12,14 @@ Threads of a worker:
 * up to ``transfer-incoming-count-limit`` fetch threads, which only open comms
   to peers (transfers themselves: :mod:`hpcsched.core.worker_peers`).
 
+Messages are the records of :mod:`hpcsched.core.protocol`: each one the
+scheduler sends is decoded (``SCHEDULER_TO_WORKER``) and handed to its handler
+in one table, ``op -> handler`` (the state machine's events, ``update-data``,
+``get-data``, ``close``, and the control ops of
+:mod:`hpcsched.core.worker_control`); one that is not a known op with the
+right fields is logged and skipped. What the worker sends stays a record until
+the loop flushes its batch, where each is encoded once.
+
 Tasks reach their cluster through :mod:`hpcsched.core.worker_client`
 (``get_client()``): one client per worker, made on first use with the
 worker's address and credentials, closed with the worker.
@@ -377,7 +385,7 @@ class Worker:
 
     def _close_op(self, request: Close) -> tuple:
         self._close_asked = True  # _process carries out nothing from here on
-        self.exit_code = request.exit_code
+        self.exit_code = int(request.exit_code or 0)
         threading.Thread(target=self.close, args=(request.reason,), daemon=True).start()
         return ()
 
