@@ -355,12 +355,14 @@ class Worker:
                     decode(SCHEDULER_TO_WORKER, msg)  # raises, naming what is wrong
                     raise MalformedMessage(f"op {op!r}: the worker has no handler for it")
                 handler, stamped = entry
+                record = decode(SCHEDULER_TO_WORKER, msg)
                 if stamped:
+                    # the context decode(..., now=, stimulus_id=) would fill, set here:
+                    # the same record, without decode's per-call checks of the context's
+                    # names (this is every task's path; ``stamped`` says the record has them)
                     self._stimuli += 1
-                    record = decode(SCHEDULER_TO_WORKER, msg, now=now,
-                                    stimulus_id=f"{op}-{self._stimuli}")
-                else:
-                    record = decode(SCHEDULER_TO_WORKER, msg)
+                    record.now = now
+                    record.stimulus_id = f"{op}-{self._stimuli}"
             except MalformedMessage as e:
                 logger.error("worker %s ignores a message from the scheduler: %s",
                              self.address, e)
