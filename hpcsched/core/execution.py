@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import traceback as tb_mod
+from collections.abc import Mapping
 from typing import Any
 
 from hpcsched.core.graph import evaluate
@@ -35,9 +36,11 @@ class RemoteError(Exception):
         self.typename = typename
 
 
-def run_spec_call(run_spec: Any, data: dict) -> Any:
+def run_spec_call(run_spec: Any, data: Mapping) -> Any:
     """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec."""
     func_blob, args_blob, needs_eval = run_spec
+    args: Any
+    kwargs: Any
     if args_blob is None:
         args, kwargs = (), {}
     else:
@@ -72,7 +75,9 @@ def serialization_errors(values: dict, where: str) -> dict:
             dumps(value, main_by_value=True)
         except SerializationError as e:
             cause = e.__cause__ if e.__cause__ is not None else e
-            cause.add_note(f"(raised while serializing the result of {key!r} to send it "
-                           f"from worker {where})")
+            add_note = getattr(cause, "add_note", None)  # Python >= 3.11 (PEP 678)
+            if add_note is not None:
+                add_note(f"(raised while serializing the result of {key!r} to send it "
+                         f"from worker {where})")
             errors[key] = pack_exception(cause, cause.__traceback__)
     return errors

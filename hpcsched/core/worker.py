@@ -12,6 +12,14 @@ Threads of a worker:
 * up to ``transfer-incoming-count-limit`` fetch threads, which only open comms
   to peers (transfers themselves: :mod:`hpcsched.core.worker_peers`).
 
+Messages are the records of :mod:`hpcsched.core.protocol`: each one the
+scheduler sends is decoded (``SCHEDULER_TO_WORKER``) and handed to its handler
+in one table, ``op -> handler`` (the state machine's events, ``update-data``,
+``get-data``, ``close``, and the control ops of
+:mod:`hpcsched.core.worker_control`); one that is not a known op with the
+right fields is logged and skipped. What the worker sends stays a record until
+the loop flushes its batch, where each is encoded once.
+
 Tasks reach their cluster through :mod:`hpcsched.core.worker_client`
 (``get_client()``): one client per worker, made on first use with the
 worker's address and credentials, closed with the worker.
@@ -40,16 +48,31 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core import events as ev
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Security
+from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.execution import pack_exception, run_spec_call
 from hpcsched.core.graph import key_split
 from hpcsched.core.loop import CLOSED, Loop
 from hpcsched.core.memory import MemoryLimits
+from hpcsched.core.protocol import (
+    SCHEDULER_TO_WORKER,
+    Close,
+    GetData,
+    Heartbeat,
+    MalformedMessage,
+    Registered,
+    RegisterWorker,
+    RetireMe,
+    UpdateData,
+    decode,
+    encode,
+    spec,
+)
 from hpcsched.core.serialize import deserialize, sizeof
 from hpcsched.core.spill import SpillBuffer, local_directory
 from hpcsched.core.task_pool import TaskPool
@@ -72,6 +95,10 @@ EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away una
 
 
 class Worker:
+    """A worker process's server: connects to the scheduler at ``scheduler_address``,
+    runs the tasks it is given and serves their results to its peers (see the module's
+    documentation for the threads and the parameters' meaning)."""
+
     def __init__(
         self,
         scheduler_address: str,
@@ -134,8 +161,8 @@ class Worker:
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
         self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
         self._scheduler_comm: Comm | None = None
-        self._outbox: list = []
-        self._listener = None
+        self._outbox: list = []  # protocol records for the scheduler, encoded when flushed
+        self._listener: Listener | None = None
         self._closed = threading.Event()
         self._close_done = threading.Event()
         self._close_lock = threading.Lock()
@@ -153,13 +180,21 @@ class Worker:
         self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
         # Client.run and upload_file; replies reach the scheduler through the loop
         self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
-        # the scheduler's ops -> handler(msg, now) returning state-machine commands
-        self._scheduler_ops = {
+        # The one table of what the scheduler sends: op -> (handler(record) returning
+        # state-machine commands, whether the record takes the receiver's now= and
+        # stimulus_id=). The scheduler sends no stimulus ids; each event decoded here is
+        # given one ("<op>-<n>") so that a state change, and the transition a worker
+        # plugin sees, can be traced to the message that caused it.
+        handlers: dict[str, Callable[[Any], Iterable]] = {
             **dict.fromkeys(ev.WORKER_OPS, self._state_op),
             **dict.fromkeys(CONTROL_OPS, self._control_op),
             "update-data": self._update_data, "get-data": self._get_data,
-            "close": self._close_op, "registered": lambda msg, now: (),
+            "close": self._close_op, "registered": _nothing, "register-error": _nothing,
         }
+        self._scheduler_ops: dict[str, tuple[Callable[[Any], Iterable], bool]] = {
+            op: (handler, "stimulus_id" in spec(SCHEDULER_TO_WORKER[op]).context_names)
+            for op, handler in handlers.items()}
+        self._stimuli = 0
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -179,10 +214,9 @@ class Worker:
                                  config.get("worker.transfer-incoming-count-limit"),
                                  data=self.spill_buffer)
         comm = self._connect_scheduler()
-        comm.send([{"op": "register-worker", "address": self.address, "nthreads": self.nthreads,
-                    "memory_limit": self.memory_limit, "name": self.name or self.address,
-                    "host": self.host, "resources": self.resources, "pid": os.getpid(),
-                    "keys": {}}])
+        comm.send([encode(RegisterWorker(
+            self.address, self.nthreads, self.memory_limit, self.name or self.address,
+            self.host, self.resources, {}, os.getpid()))])
         try:
             reply = comm.recv(timeout=self.death_timeout)
         except (CommClosedError, TimeoutError) as e:
@@ -191,11 +225,15 @@ class Worker:
             raise ConnectionError(f"scheduler at {self.scheduler_address} did not answer our "
                                   f"registration: {e}") from e
         first = reply[0] if isinstance(reply, list) and reply else reply
-        if not isinstance(first, dict) or first.get("op") != "registered":
+        try:
+            answer = decode(SCHEDULER_TO_WORKER, first)
+        except MalformedMessage as e:
+            answer = e
+        if type(answer) is not Registered:
             comm.close()
             self._listener.stop()
-            msg = first.get("message") if isinstance(first, dict) else repr(first)
-            raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {msg}")
+            why = getattr(answer, "message", answer)  # RegisterError's, or what was wrong
+            raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {why}")
         self._scheduler_comm = comm
         self._started = time.monotonic()
         if isinstance(reply, list) and len(reply) > 1:
@@ -208,6 +246,7 @@ class Worker:
         return self
 
     def _connect_scheduler(self) -> Comm:
+        assert self._listener is not None  # start() opened it
         deadline = time.monotonic() + self.death_timeout
         last: Exception | None = None
         while True:
@@ -280,9 +319,9 @@ class Worker:
     # ================================================================ the loop
     def _process(self, items: list) -> None:
         state = self.state
+        assert state is not None  # the loop runs once start() made it
         now = time.time()
         out: list = []
-        ops = self._scheduler_ops
         for source, payload in items:
             if source == "scheduler":
                 if payload is CLOSED:
@@ -291,12 +330,7 @@ class Worker:
                     threading.Thread(target=self.close, args=("scheduler connection lost",
                                                               code), daemon=True).start()
                     return
-                for msg in payload:
-                    handler = ops.get(msg.get("op"))
-                    if handler is None:
-                        logger.warning("unknown op from scheduler: %r", msg.get("op"))
-                    else:
-                        out += handler(msg, now)
+                out += self._from_scheduler(payload, now)
                 if self._close_asked:
                     return
             elif source == "control":  # a Client.run / upload_file reply
@@ -307,40 +341,75 @@ class Worker:
                 out += state.handle(payload)
         self._carry_out(out)
 
+    def _from_scheduler(self, msgs: list, now: float) -> list:
+        """The scheduler's messages, each decoded to its record and given to its handler
+        (``_scheduler_ops``); the commands they cause. A message that is not a known op
+        with the right fields is logged and skipped: the one error path."""
+        out: list = []
+        ops = self._scheduler_ops
+        for msg in msgs:
+            op = msg.get("op") if type(msg) is dict else None
+            entry = ops.get(op) if type(op) is str else None
+            try:
+                if entry is None:
+                    decode(SCHEDULER_TO_WORKER, msg)  # raises, naming what is wrong
+                    raise MalformedMessage(f"op {op!r}: the worker has no handler for it")
+                handler, stamped = entry
+                record = decode(SCHEDULER_TO_WORKER, msg)
+                if stamped:
+                    # the context decode(..., now=, stimulus_id=) would fill, set here:
+                    # the same record, without decode's per-call checks of the context's
+                    # names (this is every task's path; ``stamped`` says the record has them)
+                    self._stimuli += 1
+                    record.now = now
+                    record.stimulus_id = f"{op}-{self._stimuli}"
+            except MalformedMessage as e:
+                logger.error("worker %s ignores a message from the scheduler: %s",
+                             self.address, e)
+                continue
+            out += handler(record)
+        return out
+
     # the scheduler's ops (see _scheduler_ops), on the loop
-    def _state_op(self, msg: dict, now: float) -> list:
-        return self.state.handle(ev.from_message(ev.WORKER_OPS, msg, now=now))
+    def _state_op(self, event: Any) -> list:
+        assert self.state is not None
+        return self.state.handle(event)
 
-    def _update_data(self, msg: dict, now: float) -> list:
-        data = {k: deserialize(v) for k, v in msg["data"].items()}
-        return self.state.handle(ev.UpdateData(data, msg.get("scatter_id"), now))
+    def _update_data(self, record: UpdateData) -> list:
+        # the values travel serialized (each its own blob, so that one bad value errs alone)
+        assert self.state is not None
+        record.data = {k: deserialize(v) for k, v in record.data.items()}
+        return self.state.handle(record)
 
-    def _get_data(self, msg: dict, now: float) -> tuple:
-        self.peers.serve(None, msg)
+    def _get_data(self, request: GetData) -> tuple:
+        self.peers.serve(None, request)
         return ()
 
-    def _close_op(self, msg: dict, now: float) -> tuple:
+    def _close_op(self, request: Close) -> tuple:
         self._close_asked = True  # _process carries out nothing from here on
-        self.exit_code = int(msg.get("exit_code") or 0)
-        threading.Thread(target=self.close, args=(msg.get("reason", "closed"),),
-                         daemon=True).start()
+        self.exit_code = int(request.exit_code or 0)
+        threading.Thread(target=self.close, args=(request.reason,), daemon=True).start()
         return ()
 
-    def _control_op(self, msg: dict, now: float) -> tuple:
-        self.control.handle(msg)
+    def _control_op(self, request: Any) -> tuple:
+        self.control.handle(request)
         return ()
 
     def _handle_all(self, events: list) -> list:
+        assert self.state is not None
         out: list = []
         for e in events:
             out += self.state.handle(e)
         return out
 
-    def send_to_scheduler(self, msg: dict) -> None:
-        """On the loop: ``msg`` leaves with this iteration's batch to the scheduler."""
-        self._outbox.append(msg)
+    def send_to_scheduler(self, record: Any) -> None:
+        """On the loop: protocol ``record`` leaves with this iteration's batch to the
+        scheduler."""
+        self._outbox.append(record)
 
     def _carry_out(self, commands: list) -> None:
+        state = self.state
+        assert state is not None
         work = [commands]
         while work:
             inline = []
@@ -349,7 +418,7 @@ class Worker:
                 if t is ev.Send:
                     self._outbox.append(cmd.msg)
                 elif t is ev.Execute:
-                    ts = self.state.tasks.get(cmd.key)
+                    ts = state.tasks.get(cmd.key)
                     if ts is not None and ts.duration < INLINE_TASK and not (
                             self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
                         inline.append(cmd)
@@ -373,13 +442,13 @@ class Worker:
                     self._threaded_groups.add(key_split(cmd.key))
                     self.executor.submit(self._execute, cmd.key, cmd.run_spec)
                 else:
-                    work.append(self.state.handle(result))
+                    work.append(state.handle(result))
 
     def _flush(self) -> None:
         if self._outbox and self._scheduler_comm is not None:
             msgs, self._outbox = self._outbox, []
-            try:
-                self._scheduler_comm.send(msgs)
+            try:  # encoded once, here: records until they leave
+                self._scheduler_comm.send([encode(m) for m in msgs])
             except (CommClosedError, OSError):
                 pass
 
@@ -402,23 +471,26 @@ class Worker:
         if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m \
                 or self._quiet_ticks >= IDLE_REPORT_EVERY:
             self._quiet_ticks = 0
-            self._outbox.append({"op": "heartbeat", "metrics": m})
+            self._outbox.append(Heartbeat(self.address, m))
         if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
             self._retire_asked = True
             logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
                         self.lifetime)
-            self._outbox.append({"op": "retire-me"})
+            self._outbox.append(RetireMe())
 
     # ================================================================ memory
     def _monitor_memory(self, now: float) -> None:
         """One sample of process memory; a pause or resume goes through the state machine."""
+        assert self.state is not None
         change = self.memory_monitor.sample(self.address, self.state.status == "paused")
         if change is not None:
             self._carry_out(self.state.handle(ev.PauseWorker(change, now)))
 
     def metrics(self) -> dict:
+        """What the heartbeat reports: task counts, status, bandwidth, CPU, memory, logs."""
         st = self.state
-        m = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
+        assert st is not None
+        m: dict[str, Any] = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
              "in_flight": len(st.in_flight_workers), "time": time.time(),
              "status": st.status}
         bandwidth = self.peers.take_bandwidth()
@@ -437,6 +509,7 @@ class Worker:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
         thread and needs a task thread instead (see :mod:`~hpcsched.core.worker_client`)."""
         start = time.time()
+        assert self.state is not None
         outer = enter_task(self, key, on_loop, start)
         try:
             value = run_spec_call(run_spec, self.state.data)
@@ -487,3 +560,8 @@ class Worker:
             if self._closed.is_set():
                 break
         self._resume.pop(key, None)
+
+
+def _nothing(record: Any) -> tuple:
+    """The handler of ops that need no action once the worker runs (``registered``)."""
+    return ()

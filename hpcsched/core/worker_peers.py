@@ -38,6 +38,14 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError
 from hpcsched.core.execution import serialization_errors
 from hpcsched.core.loop import CLOSED
+from hpcsched.core.protocol import (
+    WORKER_TO_WORKER,
+    DataReply,
+    GetData,
+    MalformedMessage,
+    decode,
+    encode,
+)
 from hpcsched.core.serialize import SerializationError, serialize, sizeof
 
 logger = logging.getLogger("hpcsched.worker")
@@ -115,7 +123,7 @@ class PeerTransfers:
         rid = f"{self.worker.address}/{next(self._ids)}"
         self._fetches[rid] = (worker, keys, comm, time.monotonic())
         try:
-            comm.send([{"op": "get-data", "keys": keys, "request_id": rid}])
+            comm.send([encode(GetData(keys, rid))])
         except (CommClosedError, OSError) as e:
             if self._fetches.pop(rid, None) is not None:
                 self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e),
@@ -148,33 +156,36 @@ class PeerTransfers:
             return [ev.GatherDepFailure(worker, keys, "connection lost", now)
                     for rid, (worker, keys, c, _) in list(self._fetches.items())
                     if c is comm and self._fetches.pop(rid, None) is not None]
-        out = []
+        out: list = []
         for msg in payload if type(payload) is list else [payload]:
-            op = msg.get("op") if type(msg) is dict else None
-            if op == "get-data":
-                self.serve(comm, msg)
-            elif op == "data-reply":
-                entry = self._fetches.pop(msg.get("request_id"), None)
-                if entry is not None:
-                    out.append(self._received(entry, msg))
-            else:
-                logger.warning("dropping peer %s: unexpected op %r", comm.peer_address, op)
+            try:
+                record = decode(WORKER_TO_WORKER, msg)
+            except MalformedMessage as e:
+                # a peer that speaks nonsense is dropped; its fetches fail when the comm's
+                # CLOSED arrives, and are asked of another holder
+                logger.warning("dropping peer %s: %s", comm.peer_address, e)
                 comm.close()
                 break
+            if type(record) is DataReply:
+                entry = self._fetches.pop(record.request_id, None)
+                if entry is not None:
+                    out.append(self._received(entry, record))
+            else:  # GetData, the only other op between workers
+                self.serve(comm, record)
         return out
 
-    def _received(self, entry: tuple, msg: dict) -> ev.GatherDepSuccess:
+    def _received(self, entry: tuple, reply: DataReply) -> ev.GatherDepSuccess:
         worker, _, _, started = entry
-        data = msg.get("data") or {}
+        data = reply.data
         nbytes = sum(sizeof(v) for v in data.values())
         self._bytes += nbytes
         self._seconds += time.monotonic() - started
         self.worker.telemetry.transfer(worker, started, nbytes)
-        return ev.GatherDepSuccess(worker, data, msg.get("missing") or [],
-                                   dict(msg.get("errors") or {}), time.time())
+        return ev.GatherDepSuccess(worker, data, reply.missing or [], dict(reply.errors),
+                                   time.time())
 
     # ---------------------------------------------------------------- serving
-    def serve(self, comm: Comm | None, msg: dict) -> None:
+    def serve(self, comm: Comm | None, request: GetData) -> None:
         """Answer ``get-data``: to ``comm``, or, with ``None`` (the scheduler asked: a
         gather relayed for a client), in the loop's next batch to the scheduler."""
         w = self.worker
@@ -182,34 +193,33 @@ class PeerTransfers:
         get = data.peek if w.spill_buffer is not None else data.__getitem__
         out: dict = {}
         missing = []
-        for key in msg.get("keys", ()):
+        for key in request.keys:
             try:
                 out[key] = get(key)
             except KeyError:
                 missing.append(key)
-        reply = {"op": "data-reply", "request_id": msg.get("request_id"), "missing": missing}
+        reply = DataReply(request.request_id, missing)
         errors: dict = {}
-        if msg.get("serialized"):  # for a relay (the scheduler): one opaque blob for all
+        if request.serialized:  # for a relay (the scheduler): one opaque blob for all
             try:
-                reply["blob"] = serialize(out)
+                reply.blob = serialize(out)
             except SerializationError:
                 errors = serialization_errors(out, w.address)
-                reply["blob"] = serialize({k: v for k, v in out.items() if k not in errors})
+                reply.blob = serialize({k: v for k, v in out.items() if k not in errors})
         else:
-            reply["data"] = out
-        if errors:
-            reply["errors"] = errors
+            reply.data = out
+        reply.errors = errors
         if comm is None:
             w.send_to_scheduler(reply)
         else:
             try:
-                comm.send([reply])
+                comm.send([encode(reply)])
             except SerializationError:  # a value the transport must pickle refuses to be
                 errors = serialization_errors(out, w.address)
-                reply["data"] = {k: v for k, v in out.items() if k not in errors}
-                reply["errors"] = errors
+                reply.data = {k: v for k, v in out.items() if k not in errors}
+                reply.errors = errors
                 try:
-                    comm.send([reply])
+                    comm.send([encode(reply)])
                 except (CommClosedError, OSError, SerializationError):
                     pass
             except (CommClosedError, OSError):

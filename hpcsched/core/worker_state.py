@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 from collections.abc import Callable, MutableMapping
-from typing import Any
+from typing import Any, ClassVar
 
 from hpcsched.core import events as ev
 
@@ -75,9 +76,14 @@ class WTask:
 
 
 class WorkerState:
+    """One worker's tasks: :meth:`handle` takes an event and returns the commands it causes
+    (``Send`` records to the scheduler, ``Execute``, ``GatherDep``, ``Resume``)."""
+
+    _handlers: ClassVar[dict[type, Callable[[WorkerState, Any], None]]]
+
     def __init__(self, address: str, nthreads: int, resources: dict | None = None,
-                 transfer_incoming_count_limit: int = 4, transfer_message_bytes: int = 50e6,
-                 data: MutableMapping | None = None):
+                 transfer_incoming_count_limit: int = 4,
+                 transfer_message_bytes: int = 50_000_000, data: MutableMapping | None = None):
         self.address = address
         self.nthreads = max(int(nthreads), 1)
         self.total_resources = dict(resources or {})
@@ -101,7 +107,8 @@ class WorkerState:
         self.closing = False
         # (key, start, finish) of each state change, while someone watches them
         self.transitions: list | None = None
-        self.on_transitions: Callable[[list], None] | None = None
+        self.on_transitions: Callable[[list, str], None] | None = None
+        self._stimuli = itertools.count(1)  # names events that came without a stimulus_id
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list:
@@ -109,18 +116,30 @@ class WorkerState:
         self._ensure_communicating()
         self._ensure_computing()
         out, self._out = self._out, []
-        if self.transitions:
+        if self.transitions and self.on_transitions is not None:
             changes, self.transitions = self.transitions, []
-            self.on_transitions(changes)
+            self.on_transitions(changes, event.stimulus_id or self._name(event))
         return out
 
-    def watch_transitions(self, callback: Callable[[list], None] | None) -> None:
-        """Have ``callback(changes)`` called after each event that changed task states,
-        with the ``(key, start, finish)`` of each change in order (``finish`` is
-        "forgotten" when the task is dropped); ``None`` stops it. Off (the default), a
-        change costs one test; on, the state is consistent when the callback runs."""
+    def watch_transitions(self, callback: Callable[[list, str], None] | None) -> None:
+        """Have ``callback(changes, stimulus_id)`` called after each event that changed task
+        states, with the ``(key, start, finish)`` of each change in order (``finish`` is
+        "forgotten" when the task is dropped) and the event's ``stimulus_id``; ``None``
+        stops it. Off (the default), a change costs one test; on, the state is consistent
+        when the callback runs."""
         self.on_transitions = callback
         self.transitions = [] if callback is not None else None
+
+    def _name(self, event: Any) -> str:
+        """A ``stimulus_id`` for an event the server made without one (a task's result, a
+        transfer): named only when someone watches, so that the per-task path pays nothing
+        for it. As distributed's, e.g. ``execute-success-12``."""
+        kind = _KINDS.get(type(event))
+        if kind is None:
+            kind = _KINDS[type(event)] = re.sub(r"(?<!^)(?=[A-Z])", "-",
+                                                type(event).__name__).lower()
+        event.stimulus_id = f"{kind}-{next(self._stimuli)}"
+        return event.stimulus_id
 
     def _set_state(self, ts: WTask, finish: str) -> None:
         # the states every task passes through test ``self.transitions`` inline instead
@@ -130,15 +149,15 @@ class WorkerState:
         ts.state = finish
 
     def _note(self, ts: WTask, finish: str) -> None:
-        if ts.state != finish:
+        if ts.state != finish and self.transitions is not None:
             self.transitions.append((ts.key, ts.state, finish))
 
     def _forget(self, ts: WTask) -> None:
         if self.tasks.pop(ts.key, None) is ts and self.transitions is not None:
             self.transitions.append((ts.key, ts.state, "forgotten"))
 
-    def _to_scheduler(self, msg: dict) -> None:
-        self._out.append(ev.Send("scheduler", msg))
+    def _to_scheduler(self, record: Any) -> None:
+        self._out.append(ev.Send("scheduler", record))
 
     def _ensure_task(self, key: Key) -> WTask:
         ts = self.tasks.get(key)
@@ -151,8 +170,8 @@ class WorkerState:
         ts = self._ensure_task(e.key)
         if ts.state == "memory":
             ts.keep = True
-            self._to_scheduler({"op": "task-finished", "key": ts.key, "nbytes": ts.nbytes,
-                                "typename": type(self.data.get(ts.key)).__name__})
+            self._to_scheduler(ev.TaskFinished(self.address, ts.key, ts.nbytes,
+                                               type(self.data.get(ts.key)).__name__))
             return
         if ts.state in NEEDS_DEPENDENCIES:
             ts.release_after = False
@@ -247,14 +266,14 @@ class WorkerState:
             ts.keep = False
             self._release(ts)
             state = "released"
-        self._to_scheduler({"op": "steal-response", "key": e.key, "state": state})
+        self._to_scheduler(ev.StealResponse(self.address, e.key, state))
 
     def _acquire_replicas(self, e: ev.AcquireReplicas) -> None:
         for key, holders in e.who_has.items():
             ts = self._ensure_task(key)
             ts.keep = True
             if ts.state == "memory":
-                self._to_scheduler({"op": "add-keys", "keys": {key: ts.nbytes}})
+                self._to_scheduler(ev.AddKeys(self.address, {key: ts.nbytes}))
                 continue
             ts.report_replica = True
             ts.who_has.update(h for h in holders if h != self.address)
@@ -282,7 +301,7 @@ class WorkerState:
             self._put(ts, value, nbytes)
             ts.keep = True
             report[key] = nbytes
-        self._to_scheduler({"op": "add-keys", "keys": report, "scatter_id": e.scatter_id})
+        self._to_scheduler(ev.AddKeys(self.address, report, e.scatter_id))
 
     # ================================================================ results
     def _put(self, ts: WTask, value: Any, nbytes: int) -> None:
@@ -322,8 +341,8 @@ class WorkerState:
             return
         self._put(ts, e.value, e.nbytes)
         self._done_with_dependencies(ts)
-        self._to_scheduler({"op": "task-finished", "key": ts.key, "nbytes": e.nbytes,
-                            "typename": e.typename, "start": e.start, "stop": e.stop})
+        self._to_scheduler(ev.TaskFinished(self.address, ts.key, e.nbytes, e.typename,
+                                           e.start, e.stop))
 
     def _execute_failure(self, e: ev.ExecuteFailure) -> None:
         ts = self.tasks.get(e.key)
@@ -337,9 +356,8 @@ class WorkerState:
             return
         self._set_state(ts, "error")
         ts.keep = False
-        self._to_scheduler({"op": "task-erred", "key": ts.key, "exception": e.exception,
-                            "traceback": e.traceback, "exception_text": e.exception_text,
-                            "start": e.start, "stop": e.stop})
+        self._to_scheduler(ev.TaskErred(self.address, ts.key, e.exception, e.traceback,
+                                        e.exception_text, e.start, e.stop))
         self._forget(ts)
 
     def _finish_executing(self, ts: WTask) -> None:
@@ -377,7 +395,7 @@ class WorkerState:
             else:
                 self._peer_lacks(ts, e.worker)
         if replicas:
-            self._to_scheduler({"op": "add-keys", "keys": replicas})
+            self._to_scheduler(ev.AddKeys(self.address, replicas))
 
     def _unobtainable(self, ts: WTask, worker: str) -> None:
         """``worker`` holds ``ts`` but cannot serialize it; it tells the scheduler, which errs
@@ -399,7 +417,7 @@ class WorkerState:
                 return
         if ts.state not in ("flight", "released", "fetch", "missing"):
             return
-        self._to_scheduler({"op": "missing-data", "key": ts.key, "errant_worker": worker})
+        self._to_scheduler(ev.MissingData(self.address, ts.key, worker))
         self._set_state(ts, "released")
         self._to_fetch(ts)
 
@@ -421,8 +439,7 @@ class WorkerState:
         self.executing.discard(ts)
         self.long_running.add(ts)
         self._set_state(ts, "long-running")
-        self._to_scheduler({"op": "long-running", "key": ts.key,
-                            "compute_duration": e.compute_duration})
+        self._to_scheduler(ev.LongRunning(self.address, ts.key, e.compute_duration))
 
     def _rejoin(self, e: ev.Rejoin) -> None:
         ts = self.tasks.get(e.key)
@@ -437,14 +454,14 @@ class WorkerState:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state != "memory":
             return
-        self._to_scheduler({"op": "result-erred", "key": ts.key, "exception": e.exception,
-                            "traceback": e.traceback, "exception_text": e.exception_text})
+        self._to_scheduler(ev.ResultErred(self.address, ts.key, e.exception, e.traceback,
+                                          e.exception_text))
 
     def _pause(self, e: ev.PauseWorker) -> None:
         status = "paused" if e.paused else "running"
         if status != self.status:
             self.status = status
-            self._to_scheduler({"op": "worker-status-change", "status": status})
+            self._to_scheduler(ev.WorkerStatusChange(self.address, status))
 
     # ================================================================ progress
     def _ensure_computing(self) -> None:
@@ -471,7 +488,7 @@ class WorkerState:
                 break
             if chead is not None and (head is None or chead[:2] < head[:2]):
                 _, _, ts = heapq.heappop(self.constrained)
-                for r, q in ts.resource_restrictions.items():
+                for r, q in (ts.resource_restrictions or {}).items():  # in this heap: a dict
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
             else:
                 _, _, ts = heapq.heappop(self.ready)
@@ -482,7 +499,7 @@ class WorkerState:
             if ts.duration >= SHORT_TASK:
                 # lets the scheduler blame exactly this task if the worker dies now; for
                 # tasks known to be short, one message fewer per task matters more
-                self._to_scheduler({"op": "task-started", "key": ts.key})
+                self._to_scheduler(ev.TaskStarted(self.address, ts.key))
             self._out.append(ev.Execute(ts.key, ts.run_spec))
 
     def _head(self, heap: list) -> tuple | None:
@@ -551,6 +568,9 @@ class WorkerState:
         for w, tasks in self.in_flight_workers.items():
             for ts in tasks:
                 assert ts.coming_from == w
+
+
+_KINDS: dict[type, str] = {}  # event class -> its stimulus ids' prefix
 
 
 def _sizeof(value: Any) -> int:

@@ -460,15 +460,15 @@ class Endpoint:
                 self._accept(lst, comm)
             return
         with self._lock:
-            comm = self._channels.get(item.key)
-        if comm is None:  # we closed this channel already; the peer had not heard yet
+            channel = self._channels.get(item.key)
+        if channel is None:  # we closed this channel already; the peer had not heard yet
             logger.debug("rank %d drops a message for closed channel %s", self.rank, item.key)
             return
         if item.kind == KIND_MSG:
-            comm.deliver(item.frames)
+            channel.deliver(item.frames)
         else:  # KIND_BYE
-            comm.on_peer_closed()
-            self.forget(comm)
+            channel.on_peer_closed()
+            self.forget(channel)
 
     def _accept(self, lst: MPIListener, comm: MPIComm) -> None:
         # in a thread of its own: on_connect may block on comm.recv, which needs this thread

@@ -42,6 +42,7 @@ import psutil
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.nanny import Nanny
+from hpcsched.core.protocol import Close
 from hpcsched.core.worker import Worker
 from hpcsched.launchers.cluster import Cluster
 
@@ -49,8 +50,11 @@ logger = logging.getLogger("hpcsched.local")
 
 
 def _watch(ref: weakref.ref, name: str, p: subprocess.Popen) -> None:
-    """Waits for one worker process; holds the cluster only weakly (a dropped cluster must
-    still be collected, and its finalizer kill its workers)."""
+    """Wait for one worker process, then tell the cluster.
+
+    The cluster is held only weakly: a dropped cluster must still be collected, and its
+    finalizer kill its workers.
+    """
     code = p.wait()
     cluster = ref()
     if cluster is not None and cluster._proc_finalizer.alive:
@@ -84,6 +88,14 @@ BLAS_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THR
 
 
 class LocalCluster(Cluster):
+    """A scheduler and workers on this machine, as dask's ``LocalCluster``.
+
+    Worker processes (``processes=True``, the default) are supervised as dask's nanny
+    does: one that dies while wanted is replaced. ``n_workers`` and
+    ``threads_per_worker`` default to one process per core, one thread each (one worker
+    of ``os.cpu_count()`` threads with ``processes=False``).
+    """
+
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
                  processes: bool = True, memory_limit: Any = "auto",
                  host: str = "127.0.0.1", scheduler_port: int = 0,
@@ -100,6 +112,7 @@ class LocalCluster(Cluster):
             n_workers = max(ncpu // max(threads_per_worker or 1, 1), 1)
         elif threads_per_worker is None:
             threads_per_worker = max(ncpu // max(n_workers, 1), 1)
+        assert n_workers is not None and threads_per_worker is not None
         if n_workers < 0 or threads_per_worker < 1:
             raise ValueError(f"n_workers={n_workers}, threads_per_worker={threads_per_worker} "
                              "make no cluster")
@@ -187,8 +200,11 @@ class LocalCluster(Cluster):
         return nanny.popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     def _restart_worker(self, name: str) -> None:
-        """A nanny restarts its worker: the process is stopped and started again under the
-        same name, not replaced by a new worker (it is out of ``_procs`` before it exits)."""
+        """A nanny restarts its worker under the same name.
+
+        The process is stopped and started again, not replaced by a new worker (it is out
+        of ``_procs`` before it exits).
+        """
         with self._lock:
             if self._closed or name not in self._procs:
                 return  # closing (it stops the process), or the worker was stopped
@@ -199,10 +215,13 @@ class LocalCluster(Cluster):
                              daemon=True, name=f"watch {name}").start()
 
     def _replace_exited(self, name: str, p: subprocess.Popen, code: int) -> None:
-        """Like dask's nanny: a worker process that left while the cluster wants it (killed,
-        out of memory, or exited after the scheduler dropped it) is replaced, so that the
-        cluster keeps the size it was asked for. One the cluster stopped is no longer in
-        ``_procs``; one retired by a scale down lowered the target first."""
+        """Replace a worker process that left while the cluster wants it, as dask's nanny does.
+
+        A process killed, out of memory, or exited after the scheduler dropped it is
+        replaced, so that the cluster keeps the size it was asked for. One the cluster
+        stopped is no longer in ``_procs``; one retired by a scale down lowered the target
+        first.
+        """
         with self._lock:
             if self._closed or self._procs.get(name) is not p:
                 return
@@ -222,6 +241,7 @@ class LocalCluster(Cluster):
     # the size the cluster keeps: what was last asked for
     def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
               cores: Any = None) -> None:
+        """Keep ``n`` workers (or ``jobs`` x workers per job); a dead one is replaced."""
         with self._lock:
             if n is None and jobs is not None:
                 n = jobs * self.workers_per_unit
@@ -230,11 +250,13 @@ class LocalCluster(Cluster):
         super().scale(n, None, memory, cores)
 
     def scale_up(self, n: int, **kwargs: Any) -> None:
+        """Start workers until there are ``n``."""
         with self._lock:
             self._target = max(self._target, n)
         super().scale_up(n, **kwargs)
 
     def scale_down(self, workers: list[str]) -> None:
+        """Retire ``workers`` and keep the cluster at its new size."""
         # lowered before retiring: a retired worker exits before _stop_workers forgets it
         with self._lock:
             self._target = max(min(self._target, self._requested() - len(workers)), 0)
@@ -258,12 +280,14 @@ class LocalCluster(Cluster):
     def _worker_name_of(self, address: str) -> str | None:
         return super()._worker_name_of(address)
 
+    def _ask_workers_to_close(self) -> None:
+        for address in list(self.scheduler.state.workers):
+            self.scheduler.send(address, Close(reason="cluster closing"))
+
     def _close_workers(self, timeout: float) -> None:
         # ask workers to close through the scheduler, then make sure
         try:
-            self.scheduler.loop.call(lambda: [
-                self.scheduler._queue(a, {"op": "close", "reason": "cluster closing"})
-                for a in list(self.scheduler.state.workers)], timeout=2)
+            self.scheduler.loop.call(self._ask_workers_to_close, timeout=2)
         except Exception:
             pass
         for w in list(self._threads.values()):
@@ -288,6 +312,7 @@ class LocalCluster(Cluster):
 
     @property
     def worker_processes(self) -> dict[str, subprocess.Popen]:
+        """Worker name -> its process (``processes=True``)."""
         return dict(self._procs)
 
 

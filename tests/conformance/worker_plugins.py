@@ -11,7 +11,8 @@ from tests.conformance.primitives import until
 
 
 class Recorder(WorkerPlugin):
-    """Keeps every state change it is told of, with the thread that told it."""
+    """Keeps every state change it is told of, with the thread that told it and the
+    ``stimulus_id`` it came with."""
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
@@ -20,7 +21,8 @@ class Recorder(WorkerPlugin):
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         # "on the loop thread": the thread running the loop's iteration (a transport's
         # thread may run it, see Loop.offer)
-        self.worker.conf_transitions.append((key, start, finish, self.worker.loop._on_loop()))
+        self.worker.conf_transitions.append((key, start, finish, self.worker.loop._on_loop(),
+                                             kwargs.get("stimulus_id")))
 
 
 class Failing(WorkerPlugin):
@@ -34,7 +36,7 @@ def logs(client: Any) -> dict:
 
 
 def chain(log: list, key: Any) -> list:
-    return [(start, finish) for k, start, finish, _ in log if k == key]
+    return [(start, finish) for k, start, finish, *_ in log if k == key]
 
 
 def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
@@ -51,7 +53,11 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     states = chain(everything[holder], x.key)
     assert states[0][0] == "released", states
     assert all(a[1] == b[0] for a, b in zip(states, states[1:], strict=False)), states
-    assert all(on_loop for *_, on_loop in everything[holder]), everything[holder]
+    assert all(on_loop for *_, on_loop, _ in everything[holder]), everything[holder]
+    # each change names the event that caused it: x's first, the scheduler's compute-task
+    stimuli = [sid for k, *_, sid in everything[holder] if k == x.key]
+    assert all(isinstance(sid, str) and sid for sid in stimuli), stimuli
+    assert stimuli[0].startswith("compute-task-"), stimuli
 
     # released by the client: the worker drops x, and says so
     key = x.key

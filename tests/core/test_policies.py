@@ -601,11 +601,12 @@ def test_steal_handshake_never_runs_a_task_twice():
             if type(c) is Execute:
                 ran.append(c.key)
                 continue
-            op = c.wire()["op"]
+            msg = c.wire()  # as it goes on the wire
+            op = msg["op"]
             if op == "steal-response":
-                responses[c.wire()["key"]] = c.wire()["state"]
+                responses[msg["key"]] = msg["state"]
             if op in ("steal-response", "task-started", "task-finished"):
-                event = ev.from_message(ev.SCHEDULER_OPS, c.wire(), worker=w)
+                event = ev.from_message(ev.SCHEDULER_OPS, msg, worker=w)
                 ran.extend(deliver(s, workers, step(s, event)))
 
     on_worker(A, ev.ExecuteSuccess("t-0", 1, 8))

@@ -134,7 +134,7 @@ def test_worker_reports_a_result_it_cannot_serve():
     wstep(s, compute("x"))
     wstep(s, ev.ExecuteSuccess("x", object(), 8, "object", 1.0, 2.0))
     out = wstep(s, ev.ServeFailed("x", "exc-blob", "tb", "ValueError: no"))
-    msg = to_scheduler(out, "result-erred", key="x")[0].msg
+    msg = to_scheduler(out, "result-erred", key="x")[0].wire()
     assert msg["exception"] == "exc-blob" and msg["traceback"] == "tb"
     assert "x" in s.data  # kept until the scheduler frees it: other requests fail alike
 

@@ -29,7 +29,7 @@ def test_seceded_task_frees_its_slot_for_the_next_ready_task():
     out = wstep(s, ev.Secede("parent", compute_duration=0.25))
     # the scheduler hears of it, and the child runs beside the (still running) parent
     (msg,) = to_scheduler(out, "long-running", key="parent")
-    assert msg.wire()["compute_duration"] == 0.25
+    assert msg.msg.compute_duration == 0.25
     assert executes(out) == ["child"]
     assert s.tasks["parent"].state == "long-running"
     # the parent's result is accepted as any other

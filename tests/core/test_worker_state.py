@@ -59,8 +59,8 @@ def test_task_without_dependencies_executes_and_reports():
     assert to_scheduler(out, "task-started", key="x")
     out = step(s, success("x", 42))
     (fin,) = to_scheduler(out, "task-finished", key="x")
-    assert fin.msg["nbytes"] == 8 and fin.msg["typename"] == "int"
-    assert fin.msg["start"] == 1.0 and fin.msg["stop"] == 2.0
+    assert fin.msg.nbytes == 8 and fin.msg.typename == "int"
+    assert fin.msg.start == 1.0 and fin.msg.stop == 2.0
     assert s.data == {"x": 42}
     out = step(s, ev.FreeKeys(["x"]))
     assert s.data == {} and s.tasks == {}
@@ -117,8 +117,8 @@ def test_execute_failure_reports_task_erred():
     step(s, compute("x"))
     out = step(s, ev.ExecuteFailure("x", "EXC", "TB", "ValueError: no", 1.0, 2.0))
     (err,) = to_scheduler(out, "task-erred", key="x")
-    assert err.msg["exception"] == "EXC" and err.msg["traceback"] == "TB"
-    assert err.msg["exception_text"] == "ValueError: no"
+    assert err.msg.exception == "EXC" and err.msg.traceback == "TB"
+    assert err.msg.exception_text == "ValueError: no"
     assert "x" not in s.data and "x" not in s.tasks
 
 
@@ -130,7 +130,7 @@ def test_peer_without_the_data_is_reported_and_another_holder_tried():
     other = P2 if peer == P1 else P1
     out = step(s, ev.GatherDepSuccess(peer, {}, missing=["a"]))
     (md,) = to_scheduler(out, "missing-data", key="a")
-    assert md.msg["errant_worker"] == peer
+    assert md.msg.errant_worker == peer
     assert gathers(out) == {other: ["a"]}
     out = step(s, ev.GatherDepSuccess(other, {"a": 1}))
     assert executes(out) == ["y"]
@@ -143,7 +143,7 @@ def test_unreachable_peer_is_dropped_and_others_tried():
     out = step(s, ev.GatherDepFailure(P1, gathers(out)[P1], "connection refused"))
     # a comes from P2 now; b had no other holder: the scheduler is told
     assert gathers(out).get(P2) == ["a"]
-    reported = {m.msg["key"] for m in to_scheduler(out, "missing-data")}
+    reported = {m.msg.key for m in to_scheduler(out, "missing-data")}
     assert "b" in reported
     assert s.tasks["b"].state == "missing"
     assert P1 not in s.tasks["a"].who_has
@@ -236,7 +236,7 @@ def test_steal_request_for_a_ready_task_gives_it_up():
     step(s, compute("queued"))
     out = step(s, ev.StealRequest("queued"))
     (r,) = to_scheduler(out, "steal-response", key="queued")
-    assert r.msg["state"] == "released"
+    assert r.msg.state == "released"
     out = step(s, success("busy"))
     assert executes(out) == []  # it was given away
 
@@ -246,7 +246,7 @@ def test_steal_request_for_an_executing_task_keeps_it():
     step(s, compute("busy"))
     out = step(s, ev.StealRequest("busy"))
     (r,) = to_scheduler(out, "steal-response", key="busy")
-    assert r.msg["state"] == "executing"
+    assert r.msg.state == "executing"
     out = step(s, success("busy"))
     assert to_scheduler(out, "task-finished", key="busy")
 
@@ -257,7 +257,7 @@ def test_acquire_replicas_fetches_and_reports_add_keys():
     assert gathers(out) == {P1: ["x"]}
     out = step(s, ev.GatherDepSuccess(P1, {"x": "value"}))
     (ak,) = to_scheduler(out, "add-keys")
-    assert ak.msg["keys"] == {"x": 100}
+    assert ak.msg.keys == {"x": 100}
     assert s.data == {"x": "value"}  # kept until the scheduler frees it
 
 
@@ -265,7 +265,7 @@ def test_update_data_stores_and_reports_with_the_scatter_id():
     s = new_state()
     out = step(s, ev.UpdateData({"d": b"12345"}, scatter_id="s1"))
     (ak,) = to_scheduler(out, "add-keys", scatter_id="s1")
-    assert ak.msg["keys"] == {"d": 5}
+    assert ak.msg.keys == {"d": 5}
     out = step(s, compute("y", {"d": [ME]}))
     assert executes(out) == ["y"]
     step(s, success("y"))
@@ -312,7 +312,7 @@ def test_steal_of_a_task_whose_dependency_is_in_flight_drops_the_transfer():
     step(s, compute("y", {"a": [P1]}))
     out = step(s, ev.StealRequest("y"))
     (r,) = to_scheduler(out, "steal-response", key="y")
-    assert r.msg["state"] == "released"
+    assert r.msg.state == "released"
     out = step(s, ev.GatherDepSuccess(P1, {"a": 1}))
     assert executes(out) == [] and s.data == {} and s.tasks == {}
 
@@ -337,13 +337,15 @@ def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatc
     arrive in one call, after the event (the state is consistent then)."""
     s = new_state()
     calls: list = []
+    stimuli: list = []
 
-    def seen(changes: list) -> None:
+    def seen(changes: list, stimulus_id: str) -> None:
         s.validate()  # called after the event: the state machine is consistent
         calls.append(changes)
+        stimuli.append(stimulus_id)
 
     s.watch_transitions(seen)
-    step(s, compute("y", {"a": [P1]}))
+    step(s, compute("y", {"a": [P1]}, stimulus_id="compute-task-7"))
     assert calls.pop() == [("a", "released", "fetch"), ("y", "released", "waiting"),
                            ("a", "fetch", "flight")]
     step(s, ev.GatherDepSuccess(P1, {"a": 1}))
@@ -354,6 +356,12 @@ def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatc
                            ("a", "released", "forgotten")]
     step(s, ev.FreeKeys(["y"]))
     assert calls.pop() == [("y", "memory", "released"), ("y", "released", "forgotten")]
+    # each change names the event that caused it: the one the message carried, or one
+    # the state machine gives an event that came without (a result, a transfer)
+    assert stimuli[0] == "compute-task-7"
+    assert [x.rsplit("-", 1)[0] for x in stimuli[1:]] == [
+        "gather-dep-success", "execute-success", "free-keys"]
+    assert len(set(stimuli)) == 4
     s.watch_transitions(None)
     step(s, compute("z"))
     step(s, success("z"))

@@ -90,12 +90,14 @@ class Comm(abc.ABC):
 
     @property
     @abc.abstractmethod
-    def closed(self) -> bool: ...
+    def closed(self) -> bool:
+        """Whether the comm is closed (by either side): sends fail, recv raises."""
 
     @abc.abstractmethod
     def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
-        """Push every later message onto ``inbox`` as ``(source, message)``, then
-        ``(source, closed_marker)`` once the comm closes, instead of waiting for ``recv``
+        """Push every later message onto ``inbox`` as ``(source, message)``.
+
+        Then ``(source, closed_marker)`` once the comm closes, instead of waiting for ``recv``
         calls; messages that arrived before go first, in order. How a server receives
         from its peers: every backend does it. The transport's thread hands messages over
         with ``inbox.offer`` / ``offer_batch`` where its sends never block (then running
@@ -132,17 +134,21 @@ class Security:
 
     @classmethod
     def generate(cls, **kw: Any) -> Security:
+        """A fresh random 32-byte secret for a new cluster (``kw``: the TLS files)."""
         return cls(secret=secrets.token_bytes(32), **kw)
 
     @property
     def tls(self) -> bool:
+        """Whether connections use TLS (a certificate is given)."""
         return bool(self.tls_cert)
 
     def secret_hex(self) -> str:
+        """The secret as hex text (empty without one), for a scheduler file or the CLI."""
         return self.secret.hex() if self.secret else ""
 
     @classmethod
     def from_hex(cls, text: str, **kw: Any) -> Security:
+        """The security whose secret is hex ``text`` (none if blank): see :meth:`secret_hex`."""
         return cls(secret=bytes.fromhex(text.strip()) if text.strip() else None, **kw)
 
     @classmethod
@@ -196,6 +202,7 @@ def parse_address(address: str) -> tuple[str, str]:
 
 
 def unparse_address(scheme: str, location: str) -> str:
+    """``scheme://location``, the inverse of :func:`parse_address`."""
     return f"{scheme}://{location}"
 
 

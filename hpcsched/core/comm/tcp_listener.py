@@ -83,6 +83,7 @@ class TCPListener(Listener):
             raise ValueError(f"{address}: a tls:// listener needs security.tls_cert (and tls_key)")
         self._handshake_timeout = float(config.get("comm.timeouts.handshake"))
         self._max_pending = max(1, int(config.get("comm.max-pending-handshakes")))
+        sockaddr: tuple[Any, ...]  # (host, port), or IPv6's (host, port, flowinfo, scope)
         if host in ("", "0.0.0.0"):
             family, sockaddr = socket.AF_INET, ("0.0.0.0", port)
         else:

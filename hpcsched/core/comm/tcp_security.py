@@ -35,6 +35,7 @@ import socket
 import ssl
 import struct
 import time
+from typing import cast
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import HandshakeError, Security
@@ -103,7 +104,9 @@ class TLSCodec:
         """Plaintext into ``view``: bytes written, 0 at the end of the stream, None if
         more wire bytes are needed."""
         try:
-            return self._obj.read(len(view), view)
+            # given a buffer, SSLObject.read fills it and returns the count (typeshed
+            # types the call without one only: bytes)
+            return cast(int, self._obj.read(len(view), view))
         except ssl.SSLWantReadError:
             return None
         except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
@@ -279,6 +282,7 @@ class _Blocking:
         buf = bytearray(n)
         view = memoryview(buf)
         got = 0
+        k: int | None
         while got < n:
             if self.tls is None:
                 self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
