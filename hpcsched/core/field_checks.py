@@ -41,8 +41,22 @@ def _says(what: str) -> Callable[[Check], Check]:
     return mark
 
 
+_KEY_ATOMS = frozenset({str, bytes, int, float})
+
+
 def is_key(x: Any, depth: int = 0) -> bool:
-    if isinstance(x, (str, bytes, int, float)):
+    # exact types first: every key of a large graph passes here (a 16,000-task update-graph
+    # checks ~50,000), and a type lookup in a set is several times cheaper than isinstance
+    # with a tuple of types, or a generator per tuple key
+    t = type(x)
+    if t in _KEY_ATOMS:
+        return True
+    if t is tuple and depth < MAX_KEY_DEPTH:
+        for y in x:
+            if type(y) not in _KEY_ATOMS and not is_key(y, depth + 1):
+                return False
+        return True
+    if isinstance(x, (str, bytes, int, float)):  # subclasses (a numpy integer is not one)
         return True
     if isinstance(x, tuple) and depth < MAX_KEY_DEPTH:
         return all(is_key(y, depth + 1) for y in x)
@@ -58,8 +72,9 @@ def key(x: Any) -> str | None:
 def keys(x: Any) -> str | None:
     if not isinstance(x, (list, tuple)):
         return f"expected a list of keys, got {type(x).__name__}"
+    atoms = _KEY_ATOMS
     for k in x:
-        if not is_key(k):
+        if type(k) not in atoms and not is_key(k):
             return f"contains something that is not a key: {short(k)}"
     return None
 
