@@ -92,8 +92,7 @@ class Scheduler:
                  dashboard_address: Any = ..., **state_kwargs: Any):
         self.listen_address = address
         self.security = security
-        scheme, _ = parse_address(address)
-        self.scheme = scheme
+        parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
         kw = {

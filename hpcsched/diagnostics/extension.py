@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
+from hpcsched.core.comm.registry import backend_for
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
 
@@ -98,20 +99,14 @@ class Diagnostics:
         self.link = f"http://{shown}:{self.server.port}/status?token={self.token}"
         self.scheduler.services["dashboard"] = self.link
         logger.info("dashboard at %s", self.link)
-        if self.scheduler.scheme == "mpi":
+        if backend_for(self.scheduler.address).reached_by_tunnel:
             self._print_tunnel(shown, self.server.port)
 
     def _default_host(self) -> str:
-        """Where to listen when the address names no host: beside the scheduler's own TCP
-        address; on every interface under MPI (rank 0's node is reached through an ssh
-        tunnel from the login node); loopback otherwise."""
-        scheme = self.scheduler.scheme
-        if scheme in ("tcp", "tls"):
-            hostport = self.scheduler.address.split("://", 1)[1]
-            return hostport.rpartition(":")[0].strip("[]") or "127.0.0.1"
-        if scheme == "mpi":
-            return "0.0.0.0"
-        return "127.0.0.1"
+        """Where to listen when the address names no host: as the scheduler's transport
+        says (beside its TCP address; every interface under MPI, whose rank 0 is reached
+        through an ssh tunnel from the login node; loopback in-process)."""
+        return backend_for(self.scheduler.address).service_host(self.scheduler.address)
 
     def _print_tunnel(self, host: str, port: int) -> None:
         """Rank 0 says once where the dashboard is and how to reach it from a laptop."""

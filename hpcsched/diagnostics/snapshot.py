@@ -15,6 +15,8 @@ from collections import Counter
 from itertools import islice
 from typing import Any
 
+from hpcsched.core.comm.registry import backend_for
+
 TASK_STATES = ("released", "waiting", "queued", "no-worker", "processing", "memory", "erred")
 MAX_GROUPS_SHOWN = 200
 
@@ -27,7 +29,8 @@ def short(key: Any, limit: int = 120) -> str:
 def worker_row(ws: Any) -> dict:
     m = ws.metrics if isinstance(ws.metrics, dict) else {}
     address = ws.address
-    rank = address.rsplit("/", 1)[-1] if address.startswith("mpi://") else None
+    number = backend_for(address).rank_of(address)
+    rank = None if number is None else str(number)
     return {
         "address": address, "name": ws.name, "host": ws.host, "nthreads": ws.nthreads,
         "memory_limit": ws.memory_limit, "managed": ws.nbytes,

@@ -569,4 +569,13 @@ def _listen(address: str, on_connect: Callable[[Comm], None], security: Security
     return ep.listen(on_connect)
 
 
-registry.register("mpi", Backend(connect=_connect, listen=_listen))
+def _rank_of(address: str) -> int | None:
+    location = parse_address(address)[1]
+    return int(location) if location.isdigit() else None
+
+
+# rank 0's node, where the scheduler and its dashboard run, is a compute node of the job:
+# a dashboard there listens on every interface, and is reached through an ssh tunnel
+registry.register("mpi", Backend(connect=_connect, listen=_listen,
+                                 service_host=lambda server_address: "0.0.0.0",
+                                 reached_by_tunnel=True, rank_of=_rank_of))

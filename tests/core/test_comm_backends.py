@@ -28,3 +28,19 @@ def test_mpi_ranks_are_known_to_the_job():
     b = registry.backend_for("mpi://0")
     assert not (b.needs_heartbeat or b.needs_secret or b.same_process)
     assert b.worker_listen_address("mpi://0", "node7") == "mpi://"
+
+
+def test_where_a_dashboard_listens_and_who_has_a_rank():
+    # beside the scheduler over TCP; loopback in-process; every interface of rank 0's
+    # compute node under MPI, which users reach through an ssh tunnel
+    tcp = registry.backend_for("tcp://10.0.0.1:8786")
+    assert tcp.service_host("tcp://10.0.0.1:8786") == "10.0.0.1"
+    assert tcp.service_host("tcp://[::1]:8786") == "::1"
+    assert tcp.service_host("tcp://:8786") == "127.0.0.1"
+    assert not tcp.reached_by_tunnel and tcp.rank_of("tcp://10.0.0.1:8786") is None
+    inproc = registry.backend_for("inproc://1/srv-0")
+    assert inproc.service_host("inproc://1/srv-0") == "127.0.0.1"
+    assert inproc.rank_of("inproc://1/srv-0") is None
+    mpi = registry.backend_for("mpi://0")
+    assert mpi.service_host("mpi://0") == "0.0.0.0" and mpi.reached_by_tunnel
+    assert mpi.rank_of("mpi://3") == 3 and mpi.rank_of("mpi://") is None

@@ -169,6 +169,14 @@ def _listen_beside(scheduler_address: str, host: str | None) -> str:
     return f"{parse_address(scheduler_address)[0]}://"
 
 
+def _loopback(server_address: str) -> str:
+    return "127.0.0.1"
+
+
+def _no_rank(address: str) -> int | None:
+    return None
+
+
 @dataclass(frozen=True)
 class Backend:
     """A transport, and what servers must do for it (so that they never test a scheme)."""
@@ -188,6 +196,15 @@ class Backend:
     #: ``(scheduler_address, host) -> address`` a worker of that scheduler listens on by
     #: default; ``host`` is the worker's host name or address, when it was given one
     worker_listen_address: Callable[[str, str | None], str] = _listen_beside
+    #: ``server_address -> host`` a service beside a server at that address (its
+    #: dashboard) listens on when told no host: where the server's own peers reach it
+    service_host: Callable[[str], str] = _loopback
+    #: servers of this transport run on a compute node of a batch job, which a user's
+    #: laptop reaches through an ssh tunnel from the login node (the dashboard says how)
+    reached_by_tunnel: bool = False
+    #: ``address -> rank`` of the process at that address, for transports that number
+    #: their processes (MPI); None elsewhere
+    rank_of: Callable[[str], int | None] = _no_rank
 
 
 def parse_address(address: str) -> tuple[str, str]:

@@ -117,7 +117,13 @@ def _worker_listen_address(scheduler_address: str, host: str | None) -> str:
 # a TCP peer that crashes, or whose host does, can leave its connection open: only the
 # missing heartbeats tell (as distributed's worker-ttl); and anyone reaching the port may
 # try to connect, hence a secret
+def _service_host(server_address: str) -> str:
+    """Beside the server: the host its TCP address names (loopback if none)."""
+    hostport = parse_address(server_address)[1]
+    return hostport.rpartition(":")[0].strip("[]") or "127.0.0.1"
+
+
 _BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
-                   worker_listen_address=_worker_listen_address)
+                   worker_listen_address=_worker_listen_address, service_host=_service_host)
 registry.register("tcp", _BACKEND)
 registry.register("tls", _BACKEND)
