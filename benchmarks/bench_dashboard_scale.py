@@ -39,8 +39,8 @@ def build(n_workers: int, n_tasks: int, n_groups: int):
                                       memory_limit=8 << 30, name=f"w{i}", host=f"node{i // 8}",
                                       now=now - 120))
             state.handle(ev.Heartbeat(f"tcp://10.0.{i // 250}.{i % 250}:4000",
-                                      {"memory": 1 << 30, "cpu": 90.0}, now - 1))
-        state.handle(ev.AddClient("bench", now - 120))
+                                      {"memory": 1 << 30, "cpu": 90.0}, now=now - 1))
+        state.handle(ev.AddClient("bench", now=now - 120))
         keys = [f"group{g}-{i}" for i in range(n_tasks // n_groups) for g in range(n_groups)]
         tasks = {k: {"run_spec": "opaque", "deps": []} for k in keys}  # never run
         state.handle(ev.UpdateGraph("bench", tasks, keys, now=now - 60))

@@ -141,16 +141,16 @@ class ClusterControl:
         # every task is cancelled (its clients hear so, workers drop its data), then each
         # worker tears its plugins down and sets them up again
         state = self.scheduler.state
-        self.scheduler.handle_event(ev.CancelKeys(source, list(state.tasks), time.time(),
-                                                  self.scheduler.stimulus("restart")))
+        self.scheduler.handle_event(ev.CancelKeys(source, list(state.tasks), now=time.time(),
+                                                  stimulus_id=self.scheduler.stimulus("restart")))
         self._fan_out(source, msg.request_id, list(state.workers), pr.PluginsReset)
 
     def _rebalance(self, source: str, msg: pr.Rebalance) -> None:
         # a state-machine event: it answers once every moved key's sender dropped its copy
         workers = None if msg.workers is None else self._workers(msg.workers)
         self.scheduler.handle_event(ev.RebalanceKeys(
-            msg.request_id, source, msg.keys, workers, time.time(),
-            self.scheduler.stimulus("rebalance")))
+            msg.request_id, source, msg.keys, workers, now=time.time(),
+            stimulus_id=self.scheduler.stimulus("rebalance")))
 
     def _unregister_plugin(self, source: str, msg: pr.UnregisterPlugin) -> None:
         name = self._plugin_name(msg.name)

@@ -32,7 +32,7 @@ slot again).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from hpcsched.core.protocol import (
@@ -123,10 +123,21 @@ class Resume:
     key: Key
 
 
+# ============================================================ events the servers make
+@dataclass(slots=True, frozen=True)
+class Internal:
+    """Base of the events a server makes itself (not read off a message): frozen, with
+    when it happened and the ``stimulus_id`` that names it, as the records have."""
+
+    _: KW_ONLY  # a subclass's required fields may follow these two
+    now: float = 0.0
+    stimulus_id: str = ""
+
+
 # ============================================================ scheduler events
 # (those a worker or a client sends are protocol records, imported above)
 @dataclass(slots=True, frozen=True)
-class AddWorker:
+class AddWorker(Internal):
     """A worker registered (the scheduler's reading of its ``register-worker``)."""
 
     address: str
@@ -137,40 +148,32 @@ class AddWorker:
     resources: dict = field(default_factory=dict)
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
     pid: int = 0
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class RemoveWorker:
+class RemoveWorker(Internal):
     """A worker left (its connection closed, it timed out, it was retired)."""
 
     address: str
     reason: str = ""
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class AddClient:
+class AddClient(Internal):
     """A client registered."""
 
     client: str
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class RemoveClient:
+class RemoveClient(Internal):
     """A client left (it closed, or its connection did)."""
 
     client: str
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class RetireWorkers:
+class RetireWorkers(Internal):
     """Retire ``workers`` (addresses, resolved from a ``retire-workers`` request or a
     worker's ``retire-me``); ``requester`` hears the reply."""
 
@@ -178,39 +181,30 @@ class RetireWorkers:
     requester: str
     workers: list  # addresses
     close: bool = True
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class RebalanceKeys:
+class RebalanceKeys(Internal):
     """``Client.rebalance``: spread ``keys`` (all if None) over ``workers`` (all if None)."""
 
     request_id: str
     requester: str
     keys: list | None = None
     workers: list | None = None
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class Tick:
+class Tick(Internal):
     """The server's periodic tick: timeouts, work stealing, retirements in progress."""
-
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 # ============================================================ worker events
 @dataclass(slots=True, frozen=True)
-class PauseWorker:
+class PauseWorker(Internal):
     """The worker's memory monitor: stop starting tasks and fetching (``paused=True``), or
     go on again."""
 
     paused: bool
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -228,7 +222,7 @@ class ExecuteSuccess:
 
 
 @dataclass(slots=True, frozen=True)
-class ExecuteFailure:
+class ExecuteFailure(Internal):
     """Task ``key`` raised ``exception``."""
 
     key: Key
@@ -237,8 +231,6 @@ class ExecuteFailure:
     exception_text: str = ""
     start: float = 0.0
     stop: float = 0.0
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True)
@@ -255,45 +247,37 @@ class GatherDepSuccess:
 
 
 @dataclass(slots=True, frozen=True)
-class Secede:
+class Secede(Internal):
     """The task ``key`` gave its thread back to the pool (``hpcsched.secede()``)."""
 
     key: Key
     compute_duration: float = 0.0
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class Rejoin:
+class Rejoin(Internal):
     """The seceded task ``key`` waits for a thread slot (``hpcsched.rejoin()``)."""
 
     key: Key
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class ServeFailed:
+class ServeFailed(Internal):
     """The result of ``key`` could not be serialized for a peer or a client."""
 
     key: Key
     exception: Any = None
     traceback: str = ""
     exception_text: str = ""
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 @dataclass(slots=True, frozen=True)
-class GatherDepFailure:
+class GatherDepFailure(Internal):
     """The peer could not be reached (or died while sending)."""
 
     worker: str
     keys: list
     error: str = ""
-    now: float = 0.0
-    stimulus_id: str = ""
 
 
 # ============================================================ op tables

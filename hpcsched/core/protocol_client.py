@@ -10,7 +10,7 @@ reply carrying it back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from hpcsched.core import field_checks as fc
@@ -25,6 +25,25 @@ SCHEDULER_TO_CLIENT = Direction("scheduler", "client", checked=False)
 C2S, S2C = CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT
 
 
+@dataclass(slots=True)
+class Stimulus:
+    """Base of the records that reach a state machine: the receiver notes when each
+    arrived and names the event (``stimulus_id``, as distributed's state machines do), so
+    that every state change can be traced to the message that caused it."""
+
+    _: KW_ONLY  # a subclass's required fields may follow these two
+    now: float = context(0.0)
+    stimulus_id: str = context("")
+
+
+@dataclass(slots=True)
+class FromClient(Stimulus):
+    """Base of a client's requests to the scheduler's state machine: the scheduler fills in
+    which client sent it."""
+
+    client: str = context()
+
+
 # ====================================================================== client -> scheduler
 
 @message("register-client", C2S)
@@ -37,10 +56,9 @@ class RegisterClient:
 
 @message("update-graph", C2S)
 @dataclass(slots=True)
-class UpdateGraph:
+class UpdateGraph(FromClient):
     """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
 
-    client: str = context()
     tasks: dict = wire(fc.dict_of(fc.task), doc="key -> {run_spec, deps}")
     keys: list = wire(fc.keys, doc="keys the client holds futures to")
     priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
@@ -56,70 +74,53 @@ class UpdateGraph:
     annotations: dict | None = wire(fc.optional(fc.dict_of(fc.mapping, keyed=fc.string)), None,
                                     doc="per-key annotations (dask.annotate): name -> "
                                         "{key: value}; they override the call's values")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("client-desires-keys", C2S)
 @dataclass(slots=True)
-class ClientDesiresKeys:
+class ClientDesiresKeys(FromClient):
     """The client wants the results of ``keys`` (it holds futures to them)."""
 
-    client: str = context()
     keys: list = wire(fc.keys)
     fire_and_forget: bool = wire(fc.boolean, False, sparse=True,
                                  doc="run them even once no client wants them")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("retry-keys", C2S)
 @dataclass(slots=True)
-class RetryKeys:
+class RetryKeys(FromClient):
     """Run erred tasks again, with the erred tasks they depend on."""
 
-    client: str = context()
     keys: list = wire(fc.keys)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("client-releases-keys", C2S)
 @dataclass(slots=True)
-class ClientReleasesKeys:
+class ClientReleasesKeys(FromClient):
     """The client dropped its futures to ``keys``."""
 
-    client: str = context()
     keys: list = wire(fc.keys)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("cancel-keys", C2S)
 @dataclass(slots=True)
-class CancelKeys:
+class CancelKeys(FromClient):
     """Cancel ``keys`` and what depends on them, for every client."""
 
-    client: str = context()
     keys: list = wire(fc.keys)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("scatter", C2S)
 @dataclass(slots=True)
-class ScatterData:
+class ScatterData(FromClient):
     """A client moves its own data onto workers (``Client.scatter``); answered by
     ``scatter-reply``."""
 
-    client: str = context()
     scatter_id: str = wire(fc.string)
     data: dict = wire(fc.dict_of(fc.serialized), doc="key -> serialized value")
     nbytes: dict = wire(fc.dict_of(fc.count), factory=dict)
     workers: list | None = wire(fc.optional(fc.list_of(fc.worker_ref)), None)
     broadcast: bool = wire(fc.boolean, False, doc="a copy on every worker")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("gather", C2S)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core import field_checks as fc
-from hpcsched.core.protocol_client import C2S, S2C
+from hpcsched.core.protocol_client import C2S, S2C, Stimulus
 from hpcsched.core.wire import Direction, context, message, wire
 
 Key = Any
@@ -27,6 +27,14 @@ SCHEDULER_TO_WORKER = Direction("scheduler", "worker", checked=False)
 WORKER_TO_WORKER = Direction("worker", "worker", checked=False, doc=(
     "A worker fetches the dependencies of its tasks from the workers holding them."))
 W2S, S2W, W2W = WORKER_TO_SCHEDULER, SCHEDULER_TO_WORKER, WORKER_TO_WORKER
+
+
+@dataclass(slots=True)
+class FromWorker(Stimulus):
+    """Base of a worker's reports to the scheduler's state machine: the scheduler fills in
+    which worker sent it."""
+
+    worker: str = context()
 
 
 # ====================================================================== registration
@@ -71,141 +79,108 @@ class RegisterError:
 
 @message("task-started", W2S)
 @dataclass(slots=True)
-class TaskStarted:
+class TaskStarted(FromWorker):
     """``key`` started running on the worker."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("task-finished", W2S)
 @dataclass(slots=True)
-class TaskFinished:
+class TaskFinished(FromWorker):
     """``key`` ran on the worker, which holds its result."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     nbytes: int = wire(fc.count, 0, doc="the result's size in bytes")
     typename: str = wire(fc.string, "", doc="the result's type name")
     start: float = wire(fc.number, 0.0)
     stop: float = wire(fc.number, 0.0)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("task-erred", W2S)
 @dataclass(slots=True)
-class TaskErred:
+class TaskErred(FromWorker):
     """``key`` raised on the worker."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     exception: Any = wire(fc.anything, None)
     traceback: str = wire(fc.string, "")
     exception_text: str = wire(fc.string, "")
     start: float = wire(fc.number, 0.0)
     stop: float = wire(fc.number, 0.0)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("missing-data", W2S)
 @dataclass(slots=True)
-class MissingData:
+class MissingData(FromWorker):
     """The worker could not get ``key`` from ``errant_worker``."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     errant_worker: str = wire(fc.string, doc="the worker that did not have it")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("long-running", W2S)
 @dataclass(slots=True)
-class LongRunning:
+class LongRunning(FromWorker):
     """A task seceded from the worker's thread pool: it no longer occupies a slot."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     compute_duration: float = wire(fc.number, 0.0, doc="seconds it ran before seceding")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("result-erred", W2S)
 @dataclass(slots=True)
-class ResultErred:
+class ResultErred(FromWorker):
     """The result of ``key``, held by the worker, could not be serialized to leave it."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     exception: Any = wire(fc.anything, None)
     traceback: str = wire(fc.string, "")
     exception_text: str = wire(fc.string, "")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("add-keys", W2S)
 @dataclass(slots=True)
-class AddKeys:
+class AddKeys(FromWorker):
     """The worker now holds ``keys`` (replicas acquired, scattered data stored)."""
 
-    worker: str = context()
     keys: dict = wire(fc.dict_of(fc.count), doc="key -> nbytes")
     scatter_id: str | None = wire(fc.optional(fc.string), None, sparse=True)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("release-worker-data", W2S)
 @dataclass(slots=True)
-class ReleaseWorkerData:
+class ReleaseWorkerData(FromWorker):
     """The worker dropped its copy of ``keys``."""
 
-    worker: str = context()
     keys: list = wire(fc.keys)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("steal-response", W2S)
 @dataclass(slots=True)
-class StealResponse:
+class StealResponse(FromWorker):
     """The answer to ``steal-request``: the task's state on the worker (a task not yet
     running is given up)."""
 
-    worker: str = context()
     key: Key = wire(fc.key)
     state: str = wire(fc.string, doc="the task's state there, before the request")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("heartbeat", W2S)
 @dataclass(slots=True)
-class Heartbeat:
+class Heartbeat(FromWorker):
     """The worker is alive; its metrics (memory, CPU, bandwidth, transfers, logs)."""
 
-    worker: str = context()
     metrics: dict = wire(fc.mapping, factory=dict)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("worker-status-change", W2S)
 @dataclass(slots=True)
-class WorkerStatusChange:
+class WorkerStatusChange(FromWorker):
     """The worker paused (its memory is past the pause fraction: it starts nothing) or runs
     again; a paused worker is given no new task."""
 
-    worker: str = context()
     status: str = wire(fc.string, doc="`paused` or `running`")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("run-reply", W2S)
@@ -257,7 +232,7 @@ class UploadFile:
 
 @message("compute-task", S2W)
 @dataclass(slots=True)
-class ComputeTask:
+class ComputeTask(Stimulus):
     """Run ``key`` (after fetching its dependencies from the workers holding them)."""
 
     key: Key = wire(fc.key)
@@ -270,62 +245,50 @@ class ComputeTask:
     resource_restrictions: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
                                               sparse=True, doc="resources it holds while running")
     duration: float = wire(fc.number, 0.5, doc="expected seconds")
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("free-keys", S2W)
 @dataclass(slots=True)
-class FreeKeys:
+class FreeKeys(Stimulus):
     """Forget ``keys``: drop their data, cancel them if not done."""
 
     keys: list = wire(fc.keys)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("steal-request", S2W)
 @dataclass(slots=True)
-class StealRequest:
+class StealRequest(Stimulus):
     """Give ``key`` up unless it runs already (work stealing); answered by
     ``steal-response``."""
 
     key: Key = wire(fc.key)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("acquire-replicas", S2W)
 @dataclass(slots=True)
-class AcquireReplicas:
+class AcquireReplicas(Stimulus):
     """Fetch a copy of these keys from the workers holding them (replicate, retire)."""
 
     who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)))
     nbytes: dict = wire(fc.dict_of(fc.count), factory=dict)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("refresh-who-has", S2W)
 @dataclass(slots=True)
-class RefreshWhoHas:
+class RefreshWhoHas(Stimulus):
     """Where these keys are now (a fetch found a worker without them)."""
 
     who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)))
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("update-data", S2W)
 @dataclass(slots=True)
-class UpdateData:
+class UpdateData(Stimulus):
     """Store this scattered data; answered by ``add-keys``."""
 
     data: dict = wire(fc.mapping, doc="key -> value (serialized on the wire; the worker "
                                    "deserializes it before its state machine sees it)")
     scatter_id: str | None = wire(fc.optional(fc.string), None)
-    now: float = context(0.0)
-    stimulus_id: str = context("")
 
 
 @message("get-data", S2W, W2W)

@@ -218,7 +218,7 @@ class Scheduler:
         now = time.time()
         if kind == "client":
             self._comms[peer] = comm
-            self.handle_event(ev.AddClient(peer, now, self._stimulus("register-client")))
+            self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
             start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
             return
@@ -256,8 +256,8 @@ class Scheduler:
             if peer in self.state.workers:  # not already removed by the state (retired, ttl)
                 logger.info("worker %s left: %s", peer, reason)
                 info = self.state.workers[peer].info()
-                self.handle_event(ev.RemoveWorker(peer, reason, now,
-                                                  self._stimulus("remove-worker")))
+                self.handle_event(ev.RemoveWorker(peer, reason, now=now,
+                                                  stimulus_id=self._stimulus("remove-worker")))
             self.gathers.worker_left(peer)
             # the remove_worker hooks name the event that removed it (this one, or the
             # state's own: a retirement, a missed heartbeat)
@@ -265,7 +265,7 @@ class Scheduler:
             self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
-            self.handle_event(ev.RemoveClient(peer, now, self._stimulus("remove-client")))
+            self.handle_event(ev.RemoveClient(peer, now=now, stimulus_id=self._stimulus("remove-client")))
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -345,7 +345,7 @@ class Scheduler:
 
     def _tick(self, now: float) -> None:
         self._release_held = True  # this iteration's flush sends what waited
-        self.handle_event(ev.Tick(now, self._stimulus("tick")))
+        self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
@@ -484,8 +484,8 @@ class Scheduler:
         def start() -> None:
             self._internal[rid] = fut
             addrs = resolve_workers(self.state, workers, names, n)
-            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, time.time(),
-                                               self._stimulus("retire-workers")))
+            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
+                                               stimulus_id=self._stimulus("retire-workers")))
 
         self.loop.call(start)
         reply: pr.RetireWorkersReply = fut.result(timeout)

@@ -41,7 +41,7 @@ class ClientRequests:
         s = self.s
         s.clients.discard(e.client)
         keys = [ts.key for ts in s.tasks.values() if e.client in ts.who_wants]
-        self.client_releases(ev.ClientReleasesKeys(e.client, keys, e.now))
+        self.client_releases(ev.ClientReleasesKeys(e.client, keys, now=e.now))
 
     def update_graph(self, e: ev.UpdateGraph) -> None:
         """A client submitted tasks: check them, add them, make the runnable ones ready."""

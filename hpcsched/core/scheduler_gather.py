@@ -79,14 +79,14 @@ class Gathers:
             try:
                 exception, traceback, text = error
                 event = ev.ResultErred(worker, key, exception, str(traceback), str(text),
-                                       time.time(), self.scheduler.stimulus("result-erred"))
+                                       now=time.time(), stimulus_id=self.scheduler.stimulus("result-erred"))
             except (TypeError, ValueError) as e:
                 raise ev.MalformedMessage(f"data-reply: bad error for {key!r}: {e}") from None
             self.scheduler.handle_event(event)
         for key in msg.missing or ():
             g.missing.append(key)
-            self.scheduler.handle_event(ev.MissingData("", key, worker, time.time(),
-                                                       self.scheduler.stimulus("missing-data")))
+            self.scheduler.handle_event(ev.MissingData("", key, worker, now=time.time(),
+                                                       stimulus_id=self.scheduler.stimulus("missing-data")))
         self._maybe_finish(request_id)
 
     def worker_left(self, worker: str) -> None:

@@ -166,8 +166,8 @@ class Maintenance:
             for ws in list(s.workers.values()):
                 if e.now - ws.last_seen > s.worker_ttl:
                     s.worker_events.remove_worker(ev.RemoveWorker(
-                        ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", e.now,
-                        e.stimulus_id))
+                        ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", now=e.now,
+                        stimulus_id=e.stimulus_id))
         for address in list(s.retiring):
             retiring = s.workers.get(address)
             if retiring is not None:
@@ -265,8 +265,8 @@ class Maintenance:
         del s.retiring[ws.address]
         if r.close:
             s.send(ws.address, Close("retired"))
-        s.worker_events.remove_worker(ev.RemoveWorker(ws.address, "retired", now,
-                                                      s.stimulus_id))
+        s.worker_events.remove_worker(ev.RemoveWorker(ws.address, "retired", now=now,
+                                                      stimulus_id=s.stimulus_id))
         if not self._pending_retirements(r.request_id):
             self._finish_request(r.request_id, r.requester, r.workers)
 

@@ -43,8 +43,8 @@ def scheduler_info(s: Any, source: str, msg: pr.SchedulerInfo) -> None:
 def retire_workers(s: Any, source: str, msg: pr.RetireWorkersRequest) -> None:
     """Retire the workers named, gracefully (a state-machine event)."""
     workers = resolve_workers(s.state, msg.workers, msg.names, msg.n)
-    s.handle_event(ev.RetireWorkers(msg.request_id, source, workers, msg.close, time.time(),
-                                    s.stimulus("retire-workers")))
+    s.handle_event(ev.RetireWorkers(msg.request_id, source, workers, msg.close, now=time.time(),
+                                    stimulus_id=s.stimulus("retire-workers")))
 
 
 def retire_me(s: Any, source: str, msg: pr.RetireMe) -> None:
@@ -52,8 +52,8 @@ def retire_me(s: Any, source: str, msg: pr.RetireMe) -> None:
     if source not in s.state.workers:
         return
     rid = s.stimulus("lifetime")  # nobody waits for it: the reply is dropped
-    s.handle_event(ev.RetireWorkers(rid, INTERNAL, [source], True, time.time(),
-                                    s.stimulus("retire-me")))
+    s.handle_event(ev.RetireWorkers(rid, INTERNAL, [source], True, now=time.time(),
+                                    stimulus_id=s.stimulus("retire-me")))
 
 
 def extension(s: Any, source: str, msg: pr.Extension) -> None:

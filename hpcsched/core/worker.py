@@ -484,7 +484,7 @@ class Worker:
         assert self.state is not None
         change = self.memory_monitor.sample(self.address, self.state.status == "paused")
         if change is not None:
-            self._carry_out(self.state.handle(ev.PauseWorker(change, now)))
+            self._carry_out(self.state.handle(ev.PauseWorker(change, now=now)))
 
     def metrics(self) -> dict:
         """What the heartbeat reports: task counts, status, bandwidth, CPU, memory, logs."""
@@ -519,7 +519,7 @@ class Worker:
             stop = time.time()
             packed, tb_text, text = pack_exception(e, e.__traceback__)
             logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
-            return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, stop)
+            return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, now=stop)
         finally:
             leave_task(outer)
         stop = time.time()
@@ -549,13 +549,13 @@ class Worker:
 
     def secede_task(self, key: Any, compute_duration: float) -> None:
         """The task ``key`` (on the calling thread) leaves the pool: see ``hpcsched.secede``."""
-        self.loop.put((None, ev.Secede(key, compute_duration, time.time())))
+        self.loop.put((None, ev.Secede(key, compute_duration, now=time.time())))
 
     def rejoin_task(self, key: Any) -> None:
         """Block until the seceded task ``key`` has a thread slot again (or the worker
         closes): see ``hpcsched.rejoin``."""
         event = self._resume[key] = threading.Event()
-        self.loop.put((None, ev.Rejoin(key, time.time())))
+        self.loop.put((None, ev.Rejoin(key, now=time.time())))
         while not event.wait(1.0):
             if self._closed.is_set():
                 break

@@ -113,7 +113,7 @@ class PeerTransfers:
         try:
             comm = self._connect(worker)
         except (CommClosedError, OSError, TimeoutError) as e:
-            self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e), time.time())))
+            self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e), now=time.time())))
             return
         self._request(comm, worker, keys)
 
@@ -127,12 +127,12 @@ class PeerTransfers:
         except (CommClosedError, OSError) as e:
             if self._fetches.pop(rid, None) is not None:
                 self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e),
-                                                                time.time())))
+                                                                now=time.time())))
 
     def expire(self, mono: float, now: float) -> list:
         """Fetches without an answer for four connect timeouts fail: ``GatherDepFailure``s."""
         limit = config.get("comm.timeouts.connect") * 4
-        return [ev.GatherDepFailure(worker, keys, f"no answer within {limit:.0f}s", now)
+        return [ev.GatherDepFailure(worker, keys, f"no answer within {limit:.0f}s", now=now)
                 for rid, (worker, keys, _, started) in list(self._fetches.items())
                 if mono - started > limit and self._fetches.pop(rid, None) is not None]
 
@@ -153,7 +153,7 @@ class PeerTransfers:
                     if c is comm:
                         del self._peers[a]
             now = time.time()
-            return [ev.GatherDepFailure(worker, keys, "connection lost", now)
+            return [ev.GatherDepFailure(worker, keys, "connection lost", now=now)
                     for rid, (worker, keys, c, _) in list(self._fetches.items())
                     if c is comm and self._fetches.pop(rid, None) is not None]
         out: list = []
@@ -226,4 +226,4 @@ class PeerTransfers:
                 pass
         for key, (packed, tb_text, text) in errors.items():
             logger.warning("the result of %r cannot leave worker %s: %s", key, w.address, text)
-            w.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, time.time())))
+            w.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, now=time.time())))

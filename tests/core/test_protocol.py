@@ -64,7 +64,7 @@ def test_every_record_round_trips(where, op, cls):
 def test_a_missing_optional_field_takes_its_default():
     got = decode(protocol.WORKER_TO_SCHEDULER, {"op": "task-finished", "key": "x"},
                  worker="w", now=1.0)
-    assert got == ev.TaskFinished("w", "x", 0, "", 0.0, 0.0, 1.0, "")
+    assert got == ev.TaskFinished("w", "x", 0, "", 0.0, 0.0, now=1.0, stimulus_id="")
 
 
 def test_sparse_fields_are_left_off_the_wire_when_they_have_their_default():
@@ -225,7 +225,7 @@ def test_from_message_decodes_without_rechecking_values():
     # checked directions)
     event = ev.from_message(ev.SCHEDULER_OPS, {"op": "task-started", "key": "x"},
                             worker="w", now=2.0)
-    assert event == ev.TaskStarted("w", "x", 2.0)
+    assert event == ev.TaskStarted("w", "x", now=2.0)
     with pytest.raises(MalformedMessage, match="unknown fields"):
         ev.from_message(ev.WORKER_OPS, {"op": "free-keys", "keys": [], "x": 1})
 

@@ -36,7 +36,7 @@ def test_the_state_machine_emits_records():
 @pytest.mark.parametrize("event", [
     ev.AddWorker("tcp://a:1", 1), ev.RemoveWorker("tcp://a:1"), ev.AddClient("c"),
     ev.RemoveClient("c"), ev.RetireWorkers("r", "c", []), ev.RebalanceKeys("r", "c"),
-    ev.Tick(1.0), ev.PauseWorker(True), ev.Secede("x"), ev.Rejoin("x"), ev.ServeFailed("x"),
+    ev.Tick(now=1.0), ev.PauseWorker(True), ev.Secede("x"), ev.Rejoin("x"), ev.ServeFailed("x"),
     ev.GatherDepFailure("tcp://a:1", ["x"]), ev.ExecuteFailure("x", None)])
 def test_internal_events_are_frozen(event: Any):
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -232,7 +232,7 @@ class SchedulerStory(RuleBasedStateMachine):
 
     @rule()
     def tick_event(self) -> None:
-        self.handle(ev.Tick(self.tick()))
+        self.handle(ev.Tick(now=self.tick()))
 
     # ------------------------------------------------------------ invariants
     @invariant()

@@ -189,7 +189,7 @@ def test_a_rebalance_whose_copy_never_arrives_answers_after_the_timeout_keeping_
     st.step(ev.AddClient("c"))
     _held(st, A, {"x": 100, "y": 100})
     st.step(ev.RebalanceKeys("r1", "c", now=1.0))
-    assert not [m for m in st.step(ev.Tick(5.0)) if m.match(op="control-reply")]
-    out = st.step(ev.Tick(12.0))
+    assert not [m for m in st.step(ev.Tick(now=5.0)) if m.match(op="control-reply")]
+    out = st.step(ev.Tick(now=12.0))
     assert [m.to for m in out if m.match(op="control-reply", request_id="r1")] == ["c"]
     assert st.s.who_has(["x", "y"]) == {"x": [A], "y": [A]}

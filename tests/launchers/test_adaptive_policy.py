@@ -321,7 +321,7 @@ def test_no_loop_between_growing_and_shrinking():
 # ---------------------------------------------------------------- from a real SchedulerState
 def _state_with_tasks(n_tasks: int, workers: dict[str, dict], **graph_kw) -> SchedulerState:
     s = SchedulerState()
-    s.handle(ev.AddClient("client", 0.0))
+    s.handle(ev.AddClient("client", now=0.0))
     for address, kw in workers.items():
         s.handle(ev.AddWorker(address, **kw))
     tasks = {f"inc-{i}": {"run_spec": ("run", i), "deps": []} for i in range(n_tasks)}
@@ -345,7 +345,7 @@ def test_snapshot_counts_queued_tasks_and_measured_durations():
     # root-ish tasks queue: each worker takes ceil(2 threads * saturation 1.1) = 3
     assert counts["processing"] == 6 and counts["queued"] == 34
     key = next(ts.key for ts in s.workers["tcp://a"].processing)
-    s.handle(ev.TaskStarted("tcp://a", key, 0.0))
+    s.handle(ev.TaskStarted("tcp://a", key, now=0.0))
     s.handle(ev.TaskFinished("tcp://a", key, nbytes=600, start=0.0, stop=2.0, now=2.0))
     snapshot = snapshot_state(s, requested=2)
     (d,) = snapshot.demand
@@ -361,7 +361,7 @@ def test_snapshot_counts_queued_tasks_and_measured_durations():
 
 def test_snapshot_records_restricted_tasks_waiting_for_dependencies():
     s = SchedulerState()
-    s.handle(ev.AddClient("client", 0.0))
+    s.handle(ev.AddClient("client", now=0.0))
     s.handle(ev.AddWorker("tcp://cpu", 1))
     s.handle(ev.AddWorker("tcp://gpu", 1, resources={"GPU": 1}))
     s.handle(ev.UpdateGraph("client", {"load": {"run_spec": "x", "deps": []}}, ["load"],
@@ -493,7 +493,7 @@ def test_adaptive_maps_workers_to_their_jobs_for_whole_job_retirement():
     snapshot = a.snapshot()
     assert [w.unit for w in snapshot.workers] == ["job:17", "job:17", "job:18", "job:18"]
     assert a.unit_of("someone-else-3") == "someone-else"
-    state.handle(ev.AddClient("c", 0.0))
+    state.handle(ev.AddClient("c", now=0.0))
     state.handle(ev.UpdateGraph("c", {"x": {"run_spec": 1, "deps": []}}, ["x"],
                                 workers=["tcp://w1"]))
     r = a.adapt()  # w1 (job 17) computes x: only job 18 may go, both of its workers
