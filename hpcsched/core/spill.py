@@ -144,20 +144,12 @@ class SpillBuffer(MutableMapping):
         spilled result to a peer or the client must not push out the results that local
         tasks are about to use."""
         while True:
-            with self._lock:
-                value = self._in_memory(key, touch=False)
-                if value is not _MISSING:
-                    return value
-                gen = self._slow_gen.get(key)
-                if gen is None:
-                    raise KeyError(key)
-            try:
-                return self._slow[key]
-            except (KeyError, OSError):
-                with self._lock:
-                    if self._slow_gen.get(key) == gen:
-                        raise  # the file is there but unreadable: a real error
-                # loaded back, deleted or replaced by another thread meanwhile: look again
+            value, gen = self._find(key, touch=False)
+            if gen is None:
+                return value
+            value = self._read_file(key, gen)
+            if value is not _MISSING:
+                return value
 
     def evict(self, nbytes: int) -> int:
         """Spill least recently used results until ``nbytes`` went to disk (or none is
@@ -294,22 +286,37 @@ class SpillBuffer(MutableMapping):
             self._remove_file(key)
             return 0
 
+    def _find(self, key: Any, touch: bool) -> tuple[Any, int | None]:
+        """``(value, None)`` for a key in memory, ``(_MISSING, generation)`` for one on
+        disk; KeyError if absent."""
+        with self._lock:
+            value = self._in_memory(key, touch)
+            if value is not _MISSING:
+                return value, None
+            gen = self._slow_gen.get(key)
+            if gen is None:
+                raise KeyError(key)
+            return _MISSING, gen
+
+    def _read_file(self, key: Any, gen: int) -> Any:
+        """``key``'s value read from its file of generation ``gen``, without the lock;
+        _MISSING if another thread loaded it back, deleted or replaced it meanwhile."""
+        try:
+            return self._slow[key]
+        except (KeyError, OSError):
+            with self._lock:
+                if self._slow_gen.get(key) == gen:
+                    raise  # the file is there but unreadable: a real error
+            return _MISSING
+
     def _unspill(self, key: Any) -> Any:
         """``key``'s value, loaded back into memory if it is on disk; KeyError if absent."""
         while True:
-            with self._lock:
-                value = self._in_memory(key, touch=True)
-                if value is not _MISSING:
-                    return value
-                gen = self._slow_gen.get(key)
-                if gen is None:
-                    raise KeyError(key)
-            try:
-                value = self._slow[key]
-            except (KeyError, OSError):
-                with self._lock:
-                    if self._slow_gen.get(key) == gen:
-                        raise  # the file is there but unreadable: a real error
+            value, gen = self._find(key, touch=True)
+            if gen is None:
+                return value
+            value = self._read_file(key, gen)
+            if value is _MISSING:
                 continue  # moved meanwhile: look again
             with self._lock:
                 if self._slow_gen.get(key) != gen:
@@ -361,12 +368,8 @@ class SpillBuffer(MutableMapping):
                     if default is _MISSING:
                         raise KeyError(key)
                     return default
-            try:
-                value = self._slow[key]
-            except (KeyError, OSError):
-                with self._lock:
-                    if self._slow_gen.get(key) == gen:
-                        raise  # the file is there but unreadable: a real error
+            value = self._read_file(key, gen)
+            if value is _MISSING:
                 continue  # moved meanwhile: look again
             with self._lock:
                 if self._slow_gen.get(key) == gen:
