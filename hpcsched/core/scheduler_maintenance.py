@@ -134,9 +134,7 @@ class Maintenance:
         for key in e.keys:
             ts = s.tasks.get(key)
             if ts is not None and ws in ts.who_has:
-                s.remove_replica(ts, ws)
-                if not ts.who_has and ts.state == "memory":
-                    recs += s.lose(ts, f"worker {ws.address} dropped it")
+                recs += s.drop_replica(ts, ws, f"worker {ws.address} dropped it")
         s.transitions(recs)
 
     # ================================================================ stealing

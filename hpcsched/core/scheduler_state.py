@@ -598,6 +598,14 @@ class SchedulerState:
             ws.has_what[ts] = None
             ws.nbytes += max(ts.nbytes, 0)
 
+    def drop_replica(self, ts: TaskState, ws: WorkerInfo, why: str) -> list[Rec]:
+        """``ws`` no longer holds ``ts``'s result; if that was the last copy of a result in
+        memory, it is lost (:meth:`lose`, saying ``why``)."""
+        self.remove_replica(ts, ws)
+        if not ts.who_has and ts.state == "memory":
+            return self.lose(ts, why)
+        return []
+
     def remove_replica(self, ts: TaskState, ws: WorkerInfo) -> None:
         """``ws`` no longer holds ``ts``'s result."""
         if ws in ts.who_has:

@@ -86,10 +86,9 @@ class WorkerEvents:
                     continue
             if s.wanted(ts):
                 recs.append((ts, "waiting"))
+        why = f"worker {ws.address} left ({e.reason or 'unknown reason'})"
         for ts in list(ws.has_what):
-            s.remove_replica(ts, ws)
-            if not ts.who_has and ts.state == "memory":
-                recs += s.lose(ts, f"worker {ws.address} left ({e.reason or 'unknown reason'})")
+            recs += s.drop_replica(ts, ws, why)
         s.transitions(recs)
 
     def heartbeat(self, e: ev.Heartbeat) -> None:
