@@ -75,6 +75,22 @@ def _wire(msgs: list) -> list:
     return [m if m.__class__ is dict else encode(m) for m in msgs]
 
 
+def _merge_frees(msgs: list) -> list:
+    """``msgs`` with each run of consecutive ``free-keys`` made one (a tree reduction frees
+    a key per task, and the worker decodes and handles each message on its own). Only
+    neighbours merge: a ``compute-task`` between two frees keeps its place between them."""
+    out: list = []
+    merged = None  # the copy made for the current run (the records themselves stay as sent)
+    for m in msgs:
+        if m.__class__ is FreeKeys and out and out[-1].__class__ is FreeKeys:
+            head = out[-1]
+            if head is not merged:
+                head = out[-1] = merged = FreeKeys(list(head.keys))
+            head.keys.extend(m.keys)
+        else:
+            out.append(m)
+    return out
+
 
 class Scheduler:
     """A scheduler listening on ``address`` (``tcp://host:port``, ``inproc://``, ``mpi://0``).
@@ -401,6 +417,8 @@ class Scheduler:
             comm = self._comms.get(to)
             if comm is None:
                 continue
+            if len(msgs) > 1:
+                msgs = _merge_frees(msgs)
             try:
                 comm.send(_wire(msgs))
             except (CommClosedError, OSError) as e:

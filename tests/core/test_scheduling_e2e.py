@@ -186,10 +186,12 @@ def test_hpcsched_get_is_the_local_scheduler():
 class _RecordingComm:
     def __init__(self) -> None:
         self.sent: list[list] = []
+        self.messages: list[list] = []
         self.closed = False
 
     def send(self, msgs: list) -> None:
         self.sent.append([m["op"] for m in msgs])
+        self.messages.append(msgs)
 
     def close(self) -> None:
         self.closed = True
@@ -210,7 +212,9 @@ def test_free_keys_wait_for_the_next_message_or_the_tick():
     assert comm.sent == []
     s._queue("w1", ComputeTask("c", None))
     s._flush()
-    assert comm.sent == [["free-keys", "free-keys", "compute-task"]]  # in order, one message
+    # in order, one message; the two frees side by side travel as one
+    assert comm.sent == [["free-keys", "compute-task"]]
+    assert comm.messages[0][0]["keys"] == ["a", "b"]
     s._queue("w1", FreeKeys(["c"]))
     s._flush()
     assert len(comm.sent) == 1
@@ -219,3 +223,25 @@ def test_free_keys_wait_for_the_next_message_or_the_tick():
     assert comm.sent[-1] == ["free-keys"]
     s._flush()
     assert len(comm.sent) == 2  # nothing is sent twice
+
+
+def test_free_keys_merge_only_with_their_neighbours():
+    """Consecutive free-keys to one worker become one message; a compute-task between two
+    frees keeps its place (freeing a key the worker is then told to compute, or the
+    reverse, must reach it in that order), and the queued records are left as they were."""
+    from hpcsched.core.protocol import ComputeTask, FreeKeys
+    from hpcsched.core.scheduler import Scheduler
+
+    s = Scheduler("inproc://")
+    comm = s._comms["w1"] = _RecordingComm()
+    queued = [FreeKeys(["a"]), FreeKeys(["b"]), ComputeTask("b", None), FreeKeys(["b"]),
+              FreeKeys(["c"]), FreeKeys(["d"])]
+    for record in queued:
+        s._queue("w1", record)
+    s._tick(time.time())
+    s._flush()
+    [msgs] = comm.messages
+    assert [(m["op"], m.get("keys", m.get("key"))) for m in msgs] == [
+        ("free-keys", ["a", "b"]), ("compute-task", "b"), ("free-keys", ["b", "c", "d"])]
+    assert [r.keys for r in queued if isinstance(r, FreeKeys)] == [["a"], ["b"], ["b"], ["c"],
+                                                                   ["d"]]
