@@ -67,6 +67,9 @@ class Direction(dict):
         self.sender, self.receiver, self.checked, self.doc = sender, receiver, checked, doc
         #: op -> (generated decoder, allowed field names), for an unchecked direction
         self.fast: dict[str, tuple[Callable[[dict], Any], frozenset]] = {}
+        #: op -> (generated decoder taking the context as a dict, allowed field names):
+        #: checks each field as ``checked`` says (the scheduler's path for every message)
+        self.with_context: dict[str, tuple[Callable[[dict, dict], Any], frozenset]] = {}
 
     @property
     def name(self) -> str:
@@ -148,6 +151,8 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
             d[op] = cls
             if not d.checked and _FAST_DECODERS[cls] is not None:
                 d.fast[op] = (_FAST_DECODERS[cls], spec.allowed)  # type: ignore[assignment]
+            if spec.extra is None:
+                d.with_context[op] = (_context_decoder(spec, d.checked), spec.allowed)
         return cls
     return register
 
@@ -236,6 +241,48 @@ def _fast_decoder(spec: Spec) -> Callable[[dict], Any] | None:
     return ns["decode"]
 
 
+class _Refused(Exception):
+    """A generated decoder met a field it cannot take: :func:`decode`'s general path then
+    names the problem."""
+
+
+def _context_decoder(spec: Spec, checked: bool) -> Callable[[dict, dict], Any]:
+    """``def decode(m, ctx)``: the record of ``m`` with the receiver's context ``ctx``,
+    each field present checked (if ``checked``), compiled once per class and direction.
+    The general path of :func:`decode` copies the message, loops over the checks and
+    builds the keyword arguments at ~8.5 us a message; this is a third of it. Anything
+    wrong raises ``_Refused`` or ``KeyError``, and the general path says what."""
+    factories = {f.name: f.default_factory for f in dataclasses.fields(spec.cls)
+                 if f.default_factory is not MISSING}
+    env: dict[str, Any] = {"CLS": spec.cls, "REFUSED": _Refused}
+    lines = ["def decode(m, ctx):"]
+    for f in spec.wire:
+        check = checked and f.check is not None and f.check is not field_checks.anything
+        if check:
+            env[f"C_{f.name}"] = f.check
+        get = [f"v_{f.name} = m[{f.name!r}]"]
+        if check:
+            get.append(f"if C_{f.name}(v_{f.name}): raise REFUSED")
+        if f.required:
+            lines += [f"    {line}" for line in get]
+            continue
+        if f.name in factories:
+            env[f"F_{f.name}"] = factories[f.name]
+            default = f"F_{f.name}()"
+        else:
+            env[f"D_{f.name}"] = f.default
+            default = f"D_{f.name}"
+        lines.append(f"    if {f.name!r} in m:")
+        lines += [f"        {line}" for line in get]
+        lines += ["    else:", f"        v_{f.name} = {default}"]
+    args = ", ".join([f"{f.name}=v_{f.name}" for f in spec.wire] + ["**ctx"])
+    lines.append(f"    return CLS({args})")
+    ns: dict[str, Any] = {}
+    exec(compile("\n".join(lines) + "\n", f"<decode {spec.op} with context>", "exec"),  # noqa: S102
+         env, ns)
+    return ns["decode"]
+
+
 def spec(cls: type) -> Spec:
     """What the protocol knows of record class ``cls`` (KeyError if it is not one)."""
     return _SPECS[cls]
@@ -260,6 +307,17 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
     the wrong type; ``TypeError`` for a context field the record does not have or lacks
     (the receiver's mistake, not the peer's).
     """
+    if context and type(msg) is dict:
+        try:
+            fast_ctx, allowed = table.with_context[msg["op"]]  # type: ignore[union-attr]
+        except (KeyError, TypeError, AttributeError):  # no op, an unknown one; a plain dict
+            pass
+        else:
+            if msg.keys() <= allowed:
+                try:
+                    return fast_ctx(msg, context)
+                except (KeyError, TypeError, _Refused):
+                    pass  # named below
     fast_ops = getattr(table, "fast", None)
     if fast_ops and not context and type(msg) is dict:
         try:

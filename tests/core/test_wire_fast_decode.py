@@ -52,3 +52,39 @@ def test_malformed_messages_leave_the_fast_path_and_are_named():
         decode(d, {"key": "x"})
     with pytest.raises(MalformedMessage, match="expected an op dict"):
         decode(d, ["key-in-memory"])
+
+
+WITH_CONTEXT = sorted({(d.name, op) for d in protocol.DIRECTIONS for op in d.with_context})
+
+
+@pytest.mark.parametrize(("where", "op"), WITH_CONTEXT, ids=[f"{w}:{op}" for w, op in WITH_CONTEXT])
+def test_context_decoders_and_the_general_path_agree(where, op):
+    """With the receiver's context (the scheduler's path for every message), the generated
+    decoder gives what the general path gives, for every field set and for only the
+    required ones."""
+    d = next(d for d in protocol.DIRECTIONS if d.name == where)
+    cls = d[op]
+    record, context = example(cls)
+    names = protocol.spec(cls).context_names
+    context.update({k: v for k, v in (("now", 2.5), ("stimulus_id", f"{op}-7")) if k in names})
+    general = dict(d)  # a plain dict table has no generated decoders
+    full = encode(record)
+    assert decode(d, full, **context) == decode(general, full, **context)
+    minimal = {"op": op, **{f.name: full[f.name] for f in protocol.spec(cls).wire
+                            if f.required}}
+    assert decode(d, minimal, **context) == decode(general, minimal, **context)
+
+
+def test_the_context_decoder_leaves_every_problem_to_the_general_path():
+    d = protocol.WORKER_TO_SCHEDULER
+    ok = {"op": "task-finished", "key": "x", "nbytes": 8}
+    ctx = {"worker": "tcp://w:1", "now": 1.0, "stimulus_id": "s"}
+    assert d.with_context["task-finished"]
+    with pytest.raises(MalformedMessage, match="field 'nbytes': expected an integer"):
+        decode(d, {**ok, "nbytes": -1}, **ctx)
+    with pytest.raises(MalformedMessage, match="lacks the field 'key'"):
+        decode(d, {"op": "task-finished"}, **ctx)
+    with pytest.raises(MalformedMessage, match="unknown fields 'zz'"):
+        decode(d, {**ok, "zz": 1}, **ctx)
+    with pytest.raises(TypeError, match="no context fields"):
+        decode(d, ok, wrker="tcp://w:1", now=1.0)
