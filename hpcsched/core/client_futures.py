@@ -3,7 +3,7 @@
 Every :class:`~hpcsched.core.futures.Future` of a client registers with the
 client's :class:`FutureTable` (``Future.__init__`` and ``Future.release``); the
 client's reader thread moves the states along through it (``key-in-memory``,
-``task-erred``, ``cancelled-keys``), and ``gather`` waits on its one condition.
+``task-erred``, ``cancelled-keys``), and ``gather`` waits until all its futures are done.
 A key's last Future released tells the scheduler, as dask.distributed's client
 does (https://distributed.dask.org/en/stable/memory.html).
 """
@@ -34,7 +34,8 @@ class FutureTable:
 
     def __init__(self, post: Callable[[Any], Any]):
         self.states: dict[Any, FutureState] = {}
-        self.changed = threading.Condition()  # some future's state changed
+        self.changed = threading.Condition()  # guards _waits
+        self._waits: list[_Wait] = []  # gather calls blocked in wait()
         self.closed = False
         self._counts: dict[Any, int] = {}
         self._lock = threading.Lock()
@@ -99,23 +100,35 @@ class FutureTable:
         self.notify()
 
     def notify(self) -> None:
-        """Wake whoever waits in :meth:`wait`: states changed."""
+        """States changed (called once per batch of scheduler messages): wake each
+        :meth:`wait` whose states are now all done, and only those. A gather of 10,000
+        futures is woken once, not once per batch of results."""
         with self.changed:
-            self.changed.notify_all()
+            for w in self._waits:
+                if not w.event.is_set() and w.satisfied():
+                    w.event.set()
 
     def wait(self, states: list[FutureState], deadline: float | None,
              timeout: float | None) -> None:
-        """Block until every state is done: one condition for the whole client (notified
-        per batch of scheduler messages), not an event per future."""
-        for st in states:
-            if st.done():
-                continue
+        """Block until every state is done."""
+        w = _Wait([st for st in states if not st.done()])
+        with self.changed:
+            if w.satisfied():
+                return
+            self._waits.append(w)
+        try:
+            while True:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"futures not done within {timeout}s")
+                if w.event.wait(1.0 if left is None else min(left, 1.0)):
+                    return
+                with self.changed:  # a second look, should a notify ever be missed
+                    if w.satisfied():
+                        return
+        finally:
             with self.changed:
-                while not st.done():
-                    left = None if deadline is None else deadline - time.monotonic()
-                    if left is not None and left <= 0:
-                        raise TimeoutError(f"futures not done within {timeout}s")
-                    self.changed.wait(left if left is not None else 1.0)
+                self._waits.remove(w)
 
     def run_callbacks(self, cbs: list) -> None:
         """Queue the done callbacks a state change returned (see ``FutureState.finish``)."""
@@ -133,6 +146,25 @@ class FutureTable:
         """No more release messages; the callback thread ends after what is queued."""
         self.closed = True
         self._callback_q.put(None)
+
+
+class _Wait:
+    """One :meth:`FutureTable.wait`: its states, how many of them (in order) are known
+    done, and the event that wakes it. ``satisfied`` runs under the table's lock."""
+
+    __slots__ = ("states", "done", "event")
+
+    def __init__(self, states: list[FutureState]):
+        self.states = states
+        self.done = 0
+        self.event = threading.Event()
+
+    def satisfied(self) -> bool:
+        states, i, n = self.states, self.done, len(self.states)
+        while i < n and states[i].done():
+            i += 1
+        self.done = i
+        return i == n
 
 
 def _callback_loop(q: queue.SimpleQueue) -> None:
