@@ -51,3 +51,32 @@ def test_a_wrong_setting_is_named():
     with pytest.raises(subprocess.CalledProcessError) as e:
         threshold_after_start(700, HPCSCHED_ADMIN__GC_THRESHOLD="lots")
     assert "admin.gc-threshold" in e.value.stderr and "'lots'" in e.value.stderr
+
+
+AFTER_A_PAUSED_BUILD = """
+import gc, sys
+from hpcsched.core.graph import gc_paused
+if sys.argv[1] == "frozen":
+    gc.freeze()  # the program froze objects of its own: they must stay frozen
+frozen_before = gc.get_freeze_count()
+with gc_paused(5000):
+    graph = [[i] for i in range(50_000)]
+oldest = {id(o) for o in gc.get_objects(generation=2)}
+print(gc.isenabled(), gc.get_count()[0] < 1000, sum(id(x) in oldest for x in graph),
+      gc.get_freeze_count() == frozen_before)
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "frozen"])
+def test_a_graph_built_with_the_collector_paused_is_not_left_for_a_young_collection(case):
+    """After ``gc_paused``, what the build allocated sits in the oldest generation and the
+    young count is reset (no collection walks the new graph at the next allocation); a
+    program that froze objects itself keeps them frozen (the move is skipped)."""
+    out = subprocess.run([sys.executable, "-c", AFTER_A_PAUSED_BUILD, case],
+                         capture_output=True, text=True, timeout=50, check=True)
+    enabled, count_reset, in_oldest, freeze_kept = out.stdout.split()
+    assert enabled == "True" and freeze_kept == "True" and count_reset == "True"
+    if case == "plain":
+        assert in_oldest == "50000"
+    else:  # left to the young collections, as before
+        assert in_oldest == "0"
