@@ -4,6 +4,7 @@ and ``Client.request`` (the one way its extensions ask the scheduler something).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -69,6 +70,36 @@ def test_wait_times_out_on_a_state_never_done():
     table.wait([done], None, None)  # returns at once
     with pytest.raises(TimeoutError):
         table.wait([pending], time.monotonic() + 0.05, 0.05)
+
+
+def test_wait_is_woken_once_all_its_states_are_done():
+    """A gather sleeps until the batch that finishes its last future; batches that finish
+    only some of them do not wake it."""
+    table = FutureTable(lambda msg: None)
+    states = [FutureState() for _ in range(3)]
+    returned = threading.Event()
+    woken: list[int] = []
+    waiter = threading.Thread(target=lambda: (table.wait(states, None, None), returned.set()))
+    waiter.start()
+    try:
+        wait_until(lambda: table._waits, timeout=5)
+        [w] = table._waits
+        real_set = w.event.set
+        w.event.set = lambda: (woken.append(1), real_set())  # type: ignore[method-assign]
+        for st in states[:2]:
+            st.finish()
+            table.notify()
+        assert woken == [] and not returned.is_set()
+        states[2].finish()
+        table.notify()
+        assert returned.wait(5) and woken == [1]
+        table.notify()  # a later batch sets nothing again
+        assert woken == [1] and table._waits == []
+    finally:
+        for st in states:
+            st.finish()
+        table.notify()
+        waiter.join(5)
 
 
 def test_state_changes_through_the_table():
