@@ -53,7 +53,12 @@ def busy_slots(ws: WorkerInfo) -> int:
 
 
 def worker_full(ws: WorkerInfo, saturation: float) -> bool:
-    return busy_slots(ws) >= worker_slots(ws, saturation)
+    """Whether ``ws`` holds :func:`worker_slots` tasks already (called several times per
+    task: written out, without the calls)."""
+    if saturation == math.inf:
+        return False
+    slots = math.ceil(saturation * ws.nthreads)
+    return len(ws.processing) - len(ws.long_running) >= (slots if slots > 1 else 1)
 
 
 def has_resources(ws: WorkerInfo, needed: dict | None) -> bool:
