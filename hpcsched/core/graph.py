@@ -15,6 +15,7 @@ those (``("x-abc", 0)``). :func:`key_split` gives a key's TaskGroup name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import re
 from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping
@@ -226,6 +227,13 @@ def key_split(key: Key) -> str:
         key = key.decode(errors="replace")
     if not isinstance(key, str):
         return str(type(key).__name__)
+    return _split_name(key)
+
+
+@functools.lru_cache(maxsize=100_000)
+def _split_name(key: str) -> str:
+    # cached, as dask's ``key_split``: the keys of a collection share their name part
+    # (``("x-abc12", 0)``, ``("x-abc12", 1)``, ...), and the scheduler splits every new key
     words = key.split("-")
     out = [words[0]]
     for w in words[1:]:
