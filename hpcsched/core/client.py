@@ -129,7 +129,7 @@ class Client:
         #: the connection to the scheduler (``send(msg)`` queues a message for it)
         self.scheduler_comm = SchedulerConnection(
             comm, self.id, self.scheduler_address, self._handle, self._lost_scheduler,
-            watch=not inproc)  # a scheduler in this process cannot hang apart from us
+            watch=not inproc, direct=inproc)  # a scheduler in this process cannot hang apart
         #: this client's futures: states, reference counts, done callbacks
         self.future_table = FutureTable(self.scheduler_comm.post)
         self.futures: dict[Any, FutureState] = self.future_table.states

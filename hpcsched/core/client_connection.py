@@ -12,7 +12,9 @@ the client. A :class:`SchedulerConnection` then owns the connection:
   (:mod:`hpcsched.core.protocol_client`), encoded once, there, as they are sent;
 - one **reader** thread hands each batch of scheduler messages to the client's
   ``on_messages`` (which decodes them) and routes replies to the requests
-  waiting for them;
+  waiting for them. For a scheduler in this process (``direct``) there is none:
+  the scheduler's own thread hands each batch over as it sends it (a thread
+  wake-up fewer per batch: one per finished task of a ``map``);
 - a :class:`~hpcsched.core.client_heartbeat.SchedulerWatch` pings a silent
   scheduler and gives it up after ``client.scheduler-timeout``.
 
@@ -33,7 +35,7 @@ from typing import Any
 from hpcsched.core import seams
 from hpcsched.core.client_heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Security, unparse_address
+from hpcsched.core.comm.base import Comm, CommClosedError, Inbox, Security, unparse_address
 from hpcsched.core.protocol import ClientReleasesKeys, RegisterClient, SchedulerInfo, encode
 from hpcsched.core.scheduler_file import (
     looks_like_scheduler_file,
@@ -167,17 +169,47 @@ def coalesce(msgs: list) -> list:
     return out
 
 
+_CLOSED = object()  # what a direct connection's inbox gets once the scheduler closes it
+
+
+class _Direct(Inbox):
+    """A direct connection's inbox: the batch is handled in the scheduler's thread, as it
+    is sent. The client's handlers only update futures, set events and queue callbacks
+    (:meth:`Client._handle`): short, never blocking, safe in any thread."""
+
+    __slots__ = ("conn",)
+    any_thread = True
+
+    def __init__(self, conn: SchedulerConnection):
+        self.conn = conn
+
+    def put(self, item: Any) -> None:  # pragma: no cover - inproc offers (any_thread)
+        raise RuntimeError("a direct connection's inbox is offered its items")
+
+    def offer(self, item: Any) -> None:
+        msgs = item[1]
+        if msgs is _CLOSED:
+            self.conn.lost()
+        else:
+            self.conn.on_batch(msgs if isinstance(msgs, list) else [msgs])
+
+    def offer_batch(self, items: list) -> None:
+        for item in items:
+            self.offer(item)
+
+
 class SchedulerConnection:
     """The threads and request bookkeeping of one client's connection (module docstring).
 
     ``on_messages(msgs)`` runs on the reader thread for every batch the scheduler sends;
     ``on_lost(reason)`` once when the scheduler is lost (not after :meth:`close`).
-    ``watch=False`` for a scheduler in this process, which cannot hang apart from us.
+    ``watch=False`` for a scheduler in this process, which cannot hang apart from us;
+    ``direct=True`` (an ``inproc://`` comm) to have its thread hand messages over.
     """
 
     def __init__(self, comm: Comm, name: str, address: str,
                  on_messages: Callable[[list], None], on_lost: Callable[[str], None],
-                 watch: bool = True):
+                 watch: bool = True, direct: bool = False):
         self.comm = comm
         self.address = address
         self.closed = False
@@ -191,14 +223,17 @@ class SchedulerConnection:
         self._on_lost = on_lost
         self._lost_reason = ""
         self._watch = SchedulerWatch(name, self._ping, self._unresponsive) if watch else None
-        self._reader = threading.Thread(target=self._read_loop, name=f"{name}-reader",
-                                        daemon=True)
+        self._reader = None if direct else threading.Thread(
+            target=self._read_loop, name=f"{name}-reader", daemon=True)
         self._sender = threading.Thread(target=self._send_loop, name=f"{name}-sender",
                                         daemon=True)
 
     def start(self) -> None:
-        """Start the reader and the sender."""
-        self._reader.start()
+        """Start the reader (or have the scheduler's thread deliver) and the sender."""
+        if self._reader is not None:
+            self._reader.start()
+        else:
+            self.comm.deliver_to(_Direct(self), None, _CLOSED)
         self._sender.start()
 
     def start_watch(self) -> None:
@@ -278,13 +313,17 @@ class SchedulerConnection:
                 msgs = self.comm.recv()
                 if watch is not None:
                     watch.heard()
-                self._on_messages(msgs if isinstance(msgs, list) else [msgs])
+                self.on_batch(msgs if isinstance(msgs, list) else [msgs])
         except (CommClosedError, OSError, EOFError):
             pass
         except Exception:
             logger.exception("client reader failed")
         finally:
             self.lost()
+
+    def on_batch(self, msgs: list) -> None:
+        """A batch of the scheduler's messages (the reader's, or the scheduler's thread)."""
+        self._on_messages(msgs)
 
     def _ping(self) -> None:
         if not self.closed:  # any answer will do: the reader hears it
@@ -314,4 +353,5 @@ class SchedulerConnection:
         self._outq.put(None)
         self.comm.close()
         self._sender.join(timeout)
-        self._reader.join(timeout)
+        if self._reader is not None:
+            self._reader.join(timeout)

@@ -56,6 +56,11 @@ class Inbox(abc.ABC):
 
     __slots__ = ()
 
+    #: the receiver's handler may run in any sender's thread, also one of a transport
+    #: whose sends only queue (``inproc://``): it is short, never blocks and takes no lock
+    #: a sender could hold. Such a transport then hands items over with ``offer``.
+    any_thread: bool = False
+
     @abc.abstractmethod
     def put(self, item: Any) -> None:
         """Queue ``item``; never runs the receiver's code in the caller."""

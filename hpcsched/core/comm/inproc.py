@@ -56,7 +56,10 @@ class _Pipe:
                     self.queue.put(msg)
                     return
         inbox, source, marker = target
-        inbox.put((source, marker if msg is _CLOSE else msg))
+        if inbox.any_thread:
+            inbox.offer((source, marker if msg is _CLOSE else msg))
+        else:
+            inbox.put((source, marker if msg is _CLOSE else msg))
 
     def get(self, timeout: float | None = None) -> Any:
         return self.queue.get(timeout=timeout)
@@ -68,7 +71,8 @@ class _Pipe:
                     msg = self.queue.get_nowait()
                 except queue.Empty:
                     break
-                inbox.put((source, marker if msg is _CLOSE else msg))
+                item = (source, marker if msg is _CLOSE else msg)
+                inbox.offer(item) if inbox.any_thread else inbox.put(item)
             self.target = (inbox, source, marker)
 
 
@@ -112,7 +116,9 @@ class InprocComm(Comm):
 
     def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
         """Later messages go straight into ``inbox`` with ``put``: the sender's thread
-        (a server's loop, a task) must not run the receiver's code."""
+        (a server's loop, a task) must not run the receiver's code -- unless the inbox
+        says it may (``Inbox.any_thread``: a client's handling of its scheduler's
+        messages), then with ``offer``."""
         self._in.redirect(inbox, source, closed_marker)
 
 
