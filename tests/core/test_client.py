@@ -530,3 +530,39 @@ def test_map_in_batches_gives_every_result_in_order(c):
     assert c.gather(c.map(inc, range(n), pure=False)) == list(range(1, n + 1))
     with pytest.raises(ValueError, match="batch_size"):
         c.map(inc, range(3), batch_size=0)
+
+
+_STARTED = threading.Event()
+_RELEASE = threading.Event()
+
+
+def wait_for_release():
+    """A task (on a worker in this process) that runs until the test lets it go."""
+    _STARTED.set()
+    _RELEASE.wait(30)
+    return 1
+
+
+def test_a_client_in_its_schedulers_process_is_handed_messages_directly():
+    """A client of a scheduler in its own process starts no reader thread: the scheduler's
+    thread hands it each batch (results arrive, replies reach their requests); when the
+    scheduler goes away, what the client still waits for errs instead of hanging."""
+    from hpcsched import Client, LocalCluster
+
+    _STARTED.clear()
+    _RELEASE.clear()
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False)
+    client = Client(cluster)
+    try:
+        assert not [t for t in threading.enumerate() if t.name.endswith("-reader")]
+        assert client.submit(inc, client.submit(inc, 1)).result(timeout=30) == 3
+        assert len(client.nthreads()) == 1  # a request and its reply
+        pending = client.submit(wait_for_release, pure=False)
+        assert _STARTED.wait(30)
+        cluster.close()
+        with pytest.raises(Exception, match="scheduler"):
+            pending.result(timeout=30)
+    finally:
+        _RELEASE.set()
+        client.close()
+        cluster.close()

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from hpcsched.core.comm import CommClosedError, inproc, registry
+from hpcsched.core.comm.base import Inbox
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -153,3 +154,42 @@ def test_unknown_scheme_and_bad_address():
         registry.connect("carrier-pigeon://x", 0.1)
     with pytest.raises(ValueError, match="not an hpcsched address"):
         registry.connect("localhost:8786", 0.1)
+
+
+class _Recording(Inbox):
+    """An inbox noting which thread each item arrived in, and how (put or offer)."""
+
+    def __init__(self, any_thread: bool):
+        self.any_thread = any_thread
+        self.got: list = []
+
+    def put(self, item):
+        self.got.append(("put", threading.get_ident(), item))
+
+    def offer(self, item):
+        self.got.append(("offer", threading.get_ident(), item))
+
+
+@pytest.mark.parametrize("any_thread", [False, True])
+def test_delivery_offers_only_to_an_inbox_that_may_run_in_any_thread(any_thread):
+    """``deliver_to`` queues (``put``) unless the inbox says its handler may run in the
+    sender's thread (``Inbox.any_thread``): then ``offer``, for what was waiting before
+    the redirection as for what follows, in order, and for the closed marker."""
+    a, b = inproc.pipe()
+    a.send("early")
+    inbox = _Recording(any_thread)
+    b.deliver_to(inbox, "src", "CLOSED")
+    sender = []
+
+    def send_later():
+        sender.append(threading.get_ident())
+        a.send("late")
+        a.close()
+
+    t = threading.Thread(target=send_later)
+    t.start()
+    t.join(5)
+    how = "offer" if any_thread else "put"
+    me = threading.get_ident()
+    assert inbox.got == [(how, me, ("src", "early")), (how, sender[0], ("src", "late")),
+                         (how, sender[0], ("src", "CLOSED"))]
