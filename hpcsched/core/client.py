@@ -180,9 +180,9 @@ class Client:
         return conn.request(msg, msg.request_id, timeout)
 
     def _handle(self, msgs: list) -> None:
-        """Dispatch a batch of scheduler messages (on the reader thread).
+        """Dispatch a batch of scheduler messages.
 
-        Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
+        On the reader thread, or on the thread of a scheduler in this process. Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
         one malformed or that its handler cannot take is logged and dropped, never raised."""
         handlers, decode, table = self._HANDLERS, pc.decode, pc.SCHEDULER_TO_CLIENT
         try:

@@ -201,7 +201,8 @@ class _Direct(Inbox):
 class SchedulerConnection:
     """The threads and request bookkeeping of one client's connection (module docstring).
 
-    ``on_messages(msgs)`` runs on the reader thread for every batch the scheduler sends;
+    ``on_messages(msgs)`` runs for every batch the scheduler sends (on the reader thread,
+    or, ``direct``, on the scheduler's);
     ``on_lost(reason)`` once when the scheduler is lost (not after :meth:`close`).
     ``watch=False`` for a scheduler in this process, which cannot hang apart from us;
     ``direct=True`` (an ``inproc://`` comm) to have its thread hand messages over.

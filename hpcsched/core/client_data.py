@@ -3,8 +3,8 @@
 ``Client.gather`` and ``Client.scatter`` are thin methods over these functions,
 with distributed's signatures and results
 (https://distributed.dask.org/en/stable/api.html#distributed.Client.gather).
-A gather waits for the futures to be done (on the client's one condition,
-notified per batch of scheduler messages), then asks the scheduler for the
+A gather waits for the futures to be done (woken once, by the batch of
+scheduler messages that finishes the last of them), then asks the scheduler for the
 data of those still wanted; a key the scheduler lost after reporting it done
 is waited for again while it is recomputed.
 """

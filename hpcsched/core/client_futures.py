@@ -2,7 +2,7 @@
 
 Every :class:`~hpcsched.core.futures.Future` of a client registers with the
 client's :class:`FutureTable` (``Future.__init__`` and ``Future.release``); the
-client's reader thread moves the states along through it (``key-in-memory``,
+client's handling of scheduler messages moves the states along through it (``key-in-memory``,
 ``task-erred``, ``cancelled-keys``), and ``gather`` waits until all its futures are done.
 A key's last Future released tells the scheduler, as dask.distributed's client
 does (https://distributed.dask.org/en/stable/memory.html).
@@ -28,8 +28,8 @@ class FutureTable:
     When the last Future of a key is released, ``post`` gets the
     ``client-releases-keys`` message (the client's outgoing queue, so that
     ``Future.__del__`` never blocks on a socket). Done callbacks run on their own
-    thread: one that calls ``result()`` (which needs the client's reader thread) must
-    not block the reader.
+    thread: one that calls ``result()`` (which needs the client's handling of scheduler
+    messages) must not block that handling.
     """
 
     def __init__(self, post: Callable[[Any], Any]):

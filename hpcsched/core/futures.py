@@ -161,7 +161,7 @@ class Future(_FutureBase):
 
     ``key`` names the task, ``client`` holds it, ``state`` is the key's
     :class:`FutureState` (shared by the client's futures of that key), which the
-    client's reader thread moves along.
+    client's handling of scheduler messages moves along.
     """
 
     __slots__ = (() if _FutureBase is not object else ("key",)) + (

@@ -1,8 +1,8 @@
 """The scheduler server: runs :class:`SchedulerState` over any transport.
 
 Peers connect and introduce themselves with one message, ``register-worker``
-or ``register-client``; after that a reader thread per comm feeds the
-:class:`~hpcsched.core.loop.Loop`, which turns op dicts into events, hands them
+or ``register-client``; after that their transport delivers their messages to the
+:class:`~hpcsched.core.loop.Loop` (``Comm.deliver_to``), which turns op dicts into events, hands them
 to the state machine and sends the resulting messages batched per peer.
 
 A few ops are served here rather than by the state machine because they move
