@@ -38,6 +38,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hpcsched.core.client import Client, Future, task_run_spec
+from hpcsched.core.client_graphs import update_graph
 from hpcsched.core.graph import normalize
 from hpcsched.launchers.local_cluster import LocalCluster
 
@@ -199,9 +200,7 @@ def submit_graph(client: Client, dsk: dict, keys: list, static: dict | None) -> 
     wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
             for k, t in tasks.items()}
     futures = [Future(k, client) for k in keys]
-    client._send({"op": "update-graph", "tasks": wire, "keys": list(keys), "priority": 0,
-                  "retries": {}, "resources": None, "workers": None,
-                  "allow_other_workers": False, "static_priorities": static})
+    client.scheduler_comm.send(update_graph(client, wire, list(keys), static_priorities=static))
     return futures
 
 
