@@ -191,7 +191,7 @@ class _Direct(Inbox):
         if msgs is _CLOSED:
             self.conn.lost()
         else:
-            self.conn.on_batch(msgs if isinstance(msgs, list) else [msgs])
+            self.conn._on_messages(msgs if isinstance(msgs, list) else [msgs])
 
     def offer_batch(self, items: list) -> None:
         for item in items:
@@ -314,17 +314,13 @@ class SchedulerConnection:
                 msgs = self.comm.recv()
                 if watch is not None:
                     watch.heard()
-                self.on_batch(msgs if isinstance(msgs, list) else [msgs])
+                self._on_messages(msgs if isinstance(msgs, list) else [msgs])
         except (CommClosedError, OSError, EOFError):
             pass
         except Exception:
             logger.exception("client reader failed")
         finally:
             self.lost()
-
-    def on_batch(self, msgs: list) -> None:
-        """A batch of the scheduler's messages (the reader's, or the scheduler's thread)."""
-        self._on_messages(msgs)
 
     def _ping(self) -> None:
         if not self.closed:  # any answer will do: the reader hears it
