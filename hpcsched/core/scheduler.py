@@ -116,6 +116,7 @@ class Scheduler:
             "rootish_policy": config.get("scheduler.rootish-policy"),
             "rootish_factor": config.get("scheduler.rootish-factor"),
             "rootish_max_deps": config.get("scheduler.rootish-max-deps"),
+            "queue_block_size": config.get("scheduler.queue-block-size"),
             "allowed_failures": config.get("scheduler.allowed-failures"),
             "unknown_task_duration": config.get("scheduler.unknown-task-duration"),
             "bandwidth": config.get("scheduler.default-bandwidth"),

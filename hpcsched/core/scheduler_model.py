@@ -112,7 +112,7 @@ class TaskState:
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
         "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
         "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
-        "queued_seq", "stealing", "rootish_cache",
+        "queued_seq", "stealing", "rootish_cache", "block",
     )
 
     def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
@@ -143,6 +143,7 @@ class TaskState:
         self.queued_seq = 0
         self.stealing = False
         self.rootish_cache: bool | None = None
+        self.block: Any = None  # its RootBlock while queued (hpcsched.core.scheduler_blocks)
 
     def __repr__(self) -> str:
         return f"<TaskState {self.key!r} {self.state}>"
@@ -156,7 +157,8 @@ class WorkerInfo:
 
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
-                 "status", "last_seen", "metrics", "pid", "heap_version", "long_running")
+                 "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
+                 "root_block")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -179,6 +181,7 @@ class WorkerInfo:
         self.metrics: dict = {}
         self.pid = pid
         self.heap_version = 0
+        self.root_block: Any = None  # the RootBlock it takes queued tasks from
 
     def __repr__(self) -> str:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"

@@ -53,6 +53,7 @@ from hpcsched.core.protocol import (
     TaskErredReport,
 )
 from hpcsched.core.protocol import LostData as LostDataReport
+from hpcsched.core.scheduler_blocks import RootBlocks
 from hpcsched.core.scheduler_clients import ClientRequests
 from hpcsched.core.scheduler_maintenance import Maintenance
 from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
@@ -89,6 +90,7 @@ class SchedulerState:
         rootish_policy: str = "queue",
         rootish_factor: float = 2,
         rootish_max_deps: int = 5,
+        queue_block_size: int = 32,
         allowed_failures: int = 3,
         unknown_task_duration: float = 0.5,
         bandwidth: float = 100e6,
@@ -123,6 +125,7 @@ class SchedulerState:
         self.generation = 0
         self.queued: list[tuple[tuple, int, TaskState]] = []  # heap, lazily cleaned
         self.n_queued = 0
+        self.blocks = RootBlocks(queue_block_size)
         self.unrunnable: dict[TaskState, None] = {}
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.seq = itertools.count()
@@ -255,6 +258,9 @@ class SchedulerState:
                 self.exit_processing(ts, notify)
             elif start == "queued":
                 self.n_queued -= 1
+                ts.block = None
+                if not self.n_queued:
+                    self.blocks.clear()
             else:
                 self.unrunnable.pop(ts, None)
         ts.state = finish
@@ -322,6 +328,7 @@ class SchedulerState:
             ts.queued_seq = next(self.seq)
             heapq.heappush(self.queued, (ts.priority, ts.queued_seq, ts))
             self.n_queued += 1
+            self.blocks.add(ts, self.total_nthreads)
         elif ts.state != "no-worker":
             self.transition(ts, "no-worker")
             self.unrunnable[ts] = None
@@ -476,7 +483,12 @@ class SchedulerState:
             valid = None
         if valid is None and self._is_rootish(ts):
             if self.rootish_policy == "queue":
-                return self._pop_free_worker()
+                ws = self._pop_free_worker()
+                if ws is not None and self.blocks.size_for(ts, self.total_nthreads) > 1:
+                    # queued first: after this event fill_slots gives each free worker a block
+                    self.blocks.fill_all = True
+                    return None
+                return ws
             if self.rootish_policy == "mars":
                 addr = self.mars_assignment.get(ts.key)
                 ws = self.workers.get(addr) if addr else None
@@ -561,6 +573,11 @@ class SchedulerState:
 
     def fill_slots(self) -> None:
         """Give queued root-ish tasks to workers whose slots opened, best priority first."""
+        if self.blocks.fill_all:
+            self.blocks.fill_all = False
+            for ws in self.running():
+                if not policies.worker_full(ws, self.worker_saturation):
+                    self.slots_opened[ws] = None
         if not self.slots_opened:
             return
         opened, self.slots_opened = self.slots_opened, {}
@@ -572,16 +589,23 @@ class SchedulerState:
             if ws.address not in self.workers or ws.status != "running":
                 continue
             while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
-                ts = self._pop_queued()
+                head = self._queue_head()
+                ts = self.blocks.take(ws, head)
                 if ts is None:
-                    break
+                    if head is None:
+                        break
+                    ts = head
+                    self.blocks.took_head(ws, ts, self.workers)
                 self.add_to_processing(ts, ws)
 
-    def _pop_queued(self) -> TaskState | None:
-        while self.queued:
-            _, seq, ts = heapq.heappop(self.queued)
+    def _queue_head(self) -> TaskState | None:
+        """The best queued task (stale heap entries are dropped on the way)."""
+        queued = self.queued
+        while queued:
+            _, seq, ts = queued[0]
             if ts.state == "queued" and ts.queued_seq == seq and self.tasks.get(ts.key) is ts:
                 return ts
+            heapq.heappop(queued)
         return None
 
     # ================================================================ replicas

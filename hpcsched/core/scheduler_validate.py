@@ -68,6 +68,9 @@ def validate(s: SchedulerState) -> None:
         if st == "queued":
             n_queued += 1
             assert not ts.waiting_on, ts
+            assert ts.block is None or ts in ts.block.tasks, ts
+        else:
+            assert ts.block is None, ("in a block of the queue, not queued", ts)
         if st == "no-worker":
             assert ts in s.unrunnable, ts
         else:
@@ -80,3 +83,7 @@ def validate(s: SchedulerState) -> None:
             # nobody wants it and nothing could need it recomputed: it leaked
             assert s.wanted(ts) or ts.dependents, ("leaked", ts)
     assert n_queued == s.n_queued, (n_queued, s.n_queued)
+    if not n_queued:
+        assert not s.blocks.free and not s.blocks.owned, "blocks of an empty queue"
+    for blk in s.blocks.owned:
+        assert blk.owner is not None and blk.owner.root_block is blk, blk

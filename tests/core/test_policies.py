@@ -138,7 +138,7 @@ def test_roots_go_out_in_priority_order_whatever_the_order_of_requested_keys():
     the best priorities go out first, the rest wait in the queue in order.
     """
     deps = {**{f"x-{i}": [] for i in range(10)}, **{f"y-{i}": [f"x-{i}"] for i in range(10)}}
-    s = cluster(A, B)
+    s = cluster(A, B, queue_block_size=1)  # dask's queuing (blocks: test_scheduler_blocks)
     out = submit(s, deps, [f"y-{i}" for i in range(10)][::-1])
     o = order(deps)
     xs = sorted((k for k in deps if k.startswith("x")), key=o.__getitem__)
@@ -296,7 +296,7 @@ def test_queued_roots_wait_while_a_dependent_can_run():
 def test_queue_released_to_the_worker_whose_thread_freed():
     """Two workers, 6 roots, saturation 1.0: when b finishes, the best queued task
     goes to b (a is still full)."""
-    s = cluster(A, B, worker_saturation=1.0)
+    s = cluster(A, B, worker_saturation=1.0, queue_block_size=1)  # dask's queuing
     keys = [f"inc-{i}" for i in range(6)]
     out = submit(s, {k: [] for k in keys}, keys)
     assert sorted(computes(out)) == keys[:2]

@@ -500,7 +500,8 @@ def test_retired_worker_takes_no_new_work():
 
 # ---------------------------------------------------------------- queuing
 def test_rootish_tasks_are_queued_beyond_saturation_and_released_in_priority_order():
-    s = with_workers(A, B, worker_saturation=1.1)
+    # dask's queuing: blocks of the queue off
+    s = with_workers(A, B, worker_saturation=1.1, queue_block_size=1)
     keys = [f"inc-{i}" for i in range(10)]
     out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
                  static_priorities={k: i for i, k in enumerate(keys)})
@@ -521,6 +522,110 @@ def test_rootish_tasks_are_queued_beyond_saturation_and_released_in_priority_ord
     out = finish(s, B, sent(computes, "compute-task", to=B)[0].msg.key)
     assert [m.msg.key for m in sent(out, "compute-task")] == [keys[5]]
     assert s.n_queued == 4
+
+
+def tree(leaves: int) -> dict:
+    """A binary tree reduction: leaf-i, then add<level>-<i> combining two below."""
+    deps: dict = {f"leaf-{i}": [] for i in range(leaves)}
+    level = [f"leaf-{i}" for i in range(leaves)]
+    depth = 0
+    while len(level) > 1:
+        level_up = [f"add{depth}-{i // 2}" for i in range(0, len(level), 2)]
+        deps.update({k: level[2 * i:2 * i + 2] for i, k in enumerate(level_up)})
+        level, depth = level_up, depth + 1
+    return graph(**deps)
+
+
+def run_all(s: SchedulerState, out: list[Send], workers: list[str]) -> list[Send]:
+    """Finish what the workers were given, one task of each worker in turn (a finished
+    task's result stays on its worker), until nothing is processing; every compute-task
+    sent on the way."""
+    computes = sent(out, "compute-task")
+    while any(s.workers[w].processing for w in workers):
+        for w in workers:
+            todo = sorted(s.workers[w].processing, key=lambda ts: ts.priority)
+            if todo:
+                computes += sent(finish(s, w, todo[0].key), "compute-task")
+    return computes
+
+
+def transfers(computes: list[Send]) -> int:
+    """How many compute-tasks need a dependency from another worker."""
+    return sum(1 for m in computes for holders in m.msg.who_has.values() if m.to not in holders)
+
+
+def test_queued_blocks_keep_consecutive_root_tasks_on_one_worker():
+    s = with_workers(A, B, worker_saturation=1.1, queue_block_size=32)
+    keys = [f"inc-{i}" for i in range(10)]
+    out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
+                 static_priorities={k: i for i, k in enumerate(keys)})
+    # 10 tasks / 2 threads: blocks of 5; each worker fills its slots from its own block
+    by_worker = {w: [m.msg.key for m in sent(out, "compute-task", to=w)] for w in (A, B)}
+    assert sorted(by_worker.values()) == [["inc-0", "inc-1"], ["inc-5", "inc-6"]]
+    a_first = by_worker[A][0]
+    n = int(a_first.split("-")[1])
+    out = finish(s, A, a_first)
+    # A's freed slot takes the next task of its block, not the best queued one
+    assert [(m.to, m.msg.key) for m in sent(out, "compute-task")] == [(A, f"inc-{n + 2}")]
+    assert s.n_queued == 5
+    run_all(s, [], [A, B])
+    assert all(s.tasks[k].state == "memory" for k in keys)
+    assert not s.blocks.owned and not s.blocks.free  # nothing queued: no block is kept
+
+
+@pytest.mark.parametrize("leaves", [64, 1024])
+def test_queued_blocks_cut_transfers_of_a_tree_reduction(leaves):
+    """Without blocks, consecutive leaves alternate between the two workers, and most
+    nodes above them wait for a transfer; with them, siblings share a worker."""
+    counts = {}
+    for size in (1, 32):
+        s = with_workers(A, B, worker_saturation=1.1, queue_block_size=size)
+        g = tree(leaves)
+        out = submit(s, g, keys=[list(g)[-1]])
+        computes = run_all(s, out, [A, B])
+        assert len(computes) == len(g)
+        assert s.tasks[list(g)[-1]].state == "memory"
+        counts[size] = transfers(computes)
+        assert max(len(s.workers[w].has_what) for w in (A, B)) >= 1
+    assert counts[32] * 4 <= counts[1], counts
+    assert counts[32] <= leaves // 8, counts
+
+
+def test_queued_blocks_keep_first_come_first_served_between_submissions():
+    s = with_workers(A, B, worker_saturation=1.0, queue_block_size=32)
+    first = [f"first-{i}" for i in range(20)]
+    submit(s, graph(**{k: [] for k in first}), keys=first)
+    later = [f"later-{i}" for i in range(20)]
+    submit(s, graph(**{k: [] for k in later}), keys=later, priority=10)
+    computes = run_all(s, [], [A, B])
+    names = [m.msg.key.split("-")[0] for m in computes]
+    # the two running "first" tasks were sent before; the other 18 all go before "later"
+    assert names == ["first"] * 18 + ["later"] * 20
+    assert all(s.tasks[k].state == "memory" for k in first + later)
+
+
+def test_a_removed_workers_block_is_taken_over():
+    s = with_workers(A, B, worker_saturation=1.0, queue_block_size=32)
+    keys = [f"inc-{i}" for i in range(40)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys,
+           static_priorities={k: i for i, k in enumerate(keys)})
+    (on_b,) = s.workers[B].processing
+    step(s, ev.RemoveWorker(B))
+    # B's task runs again on A; all of B's block goes there too, in order
+    run_all(s, [], [A])
+    assert all(s.tasks[k].state == "memory" for k in keys)
+    assert s.tasks[on_b.key].who_has == {s.workers[A]}
+
+
+def test_blocks_follow_the_cluster_size():
+    # tasks / threads caps a block: here 18 tasks over 6 threads make blocks of 3
+    s = with_workers(A, B, C, nthreads=2, worker_saturation=1.0, queue_block_size=32)
+    keys = [f"inc-{i}" for i in range(18)]
+    out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
+                 static_priorities={k: i for i, k in enumerate(keys)})
+    got = sorted(sorted(int(m.msg.key.split("-")[1]) for m in sent(out, "compute-task", to=w))
+                 for w in (A, B, C))
+    assert got == [[0, 1], [3, 4], [6, 7]]
 
 
 def test_queued_tasks_drain_completely():
