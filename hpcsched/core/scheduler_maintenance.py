@@ -192,7 +192,7 @@ class Maintenance:
         ws.status = e.status
         s.running_cache = None
         if e.status == "running":
-            s.open_slots(ws)
+            s.placement.open_slots(ws)
 
     # ================================================================ retirement
     def retire_workers(self, e: ev.RetireWorkers) -> None:
@@ -244,7 +244,7 @@ class Maintenance:
             ws.status = "running"
             s.running_cache = None
             del s.retiring[ws.address]
-            s.open_slots(ws)
+            s.placement.open_slots(ws)
             s.send(r.requester, RetireWorkersReply(
                 r.request_id, [], [ws.address], "unique data and no other worker to take it"))
             return

@@ -16,8 +16,9 @@ Rules of this file:
   (https://distributed.dask.org/en/stable/scheduling-state.html).
 * Recommendations run from a LIFO stack (:meth:`SchedulerState.transitions`)
   so that work made ready by a finished task is handled first.
-* Decisions are delegated to :mod:`hpcsched.core.policies` (which worker) and
-  :mod:`hpcsched.core.order` (static priorities).
+* Decisions are delegated to :mod:`hpcsched.core.policies` (which worker, through
+  :class:`~.scheduler_placement.Placement`, which also runs the queue of root-ish
+  tasks) and :mod:`hpcsched.core.order` (static priorities).
 * :meth:`SchedulerState.validate` checks every invariant; tests call it after
   each step.
 
@@ -36,7 +37,6 @@ one ("first-come-first-served, coarsely", as distributed's priorities).
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 import random
@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core import events as ev
-from hpcsched.core import policies
 from hpcsched.core.protocol import (
     ComputeTask,
     FreeKeys,
@@ -68,6 +67,7 @@ from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
     TaskState,
     WorkerInfo,
 )
+from hpcsched.core.scheduler_placement import Placement
 from hpcsched.core.scheduler_validate import validate
 from hpcsched.core.scheduler_workers import WorkerEvents
 
@@ -155,6 +155,7 @@ class SchedulerState:
         # called from a few handlers, never read back here
         self.recorder: Any = None
 
+        self.placement = Placement(self)
         self.worker_events = WorkerEvents(self)
         self.client_requests = ClientRequests(self)
         self.maintenance = Maintenance(self)
@@ -192,7 +193,7 @@ class SchedulerState:
         self.stimulus_id = event.stimulus_id
         self.now = event.now
         self.handlers[type(event)](event)
-        self.fill_slots()
+        self.placement.fill_slots()
         out, self.out = self.out, []
         return out
 
@@ -319,16 +320,12 @@ class SchedulerState:
 
     def _ready(self, ts: TaskState) -> list[Rec]:
         """All dependencies are in memory: processing, queued or no-worker."""
-        ws = self._decide_worker(ts)
+        ws = self.placement.decide_worker(ts)
         if ws is not None:
             self.add_to_processing(ts, ws)
-        elif self.rootish_policy == "queue" and self.workers and self._is_rootish(ts) \
+        elif self.rootish_policy == "queue" and self.workers and self.placement.is_rootish(ts) \
                 and self.running():
-            self.transition(ts, "queued")
-            ts.queued_seq = next(self.seq)
-            heapq.heappush(self.queued, (ts.priority, ts.queued_seq, ts))
-            self.n_queued += 1
-            self.blocks.add(ts, self.total_nthreads)
+            self.placement.enqueue(ts)
         elif ts.state != "no-worker":
             self.transition(ts, "no-worker")
             self.unrunnable[ts] = None
@@ -470,68 +467,6 @@ class SchedulerState:
             self.send(c, TaskErredReport(ts.key, origin.exception, origin.traceback,
                                          origin.exception_text, origin.key))
 
-    # ================================================================ deciding workers
-    def _is_rootish(self, ts: TaskState) -> bool:
-        return policies.is_rootish(ts, self.total_nthreads, self.rootish_factor,
-                                   self.rootish_max_deps)
-
-    def _decide_worker(self, ts: TaskState) -> WorkerInfo | None:
-        if not self.workers:
-            return None
-        valid = policies.valid_workers(ts, self.workers.values())
-        if valid is not None and not valid and ts.loose_restrictions:
-            valid = None
-        if valid is None and self._is_rootish(ts):
-            if self.rootish_policy == "queue":
-                ws = self._pop_free_worker()
-                if ws is not None and self.blocks.size_for(ts, self.total_nthreads) > 1:
-                    # queued first: after this event fill_slots gives each free worker a block
-                    self.blocks.fill_all = True
-                    return None
-                return ws
-            if self.rootish_policy == "mars":
-                addr = self.mars_assignment.get(ts.key)
-                ws = self.workers.get(addr) if addr else None
-                if ws is not None and ws.status == "running":
-                    return ws
-            return policies.co_assign_worker(ts, ts.group, self.running(), self.total_nthreads,
-                                             self._least_busy())
-        return policies.decide_worker(ts, self.running(), valid, self.bandwidth, self.rng)
-
-    def _least_busy(self) -> WorkerInfo | None:
-        running = self.running()
-        if not running:
-            return None
-        if len(running) > policies.SAMPLE_LIMIT:
-            running = self.rng.sample(running, policies.SAMPLE_LIMIT)
-        return min(running, key=lambda ws: (policies.busy_slots(ws) / ws.nthreads, ws.nbytes))
-
-    def push_free(self, ws: WorkerInfo) -> None:
-        """``ws`` may have a free slot: a candidate for queued root-ish tasks (lazy heap)."""
-        if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
-            return
-        ws.heap_version += 1
-        heapq.heappush(self.free_heap, (policies.busy_slots(ws) / ws.nthreads, next(self.seq),
-                                        ws.heap_version, ws))
-
-    def _pop_free_worker(self) -> WorkerInfo | None:
-        """The least-busy running worker that is not full, or None (lazy heap)."""
-        heap = self.free_heap
-        while heap:
-            _, _, version, ws = heap[0]
-            if version != ws.heap_version or self.workers.get(ws.address) is not ws \
-                    or ws.status != "running" \
-                    or policies.worker_full(ws, self.worker_saturation):
-                heapq.heappop(heap)
-                continue
-            return ws
-        return None
-
-    def open_slots(self, ws: WorkerInfo) -> None:
-        """``ws`` can take work again: queued tasks flow to it after this event."""
-        self.slots_opened[ws] = None
-        self.push_free(ws)
-
     # ================================================================ processing
     def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:
         """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are)."""
@@ -544,7 +479,7 @@ class SchedulerState:
         if ts.resource_restrictions:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) + q
-        self.push_free(ws)
+        self.placement.push_free(ws)
         deps = ts.dependencies
         self.send(ws.address, ComputeTask(
             ts.key, ts.run_spec, ts.priority,
@@ -569,44 +504,7 @@ class SchedulerState:
         if ws.address in self.workers:
             if notify:
                 self.send(ws.address, FreeKeys([ts.key]))
-            self.open_slots(ws)
-
-    def fill_slots(self) -> None:
-        """Give queued root-ish tasks to workers whose slots opened, best priority first."""
-        if self.blocks.fill_all:
-            self.blocks.fill_all = False
-            for ws in self.running():
-                if not policies.worker_full(ws, self.worker_saturation):
-                    self.slots_opened[ws] = None
-        if not self.slots_opened:
-            return
-        opened, self.slots_opened = self.slots_opened, {}
-        if self.unrunnable:
-            self.transitions([(ts, "waiting-ready") for ts in list(self.unrunnable)])
-        if not self.n_queued:
-            return
-        for ws in opened:
-            if ws.address not in self.workers or ws.status != "running":
-                continue
-            while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
-                head = self._queue_head()
-                ts = self.blocks.take(ws, head)
-                if ts is None:
-                    if head is None:
-                        break
-                    ts = head
-                    self.blocks.took_head(ws, ts, self.workers)
-                self.add_to_processing(ts, ws)
-
-    def _queue_head(self) -> TaskState | None:
-        """The best queued task (stale heap entries are dropped on the way)."""
-        queued = self.queued
-        while queued:
-            _, seq, ts = queued[0]
-            if ts.state == "queued" and ts.queued_seq == seq and self.tasks.get(ts.key) is ts:
-                return ts
-            heapq.heappop(queued)
-        return None
+            self.placement.open_slots(ws)
 
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:

@@ -33,7 +33,7 @@ class WorkerEvents:
         s.workers[ws.address] = ws
         s.running_cache = None
         s.total_nthreads += ws.nthreads
-        s.push_free(ws)
+        s.placement.push_free(ws)
         recs: list[Rec] = []
         for key, nbytes in (e.keys or {}).items():
             ts = s.tasks.get(key)
@@ -126,7 +126,7 @@ class WorkerEvents:
         est = ws.processing[ts]
         ws.processing[ts] = 0.0  # no longer counts towards the worker's occupancy
         ws.occupancy = max(ws.occupancy - est, 0.0)
-        self.s.open_slots(ws)
+        self.s.placement.open_slots(ws)
 
     def task_finished(self, e: ev.TaskFinished) -> None:
         """A worker holds a task's result: the task is in memory."""
