@@ -22,7 +22,13 @@ that no block claimed (a root-ish dependent queued after its roots: ongoing work
 finishes before new work starts, as with dask's queuing).
 
 A block holds ``min(scheduler.queue-block-size, tasks in the group / threads)`` tasks,
-so that every worker can have a block of its own; a size of 1 is dask's queuing.
+so that every worker can have a block of its own; a size of 1 is dask's queuing. Blocks
+trade memory for transfers: each worker's block is a front of its own, whose partial
+results wait for the neighbouring blocks, so larger blocks hold more at once. The
+default, 4, keeps the two sibling levels of a binary reduction together (transfers
+of a 16,383-task tree over 2 workers: ~3,800 -> ~1,250) for a peak 1-2 results
+higher on the shapes of ``benchmarks/bench_memory.py``; 32 cut transfers to ~180 but
+raised some peaks 2.4 times.
 """
 
 from __future__ import annotations

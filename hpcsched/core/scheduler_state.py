@@ -90,7 +90,7 @@ class SchedulerState:
         rootish_policy: str = "queue",
         rootish_factor: float = 2,
         rootish_max_deps: int = 5,
-        queue_block_size: int = 32,
+        queue_block_size: int = 4,
         allowed_failures: int = 3,
         unknown_task_duration: float = 0.5,
         bandwidth: float = 100e6,

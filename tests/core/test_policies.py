@@ -653,7 +653,7 @@ def knobs() -> dict:
 
 def test_config_defaults(clean_config: Any):
     assert knobs() == {"saturation": 1.1, "policy": "queue", "stealing": True, "fuse": True,
-                       "block": 32}
+                       "block": 4}
 
 
 def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest.MonkeyPatch):
