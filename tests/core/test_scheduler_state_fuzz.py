@@ -29,7 +29,9 @@ from hpcsched.core.scheduler_state import SchedulerState
 
 WORKERS = ["tcp://w1", "tcp://w2", "tcp://w3"]
 CLIENTS = ["c1", "c2"]
-KEYS = [f"k{i}" for i in range(8)]
+# k0..k3: a task group each; x-0..x-7: one group ("x") that grows root-ish as it is
+# submitted again, so that the queue and its blocks (scheduler_blocks) are exercised too
+KEYS = [f"k{i}" for i in range(4)] + [f"x-{i}" for i in range(8)]
 
 keys = st.sampled_from(KEYS)
 workers = st.sampled_from(WORKERS)
@@ -244,3 +246,18 @@ SchedulerStory.TestCase.settings = settings(
     max_examples=150, stateful_step_count=60, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerStory.TestCase)
+
+
+class QueuedBlocksStory(SchedulerStory):
+    """The same story with small task groups counted as root-ish, so that more tasks
+    pass through the queue, and through its blocks (hpcsched.core.scheduler_blocks)
+    once the group "x" outnumbers the threads twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = SchedulerState(work_stealing=True, rootish_factor=0.5, queue_block_size=3)
+
+
+QueuedBlocksStory.TestCase.settings = SchedulerStory.TestCase.settings
+test_queue_and_blocks_under_random_events = pytest.mark.timeout(300)(
+    QueuedBlocksStory.TestCase)
