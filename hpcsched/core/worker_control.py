@@ -205,8 +205,18 @@ class WorkerControl:
         self.send(RunReply(request.request_id, **reply))
 
 
+# workers in one process (LocalCluster(processes=False)) share sys.modules: one loading
+# while another pops the same name from it made the import fail with a KeyError
+_LOAD_LOCK = threading.Lock()
+
+
 def load(path: str) -> None:
     """Make an uploaded file usable: import a module, put an archive on ``sys.path``."""
+    with _LOAD_LOCK:
+        _load(path)
+
+
+def _load(path: str) -> None:
     root, ext = os.path.splitext(os.path.basename(path))
     if ext in (".zip", ".egg", ".whl"):
         if path not in sys.path:
