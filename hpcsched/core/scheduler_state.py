@@ -420,7 +420,7 @@ class SchedulerState:
         for dts in ts.dependents:
             if dts.state in ("processing", "waiting", "queued", "no-worker"):
                 dts.waiting_on.add(ts)
-                if dts.state == "processing":
+                if dts.state != "waiting":  # it was ready: it waits for ts again
                     recs.append((dts, "released"))
         if ts.run_spec is None:
             if self.wanted(ts):

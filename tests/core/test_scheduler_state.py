@@ -629,6 +629,24 @@ def test_blocks_follow_the_cluster_size():
     assert got == [[0, 1], [3, 4], [6, 7]]
 
 
+def test_queued_tasks_whose_dependency_is_lost_wait_for_it_again():
+    """Root-ish tasks with one shared dependency queue; when the only copy of that
+    dependency is lost, they go back to waiting and run after it is recomputed."""
+    s = with_workers(A, B, worker_saturation=1.0)
+    submit(s, graph(k=[]), keys=["k"])
+    holder = processing_on(s, "k")
+    finish(s, holder, "k")
+    keys = [f"x-{i}" for i in range(12)]
+    submit(s, graph(**{k: ["k"] for k in keys}), keys=keys)
+    assert s.n_queued == 10 and s.tasks["x-0"].dependencies == {s.tasks["k"]}
+    out = step(s, ev.RemoveWorker(holder))  # validate() runs after every step
+    assert all(s.tasks[k].state == "waiting" for k in keys) and not s.n_queued
+    assert one(out, "compute-task", key="k")
+    other = B if holder == A else A
+    finish(s, other, "k")
+    assert s.n_queued == 11 and s.tasks["k"].state == "memory"
+
+
 def test_queued_tasks_drain_completely():
     s = with_workers(A, worker_saturation=1.0)
     keys = [f"inc-{i}" for i in range(6)]
