@@ -309,6 +309,9 @@ class SchedulerState:
             if dts.state == "memory":
                 continue
             if dts.state == "erred":
+                # the best-priority failed dependency is blamed, the same one every time
+                dts = min((d for d in ts.dependencies if d.state == "erred"),
+                          key=lambda d: d.priority)
                 return self.set_erred(ts, dts.exception, dts.traceback, dts.exception_text,
                                       dts.exception_blame or dts)
             ts.waiting_on.add(dts)
@@ -458,14 +461,17 @@ class SchedulerState:
             for dts in t.dependents:
                 if dts.state != "memory":
                     stack.append((dts, b or ts))
-        return recs
+        # a dependency that erred itself on the way stays erred, whichever of its
+        # dependents the walk (over sets) reached first
+        return [r for r in recs if r[0].state != "erred"]
 
     def report_erred(self, ts: TaskState, clients: list[str]) -> None:
         """Tell ``clients`` that ``ts`` erred (itself or through a dependency)."""
+        # the failure itself is ts's copy: its origin may have been released since
         origin = ts.exception_blame or ts
         for c in clients:
-            self.send(c, TaskErredReport(ts.key, origin.exception, origin.traceback,
-                                         origin.exception_text, origin.key))
+            self.send(c, TaskErredReport(ts.key, ts.exception, ts.traceback,
+                                         ts.exception_text, origin.key))
 
     # ================================================================ processing
     def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:

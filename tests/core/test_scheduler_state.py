@@ -217,6 +217,53 @@ def test_task_erred_errs_dependents_and_tells_the_client():
     assert set(s.tasks) == {"other"}
 
 
+def test_an_erred_task_reports_its_failure_after_the_failed_dependency_runs_again():
+    """y failed through x; x is retried (by another client) and succeeds: a client asking
+    for y later still hears x's failure, not an empty one."""
+    s = with_workers(A)
+    submit(s, graph(x=[], y=["x"]), keys=["y"], client="c1")
+    submit(s, graph(x=[]), keys=["x"], client="c2")
+    step(s, ev.TaskStarted(A, "x"))
+    out = step(s, ev.TaskErred(A, "x", exception="EXC", traceback="TB", exception_text="boom"))
+    assert one(out, "task-erred", key="y").msg.exception == "EXC"
+    out = step(s, ev.RetryKeys("c2", ["x"]))
+    finish(s, A, "x")
+    assert s.tasks["x"].state == "memory" and s.tasks["y"].state == "erred"
+    out = step(s, ev.ClientDesiresKeys("c1", ["y"]))
+    report = one(out, "task-erred", key="y").msg
+    assert (report.exception, report.traceback, report.exception_text, report.origin) == (
+        "EXC", "TB", "boom", "x")
+
+
+def test_a_task_with_two_failed_dependencies_blames_the_same_one_every_time():
+    """Which failed dependency a new dependent blames does not follow set order."""
+    blamed = set()
+    for n in range(20):
+        s = with_workers(A)
+        deps = [f"d{i}" for i in range(n % 5 + 2)]
+        submit(s, graph(**{d: [] for d in deps}), keys=deps,
+               static_priorities={d: i for i, d in enumerate(deps)})
+        for d in reversed(deps):
+            step(s, ev.TaskErred(A, d, exception=f"E-{d}", exception_text=d))
+        out = submit(s, graph(top=deps), keys=["top"])  # on the failed keys themselves
+        blamed.add(one(out, "task-erred", key="top").msg.origin)
+    assert blamed == {"d0"}
+
+
+def test_every_dependent_of_a_failed_task_errs_whatever_the_walk_order():
+    """a fails; b and c depend on it and top on both: b and c err too, never released
+    half way because the walk reached top through the other one first."""
+    states = set()
+    for n in range(30):
+        s = with_workers(A)
+        junk = [object() for _ in range(n)]  # moves the tasks' hashes, hence set order
+        submit(s, graph(a=[], b=["a"], c=["a"], top=["b", "c"]), keys=["top"])
+        step(s, ev.TaskErred(A, "a", exception="E", exception_text="E"))
+        states.add((s.tasks["b"].state, s.tasks["c"].state, s.tasks["top"].state))
+        del junk
+    assert states == {("erred", "erred", "erred")}
+
+
 def test_graph_resubmitted_after_a_failure_runs_again():
     """x fails, then a new graph with the same keys (dask keys are deterministic): x is
     retried and its dependents run, instead of inheriting the first failure."""
