@@ -91,11 +91,14 @@ def transfer_bytes(ts: TaskState, ws: WorkerInfo) -> int:
     return sum(dts.nbytes for dts in ts.dependencies if ws not in dts.who_has and dts.nbytes > 0)
 
 
-def worker_objective(ts: TaskState, ws: WorkerInfo, bandwidth: float) -> tuple[float, int]:
-    """(estimated start time, bytes stored): smaller is better."""
+def worker_objective(ts: TaskState, ws: WorkerInfo, bandwidth: float
+                     ) -> tuple[float, int, str]:
+    """(estimated start time, bytes stored, address): smaller is better. The address
+    breaks ties the same way every time (candidates come from sets of workers, whose
+    order changes from run to run), so that a run of events can be replayed."""
     stack_time = ws.occupancy / max(ws.nthreads, 1)
     start_time = stack_time + transfer_bytes(ts, ws) / bandwidth
-    return (start_time, ws.nbytes)
+    return (start_time, ws.nbytes, ws.address)
 
 
 def decide_worker(

@@ -88,13 +88,19 @@ class SchedulerStory(RuleBasedStateMachine):
             assert _snapshot(self.s) == before, f"a refused {type(event).__name__} changed state"
             return
         self.check_logged(before[0], sid, entries)
+        asked, steals, copies = [], [], []
         for cmd in out:
             if isinstance(cmd, ev.Send) and cmd.msg.op == "compute-task":
-                self.asked.append((cmd.to, cmd.msg.key))
+                asked.append((cmd.to, cmd.msg.key))
             if isinstance(cmd, ev.Send) and cmd.msg.op == "steal-request":
-                self.steals.append((cmd.to, cmd.msg.key))
+                steals.append((cmd.to, cmd.msg.key))
             if isinstance(cmd, ev.Send) and cmd.msg.op == "acquire-replicas":
-                self.copies += [(cmd.to, k) for k in cmd.msg.who_has]
+                copies += [(cmd.to, k) for k in cmd.msg.who_has]
+        # the order of one event's messages may follow sets of tasks, which differs from
+        # run to run; sorted, the same draws pick the same replies when hypothesis replays
+        self.asked += sorted(asked)
+        self.steals += sorted(steals)
+        self.copies += sorted(copies)
 
     def check_logged(self, before: dict, sid: str, entries: list) -> None:
         after = {k: ts.state for k, ts in self.s.tasks.items()}
