@@ -41,6 +41,7 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.rootish-policy": "queue",  # queue | co-assign | mars (queue needs finite saturation)
     # queued root-ish tasks a worker takes as one run (hpcsched.core.scheduler_blocks); 1: off
     "scheduler.queue-block-size": 4,
+    "scheduler.queue-block-bytes": "1 MiB",  # ... of results at most (the group's mean size)
     "scheduler.allowed-failures": 3,  # workers a task may kill before it is marked erred
     "scheduler.unknown-task-duration": 0.5,  # seconds, before anything is measured
     "scheduler.default-bandwidth": 100e6,  # bytes/s, before anything is measured

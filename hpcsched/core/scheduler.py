@@ -117,6 +117,7 @@ class Scheduler:
             "rootish_factor": config.get("scheduler.rootish-factor"),
             "rootish_max_deps": config.get("scheduler.rootish-max-deps"),
             "queue_block_size": config.get("scheduler.queue-block-size"),
+            "queue_block_bytes": config.get("scheduler.queue-block-bytes"),
             "allowed_failures": config.get("scheduler.allowed-failures"),
             "unknown_task_duration": config.get("scheduler.unknown-task-duration"),
             "bandwidth": config.get("scheduler.default-bandwidth"),

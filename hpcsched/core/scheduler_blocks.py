@@ -26,9 +26,17 @@ so that every worker can have a block of its own; a size of 1 is dask's queuing.
 trade memory for transfers: each worker's block is a front of its own, whose partial
 results wait for the neighbouring blocks, so larger blocks hold more at once. The
 default, 4, keeps the two sibling levels of a binary reduction together (transfers
-of a 16,383-task tree over 2 workers: ~3,800 -> ~1,250) for a peak 1-2 results
-higher on the shapes of ``benchmarks/bench_memory.py``; 32 cut transfers to ~180 but
-raised some peaks 2.4 times.
+of a 16,383-task tree over 2 workers: ~3,800 -> ~1,250); 32 cut transfers to ~180.
+
+That memory is only worth spending on small results, whose transfers cost a message's
+latency each and whose extra copies cost nothing. With results of 1 MB, blocks of 4
+raised the peaks of ``benchmarks/bench_memory.py`` by 1-2 results per shape, and blocks
+of 32 raised some 2.4 times. So a block also holds no more tasks than
+``scheduler.queue-block-bytes`` of results, at its group's mean result size so far: a
+group whose results are larger than half of it is queued as in dask. Blocks are cut
+before any result of a group is known (its roots are queued as its graph arrives), but
+a worker claims one only once the group's first result is known to be small, and stops
+taking from it if the mean grows too large; until then the queue is dask's.
 """
 
 from __future__ import annotations
@@ -88,8 +96,9 @@ class RootBlock:
 class RootBlocks:
     """The blocks of the queue (see the module's docstring). ``limit`` <= 1 turns them off."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, max_bytes: int = 2**20):
         self.limit = int(limit)
+        self.max_bytes = int(max_bytes)
         self.free: list[tuple[Any, int, RootBlock]] = []  # heap: (first priority, seq, block)
         self.filling: RootBlock | None = None
         self.owned: set[RootBlock] = set()  # claimed by a worker
@@ -101,7 +110,16 @@ class RootBlocks:
         """How many tasks the block ``ts`` starts may hold (1: no blocks for it)."""
         if self.limit <= 1:
             return 1
-        return min(self.limit, ts.group.n_tasks // max(total_nthreads, 1))
+        size = min(self.limit, ts.group.n_tasks // max(total_nthreads, 1))
+        avg = ts.group.average_nbytes
+        if avg:
+            size = min(size, int(self.max_bytes // avg))
+        return size
+
+    def _small(self, ts: TaskState) -> bool:
+        """``ts``'s group has results known, and small enough for blocks."""
+        avg = ts.group.average_nbytes
+        return avg is not None and 2 * avg <= self.max_bytes
 
     def add(self, ts: TaskState, total_nthreads: int) -> None:
         """``ts`` was just queued: it joins the block being filled (or starts one)."""
@@ -124,11 +142,12 @@ class RootBlocks:
             if blk.owner is ws:
                 ts = blk.next_queued()
                 if ts is not None:
-                    if head is None or not _goes_first(head, ts):
+                    if self._small(ts) and (head is None or not _goes_first(head, ts)):
                         return ts
                     # queued work of an earlier submission or a higher user priority
                     # (dask's ``priority=``), or better work no worker has claimed (a
-                    # dependent that is root-ish too): let the block go
+                    # dependent that is root-ish too), or results found too large for
+                    # blocks: let the block go
                     heapq.heappush(self.free, (ts.priority, next(self.seq), blk))
                 blk.owner = None
                 self.owned.discard(blk)
@@ -140,7 +159,7 @@ class RootBlocks:
             if ts is None:
                 heapq.heappop(free)  # used up, or claimed since it was pushed
                 continue
-            if head is not None and _goes_first(head, ts):
+            if not self._small(ts) or (head is not None and _goes_first(head, ts)):
                 return None
             heapq.heappop(free)
             self._claim(ws, blk)
@@ -159,7 +178,7 @@ class RootBlocks:
         """``ws`` takes the queue's best task ``ts`` (before it leaves the queue), and its
         block too when the block's owner cannot run it: gone, paused or retiring."""
         blk = ts.block
-        if blk is None or ws.root_block is not None:
+        if blk is None or ws.root_block is not None or not self._small(ts):
             return
         owner = blk.owner
         if owner is None or owner.status != "running" or workers.get(owner.address) is not owner:

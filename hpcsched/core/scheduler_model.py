@@ -83,7 +83,7 @@ class TaskGroup:
     """The tasks sharing a key prefix (``inc-1``, ``inc-2``, ...): their durations and placement."""
 
     __slots__ = ("name", "n_tasks", "dep_keys", "duration_total", "n_durations",
-                 "last_worker", "last_worker_tasks_left", "nbytes_total")
+                 "last_worker", "last_worker_tasks_left", "nbytes_total", "n_nbytes")
 
     def __init__(self, name: str):
         self.name = name
@@ -94,11 +94,17 @@ class TaskGroup:
         self.last_worker: WorkerInfo | None = None
         self.last_worker_tasks_left = 0
         self.nbytes_total = 0
+        self.n_nbytes = 0  # results counted in nbytes_total
 
     @property
     def average_duration(self) -> float | None:
         """Mean seconds of the group's finished tasks (None before the first)."""
         return self.duration_total / self.n_durations if self.n_durations else None
+
+    @property
+    def average_nbytes(self) -> float | None:
+        """Mean bytes of the group's results so far (None before the first)."""
+        return self.nbytes_total / self.n_nbytes if self.n_nbytes else None
 
     def __repr__(self) -> str:
         return f"<TaskGroup {self.name}: {self.n_tasks} tasks>"

@@ -70,6 +70,7 @@ from hpcsched.core.scheduler_model import (  # noqa: F401 - re-exported
 from hpcsched.core.scheduler_placement import Placement
 from hpcsched.core.scheduler_validate import validate
 from hpcsched.core.scheduler_workers import WorkerEvents
+from hpcsched.core.units import parse_bytes
 
 Key = Any
 #: a recommendation: (task, "waiting" | "waiting-ready" | "released" | "forgotten")
@@ -91,6 +92,7 @@ class SchedulerState:
         rootish_factor: float = 2,
         rootish_max_deps: int = 5,
         queue_block_size: int = 4,
+        queue_block_bytes: int | str = 2**20,
         allowed_failures: int = 3,
         unknown_task_duration: float = 0.5,
         bandwidth: float = 100e6,
@@ -125,7 +127,7 @@ class SchedulerState:
         self.generation = 0
         self.queued: list[tuple[tuple, int, TaskState]] = []  # heap, lazily cleaned
         self.n_queued = 0
-        self.blocks = RootBlocks(queue_block_size)
+        self.blocks = RootBlocks(queue_block_size, parse_bytes(queue_block_bytes))
         self.unrunnable: dict[TaskState, None] = {}
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.seq = itertools.count()

@@ -159,6 +159,7 @@ class WorkerEvents:
                     s.transitions([(dts, "released")])
         s.add_replica(ts, ws, e.nbytes)
         tg.nbytes_total += max(e.nbytes, 0)
+        tg.n_nbytes += 1
         s.transitions(s.to_memory(ts))
         if ws.address in s.retiring:
             s.maintenance.progress_retirement(ws, e.now)

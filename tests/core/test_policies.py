@@ -648,12 +648,12 @@ def knobs() -> dict:
     st = Scheduler("inproc://").state
     return {"saturation": st.worker_saturation, "policy": st.rootish_policy,
             "stealing": st.work_stealing, "fuse": config.get("scheduler.fuse"),
-            "block": st.blocks.limit}
+            "block": st.blocks.limit, "block_bytes": st.blocks.max_bytes}
 
 
 def test_config_defaults(clean_config: Any):
     assert knobs() == {"saturation": 1.1, "policy": "queue", "stealing": True, "fuse": True,
-                       "block": 4}
+                       "block": 4, "block_bytes": 2**20}
 
 
 def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest.MonkeyPatch):
@@ -664,25 +664,27 @@ def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest
 
     path = clean_config / "sched.yaml"
     path.write_text("scheduler:\n  worker-saturation: 2.0\n  rootish-policy: mars\n"
-                    "  work-stealing: false\n  fuse: false\n  queue-block-size: 4\n")
+                    "  work-stealing: false\n  fuse: false\n  queue-block-size: 4\n"
+                    "  queue-block-bytes: 64 kB\n")
     monkeypatch.setenv("HPCSCHED_CONFIG", str(path))
     config.refresh()
     assert knobs() == {"saturation": 2.0, "policy": "mars", "stealing": False, "fuse": False,
-                       "block": 4}
+                       "block": 4, "block_bytes": 64_000}
 
     monkeypatch.setenv("HPCSCHED_SCHEDULER__WORKER_SATURATION", "inf")
     monkeypatch.setenv("HPCSCHED_SCHEDULER__ROOTISH_POLICY", "queue")
     monkeypatch.setenv("HPCSCHED_SCHEDULER__WORK_STEALING", "true")
     monkeypatch.setenv("HPCSCHED_SCHEDULER__FUSE", "true")
     monkeypatch.setenv("HPCSCHED_SCHEDULER__QUEUE_BLOCK_SIZE", "1")
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__QUEUE_BLOCK_BYTES", "4MiB")
     # queuing needs a finite saturation: inf turns "queue" into co-assignment
     assert knobs() == {"saturation": math.inf, "policy": "co-assign", "stealing": True,
-                       "fuse": True, "block": 1}
+                       "fuse": True, "block": 1, "block_bytes": 4 * 2**20}
 
     st = Scheduler("inproc://", worker_saturation=1.0, rootish_policy="queue",
-                   work_stealing=False, queue_block_size=8).state
+                   work_stealing=False, queue_block_size=8, queue_block_bytes=100).state
     assert (st.worker_saturation, st.rootish_policy, st.work_stealing) == (1.0, "queue", False)
-    assert st.blocks.limit == 8
+    assert (st.blocks.limit, st.blocks.max_bytes) == (8, 100)
     assert config.get("scheduler.fuse", False) is False
 
 

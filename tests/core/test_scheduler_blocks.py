@@ -10,10 +10,20 @@ from hpcsched.core.scheduler_blocks import RootBlocks
 from hpcsched.core.scheduler_model import TaskGroup, TaskState, WorkerInfo
 
 
+def results_of(tg: TaskGroup, nbytes: int, n: int = 1) -> None:
+    """What the scheduler counts when ``n`` tasks of the group finish."""
+    tg.nbytes_total += nbytes * n
+    tg.n_nbytes += n
+
+
 def queued(blocks: RootBlocks, n: int, generation: int = 1, user: int = 0,
-           threads: int = 2, name: str = "x") -> list[TaskState]:
+           threads: int = 2, name: str = "x", nbytes: int | None = 8) -> list[TaskState]:
+    """``n`` tasks of a new group queued in order; ``nbytes``: the size of a result of
+    the group already known (None: none finished yet)."""
     tg = TaskGroup(name)
     tg.n_tasks = n
+    if nbytes is not None:
+        results_of(tg, nbytes)
     out = []
     for i in range(n):
         ts = TaskState(f"{name}-{i}", None, tg)
@@ -130,3 +140,43 @@ def test_clear_lets_go_of_every_task():
     for ts in tasks:
         leave(ts)
     assert blocks.take(a, None) is None and a.root_block is None
+
+
+def test_results_over_half_the_byte_bound_make_blocks_smaller_then_none():
+    blocks = RootBlocks(4, max_bytes=1000)
+    first = queued(blocks, 20, name="x", nbytes=None)
+    assert blocks.size_for(first[0], 2) == 4  # no result known: the size limit alone
+    results_of(first[0].group, 300)
+    assert blocks.size_for(first[0], 2) == 3  # 3 x 300 bytes fit in 1000
+    results_of(first[0].group, 900, n=3)  # mean 750
+    assert blocks.size_for(first[0], 2) == 1
+    large = RootBlocks(4, max_bytes=1000)
+    tasks = queued(large, 20, name="z", nbytes=750)
+    assert not large.free and all(ts.block is None for ts in tasks)  # queued as in dask
+
+
+def test_blocks_wait_for_a_first_small_result_and_end_with_large_ones():
+    """Blocks are cut before any result is known; a worker claims one only once the
+    group's results are known to be small, and lets it go if they turn out large."""
+    blocks = RootBlocks(4, max_bytes=1000)
+    tasks = queued(blocks, 12, nbytes=None)
+    tg = tasks[0].group
+    a, b = WorkerInfo("tcp://a", 1), WorkerInfo("tcp://b", 1)
+    workers = {a.address: a, b.address: b}
+    # nothing known: a takes the queue's best task, as with dask's queuing
+    assert blocks.take(a, head=tasks[0]) is None
+    blocks.took_head(a, tasks[0], workers)
+    assert a.root_block is None and not blocks.owned
+    leave(tasks[0])
+    results_of(tg, 100)
+    assert blocks.take(a, head=tasks[1]) is tasks[1] and a.root_block is tasks[1].block
+    leave(tasks[1])
+    results_of(tg, 1500)  # mean 800: too large for blocks
+    assert blocks.take(a, head=tasks[2]) is None
+    assert a.root_block is None and not blocks.owned
+    blocks.took_head(a, tasks[2], workers)
+    assert a.root_block is None  # nor does taking the head claim one
+    leave(tasks[2])
+    assert blocks.take(b, head=tasks[3]) is None and b.root_block is None
+    results_of(tg, 0, n=30)  # mean 50: small again, blocks again
+    assert blocks.take(b, head=tasks[3]) is tasks[3] and b.root_block is tasks[3].block

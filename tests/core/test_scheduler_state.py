@@ -601,8 +601,17 @@ def transfers(computes: list[Send]) -> int:
     return sum(1 for m in computes for holders in m.msg.who_has.values() if m.to not in holders)
 
 
+def known_small(s: SchedulerState, prefix: str) -> None:
+    """A task of group ``prefix`` finished with a small result, which stays wanted: blocks
+    are used for the group from its first task on (they wait for such a result)."""
+    key = f"{prefix}-999"  # of group ``prefix`` (key_split)
+    submit(s, graph(**{key: []}), keys=[key])
+    finish(s, processing_on(s, key), key)
+
+
 def test_queued_blocks_keep_consecutive_root_tasks_on_one_worker():
     s = with_workers(A, B, worker_saturation=1.1, queue_block_size=32)
+    known_small(s, "inc")
     keys = [f"inc-{i}" for i in range(10)]
     out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
                  static_priorities={k: i for i, k in enumerate(keys)})
@@ -639,6 +648,39 @@ def test_queued_blocks_cut_transfers_of_a_tree_reduction(leaves):
     assert counts[32] * 4 <= counts[1] and counts[32] <= leaves // 8, counts
 
 
+def held_at_peak_and_transfers(s: SchedulerState, out: list[Send], nbytes: int) -> tuple:
+    """run_all, with results of ``nbytes``: the most results held at once, and transfers."""
+    computes, peak = sent(out, "compute-task"), 0
+    while any(ws.processing for ws in s.workers.values()):
+        for w in list(s.workers):
+            todo = sorted(s.workers[w].processing, key=lambda ts: ts.priority)
+            if todo:
+                computes += sent(finish(s, w, todo[0].key, nbytes=nbytes), "compute-task")
+                peak = max(peak, sum(len(ws.has_what) for ws in s.workers.values()))
+    return peak, transfers(computes)
+
+
+def test_queued_blocks_are_for_small_results_only():
+    """Blocks hold more results at once; they wait for the first result of a group, and
+    with results of 1 MB and more, the queue stays dask's (scheduler.queue-block-bytes)."""
+    got = {}
+    for size, nbytes in [(1, 8), (1, 2_000_000), (4, 8), (4, 2_000_000)]:
+        s = with_workers(A, B, worker_saturation=1.1, queue_block_size=size)
+        g = tree(128)
+        out = submit(s, g, keys=[list(g)[-1]])
+        got[size, nbytes] = held_at_peak_and_transfers(s, out, nbytes)
+        assert s.tasks[list(g)[-1]].state == "memory"
+    (peak1, moved1), (peak_small, moved_small) = got[1, 8], got[4, 8]
+    assert moved_small * 2 <= moved1 and peak_small > peak1  # the trade
+    peak_big, moved_big = got[4, 2_000_000]
+    assert peak_big == got[1, 2_000_000][0] == peak1  # dask's peak
+    assert moved_big > 0.9 * moved1  # no block was claimed
+    s = with_workers(A, B, worker_saturation=1.1, queue_block_size=4, queue_block_bytes="8 MB")
+    g = tree(128)
+    peak, moved = held_at_peak_and_transfers(s, submit(s, g, keys=[list(g)[-1]]), 2_000_000)
+    assert peak == peak_small and moved * 2 <= moved1  # a larger bound: blocks again
+
+
 def test_queued_blocks_keep_first_come_first_served_between_submissions():
     s = with_workers(A, B, worker_saturation=1.0, queue_block_size=32)
     first = [f"first-{i}" for i in range(20)]
@@ -668,6 +710,7 @@ def test_a_removed_workers_block_is_taken_over():
 def test_blocks_follow_the_cluster_size():
     # tasks / threads caps a block: here 18 tasks over 6 threads make blocks of 3
     s = with_workers(A, B, C, nthreads=2, worker_saturation=1.0, queue_block_size=32)
+    known_small(s, "inc")  # 19 tasks of the group over 6 threads: blocks of 3 too
     keys = [f"inc-{i}" for i in range(18)]
     out = submit(s, graph(**{k: [] for k in keys}), keys=keys,
                  static_priorities={k: i for i, k in enumerate(keys)})

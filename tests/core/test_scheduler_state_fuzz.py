@@ -261,7 +261,10 @@ class QueuedBlocksStory(SchedulerStory):
 
     def __init__(self) -> None:
         super().__init__()
-        self.s = SchedulerState(work_stealing=True, rootish_factor=0.5, queue_block_size=3)
+        # results of 0-1 MB (finish_asked): a group's mean turns about the bound of
+        # 2 x 750 kB now and then, so blocks are claimed, used and let go
+        self.s = SchedulerState(work_stealing=True, rootish_factor=0.5, queue_block_size=3,
+                                queue_block_bytes=1_500_000)
 
 
 QueuedBlocksStory.TestCase.settings = SchedulerStory.TestCase.settings
