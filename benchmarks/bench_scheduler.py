@@ -34,8 +34,8 @@ import pstats
 import time
 from collections import deque
 
-from hpcsched.core import events as ev
-from hpcsched.core.scheduler_state import SchedulerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import SchedulerState
 
 
 def map_graph(n: int) -> tuple[dict, list]:

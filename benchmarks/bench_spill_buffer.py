@@ -2,7 +2,7 @@
 
     python benchmarks/bench_spill_buffer.py [--n 100000] [--repeat 3] [--compare OLD_SPILL_PY]
 
-Every task's result goes through :class:`hpcsched.core.spill.SpillBuffer` when memory is
+Every task's result goes through :class:`hpcsched.core.worker.spill.SpillBuffer` when memory is
 managed (always on a LocalCluster), mostly far below its target. Measured per result, best
 of ``--repeat``, in one process: ``store`` (with the measured nbytes), one ``__getitem__``
 (a task reading its dependency) and ``pop(key, None)`` (the worker forgetting it), for
@@ -12,7 +12,7 @@ of ``--repeat``, in one process: ``store`` (with the measured nbytes), one ``__g
   up (``distributed.spill.SpillBuffer``), a weight callback and spill callbacks;
 * ``SpillBuffer``: this tree's;
 * ``SpillBuffer (compare)``: the ``SpillBuffer`` of another version of ``spill.py``
-  (``git show main:hpcsched/core/spill.py > /tmp/old_spill.py``), if given.
+  (``git show main:hpcsched/core/worker/spill.py > /tmp/old_spill.py``), if given.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import zict
 
-from hpcsched.core.spill import SpillBuffer
+from hpcsched.core.worker.spill import SpillBuffer
 
 
 def zict_buffer(directory: str) -> Any:
@@ -74,7 +74,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=100_000)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--compare", help="another version of hpcsched/core/spill.py")
+    p.add_argument("--compare", help="another version of hpcsched/core/worker/spill.py")
     args = p.parse_args()
     keys = [f"noop-{i}" for i in range(args.n)]
     with tempfile.TemporaryDirectory() as d:

@@ -46,7 +46,7 @@ html_static_path: list[str] = []
 def _list_protocol_page(app: Sphinx, docname: str, source: list[str]) -> None:
     """Add docs/protocol.md to the index's table of contents when it exists.
 
-    The page is generated from the protocol records (``python -m hpcsched.core.protocol``);
+    The page is generated from the protocol records (``python -m hpcsched.core.protocol.messages``);
     the reference builds without it too, and a toctree entry naming a missing page would be
     a warning, so an error here.
     """

@@ -19,29 +19,29 @@ __version__ = "0.1.0"
 # name -> module; imported on first use so `import hpcsched` stays cheap and
 # never imports mpi4py unless MPI is used.
 _exports = {
-    "Client": "hpcsched.core.client",
-    "Future": "hpcsched.core.client",
-    "wait": "hpcsched.core.client",
-    "as_completed": "hpcsched.core.client",
+    "Client": "hpcsched.core.client.client",
+    "Future": "hpcsched.core.client.client",
+    "wait": "hpcsched.core.client.client",
+    "as_completed": "hpcsched.core.client.client",
     "progress": "hpcsched.diagnostics.progress",
-    "default_client": "hpcsched.core.client",
-    "fire_and_forget": "hpcsched.core.client",
-    "futures_of": "hpcsched.core.client",
-    "get": "hpcsched.core.local",
-    "get_client": "hpcsched.core.worker_client",
-    "get_worker": "hpcsched.core.worker_client",
-    "worker_client": "hpcsched.core.worker_client",
-    "secede": "hpcsched.core.worker_client",
-    "rejoin": "hpcsched.core.worker_client",
-    "Lock": "hpcsched.core.coordination",
-    "Semaphore": "hpcsched.core.coordination",
-    "Event": "hpcsched.core.coordination",
-    "Variable": "hpcsched.core.coordination",
-    "Queue": "hpcsched.core.coordination",
-    "MultiLock": "hpcsched.core.coordination",
-    "WorkerPlugin": "hpcsched.core.plugins",
-    "SchedulerPlugin": "hpcsched.core.plugins",
-    "NannyPlugin": "hpcsched.core.nanny",
+    "default_client": "hpcsched.core.client.client",
+    "fire_and_forget": "hpcsched.core.client.client",
+    "futures_of": "hpcsched.core.client.client",
+    "get": "hpcsched.core.client.local",
+    "get_client": "hpcsched.core.client.worker_client",
+    "get_worker": "hpcsched.core.client.worker_client",
+    "worker_client": "hpcsched.core.client.worker_client",
+    "secede": "hpcsched.core.client.worker_client",
+    "rejoin": "hpcsched.core.client.worker_client",
+    "Lock": "hpcsched.core.client.coordination",
+    "Semaphore": "hpcsched.core.client.coordination",
+    "Event": "hpcsched.core.client.coordination",
+    "Variable": "hpcsched.core.client.coordination",
+    "Queue": "hpcsched.core.client.coordination",
+    "MultiLock": "hpcsched.core.client.coordination",
+    "WorkerPlugin": "hpcsched.core.client.plugins",
+    "SchedulerPlugin": "hpcsched.core.client.plugins",
+    "NannyPlugin": "hpcsched.core.worker.nanny",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
@@ -100,7 +100,7 @@ __all__ = [
 # misspelt name is an error to them rather than Any.
 if TYPE_CHECKING:
     from hpcsched.core import config
-    from hpcsched.core.client import (
+    from hpcsched.core.client.client import (
         Client,
         Future,
         as_completed,
@@ -109,12 +109,18 @@ if TYPE_CHECKING:
         futures_of,
         wait,
     )
+    from hpcsched.core.client.coordination import Event, Lock, MultiLock, Queue, Semaphore, Variable
+    from hpcsched.core.client.local import get
+    from hpcsched.core.client.plugins import SchedulerPlugin, WorkerPlugin
+    from hpcsched.core.client.worker_client import (
+        get_client,
+        get_worker,
+        rejoin,
+        secede,
+        worker_client,
+    )
     from hpcsched.core.comm.base import Security
-    from hpcsched.core.coordination import Event, Lock, MultiLock, Queue, Semaphore, Variable
-    from hpcsched.core.local import get
-    from hpcsched.core.nanny import NannyPlugin
-    from hpcsched.core.plugins import SchedulerPlugin, WorkerPlugin
-    from hpcsched.core.worker_client import get_client, get_worker, rejoin, secede, worker_client
+    from hpcsched.core.worker.nanny import NannyPlugin
     from hpcsched.diagnostics.progress import progress
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import initialize, send_close_signal

@@ -114,7 +114,7 @@ def cluster() -> Iterator[Any]:
 
 @pytest.fixture
 def client(cluster: Any) -> Iterator[Any]:
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     cl = Client(cluster, set_as_default=False)
     try:
@@ -134,7 +134,7 @@ def shared_cluster() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def shared_client(shared_cluster: Any) -> Iterator[Any]:
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     cl = Client(shared_cluster, set_as_default=False)
     try:

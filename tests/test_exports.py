@@ -86,7 +86,7 @@ def test_importing_the_package_imports_no_export():
     # a fresh interpreter: the exports load on first use, so `import hpcsched` stays cheap
     # and never starts MPI
     code = ("import sys, hpcsched, hpcsched.hpc, hpcsched.jobqueue, hpcsched.diagnostics; "
-            "print(sorted(m for m in ('mpi4py', 'hpcsched.core.client', "
+            "print(sorted(m for m in ('mpi4py', 'hpcsched.core.client.client', "
             "'hpcsched.jobqueue.slurm', 'hpcsched.hpc.mpi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()

@@ -67,7 +67,7 @@ def _layer(module: str) -> tuple[str, int] | None:
 
 
 def test_the_modules_were_found():
-    assert "hpcsched.core.client" in MODULES and "hpcsched.hpc.mpi" in MODULES
+    assert "hpcsched.core.client.client" in MODULES and "hpcsched.hpc.mpi" in MODULES
 
 
 def test_layers_point_one_way():

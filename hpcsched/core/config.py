@@ -39,7 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.rootish-factor": 2,  # TaskGroup larger than factor x cluster threads
     "scheduler.rootish-max-deps": 5,  # ... with fewer than this many distinct dependencies
     "scheduler.rootish-policy": "queue",  # queue | co-assign | mars (queue needs finite saturation)
-    # queued root-ish tasks a worker takes as one run (hpcsched.core.scheduler_blocks); 1: off
+    # queued root-ish tasks a worker takes as one run (hpcsched.core.state.blocks); 1: off
     "scheduler.queue-block-size": 4,
     "scheduler.queue-block-bytes": "1 MiB",  # ... of results at most (the group's mean size)
     "scheduler.allowed-failures": 3,  # workers a task may kill before it is marked erred

@@ -1,7 +1,7 @@
 """The diagnostics extension of a scheduler: recorder, cached snapshots, dashboard server.
 
 :func:`attach` is named by the ``scheduler.extensions`` configuration key, so
-every :class:`~hpcsched.core.scheduler.Scheduler` gets it when it starts
+every :class:`~hpcsched.core.scheduler.server.Scheduler` gets it when it starts
 (LocalCluster, ``hpcsched scheduler``, batch clusters, rank 0 under MPI)
 without the core importing this package. It
 

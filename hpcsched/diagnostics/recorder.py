@@ -1,6 +1,6 @@
 """What the scheduler saw happen, kept in bounded memory for the dashboard and reports.
 
-The :class:`Recorder` is handed to :class:`~hpcsched.core.scheduler_state.SchedulerState`
+The :class:`Recorder` is handed to :class:`~hpcsched.core.state.scheduler_state.SchedulerState`
 as its ``recorder`` and called from a few of its handlers (a task finished or
 erred, a worker joined, left or sent a heartbeat, a retirement). Rules:
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from hpcsched.core.graph import key_split
+from hpcsched.core.state.graph import key_split
 
 STREAM_LENGTH = 100_000  # task stream entries kept (about 15 MB)
 TRANSFERS_LENGTH = 20_000

@@ -30,7 +30,7 @@ from hpcsched.diagnostics.server import page_html
 def _client(client: Any) -> Any:
     if client is not None:
         return client
-    from hpcsched.core.client import default_client
+    from hpcsched.core.client.client import default_client
 
     c = default_client()
     if c is None:

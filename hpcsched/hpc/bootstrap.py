@@ -172,8 +172,8 @@ def _setup(options: InitOptions) -> _Job:
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
-    from hpcsched.core import client as client_mod
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.client import client as client_mod
+    from hpcsched.core.scheduler.server import Scheduler
 
     sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
@@ -191,7 +191,7 @@ def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) ->
 # ------------------------------------------------------------------ worker ranks
 def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
-    from hpcsched.core.worker import Worker
+    from hpcsched.core.worker.server import Worker
     from hpcsched.hpc.initialize_options import memory_bytes
     from hpcsched.launchers.resources import detect
 
@@ -302,7 +302,7 @@ def _close_cluster(code: int) -> None:
     job = _job
     if job is None or job.size == 1 or job.rank != 0 or job.fence_comm is None:
         return
-    from hpcsched.core import client as client_mod
+    from hpcsched.core.client import client as client_mod
 
     sched, _scheduler = _scheduler, None
     if sched is not None:

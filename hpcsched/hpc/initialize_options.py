@@ -42,7 +42,7 @@ logger = logging.getLogger("hpcsched.initialize")
 #: worker_class names a dask-mpi script passes, and what they become here
 DASK_WORKER_CLASSES = {"distributed.Worker": "worker", "distributed.worker.Worker": "worker",
                        "distributed.Nanny": "nanny", "distributed.nanny.Nanny": "nanny",
-                       "hpcsched.Worker": "worker", "hpcsched.core.worker.Worker": "worker"}
+                       "hpcsched.Worker": "worker", "hpcsched.core.worker.server.Worker": "worker"}
 
 WHY_NO_NANNY = ("a nanny restarts a dead worker process, and an MPI job cannot respawn a rank "
                 "(MPI ends the whole job when one dies)")
@@ -149,7 +149,7 @@ def memory_bytes(limit: int | float | None, share: int) -> int:
 
 
 def _worker_class(spec: str | type | None) -> tuple[type | None, str]:
-    from hpcsched.core.worker import Worker
+    from hpcsched.core.worker.server import Worker
 
     if spec is None or isinstance(spec, type) and spec is Worker:
         return None, ""
@@ -169,13 +169,13 @@ def _worker_class(spec: str | type | None) -> tuple[type | None, str]:
             raise ValueError("initialize: worker_class must be 'module.Class' or a class")
     if not (isinstance(spec, type) and issubclass(spec, Worker)):
         raise TypeError(f"initialize: worker_class={spec!r} is not a subclass of "
-                        "hpcsched.core.worker.Worker: a worker rank must speak hpcsched's "
+                        "hpcsched.core.worker.server.Worker: a worker rank must speak hpcsched's "
                         "protocol (distributed's and dask-cuda's workers do not)")
     return spec, ""
 
 
 def _worker_options(options: dict | None, cls: type | None) -> tuple[dict, list[str]]:
-    from hpcsched.core.worker import Worker
+    from hpcsched.core.worker.server import Worker
 
     if options is None:
         return {}, []

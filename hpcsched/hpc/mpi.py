@@ -58,7 +58,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hpcsched.core import config, serialize
+from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import (
     Backend,
@@ -68,6 +68,7 @@ from hpcsched.core.comm.base import (
     Security,
     parse_address,
 )
+from hpcsched.core.protocol import serialize
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
 from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener

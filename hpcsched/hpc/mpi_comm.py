@@ -15,8 +15,8 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hpcsched.core import serialize
 from hpcsched.core.comm.base import Comm, CommClosedError, Inbox, Listener
+from hpcsched.core.protocol import serialize
 
 if TYPE_CHECKING:
     from hpcsched.hpc.mpi import Endpoint

@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
-from hpcsched.core.scheduler_file import write_secret_file
+from hpcsched.core.comm.scheduler_file import write_secret_file
 from hpcsched.jobqueue import cleanup, runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory

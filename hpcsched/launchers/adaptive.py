@@ -4,7 +4,7 @@ Three parts, each usable alone -- as in dask's adaptive deployments
 (https://docs.dask.org/en/stable/adaptive.html), where the scheduler recommends and the
 cluster object only starts and stops workers:
 
-* :func:`snapshot_state` reads a :class:`~hpcsched.core.scheduler_state.SchedulerState`
+* :func:`snapshot_state` reads a :class:`~hpcsched.core.state.scheduler_state.SchedulerState`
   into a :class:`Snapshot` of plain dataclasses: workers (threads, memory, data held,
   tasks assigned) and *demand* -- tasks waiting to run, per TaskGroup, with their
   expected duration and their restrictions. It runs on the scheduler's thread

@@ -14,7 +14,7 @@
   killer) is started again; one that exits otherwise (closed, lost its
   scheduler) is not, so that a batch job ends with its scheduler. Nanny plugins
   (``Client.register_plugin(NannyPlugin)``) run in this process, one
-  :class:`~hpcsched.core.nanny.Nanny` per worker process; a plain ``hpcsched
+  :class:`~hpcsched.core.worker.nanny.Nanny` per worker process; a plain ``hpcsched
   worker`` has no nanny and refuses them.
 * anything else is a script: ``python -m hpcsched script.py [args]`` under
   mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
@@ -104,9 +104,9 @@ def worker_main(argv: list[str]) -> int:
     if args.nworkers > 1 or args.nanny:
         return _spawn_workers(argv, args)
 
-    from hpcsched.core.client import read_scheduler_file
+    from hpcsched.core.client.client import read_scheduler_file
     from hpcsched.core.comm.base import Security
-    from hpcsched.core.worker import Worker
+    from hpcsched.core.worker.server import Worker
 
     security = Security.from_environment()
     if args.scheduler_file:
@@ -132,7 +132,7 @@ def worker_main(argv: list[str]) -> int:
     if args.local_directory:
         os.makedirs(args.local_directory, exist_ok=True)
         os.chdir(args.local_directory)
-    from hpcsched.core.memory import EXIT_MEMORY
+    from hpcsched.core.worker.memory import EXIT_MEMORY
 
     worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
                     resources=parse_resources(args.resources), security=security,
@@ -206,7 +206,7 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
     else:
         names = [f"{name}-{k}" for k in range(args.nworkers)]
 
-    from hpcsched.core.nanny import Nanny
+    from hpcsched.core.worker.nanny import Nanny
 
     lock = threading.RLock()
     stopping = threading.Event()
@@ -260,7 +260,7 @@ def supervise(procs: list[subprocess.Popen], start: Any, stopping: threading.Eve
     the workers once they are all done (the largest in magnitude). ``lock`` is held by
     whoever else replaces ``procs[k]`` (a nanny restarting its worker): a process
     replaced meanwhile is not ours to judge."""
-    from hpcsched.core.memory import EXIT_MEMORY
+    from hpcsched.core.worker.memory import EXIT_MEMORY
 
     lock = lock if lock is not None else threading.Lock()
     codes: dict[int, int] = {}
@@ -305,9 +305,9 @@ def scheduler_main(argv: list[str]) -> int:
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "info"))
     args = p.parse_args(argv)
     _setup_logging(args.log_level)
-    from hpcsched.core.client import write_scheduler_file
+    from hpcsched.core.client.client import write_scheduler_file
     from hpcsched.core.comm.base import Security
-    from hpcsched.core.scheduler import Scheduler, default_host
+    from hpcsched.core.scheduler.server import Scheduler, default_host
 
     host = args.host
     if args.interface:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Security
-from hpcsched.core.scheduler import Scheduler
+from hpcsched.core.scheduler.server import Scheduler
 
 if TYPE_CHECKING:
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
     from hpcsched.launchers.adaptive import Adaptive
 
 logger = logging.getLogger("hpcsched.cluster")
@@ -174,7 +174,7 @@ class Cluster:
 
     def get_client(self) -> Client:
         """A new :class:`~hpcsched.Client` connected to this cluster."""
-        from hpcsched.core.client import Client
+        from hpcsched.core.client.client import Client
 
         return Client(self)
 

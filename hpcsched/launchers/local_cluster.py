@@ -11,7 +11,7 @@ left -- killed, out of memory (``worker.memory.terminate``), or exited after the
 scheduler dropped it (stopped past ``scheduler.worker-ttl``, then resumed).
 Only workers the cluster itself stops (``scale`` down, ``close``) are not
 replaced; no more than ``max(10, 3 x n_workers)`` replacements a minute.
-Each worker process has a :class:`~hpcsched.core.nanny.Nanny` here, where nanny
+Each worker process has a :class:`~hpcsched.core.worker.nanny.Nanny` here, where nanny
 plugins run (``Client.register_plugin(NannyPlugin)``): its ``env`` is laid over
 the worker's environment, and ``restart`` starts the worker's process again
 under the same name. A replacement (a new name) gets a new nanny, which gets
@@ -41,9 +41,9 @@ import psutil
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
-from hpcsched.core.nanny import Nanny
-from hpcsched.core.protocol import Close
-from hpcsched.core.worker import Worker
+from hpcsched.core.protocol.messages import Close
+from hpcsched.core.worker.nanny import Nanny
+from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
 
 logger = logging.getLogger("hpcsched.local")

@@ -18,7 +18,7 @@ from operator import add
 
 import pytest
 
-from hpcsched.core.client import (
+from hpcsched.core.client.client import (
     CancelledError,
     Client,
     Future,
@@ -26,7 +26,7 @@ from hpcsched.core.client import (
     wait,
     write_scheduler_file,
 )
-from hpcsched.core.graph import GraphError
+from hpcsched.core.state.graph import GraphError
 from tests.conftest import hpcsched_children, wait_until
 from tests.core.test_local import GetFunctionTestMixin
 
@@ -185,7 +185,7 @@ def test_get_with_futures_in_the_graph(c):
 
 
 def test_a_future_of_another_client_in_a_graph_is_refused(c, shared_cluster):
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     with Client(shared_cluster, set_as_default=False) as other:
         x = other.submit(inc, 1)
@@ -499,8 +499,8 @@ def test_large_arrays_move_between_workers(c):
 
 
 def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
-    from hpcsched.core.client_connection import coalesce
-    from hpcsched.core.protocol import ClientReleasesKeys, RetryKeys, encode
+    from hpcsched.core.client.connection import coalesce
+    from hpcsched.core.protocol.messages import ClientReleasesKeys, RetryKeys, encode
 
     rel = [ClientReleasesKeys("c", [k]) for k in "abc"]
     other = RetryKeys("c", ["x"])
@@ -512,7 +512,7 @@ def test_releases_of_many_futures_reach_the_scheduler_as_few_messages():
 
 
 def test_a_large_map_is_sent_first_batch_ahead():
-    from hpcsched.core.client_graphs import FIRST_MAP_BATCH, MAX_MAP_BATCH, map_batches
+    from hpcsched.core.client.graphs import FIRST_MAP_BATCH, MAX_MAP_BATCH, map_batches
 
     assert map_batches(0, None) == []
     assert map_batches(10, None) == [(0, 10)]

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core.client_futures import FutureTable
-from hpcsched.core.futures import FutureState
-from hpcsched.core.protocol import MalformedMessage, WhoHas, encode
+from hpcsched.core.client.future_state import FutureTable
+from hpcsched.core.client.futures import FutureState
+from hpcsched.core.protocol.messages import MalformedMessage, WhoHas, encode
 from tests.conftest import wait_until
 
 
@@ -169,7 +169,7 @@ def test_a_malformed_request_dict_is_refused_in_the_client(c):
 def test_every_op_the_scheduler_sends_a_client_has_a_handler():
     """The client's dispatch table and the protocol's scheduler -> client direction name the
     same ops: a new op cannot reach the client's 'unknown op' path by omission."""
-    from hpcsched.core.client import Client
-    from hpcsched.core.protocol import SCHEDULER_TO_CLIENT
+    from hpcsched.core.client.client import Client
+    from hpcsched.core.protocol.messages import SCHEDULER_TO_CLIENT
 
     assert set(Client._HANDLERS) == set(SCHEDULER_TO_CLIENT)

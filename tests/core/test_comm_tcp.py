@@ -22,7 +22,7 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.comm import CommClosedError, HandshakeError, Security, registry
 from hpcsched.core.comm import tcp as tcp_backend
-from hpcsched.core.serialize import SerializationError
+from hpcsched.core.protocol.serialize import SerializationError
 from tests.conftest import wait_until as wait_for
 from tests.core.tcp_net import (
     Server,

@@ -22,8 +22,8 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.comm import CommClosedError, Security
 from hpcsched.core.comm.base import Inbox
+from hpcsched.core.comm.loop import CLOSED
 from hpcsched.core.comm.tcp_frames import FrameTooLarge
-from hpcsched.core.loop import CLOSED
 from tests.conftest import wait_until, worker_env
 from tests.core.tcp_net import (
     authenticated_raw_socket,
@@ -205,7 +205,7 @@ ATTACKER = textwrap.dedent("""
 def test_a_client_gets_in_while_500_idle_sockets_keep_coming_back(tmp_path):
     """500 unauthenticated sockets that never answer the greeting, reopened as soon as the
     scheduler drops them, cannot keep a legitimate Client out for 2 seconds."""
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     env = dict(os.environ, **worker_env())
     for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):

@@ -30,8 +30,8 @@ from dask.utils_test import GetFunctionTestMixin
 
 import hpcsched
 from hpcsched import Client, LocalCluster
-from hpcsched.core.dask_collections import dask_scheduler_client
-from hpcsched.core.futures import Future, fire_and_forget, futures_of
+from hpcsched.core.client.collections import dask_scheduler_client
+from hpcsched.core.client.futures import Future, fire_and_forget, futures_of
 from tests.conftest import wait_until, worker_env
 
 pytestmark = pytest.mark.timeout(120)
@@ -243,7 +243,7 @@ def test_persist_keeps_results_on_the_cluster(client):
 
 
 def _ran_in_a_task(i):
-    from hpcsched.core.worker_client import in_task
+    from hpcsched.core.client.worker_client import in_task
 
     return in_task()
 
@@ -402,7 +402,7 @@ def test_default_client_and_dask_scheduler_restored_on_close(cluster):
 
 # ---------------------------------------------------------------- scheduler files
 def test_client_from_a_scheduler_file(cluster, tmp_path):
-    from hpcsched.core.scheduler_file import write_scheduler_file
+    from hpcsched.core.comm.scheduler_file import write_scheduler_file
 
     if not cluster.processes:
         pytest.skip("an inproc address is only reachable in its own process")
@@ -416,7 +416,7 @@ def test_client_from_a_scheduler_file(cluster, tmp_path):
 
 
 def test_a_scheduler_file_that_appears_later_is_waited_for(cluster, tmp_path):
-    from hpcsched.core.scheduler_file import write_scheduler_file
+    from hpcsched.core.comm.scheduler_file import write_scheduler_file
 
     if not cluster.processes:
         pytest.skip("an inproc address is only reachable in its own process")

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from hpcsched.core import config
-from hpcsched.core.client import Client
+from hpcsched.core.client.client import Client
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, HandshakeError, Security
-from hpcsched.core.scheduler_state import KilledWorker
+from hpcsched.core.state.scheduler_state import KilledWorker
 from tests.conftest import _local_cluster, wait_until
 
 

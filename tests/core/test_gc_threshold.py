@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 START_A_LOOP = """
 import gc, sys
 gc.set_threshold(int(sys.argv[1]), 10, 10)
-from hpcsched.core.loop import Loop
+from hpcsched.core.comm.loop import Loop
 loop = Loop("gc-test", lambda work: None, lambda: None)
 loop.start()
 print(gc.get_threshold()[0])
@@ -55,7 +55,7 @@ def test_a_wrong_setting_is_named():
 
 AFTER_A_PAUSED_BUILD = """
 import gc, sys
-from hpcsched.core.graph import gc_paused
+from hpcsched.core.state.graph import gc_paused
 if sys.argv[1] == "frozen":
     gc.freeze()  # the program froze objects of its own: they must stay frozen
 frozen_before = gc.get_freeze_count()

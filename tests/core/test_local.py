@@ -1,4 +1,4 @@
-r"""The single-machine scheduler (hpcsched.core.local.get).
+r"""The single-machine scheduler (hpcsched.core.client.local.get).
 
 ``GetFunctionTestMixin`` holds what every ``get`` must do; other get functions
 (the distributed ``Client.get``) reuse it::
@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 import hpcsched
-from hpcsched.core import local
-from hpcsched.core.graph import GraphError
+from hpcsched.core.client import local
+from hpcsched.core.state.graph import GraphError
 
 
 def inc(x):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hpcsched.core.loop import Loop
+from hpcsched.core.comm.loop import Loop
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from hpcsched.core import config
-from hpcsched.core import events as ev
-from hpcsched.core.memory import MemoryLimits, MemoryPlan, plan
-from hpcsched.core.spill import SpillBuffer, local_directory
-from hpcsched.core.worker_state import WorkerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.memory import MemoryLimits, MemoryPlan, plan
+from hpcsched.core.worker.spill import SpillBuffer, local_directory
 from tests.core.test_scheduler_state import finish, submit, with_workers
 from tests.core.test_scheduler_state import step as sstep
 from tests.core.test_worker_state import compute, executes, success, to_scheduler

@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core import policies
-from hpcsched.core.events import Execute, Send
-from hpcsched.core.mars import assign_initial
-from hpcsched.core.order import order
-from hpcsched.core.scheduler_state import SchedulerState
-from hpcsched.core.worker_state import WorkerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state import policies
+from hpcsched.core.state.events import Execute, Send
+from hpcsched.core.state.mars import assign_initial
+from hpcsched.core.state.order import order
+from hpcsched.core.state.scheduler_state import SchedulerState
+from hpcsched.core.state.worker_state import WorkerState
 
 A, B, C = "tcp://a", "tcp://b", "tcp://c"
 MB = 1_000_000
@@ -643,7 +643,7 @@ def clean_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
 def knobs() -> dict:
     """The scheduling knobs as a Scheduler built now sees them (not started)."""
     from hpcsched.core import config
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.scheduler.server import Scheduler
 
     st = Scheduler("inproc://").state
     return {"saturation": st.worker_saturation, "policy": st.rootish_policy,
@@ -660,7 +660,7 @@ def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest
     """defaults < YAML (``HPCSCHED_CONFIG``) < ``HPCSCHED_…`` environment < keyword
     arguments, for each scheduling knob."""
     from hpcsched.core import config
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.scheduler.server import Scheduler
 
     path = clean_config / "sched.yaml"
     path.write_text("scheduler:\n  worker-saturation: 2.0\n  rootish-policy: mars\n"
@@ -692,7 +692,7 @@ def test_worker_saturation_from_the_environment_drives_queuing(
         clean_config: Any, monkeypatch: pytest.MonkeyPatch):
     """``HPCSCHED_SCHEDULER__WORKER_SATURATION=1.0``: a 2-thread worker gets
     ceil(1.0 x 2) = 2 of 10 root tasks, not ceil(1.1 x 2) = 3."""
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.scheduler.server import Scheduler
 
     monkeypatch.setenv("HPCSCHED_SCHEDULER__WORKER_SATURATION", "1.0")
     s = Scheduler("inproc://").state

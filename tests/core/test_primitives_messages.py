@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core.primitives import MAX_NAME, MAX_VALUE, Primitives
-from hpcsched.core.protocol import CLIENT_TO_SCHEDULER, ControlReply, decode
+from hpcsched.core.protocol.messages import CLIENT_TO_SCHEDULER, ControlReply, decode
+from hpcsched.core.scheduler.primitives import MAX_NAME, MAX_VALUE, Primitives
+from hpcsched.core.state import events as ev
 
 
 class FakeScheduler:

@@ -10,10 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core import field_checks, message_checks, protocol, wire
-from hpcsched.core.protocol import MalformedMessage, decode, encode
-from hpcsched.core.serialize import serialize
+from hpcsched.core.protocol import annotations as message_checks
+from hpcsched.core.protocol import checks as field_checks
+from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol import wire
+from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
+from hpcsched.core.protocol.serialize import serialize
+from hpcsched.core.state import events as ev
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "hpcsched"
@@ -183,12 +186,13 @@ def test_every_op_in_the_source_has_a_record():
             found.setdefault(op, []).append(str(path.relative_to(ROOT)))
     assert {"compute-task", "extension"} <= set(found)
     missing = {op: where for op, where in found.items() if op not in ALL_OPS}
-    assert not missing, f"ops without a record in hpcsched.core.protocol: {missing}"
+    assert not missing, f"ops without a record in hpcsched.core.protocol.messages: {missing}"
 
 
 def test_every_op_a_server_dispatches_has_a_record():
-    from hpcsched.core import cluster_control, worker_control
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.scheduler import control as cluster_control
+    from hpcsched.core.scheduler.server import Scheduler
+    from hpcsched.core.worker import control as worker_control
 
     inbound = set(protocol.CLIENT_TO_SCHEDULER) | set(protocol.WORKER_TO_SCHEDULER)
     # one table: every op a registered peer may send has its handler, and nothing else does
@@ -284,7 +288,7 @@ def test_the_reference_documents_every_op_and_is_up_to_date():
     path = ROOT / "docs" / "protocol.md"
     assert path.read_text() == text, (
         "docs/protocol.md is stale: regenerate it with "
-        "`python -m hpcsched.core.protocol > docs/protocol.md`")
+        "`python -m hpcsched.core.protocol.messages > docs/protocol.md`")
 
 
 def test_every_record_says_what_it_means():

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import protocol
 from hpcsched.core.comm.inproc import InprocComm
-from hpcsched.core.wire import Direction, MalformedMessage, decode
+from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol.wire import Direction, MalformedMessage, decode
 
 CONTEXT = {"worker": "inproc://w", "client": "c", "now": 1.0, "stimulus_id": ""}
 

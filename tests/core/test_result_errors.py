@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from hpcsched import Client, LocalCluster
-from hpcsched.core import events as ev
+from hpcsched.core.state import events as ev
 from tests.conftest import worker_env
 from tests.core.test_scheduler_state import A, B, finish, graph, one, sent, step, submit
 from tests.core.test_scheduler_state import with_workers as scheduler_with_workers

@@ -1,4 +1,4 @@
-"""RootBlocks alone: which queued task a worker takes (see hpcsched.core.scheduler_blocks).
+"""RootBlocks alone: which queued task a worker takes (see hpcsched.core.state.blocks).
 
 The stories of SchedulerState (tests/core/test_scheduler_state.py) drive the blocks
 through events; these check the rules on hand-made tasks.
@@ -6,8 +6,8 @@ through events; these check the rules on hand-made tasks.
 
 from __future__ import annotations
 
-from hpcsched.core.scheduler_blocks import RootBlocks
-from hpcsched.core.scheduler_model import TaskGroup, TaskState, WorkerInfo
+from hpcsched.core.state.blocks import RootBlocks
+from hpcsched.core.state.model import TaskGroup, TaskState, WorkerInfo
 
 
 def results_of(tg: TaskGroup, nbytes: int, n: int = 1) -> None:

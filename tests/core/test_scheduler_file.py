@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from hpcsched.core.comm.base import Security
-from hpcsched.core.scheduler_file import (
+from hpcsched.core.comm.scheduler_file import (
     read_scheduler_file,
     remove_stale_secrets,
     write_scheduler_file,
@@ -58,7 +58,7 @@ def test_scheduler_file_never_writes_through_a_planted_link(tmp_path, monkeypatc
     """Another user who guesses the temporary name and plants a link there gains nothing."""
     target = tmp_path / "attacker-readable"
     target.write_text("")
-    import hpcsched.core.scheduler_file as sf
+    import hpcsched.core.comm.scheduler_file as sf
 
     monkeypatch.setattr(sf._random, "token_hex", lambda n: "guessed")
     os.symlink(target, tmp_path / f"s.json.tmp-{os.getpid()}-guessed")
@@ -87,7 +87,7 @@ def test_a_killed_clusters_secret_is_removed_by_the_next_cluster(tmp_path):
         import sys, time
         sys.path.insert(0, {REPO!r})
         from hpcsched.core.comm.base import Security
-        from hpcsched.core.scheduler_file import write_secret_file
+        from hpcsched.core.comm.scheduler_file import write_secret_file
         sf = write_secret_file({str(tmp_path)!r}, "killed", Security.generate())
         print(sf.path, flush=True)
         time.sleep(60)

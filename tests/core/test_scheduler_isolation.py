@@ -157,7 +157,7 @@ def test_malformed_client_message_drops_that_client_only(shared_cluster, shared_
 def test_a_handler_failure_is_isolated_like_a_malformed_message(shared_cluster, shared_client,
                                                                 monkeypatch):
     """Not only malformed messages: any exception a handler raises drops that peer only."""
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.scheduler.server import Scheduler
 
     def broken(self: Any, source: str, msg: Any) -> None:
         raise KeyError("a handler bug")
@@ -191,8 +191,8 @@ def test_malformed_worker_registration_is_refused(shared_cluster):
 def test_a_batch_keeps_other_peers_messages_after_a_bad_one():
     """Deterministic: one batch holds a bad client message and then a worker's
     task-finished; the worker's message is handled (its client hears the result)."""
-    from hpcsched.core.scheduler import Scheduler
-    from hpcsched.core.serialize import dumps_function
+    from hpcsched.core.protocol.serialize import dumps_function
+    from hpcsched.core.scheduler.server import Scheduler
 
     s = Scheduler("inproc://").start()
     comms: list = []
@@ -234,8 +234,8 @@ def test_a_batch_keeps_other_peers_messages_after_a_bad_one():
 def test_every_op_the_scheduler_handles_has_its_checks():
     """A new op must say what its fields are: the scheduler's table of handlers is exactly
     the ops the protocol's inbound directions define (with every field's check)."""
-    from hpcsched.core import protocol
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.protocol import messages as protocol
+    from hpcsched.core.scheduler.server import Scheduler
 
     inbound = set(protocol.WORKER_TO_SCHEDULER) | set(protocol.CLIENT_TO_SCHEDULER)
     assert set(Scheduler.OPS) == inbound - {"register-worker", "register-client"}
@@ -244,8 +244,8 @@ def test_every_op_the_scheduler_handles_has_its_checks():
 def test_workers_may_be_named_by_address_name_or_rank():
     # dask-mpi names workers by rank: submit(..., workers=2) must not cost the client its
     # connection; a list where a worker goes is still refused
-    from hpcsched.core import events as ev
-    from hpcsched.core.protocol import CLIENT_TO_SCHEDULER, decode
+    from hpcsched.core.protocol.messages import CLIENT_TO_SCHEDULER, decode
+    from hpcsched.core.state import events as ev
 
     msg = {"op": "update-graph", "tasks": {}, "keys": [], "workers": ["tcp://a:1", "w-1", 2]}
     assert decode(CLIENT_TO_SCHEDULER, msg, client="c").workers == ["tcp://a:1", "w-1", 2]

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core import protocol
 from hpcsched.core.comm import registry
-from hpcsched.core.scheduler import Scheduler
-from hpcsched.core.scheduler_state import SchedulerState
-from hpcsched.core.serialize import dumps_function
+from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol.serialize import dumps_function
+from hpcsched.core.scheduler.server import Scheduler
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import SchedulerState
 
 
 def inc(x: int) -> int:

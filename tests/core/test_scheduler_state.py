@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core.events import Send
-from hpcsched.core.scheduler_state import KilledWorker, SchedulerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.events import Send
+from hpcsched.core.state.scheduler_state import KilledWorker, SchedulerState
 
 A, B, C = "tcp://a", "tcp://b", "tcp://c"
 

@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from hpcsched.core import events as ev
-from hpcsched.core.scheduler_state import SchedulerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import SchedulerState
 
 WORKERS = ["tcp://w1", "tcp://w2", "tcp://w3"]
 CLIENTS = ["c1", "c2"]
@@ -257,7 +257,7 @@ test_scheduler_state_under_random_events = pytest.mark.timeout(300)(SchedulerSto
 
 class QueuedBlocksStory(SchedulerStory):
     """The same story with small task groups counted as root-ish, so that more tasks
-    pass through the queue, and through its blocks (hpcsched.core.scheduler_blocks)
+    pass through the queue, and through its blocks (hpcsched.core.state.blocks)
     once the group "x" outnumbers the threads twice."""
 
     def __init__(self) -> None:

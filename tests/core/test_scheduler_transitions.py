@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core.protocol import ControlReply
-from hpcsched.core.scheduler_state import InvalidTransition, SchedulerState
+from hpcsched.core.protocol.messages import ControlReply
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import InvalidTransition, SchedulerState
 from tests.core.test_scheduler_state import graph
 
 A, B = "tcp://a", "tcp://b"

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core.client import Client
+from hpcsched.core.client.client import Client
 from hpcsched.launchers.local_cluster import LocalCluster
 
 
@@ -109,7 +109,7 @@ def test_intermediate_keys_asked_for_are_kept(inproc: tuple[LocalCluster, Client
 def test_resources_declared_by_a_worker_are_respected(inproc: tuple[LocalCluster, Client]):
     """Worker ``gpu`` (2 threads, GPU=1) joins a cluster whose other worker has no
     GPU. Tasks asking for ``{"GPU": 1}`` all run there, one at a time."""
-    from hpcsched.core.worker import Worker
+    from hpcsched.core.worker.server import Worker
 
     cluster, client = inproc
     w = Worker(cluster.scheduler_address, nthreads=2, resources={"GPU": 1}, name="gpu",
@@ -168,7 +168,7 @@ def test_no_stealing_when_disabled():
 # ================================================================ 9. local scheduler
 def test_hpcsched_get_is_the_local_scheduler():
     import hpcsched
-    from hpcsched.core import local
+    from hpcsched.core.client import local
 
     assert hpcsched.get is local.get
     threads = set()
@@ -200,8 +200,8 @@ class _RecordingComm:
 def test_free_keys_wait_for_the_next_message_or_the_tick():
     """A batch of only free-keys (the state machine's records) is held back (it is not urgent and every message costs
     both ends a wake-up); it goes first in the next batch to that worker, or at the tick."""
-    from hpcsched.core.protocol import ComputeTask, FreeKeys
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.protocol.messages import ComputeTask, FreeKeys
+    from hpcsched.core.scheduler.server import Scheduler
 
     s = Scheduler("inproc://")
     comm = s._comms["w1"] = _RecordingComm()
@@ -229,8 +229,8 @@ def test_free_keys_merge_only_with_their_neighbours():
     """Consecutive free-keys to one worker become one message; a compute-task between two
     frees keeps its place (freeing a key the worker is then told to compute, or the
     reverse, must reach it in that order), and the queued records are left as they were."""
-    from hpcsched.core.protocol import ComputeTask, FreeKeys
-    from hpcsched.core.scheduler import Scheduler
+    from hpcsched.core.protocol.messages import ComputeTask, FreeKeys
+    from hpcsched.core.scheduler.server import Scheduler
 
     s = Scheduler("inproc://")
     comm = s._comms["w1"] = _RecordingComm()

@@ -10,8 +10,8 @@ deadlocked. ``validate()`` runs after every step.
 
 from __future__ import annotations
 
-from hpcsched.core import events as ev
-from hpcsched.core.events import Resume
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.events import Resume
 from tests.core.test_scheduler_state import A, finish, graph, sent, step, submit, with_workers
 from tests.core.test_worker_state import compute, executes, new_state, success, to_scheduler
 from tests.core.test_worker_state import step as wstep

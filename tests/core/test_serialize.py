@@ -9,8 +9,8 @@ import threading
 import numpy as np
 import pytest
 
-from hpcsched.core import serialize
-from hpcsched.core.serialize import (
+from hpcsched.core.protocol import serialize
+from hpcsched.core.protocol.serialize import (
     INLINE_LIMIT,
     SerializationError,
     Serialized,

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from hpcsched.core.spill import SpillBuffer
+from hpcsched.core.worker.spill import SpillBuffer
 
 
 @pytest.fixture

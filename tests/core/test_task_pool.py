@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from hpcsched.core.task_pool import TaskPool
+from hpcsched.core.worker.task_pool import TaskPool
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(30)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from hpcsched.core import protocol
-from hpcsched.core.protocol import MalformedMessage, decode, encode
+from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
 from tests.core.test_protocol import example
 
 FAST = sorted({(d.name, op) for d in protocol.DIRECTIONS for op in d.fast})

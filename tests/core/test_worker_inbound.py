@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from hpcsched import Client, LocalCluster
-from hpcsched.core import protocol
+from hpcsched.core.protocol import messages as protocol
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)

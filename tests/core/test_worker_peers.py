@@ -1,4 +1,4 @@
-"""A worker's peer transfers (:mod:`hpcsched.core.worker_peers`) over inproc comms, with a
+"""A worker's peer transfers (:mod:`hpcsched.core.worker.peers`) over inproc comms, with a
 stand-in for the worker: requests go out, replies and closed comms come back through the
 inbox as the loop would see them, and become the state machine's events."""
 
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from hpcsched.core import config
-from hpcsched.core import events as ev
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Inbox
-from hpcsched.core.loop import CLOSED
-from hpcsched.core.worker_peers import PEER, PeerTransfers
+from hpcsched.core.comm.loop import CLOSED
+from hpcsched.core.state import events as ev
+from hpcsched.core.worker.peers import PEER, PeerTransfers
 from tests.conftest import wait_until
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcsched.core import events as ev
-from hpcsched.core.events import Execute, GatherDep, Send
-from hpcsched.core.worker_state import WorkerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.events import Execute, GatherDep, Send
+from hpcsched.core.state.worker_state import WorkerState
 
 ME, P1, P2 = "tcp://me", "tcp://p1", "tcp://p2"
 

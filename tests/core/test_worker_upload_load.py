@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from hpcsched.core.worker_control import load
+from hpcsched.core.worker.control import load
 
 
 @pytest.mark.timeout(60)

@@ -7,8 +7,8 @@ happened: the task stream, per-group totals, events, and snapshots built from it
 
 from __future__ import annotations
 
-from hpcsched.core import events as ev
-from hpcsched.core.scheduler_state import SchedulerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
 

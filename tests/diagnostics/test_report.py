@@ -76,7 +76,7 @@ def test_get_task_stream_collects_the_tasks_of_the_block(dash_client):
 
 
 def test_get_task_stream_needs_a_client():
-    from hpcsched.core import client as client_mod
+    from hpcsched.core.client import client as client_mod
 
     if client_mod.default_client() is not None:
         pytest.skip("a default client exists in this process")

@@ -74,7 +74,7 @@ def test_every_parameter_is_accepted_and_the_meaningless_are_logged_once(tmp_pat
 def test_a_worker_class_of_another_protocol_fails_every_rank_clearly():
     r = run([script("initialize_bad_class.py")], module=False)
     assert r.code != 0, r
-    assert "not a subclass of hpcsched.core.worker.Worker" in r.err, r
+    assert "not a subclass of hpcsched.core.worker.server.Worker" in r.err, r
     assert "never reached" not in r.out, r
 
 

@@ -35,14 +35,14 @@ def _rank_and_size() -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def cluster():
     """rank 0: (client, scheduler, world size); other ranks: None (their worker serves)."""
-    from hpcsched.core import client as client_mod
+    from hpcsched.core.client import client as client_mod
     from hpcsched.hpc import mpi
 
     rank, size = _rank_and_size()
     mpi.init_endpoint(timeout=WAIT)
     try:
         if rank == 0:
-            from hpcsched.core.scheduler import Scheduler
+            from hpcsched.core.scheduler.server import Scheduler
 
             sched = Scheduler("mpi://0").start()
             inproc = sched.add_listener("inproc://")
@@ -56,7 +56,7 @@ def cluster():
             finally:
                 sched.close(timeout=10)
         else:
-            from hpcsched.core.worker import Worker
+            from hpcsched.core.worker.server import Worker
 
             worker = Worker("mpi://0", nthreads=2, memory_limit=2**30, name=f"rank-{rank}")
             worker.start()
@@ -180,7 +180,7 @@ def test_task_error_leaves_the_cluster_working(cluster):
 def test_client_without_address_uses_the_default_scheduler(cluster):
     if cluster is None:
         return
-    from hpcsched.core import client as client_mod
+    from hpcsched.core.client import client as client_mod
 
     _, sched, _ = cluster
     inproc = sched.add_listener("inproc://")

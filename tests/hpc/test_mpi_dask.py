@@ -36,7 +36,7 @@ def inc(x):
 def test_collections_computed_with_plain_compute(cluster):  # noqa: F811
     if cluster is None:
         return
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     sched = cluster[1]
     with Client(sched.inproc_address) as client:  # the default scheduler while it lives

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.core.client import Client
+from hpcsched.core.client.client import Client
 from tests.conftest import wait_until, worker_env
 
 N_TASKS = 12

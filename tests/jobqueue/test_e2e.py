@@ -138,7 +138,7 @@ def batch(request, tmp_path, monkeypatch, fast_poll):
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("job_array", [False, True], ids=["jobs", "array"])
 def test_scale_compute_scale_down(batch, job_array):
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     c = batch.cluster(job_array=job_array, processes=1)
     preview = c.job_script(array=2 if job_array else None)
@@ -369,7 +369,7 @@ def test_scheduler_listens_on_the_interface_asked_for(batch):
                          indirect=True)
 @pytest.mark.timeout(120)
 def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch):
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     c = batch.cluster()
     with config.set({"adaptive.interval": 0.3, "adaptive.wait-count": 2,
@@ -403,7 +403,7 @@ def _where_am_i() -> tuple[str, str, str]:
 def test_the_jobs_shell_expands_the_users_variables(batch, tmp_path):
     """dask-jobqueue's habit: settings with $VARS, expanded where the job runs; a path
     with a space stays one path."""
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     venv = tmp_path / "my env"
     (venv / "bin").mkdir(parents=True)
@@ -435,7 +435,7 @@ def test_the_jobs_shell_expands_the_users_variables(batch, tmp_path):
 def test_pbs_cluster_over_the_torque_wrappers(batch):
     """PBSCluster against a second implementation of qsub/qstat/qdel: SchedMD's wrappers
     (no JSON qstat, no exit status, own -o/-e unless told): scale, compute, scale down."""
-    from hpcsched.core.client import Client
+    from hpcsched.core.client.client import Client
 
     c = batch.cluster(cores=2, processes=2, memory="600MB")
     c.scale(jobs=2)

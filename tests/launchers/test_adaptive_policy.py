@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from hpcsched.core import events as ev
-from hpcsched.core.scheduler_state import SchedulerState
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.core.units import parse_interval
 from hpcsched.launchers.adaptive import Adaptive
 from hpcsched.launchers.adaptive_policy import (

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core.client import Client, read_scheduler_file
+from hpcsched.core.client.client import Client, read_scheduler_file
 from tests.conftest import wait_until, worker_env
 
 HPCSCHED = shutil.which("hpcsched")

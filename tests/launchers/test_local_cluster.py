@@ -15,7 +15,7 @@ import weakref
 
 import pytest
 
-from hpcsched.core.client import Client
+from hpcsched.core.client.client import Client
 from hpcsched.launchers.local_cluster import LocalCluster
 from tests.conftest import _local_cluster, hpcsched_children, wait_until, worker_env
 

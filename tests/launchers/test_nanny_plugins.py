@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hpcsched import Client, LocalCluster, NannyPlugin
-from hpcsched.core.nanny import Environ, UploadDirectory
+from hpcsched.core.worker.nanny import Environ, UploadDirectory
 from tests.conftest import wait_until
 from tests.launchers.test_cli import WORKER_OPTS, inc, procs, start_scheduler  # noqa: F401
 

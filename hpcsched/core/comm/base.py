@@ -9,7 +9,7 @@ Rules every backend follows (``inproc://``, ``tcp://``, ``mpi://``):
   :class:`CommClosedError` once the comm or its peer is closed, and
   ``TimeoutError`` when ``timeout`` passes first. It never spins a core.
 * Serialization of what crosses a process boundary happens inside the backend,
-  with :mod:`hpcsched.core.serialize` (header + out-of-band frames); ``inproc``
+  with :mod:`hpcsched.core.protocol.serialize` (header + out-of-band frames); ``inproc``
   passes objects as they are.
 * A backend registers itself by URL scheme in :mod:`hpcsched.core.comm.registry`
   with a :class:`Backend`: ``connect(address, timeout, security) -> Comm`` and
@@ -49,7 +49,7 @@ class Inbox(abc.ABC):
     ``put`` only queues the item for the receiver's thread. ``offer`` and
     ``offer_batch`` say the caller (a transport's thread) may run the receiver's
     handler itself, now, if the receiver is idle: a server's
-    :class:`~hpcsched.core.loop.Loop` does, saving a thread hand-off per message.
+    :class:`~hpcsched.core.comm.loop.Loop` does, saving a thread hand-off per message.
     An inbox whose handler must not run on another thread keeps these defaults,
     which queue.
     """

@@ -16,12 +16,13 @@ import time
 from collections import deque
 from typing import Any
 
-from hpcsched.core import config, serialize
+from hpcsched.core import config
 from hpcsched.core.comm import tcp_io
 from hpcsched.core.comm.base import Comm, CommClosedError, Inbox
 from hpcsched.core.comm.tcp_frames import FrameDecoder, FrameError, encode_header, frame_nbytes
 from hpcsched.core.comm.tcp_io import READ, WRITE
 from hpcsched.core.comm.tcp_security import WIRE_CHUNK, TLSCodec
+from hpcsched.core.protocol import serialize
 
 logger = logging.getLogger("hpcsched.comm")
 

@@ -4,7 +4,7 @@ Wire format of one message (all integers little-endian)::
 
     b"HSm1"  nframes:uint32  len_0:uint64 ... len_{n-1}:uint64  frame_0 ... frame_{n-1}
 
-where the frames are :func:`hpcsched.core.serialize.dumps` of the message.
+where the frames are :func:`hpcsched.core.protocol.serialize.dumps` of the message.
 
 Rules of this module (it touches no socket, thread or clock, so it can be fed
 any byte string in a test, like h11's protocol state machine):

@@ -1,0 +1,1 @@
+"""The client: futures, collections, coordination, datasets, and the client inside tasks."""

@@ -1,0 +1,594 @@
+"""The Client: submit work, hold futures, gather results. Talks only to the scheduler.
+
+Names follow dask.distributed so that scripts move over unchanged::
+
+    from hpcsched import Client
+    with Client() as client:                       # starts a LocalCluster
+        x = client.submit(pow, 2, 10)
+        y = client.map(lambda i: i * i, range(100))
+        print(x.result(), sum(client.gather(y)))
+
+``Client()`` without an address connects, in order, to the scheduler of this
+process (``python -m hpcsched script.py`` under mpiexec), to
+``HPCSCHED_SCHEDULER_ADDRESS`` / ``HPCSCHED_SCHEDULER_FILE``, or starts a
+``LocalCluster`` sized to the machine and closes it with the client.
+
+The client is collaborating parts: its connection (``SchedulerConnection``:
+reader and sender threads, request/reply, heartbeat; :mod:`.client_connection`),
+its futures (``FutureTable``: states, reference counts, done callbacks), and the
+functions that build graphs (:mod:`.client_graphs`), move data
+(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). It sends
+protocol records (:mod:`.protocol_client`); what the scheduler sends is decoded
+and dispatched by one table, op -> handler (``Client._HANDLERS``); a malformed
+message, or one its handler cannot take, is logged with its op and dropped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import itertools
+import logging
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+from hpcsched.core import config, seams
+from hpcsched.core.client import control as client_control
+from hpcsched.core.client import data as client_data
+from hpcsched.core.client import datasets as dataset_ops
+from hpcsched.core.client import graphs as client_graphs
+from hpcsched.core.client import plugins, versions
+from hpcsched.core.client.collections import become_dask_scheduler, restore_dask_scheduler
+from hpcsched.core.client.connection import SchedulerConnection, locate_scheduler, open_comm
+from hpcsched.core.client.future_state import FutureTable
+from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the public names live here too
+    CancelledError,
+    ClientExecutor,
+    DoneAndNotDoneFutures,
+    Future,
+    FutureState,
+    RemoteTraceback,
+    as_completed,
+    collect_futures,
+    fire_and_forget,
+    futures_of,
+    pack_futures,
+    progress,
+    run_callback,
+    wait,
+    wait_futures,
+)
+from hpcsched.core.client.submission import (  # noqa: F401 - funcname/task_run_spec re-exported
+    as_list,
+    funcname,
+    pure_token,
+    task_run_spec,
+)
+from hpcsched.core.comm.base import Security
+from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
+    looks_like_scheduler_file,
+    read_scheduler_file,
+    wait_for_scheduler_file,
+    write_scheduler_file,
+)
+from hpcsched.core.protocol import messages as pc
+from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
+from hpcsched.core.state.graph import GraphError
+from hpcsched.core.worker.nanny import is_nanny_plugin
+
+logger = logging.getLogger("hpcsched.client")
+
+_default_lock = threading.Lock()
+_default_client: Client | None = None
+# set by `python -m hpcsched` / hpcsched.initialize() on rank 0
+default_scheduler_address: str | None = None
+default_security: Security | None = None
+
+
+class Client:
+    """Connect to a scheduler (or start a LocalCluster) and run work on its workers.
+
+    ``address``: a scheduler address or file, a cluster object, or None (module docstring);
+    ``cluster_kwargs`` go to the LocalCluster started when there is no scheduler to
+    connect to. As ``distributed.Client``."""
+
+    #: dask asks whether a scheduler object is asynchronous before using its ``get``
+    asynchronous = False
+
+    def __init__(self, address: Any = None, *, scheduler_file: str | None = None,
+                 security: Security | None = None, timeout: float | None = None,
+                 set_as_default: bool = True, name: str = "", **cluster_kwargs: Any):
+        self.id = f"client-{name + '-' if name else ''}{uuid.uuid4().hex[:12]}"
+        self.cluster: Any = None
+        self._owns_cluster = False
+        self._dask_config: tuple | None = None
+        timeout = config.get("comm.timeouts.connect", timeout)
+        where = locate_scheduler(address, scheduler_file, security, timeout, cluster_kwargs,
+                                 (default_scheduler_address, default_security))
+        self.cluster, self._owns_cluster = where.cluster, where.owns_cluster
+        self.scheduler_address: str = where.address
+        self.security = where.security if where.security is not None else \
+            Security.from_environment()
+        self._token = uuid.uuid4().hex[:16]  # keys: token + counter (os.urandom is slow here)
+        self._keys = itertools.count()
+        self._closed = False
+        self.status = "connecting"
+        try:
+            comm, reply, inproc = open_comm(self.scheduler_address, self.id, self.security,
+                                            timeout)
+        except Exception:
+            self._close_owned_cluster()
+            raise
+        #: the connection to the scheduler (``send(msg)`` queues a message for it)
+        self.scheduler_comm = SchedulerConnection(
+            comm, self.id, self.scheduler_address, self._handle, self._lost_scheduler,
+            watch=not inproc, direct=inproc)  # a scheduler in this process cannot hang apart
+        #: this client's futures: states, reference counts, done callbacks
+        self.future_table = FutureTable(self.scheduler_comm.post)
+        self.futures: dict[Any, FutureState] = self.future_table.states
+        self.scheduler_comm.start()
+        self.future_table.start(self.id)
+        self._handle([reply] if isinstance(reply, dict) else reply)
+        self.status = "running"
+        self.scheduler_comm.start_watch()
+        if set_as_default:
+            global _default_client
+            with _default_lock:
+                _default_client = self
+            self._dask_config = become_dask_scheduler(self)
+        self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    def _close_owned_cluster(self) -> None:
+        if self._owns_cluster and self.cluster is not None:
+            self.cluster.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Client {self.id} scheduler={self.scheduler_address} status={self.status}>"
+
+    # ================================================================ messages
+    def request(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send the request ``msg`` to the scheduler and return its reply.
+
+        ``msg`` is a record of :mod:`hpcsched.core.protocol.client` whose empty
+        ``request_id`` gets a fresh one (the reply carries it back), e.g.
+        ``client.request(WhoHas("", keys=None)).result``; the reply is a record. An op dict
+        (as the diagnostics extension sends) is checked and decoded first, and gets a dict
+        back. The way the client's extensions talk to the scheduler. ``TimeoutError`` after
+        ``timeout`` seconds (None: no limit); ``ConnectionError`` if the scheduler is lost.
+        """
+        conn = self.scheduler_comm
+        if isinstance(msg, dict):
+            rid = conn.new_id(str(msg.get("op")))
+            msg = pc.decode(pc.CLIENT_TO_SCHEDULER, {**msg, "request_id": rid})
+            return pc.encode(conn.request(msg, rid, timeout))
+        if not msg.request_id:
+            msg.request_id = conn.new_id(msg.op)
+        return conn.request(msg, msg.request_id, timeout)
+
+    def _handle(self, msgs: list) -> None:
+        """Dispatch a batch of scheduler messages.
+
+        On the reader thread, or on the thread of a scheduler in this process. Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
+        one malformed or that its handler cannot take is logged and dropped, never raised."""
+        handlers, decode, table = self._HANDLERS, pc.decode, pc.SCHEDULER_TO_CLIENT
+        try:
+            for msg in msgs:
+                try:
+                    record = decode(table, msg)
+                    handlers[record.op](self, record)
+                except Exception as e:
+                    self._bad_message(msg, e)
+        finally:
+            self.future_table.notify()
+
+    def _bad_message(self, msg: Any, error: Exception) -> None:
+        op = msg.get("op") if isinstance(msg, dict) else None
+        logger.error("client %s: dropped a message from the scheduler (op %r): %s: %s",
+                     self.id, op, type(error).__name__, error)
+
+    def _on_key_in_memory(self, msg: Any) -> None:
+        st = self.futures.get(msg.key)
+        if st is not None and st.status != "finished":
+            cbs = st.finish(msg.type)
+            if cbs:  # the common case has none: no call (one message per finished task)
+                self.future_table.run_callbacks(cbs)
+
+    def _on_task_erred(self, msg: Any) -> None:
+        self.future_table.erred(msg.key, msg.exception, msg.traceback, msg.exception_text)
+
+    def _on_cancelled_keys(self, msg: Any) -> None:
+        table = self.future_table
+        table.cancel([st for st in map(table.states.get, msg.keys) if st is not None])
+
+    def _on_lost_data(self, msg: Any) -> None:
+        st = self.futures.get(msg.key)
+        if st is not None:
+            st.lose()
+
+    def _on_reply(self, msg: Any) -> None:
+        self.scheduler_comm.deliver_reply(msg)
+
+    def _on_scheduler_closing(self, msg: Any) -> None:
+        self.scheduler_comm.lost()
+
+    def _on_error(self, msg: Any) -> None:  # the scheduler refused a message and drops us
+        logger.error("scheduler at %s: %s", self.scheduler_address, msg.message)
+
+    _HANDLERS: ClassVar[dict[str, Callable[[Client, Any], None]]] = {
+        "key-in-memory": _on_key_in_memory,
+        "task-erred": _on_task_erred,
+        "cancelled-keys": _on_cancelled_keys,
+        "lost-data": _on_lost_data,
+        **dict.fromkeys(("gather-reply", "scatter-reply", "scheduler-info-reply",
+                         "retire-workers-reply", "close-client-reply", "extension-reply",
+                         "control-reply"), _on_reply),
+        "registered": lambda client, msg: None,
+        "scheduler-closing": _on_scheduler_closing,
+        "error": _on_error,
+    }
+
+    def _lost_scheduler(self, reason: str) -> None:
+        """The connection's ``on_lost``: every future not done errs with ``reason``."""
+        self.status = "disconnected"
+        self.future_table.fail(serialize(ConnectionError(reason)), "lost the scheduler")
+
+    # ================================================================ submit / map
+    def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
+               resources: dict | None = None, retries: int = 0, priority: int = 0,
+               allow_other_workers: bool = False, pure: bool = True,
+               **kwargs: Any) -> Future:
+        """Run ``func(*args, **kwargs)`` on a worker; a :class:`Future` of its result.
+
+        Futures among the arguments (also inside lists, tuples, dicts and sets) are waited
+        for and replaced by their results.
+
+        ``pure=True`` (the default, as in dask): the key is derived from the function and its
+        arguments, so submitting the same call twice shares one task; pass ``pure=False`` for
+        functions with side effects or randomness.
+
+        Raises :class:`~hpcsched.core.protocol.serialize.SerializationError` here, in the caller, when
+        the function or an argument cannot be pickled.
+        """
+        if not callable(func):
+            raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
+        # ``held`` keeps the futures found in the arguments alive until the graph that needs
+        # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
+        # released, and the scheduler told so, before the task that depends on it arrives
+        (args, kwargs), held = client_graphs.unpack_futures((args, kwargs), self)
+        fblob = dumps_function(func)
+        ablob = dumps_object((args, kwargs)) if (args or kwargs) else None
+        if key is None:
+            key = f"{funcname(func)}-" + (pure_token(fblob, ablob) if pure else
+                                          f"{self._token}{next(self._keys):08x}")
+        if self.future_table.known(key):
+            return Future(key, self)
+        fut = Future(key, self)
+        task = {"run_spec": (fblob, ablob, bool(held)), "deps": list(held)}
+        self.scheduler_comm.send(pc.UpdateGraph(
+            self.id, {key: task}, [key], priority, {key: retries} if retries else {},
+            resources, as_list(workers), allow_other_workers, {key: 0}))
+        del held
+        return fut
+
+    def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
+            resources: dict | None = None, retries: int = 0, priority: int = 0,
+            allow_other_workers: bool = False, batch_size: int | None = None,
+            pure: bool = True, **kwargs: Any) -> list[Future]:
+        """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
+
+        Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
+        item."""
+        if not callable(func):
+            raise TypeError(f"map expects a callable as its first argument, not {func!r}")
+        if not iterables:
+            raise TypeError("map needs at least one iterable")
+        items = list(zip(*iterables, strict=False))
+        keys: list | None = None
+        if isinstance(key, (list, tuple)):
+            keys = list(key)
+            if len(keys) != len(items):
+                raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
+        return client_graphs.map_futures(
+            self, func, items, kwargs, keys=keys,
+            base=key if isinstance(key, str) else funcname(func),
+            token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
+            priority=priority, retries=retries, resources=resources, workers=workers,
+            allow_other_workers=allow_other_workers)
+
+    # ================================================================ graphs
+    def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,
+            priority: int = 0, retries: int = 0, resources: dict | None = None,
+            workers: Any = None, allow_other_workers: bool = False,
+            timeout: float | None = None, **kwargs: Any) -> Any:
+        """Compute ``keys`` of a task graph.
+
+        The graph is a dask-style dict ``{key: (func, *args)}``, or whatever dask hands a
+        scheduler (``dask.compute(x, scheduler=client.get)``). Nested lists of keys give
+        nested lists of results."""
+        futures = client_graphs.submit_graph(
+            self, dsk, keys, fuse=fuse, priority=priority, retries=retries,
+            resources=resources, workers=workers, allow_other_workers=allow_other_workers)
+        if not sync:
+            return futures
+        try:
+            return self.gather(futures, timeout=timeout)
+        finally:
+            del futures
+
+    def compute(self, collections: Any, keys: Any = None, *, sync: bool = False,
+                optimize_graph: bool = True, fuse: bool | None = None, priority: int = 0,
+                retries: int = 0, resources: dict | None = None, workers: Any = None,
+                allow_other_workers: bool = False, traverse: bool = True,
+                **kwargs: Any) -> Any:
+        """Start computing dask collections on the cluster.
+
+        One :class:`Future` per collection (a list for a list) whose result is its final
+        value, as ``dask.compute`` gives; ``sync=True`` returns the results. With ``keys``,
+        ``collections`` is a task-graph dict and the futures are ``keys``' (same nesting).
+        """
+        opts = dict(priority=priority, retries=retries, resources=resources, workers=workers,
+                    allow_other_workers=allow_other_workers)
+        if keys is not None:
+            return client_graphs.submit_graph(self, collections, keys, fuse=fuse, **opts)
+        return client_graphs.compute(self, collections, sync=sync, optimize_graph=optimize_graph,
+                                     traverse=traverse, fuse=fuse, **opts)
+
+    def persist(self, collections: Any, *, optimize_graph: bool = True, priority: int = 0,
+                retries: int = 0, resources: dict | None = None, workers: Any = None,
+                allow_other_workers: bool = False, **kwargs: Any) -> Any:
+        """Start computing dask collections; the same collections, backed by futures."""
+        return client_graphs.persist(
+            self, collections, optimize_graph=optimize_graph, priority=priority,
+            retries=retries, resources=resources, workers=workers,
+            allow_other_workers=allow_other_workers)
+
+    def retry(self, futures: Any) -> None:
+        """Run erred futures again (with the erred tasks they depend on)."""
+        flat: list[Future] = []
+        collect_futures(futures, flat)
+        for f in flat:
+            if f.state.status == "error":
+                f.state.lose()  # pending again until the scheduler reports
+        self.scheduler_comm.send(pc.RetryKeys(self.id, [f.key for f in flat]))
+
+    # ================================================================ data
+    def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
+        """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure.
+
+        ``errors="skip"`` leaves out erred and cancelled ones."""
+        return client_data.gather(self, futures, errors, timeout)
+
+    def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
+                timeout: float | None = 60.0) -> Any:
+        """Move local data to workers; returns futures (same structure as ``data``)."""
+        return client_data.scatter(self, data, workers, broadcast, timeout)
+
+    def cancel(self, futures: Any) -> None:
+        """Cancel futures, and drop their data if they finished.
+
+        Their tasks stop if no other client wants them."""
+        flat: list[Future] = []
+        collect_futures(futures, flat)
+        self.future_table.cancel([f.state for f in flat])  # finished ones too: data dropped
+        self.scheduler_comm.send(pc.CancelKeys(self.id, [f.key for f in flat]))
+
+    # ================================================================ cluster
+    def scheduler_info(self, timeout: float | None = 30.0) -> dict:
+        """The scheduler's description of itself and its workers, as distributed's.
+
+        ``"workers"`` is ``{address: info}``."""
+        return self.request(pc.SchedulerInfo(""), timeout).info
+
+    # ---------------------------------------------------------------- cluster control
+    def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
+            nanny: bool = False, on_error: str = "raise", **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` on every worker now (not as a task).
+
+        Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
+        argument. ``nanny=True``: in each worker's nanny (``dask_worker=`` is the ``Nanny``),
+        as distributed; a worker with no nanny (an MPI rank) answers a ``RuntimeError``."""
+        return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
+                                  on_error=on_error, nanny=nanny)
+
+    def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``function(*args, **kwargs)`` in the scheduler's process.
+
+        It runs on the scheduler's loop thread (``dask_scheduler=`` is passed if it takes
+        it): keep it short."""
+        return client_control.run_on_scheduler(self, function, args, kwargs)
+
+    def who_has(self, futures: Any = None) -> dict:
+        """``{key: [addresses of the workers holding it]}`` (all keys, or ``futures``')."""
+        return client_control.who_has(self, futures)
+
+    def has_what(self, workers: Any = None) -> dict:
+        """``{worker address: [keys it holds]}``."""
+        return client_control.has_what(self, workers)
+
+    def nthreads(self, workers: Any = None) -> dict:
+        """``{worker address: number of threads}``."""
+        return client_control.nthreads(self, workers)
+
+    ncores = nthreads
+
+    def upload_file(self, filename: str, load: bool = True) -> dict:
+        """Send a local file to every worker, and to every worker that joins later.
+
+        A ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
+        return client_control.upload_file(self, filename, load=load)
+
+    # ---------------------------------------------------------------- datasets, versions
+    def publish_dataset(self, *args: Any, name: str | None = None, override: bool = False,
+                        **kwargs: Any) -> None:
+        """Publish named datasets on the scheduler.
+
+        ``publish_dataset(x=f)`` or ``publish_dataset(f, name="x")``; the scheduler keeps
+        their futures alive until unpublished. ``KeyError`` if the name is taken (unless
+        ``override=True``)."""
+        dataset_ops.publish_dataset(self, args, name, override, kwargs)
+
+    def get_dataset(self, name: str, default: Any = dataset_ops.NO_DEFAULT) -> Any:
+        """A published dataset, its futures bound to this client.
+
+        ``KeyError`` if there is none by that name and no ``default``."""
+        return dataset_ops.get_dataset(self, name, default)
+
+    def list_datasets(self) -> list[str]:
+        """Names of the published datasets."""
+        return dataset_ops.list_datasets(self)
+
+    def unpublish_dataset(self, name: str) -> None:
+        """Remove a published dataset (its futures are released by the scheduler)."""
+        dataset_ops.unpublish_dataset(self, name)
+
+    @property
+    def datasets(self) -> dataset_ops.Datasets:
+        """The published datasets as a mutable mapping."""
+        return dataset_ops.Datasets(self)
+
+    def get_versions(self, check: bool = False, packages: Any = None) -> dict:
+        """Versions of Python and key packages in the client, the scheduler and each worker.
+
+        ``check=True`` raises ``ValueError`` if they differ."""
+        return versions.collect(self, check=check, packages=packages)
+
+    def register_plugin(self, plugin: Any, name: str | None = None,
+                        idempotent: bool | None = None) -> Any:
+        """Register a worker, scheduler or nanny plugin.
+
+        A ``WorkerPlugin`` is set up on every worker, and on workers joining later; a
+        ``SchedulerPlugin`` is started in the scheduler; see :mod:`hpcsched.core.client.plugins`."""
+        return plugins.register_plugin(self, plugin, name, idempotent)
+
+    def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
+                               nanny: bool | None = None) -> Any:
+        """``register_plugin`` for a worker plugin (distributed's older name).
+
+        A nanny plugin with ``nanny=True`` (or a ``NannyPlugin`` and ``nanny=None``)."""
+        if nanny and isinstance(plugin, plugins.WorkerPlugin):
+            raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
+        if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
+            nanny = is_nanny_plugin(plugin)
+        return plugins.register_plugin(self, plugin, name, kind="nanny" if nanny else "worker")
+
+    def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
+        """Tear a worker (or nanny) plugin down on every worker (nanny).
+
+        Workers (nannies) that join later no longer get it."""
+        return plugins.unregister_worker_plugin(self, name)
+
+    def replicate(self, futures: Any, n: int | None = None, workers: Any = None,
+                  branching_factor: int = 2) -> None:
+        """Copy the futures' data onto ``n`` workers (all if None); returns once they hold it.
+
+        Among ``workers`` if given. Copies beyond ``n`` are kept (distributed drops them);
+        ``branching_factor`` is unused (workers fetch from holders)."""
+        client_control.replicate(self, futures, n=n, workers=workers)
+
+    def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
+        """Move data from workers holding more than the mean to those holding less.
+
+        As distributed does; no copy is dropped before its new holder has it."""
+        client_control.rebalance(self, futures, workers)
+
+    def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
+        """Reset the cluster: every client's futures cancelled, the workers' data dropped.
+
+        Each worker plugin is torn down and set up again. Workers are *not* new processes:
+        under MPI a rank cannot be respawned, and without a nanny no process is restarted
+        over TCP either. Module-level state a task left in a worker's process remains; a
+        task running now finishes, its result dropped."""
+        client_control.restart(self, timeout, wait_for_workers)
+
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+        """Block until ``n_workers`` workers have joined (``TimeoutError`` after ``timeout``)."""
+        client_control.wait_for_workers(self, n_workers, timeout)
+
+    def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
+                       n: int | None = None, close: bool = True,
+                       timeout: float | None = 120.0) -> list[str]:
+        """Retire workers gracefully, their data moved to others first.
+
+        Returns the retired workers' addresses."""
+        reply = self.request(pc.RetireWorkersRequest("", workers, names, n, close), timeout)
+        return list(reply.retired)
+
+    # ---------------------------------------------------------------- diagnostics
+    # (the work is done in hpcsched.diagnostics, reached through core.seams)
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's link, with its access token; None when it is disabled."""
+        return self.scheduler_info().get("services", {}).get("dashboard")
+
+    def get_task_stream(self, start: Any = None, stop: Any = None, count: int | None = None,
+                        plot: bool = False, filename: str = "task-stream.html") -> list:
+        """Records of the tasks run between ``start`` and ``stop`` (or the last ``count``).
+
+        ``plot=True`` also writes an HTML report to ``filename``."""
+        data = seams.resolve("task-stream")(self, start, stop, count)
+        if plot:
+            seams.resolve("task-stream-report")(self, seams.resolve("as-time")(start), filename)
+        return data
+
+    def get_worker_logs(self, n: int | None = None, workers: list | None = None,
+                        nanny: bool = False) -> dict:
+        """Recent log records of each worker: ``{address: [(level, message), ...]}``."""
+        return seams.resolve("worker-logs")(self, n, workers)
+
+    def _repr_html_(self) -> str:
+        return seams.resolve("client-html")(self)
+
+    def get_executor(self, **kwargs: Any) -> ClientExecutor:
+        """A ``concurrent.futures.Executor`` running on this cluster."""
+        return ClientExecutor(self, **kwargs)
+
+    # ================================================================ close
+    def close(self, timeout: float = 5.0) -> None:
+        """Release this client's futures, disconnect, and close the cluster it started."""
+        if self._closed:
+            return
+        if self.status == "running":
+            with contextlib.suppress(Exception):  # the scheduler may be gone already
+                self.scheduler_comm.request(pc.CloseClient(), "close-client-reply", timeout)
+        self._closed = True
+        self.status = "closed"
+        self.future_table.close()
+        self.scheduler_comm.close(timeout)
+        global _default_client
+        with _default_lock:
+            if _default_client is self:
+                _default_client = None
+        if self._dask_config is not None:
+            restore_dask_scheduler(self._dask_config)
+            self._dask_config = None
+        self._close_owned_cluster()
+
+    shutdown = close
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        with contextlib.suppress(Exception):
+            client.close(timeout=2.0)
+
+
+def default_client() -> Client | None:
+    """The client made last with ``set_as_default=True`` (and not closed), if any."""
+    return _default_client
+
+
+__all__ = ["Client", "Future", "wait", "as_completed", "progress", "GraphError",
+           "CancelledError", "write_scheduler_file", "read_scheduler_file"]

@@ -1,0 +1,495 @@
+"""Futures: handles on remote results, and the ways to wait for many of them.
+
+A :class:`Future` only knows its key and its client; the client's reader
+thread moves its :class:`FutureState` along (pending -> finished | error |
+cancelled, or back to pending when the data was lost and is recomputed).
+``wait``, ``as_completed`` and ``progress`` work on any mix of futures.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from hpcsched.core.protocol.messages import ClientDesiresKeys
+from hpcsched.core.protocol.serialize import deserialize
+
+if TYPE_CHECKING:
+    from hpcsched.core.client.client import Client
+
+logger = logging.getLogger("hpcsched.client")
+
+
+class CancelledError(cf.CancelledError):
+    """The future's task was cancelled (``result()``, ``gather``)."""
+
+    pass
+
+
+class RemoteTraceback(Exception):
+    """The traceback of a task's exception on its worker.
+
+    It is the ``__cause__`` of the exception rebuilt here."""
+
+    def __init__(self, tb: str):
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+_lock = threading.Lock()  # guards every future's lazily made event and callback list
+
+# dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
+# that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+if TYPE_CHECKING:
+    from dask._task_spec import TaskRef as _FutureBase
+else:
+    try:
+        from dask._task_spec import TaskRef as _FutureBase
+    except ImportError:  # dask is optional
+        _FutureBase = object
+
+
+class FutureState:
+    """Where a key stands for this client.
+
+    Events and callback lists are made only when someone waits or registers a callback:
+    a ``map`` of 10,000 items creates none."""
+
+    __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
+                 "exception_text", "_is_done")
+
+    def __init__(self) -> None:
+        self.status = "pending"
+        self._event: threading.Event | None = None
+        self.exception: Any = None
+        self.traceback = ""
+        self.exception_text = ""
+        self.typename = ""
+        self.callbacks: list | None = None
+        self._is_done = False
+
+    def _done(self) -> list:
+        with _lock:
+            self._is_done = True
+            event, cbs, self.callbacks = self._event, self.callbacks, None
+        if event is not None:
+            event.set()
+        return cbs or []
+
+    def finish(self, typename: str = "") -> list:
+        """The result is in memory; returns the callbacks to run."""
+        self.status = "finished"
+        self.typename = typename
+        return self._done()
+
+    def error(self, exception: Any, traceback: str, text: str) -> list:
+        """The task erred (``exception`` serialized); returns the callbacks to run."""
+        self.status = "error"
+        self.exception = exception
+        self.traceback = traceback
+        self.exception_text = text
+        return self._done()
+
+    def cancel(self) -> list:
+        """The key was cancelled; returns the callbacks to run."""
+        self.status = "cancelled"
+        return self._done()
+
+    def lose(self, status: str = "lost") -> None:
+        """Not done any more: the result was lost and is being recomputed.
+
+        (Or the key was submitted again after a cancellation.)"""
+        with _lock:
+            self._is_done = False
+            self.status = status
+            if self._event is not None:
+                self._event.clear()
+
+    def done(self) -> bool:
+        """Finished, erred or cancelled."""
+        return self._is_done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done; False if ``timeout`` seconds passed first."""
+        if self._is_done:
+            return True
+        with _lock:
+            if self._is_done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def add_callback(self, entry: Any) -> bool:
+        """Queue ``entry`` for when the future is done; False if it already is."""
+        with _lock:
+            if self._is_done:
+                return False
+            if self.callbacks is None:
+                self.callbacks = []
+            self.callbacks.append(entry)
+            return True
+
+
+def exception_of(st: FutureState) -> BaseException:
+    """The exception of an erred future, rebuilt here, the remote traceback as its cause.
+
+    A class that does not exist in this process becomes a ``RuntimeError``."""
+    exc = st.exception
+    try:
+        exc = deserialize(exc)
+    except Exception as e:  # e.g. the exception's class does not exist here
+        exc = RuntimeError(f"{st.exception_text} (could not rebuild the exception: {e})")
+    if not isinstance(exc, BaseException):
+        exc = RuntimeError(st.exception_text or repr(exc))
+    if st.traceback and exc.__cause__ is None:
+        exc.__cause__ = RemoteTraceback(f'\n"""\n{st.traceback}"""')
+    return exc
+
+
+class Future(_FutureBase):
+    """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency.
+
+    ``key`` names the task, ``client`` holds it, ``state`` is the key's
+    :class:`FutureState` (shared by the client's futures of that key), which the
+    client's handling of scheduler messages moves along.
+    """
+
+    __slots__ = (() if _FutureBase is not object else ("key",)) + (
+        "client", "state", "_released", "__weakref__")
+
+    def __init__(self, key: Any, client: Client, state: FutureState | None = None):
+        self.key = key
+        self.client = client
+        self.state = client.future_table.acquire(key, state)
+        self._released = False
+
+    @property
+    def status(self) -> str:
+        """``pending``, ``finished``, ``error``, ``cancelled`` or ``lost`` (recomputing)."""
+        return self.state.status
+
+    def done(self) -> bool:
+        """Whether the task finished, erred or was cancelled (without waiting)."""
+        return self.state.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """Wait for the result and return it.
+
+        Raises the task's exception if it erred, :class:`CancelledError` if it was
+        cancelled, ``TimeoutError`` after ``timeout``."""
+        return self.client.gather([self], timeout=timeout)[0]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The exception of an erred task (None if it succeeded); waits until done."""
+        if not self.state.wait(timeout):
+            raise TimeoutError(f"future {self.key!r} not done within {timeout}s")
+        if self.state.status != "error":
+            return None
+        return exception_of(self.state)
+
+    def traceback(self) -> str:
+        """The remote traceback of an erred task, as text ("" otherwise)."""
+        return self.state.traceback
+
+    def cancel(self) -> None:
+        """Cancel the task (see :meth:`Client.cancel`)."""
+        self.client.cancel([self])
+
+    def cancelled(self) -> bool:
+        """Whether the future was cancelled."""
+        return self.state.status == "cancelled"
+
+    def add_done_callback(self, fn: Callable[[Future], Any]) -> None:
+        """Call ``fn(future)`` when done (at once if already done), in a client thread."""
+        if not self.state.add_callback((weakref.ref(self), fn, self)):
+            run_callback(fn, self)
+
+    def release(self) -> None:
+        """Drop this future's claim on its result now, rather than when it is collected."""
+        if not self._released:
+            self._released = True
+            self.client.future_table.release(self.key)
+
+    def retry(self) -> None:
+        """Run an erred task (and its erred dependencies) again."""
+        self.client.retry([self])
+
+    # one object per key and client for hashing, as futures were before dask's TaskRef
+    # (whose equality is by key) became their base
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __reduce__(self) -> Any:
+        # inside a dask task this is a reference to the result (dask resolves TaskRefs)
+        if _FutureBase is object:
+            raise TypeError(f"{self!r} cannot be pickled: pass it as an argument of "
+                            "submit/map or inside a task graph instead")
+        return (_FutureBase, (self.key,))
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+    def _repr_html_(self) -> str:
+        from hpcsched.core import seams  # presentation lives in the diagnostics layer
+
+        return seams.resolve("future-html")(self)
+
+    def __repr__(self) -> str:
+        st = self.state
+        kind = f", type: {st.typename}" if st.status == "finished" and st.typename else ""
+        return f"<Future: status: {st.status}{kind}, key: {self.key}>"
+
+    __str__ = __repr__
+
+    def __await__(self):  # pragma: no cover - convenience for notebooks with asyncio
+        import asyncio
+
+        return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
+
+
+def run_callback(fn: Callable, fut: Future) -> None:
+    """Call a done callback; its exception is logged, not raised."""
+    try:
+        fn(fut)
+    except Exception:
+        logger.exception("done callback %r of %r failed", fn, fut)
+
+
+class ClientExecutor(cf.Executor):
+    """``concurrent.futures`` on top of a Client."""
+
+    def __init__(self, client: Client, **submit_kwargs: Any):
+        self.client = client
+        self.kwargs = submit_kwargs
+        self._futures: set[Future] = set()
+        self._lock = threading.Lock()
+        self._shutdown = False
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
+        """``fn(*args, **kwargs)`` as a task: a ``concurrent.futures.Future`` of its result."""
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
+        cfut: cf.Future = cf.Future()
+        cfut.set_running_or_notify_cancel()
+        with self._lock:
+            self._futures.add(fut)
+
+        def done(f: Future) -> None:
+            with self._lock:
+                self._futures.discard(f)
+            try:
+                cfut.set_result(f.result())
+            except BaseException as e:  # noqa: BLE001
+                if not cfut.done():
+                    cfut.set_exception(e)
+
+        fut.add_done_callback(done)
+        return cfut
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more submissions; wait for (or cancel) the tasks submitted."""
+        self._shutdown = True
+        with self._lock:
+            fs = list(self._futures)
+        if cancel_futures and fs:
+            self.client.cancel(fs)
+        elif wait:
+            wait_futures(fs)
+
+
+class DoneAndNotDoneFutures(NamedTuple):
+    """What ``wait`` returns: the futures done and those not done."""
+
+    done: set
+    not_done: set
+
+
+def wait_futures(fs: Any, timeout: float | None = None,
+                 return_when: str = "ALL_COMPLETED") -> DoneAndNotDoneFutures:
+    """Wait for futures, as ``distributed.wait``.
+
+    ``return_when``: ``ALL_COMPLETED``, ``FIRST_COMPLETED`` or ``FIRST_EXCEPTION``;
+    ``TimeoutError`` after ``timeout`` seconds for all of them."""
+    flat: list[Future] = []
+    collect_futures(fs, flat)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    if return_when == "ALL_COMPLETED":
+        for f in flat:
+            left = None if deadline is None else max(deadline - time.monotonic(), 0)
+            if not f.state.wait(left):
+                raise TimeoutError(f"futures not done within {timeout}s")
+    elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
+        done_event = threading.Event()
+        for f in flat:
+            f.add_done_callback(lambda _f: done_event.set())
+        if not any(f.done() for f in flat):
+            done_event.wait(timeout)
+    else:
+        raise ValueError(f"unknown return_when {return_when!r}")
+    done = {f for f in flat if f.done()}
+    return DoneAndNotDoneFutures(done, set(flat) - done)
+
+
+wait = wait_futures
+
+
+class as_completed(Iterator):  # noqa: N801 - dask's name
+    """Iterate over futures in the order they finish; ``add`` more while iterating."""
+
+    def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
+                 raise_errors: bool = True):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._count = 0
+        self._lock = threading.Lock()
+        self.with_results = with_results
+        self.raise_errors = raise_errors
+        for f in futures:
+            self.add(f)
+
+    def add(self, future: Future) -> None:
+        """Yield ``future`` too when it is done."""
+        with self._lock:
+            self._count += 1
+        future.add_done_callback(self._queue.put)
+
+    def update(self, futures: Iterable[Future]) -> None:
+        """``add`` each of ``futures``."""
+        for f in futures:
+            self.add(f)
+
+    def count(self) -> int:
+        """How many futures are still to be yielded."""
+        return self._count
+
+    def is_empty(self) -> bool:
+        """Whether every future was yielded."""
+        return self._count == 0
+
+    def __iter__(self) -> as_completed:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._count == 0:
+                raise StopIteration
+            self._count -= 1
+        f = self._queue.get()
+        if self.with_results:
+            try:
+                return f, f.result()
+            except Exception as e:
+                if self.raise_errors:
+                    raise
+                return f, e
+        return f
+
+    def batches(self) -> Iterator[list]:
+        """Lists of what finished since the last one (at least one item each).
+
+        Until all are done."""
+        while self._count:
+            yield self.next_batch(block=True)
+
+    def next_batch(self, block: bool = True) -> list:
+        """What is done now (waiting for at least one if ``block``)."""
+        out = [next(self)] if block and self._count else []
+        while True:
+            try:
+                f = self._queue.get_nowait()
+            except queue.Empty:
+                return out
+            with self._lock:
+                self._count -= 1
+            out.append((f, f.result()) if self.with_results else f)
+
+
+def progress(*futures: Any, **kwargs: Any) -> Any:
+    """Show the progress of futures: see :func:`hpcsched.diagnostics.progress.progress`."""
+    from hpcsched.core import seams
+
+    return seams.resolve("progress")(*futures, **kwargs)
+
+
+def fire_and_forget(obj: Any) -> None:
+    """Run the tasks of ``obj`` (futures, or containers of them) to the end.
+
+    Even when no future of theirs is held any more; their results are dropped once they
+    finish."""
+    flat: list[Future] = []
+    collect_futures(obj, flat)
+    by_client: dict[int, tuple[Client, list]] = {}
+    for f in flat:
+        by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
+    for client, keys in by_client.values():
+        client.scheduler_comm.send(ClientDesiresKeys(client.id, keys, fire_and_forget=True))
+
+
+def futures_of(obj: Any) -> list[Future]:
+    """The futures inside ``obj``: containers, and dask collections persisted on the cluster."""
+    out: list[Future] = []
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Future):
+            if id(x) not in seen:
+                seen.add(id(x))
+                out.append(x)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            stack.extend(x)
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif hasattr(x, "__dask_graph__") and not isinstance(x, type):
+            stack.extend(dict(x.__dask_graph__()).values())
+        elif hasattr(x, "args") and hasattr(x, "dependencies"):  # a dask task-spec Task
+            stack.extend(x.args)
+            stack.extend((getattr(x, "kwargs", None) or {}).values())
+        elif type(x).__name__ == "DataNode" and hasattr(x, "value"):
+            stack.append(x.value)
+    return out[::-1]
+
+
+def collect_futures(x: Any, out: list) -> None:
+    """Append the futures inside ``x`` (containers walked) to ``out``."""
+    if isinstance(x, Future):
+        out.append(x)
+    elif isinstance(x, (list, tuple, set, frozenset)):
+        for i in x:
+            collect_futures(i, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            collect_futures(v, out)
+
+
+def pack_futures(x: Any, values: dict, errors: str) -> Any:
+    """``x`` with its futures replaced by ``values[key]``.
+
+    With ``errors="skip"``, futures without a value are left out of lists."""
+    if isinstance(x, Future):
+        return values.get(x.key)
+    if isinstance(x, list):
+        return [pack_futures(i, values, errors) for i in x
+                if errors == "raise" or not isinstance(i, Future) or i.key in values]
+    if isinstance(x, tuple):
+        return tuple(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, (set, frozenset)):
+        return type(x)(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, dict):
+        return {k: pack_futures(v, values, errors) for k, v in x.items()}
+    return x

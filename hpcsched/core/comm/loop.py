@@ -1,0 +1,231 @@
+"""The thread that owns a state machine, and the inbox that feeds it.
+
+A server has one :class:`Loop`: an :class:`Inbox` that transports
+(``Comm.deliver_to``), the thread pool and other threads put items on. Each iteration takes everything
+pending (so a busy server handles large batches), hands the items to the
+server's ``process`` callback, then calls ``flush`` once, which sends one
+batched message per destination. Idle, the thread sleeps on a condition until
+the next item or the next tick: no spinning. A producer may ``offer`` an item
+(or ``offer_batch`` several) instead: if the loop is idle, the producer runs
+that iteration itself (the MPI progress thread and the TCP I/O thread do,
+saving a thread hand-off per message; the I/O thread offers everything one
+round of socket events brought, so the iteration still handles a batch).
+
+Other threads run code on the loop with :meth:`Loop.call` (the result comes
+back through a ``concurrent.futures.Future``), so server state is only ever
+touched by one thread at a time, the one running the current iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from hpcsched.core.comm.base import Comm
+from hpcsched.core.comm.base import Inbox as CommInbox
+from hpcsched.core.state.graph import raise_gc_threshold
+
+logger = logging.getLogger("hpcsched.loop")
+
+CLOSED = object()  # payload a reader puts when its comm closes
+MAX_BATCH = 5000  # items per iteration, to keep flushing regularly under load
+
+
+class _Call:
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Callable[[], Any], future: Future):
+        self.fn = fn
+        self.future = future
+
+
+class Inbox(CommInbox):
+    """A :class:`Loop`'s queue. ``put`` from any thread; a producer that may run
+    the server's code itself (the MPI progress thread, the TCP I/O thread) calls
+    ``offer`` instead."""
+
+    __slots__ = ("_loop",)
+
+    def __init__(self, loop: Loop):
+        self._loop = loop
+
+    def put(self, item: Any) -> None:
+        self._loop._put(item)
+
+    def offer(self, item: Any) -> None:
+        self._loop._offer([item])
+
+    def offer_batch(self, items: list) -> None:
+        """Like ``offer`` for several items at once: one iteration handles them all."""
+        self._loop._offer(items)
+
+
+class Loop:
+    def __init__(
+        self,
+        name: str,
+        process: Callable[[list], None],
+        flush: Callable[[], None],
+        tick: Callable[[float], None] | None = None,
+        tick_interval: float = 0.5,
+    ):
+        self.name = name
+        self.inbox = Inbox(self)
+        self._process = process
+        self._flush = flush
+        self._tick = tick
+        self.tick_interval = tick_interval
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
+        self._items: deque = deque()
+        self._busy = False  # a thread is running an iteration (state is taken)
+        self._owner: int | None = None  # ... and this is its thread id
+
+    def start(self) -> None:
+        raise_gc_threshold()  # a server runs in this process: see its docstring
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def put(self, item: Any) -> None:
+        self._put(item)
+
+    def _put(self, item: Any) -> None:
+        with self._lock:
+            self._items.append(item)
+            if not self._busy:
+                self._wakeup.notify()
+
+    def _offer(self, items: list) -> None:
+        """Handle ``items`` now, in the calling thread, if the loop is idle (nothing
+        queued, no iteration running): one iteration -- process, then flush -- as the
+        loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
+        thread wake-up costs ~100 us). Otherwise queue them like :meth:`put`. Order is
+        kept: items run inline only when everything put before them has run.
+
+        Only for producers whose transport never blocks in ``send``: the handler may send
+        to the very peer the producer reads for, and a send waiting for that peer to read
+        while the producer is busy in the handler would deadlock both ends. MPI sends
+        and TCP sends (queued per connection, written by the I/O thread) never wait."""
+        with self._lock:
+            if self._busy or self._items or self._stop or self._thread is None:
+                self._items.extend(items)
+                if not self._busy:
+                    self._wakeup.notify()
+                return
+            self._busy = True
+            self._owner = threading.get_ident()
+        try:
+            self._iteration(items)
+        finally:
+            with self._lock:
+                self._busy = False
+                self._owner = None
+                if self._items or self._stop:
+                    self._wakeup.notify()
+
+    def _on_loop(self) -> bool:
+        """Is the calling thread the one running the loop's code right now?"""
+        return self._owner == threading.get_ident() or threading.current_thread() is self._thread
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = 30.0) -> Any:
+        """Run ``fn()`` on the loop thread and return its result (raises its exception)."""
+        if self._on_loop():
+            return fn()
+        if self.stopped.is_set():
+            raise RuntimeError(f"{self.name} is closed")
+        fut: Future = Future()
+        self._put(_Call(fn, fut))
+        return fut.result(timeout)
+
+    def stop(self, join: bool = True, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._stop = True
+            self._wakeup.notify()
+        if join and self._thread is not None and not self._on_loop():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        next_tick = time.monotonic() + self.tick_interval
+        items = self._items
+        me = threading.get_ident()
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and (self._busy or not items):
+                        if self._tick is not None:
+                            wait = next_tick - time.monotonic()
+                            if wait <= 0 and not self._busy:
+                                break
+                            self._wakeup.wait(max(wait, 0.001))
+                        else:
+                            self._wakeup.wait()
+                    if self._stop:
+                        break
+                    batch = [items.popleft() for _ in range(min(len(items), MAX_BATCH))]
+                    self._busy = True
+                    self._owner = me
+                try:
+                    if self._tick is not None and time.monotonic() >= next_tick:
+                        next_tick = time.monotonic() + self.tick_interval
+                        self._iteration(batch, tick=True)
+                    else:
+                        self._iteration(batch)
+                finally:
+                    with self._lock:
+                        self._busy = False
+                        self._owner = None
+        finally:
+            self.stopped.set()
+            # fail pending calls instead of leaving callers blocked
+            with self._lock:
+                left = list(items)
+                items.clear()
+            for item in left:
+                if type(item) is _Call and not item.future.done():
+                    item.future.set_exception(RuntimeError(f"{self.name} closed"))
+
+    def _iteration(self, items: list, tick: bool = False) -> None:
+        work: list = []
+        for item in items:
+            if type(item) is _Call:
+                if work:
+                    self._safe_process(work)
+                    work = []
+                try:
+                    item.future.set_result(item.fn())
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    item.future.set_exception(e)
+            elif item is not None:
+                work.append(item)
+        if work:
+            self._safe_process(work)
+        if tick and self._tick is not None:
+            try:
+                self._tick(time.time())
+            except Exception:
+                logger.exception("%s: error in periodic tick", self.name)
+        try:
+            self._flush()
+        except Exception:
+            logger.exception("%s: error while sending", self.name)
+
+    def _safe_process(self, work: list) -> None:
+        try:
+            self._process(work)
+        except Exception:
+            logger.exception("%s: error while handling %d messages", self.name, len(work))
+
+
+def start_reader(comm: Comm, source: Any, inbox: Inbox, name: str) -> None:
+    """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
+    ``(source, CLOSED)`` when it closes: the backend does it (``Comm.deliver_to``).
+    ``name`` is kept for callers; no thread is started."""
+    comm.deliver_to(inbox, source, CLOSED)

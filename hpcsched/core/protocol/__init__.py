@@ -1,0 +1,1 @@
+"""The wire protocol: typed records, their encoding and field checks, and serialization."""

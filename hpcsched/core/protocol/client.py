@@ -1,0 +1,428 @@
+"""The protocol between a client and the scheduler: one record per op (see
+:mod:`hpcsched.core.protocol.messages`).
+
+A client talks to the scheduler only, as in distributed. It submits graphs
+and says which keys it wants (``update-graph``, ``client-desires-keys``, ...);
+the scheduler tells it when results are ready or erred. Requests carrying a
+``request_id`` (``gather``, ``scatter``, cluster control, primitives) get one
+reply carrying it back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+from typing import Any
+
+from hpcsched.core.protocol import checks as fc
+from hpcsched.core.protocol.wire import Direction, context, extra, message, wire
+
+Key = Any
+
+CLIENT_TO_SCHEDULER = Direction("client", "scheduler", doc=(
+    "Every field is checked on arrival: a client whose message is malformed gets an "
+    "`error` and is disconnected; other peers are not affected."))
+SCHEDULER_TO_CLIENT = Direction("scheduler", "client", checked=False)
+C2S, S2C = CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT
+
+
+@dataclass(slots=True)
+class Stimulus:
+    """Base of the records that reach a state machine: the receiver notes when each
+    arrived and names the event (``stimulus_id``, as distributed's state machines do), so
+    that every state change can be traced to the message that caused it."""
+
+    _: KW_ONLY  # a subclass's required fields may follow these two
+    now: float = context(0.0)
+    stimulus_id: str = context("")
+
+
+@dataclass(slots=True)
+class FromClient(Stimulus):
+    """Base of a client's requests to the scheduler's state machine: the scheduler fills in
+    which client sent it."""
+
+    client: str = context()
+
+
+# ====================================================================== client -> scheduler
+
+@message("register-client", C2S)
+@dataclass(slots=True)
+class RegisterClient:
+    """A client introduces itself (its first message)."""
+
+    client: str = wire(fc.string, doc="the client's id, unique in the cluster")
+
+
+@message("update-graph", C2S)
+@dataclass(slots=True)
+class UpdateGraph(FromClient):
+    """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
+
+    tasks: dict = wire(fc.dict_of(fc.task), doc="key -> {run_spec, deps}")
+    keys: list = wire(fc.keys, doc="keys the client holds futures to")
+    priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
+    retries: dict = wire(fc.dict_of(fc.count), factory=dict, doc="key -> times to retry")
+    resources: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
+                                  doc='what each task needs, e.g. `{"GPU": 1}`')
+    workers: list | None = wire(fc.optional(fc.list_of(fc.worker_ref)), None,
+                                doc="workers allowed (address, name or rank)")
+    allow_other_workers: bool = wire(fc.boolean, False,
+                                     doc="`workers` is a preference, not a restriction")
+    static_priorities: dict | None = wire(fc.optional(fc.dict_of(fc.number)), None,
+                                          doc="key -> order from the client (else order())")
+    annotations: dict | None = wire(fc.optional(fc.dict_of(fc.mapping, keyed=fc.string)), None,
+                                    doc="per-key annotations (dask.annotate): name -> "
+                                        "{key: value}; they override the call's values")
+
+
+@message("client-desires-keys", C2S)
+@dataclass(slots=True)
+class ClientDesiresKeys(FromClient):
+    """The client wants the results of ``keys`` (it holds futures to them)."""
+
+    keys: list = wire(fc.keys)
+    fire_and_forget: bool = wire(fc.boolean, False, sparse=True,
+                                 doc="run them even once no client wants them")
+
+
+@message("retry-keys", C2S)
+@dataclass(slots=True)
+class RetryKeys(FromClient):
+    """Run erred tasks again, with the erred tasks they depend on."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("client-releases-keys", C2S)
+@dataclass(slots=True)
+class ClientReleasesKeys(FromClient):
+    """The client dropped its futures to ``keys``."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("cancel-keys", C2S)
+@dataclass(slots=True)
+class CancelKeys(FromClient):
+    """Cancel ``keys`` and what depends on them, for every client."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("scatter", C2S)
+@dataclass(slots=True)
+class ScatterData(FromClient):
+    """A client moves its own data onto workers (``Client.scatter``); answered by
+    ``scatter-reply``."""
+
+    scatter_id: str = wire(fc.string)
+    data: dict = wire(fc.dict_of(fc.serialized), doc="key -> serialized value")
+    nbytes: dict = wire(fc.dict_of(fc.count), factory=dict)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.worker_ref)), None)
+    broadcast: bool = wire(fc.boolean, False, doc="a copy on every worker")
+
+
+@message("gather", C2S)
+@dataclass(slots=True)
+class Gather:
+    """Send me the values of ``keys``; answered by ``gather-reply``."""
+
+    request_id: str = wire(fc.string)
+    keys: list = wire(fc.keys)
+
+
+@message("scheduler-info", C2S)
+@dataclass(slots=True)
+class SchedulerInfo:
+    """Describe the cluster; answered by ``scheduler-info-reply`` (also the client's ping)."""
+
+    request_id: str = wire(fc.string)
+
+
+@message("retire-workers", C2S)
+@dataclass(slots=True)
+class RetireWorkersRequest:
+    """Retire workers gracefully (their data moves to others first); answered by
+    ``retire-workers-reply``."""
+
+    request_id: str = wire(fc.string)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.string)), None, doc="by address")
+    names: list | None = wire(fc.optional(fc.list_of(fc.anything)), None, doc="by name")
+    n: int | None = wire(fc.optional(fc.count), None, doc="this many more, idle ones first")
+    close: bool = wire(fc.boolean, True, doc="close them once their data has moved")
+
+
+@message("close-client", C2S)
+@dataclass(slots=True)
+class CloseClient:
+    """The client leaves; answered by ``close-client-reply``."""
+
+
+@message("extension", C2S)
+@dataclass(slots=True)
+class Extension:
+    """A request to a scheduler extension (e.g. ``diagnostics``); answered by
+    ``extension-reply``."""
+
+    extension: str = wire(fc.string, doc="the extension's name")
+    request_id: str | None = wire(fc.optional(fc.string), None)
+    extra: dict = extra(doc="the extension's own fields (diagnostics: `what`, `start`, ...)")
+
+
+@message("run", C2S)
+@dataclass(slots=True)
+class Run:
+    """``Client.run``: run a function on workers now (not as a task); answered by one
+    ``control-reply`` once each has answered or left."""
+
+    request_id: str = wire(fc.string)
+    function: bytes = wire(fc.blob)
+    args: bytes | None = wire(fc.optional(fc.blob), None)
+    kwargs: bytes | None = wire(fc.optional(fc.blob), None)
+    wait: bool = wire(fc.boolean, True, doc="send the results back (else None)")
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
+@message("run-on-scheduler", C2S)
+@dataclass(slots=True)
+class RunOnScheduler:
+    """``Client.run_on_scheduler``; answered by ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    function: bytes = wire(fc.blob)
+    args: bytes | None = wire(fc.optional(fc.blob), None)
+    kwargs: bytes | None = wire(fc.optional(fc.blob), None)
+
+
+@message("who-has", C2S)
+@dataclass(slots=True)
+class WhoHas:
+    """``Client.who_has``: which workers hold ``keys`` (None: all); answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    keys: list | None = wire(fc.optional(fc.keys), None)
+
+
+@message("has-what", C2S)
+@dataclass(slots=True)
+class HasWhat:
+    """``Client.has_what``: the keys each worker holds; answered by ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
+@message("nthreads", C2S)
+@dataclass(slots=True)
+class NThreads:
+    """``Client.nthreads``: each worker's threads; answered by ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
+@message("replicate", C2S)
+@dataclass(slots=True)
+class Replicate:
+    """``Client.replicate``: copy ``keys`` onto ``n`` workers; answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    keys: list = wire(fc.keys)
+    n: int | None = wire(fc.optional(fc.positive), None, doc="copies wanted (None: on every worker)")
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
+@message("rebalance", C2S)
+@dataclass(slots=True)
+class Rebalance:
+    """``Client.rebalance``: move ``keys`` (all if None) from workers holding more bytes than
+    the mean to those holding less, among ``workers`` (all if None); answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    keys: list | None = wire(fc.optional(fc.keys), None)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
+@message("restart", C2S)
+@dataclass(slots=True)
+class Restart:
+    """``Client.restart``: cancel every task, set every worker plugin up again; answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+
+
+@message("register-plugin", C2S)
+@dataclass(slots=True)
+class RegisterPlugin:
+    """Register a worker or scheduler plugin; answered by ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    kind: str = wire(fc.string, doc="`worker` or `scheduler`")
+    name: str = wire(fc.string)
+    plugin: bytes = wire(fc.blob, doc="the plugin, cloudpickled")
+    idempotent: bool = wire(fc.boolean, False, doc="keep one already registered under `name`")
+
+
+@message("unregister-plugin", C2S)
+@dataclass(slots=True)
+class UnregisterPlugin:
+    """Tear a worker plugin down on every worker; answered by ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    name: str = wire(fc.string)
+
+
+@message("primitive", C2S)
+@dataclass(slots=True)
+class Primitive:
+    """A request to a coordination primitive (``Lock``, ``Semaphore``, ``Event``,
+    ``Variable``, ``Queue``, ``MultiLock``) or a published dataset; answered by
+    ``control-reply``. Each kind's fields are checked by ``hpcsched.core.scheduler.primitives``."""
+
+    request_id: str = wire(fc.string)
+    kind: str = wire(fc.string, doc="lock, semaphore, event, variable, queue, multilock, dataset")
+    action: str = wire(fc.string, doc="e.g. acquire, release, set, get, put, publish")
+    name: Any = wire(fc.anything, None, sparse=True, doc="the primitive's name")
+    lease: Any = wire(fc.anything, None, sparse=True, doc="the lease to take or give back")
+    max_leases: Any = wire(fc.anything, None, sparse=True, doc="a semaphore's size")
+    timeout: Any = wire(fc.anything, None, sparse=True, doc="seconds to wait (None: forever)")
+    blob: Any = wire(fc.anything, None, sparse=True, doc="a value, cloudpickled")
+    keys: Any = wire(fc.anything, None, sparse=True, doc="the futures' keys inside the value")
+    maxsize: Any = wire(fc.anything, None, sparse=True, doc="a queue's size (0: unbounded)")
+    batch: Any = wire(fc.anything, None, sparse=True, doc="get this many items (True: all)")
+    names: Any = wire(fc.anything, None, sparse=True, doc="a multi-lock's lock names")
+    num_locks: Any = wire(fc.anything, None, sparse=True, doc="how many of `names` to hold")
+    override: Any = wire(fc.anything, None, sparse=True, doc="replace a published dataset")
+
+
+# ====================================================================== scheduler -> client
+
+@message("key-in-memory", S2C)
+@dataclass(slots=True)
+class KeyInMemory:
+    """The result of ``key`` is ready."""
+
+    key: Key = wire(fc.key)
+    type: str = wire(fc.string, "", doc="the result's type name")
+
+
+@message("task-erred", S2C)
+@dataclass(slots=True)
+class TaskErredReport:
+    """``key`` erred (itself or through a dependency: ``origin``)."""
+
+    key: Key = wire(fc.key)
+    exception: Any = wire(fc.anything, None)
+    traceback: str = wire(fc.string, "")
+    exception_text: str = wire(fc.string, "")
+    origin: Key = wire(fc.optional(fc.key), None, doc="the task that raised")
+
+
+@message("cancelled-keys", S2C)
+@dataclass(slots=True)
+class CancelledKeys:
+    """``keys`` were cancelled (or are unknown to the scheduler)."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("lost-data", S2C)
+@dataclass(slots=True)
+class LostData:
+    """The result of ``key`` was lost (its workers left): it is computed again."""
+
+    key: Key = wire(fc.key)
+
+
+@message("gather-reply", S2C)
+@dataclass(slots=True)
+class GatherReply:
+    """The answer to ``gather``: the values the workers sent, relayed unopened."""
+
+    request_id: str = wire(fc.string)
+    blobs: list = wire(fc.list_of(fc.serialized), factory=list,
+                       doc="serialized {key: value} dicts, one per worker")
+    missing: list = wire(fc.keys, factory=list, doc="keys no worker could give")
+
+
+@message("scatter-reply", S2C)
+@dataclass(slots=True)
+class ScatterReply:
+    """The answer to ``scatter``: the data is on the workers, or why not."""
+
+    scatter_id: str = wire(fc.string)
+    error: str | None = wire(fc.optional(fc.string), None)
+
+
+@message("scheduler-info-reply", S2C)
+@dataclass(slots=True)
+class SchedulerInfoReply:
+    """The answer to ``scheduler-info``."""
+
+    request_id: str = wire(fc.string)
+    info: dict = wire(fc.mapping, doc="the scheduler's identity: workers, tasks, services")
+
+
+@message("retire-workers-reply", S2C)
+@dataclass(slots=True)
+class RetireWorkersReply:
+    """The answer to ``retire-workers``."""
+
+    request_id: str = wire(fc.string)
+    retired: list = wire(fc.list_of(fc.string), factory=list)
+    kept: list = wire(fc.list_of(fc.string), factory=list)
+    reason: str = wire(fc.string, "", doc="why some were kept")
+
+
+@message("close-client-reply", S2C)
+@dataclass(slots=True)
+class CloseClientReply:
+    """The answer to ``close-client``: the scheduler forgot the client."""
+
+
+@message("extension-reply", S2C)
+@dataclass(slots=True)
+class ExtensionReply:
+    """The answer to ``extension``."""
+
+    request_id: str | None = wire(fc.optional(fc.string), None)
+    extra: dict = extra(doc="the extension's answer (`error`: why it failed)")
+
+
+@message("control-reply", S2C)
+@dataclass(slots=True)
+class ControlReply:
+    """The answer to a cluster-control request or a primitive."""
+
+    request_id: str = wire(fc.string)
+    status: str | None = wire(fc.optional(fc.string), None, sparse=True,
+                              doc="`OK`, `error` or `timeout`")
+    result: Any = wire(fc.anything, None, sparse=True, doc="the answer")
+    results: dict | None = wire(fc.optional(fc.mapping), None, sparse=True,
+                                doc="worker -> {status, result | exception, traceback}")
+    exception: Any = wire(fc.anything, None, sparse=True)
+    traceback: str | None = wire(fc.optional(fc.string), None, sparse=True)
+    blob: Any = wire(fc.anything, None, sparse=True, doc="a stored value, cloudpickled")
+    keys: list | None = wire(fc.optional(fc.keys), None, sparse=True,
+                             doc="the futures' keys inside `blob`")
+    items: list | None = wire(fc.optional(fc.list_of(fc.mapping)), None, sparse=True,
+                              doc="queue items: [{blob, keys}]")
+
+
+@message("scheduler-closing", S2C)
+@dataclass(slots=True)
+class SchedulerClosing:
+    """The scheduler is closing."""
+
+
+@message("error", S2C)
+@dataclass(slots=True)
+class Error:
+    """The scheduler refused a message of the client's and disconnects it."""
+
+    message: str = wire(fc.string, doc="why")

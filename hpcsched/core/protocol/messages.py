@@ -1,0 +1,172 @@
+"""hpcsched's wire protocol: every message any peer sends, as a typed record.
+
+Peers are the scheduler, its workers and its clients (a client talks to the
+scheduler only, as in distributed; workers also talk to each other to fetch
+data). Each message is a dict ``{"op": ..., **fields}``; each op is one record
+(a slots dataclass), registered in the table of every direction it travels:
+``CLIENT_TO_SCHEDULER``, ``SCHEDULER_TO_CLIENT``, ``WORKER_TO_SCHEDULER``,
+``SCHEDULER_TO_WORKER``, ``WORKER_TO_WORKER`` (op -> record class). A peer's
+first message introduces it (``register-worker`` / ``register-client``); the
+scheduler answers ``registered`` or ``register-error``.
+
+A sender sends ``encode(record)``; a receiver turns what arrives into a
+record with ``decode(DIRECTION, msg, worker=..., now=...)``: the fields the
+receiver knows (who sent it, when, a ``stimulus_id``) are *context* fields,
+never on the wire. An unknown op, an unknown or missing field, or a field of
+the wrong type raises ``MalformedMessage`` naming the op and the field. The
+records the state machines consume (``TaskFinished``, ``ComputeTask``, ...)
+are their events too, importable from ``hpcsched.core.state.events``.
+
+The records are defined in :mod:`hpcsched.core.protocol.client` and
+:mod:`hpcsched.core.protocol.worker`, the machinery in
+:mod:`hpcsched.core.protocol.wire`; this module gathers them. Its reference,
+``docs/protocol.md``, is generated: ``python -m hpcsched.core.protocol.messages > docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+from hpcsched.core.protocol.client import (
+    CLIENT_TO_SCHEDULER,
+    SCHEDULER_TO_CLIENT,
+    CancelKeys,
+    CancelledKeys,
+    ClientDesiresKeys,
+    ClientReleasesKeys,
+    CloseClient,
+    CloseClientReply,
+    ControlReply,
+    Error,
+    Extension,
+    ExtensionReply,
+    Gather,
+    GatherReply,
+    HasWhat,
+    KeyInMemory,
+    LostData,
+    NThreads,
+    Primitive,
+    Rebalance,
+    RegisterClient,
+    RegisterPlugin,
+    Replicate,
+    Restart,
+    RetireWorkersReply,
+    RetireWorkersRequest,
+    RetryKeys,
+    Run,
+    RunOnScheduler,
+    ScatterData,
+    ScatterReply,
+    SchedulerClosing,
+    SchedulerInfo,
+    SchedulerInfoReply,
+    TaskErredReport,
+    UnregisterPlugin,
+    UpdateGraph,
+    WhoHas,
+)
+from hpcsched.core.protocol.wire import (
+    Direction,
+    MalformedMessage,
+    decode,
+    encode,
+    is_record,
+    markdown,
+    spec,
+)
+from hpcsched.core.protocol.worker import (
+    SCHEDULER_TO_WORKER,
+    WORKER_TO_SCHEDULER,
+    WORKER_TO_WORKER,
+    AcquireReplicas,
+    AddKeys,
+    Close,
+    ComputeTask,
+    DataReply,
+    FreeKeys,
+    GetData,
+    Heartbeat,
+    LongRunning,
+    MissingData,
+    PluginAdd,
+    PluginRemove,
+    PluginsReset,
+    RefreshWhoHas,
+    Registered,
+    RegisterError,
+    RegisterWorker,
+    ReleaseWorkerData,
+    ResultErred,
+    RetireMe,
+    RunOnWorker,
+    RunReply,
+    StealRequest,
+    StealResponse,
+    TaskErred,
+    TaskFinished,
+    TaskStarted,
+    UpdateData,
+    UploadFile,
+    WorkerStatusChange,
+)
+
+__all__ = [
+    "AcquireReplicas", "AddKeys", "CLIENT_TO_SCHEDULER", "COMMON", "CancelKeys",
+    "CancelledKeys", "ClientDesiresKeys", "ClientReleasesKeys", "Close", "CloseClient",
+    "CloseClientReply", "ComputeTask", "ControlReply", "DIRECTIONS", "DataReply", "Direction",
+    "Error", "Extension", "ExtensionReply", "FreeKeys", "Gather", "GatherReply", "GetData",
+    "HasWhat", "Heartbeat", "KeyInMemory", "LongRunning", "LostData", "MalformedMessage",
+    "MissingData", "NThreads", "PluginAdd", "PluginRemove", "PluginsReset", "Primitive",
+    "Rebalance", "RefreshWhoHas", "RegisterClient", "RegisterError", "RegisterPlugin", "RegisterWorker",
+    "Registered", "ReleaseWorkerData", "Replicate", "Restart", "ResultErred", "RetireMe",
+    "RetireWorkersReply", "RetireWorkersRequest", "RetryKeys", "Run", "RunOnScheduler",
+    "RunOnWorker", "RunReply", "SCHEDULER_TO_CLIENT", "SCHEDULER_TO_WORKER", "ScatterData",
+    "ScatterReply", "SchedulerClosing", "SchedulerInfo", "SchedulerInfoReply", "StealRequest",
+    "StealResponse", "TaskErred", "TaskErredReport", "TaskFinished", "TaskStarted",
+    "UnregisterPlugin", "UpdateData", "UpdateGraph", "UploadFile", "WORKER_TO_SCHEDULER",
+    "WORKER_TO_WORKER", "WhoHas", "WorkerStatusChange", "decode", "encode", "is_record",
+    "reference", "spec",
+]
+
+DIRECTIONS = (CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT, WORKER_TO_SCHEDULER,
+              SCHEDULER_TO_WORKER, WORKER_TO_WORKER)
+
+#: meanings of fields that recur (a field's own doc wins)
+COMMON = {
+    "key": "the task's key",
+    "keys": "task keys",
+    "request_id": "the requester's id for this request; its reply carries it back",
+    "exception": "the exception, serialized",
+    "traceback": "the traceback, as text",
+    "exception_text": "the exception as text (readable without unpickling it)",
+    "start": "when the task started running (seconds since the epoch, the worker's clock)",
+    "stop": "when the task stopped running",
+    "workers": "workers by address or name (None: all)",
+    "function": "the function, cloudpickled",
+    "args": "its positional arguments, cloudpickled",
+    "kwargs": "its keyword arguments, cloudpickled",
+    "status": "`OK` or `error`",
+    "name": "the plugin's name",
+    "scatter_id": "the scatter this belongs to",
+    "who_has": "key -> addresses of the workers holding it",
+    "nbytes": "key -> size in bytes",
+}
+
+CONTEXT = """Fields marked *filled in by the receiver* are context fields: the receiver
+passes them to `decode` (`worker` / `client`: who sent it; `now`: when it arrived, in seconds
+of the receiver's clock; `stimulus_id`: names the event so that a state change can be traced
+to its cause, as in distributed's worker state machine)."""
+
+
+def reference() -> str:
+    """``docs/protocol.md``: the reference generated from the records."""
+    intro = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
+    return markdown("The hpcsched wire protocol",
+                    "*Generated from the records of `hpcsched/core/protocol/client.py` and "
+                    "`protocol_worker.py` by `python -m hpcsched.core.protocol.messages > "
+                    "docs/protocol.md`; do not edit.*\n\n" + intro + "\n\n" + CONTEXT,
+                    DIRECTIONS, COMMON)
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

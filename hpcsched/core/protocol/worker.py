@@ -1,0 +1,353 @@
+"""The protocol between a worker and the scheduler, and between workers: one record per
+op (see :mod:`hpcsched.core.protocol.messages`).
+
+The scheduler tells a worker what to compute (``compute-task``) and what to
+forget (``free-keys``); the worker reports what ran (``task-finished``,
+``task-erred``) and what it holds (``add-keys``). Workers fetch a task's
+dependencies from each other (``get-data`` / ``data-reply``). A worker's
+first message is ``register-worker``, a client's ``register-client``; the
+scheduler answers either with ``registered``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hpcsched.core.protocol import checks as fc
+from hpcsched.core.protocol.client import C2S, S2C, Stimulus
+from hpcsched.core.protocol.wire import Direction, context, message, wire
+
+Key = Any
+
+WORKER_TO_SCHEDULER = Direction("worker", "scheduler", doc=(
+    "Every field is checked on arrival: a worker whose message is malformed is told to "
+    "`close` and removed; other peers are not affected."))
+SCHEDULER_TO_WORKER = Direction("scheduler", "worker", checked=False)
+WORKER_TO_WORKER = Direction("worker", "worker", checked=False, doc=(
+    "A worker fetches the dependencies of its tasks from the workers holding them."))
+W2S, S2W, W2W = WORKER_TO_SCHEDULER, SCHEDULER_TO_WORKER, WORKER_TO_WORKER
+
+
+@dataclass(slots=True)
+class FromWorker(Stimulus):
+    """Base of a worker's reports to the scheduler's state machine: the scheduler fills in
+    which worker sent it."""
+
+    worker: str = context()
+
+
+# ====================================================================== registration
+
+@message("register-worker", W2S)
+@dataclass(slots=True)
+class RegisterWorker:
+    """A worker introduces itself (its first message)."""
+
+    address: str = wire(fc.string, doc="the address it listens on for its peers")
+    nthreads: int = wire(fc.positive, 1, doc="threads running tasks")
+    memory_limit: int | None = wire(fc.optional(fc.count), None, doc="bytes (None or 0: no limit)")
+    name: Any = wire(fc.anything, None, doc="its name (default: its address)")
+    host: str = wire(fc.string, "", doc="its host name")
+    resources: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
+                                  doc='abstract resources it offers, e.g. `{"GPU": 2}`')
+    keys: dict | None = wire(fc.optional(fc.dict_of(fc.count)), None,
+                             doc="key -> nbytes of data it already holds")
+    pid: int | None = wire(fc.optional(fc.count), None, doc="its process id")
+
+
+@message("registered", S2W, S2C)
+@dataclass(slots=True)
+class Registered:
+    """The scheduler accepts a worker or a client."""
+
+    address: str = wire(fc.string, doc="the scheduler's address")
+    id: str = wire(fc.string, doc="the scheduler's id")
+    heartbeat_interval: float | None = wire(fc.optional(fc.number), None, sparse=True,
+                                            doc="seconds between a worker's heartbeats")
+
+
+@message("register-error", S2W)
+@dataclass(slots=True)
+class RegisterError:
+    """The scheduler refuses a worker (a malformed introduction, a name already taken)."""
+
+    message: str = wire(fc.string, doc="why")
+
+
+# ====================================================================== worker -> scheduler
+
+@message("task-started", W2S)
+@dataclass(slots=True)
+class TaskStarted(FromWorker):
+    """``key`` started running on the worker."""
+
+    key: Key = wire(fc.key)
+
+
+@message("task-finished", W2S)
+@dataclass(slots=True)
+class TaskFinished(FromWorker):
+    """``key`` ran on the worker, which holds its result."""
+
+    key: Key = wire(fc.key)
+    nbytes: int = wire(fc.count, 0, doc="the result's size in bytes")
+    typename: str = wire(fc.string, "", doc="the result's type name")
+    start: float = wire(fc.number, 0.0)
+    stop: float = wire(fc.number, 0.0)
+
+
+@message("task-erred", W2S)
+@dataclass(slots=True)
+class TaskErred(FromWorker):
+    """``key`` raised on the worker."""
+
+    key: Key = wire(fc.key)
+    exception: Any = wire(fc.anything, None)
+    traceback: str = wire(fc.string, "")
+    exception_text: str = wire(fc.string, "")
+    start: float = wire(fc.number, 0.0)
+    stop: float = wire(fc.number, 0.0)
+
+
+@message("missing-data", W2S)
+@dataclass(slots=True)
+class MissingData(FromWorker):
+    """The worker could not get ``key`` from ``errant_worker``."""
+
+    key: Key = wire(fc.key)
+    errant_worker: str = wire(fc.string, doc="the worker that did not have it")
+
+
+@message("long-running", W2S)
+@dataclass(slots=True)
+class LongRunning(FromWorker):
+    """A task seceded from the worker's thread pool: it no longer occupies a slot."""
+
+    key: Key = wire(fc.key)
+    compute_duration: float = wire(fc.number, 0.0, doc="seconds it ran before seceding")
+
+
+@message("result-erred", W2S)
+@dataclass(slots=True)
+class ResultErred(FromWorker):
+    """The result of ``key``, held by the worker, could not be serialized to leave it."""
+
+    key: Key = wire(fc.key)
+    exception: Any = wire(fc.anything, None)
+    traceback: str = wire(fc.string, "")
+    exception_text: str = wire(fc.string, "")
+
+
+@message("add-keys", W2S)
+@dataclass(slots=True)
+class AddKeys(FromWorker):
+    """The worker now holds ``keys`` (replicas acquired, scattered data stored)."""
+
+    keys: dict = wire(fc.dict_of(fc.count), doc="key -> nbytes")
+    scatter_id: str | None = wire(fc.optional(fc.string), None, sparse=True)
+
+
+@message("release-worker-data", W2S)
+@dataclass(slots=True)
+class ReleaseWorkerData(FromWorker):
+    """The worker dropped its copy of ``keys``."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("steal-response", W2S)
+@dataclass(slots=True)
+class StealResponse(FromWorker):
+    """The answer to ``steal-request``: the task's state on the worker (a task not yet
+    running is given up)."""
+
+    key: Key = wire(fc.key)
+    state: str = wire(fc.string, doc="the task's state there, before the request")
+
+
+@message("heartbeat", W2S)
+@dataclass(slots=True)
+class Heartbeat(FromWorker):
+    """The worker is alive; its metrics (memory, CPU, bandwidth, transfers, logs)."""
+
+    metrics: dict = wire(fc.mapping, factory=dict)
+
+
+@message("worker-status-change", W2S)
+@dataclass(slots=True)
+class WorkerStatusChange(FromWorker):
+    """The worker paused (its memory is past the pause fraction: it starts nothing) or runs
+    again; a paused worker is given no new task."""
+
+    status: str = wire(fc.string, doc="`paused` or `running`")
+
+
+@message("run-reply", W2S)
+@dataclass(slots=True)
+class RunReply:
+    """A worker's answer to ``run``, ``upload-file`` or a plugin op."""
+
+    request_id: str | None = wire(fc.optional(fc.string), None)
+    status: str = wire(fc.string, "", doc="`OK` or `error`")
+    result: Any = wire(fc.anything, None, sparse=True, doc="the result, cloudpickled")
+    exception: Any = wire(fc.anything, None, sparse=True)
+    traceback: Any = wire(fc.anything, None, sparse=True)
+
+
+@message("data-reply", W2S, W2W)
+@dataclass(slots=True)
+class DataReply:
+    """The answer to ``get-data``: the values the worker holds, the keys it does not."""
+
+    request_id: str = wire(fc.string)
+    missing: list | None = wire(fc.optional(fc.keys), factory=list, doc="keys it does not hold")
+    data: dict = wire(fc.dict_of(fc.anything), factory=dict, sparse=True,
+                      doc="key -> value (to a worker)")
+    blob: Any = wire(fc.optional(fc.serialized), None, sparse=True,
+                     doc="the values as one serialized {key: value} (to the scheduler)")
+    errors: dict = wire(fc.dict_of(fc.anything), factory=dict, sparse=True,
+                        doc="key -> (exception, traceback, text): held but unserializable")
+
+
+@message("retire-me", W2S)
+@dataclass(slots=True)
+class RetireMe:
+    """The worker's lifetime is up: retire it gracefully."""
+
+
+# ====================================================================== scheduler -> worker
+
+@message("upload-file", C2S, S2W)
+@dataclass(slots=True)
+class UploadFile:
+    """``Client.upload_file``: a file for every worker, also those that join later (the
+    scheduler relays it to each; they answer ``run-reply``, the client ``control-reply``)."""
+
+    request_id: str = wire(fc.string, doc="`replay` when sent to a worker that joined later")
+    filename: str = wire(fc.string, doc="a bare file name")
+    data: bytes = wire(fc.blob, doc="the file's content")
+    load: bool = wire(fc.boolean, True, doc="import it (a .py) or put it on sys.path (an archive)")
+
+
+@message("compute-task", S2W)
+@dataclass(slots=True)
+class ComputeTask(Stimulus):
+    """Run ``key`` (after fetching its dependencies from the workers holding them)."""
+
+    key: Key = wire(fc.key)
+    run_spec: Any = wire(fc.anything, doc="what to run, as the client serialized it")
+    priority: tuple = wire(fc.list_of(fc.number), (), doc="lower runs first")
+    who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)), factory=dict, sparse=True,
+                         doc="dependency key -> workers holding it")
+    nbytes: dict = wire(fc.dict_of(fc.count), factory=dict, sparse=True,
+                        doc="dependency key -> its size in bytes")
+    resource_restrictions: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
+                                              sparse=True, doc="resources it holds while running")
+    duration: float = wire(fc.number, 0.5, doc="expected seconds")
+
+
+@message("free-keys", S2W)
+@dataclass(slots=True)
+class FreeKeys(Stimulus):
+    """Forget ``keys``: drop their data, cancel them if not done."""
+
+    keys: list = wire(fc.keys)
+
+
+@message("steal-request", S2W)
+@dataclass(slots=True)
+class StealRequest(Stimulus):
+    """Give ``key`` up unless it runs already (work stealing); answered by
+    ``steal-response``."""
+
+    key: Key = wire(fc.key)
+
+
+@message("acquire-replicas", S2W)
+@dataclass(slots=True)
+class AcquireReplicas(Stimulus):
+    """Fetch a copy of these keys from the workers holding them (replicate, retire)."""
+
+    who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)))
+    nbytes: dict = wire(fc.dict_of(fc.count), factory=dict)
+
+
+@message("refresh-who-has", S2W)
+@dataclass(slots=True)
+class RefreshWhoHas(Stimulus):
+    """Where these keys are now (a fetch found a worker without them)."""
+
+    who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)))
+
+
+@message("update-data", S2W)
+@dataclass(slots=True)
+class UpdateData(Stimulus):
+    """Store this scattered data; answered by ``add-keys``."""
+
+    data: dict = wire(fc.mapping, doc="key -> value (serialized on the wire; the worker "
+                                   "deserializes it before its state machine sees it)")
+    scatter_id: str | None = wire(fc.optional(fc.string), None)
+
+
+@message("get-data", S2W, W2W)
+@dataclass(slots=True)
+class GetData:
+    """Send me the values of ``keys`` you hold; answered by ``data-reply``."""
+
+    keys: list = wire(fc.keys)
+    request_id: str = wire(fc.string)
+    serialized: bool = wire(fc.boolean, False, sparse=True,
+                            doc="as one serialized blob (the scheduler relays it unopened)")
+
+
+@message("close", S2W)
+@dataclass(slots=True)
+class Close:
+    """Close the worker (retired, or the scheduler closes or drops it)."""
+
+    reason: str = wire(fc.string, "closed")
+    exit_code: int = wire(fc.count, 0, sparse=True,
+                          doc="the worker process's exit code (the CLI, under MPI)")
+
+
+@message("run", S2W)
+@dataclass(slots=True)
+class RunOnWorker:
+    """Run a function now, for ``Client.run``; answered by ``run-reply``."""
+
+    request_id: str = wire(fc.string)
+    function: bytes = wire(fc.blob)
+    args: bytes | None = wire(fc.optional(fc.blob), None)
+    kwargs: bytes | None = wire(fc.optional(fc.blob), None)
+    wait: bool = wire(fc.boolean, True, doc="send the result back (else None)")
+
+
+@message("plugin-add", S2W)
+@dataclass(slots=True)
+class PluginAdd:
+    """Set a worker plugin up (one of the same name is torn down first); answered by
+    ``run-reply``."""
+
+    name: str = wire(fc.string)
+    plugin: bytes = wire(fc.blob, doc="the plugin, cloudpickled")
+    request_id: str = wire(fc.string, "", doc="`replay` when the worker just joined")
+
+
+@message("plugin-remove", S2W)
+@dataclass(slots=True)
+class PluginRemove:
+    """Tear a worker plugin down; answered by ``run-reply``."""
+
+    name: str = wire(fc.string)
+    request_id: str = wire(fc.string, "")
+
+
+@message("plugins-reset", S2W)
+@dataclass(slots=True)
+class PluginsReset:
+    """Tear every worker plugin down and set it up again (``Client.restart``); answered by
+    ``run-reply``."""
+
+    request_id: str = wire(fc.string, "")

@@ -1,0 +1,1 @@
+"""The scheduler server: runs the scheduler state over any transport, answers requests."""

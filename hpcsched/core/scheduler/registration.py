@@ -1,0 +1,83 @@
+"""How a peer introduces itself to the scheduler: one ``register-worker`` or
+``register-client`` message, read on the backend's thread before the peer's
+messages reach the scheduler's loop.
+
+A peer whose first message is not a registration, or whose registration is
+malformed or names a worker already registered, is told why (``register-error``)
+where it can be, and dropped; the scheduler never handles its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.core.comm.base import Comm, CommClosedError
+from hpcsched.core.protocol.messages import RegisterError, RegisterWorker, encode
+from hpcsched.core.state import events as ev
+
+logger = logging.getLogger("hpcsched.scheduler")
+
+
+def read_introduction(comm: Comm) -> tuple[str, str, Comm, dict] | None:
+    """``("client" | "worker", peer id, comm, message)``, or None (the comm is closed).
+
+    Only what names the peer is read here; the scheduler's loop decodes the whole
+    introduction (every field checked) before it accepts the peer."""
+    try:
+        first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
+    except (CommClosedError, TimeoutError, OSError) as e:
+        logger.warning("peer %s did not introduce itself: %s", comm.peer_address, e)
+        comm.close()
+        return None
+    msg = first[0] if isinstance(first, list) and first else first
+    if not isinstance(msg, dict) or msg.get("op") not in ("register-worker", "register-client"):
+        logger.warning("dropping peer %s: first message is not a registration (%r)",
+                       comm.peer_address, short(first))
+        comm.close()
+        return None
+    if msg["op"] == "register-client":
+        cid = msg.get("client")
+        if not isinstance(cid, str) or not cid:
+            logger.warning("dropping peer %s: bad client id", comm.peer_address)
+            comm.close()
+            return None
+        return ("client", cid, comm, msg)
+    address = msg.get("address")
+    if not isinstance(address, str) or "://" not in address:
+        logger.warning("dropping worker %s: bad address %r", comm.peer_address, address)
+        comm.close()
+        return None
+    return ("worker", address, comm, msg)
+
+
+def refuse(comm: Comm, peer: str, message: str) -> None:
+    """Tell a worker why it may not join, then close its comm."""
+    logger.warning("refusing worker %s: %s", peer, message)
+    try:
+        comm.send([encode(RegisterError(message))])
+    except (CommClosedError, OSError):
+        pass
+    comm.close()
+
+
+def add_worker_event(peer: str, msg: RegisterWorker, name: Any, now: float,
+                     stimulus_id: str = "") -> ev.AddWorker:
+    """The state's event for a worker's registration ``msg``, decoded (its fields checked)."""
+    return ev.AddWorker(
+        address=peer, nthreads=msg.nthreads, memory_limit=msg.memory_limit or 0,
+        name=worker_name(name), host=msg.host, resources=dict(msg.resources or {}),
+        keys=dict(msg.keys or {}), pid=msg.pid or 0, now=now, stimulus_id=stimulus_id)
+
+
+def worker_name(name: Any) -> str | int:
+    """A worker's name as given if it is a str or an int (dask-mpi names workers by their
+    rank, and ``submit(..., workers=2)`` then means rank 2), else its text."""
+    return name if isinstance(name, (str, int)) and not isinstance(name, bool) else str(name)
+
+
+def short(x: Any) -> str:
+    """``repr(x)``, cut at 200 characters (for log lines and error messages)."""
+    r = repr(x)
+    return r if len(r) < 200 else r[:197] + "..."

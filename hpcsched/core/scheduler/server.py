@@ -1,0 +1,546 @@
+"""The scheduler server: runs :class:`SchedulerState` over any transport.
+
+Peers connect and introduce themselves with one message, ``register-worker``
+or ``register-client``; after that their transport delivers their messages to the
+:class:`~hpcsched.core.comm.loop.Loop` (``Comm.deliver_to``), which turns op dicts into events, hands them
+to the state machine and sends the resulting messages batched per peer.
+
+A few ops are served here rather than by the state machine because they move
+data or answer questions: ``gather`` (:mod:`.scheduler_gather`), ``scatter``,
+``scheduler-info``, ``retire-workers``, cluster control
+(:mod:`.cluster_control`), coordination primitives (:mod:`.primitives`) and
+extensions (:mod:`.scheduler_extensions`).
+
+Each event built from a message gets a ``stimulus_id`` (``"<op>-<n>"``), which
+the state's transition log records, and the scheduler plugins' ``transition``
+hooks are called with each logged transition after the event is handled.
+
+Every inbound message takes one path: it is decoded into its protocol record
+by its sender's direction (:data:`~hpcsched.core.protocol.messages.WORKER_TO_SCHEDULER`
+or :data:`~hpcsched.core.protocol.messages.CLIENT_TO_SCHEDULER`), which checks every
+field, then handed to the handler :data:`Scheduler.OPS` names for its op: the
+state machine, or an op this server answers itself. Each message is handled
+on its own: a peer whose message is malformed, or makes a handler fail, is
+sent one error message, logged and dropped; the other messages of the batch,
+everyone else's, are served on. The state machine's commands carry records
+too; each is encoded once, when its batch is sent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any
+
+from hpcsched.core import config
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
+from hpcsched.core.comm.loop import CLOSED, Loop, start_reader
+from hpcsched.core.protocol import messages as pr
+from hpcsched.core.scheduler import ops as scheduler_ops
+from hpcsched.core.scheduler.control import ClusterControl
+from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
+from hpcsched.core.scheduler.gather import Gathers
+from hpcsched.core.scheduler.ops import INTERNAL
+from hpcsched.core.scheduler.primitives import Primitives
+from hpcsched.core.scheduler.registration import add_worker_event, read_introduction, refuse, short
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.maintenance import resolve_workers
+from hpcsched.core.state.scheduler_state import SchedulerState
+
+logger = logging.getLogger("hpcsched.scheduler")
+
+# public address -> (inproc address, secret) of the schedulers running in this process
+LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
+ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
+
+
+def _contextual(table: pr.Direction) -> frozenset[str]:
+    """The ops of ``table`` whose records take the sender, ``now`` and a stimulus id."""
+    return frozenset(op for op, cls in table.items()
+                     if "now" in pr.spec(cls).context_names)
+
+
+_WORKER_CONTEXT = _contextual(pr.WORKER_TO_SCHEDULER)
+_CLIENT_CONTEXT = _contextual(pr.CLIENT_TO_SCHEDULER)
+
+
+def _wire(msgs: list) -> list:
+    return [m if m.__class__ is dict else encode(m) for m in msgs]
+
+
+def _merge_frees(msgs: list) -> list:
+    """``msgs`` with each run of consecutive ``free-keys`` made one (a tree reduction frees
+    a key per task, and the worker decodes and handles each message on its own). Only
+    neighbours merge: a ``compute-task`` between two frees keeps its place between them."""
+    out: list = []
+    merged = None  # the copy made for the current run (the records themselves stay as sent)
+    for m in msgs:
+        if m.__class__ is FreeKeys and out and out[-1].__class__ is FreeKeys:
+            head = out[-1]
+            if head is not merged:
+                head = out[-1] = merged = FreeKeys(list(head.keys))
+            head.keys.extend(m.keys)
+        else:
+            out.append(m)
+    return out
+
+
+class Scheduler:
+    """A scheduler listening on ``address`` (``tcp://host:port``, ``inproc://``, ``mpi://0``).
+
+    Example::
+
+        s = Scheduler("tcp://127.0.0.1:0", security=Security.generate()).start()
+        print(s.address)
+        ...
+        s.close()
+    """
+
+    def __init__(self, address: str = "inproc://", security: Security | None = None, *,
+                 worker_ttl: float | None = None, tick_interval: float | None = None,
+                 dashboard_address: Any = ..., **state_kwargs: Any):
+        self.listen_address = address
+        self.security = security
+        parse_address(address)  # a malformed address is named here, before anything starts
+        if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
+            worker_ttl = config.get("scheduler.worker-ttl")
+        kw = {
+            "worker_saturation": config.get("scheduler.worker-saturation"),
+            "rootish_policy": config.get("scheduler.rootish-policy"),
+            "rootish_factor": config.get("scheduler.rootish-factor"),
+            "rootish_max_deps": config.get("scheduler.rootish-max-deps"),
+            "queue_block_size": config.get("scheduler.queue-block-size"),
+            "queue_block_bytes": config.get("scheduler.queue-block-bytes"),
+            "allowed_failures": config.get("scheduler.allowed-failures"),
+            "unknown_task_duration": config.get("scheduler.unknown-task-duration"),
+            "bandwidth": config.get("scheduler.default-bandwidth"),
+            "work_stealing": config.get("scheduler.work-stealing"),
+        }
+        kw.update({k: v for k, v in state_kwargs.items() if v is not None})
+        self.state = SchedulerState(worker_ttl=worker_ttl, **kw)
+        if tick_interval is None:
+            tick_interval = config.get("scheduler.work-stealing-interval")
+        self.loop = Loop("hpcsched-scheduler", self._process, self._flush, self._tick,
+                         tick_interval)
+        self.address = ""
+        self.inproc_address = ""
+        self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
+        self._listener: Any = None
+        self._extra_listeners: list = []
+        self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
+        self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
+        self._outbox: dict[str, list] = {}
+        # per worker: messages that may wait for the next one to it or the tick (free-keys)
+        self._held: dict[str, list] = {}
+        self._release_held = False
+        self.gathers = Gathers(self)
+        self._stimuli = itertools.count()
+        self._internal: dict[str, Future] = {}
+        self._worker_callbacks: list = []
+        self.removal_stimulus = ""  # of the worker removal being announced to callbacks
+        self._closed = False
+        self._workers_changed = threading.Condition()
+        self.started = time.time()
+        # ``host:port`` of the dashboard (None: none); read by the diagnostics extension
+        self.dashboard_address = config.get("diagnostics.dashboard.address") \
+            if dashboard_address is ... else dashboard_address
+        # extensions (config scheduler.extensions) by name, and the links they serve
+        self.extensions: dict[str, Any] = {}
+        self.services: dict[str, str] = {}
+        # Client.run, who_has, upload_file, ... (core/cluster_control.py)
+        self.control = ClusterControl(self)
+        # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (core/primitives.py)
+        self.primitives = Primitives(self)
+
+    # ================================================================ lifecycle
+    def start(self) -> Scheduler:
+        """Listen, start the loop and the configured extensions; returns the scheduler."""
+        self.loop.start()
+        self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
+        self.address = self._listener.address
+        # a client in this process (a notebook's, rank 0's) talks to us without sockets
+        same_process = registry.backend_for(self.address).same_process
+        self.inproc_address = self.address if same_process else self.add_listener("inproc://")
+        LOCAL_SCHEDULERS[self.address] = (self.inproc_address,
+                                          self.security.secret if self.security else None)
+        logger.info("scheduler at %s", self.address)
+        self.extensions.update(start_extensions(self))
+        return self
+
+    @property
+    def dashboard_link(self) -> str | None:
+        """The dashboard's URL, if the diagnostics extension serves one."""
+        return self.services.get("dashboard")
+
+    def add_listener(self, address: str) -> str:
+        """Also accept peers on ``address`` (e.g. ``inproc://`` for a client in this process
+        while workers come over ``mpi://``); returns the contactable address."""
+        lst = registry.listen(address, self._on_connect, self.security)
+        self._extra_listeners.append(lst)
+        return lst.address
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self, timeout: float = 10.0, exit_code: int = 0) -> None:
+        """Close every worker (they exit with ``exit_code`` when run by the CLI or under
+        MPI), tell clients, stop listening."""
+        if self._closed:
+            return
+        self._closed = True
+        LOCAL_SCHEDULERS.pop(self.address, None)
+        self.control.close()  # scheduler plugins
+        close_extensions(self.extensions)
+        for lst in [self._listener, *self._extra_listeners]:
+            if lst is not None:
+                lst.stop()
+
+        def shutdown() -> None:
+            for addr in list(self.state.workers):
+                self._queue(addr, pr.Close("scheduler closing", exit_code))
+            for cid in list(self.state.clients):
+                self._queue(cid, pr.SchedulerClosing())
+
+        try:
+            self.loop.call(shutdown, timeout=timeout)
+        except Exception:
+            pass
+        self.loop.stop(timeout=timeout)
+        for comm in list(self._comms.values()):
+            try:
+                comm.close()
+            except Exception:
+                pass
+        self._comms.clear()
+
+    # ================================================================ connections
+    def _on_connect(self, comm: Comm) -> None:
+        """Runs in a backend thread per accepted peer: read its introduction."""
+        intro = read_introduction(comm)
+        if intro is not None:
+            self.loop.put((None, intro))
+
+    def _register(self, kind: str, peer: str, comm: Comm, msg: Any) -> None:
+        """Accept a peer whose introduction ``msg`` (a decoded ``RegisterClient`` or
+        ``RegisterWorker``) passed its checks."""
+        now = time.time()
+        if kind == "client":
+            self._comms[peer] = comm
+            self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
+            self._queue(peer, pr.Registered(self.address, self.id))
+            start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+            return
+        name = msg.name or peer
+        if peer in self.state.workers or any(ws.name == name for ws in
+                                             self.state.workers.values()):
+            refuse(comm, peer, f"a worker named {name!r} is already registered")
+            return
+        try:
+            event = add_worker_event(peer, msg, name, now,
+                                     self._stimulus("register-worker"))
+        except (TypeError, ValueError) as e:
+            logger.warning("dropping worker %s: malformed registration: %s", peer, e)
+            comm.close()
+            return
+        self._comms[peer] = comm
+        self._worker_peers.add(peer)
+        self._queue(peer, pr.Registered(self.address, self.id,
+                                        config.get("worker.heartbeat-interval")))
+        self.handle_event(event)
+        start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+        logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
+        self._notify_workers("add", peer, self.state.workers[peer].info())
+
+    def _disconnect(self, peer: str, reason: str) -> None:
+        comm = self._comms.pop(peer, None)
+        if comm is not None:
+            comm.close()
+        self._outbox.pop(peer, None)
+        self._held.pop(peer, None)
+        now = time.time()
+        if peer in self._worker_peers:
+            self._worker_peers.discard(peer)
+            info = None
+            if peer in self.state.workers:  # not already removed by the state (retired, ttl)
+                logger.info("worker %s left: %s", peer, reason)
+                info = self.state.workers[peer].info()
+                self.handle_event(ev.RemoveWorker(peer, reason, now=now,
+                                                  stimulus_id=self._stimulus("remove-worker")))
+            self.gathers.worker_left(peer)
+            # the remove_worker hooks name the event that removed it (this one, or the
+            # state's own: a retirement, a missed heartbeat)
+            self.removal_stimulus = self.state.removed_by.pop(peer, "")
+            self._notify_workers("remove", peer, info)
+        elif peer in self.state.clients:
+            self.primitives.peer_left(peer)
+            self.handle_event(ev.RemoveClient(peer, now=now, stimulus_id=self._stimulus("remove-client")))
+
+    def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
+        """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
+        thread: they must not block)."""
+        with self._workers_changed:
+            self._workers_changed.notify_all()
+        for cb in list(self._worker_callbacks):
+            try:
+                cb(what, address, info)
+            except Exception:
+                logger.exception("worker callback failed")
+
+    # ================================================================ the loop
+    def _process(self, items: list) -> None:
+        """Handle a batch. Each peer's message is decoded (every field checked) and
+        handled on its own: whatever one message provokes, the peer that sent it gets one
+        error message and is disconnected, and everyone else's messages are handled."""
+        now = time.time()
+        for source, payload in items:
+            try:
+                if source is None:
+                    kind, peer, comm, msg = payload
+                    table = pr.WORKER_TO_SCHEDULER if kind == "worker" \
+                        else pr.CLIENT_TO_SCHEDULER
+                    try:
+                        record = pr.decode(table, msg)
+                    except pr.MalformedMessage as e:
+                        refuse(comm, peer, f"malformed registration: {e}")
+                        continue
+                    self._register(kind, peer, comm, record)
+                elif payload is CLOSED:
+                    self._disconnect(source, "connection closed")
+                elif source in self._comms:  # else a late message from a peer we dropped
+                    self._handle_messages(source, payload, now)
+            except Exception:  # a bug, not the peer's fault: log it, serve the rest
+                logger.exception("error while handling a message from %s", source)
+
+    def _handle_messages(self, source: str, payload: Any, now: float) -> None:
+        if source in self._worker_peers:
+            table, contextual, sender = pr.WORKER_TO_SCHEDULER, _WORKER_CONTEXT, "worker"
+        else:
+            table, contextual, sender = pr.CLIENT_TO_SCHEDULER, _CLIENT_CONTEXT, "client"
+        ops = self.OPS
+        for msg in payload if isinstance(payload, list) else [payload]:
+            try:
+                op = msg.get("op") if msg.__class__ is dict else None
+                if op.__class__ is str and op in contextual:
+                    record = pr.decode(table, msg, **{sender: source}, now=now,
+                                       stimulus_id=self._stimulus(op))
+                else:  # a server op without context, or a malformed message
+                    record = pr.decode(table, msg)
+                handler = ops.get(record.op)
+                if handler is None:
+                    raise pr.MalformedMessage(f"op {record.op!r} is a peer's first message only")
+                handler(self, source, record)
+            except Exception as e:
+                self._reject(source, msg, e)
+                return  # the peer is gone: the rest of its batch goes with it
+
+    def _reject(self, peer: str, msg: Any, error: Exception) -> None:
+        """Tell ``peer`` why its message was refused, then disconnect it."""
+        op = msg.get("op") if isinstance(msg, dict) else None
+        if isinstance(error, pr.MalformedMessage):
+            reason = f"malformed message: {error}"
+            logger.warning("dropping %s: %s", peer, reason)
+        else:
+            reason = f"handling op {short(op)} failed: {type(error).__name__}: {error}"
+            logger.error("dropping %s: %s", peer, reason, exc_info=error)
+        comm = self._comms.get(peer)
+        if comm is not None:
+            notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
+            try:
+                comm.send(_wire(self._outbox.pop(peer, []) + [notice]))
+            except (CommClosedError, OSError):
+                pass
+        self._disconnect(peer, reason)
+
+    def _tick(self, now: float) -> None:
+        self._release_held = True  # this iteration's flush sends what waited
+        self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
+        self.primitives.tick(now)
+        # workers removed by the tick (no heartbeat) lose their comms too
+        for peer in [p for p in self._worker_peers if p not in self.state.workers]:
+            self._disconnect(peer, "removed")
+
+    def _stimulus(self, op: str) -> str:
+        return f"{op}-{next(self._stimuli)}"
+
+    def _route(self, commands: list) -> None:
+        """Queue the state's commands; tell scheduler plugins of the new transitions."""
+        entries = self.state.transition_listener
+        if entries:
+            self.state.transition_listener = [] if self.control.scheduler_plugins else None
+            self.control.transitions(entries)
+        for cmd in commands:
+            self._queue(cmd.to, cmd.msg)
+
+    def _queue(self, to: str, msg: Any) -> None:
+        """Queue ``msg`` (a protocol record, or a wire dict) for peer ``to``."""
+        if to == INTERNAL:
+            rid = msg.get("request_id") if isinstance(msg, dict) else \
+                getattr(msg, "request_id", None)
+            fut = self._internal.pop(str(rid), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+            return
+        box = self._outbox.get(to)
+        if box is None:
+            box = self._outbox[to] = []
+        box.append(msg)
+
+    def _flush(self) -> None:
+        """Send each destination its batch. A batch of only ``free-keys`` waits (up to
+        a tick) to ride along with the next message to that worker: releasing memory is
+        not urgent, and on a busy node every message costs both ends a wake-up (a
+        tree reduction sends one free-keys per task)."""
+        held = self._held
+        release, self._release_held = self._release_held, False
+        if release and held:
+            for to, msgs in held.items():
+                self._outbox[to] = msgs + self._outbox.get(to, [])
+            held.clear()
+        if not self._outbox:
+            return
+        outbox, self._outbox = self._outbox, {}
+        for to, msgs in outbox.items():
+            waiting = held.pop(to, None)
+            if waiting is not None:
+                msgs = waiting + msgs
+            if not release and all(m.__class__ is FreeKeys for m in msgs):
+                held[to] = msgs
+                continue
+            comm = self._comms.get(to)
+            if comm is None:
+                continue
+            if len(msgs) > 1:
+                msgs = _merge_frees(msgs)
+            try:
+                comm.send(_wire(msgs))
+            except (CommClosedError, OSError) as e:
+                self.loop.put((to, CLOSED))
+                logger.info("send to %s failed: %s", to, e)
+
+    # ================================================================ inbound ops
+    def _op_state(self, source: str, event: Any) -> None:
+        """An op the state machine handles: the decoded record is its event."""
+        if source in self._worker_peers and source not in self.state.workers:
+            return  # news from a worker already removed (retired, timed out)
+        self._route(self.state.handle(event))
+
+    def _op_close_client(self, source: str, msg: pr.CloseClient) -> None:
+        self._queue(source, pr.CloseClientReply())
+        self._flush()
+        self._disconnect(source, "client closed")
+
+    #: op -> handler(scheduler, sender, record), for every op a worker or a client may send
+    #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`), closing,
+    #: and the requests this server answers itself (:mod:`.scheduler_ops`)
+    OPS: dict[str, Any] = {**dict.fromkeys(ev.SCHEDULER_OPS, _op_state), "scatter": _op_state,
+                           "close-client": _op_close_client, **scheduler_ops.OPS}
+
+    # ================================================================ in-process API
+    def identity(self) -> dict:
+        """Summary of the cluster (runs on the loop thread)."""
+        return {
+            "type": "Scheduler", "id": self.id, "address": self.address,
+            "started": self.started,
+            "workers": {a: ws.info() for a, ws in self.state.workers.items()},
+            "n_tasks": len(self.state.tasks), "task_counts": self.state.task_counts(),
+            "clients": sorted(self.state.clients), "queued": self.state.n_queued,
+            "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
+        }
+
+    def handle_event(self, event: Any, op: str = "") -> None:
+        """Feed ``event`` to the state and carry out its commands (on the loop thread);
+        an event without a stimulus id is given one named after ``op`` (events are frozen:
+        a copy carries it)."""
+        if not event.stimulus_id:
+            event = dataclasses.replace(
+                event, stimulus_id=self._stimulus(op or type(event).__name__))
+        self._route(self.state.handle(event))
+
+    def stimulus(self, op: str) -> str:
+        """A new stimulus id, ``"<op>-<n>"``, for an event this server builds."""
+        return self._stimulus(op)
+
+    def send(self, to: str, msg: Any, before_tasks: bool = False) -> None:
+        """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so);
+        ``before_tasks``: ahead of the tasks already queued for it (what a worker that just
+        joined must have first: uploaded files, plugins)."""
+        box = self._outbox.get(to)
+        if before_tasks and box:
+            at = next((i for i, m in enumerate(box) if m.__class__ is ComputeTask),
+                      len(box))
+            box.insert(at, msg)
+            return
+        self._queue(to, msg)
+
+    def workers_info(self) -> dict[str, dict]:
+        """Each worker's description, by address (from any thread)."""
+        return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
+
+    def scheduler_info(self) -> dict:
+        """The cluster's summary, :meth:`identity` (from any thread)."""
+        return self.loop.call(self.identity)
+
+    def call(self, fn: Any, timeout: float | None = 30.0) -> Any:
+        """Run ``fn(scheduler)`` on the scheduler's thread (for adaptive and clusters)."""
+        return self.loop.call(lambda: fn(self), timeout)
+
+    def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
+                       close: bool = True, timeout: float = 60.0, n: int | None = None
+                       ) -> list[str]:
+        """Gracefully retire workers: their results move to others, then they close."""
+        rid = f"retire-{uuid.uuid4().hex[:8]}"
+        fut: Future = Future()
+
+        def start() -> None:
+            self._internal[rid] = fut
+            addrs = resolve_workers(self.state, workers, names, n)
+            self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
+                                               stimulus_id=self._stimulus("retire-workers")))
+
+        self.loop.call(start)
+        reply: pr.RetireWorkersReply = fut.result(timeout)
+        return list(reply.retired)
+
+    def wait_for_workers(self, n: int, timeout: float | None = None) -> None:
+        """Block until ``n`` workers are registered (TimeoutError after ``timeout`` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._workers_changed:
+            while len(self.state.workers) < n:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"only {len(self.state.workers)} of {n} workers "
+                                       f"joined within {timeout}s")
+                self._workers_changed.wait(min(left, 1.0) if left is not None else 1.0)
+
+    def add_worker_callback(self, fn: Any) -> None:
+        """Call ``fn("add" | "remove", address, info)`` as workers join and leave (on the loop
+        thread: it must not block)."""
+        self._worker_callbacks.append(fn)
+
+    def remove_worker_callback(self, fn: Any) -> None:
+        """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
+        if fn in self._worker_callbacks:
+            self._worker_callbacks.remove(fn)
+
+
+def default_host() -> str:
+    """An address of this machine other hosts can reach (falls back to 127.0.0.1)."""
+    try:
+        host = socket.gethostname()
+        ip = socket.gethostbyname(host)
+        if not ip.startswith("127."):
+            return ip
+    except OSError:
+        pass
+    return os.environ.get("HPCSCHED_HOST", "127.0.0.1")

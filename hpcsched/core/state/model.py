@@ -1,0 +1,205 @@
+"""What the scheduler knows: tasks, task groups, workers (plain records, no behaviour).
+
+:class:`TaskState` and :class:`WorkerInfo` link to each other (``who_has`` /
+``has_what``, ``processing_on`` / ``processing``); only
+:class:`~hpcsched.core.state.scheduler_state.SchedulerState` changes them, and its
+``validate()`` checks that the links agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Key = Any
+
+
+#: who wants a key passed to ``fire_and_forget``: nobody to report to; released once done
+FIRE_AND_FORGET = "fire-and-forget"
+
+class KilledWorker(RuntimeError):
+    """A task was running on workers that died, ``allowed-failures`` times."""
+
+
+class LostData(RuntimeError):
+    """Data that cannot be recomputed (scattered) was lost with its worker."""
+
+
+class InvalidTransition(AssertionError):
+    """A task was asked to go from one state to another the transition table does not allow:
+    a bug in the scheduler, never the peer's fault."""
+
+
+#: every (start, finish) a task may go through; ``forgotten`` is the task deleted
+ALLOWED_TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
+    ("released", "waiting"), ("released", "memory"), ("released", "erred"),
+    ("released", "forgotten"),
+    ("waiting", "processing"), ("waiting", "queued"), ("waiting", "no-worker"),
+    ("waiting", "memory"), ("waiting", "released"), ("waiting", "erred"),
+    ("queued", "processing"), ("queued", "memory"), ("queued", "released"), ("queued", "erred"),
+    ("no-worker", "processing"), ("no-worker", "queued"), ("no-worker", "memory"),
+    ("no-worker", "released"), ("no-worker", "erred"),
+    # processing -> waiting: taken back from a worker (stolen, or its worker retires)
+    ("processing", "memory"), ("processing", "released"), ("processing", "erred"),
+    ("processing", "waiting"),
+    ("memory", "released"), ("memory", "erred"),
+    # erred -> memory: scattered data that was lost is scattered again
+    ("erred", "released"), ("erred", "memory"),
+})
+
+
+@dataclass(slots=True)
+class Retirement:
+    """A worker retiring gracefully: its unique results are copied away, then it closes."""
+
+    request_id: str
+    requester: str  # who gets the retire-workers-reply
+    start: float
+    close: bool  # send it ``close`` once done (else it stays up, unused)
+    workers: list[str]  # every worker of the same request (the reply lists them all)
+    sent: set = field(default_factory=set)  # keys whose copy was asked of a survivor
+
+
+@dataclass(slots=True)
+class Scatter:
+    """A client's scatter in flight: answered once every (worker, key) copy is stored."""
+
+    client: str
+    pending: set  # {(worker address, key)}
+
+
+@dataclass(slots=True)
+class Rebalance:
+    """``Client.rebalance`` in flight: each move copies a key to its recipient first; the
+    sender's copy is dropped only once the recipient reports holding it (``add-keys``)."""
+
+    request_id: str
+    requester: str
+    start: float
+    moves: dict = field(default_factory=dict)  # (key, recipient address) -> sender address
+
+
+class TaskGroup:
+    """The tasks sharing a key prefix (``inc-1``, ``inc-2``, ...): their durations and placement."""
+
+    __slots__ = ("name", "n_tasks", "dep_keys", "duration_total", "n_durations",
+                 "last_worker", "last_worker_tasks_left", "nbytes_total", "n_nbytes")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.n_tasks = 0
+        self.dep_keys: set = set()  # distinct dependency keys, capped at a few
+        self.duration_total = 0.0
+        self.n_durations = 0
+        self.last_worker: WorkerInfo | None = None
+        self.last_worker_tasks_left = 0
+        self.nbytes_total = 0
+        self.n_nbytes = 0  # results counted in nbytes_total
+
+    @property
+    def average_duration(self) -> float | None:
+        """Mean seconds of the group's finished tasks (None before the first)."""
+        return self.duration_total / self.n_durations if self.n_durations else None
+
+    @property
+    def average_nbytes(self) -> float | None:
+        """Mean bytes of the group's results so far (None before the first)."""
+        return self.nbytes_total / self.n_nbytes if self.n_nbytes else None
+
+    def __repr__(self) -> str:
+        return f"<TaskGroup {self.name}: {self.n_tasks} tasks>"
+
+
+class TaskState:
+    """The scheduler's view of one task."""
+
+    __slots__ = (
+        "key", "group", "state", "priority", "run_spec", "dependencies", "dependents",
+        "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
+        "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
+        "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
+        "queued_seq", "stealing", "rootish_cache", "block",
+    )
+
+    def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
+        self.key = key
+        self.group = group
+        self.state = "released"
+        self.priority: tuple = ()
+        self.run_spec = run_spec
+        self.dependencies: set[TaskState] = set()
+        self.dependents: set[TaskState] = set()
+        self.waiting_on: set[TaskState] = set()
+        self.waiters: set[TaskState] = set()
+        self.who_wants: set[str] = set()
+        self.who_has: set[WorkerInfo] = set()
+        self.processing_on: WorkerInfo | None = None
+        self.nbytes = -1
+        self.typename = ""
+        self.retries = 0
+        self.suspicious = 0
+        self.erred_on: list[str] = []
+        self.exception: Any = None
+        self.traceback = ""
+        self.exception_text = ""
+        self.exception_blame: TaskState | None = None
+        self.resource_restrictions: dict | None = None
+        self.worker_restrictions: set | None = None
+        self.loose_restrictions = False
+        self.queued_seq = 0
+        self.stealing = False
+        self.rootish_cache: bool | None = None
+        self.block: Any = None  # its RootBlock while queued (hpcsched.core.state.blocks)
+
+    def __repr__(self) -> str:
+        return f"<TaskState {self.key!r} {self.state}>"
+
+    def __lt__(self, other: TaskState) -> bool:
+        return self.priority < other.priority
+
+
+class WorkerInfo:
+    """The scheduler's view of one worker."""
+
+    __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
+                 "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
+                 "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
+                 "root_block")
+
+    def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
+                 host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
+        self.address = address
+        self.name = name or address
+        self.host = host
+        self.nthreads = max(int(nthreads), 1)
+        self.memory_limit = int(memory_limit or 0)
+        self.resources = dict(resources or {})
+        self.used_resources = {r: 0 for r in self.resources}
+        self.processing: dict[TaskState, float] = {}  # task -> estimated duration
+        self.executing: set[TaskState] = set()
+        # processing tasks that seceded from the worker's thread pool: they occupy no slot
+        self.long_running: set[TaskState] = set()
+        self.has_what: dict[TaskState, None] = {}
+        self.nbytes = 0
+        self.occupancy = 0.0
+        self.status = "running"  # running | paused | closing_gracefully
+        self.last_seen = now
+        self.metrics: dict = {}
+        self.pid = pid
+        self.heap_version = 0
+        self.root_block: Any = None  # the RootBlock it takes queued tasks from
+
+    def __repr__(self) -> str:
+        return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
+
+    def info(self) -> dict:
+        """A plain description of the worker (``scheduler_info()['workers']``)."""
+        return {
+            "address": self.address, "name": self.name, "host": self.host,
+            "nthreads": self.nthreads, "memory_limit": self.memory_limit,
+            "resources": dict(self.resources), "nbytes": self.nbytes,
+            "processing": len(self.processing), "executing": len(self.executing),
+            "long_running": len(self.long_running),
+            "n_keys": len(self.has_what), "occupancy": self.occupancy, "status": self.status,
+            "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
+        }

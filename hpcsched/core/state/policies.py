@@ -1,0 +1,187 @@
+"""Pure scheduling decisions over scheduler state.
+
+They follow dask.distributed's scheduling policies ("Choosing Workers",
+https://distributed.dask.org/en/stable/scheduling-policies.html).
+
+Every function here reads :class:`~hpcsched.core.state.scheduler_state.TaskState` /
+``WorkerInfo`` objects and returns a decision; none of them changes state.
+
+* :func:`is_rootish` — a task whose TaskGroup is larger than
+  ``rootish_factor x`` the cluster's threads and has fewer than
+  ``rootish_max_deps`` distinct dependencies, and no restrictions.
+* :func:`worker_objective` — when would ``ts`` start on ``ws``: occupancy per
+  thread plus bytes to transfer over the bandwidth; ties by bytes stored.
+* :func:`decide_worker` — among workers holding a dependency (all valid ones
+  when none does), the one with the smallest objective.
+* :func:`co_assign_worker` — queuing off: consecutive root-ish tasks (in
+  priority order) go to one worker in batches, so siblings land together.
+* :func:`plan_steals` — idle workers take not-yet-started work from
+  saturated ones when moving it costs little next to its runtime.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcsched.core.state.scheduler_state import TaskGroup, TaskState, WorkerInfo
+
+SAMPLE_LIMIT = 20  # workers inspected for a dependency-free, non-root-ish task
+
+
+def is_rootish(ts: TaskState, total_nthreads: int, factor: float = 2, max_deps: int = 5) -> bool:
+    if ts.resource_restrictions or ts.worker_restrictions:
+        return False
+    tg = ts.group
+    return tg.n_tasks > factor * total_nthreads and len(tg.dep_keys) < max_deps
+
+
+def worker_slots(ws: WorkerInfo, saturation: float) -> int:
+    """Tasks a worker may hold at once under queuing: ceil(saturation x nthreads), at least 1."""
+    if math.isinf(saturation):
+        return 2**62
+    return max(math.ceil(saturation * ws.nthreads), 1)
+
+
+def busy_slots(ws: WorkerInfo) -> int:
+    """Tasks holding a thread slot of ``ws``: those processing there, except the ones that
+    seceded (``long_running``), which wait on other tasks and give their thread back."""
+    return len(ws.processing) - len(ws.long_running)
+
+
+def worker_full(ws: WorkerInfo, saturation: float) -> bool:
+    """Whether ``ws`` holds :func:`worker_slots` tasks already (called several times per
+    task: written out, without the calls)."""
+    if saturation == math.inf:
+        return False
+    slots = math.ceil(saturation * ws.nthreads)
+    return len(ws.processing) - len(ws.long_running) >= (slots if slots > 1 else 1)
+
+
+def has_resources(ws: WorkerInfo, needed: dict | None) -> bool:
+    """Whether ``ws`` declares (not: has free) every resource in ``needed``."""
+    if not needed:
+        return True
+    return all(ws.resources.get(r, 0) >= q for r, q in needed.items())
+
+
+def valid_workers(ts: TaskState, workers: Iterable[WorkerInfo]) -> list[WorkerInfo] | None:
+    """Workers allowed by restrictions, or None when the task has none."""
+    if not ts.worker_restrictions and not ts.resource_restrictions:
+        return None
+    out = []
+    for ws in workers:
+        if ws.status != "running":
+            continue
+        if ts.worker_restrictions and not (
+            ws.address in ts.worker_restrictions or ws.name in ts.worker_restrictions
+            or ws.host in ts.worker_restrictions
+        ):
+            continue
+        if not has_resources(ws, ts.resource_restrictions):
+            continue
+        out.append(ws)
+    return out
+
+
+def transfer_bytes(ts: TaskState, ws: WorkerInfo) -> int:
+    return sum(dts.nbytes for dts in ts.dependencies if ws not in dts.who_has and dts.nbytes > 0)
+
+
+def worker_objective(ts: TaskState, ws: WorkerInfo, bandwidth: float
+                     ) -> tuple[float, int, str]:
+    """(estimated start time, bytes stored, address): smaller is better. The address
+    breaks ties the same way every time (candidates come from sets of workers, whose
+    order changes from run to run), so that a run of events can be replayed."""
+    stack_time = ws.occupancy / max(ws.nthreads, 1)
+    start_time = stack_time + transfer_bytes(ts, ws) / bandwidth
+    return (start_time, ws.nbytes, ws.address)
+
+
+def decide_worker(
+    ts: TaskState,
+    running: list[WorkerInfo],
+    valid: list[WorkerInfo] | None,
+    bandwidth: float,
+    rng: random.Random,
+) -> WorkerInfo | None:
+    """Where ``ts`` (not root-ish) starts soonest; None when no worker may run it."""
+    pool = valid if valid is not None else running
+    if not pool:
+        return None
+    if ts.dependencies:
+        holders = {ws for dts in ts.dependencies for ws in dts.who_has if ws.status == "running"}
+        if valid is not None:
+            holders &= set(valid)
+        candidates: Iterable[WorkerInfo] = holders or pool
+    else:
+        candidates = pool
+    if not isinstance(candidates, (list, tuple)):
+        candidates = list(candidates)
+    if len(candidates) > SAMPLE_LIMIT and not ts.dependencies:
+        candidates = rng.sample(candidates, SAMPLE_LIMIT)
+    if len(candidates) == 1:
+        return candidates[0]
+    return min(candidates, key=lambda ws: worker_objective(ts, ws, bandwidth))
+
+
+def co_assign_worker(
+    ts: TaskState, tg: TaskGroup, running: list[WorkerInfo], total_nthreads: int,
+    least_busy: WorkerInfo | None,
+) -> WorkerInfo | None:
+    """Queuing off: keep giving a TaskGroup's root-ish tasks to the worker that got the last one
+    until its batch (its share of threads, in tasks) is used up, then the least-busy worker."""
+    last = tg.last_worker
+    if last is not None and tg.last_worker_tasks_left > 0 and last.status == "running":
+        tg.last_worker_tasks_left -= 1
+        return last
+    ws = least_busy
+    if ws is None:
+        return None
+    per_thread = tg.n_tasks / max(total_nthreads, 1)
+    tg.last_worker = ws
+    tg.last_worker_tasks_left = max(math.floor(per_thread * ws.nthreads) - 1, 0)
+    return ws
+
+
+def plan_steals(
+    workers: Iterable[WorkerInfo], bandwidth: float, max_moves: int = 100,
+    ratio: float = 0.5,
+) -> list[tuple[TaskState, WorkerInfo, WorkerInfo]]:
+    """(task, victim, thief) moves: thieves have idle threads, victims a backlog of tasks that
+    have not started; a move is worth it when transfer time < ``ratio`` x expected runtime."""
+    ws_list = [ws for ws in workers if ws.status == "running"]
+    thieves = [ws for ws in ws_list if busy_slots(ws) < ws.nthreads]
+    if not thieves:
+        return []
+    victims = [ws for ws in ws_list
+               if len(ws.processing) - len(ws.executing) > 0 and len(ws.processing) > ws.nthreads]
+    if not victims:
+        return []
+    moves: list[tuple[TaskState, WorkerInfo, WorkerInfo]] = []
+    free = {ws: ws.nthreads - busy_slots(ws) for ws in thieves}
+    victims.sort(key=lambda ws: len(ws.processing) / ws.nthreads, reverse=True)
+    for victim in victims:
+        backlog = len(victim.processing) - victim.nthreads
+        # lowest priority first: the victim would run those last
+        stealable = sorted(
+            (ts for ts in victim.processing if ts not in victim.executing and not ts.stealing
+             and not ts.worker_restrictions and not ts.resource_restrictions),
+            key=lambda ts: ts.priority, reverse=True,
+        )
+        for ts in stealable:
+            if backlog <= 0 or len(moves) >= max_moves:
+                break
+            thief = max(free, key=free.__getitem__, default=None)
+            if thief is None or free[thief] <= 0:
+                return moves
+            est = victim.processing[ts]
+            if transfer_bytes(ts, thief) / bandwidth > ratio * est:
+                continue
+            moves.append((ts, victim, thief))
+            free[thief] -= 1
+            backlog -= 1
+    return moves

@@ -1,0 +1,1 @@
+"""The worker server: peers, memory, spill, the task pool, execution, the nanny."""

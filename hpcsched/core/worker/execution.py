@@ -1,0 +1,83 @@
+"""Running a task, and what travels when it fails.
+
+* :func:`run_spec_call` runs a task's ``(function blob, arguments blob, needs
+  evaluation)`` spec against the worker's data;
+* :func:`pack_exception` turns an exception into (serialized exception,
+  traceback text, one-line description): what ``task-erred`` carries, and what
+  a client's ``result()`` raises again, with the worker's traceback;
+* :func:`serialization_errors` finds which results cannot be serialized to
+  leave their worker, packed the same way: the exception pickling raised
+  (e.g. by a ``__reduce__``), not a wrapper, so that the client sees the
+  real one.
+"""
+
+from __future__ import annotations
+
+import traceback as tb_mod
+from collections.abc import Mapping
+from typing import Any
+
+from hpcsched.core.client.worker_client import hook_dask
+from hpcsched.core.protocol.serialize import (
+    SerializationError,
+    dumps,
+    loads_function,
+    loads_object,
+    serialize,
+)
+from hpcsched.core.state.graph import evaluate
+
+
+class RemoteError(Exception):
+    """Stands in for an exception that could not be pickled on the worker."""
+
+    def __init__(self, typename: str, message: str):
+        super().__init__(f"{typename}: {message}")
+        self.typename = typename
+
+
+def run_spec_call(run_spec: Any, data: Mapping) -> Any:
+    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec."""
+    func_blob, args_blob, needs_eval = run_spec
+    args: Any
+    kwargs: Any
+    if args_blob is None:
+        args, kwargs = (), {}
+    else:
+        args, kwargs = loads_object(args_blob)
+    if needs_eval:
+        args = evaluate(args, data)
+        kwargs = evaluate(kwargs, data) if kwargs else kwargs
+    if func_blob is None:  # a literal value or an alias
+        return args[0]
+    func = loads_function(func_blob)
+    hook_dask()  # the function may have brought dask in: its .compute() goes to the cluster
+    return func(*args, **kwargs)
+
+
+def pack_exception(exc: BaseException, tb: Any) -> tuple[Any, str, str]:
+    """(Serialized exception, traceback text, one-line description)."""
+    text = f"{type(exc).__name__}: {exc}"
+    tb_text = "".join(tb_mod.format_exception(type(exc), exc, tb))
+    try:
+        packed = serialize(exc)
+    except SerializationError:
+        packed = serialize(RemoteError(type(exc).__name__, str(exc)))
+    return packed, tb_text, text
+
+
+def serialization_errors(values: dict, where: str) -> dict:
+    """Per key of ``values`` whose value cannot be serialized: its packed exception (see
+    :func:`pack_exception`), with a note naming the key and ``where`` it was."""
+    errors: dict = {}
+    for key, value in values.items():
+        try:
+            dumps(value, main_by_value=True)
+        except SerializationError as e:
+            cause = e.__cause__ if e.__cause__ is not None else e
+            add_note = getattr(cause, "add_note", None)  # Python >= 3.11 (PEP 678)
+            if add_note is not None:
+                add_note(f"(raised while serializing the result of {key!r} to send it "
+                         f"from worker {where})")
+            errors[key] = pack_exception(cause, cause.__traceback__)
+    return errors

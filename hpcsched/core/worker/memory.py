@@ -1,0 +1,167 @@
+"""Worker memory management: thresholds, and what one sample of process memory calls for.
+
+The policy is dask.distributed's ("Worker Memory Management" in its
+documentation), with its names and defaults, as fractions of the worker's
+``memory_limit``:
+
+* ``target`` (0.6): *managed* memory -- the results the worker holds, each
+  measured with ``sizeof`` once, when it is stored -- above this spills the
+  least recently used results to local disk. The spill buffer
+  (:mod:`hpcsched.core.worker.spill`) does this itself as results are stored: no
+  sampling, no cost per task beyond the bookkeeping of the store.
+* ``spill`` (0.7): *process* memory (RSS, which also counts what ``sizeof``
+  misses: fragmentation, libraries' caches, a task's temporaries) above this
+  spills results until the process would be back under ``target``.
+* ``pause`` (0.8): process memory above this pauses the worker: it starts no
+  task and fetches no dependency, and tells the scheduler, which sends it no
+  new work, until memory drops below the fraction again.
+* ``terminate`` (0.95): process memory above this is about to meet the node's
+  out-of-memory killer. A worker that can be restarted (a process of its own
+  over TCP, under LocalCluster or ``hpcsched worker``) exits with
+  :data:`EXIT_MEMORY` and is started anew; its tasks run elsewhere. An MPI rank
+  cannot be restarted: it spills everything and pauses, and only if that is
+  not enough ends the job with an error naming the rank.
+
+:func:`plan` is the pure decision over one sample; the worker takes a sample
+on its tick (``worker.memory.monitor-interval``), never per task.
+
+>>> limits = MemoryLimits(1000, target=0.6, spill=0.7, pause=0.8, terminate=0.95)
+>>> plan(limits, rss=750, spillable=400, paused=False)
+MemoryPlan(evict_bytes=150, pause=None, terminate=False, fast_bytes=350.0)
+>>> plan(limits, rss=850, spillable=0, paused=False).pause
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from hpcsched.core import config
+
+#: exit status of a worker process that passed the terminate fraction: EX_TEMPFAIL of
+#: sysexits.h ("temporary failure; the user is invited to retry"): its supervisor restarts it
+EXIT_MEMORY = 75
+
+FRACTIONS = ("target", "spill", "pause", "terminate")
+
+
+def _fraction(name: str, value: Any) -> float | None:
+    """A fraction in (0, 1], or None for ``False`` / ``None`` (the step is off)."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, str) and value.strip().lower() in ("false", "none", "off", "no"):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"worker.memory.{name} must be a fraction of memory_limit in (0, 1] "
+                         f"or false, not {value!r}") from None
+    if not 0 < f <= 1 or math.isnan(f):
+        raise ValueError(f"worker.memory.{name} must be a fraction of memory_limit in (0, 1] "
+                         f"or false, not {value!r}")
+    return f
+
+
+@dataclass(frozen=True)
+class MemoryLimits:
+    """A worker's ``memory_limit`` (bytes; 0: unmanaged) and its four fractions."""
+
+    limit: int
+    target: float | None = 0.6
+    spill: float | None = 0.7
+    pause: float | None = 0.8
+    terminate: float | None = 0.95
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.limit, int) or self.limit < 0:
+            raise ValueError(f"memory_limit must be a number of bytes >= 0, not {self.limit!r}")
+        for name in FRACTIONS:
+            object.__setattr__(self, name, _fraction(name, getattr(self, name)))
+
+    @classmethod
+    def from_config(cls, limit: int, **overrides: Any) -> MemoryLimits:
+        """Fractions from ``worker.memory.*`` unless given (``target=False`` turns one off)."""
+        kw = {}
+        for name in FRACTIONS:
+            value = overrides.pop(name, None)
+            kw[name] = config.get(f"worker.memory.{name}") if value is None else value
+        if overrides:
+            raise TypeError(f"unknown memory fractions {sorted(overrides)}")
+        return cls(int(limit or 0), **kw)
+
+    @property
+    def managed(self) -> bool:
+        return self.limit > 0
+
+    def bytes_at(self, name: str) -> float:
+        """The threshold ``name`` in bytes (infinite when off or unmanaged)."""
+        f = getattr(self, name)
+        return math.inf if f is None or not self.limit else f * self.limit
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    evict_bytes: int = 0  # spill this many bytes of results (least recently used first)
+    pause: bool | None = None  # True: pause; False: resume; None: no change
+    terminate: bool = False  # past the terminate fraction with nothing left to spill
+    # bytes of results the spill buffer may keep in memory until the next sample
+    fast_bytes: float = math.inf
+
+
+def plan(limits: MemoryLimits, rss: int, spillable: int, paused: bool,
+         restartable: bool = False) -> MemoryPlan:
+    """What a sample of process memory ``rss`` calls for, ``spillable`` bytes of results
+    being in memory and the worker ``paused`` or not.
+
+    ``restartable``: past terminate, a worker that can be restarted terminates at once
+    (as dask's nanny does); one that cannot (an MPI rank) spills everything first and
+    terminates only when nothing is left.
+    """
+    if not limits.managed:
+        return MemoryPlan()
+    # results are stored between samples, many per sample when tasks are short: the buffer
+    # keeps at most target, and no more than leaves room for the memory sizeof does not
+    # see (interpreter, libraries, fragmentation) below the spill fraction
+    unmanaged = max(rss - spillable, 0)
+    fast = min(limits.bytes_at("target"), max(limits.bytes_at("spill") - unmanaged, 0))
+    evict = 0
+    spill_at = limits.bytes_at("spill")
+    if rss > spill_at:
+        # down to target (or to the spill fraction when target is off), as dask does
+        floor = limits.bytes_at("target") if limits.target is not None else spill_at
+        evict = int(min(rss - floor, spillable))
+    terminate = False
+    if rss > limits.bytes_at("terminate"):
+        if restartable or spillable <= 0:
+            terminate = True
+        else:
+            evict = spillable
+    want_pause = rss > limits.bytes_at("pause")
+    if terminate and not restartable:
+        want_pause = True
+    change = want_pause if want_pause != paused else None
+    return MemoryPlan(max(evict, 0), change, terminate, fast)
+
+
+def process_memory() -> int:
+    """This process's resident set size in bytes (0 where psutil cannot tell)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except Exception:  # noqa: BLE001 - an unsupported platform: process memory unmanaged
+        return 0
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes for people to read.
+
+    >>> format_bytes(1_500_000)
+    '1.50 MB'
+    """
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,567 @@
+"""The worker server: runs :class:`WorkerState`, executes tasks, serves its data.
+
+Threads of a worker:
+
+* the loop (owns the state machine): scheduler messages, peer messages, task
+  results and transfer results come in through one inbox (every transport
+  delivers there, :meth:`~hpcsched.core.comm.base.Comm.deliver_to`; MPI's and
+  TCP's threads may run an idle loop's iteration themselves), batched messages
+  go out;
+* ``nthreads`` task threads (:class:`~hpcsched.core.worker.task_pool.TaskPool`), one
+  more for each task that seceded while it runs (``hpcsched.secede()``);
+* up to ``transfer-incoming-count-limit`` fetch threads, which only open comms
+  to peers (transfers themselves: :mod:`hpcsched.core.worker.peers`).
+
+Messages are the records of :mod:`hpcsched.core.protocol.messages`: each one the
+scheduler sends is decoded (``SCHEDULER_TO_WORKER``) and handed to its handler
+in one table, ``op -> handler`` (the state machine's events, ``update-data``,
+``get-data``, ``close``, and the control ops of
+:mod:`hpcsched.core.worker.control`); one that is not a known op with the
+right fields is logged and skipped. What the worker sends stays a record until
+the loop flushes its batch, where each is encoded once.
+
+Tasks reach their cluster through :mod:`hpcsched.core.client.worker_client`
+(``get_client()``): one client per worker, made on first use with the
+worker's address and credentials, closed with the worker.
+
+A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
+with a message naming the address it tried; one that loses its scheduler
+closes at once with :data:`EXIT_SCHEDULER_LOST`, whatever its tasks are doing
+(the CLI then leaves without waiting for task threads, so that a batch job
+ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
+the scheduler to retire it gracefully in time.
+
+Memory (:mod:`hpcsched.core.worker.memory`): with a ``memory_limit``, results live in
+a :class:`~hpcsched.core.worker.spill.SpillBuffer` under ``local_directory``, and the
+loop's tick samples process memory every ``worker.memory.monitor-interval``
+seconds to spill, pause or resume; past the terminate fraction it calls
+``on_memory_terminate(reason)``: the CLI's exits for its supervisor to restart
+it (``restartable``), an MPI rank's ends the job naming the rank once nothing
+is left to spill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from hpcsched.core import config
+from hpcsched.core.client.worker_client import TaskNeedsThread, enter_task, leave_task
+from hpcsched.core.comm import registry
+from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
+from hpcsched.core.comm.loop import CLOSED, Loop
+from hpcsched.core.protocol.messages import (
+    SCHEDULER_TO_WORKER,
+    Close,
+    GetData,
+    Heartbeat,
+    MalformedMessage,
+    Registered,
+    RegisterWorker,
+    RetireMe,
+    UpdateData,
+    decode,
+    encode,
+    spec,
+)
+from hpcsched.core.protocol.serialize import deserialize, sizeof
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.graph import key_split
+from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.control import OPS as CONTROL_OPS
+from hpcsched.core.worker.control import WorkerControl
+from hpcsched.core.worker.execution import pack_exception, run_spec_call
+from hpcsched.core.worker.memory import MemoryLimits
+from hpcsched.core.worker.memory_monitor import MemoryMonitor
+from hpcsched.core.worker.peers import PeerTransfers
+from hpcsched.core.worker.spill import SpillBuffer, local_directory
+from hpcsched.core.worker.task_pool import TaskPool
+from hpcsched.core.worker.telemetry import WorkerTelemetry
+
+if TYPE_CHECKING:
+    from hpcsched.core.client.client import Client
+
+logger = logging.getLogger("hpcsched.worker")
+
+INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
+EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
+
+
+class Worker:
+    """A worker process's server: connects to the scheduler at ``scheduler_address``,
+    runs the tasks it is given and serves their results to its peers (see the module's
+    documentation for the threads and the parameters' meaning)."""
+
+    def __init__(
+        self,
+        scheduler_address: str,
+        *,
+        nthreads: int | None = None,
+        memory_limit: int | None = None,
+        name: str | None = None,
+        resources: dict | None = None,
+        security: Security | None = None,
+        listen_address: str | None = None,
+        death_timeout: float | None = None,
+        lifetime: float | None = None,
+        lifetime_stagger: float = 0.0,
+        heartbeat_interval: float | None = None,
+        host: str | None = None,
+        on_close: Any = None,
+        local_directory: str | None = None,
+        memory_target_fraction: float | bool | None = None,
+        memory_spill_fraction: float | bool | None = None,
+        memory_pause_fraction: float | bool | None = None,
+        memory_terminate_fraction: float | bool | None = None,
+        on_memory_terminate: Any = None,
+        restartable: bool = False,
+    ):
+        self.scheduler_address = scheduler_address
+        # this worker's own directory for files (dask's local_directory); made on demand
+        self.local_directory = local_directory
+        if local_directory is not None:
+            os.makedirs(local_directory, exist_ok=True)
+        self.nthreads = nthreads or os.cpu_count() or 1
+        self.memory_limit = memory_limit or 0
+        self.name = name
+        self.resources = dict(resources or {})
+        self.security = security
+        backend = registry.backend_for(scheduler_address)
+        self.listen_address = listen_address or backend.worker_listen_address(
+            scheduler_address, host)
+        # the scheduler notices this worker died only by missing heartbeats (TCP): send them
+        self._uses_heartbeat = backend.needs_heartbeat
+        self.death_timeout = config.get("worker.death-timeout", death_timeout)
+        self.lifetime = lifetime
+        if lifetime and lifetime_stagger:
+            self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
+                                1.0)
+        self.heartbeat_interval = config.get("worker.heartbeat-interval", heartbeat_interval)
+        self.host = host or socket.gethostname()
+        self.address = ""
+        self.state: WorkerState | None = None
+        self.memory = MemoryLimits.from_config(
+            int(self.memory_limit), target=memory_target_fraction, spill=memory_spill_fraction,
+            pause=memory_pause_fraction, terminate=memory_terminate_fraction)
+        self.spill_buffer: SpillBuffer | None = None
+        self.memory_monitor = MemoryMonitor(self.memory, on_memory_terminate, restartable)
+        self._close_asked = False  # the scheduler said "close" (its exit code stands)
+        tick = self.heartbeat_interval
+        if self.memory.managed:
+            tick = min(tick, float(config.get("worker.memory.monitor-interval")))
+        self._next_heartbeat = 0.0
+        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
+        self.executor = TaskPool(self.nthreads, "hpcsched-task")
+        self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
+        self._scheduler_comm: Comm | None = None
+        self._outbox: list = []  # protocol records for the scheduler, encoded when flushed
+        self._listener: Listener | None = None
+        self._closed = threading.Event()
+        self._close_done = threading.Event()
+        self._close_lock = threading.Lock()
+        self.close_reason = ""
+        self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
+        self._started = 0.0
+        self._retire_asked = False
+        self._on_close = on_close
+        self._quiet_ticks = IDLE_REPORT_EVERY  # intervals without a report: the first is due
+        self._client: Client | None = None  # for tasks: get_client()
+        self._client_lock = threading.Lock()
+        self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
+        # task groups that must not run on the loop thread: one of theirs asked for a client
+        self._threaded_groups: set[str] = set()
+        self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
+        # Client.run and upload_file; replies reach the scheduler through the loop
+        self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
+        # The one table of what the scheduler sends: op -> (handler(record) returning
+        # state-machine commands, whether the record takes the receiver's now= and
+        # stimulus_id=). The scheduler sends no stimulus ids; each event decoded here is
+        # given one ("<op>-<n>") so that a state change, and the transition a worker
+        # plugin sees, can be traced to the message that caused it.
+        handlers: dict[str, Callable[[Any], Iterable]] = {
+            **dict.fromkeys(ev.WORKER_OPS, self._state_op),
+            **dict.fromkeys(CONTROL_OPS, self._control_op),
+            "update-data": self._update_data, "get-data": self._get_data,
+            "close": self._close_op, "registered": _nothing, "register-error": _nothing,
+        }
+        self._scheduler_ops: dict[str, tuple[Callable[[Any], Iterable], bool]] = {
+            op: (handler, "stimulus_id" in spec(SCHEDULER_TO_WORKER[op]).context_names)
+            for op, handler in handlers.items()}
+        self._stimuli = 0
+
+    # ================================================================ lifecycle
+    def start(self) -> Worker:
+        self._listener = registry.listen(self.listen_address, self.peers.on_connect,
+                                         self.security)
+        self.address = self._listener.address
+        if self.memory.managed and (self.memory.target or self.memory.spill):
+            try:
+                self.spill_buffer = SpillBuffer(local_directory(self.local_directory),
+                                                self.memory.bytes_at("target"))
+                self.memory_monitor.spill_buffer = self.spill_buffer
+            except OSError as e:
+                self._listener.stop()
+                raise OSError(f"worker cannot spill to local_directory "
+                              f"{local_directory(self.local_directory)!r}: {e}") from e
+        self.state = WorkerState(self.address, self.nthreads, self.resources,
+                                 config.get("worker.transfer-incoming-count-limit"),
+                                 data=self.spill_buffer)
+        comm = self._connect_scheduler()
+        comm.send([encode(RegisterWorker(
+            self.address, self.nthreads, self.memory_limit, self.name or self.address,
+            self.host, self.resources, {}, os.getpid()))])
+        try:
+            reply = comm.recv(timeout=self.death_timeout)
+        except (CommClosedError, TimeoutError) as e:
+            comm.close()
+            self._listener.stop()
+            raise ConnectionError(f"scheduler at {self.scheduler_address} did not answer our "
+                                  f"registration: {e}") from e
+        first = reply[0] if isinstance(reply, list) and reply else reply
+        try:
+            answer = decode(SCHEDULER_TO_WORKER, first)
+        except MalformedMessage as e:
+            answer = e
+        if type(answer) is not Registered:
+            comm.close()
+            self._listener.stop()
+            why = getattr(answer, "message", answer)  # RegisterError's, or what was wrong
+            raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {why}")
+        self._scheduler_comm = comm
+        self._started = time.monotonic()
+        if isinstance(reply, list) and len(reply) > 1:
+            # tasks assigned at registration travel in the same batch as "registered"
+            self.loop.inbox.put(("scheduler", reply[1:]))
+        self.loop.start()
+        comm.deliver_to(self.loop.inbox, "scheduler", CLOSED)
+        logger.info("worker %s (%s) connected to %s", self.address, self.name,
+                    self.scheduler_address)
+        return self
+
+    def _connect_scheduler(self) -> Comm:
+        assert self._listener is not None  # start() opened it
+        deadline = time.monotonic() + self.death_timeout
+        last: Exception | None = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._listener.stop()
+                raise TimeoutError(
+                    f"worker could not reach the scheduler at {self.scheduler_address} within "
+                    f"death_timeout={self.death_timeout}s: {last}")
+            try:
+                return registry.connect(self.scheduler_address, timeout=left,
+                                        security=self.security)
+            except (TimeoutError, OSError) as e:
+                if isinstance(e, ConnectionError) and "refused our credentials" in str(e):
+                    self._listener.stop()
+                    raise
+                last = e
+                time.sleep(min(0.2, max(left, 0)))
+
+    def run(self) -> None:
+        """Start and block until closed, and the close is over (the CLI's main loop)."""
+        if not self.address:
+            self.start()
+        while not self._closed.wait(1.0):
+            pass
+        if not self._close_done.wait(15.0):  # each step of close() is bounded
+            logger.warning("worker %s: closing took over 15s; leaving anyway", self.address)
+
+    def wait_closed(self, timeout: float | None = None) -> bool:
+        return self._closed.wait(timeout)
+
+    def close(self, reason: str = "closed", exit_code: int | None = None) -> None:
+        with self._close_lock:
+            if self._closed.is_set():
+                return
+            self.close_reason = reason
+            if exit_code is not None:
+                self.exit_code = exit_code
+            self._closed.set()
+        logger.info("worker %s closing: %s", self.address, reason)
+        if self._listener is not None:
+            self._listener.stop()
+        self.loop.stop(join=True)
+        self.telemetry.close()
+        if self.state is not None:
+            self.state.closing = True
+        self.executor.shutdown()
+        if self._scheduler_comm is not None:
+            self._scheduler_comm.close()
+        self.peers.close()
+        for event in list(self._resume.values()):  # seceded tasks waiting to rejoin go on
+            event.set()
+        with self._client_lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close(timeout=2.0)
+        self.control.cleanup()  # a temporary directory it made for uploads
+        if self.spill_buffer is not None:
+            self.spill_buffer.close()
+        self._close_done.set()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def __enter__(self) -> Worker:
+        return self.start() if not self.address else self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ================================================================ the loop
+    def _process(self, items: list) -> None:
+        state = self.state
+        assert state is not None  # the loop runs once start() made it
+        now = time.time()
+        out: list = []
+        for source, payload in items:
+            if source == "scheduler":
+                if payload is CLOSED:
+                    # after a "close" it asked for, the scheduler's exit code stands
+                    code = None if self._close_asked else EXIT_SCHEDULER_LOST
+                    threading.Thread(target=self.close, args=("scheduler connection lost",
+                                                              code), daemon=True).start()
+                    return
+                out += self._from_scheduler(payload, now)
+                if self._close_asked:
+                    return
+            elif source == "control":  # a Client.run / upload_file reply
+                self._outbox.append(payload)
+            elif type(source) is tuple:  # (PEER, comm): a peer's messages
+                out += self._handle_all(self.peers.handle(source[1], payload))
+            else:  # our own events: task results, transfers
+                out += state.handle(payload)
+        self._carry_out(out)
+
+    def _from_scheduler(self, msgs: list, now: float) -> list:
+        """The scheduler's messages, each decoded to its record and given to its handler
+        (``_scheduler_ops``); the commands they cause. A message that is not a known op
+        with the right fields is logged and skipped: the one error path."""
+        out: list = []
+        ops = self._scheduler_ops
+        for msg in msgs:
+            op = msg.get("op") if type(msg) is dict else None
+            entry = ops.get(op) if type(op) is str else None
+            try:
+                if entry is None:
+                    decode(SCHEDULER_TO_WORKER, msg)  # raises, naming what is wrong
+                    raise MalformedMessage(f"op {op!r}: the worker has no handler for it")
+                handler, stamped = entry
+                record = decode(SCHEDULER_TO_WORKER, msg)
+                if stamped:
+                    # the context decode(..., now=, stimulus_id=) would fill, set here:
+                    # the same record, without decode's per-call checks of the context's
+                    # names (this is every task's path; ``stamped`` says the record has them)
+                    self._stimuli += 1
+                    record.now = now
+                    record.stimulus_id = f"{op}-{self._stimuli}"
+            except MalformedMessage as e:
+                logger.error("worker %s ignores a message from the scheduler: %s",
+                             self.address, e)
+                continue
+            out += handler(record)
+        return out
+
+    # the scheduler's ops (see _scheduler_ops), on the loop
+    def _state_op(self, event: Any) -> list:
+        assert self.state is not None
+        return self.state.handle(event)
+
+    def _update_data(self, record: UpdateData) -> list:
+        # the values travel serialized (each its own blob, so that one bad value errs alone)
+        assert self.state is not None
+        record.data = {k: deserialize(v) for k, v in record.data.items()}
+        return self.state.handle(record)
+
+    def _get_data(self, request: GetData) -> tuple:
+        self.peers.serve(None, request)
+        return ()
+
+    def _close_op(self, request: Close) -> tuple:
+        self._close_asked = True  # _process carries out nothing from here on
+        self.exit_code = int(request.exit_code or 0)
+        threading.Thread(target=self.close, args=(request.reason,), daemon=True).start()
+        return ()
+
+    def _control_op(self, request: Any) -> tuple:
+        self.control.handle(request)
+        return ()
+
+    def _handle_all(self, events: list) -> list:
+        assert self.state is not None
+        out: list = []
+        for e in events:
+            out += self.state.handle(e)
+        return out
+
+    def send_to_scheduler(self, record: Any) -> None:
+        """On the loop: protocol ``record`` leaves with this iteration's batch to the
+        scheduler."""
+        self._outbox.append(record)
+
+    def _carry_out(self, commands: list) -> None:
+        state = self.state
+        assert state is not None
+        work = [commands]
+        while work:
+            inline = []
+            for cmd in work.pop():
+                t = type(cmd)
+                if t is ev.Send:
+                    self._outbox.append(cmd.msg)
+                elif t is ev.Execute:
+                    ts = state.tasks.get(cmd.key)
+                    if ts is not None and ts.duration < INLINE_TASK and not (
+                            self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
+                        inline.append(cmd)
+                    else:
+                        # "task-started" goes out when the loop flushes after this batch;
+                        # should the task kill the process first, the scheduler blames all
+                        # it had assigned here
+                        self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                elif t is ev.GatherDep:
+                    self.peers.gather(cmd.worker, cmd.keys)
+                elif t is ev.Resume:
+                    event = self._resume.pop(cmd.key, None)
+                    if event is not None:
+                        event.set()
+            for cmd in inline:
+                # known to take well under a millisecond: run here, and handle the result
+                # at once (its "task-finished" leaves with this batch): a thread hand-off
+                # each way would cost more than the task itself
+                result = self._run(cmd.key, cmd.run_spec, on_loop=True)
+                if result is None:  # it asked for a client or seceded: it needs a thread
+                    self._threaded_groups.add(key_split(cmd.key))
+                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                else:
+                    work.append(state.handle(result))
+
+    def _flush(self) -> None:
+        if self._outbox and self._scheduler_comm is not None:
+            msgs, self._outbox = self._outbox, []
+            try:  # encoded once, here: records until they leave
+                self._scheduler_comm.send([encode(m) for m in msgs])
+            except (CommClosedError, OSError):
+                pass
+
+    def _tick(self, now: float) -> None:
+        if self.memory.managed:
+            self._monitor_memory(now)
+        mono = time.monotonic()
+        if mono < self._next_heartbeat:
+            return
+        self._next_heartbeat = mono + self.heartbeat_interval * 0.95
+        self._carry_out(self._handle_all(self.peers.expire(mono, now)))
+        # Where the transport needs heartbeats (TCP), they are how the scheduler detects
+        # lost workers. Other transports (an MPI rank that dies ends the job) report when
+        # there is news (a measured
+        # bandwidth, transfers, logs), and otherwise only every IDLE_REPORT_EVERY intervals:
+        # idle ranks stay nearly silent, yet the dashboard's workers table keeps their CPU
+        # and memory current
+        m = self.metrics()
+        self._quiet_ticks += 1
+        if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m \
+                or self._quiet_ticks >= IDLE_REPORT_EVERY:
+            self._quiet_ticks = 0
+            self._outbox.append(Heartbeat(self.address, m))
+        if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
+            self._retire_asked = True
+            logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
+                        self.lifetime)
+            self._outbox.append(RetireMe())
+
+    # ================================================================ memory
+    def _monitor_memory(self, now: float) -> None:
+        """One sample of process memory; a pause or resume goes through the state machine."""
+        assert self.state is not None
+        change = self.memory_monitor.sample(self.address, self.state.status == "paused")
+        if change is not None:
+            self._carry_out(self.state.handle(ev.PauseWorker(change, now=now)))
+
+    def metrics(self) -> dict:
+        """What the heartbeat reports: task counts, status, bandwidth, CPU, memory, logs."""
+        st = self.state
+        assert st is not None
+        m: dict[str, Any] = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
+             "in_flight": len(st.in_flight_workers), "time": time.time(),
+             "status": st.status}
+        bandwidth = self.peers.take_bandwidth()
+        if bandwidth is not None:
+            m["bandwidth"] = bandwidth
+        self.telemetry.add_to(m)
+        m.update(self.memory_monitor.metrics())
+        return m
+
+    # ================================================================ execution
+    def _execute(self, key: Any, run_spec: Any) -> None:
+        """In an executor thread: run the task, hand the result to the loop."""
+        self.loop.put((None, self._run(key, run_spec)))
+
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False) -> Any:
+        """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
+        thread and needs a task thread instead (see :mod:`~hpcsched.core.client.worker_client`)."""
+        start = time.time()
+        assert self.state is not None
+        outer = enter_task(self, key, on_loop, start)
+        try:
+            value = run_spec_call(run_spec, self.state.data)
+        except BaseException as e:  # noqa: BLE001 - reported to the scheduler
+            if on_loop and type(e) is TaskNeedsThread:
+                return None
+            stop = time.time()
+            packed, tb_text, text = pack_exception(e, e.__traceback__)
+            logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
+            return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, now=stop)
+        finally:
+            leave_task(outer)
+        stop = time.time()
+        try:
+            nbytes = sizeof(value)
+        except Exception:
+            nbytes = 64
+        return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
+
+    # ================================================================ tasks' API
+    def get_client(self, timeout: float | None = None) -> Client:
+        """This worker's client (made on first use): connected to its scheduler with its
+        credentials, shared by its tasks, closed with it. See ``hpcsched.get_client``."""
+        with self._client_lock:
+            if self._closed.is_set():
+                raise RuntimeError(f"worker {self.address} is closed")
+            client = self._client
+            if client is None or client.status != "running":
+                from hpcsched.core.client.client import Client
+
+                if client is not None:  # lost its scheduler: replaced, not leaked
+                    client.close(timeout=1.0)
+                client = self._client = Client(
+                    self.scheduler_address, security=self.security, timeout=timeout,
+                    set_as_default=False, name=f"worker-{self.name or 'w'}")
+            return client
+
+    def secede_task(self, key: Any, compute_duration: float) -> None:
+        """The task ``key`` (on the calling thread) leaves the pool: see ``hpcsched.secede``."""
+        self.loop.put((None, ev.Secede(key, compute_duration, now=time.time())))
+
+    def rejoin_task(self, key: Any) -> None:
+        """Block until the seceded task ``key`` has a thread slot again (or the worker
+        closes): see ``hpcsched.rejoin``."""
+        event = self._resume[key] = threading.Event()
+        self.loop.put((None, ev.Rejoin(key, now=time.time())))
+        while not event.wait(1.0):
+            if self._closed.is_set():
+                break
+        self._resume.pop(key, None)
+
+
+def _nothing(record: Any) -> tuple:
+    """The handler of ops that need no action once the worker runs (``registered``)."""
+    return ()
