@@ -1,0 +1,259 @@
+"""Many workers over TCP: hpcsched vs dask.distributed, side by side in one run.
+
+    python benchmarks/bench_swarm.py [--workers 10,200,1000,2000] [--hosts 4]
+                                     [--tasks 10000] [--pairs 5000] [--leaves 4096]
+                                     [--systems hpcsched,dask] [--json out.json]
+
+For each system and each number of workers N, as a user would run it: one
+scheduler process started from the command line with a scheduler file, N
+one-thread workers connecting to it over TCP from ``--hosts`` processes
+(``N / hosts`` workers each, as a node running many workers would), and a
+client in this process. Measured:
+
+* ``join_s``: from starting the worker processes until the scheduler counts N
+  workers (``wait_for_workers``);
+* ``idle_cpu_pct``: the scheduler process's CPU over 5 s with N idle workers
+  and a connected client, in % of one core;
+* ``map_per_s``: ``client.map`` of ``--tasks`` no-op tasks, gathered;
+* ``tree_futures_per_s``: ``--pairs`` futures reduced pairwise with
+  ``submit(add, a, b)`` (one call per task, futures passed inline);
+* ``tree_graph_per_s``: a binary tree of ``--leaves`` leaves as one graph
+  (``client.get``);
+* ``cpu_per_task_us``: the scheduler's CPU time over the three workloads,
+  per task;
+* ``rss_mib``: the scheduler's resident memory with N idle workers, after the
+  workloads.
+
+Every process a measurement starts is ended by it (terminate, then kill).
+dask's workers run with ``memory_limit=0`` (no memory monitor), as
+hpcsched's do by default, so that the worker processes measure the
+scheduler rather than their own polling. Needs ``pip install
+'dask[distributed]'`` for the dask rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from operator import add
+
+HERE = os.path.abspath(__file__)
+
+
+def noop(x):
+    return x
+
+
+# ----------------------------------------------------------------- worker hosts
+def _host_hpcsched(scheduler_file: str, count: int) -> None:
+    from hpcsched.core.comm.scheduler_file import read_scheduler_file
+    from hpcsched.core.worker.server import Worker
+
+    address, security = read_scheduler_file(scheduler_file)
+    workers = [Worker(address, nthreads=1, security=security, death_timeout=120)
+               for _ in range(count)]
+    for w in workers:
+        w.start()
+    _wait_for_signal()
+    for w in workers:
+        w.close()
+
+
+def _host_dask(scheduler_file: str, count: int) -> None:
+    import asyncio
+
+    from distributed import Worker
+
+    async def main() -> None:
+        workers = [Worker(scheduler_file=scheduler_file, nthreads=1, memory_limit=0,
+                          dashboard=False) for _ in range(count)]
+        await asyncio.gather(*workers)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await asyncio.gather(*(w.close(timeout=5) for w in workers), return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def _wait_for_signal() -> None:
+    import threading
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *a: stop.set())
+    while not stop.wait(1.0):
+        pass
+
+
+# ----------------------------------------------------------------- one measurement
+class Processes:
+    """The scheduler and worker-host processes of one measurement; ends them all."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, argv: list[str], **kw) -> subprocess.Popen:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **kw)
+        self.procs.append(p)
+        return p
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) or os.path.getsize(path) == 0:
+        if proc.poll() is not None:
+            raise RuntimeError(f"scheduler exited with {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no scheduler file {path} after {timeout}s")
+        time.sleep(0.05)
+
+
+def measure(system: str, n: int, args) -> dict:
+    import psutil
+
+    tmp = tempfile.mkdtemp(prefix="bench-swarm-")
+    sfile = os.path.join(tmp, "scheduler.json")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error")
+    procs = Processes()
+    try:
+        if system == "hpcsched":
+            sched = procs.start([sys.executable, "-m", "hpcsched", "scheduler", "--port", "0",
+                                 "--scheduler-file", sfile, "--log-level", "error"], env=env)
+        else:
+            sched = procs.start([sys.executable, "-m", "distributed.cli.dask_scheduler",
+                                 "--port", "0", "--dashboard-address", ":0",
+                                 "--scheduler-file", sfile], env=env,
+                                stderr=subprocess.DEVNULL)
+        _wait_file(sfile, sched)
+        sp = psutil.Process(sched.pid)
+        hosts = max(1, min(args.hosts, n))
+        per = [n // hosts + (1 if i < n % hosts else 0) for i in range(hosts)]
+        t0 = time.perf_counter()
+        for count in per:
+            procs.start([sys.executable, HERE, "_host", system, sfile, str(count)], env=env)
+        if system == "hpcsched":
+            from hpcsched import Client
+        else:
+            from distributed import Client
+        with Client(scheduler_file=sfile) as client:
+            client.wait_for_workers(n, timeout=600)
+            join = time.perf_counter() - t0
+            c0 = sp.cpu_times()
+            time.sleep(5.0)
+            c1 = sp.cpu_times()
+            idle = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / 5.0
+            out = {"system": system, "workers": n, "join_s": round(join, 2),
+                   "idle_cpu_pct": round(idle, 2)}
+            cpu0 = sp.cpu_times()
+            t = time.perf_counter()
+            futs = client.map(noop, range(args.tasks), pure=False)
+            assert client.gather(futs)[-1] == args.tasks - 1
+            out["map_per_s"] = round(args.tasks / (time.perf_counter() - t))
+            del futs
+            t = time.perf_counter()
+            level = client.map(noop, range(args.pairs), pure=False)
+            ntree = args.pairs
+            while len(level) > 1:
+                nxt = [client.submit(add, level[i], level[i + 1], pure=False)
+                       for i in range(0, len(level) - 1, 2)]
+                if len(level) % 2:
+                    nxt.append(level[-1])
+                ntree += len(level) // 2
+                level = nxt
+            assert level[0].result() == args.pairs * (args.pairs - 1) // 2
+            out["tree_futures_per_s"] = round(ntree / (time.perf_counter() - t))
+            del level, nxt
+            dsk, root = _tree_graph(args.leaves, f"swarm-{system}-{n}")
+            t = time.perf_counter()
+            assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
+            out["tree_graph_per_s"] = round(len(dsk) / (time.perf_counter() - t))
+            cpu1 = sp.cpu_times()
+            total = args.tasks + ntree + len(dsk)
+            out["cpu_per_task_us"] = round(
+                1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / total, 1)
+            out["rss_mib"] = round(sp.memory_info().rss / 2**20, 1)
+        return out
+    finally:
+        procs.close()
+        for f in os.listdir(tmp):
+            os.unlink(os.path.join(tmp, f))
+        os.rmdir(tmp)
+
+
+def _tree_graph(leaves: int, prefix: str) -> tuple[dict, tuple]:
+    dsk: dict = {(f"{prefix}-leaf", i): (noop, i) for i in range(leaves)}
+    level = [(f"{prefix}-leaf", i) for i in range(leaves)]
+    depth = 0
+    while len(level) > 1:
+        nxt = []
+        for i in range(0, len(level), 2):
+            k = (f"{prefix}-add{depth}", i // 2)
+            dsk[k] = (add, level[i], level[i + 1]) if i + 1 < len(level) else (noop, level[i])
+            nxt.append(k)
+        level = nxt
+        depth += 1
+    return dsk, level[0]
+
+
+COLUMNS = ["workers", "system", "join_s", "idle_cpu_pct", "map_per_s", "tree_futures_per_s",
+           "tree_graph_per_s", "cpu_per_task_us", "rss_mib"]
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_host":
+        system, sfile, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        (_host_hpcsched if system == "hpcsched" else _host_dask)(sfile, count)
+        return
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workers", default="10,200,1000,2000")
+    p.add_argument("--hosts", type=int, default=4, help="worker processes the workers share")
+    p.add_argument("--tasks", type=int, default=10_000)
+    p.add_argument("--pairs", type=int, default=5_000)
+    p.add_argument("--leaves", type=int, default=4096)
+    p.add_argument("--systems", default="hpcsched,dask")
+    p.add_argument("--json", help="also write the rows to this file")
+    args = p.parse_args()
+    rows = []
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+    for n in (int(x) for x in args.workers.split(",")):
+        for system in args.systems.split(","):
+            try:
+                row = measure(system, n, args)
+            except Exception as e:  # one failing measurement must not hide the others
+                row = {"system": system, "workers": n, "error": f"{type(e).__name__}: {e}"}
+            rows.append(row)
+            print("| " + " | ".join(str(row.get(c, row.get("error", ""))) for c in COLUMNS)
+                  + " |", flush=True)
+        pair = {r["system"]: r for r in rows if r["workers"] == n and "error" not in r}
+        if {"hpcsched", "dask"} <= set(pair):
+            ratios = {k: round(pair["hpcsched"][k] / pair["dask"][k], 1)
+                      for k in ("map_per_s", "tree_futures_per_s", "tree_graph_per_s")
+                      if pair["dask"].get(k)}
+            print(f"|  {n} | hpcsched/dask | {ratios} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
