@@ -4,7 +4,9 @@ The package's layers point one way: ``core`` <- ``diagnostics`` <- ``launchers``
 <- ``jobqueue``, ``hpc`` (``tests/test_layers.py`` checks it). A few things the
 core offers are built higher up: ``Client()`` with no address starts a
 ``LocalCluster``; ``Client.get_task_stream`` and the notebook reprs come from
-the diagnostics. The core names them here, as ``module:attribute`` text, and
+the diagnostics. Inside core the same holds for the worker, whose tasks use
+the client above it (``get_client()``, dask's ``.compute()`` in a task), and
+for the code below the Client that makes one (a primitive without a client). The core names them here, as ``module:attribute`` text, and
 imports them only when asked -- the same way the transport registry names the
 ``mpi://`` backend and ``scheduler.extensions`` names scheduler extensions. A
 name here is the whole contract: :func:`resolve` returns the object, or raises
@@ -26,6 +28,10 @@ SEAMS: dict[str, str] = {
     "client-html": "hpcsched.diagnostics.reprs:client_html",
     "future-html": "hpcsched.diagnostics.reprs:future_html",
     "progress": "hpcsched.diagnostics.progress:progress",
+    # the worker's tasks, and the code the Client itself uses, reach the Client
+    "client": "hpcsched.core.client.client:Client",
+    "default-client": "hpcsched.core.client.client:default_client",
+    "dask-scheduler": "hpcsched.core.client.collections:become_dask_scheduler",
 }
 
 _resolved: dict[str, Any] = {}

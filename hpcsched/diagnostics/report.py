@@ -24,6 +24,7 @@ import os
 import time
 from typing import Any
 
+from hpcsched.core.protocol.messages import Extension
 from hpcsched.diagnostics.server import page_html
 
 
@@ -40,12 +41,12 @@ def _client(client: Any) -> Any:
 
 def request(client: Any, what: str, timeout: float | None = 60.0, **kw: Any) -> dict:
     """Ask the scheduler's diagnostics extension; raises RuntimeError with its error."""
-    reply = client.request({"op": "extension", "extension": "diagnostics", "what": what, **kw},
-                           timeout)
-    if reply.get("error"):
+    reply = client.request(Extension("diagnostics", extra={"what": what, **kw}), timeout)
+    answer = reply.extra
+    if answer.get("error"):
         raise RuntimeError(f"the scheduler's diagnostics could not answer {what!r}: "
-                           f"{reply['error']}")
-    return reply
+                           f"{answer['error']}")
+    return answer
 
 
 def as_time(t: Any) -> float:

@@ -50,7 +50,7 @@ def server():
 
 def test_put_is_processed_on_the_loop_thread_then_flushed(server):
     loop, rec = server
-    loop.inbox.put("a")
+    loop.put("a")
     wait_until(lambda: rec.items() == ["a"], timeout=5)
     assert rec.seen[0][0] == "test-loop"
     wait_until(lambda: rec.flushes, timeout=5)
@@ -59,7 +59,7 @@ def test_put_is_processed_on_the_loop_thread_then_flushed(server):
 
 def test_offer_to_an_idle_loop_runs_in_the_callers_thread(server):
     loop, rec = server
-    loop.inbox.offer("x")  # returns after the iteration: processed and flushed here
+    loop.offer("x")  # returns after the iteration: processed and flushed here
     me = threading.current_thread().name
     assert rec.seen == [(me, ["x"])]
     assert rec.flushes == [me]
@@ -68,11 +68,11 @@ def test_offer_to_an_idle_loop_runs_in_the_callers_thread(server):
 def test_offer_to_a_busy_loop_queues_and_keeps_the_order(server):
     loop, rec = server
     rec.gate.clear()
-    loop.inbox.put(1)  # the loop thread takes it and blocks in process
+    loop.put(1)  # the loop thread takes it and blocks in process
     assert rec.entered.wait(5)
-    loop.inbox.put(2)
-    loop.inbox.offer(3)  # busy: queued behind 2, not run here
-    loop.inbox.offer(4)
+    loop.put(2)
+    loop.offer(3)  # busy: queued behind 2, not run here
+    loop.offer(4)
     assert rec.seen == []
     rec.gate.set()
     wait_until(lambda: rec.items() == [1, 2, 3, 4], timeout=5)
@@ -82,8 +82,8 @@ def test_offer_to_a_busy_loop_queues_and_keeps_the_order(server):
 def test_offer_never_overtakes_queued_items():
     rec = Recorder()
     loop = Loop("not-started", rec.process, rec.flush)
-    loop.inbox.put("first")
-    loop.inbox.offer("second")  # the loop has not started: queued, not run
+    loop.put("first")
+    loop.offer("second")  # the loop has not started: queued, not run
     assert rec.seen == []
     loop.start()
     try:
@@ -110,7 +110,7 @@ def test_many_producers_offering_at_once_lose_and_reorder_nothing(server):
 
     def produce(p: int) -> None:
         for i in range(n):
-            (loop.inbox.offer if i % 2 else loop.inbox.put)((p, i))
+            (loop.offer if i % 2 else loop.put)((p, i))
 
     threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
     for t in threads:
@@ -127,7 +127,7 @@ def test_call_from_code_running_the_iteration_does_not_deadlock(server):
     loop, rec = server
     results = []
     loop._process = lambda items: results.append(loop.call(lambda: "inner"))
-    loop.inbox.offer("x")  # runs here; call() must run inline, not queue and wait
+    loop.offer("x")  # runs here; call() must run inline, not queue and wait
     assert results == ["inner"]
 
 
@@ -135,7 +135,7 @@ def test_stop_from_an_offered_iteration_returns(server):
     loop, _ = server
     loop._process = lambda items: loop.stop(join=True)  # would join itself if naive
     t0 = time.monotonic()
-    loop.inbox.offer("x")
+    loop.offer("x")
     assert time.monotonic() - t0 < 4
     assert loop.stopped.wait(5)
 
@@ -145,7 +145,7 @@ def test_calls_pending_at_stop_fail_instead_of_hanging():
     loop = Loop("stopping", rec.process, rec.flush)
     rec.gate.clear()
     loop.start()
-    loop.inbox.put("hold")
+    loop.put("hold")
     assert rec.entered.wait(5)
     box: list = []
     caller = threading.Thread(target=lambda: box.append(_call(loop)))

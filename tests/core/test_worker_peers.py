@@ -20,21 +20,27 @@ from hpcsched.core.worker.peers import PEER, PeerTransfers
 from tests.conftest import wait_until
 
 
-class QueueInbox(Inbox):
-    def __init__(self) -> None:
+class FakeLoop(Inbox):
+    """The worker's loop: what a peer's comm delivers is queued in ``items``; what the
+    transfers put themselves (``(None, event)``) is recorded in ``events``."""
+
+    def __init__(self, events: list) -> None:
         self.items: queue.Queue = queue.Queue()
+        self.events = events
 
     def put(self, item: Any) -> None:
-        self.items.put(item)
+        if item[0] is None:
+            self.events.append(item[1])
+        else:
+            self.items.put(item)
 
 
 @pytest.fixture
 def peers():
-    inbox = QueueInbox()
     events: list = []
+    inbox = FakeLoop(events)
     worker = SimpleNamespace(
-        address="inproc://me", security=None, spill_buffer=None,
-        loop=SimpleNamespace(inbox=inbox, put=lambda item: events.append(item[1])),
+        address="inproc://me", security=None, spill_buffer=None, loop=inbox,
         telemetry=SimpleNamespace(transfer=lambda *a: None),
         state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
     accepted: queue.Queue = queue.Queue()

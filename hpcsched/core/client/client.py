@@ -13,14 +13,17 @@ process (``python -m hpcsched script.py`` under mpiexec), to
 ``HPCSCHED_SCHEDULER_ADDRESS`` / ``HPCSCHED_SCHEDULER_FILE``, or starts a
 ``LocalCluster`` sized to the machine and closes it with the client.
 
-The client is collaborating parts: its connection (``SchedulerConnection``:
-reader and sender threads, request/reply, heartbeat; :mod:`.client_connection`),
-its futures (``FutureTable``: states, reference counts, done callbacks), and the
-functions that build graphs (:mod:`.client_graphs`), move data
-(:mod:`.client_data`) and control the cluster (:mod:`.client_control`). It sends
-protocol records (:mod:`.protocol_client`); what the scheduler sends is decoded
-and dispatched by one table, op -> handler (``Client._HANDLERS``); a malformed
-message, or one its handler cannot take, is logged with its op and dropped.
+The client is collaborating parts, each given what it works with: its
+connection (``SchedulerConnection``: receiving, the sender thread,
+request/reply, heartbeat; :mod:`.connection`), its futures (``FutureTable``:
+states, reference counts, done callbacks; :mod:`.future_state`), and, over
+those two, what builds graphs (``Submitter``, :mod:`.graphs`), moves data
+(``Transfers``, :mod:`.data`) and controls the cluster (``ClusterRequests``,
+:mod:`.control`). It sends protocol records (:mod:`hpcsched.core.protocol.client`);
+each message the scheduler sends is decoded and handed to its handler by
+record type (``Client.handlers``, the :class:`~hpcsched.core.protocol.dispatch.Handlers`
+convention); a malformed message, or one its handler cannot take, is logged
+with its op and dropped.
 """
 
 from __future__ import annotations
@@ -33,16 +36,20 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 from hpcsched.core import config, seams
-from hpcsched.core.client import control as client_control
-from hpcsched.core.client import data as client_data
 from hpcsched.core.client import datasets as dataset_ops
-from hpcsched.core.client import graphs as client_graphs
 from hpcsched.core.client import plugins, versions
 from hpcsched.core.client.collections import become_dask_scheduler, restore_dask_scheduler
-from hpcsched.core.client.connection import SchedulerConnection, locate_scheduler, open_comm
+from hpcsched.core.client.connection import (
+    CLOSE_REQUEST,
+    SchedulerConnection,
+    locate_scheduler,
+    open_comm,
+)
+from hpcsched.core.client.control import ClusterRequests
+from hpcsched.core.client.data import Transfers
 from hpcsched.core.client.future_state import FutureTable
 from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the public names live here too
     CancelledError,
@@ -61,6 +68,7 @@ from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the publ
     wait,
     wait_futures,
 )
+from hpcsched.core.client.graphs import Submitter, unpack_futures
 from hpcsched.core.client.submission import (  # noqa: F401 - funcname/task_run_spec re-exported
     as_list,
     funcname,
@@ -75,6 +83,7 @@ from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
     write_scheduler_file,
 )
 from hpcsched.core.protocol import messages as pc
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
 from hpcsched.core.state.graph import GraphError
 from hpcsched.core.worker.nanny import is_nanny_plugin
@@ -97,6 +106,8 @@ class Client:
 
     #: dask asks whether a scheduler object is asynchronous before using its ``get``
     asynchronous = False
+    #: what the scheduler sends: record type -> handler
+    handlers = Handlers("client")
 
     def __init__(self, address: Any = None, *, scheduler_file: str | None = None,
                  security: Security | None = None, timeout: float | None = None,
@@ -122,16 +133,20 @@ class Client:
         except Exception:
             self._close_owned_cluster()
             raise
+        self._table = self.handlers.bind(self)
         #: the connection to the scheduler (``send(msg)`` queues a message for it)
         self.scheduler_comm = SchedulerConnection(
-            comm, self.id, self.scheduler_address, self._handle, self._lost_scheduler,
-            watch=not inproc, direct=inproc)  # a scheduler in this process cannot hang apart
+            comm, self.id, self.scheduler_address, self._receive, self._batch_done,
+            self._lost_scheduler, watch=not inproc)  # a scheduler here cannot hang apart
         #: this client's futures: states, reference counts, done callbacks
         self.future_table = FutureTable(self.scheduler_comm.post)
         self.futures: dict[Any, FutureState] = self.future_table.states
-        self.scheduler_comm.start()
+        self._control = ClusterRequests(self.scheduler_comm, self.future_table, self.cluster)
+        self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
+        self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
+                                    self.gather)
         self.future_table.start(self.id)
-        self._handle([reply] if isinstance(reply, dict) else reply)
+        self.scheduler_comm.start(reply)
         self.status = "running"
         self.scheduler_comm.start_watch()
         if set_as_default:
@@ -155,87 +170,90 @@ class Client:
     def __repr__(self) -> str:
         return f"<Client {self.id} scheduler={self.scheduler_address} status={self.status}>"
 
+    def _new_future(self, key: Any) -> Future:
+        return Future(key, self)
+
     # ================================================================ messages
     def request(self, msg: Any, timeout: float | None = None) -> Any:
         """Send the request ``msg`` to the scheduler and return its reply.
 
         ``msg`` is a record of :mod:`hpcsched.core.protocol.client` whose empty
         ``request_id`` gets a fresh one (the reply carries it back), e.g.
-        ``client.request(WhoHas("", keys=None)).result``; the reply is a record. An op dict
-        (as the diagnostics extension sends) is checked and decoded first, and gets a dict
-        back. The way the client's extensions talk to the scheduler. ``TimeoutError`` after
-        ``timeout`` seconds (None: no limit); ``ConnectionError`` if the scheduler is lost.
+        ``client.request(WhoHas("", keys=None)).result``; the reply is a record. The way
+        the client's extensions talk to the scheduler. ``TypeError`` for anything but a
+        record, ``TimeoutError`` after ``timeout`` seconds (None: no limit),
+        ``ConnectionError`` if the scheduler is lost.
         """
-        conn = self.scheduler_comm
-        if isinstance(msg, dict):
-            rid = conn.new_id(str(msg.get("op")))
-            msg = pc.decode(pc.CLIENT_TO_SCHEDULER, {**msg, "request_id": rid})
-            return pc.encode(conn.request(msg, rid, timeout))
-        if not msg.request_id:
-            msg.request_id = conn.new_id(msg.op)
-        return conn.request(msg, msg.request_id, timeout)
+        return self.scheduler_comm.request(msg, timeout)
 
-    def _handle(self, msgs: list) -> None:
-        """Dispatch a batch of scheduler messages.
+    def _receive(self, msg: Any) -> None:
+        """Decode one scheduler message (``SCHEDULER_TO_CLIENT``) and hand it to its handler.
 
-        On the reader thread, or on the thread of a scheduler in this process. Each is decoded (``SCHEDULER_TO_CLIENT``) and goes to its handler in ``_HANDLERS``;
-        one malformed or that its handler cannot take is logged and dropped, never raised."""
-        handlers, decode, table = self._HANDLERS, pc.decode, pc.SCHEDULER_TO_CLIENT
+        On the thread the connection receives on (module docstring of
+        :mod:`.connection`). One that is malformed, or that its handler cannot take, is
+        logged and dropped, never raised."""
         try:
-            for msg in msgs:
-                try:
-                    record = decode(table, msg)
-                    handlers[record.op](self, record)
-                except Exception as e:
-                    self._bad_message(msg, e)
-        finally:
-            self.future_table.notify()
+            record = pc.decode(pc.SCHEDULER_TO_CLIENT, msg)
+            self._table[type(record)](record)
+        except Exception as e:
+            self._bad_message(msg, e)
+
+    def _batch_done(self) -> None:
+        """A batch of scheduler messages is handled: wake the gathers it completed."""
+        self.future_table.notify()
 
     def _bad_message(self, msg: Any, error: Exception) -> None:
         op = msg.get("op") if isinstance(msg, dict) else None
         logger.error("client %s: dropped a message from the scheduler (op %r): %s: %s",
                      self.id, op, type(error).__name__, error)
 
-    def _on_key_in_memory(self, msg: Any) -> None:
+    @handlers.on(pc.KeyInMemory)
+    def _on_key_in_memory(self, msg: pc.KeyInMemory) -> None:
         st = self.futures.get(msg.key)
         if st is not None and st.status != "finished":
             cbs = st.finish(msg.type)
             if cbs:  # the common case has none: no call (one message per finished task)
                 self.future_table.run_callbacks(cbs)
 
-    def _on_task_erred(self, msg: Any) -> None:
+    @handlers.on(pc.TaskErredReport)
+    def _on_task_erred(self, msg: pc.TaskErredReport) -> None:
         self.future_table.erred(msg.key, msg.exception, msg.traceback, msg.exception_text)
 
-    def _on_cancelled_keys(self, msg: Any) -> None:
+    @handlers.on(pc.CancelledKeys)
+    def _on_cancelled_keys(self, msg: pc.CancelledKeys) -> None:
         table = self.future_table
         table.cancel([st for st in map(table.states.get, msg.keys) if st is not None])
 
-    def _on_lost_data(self, msg: Any) -> None:
+    @handlers.on(pc.LostData)
+    def _on_lost_data(self, msg: pc.LostData) -> None:
         st = self.futures.get(msg.key)
         if st is not None:
             st.lose()
 
+    @handlers.on(pc.GatherReply, pc.SchedulerInfoReply, pc.RetireWorkersReply,
+                 pc.ExtensionReply, pc.ControlReply)
     def _on_reply(self, msg: Any) -> None:
-        self.scheduler_comm.deliver_reply(msg)
+        self.scheduler_comm.deliver_reply(msg.request_id, msg)
 
-    def _on_scheduler_closing(self, msg: Any) -> None:
+    @handlers.on(pc.ScatterReply)
+    def _on_scatter_reply(self, msg: pc.ScatterReply) -> None:
+        self.scheduler_comm.deliver_reply(msg.scatter_id, msg)
+
+    @handlers.on(pc.CloseClientReply)
+    def _on_close_reply(self, msg: pc.CloseClientReply) -> None:
+        self.scheduler_comm.deliver_reply(CLOSE_REQUEST, msg)
+
+    @handlers.on(pc.Registered)
+    def _on_registered(self, msg: pc.Registered) -> None:
+        pass  # the scheduler's answer to the registration: nothing to do
+
+    @handlers.on(pc.SchedulerClosing)
+    def _on_scheduler_closing(self, msg: pc.SchedulerClosing) -> None:
         self.scheduler_comm.lost()
 
-    def _on_error(self, msg: Any) -> None:  # the scheduler refused a message and drops us
+    @handlers.on(pc.Error)
+    def _on_error(self, msg: pc.Error) -> None:  # the scheduler refused a message, drops us
         logger.error("scheduler at %s: %s", self.scheduler_address, msg.message)
-
-    _HANDLERS: ClassVar[dict[str, Callable[[Client, Any], None]]] = {
-        "key-in-memory": _on_key_in_memory,
-        "task-erred": _on_task_erred,
-        "cancelled-keys": _on_cancelled_keys,
-        "lost-data": _on_lost_data,
-        **dict.fromkeys(("gather-reply", "scatter-reply", "scheduler-info-reply",
-                         "retire-workers-reply", "close-client-reply", "extension-reply",
-                         "control-reply"), _on_reply),
-        "registered": lambda client, msg: None,
-        "scheduler-closing": _on_scheduler_closing,
-        "error": _on_error,
-    }
 
     def _lost_scheduler(self, reason: str) -> None:
         """The connection's ``on_lost``: every future not done errs with ``reason``."""
@@ -264,7 +282,7 @@ class Client:
         # ``held`` keeps the futures found in the arguments alive until the graph that needs
         # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
         # released, and the scheduler told so, before the task that depends on it arrives
-        (args, kwargs), held = client_graphs.unpack_futures((args, kwargs), self)
+        (args, kwargs), held = unpack_futures((args, kwargs), self.future_table)
         fblob = dumps_function(func)
         ablob = dumps_object((args, kwargs)) if (args or kwargs) else None
         if key is None:
@@ -300,8 +318,8 @@ class Client:
                 raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
-        return client_graphs.map_futures(
-            self, func, items, kwargs, keys=keys,
+        return self._submitter.map(
+            func, items, kwargs, keys=keys,
             base=key if isinstance(key, str) else funcname(func),
             token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
             priority=priority, retries=retries, resources=resources, workers=workers,
@@ -317,8 +335,8 @@ class Client:
         The graph is a dask-style dict ``{key: (func, *args)}``, or whatever dask hands a
         scheduler (``dask.compute(x, scheduler=client.get)``). Nested lists of keys give
         nested lists of results."""
-        futures = client_graphs.submit_graph(
-            self, dsk, keys, fuse=fuse, priority=priority, retries=retries,
+        futures = self._submitter.submit_graph(
+            dsk, keys, fuse=fuse, priority=priority, retries=retries,
             resources=resources, workers=workers, allow_other_workers=allow_other_workers)
         if not sync:
             return futures
@@ -341,16 +359,16 @@ class Client:
         opts = dict(priority=priority, retries=retries, resources=resources, workers=workers,
                     allow_other_workers=allow_other_workers)
         if keys is not None:
-            return client_graphs.submit_graph(self, collections, keys, fuse=fuse, **opts)
-        return client_graphs.compute(self, collections, sync=sync, optimize_graph=optimize_graph,
-                                     traverse=traverse, fuse=fuse, **opts)
+            return self._submitter.submit_graph(collections, keys, fuse=fuse, **opts)
+        return self._submitter.compute(collections, sync=sync, optimize_graph=optimize_graph,
+                                       traverse=traverse, fuse=fuse, **opts)
 
     def persist(self, collections: Any, *, optimize_graph: bool = True, priority: int = 0,
                 retries: int = 0, resources: dict | None = None, workers: Any = None,
                 allow_other_workers: bool = False, **kwargs: Any) -> Any:
         """Start computing dask collections; the same collections, backed by futures."""
-        return client_graphs.persist(
-            self, collections, optimize_graph=optimize_graph, priority=priority,
+        return self._submitter.persist(
+            collections, optimize_graph=optimize_graph, priority=priority,
             retries=retries, resources=resources, workers=workers,
             allow_other_workers=allow_other_workers)
 
@@ -368,12 +386,12 @@ class Client:
         """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure.
 
         ``errors="skip"`` leaves out erred and cancelled ones."""
-        return client_data.gather(self, futures, errors, timeout)
+        return self._transfers.gather(futures, errors, timeout)
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
                 timeout: float | None = 60.0) -> Any:
         """Move local data to workers; returns futures (same structure as ``data``)."""
-        return client_data.scatter(self, data, workers, broadcast, timeout)
+        return self._transfers.scatter(data, workers, broadcast, timeout)
 
     def cancel(self, futures: Any) -> None:
         """Cancel futures, and drop their data if they finished.
@@ -389,7 +407,7 @@ class Client:
         """The scheduler's description of itself and its workers, as distributed's.
 
         ``"workers"`` is ``{address: info}``."""
-        return self.request(pc.SchedulerInfo(""), timeout).info
+        return self._control.scheduler_info(timeout)
 
     # ---------------------------------------------------------------- cluster control
     def run(self, function: Callable, *args: Any, workers: Any = None, wait: bool = True,
@@ -399,27 +417,27 @@ class Client:
         Returns ``{address: result}``; the function gets ``dask_worker=`` if it takes that
         argument. ``nanny=True``: in each worker's nanny (``dask_worker=`` is the ``Nanny``),
         as distributed; a worker with no nanny (an MPI rank) answers a ``RuntimeError``."""
-        return client_control.run(self, function, args, kwargs, workers=workers, wait=wait,
-                                  on_error=on_error, nanny=nanny)
+        return self._control.run(function, args, kwargs, workers=workers, wait=wait,
+                                 on_error=on_error, nanny=nanny)
 
     def run_on_scheduler(self, function: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run ``function(*args, **kwargs)`` in the scheduler's process.
 
         It runs on the scheduler's loop thread (``dask_scheduler=`` is passed if it takes
         it): keep it short."""
-        return client_control.run_on_scheduler(self, function, args, kwargs)
+        return self._control.run_on_scheduler(function, args, kwargs)
 
     def who_has(self, futures: Any = None) -> dict:
         """``{key: [addresses of the workers holding it]}`` (all keys, or ``futures``')."""
-        return client_control.who_has(self, futures)
+        return self._control.who_has(futures)
 
     def has_what(self, workers: Any = None) -> dict:
         """``{worker address: [keys it holds]}``."""
-        return client_control.has_what(self, workers)
+        return self._control.has_what(workers)
 
     def nthreads(self, workers: Any = None) -> dict:
         """``{worker address: number of threads}``."""
-        return client_control.nthreads(self, workers)
+        return self._control.nthreads(workers)
 
     ncores = nthreads
 
@@ -427,7 +445,7 @@ class Client:
         """Send a local file to every worker, and to every worker that joins later.
 
         A ``.py`` is imported (reloaded), a ``.zip``/``.egg`` put on ``sys.path``."""
-        return client_control.upload_file(self, filename, load=load)
+        return self._control.upload_file(filename, load=load)
 
     # ---------------------------------------------------------------- datasets, versions
     def publish_dataset(self, *args: Any, name: str | None = None, override: bool = False,
@@ -462,7 +480,7 @@ class Client:
         """Versions of Python and key packages in the client, the scheduler and each worker.
 
         ``check=True`` raises ``ValueError`` if they differ."""
-        return versions.collect(self, check=check, packages=packages)
+        return versions.collect(self._control, check=check, packages=packages)
 
     def register_plugin(self, plugin: Any, name: str | None = None,
                         idempotent: bool | None = None) -> Any:
@@ -470,7 +488,7 @@ class Client:
 
         A ``WorkerPlugin`` is set up on every worker, and on workers joining later; a
         ``SchedulerPlugin`` is started in the scheduler; see :mod:`hpcsched.core.client.plugins`."""
-        return plugins.register_plugin(self, plugin, name, idempotent)
+        return plugins.register_plugin(self.scheduler_comm, plugin, name, idempotent)
 
     def register_worker_plugin(self, plugin: Any = None, name: str | None = None,
                                nanny: bool | None = None) -> Any:
@@ -481,13 +499,14 @@ class Client:
             raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
         if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
             nanny = is_nanny_plugin(plugin)
-        return plugins.register_plugin(self, plugin, name, kind="nanny" if nanny else "worker")
+        return plugins.register_plugin(self.scheduler_comm, plugin, name,
+                                       kind="nanny" if nanny else "worker")
 
     def unregister_worker_plugin(self, name: str, nanny: bool | None = None) -> Any:
         """Tear a worker (or nanny) plugin down on every worker (nanny).
 
         Workers (nannies) that join later no longer get it."""
-        return plugins.unregister_worker_plugin(self, name)
+        return plugins.unregister_worker_plugin(self.scheduler_comm, name)
 
     def replicate(self, futures: Any, n: int | None = None, workers: Any = None,
                   branching_factor: int = 2) -> None:
@@ -495,13 +514,13 @@ class Client:
 
         Among ``workers`` if given. Copies beyond ``n`` are kept (distributed drops them);
         ``branching_factor`` is unused (workers fetch from holders)."""
-        client_control.replicate(self, futures, n=n, workers=workers)
+        self._control.replicate(futures, n=n, workers=workers)
 
     def rebalance(self, futures: Any = None, workers: Any = None, **kwargs: Any) -> None:
         """Move data from workers holding more than the mean to those holding less.
 
         As distributed does; no copy is dropped before its new holder has it."""
-        client_control.rebalance(self, futures, workers)
+        self._control.rebalance(futures, workers)
 
     def restart(self, timeout: float | None = 120.0, wait_for_workers: bool = True) -> None:
         """Reset the cluster: every client's futures cancelled, the workers' data dropped.
@@ -510,11 +529,11 @@ class Client:
         under MPI a rank cannot be respawned, and without a nanny no process is restarted
         over TCP either. Module-level state a task left in a worker's process remains; a
         task running now finishes, its result dropped."""
-        client_control.restart(self, timeout, wait_for_workers)
+        self._control.restart(timeout, wait_for_workers)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
         """Block until ``n_workers`` workers have joined (``TimeoutError`` after ``timeout``)."""
-        client_control.wait_for_workers(self, n_workers, timeout)
+        self._control.wait_for_workers(n_workers, timeout)
 
     def retire_workers(self, workers: list[str] | None = None, names: list[str] | None = None,
                        n: int | None = None, close: bool = True,
@@ -561,7 +580,7 @@ class Client:
             return
         if self.status == "running":
             with contextlib.suppress(Exception):  # the scheduler may be gone already
-                self.scheduler_comm.request(pc.CloseClient(), "close-client-reply", timeout)
+                self.scheduler_comm.request(pc.CloseClient(), timeout)
         self._closed = True
         self.status = "closed"
         self.future_table.close()

@@ -28,14 +28,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Collection, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcsched.core.client.futures import Future
+from hpcsched.core.client.worker_client import worker_client
 from hpcsched.core.protocol.annotations import annotation_problem
 from hpcsched.core.state.graph import Call, Ref
-
-if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
+from hpcsched.core.worker.context import in_task
 
 Key = Any
 Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
@@ -167,12 +166,10 @@ class DaskScheduler:
     threaded scheduler.
     """
 
-    def __init__(self, client: Client | None = None):
+    def __init__(self, client: Any = None):
         self.client = client
 
     def __call__(self, dsk: Any, keys: Any, **kwargs: Any) -> Any:
-        from hpcsched.core.client.worker_client import in_task, worker_client
-
         if in_task():
             with worker_client() as client:
                 return client.get(dsk, keys, **kwargs)
@@ -186,7 +183,7 @@ class DaskScheduler:
         return f"<hpcsched dask scheduler of {self.client!r}>"
 
 
-def become_dask_scheduler(client: Client | None) -> tuple | None:
+def become_dask_scheduler(client: Any) -> tuple | None:
     """Make ``client`` (None in a worker process) dask's default scheduler when dask is
     installed, as distributed's ``Client(set_as_default=True)`` does; dataframe shuffles then
     run as tasks (dask's "disk" shuffle writes to one machine's files). Returns what to

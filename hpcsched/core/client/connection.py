@@ -10,10 +10,13 @@ the client. A :class:`SchedulerConnection` then owns the connection:
   runs of ``client-releases-keys`` are merged into one message, see
   :func:`coalesce`); what is queued are protocol records
   (:mod:`hpcsched.core.protocol.client`), encoded once, there, as they are sent;
-- one **reader** thread hands each batch of scheduler messages to the client's
-  ``on_messages`` (which decodes them) and routes replies to the requests
-  waiting for them. For a scheduler in this process (``direct``) there is none:
-  the scheduler's own thread hands each batch over as it sends it (a thread
+- what the scheduler sends reaches the client as it reaches a server: the comm
+  delivers it (``Comm.deliver_to``) to a :class:`~hpcsched.core.comm.loop.Loop`,
+  which hands each message to the client's ``on_message`` (which decodes and
+  dispatches it) and calls ``on_batch`` once per batch. The client's handlers
+  are short and never block (``any_thread``), so the transport's own thread runs
+  them when the loop is idle: the TCP I/O thread, MPI's progress thread, or, for
+  a scheduler in this process, the scheduler's thread as it sends (a thread
   wake-up fewer per batch: one per finished task of a ``map``);
 - a :class:`~hpcsched.core.client.heartbeat.SchedulerWatch` pings a silent
   scheduler and gives it up after ``client.scheduler-timeout``.
@@ -24,6 +27,7 @@ once with the reason, and every waiting request fails with ``ConnectionError``.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -35,7 +39,8 @@ from typing import Any
 from hpcsched.core import seams
 from hpcsched.core.client.heartbeat import SchedulerWatch
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Inbox, Security, unparse_address
+from hpcsched.core.comm.base import Comm, CommClosedError, Security, unparse_address
+from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.comm.scheduler_file import (
     looks_like_scheduler_file,
     read_scheduler_file,
@@ -47,6 +52,7 @@ from hpcsched.core.protocol.messages import (
     SchedulerInfo,
     encode,
 )
+from hpcsched.core.worker.context import task_scheduler
 
 logger = logging.getLogger("hpcsched.client")
 
@@ -114,8 +120,6 @@ def locate_scheduler(address: Any, scheduler_file: str | None, security: Securit
 
 def _find_running(security: Security | None, default: tuple[str | None, Security | None]
                   ) -> tuple[str, Security | None] | None:
-    from hpcsched.core.client.worker_client import task_scheduler
-
     in_task = task_scheduler()  # inside a task: the cluster it runs on, with its worker's
     if in_task is not None:  # credentials (never a new cluster per task)
         return in_task[0], security or in_task[1]
@@ -156,8 +160,7 @@ def coalesce(msgs: list) -> list:
     ``client-releases-keys`` (one per dropped future) merged into one message: the
     scheduler then handles one event for a whole map's worth of releases.
 
-    A queued dict is sent as it is (a request given as a dict was checked when it was
-    decoded into its record; tests send deliberately malformed ones)."""
+    A queued dict is sent as it is (tests send deliberately malformed messages)."""
     out: list = []
     run: list | None = None  # keys of the release message being built
     for m in msgs:
@@ -174,49 +177,24 @@ def coalesce(msgs: list) -> list:
     return out
 
 
-_CLOSED = object()  # what a direct connection's inbox gets once the scheduler closes it
-
-
-class _Direct(Inbox):
-    """A direct connection's inbox: the batch is handled in the scheduler's thread, as it
-    is sent. The client's handlers only update futures, set events and queue callbacks
-    (:meth:`Client._handle`): short, never blocking, safe in any thread."""
-
-    __slots__ = ("conn",)
-    any_thread = True
-
-    def __init__(self, conn: SchedulerConnection):
-        self.conn = conn
-
-    def put(self, item: Any) -> None:  # pragma: no cover - inproc offers (any_thread)
-        raise RuntimeError("a direct connection's inbox is offered its items")
-
-    def offer(self, item: Any) -> None:
-        msgs = item[1]
-        if msgs is _CLOSED:
-            self.conn.lost()
-        else:
-            self.conn._on_messages(msgs if isinstance(msgs, list) else [msgs])
-
-    def offer_batch(self, items: list) -> None:
-        for item in items:
-            self.offer(item)
+#: the id of the one ``close-client`` request (its reply carries none)
+CLOSE_REQUEST = "close-client"
 
 
 class SchedulerConnection:
     """The threads and request bookkeeping of one client's connection (module docstring).
 
-    ``on_messages(msgs)`` runs for every batch the scheduler sends (on the reader thread,
-    or, ``direct``, on the scheduler's);
-    ``on_lost(reason)`` once when the scheduler is lost (not after :meth:`close`).
-    ``watch=False`` for a scheduler in this process, which cannot hang apart from us;
-    ``direct=True`` (an ``inproc://`` comm) to have its thread hand messages over.
+    ``on_message(msg)`` runs for every message the scheduler sends, ``on_batch()`` after
+    each batch of them; ``on_lost(reason)`` once when the scheduler is lost (not after
+    :meth:`close`). ``watch=False`` for a scheduler in this process, which cannot hang
+    apart from us.
     """
 
-    def __init__(self, comm: Comm, name: str, address: str,
-                 on_messages: Callable[[list], None], on_lost: Callable[[str], None],
-                 watch: bool = True, direct: bool = False):
+    def __init__(self, comm: Comm, client_id: str, address: str,
+                 on_message: Callable[[Any], None], on_batch: Callable[[], None],
+                 on_lost: Callable[[str], None], watch: bool = True):
         self.comm = comm
+        self.client_id = client_id
         self.address = address
         self.closed = False
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
@@ -224,22 +202,22 @@ class SchedulerConnection:
         self.post: Callable[[Any], None] = self._outq.put
         self._requests: dict[str, tuple[threading.Event, list]] = {}
         self._ids = itertools.count()
-        self._name = name
-        self._on_messages = on_messages
+        self._on_message = on_message
         self._on_lost = on_lost
         self._lost_reason = ""
-        self._watch = SchedulerWatch(name, self._ping, self._unresponsive) if watch else None
-        self._reader = None if direct else threading.Thread(
-            target=self._read_loop, name=f"{name}-reader", daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name=f"{name}-sender",
+        self._watch = SchedulerWatch(client_id, self._ping, self._unresponsive) \
+            if watch else None
+        self._loop = Loop(f"{client_id}-receive", self._receive, on_batch, any_thread=True,
+                          raise_gc=False)
+        self._sender = threading.Thread(target=self._send_loop, name=f"{client_id}-sender",
                                         daemon=True)
 
-    def start(self) -> None:
-        """Start the reader (or have the scheduler's thread deliver) and the sender."""
-        if self._reader is not None:
-            self._reader.start()
-        else:
-            self.comm.deliver_to(_Direct(self), None, _CLOSED)
+    def start(self, first: Any) -> None:
+        """Receive: ``first`` (the scheduler's answer to the registration, read before)
+        then everything the comm delivers; start the sender."""
+        self._loop.put(("scheduler", first))
+        self.comm.deliver_to(self._loop, "scheduler", CLOSED)
+        self._loop.start()
         self._sender.start()
 
     def start_watch(self) -> None:
@@ -257,33 +235,48 @@ class SchedulerConnection:
 
     def new_id(self, what: str) -> str:
         """A request id unique in this client."""
-        return f"{self._name}-{what}-{next(self._ids)}"
+        return f"{self.client_id}-{what}-{next(self._ids)}"
 
-    def request(self, msg: Any, rid: str, timeout: float | None) -> Any:
-        """Send the record ``msg`` and wait for the reply record carrying ``rid``
-        (``TimeoutError`` after ``timeout`` seconds, ``ConnectionError`` if the scheduler is
-        lost meanwhile)."""
+    def request(self, msg: Any, timeout: float | None = None) -> Any:
+        """Send the request record ``msg`` and return the scheduler's reply record.
+
+        An empty ``request_id`` is given a fresh one (the reply carries it back): the record
+        sent is a copy, ``msg`` is left as it is. ``TimeoutError`` after ``timeout`` seconds
+        (None: no limit), ``ConnectionError`` if the scheduler is lost meanwhile."""
+        if not dataclasses.is_dataclass(msg) or isinstance(msg, type):
+            raise TypeError(f"a request is a protocol record, not {type(msg).__name__}")
+        if hasattr(msg, "request_id"):
+            rid = msg.request_id
+            if not rid:
+                rid = self.new_id(type(msg).__name__)
+                msg = dataclasses.replace(msg, request_id=rid)
+        elif hasattr(msg, "scatter_id"):
+            rid = msg.scatter_id
+        else:  # close-client: one per client, its reply carries no id
+            rid = CLOSE_REQUEST
+        return self._wait_reply(msg, rid, timeout)
+
+    def _wait_reply(self, msg: Any, rid: str, timeout: float | None) -> Any:
         event = threading.Event()
         box: list = []
         self._requests[rid] = (event, box)
         try:
             self.send(msg)
             if not event.wait(timeout):
-                raise TimeoutError(f"no answer from the scheduler to {msg.op} within "
-                                   f"{timeout}s")
+                raise TimeoutError(f"no answer from the scheduler to {type(msg).__name__} "
+                                   f"within {timeout}s")
         finally:
             self._requests.pop(rid, None)
         if box[0] is None:
             raise ConnectionError(f"lost the scheduler at {self.address}")
         return box[0]
 
-    def deliver_reply(self, msg: Any) -> None:
-        """Hand a reply record to the request waiting for it (a reply nobody waits for -- a
-        ping's, a timed-out request's -- is dropped)."""
-        rid = getattr(msg, "request_id", None) or getattr(msg, "scatter_id", None) or msg.op
-        entry = self._requests.get(rid)
+    def deliver_reply(self, rid: str | None, reply: Any) -> None:
+        """Hand ``reply`` to the request ``rid`` waiting for it (a reply nobody waits for --
+        a ping's, a timed-out request's -- is dropped)."""
+        entry = self._requests.get(rid) if rid is not None else None
         if entry is not None:
-            entry[1].append(msg)
+            entry[1].append(reply)
             entry[0].set()
 
     def _send_loop(self) -> None:
@@ -312,29 +305,27 @@ class SchedulerConnection:
             logger.debug("client send failed: %s", e)
 
     # ---------------------------------------------------------------- receiving
-    def _read_loop(self) -> None:
-        watch = self._watch
-        try:
-            while True:
-                msgs = self.comm.recv()
-                if watch is not None:
-                    watch.heard()
-                self._on_messages(msgs if isinstance(msgs, list) else [msgs])
-        except (CommClosedError, OSError, EOFError):
-            pass
-        except Exception:
-            logger.exception("client reader failed")
-        finally:
-            self.lost()
+    def _receive(self, items: list) -> None:
+        """The loop's ``process``: each ``(source, batch)`` the comm delivered."""
+        on_message = self._on_message
+        for _, msgs in items:
+            if msgs is CLOSED:
+                self.lost()
+                continue
+            if self._watch is not None:
+                self._watch.heard()
+            for msg in msgs if type(msgs) is list else (msgs,):
+                on_message(msg)
 
     def _ping(self) -> None:
-        if not self.closed:  # any answer will do: the reader hears it
+        if not self.closed:  # any answer will do: the loop hears it
             self._outq.put(SchedulerInfo(self.new_id("ping")))
 
     def _unresponsive(self, reason: str) -> None:
-        logger.error("client %s: %s at %s: giving up on it", self._name, reason, self.address)
+        logger.error("client %s: %s at %s: giving up on it", self.client_id, reason,
+                     self.address)
         self._lost_reason = f": {reason}"
-        self.comm.close()  # the reader sees it closed and errs what waits
+        self.comm.close()  # the loop sees it closed and errs what waits
 
     def lost(self) -> None:
         """The scheduler is gone (or closing): tell the client, fail waiting requests."""
@@ -355,5 +346,4 @@ class SchedulerConnection:
         self._outq.put(None)
         self.comm.close()
         self._sender.join(timeout)
-        if self._reader is not None:
-            self._reader.join(timeout)
+        self._loop.stop(join=True, timeout=5.0 if timeout is None else timeout)

@@ -44,7 +44,7 @@ from hpcsched.core.protocol.serialize import SerializationError, loads_object
 from hpcsched.core.units import parse_interval
 
 if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
+    from hpcsched.core.client.futures import FutureOwner as Client
 
 
 # ------------------------------------------------------------------ values with futures

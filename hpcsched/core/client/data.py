@@ -1,8 +1,10 @@
 """Data between a client and the cluster: ``gather`` results, ``scatter`` local values.
 
-``Client.gather`` and ``Client.scatter`` are thin methods over these functions,
-with distributed's signatures and results
-(https://distributed.dask.org/en/stable/api.html#distributed.Client.gather).
+``Client.gather`` and ``Client.scatter`` are thin methods over a
+:class:`Transfers`, with distributed's signatures and results
+(https://distributed.dask.org/en/stable/api.html#distributed.Client.gather),
+which needs the client's connection, its future table, and a way to make the
+client's futures (scatter returns new ones).
 A gather waits for the futures to be done (woken once, by the batch of
 scheduler messages that finishes the last of them), then asks the scheduler for the
 data of those still wanted; a key the scheduler lost after reporting it done
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.client.futures import (
@@ -27,78 +30,86 @@ from hpcsched.core.protocol.messages import ClientDesiresKeys, Gather, ScatterDa
 from hpcsched.core.protocol.serialize import deserialize, serialize, sizeof
 
 if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
+    from hpcsched.core.client.connection import SchedulerConnection
+    from hpcsched.core.client.future_state import FutureTable
 
 
-def gather(client: Client, futures: Any, errors: str = "raise",
-           timeout: float | None = None) -> Any:
-    """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;
-    ``errors="skip"`` leaves out erred and cancelled ones."""
-    if errors not in ("raise", "skip"):
-        raise ValueError("errors must be 'raise' or 'skip'")
-    flat: list[Future] = []
-    collect_futures(futures, flat)
-    conn = client.scheduler_comm
-    deadline = None if timeout is None else time.monotonic() + timeout
-    values: dict = {}
-    pending = {f.key: f for f in flat}
-    while pending:
-        client.future_table.wait([f.state for f in pending.values()], deadline, timeout)
-        for f in list(pending.values()):
-            st = f.state
-            if st.status == "error":
-                if errors == "raise":
-                    raise exception_of(st)
-                del pending[f.key]
-            elif st.status == "cancelled":
-                if errors == "raise":
-                    raise CancelledError(f"{f.key!r} was cancelled")
-                del pending[f.key]
-        if not pending:
-            break
-        rid = conn.new_id("gather")
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        reply = conn.request(Gather(rid, list(pending)), rid, left)
-        for blob in reply.blobs:
-            for k, v in deserialize(blob).items():
-                values[k] = v
-                pending.pop(k, None)
-        for k in reply.missing:
-            lost = pending.get(k)
-            if lost is not None and lost.state.status == "finished":
-                # the scheduler lost it after telling us: wait for the recomputation
-                lost.state.lose()
-                conn.send(ClientDesiresKeys(client.id, [k]))
-        if pending and deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
-    return pack_futures(futures, values, errors)
+class Transfers:
+    """Results from the cluster and local data to it, for one client (module docstring)."""
+
+    def __init__(self, conn: SchedulerConnection, table: FutureTable,
+                 new_future: Callable[[Any], Future]):
+        self.conn = conn
+        self.table = table
+        self.new_future = new_future
+
+    def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
+        """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;
+        ``errors="skip"`` leaves out erred and cancelled ones."""
+        if errors not in ("raise", "skip"):
+            raise ValueError("errors must be 'raise' or 'skip'")
+        flat: list[Future] = []
+        collect_futures(futures, flat)
+        conn, table = self.conn, self.table
+        deadline = None if timeout is None else time.monotonic() + timeout
+        values: dict = {}
+        pending = {f.key: f for f in flat}
+        while pending:
+            table.wait([f.state for f in pending.values()], deadline, timeout)
+            for f in list(pending.values()):
+                st = f.state
+                if st.status == "error":
+                    if errors == "raise":
+                        raise exception_of(st)
+                    del pending[f.key]
+                elif st.status == "cancelled":
+                    if errors == "raise":
+                        raise CancelledError(f"{f.key!r} was cancelled")
+                    del pending[f.key]
+            if not pending:
+                break
+            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+            reply = conn.request(Gather("", list(pending)), left)
+            for blob in reply.blobs:
+                for k, v in deserialize(blob).items():
+                    values[k] = v
+                    pending.pop(k, None)
+            for k in reply.missing:
+                lost = pending.get(k)
+                if lost is not None and lost.state.status == "finished":
+                    # the scheduler lost it after telling us: wait for the recomputation
+                    lost.state.lose()
+                    conn.send(ClientDesiresKeys(conn.client_id, [k]))
+            if pending and deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
+        return pack_futures(futures, values, errors)
 
 
-def scatter(client: Client, data: Any, workers: Any = None, broadcast: bool = False,
-            timeout: float | None = 60.0) -> Any:
-    """Move local data to workers; futures in the structure of ``data`` (a dict: by its
-    keys; a list, tuple or set: one per item, random keys; anything else: one future)."""
-    if isinstance(data, dict):
-        items = dict(data)
-    elif isinstance(data, (list, tuple, set)):
-        items = {f"{type(v).__name__}-{uuid.uuid4().hex}": v for v in data}
-    else:
-        items = {f"{type(data).__name__}-{uuid.uuid4().hex}": data}
-    conn = client.scheduler_comm
-    sid = conn.new_id("scatter")
-    payload = {k: serialize(v) for k, v in items.items()}
-    futures = {k: Future(k, client) for k in items}
-    reply = conn.request(ScatterData(client.id, sid, payload,
-                                     {k: sizeof(v) for k, v in items.items()},
-                                     as_list(workers), broadcast), sid, timeout)
-    if reply.error:
-        raise RuntimeError(f"scatter failed: {reply.error}")
-    for f in futures.values():
-        if not f.done():
-            client.future_table.run_callbacks(f.state.finish())
-    if isinstance(data, dict):
-        return futures
-    if isinstance(data, (list, tuple, set)):
-        out = list(futures.values())
-        return type(data)(out) if isinstance(data, tuple) else out
-    return next(iter(futures.values()))
+    def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
+                timeout: float | None = 60.0) -> Any:
+        """Move local data to workers; futures in the structure of ``data`` (a dict: by its
+        keys; a list, tuple or set: one per item, random keys; anything else: one future)."""
+        if isinstance(data, dict):
+            items = dict(data)
+        elif isinstance(data, (list, tuple, set)):
+            items = {f"{type(v).__name__}-{uuid.uuid4().hex}": v for v in data}
+        else:
+            items = {f"{type(data).__name__}-{uuid.uuid4().hex}": data}
+        conn = self.conn
+        sid = conn.new_id("scatter")
+        payload = {k: serialize(v) for k, v in items.items()}
+        futures = {k: self.new_future(k) for k in items}
+        reply = conn.request(ScatterData(conn.client_id, sid, payload,
+                                         {k: sizeof(v) for k, v in items.items()},
+                                         as_list(workers), broadcast), timeout)
+        if reply.error:
+            raise RuntimeError(f"scatter failed: {reply.error}")
+        for f in futures.values():
+            if not f.done():
+                self.table.run_callbacks(f.state.finish())
+        if isinstance(data, dict):
+            return futures
+        if isinstance(data, (list, tuple, set)):
+            out = list(futures.values())
+            return type(data)(out) if isinstance(data, tuple) else out
+        return next(iter(futures.values()))

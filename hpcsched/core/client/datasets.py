@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.core.client.coordination import dumps_value, loads_value, request
 
 if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
+    from hpcsched.core.client.futures import FutureOwner as Client
 
 NO_DEFAULT = object()
 

@@ -15,13 +15,10 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcsched.core.protocol.messages import ClientDesiresKeys
 from hpcsched.core.protocol.serialize import deserialize
-
-if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
 
 logger = logging.getLogger("hpcsched.client")
 
@@ -55,6 +52,36 @@ else:
         from dask._task_spec import TaskRef as _FutureBase
     except ImportError:  # dask is optional
         _FutureBase = object
+
+
+class FutureOwner(Protocol):
+    """What a :class:`Future` and the code below the Client use of a future's client.
+
+    The :class:`~hpcsched.core.client.client.Client` is the one implementation; the
+    modules it is made of (and the primitives it uses) see it through this, so that none
+    of them imports it back."""
+
+    id: str
+    #: the connection to the scheduler (``send``, ``post``, ``request``)
+    scheduler_comm: Any
+    #: the client's :class:`~hpcsched.core.client.future_state.FutureTable`
+    future_table: Any
+
+    def submit(self, func: Callable, *args: Any, **kwargs: Any) -> Future:
+        """A future of ``func(*args, **kwargs)`` run on a worker."""
+
+    def gather(self, futures: Any, errors: str = "raise",
+               timeout: float | None = None) -> Any:
+        """The results of ``futures``, in their structure."""
+
+    def cancel(self, futures: Any) -> None:
+        """Cancel ``futures``."""
+
+    def retry(self, futures: Any) -> None:
+        """Run erred ``futures`` again."""
+
+    def request(self, msg: Any, timeout: float | None = None) -> Any:
+        """The scheduler's reply record to the request record ``msg``."""
 
 
 class FutureState:
@@ -167,7 +194,7 @@ class Future(_FutureBase):
     __slots__ = (() if _FutureBase is not object else ("key",)) + (
         "client", "state", "_released", "__weakref__")
 
-    def __init__(self, key: Any, client: Client, state: FutureState | None = None):
+    def __init__(self, key: Any, client: FutureOwner, state: FutureState | None = None):
         self.key = key
         self.client = client
         self.state = client.future_table.acquire(key, state)
@@ -273,7 +300,7 @@ def run_callback(fn: Callable, fut: Future) -> None:
 class ClientExecutor(cf.Executor):
     """``concurrent.futures`` on top of a Client."""
 
-    def __init__(self, client: Client, **submit_kwargs: Any):
+    def __init__(self, client: FutureOwner, **submit_kwargs: Any):
         self.client = client
         self.kwargs = submit_kwargs
         self._futures: set[Future] = set()
@@ -433,7 +460,7 @@ def fire_and_forget(obj: Any) -> None:
     finish."""
     flat: list[Future] = []
     collect_futures(obj, flat)
-    by_client: dict[int, tuple[Client, list]] = {}
+    by_client: dict[int, tuple[FutureOwner, list]] = {}
     for f in flat:
         by_client.setdefault(id(f.client), (f.client, []))[1].append(f.key)
     for client, keys in by_client.values():

@@ -1,11 +1,13 @@
 """From a client's calls to ``update-graph`` messages: maps, task graphs, dask collections.
 
-``Client.map``, ``get``, ``compute`` and ``persist`` are thin methods over the
-functions here, with distributed's signatures
+``Client.map``, ``get``, ``compute`` and ``persist`` are thin methods over a
+:class:`Submitter`, with distributed's signatures
 (https://distributed.dask.org/en/stable/api.html#client). Each builds the
 tasks (see :mod:`hpcsched.core.client.submission` for their wire form), queues one
 ``update-graph`` message per batch on the client's connection, and returns
-:class:`~hpcsched.core.client.futures.Future` objects for the keys asked for.
+:class:`~hpcsched.core.client.futures.Future` objects for the keys asked for. A
+Submitter needs the client's connection, its future table (which keys it
+holds), a way to make its futures, and ``gather`` (``compute(sync=True)``).
 
 Futures given as arguments, or found inside a graph, become references to
 their keys (:class:`~hpcsched.core.state.graph.Ref`); the caller keeps those futures
@@ -41,19 +43,20 @@ from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 from hpcsched.core.state.graph import Ref, gc_paused, normalize
 
 if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
+    from hpcsched.core.client.connection import SchedulerConnection
+    from hpcsched.core.client.future_state import FutureTable
 
 FIRST_MAP_BATCH = 1000  # tasks of a large map sent ahead of the rest
 MAX_MAP_BATCH = 50_000  # tasks per update-graph message at most
 
 
-def update_graph(client: Client, tasks: dict, keys: list, *, priority: int = 0,
+def update_graph(client_id: str, tasks: dict, keys: list, *, priority: int = 0,
                  retries: int = 0, resources: dict | None = None, workers: Any = None,
                  allow_other_workers: bool = False, static_priorities: dict | None = None,
                  annotations: dict | None = None) -> UpdateGraph:
     """The ``update-graph`` record for ``tasks`` (``{key: {"run_spec", "deps"}}``) of which
-    ``client`` wants ``keys``."""
-    return UpdateGraph(client.id, tasks, keys, priority,
+    client ``client_id`` wants ``keys``."""
+    return UpdateGraph(client_id, tasks, keys, priority,
                        {k: retries for k in tasks} if retries else {}, resources,
                        as_list(workers), allow_other_workers, static_priorities, annotations)
 
@@ -80,79 +83,42 @@ def map_batches(n: int, batch_size: int | None) -> list[tuple[int, int]]:
     return bounds
 
 
-def refs_for_futures(x: Any, deps: dict, client: Client) -> Any:
-    """``x`` with ``client``'s futures replaced by Refs, recorded in ``deps`` (a module function,
-    not a closure: a recursive closure is a reference cycle that would keep ``deps``'s
-    futures alive until the garbage collector runs)."""
+def refs_for_futures(x: Any, deps: dict, table: FutureTable) -> Any:
+    """``x`` with the futures of ``table`` replaced by Refs, recorded in ``deps`` (a module
+    function, not a closure: a recursive closure is a reference cycle that would keep
+    ``deps``'s futures alive until the garbage collector runs)."""
     t = type(x)
     if t is Future:
-        if x.client is not client:
+        if x.client.future_table is not table:
             raise ValueError(f"{x!r} belongs to another client")
         deps[x.key] = x
         return Ref(x.key)
     if t is tuple:
-        return tuple([refs_for_futures(i, deps, client) for i in x]) if x else x
+        return tuple([refs_for_futures(i, deps, table) for i in x]) if x else x
     if t is list:
-        return [refs_for_futures(i, deps, client) for i in x]
+        return [refs_for_futures(i, deps, table) for i in x]
     if t is dict:
-        return {k: refs_for_futures(v, deps, client) for k, v in x.items()}
+        return {k: refs_for_futures(v, deps, table) for k, v in x.items()}
     if t is set:
-        return {refs_for_futures(i, deps, client) for i in x}
+        return {refs_for_futures(i, deps, table) for i in x}
     return x
 
 
-def unpack_futures(obj: Any, client: Client) -> tuple[Any, dict]:
+def unpack_futures(obj: Any, table: FutureTable) -> tuple[Any, dict]:
     """Replace futures inside ``obj`` by Refs; return (new obj, {key: future}). The caller
     keeps the futures until the message that depends on them is queued."""
     deps: dict = {}
     if type(obj) is tuple and len(obj) == 2 and type(obj[1]) is dict and not obj[1] \
             and all(type(a) in SCALARS for a in obj[0]):
         return obj, deps  # (args, {}) of plain values: the common case of submit/map
-    return refs_for_futures(obj, deps, client), deps
+    return refs_for_futures(obj, deps, table), deps
 
 
-def map_futures(client: Client, func: Callable, items: list, kwargs: dict, *,
-                keys: list | None, base: str, token: str, pure: bool,
-                batch_size: int | None, **opts: Any) -> list[Future]:
-    """``Client.map``'s work: one task per item of ``items`` (argument tuples), sent in
-    batches (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of
-    the call; else ``token`` and the item's index)."""
-    known = client.future_table.known
-    send = client.scheduler_comm.send
-    fblob = dumps_function(func)
-    futures: list[Future] = []
-    with gc_paused(len(items)):
-        for start, stop in map_batches(len(items), batch_size):
-            tasks = {}
-            held: list = []
-            batch = []
-            for i in range(start, stop):
-                (a, kw), deps = unpack_futures((items[i], kwargs), client)
-                ablob = dumps_object((a, kw))
-                if keys is not None:
-                    k = keys[i]
-                elif pure:
-                    k = f"{base}-{pure_token(fblob, ablob)}"
-                else:
-                    k = f"{base}-{token}{i:08x}"
-                batch.append(k)
-                if deps:
-                    held.append(deps)
-                if not known(k):
-                    tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
-            futures += [Future(k, client) for k in batch]
-            if tasks:
-                send(update_graph(client, tasks, list(tasks), static_priorities={
-                    k: start + i for i, k in enumerate(tasks)}, **opts))
-            del held
-    return futures
-
-
-def future_key(client: Client, x: Any) -> Any:
-    """The key of ``x`` if it is one of ``client``'s futures (for graph normalization)."""
+def future_key(table: FutureTable, x: Any) -> Any:
+    """The key of ``x`` if it is one of ``table``'s futures (for graph normalization)."""
     if type(x) is not Future:
         return None
-    if x.client is not client:
+    if x.client.future_table is not table:
         raise ValueError(f"{x!r} belongs to another client")
     return x.key
 
@@ -163,33 +129,6 @@ def annotated_keys(annotations: dict) -> set:
     for per_key in annotations.values():
         out.update(per_key)
     return out
-
-
-def submit_graph(client: Client, dsk: Any, keys: Any, *, fuse: bool | None = None,
-                 **opts: Any) -> Any:
-    """Send a graph (see :func:`~hpcsched.core.client.collections.graph_of`); return futures
-    for ``keys`` in the same nesting."""
-    graph, annotations = graph_of(dsk)
-    flat = flatten_keys(keys)
-    held = client.futures
-    missing = [k for k in flat if k not in graph and k not in held]
-    if missing:
-        raise KeyError(f"keys not in the graph: {missing[:10]!r}")
-    with gc_paused(len(graph)):
-        # one walk over the graph: futures inside it become references to their keys
-        tasks = normalize(graph, known=set(held), ref_of=partial(future_key, client))
-        if config.get("scheduler.fuse", fuse) and len(tasks) > 1:
-            from hpcsched.core.state.fusion import fuse_linear
-
-            tasks = fuse_linear(tasks, keep=set(flat) | annotated_keys(annotations))
-        wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
-                for k, t in tasks.items()}
-        del tasks
-    futures = {k: Future(k, client) for k in flat}
-    client.scheduler_comm.send(update_graph(
-        client, wire, list(futures), annotations=annotations_for_wire(annotations, wire.keys()) or None,
-        **opts))
-    return pack_keys(keys, futures)
 
 
 def delayed_container(x: Any) -> Any:
@@ -204,37 +143,112 @@ def delayed_container(x: Any) -> Any:
     return x
 
 
-def compute(client: Client, collections: Any, *, sync: bool, optimize_graph: bool,
-            traverse: bool, fuse: bool | None, **opts: Any) -> Any:
-    """``Client.compute`` of dask collections (and plain values, passed through)."""
-    singleton = not isinstance(collections, (list, tuple, set, frozenset))
-    items = [collections] if singleton else list(collections)
-    if traverse:
-        items = [delayed_container(a) for a in items]
-    variables = [a for a in items if is_dask_collection(a)]
-    futures: list = []
-    if variables:
-        expr, names = finalize_expr(variables, optimize_graph)
-        by_name = submit_graph(client, expr, names, fuse=fuse, **opts)
-        it = iter(by_name)
-        futures = [next(it) if is_dask_collection(a) else a for a in items]
-    else:
-        futures = items
-    result = client.gather(futures) if sync else futures
-    return result[0] if singleton else result
+class Submitter:
+    """Graphs and maps of one client to ``update-graph`` messages (module docstring)."""
 
+    def __init__(self, conn: SchedulerConnection, table: FutureTable,
+                 new_future: Callable[[Any], Future], gather: Callable[[Any], Any]):
+        self.conn = conn
+        self.table = table
+        self.new_future = new_future
+        self.gather = gather
 
-def persist(client: Client, collections: Any, *, optimize_graph: bool, **opts: Any) -> Any:
-    """``Client.persist``: the collections, rebuilt on futures of their keys."""
-    singleton = not isinstance(collections, (list, tuple, set, frozenset))
-    items = [collections] if singleton else list(collections)
-    bad = [type(a).__name__ for a in items if not is_dask_collection(a)]
-    if bad:
-        raise TypeError(f"persist takes dask collections, not {', '.join(bad)}")
-    expr, keys = persist_expr(items, optimize_graph)
-    futures = submit_graph(client, expr, [list(flatten_keys(k)) for k in keys], **opts)
-    out = []
-    for coll, futs in zip(items, futures, strict=True):
-        rebuild, args = coll.__dask_postpersist__()
-        out.append(rebuild({f.key: f for f in futs}, *args))
-    return out[0] if singleton else out
+    def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
+            token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
+        """``Client.map``'s work: one task per item of ``items`` (argument tuples), sent in
+        batches (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of
+        the call; else ``token`` and the item's index)."""
+        table = self.table
+        known = table.known
+        send = self.conn.send
+        new_future = self.new_future
+        fblob = dumps_function(func)
+        futures: list[Future] = []
+        with gc_paused(len(items)):
+            for start, stop in map_batches(len(items), batch_size):
+                tasks = {}
+                held: list = []
+                batch = []
+                for i in range(start, stop):
+                    (a, kw), deps = unpack_futures((items[i], kwargs), table)
+                    ablob = dumps_object((a, kw))
+                    if keys is not None:
+                        k = keys[i]
+                    elif pure:
+                        k = f"{base}-{pure_token(fblob, ablob)}"
+                    else:
+                        k = f"{base}-{token}{i:08x}"
+                    batch.append(k)
+                    if deps:
+                        held.append(deps)
+                    if not known(k):
+                        tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
+                futures += [new_future(k) for k in batch]
+                if tasks:
+                    send(update_graph(self.conn.client_id, tasks, list(tasks),
+                                      static_priorities={k: start + i
+                                                         for i, k in enumerate(tasks)},
+                                      **opts))
+                del held
+        return futures
+
+    def submit_graph(self, dsk: Any, keys: Any, *, fuse: bool | None = None,
+                     **opts: Any) -> Any:
+        """Send a graph (see :func:`~hpcsched.core.client.collections.graph_of`); return futures
+        for ``keys`` in the same nesting."""
+        graph, annotations = graph_of(dsk)
+        flat = flatten_keys(keys)
+        held = self.table.states
+        missing = [k for k in flat if k not in graph and k not in held]
+        if missing:
+            raise KeyError(f"keys not in the graph: {missing[:10]!r}")
+        with gc_paused(len(graph)):
+            # one walk over the graph: futures inside it become references to their keys
+            tasks = normalize(graph, known=set(held), ref_of=partial(future_key, self.table))
+            if config.get("scheduler.fuse", fuse) and len(tasks) > 1:
+                from hpcsched.core.state.fusion import fuse_linear
+
+                tasks = fuse_linear(tasks, keep=set(flat) | annotated_keys(annotations))
+            wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}
+                    for k, t in tasks.items()}
+            del tasks
+        futures = {k: self.new_future(k) for k in flat}
+        self.conn.send(update_graph(
+            self.conn.client_id, wire, list(futures),
+            annotations=annotations_for_wire(annotations, wire.keys()) or None,
+            **opts))
+        return pack_keys(keys, futures)
+
+    def compute(self, collections: Any, *, sync: bool, optimize_graph: bool,
+                traverse: bool, fuse: bool | None, **opts: Any) -> Any:
+        """``Client.compute`` of dask collections (and plain values, passed through)."""
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        if traverse:
+            items = [delayed_container(a) for a in items]
+        variables = [a for a in items if is_dask_collection(a)]
+        futures: list = []
+        if variables:
+            expr, names = finalize_expr(variables, optimize_graph)
+            by_name = self.submit_graph(expr, names, fuse=fuse, **opts)
+            it = iter(by_name)
+            futures = [next(it) if is_dask_collection(a) else a for a in items]
+        else:
+            futures = items
+        result = self.gather(futures) if sync else futures
+        return result[0] if singleton else result
+
+    def persist(self, collections: Any, *, optimize_graph: bool, **opts: Any) -> Any:
+        """``Client.persist``: the collections, rebuilt on futures of their keys."""
+        singleton = not isinstance(collections, (list, tuple, set, frozenset))
+        items = [collections] if singleton else list(collections)
+        bad = [type(a).__name__ for a in items if not is_dask_collection(a)]
+        if bad:
+            raise TypeError(f"persist takes dask collections, not {', '.join(bad)}")
+        expr, keys = persist_expr(items, optimize_graph)
+        futures = self.submit_graph(expr, [list(flatten_keys(k)) for k in keys], **opts)
+        out = []
+        for coll, futs in zip(items, futures, strict=True):
+            rebuild, args = coll.__dask_postpersist__()
+            out.append(rebuild({f.key: f for f in futs}, *args))
+        return out[0] if singleton else out

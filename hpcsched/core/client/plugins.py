@@ -32,34 +32,22 @@ runs in the process supervising a worker (``LocalCluster``, ``hpcsched worker
 
 from __future__ import annotations
 
+import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpcsched.core.client.control import outcome, results
-from hpcsched.core.protocol.messages import RegisterPlugin, UnregisterPlugin
+from hpcsched.core.client.control import results
+from hpcsched.core.protocol.calls import outcome
+from hpcsched.core.protocol.messages import RegisterPlugin, SchedulerInfo, UnregisterPlugin
 from hpcsched.core.protocol.serialize import dumps_object
 from hpcsched.core.worker import nanny
+from hpcsched.core.worker.plugins import WorkerPlugin
 
+if TYPE_CHECKING:
+    from hpcsched.core.client.connection import SchedulerConnection
 
-class WorkerPlugin:
-    """Base class of worker plugins.
-
-    Override ``setup(worker)``, ``teardown(worker)``,
-    ``transition(key, start, finish, **kwargs)``.
-    """
-
-    def setup(self, worker: Any) -> None:
-        """Run when the plugin reaches a worker."""
-
-    def teardown(self, worker: Any) -> None:
-        """Run when the plugin is replaced or unregistered, or the worker closes."""
-
-    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
-        """A task of this worker changed state.
-
-        ``finish`` is "forgotten" when the worker drops it. Runs on the worker's loop
-        thread, so keep it short. An exception is logged, the worker goes on.
-        """
+#: how the scheduler reports a worker that left before answering (its nanny restarted it)
+LEFT = "left before it answered"
 
 
 class SchedulerPlugin:
@@ -102,7 +90,7 @@ def _kind(plugin: Any) -> str:
     raise TypeError(f"{plugin!r} is not a WorkerPlugin or a SchedulerPlugin")
 
 
-def register_plugin(client: Any, plugin: Any, name: str | None = None,
+def register_plugin(conn: SchedulerConnection, plugin: Any, name: str | None = None,
                     idempotent: bool | None = None, kind: str | None = None) -> Any:
     """Register ``plugin`` (``Client.register_plugin``).
 
@@ -117,16 +105,16 @@ def register_plugin(client: Any, plugin: Any, name: str | None = None,
     restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
     if kind == "nanny":  # carried to each worker's nanny by a worker plugin
         plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
-    reply = client.request(RegisterPlugin("", kind, str(name), dumps_object(plugin),
-                                          bool(idempotent)), 120.0)
+    reply = conn.request(RegisterPlugin("", kind, str(name), dumps_object(plugin),
+                                        bool(idempotent)), 120.0)
     if restart:
-        return nanny.results_after_restart(client, {"results": results(reply)})
+        return results_after_restart(conn, results(reply))
     return _results(reply, kind)
 
 
-def unregister_worker_plugin(client: Any, name: str) -> Any:
+def unregister_worker_plugin(conn: SchedulerConnection, name: str) -> Any:
     """Tear the worker plugin ``name`` down on every worker; ``{worker: result}``."""
-    return _results(client.request(UnregisterPlugin("", str(name)), 120.0), "worker")
+    return _results(conn.request(UnregisterPlugin("", str(name)), 120.0), "worker")
 
 
 def _results(reply: Any, kind: str) -> Any:
@@ -142,3 +130,43 @@ def _results(reply: Any, kind: str) -> Any:
             raise value
         out[address] = value
     return out
+
+
+def results_after_restart(conn: SchedulerConnection, answers: dict) -> dict:
+    """``register_plugin``'s answer for a ``restart=True`` nanny plugin, workers back.
+
+    ``answers``: each worker's. A worker may have left before its answer went out (its
+    nanny answered it, then restarted it): that worker is restarting, not failing; another
+    error is raised."""
+    out = {}
+    for address, entry in sorted(answers.items()):
+        if entry.get("status") != "OK" and LEFT in str(entry.get("traceback", "")):
+            out[address] = {"status": "OK"}
+            continue
+        ok, value = outcome(entry)
+        if not ok:
+            raise value
+        out[address] = value
+    if out:
+        wait_restarted(conn, list(out))
+    return out
+
+
+def wait_restarted(conn: SchedulerConnection, workers: list[str],
+                   timeout: float = 120.0) -> None:
+    """Wait until each of ``workers`` has left and as many workers are back.
+
+    As distributed's ``register_plugin`` returns once nannies restarted their workers."""
+    deadline = time.monotonic() + timeout
+    old = set(workers)
+    delay = 0.02
+    while True:
+        now = set(conn.request(SchedulerInfo(""), 30.0).info["workers"])
+        if not (now & old) and len(now) >= len(old):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers restarted by a nanny plugin did not come back within "
+                               f"{timeout}s: {sorted(old & now)} still there, {len(now)} of "
+                               f"{len(old)} present")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)

@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcsched.core.client.control import ClusterRequests
 
 #: packages whose versions must agree across the cluster (and are reported)
 REQUIRED = ("hpcsched", "cloudpickle", "msgpack", "toolz", "dask")
@@ -59,14 +62,15 @@ def mismatches(versions: dict) -> list[str]:
     return out
 
 
-def collect(client: Any, check: bool = False, packages: Any = None) -> dict:
-    """``{"client", "scheduler", "workers": {address: ...}}``; with ``check=True``, raises
-    ``ValueError`` if a required package's version differs somewhere."""
+def collect(control: ClusterRequests, check: bool = False, packages: Any = None) -> dict:
+    """``{"client", "scheduler", "workers": {address: ...}}``, asked through ``control``;
+    with ``check=True``, raises ``ValueError`` if a required package's version differs
+    somewhere."""
     packages = list(packages or ())
     versions = {
         "client": get_versions(packages),
-        "scheduler": client.run_on_scheduler(get_versions, packages),
-        "workers": client.run(get_versions, packages),
+        "scheduler": control.run_on_scheduler(get_versions, (packages,), {}),
+        "workers": control.run(get_versions, (packages,), {}),
     }
     bad = mismatches(versions)
     if bad and check:

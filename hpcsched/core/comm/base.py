@@ -48,8 +48,9 @@ class Inbox(abc.ABC):
 
     ``put`` only queues the item for the receiver's thread. ``offer`` and
     ``offer_batch`` say the caller (a transport's thread) may run the receiver's
-    handler itself, now, if the receiver is idle: a server's
-    :class:`~hpcsched.core.comm.loop.Loop` does, saving a thread hand-off per message.
+    handler itself, now, if the receiver is idle: a
+    :class:`~hpcsched.core.comm.loop.Loop` (a server's, or a client's for what its
+    scheduler sends) does, saving a thread hand-off per message.
     An inbox whose handler must not run on another thread keeps these defaults,
     which queue.
     """

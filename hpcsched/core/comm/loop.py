@@ -1,6 +1,7 @@
 """The thread that owns a state machine, and the inbox that feeds it.
 
-A server has one :class:`Loop`: an :class:`Inbox` that transports
+A server (and a client, for what its scheduler sends) has one :class:`Loop`:
+the :class:`~hpcsched.core.comm.base.Inbox` that transports
 (``Comm.deliver_to``), the thread pool and other threads put items on. Each iteration takes everything
 pending (so a busy server handles large batches), hands the items to the
 server's ``process`` callback, then calls ``flush`` once, which sends one
@@ -26,8 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from hpcsched.core.comm.base import Comm
-from hpcsched.core.comm.base import Inbox as CommInbox
+from hpcsched.core.comm.base import Inbox
 from hpcsched.core.state.graph import raise_gc_threshold
 
 logger = logging.getLogger("hpcsched.loop")
@@ -44,28 +44,17 @@ class _Call:
         self.future = future
 
 
-class Inbox(CommInbox):
-    """A :class:`Loop`'s queue. ``put`` from any thread; a producer that may run
-    the server's code itself (the MPI progress thread, the TCP I/O thread) calls
-    ``offer`` instead."""
+class Loop(Inbox):
+    """The thread running ``process(items)`` then ``flush()`` for each batch of items put
+    on it (module docstring), and ``tick(now)`` every ``tick_interval`` seconds.
 
-    __slots__ = ("_loop",)
+    ``any_thread``: the receiver's code is short and never blocks, so a transport whose
+    sends only queue may run it in its own thread (see ``Inbox.any_thread``); a client's
+    loop is so. ``raise_gc``: a server's loop raises the process's GC threshold when it
+    starts (:func:`~hpcsched.core.state.graph.raise_gc_threshold`); a client's leaves the
+    user's process as it is.
+    """
 
-    def __init__(self, loop: Loop):
-        self._loop = loop
-
-    def put(self, item: Any) -> None:
-        self._loop._put(item)
-
-    def offer(self, item: Any) -> None:
-        self._loop._offer([item])
-
-    def offer_batch(self, items: list) -> None:
-        """Like ``offer`` for several items at once: one iteration handles them all."""
-        self._loop._offer(items)
-
-
-class Loop:
     def __init__(
         self,
         name: str,
@@ -73,9 +62,13 @@ class Loop:
         flush: Callable[[], None],
         tick: Callable[[float], None] | None = None,
         tick_interval: float = 0.5,
+        *,
+        any_thread: bool = False,
+        raise_gc: bool = True,
     ):
         self.name = name
-        self.inbox = Inbox(self)
+        self.any_thread = any_thread
+        self._raise_gc = raise_gc
         self._process = process
         self._flush = flush
         self._tick = tick
@@ -90,20 +83,24 @@ class Loop:
         self._owner: int | None = None  # ... and this is its thread id
 
     def start(self) -> None:
-        raise_gc_threshold()  # a server runs in this process: see its docstring
+        if self._raise_gc:
+            raise_gc_threshold()  # a server runs in this process: see its docstring
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def put(self, item: Any) -> None:
-        self._put(item)
-
-    def _put(self, item: Any) -> None:
+        """Queue ``item`` for the loop's thread (from any thread)."""
         with self._lock:
             self._items.append(item)
             if not self._busy:
                 self._wakeup.notify()
 
-    def _offer(self, items: list) -> None:
+    def offer(self, item: Any) -> None:
+        """Hand ``item`` over; an idle loop handles it in the calling thread (see
+        :meth:`offer_batch`)."""
+        self.offer_batch([item])
+
+    def offer_batch(self, items: list) -> None:
         """Handle ``items`` now, in the calling thread, if the loop is idle (nothing
         queued, no iteration running): one iteration -- process, then flush -- as the
         loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
@@ -142,7 +139,7 @@ class Loop:
         if self.stopped.is_set():
             raise RuntimeError(f"{self.name} is closed")
         fut: Future = Future()
-        self._put(_Call(fn, fut))
+        self.put(_Call(fn, fut))
         return fut.result(timeout)
 
     def stop(self, join: bool = True, timeout: float = 5.0) -> None:
@@ -222,10 +219,3 @@ class Loop:
             self._process(work)
         except Exception:
             logger.exception("%s: error while handling %d messages", self.name, len(work))
-
-
-def start_reader(comm: Comm, source: Any, inbox: Inbox, name: str) -> None:
-    """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
-    ``(source, CLOSED)`` when it closes: the backend does it (``Comm.deliver_to``).
-    ``name`` is kept for callers; no thread is started."""
-    comm.deliver_to(inbox, source, CLOSED)

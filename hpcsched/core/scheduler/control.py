@@ -19,16 +19,14 @@ Runs on the scheduler's loop thread, like every server op.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
-import os
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
 from hpcsched.core.state import events as ev
 
@@ -37,57 +35,12 @@ logger = logging.getLogger("hpcsched.scheduler")
 MAX_UPLOAD = 256 * 2**20  # bytes: a file is held in the scheduler's memory for later workers
 
 
-def check_filename(name: Any) -> str:
-    """A bare file name (no directory, no ``..``): what a worker may write into its directory."""
-    if not isinstance(name, str) or not name or name in (".", "..") \
-            or os.path.basename(name) != name or "\0" in name:
-        raise ev.MalformedMessage(f"upload-file: not a bare file name: {name!r}")
-    return name
-
-
-def error_reply(e: BaseException) -> dict:
-    """The fields of a reply carrying exception ``e`` (``status``, ``exception``,
-    ``traceback``), the exception cloudpickled."""
-    try:
-        blob = dumps_object(e)
-    except Exception:  # noqa: BLE001 - an exception that cannot travel is sent as its text
-        blob = dumps_object(RuntimeError(f"{type(e).__name__}: {e}"))
-    return {"status": "error", "exception": blob,
-            "traceback": "".join(traceback.format_exception(type(e), e, e.__traceback__))}
-
-
-def call_with(fn: Any, args: tuple, kwargs: dict, name: str, value: Any) -> Any:
-    """``fn(*args, **kwargs)``, adding ``name=value`` if ``fn`` takes that argument (distributed
-    passes ``dask_worker`` / ``dask_scheduler`` so)."""
-    try:
-        takes = name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        takes = False
-    if takes:
-        kwargs = {**kwargs, name: value}
-    return fn(*args, **kwargs)
-
-
 def _hashable(key: Any) -> bool:
     try:
         hash(key)
     except TypeError:
         return False
     return True
-
-
-def call_hook(plugin: Any, hook: str, *args: Any, **kwargs: Any) -> Any:
-    """``plugin.hook(*args, **kwargs)`` if the plugin has that hook; a coroutine it returns
-    (distributed's hooks may be ``async``) is run to its end."""
-    fn = getattr(plugin, hook, None)
-    if fn is None:
-        return None
-    out = fn(*args, **kwargs)
-    if inspect.iscoroutine(out):
-        import asyncio
-
-        out = asyncio.run(out)
-    return out
 
 
 class ClusterControl:

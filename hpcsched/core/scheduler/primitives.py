@@ -32,8 +32,8 @@ import time
 from collections import deque
 from typing import Any
 
+from hpcsched.core.protocol.calls import error_reply
 from hpcsched.core.protocol.messages import ControlReply, Primitive
-from hpcsched.core.scheduler.control import error_reply
 from hpcsched.core.state import events as ev
 
 ACTIONS = {

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hpcsched.core.client.plugins import WorkerPlugin
+from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.messages import (
     PluginAdd,
     PluginRemove,
@@ -45,7 +45,7 @@ from hpcsched.core.protocol.messages import (
     UploadFile,
 )
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
-from hpcsched.core.scheduler.control import call_hook, call_with, check_filename, error_reply
+from hpcsched.core.worker.plugins import WorkerPlugin
 
 logger = logging.getLogger("hpcsched.worker")
 

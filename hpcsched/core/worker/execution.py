@@ -17,7 +17,6 @@ import traceback as tb_mod
 from collections.abc import Mapping
 from typing import Any
 
-from hpcsched.core.client.worker_client import hook_dask
 from hpcsched.core.protocol.serialize import (
     SerializationError,
     dumps,
@@ -26,6 +25,7 @@ from hpcsched.core.protocol.serialize import (
     serialize,
 )
 from hpcsched.core.state.graph import evaluate
+from hpcsched.core.worker.context import hook_dask
 
 
 class RemoteError(Exception):

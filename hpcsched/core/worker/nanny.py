@@ -62,22 +62,18 @@ import socket
 import subprocess
 import tempfile
 import threading
-import time
 import zipfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hpcsched.core.client.control import outcome
+from hpcsched.core.protocol.calls import call_hook, call_with
 from hpcsched.core.protocol.serialize import dumps_object, loads_object
-from hpcsched.core.scheduler.control import call_hook, call_with
 
 logger = logging.getLogger("hpcsched.nanny")
 
 #: environment variable naming the worker's end of the socket pair to its nanny
 ENV_FD = "HPCSCHED_NANNY_FD"
-#: how the scheduler reports a worker that left before answering (cluster_control)
-LEFT = "left before it answered"
 
 
 class NannyPlugin:
@@ -371,40 +367,3 @@ class Nanny:
             self._teardown(name, plugin)
         if self._made is not None:
             shutil.rmtree(self._made, ignore_errors=True)
-
-
-# ==================================================================== the client's side
-def results_after_restart(client: Any, reply: dict) -> dict:
-    """``register_plugin``'s answer for a ``restart=True`` nanny plugin, once the workers
-    are back. A worker may have left before its answer went out (its nanny answered it,
-    then restarted it): that worker is restarting, not failing; another error is raised."""
-    results = {}
-    for address, entry in sorted(reply.get("results", {}).items()):
-        if entry.get("status") != "OK" and LEFT in str(entry.get("traceback", "")):
-            results[address] = {"status": "OK"}
-            continue
-        ok, value = outcome(entry)
-        if not ok:
-            raise value
-        results[address] = value
-    if results:
-        wait_restarted(client, list(results))
-    return results
-
-
-def wait_restarted(client: Any, workers: list[str], timeout: float = 120.0) -> None:
-    """Wait until each of ``workers`` has left and as many workers are back, as
-    distributed's ``register_plugin`` returns once nannies restarted their workers."""
-    deadline = time.monotonic() + timeout
-    old = set(workers)
-    delay = 0.02
-    while True:
-        now = set(client.scheduler_info()["workers"])
-        if not (now & old) and len(now) >= len(old):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"workers restarted by a nanny plugin did not come back within "
-                               f"{timeout}s: {sorted(old & now)} still there, {len(now)} of "
-                               f"{len(old)} present")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)

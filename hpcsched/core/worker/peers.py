@@ -4,7 +4,7 @@ fetching dependencies from other workers (the state machine's ``GatherDep``).
 Every backend hands a peer comm's messages to the worker's loop inbox
 (:meth:`~hpcsched.core.comm.base.Comm.deliver_to`), so both directions are
 handled where the worker's state lives, on the loop (or on the transport's thread
-running the loop's iteration, see :meth:`~hpcsched.core.comm.loop.Inbox.offer`):
+running the loop's iteration, see :meth:`~hpcsched.core.comm.loop.Loop.offer`):
 
 * a ``get-data`` request is answered at once from the data store;
 * a fetch sends ``get-data`` with a request id and returns: no thread waits
@@ -73,7 +73,7 @@ class PeerTransfers:
     # ---------------------------------------------------------------- comms
     def on_connect(self, comm: Comm) -> None:
         """A comm a peer opened to us, or one we opened: its messages go to the loop."""
-        comm.deliver_to(self.worker.loop.inbox, (PEER, comm), CLOSED)
+        comm.deliver_to(self.worker.loop, (PEER, comm), CLOSED)
 
     def _open_comm(self, address: str) -> Comm | None:
         comm = self._peers.get(address)

@@ -20,9 +20,11 @@ in one table, ``op -> handler`` (the state machine's events, ``update-data``,
 right fields is logged and skipped. What the worker sends stays a record until
 the loop flushes its batch, where each is encoded once.
 
-Tasks reach their cluster through :mod:`hpcsched.core.client.worker_client`
-(``get_client()``): one client per worker, made on first use with the
-worker's address and credentials, closed with the worker.
+Tasks reach their cluster through the client inside tasks
+(:mod:`hpcsched.core.client.worker_client`, ``get_client()``), which finds
+the worker in :mod:`hpcsched.core.worker.context`: one client per worker,
+made by the client layer on first use with the worker's address and
+credentials, held here (:meth:`Worker.task_client`) and closed with the worker.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
 with a message naming the address it tried; one that loses its scheduler
@@ -49,10 +51,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcsched.core import config
-from hpcsched.core.client.worker_client import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.comm.loop import CLOSED, Loop
@@ -74,6 +75,7 @@ from hpcsched.core.protocol.serialize import deserialize, sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.graph import key_split
 from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker.control import OPS as CONTROL_OPS
 from hpcsched.core.worker.control import WorkerControl
 from hpcsched.core.worker.execution import pack_exception, run_spec_call
@@ -83,9 +85,6 @@ from hpcsched.core.worker.peers import PeerTransfers
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
 from hpcsched.core.worker.telemetry import WorkerTelemetry
-
-if TYPE_CHECKING:
-    from hpcsched.core.client.client import Client
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -172,7 +171,7 @@ class Worker:
         self._retire_asked = False
         self._on_close = on_close
         self._quiet_ticks = IDLE_REPORT_EVERY  # intervals without a report: the first is due
-        self._client: Client | None = None  # for tasks: get_client()
+        self._client: Any = None  # the tasks' client (task_client), closed with the worker
         self._client_lock = threading.Lock()
         self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
         # task groups that must not run on the loop thread: one of theirs asked for a client
@@ -238,9 +237,9 @@ class Worker:
         self._started = time.monotonic()
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"
-            self.loop.inbox.put(("scheduler", reply[1:]))
+            self.loop.put(("scheduler", reply[1:]))
         self.loop.start()
-        comm.deliver_to(self.loop.inbox, "scheduler", CLOSED)
+        comm.deliver_to(self.loop, "scheduler", CLOSED)
         logger.info("worker %s (%s) connected to %s", self.address, self.name,
                     self.scheduler_address)
         return self
@@ -507,7 +506,7 @@ class Worker:
 
     def _run(self, key: Any, run_spec: Any, on_loop: bool = False) -> Any:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
-        thread and needs a task thread instead (see :mod:`~hpcsched.core.client.worker_client`)."""
+        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`)."""
         start = time.time()
         assert self.state is not None
         outer = enter_task(self, key, on_loop, start)
@@ -530,21 +529,18 @@ class Worker:
         return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
 
     # ================================================================ tasks' API
-    def get_client(self, timeout: float | None = None) -> Client:
-        """This worker's client (made on first use): connected to its scheduler with its
-        credentials, shared by its tasks, closed with it. See ``hpcsched.get_client``."""
+    def task_client(self, make: Callable[[], Any]) -> Any:
+        """The client this worker's tasks share (``hpcsched.get_client``): made by ``make``
+        on first use (and again if the one held lost its scheduler), closed with the
+        worker."""
         with self._client_lock:
             if self._closed.is_set():
                 raise RuntimeError(f"worker {self.address} is closed")
             client = self._client
             if client is None or client.status != "running":
-                from hpcsched.core.client.client import Client
-
                 if client is not None:  # lost its scheduler: replaced, not leaked
                     client.close(timeout=1.0)
-                client = self._client = Client(
-                    self.scheduler_address, security=self.security, timeout=timeout,
-                    set_as_default=False, name=f"worker-{self.name or 'w'}")
+                client = self._client = make()
             return client
 
     def secede_task(self, key: Any, compute_duration: float) -> None:
