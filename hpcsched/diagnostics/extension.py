@@ -1,7 +1,8 @@
 """The diagnostics extension of a scheduler: recorder, cached snapshots, dashboard server.
 
-:func:`attach` is named by the ``scheduler.extensions`` configuration key, so
-every :class:`~hpcsched.core.scheduler.server.Scheduler` gets it when it starts
+:func:`attach` is the ``dashboard`` seam (:mod:`hpcsched.core.seams`), which the
+``scheduler.extensions`` setting lists by default, so every
+:class:`~hpcsched.core.scheduler.server.Scheduler` gets it when it starts
 (LocalCluster, ``hpcsched scheduler``, batch clusters, rank 0 under MPI)
 without the core importing this package. It
 

@@ -59,7 +59,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcsched.core import config
-from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import (
     Backend,
     Comm,
@@ -577,6 +576,5 @@ def _rank_of(address: str) -> int | None:
 
 # rank 0's node, where the scheduler and its dashboard run, is a compute node of the job:
 # a dashboard there listens on every interface, and is reached through an ssh tunnel
-registry.register("mpi", Backend(connect=_connect, listen=_listen,
-                                 service_host=lambda server_address: "0.0.0.0",
-                                 reached_by_tunnel=True, rank_of=_rank_of))
+BACKEND = Backend(connect=_connect, listen=_listen, service_host=lambda server_address: "0.0.0.0",
+                  reached_by_tunnel=True, rank_of=_rank_of)
