@@ -26,7 +26,6 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from hpcsched.core.comm.base import Comm
 from hpcsched.core.comm.base import Inbox as CommInbox
 from hpcsched.core.state.graph import raise_gc_threshold
 
@@ -222,10 +221,3 @@ class Loop:
             self._process(work)
         except Exception:
             logger.exception("%s: error while handling %d messages", self.name, len(work))
-
-
-def start_reader(comm: Comm, source: Any, inbox: Inbox, name: str) -> None:
-    """Have ``(source, message)`` put on ``inbox`` for every message of ``comm``, then
-    ``(source, CLOSED)`` when it closes: the backend does it (``Comm.deliver_to``).
-    ``name`` is kept for callers; no thread is started."""
-    comm.deliver_to(inbox, source, CLOSED)

@@ -288,10 +288,6 @@ def spec(cls: type) -> Spec:
     return _SPECS[cls]
 
 
-def is_record(x: Any) -> bool:
-    return type(x) in _SPECS
-
-
 def encode(record: Any) -> dict:
     """The wire dict of ``record``: ``{"op": ..., **its wire fields}`` (context fields stay
     behind)."""

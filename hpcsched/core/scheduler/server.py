@@ -42,7 +42,7 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
-from hpcsched.core.comm.loop import CLOSED, Loop, start_reader
+from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.control import ClusterControl
@@ -239,7 +239,7 @@ class Scheduler:
             self._comms[peer] = comm
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
-            start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+            comm.deliver_to(self.loop.inbox, peer, CLOSED)
             return
         name = msg.name or peer
         if peer in self.state.workers or any(ws.name == name for ws in
@@ -258,7 +258,7 @@ class Scheduler:
         self._queue(peer, pr.Registered(self.address, self.id,
                                         config.get("worker.heartbeat-interval")))
         self.handle_event(event)
-        start_reader(comm, peer, self.loop.inbox, f"scheduler-reader {peer}")
+        comm.deliver_to(self.loop.inbox, peer, CLOSED)
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, self.state.workers[peer].info())
 

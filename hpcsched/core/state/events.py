@@ -61,7 +61,6 @@ from hpcsched.core.protocol.messages import (
     UpdateData,
     UpdateGraph,
     WorkerStatusChange,
-    decode,
     encode,
 )
 
@@ -73,7 +72,7 @@ __all__ = [
     "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
     "RetireWorkers", "RetryKeys", "SCHEDULER_OPS", "ScatterData", "Secede", "Send",
     "ServeFailed", "StealRequest", "StealResponse", "TaskErred", "TaskFinished", "TaskStarted",
-    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange", "from_message",
+    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange",
 ]
 
 Key = Any
@@ -297,9 +296,3 @@ SCHEDULER_OPS: Direction = _ops(
 
 WORKER_OPS: Direction = _ops(
     "scheduler", ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)
-
-
-def from_message(table: dict[str, type], msg: Any, **extra: Any) -> Any:
-    """The event for op dict ``msg``; raises MalformedMessage naming what is wrong (a thin
-    wrapper of :func:`hpcsched.core.protocol.messages.decode`, kept for the worker's servers)."""
-    return decode(table, msg, **extra)

@@ -58,10 +58,6 @@ class Task:
     dependencies: frozenset = frozenset()
 
 
-def is_task(x: Any) -> bool:
-    return isinstance(x, tuple) and bool(x) and callable(x[0])
-
-
 _PLAIN = frozenset({int, float, bool, str, bytes, type(None)})
 
 

@@ -199,13 +199,6 @@ class SchedulerState:
         out, self.out = self.out, []
         return out
 
-    def handle_many(self, events: Iterable[Any]) -> list[ev.Send]:
-        """Apply each of ``events`` in turn; return all the messages to send."""
-        out: list[ev.Send] = []
-        for e in events:
-            out.extend(self.handle(e))
-        return out
-
     def send(self, to: str, msg: Any) -> None:
         """Emit a message (a protocol record) for peer ``to``."""
         self.out.append(ev.Send(to, msg))
@@ -222,10 +215,6 @@ class SchedulerState:
             ts = self.tasks.get(k)
             out[k] = [ws.address for ws in ts.who_has] if ts is not None else []
         return out
-
-    def idle_workers(self) -> list[WorkerInfo]:
-        """The running workers with nothing to do."""
-        return [ws for ws in self.workers.values() if not ws.processing]
 
     def task_counts(self) -> dict[str, int]:
         """How many tasks are in each state."""
