@@ -132,7 +132,8 @@ class Diagnostics:
         with self._cache_lock:
             hit = self._cache.get(what)
             # a snapshot that took the scheduler's thread c seconds is reused for at least
-            # DUTY_CYCLE * c: however big the cluster, pages take at most 2 % of its time
+            # c / DUTY_CYCLE: however big the cluster, pages take at most that share of its
+            # time
             if hit is not None and now - hit[0] < max(max_age, hit[2] / DUTY_CYCLE):
                 return hit[1]
 

@@ -18,9 +18,9 @@ one exception made for speed: the records that arrive by the thousand (every
 ``task-finished``, ``compute-task``, ...) and the worker's ``ExecuteSuccess`` and
 ``GatherDepSuccess`` (one per task run, one per fetch) are plain slots
 dataclasses, because a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__``: building a ``TaskFinished`` or a ``ComputeTask`` takes
-about 1.7 µs frozen instead of 0.33 µs (timed with ``timeit`` on CPython 3.11),
-more than the rest of the scheduler's per-message cost can spare. Nothing
+``object.__setattr__``, which makes building a ``TaskFinished`` or a
+``ComputeTask`` several times slower: more than the rest of the scheduler's
+per-message cost can spare. Nothing
 assigns to an event's fields after building it; the others are frozen so that
 nothing can.
 
