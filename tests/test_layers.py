@@ -1,29 +1,55 @@
 """The package's layers point one way, and no module imports itself back in a circle.
 
-``core`` <- ``diagnostics`` <- ``launchers`` <- ``jobqueue``, ``hpc``: a module
-may import its own package and the layers below it, never one above (also
-not inside a function: where the core needs something built higher up, it
-names it in :mod:`hpcsched.core.seams`). The package root (``__init__``,
-``__main__``, ``_lazy``) stands above every layer. Among top-level imports,
-no chain of modules leads back to where it started, and no module imports a
-private (``_name``) attribute of another.
+Every import counts: at the top of a module, inside a function, and under
+``if TYPE_CHECKING:`` (a type checker follows those too, and a function-level
+import is the same dependency paid later). ``import a.b`` depends on module
+``a.b``; ``from a import b`` on module ``a.b`` where ``b`` is one, else on ``a``.
+
+The rules, each named in its failure message with the ``file:line`` breaking it:
+
+* **package layers**: ``core`` <- ``diagnostics`` <- ``launchers`` <- ``jobqueue``,
+  ``hpc``: a module may import its own package and the packages below it, never
+  one above or beside it. The package root (``hpcsched``, ``__main__``) stands
+  above every layer; ``hpcsched._lazy`` below them all.
+* **core folders**: inside ``core``, lowest first: ``config``, ``units``,
+  ``seams`` < ``protocol/`` < ``state/`` < ``comm/`` < ``scheduler/``,
+  ``worker/`` (never each other) < ``client/``; a folder imports its own and
+  lower ones. The pure state (``state/``) imports nothing of hpcsched but
+  ``state/`` and ``protocol/``.
+* **one seam**: where the core needs something built higher up, it names it,
+  as ``module:attribute`` text, in :mod:`hpcsched.core.seams` -- which imports
+  nothing of hpcsched, and names only entry points that exist, above the core.
+  No other module of the core names a higher layer's module in a string.
+* **no cycles**: no chain of imports leads from a module back to itself.
+* **small folders**: no folder holds more than 16 modules (``__init__`` aside).
+* **private names**: no module imports a ``_name`` of another.
 """
 
 from __future__ import annotations
 
 import ast
+import re
+from functools import cache
 from pathlib import Path
 
-import pytest
-
 PACKAGE = Path(__file__).resolve().parents[1] / "hpcsched"
+ROOT = PACKAGE.parent
+
+#: package -> layer, lowest first
 LAYER = {"core": 0, "diagnostics": 1, "launchers": 2, "jobqueue": 3, "hpc": 3}
+#: folder of the core -> layer, lowest first; "base" is the core's loose modules
+CORE_LAYER = {"base": 0, "protocol": 1, "state": 2, "comm": 3, "scheduler": 4, "worker": 4,
+              "client": 5}
+#: what the pure state may import of hpcsched
+STATE_MAY_IMPORT = {"state", "protocol"}
+SEAMS = "hpcsched.core.seams"
+MAX_MODULES_PER_FOLDER = 16
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        parts = path.relative_to(ROOT).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = path
     return out
@@ -32,61 +58,173 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """ids of import nodes under ``if TYPE_CHECKING:`` (never run)."""
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for b in node.body for n in ast.walk(b))
-    return skip
+def _where(name: str, line: int) -> str:
+    return f"{MODULES[name].relative_to(ROOT)}:{line}"
 
 
-def _imports(name: str, top_level_only: bool = False) -> list[tuple[int, str, list[str]]]:
-    """(line, imported module, names) of each hpcsched import of module ``name``."""
-    tree = ast.parse(MODULES[name].read_text())
-    skip = _type_checking_only(tree)
-    nodes = tree.body if top_level_only else ast.walk(tree)
+def _known(dotted: str) -> str | None:
+    """The module ``dotted`` names, or the longest prefix of it that is one."""
+    parts = dotted.split(".")
+    while parts:
+        if ".".join(parts) in MODULES:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+@cache
+def _tree(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text())
+
+
+@cache
+def imports(name: str) -> tuple[tuple[int, str], ...]:
+    """``(line, module)`` of every hpcsched module that module ``name`` imports: at the
+    top, in functions, under TYPE_CHECKING."""
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in nodes:
-        if id(node) in skip:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
-                and node.module.startswith("hpcsched"):
-            out.append((node.lineno, node.module, [a.name for a in node.names]))
-        elif isinstance(node, ast.Import):
-            out += [(node.lineno, a.name, []) for a in node.names
-                    if a.name.startswith("hpcsched")]
-    return out
+    for node in ast.walk(_tree(name)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, t) for a in node.names if (t := _known(a.name))]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            if not base.startswith("hpcsched"):
+                continue
+            for a in node.names:
+                t = f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else _known(base)
+                if t is not None:
+                    out.append((node.lineno, t))
+    return tuple(sorted(set(out)))
 
 
-def _layer(module: str) -> tuple[str, int] | None:
+def _package(module: str) -> str | None:
+    """The package layer of ``module`` (``core``, ``hpc``, ...), ``root``, or None (_lazy)."""
     parts = module.split(".")
-    if len(parts) < 2 or parts[1] not in LAYER:
+    if module == "hpcsched._lazy":
         return None
-    return parts[1], LAYER[parts[1]]
+    if len(parts) < 2 or parts[1] not in LAYER:
+        return "root"
+    return parts[1]
 
 
+def _core_folder(module: str) -> str | None:
+    """The folder of core module ``module`` (``base`` for config, units, seams)."""
+    parts = module.split(".")
+    if parts[:2] != ["hpcsched", "core"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in CORE_LAYER else "base"
+
+
+def _edges() -> list[tuple[str, int, str]]:
+    return [(name, line, t) for name in sorted(MODULES) for line, t in imports(name)
+            if t != name]
+
+
+# ================================================================ the rules
 def test_the_modules_were_found():
     assert "hpcsched.core.client.client" in MODULES and "hpcsched.hpc.mpi" in MODULES
+    assert _core_folder("hpcsched.core.config") == _core_folder("hpcsched.core") == "base"
+    assert _core_folder("hpcsched.core.state") == "state"
+    assert _core_folder("hpcsched.core.state.events") == "state"
 
 
-def test_layers_point_one_way():
+def test_the_imports_are_all_counted():
+    # an import inside a function, and one under TYPE_CHECKING, are found like the others
+    assert "hpcsched.core.client.client" in {t for _, t in imports("hpcsched.diagnostics.report")}
+    assert "hpcsched.diagnostics.server" in \
+        {t for _, t in imports("hpcsched.diagnostics.extension")}
+    # `from a import b`: module a.b where b is one, else a
+    assert {"hpcsched.core.config", "hpcsched.core.seams"} <= \
+        {t for _, t in imports("hpcsched.core.scheduler.extensions")}
+
+
+def test_packages_import_only_their_own_layer_and_lower():
     wrong = []
-    for name in MODULES:
-        mine = _layer(name)
+    for name, line, t in _edges():
+        mine, theirs = _package(name), _package(t)
+        if mine in (None, "root") or theirs is None or theirs == mine:
+            continue
+        if theirs == "root" or LAYER[theirs] >= LAYER[mine]:
+            wrong.append(f"{_where(name, line)}: {mine} imports {t} "
+                         f"(package layers: core <- diagnostics <- launchers <- jobqueue, hpc)")
+    assert not wrong, "imports against the package layers:\n" + "\n".join(wrong)
+
+
+def test_core_folders_import_only_their_own_and_lower_ones():
+    wrong = []
+    for name, line, t in _edges():
+        mine, theirs = _core_folder(name), _core_folder(t)
         if mine is None:
             continue
-        for line, target, names in _imports(name):
-            targets = [target] + [f"{target}.{n}" for n in names if f"{target}.{n}" in MODULES]
-            for t in targets:
-                theirs = _layer(t)
-                if theirs is not None and theirs[0] != mine[0] and theirs[1] >= mine[1]:
-                    wrong.append(f"{MODULES[name].relative_to(PACKAGE.parent)}:{line}: "
-                                 f"{mine[0]} imports {t}")
-    assert not wrong, "imports against the layers:\n" + "\n".join(sorted(set(wrong)))
+        if mine == "state":
+            if theirs not in STATE_MAY_IMPORT and _package(t) is not None:
+                wrong.append(f"{_where(name, line)}: state imports {t} "
+                             f"(the pure state imports only state/ and protocol/)")
+            continue
+        if theirs is None or theirs == mine:
+            continue
+        if CORE_LAYER[theirs] >= CORE_LAYER[mine]:
+            wrong.append(f"{_where(name, line)}: {mine} imports {t} (core folders: config, "
+                         "units, seams < protocol < state < comm < scheduler, worker < client)")
+    assert not wrong, "imports against the core's folder layers:\n" + "\n".join(wrong)
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+def _entry_points() -> dict[str, str]:
+    for node in _tree(SEAMS).body:
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "SEAMS" \
+                and node.value is not None:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{MODULES[SEAMS].relative_to(ROOT)}: no SEAMS table")
+
+
+def test_the_seams_are_names_of_entry_points_up_the_layers():
+    """A seam names an entry point above the core, or in the core's top folder (the
+    client, which the worker's tasks and the code below the Client reach up to)."""
+    wrong = [f"{_where(SEAMS, line)}: seams imports {t} (the seams are string names only)"
+             for line, t in imports(SEAMS)]
+    for seam, spec in _entry_points().items():
+        module, _, attr = spec.partition(":")
+        defined = set()
+        if module in MODULES:
+            for node in _tree(module).body:
+                if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                    defined.add(node.name)
+                elif isinstance(node, ast.Assign):
+                    defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                    defined.add(node.target.id)
+        if attr not in defined:
+            wrong.append(f"{MODULES[SEAMS].relative_to(ROOT)}: seam {seam!r} names {spec}, "
+                         "which does not exist (every seam names an entry point)")
+        elif _package(module) == "core" and not module.startswith("hpcsched.core.client."):
+            wrong.append(f"{MODULES[SEAMS].relative_to(ROOT)}: seam {seam!r} names {spec} "
+                         "below the core's client (a seam is a way up; the core imports its "
+                         "own modules)")
+    assert not wrong, "\n".join(wrong)
+
+
+_HIGHER = re.compile(r"hpcsched\.(diagnostics|launchers|jobqueue|hpc)\b[\w.]*(:\w+)?")
+
+
+def test_only_the_seams_name_a_higher_layer():
+    wrong = []
+    for name in sorted(MODULES):
+        if _package(name) != "core" or name == SEAMS:
+            continue
+        loggers = {id(n.args[0]) for n in ast.walk(_tree(name)) if isinstance(n, ast.Call)
+                   and ast.unparse(n.func).endswith("getLogger") and n.args}
+        for node in ast.walk(_tree(name)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in loggers and _HIGHER.fullmatch(node.value):
+                wrong.append(f"{_where(name, node.lineno)}: {node.value!r} (one seam: the core "
+                             f"names what it needs from higher layers in {SEAMS} only)")
+    assert not wrong, "ways up past the seams:\n" + "\n".join(wrong)
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -110,7 +248,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                     counter += 1
                     stack.append(nxt)
                     on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
                     break
                 if nxt in on_stack:
                     low[node] = min(low[node], index[nxt])
@@ -132,24 +270,41 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_module_imports_itself_back_through_others():
-    graph: dict[str, set[str]] = {}
-    for name in MODULES:
-        deps = set()
-        for _, target, names in _imports(name, top_level_only=True):
-            deps.update(t for t in [target] + [f"{target}.{n}" for n in names]
-                        if t in MODULES and t != name)
-        graph[name] = deps
-    assert _cycles(graph) == []
+    graph: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name, _, t in _edges():
+        graph[name].add(t)
+    report = []
+    for comp in cycles(graph):
+        members = set(comp)
+        report.append(f"a cycle of {len(comp)} modules (no import cycles):")
+        report += [f"  {_where(name, line)}: {name} imports {t}"
+                   for name, line, t in _edges() if name in members and t in members]
+    assert not report, "\n".join(report)
 
 
 def test_the_cycle_finder_finds_a_cycle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_private_name_is_imported_from_another_module(name):
-    private = [f"line {line}: {target}.{n}" for line, target, names in _imports(name)
-               for n in names if n.startswith("_") and not n.startswith("__")
-               and target != name]
-    assert not private, private
+def test_no_folder_holds_more_than_16_modules():
+    folders: dict[Path, int] = {}
+    for path in MODULES.values():
+        if path.name != "__init__.py":
+            folders[path.parent] = folders.get(path.parent, 0) + 1
+    wrong = [f"{folder.relative_to(ROOT)}/: {n} modules (at most {MAX_MODULES_PER_FOLDER} "
+             "a folder: split it by concern)"
+             for folder, n in sorted(folders.items()) if n > MAX_MODULES_PER_FOLDER]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    wrong = []
+    for name in sorted(MODULES):
+        for node in ast.walk(_tree(name)):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("hpcsched"):
+                wrong += [f"{_where(name, node.lineno)}: {node.module}.{a.name} (private "
+                          "names stay in their module)" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")
+                          and f"{node.module}.{a.name}" not in MODULES and node.module != name]
+    assert not wrong, "\n".join(wrong)

@@ -49,8 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.work-stealing-interval": 0.1,  # seconds
     "scheduler.worker-ttl": 30.0,  # seconds without heartbeat before a TCP worker is removed
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
-    # higher layers attached to every scheduler (module:factory, called with the scheduler)
-    "scheduler.extensions": ["hpcsched.diagnostics.extension:attach"],
+    # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
+    # module:factory entries, each called with the scheduler
+    "scheduler.extensions": ["dashboard"],
     # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh

@@ -1,16 +1,28 @@
-"""The one way the core reaches the layers above it: named entry points, resolved on use.
+"""The one way code reaches a layer above its own: named entry points, imported on use.
 
 The package's layers point one way: ``core`` <- ``diagnostics`` <- ``launchers``
-<- ``jobqueue``, ``hpc`` (``tests/test_layers.py`` checks it). A few things the
-core offers are built higher up: ``Client()`` with no address starts a
-``LocalCluster``; ``Client.get_task_stream`` and the notebook reprs come from
-the diagnostics. Inside core the same holds for the worker, whose tasks use
-the client above it (``get_client()``, dask's ``.compute()`` in a task), and
-for the code below the Client that makes one (a primitive without a client). The core names them here, as ``module:attribute`` text, and
-imports them only when asked -- the same way the transport registry names the
-``mpi://`` backend and ``scheduler.extensions`` names scheduler extensions. A
-name here is the whole contract: :func:`resolve` returns the object, or raises
-``ImportError`` saying which seam could not be served.
+<- ``jobqueue``, ``hpc`` (``tests/test_layers.py`` checks every import). A few
+things the core offers are built higher up, and the core names each of them here,
+as ``module:attribute`` text, importing it only when it is asked for:
+
+* the client's: ``Client()`` with no address starts a ``LocalCluster``;
+  ``Client.get_task_stream``, the worker logs, the notebook reprs and
+  ``progress`` come from the diagnostics;
+* the scheduler's extensions: the ``scheduler.extensions`` setting lists seam
+  names (``dashboard`` by default) or a user's own ``module:factory`` entries,
+  each called with the scheduler once it listens
+  (:mod:`hpcsched.core.scheduler.extensions`);
+* inside the core, the client above the worker and below it: a task's
+  ``get_client()`` and dask's ``.compute()`` in a task make a ``Client``, and
+  code below the ``Client`` that needs one (a primitive made without a client)
+  asks for the default client;
+* the transports built above the core: ``mpi://`` is served by
+  :mod:`hpcsched.hpc.mpi`, imported (with mpi4py) only when an ``mpi://``
+  address is used (:mod:`hpcsched.core.comm.registry`).
+
+A name here is the whole contract: :func:`resolve` returns the object, or raises
+``ImportError`` saying which seam could not be served. This module imports
+nothing of hpcsched; no other module of the core names a higher layer.
 """
 
 from __future__ import annotations
@@ -32,19 +44,31 @@ SEAMS: dict[str, str] = {
     "client": "hpcsched.core.client.client:Client",
     "default-client": "hpcsched.core.client.client:default_client",
     "dask-scheduler": "hpcsched.core.client.collections:become_dask_scheduler",
+    "dashboard": "hpcsched.diagnostics.extension:attach",
+    "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
 }
 
 _resolved: dict[str, Any] = {}
 
 
 def resolve(name: str) -> Any:
-    """The object serving seam ``name`` (imported on first use)."""
+    """The object serving seam ``name``, imported on first use.
+
+    ``name`` is a key of :data:`SEAMS`, or ``module:attribute`` text naming an
+    entry point of the user's own (a scheduler extension of theirs).
+
+    >>> resolve("local-cluster").__name__
+    'LocalCluster'
+    """
     obj = _resolved.get(name)
     if obj is None:
-        module, _, attr = SEAMS[name].partition(":")
+        spec = SEAMS.get(name, name)
+        module, _, attr = spec.partition(":")
+        if not module or not attr:
+            raise ImportError(f"hpcsched has no seam {name!r} (known: {', '.join(SEAMS)})")
         try:
             obj = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError) as e:
-            raise ImportError(f"hpcsched cannot serve {name!r} ({SEAMS[name]}): {e}") from e
+            raise ImportError(f"hpcsched cannot serve {name!r} ({spec}): {e}") from e
         _resolved[name] = obj
     return obj

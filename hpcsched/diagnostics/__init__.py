@@ -2,7 +2,8 @@
 
 Everything here reads snapshots of the scheduler (:mod:`.snapshot`), recorded
 cheaply as tasks finish (:mod:`.recorder`); nothing here is on the scheduler's
-hot path. The scheduler gets it through the ``scheduler.extensions`` seam
+hot path. Every scheduler attaches it as the ``dashboard`` seam
+(:mod:`hpcsched.core.seams`), which the ``scheduler.extensions`` setting lists
 (:mod:`.extension`).
 
 Example::

@@ -1,7 +1,8 @@
 """The diagnostics extension of a scheduler: recorder, cached snapshots, dashboard server.
 
-:func:`attach` is named by the ``scheduler.extensions`` configuration key, so
-every :class:`~hpcsched.core.scheduler.server.Scheduler` gets it when it starts
+:func:`attach` is the ``dashboard`` seam (:mod:`hpcsched.core.seams`), which the
+``scheduler.extensions`` setting lists by default, so every
+:class:`~hpcsched.core.scheduler.server.Scheduler` gets it when it starts
 (LocalCluster, ``hpcsched scheduler``, batch clusters, rank 0 under MPI)
 without the core importing this package. It
 
@@ -131,7 +132,8 @@ class Diagnostics:
         with self._cache_lock:
             hit = self._cache.get(what)
             # a snapshot that took the scheduler's thread c seconds is reused for at least
-            # DUTY_CYCLE * c: however big the cluster, pages take at most 2 % of its time
+            # c / DUTY_CYCLE: however big the cluster, pages take at most that share of its
+            # time
             if hit is not None and now - hit[0] < max(max_age, hit[2] / DUTY_CYCLE):
                 return hit[1]
 

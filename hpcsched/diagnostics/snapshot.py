@@ -3,7 +3,7 @@
 Every function here runs on the scheduler's thread (callers go through
 ``scheduler.call``), so it sees a consistent state; each one does work
 proportional to what it returns, except :func:`status`, which counts tasks by
-group and state in one pass (about 20 ms per 100,000 tasks). Callers cache the
+group and state in one pass over every task. Callers cache the
 result (:class:`hpcsched.diagnostics.extension.Diagnostics` refreshes it at
 most every ``diagnostics.dashboard.refresh`` seconds, and only while someone
 is looking), so the scheduler pays nothing per task for it.

@@ -5,10 +5,9 @@ MPI offers no way to block on "a message arrived" without spinning a core
 ``Iprobe`` and sleeps between polls. :class:`Backoff` decides how long:
 
 * after traffic (``reset()``) it polls every ``mpi.poll-min`` for ``hold``
-  seconds (``mpi.poll-hold``, 2 ms): a reply to what was just sent usually
-  comes within a millisecond. Without the hold, in a ping-pong each side's
-  delay has grown by the time the reply comes, and the latency of every hop
-  creeps up to the fast cap (measured: 1.5 ms round trip instead of 0.5 ms);
+  seconds (``mpi.poll-hold``): a reply to what was just sent usually comes
+  soon. Without the hold, in a ping-pong each side's delay has grown by the
+  time the reply comes, and the latency of every hop creeps up to the fast cap;
 * each idle ``sleep()`` doubles the delay, capped at ``mpi.poll-fast-max``
   during the first ``fast_period`` seconds of idleness (a reply is usually
   near), then at ``mpi.poll-max`` (an idle rank polls a few dozen times a

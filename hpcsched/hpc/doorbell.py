@@ -2,10 +2,10 @@
 
 MPI has no call that waits for a message without spinning a core (MPICH's
 blocking calls busy-wait), so the progress thread of :mod:`hpcsched.hpc.mpi`
-polls and sleeps in between. On this kind of VM a short sleep costs ~30 us of
-CPU per wake-up, so a rank that polls every 100 us for a reply burns a third
-of a core doing nothing -- and with more ranks than cores (the normal case on
-a laptop or in CI) that CPU is taken from the ranks doing the work.
+polls and sleeps in between. Every wake-up costs CPU, so a rank that polls
+often for a reply burns a good part of a core doing nothing -- and with more
+ranks than cores (the normal case on a laptop or in CI) that CPU is taken from
+the ranks doing the work.
 
 A doorbell is a wake-up hint, not a message: every rank binds one Linux
 *abstract* ``AF_UNIX`` datagram socket (no file to clean up; it vanishes with

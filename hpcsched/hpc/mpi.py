@@ -59,7 +59,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcsched.core import config
-from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import (
     Backend,
     Comm,
@@ -119,8 +118,8 @@ def _fresh_buffer(nbytes: int) -> Any:
     """Writable memory for a received frame, not touched before MPI writes it.
 
     ``numpy.empty`` if numpy is loaded already; else an anonymous ``mmap`` (also
-    untouched zero pages): importing numpy here would stall this thread ~0.3 s the
-    first time a large pickle (say, a gather of 3,000 small results) arrives.
+    untouched zero pages): importing numpy here would stall this thread the first
+    time a large pickle (say, a gather of thousands of small results) arrives.
     """
     numpy = sys.modules.get("numpy")
     if numpy is not None:
@@ -288,7 +287,7 @@ class Endpoint:
                 return  # its reply rings us: no need to poll eagerly for it
         # A request usually draws a reply soon: poll eagerly from now on. Without this, in a
         # ping-pong each side's back-off grows while it waits and the latency creeps up to
-        # the fast cap (1 ms) on every hop. (Large frames move only while this rank's MPI
+        # the fast cap on every hop. (Large frames move only while this rank's MPI
         # progresses: poll eagerly for them too.)
         self._poked = True
         self._poke()
@@ -296,9 +295,9 @@ class Endpoint:
     def _test_sends(self) -> bool:
         """Test pending sends; True while some are pending and moved recently.
 
-        A large send advances only when this rank's MPI progresses (measured: a
-        512 MiB worker-to-worker transfer ran at 0.5 GB/s instead of 2.9 while
-        the sender's poll interval backed off), so pending sends count as
+        A large send advances only when this rank's MPI progresses (a large
+        worker-to-worker transfer slows to a fraction of its speed while the
+        sender's poll interval backs off), so pending sends count as
         traffic -- for up to :data:`_SEND_BUSY_WINDOW` seconds without any
         completion, so that a send to a rank that never receives cannot keep
         this thread polling at full rate.
@@ -378,7 +377,7 @@ class Endpoint:
             if message is None:
                 # MPICH's Improbe matches first and makes progress after: a message that
                 # progress pulled in shows only on the next call. Ask again at once
-                # instead of a back-off nap later (measured: 455 -> 285 us ping-pong).
+                # instead of a back-off nap later, which every ping-pong would pay.
                 message = self.comm.Improbe(MPI.ANY_SOURCE, TAG_CONTROL, status)
             if message is None:
                 break
@@ -577,6 +576,5 @@ def _rank_of(address: str) -> int | None:
 
 # rank 0's node, where the scheduler and its dashboard run, is a compute node of the job:
 # a dashboard there listens on every interface, and is reached through an ssh tunnel
-registry.register("mpi", Backend(connect=_connect, listen=_listen,
-                                 service_host=lambda server_address: "0.0.0.0",
-                                 reached_by_tunnel=True, rank_of=_rank_of))
+BACKEND = Backend(connect=_connect, listen=_listen, service_host=lambda server_address: "0.0.0.0",
+                  reached_by_tunnel=True, rank_of=_rank_of)

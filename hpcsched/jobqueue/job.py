@@ -78,7 +78,7 @@ class Job:
 def parse_memory(value: str | int | float, what: str = "memory") -> int:
     """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; errors name ``what``.
 
-    The units are those of :func:`hpcsched.launchers.resources.parse_bytes` (the project's one
+    The units are those of :func:`hpcsched.core.units.parse_bytes` (the project's one
     size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
     GiB, which the per-system renderers handle.
     """

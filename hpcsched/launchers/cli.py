@@ -175,7 +175,8 @@ def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
     mem = str(args.memory_limit)
     if args.nthreads and mem.isdigit():  # what LocalCluster passes: nothing to detect
         return args.nthreads, int(mem)
-    from hpcsched.launchers.resources import detect, parse_bytes
+    from hpcsched.core.units import parse_bytes
+    from hpcsched.launchers.resources import detect
 
     res = detect()
     nthreads = args.nthreads or res.nthreads

@@ -28,12 +28,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
-
-from hpcsched.core.units import format_bytes, parse_bytes  # noqa: F401 - used below
 
 
 @dataclass(frozen=True)
@@ -51,9 +48,6 @@ class Resources:
     local_size: int = 1  # ranks sharing this node
     node_cpus: int | None = None  # CPUs of the node given to the job (all local ranks)
     node_memory: int | None = None  # bytes of the node given to the job
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 # ------------------------------------------------------------------ env readers
@@ -291,10 +285,3 @@ def detect(
         node_cpus=node_cpus,
         node_memory=node_memory,
     )
-
-
-def seconds_left(resources: Resources, now: float | None = None) -> float | None:
-    """Seconds until the job's walltime ends, or None when unknown."""
-    if resources.walltime_end is None:
-        return None
-    return resources.walltime_end - (time.time() if now is None else now)

@@ -30,9 +30,16 @@ from dask.utils_test import GetFunctionTestMixin
 
 import hpcsched
 from hpcsched import Client, LocalCluster
-from hpcsched.core.client.collections import dask_scheduler_client
+from hpcsched.core.client.collections import DaskScheduler
 from hpcsched.core.client.futures import Future, fire_and_forget, futures_of
 from tests.conftest import wait_until, worker_env
+
+
+def dask_scheduler_client():
+    """The client whose scheduler dask uses now, if it is an hpcsched client's."""
+    scheduler = dask.config.get("scheduler", None)
+    return scheduler.client if isinstance(scheduler, DaskScheduler) else None
+
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from hpcsched.core.protocol.messages import decode
 from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
 from hpcsched.core.state.events import Execute, Send
@@ -536,7 +537,7 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                 continue
             op = m.wire()["op"]
             if op in ev.WORKER_OPS:
-                event = ev.from_message(ev.WORKER_OPS, m.wire())
+                event = decode(ev.WORKER_OPS, m.wire())
                 replies = step(workers[m.to], event)
                 for c in replies:
                     if type(c) is ev.GatherDep:  # the peer hands its data over
@@ -546,7 +547,7 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                     elif type(c) is Execute:
                         executed.append(c.key)
                     elif type(c) is Send and c.wire()["op"] == "steal-response":
-                        nxt += step(s, ev.from_message(ev.SCHEDULER_OPS, c.wire(), worker=m.to))
+                        nxt += step(s, decode(ev.SCHEDULER_OPS, c.wire(), worker=m.to))
                     elif type(c) is Send and c.wire()["op"] == "task-started":
                         nxt += step(s, ev.TaskStarted(m.to, c.wire()["key"]))
         out = nxt
@@ -606,7 +607,7 @@ def test_steal_handshake_never_runs_a_task_twice():
             if op == "steal-response":
                 responses[msg["key"]] = msg["state"]
             if op in ("steal-response", "task-started", "task-finished"):
-                event = ev.from_message(ev.SCHEDULER_OPS, msg, worker=w)
+                event = decode(ev.SCHEDULER_OPS, msg, worker=w)
                 ran.extend(deliver(s, workers, step(s, event)))
 
     on_worker(A, ev.ExecuteSuccess("t-0", 1, 8))

@@ -206,10 +206,3 @@ def restore_dask_scheduler(saved: tuple) -> None:
     scheduler, previous = saved
     if dask.config.get("scheduler", None) is scheduler:
         dask.config.set(previous)
-
-
-def dask_scheduler_client() -> Any:
-    """The client whose scheduler dask uses now, if it is an hpcsched client's."""
-    dask = sys.modules.get("dask.config")
-    scheduler = dask.get("scheduler", None) if dask is not None else None
-    return scheduler.client if isinstance(scheduler, DaskScheduler) else None

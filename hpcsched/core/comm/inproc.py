@@ -14,7 +14,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import (
     Backend,
     Comm,
@@ -172,4 +171,4 @@ def _connect(address: str, timeout: float | None, security: Security | None) -> 
     return lst.accept()
 
 
-registry.register("inproc", Backend(connect=_connect, listen=_listen, same_process=True))
+BACKEND = Backend(connect=_connect, listen=_listen, same_process=True)

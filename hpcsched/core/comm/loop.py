@@ -103,8 +103,8 @@ class Loop(Inbox):
     def offer_batch(self, items: list) -> None:
         """Handle ``items`` now, in the calling thread, if the loop is idle (nothing
         queued, no iteration running): one iteration -- process, then flush -- as the
-        loop thread would, saving the hand-off to it (on a busy, oversubscribed node a
-        thread wake-up costs ~100 us). Otherwise queue them like :meth:`put`. Order is
+        loop thread would, saving the hand-off to it (a thread wake-up is costly on a
+        busy, oversubscribed node). Otherwise queue them like :meth:`put`. Order is
         kept: items run inline only when everything put before them has run.
 
         Only for producers whose transport never blocks in ``send``: the handler may send

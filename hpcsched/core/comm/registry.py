@@ -1,36 +1,40 @@
-"""Backends keyed by URL scheme; ``connect`` / ``listen`` dispatch on an address."""
+"""Backends keyed by URL scheme; ``connect`` / ``listen`` dispatch on an address.
+
+The core's own transports (``inproc``, ``tcp``, ``tls``) are known from the start.
+A transport built above the core is a seam named ``transport:<scheme>``
+(:mod:`hpcsched.core.seams`), imported the first time an address of its scheme is
+used: mpi4py is imported, and MPI initialized, only for ``mpi://``.
+"""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
-from hpcsched.core import config
+from hpcsched.core import config, seams
+from hpcsched.core.comm import inproc, tcp
 from hpcsched.core.comm.base import Backend, Comm, Listener, Security, parse_address
 
-_backends: dict[str, Backend] = {}
-# backends imported on first use, so that e.g. mpi4py is only imported for mpi://
-_lazy = {
-    "inproc": "hpcsched.core.comm.inproc",
-    "tcp": "hpcsched.core.comm.tcp",
-    "tls": "hpcsched.core.comm.tcp",
-    "mpi": "hpcsched.hpc.mpi",
+_backends: dict[str, Backend] = {
+    "inproc": inproc.BACKEND,
+    "tcp": tcp.BACKEND,
+    "tls": tcp.BACKEND,
 }
 
 
 def register(scheme: str, backend: Backend) -> None:
+    """Serve addresses ``scheme://...`` with ``backend`` (a transport of the user's own)."""
     _backends[scheme] = backend
 
 
 def get_backend(scheme: str) -> Backend:
-    if scheme not in _backends and scheme in _lazy:
-        importlib.import_module(_lazy[scheme])
-    try:
-        return _backends[scheme]
-    except KeyError:
-        raise ValueError(
-            f"unknown transport scheme {scheme!r}; known: {sorted(set(_backends) | set(_lazy))}"
-        ) from None
+    backend = _backends.get(scheme)
+    if backend is None and f"transport:{scheme}" in seams.SEAMS:
+        backend = _backends[scheme] = seams.resolve(f"transport:{scheme}")
+    if backend is None:
+        known = set(_backends) | {n.partition(":")[2] for n in seams.SEAMS
+                                  if n.startswith("transport:")}
+        raise ValueError(f"unknown transport scheme {scheme!r}; known: {sorted(known)}")
+    return backend
 
 
 def backend_for(address: str) -> Backend:

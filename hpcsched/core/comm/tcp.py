@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable
 
 from hpcsched.core import config
-from hpcsched.core.comm import registry, tcp_io
+from hpcsched.core.comm import tcp_io
 from hpcsched.core.comm.base import (
     Backend,
     Comm,
@@ -123,7 +123,5 @@ def _service_host(server_address: str) -> str:
     return hostport.rpartition(":")[0].strip("[]") or "127.0.0.1"
 
 
-_BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
-                   worker_listen_address=_worker_listen_address, service_host=_service_host)
-registry.register("tcp", _BACKEND)
-registry.register("tls", _BACKEND)
+BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
+                  worker_listen_address=_worker_listen_address, service_host=_service_host)

@@ -7,9 +7,8 @@ and :func:`hpcsched.core.protocol.messages.decode` refuses a message with a
 An annotation is a value inside a field (``update-graph``'s ``annotations``,
 name -> {key: value}); the client checks the ones hpcsched acts on before it
 sends a graph, the scheduler again when it reads them.
-
-The field checks (:mod:`hpcsched.core.protocol.checks`) are re-exported here under the
-names this module gave them before the protocol existed.
+Each annotation's value is checked with the field checks of
+:mod:`hpcsched.core.protocol.checks`.
 
 >>> annotation_problem("retries", 2) is None
 True
@@ -23,22 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpcsched.core.protocol.checks import (  # noqa: F401 - the checks, as this module named them
+from hpcsched.core.protocol.checks import (
     Check,
-    anything,
-    blob,
     boolean,
     count,
     dict_of,
-    key,
-    keys,
     list_of,
-    mapping,
     number,
-    optional,
-    positive,
-    serialized,
-    short,
     string,
     worker_ref,
 )

@@ -70,7 +70,6 @@ from hpcsched.core.protocol.wire import (
     MalformedMessage,
     decode,
     encode,
-    is_record,
     markdown,
     spec,
 )
@@ -124,7 +123,7 @@ __all__ = [
     "ScatterReply", "SchedulerClosing", "SchedulerInfo", "SchedulerInfoReply", "StealRequest",
     "StealResponse", "TaskErred", "TaskErredReport", "TaskFinished", "TaskStarted",
     "UnregisterPlugin", "UpdateData", "UpdateGraph", "UploadFile", "WORKER_TO_SCHEDULER",
-    "WORKER_TO_WORKER", "WhoHas", "WorkerStatusChange", "decode", "encode", "is_record",
+    "WORKER_TO_WORKER", "WhoHas", "WorkerStatusChange", "decode", "encode",
     "reference", "spec",
 ]
 

@@ -1,8 +1,9 @@
-"""Scheduler extensions: the one seam from the scheduler to higher layers.
+"""Scheduler extensions: what higher layers attach to every scheduler.
 
-The ``scheduler.extensions`` configuration key names factories
-(``module:function``) called with the scheduler once it listens (the
-dashboard, :mod:`hpcsched.diagnostics.extension`, is one). An extension that
+The ``scheduler.extensions`` configuration key lists factories called with the
+scheduler once it listens, each a seam name or a user's own ``module:factory``
+(:func:`hpcsched.core.seams.resolve`); the default, ``dashboard``, is
+:mod:`hpcsched.diagnostics.extension`. An extension that
 fails to start is logged and skipped: the scheduler runs on without it. A
 client reaches one with an ``extension`` op naming it; the extension answers
 with a dict, or the client is sent the error (a bad request must not stop the
@@ -11,11 +12,10 @@ scheduler).
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
-from hpcsched.core import config
+from hpcsched.core import config, seams
 from hpcsched.core.protocol.messages import Extension, ExtensionReply, encode
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -26,8 +26,7 @@ def start_extensions(scheduler: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for spec in config.get("scheduler.extensions") or ():
         try:
-            module, _, attr = str(spec).partition(":")
-            ext = getattr(importlib.import_module(module), attr)(scheduler)
+            ext = seams.resolve(str(spec))(scheduler)
             out[getattr(ext, "name", spec)] = ext
         except Exception:
             logger.exception("scheduler extension %s failed to start", spec)

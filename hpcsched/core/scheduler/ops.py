@@ -26,7 +26,7 @@ INTERNAL = "internal"  # requester id for calls made by this process (clusters, 
 
 
 def gather(s: Any, source: str, msg: pr.Gather) -> None:
-    """Relay the values of ``msg.keys`` from their holders (:mod:`.scheduler_gather`)."""
+    """Relay the values of ``msg.keys`` from their holders (:mod:`.gather`)."""
     s.gathers.start(msg.request_id, source, list(msg.keys))
 
 
@@ -57,12 +57,12 @@ def retire_me(s: Any, source: str, msg: pr.RetireMe) -> None:
 
 
 def extension(s: Any, source: str, msg: pr.Extension) -> None:
-    """A request to a scheduler extension (:mod:`.scheduler_extensions`)."""
+    """A request to a scheduler extension (:mod:`.extensions`)."""
     s.send(source, extension_reply(s.extensions, source, msg))
 
 
 def control(s: Any, source: str, msg: Any) -> None:
-    """Cluster control: ``Client.run``, ``who_has``, plugins, ... (:mod:`.cluster_control`)."""
+    """Cluster control: ``Client.run``, ``who_has``, plugins, ... (:mod:`.control`)."""
     s.control.handle(source, msg)
 
 

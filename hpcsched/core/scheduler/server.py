@@ -6,10 +6,10 @@ or ``register-client``; after that their transport delivers their messages to th
 to the state machine and sends the resulting messages batched per peer.
 
 A few ops are served here rather than by the state machine because they move
-data or answer questions: ``gather`` (:mod:`.scheduler_gather`), ``scatter``,
+data or answer questions: ``gather`` (:mod:`.gather`), ``scatter``,
 ``scheduler-info``, ``retire-workers``, cluster control
-(:mod:`.cluster_control`), coordination primitives (:mod:`.primitives`) and
-extensions (:mod:`.scheduler_extensions`).
+(:mod:`.control`), coordination primitives (:mod:`.primitives`) and
+extensions (:mod:`.extensions`).
 
 Each event built from a message gets a ``stimulus_id`` (``"<op>-<n>"``), which
 the state's transition log records, and the scheduler plugins' ``transition``
@@ -442,7 +442,7 @@ class Scheduler:
 
     #: op -> handler(scheduler, sender, record), for every op a worker or a client may send
     #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`), closing,
-    #: and the requests this server answers itself (:mod:`.scheduler_ops`)
+    #: and the requests this server answers itself (:mod:`.ops`)
     OPS: dict[str, Any] = {**dict.fromkeys(ev.SCHEDULER_OPS, _op_state), "scatter": _op_state,
                            "close-client": _op_close_client, **scheduler_ops.OPS}
 

@@ -12,7 +12,7 @@ transfers which could have been avoided"
 
 Here the queue is also cut into blocks of consecutive tasks, in the order they are
 queued (priority order: a graph's ready tasks are queued sorted). A worker claims the
-best unclaimed block and takes its tasks in order, one per free slot as before, so the
+best unclaimed block and takes its tasks in order, one per free slot as without blocks, so the
 saturation bound on what a worker holds is unchanged; only which queued task fills a
 slot changes. A worker whose block is used up claims the next. When every block is
 claimed, a worker takes the best queued task, wherever it is (and that task's block,
@@ -25,13 +25,13 @@ A block holds ``min(scheduler.queue-block-size, tasks in the group / threads)`` 
 so that every worker can have a block of its own; a size of 1 is dask's queuing. Blocks
 trade memory for transfers: each worker's block is a front of its own, whose partial
 results wait for the neighbouring blocks, so larger blocks hold more at once. The
-default, 4, keeps the two sibling levels of a binary reduction together (transfers
-of a 16,383-task tree over 2 workers: ~3,800 -> ~1,250); 32 cut transfers to ~180.
+default keeps the two sibling levels of a binary reduction together, which cuts
+the transfers of a tree reduction by much; larger blocks cut them further.
 
 That memory is only worth spending on small results, whose transfers cost a message's
-latency each and whose extra copies cost nothing. With results of 1 MB, blocks of 4
-raised the peaks of ``benchmarks/bench_memory.py`` by 1-2 results per shape, and blocks
-of 32 raised some 2.4 times. So a block also holds no more tasks than
+latency each and whose extra copies cost nothing. With results of a megabyte, blocks
+raise the memory peaks of ``benchmarks/bench_memory.py``, the more the larger the
+block. So a block also holds no more tasks than
 ``scheduler.queue-block-bytes`` of results, at its group's mean result size so far: a
 group whose results are larger than half of it is queued as in dask. Blocks are cut
 before any result of a group is known (its roots are queued as its graph arrives), but

@@ -18,9 +18,9 @@ one exception made for speed: the records that arrive by the thousand (every
 ``task-finished``, ``compute-task``, ...) and the worker's ``ExecuteSuccess`` and
 ``GatherDepSuccess`` (one per task run, one per fetch) are plain slots
 dataclasses, because a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__``: building a ``TaskFinished`` or a ``ComputeTask`` takes
-about 1.7 µs frozen instead of 0.33 µs (timed with ``timeit`` on CPython 3.11),
-more than the rest of the scheduler's per-message cost can spare. Nothing
+``object.__setattr__``, which makes building a ``TaskFinished`` or a
+``ComputeTask`` several times slower: more than the rest of the scheduler's
+per-message cost can spare. Nothing
 assigns to an event's fields after building it; the others are frozen so that
 nothing can.
 
@@ -61,7 +61,6 @@ from hpcsched.core.protocol.messages import (
     UpdateData,
     UpdateGraph,
     WorkerStatusChange,
-    decode,
     encode,
 )
 
@@ -73,7 +72,7 @@ __all__ = [
     "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
     "RetireWorkers", "RetryKeys", "SCHEDULER_OPS", "ScatterData", "Secede", "Send",
     "ServeFailed", "StealRequest", "StealResponse", "TaskErred", "TaskFinished", "TaskStarted",
-    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange", "from_message",
+    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange",
 ]
 
 Key = Any
@@ -297,9 +296,3 @@ SCHEDULER_OPS: Direction = _ops(
 
 WORKER_OPS: Direction = _ops(
     "scheduler", ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)
-
-
-def from_message(table: dict[str, type], msg: Any, **extra: Any) -> Any:
-    """The event for op dict ``msg``; raises MalformedMessage naming what is wrong (a thin
-    wrapper of :func:`hpcsched.core.protocol.messages.decode`, kept for the worker's servers)."""
-    return decode(table, msg, **extra)

@@ -35,7 +35,7 @@ class Ref:
 
     key: Key
 
-    def __reduce__(self) -> tuple:  # dataclass pickling calls fields() per object: 3x slower
+    def __reduce__(self) -> tuple:  # dataclass pickling calls fields() per object: slower
         return (Ref, (self.key,))
 
 
@@ -56,10 +56,6 @@ class Task:
     key: Key
     expr: Any  # Call | Ref | literal
     dependencies: frozenset = frozenset()
-
-
-def is_task(x: Any) -> bool:
-    return isinstance(x, tuple) and bool(x) and callable(x[0])
 
 
 _PLAIN = frozenset({int, float, bool, str, bytes, type(None)})
@@ -250,8 +246,8 @@ def gc_paused(n_tasks: int, threshold: int = 1000) -> Iterator[None]:
 
     A graph arrives as many new objects and no garbage: the collector's passes
     during the build (several, over a heap that grows with the graph) find
-    nothing to free and cost 40 % of the client's preparation of a 16,000-task
-    graph, ~15 us per task in the scheduler's insertion of a 100,000-task one.
+    nothing to free, and take a large share of the time the client spends
+    preparing a large graph and the scheduler inserting it.
     """
     if n_tasks < threshold or not gc.isenabled():
         yield
@@ -263,7 +259,7 @@ def gc_paused(n_tasks: int, threshold: int = 1000) -> Iterator[None]:
         if gc.get_freeze_count() == 0:
             # What the pass allocated still counts towards a young collection, which would
             # run at the first allocation after ``gc.enable()`` and walk the whole new
-            # graph (~9 ms for 16,000 tasks), then again as it ages through the middle
+            # graph, then again as it ages through the middle
             # generation. Freezing and unfreezing moves every tracked object to the oldest
             # generation at once and resets that count (CPython's ``gc.freeze`` /
             # ``gc.unfreeze``): graphs are long-lived, so they belong there. Skipped where
@@ -283,10 +279,9 @@ def raise_gc_threshold() -> None:
     A scheduler holds hundreds of thousands of long-lived task objects. With CPython's
     threshold of 700 allocations, the young collections after each graph arrives walk
     them again and again, and promote them to the older generations whose collections
-    walk the whole heap: ~25 us of the scheduler's CPU per task of a 16,383-task tree
-    reduction on a LocalCluster, ~7 us with 20,000. Garbage that is not in a reference
-    cycle is freed at once either way (reference counting); cyclic garbage waits a little
-    longer. CPython's documentation of ``gc.set_threshold`` describes the generations;
+    walk the whole heap, a cost per task that grows with the graph. Garbage that is not
+    in a reference cycle is freed at once either way (reference counting); cyclic garbage
+    waits a little longer. CPython's documentation of ``gc.set_threshold`` describes the generations;
     Instagram's "Dismissing Python Garbage Collection at Instagram" (2017) measured the
     same cost in a server process.
     """

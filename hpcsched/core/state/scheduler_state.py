@@ -17,18 +17,18 @@ Rules of this file:
 * Recommendations run from a LIFO stack (:meth:`SchedulerState.transitions`)
   so that work made ready by a finished task is handled first.
 * Decisions are delegated to :mod:`hpcsched.core.state.policies` (which worker, through
-  :class:`~.scheduler_placement.Placement`, which also runs the queue of root-ish
+  :class:`~.placement.Placement`, which also runs the queue of root-ish
   tasks) and :mod:`hpcsched.core.state.order` (static priorities).
 * :meth:`SchedulerState.validate` checks every invariant; tests call it after
   each step.
 
 This object holds the state (tasks, workers, clients, the outbox, the log)
 and the task transitions. The handlers of events are components that are
-handed this object: :class:`~.scheduler_workers.WorkerEvents` (workers join,
-leave, report results), :class:`~.scheduler_clients.ClientRequests` (graphs,
-wanted and released keys), :class:`~.scheduler_maintenance.Maintenance`
+handed this object: :class:`~.workers.WorkerEvents` (workers join,
+leave, report results), :class:`~.clients.ClientRequests` (graphs,
+wanted and released keys), :class:`~.maintenance.Maintenance`
 (scatter, replicas, stealing, retirement, rebalance, the tick); the records
-are in :mod:`.scheduler_model`, the invariant check in :mod:`.scheduler_validate`.
+are in :mod:`.model`, the invariant check in :mod:`.validate`.
 
 Priorities are ``(generation, -user_priority, static_priority)``: every task of
 an earlier ``submit``/``map``/``compute`` call comes before those of a later
@@ -199,13 +199,6 @@ class SchedulerState:
         out, self.out = self.out, []
         return out
 
-    def handle_many(self, events: Iterable[Any]) -> list[ev.Send]:
-        """Apply each of ``events`` in turn; return all the messages to send."""
-        out: list[ev.Send] = []
-        for e in events:
-            out.extend(self.handle(e))
-        return out
-
     def send(self, to: str, msg: Any) -> None:
         """Emit a message (a protocol record) for peer ``to``."""
         self.out.append(ev.Send(to, msg))
@@ -222,10 +215,6 @@ class SchedulerState:
             ts = self.tasks.get(k)
             out[k] = [ws.address for ws in ts.who_has] if ts is not None else []
         return out
-
-    def idle_workers(self) -> list[WorkerInfo]:
-        """The running workers with nothing to do."""
-        return [ws for ws in self.workers.values() if not ws.processing]
 
     def task_counts(self) -> dict[str, int]:
         """How many tasks are in each state."""

@@ -461,8 +461,8 @@ class Worker:
         self._carry_out(self._handle_all(self.peers.expire(mono, now)))
         # Where the transport needs heartbeats (TCP), they are how the scheduler detects
         # lost workers. Other transports (an MPI rank that dies ends the job) report when
-        # there is news (a measured
-        # bandwidth, transfers, logs), and otherwise only every IDLE_REPORT_EVERY intervals:
+        # there is news (a measured bandwidth, transfers, logs), and otherwise only every
+        # IDLE_REPORT_EVERY intervals:
         # idle ranks stay nearly silent, yet the dashboard's workers table keeps their CPU
         # and memory current
         m = self.metrics()

@@ -12,8 +12,8 @@ here, mostly far below ``target``, so that path is an insertion-ordered ``dict``
 as the LRU (a read moves the key to the end), a running byte total and one
 ``threading.Lock``: a few dict operations a result, where ``zict.Buffer`` over
 ``zict.LRU`` takes a lock per layer, keeps an ordered set and a weight table of its
-own and runs callbacks on every store, read and delete, an order of magnitude more
-on this path (``benchmarks/bench_spill_buffer.py``). The disk tier stays zict's, the
+own and runs callbacks on every store, read and delete: much more work on this path
+(``benchmarks/bench_spill_buffer.py`` compares them). The disk tier stays zict's, the
 well-kept file store dask uses: ``zict.Func(_pack, _unpack, zict.File(directory))``
 (zict's docs, https://zict.readthedocs.io: "File", "Func").
 
