@@ -19,6 +19,9 @@ costs. :func:`decode` turns a dict back into a record, given the context; an
 unknown op, an unknown or missing field, or (where the direction is checked)
 a field of the wrong type raises :class:`MalformedMessage` naming the op and
 the field: the one error path for whatever a peer sends.
+A server decodes each message with :func:`receive`, which gives a state
+machine's event its context (and a ``stimulus_id``) as it is built: records
+are never written after decoding.
 
 >>> from dataclasses import dataclass
 >>> PINGS = Direction("pinger", "ponger")
