@@ -216,9 +216,8 @@ def check(client: Any, tmp_dir: str, add_worker: Any) -> None:
     bad = Client(client.scheduler_address, security=client.security,
                    set_as_default=False)
     try:
-        bad.scheduler_comm.send({"op": "primitive", "request_id": "x", "kind": "lock",
-                                 "action": "acquire", "name": "conf-bad", "lease": 5,
-                                 "timeout": -1})
+        bad.scheduler_comm.send({"op": "lock-acquire", "request_id": "x",
+                                 "name": "conf-bad", "lease": 5, "timeout": -1})
         until(lambda: bad.status != "running")
     finally:
         bad.close()

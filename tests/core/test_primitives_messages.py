@@ -1,8 +1,9 @@
 """The scheduler's primitives check every request before it changes anything: a malformed
 one raises MalformedMessage (its peer is dropped), and the others' state is untouched.
 
-Requests reach the primitives as the scheduler hands them over: decoded (``primitive``'s
-common fields checked by the protocol), then the kind's own fields checked here."""
+Requests reach the primitives as the scheduler hands them over: decoded (every field
+checked by its record, :mod:`hpcsched.core.protocol.primitives`), then what depends on
+the primitives' state checked here."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ from typing import Any
 
 import pytest
 
+from hpcsched.core.protocol import primitives as pp
 from hpcsched.core.protocol.messages import CLIENT_TO_SCHEDULER, ControlReply, decode
-from hpcsched.core.scheduler.primitives import MAX_NAME, MAX_VALUE, Primitives
+from hpcsched.core.protocol.primitives import MAX_NAME, MAX_VALUE
+from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.state import events as ev
 
 
@@ -37,31 +40,34 @@ def handle(p: Primitives, peer: str, request: dict) -> None:
     p.handle(peer, decode(CLIENT_TO_SCHEDULER, request))
 
 
-def msg(**fields):
-    return {"op": "primitive", "request_id": "r", "name": "n", **fields}
+def msg(op: str, **fields):
+    return {"op": op, "request_id": "r", "name": "n", **fields}
 
 
 BAD = [
-    msg(kind="lock", action="acquire", lease="l", request_id=5),
-    msg(kind="nope", action="acquire"),
-    msg(kind="lock", action="explode"),
-    msg(kind="lock", action="acquire", lease="l", name=7),
-    msg(kind="lock", action="acquire", lease="l", name="x" * (MAX_NAME + 1)),
-    msg(kind="lock", action="acquire", lease=None),
-    msg(kind="lock", action="acquire", lease="l", timeout=-1),
-    msg(kind="lock", action="acquire", lease="l", timeout="1s"),
-    msg(kind="lock", action="acquire", lease="l", timeout=float("nan")),
-    msg(kind="semaphore", action="acquire", lease="l", max_leases=0),
-    msg(kind="semaphore", action="acquire", lease="l", max_leases=True),
-    msg(kind="variable", action="set", blob="text"),
-    msg(kind="variable", action="set", blob=b"x", keys="k"),
-    msg(kind="variable", action="set", blob=b"x", keys=[["unhashable"]]),
-    msg(kind="queue", action="put", maxsize=-1, blob=b"x"),
-    msg(kind="queue", action="get", maxsize=0, batch="all"),
-    msg(kind="multilock", action="acquire", names="ab"),
-    msg(kind="multilock", action="acquire", names=[]),
-    msg(kind="multilock", action="acquire", names=["a"], num_locks=2),
-    msg(kind="dataset", action="publish", blob=None),
+    msg("lock-acquire", lease="l", request_id=5),
+    msg("lock-explode"),
+    msg("lock-acquire", lease="l", name=7),
+    msg("lock-acquire", lease="l", name="x" * (MAX_NAME + 1)),
+    msg("lock-acquire", lease=None),
+    msg("lock-acquire", lease="held"),  # held already (by the good peer)
+    msg("lock-acquire", lease="l", timeout=-1),
+    msg("lock-acquire", lease="l", timeout="1s"),
+    msg("lock-acquire", lease="l", timeout=float("nan")),
+    msg("lock-acquire", lease="l", max_leases=2),  # a semaphore's field
+    msg("semaphore-acquire", lease="l", max_leases=0),
+    msg("semaphore-acquire", lease="l", max_leases=True),
+    msg("variable-set", blob="text"),
+    msg("variable-set", blob=b"x", keys="k"),
+    msg("variable-set", blob=b"x", keys=[["unhashable"]]),
+    msg("queue-put", maxsize=-1, blob=b"x"),
+    msg("queue-get", maxsize=0, batch="all"),
+    msg("queue-get", maxsize=0, batch=0),
+    msg("multilock-acquire", names="ab"),
+    msg("multilock-acquire", names=[]),
+    msg("multilock-acquire", names=["a"], num_locks=2),
+    msg("dataset-publish", blob=None),
+    {"op": "dataset-list", "request_id": "r", "name": "n"},
 ]
 
 
@@ -69,8 +75,8 @@ BAD = [
 def test_malformed_requests_are_refused_before_any_change(bad):
     s = FakeScheduler()
     p = Primitives(s)
-    handle(p, "good", msg(kind="lock", action="acquire", lease="held"))
-    handle(p, "good", msg(kind="variable", action="set", blob=b"v", keys=[]))
+    handle(p, "good", msg("lock-acquire", lease="held"))
+    handle(p, "good", msg("variable-set", blob=b"v", keys=[]))
     before = repr((p.semaphores, p.variables, p.queues, p.multilocks, p.datasets))
     with pytest.raises(ev.MalformedMessage):
         handle(p, "bad", bad)
@@ -81,7 +87,7 @@ def test_malformed_requests_are_refused_before_any_change(bad):
 
 def test_a_value_too_large_is_refused():
     p = Primitives(FakeScheduler())
-    big = msg(kind="queue", action="put", maxsize=0, blob=b"")
+    big = msg("queue-put", maxsize=0, blob=b"")
     big["blob"] = bytes(MAX_VALUE + 1)
     with pytest.raises(ev.MalformedMessage):
         handle(p, "bad", big)
@@ -91,10 +97,17 @@ def test_a_value_too_large_is_refused():
 def test_leases_and_waits_of_a_peer_that_left_end():
     s = FakeScheduler()
     p = Primitives(s)
-    handle(p, "a", msg(kind="lock", action="acquire", lease="la"))
-    handle(p, "b", msg(kind="lock", action="acquire", lease="lb", request_id="rb"))
-    handle(p, "c", msg(kind="event", action="wait", request_id="rc"))
+    handle(p, "a", msg("lock-acquire", lease="la"))
+    handle(p, "b", msg("lock-acquire", lease="lb", request_id="rb"))
+    handle(p, "c", msg("event-wait", request_id="rc"))
     p.peer_left("a")  # b gets the lock
     assert ("b", ControlReply("rb", "OK", result=True)) in s.sent
     p.peer_left("c")
     assert p.events["n"]["waiters"] == []
+
+
+def test_every_primitive_request_has_one_handler():
+    requests = {cls for cls in CLIENT_TO_SCHEDULER.values()
+                if cls.__module__ == pp.__name__}
+    assert len(requests) == 22
+    assert set(Primitives.handlers.table) == requests

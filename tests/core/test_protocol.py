@@ -189,18 +189,35 @@ def test_every_op_in_the_source_has_a_record():
     assert not missing, f"ops without a record in hpcsched.core.protocol.messages: {missing}"
 
 
-def test_every_op_a_server_dispatches_has_a_record():
-    from hpcsched.core.scheduler import control as cluster_control
+def test_every_record_a_server_dispatches_is_one_it_receives():
+    from hpcsched.core.scheduler.control import ClusterControl
+    from hpcsched.core.scheduler.primitives import Primitives
     from hpcsched.core.scheduler.server import Scheduler
-    from hpcsched.core.worker import control as worker_control
+    from hpcsched.core.worker.control import WorkerControl
+    from hpcsched.core.worker.server import Worker
 
-    inbound = set(protocol.CLIENT_TO_SCHEDULER) | set(protocol.WORKER_TO_SCHEDULER)
-    # one table: every op a registered peer may send has its handler, and nothing else does
-    assert set(Scheduler.OPS) == inbound - {"register-worker", "register-client"}
-    assert set(cluster_control.ClusterControl.OPS) <= inbound
-    for method in cluster_control.ClusterControl.OPS.values():
-        assert callable(getattr(cluster_control.ClusterControl, method)), method
-    assert set(worker_control.OPS) <= set(protocol.SCHEDULER_TO_WORKER)
+    inbound = set(protocol.CLIENT_TO_SCHEDULER.values()) | \
+        set(protocol.WORKER_TO_SCHEDULER.values())
+    # one table: every record a registered peer may send has its handler, and nothing else
+    assert set(Scheduler.handlers.table) == \
+        inbound - {protocol.RegisterWorker, protocol.RegisterClient}
+    assert set(ClusterControl.handlers.table) <= inbound
+    assert set(Primitives.handlers.table) <= inbound
+    assert set(Worker.handlers.table) == set(protocol.SCHEDULER_TO_WORKER.values())
+    assert set(WorkerControl.handlers.table) <= set(protocol.SCHEDULER_TO_WORKER.values())
+
+
+def test_no_op_strings_and_no_names_from_messages_outside_the_protocol():
+    """Receivers dispatch by record type: no op string is read from a message outside
+    hpcsched/core/protocol/, and no handler is looked up by a name made of one."""
+    servers = [PACKAGE / "core" / d for d in ("scheduler", "worker")] + \
+        [PACKAGE / "core" / "client" / f for f in ("coordination.py", "datasets.py")]
+    files = [f for p in servers for f in ([p] if p.is_file() else p.rglob("*.py"))
+             if f.name != "extensions.py"]  # an extension's request is an open dict
+    for path in files:
+        text = path.read_text()
+        for pattern in ['"op"', "'op'", ".op)", ".op]", ".op,", "OPS", 'getattr(self, f"']:
+            assert pattern not in text, (str(path.relative_to(ROOT)), pattern)
 
 
 # ------------------------------------------------------------------ events are the records

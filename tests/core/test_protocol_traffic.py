@@ -109,7 +109,8 @@ def test_every_message_a_cluster_sends_is_its_record(traffic, tmp_path):
         client.retire_workers(n=1)
     ops = {m.get("op") for m in traffic if isinstance(m, dict)}
     assert {"update-graph", "compute-task", "task-finished", "get-data", "data-reply",
-            "scatter", "update-data", "task-erred", "run", "run-reply", "primitive",
+            "scatter", "update-data", "task-erred", "run", "run-reply", "lock-acquire",
+            "variable-set", "variable-get", "queue-put", "queue-get", "dataset-publish",
             "control-reply", "extension", "retire-workers"} <= ops, ops
     wrong = {}
     for m in traffic:

@@ -157,12 +157,13 @@ def test_malformed_client_message_drops_that_client_only(shared_cluster, shared_
 def test_a_handler_failure_is_isolated_like_a_malformed_message(shared_cluster, shared_client,
                                                                 monkeypatch):
     """Not only malformed messages: any exception a handler raises drops that peer only."""
-    from hpcsched.core.scheduler.server import Scheduler
+    from hpcsched.core.protocol.messages import SchedulerInfo
 
-    def broken(self: Any, source: str, msg: Any) -> None:
+    def broken(source: str, msg: Any) -> None:
         raise KeyError("a handler bug")
 
-    monkeypatch.setitem(Scheduler.OPS, "scheduler-info", broken)
+    # the scheduler's bound table of handlers (made at its construction)
+    monkeypatch.setitem(shared_cluster.scheduler._table, SchedulerInfo, broken)
     bad = RawClient(shared_cluster, "unlucky-client")
     try:
         bad.send({"op": "scheduler-info", "request_id": "r"})
@@ -237,8 +238,10 @@ def test_every_op_the_scheduler_handles_has_its_checks():
     from hpcsched.core.protocol import messages as protocol
     from hpcsched.core.scheduler.server import Scheduler
 
-    inbound = set(protocol.WORKER_TO_SCHEDULER) | set(protocol.CLIENT_TO_SCHEDULER)
-    assert set(Scheduler.OPS) == inbound - {"register-worker", "register-client"}
+    inbound = set(protocol.WORKER_TO_SCHEDULER.values()) | \
+        set(protocol.CLIENT_TO_SCHEDULER.values())
+    assert set(Scheduler.handlers.table) == \
+        inbound - {protocol.RegisterWorker, protocol.RegisterClient}
 
 
 def test_workers_may_be_named_by_address_name_or_rank():

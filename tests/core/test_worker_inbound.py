@@ -33,10 +33,11 @@ def inc(x: int) -> int:
     return x + 1
 
 
-def test_every_op_the_scheduler_sends_has_one_handler(cluster_client):
+def test_every_record_the_scheduler_sends_has_one_handler(cluster_client):
     _, client = cluster_client
-    (ops,) = client.run(lambda dask_worker: sorted(dask_worker._scheduler_ops)).values()
-    assert ops == sorted(protocol.SCHEDULER_TO_WORKER)
+    (records,) = client.run(
+        lambda dask_worker: sorted(t.__name__ for t in dask_worker._table)).values()
+    assert records == sorted(t.__name__ for t in protocol.SCHEDULER_TO_WORKER.values())
 
 
 def test_a_malformed_message_from_the_scheduler_is_logged_and_skipped(cluster_client,

@@ -38,8 +38,8 @@ import cloudpickle
 
 from hpcsched.core.client import worker_client
 from hpcsched.core.client.futures import Future
+from hpcsched.core.protocol import primitives as pp
 from hpcsched.core.protocol.messages import ClientDesiresKeys, ControlReply
-from hpcsched.core.protocol.messages import Primitive as PrimitiveRequest
 from hpcsched.core.protocol.serialize import SerializationError, loads_object
 from hpcsched.core.units import parse_interval
 
@@ -104,18 +104,18 @@ def parse_timeout(timeout: Any) -> float | None:
     return parse_interval(timeout, "timeout")
 
 
-def request(client: Client, kind: str, action: str, name: str, *, wait: bool = False,
-            **fields: Any) -> ControlReply:
-    """One request to the scheduler's primitives; raises the error the scheduler answered.
+def request(client: Client, record: Any, *, timeout: float | None = 0.0) -> ControlReply:
+    """Send ``record`` to the scheduler's primitives; its reply, or the error it answered.
 
-    ``wait``: it may block, so a task gives its thread slot back meanwhile."""
+    ``record`` is one of :mod:`hpcsched.core.protocol.primitives`, its ``request_id``
+    empty: the client gives it one. ``timeout``: how long the scheduler may make it wait (None: no limit); a request that
+    may wait gives a task's thread slot back meanwhile."""
     # a task that seceded itself (worker_client) stays so: it rejoins when it chooses
-    seceded = wait and fields.get("timeout") != 0 and worker_client.in_task() \
-        and not worker_client.seceded()
+    seceded = timeout != 0 and worker_client.in_task() and not worker_client.seceded()
     if seceded:
         worker_client.secede()
     try:
-        reply = client.request(PrimitiveRequest("", kind, action, name, **fields))
+        reply = client.request(record)
     finally:
         if seceded:
             worker_client.rejoin()
@@ -129,8 +129,6 @@ def request(client: Client, kind: str, action: str, name: str, *, wait: bool = F
 class Primitive:
     """A named primitive on the scheduler; the client is found on first use."""
 
-    kind = ""
-
     def __init__(self, name: str | None = None, client: Client | None = None):
         self.name = name or uuid.uuid4().hex
         self._client = client
@@ -142,8 +140,9 @@ class Primitive:
             self._client = worker_client.get_client()
         return self._client
 
-    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> ControlReply:
-        return request(self.client, self.kind, action, self.name, wait=wait, **fields)
+    def _call(self, record: Any, timeout: float | None = 0.0) -> ControlReply:
+        """Send ``record``, which may wait ``timeout`` seconds (None: no limit)."""
+        return request(self.client, record, timeout=timeout)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name,))
@@ -167,8 +166,6 @@ class Semaphore(Primitive):
     ``acquire(timeout=None) -> bool``, ``release() -> bool``, ``get_value()`` (leases held
     now). Leases of a client that leaves are released."""
 
-    kind = "semaphore"
-
     def __init__(self, max_leases: int = 1, name: str | None = None,
                  scheduler_rpc: Any = None, loop: Any = None, client: Client | None = None):
         if not isinstance(max_leases, int) or isinstance(max_leases, bool) or max_leases < 1:
@@ -183,8 +180,7 @@ class Semaphore(Primitive):
 
     def _acquire(self, timeout: float | None) -> bool:
         lease = uuid.uuid4().hex
-        fields = {"max_leases": self.max_leases} if self.kind == "semaphore" else {}
-        reply = self._call("acquire", wait=True, lease=lease, timeout=timeout, **fields)
+        reply = self._call(self._acquire_request(lease, timeout), timeout)
         if reply.result:
             self._leases.append(lease)
             return True
@@ -195,11 +191,17 @@ class Semaphore(Primitive):
         if not self._leases:
             raise RuntimeError("Released too often")
         lease = self._leases.pop()
-        return bool(self._call("release", lease=lease).result)
+        return bool(self._call(self._release_request(lease)).result)
+
+    def _acquire_request(self, lease: str, timeout: float | None) -> Any:
+        return pp.SemaphoreAcquire("", self.name, lease, self.max_leases, timeout)
+
+    def _release_request(self, lease: str) -> Any:
+        return pp.SemaphoreRelease("", self.name, lease)
 
     def get_value(self) -> int:
         """How many leases are held now."""
-        return int(self._call("value").result)
+        return int(self._call(pp.SemaphoreValue("", self.name)).result)
 
     def __enter__(self) -> Semaphore:
         self.acquire()
@@ -218,8 +220,6 @@ class Lock(Semaphore):
     ``acquire(blocking=True, timeout=None) -> bool``, ``release()``, ``locked()``.
     Released if its holder's client leaves, as distributed's."""
 
-    kind = "lock"
-
     def __init__(self, name: str | None = None, client: Client | None = None,
                  scheduler_rpc: Any = None, loop: Any = None):
         super().__init__(1, name, client=client)
@@ -236,7 +236,13 @@ class Lock(Semaphore):
 
     def locked(self) -> bool:
         """Whether anyone holds the lock."""
-        return bool(self._call("locked").result)
+        return bool(self._call(pp.LockLocked("", self.name)).result)
+
+    def _acquire_request(self, lease: str, timeout: float | None) -> Any:
+        return pp.LockAcquire("", self.name, lease, timeout)
+
+    def _release_request(self, lease: str) -> Any:
+        return pp.LockRelease("", self.name, lease)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name,))
@@ -246,23 +252,22 @@ class Lock(Semaphore):
 class Event(Primitive):
     """``set()``, ``clear()``, ``is_set()``, ``wait(timeout=None) -> bool``."""
 
-    kind = "event"
-
     def set(self) -> None:
         """Set the event: every waiter wakes up."""
-        self._call("set")
+        self._call(pp.EventSet("", self.name))
 
     def clear(self) -> None:
         """Clear the event: later waiters wait."""
-        self._call("clear")
+        self._call(pp.EventClear("", self.name))
 
     def is_set(self) -> bool:
         """Whether the event is set."""
-        return bool(self._call("is-set").result)
+        return bool(self._call(pp.EventIsSet("", self.name)).result)
 
     def wait(self, timeout: Any = None) -> bool:
         """Wait until the event is set; False if ``timeout`` passed first."""
-        return bool(self._call("wait", wait=True, timeout=parse_timeout(timeout)).result)
+        seconds = parse_timeout(timeout)
+        return bool(self._call(pp.EventWait("", self.name, seconds), seconds).result)
 
 
 # ------------------------------------------------------------------ Variable
@@ -272,22 +277,21 @@ class Variable(Primitive):
     ``set(value)``, ``get(timeout=None)`` (waits until set; ``TimeoutError`` when
     ``timeout`` passes first), ``delete()``."""
 
-    kind = "variable"
-
     def set(self, value: Any, timeout: Any = None) -> None:
         """Set the value (futures in it are kept alive by the scheduler)."""
-        self._call("set", **dumps_value(value))
+        self._call(pp.VariableSet("", self.name, **dumps_value(value)))
 
     def get(self, timeout: Any = None) -> Any:
         """The value, once set (``TimeoutError`` after ``timeout``)."""
-        reply = self._call("get", wait=True, timeout=parse_timeout(timeout))
+        seconds = parse_timeout(timeout)
+        reply = self._call(pp.VariableGet("", self.name, seconds), seconds)
         if reply.status == "timeout":
             raise TimeoutError(f"Variable {self.name!r} was not set within {timeout}")
         return loads_value(self.client, reply.blob, reply.keys)
 
     def delete(self) -> None:
         """Delete the variable on the scheduler."""
-        self._call("delete")
+        self._call(pp.VariableDelete("", self.name))
 
 
 # ------------------------------------------------------------------ Queue
@@ -298,21 +302,17 @@ class Queue(Primitive):
     ``get(timeout=None, batch=False)`` (``batch=True``: every item there now; ``batch=n``:
     waits for ``n``), ``qsize()``. ``TimeoutError`` when a wait times out."""
 
-    kind = "queue"
-
     def __init__(self, name: str | None = None, client: Client | None = None, maxsize: int = 0):
         if not isinstance(maxsize, int) or isinstance(maxsize, bool) or maxsize < 0:
             raise ValueError(f"maxsize must be an integer >= 0, got {maxsize!r}")
         super().__init__(name, client)
         self.maxsize = maxsize
 
-    def _call(self, action: str, *, wait: bool = False, **fields: Any) -> ControlReply:
-        return super()._call(action, wait=wait, maxsize=self.maxsize, **fields)
-
     def put(self, value: Any, timeout: Any = None) -> None:
         """Append ``value``, waiting while the queue is full (``TimeoutError`` after ``timeout``)."""
-        reply = self._call("put", wait=True, timeout=parse_timeout(timeout),
-                           **dumps_value(value))
+        seconds = parse_timeout(timeout)
+        reply = self._call(pp.QueuePut("", self.name, self.maxsize, timeout=seconds,
+                                       **dumps_value(value)), seconds)
         if reply.status == "timeout":
             raise TimeoutError(f"Queue {self.name!r} stayed full for {timeout}")
 
@@ -320,8 +320,9 @@ class Queue(Primitive):
         """Take the oldest item (or a batch, see the class), waiting at most ``timeout``."""
         if not (isinstance(batch, bool) or (isinstance(batch, int) and batch > 0)):
             raise ValueError(f"batch must be a bool or a positive integer, got {batch!r}")
-        reply = self._call("get", wait=batch is not True, timeout=parse_timeout(timeout),
-                           batch=batch)
+        seconds = parse_timeout(timeout)
+        reply = self._call(pp.QueueGet("", self.name, self.maxsize, seconds, batch),
+                           0.0 if batch is True else seconds)
         if reply.status == "timeout":
             raise TimeoutError(f"nothing came in Queue {self.name!r} within {timeout}")
         if reply.items is not None:
@@ -331,7 +332,7 @@ class Queue(Primitive):
 
     def qsize(self) -> int:
         """How many items are in the queue now."""
-        return int(self._call("qsize").result)
+        return int(self._call(pp.QueueSize("", self.name, self.maxsize)).result)
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name, None, self.maxsize))
@@ -344,8 +345,6 @@ class MultiLock(Primitive):
     ``acquire(blocking=True, timeout=None, num_locks=None) -> bool`` holds ``num_locks`` of
     them (all by default) once it is first in line for that many; ``release()``.
     Released if its client leaves."""
-
-    kind = "multilock"
 
     def __init__(self, names: list[str] | None = None, client: Client | None = None):
         names = list(names or [])
@@ -365,9 +364,9 @@ class MultiLock(Primitive):
         if not self.names:
             return True
         lock_id = uuid.uuid4().hex
-        reply = request(self.client, self.kind, "acquire", lock_id, wait=True,
-                        names=self.names, num_locks=num_locks,
-                        timeout=_blocking_timeout(blocking, timeout))
+        seconds = _blocking_timeout(blocking, timeout)
+        reply = self._call(pp.MultiLockAcquire("", lock_id, self.names, num_locks, seconds),
+                           seconds)
         if reply.result:
             self._held = lock_id
             return True
@@ -380,7 +379,7 @@ class MultiLock(Primitive):
         if self._held is None:
             raise ValueError("Lock is not yet acquired")
         lock_id, self._held = self._held, None
-        request(self.client, self.kind, "release", lock_id)
+        self._call(pp.MultiLockRelease("", lock_id))
 
     def __enter__(self) -> MultiLock:
         self.acquire()

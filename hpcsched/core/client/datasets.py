@@ -17,6 +17,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.client.coordination import dumps_value, loads_value, request
+from hpcsched.core.protocol import primitives as pp
 
 if TYPE_CHECKING:
     from hpcsched.core.client.futures import FutureOwner as Client
@@ -34,13 +35,13 @@ def publish_dataset(client: Client, args: tuple, name: str | None, override: boo
     elif name is not None:
         raise ValueError("name= given without a dataset: publish_dataset(df, name='ds')")
     for key, value in kwargs.items():
-        request(client, "dataset", "publish", _name(key), override=bool(override),
-                **dumps_value(value))
+        request(client, pp.DatasetPublish("", _name(key), override=bool(override),
+                                          **dumps_value(value)))
 
 
 def get_dataset(client: Client, name: str, default: Any = NO_DEFAULT) -> Any:
     try:
-        reply = request(client, "dataset", "get", _name(name))
+        reply = request(client, pp.DatasetGet("", _name(name)))
     except KeyError:
         if default is NO_DEFAULT:
             raise
@@ -49,11 +50,11 @@ def get_dataset(client: Client, name: str, default: Any = NO_DEFAULT) -> Any:
 
 
 def list_datasets(client: Client) -> list[str]:
-    return list(request(client, "dataset", "list", "").result)
+    return list(request(client, pp.DatasetList("")).result)
 
 
 def unpublish_dataset(client: Client, name: str) -> None:
-    request(client, "dataset", "unpublish", _name(name))
+    request(client, pp.DatasetUnpublish("", _name(name)))
 
 
 def _name(name: Any) -> str:

@@ -30,11 +30,11 @@ def check_filename(name: Any) -> str:
     >>> check_filename("../etc/passwd")
     Traceback (most recent call last):
     ...
-    hpcsched.core.protocol.wire.MalformedMessage: upload-file: not a bare file name: '../etc/passwd'
+    hpcsched.core.protocol.wire.MalformedMessage: UploadFile: not a bare file name: '../etc/passwd'
     """
     if not isinstance(name, str) or not name or name in (".", "..") \
             or os.path.basename(name) != name or "\0" in name:
-        raise MalformedMessage(f"upload-file: not a bare file name: {name!r}")
+        raise MalformedMessage(f"UploadFile: not a bare file name: {name!r}")
     return name
 
 

@@ -112,6 +112,14 @@ def count(x: Any) -> str | None:
     return f"expected an integer >= 0, got {short(x)}"
 
 
+@_says("number >= 0")
+def seconds(x: Any) -> str | None:
+    """A duration: a number of seconds, never negative (infinite: no limit)."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0:  # NaN fails
+        return None
+    return f"expected a number >= 0, got {short(x)}"
+
+
 @_says("int > 0")
 def positive(x: Any) -> str | None:
     if isinstance(x, int) and not isinstance(x, bool) and x > 0:
@@ -137,6 +145,48 @@ def serialized(x: Any) -> str | None:
 @_says("any")
 def anything(x: Any) -> str | None:
     return None
+
+
+def text(most: int) -> Check:
+    """A non-empty string of at most ``most`` characters (a name the receiver keeps)."""
+    def txt(x: Any) -> str | None:
+        if isinstance(x, str) and 0 < len(x) <= most:
+            return None
+        return f"expected a string of 1 to {most} characters, got {short(x)}"
+    txt.what = f"str of 1 to {most} characters"  # type: ignore[attr-defined]
+    return txt
+
+
+def int_in(low: int, high: int) -> Check:
+    """An integer in ``[low, high]``."""
+    def rng(x: Any) -> str | None:
+        if isinstance(x, int) and not isinstance(x, bool) and low <= x <= high:
+            return None
+        return f"expected an integer in [{low}, {high}], got {short(x)}"
+    rng.what = f"int in [{low}, {high}]"  # type: ignore[attr-defined]
+    return rng
+
+
+def sized(check: Check, most: int, least: int = 0) -> Check:
+    """What ``check`` accepts, holding ``least`` to ``most`` items (bytes, entries)."""
+    def siz(x: Any) -> str | None:
+        problem = check(x)
+        if problem:
+            return problem
+        if not least <= len(x) <= most:
+            return f"expected {least} to {most} items, got {len(x)}"
+        return None
+    siz.what = f"{describe(check)} of {least} to {most} items"  # type: ignore[attr-defined]
+    return siz
+
+
+def one_of(*checks: Check) -> Check:
+    """What any of ``checks`` accepts."""
+    def any_of(x: Any) -> str | None:
+        problems = [check(x) for check in checks]
+        return None if not all(problems) else "; ".join(p for p in problems if p)
+    any_of.what = " or ".join(describe(c) for c in checks)  # type: ignore[attr-defined]
+    return any_of
 
 
 def optional(check: Check) -> Check:

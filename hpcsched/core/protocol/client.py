@@ -4,8 +4,8 @@
 A client talks to the scheduler only, as in distributed. It submits graphs
 and says which keys it wants (``update-graph``, ``client-desires-keys``, ...);
 the scheduler tells it when results are ready or erred. Requests carrying a
-``request_id`` (``gather``, ``scatter``, cluster control, primitives) get one
-reply carrying it back.
+``request_id`` (``gather``, ``scatter``, cluster control, the coordination
+primitives of :mod:`hpcsched.core.protocol.primitives`) get one reply carrying it back.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ CLIENT_TO_SCHEDULER = Direction("client", "scheduler", doc=(
     "`error` and is disconnected; other peers are not affected."))
 SCHEDULER_TO_CLIENT = Direction("scheduler", "client", checked=False)
 C2S, S2C = CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT
+#: a peer's first message, read before the scheduler knows whether it is a worker or a
+#: client (``register-worker``, ``register-client``; both are also in their sender's table)
+INTRODUCTION = Direction("newcomer", "scheduler")
 
 
 @dataclass(slots=True)
@@ -46,7 +49,7 @@ class FromClient(Stimulus):
 
 # ====================================================================== client -> scheduler
 
-@message("register-client", C2S)
+@message("register-client", C2S, INTRODUCTION)
 @dataclass(slots=True)
 class RegisterClient:
     """A client introduces itself (its first message)."""
@@ -275,29 +278,6 @@ class UnregisterPlugin:
 
     request_id: str = wire(fc.string)
     name: str = wire(fc.string)
-
-
-@message("primitive", C2S)
-@dataclass(slots=True)
-class Primitive:
-    """A request to a coordination primitive (``Lock``, ``Semaphore``, ``Event``,
-    ``Variable``, ``Queue``, ``MultiLock``) or a published dataset; answered by
-    ``control-reply``. Each kind's fields are checked by ``hpcsched.core.scheduler.primitives``."""
-
-    request_id: str = wire(fc.string)
-    kind: str = wire(fc.string, doc="lock, semaphore, event, variable, queue, multilock, dataset")
-    action: str = wire(fc.string, doc="e.g. acquire, release, set, get, put, publish")
-    name: Any = wire(fc.anything, None, sparse=True, doc="the primitive's name")
-    lease: Any = wire(fc.anything, None, sparse=True, doc="the lease to take or give back")
-    max_leases: Any = wire(fc.anything, None, sparse=True, doc="a semaphore's size")
-    timeout: Any = wire(fc.anything, None, sparse=True, doc="seconds to wait (None: forever)")
-    blob: Any = wire(fc.anything, None, sparse=True, doc="a value, cloudpickled")
-    keys: Any = wire(fc.anything, None, sparse=True, doc="the futures' keys inside the value")
-    maxsize: Any = wire(fc.anything, None, sparse=True, doc="a queue's size (0: unbounded)")
-    batch: Any = wire(fc.anything, None, sparse=True, doc="get this many items (True: all)")
-    names: Any = wire(fc.anything, None, sparse=True, doc="a multi-lock's lock names")
-    num_locks: Any = wire(fc.anything, None, sparse=True, doc="how many of `names` to hold")
-    override: Any = wire(fc.anything, None, sparse=True, doc="replace a published dataset")
 
 
 # ====================================================================== scheduler -> client

@@ -17,8 +17,9 @@ the wrong type raises ``MalformedMessage`` naming the op and the field. The
 records the state machines consume (``TaskFinished``, ``ComputeTask``, ...)
 are their events too, importable from ``hpcsched.core.state.events``.
 
-The records are defined in :mod:`hpcsched.core.protocol.client` and
-:mod:`hpcsched.core.protocol.worker`, the machinery in
+The records are defined in :mod:`hpcsched.core.protocol.client`,
+:mod:`hpcsched.core.protocol.primitives` and :mod:`hpcsched.core.protocol.worker`,
+the machinery in
 :mod:`hpcsched.core.protocol.wire`; this module gathers them. Its reference,
 ``docs/protocol.md``, is generated: ``python -m hpcsched.core.protocol.messages > docs/protocol.md``.
 """
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 from hpcsched.core.protocol.client import (
     CLIENT_TO_SCHEDULER,
+    INTRODUCTION,
     SCHEDULER_TO_CLIENT,
     CancelKeys,
     CancelledKeys,
@@ -44,7 +46,6 @@ from hpcsched.core.protocol.client import (
     KeyInMemory,
     LostData,
     NThreads,
-    Primitive,
     Rebalance,
     RegisterClient,
     RegisterPlugin,
@@ -65,12 +66,38 @@ from hpcsched.core.protocol.client import (
     UpdateGraph,
     WhoHas,
 )
+from hpcsched.core.protocol.primitives import (
+    DatasetGet,
+    DatasetList,
+    DatasetPublish,
+    DatasetUnpublish,
+    EventClear,
+    EventIsSet,
+    EventSet,
+    EventWait,
+    LockAcquire,
+    LockLocked,
+    LockRelease,
+    MultiLockAcquire,
+    MultiLockRelease,
+    PrimitiveRequest,
+    QueueGet,
+    QueuePut,
+    QueueSize,
+    SemaphoreAcquire,
+    SemaphoreRelease,
+    SemaphoreValue,
+    VariableDelete,
+    VariableGet,
+    VariableSet,
+)
 from hpcsched.core.protocol.wire import (
     Direction,
     MalformedMessage,
     decode,
     encode,
     markdown,
+    receive,
     spec,
 )
 from hpcsched.core.protocol.worker import (
@@ -114,8 +141,8 @@ __all__ = [
     "CancelledKeys", "ClientDesiresKeys", "ClientReleasesKeys", "Close", "CloseClient",
     "CloseClientReply", "ComputeTask", "ControlReply", "DIRECTIONS", "DataReply", "Direction",
     "Error", "Extension", "ExtensionReply", "FreeKeys", "Gather", "GatherReply", "GetData",
-    "HasWhat", "Heartbeat", "KeyInMemory", "LongRunning", "LostData", "MalformedMessage",
-    "MissingData", "NThreads", "PluginAdd", "PluginRemove", "PluginsReset", "Primitive",
+    "HasWhat", "Heartbeat", "INTRODUCTION", "KeyInMemory", "LongRunning", "LostData", "MalformedMessage",
+    "MissingData", "NThreads", "PluginAdd", "PluginRemove", "PluginsReset",
     "Rebalance", "RefreshWhoHas", "RegisterClient", "RegisterError", "RegisterPlugin", "RegisterWorker",
     "Registered", "ReleaseWorkerData", "Replicate", "Restart", "ResultErred", "RetireMe",
     "RetireWorkersReply", "RetireWorkersRequest", "RetryKeys", "Run", "RunOnScheduler",
@@ -124,7 +151,13 @@ __all__ = [
     "StealResponse", "TaskErred", "TaskErredReport", "TaskFinished", "TaskStarted",
     "UnregisterPlugin", "UpdateData", "UpdateGraph", "UploadFile", "WORKER_TO_SCHEDULER",
     "WORKER_TO_WORKER", "WhoHas", "WorkerStatusChange", "decode", "encode",
-    "reference", "spec",
+    "receive", "reference", "spec",
+    # coordination primitives and datasets
+    "DatasetGet", "DatasetList", "DatasetPublish", "DatasetUnpublish", "EventClear",
+    "EventIsSet", "EventSet", "EventWait", "LockAcquire", "LockLocked", "LockRelease",
+    "MultiLockAcquire", "MultiLockRelease", "PrimitiveRequest", "QueueGet", "QueuePut",
+    "QueueSize", "SemaphoreAcquire", "SemaphoreRelease", "SemaphoreValue", "VariableDelete",
+    "VariableGet", "VariableSet",
 ]
 
 DIRECTIONS = (CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT, WORKER_TO_SCHEDULER,
@@ -161,8 +194,8 @@ def reference() -> str:
     """``docs/protocol.md``: the reference generated from the records."""
     intro = __doc__.split("\n\n", 1)[1].rsplit("\n\n", 1)[0]
     return markdown("The hpcsched wire protocol",
-                    "*Generated from the records of `hpcsched/core/protocol/client.py` and "
-                    "`protocol_worker.py` by `python -m hpcsched.core.protocol.messages > "
+                    "*Generated from the records of `hpcsched/core/protocol/client.py`, "
+                    "`primitives.py` and `worker.py` by `python -m hpcsched.core.protocol.messages > "
                     "docs/protocol.md`; do not edit.*\n\n" + intro + "\n\n" + CONTEXT,
                     DIRECTIONS, COMMON)
 

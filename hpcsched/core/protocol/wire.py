@@ -19,6 +19,9 @@ costs. :func:`decode` turns a dict back into a record, given the context; an
 unknown op, an unknown or missing field, or (where the direction is checked)
 a field of the wrong type raises :class:`MalformedMessage` naming the op and
 the field: the one error path for whatever a peer sends.
+A server decodes each message with :func:`receive`, which gives a state
+machine's event its context (and a ``stimulus_id``) as it is built: records
+are never written after decoding.
 
 >>> from dataclasses import dataclass
 >>> PINGS = Direction("pinger", "ponger")
@@ -70,6 +73,9 @@ class Direction(dict):
         #: op -> (generated decoder taking the context as a dict, allowed field names):
         #: checks each field as ``checked`` says (the scheduler's path for every message)
         self.with_context: dict[str, tuple[Callable[[dict, dict], Any], frozenset]] = {}
+        #: the ops whose records are a state machine's events: they take the receiver's
+        #: context and a ``stimulus_id`` (:func:`receive`)
+        self.stamped: set[str] = set()
 
     @property
     def name(self) -> str:
@@ -153,6 +159,8 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
                 d.fast[op] = (_FAST_DECODERS[cls], spec.allowed)  # type: ignore[assignment]
             if spec.extra is None:
                 d.with_context[op] = (_context_decoder(spec, d.checked), spec.allowed)
+            if "stimulus_id" in spec.context_names:
+                d.stamped.add(op)
         return cls
     return register
 
@@ -372,6 +380,32 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
         return cls(**kw)
     except TypeError as e:  # a required context field not given
         raise TypeError(f"decoding {op!r}: {e}") from None
+
+
+def receive(table: Direction, msg: Any, stimulus: Callable[[str], str], /,
+            **context: Any) -> Any:
+    """What a server makes of each message that arrives: the record of ``msg``.
+
+    A record that is a state machine's event (it declares a ``stimulus_id``) is given the
+    receiver's ``context`` (``worker=`` or ``client=``, ``now=``) and the stimulus id
+    ``stimulus(op)`` names for it (``"task-finished-12"``, as distributed's); any other
+    record is decoded as it came. The context is in the record from its construction:
+    nothing writes a record after it is decoded. Errors are :func:`decode`'s.
+
+    >>> from dataclasses import dataclass
+    >>> TICKS = Direction("clock", "machine")
+    >>> @message("tick", TICKS)
+    ... @dataclass(slots=True)
+    ... class Tick:
+    ...     now: float = context(0.0)
+    ...     stimulus_id: str = context("")
+    >>> receive(TICKS, {"op": "tick"}, lambda op: f"{op}-1", now=2.0)
+    Tick(now=2.0, stimulus_id='tick-1')
+    """
+    op = msg.get("op") if msg.__class__ is dict else None
+    if op.__class__ is str and op in table.stamped:
+        return decode(table, msg, **context, stimulus_id=stimulus(op))
+    return decode(table, msg)
 
 
 # ------------------------------------------------------------------ documentation

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
-from hpcsched.core.protocol.client import C2S, S2C, Stimulus
+from hpcsched.core.protocol.client import C2S, INTRODUCTION, S2C, Stimulus
 from hpcsched.core.protocol.wire import Direction, context, message, wire
 
 Key = Any
@@ -39,7 +39,7 @@ class FromWorker(Stimulus):
 
 # ====================================================================== registration
 
-@message("register-worker", W2S)
+@message("register-worker", W2S, INTRODUCTION)
 @dataclass(slots=True)
 class RegisterWorker:
     """A worker introduces itself (its first message)."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
 from hpcsched.core.state import events as ev
 
@@ -44,7 +45,10 @@ def _hashable(key: Any) -> bool:
 
 
 class ClusterControl:
-    """The scheduler's side of cluster control; ``handle`` is its one entry point."""
+    """The scheduler's side of cluster control; ``handle`` is its one entry point (one
+    handler per record type: the requests of clients, and the workers' ``run-reply``)."""
+
+    handlers = Handlers("cluster control")
 
     def __init__(self, scheduler: Any):
         self.scheduler = scheduler
@@ -54,12 +58,15 @@ class ClusterControl:
         self._pending: dict[str, dict] = {}  # sub-request id -> fan-out in progress
         self._ids = itertools.count()
         scheduler.add_worker_callback(self._on_worker)
+        self._table = self.handlers.bind(self)
 
     # ------------------------------------------------------------ dispatch
     def handle(self, source: str, msg: Any) -> None:
-        """Serve ``msg``, a decoded record of one of :attr:`OPS`, from peer ``source``."""
-        getattr(self, self.OPS[msg.op])(source, msg)
+        """Serve ``msg``, a decoded record of one of :attr:`handlers`' types, from peer
+        ``source``."""
+        self._table[type(msg)](source, msg)
 
+    @handlers.on(pr.WhoHas)
     def _who_has(self, source: str, msg: pr.WhoHas) -> None:
         state = self.scheduler.state
         keys = list(state.tasks) if msg.keys is None else msg.keys
@@ -67,29 +74,34 @@ class ClusterControl:
             k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
             else [] for k in keys})
 
+    @handlers.on(pr.HasWhat)
     def _has_what(self, source: str, msg: pr.HasWhat) -> None:
         workers = self.scheduler.state.workers
         self._reply(source, msg.request_id, result={
             a: [ts.key for ts in workers[a].has_what] for a in self._workers(msg.workers)})
 
+    @handlers.on(pr.NThreads)
     def _nthreads(self, source: str, msg: pr.NThreads) -> None:
         workers = self.scheduler.state.workers
         self._reply(source, msg.request_id, result={
             a: workers[a].nthreads for a in self._workers(msg.workers)})
 
+    @handlers.on(pr.Run)
     def _run(self, source: str, msg: pr.Run) -> None:
         self._fan_out(source, msg.request_id, self._workers(msg.workers), lambda sub: pr.RunOnWorker(
             sub, msg.function, msg.args, msg.kwargs, msg.wait))
 
+    @handlers.on(pr.UploadFile)
     def _upload_file(self, source: str, msg: pr.UploadFile) -> None:
         name, data = check_filename(msg.filename), msg.data
         if len(data) > MAX_UPLOAD:
-            raise ev.MalformedMessage(f"upload-file: data must be bytes of at most "
+            raise ev.MalformedMessage(f"UploadFile: data must be bytes of at most "
                                       f"{MAX_UPLOAD} (got {len(data)})")
         self.files[name] = data
         self._fan_out(source, msg.request_id, list(self.scheduler.state.workers),
                       lambda sub: pr.UploadFile(sub, name, data, msg.load))
 
+    @handlers.on(pr.Restart)
     def _restart(self, source: str, msg: pr.Restart) -> None:
         # every task is cancelled (its clients hear so, workers drop its data), then each
         # worker tears its plugins down and sets them up again
@@ -98,6 +110,7 @@ class ClusterControl:
                                                   stimulus_id=self.scheduler.stimulus("restart")))
         self._fan_out(source, msg.request_id, list(state.workers), pr.PluginsReset)
 
+    @handlers.on(pr.Rebalance)
     def _rebalance(self, source: str, msg: pr.Rebalance) -> None:
         # a state-machine event: it answers once every moved key's sender dropped its copy
         workers = None if msg.workers is None else self._workers(msg.workers)
@@ -105,6 +118,7 @@ class ClusterControl:
             msg.request_id, source, msg.keys, workers, now=time.time(),
             stimulus_id=self.scheduler.stimulus("rebalance")))
 
+    @handlers.on(pr.UnregisterPlugin)
     def _unregister_plugin(self, source: str, msg: pr.UnregisterPlugin) -> None:
         name = self._plugin_name(msg.name)
         if name not in self.worker_plugins:
@@ -115,16 +129,8 @@ class ClusterControl:
         self._fan_out(source, msg.request_id, list(self.scheduler.state.workers),
                       lambda sub: pr.PluginRemove(name, sub))
 
-    #: op -> method serving it: the requests of clients, and the workers' ``run-reply``
-    OPS = {
-        "run": "_run", "run-on-scheduler": "_run_here", "who-has": "_who_has",
-        "has-what": "_has_what", "nthreads": "_nthreads", "upload-file": "_upload_file",
-        "register-plugin": "_register_plugin", "unregister-plugin": "_unregister_plugin",
-        "replicate": "_replicate", "rebalance": "_rebalance", "restart": "_restart",
-        "run-reply": "_worker_replied",
-    }
-
     # ------------------------------------------------------------ replicas
+    @handlers.on(pr.Replicate)
     def _replicate(self, source: str, msg: pr.Replicate) -> None:
         """Copy each key in memory onto workers (of ``workers``, least loaded first) until
         ``n`` of them (all: None) hold it; answers at once with ``{key: [workers that will
@@ -160,17 +166,18 @@ class ClusterControl:
     @staticmethod
     def _plugin_name(name: str) -> str:
         if not name or len(name) > 1024:
-            raise ev.MalformedMessage("register-plugin: name must be a string of 1 to 1024 "
+            raise ev.MalformedMessage("RegisterPlugin: name must be a string of 1 to 1024 "
                                       "characters")
         return name
 
+    @handlers.on(pr.RegisterPlugin)
     def _register_plugin(self, source: str, msg: pr.RegisterPlugin) -> None:
         """A worker plugin is set up on every worker (and every worker that joins later); a
         scheduler plugin here: ``start(scheduler)`` now, ``add_worker`` / ``remove_worker``
         as workers come and go, ``close()`` with the scheduler."""
         name, kind, blob, rid = self._plugin_name(msg.name), msg.kind, msg.plugin, msg.request_id
         if kind not in ("worker", "scheduler") or len(blob) > MAX_UPLOAD:
-            raise ev.MalformedMessage("register-plugin: kind must be worker or scheduler, "
+            raise ev.MalformedMessage("RegisterPlugin: kind must be worker or scheduler, "
                                       f"plugin bytes of at most {MAX_UPLOAD}")
         idempotent = msg.idempotent
         if kind == "worker":
@@ -219,6 +226,7 @@ class ClusterControl:
     def _reply(self, to: str, rid: str, **fields: Any) -> None:
         self.scheduler.send(to, pr.ControlReply(rid, **fields))
 
+    @handlers.on(pr.RunOnScheduler)
     def _run_here(self, source: str, msg: pr.RunOnScheduler) -> None:
         rid = msg.request_id
         try:
@@ -242,6 +250,7 @@ class ClusterControl:
             self.scheduler.send(w, request(sub))
         self._maybe_done(sub)
 
+    @handlers.on(pr.RunReply)
     def _worker_replied(self, worker: str, msg: pr.RunReply) -> None:
         sub = msg.request_id
         fan = self._pending.get(sub) if sub is not None else None

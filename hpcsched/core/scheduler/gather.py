@@ -81,7 +81,7 @@ class Gathers:
                 event = ev.ResultErred(worker, key, exception, str(traceback), str(text),
                                        now=time.time(), stimulus_id=self.scheduler.stimulus("result-erred"))
             except (TypeError, ValueError) as e:
-                raise ev.MalformedMessage(f"data-reply: bad error for {key!r}: {e}") from None
+                raise ev.MalformedMessage(f"DataReply: bad error for {key!r}: {e}") from None
             self.scheduler.handle_event(event)
         for key in msg.missing or ():
             g.missing.append(key)

@@ -1,12 +1,13 @@
-"""The requests the scheduler server answers itself, by op: one handler per op.
+"""The requests the scheduler server answers itself: one handler per record type.
 
-Each handler is called as ``handler(scheduler, sender, record)`` with the
-message already decoded (every field checked) by the sender's direction of
+:data:`handlers` is the scheduler server's one table
+(:class:`hpcsched.core.scheduler.server.Scheduler` completes it with the state
+machine's events and ``close-client``). Each handler is called as
+``handler(scheduler, sender, record)`` with the message already decoded (every
+field checked) by the sender's direction of
 :mod:`hpcsched.core.protocol.messages`; what it answers goes out through
-``scheduler.send``. Together with the state machine's ops, they make
-:data:`hpcsched.core.scheduler.server.Scheduler.OPS`, the server's one table of
-inbound ops. A handler that raises gets its peer one error message and a
-disconnect; nobody else is affected.
+``scheduler.send``. A handler that raises gets its peer one error message and
+a disconnect; nobody else is affected.
 
 Runs on the scheduler's loop thread.
 """
@@ -17,29 +18,38 @@ import time
 from typing import Any
 
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import extension_reply
+from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.maintenance import resolve_workers
 
 INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
 
+#: record type -> handler(scheduler, sender, record): the scheduler server's table
+handlers = Handlers("scheduler")
 
+
+@handlers.on(pr.Gather)
 def gather(s: Any, source: str, msg: pr.Gather) -> None:
     """Relay the values of ``msg.keys`` from their holders (:mod:`.gather`)."""
     s.gathers.start(msg.request_id, source, list(msg.keys))
 
 
+@handlers.on(pr.DataReply)
 def data_reply(s: Any, source: str, msg: pr.DataReply) -> None:
     """A worker's answer to one of the gathers' ``get-data`` requests."""
     s.gathers.data_reply(msg)
 
 
+@handlers.on(pr.SchedulerInfo)
 def scheduler_info(s: Any, source: str, msg: pr.SchedulerInfo) -> None:
     """Describe the cluster."""
     s.send(source, pr.SchedulerInfoReply(msg.request_id, s.identity()))
 
 
+@handlers.on(pr.RetireWorkersRequest)
 def retire_workers(s: Any, source: str, msg: pr.RetireWorkersRequest) -> None:
     """Retire the workers named, gracefully (a state-machine event)."""
     workers = resolve_workers(s.state, msg.workers, msg.names, msg.n)
@@ -47,6 +57,7 @@ def retire_workers(s: Any, source: str, msg: pr.RetireWorkersRequest) -> None:
                                     stimulus_id=s.stimulus("retire-workers")))
 
 
+@handlers.on(pr.RetireMe)
 def retire_me(s: Any, source: str, msg: pr.RetireMe) -> None:
     """A worker's walltime (lifetime) is up: retire it gracefully."""
     if source not in s.state.workers:
@@ -56,29 +67,19 @@ def retire_me(s: Any, source: str, msg: pr.RetireMe) -> None:
                                     stimulus_id=s.stimulus("retire-me")))
 
 
+@handlers.on(pr.Extension)
 def extension(s: Any, source: str, msg: pr.Extension) -> None:
     """A request to a scheduler extension (:mod:`.extensions`)."""
     s.send(source, extension_reply(s.extensions, source, msg))
 
 
+@handlers.on(*ClusterControl.handlers.table)
 def control(s: Any, source: str, msg: Any) -> None:
     """Cluster control: ``Client.run``, ``who_has``, plugins, ... (:mod:`.control`)."""
     s.control.handle(source, msg)
 
 
-def primitive(s: Any, source: str, msg: pr.Primitive) -> None:
+@handlers.on(*Primitives.handlers.table)
+def primitive(s: Any, source: str, msg: Any) -> None:
     """A coordination primitive or a dataset (:mod:`.primitives`)."""
     s.primitives.handle(source, msg)
-
-
-#: op -> handler(scheduler, sender, record) of the requests the server answers itself
-OPS: dict[str, Any] = {
-    "gather": gather,
-    "data-reply": data_reply,
-    "scheduler-info": scheduler_info,
-    "retire-workers": retire_workers,
-    "retire-me": retire_me,
-    "extension": extension,
-    **dict.fromkeys(ClusterControl.OPS, control),
-    "primitive": primitive,
-}

@@ -1,11 +1,12 @@
 """Coordination primitives and datasets on the scheduler: ``Lock``, ``Semaphore``, ``Event``,
 ``Variable``, ``Queue``, ``MultiLock``, ``publish_dataset``.
 
-Clients (a script's, or a worker's client used by tasks) send one op,
-``primitive``, with ``kind`` (``lock``, ``semaphore``, ``event``, ``variable``,
-``queue``, ``multilock``, ``dataset``), ``action``, ``name`` and a
-``request_id``; each gets one ``control-reply``. Every field is checked
-before anything changes: a malformed request raises
+Clients (a script's, or a worker's client used by tasks) send one record per
+kind of primitive and action (:mod:`hpcsched.core.protocol.primitives`: ``LockAcquire``,
+``QueuePut``, ...), each with a ``request_id``; each gets one ``control-reply``.
+Every field is checked when the request is decoded, and what depends on the
+state here (a lease already held, a multi-lock id in use) before anything
+changes: a malformed request raises
 :class:`~hpcsched.core.state.events.MalformedMessage`, which disconnects that peer
 alone. A request that must wait (a lock held, an event not set, an empty
 queue) is answered when it can be served, or with ``status="timeout"`` once
@@ -27,70 +28,20 @@ Runs on the scheduler's loop thread, like every server op.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections import deque
 from typing import Any
 
+from hpcsched.core.protocol import primitives as pp
 from hpcsched.core.protocol.calls import error_reply
-from hpcsched.core.protocol.messages import ControlReply, Primitive
+from hpcsched.core.protocol.dispatch import Handlers
+from hpcsched.core.protocol.messages import ControlReply
 from hpcsched.core.state import events as ev
 
-ACTIONS = {
-    "lock": ("acquire", "release", "locked"),
-    "semaphore": ("acquire", "release", "value"),
-    "event": ("set", "clear", "wait", "is-set"),
-    "variable": ("set", "get", "delete"),
-    "queue": ("put", "get", "qsize"),
-    "multilock": ("acquire", "release"),
-    "dataset": ("publish", "get", "list", "unpublish"),
-}
-MAX_NAME = 1024  # characters of a name or lease id
-MAX_VALUE = 256 * 2**20  # bytes of one stored value
-MAX_KEYS = 100_000  # futures inside one value
-MAX_NAMES = 10_000  # names of one multi-lock
-MAX_LEASES = 2**31
 
-
-def _name(msg: Primitive, field: str = "name") -> str:
-    value = getattr(msg, field)
-    if not isinstance(value, str) or not value or len(value) > MAX_NAME:
-        raise ev.MalformedMessage(f"primitive: {field} must be a string of 1 to {MAX_NAME} "
-                                  f"characters")
-    return value
-
-
-def _int(msg: Primitive, field: str, low: int, high: int = MAX_LEASES) -> int:
-    value = getattr(msg, field)
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ev.MalformedMessage(f"primitive: {field} must be an integer in [{low}, {high}]")
-    return value
-
-
-def _timeout(msg: Primitive) -> float | None:
-    value = msg.timeout
-    if value is None:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value) \
-            or value < 0:
-        raise ev.MalformedMessage("primitive: timeout must be None or a number >= 0")
-    return float(value)
-
-
-def _key_ok(key: Any) -> bool:
-    if isinstance(key, tuple):
-        return all(_key_ok(k) for k in key)
-    return isinstance(key, (str, bytes, int, float)) and not isinstance(key, bool)
-
-
-def _value(msg: Primitive) -> dict:
-    """A stored value: ``{"blob": bytes, "keys": [future keys inside]}``."""
-    blob, keys = msg.blob, [] if msg.keys is None else msg.keys
-    if not isinstance(blob, bytes) or len(blob) > MAX_VALUE:
-        raise ev.MalformedMessage(f"primitive: blob must be bytes of at most {MAX_VALUE}")
-    if not isinstance(keys, list) or len(keys) > MAX_KEYS or not all(map(_key_ok, keys)):
-        raise ev.MalformedMessage("primitive: keys must be a list of task keys")
-    return {"blob": blob, "keys": keys}
+def _stored(msg: pp.VariableSet | pp.QueuePut | pp.DatasetPublish) -> dict:
+    """A value to store: ``{"blob": bytes, "keys": [future keys inside]}``."""
+    return {"blob": msg.blob, "keys": list(msg.keys)}
 
 
 class Waiter:
@@ -104,8 +55,10 @@ class Waiter:
 
 
 class Primitives:
-    """The scheduler's side; ``handle`` is its one entry point, ``tick`` expires waits and
-    ``peer_left`` ends what a departed client held."""
+    """The scheduler's side: ``handle`` serves a request (one handler per record type),
+    ``tick`` expires waits and ``peer_left`` ends what a departed client held."""
+
+    handlers = Handlers("the scheduler's primitives")
 
     def __init__(self, scheduler: Any):
         self.scheduler = scheduler
@@ -119,6 +72,7 @@ class Primitives:
         self.datasets: dict[str, dict] = {}  # name -> stored value
         self._ids = itertools.count()
         self._next_deadline: float | None = None  # earliest deadline of a waiter, if any
+        self._table = self.handlers.bind(self)
 
     def _waiter(self, peer: str, rid: str, timeout: float | None, data: Any = None) -> Waiter:
         w = Waiter(peer, rid, timeout, data)
@@ -128,22 +82,10 @@ class Primitives:
         return w
 
     # ------------------------------------------------------------ dispatch
-    def handle(self, source: str, msg: Primitive) -> None:
-        """Serve the decoded ``primitive`` request ``msg`` of peer ``source``; its kind's
-        fields are checked here, before anything changes."""
-        rid = msg.request_id
-        if len(rid) > MAX_NAME:
-            raise ev.MalformedMessage("primitive: request_id must be a string")
-        kind, action = msg.kind, msg.action
-        if kind not in ACTIONS or action not in ACTIONS[kind]:
-            raise ev.MalformedMessage(f"primitive: unknown kind/action {kind!r}/{action!r}")
-        name = _name(msg) if (kind, action) != ("dataset", "list") else ""
-        if kind == "multilock" and action == "acquire":
-            names = msg.names
-            if not isinstance(names, list) or not 0 < len(names) <= MAX_NAMES or \
-                    not all(isinstance(n, str) and 0 < len(n) <= MAX_NAME for n in names):
-                raise ev.MalformedMessage("primitive: names must be a list of lock names")
-        getattr(self, f"_{kind}")(source, rid, action, name, msg)
+    def handle(self, source: str, msg: Any) -> None:
+        """Serve request ``msg`` (a record of :mod:`hpcsched.core.protocol.primitives`,
+        decoded: its fields checked) of peer ``source``."""
+        self._table[type(msg)](source, msg)
 
     def reply(self, to: str, rid: str, **fields: Any) -> None:
         """Answer request ``rid`` of peer ``to`` with a ``control-reply`` (``status`` OK unless
@@ -183,29 +125,35 @@ class Primitives:
                              "(released or cancelled)")
 
     # ------------------------------------------------------------ lock, semaphore
-    def _lock(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        self._semaphore(peer, rid, action, name, msg, kind="lock")
+    @handlers.on(pp.LockAcquire)
+    def _lock_acquire(self, peer: str, msg: pp.LockAcquire) -> None:
+        self._acquire(self.semaphores["lock"], peer, msg, 1)
 
-    def _semaphore(self, peer: str, rid: str, action: str, name: str, msg: Primitive,
-                   kind: str = "semaphore") -> None:
-        table = self.semaphores[kind]
-        if action in ("locked", "value"):
-            sem = table.get(name)
-            n = len(sem["leases"]) if sem else 0
-            self.reply(peer, rid, result=n > 0 if action == "locked" else n)
-            return
-        lease = _name(msg, "lease")
-        if action == "release":
-            sem = table.get(name)
-            if sem is None or sem["leases"].get(lease) != peer:
-                self.reply(peer, rid, result=False)
-                return
-            del sem["leases"][lease]
-            self.reply(peer, rid, result=True)
-            self._grant(table, name)
-            return
-        timeout = _timeout(msg)
-        max_leases = _int(msg, "max_leases", 1) if kind == "semaphore" else 1
+    @handlers.on(pp.SemaphoreAcquire)
+    def _semaphore_acquire(self, peer: str, msg: pp.SemaphoreAcquire) -> None:
+        self._acquire(self.semaphores["semaphore"], peer, msg, msg.max_leases)
+
+    @handlers.on(pp.LockRelease)
+    def _lock_release(self, peer: str, msg: pp.LockRelease) -> None:
+        self._release(self.semaphores["lock"], peer, msg)
+
+    @handlers.on(pp.SemaphoreRelease)
+    def _semaphore_release(self, peer: str, msg: pp.SemaphoreRelease) -> None:
+        self._release(self.semaphores["semaphore"], peer, msg)
+
+    @handlers.on(pp.LockLocked)
+    def _lock_locked(self, peer: str, msg: pp.LockLocked) -> None:
+        sem = self.semaphores["lock"].get(msg.name)
+        self.reply(peer, msg.request_id, result=bool(sem and sem["leases"]))
+
+    @handlers.on(pp.SemaphoreValue)
+    def _semaphore_value(self, peer: str, msg: pp.SemaphoreValue) -> None:
+        sem = self.semaphores["semaphore"].get(msg.name)
+        self.reply(peer, msg.request_id, result=len(sem["leases"]) if sem else 0)
+
+    def _acquire(self, table: dict, peer: str, msg: pp.LockAcquire | pp.SemaphoreAcquire,
+                 max_leases: int) -> None:
+        name, rid, lease = msg.name, msg.request_id, msg.lease
         sem = table.get(name)
         if sem is None:
             sem = table[name] = {"max": max_leases, "leases": {}, "waiters": deque()}
@@ -215,14 +163,24 @@ class Primitives:
                 f"semaphore {name!r}"))
             return
         if lease in sem["leases"]:
-            raise ev.MalformedMessage(f"primitive: lease {lease!r} is already held")
+            raise ev.MalformedMessage(f"{type(msg).__name__}: lease {lease!r} is already held")
         if len(sem["leases"]) < sem["max"] and not sem["waiters"]:
             sem["leases"][lease] = peer
             self.reply(peer, rid, result=True)
-        elif timeout == 0:
+        elif msg.timeout == 0:
             self.reply(peer, rid, result=False)
         else:
-            sem["waiters"].append(self._waiter(peer, rid, timeout, lease))
+            sem["waiters"].append(self._waiter(peer, rid, msg.timeout, lease))
+
+    def _release(self, table: dict, peer: str, msg: pp.LockRelease | pp.SemaphoreRelease
+                 ) -> None:
+        sem = table.get(msg.name)
+        if sem is None or sem["leases"].get(msg.lease) != peer:
+            self.reply(peer, msg.request_id, result=False)
+            return
+        del sem["leases"][msg.lease]
+        self.reply(peer, msg.request_id, result=True)
+        self._grant(table, msg.name)
 
     def _grant(self, table: dict, name: str) -> None:
         sem = table[name]
@@ -234,112 +192,126 @@ class Primitives:
             del table[name]
 
     # ------------------------------------------------------------ event
-    def _event(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        e = self.events.get(name)
-        if action == "is-set":
-            self.reply(peer, rid, result=bool(e and e["set"]))
-        elif action == "set":
-            e = self.events.setdefault(name, {"set": False, "waiters": []})
-            e["set"] = True
-            for w in e["waiters"]:
-                self.reply(w.peer, w.rid, result=True)
-            e["waiters"] = []
-            self.reply(peer, rid, result=None)
-        elif action == "clear":
-            if e is not None:
-                e["set"] = False
-                if not e["waiters"]:
-                    del self.events[name]
-            self.reply(peer, rid, result=None)
+    @handlers.on(pp.EventIsSet)
+    def _event_is_set(self, peer: str, msg: pp.EventIsSet) -> None:
+        e = self.events.get(msg.name)
+        self.reply(peer, msg.request_id, result=bool(e and e["set"]))
+
+    @handlers.on(pp.EventSet)
+    def _event_set(self, peer: str, msg: pp.EventSet) -> None:
+        e = self.events.setdefault(msg.name, {"set": False, "waiters": []})
+        e["set"] = True
+        for w in e["waiters"]:
+            self.reply(w.peer, w.rid, result=True)
+        e["waiters"] = []
+        self.reply(peer, msg.request_id, result=None)
+
+    @handlers.on(pp.EventClear)
+    def _event_clear(self, peer: str, msg: pp.EventClear) -> None:
+        e = self.events.get(msg.name)
+        if e is not None:
+            e["set"] = False
+            if not e["waiters"]:
+                del self.events[msg.name]
+        self.reply(peer, msg.request_id, result=None)
+
+    @handlers.on(pp.EventWait)
+    def _event_wait(self, peer: str, msg: pp.EventWait) -> None:
+        e = self.events.get(msg.name)
+        if e is not None and e["set"]:
+            self.reply(peer, msg.request_id, result=True)
+        elif msg.timeout == 0:
+            self.reply(peer, msg.request_id, result=False)
         else:
-            timeout = _timeout(msg)
-            if e is not None and e["set"]:
-                self.reply(peer, rid, result=True)
-            elif timeout == 0:
-                self.reply(peer, rid, result=False)
-            else:
-                e = self.events.setdefault(name, {"set": False, "waiters": []})
-                e["waiters"].append(self._waiter(peer, rid, timeout))
+            e = self.events.setdefault(msg.name, {"set": False, "waiters": []})
+            e["waiters"].append(self._waiter(peer, msg.request_id, msg.timeout))
 
     # ------------------------------------------------------------ variable
-    def _variable(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        var = self.variables.get(name)
-        if action == "set":
-            stored = _value(msg)
-            try:
-                self._check_keys(stored)
-            except ValueError as e:
-                self._error(peer, rid, e)
-                return
-            var = self.variables.setdefault(name, {"value": None, "waiters": []})
-            self._hold(stored, "variable", name)
-            old, var["value"] = var["value"], stored
-            for w in var["waiters"]:
-                self._give(w.peer, w.rid, stored)
-            var["waiters"] = []
-            self.reply(peer, rid, result=None)
-            self._drop(old)
-        elif action == "delete":
-            if var is not None:
-                self._drop(var["value"])
-                var["value"] = None
-                if not var["waiters"]:
-                    del self.variables[name]
-            self.reply(peer, rid, result=None)
+    @handlers.on(pp.VariableSet)
+    def _variable_set(self, peer: str, msg: pp.VariableSet) -> None:
+        name, stored = msg.name, _stored(msg)
+        try:
+            self._check_keys(stored)
+        except ValueError as e:
+            self._error(peer, msg.request_id, e)
+            return
+        var = self.variables.setdefault(name, {"value": None, "waiters": []})
+        self._hold(stored, "variable", name)
+        old, var["value"] = var["value"], stored
+        for w in var["waiters"]:
+            self._give(w.peer, w.rid, stored)
+        var["waiters"] = []
+        self.reply(peer, msg.request_id, result=None)
+        self._drop(old)
+
+    @handlers.on(pp.VariableDelete)
+    def _variable_delete(self, peer: str, msg: pp.VariableDelete) -> None:
+        var = self.variables.get(msg.name)
+        if var is not None:
+            self._drop(var["value"])
+            var["value"] = None
+            if not var["waiters"]:
+                del self.variables[msg.name]
+        self.reply(peer, msg.request_id, result=None)
+
+    @handlers.on(pp.VariableGet)
+    def _variable_get(self, peer: str, msg: pp.VariableGet) -> None:
+        var = self.variables.get(msg.name)
+        if var is not None and var["value"] is not None:
+            self._give(peer, msg.request_id, var["value"])
+        elif msg.timeout == 0:
+            self.reply(peer, msg.request_id, status="timeout")
         else:
-            timeout = _timeout(msg)
-            if var is not None and var["value"] is not None:
-                self._give(peer, rid, var["value"])
-            elif timeout == 0:
-                self.reply(peer, rid, status="timeout")
-            else:
-                var = self.variables.setdefault(name, {"value": None, "waiters": []})
-                var["waiters"].append(self._waiter(peer, rid, timeout))
+            var = self.variables.setdefault(msg.name, {"value": None, "waiters": []})
+            var["waiters"].append(self._waiter(peer, msg.request_id, msg.timeout))
 
     # ------------------------------------------------------------ queue
-    def _queue(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        maxsize = _int(msg, "maxsize", 0)
-        timeout = _timeout(msg)
-        stored = _value(msg) if action == "put" else None
-        batch = False if msg.batch is None else msg.batch
-        if not (batch is True or batch is False or
-                (isinstance(batch, int) and 0 < batch <= MAX_KEYS)):
-            raise ev.MalformedMessage("primitive: batch must be a bool or a positive int")
-        q = self.queues.get(name)
+    def _queue(self, msg: pp.QueuePut | pp.QueueGet | pp.QueueSize) -> dict:
+        """The queue ``msg`` names, made with the request's ``maxsize`` if new."""
+        q = self.queues.get(msg.name)
         if q is None:
-            q = self.queues[name] = {"maxsize": maxsize, "items": deque(),
-                                     "getters": deque(), "putters": deque()}
-        if action == "qsize":
-            self.reply(peer, rid, result=len(q["items"]))
+            q = self.queues[msg.name] = {"maxsize": msg.maxsize, "items": deque(),
+                                         "getters": deque(), "putters": deque()}
+        return q
+
+    @handlers.on(pp.QueueSize)
+    def _queue_qsize(self, peer: str, msg: pp.QueueSize) -> None:
+        self.reply(peer, msg.request_id, result=len(self._queue(msg)["items"]))
+
+    @handlers.on(pp.QueuePut)
+    def _queue_put(self, peer: str, msg: pp.QueuePut) -> None:
+        q, rid, stored = self._queue(msg), msg.request_id, _stored(msg)
+        try:
+            self._check_keys(stored)
+        except ValueError as e:
+            self._error(peer, rid, e)
             return
-        if stored is not None:
-            try:
-                self._check_keys(stored)
-            except ValueError as e:
-                self._error(peer, rid, e)
-                return
-            self._hold(stored, "queue", name)
-            if q["maxsize"] and len(q["items"]) >= q["maxsize"]:
-                if timeout == 0:
-                    self._drop(stored)
-                    self.reply(peer, rid, status="timeout")
-                else:
-                    q["putters"].append(self._waiter(peer, rid, timeout, stored))
-                return
-            q["items"].append(stored)
-            self.reply(peer, rid, result=None)
-        else:
-            if batch is True:
-                items = list(q["items"])
-                q["items"].clear()
-                self._give_items(peer, rid, items)
-            elif q["getters"] or len(q["items"]) < (batch or 1):
-                if timeout == 0:
-                    self.reply(peer, rid, status="timeout")
-                else:
-                    q["getters"].append(self._waiter(peer, rid, timeout, batch or 0))
+        self._hold(stored, "queue", msg.name)
+        if q["maxsize"] and len(q["items"]) >= q["maxsize"]:
+            if msg.timeout == 0:
+                self._drop(stored)
+                self.reply(peer, rid, status="timeout")
             else:
-                self._serve_getter(q, peer, rid, batch)
+                q["putters"].append(self._waiter(peer, rid, msg.timeout, stored))
+            return
+        q["items"].append(stored)
+        self.reply(peer, rid, result=None)
+        self._pump(q)
+
+    @handlers.on(pp.QueueGet)
+    def _queue_get(self, peer: str, msg: pp.QueueGet) -> None:
+        q, rid, batch = self._queue(msg), msg.request_id, msg.batch
+        if batch is True:
+            items = list(q["items"])
+            q["items"].clear()
+            self._give_items(peer, rid, items)
+        elif q["getters"] or len(q["items"]) < (batch or 1):
+            if msg.timeout == 0:
+                self.reply(peer, rid, status="timeout")
+            else:
+                q["getters"].append(self._waiter(peer, rid, msg.timeout, batch or 0))
+        else:
+            self._serve_getter(q, peer, rid, batch)
         self._pump(q)
 
     def _serve_getter(self, q: dict, peer: str, rid: str, batch: int) -> None:
@@ -372,33 +344,37 @@ class Primitives:
                 return
 
     # ------------------------------------------------------------ multi-lock
-    def _multilock(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        """``name`` is the id of one MultiLock's acquisition; it waits in the queue of each
-        of its lock names and holds those where it is first."""
-        if action == "release":
-            req = self.multi_requests.get(name)
-            if req is None or req["peer"] != peer:
-                self.reply(peer, rid, result=False)
-                return
-            self._multi_remove(name)
-            self.reply(peer, rid, result=True)
+    @handlers.on(pp.MultiLockRelease)
+    def _multilock_release(self, peer: str, msg: pp.MultiLockRelease) -> None:
+        req = self.multi_requests.get(msg.name)
+        if req is None or req["peer"] != peer:
+            self.reply(peer, msg.request_id, result=False)
             return
-        if name in self.multi_requests:
-            raise ev.MalformedMessage(f"primitive: multi-lock id {name!r} already in use")
+        self._multi_remove(msg.name)
+        self.reply(peer, msg.request_id, result=True)
+
+    @handlers.on(pp.MultiLockAcquire)
+    def _multilock_acquire(self, peer: str, msg: pp.MultiLockAcquire) -> None:
+        """``msg.name`` is the id of one MultiLock's acquisition; it waits in the queue of
+        each of its lock names and holds those where it is first."""
+        lock_id, rid = msg.name, msg.request_id
+        if lock_id in self.multi_requests:
+            raise ev.MalformedMessage(f"MultiLockAcquire: id {lock_id!r} already in use")
         names = sorted(set(msg.names))
-        n = msg.num_locks
-        n = len(names) if n is None else _int(msg, "num_locks", 1, len(names))
-        timeout = _timeout(msg)
-        self.multi_requests[name] = {"names": names, "n": n, "peer": peer, "waiter": None}
+        n = len(names) if msg.num_locks is None else msg.num_locks
+        if n > len(names):
+            raise ev.MalformedMessage(f"MultiLockAcquire: num_locks must be at most "
+                                      f"{len(names)}, the number of names")
+        self.multi_requests[lock_id] = {"names": names, "n": n, "peer": peer, "waiter": None}
         for lock in names:
-            self.multilocks.setdefault(lock, []).append(name)
-        if self._multi_granted(name):
+            self.multilocks.setdefault(lock, []).append(lock_id)
+        if self._multi_granted(lock_id):
             self.reply(peer, rid, result=True)
-        elif timeout == 0:
-            self._multi_remove(name)
+        elif msg.timeout == 0:
+            self._multi_remove(lock_id)
             self.reply(peer, rid, result=False)
         else:
-            self.multi_requests[name]["waiter"] = self._waiter(peer, rid, timeout)
+            self.multi_requests[lock_id]["waiter"] = self._waiter(peer, rid, msg.timeout)
 
     def _multi_granted(self, lock_id: str) -> bool:
         req = self.multi_requests[lock_id]
@@ -427,31 +403,37 @@ class Primitives:
                 self.reply(w.peer, w.rid, result=True)
 
     # ------------------------------------------------------------ datasets
-    def _dataset(self, peer: str, rid: str, action: str, name: str, msg: Primitive) -> None:
-        if action == "list":
-            self.reply(peer, rid, result=sorted(self.datasets))
-        elif action == "get":
-            if name in self.datasets:
-                self._give(peer, rid, self.datasets[name])
-            else:
-                self._error(peer, rid, KeyError(f"Dataset '{name}' not found"))
-        elif action == "unpublish":
-            self._drop(self.datasets.pop(name, None))
-            self.reply(peer, rid, result=None)
+    @handlers.on(pp.DatasetList)
+    def _dataset_list(self, peer: str, msg: pp.DatasetList) -> None:
+        self.reply(peer, msg.request_id, result=sorted(self.datasets))
+
+    @handlers.on(pp.DatasetGet)
+    def _dataset_get(self, peer: str, msg: pp.DatasetGet) -> None:
+        if msg.name in self.datasets:
+            self._give(peer, msg.request_id, self.datasets[msg.name])
         else:
-            stored = _value(msg)
-            if name in self.datasets and not msg.override:
-                self._error(peer, rid, KeyError(f"Dataset {name} already exists"))
-                return
-            try:
-                self._check_keys(stored)
-            except ValueError as e:
-                self._error(peer, rid, e)
-                return
-            self._hold(stored, "dataset", name)
-            old, self.datasets[name] = self.datasets.get(name), stored
-            self.reply(peer, rid, result=None)
-            self._drop(old)
+            self._error(peer, msg.request_id, KeyError(f"Dataset '{msg.name}' not found"))
+
+    @handlers.on(pp.DatasetUnpublish)
+    def _dataset_unpublish(self, peer: str, msg: pp.DatasetUnpublish) -> None:
+        self._drop(self.datasets.pop(msg.name, None))
+        self.reply(peer, msg.request_id, result=None)
+
+    @handlers.on(pp.DatasetPublish)
+    def _dataset_publish(self, peer: str, msg: pp.DatasetPublish) -> None:
+        name, rid, stored = msg.name, msg.request_id, _stored(msg)
+        if name in self.datasets and not msg.override:
+            self._error(peer, rid, KeyError(f"Dataset {name} already exists"))
+            return
+        try:
+            self._check_keys(stored)
+        except ValueError as e:
+            self._error(peer, rid, e)
+            return
+        self._hold(stored, "dataset", name)
+        old, self.datasets[name] = self.datasets.get(name), stored
+        self.reply(peer, rid, result=None)
+        self._drop(old)
 
     # ------------------------------------------------------------ time and peers
     def _waiter_lists(self) -> list:

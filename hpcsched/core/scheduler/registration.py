@@ -3,8 +3,8 @@
 messages reach the scheduler's loop.
 
 A peer whose first message is not a registration, or whose registration is
-malformed or names a worker already registered, is told why (``register-error``)
-where it can be, and dropped; the scheduler never handles its messages.
+malformed or names a worker already registered, is told why (``register-error``),
+and dropped; the scheduler never handles its messages.
 """
 
 from __future__ import annotations
@@ -14,17 +14,25 @@ from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Comm, CommClosedError
-from hpcsched.core.protocol.messages import RegisterError, RegisterWorker, encode
+from hpcsched.core.protocol.messages import (
+    INTRODUCTION,
+    MalformedMessage,
+    RegisterClient,
+    RegisterError,
+    RegisterWorker,
+    decode,
+    encode,
+)
 from hpcsched.core.state import events as ev
 
 logger = logging.getLogger("hpcsched.scheduler")
 
 
-def read_introduction(comm: Comm) -> tuple[str, str, Comm, dict] | None:
-    """``("client" | "worker", peer id, comm, message)``, or None (the comm is closed).
+def read_introduction(comm: Comm) -> tuple[str, Comm, RegisterWorker | RegisterClient] | None:
+    """``(peer id, comm, introduction)``, or None (the peer was refused, its comm closed).
 
-    Only what names the peer is read here; the scheduler's loop decodes the whole
-    introduction (every field checked) before it accepts the peer."""
+    The introduction is decoded here (every field checked), on the backend's thread; the
+    scheduler's loop then accepts the peer, or refuses a worker whose name is taken."""
     try:
         first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
     except (CommClosedError, TimeoutError, OSError) as e:
@@ -32,29 +40,27 @@ def read_introduction(comm: Comm) -> tuple[str, str, Comm, dict] | None:
         comm.close()
         return None
     msg = first[0] if isinstance(first, list) and first else first
-    if not isinstance(msg, dict) or msg.get("op") not in ("register-worker", "register-client"):
-        logger.warning("dropping peer %s: first message is not a registration (%r)",
-                       comm.peer_address, short(first))
-        comm.close()
+    try:
+        intro = decode(INTRODUCTION, msg)
+    except MalformedMessage as e:
+        refuse(comm, comm.peer_address, f"malformed registration: {e}")
         return None
-    if msg["op"] == "register-client":
-        cid = msg.get("client")
-        if not isinstance(cid, str) or not cid:
-            logger.warning("dropping peer %s: bad client id", comm.peer_address)
+    if isinstance(intro, RegisterClient):
+        if not intro.client:
+            logger.warning("dropping peer %s: empty client id", comm.peer_address)
             comm.close()
             return None
-        return ("client", cid, comm, msg)
-    address = msg.get("address")
-    if not isinstance(address, str) or "://" not in address:
-        logger.warning("dropping worker %s: bad address %r", comm.peer_address, address)
+        return (intro.client, comm, intro)
+    if "://" not in intro.address:
+        logger.warning("dropping worker %s: bad address %r", comm.peer_address, intro.address)
         comm.close()
         return None
-    return ("worker", address, comm, msg)
+    return (intro.address, comm, intro)
 
 
 def refuse(comm: Comm, peer: str, message: str) -> None:
-    """Tell a worker why it may not join, then close its comm."""
-    logger.warning("refusing worker %s: %s", peer, message)
+    """Tell a peer why it may not join, then close its comm."""
+    logger.warning("refusing peer %s: %s", peer, message)
     try:
         comm.send([encode(RegisterError(message))])
     except (CommClosedError, OSError):

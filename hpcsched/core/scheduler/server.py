@@ -1,12 +1,12 @@
 """The scheduler server: runs :class:`SchedulerState` over any transport.
 
 Peers connect and introduce themselves with one message, ``register-worker``
-or ``register-client``; after that their transport delivers their messages to the
+or ``register-client`` (:mod:`.registration`); after that their transport delivers their messages to the
 :class:`~hpcsched.core.comm.loop.Loop` (``Comm.deliver_to``), which turns op dicts into events, hands them
 to the state machine and sends the resulting messages batched per peer.
 
-A few ops are served here rather than by the state machine because they move
-data or answer questions: ``gather`` (:mod:`.gather`), ``scatter``,
+A few requests are served here rather than by the state machine because they move
+data or answer questions (:mod:`.ops`): ``gather`` (:mod:`.gather`),
 ``scheduler-info``, ``retire-workers``, cluster control
 (:mod:`.control`), coordination primitives (:mod:`.primitives`) and
 extensions (:mod:`.extensions`).
@@ -18,8 +18,10 @@ hooks are called with each logged transition after the event is handled.
 Every inbound message takes one path: it is decoded into its protocol record
 by its sender's direction (:data:`~hpcsched.core.protocol.messages.WORKER_TO_SCHEDULER`
 or :data:`~hpcsched.core.protocol.messages.CLIENT_TO_SCHEDULER`), which checks every
-field, then handed to the handler :data:`Scheduler.OPS` names for its op: the
-state machine, or an op this server answers itself. Each message is handled
+field and gives a state machine's event its sender, ``now`` and ``stimulus_id``
+(:func:`~hpcsched.core.protocol.wire.receive`), then handed to the handler
+:attr:`Scheduler.handlers` has for its type: the state machine, or a request this
+server answers itself. Each message is handled
 on its own: a peer whose message is malformed, or makes a handler fail, is
 sent one error message, logged and dropped; the other messages of the batch,
 everyone else's, are served on. The state machine's commands carry records
@@ -50,7 +52,7 @@ from hpcsched.core.scheduler.extensions import close_extensions, start_extension
 from hpcsched.core.scheduler.gather import Gathers
 from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
-from hpcsched.core.scheduler.registration import add_worker_event, read_introduction, refuse, short
+from hpcsched.core.scheduler.registration import add_worker_event, read_introduction, refuse
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.maintenance import resolve_workers
 from hpcsched.core.state.scheduler_state import SchedulerState
@@ -62,14 +64,12 @@ LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
 ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
 
 
-def _contextual(table: pr.Direction) -> frozenset[str]:
-    """The ops of ``table`` whose records take the sender, ``now`` and a stimulus id."""
-    return frozenset(op for op, cls in table.items()
-                     if "now" in pr.spec(cls).context_names)
-
-
-_WORKER_CONTEXT = _contextual(pr.WORKER_TO_SCHEDULER)
-_CLIENT_CONTEXT = _contextual(pr.CLIENT_TO_SCHEDULER)
+#: the records that are the state machine's events, as they arrive
+STATE_EVENTS = (
+    pr.TaskStarted, pr.TaskFinished, pr.TaskErred, pr.MissingData, pr.LongRunning,
+    pr.ResultErred, pr.AddKeys, pr.ReleaseWorkerData, pr.StealResponse, pr.Heartbeat,
+    pr.WorkerStatusChange, pr.UpdateGraph, pr.ClientDesiresKeys, pr.ClientReleasesKeys,
+    pr.CancelKeys, pr.RetryKeys, pr.ScatterData)
 
 
 def _wire(msgs: list) -> list:
@@ -159,6 +159,7 @@ class Scheduler:
         self.control = ClusterControl(self)
         # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (core/primitives.py)
         self.primitives = Primitives(self)
+        self._table = self.handlers.bind(self)
 
     # ================================================================ lifecycle
     def start(self) -> Scheduler:
@@ -231,11 +232,11 @@ class Scheduler:
         if intro is not None:
             self.loop.put((None, intro))
 
-    def _register(self, kind: str, peer: str, comm: Comm, msg: Any) -> None:
-        """Accept a peer whose introduction ``msg`` (a decoded ``RegisterClient`` or
-        ``RegisterWorker``) passed its checks."""
+    def _register(self, peer: str, comm: Comm, msg: pr.RegisterClient | pr.RegisterWorker
+                  ) -> None:
+        """Accept a peer whose introduction ``msg`` passed its checks."""
         now = time.time()
-        if kind == "client":
+        if isinstance(msg, pr.RegisterClient):
             self._comms[peer] = comm
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
@@ -305,16 +306,8 @@ class Scheduler:
         now = time.time()
         for source, payload in items:
             try:
-                if source is None:
-                    kind, peer, comm, msg = payload
-                    table = pr.WORKER_TO_SCHEDULER if kind == "worker" \
-                        else pr.CLIENT_TO_SCHEDULER
-                    try:
-                        record = pr.decode(table, msg)
-                    except pr.MalformedMessage as e:
-                        refuse(comm, peer, f"malformed registration: {e}")
-                        continue
-                    self._register(kind, peer, comm, record)
+                if source is None:  # a newcomer's introduction, decoded
+                    self._register(*payload)
                 elif payload is CLOSED:
                     self._disconnect(source, "connection closed")
                 elif source in self._comms:  # else a late message from a peer we dropped
@@ -323,35 +316,33 @@ class Scheduler:
                 logger.exception("error while handling a message from %s", source)
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
+        receive, table, stimulus = pr.receive, self._table, self._stimulus
         if source in self._worker_peers:
-            table, contextual, sender = pr.WORKER_TO_SCHEDULER, _WORKER_CONTEXT, "worker"
+            direction, context = pr.WORKER_TO_SCHEDULER, {"worker": source, "now": now}
         else:
-            table, contextual, sender = pr.CLIENT_TO_SCHEDULER, _CLIENT_CONTEXT, "client"
-        ops = self.OPS
+            direction, context = pr.CLIENT_TO_SCHEDULER, {"client": source, "now": now}
         for msg in payload if isinstance(payload, list) else [payload]:
+            record = None
             try:
-                op = msg.get("op") if msg.__class__ is dict else None
-                if op.__class__ is str and op in contextual:
-                    record = pr.decode(table, msg, **{sender: source}, now=now,
-                                       stimulus_id=self._stimulus(op))
-                else:  # a server op without context, or a malformed message
-                    record = pr.decode(table, msg)
-                handler = ops.get(record.op)
-                if handler is None:
-                    raise pr.MalformedMessage(f"op {record.op!r} is a peer's first message only")
-                handler(self, source, record)
+                record = receive(direction, msg, stimulus, **context)
+                try:
+                    handler = table[type(record)]
+                except KeyError:  # an introduction: a peer's first message only
+                    raise pr.MalformedMessage(f"{type(record).__name__} is a peer's first "
+                                              "message only") from None
+                handler(source, record)
             except Exception as e:
-                self._reject(source, msg, e)
+                self._reject(source, record, e)
                 return  # the peer is gone: the rest of its batch goes with it
 
-    def _reject(self, peer: str, msg: Any, error: Exception) -> None:
-        """Tell ``peer`` why its message was refused, then disconnect it."""
-        op = msg.get("op") if isinstance(msg, dict) else None
+    def _reject(self, peer: str, record: Any, error: Exception) -> None:
+        """Tell ``peer`` why its message (``record``, if it was decoded) was refused, then
+        disconnect it."""
         if isinstance(error, pr.MalformedMessage):
             reason = f"malformed message: {error}"
             logger.warning("dropping %s: %s", peer, reason)
         else:
-            reason = f"handling op {short(op)} failed: {type(error).__name__}: {error}"
+            reason = f"handling {type(record).__name__} failed: {type(error).__name__}: {error}"
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
         comm = self._comms.get(peer)
         if comm is not None:
@@ -428,23 +419,24 @@ class Scheduler:
                 self.loop.put((to, CLOSED))
                 logger.info("send to %s failed: %s", to, e)
 
-    # ================================================================ inbound ops
-    def _op_state(self, source: str, event: Any) -> None:
-        """An op the state machine handles: the decoded record is its event."""
+    # ================================================================ inbound records
+    #: record type -> handler(sender, record), for every record a registered worker or
+    #: client may send: the requests this server answers itself (:mod:`.ops`), the state
+    #: machine's events and closing
+    handlers = scheduler_ops.handlers
+
+    @handlers.on(*STATE_EVENTS)
+    def _state_event(self, source: str, event: Any) -> None:
+        """A record the state machine handles: the decoded record is its event."""
         if source in self._worker_peers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
         self._route(self.state.handle(event))
 
-    def _op_close_client(self, source: str, msg: pr.CloseClient) -> None:
+    @handlers.on(pr.CloseClient)
+    def _close_client(self, source: str, msg: pr.CloseClient) -> None:
         self._queue(source, pr.CloseClientReply())
         self._flush()
         self._disconnect(source, "client closed")
-
-    #: op -> handler(scheduler, sender, record), for every op a worker or a client may send
-    #: once registered: the state machine's events (:data:`events.SCHEDULER_OPS`), closing,
-    #: and the requests this server answers itself (:mod:`.ops`)
-    OPS: dict[str, Any] = {**dict.fromkeys(ev.SCHEDULER_OPS, _op_state), "scatter": _op_state,
-                           "close-client": _op_close_client, **scheduler_ops.OPS}
 
     # ================================================================ in-process API
     def identity(self) -> dict:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     PluginAdd,
     PluginRemove,
@@ -49,15 +50,16 @@ from hpcsched.core.worker.plugins import WorkerPlugin
 
 logger = logging.getLogger("hpcsched.worker")
 
-#: the scheduler's requests this module serves (the worker's ``op -> handler`` table
-#: sends them to :meth:`WorkerControl.handle`)
+#: the scheduler's requests this module serves (the worker's table of handlers sends the
+#: types of :attr:`WorkerControl.handlers` to :meth:`WorkerControl.handle`)
 Request = RunOnWorker | UploadFile | PluginAdd | PluginRemove | PluginsReset
-OPS: tuple[str, ...] = ("run", "upload-file", "plugin-add", "plugin-remove", "plugins-reset")
 
 
 class WorkerControl:
     """``handle(request)`` on the loop thread; ``send(reply)`` queues a ``RunReply`` to the
     scheduler from any thread."""
+
+    handlers = Handlers("worker control")
 
     def __init__(self, worker: Any, send: Callable[[RunReply], None]):
         self.worker = worker
@@ -68,6 +70,7 @@ class WorkerControl:
         # the plugins with a transition hook, each with whether it takes stimulus_id= (read
         # on the loop)
         self._watching: tuple[tuple[Any, bool], ...] = ()
+        self._table = self.handlers.bind(self)
 
     def cleanup(self) -> None:
         """Tear the plugins down and remove the temporary directory made for uploads (the
@@ -82,19 +85,31 @@ class WorkerControl:
             shutil.rmtree(made, ignore_errors=True)
 
     def handle(self, request: Request) -> None:
-        """Carry out one of the scheduler's control requests: a file upload at once, a
-        plugin at once for a worker that just joined (before it runs any task), anything
-        else on a thread of its own."""
-        if isinstance(request, UploadFile):
-            self._upload(request)
-        elif isinstance(request, PluginAdd) and request.request_id == "replay":
+        """Carry out one of the scheduler's control requests (on the loop thread)."""
+        self._table[type(request)](request)
+
+    @handlers.on(UploadFile)
+    def _on_upload(self, request: UploadFile) -> None:
+        self._upload(request)  # at once: the tasks that follow may import it
+
+    @handlers.on(PluginAdd)
+    def _on_plugin_add(self, request: PluginAdd) -> None:
+        if request.request_id == "replay":  # a worker that just joined: before any task
             self._plugin(request)
         else:
-            target: Callable[[Any], None] = (
-                self._run if isinstance(request, RunOnWorker)
-                else self._reset if isinstance(request, PluginsReset) else self._plugin)
-            threading.Thread(target=target, args=(request,), daemon=True,
-                             name=f"hpcsched-{op_of(request)}").start()
+            _thread(self._plugin, request)
+
+    @handlers.on(PluginRemove)
+    def _on_plugin_remove(self, request: PluginRemove) -> None:
+        _thread(self._plugin, request)
+
+    @handlers.on(PluginsReset)
+    def _on_plugins_reset(self, request: PluginsReset) -> None:
+        _thread(self._reset, request)
+
+    @handlers.on(RunOnWorker)
+    def _on_run(self, request: RunOnWorker) -> None:
+        _thread(self._run, request)
 
     def _run(self, request: RunOnWorker) -> None:
         try:
@@ -124,7 +139,7 @@ class WorkerControl:
             self._watch()
             reply: dict[str, Any] = {"status": "OK", "result": dumps_object({"status": "OK"})}
         except Exception as e:  # noqa: BLE001 - the user's plugin: its error goes back
-            logger.warning("worker plugin %s: %s failed: %s", name, op_of(request), e)
+            logger.warning("worker plugin %s: %s failed: %s", name, type(request).__name__, e)
             reply = error_reply(e)
         self.send(RunReply(request.request_id, **reply))
 
@@ -190,7 +205,7 @@ class WorkerControl:
             name = check_filename(request.filename)
             data = request.data
             if not isinstance(data, bytes):
-                raise TypeError("upload-file: data must be bytes")
+                raise TypeError("UploadFile: data must be bytes")
             path = os.path.join(self.directory(), name)
             tmp = f"{path}.{os.getpid()}.part"
             with open(tmp, "wb") as f:
@@ -250,6 +265,8 @@ def has_transition(plugin: Any) -> bool:
     return callable(hook) and hook is not WorkerPlugin.transition
 
 
-def op_of(request: Any) -> str:
-    """The op of a protocol record (the class attribute its registration set)."""
-    return str(type(request).op)
+def _thread(target: Callable[[Any], None], request: Any) -> None:
+    """Carry ``request`` out on a thread of its own: a user's function or plugin may take
+    as long as it likes, and call back into the cluster."""
+    threading.Thread(target=target, args=(request,), daemon=True,
+                     name=f"hpcsched-{type(request).__name__}").start()

@@ -13,9 +13,10 @@ Threads of a worker:
   to peers (transfers themselves: :mod:`hpcsched.core.worker.peers`).
 
 Messages are the records of :mod:`hpcsched.core.protocol.messages`: each one the
-scheduler sends is decoded (``SCHEDULER_TO_WORKER``) and handed to its handler
-in one table, ``op -> handler`` (the state machine's events, ``update-data``,
-``get-data``, ``close``, and the control ops of
+scheduler sends is decoded (``SCHEDULER_TO_WORKER``; the state machine's events
+get ``now`` and a ``stimulus_id`` then) and handed to its handler in one table,
+record type -> handler, :attr:`Worker.handlers` (the state machine's events,
+``update-data``, ``get-data``, ``close``, and the control requests of
 :mod:`hpcsched.core.worker.control`); one that is not a known op with the
 right fields is logged and skipped. What the worker sends stays a record until
 the loop flushes its batch, where each is encoded once.
@@ -44,39 +45,47 @@ is left to spill.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 import os
 import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.comm.loop import CLOSED, Loop
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     SCHEDULER_TO_WORKER,
+    AcquireReplicas,
     Close,
+    ComputeTask,
+    FreeKeys,
     GetData,
     Heartbeat,
     MalformedMessage,
+    RefreshWhoHas,
     Registered,
+    RegisterError,
     RegisterWorker,
     RetireMe,
+    StealRequest,
     UpdateData,
     decode,
     encode,
-    spec,
+    receive,
 )
 from hpcsched.core.protocol.serialize import deserialize, sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.graph import key_split
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
-from hpcsched.core.worker.control import OPS as CONTROL_OPS
 from hpcsched.core.worker.control import WorkerControl
 from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
@@ -97,6 +106,10 @@ class Worker:
     """A worker process's server: connects to the scheduler at ``scheduler_address``,
     runs the tasks it is given and serves their results to its peers (see the module's
     documentation for the threads and the parameters' meaning)."""
+
+    #: record type -> handler(record) returning state-machine commands: every record the
+    #: scheduler sends
+    handlers = Handlers("worker")
 
     def __init__(
         self,
@@ -179,21 +192,11 @@ class Worker:
         self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
         # Client.run and upload_file; replies reach the scheduler through the loop
         self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
-        # The one table of what the scheduler sends: op -> (handler(record) returning
-        # state-machine commands, whether the record takes the receiver's now= and
-        # stimulus_id=). The scheduler sends no stimulus ids; each event decoded here is
-        # given one ("<op>-<n>") so that a state change, and the transition a worker
-        # plugin sees, can be traced to the message that caused it.
-        handlers: dict[str, Callable[[Any], Iterable]] = {
-            **dict.fromkeys(ev.WORKER_OPS, self._state_op),
-            **dict.fromkeys(CONTROL_OPS, self._control_op),
-            "update-data": self._update_data, "get-data": self._get_data,
-            "close": self._close_op, "registered": _nothing, "register-error": _nothing,
-        }
-        self._scheduler_ops: dict[str, tuple[Callable[[Any], Iterable], bool]] = {
-            op: (handler, "stimulus_id" in spec(SCHEDULER_TO_WORKER[op]).context_names)
-            for op, handler in handlers.items()}
-        self._stimuli = 0
+        self._table = self.handlers.bind(self)
+        # The scheduler sends no stimulus ids; each event decoded here is given one
+        # ("<op>-<n>") so that a state change, and the transition a worker plugin sees, can
+        # be traced to the message that caused it.
+        self._stimuli = itertools.count(1)
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
@@ -342,26 +345,17 @@ class Worker:
 
     def _from_scheduler(self, msgs: list, now: float) -> list:
         """The scheduler's messages, each decoded to its record and given to its handler
-        (``_scheduler_ops``); the commands they cause. A message that is not a known op
+        (:attr:`handlers`); the commands they cause. A message that is not a known op
         with the right fields is logged and skipped: the one error path."""
         out: list = []
-        ops = self._scheduler_ops
+        table, stimulus = self._table, self._stimulus
         for msg in msgs:
-            op = msg.get("op") if type(msg) is dict else None
-            entry = ops.get(op) if type(op) is str else None
             try:
-                if entry is None:
-                    decode(SCHEDULER_TO_WORKER, msg)  # raises, naming what is wrong
-                    raise MalformedMessage(f"op {op!r}: the worker has no handler for it")
-                handler, stamped = entry
-                record = decode(SCHEDULER_TO_WORKER, msg)
-                if stamped:
-                    # the context decode(..., now=, stimulus_id=) would fill, set here:
-                    # the same record, without decode's per-call checks of the context's
-                    # names (this is every task's path; ``stamped`` says the record has them)
-                    self._stimuli += 1
-                    record.now = now
-                    record.stimulus_id = f"{op}-{self._stimuli}"
+                record = receive(SCHEDULER_TO_WORKER, msg, stimulus, now=now)
+                handler = table.get(type(record))
+                if handler is None:
+                    raise MalformedMessage(f"{type(record).__name__}: the worker has no "
+                                           "handler for it")
             except MalformedMessage as e:
                 logger.error("worker %s ignores a message from the scheduler: %s",
                              self.address, e)
@@ -369,29 +363,43 @@ class Worker:
             out += handler(record)
         return out
 
-    # the scheduler's ops (see _scheduler_ops), on the loop
-    def _state_op(self, event: Any) -> list:
+    def _stimulus(self, op: str) -> str:
+        return f"{op}-{next(self._stimuli)}"
+
+    # the scheduler's records (see handlers), on the loop
+    @handlers.on(ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)
+    def _state_event(self, event: Any) -> list:
         assert self.state is not None
         return self.state.handle(event)
 
+    @handlers.on(UpdateData)
     def _update_data(self, record: UpdateData) -> list:
-        # the values travel serialized (each its own blob, so that one bad value errs alone)
+        # the values travel serialized (each its own blob, so that one bad value errs alone);
+        # the state machine's event holds them deserialized
         assert self.state is not None
-        record.data = {k: deserialize(v) for k, v in record.data.items()}
-        return self.state.handle(record)
+        return self.state.handle(dataclasses.replace(
+            record, data={k: deserialize(v) for k, v in record.data.items()}))
 
+    @handlers.on(GetData)
     def _get_data(self, request: GetData) -> tuple:
         self.peers.serve(None, request)
         return ()
 
-    def _close_op(self, request: Close) -> tuple:
+    @handlers.on(Close)
+    def _scheduler_closes(self, request: Close) -> tuple:
         self._close_asked = True  # _process carries out nothing from here on
         self.exit_code = int(request.exit_code or 0)
         threading.Thread(target=self.close, args=(request.reason,), daemon=True).start()
         return ()
 
-    def _control_op(self, request: Any) -> tuple:
+    @handlers.on(*WorkerControl.handlers.table)
+    def _control(self, request: Any) -> tuple:
         self.control.handle(request)
+        return ()
+
+    @handlers.on(Registered, RegisterError)
+    def _nothing(self, record: Any) -> tuple:
+        """What needs no action once the worker runs (its registration's answer)."""
         return ()
 
     def _handle_all(self, events: list) -> list:
@@ -557,7 +565,3 @@ class Worker:
                 break
         self._resume.pop(key, None)
 
-
-def _nothing(record: Any) -> tuple:
-    """The handler of ops that need no action once the worker runs (``registered``)."""
-    return ()
