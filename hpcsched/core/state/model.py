@@ -49,11 +49,6 @@ class LostData(RuntimeError):
     """Data that cannot be recomputed (scattered) was lost with its worker."""
 
 
-class InvalidTransition(AssertionError):
-    """A task was asked to go from one state to another the transition table does not allow:
-    a bug in the scheduler, never the peer's fault."""
-
-
 #: every (start, finish) a task may go through; ``forgotten`` is the task deleted
 ALLOWED_TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
     ("released", "waiting"), ("released", "memory"), ("released", "erred"),

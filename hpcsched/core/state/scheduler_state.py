@@ -45,17 +45,9 @@ from hpcsched.core.protocol.dispatch import Unhandled
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.clients import ClientRequests
 from hpcsched.core.state.maintenance import Maintenance
-from hpcsched.core.state.model import (  # noqa: F401 - re-exported
-    ALLOWED_TRANSITIONS,
-    FIRE_AND_FORGET,
-    InvalidTransition,
-    KilledWorker,
-    LostData,
+from hpcsched.core.state.model import (
+    KilledWorker,  # noqa: F401 - what clients see of it
     Outbox,
-    Rec,
-    Retirement,
-    Scatter,
-    TaskGroup,
     TaskState,
     WorkerInfo,
 )

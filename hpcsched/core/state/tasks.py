@@ -32,10 +32,10 @@ from typing import Any
 
 from hpcsched.core.protocol.messages import ComputeTask, FreeKeys, KeyInMemory, TaskErredReport
 from hpcsched.core.protocol.messages import LostData as LostDataReport
+from hpcsched.core.state.events import InvalidTransition
 from hpcsched.core.state.model import (
     ALLOWED_TRANSITIONS,
     FIRE_AND_FORGET,
-    InvalidTransition,
     LostData,
     Outbox,
     Rec,
