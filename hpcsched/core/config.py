@@ -33,19 +33,23 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpcsched.core.state.settings import SchedulerSettings
+
+_SCHEDULER = SchedulerSettings()
+
 DEFAULTS: dict[str, Any] = {
-    # scheduling policies
-    "scheduler.worker-saturation": 1.1,
-    "scheduler.rootish-factor": 2,  # TaskGroup larger than factor x cluster threads
-    "scheduler.rootish-max-deps": 5,  # ... with fewer than this many distinct dependencies
-    "scheduler.rootish-policy": "queue",  # queue | co-assign | mars (queue needs finite saturation)
-    # queued root-ish tasks a worker takes as one run (hpcsched.core.state.blocks); 1: off
-    "scheduler.queue-block-size": 4,
-    "scheduler.queue-block-bytes": "1 MiB",  # ... of results at most (the group's mean size)
-    "scheduler.allowed-failures": 3,  # workers a task may kill before it is marked erred
-    "scheduler.unknown-task-duration": 0.5,  # seconds, before anything is measured
-    "scheduler.default-bandwidth": 100e6,  # bytes/s, before anything is measured
-    "scheduler.work-stealing": True,
+    # scheduling policies: the defaults of the scheduler state's settings
+    # (hpcsched.core.state.settings, where each is described)
+    "scheduler.worker-saturation": _SCHEDULER.worker_saturation,
+    "scheduler.rootish-factor": _SCHEDULER.rootish_factor,
+    "scheduler.rootish-max-deps": _SCHEDULER.rootish_max_deps,
+    "scheduler.rootish-policy": _SCHEDULER.rootish_policy,
+    "scheduler.queue-block-size": _SCHEDULER.queue_block_size,
+    "scheduler.queue-block-bytes": _SCHEDULER.queue_block_bytes,  # or "1 MiB", "64 kB"
+    "scheduler.allowed-failures": _SCHEDULER.allowed_failures,
+    "scheduler.unknown-task-duration": _SCHEDULER.unknown_task_duration,
+    "scheduler.default-bandwidth": _SCHEDULER.bandwidth,
+    "scheduler.work-stealing": _SCHEDULER.work_stealing,
     "scheduler.work-stealing-interval": 0.1,  # seconds
     "scheduler.worker-ttl": 30.0,  # seconds without heartbeat before a TCP worker is removed
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute

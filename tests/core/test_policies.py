@@ -577,7 +577,7 @@ def test_no_stealing_when_transfer_costs_more_than_the_work():
 
 def test_stealing_off_sends_no_request():
     s, _ = backlog(1000)
-    s.work_stealing = False
+    s.maintenance.work_stealing = False
     assert not [m for m in step(s, ev.Tick(now=1.0)) if m.wire()["op"] == "steal-request"]
 
 
@@ -647,7 +647,7 @@ def knobs() -> dict:
     from hpcsched.core.scheduler.server import Scheduler
 
     st = Scheduler("inproc://").state
-    return {"saturation": st.worker_saturation, "policy": st.rootish_policy,
+    return {"saturation": st.settings.worker_saturation, "policy": st.rootish_policy,
             "stealing": st.work_stealing, "fuse": config.get("scheduler.fuse"),
             "block": st.blocks.limit, "block_bytes": st.blocks.max_bytes}
 
@@ -684,7 +684,7 @@ def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest
 
     st = Scheduler("inproc://", worker_saturation=1.0, rootish_policy="queue",
                    work_stealing=False, queue_block_size=8, queue_block_bytes=100).state
-    assert (st.worker_saturation, st.rootish_policy, st.work_stealing) == (1.0, "queue", False)
+    assert (st.settings.worker_saturation, st.rootish_policy, st.work_stealing) == (1.0, "queue", False)
     assert (st.blocks.limit, st.blocks.max_bytes) == (8, 100)
     assert config.get("scheduler.fuse", False) is False
 

@@ -675,7 +675,7 @@ def test_queued_blocks_are_for_small_results_only():
     peak_big, moved_big = got[4, 2_000_000]
     assert peak_big == got[1, 2_000_000][0] == peak1  # dask's peak
     assert moved_big > 0.9 * moved1  # no block was claimed
-    s = with_workers(A, B, worker_saturation=1.1, queue_block_size=4, queue_block_bytes="8 MB")
+    s = with_workers(A, B, worker_saturation=1.1, queue_block_size=4, queue_block_bytes=8_000_000)
     g = tree(128)
     peak, moved = held_at_peak_and_transfers(s, submit(s, g, keys=[list(g)[-1]]), 2_000_000)
     assert peak == peak_small and moved * 2 <= moved1  # a larger bound: blocks again

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.events import Execute, GatherDep, Send
-from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.state.events import Execute, GatherDep, InvalidTransition, Send
+from hpcsched.core.state.worker_state import LEGAL_TRANSITIONS, WorkerState
 
 ME, P1, P2 = "tcp://me", "tcp://p1", "tcp://p2"
 
@@ -366,3 +368,35 @@ def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatc
     step(s, compute("z"))
     step(s, success("z"))
     assert calls == [] and s.transitions is None
+
+
+# ---------------------------------------------------------------- legality
+def test_an_illegal_transition_names_the_key_and_both_states():
+    """A running task cannot be fetched: the state machine refuses the move (a bug in it,
+    never the peer's fault) rather than corrupt its bookkeeping."""
+    s = new_state()
+    step(s, compute("x"))
+    with pytest.raises(InvalidTransition, match=r"tcp://me: 'x': executing -> flight"):
+        s._set_state(s.tasks["x"], "flight")
+    assert s.tasks["x"].state == "executing"
+
+
+def test_every_state_a_story_reaches_is_in_the_table():
+    """The transitions a worker makes in a story (dependency fetched, task run, seceded,
+    rejoined, result released) are all in ``LEGAL_TRANSITIONS``."""
+    seen: list = []
+    s = new_state()
+    s.watch_transitions(lambda changes, stimulus: seen.extend(changes))
+    step(s, compute("y", {"x": [P1]}))
+    step(s, ev.GatherDepSuccess(P1, {"x": 1}))
+    step(s, ev.Secede("y", compute_duration=0.1))
+    step(s, ev.Rejoin("y"))
+    step(s, success("y"))
+    step(s, ev.FreeKeys(["y"]))
+    assert {(a, b) for _, a, b in seen if b != "forgotten"} <= {
+        (a, b) for b, starts in LEGAL_TRANSITIONS.items() for a in starts}
+    assert [(a, b) for k, a, b in seen if k == "y"] == [
+        ("released", "waiting"), ("waiting", "ready"), ("ready", "executing"),
+        ("executing", "long-running"), ("long-running", "rejoining"),
+        ("rejoining", "executing"), ("executing", "memory"), ("memory", "released"),
+        ("released", "forgotten")]

@@ -23,7 +23,6 @@ from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import extension_reply
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.maintenance import resolve_workers
 
 INTERNAL = "internal"  # requester id for calls made by this process (clusters, adaptive)
 
@@ -52,7 +51,7 @@ def scheduler_info(s: Any, source: str, msg: pr.SchedulerInfo) -> None:
 @handlers.on(pr.RetireWorkersRequest)
 def retire_workers(s: Any, source: str, msg: pr.RetireWorkersRequest) -> None:
     """Retire the workers named, gracefully (a state-machine event)."""
-    workers = resolve_workers(s.state, msg.workers, msg.names, msg.n)
+    workers = s.state.registry.resolve(msg.workers, msg.names, msg.n)
     s.handle_event(ev.RetireWorkers(msg.request_id, source, workers, msg.close, now=time.time(),
                                     stimulus_id=s.stimulus("retire-workers")))
 

@@ -54,8 +54,8 @@ from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import add_worker_event, read_introduction, refuse
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.maintenance import resolve_workers
 from hpcsched.core.state.scheduler_state import SchedulerState
+from hpcsched.core.units import parse_bytes
 
 logger = logging.getLogger("hpcsched.scheduler")
 
@@ -125,6 +125,7 @@ class Scheduler:
             "work_stealing": config.get("scheduler.work-stealing"),
         }
         kw.update({k: v for k, v in state_kwargs.items() if v is not None})
+        kw["queue_block_bytes"] = parse_bytes(kw["queue_block_bytes"])
         self.state = SchedulerState(worker_ttl=worker_ttl, **kw)
         if tick_interval is None:
             tick_interval = config.get("scheduler.work-stealing-interval")
@@ -496,7 +497,7 @@ class Scheduler:
 
         def start() -> None:
             self._internal[rid] = fut
-            addrs = resolve_workers(self.state, workers, names, n)
+            addrs = self.state.registry.resolve(workers, names, n)
             self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
                                                stimulus_id=self._stimulus("retire-workers")))
 

@@ -1,80 +1,82 @@
 """Scheduler state, continued: what clients ask for.
 
-:class:`ClientRequests` is handed the
-:class:`~hpcsched.core.state.scheduler_state.SchedulerState` and changes it through
-its methods (same rules: events in, ``Send`` commands out, no clock): clients
-come and go, submit
-graphs (``update-graph``: new tasks get priorities ``(generation, -user
-priority, static priority from order())``), want keys, release them, cancel
-them.
+:class:`ClientRequests` owns the set of clients and changes tasks through the
+:class:`~.tasks.TaskGraph`'s methods (same rules: events in, ``Send`` commands out, no
+clock): clients come and go, submit graphs (``update-graph``: new tasks get
+priorities ``(generation, -user priority, static priority from order())``), want
+keys, release them, cancel them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hpcsched.core.protocol.annotations import annotation_problem
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import CancelledKeys, KeyInMemory
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.graph import GraphError, check_acyclic, gc_paused, key_split
-from hpcsched.core.state.model import FIRE_AND_FORGET, TaskGroup, TaskState
-
-if TYPE_CHECKING:
-    from hpcsched.core.state.scheduler_state import Rec, SchedulerState
+from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, Rec, TaskState
+from hpcsched.core.state.placement import Placement
+from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
 
 
 class ClientRequests:
-    """The handlers of what clients ask; they change the state handed to them."""
+    """The handlers of what clients ask, and the clients connected."""
 
-    def __init__(self, state: SchedulerState):
-        self.s = state
+    handlers = Handlers("scheduler state (clients)")
 
+    def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
+                 out: Outbox):
+        self.graph = graph
+        self.registry = registry
+        self.placement = placement
+        self.out = out
+        self.clients: set[str] = set()
+
+    @handlers.on(ev.AddClient)
     def add_client(self, e: ev.AddClient) -> None:
         """A client registered."""
-        self.s.clients.add(e.client)
+        self.clients.add(e.client)
 
+    @handlers.on(ev.RemoveClient)
     def remove_client(self, e: ev.RemoveClient) -> None:
         """A client left: it wants none of its keys any more."""
-        s = self.s
-        s.clients.discard(e.client)
-        keys = [ts.key for ts in s.tasks.values() if e.client in ts.who_wants]
+        self.clients.discard(e.client)
+        keys = [ts.key for ts in self.graph.tasks.values() if e.client in ts.who_wants]
         self.client_releases(ev.ClientReleasesKeys(e.client, keys, now=e.now))
 
     def update_graph(self, e: ev.UpdateGraph) -> None:
         """A client submitted tasks: check them, add them, make the runnable ones ready."""
-        s = self.s
-        check_update_graph(e, s.tasks)  # all of it, before anything changes
-        s.generation += 1
+        graph = self.graph
+        tasks = graph.tasks
+        check_update_graph(e, tasks)  # all of it, before anything changes
+        generation = graph.new_generation()
         new: list[TaskState] = []
         recs: list[Rec] = []
         missing: dict[TaskState, Key] = {}
         for key, spec in e.tasks.items():
-            ts = s.tasks.get(key)
+            ts = tasks.get(key)
             if ts is not None:
                 if ts.state == "erred" and ts.exception_blame is None:
                     # re-submission of a failed task runs it again
                     ts.exception = None
                     ts.traceback = ts.exception_text = ""
-                    s.transition(ts, "released")
+                    graph.transition(ts, "released")
                     ts.run_spec = spec.get("run_spec", ts.run_spec)
                     ts.suspicious = 0
                     ts.erred_on = []
                     new.append(ts)
                 continue
-            name = key_split(key)
-            tg = s.groups.get(name)
-            if tg is None:
-                tg = s.groups[name] = TaskGroup(name)
-            ts = s.tasks[key] = TaskState(key, spec.get("run_spec"), tg)
-            tg.n_tasks += 1
-            new.append(ts)
+            new.append(graph.new_task(key, spec.get("run_spec"), key_split(key)))
         for ts in new:
             spec = e.tasks[ts.key]
             for dk in spec.get("deps", ()):
-                dts = s.tasks.get(dk)
+                dts = tasks.get(dk)
                 if dts is None:
                     missing[ts] = dk
                     continue
@@ -103,73 +105,60 @@ class ClientRequests:
                 static = {}
         user_priority = (e.annotations or {}).get("priority") or {}
         for i, ts in enumerate(new):
-            ts.priority = (s.generation, -user_priority.get(ts.key, e.priority),
+            ts.priority = (generation, -user_priority.get(ts.key, e.priority),
                            static.get(ts.key, i))
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = tasks.get(key)
             if ts is not None:
                 ts.who_wants.add(e.client)
         for ts, dk in missing.items():
             exc = KeyError(f"task {ts.key!r} depends on {dk!r}, which the scheduler does not "
                            "hold (was its future released?)")
-            recs += s.set_erred(ts, exc, "", str(exc))
-        if s.rootish_policy == "mars" and s.workers:
-            self._mars_assign(new)
+            recs += graph.set_erred(ts, exc, "", str(exc))
+        if self.placement.rootish_policy == "mars" and self.registry.workers:
+            running = [ws.address for ws in self.registry.workers.values()
+                       if ws.status == "running"]
+            if running:
+                self.placement.plan_mars({ts.key: [d.key for d in ts.dependencies]
+                                          for ts in new}, running)
         # existing wanted keys: report their state to the new client
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = tasks.get(key)
             if ts is not None and ts not in missing:
                 recs += self._report_or_wake(ts, e.client)
-        new_wanted = sorted((ts for ts in new if ts.state == "released" and s.wanted(ts)),
+        new_wanted = sorted((ts for ts in new if ts.state == "released" and graph.wanted(ts)),
                             key=lambda t: t.priority, reverse=True)
         recs += [(ts, "waiting") for ts in new_wanted]
-        # tasks made ready by this graph go to workers (or the queue) in priority order, not
-        # in the order the walk down from the requested keys reaches them: with queuing the
-        # first ones take the free slots, with co-assignment consecutive ones share a worker
-        s.deferred_ready = []
-        try:
-            s.transitions(recs)
-        finally:
-            ready, s.deferred_ready = s.deferred_ready, None
-        ready.sort(key=lambda t: t.priority)
-        s.transitions([(ts, "waiting-ready") for ts in ready])
+        graph.ready_by_priority(recs)
         # parts of the graph no requested key needs (a dask graph is sent whole) go at once
-        s.transitions([(ts, "forgotten") for ts in new
-                       if ts.state == "released" and not s.wanted(ts)])
+        graph.transitions([(ts, "forgotten") for ts in new
+                           if ts.state == "released" and not graph.wanted(ts)])
 
+    @handlers.on(ev.UpdateGraph)
     def update_graph_gc_paused(self, e: ev.UpdateGraph) -> None:
         """:meth:`update_graph` with the cyclic garbage collector paused (it finds nothing in a new
         graph, and costs much on a large one)."""
         with gc_paused(len(e.tasks)):
             self.update_graph(e)
 
-    def _mars_assign(self, new: list[TaskState]) -> None:
-        s = self.s
-        from hpcsched.core.state.mars import assign_initial
-
-        deps = {ts.key: [d.key for d in ts.dependencies] for ts in new}
-        running = [ws.address for ws in s.workers.values() if ws.status == "running"]
-        if running:
-            s.mars_assignment.update(assign_initial(deps, running))
-
-    def _report_or_wake(self, ts: TaskState, client: str) -> list:
-        s = self.s
+    def _report_or_wake(self, ts: TaskState, client: str) -> list[Rec]:
         if ts.state == "memory":
-            s.send(client, KeyInMemory(ts.key, ts.typename))
+            self.out.send(client, KeyInMemory(ts.key, ts.typename))
         elif ts.state == "erred":
-            s.report_erred(ts, [client])
+            self.graph.report_erred(ts, [client])
         elif ts.state == "released":
             return [(ts, "waiting")]
         return []
 
+    @handlers.on(ev.ClientDesiresKeys)
     def client_desires(self, e: ev.ClientDesiresKeys) -> None:
         """A client wants ``keys``: tell it of those already done, run the released ones again."""
-        s = self.s
+        tasks = self.graph.tasks
         recs: list[Rec] = []
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = tasks.get(key)
             if ts is None:
-                s.send(e.client, CancelledKeys([key]))
+                self.out.send(e.client, CancelledKeys([key]))
                 continue
             if e.fire_and_forget:
                 if ts.state not in ("memory", "erred"):
@@ -177,69 +166,72 @@ class ClientRequests:
                 continue
             ts.who_wants.add(e.client)
             recs += self._report_or_wake(ts, e.client)
-        s.transitions(recs)
+        self.graph.transitions(recs)
 
+    @handlers.on(ev.RetryKeys)
     def retry(self, e: ev.RetryKeys) -> None:
         """Erred tasks run again: each key's erred dependencies first (the task that raised
         and everything that erred because of it)."""
-        s = self.s
+        graph = self.graph
         again: list[TaskState] = []
-        stack = [s.tasks[k] for k in e.keys if k in s.tasks]
+        stack = [graph.tasks[k] for k in e.keys if k in graph.tasks]
         seen: set = set()
         while stack:
             ts = stack.pop()
             if ts in seen or ts.state != "erred":
                 continue
             seen.add(ts)
-            s.transition(ts, "released")
+            graph.transition(ts, "released")
             ts.exception = ts.exception_blame = None
             ts.traceback = ts.exception_text = ""
             ts.suspicious = 0
             ts.erred_on = []
             again.append(ts)
             stack.extend(ts.dependencies)
-        s.transitions([(ts, "waiting") for ts in again if s.wanted(ts)])
+        graph.transitions([(ts, "waiting") for ts in again if graph.wanted(ts)])
 
+    @handlers.on(ev.ClientReleasesKeys)
     def client_releases(self, e: ev.ClientReleasesKeys) -> None:
         """A client dropped its futures to ``keys``: release those nobody wants."""
-        s = self.s
+        graph = self.graph
         recs: list[Rec] = []
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = graph.tasks.get(key)
             if ts is None or e.client not in ts.who_wants:
                 continue
             ts.who_wants.discard(e.client)
-            if not s.wanted(ts):
+            if not graph.wanted(ts):
                 recs.append((ts, "released"))
-        s.transitions(recs)
+        graph.transitions(recs)
 
+    @handlers.on(ev.CancelKeys)
     def cancel(self, e: ev.CancelKeys) -> None:
         """Cancel ``keys`` and their dependents, for every client."""
-        s = self.s
+        send = self.out.send
         recs: list[Rec] = []
         cancelled = []
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = self.graph.tasks.get(key)
             if ts is None:
                 continue
             cancelled.append(key)
             clients = set(ts.who_wants)
             ts.who_wants.clear()
             for c in clients | {e.client}:
-                s.send(c, CancelledKeys([key]))
+                send(c, CancelledKeys([key]))
             # dependents cannot run any more: cancel them too
             stack = list(ts.dependents)
             while stack:
                 dts = stack.pop()
                 if dts.who_wants:
                     for c in dts.who_wants:
-                        s.send(c, CancelledKeys([dts.key]))
+                        send(c, CancelledKeys([dts.key]))
                     dts.who_wants.clear()
                     stack.extend(dts.dependents)
                 if dts.state not in ("memory", "released"):
                     recs.append((dts, "released"))
             recs.append((ts, "released"))
-        s.transitions(recs)
+        self.graph.transitions(recs)
 
 
 def _annotate(new: list[TaskState], annotations: dict) -> None:

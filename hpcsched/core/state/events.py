@@ -99,6 +99,12 @@ class Send:
         return self.msg if isinstance(self.msg, dict) else encode(self.msg)
 
 
+
+class InvalidTransition(AssertionError):
+    """A task was asked to go from one state to another its state machine does not allow
+    (the scheduler's or a worker's): a bug in that machine, never the peer's fault."""
+
+
 @dataclass(slots=True)
 class Execute:
     """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool."""

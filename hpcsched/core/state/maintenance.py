@@ -1,10 +1,11 @@
 """Scheduler state, continued: data moved in and out, stealing, retirement, periodic work.
 
-:class:`Maintenance` is handed the
-:class:`~hpcsched.core.state.scheduler_state.SchedulerState` and changes it through
-its methods (same rules: events in, ``Send`` commands out, no clock). Kept
-apart because these move work or data between workers without computing
-anything:
+:class:`Maintenance` owns what is in flight between workers -- scatters, steals,
+retirements, rebalances -- and changes tasks through the task graph's methods
+(:class:`~.tasks.TaskGraph`), workers through the registry's
+(:class:`~.registry.WorkerRegistry`); same rules as the state: events in, ``Send``
+commands out, no clock. Kept apart because these move work or data between workers
+without computing anything:
 
 * scatter and replicas: ``update-data`` out, ``add-keys`` back;
 * work stealing (``steal-request`` / ``steal-response``, planned each tick by
@@ -20,8 +21,10 @@ anything:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     AcquireReplicas,
     Close,
@@ -36,38 +39,55 @@ from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
 from hpcsched.core.state.graph import key_split
 from hpcsched.core.state.model import (
+    Outbox,
     Rebalance,
+    Rec,
     Retirement,
     Scatter,
-    TaskGroup,
     TaskState,
     WorkerInfo,
 )
-
-if TYPE_CHECKING:
-    from hpcsched.core.state.scheduler_state import Rec, SchedulerState
+from hpcsched.core.state.placement import Placement
+from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
 
 
 class Maintenance:
-    """The handlers that move data or work between workers; they change the state handed
-    to them."""
+    """The handlers that move data or work between workers, and what they have in flight.
+    ``remove_worker`` removes a worker (a retired one, one past its heartbeat TTL): the
+    handler of :class:`~hpcsched.core.state.events.RemoveWorker`."""
 
-    def __init__(self, state: SchedulerState):
-        self.s = state
+    handlers = Handlers("scheduler state (maintenance)")
+
+    def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
+                 out: Outbox, remove_worker: Callable[[ev.RemoveWorker], None], *,
+                 work_stealing: bool, worker_ttl: float | None, retire_timeout: float):
+        self.graph = graph
+        self.registry = registry
+        self.placement = placement
+        self.out = out
+        self.remove_worker = remove_worker
+        self.work_stealing = work_stealing
+        self.worker_ttl = worker_ttl
+        self.retire_timeout = retire_timeout
+        self.retiring: dict[str, Retirement] = {}  # by worker address
+        self.scatters: dict[str, Scatter] = {}  # by scatter id
         self.rebalances: dict[str, Rebalance] = {}  # by request id
+        self.steal_targets: dict[Key, WorkerInfo] = {}  # key -> thief
 
+    @handlers.on(ev.ScatterData)
     def scatter(self, e: ev.ScatterData) -> None:
         """Place a client's scattered data on workers (``update-data``)."""
-        s = self.s
-        running = [ws for ws in s.workers.values() if ws.status == "running"]
+        graph = self.graph
+        running = list(self.registry.running())
         if e.workers:
             allowed = set(e.workers)
             running = [ws for ws in running
                        if ws.address in allowed or ws.name in allowed or ws.host in allowed]
         if not running:
-            s.send(e.client, ScatterReply(e.scatter_id, "no running worker to scatter to"))
+            self.out.send(e.client, ScatterReply(e.scatter_id, "no running worker to scatter to"))
             return
         per_worker: dict[WorkerInfo, dict] = {}
         if e.broadcast:
@@ -79,173 +99,172 @@ class Maintenance:
                 ws = running[i % len(running)]
                 per_worker.setdefault(ws, {})[key] = value
         for key in e.data:
-            ts = s.tasks.get(key)
+            ts = graph.tasks.get(key)
             if ts is None:
-                name = key_split(key)
-                tg = s.groups.get(name) or s.groups.setdefault(name, TaskGroup(name))
-                ts = s.tasks[key] = TaskState(key, None, tg)
-                tg.n_tasks += 1
-                ts.priority = (s.generation, 0, 0)
+                ts = graph.new_task(key, None, key_split(key))
+                ts.priority = (graph.generation, 0, 0)
             ts.who_wants.add(e.client)
             ts.nbytes = int(e.nbytes.get(key, 0))
         pending = {(ws.address, key) for ws, d in per_worker.items() for key in d}
-        s.scatters[e.scatter_id] = Scatter(e.client, pending)
+        self.scatters[e.scatter_id] = Scatter(e.client, pending)
         for ws, d in per_worker.items():
-            s.send(ws.address, UpdateData(d, e.scatter_id))
+            self.out.send(ws.address, UpdateData(d, e.scatter_id))
 
+    @handlers.on(ev.AddKeys)
     def add_keys(self, e: ev.AddKeys) -> None:
         """A worker holds new replicas (scattered, replicated, rebalanced data)."""
-        s = self.s
-        ws = s.workers.get(e.worker)
+        graph, workers = self.graph, self.registry.workers
+        ws = workers.get(e.worker)
         if ws is None:
             return
         recs: list[Rec] = []
         for key, nbytes in e.keys.items():
-            ts = s.tasks.get(key)
+            ts = graph.tasks.get(key)
             if ts is None or (ts.state not in ("memory", "released") and ts.run_spec is not None):
                 if ts is None or ts.state in ("erred",):
-                    s.send(ws.address, FreeKeys([key]))
+                    self.out.send(ws.address, FreeKeys([key]))
                     continue
-            s.add_replica(ts, ws, nbytes)
+            graph.add_replica(ts, ws, nbytes)
             if ts.state != "memory":
-                recs += s.to_memory(ts)
-        scatter = s.scatters.get(e.scatter_id) if e.scatter_id is not None else None
+                recs += graph.to_memory(ts)
+        scatter = self.scatters.get(e.scatter_id) if e.scatter_id is not None else None
         if scatter is not None and e.scatter_id is not None:
             scatter.pending.difference_update((ws.address, k) for k in e.keys)
             if not scatter.pending:
-                del s.scatters[e.scatter_id]
-                s.send(scatter.client, ScatterReply(e.scatter_id))
-        s.transitions(recs)
+                del self.scatters[e.scatter_id]
+                self.out.send(scatter.client, ScatterReply(e.scatter_id))
+        graph.transitions(recs)
         if self.rebalances:
             self._rebalance_arrived(ws, e.keys)
-        if ws.address in s.retiring:
+        if ws.address in self.retiring:
             self.progress_retirement(ws, e.now)
-        for address in list(s.retiring):
-            if address != ws.address and address in s.workers:
-                self.progress_retirement(s.workers[address], e.now)
+        for address in list(self.retiring):
+            if address != ws.address and address in workers:
+                self.progress_retirement(workers[address], e.now)
 
+    @handlers.on(ev.ReleaseWorkerData)
     def release_worker_data(self, e: ev.ReleaseWorkerData) -> None:
         """A worker dropped its copy of ``keys``."""
-        s = self.s
-        ws = s.workers.get(e.worker)
+        graph = self.graph
+        ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
         recs: list[Rec] = []
         for key in e.keys:
-            ts = s.tasks.get(key)
+            ts = graph.tasks.get(key)
             if ts is not None and ws in ts.who_has:
-                recs += s.drop_replica(ts, ws, f"worker {ws.address} dropped it")
-        s.transitions(recs)
+                recs += graph.drop_replica(ts, ws, f"worker {ws.address} dropped it")
+        graph.transitions(recs)
 
     # ================================================================ stealing
+    @handlers.on(ev.StealResponse)
     def steal_response(self, e: ev.StealResponse) -> None:
         """A victim answered a steal request: move the task if it gave it up."""
-        s = self.s
-        ts = s.tasks.get(e.key)
-        victim = s.workers.get(e.worker)
+        graph, workers = self.graph, self.registry.workers
+        ts = graph.tasks.get(e.key)
+        victim = workers.get(e.worker)
         if ts is None or victim is None or not ts.stealing:
             return
-        thief = s.steal_targets.pop(ts.key, None)
+        thief = self.steal_targets.pop(ts.key, None)
         ts.stealing = False
         if ts.state != "processing" or ts.processing_on is not victim:
             return
         if e.state in ("released", "waiting", "fetch", "flight", "ready", "missing"):
             # the victim dropped it: run it on the thief (if still around)
-            s.transition(ts, "waiting")
-            if thief is not None and thief.address in s.workers and thief.status == "running":
-                s.add_to_processing(ts, thief)
+            graph.transition(ts, "waiting")
+            if thief is not None and thief.address in workers and thief.status == "running":
+                graph.add_to_processing(ts, thief)
             else:
-                s.transitions([(ts, "waiting-ready")])
+                graph.transitions([(ts, "processing")])
 
+    @handlers.on(ev.Tick)
     def tick(self, e: ev.Tick) -> None:
         """Drop workers past their heartbeat TTL, advance retirements, steal work."""
-        s = self.s
-        if s.worker_ttl:
-            for ws in list(s.workers.values()):
-                if e.now - ws.last_seen > s.worker_ttl:
-                    s.worker_events.remove_worker(ev.RemoveWorker(
+        workers = self.registry.workers
+        if self.worker_ttl:
+            for ws in list(workers.values()):
+                if e.now - ws.last_seen > self.worker_ttl:
+                    self.remove_worker(ev.RemoveWorker(
                         ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", now=e.now,
                         stimulus_id=e.stimulus_id))
-        for address in list(s.retiring):
-            retiring = s.workers.get(address)
+        for address in list(self.retiring):
+            retiring = workers.get(address)
             if retiring is not None:
                 self.progress_retirement(retiring, e.now)
         for r in list(self.rebalances.values()):
-            if e.now - r.start > s.retire_timeout:  # a copy never arrived: both are kept
+            if e.now - r.start > self.retire_timeout:  # a copy never arrived: both are kept
                 self._finish_rebalance(r)
-        if s.work_stealing and len(s.workers) > 1:
-            for ts, victim, thief in policies.plan_steals(s.workers.values(), s.bandwidth):
+        if self.work_stealing and len(workers) > 1:
+            for ts, victim, thief in policies.plan_steals(workers.values(),
+                                                          self.registry.bandwidth):
                 ts.stealing = True
-                s.steal_targets[ts.key] = thief
-                s.send(victim.address, StealRequest(ts.key))
+                self.steal_targets[ts.key] = thief
+                self.out.send(victim.address, StealRequest(ts.key))
 
     # ================================================================ paused workers
+    @handlers.on(ev.WorkerStatusChange)
     def worker_status_change(self, e: ev.WorkerStatusChange) -> None:
         """A worker paused (memory past its pause fraction) or runs again. Paused, it is no
         candidate for new tasks (it is not "running"); what it holds already waits there
         (or is stolen). Resumed, its slots count as opened: queued tasks flow to it."""
-        s = self.s
-        ws = s.workers.get(e.worker)
+        ws = self.registry.workers.get(e.worker)
         if ws is None or e.status not in ("running", "paused") or ws.status == e.status \
                 or ws.status not in ("running", "paused"):  # retiring: it stays so
             return
-        ws.status = e.status
-        s.running_cache = None
+        self.registry.set_status(ws, e.status)
         if e.status == "running":
-            s.placement.open_slots(ws)
+            self.placement.open_slots(ws)
 
     # ================================================================ retirement
+    @handlers.on(ev.RetireWorkers)
     def retire_workers(self, e: ev.RetireWorkers) -> None:
         """Start retiring ``workers``: their unique data moves first, then they close."""
-        s = self.s
-        if s.recorder is not None and e.workers:
-            s.recorder.event("retire-workers", list(e.workers), e.now)
+        graph, workers = self.graph, self.registry.workers
+        if self.out.recorder is not None and e.workers:
+            self.out.recorder.event("retire-workers", list(e.workers), e.now)
         for address in e.workers:
-            ws = s.workers.get(address)
+            ws = workers.get(address)
             if ws is None:
                 continue
-            ws.status = "closing_gracefully"
-            s.running_cache = None
-            s.retiring[address] = Retirement(e.request_id, e.requester, e.now, e.close,
-                                             list(e.workers))
+            self.registry.set_status(ws, "closing_gracefully")
+            self.retiring[address] = Retirement(e.request_id, e.requester, e.now, e.close,
+                                                list(e.workers))
         # tasks not yet started on retiring workers go elsewhere
         recs: list[Rec] = []
         for address in e.workers:
-            ws = s.workers.get(address)
+            ws = workers.get(address)
             if ws is None:
                 continue
             for ts in list(ws.processing):
                 if ts not in ws.executing:
-                    s.transition(ts, "waiting", notify=True)
-                    recs.append((ts, "waiting-ready"))
-        s.transitions(recs)
+                    graph.transition(ts, "waiting", notify=True)
+                    recs.append((ts, "processing"))
+        graph.transitions(recs)
         pending = self._pending_retirements(e.request_id)
         for address in e.workers:
-            ws = s.workers.get(address)
+            ws = workers.get(address)
             if ws is not None:
                 self.progress_retirement(ws, e.now)
-        if not pending or not any(a in s.workers for a in e.workers):
+        if not pending or not any(a in workers for a in e.workers):
             self._finish_request(e.request_id, e.requester, e.workers)
 
     def _pending_retirements(self, request_id: str) -> list[str]:
-        return [a for a, r in self.s.retiring.items() if r.request_id == request_id]
+        return [a for a, r in self.retiring.items() if r.request_id == request_id]
 
     def progress_retirement(self, ws: WorkerInfo, now: float) -> None:
         """Move ``ws``'s remaining unique data, or close it once it holds none."""
-        s = self.s
-        r = s.retiring.get(ws.address)
+        r = self.retiring.get(ws.address)
         if r is None:
             return
-        survivors = [w for w in s.workers.values() if w.status == "running"]
+        survivors = [w for w in self.registry.workers.values() if w.status == "running"]
         unique = [ts for ts in ws.has_what if len(ts.who_has) == 1]
-        timed_out = now - r.start > s.retire_timeout
+        timed_out = now - r.start > self.retire_timeout
         if unique and not survivors and not timed_out:
             # nowhere to put the data: give up retiring this one (it keeps the results)
-            ws.status = "running"
-            s.running_cache = None
-            del s.retiring[ws.address]
-            s.placement.open_slots(ws)
-            s.send(r.requester, RetireWorkersReply(
+            self.registry.set_status(ws, "running")
+            del self.retiring[ws.address]
+            self.placement.open_slots(ws)
+            self.out.send(r.requester, RetireWorkersReply(
                 r.request_id, [], [ws.address], "unique data and no other worker to take it"))
             return
         if unique and not timed_out:
@@ -254,27 +273,39 @@ class Maintenance:
                     continue
                 target = max(survivors, key=lambda w: (w.memory_limit or 2**62) - w.nbytes)
                 r.sent.add(ts.key)
-                s.send(target.address, AcquireReplicas({ts.key: [ws.address]},
-                                                         {ts.key: ts.nbytes}))
+                self.out.send(target.address, AcquireReplicas({ts.key: [ws.address]},
+                                                              {ts.key: ts.nbytes}))
             return
         if ws.processing and not timed_out:
             return
         # done: close it
-        del s.retiring[ws.address]
+        del self.retiring[ws.address]
         if r.close:
-            s.send(ws.address, Close("retired"))
-        s.worker_events.remove_worker(ev.RemoveWorker(ws.address, "retired", now=now,
-                                                      stimulus_id=s.stimulus_id))
+            self.out.send(ws.address, Close("retired"))
+        self.remove_worker(ev.RemoveWorker(ws.address, "retired", now=now,
+                                           stimulus_id=self.out.stimulus_id))
         if not self._pending_retirements(r.request_id):
             self._finish_request(r.request_id, r.requester, r.workers)
 
     def _finish_request(self, request_id: str, requester: str, workers: list[str]) -> None:
-        s = self.s
-        retired = [a for a in workers if a not in s.workers]
-        kept = [a for a in workers if a in s.workers]
-        s.send(requester, RetireWorkersReply(request_id, retired, kept))
+        known = self.registry.workers
+        retired = [a for a in workers if a not in known]
+        kept = [a for a in workers if a in known]
+        self.out.send(requester, RetireWorkersReply(request_id, retired, kept))
+
+    def worker_left(self, address: str) -> None:
+        """The worker at ``address`` left: it retires no more, and moves of rebalances to
+        or from it will not happen (the other copy stays)."""
+        self.retiring.pop(address, None)
+        for r in list(self.rebalances.values()):
+            for move, sender in list(r.moves.items()):
+                if sender == address or move[1] == address:
+                    del r.moves[move]
+            if not r.moves:
+                self._finish_rebalance(r)
 
     # ================================================================ rebalance
+    @handlers.on(ev.RebalanceKeys)
     def rebalance(self, e: ev.RebalanceKeys) -> None:
         """Move keys from workers holding more bytes than the mean of ``e.workers`` (all
         running workers if None) to those holding less, as ``distributed.Client.rebalance``
@@ -282,10 +313,10 @@ class Maintenance:
         only ``e.keys`` move if given. Greedy: each sender's largest keys go to the
         recipient holding least while that narrows the gap. The bytes counted are those
         the scheduler knows of (results' sizes), not the workers' process memory."""
-        s = self.s
-        pool = [ws for ws in s.workers.values() if ws.status == "running"
+        tasks = self.graph.tasks
+        pool = [ws for ws in self.registry.workers.values() if ws.status == "running"
                 and (e.workers is None or ws.address in e.workers or ws.name in e.workers)]
-        wanted = None if e.keys is None else {k for k in e.keys if k in s.tasks}
+        wanted = None if e.keys is None else {k for k in e.keys if k in tasks}
         r = Rebalance(e.request_id, e.requester, e.now)
         if len(pool) > 1:
             load = {ws: ws.nbytes for ws in pool}
@@ -320,57 +351,31 @@ class Maintenance:
             if order is None:
                 order = orders[to] = AcquireReplicas({}, {})
             order.who_has[key] = [sender]
-            order.nbytes[key] = s.tasks[key].nbytes
+            order.nbytes[key] = tasks[key].nbytes
         for address, order in orders.items():
-            s.send(address, order)
+            self.out.send(address, order)
 
     def _rebalance_arrived(self, ws: WorkerInfo, keys: dict) -> None:
         """``ws`` holds ``keys`` now: the senders of those it was given drop their copy."""
-        s = self.s
+        graph, workers = self.graph, self.registry.workers
         for r in list(self.rebalances.values()):
             for key in keys:
                 sender = r.moves.pop((key, ws.address), None)
-                ts = s.tasks.get(key)
-                holder = s.workers.get(sender) if sender is not None else None
+                ts = graph.tasks.get(key)
+                holder = workers.get(sender) if sender is not None else None
                 if ts is None or holder is None or ws not in ts.who_has \
                         or holder not in ts.who_has or _needed_on(ts, holder):
                     continue
-                s.remove_replica(ts, holder)
-                s.send(holder.address, FreeKeys([key]))
-            if not r.moves:
-                self._finish_rebalance(r)
-
-    def worker_left(self, address: str) -> None:
-        """Moves to or from a worker that left will not happen (the other copy stays)."""
-        for r in list(self.rebalances.values()):
-            for move, sender in list(r.moves.items()):
-                if sender == address or move[1] == address:
-                    del r.moves[move]
+                graph.remove_replica(ts, holder)
+                self.out.send(holder.address, FreeKeys([key]))
             if not r.moves:
                 self._finish_rebalance(r)
 
     def _finish_rebalance(self, r: Rebalance) -> None:
         self.rebalances.pop(r.request_id, None)
-        self.s.send(r.requester, ControlReply(r.request_id, "OK"))
+        self.out.send(r.requester, ControlReply(r.request_id, "OK"))
 
 
 def _needed_on(ts: TaskState, ws: WorkerInfo) -> bool:
     """A task of ``ws`` still to run needs ``ts`` there: its copy must stay."""
     return any(d.processing_on is ws for d in ts.dependents)
-
-
-def resolve_workers(s: SchedulerState, addresses: list | None, names: list | None,
-                    n: int | None = None) -> list[str]:
-    """The workers to retire: by address, by name, and ``n`` more (idle ones with the
-    least data first)."""
-    out: list[str] = []
-    if addresses:
-        out += [a for a in addresses if a in s.workers]
-    if names:
-        wanted = set(map(str, names))
-        out += [ws.address for ws in s.workers.values() if str(ws.name) in wanted]
-    if n:
-        cands = sorted((ws for ws in s.workers.values() if ws.address not in out),
-                       key=lambda ws: (len(ws.processing), ws.nbytes))
-        out += [ws.address for ws in cands[:n]]
-    return out

@@ -1,9 +1,11 @@
-"""What the scheduler knows: tasks, task groups, workers (plain records, no behaviour).
+"""What the scheduler knows: tasks, task groups, workers (plain records, no behaviour),
+and the outbox its components share.
 
 :class:`TaskState` and :class:`WorkerInfo` link to each other (``who_has`` /
-``has_what``, ``processing_on`` / ``processing``); only
-:class:`~hpcsched.core.state.scheduler_state.SchedulerState` changes them, and its
-``validate()`` checks that the links agree.
+``has_what``, ``processing_on`` / ``processing``); the components of
+:class:`~hpcsched.core.state.scheduler_state.SchedulerState` change them (the task
+graph, :mod:`.tasks`, the links), and its ``validate()`` checks that the links agree.
+This module is the bottom of the scheduler state: it imports no other component.
 """
 
 from __future__ import annotations
@@ -11,11 +13,33 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.core.state.events import Send
+
 Key = Any
 
 
 #: who wants a key passed to ``fire_and_forget``: nobody to report to; released once done
 FIRE_AND_FORGET = "fire-and-forget"
+
+class Outbox:
+    """What the event being handled sends, and the event's ``stimulus_id`` and ``now``: the
+    one object every component of the scheduler state shares (the state fills it in
+    before each event and empties it after)."""
+
+    __slots__ = ("messages", "stimulus_id", "now", "recorder")
+
+    def __init__(self) -> None:
+        self.messages: list[Send] = []
+        self.stimulus_id = ""
+        self.now = 0.0
+        # what happened, for the dashboard and reports (hpcsched.diagnostics.recorder):
+        # called from a few handlers, never read back here
+        self.recorder: Any = None
+
+    def send(self, to: str, msg: Any) -> None:
+        """Emit a message (a protocol record) for peer ``to``."""
+        self.messages.append(Send(to, msg))
+
 
 class KilledWorker(RuntimeError):
     """A task was running on workers that died, ``allowed-failures`` times."""
@@ -23,11 +47,6 @@ class KilledWorker(RuntimeError):
 
 class LostData(RuntimeError):
     """Data that cannot be recomputed (scattered) was lost with its worker."""
-
-
-class InvalidTransition(AssertionError):
-    """A task was asked to go from one state to another the transition table does not allow:
-    a bug in the scheduler, never the peer's fault."""
 
 
 #: every (start, finish) a task may go through; ``forgotten`` is the task deleted
@@ -46,6 +65,10 @@ ALLOWED_TRANSITIONS: frozenset[tuple[str, str]] = frozenset({
     # erred -> memory: scattered data that was lost is scattered again
     ("erred", "released"), ("erred", "memory"),
 })
+
+
+#: a recommendation of the task graph: (task, the state it should go to)
+Rec = tuple["TaskState", str]
 
 
 @dataclass(slots=True)

@@ -1,145 +1,227 @@
-"""Where a ready task goes: the worker decisions and the queue of root-ish tasks.
+"""Where a ready task goes: the worker decisions, the queue of root-ish tasks, and the
+tasks no worker can take yet.
 
-A component of :class:`~hpcsched.core.state.scheduler_state.SchedulerState`, handed the state
-(as its event handlers are): :meth:`Placement.decide_worker` picks a worker for a task
-that became ready (:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
+:class:`Placement` owns the queue (a heap by priority, lazily cleaned, and its blocks,
+:mod:`hpcsched.core.state.blocks`), the heap of workers with free slots, the workers
+whose slots opened during the event being handled, the ``no-worker`` tasks and the
+MARS assignment. :meth:`Placement.decide_worker` picks a worker for a task that became
+ready (:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
 co-assignment, ``decide_worker``); root-ish tasks that find every worker full wait in
-the state's queue, and :meth:`Placement.fill_slots`, after each event, gives them to the
-workers whose slots opened, from the blocks of :mod:`hpcsched.core.state.blocks`.
+the queue, and :meth:`Placement.fill_slots`, after each event, hands them to the
+workers whose slots opened. It reads the workers from the
+:class:`~.registry.WorkerRegistry` and changes no task's state: the task graph
+(:mod:`.tasks`) moves tasks and tells the placement (:meth:`enqueue`,
+:meth:`leave_queue`, :meth:`add_unrunnable`, :meth:`leave_unrunnable`).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING
+import itertools
+import math
+import random
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any
 
 from hpcsched.core.state import policies
+from hpcsched.core.state.blocks import RootBlocks
+from hpcsched.core.state.model import TaskState, WorkerInfo
+from hpcsched.core.state.registry import WorkerRegistry
 
-if TYPE_CHECKING:
-    from hpcsched.core.state.model import TaskState, WorkerInfo
-    from hpcsched.core.state.scheduler_state import SchedulerState
+Key = Any
 
 
 class Placement:
-    """Worker decisions and the queue, for the state ``s``."""
+    """Worker decisions and the queue (see the module's docstring)."""
 
-    def __init__(self, s: SchedulerState):
-        self.s = s
+    def __init__(self, registry: WorkerRegistry, *, worker_saturation: float,
+                 rootish_policy: str, rootish_factor: float, rootish_max_deps: int,
+                 queue_block_size: int, queue_block_bytes: int, seed: int):
+        self.registry = registry
+        self.worker_saturation = float(worker_saturation)
+        if math.isinf(self.worker_saturation) and rootish_policy == "queue":
+            rootish_policy = "co-assign"  # no slots to queue for
+        self.rootish_policy = rootish_policy
+        self.rootish_factor = rootish_factor
+        self.rootish_max_deps = rootish_max_deps
+        self.rng = random.Random(seed)
+        self.queued: list[tuple[tuple, int, TaskState]] = []  # heap, lazily cleaned
+        self.n_queued = 0
+        self.blocks = RootBlocks(queue_block_size, queue_block_bytes)
+        self.unrunnable: dict[TaskState, None] = {}  # the no-worker tasks
+        self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
+        self.slots_opened: dict[WorkerInfo, None] = {}
+        self.mars_assignment: dict[Key, str] = {}
+        self.seq = itertools.count()
 
+    # ================================================================ decisions
     def is_rootish(self, ts: TaskState) -> bool:
         """Root-ish (:func:`~hpcsched.core.state.policies.is_rootish`): queued or co-assigned."""
-        s = self.s
-        return policies.is_rootish(ts, s.total_nthreads, s.rootish_factor,
-                                   s.rootish_max_deps)
+        return policies.is_rootish(ts, self.registry.total_nthreads, self.rootish_factor,
+                                   self.rootish_max_deps)
 
     def decide_worker(self, ts: TaskState) -> WorkerInfo | None:
         """The worker for ``ts``, ready now; None: it waits (queued, or no worker fits)."""
-        s = self.s
-        if not s.workers:
+        registry = self.registry
+        if not registry.workers:
             return None
-        valid = policies.valid_workers(ts, s.workers.values())
+        valid = policies.valid_workers(ts, registry.workers.values())
         if valid is not None and not valid and ts.loose_restrictions:
             valid = None
         if valid is None and self.is_rootish(ts):
-            if s.rootish_policy == "queue":
+            if self.rootish_policy == "queue":
                 ws = self.pop_free_worker()
-                if ws is not None and s.blocks.size_for(ts, s.total_nthreads) > 1:
+                if ws is not None and self.blocks.size_for(ts, registry.total_nthreads) > 1:
                     # queued first: after this event fill_slots gives each free worker a block
-                    s.blocks.fill_all = True
+                    self.blocks.fill_all = True
                     return None
                 return ws
-            if s.rootish_policy == "mars":
-                addr = s.mars_assignment.get(ts.key)
-                ws = s.workers.get(addr) if addr else None
+            if self.rootish_policy == "mars":
+                addr = self.mars_assignment.get(ts.key)
+                ws = registry.workers.get(addr) if addr else None
                 if ws is not None and ws.status == "running":
                     return ws
-            return policies.co_assign_worker(ts, ts.group, s.running(), s.total_nthreads,
-                                             self.least_busy())
-        return policies.decide_worker(ts, s.running(), valid, s.bandwidth, s.rng)
+            return policies.co_assign_worker(ts, ts.group, registry.running(),
+                                             registry.total_nthreads, self.least_busy())
+        return policies.decide_worker(ts, registry.running(), valid, registry.bandwidth,
+                                      self.rng)
+
+    def should_queue(self, ts: TaskState) -> bool:
+        """``ts`` found no worker: it waits in the queue (else it is no-worker)."""
+        return self.rootish_policy == "queue" and bool(self.registry.workers) \
+            and self.is_rootish(ts) and bool(self.registry.running())
 
     def least_busy(self) -> WorkerInfo | None:
         """The running worker with the fewest busy slots per thread (then bytes held)."""
-        s = self.s
-        running = s.running()
+        running = self.registry.running()
         if not running:
             return None
         if len(running) > policies.SAMPLE_LIMIT:
-            running = s.rng.sample(running, policies.SAMPLE_LIMIT)
+            running = self.rng.sample(running, policies.SAMPLE_LIMIT)
         return min(running, key=lambda ws: (policies.busy_slots(ws) / ws.nthreads, ws.nbytes))
 
+    def plan_mars(self, deps: Mapping[Key, Collection[Key]], running: list[str]) -> None:
+        """Assign the new tasks ``deps`` to the running workers (MARS, :mod:`.mars`)."""
+        from hpcsched.core.state.mars import assign_initial
+
+        self.mars_assignment.update(assign_initial(deps, running))
+
+    def forget(self, key: Key) -> None:
+        """The task ``key`` is gone."""
+        self.mars_assignment.pop(key, None)
+
+    # ================================================================ free slots
     def push_free(self, ws: WorkerInfo) -> None:
         """``ws`` may have a free slot: a candidate for queued root-ish tasks (lazy heap)."""
-        s = self.s
-        if ws.status != "running" or policies.worker_full(ws, s.worker_saturation):
+        if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
             return
         ws.heap_version += 1
-        heapq.heappush(s.free_heap, (policies.busy_slots(ws) / ws.nthreads, next(s.seq),
-                                     ws.heap_version, ws))
+        heapq.heappush(self.free_heap, (policies.busy_slots(ws) / ws.nthreads, next(self.seq),
+                                        ws.heap_version, ws))
 
     def pop_free_worker(self) -> WorkerInfo | None:
         """The least-busy running worker that is not full, or None (lazy heap)."""
-        s = self.s
-        heap = s.free_heap
+        heap = self.free_heap
+        workers = self.registry.workers
         while heap:
             _, _, version, ws = heap[0]
-            if version != ws.heap_version or s.workers.get(ws.address) is not ws \
+            if version != ws.heap_version or workers.get(ws.address) is not ws \
                     or ws.status != "running" \
-                    or policies.worker_full(ws, s.worker_saturation):
+                    or policies.worker_full(ws, self.worker_saturation):
                 heapq.heappop(heap)
                 continue
             return ws
         return None
 
-    def open_slots(self, ws: WorkerInfo) -> None:
-        """``ws`` can take work again: queued tasks flow to it after this event."""
-        s = self.s
-        s.slots_opened[ws] = None
-        self.push_free(ws)
+    def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
+        """``ws`` can take work again: queued tasks flow to it after this event (``push``:
+        and it is a candidate for the queued tasks made ready during this event)."""
+        self.slots_opened[ws] = None
+        if push:
+            self.push_free(ws)
 
-    def fill_slots(self) -> None:
-        """Give queued root-ish tasks to workers whose slots opened, best priority first."""
-        s = self.s
-        if s.blocks.fill_all:
-            s.blocks.fill_all = False
-            for ws in s.running():
-                if not policies.worker_full(ws, s.worker_saturation):
-                    s.slots_opened[ws] = None
-        if not s.slots_opened:
-            return
-        opened, s.slots_opened = s.slots_opened, {}
-        if s.unrunnable:
-            s.transitions([(ts, "waiting-ready") for ts in list(s.unrunnable)])
-        if not s.n_queued:
-            return
+    def take_opened(self) -> dict[WorkerInfo, None]:
+        """The workers whose slots opened during this event (and forget them)."""
+        if self.blocks.fill_all:
+            self.blocks.fill_all = False
+            for ws in self.registry.running():
+                if not policies.worker_full(ws, self.worker_saturation):
+                    self.slots_opened[ws] = None
+        opened = self.slots_opened
+        if opened:
+            self.slots_opened = {}
+        return opened
+
+    def fill_slots(self, opened: Iterable[WorkerInfo],
+                   assign: Callable[[TaskState, WorkerInfo], None]) -> None:
+        """Give queued root-ish tasks to the ``opened`` workers, best priority first:
+        ``assign(ts, ws)`` puts each on its worker (and takes it out of the queue)."""
+        workers = self.registry.workers
         for ws in opened:
-            if ws.address not in s.workers or ws.status != "running":
+            if ws.address not in workers or ws.status != "running":
                 continue
-            while s.n_queued and not policies.worker_full(ws, s.worker_saturation):
+            while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
                 head = self.queue_head()
-                ts = s.blocks.take(ws, head)
+                ts = self.blocks.take(ws, head)
                 if ts is None:
                     if head is None:
                         break
                     ts = head
-                    s.blocks.took_head(ws, ts, s.workers)
-                s.add_to_processing(ts, ws)
+                    self.blocks.took_head(ws, ts, workers)
+                assign(ts, ws)
 
+    # ================================================================ the queue
     def enqueue(self, ts: TaskState) -> None:
-        """``ts`` is ready and root-ish, and waits in the queue (and in a block)."""
-        s = self.s
-        s.transition(ts, "queued")
-        ts.queued_seq = next(s.seq)
-        heapq.heappush(s.queued, (ts.priority, ts.queued_seq, ts))
-        s.n_queued += 1
-        s.blocks.add(ts, s.total_nthreads)
+        """``ts`` (just moved to queued) waits in the queue, and in a block."""
+        ts.queued_seq = next(self.seq)
+        heapq.heappush(self.queued, (ts.priority, ts.queued_seq, ts))
+        self.n_queued += 1
+        self.blocks.add(ts, self.registry.total_nthreads)
+
+    def leave_queue(self, ts: TaskState) -> None:
+        """``ts`` left queued (its heap entry is dropped lazily)."""
+        self.n_queued -= 1
+        ts.block = None
+        if not self.n_queued:
+            self.blocks.clear()
 
     def queue_head(self) -> TaskState | None:
-        """The best queued task (stale heap entries are dropped on the way)."""
-        s = self.s
-        queued = s.queued
+        """The best queued task (stale heap entries are dropped on the way: a task that
+        left queued, or was queued again since, under a newer sequence number)."""
+        queued = self.queued
         while queued:
             _, seq, ts = queued[0]
-            if ts.state == "queued" and ts.queued_seq == seq and s.tasks.get(ts.key) is ts:
+            if ts.state == "queued" and ts.queued_seq == seq:
                 return ts
             heapq.heappop(queued)
         return None
+
+    # ================================================================ no-worker
+    def add_unrunnable(self, ts: TaskState) -> None:
+        """``ts`` (just moved to no-worker) waits for a worker that can run it."""
+        self.unrunnable[ts] = None
+
+    def leave_unrunnable(self, ts: TaskState) -> None:
+        """``ts`` left no-worker."""
+        self.unrunnable.pop(ts, None)
+
+    # ================================================================ invariants
+    def validate(self, tasks: Mapping[Key, TaskState]) -> None:
+        """The queue and the no-worker set agree with the states of ``tasks``."""
+        n_queued = 0
+        for ts in tasks.values():
+            st = ts.state
+            if st == "queued":
+                n_queued += 1
+                assert ts.block is None or ts in ts.block.tasks, ts
+            else:
+                assert ts.block is None, ("in a block of the queue, not queued", ts)
+            if st == "no-worker":
+                assert ts in self.unrunnable, ts
+            else:
+                assert ts not in self.unrunnable, ts
+        assert n_queued == self.n_queued, (n_queued, self.n_queued)
+        if not n_queued:
+            assert not self.blocks.free and not self.blocks.owned, "blocks of an empty queue"
+        for blk in self.blocks.owned:
+            assert blk.owner is not None and blk.owner.root_block is blk, blk

@@ -3,7 +3,7 @@
 They follow dask.distributed's scheduling policies ("Choosing Workers",
 https://distributed.dask.org/en/stable/scheduling-policies.html).
 
-Every function here reads :class:`~hpcsched.core.state.scheduler_state.TaskState` /
+Every function here reads :class:`~hpcsched.core.state.model.TaskState` /
 ``WorkerInfo`` objects and returns a decision; none of them changes state.
 
 * :func:`is_rootish` — a task whose TaskGroup is larger than
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from hpcsched.core.state.scheduler_state import TaskGroup, TaskState, WorkerInfo
+    from hpcsched.core.state.model import TaskGroup, TaskState, WorkerInfo
 
 SAMPLE_LIMIT = 20  # workers inspected for a dependency-free, non-root-ish task
 

@@ -37,15 +37,37 @@ import heapq
 import itertools
 import re
 from collections.abc import Callable, MutableMapping
-from typing import Any, ClassVar
+from typing import Any
 
+from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.state import events as ev
+from hpcsched.core.state.events import InvalidTransition
 
 Key = Any
 
 SHORT_TASK = 0.01  # seconds: tasks expected to be shorter do not report "task-started"
 RUNNING = frozenset({"executing", "long-running", "rejoining"})  # a thread runs the task
 NEEDS_DEPENDENCIES = RUNNING | {"waiting", "ready"}
+_HELD = frozenset({"waiting", "fetch", "flight", "missing", "ready", "memory"}) | RUNNING
+
+#: finish -> the states a task may reach it from (staying in a state is always allowed;
+#: leaving "error", the task is forgotten at once)
+LEGAL_TRANSITIONS: dict[str, frozenset[str]] = {
+    # released, dropped, or taken back from a transfer or a run: from anything held
+    "released": _HELD,
+    "waiting": frozenset({"released"}),
+    "ready": frozenset({"released", "waiting"}),
+    "fetch": frozenset({"released", "missing"}),
+    "flight": frozenset({"fetch"}),
+    # no holder known, or the holder cannot send it
+    "missing": frozenset({"released", "flight"}),
+    "executing": frozenset({"ready", "rejoining"}),
+    "long-running": frozenset({"executing"}),
+    "rejoining": frozenset({"long-running"}),
+    # computed, fetched, or given (scattered data replaces whatever the key was doing)
+    "memory": _HELD | {"released"},
+    "error": RUNNING,
+}
 
 
 class WTask:
@@ -79,7 +101,7 @@ class WorkerState:
     """One worker's tasks: :meth:`handle` takes an event and returns the commands it causes
     (``Send`` records to the scheduler, ``Execute``, ``GatherDep``, ``Resume``)."""
 
-    _handlers: ClassVar[dict[type, Callable[[WorkerState, Any], None]]]
+    handlers = Handlers("worker state")
 
     def __init__(self, address: str, nthreads: int, resources: dict | None = None,
                  transfer_incoming_count_limit: int = 4,
@@ -109,10 +131,11 @@ class WorkerState:
         self.transitions: list | None = None
         self.on_transitions: Callable[[list, str], None] | None = None
         self._stimuli = itertools.count(1)  # names events that came without a stimulus_id
+        self._table = self.handlers.bind(self)
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list:
-        self._handlers[type(event)](self, event)
+        self._table[type(event)](event)
         self._ensure_communicating()
         self._ensure_computing()
         out, self._out = self._out, []
@@ -133,24 +156,24 @@ class WorkerState:
     def _name(self, event: Any) -> str:
         """A ``stimulus_id`` for an event the server made without one (a task's result, a
         transfer): named only when someone watches, so that the per-task path pays nothing
-        for it. As distributed's, e.g. ``execute-success-12``."""
+        for it. As distributed's, e.g. ``execute-success-12``. The event itself is left as
+        it is (a frozen record cannot take it)."""
         kind = _KINDS.get(type(event))
         if kind is None:
             kind = _KINDS[type(event)] = re.sub(r"(?<!^)(?=[A-Z])", "-",
                                                 type(event).__name__).lower()
-        event.stimulus_id = f"{kind}-{next(self._stimuli)}"
-        return event.stimulus_id
+        return f"{kind}-{next(self._stimuli)}"
 
     def _set_state(self, ts: WTask, finish: str) -> None:
-        # the states every task passes through test ``self.transitions`` inline instead
-        # (no call when nobody watches)
-        if self.transitions is not None:
-            self._note(ts, finish)
-        ts.state = finish
-
-    def _note(self, ts: WTask, finish: str) -> None:
-        if ts.state != finish and self.transitions is not None:
-            self.transitions.append((ts.key, ts.state, finish))
+        """Move ``ts`` to ``finish``: the one place a task's state changes here. A move
+        :data:`LEGAL_TRANSITIONS` does not allow raises :class:`InvalidTransition`."""
+        start = ts.state
+        if start != finish:
+            if start not in LEGAL_TRANSITIONS[finish]:
+                raise InvalidTransition(f"worker {self.address}: {ts.key!r}: {start} -> {finish}")
+            if self.transitions is not None:
+                self.transitions.append((ts.key, start, finish))
+            ts.state = finish
 
     def _forget(self, ts: WTask) -> None:
         if self.tasks.pop(ts.key, None) is ts and self.transitions is not None:
@@ -166,6 +189,7 @@ class WorkerState:
         return ts
 
     # ================================================================ scheduler events
+    @handlers.on(ev.ComputeTask)
     def _compute_task(self, e: ev.ComputeTask) -> None:
         ts = self._ensure_task(e.key)
         if ts.state == "memory":
@@ -203,9 +227,7 @@ class WorkerState:
             if dts.state == "released":
                 self._to_fetch(dts)
         if ts.waiting_for_data:
-            if self.transitions is not None:  # inline: a task passes here every time
-                self._note(ts, "waiting")
-            ts.state = "waiting"
+            self._set_state(ts, "waiting")
         else:
             self._to_ready(ts)
 
@@ -218,13 +240,12 @@ class WorkerState:
             self._set_state(ts, "missing")
 
     def _to_ready(self, ts: WTask) -> None:
-        if self.transitions is not None:  # inline: a task passes here every time
-            self._note(ts, "ready")
-        ts.state = "ready"
+        self._set_state(ts, "ready")
         ts.seq = next(self._seq)
         heap = self.constrained if ts.resource_restrictions else self.ready
         heapq.heappush(heap, (ts.priority, ts.seq, ts))
 
+    @handlers.on(ev.FreeKeys)
     def _free_keys(self, e: ev.FreeKeys) -> None:
         for key in e.keys:
             ts = self.tasks.get(key)
@@ -249,9 +270,7 @@ class WorkerState:
             ts.dependencies.clear()
             ts.waiting_for_data.clear()
         self.data.pop(ts.key, None)
-        if self.transitions is not None:  # inline: a task passes here every time
-            self._note(ts, "released")
-        ts.state = "released"
+        self._set_state(ts, "released")
         ts.release_after = False
         if not ts.dependents:
             self._forget(ts)
@@ -259,6 +278,7 @@ class WorkerState:
     def _needed(self, ts: WTask) -> bool:
         return any(d.state in NEEDS_DEPENDENCIES for d in ts.dependents)
 
+    @handlers.on(ev.StealRequest)
     def _steal_request(self, e: ev.StealRequest) -> None:
         ts = self.tasks.get(e.key)
         state = ts.state if ts is not None else "released"
@@ -268,6 +288,7 @@ class WorkerState:
             state = "released"
         self._to_scheduler(ev.StealResponse(self.address, e.key, state))
 
+    @handlers.on(ev.AcquireReplicas)
     def _acquire_replicas(self, e: ev.AcquireReplicas) -> None:
         for key, holders in e.who_has.items():
             ts = self._ensure_task(key)
@@ -284,6 +305,7 @@ class WorkerState:
                     ts.priority = (float("inf"),)
                 self._to_fetch(ts)
 
+    @handlers.on(ev.RefreshWhoHas)
     def _refresh_who_has(self, e: ev.RefreshWhoHas) -> None:
         for key, holders in e.who_has.items():
             ts = self.tasks.get(key)
@@ -293,6 +315,7 @@ class WorkerState:
             if ts.state == "missing":
                 self._to_fetch(ts)
 
+    @handlers.on(ev.UpdateData)
     def _update_data(self, e: ev.UpdateData) -> None:
         report = {}
         for key, value in e.data.items():
@@ -310,9 +333,7 @@ class WorkerState:
         else:
             self._store(ts.key, value, nbytes)
         ts.nbytes = nbytes
-        if self.transitions is not None:  # inline: a task passes here every time
-            self._note(ts, "memory")
-        ts.state = "memory"
+        self._set_state(ts, "memory")
         for dts in ts.dependents:
             if ts in dts.waiting_for_data:
                 dts.waiting_for_data.discard(ts)
@@ -326,6 +347,7 @@ class WorkerState:
                 self._release(dts)
         ts.dependencies.clear()
 
+    @handlers.on(ev.ExecuteSuccess)
     def _execute_success(self, e: ev.ExecuteSuccess) -> None:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state not in RUNNING:
@@ -344,6 +366,7 @@ class WorkerState:
         self._to_scheduler(ev.TaskFinished(self.address, ts.key, e.nbytes, e.typename,
                                            e.start, e.stop))
 
+    @handlers.on(ev.ExecuteFailure)
     def _execute_failure(self, e: ev.ExecuteFailure) -> None:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state not in RUNNING:
@@ -369,6 +392,7 @@ class WorkerState:
             for r, q in ts.resource_restrictions.items():
                 self.available_resources[r] = self.available_resources.get(r, 0) + q
 
+    @handlers.on(ev.GatherDepSuccess)
     def _gather_dep_success(self, e: ev.GatherDepSuccess) -> None:
         tasks = self.in_flight_workers.pop(e.worker, set())
         self.busy_workers.discard(e.worker)
@@ -421,6 +445,7 @@ class WorkerState:
         self._set_state(ts, "released")
         self._to_fetch(ts)
 
+    @handlers.on(ev.GatherDepFailure)
     def _gather_dep_failure(self, e: ev.GatherDepFailure) -> None:
         tasks = self.in_flight_workers.pop(e.worker, set())
         self.busy_workers.discard(e.worker)
@@ -432,6 +457,7 @@ class WorkerState:
             self._peer_lacks(ts, e.worker)
 
     # ================================================================ secede / rejoin
+    @handlers.on(ev.Secede)
     def _secede(self, e: ev.Secede) -> None:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state != "executing":
@@ -441,6 +467,7 @@ class WorkerState:
         self._set_state(ts, "long-running")
         self._to_scheduler(ev.LongRunning(self.address, ts.key, e.compute_duration))
 
+    @handlers.on(ev.Rejoin)
     def _rejoin(self, e: ev.Rejoin) -> None:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state != "long-running":
@@ -450,6 +477,7 @@ class WorkerState:
         self._set_state(ts, "rejoining")
         self.rejoining.append(ts)
 
+    @handlers.on(ev.ServeFailed)
     def _serve_failed(self, e: ev.ServeFailed) -> None:
         ts = self.tasks.get(e.key)
         if ts is None or ts.state != "memory":
@@ -457,6 +485,7 @@ class WorkerState:
         self._to_scheduler(ev.ResultErred(self.address, ts.key, e.exception, e.traceback,
                                           e.exception_text))
 
+    @handlers.on(ev.PauseWorker)
     def _pause(self, e: ev.PauseWorker) -> None:
         status = "paused" if e.paused else "running"
         if status != self.status:
@@ -470,9 +499,7 @@ class WorkerState:
             ts = self.rejoining.pop(0)
             self.long_running.discard(ts)
             self.executing.add(ts)
-            if self.transitions is not None:  # inline: a task passes here every time
-                self._note(ts, "executing")
-            ts.state = "executing"
+            self._set_state(ts, "executing")
             self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
         # busy resource does not keep free threads from running unrestricted tasks
@@ -492,9 +519,7 @@ class WorkerState:
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
             else:
                 _, _, ts = heapq.heappop(self.ready)
-            if self.transitions is not None:  # inline: a task passes here every time
-                self._note(ts, "executing")
-            ts.state = "executing"
+            self._set_state(ts, "executing")
             self.executing.add(ts)
             if ts.duration >= SHORT_TASK:
                 # lets the scheduler blame exactly this task if the worker dies now; for
@@ -578,20 +603,3 @@ def _sizeof(value: Any) -> int:
 
     return sizeof(value)
 
-
-WorkerState._handlers = {
-    ev.ComputeTask: WorkerState._compute_task,
-    ev.FreeKeys: WorkerState._free_keys,
-    ev.StealRequest: WorkerState._steal_request,
-    ev.AcquireReplicas: WorkerState._acquire_replicas,
-    ev.RefreshWhoHas: WorkerState._refresh_who_has,
-    ev.UpdateData: WorkerState._update_data,
-    ev.ExecuteSuccess: WorkerState._execute_success,
-    ev.ExecuteFailure: WorkerState._execute_failure,
-    ev.GatherDepSuccess: WorkerState._gather_dep_success,
-    ev.GatherDepFailure: WorkerState._gather_dep_failure,
-    ev.Secede: WorkerState._secede,
-    ev.Rejoin: WorkerState._rejoin,
-    ev.ServeFailed: WorkerState._serve_failed,
-    ev.PauseWorker: WorkerState._pause,
-}

@@ -1,0 +1,97 @@
+"""The workers the scheduler knows, their thread total and the measured bandwidth.
+
+:class:`WorkerRegistry` owns the ``{address: WorkerInfo}`` table: a worker joins
+and leaves, changes status (running, paused, closing_gracefully) and is looked
+up here, so that the thread total and the list of running workers (rebuilt only
+when a worker joins, leaves or changes status) stay right. It sends nothing and
+decides nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from hpcsched.core.state.model import WorkerInfo
+
+
+class WorkerRegistry:
+    """The scheduler's workers by address (see the module's docstring)."""
+
+    __slots__ = ("workers", "total_nthreads", "bandwidth", "removed_by", "_running")
+
+    def __init__(self, bandwidth: float):
+        self.workers: dict[str, WorkerInfo] = {}
+        self.total_nthreads = 0
+        #: measured peer-to-peer transfer speed (bytes/s), a moving average over heartbeats
+        self.bandwidth = bandwidth
+        # address -> stimulus id of the event that removed the worker, for the server's
+        # remove_worker hooks (it pops each entry; bounded for a state run without a server)
+        self.removed_by: dict[str, str] = {}
+        self._running: list[WorkerInfo] | None = None
+
+    def add(self, ws: WorkerInfo) -> None:
+        """``ws`` joined."""
+        self.workers[ws.address] = ws
+        self.total_nthreads += ws.nthreads
+        self._running = None
+
+    def remove(self, ws: WorkerInfo, stimulus_id: str) -> None:
+        """``ws`` left (``stimulus_id``: the event that removed it); it is marked closed, so
+        that objects still pointing to it (a TaskGroup's last worker) skip it."""
+        del self.workers[ws.address]
+        self.total_nthreads -= ws.nthreads
+        self.removed_by[ws.address] = stimulus_id
+        if len(self.removed_by) > 1000:
+            del self.removed_by[next(iter(self.removed_by))]
+        ws.status = "closed"
+        self._running = None
+
+    def set_status(self, ws: WorkerInfo, status: str) -> None:
+        """``ws`` is running, paused or closing_gracefully from now on."""
+        ws.status = status
+        self._running = None
+
+    def running(self) -> list[WorkerInfo]:
+        """Running workers (cached; callers must not modify the list)."""
+        r = self._running
+        if r is None:
+            r = self._running = [ws for ws in self.workers.values() if ws.status == "running"]
+        return r
+
+    def is_current(self, ws: WorkerInfo) -> bool:
+        """``ws`` is still the registered worker at its address."""
+        return self.workers.get(ws.address) is ws
+
+    def note_bandwidth(self, metrics: Any) -> None:
+        """A heartbeat's metrics: fold a measured ``bandwidth`` into the average."""
+        bw = metrics.get("bandwidth") if isinstance(metrics, dict) else None
+        if isinstance(bw, (int, float)) and bw > 0:
+            self.bandwidth = 0.8 * self.bandwidth + 0.2 * float(bw)
+
+    def resolve(self, addresses: Iterable[str] | None, names: Iterable[Any] | None,
+                n: int | None = None) -> list[str]:
+        """The workers to retire: by address, by name, and ``n`` more (idle ones with the
+        least data first)."""
+        out: list[str] = []
+        if addresses:
+            out += [a for a in addresses if a in self.workers]
+        if names:
+            wanted = set(map(str, names))
+            out += [ws.address for ws in self.workers.values() if str(ws.name) in wanted]
+        if n:
+            cands = sorted((ws for ws in self.workers.values() if ws.address not in out),
+                           key=lambda ws: (len(ws.processing), ws.nbytes))
+            out += [ws.address for ws in cands[:n]]
+        return out
+
+    def validate(self) -> None:
+        """The worker table agrees with the thread total and the running list."""
+        total = 0
+        for addr, ws in self.workers.items():
+            assert ws.address == addr, (ws, addr)
+            total += ws.nthreads
+        assert total == self.total_nthreads, (total, self.total_nthreads)
+        if self._running is not None:
+            assert self._running == [ws for ws in self.workers.values()
+                                     if ws.status == "running"], "stale running workers"

@@ -1,0 +1,493 @@
+"""The scheduler's task graph: tasks, task groups, and every change of a task's state.
+
+:class:`TaskGraph` owns the tasks (``{key: TaskState}``), their groups, the
+generation of the newest graph, and the transitions:
+
+* :meth:`TaskGraph.transition` is the one place a task's state changes. It checks
+  the move against :data:`~.model.ALLOWED_TRANSITIONS`, undoes what the old state
+  entered (a worker's slot, the queue, the no-worker set) and appends
+  ``(key, start, finish, stimulus_id, now)`` to ``transition_log``: the
+  ``stimulus_id`` of the event being handled, so that each change can be traced
+  to its cause, as in distributed's scheduler
+  (https://distributed.dask.org/en/stable/scheduling-state.html).
+* :meth:`TaskGraph.transitions` runs recommendations ``(task, finish)`` from a LIFO
+  stack, so that work made ready by a finished task is handled first. Each is
+  looked up by the task's current state in a ``(start, finish) -> method`` table
+  (declared with ``@_on(start, finish)`` at each method); a pair the table lacks
+  is a recommendation that no longer applies (the task moved on meanwhile) and is
+  dropped. A method returns the recommendations its move causes.
+
+Recommendations go to ``waiting``, ``processing`` (the task is ready: a worker, the
+queue or no-worker, as :class:`~.placement.Placement` decides), ``released`` and
+``forgotten``. Where a ready task goes is the placement's decision; which workers
+exist is the :class:`~.registry.WorkerRegistry`'s; what is sent goes to the shared
+:class:`~.model.Outbox`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.core.protocol.messages import ComputeTask, FreeKeys, KeyInMemory, TaskErredReport
+from hpcsched.core.protocol.messages import LostData as LostDataReport
+from hpcsched.core.state.events import InvalidTransition
+from hpcsched.core.state.model import (
+    ALLOWED_TRANSITIONS,
+    FIRE_AND_FORGET,
+    LostData,
+    Outbox,
+    Rec,
+    TaskGroup,
+    TaskState,
+    WorkerInfo,
+)
+from hpcsched.core.state.placement import Placement
+from hpcsched.core.state.registry import WorkerRegistry
+
+Key = Any
+#: one entry of ``transition_log``: (key, start, finish, stimulus_id, now)
+Transition = tuple[Key, str, str, str, float]
+
+_LEAVE = frozenset({"processing", "queued", "no-worker"})
+_PENDING = ("waiting", "processing", "queued", "no-worker")
+_HELD_OR_PENDING = frozenset({"memory", *_PENDING})
+_RELEASABLE = frozenset({"memory", "erred", *_PENDING})
+
+#: (start, finish) -> the method that moves a task recommended to ``finish`` from ``start``
+_TRANSITIONS: dict[tuple[str, str], Callable[..., list[Rec]]] = {}
+
+
+def _on(*pairs: tuple[str, str]) -> Callable[[Callable[..., list[Rec]]],
+                                            Callable[..., list[Rec]]]:
+    """Decorator: the method handles the recommendations ``pairs`` of (start, finish)."""
+
+    def register(fn: Callable[..., list[Rec]]) -> Callable[..., list[Rec]]:
+        for pair in pairs:
+            assert pair not in _TRANSITIONS, pair
+            _TRANSITIONS[pair] = fn
+        return fn
+
+    return register
+
+
+class TaskGraph:
+    """The tasks and their transitions (see the module's docstring)."""
+
+    def __init__(self, registry: WorkerRegistry, placement: Placement, out: Outbox, *,
+                 unknown_task_duration: float, transition_log_length: int):
+        self.registry = registry
+        self.placement = placement
+        self.out = out
+        self.unknown_task_duration = unknown_task_duration
+        self.tasks: dict[Key, TaskState] = {}
+        self.groups: dict[str, TaskGroup] = {}
+        self.generation = 0  # of the newest graph: the first part of its tasks' priorities
+        # the newest transitions, bounded as distributed's (its ``low-level-log-length``
+        # defaults to 1000): a long log keeps objects alive that every full garbage
+        # collection then scans
+        self.transition_log: deque[Transition] = deque(maxlen=transition_log_length)
+        # every transition also goes here while a list is set (the server sets one while
+        # scheduler plugins want ``transition`` calls, and empties it after each event)
+        self.transition_listener: list[Transition] | None = None
+        # while set, tasks recommended to "processing" wait here (see ready_by_priority)
+        self.deferred_ready: list[TaskState] | None = None
+        self._table = {pair: fn.__get__(self) for pair, fn in _TRANSITIONS.items()}
+
+    # ================================================================ tasks
+    def new_task(self, key: Key, run_spec: Any, group_name: str) -> TaskState:
+        """A new task ``key`` of the group ``group_name`` (released)."""
+        tg = self.groups.get(group_name)
+        if tg is None:
+            tg = self.groups[group_name] = TaskGroup(group_name)
+        ts = self.tasks[key] = TaskState(key, run_spec, tg)
+        tg.n_tasks += 1
+        return ts
+
+    def new_generation(self) -> int:
+        """A graph arrives: its tasks come after every task of the earlier ones."""
+        self.generation += 1
+        return self.generation
+
+    @staticmethod
+    def wanted(ts: TaskState) -> bool:
+        """Whether a client, or a task still to run, wants ``ts``'s result."""
+        return bool(ts.who_wants or ts.waiters)
+
+    # ================================================================ transitions
+    def transition(self, ts: TaskState, finish: str, stimulus_id: str | None = None,
+                   notify: bool = False) -> None:
+        """Move ``ts`` to ``finish``: the one place a task's state changes. Leaving
+        processing, queued or no-worker undoes what entering them did (``notify``: tell
+        the worker that was computing it to drop it); the change is logged with the
+        stimulus id of the event being handled unless another is given."""
+        start = ts.state
+        if (start, finish) not in ALLOWED_TRANSITIONS:
+            raise InvalidTransition(f"{ts.key!r}: {start} -> {finish}")
+        if start in _LEAVE:
+            if start == "processing":
+                self._exit_processing(ts, notify)
+            elif start == "queued":
+                self.placement.leave_queue(ts)
+            else:
+                self.placement.leave_unrunnable(ts)
+        ts.state = finish
+        out = self.out
+        entry = (ts.key, start, finish, stimulus_id or out.stimulus_id, out.now)
+        self.transition_log.append(entry)
+        if self.transition_listener is not None:
+            self.transition_listener.append(entry)
+
+    def transitions(self, recs: list[Rec]) -> None:
+        """Run recommendations, LIFO: (task, "waiting" | "processing" | "released" |
+        "forgotten"), each by the method of the table for (its state, the finish)."""
+        stack = recs[::-1] if len(recs) > 1 else list(recs)
+        table = self._table
+        tasks = self.tasks
+        while stack:
+            ts, finish = stack.pop()
+            if tasks.get(ts.key) is not ts:
+                continue
+            if finish == "processing" and self.deferred_ready is not None:
+                self.deferred_ready.append(ts)
+                continue
+            fn = table.get((ts.state, finish))
+            if fn is None:
+                if finish not in _FINISHES:  # pragma: no cover - programming error
+                    raise ValueError(f"bad recommendation {finish!r} for {ts!r}")
+                continue  # it moved on since it was recommended
+            new = fn(ts)
+            if new:
+                stack.extend(reversed(new))
+
+    def ready_by_priority(self, recs: list[Rec]) -> None:
+        """Run ``recs``, then the tasks they made ready in priority order rather than in
+        the order the walk reached them: with queuing the first ones take the free
+        slots, with co-assignment consecutive ones share a worker."""
+        self.deferred_ready = []
+        try:
+            self.transitions(recs)
+        finally:
+            ready, self.deferred_ready = self.deferred_ready, None
+        ready.sort(key=lambda t: t.priority)
+        self.transitions([(ts, "processing") for ts in ready])
+
+    @_on(("released", "waiting"))
+    def _released_waiting(self, ts: TaskState) -> list[Rec]:
+        if not self.wanted(ts):
+            return []
+        if ts.run_spec is None:
+            exc = LostData(f"{ts.key!r} has no task to compute it (scattered data that was lost)")
+            return self.set_erred(ts, exc, "", str(exc))
+        self.transition(ts, "waiting")
+        recs: list[Rec] = []
+        ts.waiting_on = set()
+        for dts in ts.dependencies:
+            dts.waiters.add(ts)
+            if dts.state == "memory":
+                continue
+            if dts.state == "erred":
+                # the best-priority failed dependency is blamed, the same one every time
+                dts = min((d for d in ts.dependencies if d.state == "erred"),
+                          key=lambda d: d.priority)
+                return self.set_erred(ts, dts.exception, dts.traceback, dts.exception_text,
+                                      dts.exception_blame or dts)
+            ts.waiting_on.add(dts)
+            if dts.state == "released":
+                recs.append((dts, "waiting"))
+        if not ts.waiting_on:
+            recs.append((ts, "processing"))
+        return recs
+
+    @_on(("waiting", "processing"), ("no-worker", "processing"))
+    def _ready(self, ts: TaskState) -> list[Rec]:
+        """All dependencies are in memory: processing, queued or no-worker."""
+        if ts.waiting_on:
+            return []
+        placement = self.placement
+        ws = placement.decide_worker(ts)
+        if ws is not None:
+            self.add_to_processing(ts, ws)
+        elif placement.should_queue(ts):
+            self.transition(ts, "queued")
+            placement.enqueue(ts)
+        elif ts.state != "no-worker":
+            self.transition(ts, "no-worker")
+            placement.add_unrunnable(ts)
+        return []
+
+    @_on(("released", "released"))
+    def _released_released(self, ts: TaskState) -> list[Rec]:
+        return [] if self.wanted(ts) else [(ts, "forgotten")]
+
+    @_on(("memory", "released"))
+    def _memory_released(self, ts: TaskState) -> list[Rec]:
+        recs: list[Rec] = []
+        for ws in list(ts.who_has):
+            self.out.send(ws.address, FreeKeys([ts.key]))
+            self.remove_replica(ts, ws)
+        for dts in ts.dependents:
+            if dts.state in _PENDING:
+                dts.waiting_on.add(ts)
+                if dts.state != "waiting":
+                    recs.append((dts, "released"))
+        return self._released(ts, recs)
+
+    @_on(("erred", "released"))
+    def _erred_released(self, ts: TaskState) -> list[Rec]:
+        ts.exception = None
+        ts.traceback = ts.exception_text = ""
+        ts.exception_blame = None
+        return self._released(ts, [])
+
+    @_on(*((start, "released") for start in _PENDING))
+    def _pending_released(self, ts: TaskState) -> list[Rec]:
+        recs: list[Rec] = []
+        for dts in ts.dependencies:
+            dts.waiters.discard(ts)
+            if not self.wanted(dts) and dts.state in _RELEASABLE:
+                recs.append((dts, "released"))
+        ts.waiting_on.clear()
+        return self._released(ts, recs)
+
+    def _released(self, ts: TaskState, recs: list[Rec]) -> list[Rec]:
+        self.transition(ts, "released", notify=True)
+        recs.append((ts, "waiting") if self.wanted(ts) else (ts, "forgotten"))
+        return recs
+
+    @_on(("released", "forgotten"))
+    def _forget(self, ts: TaskState) -> list[Rec]:
+        if self.wanted(ts):
+            return []
+        if ts.dependents:
+            # a dependent, even a released one, may need us recomputed: forgetting us would
+            # leave it with a dangling dependency (it would later run without its input)
+            return []
+        recs: list[Rec] = []
+        for dts in ts.dependencies:
+            dts.dependents.discard(ts)
+            dts.waiters.discard(ts)
+            if dts.state == "released" and not self.wanted(dts):
+                recs.append((dts, "forgotten"))
+            elif dts.state == "erred" and not self.wanted(dts) and \
+                    all(d.state == "released" for d in dts.dependents):
+                # the last task that could report this failure is gone: forget the failed
+                # dependency too, or a later graph with its key would inherit the old error
+                recs.append((dts, "released"))
+        del self.tasks[ts.key]
+        ts.group.n_tasks -= 1
+        if ts.group.n_tasks <= 0:
+            self.groups.pop(ts.group.name, None)
+        self.placement.forget(ts.key)
+        self.transition(ts, "forgotten")
+        return recs
+
+    def to_memory(self, ts: TaskState) -> list[Rec]:
+        """A copy of ``ts`` exists (a result, a scattered or acquired replica): memory."""
+        self.transition(ts, "memory")
+        recs: list[Rec] = []
+        ts.waiting_on.clear()
+        for dts in ts.dependents:
+            dts.waiting_on.discard(ts)
+            if dts.state == "waiting" and not dts.waiting_on:
+                recs.append((dts, "processing"))
+        if len(recs) > 1:
+            recs.sort(key=lambda r: r[0].priority)  # several made ready: best priority first
+        for dts in ts.dependencies:
+            dts.waiters.discard(ts)
+            if not dts.waiters and not dts.who_wants and dts.state in ("memory", "erred"):
+                recs.append((dts, "released"))
+        ts.who_wants.discard(FIRE_AND_FORGET)
+        for client in ts.who_wants:
+            self.out.send(client, KeyInMemory(ts.key, ts.typename))
+        if not self.wanted(ts):
+            recs.append((ts, "released"))
+        return recs
+
+    def lose(self, ts: TaskState, why: str) -> list[Rec]:
+        """``ts`` was in memory and its last copy is gone: recompute, or err if it cannot."""
+        self.transition(ts, "released")
+        recs: list[Rec] = []
+        for client in ts.who_wants:
+            self.out.send(client, LostDataReport(ts.key))
+        for dts in ts.dependents:
+            if dts.state in _PENDING:
+                dts.waiting_on.add(ts)
+                if dts.state != "waiting":  # it was ready: it waits for ts again
+                    recs.append((dts, "released"))
+        if ts.run_spec is None:
+            if self.wanted(ts):
+                exc = LostData(f"data of {ts.key!r} was scattered and is lost: {why}")
+                recs += self.set_erred(ts, exc, "", str(exc))
+            return recs
+        if self.wanted(ts):
+            recs.append((ts, "waiting"))
+        return recs
+
+    def set_erred(self, ts: TaskState, exception: Any, traceback: str, text: str,
+                  blame: TaskState | None = None) -> list[Rec]:
+        """Mark ``ts`` and everything depending on it erred."""
+        recs: list[Rec] = []
+        stack = [(ts, blame)]
+        while stack:
+            t, b = stack.pop()
+            if t.state == "erred":
+                continue
+            self.transition(t, "erred", notify=True)
+            t.exception = exception
+            t.traceback = traceback
+            t.exception_text = text
+            t.exception_blame = b
+            for dts in t.dependencies:
+                dts.waiters.discard(t)
+                # a dependency only this task needed is not needed any more, whether it is
+                # in memory or still to be computed
+                if not dts.waiters and not dts.who_wants and dts.state in _HELD_OR_PENDING:
+                    recs.append((dts, "released"))
+            t.who_wants.discard(FIRE_AND_FORGET)
+            if t.who_wants:
+                self.report_erred(t, list(t.who_wants))
+            for dts in t.dependents:
+                if dts.state != "memory":
+                    stack.append((dts, b or ts))
+        # a dependency that erred itself on the way stays erred, whichever of its
+        # dependents the walk (over sets) reached first
+        return [r for r in recs if r[0].state != "erred"]
+
+    def report_erred(self, ts: TaskState, clients: list[str]) -> None:
+        """Tell ``clients`` that ``ts`` erred (itself or through a dependency)."""
+        # the failure itself is ts's copy: its origin may have been released since
+        origin = ts.exception_blame or ts
+        for c in clients:
+            self.out.send(c, TaskErredReport(ts.key, ts.exception, ts.traceback,
+                                             ts.exception_text, origin.key))
+
+    # ================================================================ processing
+    def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are)."""
+        avg = ts.group.average_duration
+        est = self.unknown_task_duration if avg is None else avg
+        self.transition(ts, "processing")
+        ts.processing_on = ws
+        ws.processing[ts] = est
+        ws.occupancy += est
+        if ts.resource_restrictions:
+            for r, q in ts.resource_restrictions.items():
+                ws.used_resources[r] = ws.used_resources.get(r, 0) + q
+        self.placement.push_free(ws)
+        deps = ts.dependencies
+        self.out.send(ws.address, ComputeTask(
+            ts.key, ts.run_spec, ts.priority,
+            {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
+            {d.key: d.nbytes for d in deps} if deps else {},
+            ts.resource_restrictions or None, est))
+
+    def _exit_processing(self, ts: TaskState, notify: bool) -> None:
+        """Undo :meth:`add_to_processing` (called by :meth:`transition` only)."""
+        ws = ts.processing_on
+        if ws is None:
+            return
+        est = ws.processing.pop(ts, 0.0)
+        ws.occupancy = max(ws.occupancy - est, 0.0) if ws.processing else 0.0
+        ws.executing.discard(ts)
+        ws.long_running.discard(ts)
+        if ts.resource_restrictions:
+            for r, q in ts.resource_restrictions.items():
+                ws.used_resources[r] = ws.used_resources.get(r, 0) - q
+        ts.processing_on = None
+        ts.stealing = False
+        if ws.address in self.registry.workers:
+            if notify:
+                self.out.send(ws.address, FreeKeys([ts.key]))
+            self.placement.open_slots(ws)
+
+    # ================================================================ replicas
+    def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
+        """``ws`` holds a copy of ``ts``'s result."""
+        if nbytes >= 0 and nbytes != ts.nbytes:
+            # a new size (a result reported again): the workers holding it account the change
+            delta = nbytes - max(ts.nbytes, 0)
+            for holder in ts.who_has:
+                holder.nbytes += delta
+            ts.nbytes = nbytes
+        if ws not in ts.who_has:
+            ts.who_has.add(ws)
+            ws.has_what[ts] = None
+            ws.nbytes += max(ts.nbytes, 0)
+
+    def drop_replica(self, ts: TaskState, ws: WorkerInfo, why: str) -> list[Rec]:
+        """``ws`` no longer holds ``ts``'s result; if that was the last copy of a result in
+        memory, it is lost (:meth:`lose`, saying ``why``)."""
+        self.remove_replica(ts, ws)
+        if not ts.who_has and ts.state == "memory":
+            return self.lose(ts, why)
+        return []
+
+    def remove_replica(self, ts: TaskState, ws: WorkerInfo) -> None:
+        """``ws`` no longer holds ``ts``'s result."""
+        if ws in ts.who_has:
+            ts.who_has.discard(ws)
+            ws.has_what.pop(ts, None)
+            ws.nbytes -= max(ts.nbytes, 0)
+
+    # ================================================================ invariants
+    def validate(self) -> None:
+        """The tasks agree with each other and with the workers that hold or run them."""
+        workers = self.registry.workers
+        for ws in workers.values():
+            for ts in ws.processing:
+                assert ts.processing_on is ws and ts.state == "processing", (ts, ws)
+                assert self.tasks.get(ts.key) is ts, ts
+            assert ws.executing <= set(ws.processing), ws
+            assert ws.long_running <= ws.executing, ws
+            occ = sum(ws.processing.values())
+            assert abs(ws.occupancy - occ) < 1e-6 * max(1, occ) + 1e-9, (ws, ws.occupancy, occ)
+            for ts in ws.has_what:
+                assert ws in ts.who_has, (ts, ws)
+            nbytes = sum(max(ts.nbytes, 0) for ts in ws.has_what)
+            assert ws.nbytes == nbytes, (ws, ws.nbytes, nbytes)
+        for key, ts in self.tasks.items():
+            assert ts.key == key
+            for ws in ts.who_has:
+                assert workers.get(ws.address) is ws, (ts, ws)
+                assert ts in ws.has_what, (ts, ws)
+            for dts in ts.dependencies:
+                assert ts in dts.dependents, (ts, dts)
+                assert self.tasks.get(dts.key) is dts, (ts, dts)
+            for dts in ts.dependents:
+                assert ts in dts.dependencies, (ts, dts)
+            for dts in ts.waiters:
+                assert ts in dts.dependencies, (ts, dts)
+            st = ts.state
+            if st == "memory":
+                assert ts.who_has, ts
+                assert not ts.waiting_on, ts
+            else:
+                assert not ts.who_has, (ts, ts.who_has)
+            if st == "processing":
+                assert ts.processing_on is not None and ts in ts.processing_on.processing, ts
+                assert workers.get(ts.processing_on.address) is ts.processing_on, ts
+                assert all(d.state == "memory" for d in ts.dependencies), ts
+            else:
+                assert ts.processing_on is None, ts
+            if st == "waiting":
+                assert ts.waiting_on, ts
+                for dts in ts.waiting_on:
+                    assert dts.state != "memory", (ts, dts)
+                    assert dts in ts.dependencies
+                for dts in ts.dependencies:
+                    assert ts in dts.waiters, (ts, dts)
+            if st == "queued":
+                assert not ts.waiting_on, ts
+            if st == "erred":
+                assert ts.exception is not None or ts.exception_blame is not None, ts
+            if st in _PENDING:
+                assert self.wanted(ts), ts
+            if st == "released":
+                # nobody wants it and nothing could need it recomputed: it leaked
+                assert self.wanted(ts) or ts.dependents, ("leaked", ts)
+
+
+#: every finish a recommendation may name
+_FINISHES = frozenset(finish for _, finish in _TRANSITIONS)
