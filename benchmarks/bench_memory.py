@@ -4,7 +4,7 @@
 
 A LocalCluster of 2 worker processes x 1 thread runs each graph twice per
 repetition, in the same run: once with the priorities of
-:func:`hpcsched.core.state.order.order` (computed by the scheduler, the default path)
+:func:`hpcsched.core.graph.order.order` (computed by the scheduler, the default path)
 and once with ``dask.order.order``'s priorities on the same graph, passed as the
 ``static_priorities`` of the update-graph message. Fusion is off in both runs
 so that both schedule exactly the same tasks. Every task takes ``--task-ms``
@@ -16,7 +16,7 @@ Measured on the scheduler, after every event it handles (a wrapper around
 results held in the cluster (sum over workers of the keys they hold) and their
 bytes. Reported: the peak of each, median over repetitions; and, without any
 timing noise, the peak of a sequential run in each order
-(:func:`hpcsched.core.state.order.peak_memory`).
+(:func:`hpcsched.core.graph.order.peak_memory`).
 
 Shapes (dependencies below their dependents):
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from hpcsched.core.client.client import Client, Future, task_run_spec
 from hpcsched.core.client.graphs import update_graph
-from hpcsched.core.state.graph import normalize
+from hpcsched.core.graph.dsk import normalize
 from hpcsched.launchers.local_cluster import LocalCluster
 
 NBYTES = 1_000_000
@@ -186,8 +186,8 @@ def dask_priorities(dsk: dict) -> dict:
 
 def sequential_peaks(dsk: dict) -> tuple[int, int]:
     """Results held at once running the graph one task at a time in each order
-    (:func:`hpcsched.core.state.order.peak_memory`: no timing, no noise)."""
-    from hpcsched.core.state.order import order, peak_memory
+    (:func:`hpcsched.core.graph.order.peak_memory`: no timing, no noise)."""
+    from hpcsched.core.graph.order import order, peak_memory
 
     deps = {k: list(t.dependencies) for k, t in normalize(dsk, known=set()).items()}
     return peak_memory(deps, order(deps)), peak_memory(deps, dask_priorities(dsk))

@@ -37,11 +37,12 @@ ROOT = PACKAGE.parent
 
 #: package -> layer, lowest first
 LAYER = {"core": 0, "diagnostics": 1, "launchers": 2, "jobqueue": 3, "hpc": 3}
-#: folder of the core -> layer, lowest first; "base" is the core's loose modules
-CORE_LAYER = {"base": 0, "protocol": 1, "state": 2, "comm": 3, "scheduler": 4, "worker": 4,
-              "client": 5}
+#: folder of the core -> layer, lowest first; "base" is the core's loose modules (config,
+#: units, seams), which read the state's defaults (its settings) and serve everything above
+CORE_LAYER = {"protocol": 0, "graph": 0, "state": 1, "base": 2, "comm": 3, "scheduler": 4,
+              "worker": 4, "client": 5}
 #: what the pure state may import of hpcsched
-STATE_MAY_IMPORT = {"state", "protocol"}
+STATE_MAY_IMPORT = {"state", "graph", "protocol"}
 SEAMS = "hpcsched.core.seams"
 MAX_MODULES_PER_FOLDER = 16
 
@@ -162,13 +163,14 @@ def test_core_folders_import_only_their_own_and_lower_ones():
         if mine == "state":
             if theirs not in STATE_MAY_IMPORT and _package(t) is not None:
                 wrong.append(f"{_where(name, line)}: state imports {t} "
-                             f"(the pure state imports only state/ and protocol/)")
+                             f"(the pure state imports only state/, graph/ and protocol/)")
             continue
         if theirs is None or theirs == mine:
             continue
         if CORE_LAYER[theirs] >= CORE_LAYER[mine]:
-            wrong.append(f"{_where(name, line)}: {mine} imports {t} (core folders: config, "
-                         "units, seams < protocol < state < comm < scheduler, worker < client)")
+            wrong.append(f"{_where(name, line)}: {mine} imports {t} (core folders: protocol, "
+                         "graph < state < config, units, seams < comm < scheduler, worker "
+                         "< client)")
     assert not wrong, "imports against the core's folder layers:\n" + "\n".join(wrong)
 
 

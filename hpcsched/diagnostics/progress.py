@@ -26,7 +26,7 @@ from html import escape
 from typing import Any
 
 from hpcsched.core.client.futures import Future, futures_of
-from hpcsched.core.state.graph import key_split
+from hpcsched.core.graph.dsk import key_split
 
 WIDGET_REDRAW = 0.1  # seconds between widget redraws at most
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from hpcsched.core.state.graph import key_split
+from hpcsched.core.graph.dsk import key_split
 
 STREAM_LENGTH = 100_000  # task stream entries kept (about 15 MB)
 TRANSFERS_LENGTH = 20_000

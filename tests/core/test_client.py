@@ -26,7 +26,7 @@ from hpcsched.core.client.client import (
     wait,
     write_scheduler_file,
 )
-from hpcsched.core.state.graph import GraphError
+from hpcsched.core.graph.dsk import GraphError
 from tests.conftest import hpcsched_children, wait_until
 from tests.core.test_local import GetFunctionTestMixin
 

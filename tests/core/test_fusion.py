@@ -1,4 +1,4 @@
-r"""Linear-chain fusion (hpcsched.core.state.fusion), on drawn graphs (dependencies below).
+r"""Linear-chain fusion (hpcsched.core.graph.fusion), on drawn graphs (dependencies below).
 
 Graphs are dask-style dicts normalized with graph.normalize; a fused graph must
 compute the same values as the original (graph.evaluate, in dependency order).
@@ -10,9 +10,9 @@ import copy
 import time
 from operator import add
 
-from hpcsched.core.state.fusion import fuse_linear
-from hpcsched.core.state.graph import Call, Ref, Task, evaluate, normalize
-from hpcsched.core.state.order import order
+from hpcsched.core.graph.dsk import Call, Ref, Task, evaluate, normalize
+from hpcsched.core.graph.fusion import fuse_linear
+from hpcsched.core.graph.order import order
 
 
 def inc(x):

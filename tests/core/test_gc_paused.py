@@ -6,7 +6,7 @@ import gc
 
 import pytest
 
-from hpcsched.core.state.graph import gc_paused
+from hpcsched.core.graph.dsk import gc_paused
 
 
 def test_large_graphs_pause_the_collector_and_restore_it():

@@ -55,7 +55,7 @@ def test_a_wrong_setting_is_named():
 
 AFTER_A_PAUSED_BUILD = """
 import gc, sys
-from hpcsched.core.state.graph import gc_paused
+from hpcsched.core.graph.dsk import gc_paused
 if sys.argv[1] == "frozen":
     gc.freeze()  # the program froze objects of its own: they must stay frozen
 frozen_before = gc.get_freeze_count()

@@ -24,7 +24,7 @@ import pytest
 
 import hpcsched
 from hpcsched.core.client import local
-from hpcsched.core.state.graph import GraphError
+from hpcsched.core.graph.dsk import GraphError
 
 
 def inc(x):

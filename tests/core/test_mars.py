@@ -1,4 +1,4 @@
-r"""Mars initial worker assignment (hpcsched.core.state.mars.assign_initial) on drawn
+r"""Mars initial worker assignment (hpcsched.core.graph.mars.assign_initial) on drawn
 graphs, dependencies below their dependents. ``relabel`` reruns each test with
 keys renamed at random and shuffled: placement follows structure, not names.
 """
@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from hpcsched.core.state.mars import assign_initial
+from hpcsched.core.graph.mars import assign_initial
 
 
 def tree(leaves: int) -> dict:

@@ -1,4 +1,4 @@
-"""Static priorities (hpcsched.core.state.order): each test draws its graph, bottom-up
+"""Static priorities (hpcsched.core.graph.order): each test draws its graph, bottom-up
 (dependencies below their dependents), and says which order it expects and why.
 
 Graphs are ``{key: [dependencies]}``. Most tests take the ``relabel`` fixture, which
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from hpcsched.core.state.graph import GraphError
-from hpcsched.core.state.order import order, peak_memory
+from hpcsched.core.graph.dsk import GraphError
+from hpcsched.core.graph.order import order, peak_memory
 
 
 def sequence(o: dict) -> list:

@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from hpcsched.core.graph.mars import assign_initial
+from hpcsched.core.graph.order import order
 from hpcsched.core.protocol.messages import decode
 from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
 from hpcsched.core.state.events import Execute, Send
-from hpcsched.core.state.mars import assign_initial
-from hpcsched.core.state.order import order
 from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.core.state.worker_state import WorkerState
 

@@ -82,10 +82,10 @@ from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
     wait_for_scheduler_file,
     write_scheduler_file,
 )
+from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
-from hpcsched.core.state.graph import GraphError
 from hpcsched.core.worker.nanny import is_nanny_plugin
 
 logger = logging.getLogger("hpcsched.client")

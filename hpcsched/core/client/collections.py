@@ -8,7 +8,7 @@ task-spec nodes (``Task``, ``DataNode``, ``Alias``, with ``TaskRef``
 pointers). This module accepts each of them through dask's own public
 methods (``__dask_graph__``, ``__dask_annotations__``,
 ``convert_legacy_graph``) and turns them into the dict hpcsched's
-:func:`~hpcsched.core.state.graph.normalize` reads:
+:func:`~hpcsched.core.graph.dsk.normalize` reads:
 
 * a legacy dict (tuples only) passes unchanged, so hpcsched's own fusion and
   ordering see its structure;
@@ -32,8 +32,8 @@ from typing import Any
 
 from hpcsched.core.client.futures import Future
 from hpcsched.core.client.worker_client import worker_client
+from hpcsched.core.graph.dsk import Call, Ref
 from hpcsched.core.protocol.annotations import annotation_problem
-from hpcsched.core.state.graph import Call, Ref
 from hpcsched.core.worker.context import in_task
 
 Key = Any

@@ -10,7 +10,7 @@ Submitter needs the client's connection, its future table (which keys it
 holds), a way to make its futures, and ``gather`` (``compute(sync=True)``).
 
 Futures given as arguments, or found inside a graph, become references to
-their keys (:class:`~hpcsched.core.state.graph.Ref`); the caller keeps those futures
+their keys (:class:`~hpcsched.core.graph.dsk.Ref`); the caller keeps those futures
 alive until the message that depends on them is queued, or the scheduler could
 hear of their release before it hears of the task that needs them.
 """
@@ -38,9 +38,9 @@ from hpcsched.core.client.submission import (
     pure_token,
     task_run_spec,
 )
+from hpcsched.core.graph.dsk import Ref, gc_paused, normalize
 from hpcsched.core.protocol.messages import UpdateGraph
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
-from hpcsched.core.state.graph import Ref, gc_paused, normalize
 
 if TYPE_CHECKING:
     from hpcsched.core.client.connection import SchedulerConnection
@@ -206,7 +206,7 @@ class Submitter:
             # one walk over the graph: futures inside it become references to their keys
             tasks = normalize(graph, known=set(held), ref_of=partial(future_key, self.table))
             if config.get("scheduler.fuse", fuse) and len(tasks) > 1:
-                from hpcsched.core.state.fusion import fuse_linear
+                from hpcsched.core.graph.fusion import fuse_linear
 
                 tasks = fuse_linear(tasks, keep=set(flat) | annotated_keys(annotations))
             wire = {k: {"run_spec": task_run_spec(t), "deps": list(t.dependencies)}

@@ -1,7 +1,7 @@
 """The single-machine scheduler: run a dask-style graph in this process.
 
 ``get(dsk, keys)`` runs the tasks needed for ``keys`` of a dask-style graph
-dict (``{key: (func, *args)}``, see :mod:`hpcsched.core.state.graph`) on a pool of
+dict (``{key: (func, *args)}``, see :mod:`hpcsched.core.graph.dsk`) on a pool of
 threads and returns their results in the shape of ``keys``. It is
 ``hpcsched.get``.
 
@@ -12,7 +12,7 @@ millisecond per task. Three tie-breakers decide which ready task runs next:
    the dependents it made ready go on top, so the work just started is
    finished before new work begins (and its inputs can be released).
 2. *Static priorities.* Tasks made ready at the same moment (and the initial
-   tasks) are pushed in the order computed by :func:`hpcsched.core.state.order.order`
+   tasks) are pushed in the order computed by :func:`hpcsched.core.graph.order.order`
    before the run, the highest priority on top: a depth-first numbering in
    which, at each node, the dependencies on which the most depends come first.
 3. *Release early.* A result is dropped as soon as no pending task needs it
@@ -38,8 +38,8 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from hpcsched.core.client.collections import graph_of
-from hpcsched.core.state.graph import Key, Task, evaluate, normalize
-from hpcsched.core.state.order import order
+from hpcsched.core.graph.dsk import Key, Task, evaluate, normalize
+from hpcsched.core.graph.order import order
 
 __all__ = ["get"]
 
@@ -90,7 +90,7 @@ def get(dsk: Any, keys: Any, num_workers: int | None = None, **kwargs: Any) -> A
     take ``cache``, ``pool``...) are accepted and ignored, so callers written
     for dask's ``get`` work unchanged.
     Raises ``KeyError`` for a requested key that is not in the graph and
-    :class:`~hpcsched.core.state.graph.GraphError` for a cycle.
+    :class:`~hpcsched.core.graph.dsk.GraphError` for a cycle.
 
     >>> inc = lambda x: x + 1
     >>> get({"x": 1, "y": (inc, "x")}, ["y", ["x"]])

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from hpcsched.core.graph.dsk import Call, Task
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
-from hpcsched.core.state.graph import Call, Task
 
 SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
 
@@ -27,7 +27,7 @@ def funcname(func: Any) -> str:
 
 def pure_token(func_blob: bytes, args_blob: bytes | None) -> str:
     """A deterministic token of a call from its pickled function and arguments (hex, so that
-    :func:`~hpcsched.core.state.graph.key_split` drops it from the task's group name)."""
+    :func:`~hpcsched.core.graph.dsk.key_split` drops it from the task's group name)."""
     h = hashlib.blake2b(func_blob, digest_size=16)
     if args_blob is not None:
         h.update(args_blob)

@@ -87,7 +87,7 @@ class Loop(Inbox):
     ``any_thread``: the receiver's code is short and never blocks, so a transport whose
     sends only queue may run it in its own thread (see ``Inbox.any_thread``); a client's
     loop is so. ``raise_gc``: a server's loop raises the process's GC threshold when it
-    starts (:func:`~hpcsched.core.state.graph.raise_gc_threshold`); a client's leaves the
+    starts (:func:`~hpcsched.core.graph.dsk.raise_gc_threshold`); a client's leaves the
     user's process as it is.
     """
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from hpcsched.core.graph.dsk import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.protocol.annotations import annotation_problem
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import CancelledKeys, KeyInMemory
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.graph import GraphError, check_acyclic, gc_paused, key_split
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, Rec, TaskState
 from hpcsched.core.state.placement import Placement
 from hpcsched.core.state.registry import WorkerRegistry
@@ -96,7 +96,7 @@ class ClientRequests:
         static = e.static_priorities
         if static is None:
             if len(new) > 1:
-                from hpcsched.core.state.order import order
+                from hpcsched.core.graph.order import order
 
                 keys = {ts.key for ts in new}
                 static = order({ts.key: [d.key for d in ts.dependencies if d.key in keys]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     AcquireReplicas,
@@ -37,7 +38,6 @@ from hpcsched.core.protocol.messages import (
 )
 from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
-from hpcsched.core.state.graph import key_split
 from hpcsched.core.state.model import (
     Outbox,
     Rebalance,

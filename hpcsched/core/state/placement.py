@@ -102,7 +102,7 @@ class Placement:
 
     def plan_mars(self, deps: Mapping[Key, Collection[Key]], running: list[str]) -> None:
         """Assign the new tasks ``deps`` to the running workers (MARS, :mod:`.mars`)."""
-        from hpcsched.core.state.mars import assign_initial
+        from hpcsched.core.graph.mars import assign_initial
 
         self.mars_assignment.update(assign_initial(deps, running))
 

@@ -17,6 +17,7 @@ import traceback as tb_mod
 from collections.abc import Mapping
 from typing import Any
 
+from hpcsched.core.graph.dsk import evaluate
 from hpcsched.core.protocol.serialize import (
     SerializationError,
     dumps,
@@ -24,7 +25,6 @@ from hpcsched.core.protocol.serialize import (
     loads_object,
     serialize,
 )
-from hpcsched.core.state.graph import evaluate
 from hpcsched.core.worker.context import hook_dask
 
 

@@ -60,6 +60,7 @@ from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.comm.loop import CLOSED, Loop
+from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     SCHEDULER_TO_WORKER,
@@ -83,7 +84,6 @@ from hpcsched.core.protocol.messages import (
 )
 from hpcsched.core.protocol.serialize import deserialize, sizeof
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.graph import key_split
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker.control import WorkerControl

@@ -22,7 +22,7 @@ feed before it reaches anything further away::
       a0  a1  a2  a3
 
 Each search starts from the unassigned initial task that
-:func:`hpcsched.core.state.order.order` runs first, so the result follows the graph's
+:func:`hpcsched.core.graph.order.order` runs first, so the result follows the graph's
 structure, not key names or insertion order.
 """
 
@@ -32,8 +32,8 @@ import math
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 
-from hpcsched.core.state.graph import Key
-from hpcsched.core.state.order import order
+from hpcsched.core.graph.dsk import Key
+from hpcsched.core.graph.order import order
 
 __all__ = ["assign_initial"]
 

@@ -57,7 +57,7 @@ from collections.abc import Collection, Mapping
 
 import numpy as np
 
-from hpcsched.core.state.graph import GraphError, Key, check_acyclic
+from hpcsched.core.graph.dsk import GraphError, Key, check_acyclic
 
 __all__ = ["order", "peak_memory"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from hpcsched.core.state.graph import Key, Task, substitute
+from hpcsched.core.graph.dsk import Key, Task, substitute
 
 __all__ = ["fuse_linear"]
 
@@ -38,7 +38,7 @@ def fuse_linear(tasks: dict[Key, Task], keep: Collection[Key] = ()) -> dict[Key,
     wanted by other graphs). Returns a new dict; ``tasks`` is not mutated.
     Linear in the size of the graph.
 
-    >>> from hpcsched.core.state.graph import normalize, evaluate
+    >>> from hpcsched.core.graph.dsk import normalize, evaluate
     >>> inc = lambda x: x + 1
     >>> fused = fuse_linear(normalize({"a": 1, "b": (inc, "a"), "c": (inc, "b")}), keep={"c"})
     >>> list(fused), evaluate(fused["c"].expr, {})
