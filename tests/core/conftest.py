@@ -38,7 +38,7 @@ def relabel(request: pytest.FixtureRequest) -> Callable[..., dict]:
 # --- TCP tests: peers on loopback, ended by the test ----------------------------------
 @pytest.fixture
 def net():
-    from tests.core.tcp_net import Net
+    from tests.core.comm.tcp_net import Net
 
     n = Net()
     try:

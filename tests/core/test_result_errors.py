@@ -22,10 +22,10 @@ import pytest
 from hpcsched import Client, LocalCluster
 from hpcsched.core.state import events as ev
 from tests.conftest import worker_env
-from tests.core.test_scheduler_state import A, B, finish, graph, one, sent, step, submit
-from tests.core.test_scheduler_state import with_workers as scheduler_with_workers
-from tests.core.test_worker_state import P1, compute, executes, new_state, to_scheduler
-from tests.core.test_worker_state import step as wstep
+from tests.core.state.test_scheduler_state import A, B, finish, graph, one, sent, step, submit
+from tests.core.state.test_scheduler_state import with_workers as scheduler_with_workers
+from tests.core.state.test_worker_state import P1, compute, executes, new_state, to_scheduler
+from tests.core.state.test_worker_state import step as wstep
 
 pytestmark = pytest.mark.timeout(120)
 

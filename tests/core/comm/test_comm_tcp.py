@@ -24,7 +24,7 @@ from hpcsched.core.comm import CommClosedError, HandshakeError, Security, regist
 from hpcsched.core.comm import tcp as tcp_backend
 from hpcsched.core.protocol.serialize import SerializationError
 from tests.conftest import wait_until as wait_for
-from tests.core.tcp_net import (
+from tests.core.comm.tcp_net import (
     Server,
     authenticated_raw_socket,
     free_port,

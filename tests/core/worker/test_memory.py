@@ -15,10 +15,10 @@ from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.memory import MemoryLimits, MemoryPlan, plan
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
-from tests.core.test_scheduler_state import finish, submit, with_workers
-from tests.core.test_scheduler_state import step as sstep
-from tests.core.test_worker_state import compute, executes, success, to_scheduler
-from tests.core.test_worker_state import step as wstep
+from tests.core.state.test_scheduler_state import finish, submit, with_workers
+from tests.core.state.test_scheduler_state import step as sstep
+from tests.core.state.test_worker_state import compute, executes, success, to_scheduler
+from tests.core.state.test_worker_state import step as wstep
 
 LIMITS = MemoryLimits(1000, target=0.6, spill=0.7, pause=0.8, terminate=0.95)
 

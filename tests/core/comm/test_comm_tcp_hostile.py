@@ -25,7 +25,7 @@ from hpcsched.core.comm.base import Inbox
 from hpcsched.core.comm.loop import CLOSED
 from hpcsched.core.comm.tcp_frames import FrameTooLarge
 from tests.conftest import wait_until, worker_env
-from tests.core.tcp_net import (
+from tests.core.comm.tcp_net import (
     authenticated_raw_socket,
     logged,
     read_until_eof,

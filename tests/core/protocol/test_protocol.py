@@ -18,7 +18,7 @@ from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
 from hpcsched.core.protocol.serialize import serialize
 from hpcsched.core.state import events as ev
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "hpcsched"
 
 RECORDS = sorted({(d.name, op, cls) for d in protocol.DIRECTIONS for op, cls in d.items()},

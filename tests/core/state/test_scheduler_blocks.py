@@ -1,6 +1,6 @@
 """RootBlocks alone: which queued task a worker takes (see hpcsched.core.state.blocks).
 
-The stories of SchedulerState (tests/core/test_scheduler_state.py) drive the blocks
+The stories of SchedulerState (tests/core/state/test_scheduler_state.py) drive the blocks
 through events; these check the rules on hand-made tasks.
 """
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.events import Resume
-from tests.core.test_scheduler_state import A, finish, graph, sent, step, submit, with_workers
-from tests.core.test_worker_state import compute, executes, new_state, success, to_scheduler
-from tests.core.test_worker_state import step as wstep
+from tests.core.state.test_scheduler_state import A, finish, graph, sent, step, submit, with_workers
+from tests.core.state.test_worker_state import compute, executes, new_state, success, to_scheduler
+from tests.core.state.test_worker_state import step as wstep
 
 
 def resumes(out: list) -> list:
