@@ -132,8 +132,6 @@ class get_task_stream:  # noqa: N801 - distributed's name, used as a context man
 def write_report(client: Any, start: float, filename: str | os.PathLike) -> str:
     """Write the performance report of everything since ``start`` to ``filename``."""
     data = request(client, "report", start=start, timeout=120.0)
-    data.pop("op", None)
-    data.pop("request_id", None)
     # inlined in a <script> element: "</" must not end it early (keys are user text)
     text = json.dumps(data, separators=(",", ":"), default=str).replace("</", "<\\/")
     page = page_html("report", data=text)

@@ -32,6 +32,7 @@ import atexit
 import contextlib
 import itertools
 import logging
+import reprlib
 import threading
 import uuid
 import weakref
@@ -203,9 +204,8 @@ class Client:
         self.future_table.notify()
 
     def _bad_message(self, msg: Any, error: Exception) -> None:
-        op = msg.get("op") if isinstance(msg, dict) else None
-        logger.error("client %s: dropped a message from the scheduler (op %r): %s: %s",
-                     self.id, op, type(error).__name__, error)
+        logger.error("client %s: dropped a message from the scheduler (%s): %s: %s",
+                     self.id, reprlib.repr(msg), type(error).__name__, error)
 
     @handlers.on(pc.KeyInMemory)
     def _on_key_in_memory(self, msg: pc.KeyInMemory) -> None:

@@ -162,19 +162,19 @@ def coalesce(msgs: list) -> list:
 
     A queued dict is sent as it is (tests send deliberately malformed messages)."""
     out: list = []
-    run: list | None = None  # keys of the release message being built
+    run: ClientReleasesKeys | None = None  # the release message being built
     for m in msgs:
         cls = m.__class__
         if cls is ClientReleasesKeys:
             if run is None:
-                run = list(m.keys)
-                out.append({"op": ClientReleasesKeys.op, "keys": run})  # type: ignore[attr-defined]
+                run = ClientReleasesKeys(m.client, list(m.keys))
+                out.append(run)
             else:
-                run.extend(m.keys)
+                run.keys.extend(m.keys)
         else:
             run = None
             out.append(m if cls is dict else encode(m))
-    return out
+    return [encode(x) if x.__class__ is ClientReleasesKeys else x for x in out]
 
 
 #: the id of the one ``close-client`` request (its reply carries none)

@@ -42,7 +42,6 @@ from hpcsched.core.protocol.messages import (
     ClientDesiresKeys,
     ClientReleasesKeys,
     ComputeTask,
-    Direction,
     FreeKeys,
     Heartbeat,
     LongRunning,
@@ -70,9 +69,9 @@ __all__ = [
     "FreeKeys", "GatherDep", "GatherDepFailure", "GatherDepSuccess", "Heartbeat", "Key",
     "LongRunning", "MalformedMessage", "MissingData", "PauseWorker", "RefreshWhoHas", "Rejoin",
     "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
-    "RetireWorkers", "RetryKeys", "SCHEDULER_OPS", "ScatterData", "Secede", "Send",
+    "RetireWorkers", "RetryKeys", "ScatterData", "Secede", "Send",
     "ServeFailed", "StealRequest", "StealResponse", "TaskErred", "TaskFinished", "TaskStarted",
-    "Tick", "UpdateData", "UpdateGraph", "WORKER_OPS", "WorkerStatusChange",
+    "Tick", "UpdateData", "UpdateGraph", "WorkerStatusChange",
 ]
 
 Key = Any
@@ -283,22 +282,3 @@ class GatherDepFailure(Internal):
     worker: str
     keys: list
     error: str = ""
-
-
-# ============================================================ op tables
-# ops that go straight to a state machine, and the event each becomes; the server adds
-# the sender (worker=/client=), now= and stimulus_id=. These tables check only ops and field
-# names: the scheduler decodes with its checked inbound directions (every field's check).
-def _ops(name: str, *events: type) -> Direction:
-    table = Direction(name, "state machine", checked=False)
-    table.update((e.op, e) for e in events)  # type: ignore[attr-defined]
-    return table
-
-
-SCHEDULER_OPS: Direction = _ops(
-    "worker or client", TaskStarted, TaskFinished, TaskErred, MissingData, LongRunning,
-    ResultErred, AddKeys, ReleaseWorkerData, StealResponse, Heartbeat, WorkerStatusChange,
-    UpdateGraph, ClientDesiresKeys, ClientReleasesKeys, CancelKeys, RetryKeys)
-
-WORKER_OPS: Direction = _ops(
-    "scheduler", ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)

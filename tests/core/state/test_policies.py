@@ -21,7 +21,7 @@ import pytest
 
 from hpcsched.core.graph.mars import assign_initial
 from hpcsched.core.graph.order import order
-from hpcsched.core.protocol.messages import decode
+from hpcsched.core.protocol.messages import SCHEDULER_TO_WORKER, WORKER_TO_SCHEDULER, decode
 from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
 from hpcsched.core.state.events import Execute, Send
@@ -536,8 +536,8 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
             if m.to not in workers:
                 continue
             op = m.wire()["op"]
-            if op in ev.WORKER_OPS:
-                event = decode(ev.WORKER_OPS, m.wire())
+            if op in SCHEDULER_TO_WORKER:
+                event = decode(SCHEDULER_TO_WORKER, m.wire())
                 replies = step(workers[m.to], event)
                 for c in replies:
                     if type(c) is ev.GatherDep:  # the peer hands its data over
@@ -547,7 +547,7 @@ def deliver(s: SchedulerState, workers: dict[str, WorkerState], out: list) -> li
                     elif type(c) is Execute:
                         executed.append(c.key)
                     elif type(c) is Send and c.wire()["op"] == "steal-response":
-                        nxt += step(s, decode(ev.SCHEDULER_OPS, c.wire(), worker=m.to))
+                        nxt += step(s, decode(WORKER_TO_SCHEDULER, c.wire(), worker=m.to))
                     elif type(c) is Send and c.wire()["op"] == "task-started":
                         nxt += step(s, ev.TaskStarted(m.to, c.wire()["key"]))
         out = nxt
@@ -607,7 +607,7 @@ def test_steal_handshake_never_runs_a_task_twice():
             if op == "steal-response":
                 responses[msg["key"]] = msg["state"]
             if op in ("steal-response", "task-started", "task-finished"):
-                event = decode(ev.SCHEDULER_OPS, msg, worker=w)
+                event = decode(WORKER_TO_SCHEDULER, msg, worker=w)
                 ran.extend(deliver(s, workers, step(s, event)))
 
     on_worker(A, ev.ExecuteSuccess("t-0", 1, 8))
