@@ -118,7 +118,7 @@ def _world(comm: Any = None) -> _Job:
     of ``COMM_WORLD`` (the caller made it, so MPI is there).
     """
     if comm is not None:
-        from hpcsched.hpc.mpi import mpi_module
+        from hpcsched.hpc.mpi_init import mpi_module
 
         return _Job(mpi_module(), comm.Get_rank(), comm.Get_size(), comm=comm)
     hint = launcher_size()
@@ -128,7 +128,7 @@ def _world(comm: Any = None) -> _Job:
         raise RuntimeError(
             f"hpcsched: started by an MPI launcher ({hint or 'several'} processes) but mpi4py "
             "is not installed; install it with: pip install 'hpcsched[mpi]'")
-    from hpcsched.hpc.mpi import mpi_module
+    from hpcsched.hpc.mpi_init import mpi_module
 
     MPI = mpi_module()
     world = MPI.COMM_WORLD

@@ -72,6 +72,7 @@ from hpcsched.core.protocol import serialize
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
 from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener
+from hpcsched.hpc.mpi_init import mpi_module
 
 logger = logging.getLogger(__name__)
 
@@ -84,28 +85,6 @@ _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
-
-
-def mpi_module() -> Any:
-    """mpi4py's MPI module, initialized with MPI_THREAD_MULTIPLE (checked)."""
-    import mpi4py
-
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
-
-    if not MPI.Is_initialized():  # the user set mpi4py.rc.initialize = False
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    provided = MPI.Query_thread()
-    if provided < MPI.THREAD_MULTIPLE:
-        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                 MPI.THREAD_SERIALIZED: "SERIALIZED"}
-        raise RuntimeError(
-            f"the mpi:// transport needs MPI_THREAD_MULTIPLE but MPI was initialized with "
-            f"MPI_THREAD_{names.get(provided, provided)}; do not set mpi4py.rc.thread_level "
-            "lower than 'multiple' (or use an MPI library built with thread support)"
-        )
-    return MPI
 
 
 def _as_bytes_view(frame: serialize.Frame) -> memoryview:

@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import hpcsched.jobqueue.params as params
+import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
-from hpcsched.jobqueue import params, runner
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,

@@ -374,6 +374,6 @@ USAGE = """usage: hpcsched scheduler [options]
 def version_text() -> str:
     import platform
 
-    from hpcsched import __version__
+    from hpcsched._version import __version__
 
     return f"hpcsched {__version__} (Python {platform.python_version()})"
