@@ -298,7 +298,7 @@ def _leave(job: _Job, code: int) -> None:
     """This rank's server is closed: meet the others at the fence, stop the endpoint."""
     from hpcsched.hpc.mpi import shutdown_endpoint
 
-    timeout = float(config.get("mpi.exit-timeout", None, default=5.0))
+    timeout = float(config.get("mpi.exit-timeout"))
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll

@@ -128,7 +128,7 @@ class Endpoint:
         self.bell = bell
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
-        self.data_threshold = int(config.get("mpi.data-threshold", None, default=64 * 1024))
+        self.data_threshold = int(config.get("mpi.data-threshold"))
         self._MPI = mpi_module()
         self._lock = threading.Lock()  # channels, listener, unaccepted
         self._channels: dict[tuple[int, int, int, bool], MPIComm] = {}
@@ -301,7 +301,7 @@ class Endpoint:
         # Partial receives and pending sends still need MPI progress: poll for them fast.
         rung = None
         if self.bell is not None and self.bell.all_local:
-            every = float(config.get("mpi.doorbell-poll", None, default=2e-3))
+            every = float(config.get("mpi.doorbell-poll"))
             rung = Backoff(min=every, fast_max=max(every, backoff.fast_max),
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
@@ -498,7 +498,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
         # collective on every rank, whatever its mpi.doorbell: one that does not listen
         # still rings the peers that do
         bell = Doorbell.exchange(dup, wait.sleep,
-                                 listen=bool(config.get("mpi.doorbell", None, default=True)),
+                                 listen=bool(config.get("mpi.doorbell")),
                                  timeout=timeout)
         _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the
