@@ -13,8 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpcsched._lazy import lazy_exports
-
-__version__ = "0.1.0"
+from hpcsched._version import __version__ as __version__
 
 # name -> module; imported on first use so `import hpcsched` stays cheap and
 # never imports mpi4py unless MPI is used.

@@ -10,15 +10,17 @@ The rules, each named in its failure message with the ``file:line`` breaking it:
 * **package layers**: ``core`` <- ``diagnostics`` <- ``launchers`` <- ``jobqueue``,
   ``hpc``: a module may import its own package and the packages below it, never
   one above or beside it. The package root (``hpcsched``, ``__main__``) stands
-  above every layer; ``hpcsched._lazy`` below them all.
-* **core folders**: inside ``core``, lowest first: ``config``, ``units``,
-  ``seams`` < ``protocol/`` < ``state/`` < ``comm/`` < ``scheduler/``,
-  ``worker/`` (never each other) < ``client/``; a folder imports its own and
-  lower ones. The pure state (``state/``) imports nothing of hpcsched but
-  ``state/`` and ``protocol/``.
+  above every layer; ``hpcsched._lazy`` and ``hpcsched._version`` below them all.
+* **core folders**: inside ``core``, lowest first: ``protocol/``, ``graph/`` <
+  ``state/`` < ``config``, ``units``, ``seams`` (config reads the state's
+  defaults) < ``comm/`` < ``scheduler/``, ``worker/`` (never each other) <
+  ``client/``; a folder imports its own and lower ones. The pure state
+  (``state/``) imports nothing of hpcsched but ``state/``, ``graph/`` and
+  ``protocol/``.
 * **one seam**: where the core needs something built higher up, it names it,
   as ``module:attribute`` text, in :mod:`hpcsched.core.seams` -- which imports
-  nothing of hpcsched, and names only entry points that exist, above the core.
+  nothing of hpcsched, and names only entry points that exist, above the core
+  (or in the core's top folder, ``client/``, which the worker's tasks reach up to).
   No other module of the core names a higher layer's module in a string.
 * **no cycles**: no chain of imports leads from a module back to itself.
 * **small folders**: no folder holds more than 16 modules (``__init__`` aside).
@@ -102,9 +104,10 @@ def imports(name: str) -> tuple[tuple[int, str], ...]:
 
 
 def _package(module: str) -> str | None:
-    """The package layer of ``module`` (``core``, ``hpc``, ...), ``root``, or None (_lazy)."""
+    """The package layer of ``module`` (``core``, ``hpc``, ...), ``root``, or None (the leaf
+    modules every layer may use: ``_lazy``, ``_version``)."""
     parts = module.split(".")
-    if module == "hpcsched._lazy":
+    if module in ("hpcsched._lazy", "hpcsched._version"):
         return None
     if len(parts) < 2 or parts[1] not in LAYER:
         return "root"

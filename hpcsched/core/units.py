@@ -1,16 +1,31 @@
-"""Quantities written by people: sizes (``"16GB"``) and durations (``"500ms"``).
+"""Quantities written by people: sizes, memory limits and durations; one parser each.
 
-The one place where such text becomes a number (and a size text again):
-decimal units (kB, MB, GB, TB, PB; a bare K, M, G, T, P) are powers of 1000,
-binary units (KiB, MiB, GiB, TiB, PiB; Ki, Mi, ...) powers of 1024, as in
-dask's ``parse_bytes``; durations accept ``ms``, ``s``, ``m``/``min``, ``h``.
+Every entry point (keyword arguments, the command lines, configuration, batch job
+parameters, environment variables of batch systems) reads these settings through the
+functions here, so that a value means the same wherever it is written. They live in
+this module rather than in :mod:`hpcsched.core.config`, which only decides *which*
+value wins (defaults < files < environment < keywords): here is what a value *means*.
+Nothing here reads the machine; what a setting needs of it (its memory) is an argument.
+
+* Sizes (:func:`parse_bytes`): decimal units (kB, MB, GB, TB, PB; a bare K, M, G, T,
+  P) are powers of 1000, binary units (KiB, MiB, GiB, TiB, PiB; Ki, Mi, ...) powers of
+  1024, as in dask's ``parse_bytes``.
+* A worker's memory limit (:func:`parse_memory_limit`, :func:`memory_limit_bytes`):
+  dask.distributed's meaning (``distributed.worker_memory.parse_memory_limit``).
+* Durations (:func:`parse_interval`): seconds as a number, ``"500ms"``, ``"2s"``,
+  ``"1m"``/``"1min"``, ``"2h"``, ``"1d"``, ``"1h30m"``, and a batch system's
+  ``"HH:MM:SS"`` / ``"D-HH:MM:SS"``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
-from typing import Any
+from datetime import timedelta
+from typing import Any, Literal
+
+logger = logging.getLogger("hpcsched.units")
 
 _UNITS = {
     "": 1, "b": 1,
@@ -62,20 +77,145 @@ def format_bytes(n: int | float) -> str:
     return f"{int(n)} B"
 
 
-_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+#: a memory limit as written, checked: bytes (0: no limit), a fraction of the machine's
+#: memory, or "auto" (this worker's share of it)
+MemoryLimit = int | float | Literal["auto"]
+
+#: every entry point's default: the worker's share of the machine's (or its job's) memory
+DEFAULT_MEMORY_LIMIT: MemoryLimit = "auto"
+
+_NO_LIMIT = ("none", "0")
 
 
-def parse_interval(value: Any, what: str = "interval") -> float:
-    """Seconds from a number or a string such as ``"500ms"``, ``"2s"``, ``"1m"``."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+def parse_memory_limit(value: Any) -> MemoryLimit:
+    """A worker's ``memory_limit``, checked and in its normal form; as dask.distributed means it.
+
+    * ``None``, ``0`` (and the strings ``"None"``, ``"0"``): no limit -> ``0``;
+    * ``"auto"``: the worker's share of the machine's memory -> ``"auto"``;
+    * a float in ``(0, 1]`` (or such a number written as a string, ``"0.5"``): that
+      fraction of the machine's memory -> the float;
+    * an int, a larger float (``4e9``) or a size (``"4GB"``, ``"4GiB"``): bytes -> int.
+
+    A string reads as the Python number it spells (``"0.5"`` a fraction, ``"4000000000.0"``
+    bytes), so that a value keeps its meaning through a command line (``str(value)``).
+    What the fraction and "auto" come to on a machine is :func:`memory_limit_bytes`.
+
+    >>> [parse_memory_limit(v) for v in ("4GB", 4e9, 0.5, None, "auto", "0.5", "2 GiB")]
+    [4000000000, 4000000000, 0.5, 0, 'auto', 0.5, 2147483648]
+    """
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise ValueError(f"memory_limit={value!r}: write bytes, a size ('4GB'), a fraction "
+                         "of the machine's memory (0.5), 'auto' or None")
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        if text in _NO_LIMIT:
+            return 0
+        for number in (int, float):
+            try:
+                return parse_memory_limit(number(text))
+            except ValueError:
+                continue
+        try:
+            return parse_bytes(text)
+        except ValueError as e:
+            raise ValueError(f"memory_limit={value!r}: {e}") from None
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"memory_limit={value!r} must be finite and >= 0")
+        return value if 0 < value <= 1 else int(value)
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"memory_limit={value!r} must be >= 0")
+        return value
+    raise ValueError(f"memory_limit={value!r}: write bytes, a size ('4GB'), a fraction of "
+                     "the machine's memory (0.5), 'auto' or None")
+
+
+def memory_limit_bytes(value: Any, *, machine: int, share: int) -> int:
+    """The bytes a worker may use (0: no limit) for ``memory_limit=value``.
+
+    ``machine``: the machine's memory in bytes (a fraction is of it, and no limit is
+    above it: a larger one is lowered to it with a warning, as dask does); ``share``:
+    what ``"auto"`` gives this worker (the machine's memory, or its batch job's, split
+    among the workers that share it).
+
+    >>> memory_limit_bytes(0.5, machine=16 * 10**9, share=4 * 10**9)
+    8000000000
+    >>> memory_limit_bytes("auto", machine=16 * 10**9, share=4 * 10**9)
+    4000000000
+    >>> memory_limit_bytes(None, machine=16 * 10**9, share=4 * 10**9)
+    0
+    """
+    limit = parse_memory_limit(value)
+    if limit == "auto":
+        n = int(share)
+    elif isinstance(limit, float):
+        n = int(limit * machine)
+    else:
+        n = int(limit)
+    if machine > 0 and n > machine:
+        logger.warning("memory_limit=%r is more than this machine's memory (%s): using that",
+                       value, format_bytes(machine))
+        n = machine
+    return n
+
+
+_TIME_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(ms|min|s|m|h|d)?")
+_CLOCK = re.compile(r"(?:(\d+)-)?(\d+(?::\d+)+)")
+
+
+def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False) -> float:
+    """Seconds (> 0) from a number, a ``timedelta`` or a string.
+
+    Strings: ``"500ms"``, ``"2s"``, ``"1m"``, ``"1.5h"``, ``"1d"``, parts added up
+    (``"1h30m"``), a bare number is seconds; or a batch system's clock ``"HH:MM:SS"``
+    and ``"D-HH:MM:SS"``. Two fields (``"01:30"``) are refused as ambiguous (SLURM,
+    PBS and Grid Engine read them as minutes:seconds) unless ``hh_mm`` (LSF's ``-W``).
+    Errors name ``what``.
+
+    >>> parse_interval("500ms"), parse_interval("1h30m"), parse_interval("2-01:00:00")
+    (0.5, 5400.0, 176400.0)
+    """
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
-        m = re.fullmatch(r"\s*([0-9.]+(?:e-?[0-9]+)?)\s*([a-z]*)\s*", value.lower())
-        if not m or (m.group(2) and m.group(2) not in _TIME_UNITS):
-            raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s')")
-        seconds = float(m.group(1)) * _TIME_UNITS.get(m.group(2) or "s", 1.0)
+        seconds = _duration_text(value, what, hh_mm)
     else:
-        raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s')")
+        raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s', "
+                         "'01:00:00')")
     if not seconds > 0 or math.isinf(seconds):
         raise ValueError(f"{what} must be a positive finite duration, not {value!r}")
     return seconds
+
+
+def _duration_text(value: str, what: str, hh_mm: bool) -> float:
+    text = "".join(value.split()).lower()
+    clock = _CLOCK.fullmatch(text)
+    if clock:
+        fields = [int(f) for f in clock.group(2).split(":")]
+        days = int(clock.group(1) or 0)
+        if len(fields) == 2 and hh_mm and not clock.group(1):
+            fields.append(0)
+        elif len(fields) == 2:
+            raise ValueError(f"{what}={value!r} is ambiguous (HH:MM or MM:SS?): write "
+                             "HH:MM:SS, e.g. '01:30:00'")
+        if len(fields) != 3:
+            raise ValueError(f"{what}={value!r} is not a duration: write HH:MM:SS or "
+                             "D-HH:MM:SS")
+        h, m, s = fields
+        if m >= 60 or s >= 60:
+            raise ValueError(f"{what}={value!r}: minutes and seconds must be below 60")
+        return days * 86400.0 + h * 3600 + m * 60 + s
+    parts = list(_DURATION_PART.finditer(text))
+    if text and "".join(p.group(0) for p in parts) == text:
+        if len(parts) == 1 or all(p.group(2) for p in parts):
+            return sum(float(p.group(1)) * _TIME_UNITS[p.group(2) or "s"] for p in parts)
+    raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s', '1h30m', "
+                     "'01:00:00')")

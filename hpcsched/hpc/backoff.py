@@ -48,7 +48,7 @@ class Backoff:
         self.fast_max = float(config.get("mpi.poll-fast-max", fast_max))
         self.max = float(config.get("mpi.poll-max", max))
         self.fast_period = float(fast_period)
-        self.hold = float(config.get("mpi.poll-hold", hold, default=0.002))
+        self.hold = float(config.get("mpi.poll-hold", hold))
         if not 0 < self.min <= self.fast_max <= self.max:
             raise ValueError(
                 "Backoff needs 0 < min <= fast_max <= max (config mpi.poll-min, "

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from hpcsched.core import config
+from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 
 logger = logging.getLogger("hpcsched.bootstrap")
@@ -117,7 +118,7 @@ def _world(comm: Any = None) -> _Job:
     of ``COMM_WORLD`` (the caller made it, so MPI is there).
     """
     if comm is not None:
-        from hpcsched.hpc.mpi import mpi_module
+        from hpcsched.hpc.mpi_init import mpi_module
 
         return _Job(mpi_module(), comm.Get_rank(), comm.Get_size(), comm=comm)
     hint = launcher_size()
@@ -127,7 +128,7 @@ def _world(comm: Any = None) -> _Job:
         raise RuntimeError(
             f"hpcsched: started by an MPI launcher ({hint or 'several'} processes) but mpi4py "
             "is not installed; install it with: pip install 'hpcsched[mpi]'")
-    from hpcsched.hpc.mpi import mpi_module
+    from hpcsched.hpc.mpi_init import mpi_module
 
     MPI = mpi_module()
     world = MPI.COMM_WORLD
@@ -189,18 +190,32 @@ def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) ->
 
 
 # ------------------------------------------------------------------ worker ranks
+def rank_resources(options: InitOptions) -> tuple[int | None, int, str | None]:
+    """(threads, memory limit in bytes, host) of this rank's worker.
+
+    What the options leave open (threads, an ``"auto"`` memory limit) is what the job
+    gives this rank (:func:`hpcsched.launchers.resources.detect`).
+    """
+    from hpcsched.core.units import memory_limit_bytes
+    from hpcsched.launchers.resources import detect, machine_memory
+
+    nthreads, limit = options.nthreads, options.memory_limit
+    res = detect() if nthreads is None or limit == "auto" else None
+    memory = memory_limit_bytes(limit, machine=machine_memory(),
+                                share=res.memory_limit if res else 0)
+    if res is None:
+        return nthreads, memory, None
+    return nthreads or res.nthreads, memory, res.hostname
+
+
 def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
     from hpcsched.core.worker.server import Worker
-    from hpcsched.hpc.initialize_options import memory_bytes
-    from hpcsched.launchers.resources import detect
 
-    nthreads, memory_limit = options.nthreads, options.memory_limit
-    res = detect() if nthreads is None or memory_limit is None else None
+    nthreads, memory_limit, host = rank_resources(options)
     # wait_closed() returns when the close starts; the endpoint may only be shut down
     # once the close is over (its last messages sent), which on_close tells
     closed = threading.Event()
-    host = res.hostname if res else None
 
     def out_of_memory(why: str) -> None:
         # a rank cannot be restarted: spilling and pausing did not hold, so the job ends
@@ -208,8 +223,8 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
                        f"memory: {why}")
 
     kwargs: dict[str, Any] = {
-        "nthreads": nthreads if res is None else nthreads or res.nthreads,
-        "memory_limit": memory_bytes(memory_limit, res.memory_limit if res else 0),
+        "nthreads": nthreads,
+        "memory_limit": memory_limit,
         "name": f"rank-{job.rank}" if name is None else name,
         "host": host,
         "on_memory_terminate": out_of_memory,
@@ -283,7 +298,7 @@ def _leave(job: _Job, code: int) -> None:
     """This rank's server is closed: meet the others at the fence, stop the endpoint."""
     from hpcsched.hpc.mpi import shutdown_endpoint
 
-    timeout = float(config.get("mpi.exit-timeout", None, default=5.0))
+    timeout = float(config.get("mpi.exit-timeout"))
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll
@@ -358,8 +373,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                     "the other ranks are workers; Client() in the script connects to them.")
     p.add_argument("--nthreads", type=int, default=None,
                    help="threads per worker rank (default: the CPUs the job gives each rank)")
-    p.add_argument("--memory-limit", default="auto",
-                   help="memory per worker rank, e.g. 4GB (default: the job's share per rank)")
+    p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
+                   help="memory per worker rank: bytes, a size (4GB), a fraction of the "
+                        "machine's memory (0.5), none, or auto: the job's share per rank "
+                        "(default)")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
     p.add_argument("script", help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
@@ -372,15 +389,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return ns
 
 
-def _memory(text: str, p: argparse.ArgumentParser) -> int | None:
-    if text.lower() == "auto":
-        return None
-    if text.lower() in ("0", "none"):
-        return 0
-    from hpcsched.core.units import parse_bytes
+def _memory(text: str, p: argparse.ArgumentParser) -> MemoryLimit:
+    from hpcsched.core.units import parse_memory_limit
 
     try:
-        return parse_bytes(text)
+        return parse_memory_limit(text)
     except ValueError as e:
         p.error(f"--memory-limit: {e}")
         raise  # unreachable: p.error exits
@@ -417,7 +430,8 @@ def main(argv: list[str]) -> int:
 
 # ------------------------------------------------------------------ initialize()
 def initialize(interface: str | None = None, nthreads: int | None = None,
-               local_directory: str | None = None, memory_limit: int | float | str | None = "auto",
+               local_directory: str | None = None,
+               memory_limit: MemoryLimit | str | None = DEFAULT_MEMORY_LIMIT,
                nanny: bool = False, dashboard: bool = True, dashboard_address: str | None = ":8787",
                protocol: str | None = None, worker_class: Any = None,
                worker_options: dict | None = None, comm: Any = None,

@@ -37,6 +37,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from hpcsched.hpc.mpi_init import mpi_module
+
 logger = logging.getLogger(__name__)
 
 _RECORD = 64  # bytes per rank in the exchange: 32 node digest, 16 job token, listens?
@@ -104,8 +106,6 @@ class Doorbell:
         back-off sleep); TimeoutError if the other ranks do not take part within
         ``timeout`` seconds. Returns None (and logs why) where doorbells cannot work.
         """
-        from hpcsched.hpc.mpi import mpi_module
-
         MPI = mpi_module()
         rank, size = comm.Get_rank(), comm.Get_size()
         listen = bool(listen) and sys.platform.startswith("linux")

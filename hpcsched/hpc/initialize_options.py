@@ -11,8 +11,9 @@ What each one means here (the README's migration table quotes this):
 
 * ``comm``: the communicator the cluster runs on (rank 0 of it is the
   scheduler and the client); ranks outside it are untouched.
-* ``nthreads``, ``memory_limit`` (bytes, ``"4GB"``, a fraction of the
-  machine's memory as a float, ``"auto"``/None: the job's share per rank),
+* ``nthreads``, ``memory_limit`` (as everywhere,
+  :func:`hpcsched.core.units.parse_memory_limit`: bytes, ``"4GB"``, a fraction of
+  the machine's memory as a float, None: no limit, ``"auto"``: the job's share per rank),
   ``local_directory`` (each worker's own directory below it, for its files),
   ``worker_options`` (keyword arguments of the worker), ``worker_class``
   (a subclass of hpcsched's ``Worker``; dask's names are taken as ours).
@@ -36,6 +37,10 @@ import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
+
+from hpcsched.core.comm.base import parse_host_port
+from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit, parse_memory_limit
+from hpcsched.launchers.address import interface_address
 
 logger = logging.getLogger("hpcsched.initialize")
 
@@ -66,7 +71,7 @@ class InitOptions:
 
     comm: Any = None  # None: COMM_WORLD
     nthreads: int | None = None  # None: the CPUs the job gives each rank
-    memory_limit: int | float | None = None  # bytes; float: fraction of the machine; None: share
+    memory_limit: MemoryLimit = DEFAULT_MEMORY_LIMIT  # hpcsched.core.units.parse_memory_limit
     local_directory: str | None = None
     dashboard_address: str | None = ":8787"  # None: no dashboard
     worker_class: type | None = None  # None: hpcsched's Worker
@@ -77,7 +82,7 @@ class InitOptions:
 
 def resolve(*, interface: str | None = None, nthreads: int | None = None,
             local_directory: str | os.PathLike | None = None,
-            memory_limit: int | float | str | None = "auto", nanny: bool = False,
+            memory_limit: MemoryLimit | str | None = DEFAULT_MEMORY_LIMIT, nanny: bool = False,
             dashboard: bool = True, dashboard_address: str | None = ":8787",
             protocol: str | None = None, worker_class: str | type | None = None,
             worker_options: dict | None = None, comm: Any = None,
@@ -107,45 +112,14 @@ def resolve(*, interface: str | None = None, nthreads: int | None = None,
     address = _dashboard_address(dashboard, dashboard_address, interface, ignored)
     if local_directory is not None:
         local_directory = os.fspath(local_directory)
-    return InitOptions(comm=comm, nthreads=nthreads, memory_limit=parse_memory_limit(memory_limit),
+    try:
+        limit = parse_memory_limit(memory_limit)
+    except ValueError as e:
+        raise ValueError(f"initialize: {e}") from None
+    return InitOptions(comm=comm, nthreads=nthreads, memory_limit=limit,
                        local_directory=local_directory, dashboard_address=address,
                        worker_class=cls, worker_kwargs=kwargs, exit=bool(exit),
                        ignored=tuple(ignored))
-
-
-def parse_memory_limit(value: int | float | str | None) -> int | float | None:
-    """dask's ``memory_limit``: None/"auto" -> None (the job's share), 0 -> 0 (no limit),
-    a float in (0, 1] -> that fraction (resolved on the rank), else bytes.
-
-    >>> parse_memory_limit("auto"), parse_memory_limit(0.5), parse_memory_limit("2 GiB")
-    (None, 0.5, 2147483648)
-    """
-    from hpcsched.core.units import parse_bytes
-
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    if isinstance(value, bool):
-        raise ValueError(f"initialize: memory_limit must be bytes, a fraction or 'auto', "
-                         f"got {value!r}")
-    if isinstance(value, float) and 0 < value <= 1:
-        return value
-    try:
-        n = parse_bytes(value)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"initialize: memory_limit={value!r}: {e}") from None
-    if n < 0:
-        raise ValueError(f"initialize: memory_limit must be >= 0, got {value!r}")
-    return n
-
-
-def memory_bytes(limit: int | float | None, share: int) -> int:
-    """Bytes for a worker rank: a fraction applies to the machine's memory (as in dask)."""
-    if limit is None:
-        return share
-    if isinstance(limit, float):
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return int(limit * total)
-    return int(limit)
 
 
 def _worker_class(spec: str | type | None) -> tuple[type | None, str]:
@@ -208,25 +182,14 @@ def _dashboard_address(dashboard: bool, address: str | None, interface: str | No
     address = str(address)
     if interface is None:
         return address
-    host, _, port = address.rpartition(":")
-    if host.strip("[]"):
+    host, port = parse_host_port(address, default_port=0)
+    if host:
         ignored.append(f"interface={interface!r}: dashboard_address {address!r} names its host")
         return address
-    return f"{interface_address(interface)}:{port}"
-
-
-def interface_address(interface: str) -> str:
-    """The IPv4 address of network interface ``interface`` (``"ib0"``), as dask's does."""
-    import psutil
-
-    addrs = psutil.net_if_addrs()
-    if interface not in addrs:
-        raise ValueError(f"initialize: interface={interface!r} is not a network interface of "
-                         f"this machine; it has {sorted(addrs)}")
-    for a in addrs[interface]:
-        if a.family.name == "AF_INET":
-            return a.address
-    raise ValueError(f"initialize: interface {interface!r} has no IPv4 address")
+    try:
+        return f"{interface_address(interface)}:{port}"
+    except ValueError as e:
+        raise ValueError(f"initialize: {e}") from None
 
 
 _logged: set[str] = set()

@@ -71,6 +71,7 @@ from hpcsched.core.protocol import serialize
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
 from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener
+from hpcsched.hpc.mpi_init import mpi_module
 
 logger = logging.getLogger(__name__)
 
@@ -83,28 +84,6 @@ _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
-
-
-def mpi_module() -> Any:
-    """mpi4py's MPI module, initialized with MPI_THREAD_MULTIPLE (checked)."""
-    import mpi4py
-
-    if "mpi4py.MPI" not in sys.modules:
-        mpi4py.rc.thread_level = "multiple"
-    from mpi4py import MPI
-
-    if not MPI.Is_initialized():  # the user set mpi4py.rc.initialize = False
-        MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    provided = MPI.Query_thread()
-    if provided < MPI.THREAD_MULTIPLE:
-        names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
-                 MPI.THREAD_SERIALIZED: "SERIALIZED"}
-        raise RuntimeError(
-            f"the mpi:// transport needs MPI_THREAD_MULTIPLE but MPI was initialized with "
-            f"MPI_THREAD_{names.get(provided, provided)}; do not set mpi4py.rc.thread_level "
-            "lower than 'multiple' (or use an MPI library built with thread support)"
-        )
-    return MPI
 
 
 def _as_bytes_view(frame: serialize.Frame) -> memoryview:
@@ -148,7 +127,7 @@ class Endpoint:
         self.bell = bell
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
-        self.data_threshold = int(config.get("mpi.data-threshold", None, default=64 * 1024))
+        self.data_threshold = int(config.get("mpi.data-threshold"))
         self._MPI = mpi_module()
         self._lock = threading.Lock()  # channels, listener, unaccepted
         self._channels: dict[tuple[int, int, int, bool], MPIComm] = {}
@@ -321,7 +300,7 @@ class Endpoint:
         # Partial receives and pending sends still need MPI progress: poll for them fast.
         rung = None
         if self.bell is not None and self.bell.all_local:
-            every = float(config.get("mpi.doorbell-poll", None, default=2e-3))
+            every = float(config.get("mpi.doorbell-poll"))
             rung = Backoff(min=every, fast_max=max(every, backoff.fast_max),
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
@@ -518,7 +497,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
         # collective on every rank, whatever its mpi.doorbell: one that does not listen
         # still rings the peers that do
         bell = Doorbell.exchange(dup, wait.sleep,
-                                 listen=bool(config.get("mpi.doorbell", None, default=True)),
+                                 listen=bool(config.get("mpi.doorbell")),
                                  timeout=timeout)
         _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the

@@ -12,19 +12,30 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from hpcsched.core.comm.base import Comm, CommClosedError, Inbox, Listener
 from hpcsched.core.protocol import serialize
-
-if TYPE_CHECKING:
-    from hpcsched.hpc.mpi import Endpoint
 
 logger = logging.getLogger("hpcsched.hpc.mpi")
 
 KIND_HELLO, KIND_MSG, KIND_BYE = 1, 2, 3  # what a control message carries on a channel
 CLOSE_ITEM = object()  # queued for recv once the channel is closed
+
+
+class Endpoint(Protocol):
+    """What a comm and a listener need of the :class:`hpcsched.hpc.mpi.Endpoint` that
+    made them: the endpoint knows its ends, the ends know only this."""
+
+    rank: int
+
+    def send_frames(self, dest: int, kind: int, key: tuple[int, int, int, bool],
+                    frames: Sequence[serialize.Frame]) -> None: ...
+
+    def forget(self, comm: MPIComm) -> None: ...
+
+    def unlisten(self, lst: MPIListener) -> None: ...
 
 
 class MPIComm(Comm):

@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import hpcsched.jobqueue.params as params
+import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
-from hpcsched.jobqueue import params, runner
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -247,9 +248,12 @@ class BatchSystem:
         nthreads = p["nthreads"]
         mem = self.memory_bytes // p["processes"]
         cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
-               "--name", worker_name, "--nthreads", str(nthreads),
-               "--memory-limit", format_memory(mem),
-               "--death-timeout", f"{p['death_timeout']:g}"]
+               "--name", worker_name, "--nthreads", str(nthreads)]
+        # each worker's share of the job's memory, unless the worker's own option says
+        # otherwise (it means what memory_limit means everywhere: "0.5", "auto", ...)
+        if not any(a.split("=")[0] == "--memory-limit" for a in p["worker_extra_args"]):
+            cmd += ["--memory-limit", format_memory(mem)]
+        cmd += ["--death-timeout", f"{p['death_timeout']:g}"]
         if self.walltime_seconds:
             life, stagger = worker_lifetime(self.walltime_seconds,
                                             config.get("worker.walltime-margin"),

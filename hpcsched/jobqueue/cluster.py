@@ -44,10 +44,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import hpcsched.jobqueue.cleanup as cleanup
+import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.scheduler_file import write_secret_file
-from hpcsched.jobqueue import cleanup, runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
 from hpcsched.launchers.address import scheduler_host

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
+
+from hpcsched.core.units import parse_bytes, parse_interval
 
 
 class JobState(enum.Enum):
@@ -82,8 +83,6 @@ def parse_memory(value: str | int | float, what: str = "memory") -> int:
     size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
     GiB, which the per-system renderers handle.
     """
-    from hpcsched.core.units import parse_bytes
-
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} "
                         f"{value!r}")
@@ -111,60 +110,20 @@ def ceil_div(a: int, b: int) -> int:
 
 # ---------------------------------------------------------------- walltime
 
-_DURATION_RE = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m(?:in)?)?\s*(?:(\d+)s)?\s*$",
-                          re.IGNORECASE)
-
-
 def parse_walltime(value: str | int | float | timedelta, what: str = "walltime",
                    hh_mm: bool = False) -> int:
-    """Seconds in ``"01:30:00"``, ``"2-00:00:00"``, ``"90m"``, ``"1h30m"``, ``5400``.
+    """Whole seconds (rounded up) in ``"01:30:00"``, ``"2-00:00:00"``, ``"90m"``, ``5400``.
 
-    ``"HH:MM"`` is refused unless ``hh_mm`` (LSF, whose ``-W`` is hours:minutes): SLURM,
-    PBS and Grid Engine read two fields as minutes:seconds, a common surprise.
+    Read by :func:`hpcsched.core.units.parse_interval`: ``"HH:MM"`` is refused unless
+    ``hh_mm`` (LSF, whose ``-W`` is hours:minutes), since SLURM, PBS and Grid Engine read
+    two fields as minutes:seconds, a common surprise.
     """
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a duration such as '01:00:00', got {value!r}")
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        seconds = _parse_walltime_str(value, what, hh_mm)
-    else:
+    if not isinstance(value, (str, int, float, timedelta)):
         raise TypeError(f"{what} must be a duration such as '01:00:00', got "
                         f"{type(value).__name__} {value!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{what}={value!r} must be a positive duration")
-    return int(math.ceil(seconds))
-
-
-def _parse_walltime_str(text: str, what: str, hh_mm: bool = False) -> float:
-    s = text.strip()
-    days = 0
-    if re.match(r"^\d+-", s):
-        day_text, _, s = s.partition("-")
-        days = int(day_text)
-    parts = s.split(":")
-    if len(parts) == 3 and all(p.isdigit() for p in parts):
-        h, m, sec = (int(p) for p in parts)
-        if m >= 60 or sec >= 60:
-            raise ValueError(f"{what}={text!r}: minutes and seconds must be below 60")
-        return days * 86400 + h * 3600 + m * 60 + sec
-    if len(parts) == 2 and all(p.isdigit() for p in parts) and hh_mm and days == 0:
-        h, m = (int(p) for p in parts)
-        if m >= 60:
-            raise ValueError(f"{what}={text!r}: minutes must be below 60")
-        return h * 3600 + m * 60
-    if len(parts) == 2 and all(p.isdigit() for p in parts):
-        raise ValueError(f"{what}={text!r} is ambiguous (HH:MM or MM:SS?): write HH:MM:SS, "
-                         "e.g. '01:30:00'")
-    if days == 0 and s:
-        match = _DURATION_RE.match(s)
-        if match and any(match.groups()):
-            d, h, mi, sec = (int(g) if g else 0 for g in match.groups())
-            return d * 86400 + h * 3600 + mi * 60 + sec
-    raise ValueError(f"{what}={text!r} is not a duration: use HH:MM:SS ('01:00:00'), "
-                     "D-HH:MM:SS, '90m' or '1h30m'")
+    return int(math.ceil(parse_interval(value, what, hh_mm=hh_mm)))
 
 
 def format_hms(seconds: int) -> str:

@@ -15,7 +15,7 @@ import re
 
 from typing_extensions import override
 
-from hpcsched.jobqueue import runner
+import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, parse_memory

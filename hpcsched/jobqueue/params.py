@@ -27,8 +27,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+import hpcsched.jobqueue.dask_config as dask_config
 from hpcsched.core import config
-from hpcsched.jobqueue import dask_config
 
 logger = logging.getLogger(__name__)
 

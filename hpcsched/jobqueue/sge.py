@@ -20,7 +20,7 @@ import xml.etree.ElementTree as ET
 
 from typing_extensions import override
 
-from hpcsched.jobqueue import runner
+import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms

@@ -19,7 +19,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from hpcsched.jobqueue import runner
+import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.core.config import DEFAULTS
+
 
 # ====================================================================== snapshot
 @dataclass(frozen=True)
@@ -187,14 +189,15 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
 # ====================================================================== policy
 @dataclass(frozen=True)
 class Policy:
-    """Parameters of :func:`recommend`; ``minimum`` / ``maximum`` count workers."""
+    """Parameters of :func:`recommend`; ``minimum`` / ``maximum`` count workers; the rest
+    default to the ``adaptive.*`` defaults of :mod:`hpcsched.core.config`."""
 
     minimum: int = 0
     maximum: float = math.inf
-    target_duration: float = 5.0
-    scale_factor: float = 2.0
-    memory_high: float = 0.8
-    wait_count: int = 3
+    target_duration: float = DEFAULTS["adaptive.target-duration"]
+    scale_factor: float = DEFAULTS["adaptive.scale-factor"]
+    memory_high: float = DEFAULTS["adaptive.memory-high"]
+    wait_count: int = DEFAULTS["adaptive.wait-count"]
     workers_per_unit: int = 1
 
     def __post_init__(self) -> None:

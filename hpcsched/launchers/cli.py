@@ -73,7 +73,10 @@ def parse_resources(text: str | None) -> dict[str, float]:
     return out
 
 
-def worker_main(argv: list[str]) -> int:
+def worker_parser() -> argparse.ArgumentParser:
+    """The options of ``hpcsched worker``."""
+    from hpcsched.core.units import DEFAULT_MEMORY_LIMIT
+
     p = argparse.ArgumentParser(prog="hpcsched worker", description="Start hpcsched worker(s).")
     p.add_argument("--version", action="version", version=version_text())
     p.add_argument("address", nargs="?", help="scheduler address, e.g. tcp://10.0.0.1:8786")
@@ -84,7 +87,9 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--nanny", action="store_true",
                    help="supervise the worker in a process of its own and restart it when "
                         "memory or a signal ends it (always so with --nworkers > 1)")
-    p.add_argument("--memory-limit", default="auto")
+    p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
+                   help="bytes, a size (4GB), a fraction of the machine's memory (0.5), none, "
+                        "or auto: the share of this machine or batch job per worker (default)")
     p.add_argument("--death-timeout", type=float, default=None)
     p.add_argument("--lifetime", type=float, default=None,
                    help="retire gracefully after this many seconds (a job's walltime)")
@@ -97,12 +102,21 @@ def worker_main(argv: list[str]) -> int:
     p.add_argument("--interface", default=None,
                    help="network interface to listen on for peers (e.g. ib0), instead of --host")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
+    return p
+
+
+def worker_main(argv: list[str]) -> int:
+    p = worker_parser()
     args = p.parse_args(argv)
     _setup_logging(args.log_level)
     if args.nworkers < 1:
         p.error(f"--nworkers must be at least 1, not {args.nworkers}")
+    try:
+        nthreads, memory = worker_resources(args)
+    except ValueError as e:
+        p.error(f"--memory-limit: {e}")
     if args.nworkers > 1 or args.nanny:
-        return _spawn_workers(argv, args)
+        return _spawn_workers(argv, args, memory)
 
     from hpcsched.core.client.client import read_scheduler_file
     from hpcsched.core.comm.base import Security
@@ -119,7 +133,6 @@ def worker_main(argv: list[str]) -> int:
     suffix = _rank_suffix()
     if name and suffix is not None:
         name = f"{name}-{suffix}"
-    nthreads, memory = _default_resources(args)
     host = args.host
     if args.interface and not host:
         from hpcsched.launchers.address import interface_address
@@ -171,36 +184,48 @@ def exit_now(code: int) -> None:
         os._exit(code)
 
 
-def _default_resources(args: argparse.Namespace) -> tuple[int, int]:
-    mem = str(args.memory_limit)
-    if args.nthreads and mem.isdigit():  # what LocalCluster passes: nothing to detect
-        return args.nthreads, int(mem)
-    from hpcsched.core.units import parse_bytes
-    from hpcsched.launchers.resources import detect
+def worker_resources(args: argparse.Namespace) -> tuple[int, int]:
+    """(threads, memory limit in bytes) of each worker these options start.
 
-    res = detect()
-    nthreads = args.nthreads or res.nthreads
-    if mem in ("None", "auto"):
-        memory = res.memory_limit
-    elif mem in ("0", "none"):
-        memory = 0
-    else:
-        memory = parse_bytes(mem)
-    return nthreads, memory
+    The memory limit means what it means everywhere
+    (:func:`hpcsched.core.units.parse_memory_limit`); ``auto`` is this process's share of
+    the machine or batch job (:func:`hpcsched.launchers.resources.detect`) split among
+    ``--nworkers``.
+    """
+    from hpcsched.core.units import memory_limit_bytes, parse_memory_limit
+    from hpcsched.launchers.resources import detect, machine_memory
+
+    limit = parse_memory_limit(args.memory_limit)
+    res = detect() if not args.nthreads or limit == "auto" else None
+    share = res.memory_limit // args.nworkers if res else 0
+    memory = memory_limit_bytes(limit, machine=machine_memory(), share=share)
+    return args.nthreads or (res.nthreads if res else 1), memory
 
 
-def _spawn_workers(argv: list[str], args: argparse.Namespace) -> int:
-    """``--nworkers P``: P worker processes named NAME-0..NAME-(P-1); signals forwarded."""
+def _without(argv: list[str], option: str) -> list[str]:
+    """``argv`` without ``option VALUE`` and ``option=VALUE``."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == option:
+            skip = True
+        elif not a.startswith(option + "="):
+            out.append(a)
+    return out
+
+
+def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int) -> int:
+    """``--nworkers P``: P worker processes named NAME-0..NAME-(P-1); signals forwarded.
+
+    Each gets its memory limit in bytes, resolved here (``memory``), where ``auto`` knows
+    how many workers share the machine.
+    """
     base = list(argv)
-    i = base.index("--nworkers") if "--nworkers" in base else None
-    if i is not None:
-        del base[i:i + 2]
-    else:
-        base = [a for a in base if not a.startswith("--nworkers=")]
-    if "--name" in base:
-        j = base.index("--name")
-        del base[j:j + 2]
-    base = [a for a in base if a != "--nanny"]
+    for option in ("--nworkers", "--name", "--memory-limit"):
+        base = _without(base, option)
+    base = [a for a in base if a != "--nanny"] + ["--memory-limit", str(memory)]
     name = args.name or f"worker-{os.getpid()}"
     if args.nworkers == 1 and args.name:
         names = [args.name]
@@ -349,6 +374,6 @@ USAGE = """usage: hpcsched scheduler [options]
 def version_text() -> str:
     import platform
 
-    from hpcsched import __version__
+    from hpcsched._version import __version__
 
     return f"hpcsched {__version__} (Python {platform.python_version()})"

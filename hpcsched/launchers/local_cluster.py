@@ -37,14 +37,14 @@ import time
 import weakref
 from typing import Any
 
-import psutil
-
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.protocol.messages import Close
+from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 from hpcsched.core.worker.nanny import Nanny
 from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
+from hpcsched.launchers.resources import machine_memory
 
 logger = logging.getLogger("hpcsched.local")
 
@@ -97,7 +97,7 @@ class LocalCluster(Cluster):
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
-                 processes: bool = True, memory_limit: Any = "auto",
+                 processes: bool = True, memory_limit: Any = DEFAULT_MEMORY_LIMIT,
                  host: str = "127.0.0.1", scheduler_port: int = 0,
                  security: Security | None = None, resources: dict | None = None,
                  timeout: float = 60.0, worker_env: dict | None = None,
@@ -118,7 +118,11 @@ class LocalCluster(Cluster):
                              "make no cluster")
         self.processes = processes
         self.threads_per_worker = threads_per_worker
-        self.memory_limit = _memory_limit(memory_limit, max(n_workers, 1))
+        # bytes for each worker; "auto" splits the machine's memory among them (dask's
+        # LocalCluster gives each the share of its threads, the same for equal workers)
+        machine = machine_memory()
+        self.memory_limit = memory_limit_bytes(memory_limit, machine=machine,
+                                               share=machine // max(n_workers, 1))
         self.resources = resources
         self.worker_kwargs = worker_kwargs
         self.local_directory = local_directory
@@ -165,7 +169,7 @@ class LocalCluster(Cluster):
     def _spawn(self, name: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "hpcsched", "worker", self.scheduler_address,
                "--name", name, "--nthreads", str(self.threads_per_worker),
-               "--memory-limit", str(self.memory_limit), "--death-timeout", "30"]
+               "--memory-limit", str(self.memory_limit)]
         if self.resources:
             cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
         if self.local_directory:
@@ -325,15 +329,3 @@ def _stop_process(p: subprocess.Popen, grace: float = 3.0) -> None:
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait(5)
-
-
-def _memory_limit(value: Any, n_workers: int) -> int:
-    if value in (None, 0, "0"):
-        return 0
-    if value == "auto":
-        return int(psutil.virtual_memory().total / n_workers)
-    if isinstance(value, (int, float)):
-        return int(value)
-    from hpcsched.core.units import parse_bytes
-
-    return parse_bytes(str(value))

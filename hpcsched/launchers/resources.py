@@ -2,7 +2,7 @@
 
 :func:`detect` reads the batch system's environment (SLURM, PBS/Torque, LSF,
 SGE), shares the node's CPUs and memory among the ranks placed on the node,
-and falls back to what the machine shows (CPU affinity, available memory).
+and falls back to what the machine shows (CPU affinity, :func:`machine_memory`).
 It is pure apart from reading ``os.environ`` and psutil, and takes the
 environment as an argument so every batch system is tested with a mapping.
 
@@ -31,6 +31,8 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from hpcsched.core.units import parse_interval
 
 
 @dataclass(frozen=True)
@@ -140,10 +142,15 @@ def _machine_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _machine_memory() -> int:
+def machine_memory() -> int:
+    """This machine's memory in bytes, or its control group's limit when lower.
+
+    What a ``memory_limit`` fraction is of and is capped at
+    (:func:`hpcsched.core.units.memory_limit_bytes`), as dask's ``system.MEMORY_LIMIT``.
+    """
     import psutil
 
-    available = int(psutil.virtual_memory().available)
+    total = int(psutil.virtual_memory().total)
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:
@@ -151,9 +158,9 @@ def _machine_memory() -> int:
         except OSError:
             continue
         if text.isdigit():  # "max" means no limit
-            available = min(available, int(text))
+            total = min(total, int(text))
         break
-    return available
+    return total
 
 
 def _process_start() -> float:
@@ -189,21 +196,6 @@ def _lsf_host_cpus(env: Mapping[str, str], hostname: str) -> int | None:
             except ValueError:
                 raise ValueError(f"LSB_MCPU_HOSTS gives host {host} {slots!r} slots") from None
     return None
-
-
-def _walltime_seconds(text: str) -> float:
-    """PBS walltime: seconds (Torque's PBS_WALLTIME) or ``HH:MM:SS``."""
-    text = text.strip()
-    try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        raise ValueError(f"cannot read walltime {text!r} (expected seconds or HH:MM:SS)") from None
-    if len(parts) > 3 or any(p < 0 for p in parts):
-        raise ValueError(f"cannot read walltime {text!r} (expected seconds or HH:MM:SS)")
-    seconds = 0.0
-    for p in parts:
-        seconds = seconds * 60 + p
-    return seconds
 
 
 def detect(
@@ -255,7 +247,8 @@ def detect(
         node_cpus = _first_int(env, ("PBS_NUM_PPN", "NCPUS"))
         if env.get("PBS_WALLTIME", "").strip():
             # the job started about when this process did (workers start with the job)
-            walltime_end = _process_start() + _walltime_seconds(env["PBS_WALLTIME"])
+            walltime_end = _process_start() + parse_interval(env["PBS_WALLTIME"],
+                                                                  "walltime PBS_WALLTIME")
     elif batch == "lsf":
         job_id = env["LSB_JOBID"]
         node_cpus = _lsf_host_cpus(env, hostname)
@@ -271,7 +264,7 @@ def detect(
     if cpus_per_rank is None:
         cpus_per_rank = max(1, (node_cpus or _machine_cpus()) // local_size)
     if memory_per_rank is None:
-        memory_per_rank = (node_memory or _machine_memory()) // local_size
+        memory_per_rank = (node_memory or machine_memory()) // local_size
     return Resources(
         nthreads=cpus_per_rank,
         memory_limit=int(memory_per_rank),

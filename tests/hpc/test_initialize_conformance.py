@@ -96,7 +96,7 @@ def test_resolve_translates_dask_names():
     ({"worker_options": {"bogus": 1}}, "worker_options['bogus']"),
     ({"worker_options": [1]}, "worker_options must be a dict"),
     ({"worker_class": "no.such.Module"}, "cannot be imported"),
-    ({"interface": "no-such-if0"}, "not a network interface"),
+    ({"interface": "no-such-if0"}, "interface=.no-such-if0. not found on this host"),
 ])
 def test_resolve_rejects_bad_input_clearly(kwargs, error):
     with pytest.raises((ValueError, TypeError), match=error.replace("[", r"\[")):

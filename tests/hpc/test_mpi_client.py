@@ -26,7 +26,7 @@ WAIT = 30.0
 
 
 def _rank_and_size() -> tuple[int, int]:
-    from hpcsched.hpc.mpi import mpi_module
+    from hpcsched.hpc.mpi_init import mpi_module
 
     world = mpi_module().COMM_WORLD
     return world.Get_rank(), world.Get_size()
