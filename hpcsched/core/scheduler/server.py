@@ -65,11 +65,11 @@ ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
 
 
 #: the records that are the state machine's events, as they arrive
-STATE_EVENTS = (
-    pr.TaskStarted, pr.TaskFinished, pr.TaskErred, pr.MissingData, pr.LongRunning,
-    pr.ResultErred, pr.AddKeys, pr.ReleaseWorkerData, pr.StealResponse, pr.Heartbeat,
-    pr.WorkerStatusChange, pr.UpdateGraph, pr.ClientDesiresKeys, pr.ClientReleasesKeys,
-    pr.CancelKeys, pr.RetryKeys, pr.ScatterData)
+#: the records a worker or a client sends that the state machine handles itself
+STATE_EVENTS = tuple(sorted(
+    SchedulerState.event_types()
+    & (set(pr.WORKER_TO_SCHEDULER.values()) | set(pr.CLIENT_TO_SCHEDULER.values())),
+    key=lambda t: t.__name__))
 
 
 def _wire(msgs: list) -> list:

@@ -104,6 +104,12 @@ class SchedulerState:
         self.mars_assignment = self.placement.mars_assignment
         self.transition_log = self.graph.transition_log
 
+    @staticmethod
+    def event_types() -> frozenset[type]:
+        """Every event type :meth:`handle` takes (a server hands it those that arrive)."""
+        return frozenset(WorkerEvents.handlers.table) | frozenset(ClientRequests.handlers.table) \
+            | frozenset(Maintenance.handlers.table)
+
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         self.worker_events.remove_worker(e)
 

@@ -64,19 +64,14 @@ from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     SCHEDULER_TO_WORKER,
-    AcquireReplicas,
     Close,
-    ComputeTask,
-    FreeKeys,
     GetData,
     Heartbeat,
     MalformedMessage,
-    RefreshWhoHas,
     Registered,
     RegisterError,
     RegisterWorker,
     RetireMe,
-    StealRequest,
     UpdateData,
     decode,
     encode,
@@ -367,7 +362,8 @@ class Worker:
         return f"{op}-{next(self._stimuli)}"
 
     # the scheduler's records (see handlers), on the loop
-    @handlers.on(ComputeTask, FreeKeys, StealRequest, AcquireReplicas, RefreshWhoHas)
+    @handlers.on(*sorted((WorkerState.handlers.table.keys() & SCHEDULER_TO_WORKER.values())
+                         - {UpdateData}, key=lambda t: t.__name__))
     def _state_event(self, event: Any) -> list:
         assert self.state is not None
         return self.state.handle(event)
