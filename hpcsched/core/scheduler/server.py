@@ -1,9 +1,12 @@
 """The scheduler server: runs :class:`SchedulerState` over any transport.
 
 Peers connect and introduce themselves with one message, ``register-worker``
-or ``register-client`` (:mod:`.registration`); after that their transport delivers their messages to the
-:class:`~hpcsched.core.comm.loop.Loop` (``Comm.deliver_to``), which turns op dicts into events, hands them
-to the state machine and sends the resulting messages batched per peer.
+or ``register-client`` (:mod:`.registration`); after that their transport delivers
+their messages to the server's :class:`~hpcsched.core.comm.loop.Loop`
+(``Comm.deliver_to``). The server decodes each with its sender's context
+(:func:`~hpcsched.core.protocol.wire.receive`), hands it to its handler by record
+type -- the state machine's events to :class:`SchedulerState` -- and sends the
+resulting messages batched per peer.
 
 A few requests are served here rather than by the state machine because they move
 data or answer questions (:mod:`.ops`): ``gather`` (:mod:`.gather`),
@@ -156,9 +159,9 @@ class Scheduler:
         # extensions (config scheduler.extensions) by name, and the links they serve
         self.extensions: dict[str, Any] = {}
         self.services: dict[str, str] = {}
-        # Client.run, who_has, upload_file, ... (core/cluster_control.py)
+        # Client.run, who_has, upload_file, ... (scheduler/control.py)
         self.control = ClusterControl(self)
-        # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (core/primitives.py)
+        # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (scheduler/primitives.py)
         self.primitives = Primitives(self)
         self._table = self.handlers.bind(self)
 

@@ -1,2 +1,2 @@
-"""The pure state machines and what they decide with: scheduler state and its components,
-worker state, events, policies, order, fusion, graphs. No I/O, no threads, no clock."""
+"""The pure state machines: the scheduler's state and its components, the worker's state,
+their events, and the policies they decide with. No I/O, no threads, no clock."""

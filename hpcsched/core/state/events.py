@@ -8,10 +8,10 @@ event carries ``now`` (seconds, from the server's clock) wherever time matters
 state change can be traced to the event that caused it, as in distributed's
 worker state machine.
 
-Servers turn each received op dict ``{"op": "task-finished", ...}`` into its
-record with :func:`hpcsched.core.protocol.messages.decode` (unknown ops or wrong fields
-raise :class:`MalformedMessage`) and carry out the commands the state machine
-returns.
+Servers turn each received message into its record with
+:func:`hpcsched.core.protocol.wire.receive`, which fills in the sender, ``now`` and the
+``stimulus_id`` as it builds it (unknown ops or wrong fields raise
+:class:`MalformedMessage`), and carry out the commands the state machine returns.
 
 Events are immutable once built, as in distributed's worker state machine, with
 one exception made for speed: the records that arrive by the thousand (every
