@@ -43,11 +43,9 @@ import tempfile
 import time
 from operator import add
 
+from bench_local import noop, tree_graph  # the same workloads as bench_local.py
+
 HERE = os.path.abspath(__file__)
-
-
-def noop(x):
-    return x
 
 
 # ----------------------------------------------------------------- worker hosts
@@ -182,7 +180,7 @@ def measure(system: str, n: int, args) -> dict:
             assert level[0].result() == args.pairs * (args.pairs - 1) // 2
             out["tree_futures_per_s"] = round(ntree / (time.perf_counter() - t))
             del level, nxt
-            dsk, root = _tree_graph(args.leaves, f"swarm-{system}-{n}")
+            dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-")
             t = time.perf_counter()
             assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
             out["tree_graph_per_s"] = round(len(dsk) / (time.perf_counter() - t))
@@ -197,21 +195,6 @@ def measure(system: str, n: int, args) -> dict:
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)
-
-
-def _tree_graph(leaves: int, prefix: str) -> tuple[dict, tuple]:
-    dsk: dict = {(f"{prefix}-leaf", i): (noop, i) for i in range(leaves)}
-    level = [(f"{prefix}-leaf", i) for i in range(leaves)]
-    depth = 0
-    while len(level) > 1:
-        nxt = []
-        for i in range(0, len(level), 2):
-            k = (f"{prefix}-add{depth}", i // 2)
-            dsk[k] = (add, level[i], level[i + 1]) if i + 1 < len(level) else (noop, level[i])
-            nxt.append(k)
-        level = nxt
-        depth += 1
-    return dsk, level[0]
 
 
 COLUMNS = ["workers", "system", "join_s", "idle_cpu_pct", "map_per_s", "tree_futures_per_s",
