@@ -31,7 +31,7 @@ from collections.abc import Iterator
 
 from hpcsched.core.comm.base import Security
 
-logger = logging.getLogger("hpcsched.launchers")
+logger = logging.getLogger("hpcsched.comm")
 
 SECRET_PREFIX = ".hpcsched-"
 SECRET_SUFFIX = ".secret"
