@@ -82,6 +82,8 @@ check "mypy hpcsched (types; settings in pyproject.toml)" $PY -m mypy hpcsched
 rm -rf docs/_build
 check "sphinx-build (API reference, warnings are errors)" \
     $PY -m sphinx -W --keep-going -q -b html docs docs/_build/html
+check "the sdist and the wheel (ci/check-wheel.sh: twine check, a clean venv without MPI)" \
+    env PYTHON="$PY" bash ci/check-wheel.sh
 
 echo "== running the test suite"
 t0=$SECONDS
