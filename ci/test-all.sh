@@ -2,9 +2,11 @@
 # test-all.sh - install hpcsched with its test dependencies, start the batch
 # systems the tests use (SLURM and Grid Engine on localhost, when run as root
 # on Debian), check the code (ruff, mypy, the Sphinx API reference with warnings as
-# errors), run the whole test suite, and stop the daemons it started.
+# errors, the sdist and the wheel in a clean virtual environment), run the whole test suite,
+# and stop the daemons it started.
 #
-# This is the README Quickstart's second command; .ci/run runs exactly it.
+# This is the README Quickstart's last command; .ci/run runs it as the Quickstart does, in
+# a fresh virtual environment (run with another interpreter: PYTHON=... bash ci/test-all.sh).
 # A failed check fails the run (the tests still run, to report everything at once).
 # A pytest run that collects nothing (exit 5) counts as a failure.
 set -uo pipefail
