@@ -51,6 +51,9 @@ class Placement:
         self.unrunnable: dict[TaskState, None] = {}  # the no-worker tasks
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.slots_opened: dict[WorkerInfo, None] = {}
+        # workers given more tasks than they have threads since the last tick: the only
+        # possible victims of stealing (pruned by the tick)
+        self.backlogged: set[WorkerInfo] = set()
         self.mars_assignment: dict[Key, str] = {}
         self.seq = itertools.count()
 

@@ -140,3 +140,14 @@ def test_worker_objects_read_per_task_do_not_grow_with_the_workers(workload, mon
     # each) where the small cluster has 10, and fewer tasks are root-ish; one scan of the
     # cluster per task would read thousands
     assert large <= 1.5 * small + 4 * policies.SAMPLE_LIMIT, (workload.__name__, small, large)
+
+
+def test_a_tick_over_idle_workers_reads_none_of_them(monkeypatch):
+    """Stealing looks at the workers only when one holds more tasks than threads."""
+    monkeypatch.setattr(worker_events, "WorkerInfo", CountingWorkerInfo)
+    s = SchedulerState(work_stealing=True, worker_ttl=None)
+    for i in range(1_000):
+        s.handle(ev.AddWorker(f"sim://{i}", 1))
+    CountingWorkerInfo.reads[0] = 0
+    s.handle(ev.Tick(now=1.0))
+    assert CountingWorkerInfo.reads[0] == 0
