@@ -10,13 +10,13 @@ Rules of this module (it touches no socket, thread or clock, so it can be fed
 any byte string in a test, like h11's protocol state machine):
 
 * **Memory grows only as bytes arrive.** Small frames are parsed out of one
-  reusable buffer, an anonymous ``mmap`` too: a connection that only ever carries
+  reusable buffer, an anonymous ``mmap``: a connection that only ever carries
   small messages commits a page or two of it, and the pages a burst committed
   beyond ``KEEP_COMMITTED`` are given back once the burst is parsed, so that a
-  thousand mostly idle connections cost little. A large frame gets an anonymous ``mmap`` of its declared
-  size: the kernel reserves address space but commits pages only when bytes are
-  written into them, so a peer announcing a 1 GiB frame and sending nothing
-  costs nothing. The frame's bytes are received straight into that mapping
+  thousand mostly idle connections cost little. A large frame gets an anonymous
+  ``mmap`` of its declared size: the kernel reserves address space but commits
+  pages only when bytes are written into them, so a peer announcing a 1 GiB
+  frame and sending nothing costs nothing. The frame's bytes are received straight into that mapping
   (:meth:`FrameDecoder.get_buffer`, in the manner of asyncio's
   ``BufferedProtocol``), and a numpy array unpickles on top of it: no copy.
 * **Limits are checked when a header is read**, before anything is reserved:
