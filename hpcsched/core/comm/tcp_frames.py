@@ -10,10 +10,13 @@ Rules of this module (it touches no socket, thread or clock, so it can be fed
 any byte string in a test, like h11's protocol state machine):
 
 * **Memory grows only as bytes arrive.** Small frames are parsed out of one
-  reusable buffer. A large frame gets an anonymous ``mmap`` of its declared
-  size: the kernel reserves address space but commits pages only when bytes are
-  written into them, so a peer announcing a 1 GiB frame and sending nothing
-  costs nothing. The frame's bytes are received straight into that mapping
+  reusable buffer, an anonymous ``mmap``: a connection that only ever carries
+  small messages commits a page or two of it, and the pages a burst committed
+  beyond ``KEEP_COMMITTED`` are given back once the burst is parsed, so that a
+  thousand mostly idle connections cost little. A large frame gets an anonymous
+  ``mmap`` of its declared size: the kernel reserves address space but commits
+  pages only when bytes are written into them, so a peer announcing a 1 GiB
+  frame and sending nothing costs nothing. The frame's bytes are received straight into that mapping
   (:meth:`FrameDecoder.get_buffer`, in the manner of asyncio's
   ``BufferedProtocol``), and a numpy array unpickles on top of it: no copy.
 * **Limits are checked when a header is read**, before anything is reserved:
@@ -32,6 +35,7 @@ MSG_MAGIC = b"HSm1"  # message magic; the last byte is the framing version
 HEAD = struct.Struct("<4sI")
 COPY_LIMIT = 64 * 1024  # frames up to this size are copied out of the receive buffer
 BUFFER_SIZE = 256 * 1024  # the reusable receive buffer
+KEEP_COMMITTED = 64 * 1024  # of it, the pages kept after a burst (the rest goes back)
 
 _lengths_structs: dict[int, struct.Struct] = {}
 
@@ -55,6 +59,14 @@ def lengths_struct(n: int) -> struct.Struct:
 
 def frame_nbytes(frame: bytes | bytearray | memoryview) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+def _reserve(size: int) -> mmap.mmap | bytearray:
+    """A buffer of ``size`` bytes whose pages are committed as they are written."""
+    try:
+        return mmap.mmap(-1, size)
+    except (OSError, ValueError):
+        return bytearray(size)
 
 
 def encode_header(lengths: Sequence[int], max_frames: int, max_frame_bytes: int) -> bytes:
@@ -84,10 +96,11 @@ class FrameDecoder:
     def __init__(self, max_frames: int, max_frame_bytes: int, buffer_size: int = BUFFER_SIZE):
         self.max_frames = max_frames
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray(buffer_size)
+        self._buf: mmap.mmap | bytearray = _reserve(buffer_size)
         self._view = memoryview(self._buf)
         self._start = 0  # unparsed bytes are _buf[_start:_end]
         self._end = 0
+        self._high = 0  # the end of the bytes written since pages were last given back
         self._lengths: tuple[int, ...] | None = None  # of the message being read
         self._frames: list = []  # its frames so far
         self._big: mmap.mmap | None = None  # the large frame being received in place
@@ -142,12 +155,26 @@ class FrameDecoder:
         avail = self._end - self._start
         if avail + need > len(self._buf):
             # a header of many frames: grow, bounded by comm.max-frames (checked first)
-            new = bytearray(max(avail + need, 2 * len(self._buf)))
+            new = _reserve(max(avail + need, 2 * len(self._buf)))
             new[:avail] = self._view[self._start:self._end]
             self._buf, self._view = new, memoryview(new)
+            self._high = avail
         elif self._start:
             self._view[:avail] = self._view[self._start:self._end]
+            if self._end > self._high:
+                self._high = self._end
         self._start, self._end = 0, avail
+
+    def _give_back(self) -> None:
+        """The buffer is empty after a burst: its pages past ``KEEP_COMMITTED`` go back to
+        the kernel (they read as zeros when written again)."""
+        buf = self._buf
+        if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            start = KEEP_COMMITTED
+            length = min(self._high, len(buf)) - start
+            if length > 0:
+                buf.madvise(mmap.MADV_DONTNEED, start, length)
+        self._high = 0
 
     def _need(self, n: int) -> bool:
         if self._end - self._start >= n:
@@ -204,4 +231,8 @@ class FrameDecoder:
             self._frames = []
             self._lengths = None
             if self._start == self._end:
+                if self._end > self._high:
+                    self._high = self._end
+                if self._high > KEEP_COMMITTED:
+                    self._give_back()
                 self._start = self._end = 0

@@ -361,9 +361,12 @@ class Scheduler:
         self._release_held = True  # this iteration's flush sends what waited
         self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)
-        # workers removed by the tick (no heartbeat) lose their comms too
-        for peer in [p for p in self._worker_peers if p not in self.state.workers]:
-            self._disconnect(peer, "removed")
+        # workers the state removed (no heartbeat, retired) lose their comms too; the
+        # state's workers are worker peers (only a registration adds them), so equal
+        # counts mean there is none to look for
+        if len(self._worker_peers) != len(self.state.workers):
+            for peer in [p for p in self._worker_peers if p not in self.state.workers]:
+                self._disconnect(peer, "removed")
 
     def _stimulus(self, op: str) -> str:
         return f"{op}-{next(self._stimuli)}"

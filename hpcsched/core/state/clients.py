@@ -69,7 +69,7 @@ class ClientRequests:
                     graph.transition(ts, "released")
                     ts.run_spec = spec.get("run_spec", ts.run_spec)
                     ts.suspicious = 0
-                    ts.erred_on = []
+                    ts.erred_on = ()
                     new.append(ts)
                 continue
             new.append(graph.new_task(key, spec.get("run_spec"), key_split(key)))
@@ -185,7 +185,7 @@ class ClientRequests:
             ts.exception = ts.exception_blame = None
             ts.traceback = ts.exception_text = ""
             ts.suspicious = 0
-            ts.erred_on = []
+            ts.erred_on = ()
             again.append(ts)
             stack.extend(ts.dependencies)
         graph.transitions([(ts, "waiting") for ts in again if graph.wanted(ts)])

@@ -194,12 +194,22 @@ class Maintenance:
         for r in list(self.rebalances.values()):
             if e.now - r.start > self.retire_timeout:  # a copy never arrived: both are kept
                 self._finish_rebalance(r)
-        if self.work_stealing and len(workers) > 1:
+        if self.work_stealing and len(workers) > 1 and self._backlogs():
             for ts, victim, thief in policies.plan_steals(workers.values(),
                                                           self.registry.bandwidth):
                 ts.stealing = True
                 self.steal_targets[ts.key] = thief
                 self.out.send(victim.address, StealRequest(ts.key))
+
+    def _backlogs(self) -> bool:
+        """Whether a worker holds more tasks than threads (else nothing can be stolen, and
+        the tick need not look at every worker)."""
+        backlogged = self.placement.backlogged
+        if backlogged:
+            workers = self.registry.workers
+            backlogged -= {ws for ws in backlogged if workers.get(ws.address) is not ws
+                           or len(ws.processing) <= ws.nthreads}
+        return bool(backlogged)
 
     # ================================================================ paused workers
     @handlers.on(ev.WorkerStatusChange)

@@ -161,7 +161,7 @@ class TaskState:
         self.typename = ""
         self.retries = 0
         self.suspicious = 0
-        self.erred_on: list[str] = []
+        self.erred_on: tuple[str, ...] = ()  # a list would cost every task its 56 bytes
         self.exception: Any = None
         self.traceback = ""
         self.exception_text = ""

@@ -51,6 +51,9 @@ class Placement:
         self.unrunnable: dict[TaskState, None] = {}  # the no-worker tasks
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.slots_opened: dict[WorkerInfo, None] = {}
+        # workers given more tasks than they have threads since the last tick: the only
+        # possible victims of stealing (pruned by the tick)
+        self.backlogged: set[WorkerInfo] = set()
         self.mars_assignment: dict[Key, str] = {}
         self.seq = itertools.count()
 
@@ -116,8 +119,16 @@ class Placement:
         if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
             return
         ws.heap_version += 1
-        heapq.heappush(self.free_heap, (policies.busy_slots(ws) / ws.nthreads, next(self.seq),
-                                        ws.heap_version, ws))
+        heap = self.free_heap
+        if len(heap) > 2 * len(self.registry.workers) + 64:
+            # each push outdates the worker's previous entry: drop the outdated ones now
+            # and then, or they pile up, one per task, where no pop reaches them
+            workers = self.registry.workers
+            heap[:] = [e for e in heap if e[2] == e[3].heap_version
+                       and workers.get(e[3].address) is e[3]]
+            heapq.heapify(heap)
+        heapq.heappush(heap, (policies.busy_slots(ws) / ws.nthreads, next(self.seq),
+                              ws.heap_version, ws))
 
     def pop_free_worker(self) -> WorkerInfo | None:
         """The least-busy running worker that is not full, or None (lazy heap)."""
@@ -142,11 +153,6 @@ class Placement:
 
     def take_opened(self) -> dict[WorkerInfo, None]:
         """The workers whose slots opened during this event (and forget them)."""
-        if self.blocks.fill_all:
-            self.blocks.fill_all = False
-            for ws in self.registry.running():
-                if not policies.worker_full(ws, self.worker_saturation):
-                    self.slots_opened[ws] = None
         opened = self.slots_opened
         if opened:
             self.slots_opened = {}
@@ -155,20 +161,38 @@ class Placement:
     def fill_slots(self, opened: Iterable[WorkerInfo],
                    assign: Callable[[TaskState, WorkerInfo], None]) -> None:
         """Give queued root-ish tasks to the ``opened`` workers, best priority first:
-        ``assign(ts, ws)`` puts each on its worker (and takes it out of the queue)."""
+        ``assign(ts, ws)`` puts each on its worker (and takes it out of the queue). When
+        tasks were queued while workers had free slots (``blocks.fill_all``), every free
+        worker then gets its share, least busy first: they come off the heap of not-full
+        workers, so the cost is in the tasks handed out, not in the size of the cluster."""
         workers = self.registry.workers
         for ws in opened:
-            if ws.address not in workers or ws.status != "running":
-                continue
-            while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
-                head = self.queue_head()
-                ts = self.blocks.take(ws, head)
-                if ts is None:
-                    if head is None:
-                        break
-                    ts = head
-                    self.blocks.took_head(ws, ts, workers)
-                assign(ts, ws)
+            if not self.n_queued:
+                break
+            if ws.address in workers and ws.status == "running":
+                self._fill(ws, assign)
+        if self.blocks.fill_all:
+            self.blocks.fill_all = False
+            while self.n_queued:
+                free = self.pop_free_worker()
+                if free is None:
+                    break
+                self._fill(free, assign)
+                if not policies.worker_full(free, self.worker_saturation):
+                    break  # the queue has nothing more for anyone
+
+    def _fill(self, ws: WorkerInfo, assign: Callable[[TaskState, WorkerInfo], None]) -> None:
+        """Queued tasks to ``ws`` (its block's first) until it is full or the queue empty."""
+        workers = self.registry.workers
+        while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
+            head = self.queue_head()
+            ts = self.blocks.take(ws, head)
+            if ts is None:
+                if head is None:
+                    break
+                ts = head
+                self.blocks.took_head(ws, ts, workers)
+            assign(ts, ws)
 
     # ================================================================ the queue
     def enqueue(self, ts: TaskState) -> None:

@@ -11,8 +11,9 @@ Every function here reads :class:`~hpcsched.core.state.model.TaskState` /
   ``rootish_max_deps`` distinct dependencies, and no restrictions.
 * :func:`worker_objective` — when would ``ts`` start on ``ws``: occupancy per
   thread plus bytes to transfer over the bandwidth; ties by bytes stored.
-* :func:`decide_worker` — among workers holding a dependency (all valid ones
-  when none does), the one with the smallest objective.
+* :func:`decide_worker` — among workers holding a dependency (when none does, a
+  random sample of at most ``SAMPLE_LIMIT`` valid ones), the one with the smallest
+  objective.
 * :func:`co_assign_worker` — queuing off: consecutive root-ish tasks (in
   priority order) go to one worker in batches, so siblings land together.
 * :func:`plan_steals` — idle workers take not-yet-started work from
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from hpcsched.core.state.model import TaskGroup, TaskState, WorkerInfo
 
-SAMPLE_LIMIT = 20  # workers inspected for a dependency-free, non-root-ish task
+SAMPLE_LIMIT = 20  # workers inspected for a task whose inputs no candidate holds
 
 
 def is_rootish(ts: TaskState, total_nthreads: int, factor: float = 2, max_deps: int = 5) -> bool:
@@ -112,17 +113,19 @@ def decide_worker(
     pool = valid if valid is not None else running
     if not pool:
         return None
+    holders: set[WorkerInfo] = set()
     if ts.dependencies:
         holders = {ws for dts in ts.dependencies for ws in dts.who_has if ws.status == "running"}
         if valid is not None:
             holders &= set(valid)
-        candidates: Iterable[WorkerInfo] = holders or pool
+    if holders:
+        candidates: list[WorkerInfo] = list(holders)
+    elif len(pool) > SAMPLE_LIMIT:
+        # no worker holds an input: a bounded sample of the pool, whether or not the task
+        # has dependencies, so that one decision costs the same on any number of workers
+        candidates = rng.sample(pool, SAMPLE_LIMIT)
     else:
         candidates = pool
-    if not isinstance(candidates, (list, tuple)):
-        candidates = list(candidates)
-    if len(candidates) > SAMPLE_LIMIT and not ts.dependencies:
-        candidates = rng.sample(candidates, SAMPLE_LIMIT)
     if len(candidates) == 1:
         return candidates[0]
     return min(candidates, key=lambda ws: worker_objective(ts, ws, bandwidth))

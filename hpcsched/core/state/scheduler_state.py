@@ -125,19 +125,21 @@ class SchedulerState:
             raise Unhandled(f"scheduler state has no handler for "
                             f"{type(event).__name__}") from None
         handler(event)
-        opened = self.placement.take_opened()
-        if opened:
-            self._fill_slots(opened)
+        placement = self.placement
+        if placement.slots_opened or placement.blocks.fill_all:
+            self._fill_slots(placement.take_opened())
         messages, out.messages = out.messages, []
         return messages
 
     def _fill_slots(self, opened: dict[WorkerInfo, None]) -> None:
-        """Slots opened: the no-worker tasks may run now, and queued tasks go to them."""
-        if self.placement.unrunnable:
-            self.graph.transitions([(ts, "processing") for ts in list(self.placement.unrunnable)])
-        if self.placement.n_queued:
-            self.placement.fill_slots(opened, self.graph.add_to_processing)
-
+        """Slots opened (or tasks were queued while some were free): the no-worker tasks
+        may run now, and queued tasks go to the free slots."""
+        placement = self.placement
+        if placement.unrunnable:
+            self.graph.transitions([(ts, "processing") for ts in list(placement.unrunnable)])
+        if placement.n_queued:
+            placement.fill_slots(opened, self.graph.add_to_processing)
+        placement.blocks.fill_all = False
 
     def validate(self) -> None:
         """Check every invariant; raises AssertionError naming the broken one."""

@@ -372,6 +372,8 @@ class TaskGraph:
         ts.processing_on = ws
         ws.processing[ts] = est
         ws.occupancy += est
+        if len(ws.processing) > ws.nthreads:
+            self.placement.backlogged.add(ws)
         if ts.resource_restrictions:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) + q

@@ -79,7 +79,7 @@ class WorkerEvents:
             graph.transition(ts, "released")
             if ts in suspects and not graceful:
                 ts.suspicious += 1
-                ts.erred_on.append(ws.address)
+                ts.erred_on += (ws.address,)
                 if ts.suspicious >= self.allowed_failures:
                     exc = KilledWorker(
                         f"task {ts.key!r} was running on {ts.suspicious} workers that died "

@@ -120,3 +120,26 @@ def test_sending_over_the_frame_limit_names_the_setting():
         encode_header([101], max_frames=10, max_frame_bytes=100)
     with pytest.raises(FrameTooLarge, match="comm.max-frames=2"):
         encode_header([1, 1, 1], max_frames=2, max_frame_bytes=100)
+
+
+def test_an_idle_connection_commits_a_page_or_two_of_its_receive_buffer():
+    """Many connections carrying only small messages cost little each (a scheduler has
+    one per worker)."""
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    decoders = [FrameDecoder(**LIMITS) for _ in range(200)]
+    for d in decoders:
+        d.feed(encode([b"x" * 100]))
+        assert [[bytes(f) for f in m] for m in d.take()] == [[b"x" * 100]]
+    grown = proc.memory_info().rss - before
+    assert grown < 200 * 32 * 1024, f"{grown / 200 / 1024:.0f} KiB per decoder"
+
+
+def test_after_a_burst_gives_its_pages_back_the_next_messages_decode():
+    decoder = FrameDecoder(**LIMITS)
+    for round_ in range(3):
+        msgs = [[bytes([(i + round_) % 251]) * 300] for i in range(1000)]  # ~300 KB at once
+        data = b"".join(encode(m) for m in msgs)
+        got = feed_in_chunks(decoder, data, list(range(0, len(data), 70_000)))
+        assert [[bytes(f) for f in m] for m in got] == msgs
+        assert not decoder.in_message
