@@ -273,6 +273,16 @@ class Scheduler:
             if isinstance(payload, list) and len(payload) > 1:
                 self._handle_messages(peer, payload[1:], now)
 
+    def _expire_newcomers(self, mono: float) -> None:
+        """Drop the peers that connected but did not introduce themselves in time."""
+        for nc in list(self._newcomers):  # oldest first: all share one timeout
+            if nc.deadline > mono:
+                return
+            del self._newcomers[nc]
+            logger.warning("peer %s did not introduce itself within %ss", nc.comm.peer_address,
+                           self._introduction_timeout)
+            nc.comm.close()
+
     def _register(self, peer: str, comm: Comm, msg: pr.RegisterClient | pr.RegisterWorker
                   ) -> bool:
         """Accept a peer whose introduction ``msg`` passed its checks (False: refused)."""
@@ -397,24 +407,14 @@ class Scheduler:
         self._disconnect(peer, reason)
 
     def _tick(self, now: float) -> None:
+        if self._newcomers:
+            self._expire_newcomers(time.monotonic())
         self._release_held = True  # this iteration's flush sends what waited
         self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)
         # workers removed by the tick (no heartbeat) lose their comms too
         for peer in [p for p in self._worker_peers if p not in self.state.workers]:
             self._disconnect(peer, "removed")
-        if self._newcomers:
-            self._expire_newcomers(time.monotonic())
-
-    def _expire_newcomers(self, mono: float) -> None:
-        """Drop the peers that connected but did not introduce themselves in time."""
-        for nc in list(self._newcomers):  # oldest first: all share one timeout
-            if nc.deadline > mono:
-                return
-            del self._newcomers[nc]
-            logger.warning("peer %s did not introduce itself within %ss", nc.comm.peer_address,
-                           self._introduction_timeout)
-            nc.comm.close()
 
     def _stimulus(self, op: str) -> str:
         return f"{op}-{next(self._stimuli)}"

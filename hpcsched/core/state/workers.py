@@ -35,11 +35,16 @@ class WorkerEvents:
         self.allowed_failures = allowed_failures
         self.base_interval = heartbeat_interval
         self.worker_ttl = worker_ttl
+        self._interval = (-1, 0.0)  # (number of workers, their heartbeat interval)
 
     def heartbeat_interval(self) -> float:
         """Seconds between each worker's heartbeats in this cluster (:mod:`.liveness`)."""
-        return heartbeat_interval(len(self.registry.workers), self.base_interval,
-                                  self.worker_ttl)
+        n, interval = self._interval
+        if n != len(self.registry.workers):
+            n = len(self.registry.workers)
+            interval = heartbeat_interval(n, self.base_interval, self.worker_ttl)
+            self._interval = (n, interval)
+        return interval
 
     @handlers.on(ev.AddWorker)
     def add_worker(self, e: ev.AddWorker) -> None:
@@ -112,7 +117,7 @@ class WorkerEvents:
         if ws is not None:
             if self.out.recorder is not None:
                 self.out.recorder.heartbeat(e, ws)
-            ws.last_seen = e.now
+            self.registry.heard_from(ws, e.now)
             ws.metrics = e.metrics
             self.registry.note_bandwidth(e.metrics)
             interval = self.heartbeat_interval()
