@@ -51,7 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.default-bandwidth": _SCHEDULER.bandwidth,
     "scheduler.work-stealing": _SCHEDULER.work_stealing,
     "scheduler.work-stealing-interval": 0.1,  # seconds
-    "scheduler.worker-ttl": 30.0,  # seconds without heartbeat before a TCP worker is removed
+    # seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
+    # workers' heartbeat interval at most a quarter of it (hpcsched.core.state.liveness)
+    "scheduler.worker-ttl": 30.0,
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
     # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
     # module:factory entries, each called with the scheduler
