@@ -51,7 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.default-bandwidth": _SCHEDULER.bandwidth,
     "scheduler.work-stealing": _SCHEDULER.work_stealing,
     "scheduler.work-stealing-interval": 0.1,  # seconds
-    "scheduler.worker-ttl": 30.0,  # seconds without heartbeat before a TCP worker is removed
+    # seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
+    # workers' heartbeat interval at most a quarter of it (hpcsched.core.state.liveness)
+    "scheduler.worker-ttl": 30.0,
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
     # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
     # module:factory entries, each called with the scheduler
@@ -60,7 +62,8 @@ DEFAULTS: dict[str, Any] = {
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh
     # workers
-    "worker.heartbeat-interval": 1.0,
+    # in a small cluster; the scheduler lengthens it as its cluster grows
+    "worker.heartbeat-interval": _SCHEDULER.heartbeat_interval,
     # threads of numerical libraries (OpenMP, OpenBLAS, MKL) per worker process that
     # LocalCluster starts, unless the environment sets them: a worker already runs one task
     # per thread, and each library otherwise starts one thread per core (dask's nanny does
@@ -97,6 +100,9 @@ DEFAULTS: dict[str, Any] = {
     "comm.timeouts.handshake": 5.0,  # seconds an accepted peer has to authenticate
     "comm.timeouts.message": 300.0,  # seconds a message that started arriving has to finish
     "comm.max-pending-handshakes": 256,  # unauthenticated peers held; the oldest go first
+    # connections the kernel queues before they are accepted (capped by the system's
+    # net.core.somaxconn): thousands of workers may connect at once
+    "comm.socket-backlog": 4096,
     "comm.max-frame-bytes": 2**32,  # 4 GiB: larger frames are refused (sending and receiving)
     "comm.max-frames": 100_000,
     "comm.max-send-queue-bytes": 2**31,  # queued for a peer that does not read: then closed

@@ -14,7 +14,8 @@ Rules every backend follows (``inproc://``, ``tcp://``, ``mpi://``):
 * A backend registers itself by URL scheme in :mod:`hpcsched.core.comm.registry`
   with a :class:`Backend`: ``connect(address, timeout, security) -> Comm`` and
   ``listen(address, on_connect, security) -> Listener``. ``on_connect(comm)`` is
-  called (in a backend thread) for every accepted, authenticated peer. The
+  called (in a backend thread) for every accepted, authenticated peer; it must not
+  block (it may run on the thread serving every connection). The
   :class:`Backend` also declares what servers must do for the transport
   (heartbeats, a secret, a worker's default listen address), so that no server
   branches on a scheme.

@@ -10,8 +10,9 @@ Every socket of a process is served by one I/O thread
   pending one is dropped. Each must finish within ``comm.timeouts.handshake``.
   A legitimate peer answers the greeting in one round trip, so a flood of idle
   or reconnecting sockets cannot keep it out; and the flood costs sockets, not
-  threads. ``on_connect(comm)`` runs on a short-lived thread of its own once a
-  peer is authenticated (servers may wait there for its first message).
+  threads. ``on_connect(comm)`` runs on the I/O thread once a peer is
+  authenticated (it must not block: servers read the peer's first message on
+  their loop).
 * **Sending.** ``send`` serializes in the caller's thread and queues the bytes
   on the connection; when nothing is queued it first tries a non-blocking write
   itself (no thread hand-off for the common small message), and the I/O thread
@@ -41,6 +42,7 @@ Every socket of a process is served by one I/O thread
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -95,11 +97,13 @@ def _connect(address: str, timeout: float | None, security: Security | None) -> 
                 sock.close()
             raise
         except (ConnectionError, TimeoutError, OSError) as e:
-            # refused, reset, unreachable, evicted: the scheduler may be busy or not up yet
+            # refused, reset, unreachable, evicted, not greeted in time: the scheduler may
+            # be busy (thousands of workers connecting at once) or not up yet
             if sock is not None:
                 sock.close()
             last = e
-        time.sleep(max(min(delay, deadline - time.monotonic()), 0))
+        # jittered, so that peers refused together do not come back together
+        time.sleep(max(min(delay * random.uniform(0.5, 1.5), deadline - time.monotonic()), 0))
         delay = min(delay * 2, 0.5)
 
 

@@ -9,9 +9,11 @@ costs sockets, not threads. Refusals are logged on ``hpcsched.comm``, at a
 bounded rate.
 
 Once a peer is authenticated its socket becomes a
-:class:`~hpcsched.core.comm.tcp_comm.TCPComm`, and ``on_connect(comm)`` runs on
-a short-lived thread of its own (a server may wait there for the peer's first
-message without holding up the I/O thread).
+:class:`~hpcsched.core.comm.tcp_comm.TCPComm` and ``on_connect(comm)`` runs on the
+I/O thread, so it must not block: servers hand the comm's messages to their loop
+(``deliver_to``) and read the peer's introduction there. A registration storm of
+thousands of peers then costs sockets and messages, never a thread each. The
+kernel queues up to ``comm.socket-backlog`` connections not yet accepted.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ class TCPListener(Listener):
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind(sockaddr)
-            self._sock.listen(1024)
+            self._sock.listen(int(config.get("comm.socket-backlog")))
         except OSError as e:
             self._sock.close()
             raise OSError(e.errno, f"cannot listen on {address}: {e.strerror}") from e
@@ -200,10 +202,6 @@ class TCPListener(Listener):
         comm = TCPComm(tcp_io.acquire(), p.sock, p.hs.tls, local, p.peer, p.hs.leftover,
                        unsent=bytes(p.out))
         comm.start()
-        threading.Thread(target=self._hand_over, args=(comm,), daemon=True,
-                         name=f"hpcsched-on-connect {p.peer}").start()
-
-    def _hand_over(self, comm: TCPComm) -> None:
         if self._stopped:
             comm.close()
             return

@@ -309,8 +309,10 @@ def client_handshake(sock: socket.socket, address: str, host: str, security: Sec
     try:
         hello = chan.read_exact(HELLO.size)
     except TimeoutError:
-        raise HandshakeError(f"no greeting from {address} within {timeout}s: is it an hpcsched "
-                             "server (or one with TLS when we use none)?") from None
+        # a scheduler that thousands of workers reach at once may greet late: the caller
+        # tries again until its connect timeout (a TimeoutError, not a refusal)
+        raise TimeoutError(f"no greeting from {address} within {timeout}s: is it an hpcsched "
+                           "server (or one with TLS when we use none)?") from None
     if hello is None:
         raise HandshakeInterrupted(f"{address} closed the connection before greeting")
     magic, version, flags, nonce = HELLO.unpack(hello)
@@ -342,7 +344,7 @@ def client_handshake(sock: socket.socket, address: str, host: str, security: Sec
         chan.sendall(REPLY.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, client_nonce, mac))
         verdict = chan.read_exact(VERDICT.size)
     except TimeoutError:
-        raise HandshakeError(f"{address} did not answer our handshake within {timeout}s") from None
+        raise TimeoutError(f"{address} did not answer our handshake within {timeout}s") from None
     except (ssl.SSLError, OSError) as e:
         raise HandshakeInterrupted(f"{address} hung up during the handshake: {e}") from e
     if verdict is None:

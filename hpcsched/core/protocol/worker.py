@@ -64,7 +64,17 @@ class Registered:
     address: str = wire(fc.string, doc="the scheduler's address")
     id: str = wire(fc.string, doc="the scheduler's id")
     heartbeat_interval: float | None = wire(fc.optional(fc.number), None, sparse=True,
-                                            doc="seconds between a worker's heartbeats")
+                                            doc="seconds between a worker's heartbeats "
+                                                "(it grows with the cluster)")
+
+
+@message("heartbeat-interval", S2W)
+@dataclass(slots=True)
+class HeartbeatInterval:
+    """The cluster grew or shrank: heartbeat every ``interval`` seconds from now on (the
+    answer to a heartbeat, when the interval changed)."""
+
+    interval: float = wire(fc.number, doc="seconds")
 
 
 @message("register-error", S2W)

@@ -1,18 +1,22 @@
 """How a peer introduces itself to the scheduler: one ``register-worker`` or
-``register-client`` message, read on the backend's thread before the peer's
-messages reach the scheduler's loop.
+``register-client`` message, its first.
 
-A peer whose first message is not a registration, or whose registration is
-malformed or names a worker already registered, is told why (``register-error``),
-and dropped; the scheduler never handles its messages.
+A connection's messages reach the scheduler's loop from the start, with a
+:class:`Newcomer` as their source until the first one, the introduction, is
+read there (no thread waits for it: a registration storm of thousands of
+workers costs messages, not threads). A newcomer that has not introduced itself
+within ``comm.timeouts.handshake`` is dropped. A peer whose first message is not
+a registration, or whose registration is malformed or names a worker already
+registered, is told why (``register-error``), and dropped; the scheduler never
+handles its messages.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
-from hpcsched.core import config
 from hpcsched.core.comm.base import Comm, CommClosedError
 from hpcsched.core.protocol.messages import (
     INTRODUCTION,
@@ -28,17 +32,26 @@ from hpcsched.core.state import events as ev
 logger = logging.getLogger("hpcsched.scheduler")
 
 
-def read_introduction(comm: Comm) -> tuple[str, Comm, RegisterWorker | RegisterClient] | None:
-    """``(peer id, comm, introduction)``, or None (the peer was refused, its comm closed).
+class Newcomer:
+    """A connected peer that has not introduced itself yet: the source of its messages
+    until then. ``peer``: its id once accepted (messages already on their way with the
+    newcomer as source are that peer's)."""
 
-    The introduction is decoded here (every field checked), on the backend's thread; the
-    scheduler's loop then accepts the peer, or refuses a worker whose name is taken."""
-    try:
-        first = comm.recv(timeout=config.get("comm.timeouts.handshake"))
-    except (CommClosedError, TimeoutError, OSError) as e:
-        logger.warning("peer %s did not introduce itself: %s", comm.peer_address, e)
-        comm.close()
-        return None
+    __slots__ = ("comm", "deadline", "peer")
+
+    def __init__(self, comm: Comm, timeout: float):
+        self.comm = comm
+        self.deadline = time.monotonic() + timeout
+        self.peer: str | None = None
+
+    def __repr__(self) -> str:
+        return f"<Newcomer {self.comm.peer_address}>"
+
+
+def read_introduction(comm: Comm, first: Any) -> tuple[str, RegisterWorker | RegisterClient] | None:
+    """``(peer id, introduction)`` from ``first``, a peer's first message (or batch), or
+    None (the peer was refused, its comm closed). Every field is checked here; the
+    scheduler then accepts the peer, or refuses a worker whose name is taken."""
     msg = first[0] if isinstance(first, list) and first else first
     try:
         intro = decode(INTRODUCTION, msg)
@@ -50,12 +63,12 @@ def read_introduction(comm: Comm) -> tuple[str, Comm, RegisterWorker | RegisterC
             logger.warning("dropping peer %s: empty client id", comm.peer_address)
             comm.close()
             return None
-        return (intro.client, comm, intro)
+        return (intro.client, intro)
     if "://" not in intro.address:
         logger.warning("dropping worker %s: bad address %r", comm.peer_address, intro.address)
         comm.close()
         return None
-    return (intro.address, comm, intro)
+    return (intro.address, intro)
 
 
 def refuse(comm: Comm, peer: str, message: str) -> None:

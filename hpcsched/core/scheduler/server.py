@@ -1,9 +1,9 @@
 """The scheduler server: runs :class:`SchedulerState` over any transport.
 
 Peers connect and introduce themselves with one message, ``register-worker``
-or ``register-client`` (:mod:`.registration`); after that their transport delivers
-their messages to the server's :class:`~hpcsched.core.comm.loop.Loop`
-(``Comm.deliver_to``). The server decodes each with its sender's context
+or ``register-client`` (:mod:`.registration`); their transport delivers their
+messages to the server's :class:`~hpcsched.core.comm.loop.Loop`
+(``Comm.deliver_to``) from the start, the first read there as the introduction. The server decodes each with its sender's context
 (:func:`~hpcsched.core.protocol.wire.receive`), hands it to its handler by record
 type -- the state machine's events to :class:`SchedulerState` -- and sends the
 resulting messages batched per peer.
@@ -55,7 +55,13 @@ from hpcsched.core.scheduler.extensions import close_extensions, start_extension
 from hpcsched.core.scheduler.gather import Gathers
 from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
-from hpcsched.core.scheduler.registration import add_worker_event, read_introduction, refuse
+from hpcsched.core.scheduler.registration import (
+    Newcomer,
+    add_worker_event,
+    read_introduction,
+    refuse,
+    worker_name,
+)
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.core.units import parse_bytes
@@ -65,6 +71,7 @@ logger = logging.getLogger("hpcsched.scheduler")
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
 ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
+ARRIVED = object()  # payload of a newcomer's first item: it connected
 
 
 #: the records that are the state machine's events, as they arrive
@@ -116,6 +123,7 @@ class Scheduler:
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
         kw = {
+            "heartbeat_interval": config.get("worker.heartbeat-interval"),
             "worker_saturation": config.get("scheduler.worker-saturation"),
             "rootish_policy": config.get("scheduler.rootish-policy"),
             "rootish_factor": config.get("scheduler.rootish-factor"),
@@ -141,6 +149,9 @@ class Scheduler:
         self._extra_listeners: list = []
         self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
+        # connected peers yet to introduce themselves, oldest first (loop thread only)
+        self._newcomers: dict[Newcomer, None] = {}
+        self._introduction_timeout = float(config.get("comm.timeouts.handshake"))
         self._outbox: dict[str, list] = {}
         # per worker: messages that may wait for the next one to it or the tick (free-keys)
         self._held: dict[str, list] = {}
@@ -231,41 +242,79 @@ class Scheduler:
 
     # ================================================================ connections
     def _on_connect(self, comm: Comm) -> None:
-        """Runs in a backend thread per accepted peer: read its introduction."""
-        intro = read_introduction(comm)
-        if intro is not None:
-            self.loop.put((None, intro))
+        """Runs on the transport's thread for each accepted peer, and must not block: its
+        messages go to the loop, where the first is read as its introduction."""
+        newcomer = Newcomer(comm, self._introduction_timeout)
+        self.loop.put((newcomer, ARRIVED))
+        comm.deliver_to(self.loop, newcomer, CLOSED)
+
+    def _newcomer(self, nc: Newcomer, payload: Any, now: float) -> None:
+        """An item from a peer that had not introduced itself when it was sent."""
+        if nc.peer is not None:  # accepted since: the rest is the peer's
+            if payload is CLOSED:
+                self._disconnect(nc.peer, "connection closed")
+            elif self._comms.get(nc.peer) is nc.comm:
+                self._handle_messages(nc.peer, payload, now)
+            return
+        if payload is ARRIVED:
+            self._newcomers[nc] = None
+            return
+        if self._newcomers.pop(nc, ARRIVED) is ARRIVED:
+            return  # dropped already (it took too long): what it sent after goes too
+        if payload is CLOSED:
+            logger.info("peer %s left before introducing itself", nc.comm.peer_address)
+            return
+        intro = read_introduction(nc.comm, payload)
+        if intro is None:
+            return
+        peer, msg = intro
+        if self._register(peer, nc.comm, msg):
+            nc.peer = peer
+            if isinstance(payload, list) and len(payload) > 1:
+                self._handle_messages(peer, payload[1:], now)
+
+    def _expire_newcomers(self, mono: float) -> None:
+        """Drop the peers that connected but did not introduce themselves in time."""
+        for nc in list(self._newcomers):  # oldest first: all share one timeout
+            if nc.deadline > mono:
+                return
+            del self._newcomers[nc]
+            logger.warning("peer %s did not introduce itself within %ss", nc.comm.peer_address,
+                           self._introduction_timeout)
+            nc.comm.close()
 
     def _register(self, peer: str, comm: Comm, msg: pr.RegisterClient | pr.RegisterWorker
-                  ) -> None:
-        """Accept a peer whose introduction ``msg`` passed its checks."""
+                  ) -> bool:
+        """Accept a peer whose introduction ``msg`` passed its checks (False: refused)."""
         now = time.time()
         if isinstance(msg, pr.RegisterClient):
             self._comms[peer] = comm
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
             comm.deliver_to(self.loop, peer, CLOSED)
-            return
+            return True
         name = msg.name or peer
-        if peer in self.state.workers or any(ws.name == name for ws in
-                                             self.state.workers.values()):
+        if peer in self.state.workers or self.state.registry.named(worker_name(name)) is not None:
             refuse(comm, peer, f"a worker named {name!r} is already registered")
-            return
+            return False
         try:
             event = add_worker_event(peer, msg, name, now,
                                      self._stimulus("register-worker"))
         except (TypeError, ValueError) as e:
             logger.warning("dropping worker %s: malformed registration: %s", peer, e)
             comm.close()
-            return
+            return False
         self._comms[peer] = comm
         self._worker_peers.add(peer)
-        self._queue(peer, pr.Registered(self.address, self.id,
-                                        config.get("worker.heartbeat-interval")))
         self.handle_event(event)
+        ws = self.state.workers[peer]
+        # first in its batch, before the tasks the event gave it: the worker reads it first
+        self._outbox.setdefault(peer, []).insert(0, pr.Registered(
+            self.address, self.id, ws.heartbeat_interval))
         comm.deliver_to(self.loop, peer, CLOSED)
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
-        self._notify_workers("add", peer, self.state.workers[peer].info())
+        self._notify_workers("add", peer, ws.info())
+        return True
 
     def _disconnect(self, peer: str, reason: str) -> None:
         comm = self._comms.pop(peer, None)
@@ -310,8 +359,8 @@ class Scheduler:
         now = time.time()
         for source, payload in items:
             try:
-                if source is None:  # a newcomer's introduction, decoded
-                    self._register(*payload)
+                if source.__class__ is Newcomer:
+                    self._newcomer(source, payload, now)
                 elif payload is CLOSED:
                     self._disconnect(source, "connection closed")
                 elif source in self._comms:  # else a late message from a peer we dropped
@@ -358,6 +407,8 @@ class Scheduler:
         self._disconnect(peer, reason)
 
     def _tick(self, now: float) -> None:
+        if self._newcomers:
+            self._expire_newcomers(time.monotonic())
         self._release_held = True  # this iteration's flush sends what waited
         self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)

@@ -182,11 +182,10 @@ class Maintenance:
         """Drop workers past their heartbeat TTL, advance retirements, steal work."""
         workers = self.registry.workers
         if self.worker_ttl:
-            for ws in list(workers.values()):
-                if e.now - ws.last_seen > self.worker_ttl:
-                    self.remove_worker(ev.RemoveWorker(
-                        ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", now=e.now,
-                        stimulus_id=e.stimulus_id))
+            for ws in self.registry.silent_since(e.now - self.worker_ttl):
+                self.remove_worker(ev.RemoveWorker(
+                    ws.address, f"no heartbeat for {e.now - ws.last_seen:.0f}s", now=e.now,
+                    stimulus_id=e.stimulus_id))
         for address in list(self.retiring):
             retiring = workers.get(address)
             if retiring is not None:

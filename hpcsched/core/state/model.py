@@ -187,7 +187,7 @@ class WorkerInfo:
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block")
+                 "root_block", "heartbeat_interval")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -207,6 +207,7 @@ class WorkerInfo:
         self.occupancy = 0.0
         self.status = "running"  # running | paused | closing_gracefully
         self.last_seen = now
+        self.heartbeat_interval = 0.0  # the interval the worker was told (liveness.py)
         self.metrics: dict = {}
         self.pid = pid
         self.heap_version = 0

@@ -18,7 +18,8 @@ from hpcsched.core.state.model import WorkerInfo
 class WorkerRegistry:
     """The scheduler's workers by address (see the module's docstring)."""
 
-    __slots__ = ("workers", "total_nthreads", "bandwidth", "removed_by", "_running")
+    __slots__ = ("workers", "total_nthreads", "bandwidth", "removed_by", "_running", "_names",
+                 "_by_last_seen")
 
     def __init__(self, bandwidth: float):
         self.workers: dict[str, WorkerInfo] = {}
@@ -29,10 +30,18 @@ class WorkerRegistry:
         # remove_worker hooks (it pops each entry; bounded for a state run without a server)
         self.removed_by: dict[str, str] = {}
         self._running: list[WorkerInfo] | None = None
+        self._names: dict[Any, WorkerInfo] = {}  # name -> worker (the last one to take it)
+        # the workers, least recently heard from first: the TTL check reads only the
+        # silent ones, a heartbeat moves one to the end (both constant time). The order is
+        # that of arrival: should the clock step back, a silent worker may wait behind one
+        # heard from "later" until that one's next heartbeat
+        self._by_last_seen: dict[str, WorkerInfo] = {}
 
     def add(self, ws: WorkerInfo) -> None:
         """``ws`` joined."""
         self.workers[ws.address] = ws
+        self._names[ws.name] = ws
+        self._by_last_seen[ws.address] = ws
         self.total_nthreads += ws.nthreads
         self._running = None
 
@@ -40,6 +49,9 @@ class WorkerRegistry:
         """``ws`` left (``stimulus_id``: the event that removed it); it is marked closed, so
         that objects still pointing to it (a TaskGroup's last worker) skip it."""
         del self.workers[ws.address]
+        del self._by_last_seen[ws.address]
+        if self._names.get(ws.name) is ws:
+            del self._names[ws.name]
         self.total_nthreads -= ws.nthreads
         self.removed_by[ws.address] = stimulus_id
         if len(self.removed_by) > 1000:
@@ -58,6 +70,26 @@ class WorkerRegistry:
         if r is None:
             r = self._running = [ws for ws in self.workers.values() if ws.status == "running"]
         return r
+
+    def heard_from(self, ws: WorkerInfo, now: float) -> None:
+        """``ws`` said it is alive at ``now`` (a heartbeat)."""
+        ws.last_seen = now
+        by_last_seen = self._by_last_seen
+        del by_last_seen[ws.address]
+        by_last_seen[ws.address] = ws
+
+    def silent_since(self, since: float) -> list[WorkerInfo]:
+        """The workers not heard from since ``since``, least recent first."""
+        out = []
+        for ws in self._by_last_seen.values():
+            if ws.last_seen >= since:
+                break
+            out.append(ws)
+        return out
+
+    def named(self, name: Any) -> WorkerInfo | None:
+        """The worker named ``name``, if one is registered."""
+        return self._names.get(name)
 
     def is_current(self, ws: WorkerInfo) -> bool:
         """``ws`` is still the registered worker at its address."""
@@ -91,6 +123,9 @@ class WorkerRegistry:
         for addr, ws in self.workers.items():
             assert ws.address == addr, (ws, addr)
             total += ws.nthreads
+        assert self._by_last_seen.keys() == self.workers.keys(), "stale last_seen order"
+        for name, ws in self._names.items():  # (the server refuses a second worker's name)
+            assert self.workers.get(ws.address) is ws and ws.name == name, ("stale name", ws)
         assert total == self.total_nthreads, (total, self.total_nthreads)
         if self._running is not None:
             assert self._running == [ws for ws in self.workers.values()

@@ -85,7 +85,9 @@ class SchedulerState:
                                        retire_timeout=st.retire_timeout)
         self.worker_events = WorkerEvents(self.graph, self.registry, self.placement,
                                           self.maintenance, self.out,
-                                          allowed_failures=st.allowed_failures)
+                                          allowed_failures=st.allowed_failures,
+                                          heartbeat_interval=st.heartbeat_interval,
+                                          worker_ttl=st.worker_ttl)
         self.client_requests = ClientRequests(self.graph, self.registry, self.placement,
                                               self.out)
         self._table: dict[type, Callable[[Any], None]] = {

@@ -45,6 +45,9 @@ class SchedulerSettings:
     work_stealing: bool = True
     #: seconds without a heartbeat before a worker is removed (None: never)
     worker_ttl: float | None = None
+    #: seconds between a worker's heartbeats in a small cluster (``worker.heartbeat-interval``);
+    #: it grows with the cluster, within the TTL (:mod:`.liveness`)
+    heartbeat_interval: float = 1.0
     #: seconds a graceful retirement (or a rebalance) may take before it is forced
     retire_timeout: float = 120.0
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``

@@ -9,8 +9,9 @@ flight with it. Same rules as the state: events in, ``Send`` commands out, no cl
 from __future__ import annotations
 
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.messages import FreeKeys, RefreshWhoHas
+from hpcsched.core.protocol.messages import FreeKeys, HeartbeatInterval, RefreshWhoHas
 from hpcsched.core.state import events as ev
+from hpcsched.core.state.liveness import heartbeat_interval
 from hpcsched.core.state.maintenance import Maintenance
 from hpcsched.core.state.model import KilledWorker, Outbox, Rec, WorkerInfo
 from hpcsched.core.state.placement import Placement
@@ -24,13 +25,26 @@ class WorkerEvents:
     handlers = Handlers("scheduler state (workers)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
-                 maintenance: Maintenance, out: Outbox, *, allowed_failures: int):
+                 maintenance: Maintenance, out: Outbox, *, allowed_failures: int,
+                 heartbeat_interval: float = 1.0, worker_ttl: float | None = None):
         self.graph = graph
         self.registry = registry
         self.placement = placement
         self.maintenance = maintenance
         self.out = out
         self.allowed_failures = allowed_failures
+        self.base_interval = heartbeat_interval
+        self.worker_ttl = worker_ttl
+        self._interval = (-1, 0.0)  # (number of workers, their heartbeat interval)
+
+    def heartbeat_interval(self) -> float:
+        """Seconds between each worker's heartbeats in this cluster (:mod:`.liveness`)."""
+        n, interval = self._interval
+        if n != len(self.registry.workers):
+            n = len(self.registry.workers)
+            interval = heartbeat_interval(n, self.base_interval, self.worker_ttl)
+            self._interval = (n, interval)
+        return interval
 
     @handlers.on(ev.AddWorker)
     def add_worker(self, e: ev.AddWorker) -> None:
@@ -41,6 +55,7 @@ class WorkerEvents:
         ws = WorkerInfo(e.address, e.nthreads, e.memory_limit, e.name, e.host, e.resources,
                         e.pid, e.now)
         self.registry.add(ws)
+        ws.heartbeat_interval = self.heartbeat_interval()  # the server tells it (registered)
         placement.push_free(ws)
         recs: list[Rec] = []
         for key, nbytes in (e.keys or {}).items():
@@ -96,14 +111,19 @@ class WorkerEvents:
 
     @handlers.on(ev.Heartbeat)
     def heartbeat(self, e: ev.Heartbeat) -> None:
-        """A worker is alive: note when, and its metrics."""
+        """A worker is alive: note when, and its metrics; tell it its new interval if the
+        cluster's size changed it (constant time: heartbeats come from every worker)."""
         ws = self.registry.workers.get(e.worker)
         if ws is not None:
             if self.out.recorder is not None:
                 self.out.recorder.heartbeat(e, ws)
-            ws.last_seen = e.now
+            self.registry.heard_from(ws, e.now)
             ws.metrics = e.metrics
             self.registry.note_bandwidth(e.metrics)
+            interval = self.heartbeat_interval()
+            if interval != ws.heartbeat_interval:
+                ws.heartbeat_interval = interval
+                self.out.send(ws.address, HeartbeatInterval(interval))
 
     @handlers.on(ev.TaskStarted)
     def task_started(self, e: ev.TaskStarted) -> None:

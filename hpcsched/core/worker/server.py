@@ -67,6 +67,7 @@ from hpcsched.core.protocol.messages import (
     Close,
     GetData,
     Heartbeat,
+    HeartbeatInterval,
     MalformedMessage,
     Registered,
     RegisterError,
@@ -150,6 +151,7 @@ class Worker:
         if lifetime and lifetime_stagger:
             self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
                                 1.0)
+        # until the scheduler says otherwise (it lengthens the interval as its cluster grows)
         self.heartbeat_interval = config.get("worker.heartbeat-interval", heartbeat_interval)
         self.host = host or socket.gethostname()
         self.address = ""
@@ -233,6 +235,8 @@ class Worker:
             raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {why}")
         self._scheduler_comm = comm
         self._started = time.monotonic()
+        if answer.heartbeat_interval:
+            self._set_heartbeat_interval(answer.heartbeat_interval)
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"
             self.loop.put(("scheduler", reply[1:]))
@@ -392,6 +396,20 @@ class Worker:
     def _control(self, request: Any) -> tuple:
         self.control.handle(request)
         return ()
+
+    @handlers.on(HeartbeatInterval)
+    def _heartbeat_interval(self, record: HeartbeatInterval) -> tuple:
+        self._set_heartbeat_interval(record.interval)
+        return ()
+
+    def _set_heartbeat_interval(self, interval: float) -> None:
+        """Heartbeat every ``interval`` seconds, as the scheduler asks: the next one at most
+        that far away (the scheduler's TTL counts from the last one it had)."""
+        if not interval > 0:
+            return
+        self.heartbeat_interval = interval
+        self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + interval * 0.95)
+        self.loop.tick_interval = min(self.loop.tick_interval, interval)
 
     @handlers.on(Registered, RegisterError)
     def _nothing(self, record: Any) -> tuple:
