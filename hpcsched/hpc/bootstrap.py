@@ -173,10 +173,12 @@ def _setup(options: InitOptions) -> _Job:
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
-    from hpcsched.core.client import client as client_mod
     from hpcsched.core.scheduler.server import Scheduler
 
     sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
+    # the workers register meanwhile: the client's modules are imported once it listens
+    from hpcsched.core.client import client as client_mod
+
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
     client_mod.default_security = None
     try:
