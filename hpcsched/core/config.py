@@ -109,7 +109,7 @@ DEFAULTS: dict[str, Any] = {
     "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
     "mpi.poll-hold": 0.002,  # seconds of polling at poll-min after any traffic
     "mpi.doorbell": True,  # same-node ranks wake each other (hpcsched/hpc/doorbell.py)
-    "mpi.doorbell-poll": 0.002,  # seconds: fallback poll interval when every peer rings
+    "mpi.doorbell-poll": 0.002,  # seconds: first fallback poll when every peer rings (to poll-max)
     "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
     "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort
     # adaptive
