@@ -176,7 +176,11 @@ def main() -> None:
     if args.role:
         ROLES[args.role](args)
         return
+    import _launch
+
     from hpcsched.core.units import parse_bytes
+
+    _launch.compile_package()  # as installed: see _launch.compile_package
 
     figures: dict = {"command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%d %H:%M"),
                      "ranks": args.ranks, "systems": {}}
