@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,6 +24,18 @@ from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "HPCSCHED_BENCH_RUN"  # in the environment of every process of one sub-run
+
+
+def compile_package() -> None:
+    """Byte-compile the repository's package, as ``pip install`` does for an installed one.
+
+    Where ``PYTHONDONTWRITEBYTECODE`` is set (this machine sets it) nothing else writes
+    ``__pycache__``, and every process of a sub-run would compile each hpcsched module from
+    source while dask, distributed and mpi4py load theirs compiled: a start-up figure would
+    measure the compiler. The files are git-ignored.
+    """
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(REPO, "hpcsched")],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def marked_processes(mark: str) -> list:
@@ -71,13 +84,15 @@ def kill_marked(mark: str, *procs: subprocess.Popen) -> None:
 
 def launch(cmd: list[str], timeout: float,
            on_line: Callable[[str, str], None] | None = None,
-           env: dict[str, str] | None = None) -> tuple[list[dict], str, float, float]:
+           env: dict[str, str] | None = None,
+           on_start: Callable[[str], None] | None = None) -> tuple[list[dict], str, float, float]:
     """Run ``cmd`` from the repository root, killed after ``timeout`` seconds; every process
     it started is ended before this returns or raises.
 
     Returns (RESULT dicts, stderr tail, start time, FIRST time or nan). ``on_line(line,
-    mark)`` sees every other stdout line. A non-zero exit raises RuntimeError with the end of
-    stderr.
+    mark)`` sees every other stdout line; ``on_start(mark)`` is called once the command is
+    started (to watch its processes from a thread of the caller's). A non-zero exit raises
+    RuntimeError with the end of stderr.
     """
     mark = uuid.uuid4().hex
     full_env = {**os.environ, **(env or {}), MARK: mark,
@@ -100,6 +115,8 @@ def launch(cmd: list[str], timeout: float,
     killer = threading.Timer(timeout, expire)
     killer.start()
     try:
+        if on_start is not None:
+            on_start(mark)
         for line in proc.stdout:
             if line.startswith("RESULT "):
                 results.append(json.loads(line[7:]))

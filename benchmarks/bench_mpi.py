@@ -34,6 +34,9 @@ prints one table with ratios. Sub-runs (4 ranks on this 2-core machine):
 
 * first result: from ``Popen(mpiexec ...)`` to the first task's result in the
   client (``time.time()`` on both sides), median of ``--first`` runs per system.
+
+hpcsched's modules are byte-compiled first, as an installed package's are
+(``_launch.compile_package``). ``--only first`` runs the first-result part alone.
 """
 
 from __future__ import annotations
@@ -349,6 +352,9 @@ def main() -> None:
         ROLES[args.role](args)
         return
 
+    import _launch
+
+    _launch.compile_package()  # as installed: see _launch.compile_package
     only = set(args.only.split(","))
     systems = [(s, short, n) for s, short, n in
                [("hpcsched", "hs", 4), ("dask-mpi", "dm", 4), ("mpi4py.futures", "mf", 3)]

@@ -12,9 +12,14 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
+        # a script under mpiexec: every rank starts here, so it imports the MPI mode only
+        from hpcsched.hpc.bootstrap import main as run_script
+
+        return run_script(argv)
     from hpcsched.launchers.cli import USAGE, scheduler_main, version_text, worker_main
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
         return 0 if argv else 2
@@ -23,11 +28,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv[0] == "worker":
         return worker_main(argv[1:])
-    if argv[0] == "scheduler":
-        return scheduler_main(argv[1:])
-    from hpcsched.hpc.bootstrap import main as run_script
-
-    return run_script(argv)
+    return scheduler_main(argv[1:])
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ DEFAULTS: dict[str, Any] = {
     "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
     "mpi.poll-hold": 0.002,  # seconds of polling at poll-min after any traffic
     "mpi.doorbell": True,  # same-node ranks wake each other (hpcsched/hpc/doorbell.py)
-    "mpi.doorbell-poll": 0.002,  # seconds: fallback poll interval when every peer rings
+    "mpi.doorbell-poll": 0.002,  # seconds: first fallback poll when every peer rings (to poll-max)
     "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
     "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort
     # adaptive
@@ -179,10 +179,10 @@ def _yaml_files() -> list[Path]:
 
 
 def _load_files() -> dict[str, Any]:
-    import yaml
-
     out: dict[str, Any] = {}
     for path in _yaml_files():
+        import yaml  # here: without configuration files, nothing needs the YAML parser
+
         try:
             data = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
@@ -194,13 +194,18 @@ def _load_files() -> dict[str, Any]:
             for k, v in out.items()}
 
 
-def _from_env() -> dict[str, Any]:
+def _from_env(prefix: str = "") -> dict[str, Any]:
+    """The environment's settings whose key starts with ``prefix``, parsed.
+
+    Only those: parsing a value takes the YAML parser, which nothing else at start-up needs.
+    """
     out: dict[str, Any] = {}
     for name, value in os.environ.items():
         if not name.startswith("HPCSCHED_") or name in ("HPCSCHED_CONFIG",):
             continue
-        parts = name[len("HPCSCHED_"):].split("__")
-        out[".".join(_norm(p) for p in parts)] = _parse_scalar(value)
+        key = ".".join(_norm(p) for p in name[len("HPCSCHED_"):].split("__"))
+        if key.startswith(prefix):
+            out[key] = _parse_scalar(value)
     return out
 
 
@@ -228,7 +233,7 @@ def get(key: str, override: Any = None, default: Any = KeyError) -> Any:
         for layer in reversed(_overrides):
             if key in layer:
                 return layer[key]
-    env = _from_env()
+    env = _from_env(key)
     if key in env:
         return env[key]
     files = _files()
@@ -245,7 +250,7 @@ def get_prefix(prefix: str) -> dict[str, Any]:
     """All keys below ``prefix`` (e.g. ``"jobqueue.slurm"``), merged over every layer."""
     prefix = _norm(prefix).rstrip(".") + "."
     merged: dict[str, Any] = {}
-    layers = [DEFAULTS, _files(), _from_env()]
+    layers = [DEFAULTS, _files(), _from_env(prefix)]
     with _lock:
         layers += list(_overrides)
     for layer in layers:

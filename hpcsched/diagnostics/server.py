@@ -27,6 +27,7 @@ import errno
 import hmac
 import json
 import logging
+import selectors
 import socket
 import threading
 from http import HTTPStatus
@@ -75,7 +76,32 @@ class _Server(ThreadingHTTPServer):
         self.lock = threading.Lock()
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.address_family = family
+        self._stopping = False
+        self._waker, self._woken = socket.socketpair()  # closed by server_close, also on error
         super().__init__(address, handler)
+
+    def serve(self) -> None:
+        """Accept connections until :meth:`stop`, which wakes this at once (``serve_forever``
+        would notice only at its next poll, so a scheduler's close would wait for it)."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self, selectors.EVENT_READ)
+            selector.register(self._woken, selectors.EVENT_READ)
+            while not self._stopping:
+                for key, _ in selector.select():
+                    if key.fileobj is self and not self._stopping:
+                        self._handle_request_noblock()  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        self._stopping = True
+        try:
+            self._waker.send(b"\0")
+        except OSError:  # stopped already
+            pass
+
+    def server_close(self) -> None:
+        super().server_close()
+        self._waker.close()
+        self._woken.close()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.lock:
@@ -118,13 +144,14 @@ class DashboardServer:
         self.host = host
         self.port = self.httpd.server_address[1]
         self.cookie = f"hpcsched-token-{self.port}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={
-            "poll_interval": 0.5}, name=f"hpcsched-dashboard:{self.port}", daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve,
+                                        name=f"hpcsched-dashboard:{self.port}", daemon=True)
         self._thread.start()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop serving and end every connection's thread (they block on their socket)."""
-        self.httpd.shutdown()
+        self.httpd.stop()
+        self._thread.join(timeout)
         self.httpd.server_close()
         with self.httpd.lock:
             conns = list(self.httpd.connections)
@@ -133,7 +160,6 @@ class DashboardServer:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._thread.join(timeout)
 
     def authorized(self, handler: BaseHTTPRequestHandler, query: dict) -> tuple[bool, bool]:
         """(allowed, token came in the query: set the cookie)."""

@@ -173,20 +173,30 @@ def _setup(options: InitOptions) -> _Job:
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
-    from hpcsched.core.client import client as client_mod
     from hpcsched.core.scheduler.server import Scheduler
 
     sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
+    # the workers register meanwhile: the client's modules are imported once it listens
+    from hpcsched.core.client import client as client_mod
+
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
     client_mod.default_security = None
-    try:
-        sched.wait_for_workers(job.size - 1, timeout=timeout)
-    except TimeoutError:
-        joined = {int(a.rsplit("/", 1)[-1]) for a in sched.workers_info()}
-        missing = [r for r in range(1, job.size) if r not in joined]
-        _abort(job, 1, f"worker ranks {missing} did not join the scheduler within {timeout}s "
-                       "(config comm.timeouts.connect)")
-    return sched
+    # waiting goes on while ranks keep joining: a wide job on few cores (or importing from
+    # a slow shared file system) takes longer than `timeout` to start, but not between joins
+    joined = 0
+    while True:
+        try:
+            sched.wait_for_workers(job.size - 1, timeout=timeout)
+            return sched
+        except TimeoutError:
+            ranks = {int(a.rsplit("/", 1)[-1]) for a in sched.workers_info()}
+            if len(ranks) > joined:
+                joined = len(ranks)
+                continue
+            missing = [r for r in range(1, job.size) if r not in ranks]
+            _abort(job, 1, f"worker ranks {missing} did not join the scheduler (none joined "
+                           f"within {timeout}s, config comm.timeouts.connect)")
+            return sched
 
 
 # ------------------------------------------------------------------ worker ranks

@@ -20,7 +20,8 @@ and ONE progress thread. Everything else is plain Python:
   :class:`~hpcsched.hpc.doorbell.Doorbell` after each send, so the progress
   thread sleeps until something arrives instead of polling every few
   microseconds for a reply; when every rank is on this node it then polls
-  only every ``mpi.doorbell-poll`` (a fallback) while idle.
+  only as a fallback while idle, every ``mpi.doorbell-poll`` at first, less
+  often as idleness lasts (up to ``mpi.poll-max``).
   It puts each complete message on its channel's ``queue.SimpleQueue``;
   ``MPIComm.recv(timeout)`` waits on that queue, and unpickles there.
 * **Wire format.** ``frames = serialize.dumps(msg)``. One control message
@@ -144,6 +145,7 @@ class Endpoint:
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by senders: a reply is likely soon, poll now
         self._poked = False
+        self._rung = False  # the last nap ended with a ring
         self._shut = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -298,10 +300,14 @@ class Endpoint:
         backoff = Backoff(sleep=self._nap)
         # Every peer rings us when it sends: between messages poll only as a fallback.
         # Partial receives and pending sends still need MPI progress: poll for them fast.
+        # The fallback grows from mpi.doorbell-poll to mpi.poll-max as the rank stays idle:
+        # with many ranks per core (a wide job), idle ranks polling every few milliseconds
+        # would take the cores from the busy ones. A ring that finds nothing (MPI does not
+        # show its message yet) is followed by a poll after mpi.doorbell-poll again.
         rung = None
         if self.bell is not None and self.bell.all_local:
             every = float(config.get("mpi.doorbell-poll"))
-            rung = Backoff(min=every, fast_max=max(every, backoff.fast_max),
+            rung = Backoff(min=every, fast_max=max(every, backoff.max),
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
             while not self._stop.is_set():
@@ -316,8 +322,9 @@ class Endpoint:
                     # Got everything that had arrived: nap at once (releasing the GIL
                     # to the thread we just handed messages to); the next ring wakes us.
                     if busy:
-                        rung.reset()
                         backoff.reset()
+                    if busy or self._rung:
+                        rung.reset()
                     rung.sleep()
                 elif busy or self._poked:
                     self._poked = False
@@ -341,10 +348,11 @@ class Endpoint:
             self.bell.ring_self()  # (a no-op unless it listens)
 
     def _nap(self, seconds: float) -> None:
+        self._rung = False
         if self.bell is None or not self.bell.listening:
             self._wake.wait(seconds)
         elif not self._wake.is_set():
-            self.bell.wait(seconds)
+            self._rung = self.bell.wait(seconds)
         self._wake.clear()
 
     def _poll_control(self) -> bool:

@@ -42,7 +42,11 @@ from typing import Any
 from hpcsched.core import config, seams
 from hpcsched.core.client import datasets as dataset_ops
 from hpcsched.core.client import plugins, versions
-from hpcsched.core.client.collections import become_dask_scheduler, restore_dask_scheduler
+from hpcsched.core.client.collections import (
+    DaskClaim,
+    become_dask_scheduler,
+    restore_dask_scheduler,
+)
 from hpcsched.core.client.connection import (
     CLOSE_REQUEST,
     SchedulerConnection,
@@ -116,7 +120,7 @@ class Client:
         self.id = f"client-{name + '-' if name else ''}{uuid.uuid4().hex[:12]}"
         self.cluster: Any = None
         self._owns_cluster = False
-        self._dask_config: tuple | None = None
+        self._dask_config: DaskClaim | None = None
         timeout = config.get("comm.timeouts.connect", timeout)
         where = locate_scheduler(address, scheduler_file, security, timeout, cluster_kwargs,
                                  (default_scheduler_address, default_security))

@@ -27,9 +27,11 @@ dask is optional: nothing here imports it unless the graph came from it.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from hpcsched._lazy import when_imported
 from hpcsched.core.client.futures import Future
 from hpcsched.core.client.worker_client import worker_client
 from hpcsched.core.graph.dsk import Call, Ref
@@ -183,26 +185,53 @@ class DaskScheduler:
         return f"<hpcsched dask scheduler of {self.client!r}>"
 
 
-def become_dask_scheduler(client: Any) -> tuple | None:
-    """Make ``client`` (None in a worker process) dask's default scheduler when dask is
-    installed, as distributed's ``Client(set_as_default=True)`` does; dataframe shuffles then
-    run as tasks (dask's "disk" shuffle writes to one machine's files). Returns what to
-    restore, for :func:`restore_dask_scheduler`."""
-    try:
+class DaskClaim:
+    """A client's claim on dask's default scheduler, taken once dask is loaded."""
+
+    def __init__(self, client: Any):
+        self._client = None if client is None else weakref.ref(client)
+        self._saved: tuple | None = None  # (our scheduler, the settings it replaced)
+        self._withdrawn = False
+
+    def take(self) -> None:
+        """Set dask's scheduler (dask.config is loaded), unless withdrawn meanwhile."""
+        client = None if self._client is None else self._client()
+        if self._withdrawn or (self._client is not None and client is None):
+            return
+        # a from-import: this may run while dask's package is still being initialized
+        from dask import config as dask_config
+
+        names = ("scheduler", "dataframe.shuffle.method")
+        previous = {name: dask_config.get(name, None) for name in names}
+        scheduler = DaskScheduler(client)
+        dask_config.set({"scheduler": scheduler, "dataframe.shuffle.method": "tasks"})
+        self._saved = (scheduler, previous)
+
+    def withdraw(self) -> None:
+        """Put back what :meth:`take` replaced, unless another client has taken over since."""
+        self._withdrawn = True
+        if self._saved is None:
+            return
+        scheduler, previous = self._saved
+        self._saved = None
         import dask.config
-    except ImportError:
-        return None
-    names = ("scheduler", "dataframe.shuffle.method")
-    previous = {name: dask.config.get(name, None) for name in names}
-    scheduler = DaskScheduler(client)
-    dask.config.set({"scheduler": scheduler, "dataframe.shuffle.method": "tasks"})
-    return scheduler, previous
+
+        if dask.config.get("scheduler", None) is scheduler:
+            dask.config.set(previous)
 
 
-def restore_dask_scheduler(saved: tuple) -> None:
+def become_dask_scheduler(client: Any) -> DaskClaim:
+    """Make ``client`` (None in a worker process) dask's default scheduler when dask is
+    loaded, as distributed's ``Client(set_as_default=True)`` does; dataframe shuffles then
+    run as tasks (dask's "disk" shuffle writes to one machine's files). If the program has
+    not imported dask, this happens when it does (importing dask costs more than starting a
+    client); without dask installed, never. Returns the claim, for
+    :func:`restore_dask_scheduler`."""
+    claim = DaskClaim(client)
+    when_imported("dask.config", claim.take)
+    return claim
+
+
+def restore_dask_scheduler(claim: DaskClaim) -> None:
     """Undo :func:`become_dask_scheduler`, unless another client has taken over since."""
-    import dask.config
-
-    scheduler, previous = saved
-    if dask.config.get("scheduler", None) is scheduler:
-        dask.config.set(previous)
+    claim.withdraw()

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from hpcsched._lazy import when_imported
 from hpcsched.core.protocol.messages import ClientDesiresKeys
 from hpcsched.core.protocol.serialize import deserialize
 
@@ -44,14 +45,27 @@ class RemoteTraceback(Exception):
 _lock = threading.Lock()  # guards every future's lazily made event and callback list
 
 # dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
-# that is one can be put into ``dask.delayed`` calls and collections, as in distributed
+# that is one can be put into ``dask.delayed`` calls and collections, as in distributed.
+# Importing dask costs more than the rest of the client, and most programs never use it,
+# so a Future starts on a base of TaskRef's layout (one slot, ``key``) and TaskRef becomes
+# its base as dask's module for it is loaded (``when_imported``): before dask can see a
+# future, and for futures that exist already.
 if TYPE_CHECKING:
     from dask._task_spec import TaskRef as _FutureBase
 else:
-    try:
-        from dask._task_spec import TaskRef as _FutureBase
-    except ImportError:  # dask is optional
-        _FutureBase = object
+
+    class _FutureBase:
+        """A future's key, laid out as dask's ``TaskRef`` lays it out."""
+
+        __slots__ = ("key",)
+
+
+def _become_task_refs() -> None:
+    """Make dask's ``TaskRef`` the base of :class:`Future` (dask is loaded)."""
+    from dask._task_spec import TaskRef
+
+    if not issubclass(Future, TaskRef):
+        Future.__bases__ = (TaskRef,)
 
 
 class FutureOwner(Protocol):
@@ -191,8 +205,7 @@ class Future(_FutureBase):
     client's handling of scheduler messages moves along.
     """
 
-    __slots__ = (() if _FutureBase is not object else ("key",)) + (
-        "client", "state", "_released", "__weakref__")
+    __slots__ = ("client", "state", "_released", "__weakref__")
 
     def __init__(self, key: Any, client: FutureOwner, state: FutureState | None = None):
         self.key = key
@@ -260,10 +273,12 @@ class Future(_FutureBase):
 
     def __reduce__(self) -> Any:
         # inside a dask task this is a reference to the result (dask resolves TaskRefs)
-        if _FutureBase is object:
+        try:
+            from dask._task_spec import TaskRef
+        except ImportError:  # dask is optional
             raise TypeError(f"{self!r} cannot be pickled: pass it as an argument of "
-                            "submit/map or inside a task graph instead")
-        return (_FutureBase, (self.key,))
+                            "submit/map or inside a task graph instead") from None
+        return (TaskRef, (self.key,))
 
     def __del__(self) -> None:
         try:
@@ -288,6 +303,9 @@ class Future(_FutureBase):
 
         return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
 
+
+
+when_imported("dask._task_spec", _become_task_refs)
 
 def run_callback(fn: Callable, fut: Future) -> None:
     """Call a done callback; its exception is logged, not raised."""

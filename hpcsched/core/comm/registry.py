@@ -1,6 +1,7 @@
 """Backends keyed by URL scheme; ``connect`` / ``listen`` dispatch on an address.
 
-The core's own transports (``inproc``, ``tcp``, ``tls``) are known from the start.
+The core's own transports (``inproc``, ``tcp``, ``tls``) are known from the start and
+imported at their first use.
 A transport built above the core is a seam named ``transport:<scheme>``
 (:mod:`hpcsched.core.seams`), imported the first time an address of its scheme is
 used: mpi4py is imported, and MPI initialized, only for ``mpi://``.
@@ -11,14 +12,24 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hpcsched.core import config, seams
-from hpcsched.core.comm import inproc, tcp
 from hpcsched.core.comm.base import Backend, Comm, Listener, Security, parse_address
 
-_backends: dict[str, Backend] = {
-    "inproc": inproc.BACKEND,
-    "tcp": tcp.BACKEND,
-    "tls": tcp.BACKEND,
-}
+#: the core's own schemes; each backend's module is imported at its scheme's first use (an
+#: MPI job's ranks, for one, never load the TCP stack)
+CORE_SCHEMES = ("inproc", "tcp", "tls")
+_backends: dict[str, Backend] = {}
+
+
+def _core_backend(scheme: str) -> Backend | None:
+    if scheme == "inproc":
+        from hpcsched.core.comm import inproc
+
+        return inproc.BACKEND
+    if scheme in ("tcp", "tls"):
+        from hpcsched.core.comm import tcp
+
+        return tcp.BACKEND
+    return None
 
 
 def register(scheme: str, backend: Backend) -> None:
@@ -28,11 +39,15 @@ def register(scheme: str, backend: Backend) -> None:
 
 def get_backend(scheme: str) -> Backend:
     backend = _backends.get(scheme)
-    if backend is None and f"transport:{scheme}" in seams.SEAMS:
-        backend = _backends[scheme] = seams.resolve(f"transport:{scheme}")
     if backend is None:
-        known = set(_backends) | {n.partition(":")[2] for n in seams.SEAMS
-                                  if n.startswith("transport:")}
+        backend = _core_backend(scheme)
+        if backend is None and f"transport:{scheme}" in seams.SEAMS:
+            backend = seams.resolve(f"transport:{scheme}")
+        if backend is not None:
+            _backends[scheme] = backend
+    if backend is None:
+        known = {*_backends, *CORE_SCHEMES} | {n.partition(":")[2] for n in seams.SEAMS
+                                               if n.startswith("transport:")}
         raise ValueError(f"unknown transport scheme {scheme!r}; known: {sorted(known)}")
     return backend
 

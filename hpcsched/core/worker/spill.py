@@ -48,8 +48,6 @@ from collections.abc import Iterator, MutableMapping
 from itertools import count
 from typing import Any
 
-import zict
-
 from hpcsched.core.protocol.serialize import dumps, loads, sizeof
 
 logger = logging.getLogger("hpcsched.worker")
@@ -119,10 +117,8 @@ class SpillBuffer(MutableMapping):
         self.spilled_bytes_total = 0  # written to disk since start
         self.spill_count = 0
         self.unspill_count = 0
-        # zict.File writes a list of buffers as one file without joining them, though its
-        # annotations name bytes only
-        self._slow: MutableMapping = zict.Func(
-            _pack, _unpack, zict.File(self.directory))  # type: ignore[arg-type]
+        self._disk: MutableMapping | None = None  # made at the first spill: see _slow
+        self._disk_lock = threading.Lock()
 
     # ---------------------------------------------------------------- the worker's use
     def store(self, key: Any, value: Any, nbytes: int) -> None:
@@ -202,6 +198,21 @@ class SpillBuffer(MutableMapping):
         shutil.rmtree(self.directory, ignore_errors=True)
 
     # ---------------------------------------------------------------- the two tiers
+    @property
+    def _slow(self) -> MutableMapping:
+        """The disk tier, made when first needed: most workers never spill, and zict is
+        imported then."""
+        if self._disk is None:
+            with self._disk_lock:
+                if self._disk is None:
+                    import zict
+
+                    # zict.File writes a list of buffers as one file without joining them,
+                    # though its annotations name bytes only
+                    self._disk = zict.Func(
+                        _pack, _unpack, zict.File(self.directory))  # type: ignore[arg-type]
+        return self._disk
+
     def _in_memory(self, key: Any, touch: bool) -> Any:
         """``key``'s value if it is in memory, else _MISSING; ``touch``: now the most
         recently used. Under the lock."""

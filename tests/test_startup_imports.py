@@ -1,0 +1,68 @@
+"""Starting a cluster imports only what its first task needs.
+
+Each test runs a fresh interpreter and reads its ``sys.modules`` (and, through
+``Client.run``, the workers'): dask, pandas, numpy, the YAML parser, the
+dashboard's modules and the batch systems are imported when a program uses
+them, not to start a scheduler, a worker or a client. A program that imports
+dask itself still gets futures dask understands and hpcsched as dask's
+scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: libraries no start-up needs
+LIBRARIES = ("dask", "distributed", "pandas", "numpy", "yaml", "jinja2", "tornado", "bokeh",
+             "zict")
+#: hpcsched's modules no start-up needs (the dashboard's server only when it is configured)
+OURS = ("hpcsched.jobqueue", "hpcsched.diagnostics.server")
+
+
+def heavy_loaded() -> list[str]:
+    """The packages of ``LIBRARIES`` and modules of ``OURS`` this process has imported."""
+    return sorted(m for m in sys.modules
+                  if m.split(".")[0] in LIBRARIES and "." not in m or m in OURS)
+
+
+def run_python(code: str) -> dict:
+    """Run ``code`` in a fresh interpreter from the repository; the JSON it prints last."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-4000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_client_and_local_cluster_start_without_heavy_modules():
+    got = run_python(
+        "import json, sys\n"
+        "from tests.test_startup_imports import heavy_loaded\n"
+        "from hpcsched import Client, LocalCluster\n"
+        "with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster, "
+        "Client(cluster) as client:\n"
+        "    assert client.submit(abs, -1).result() == 1\n"
+        "    workers = client.run(heavy_loaded)\n"
+        "    print(json.dumps({'client': heavy_loaded(), 'workers': list(workers.values())}))\n")
+    assert got == {"client": [], "workers": [[]]}
+
+
+def test_dask_imported_after_the_client_sees_futures_and_the_scheduler():
+    got = run_python(
+        "import json, sys\n"
+        "from hpcsched import Client\n"
+        "with Client(n_workers=1, threads_per_worker=1, processes=False,\n"
+        "            dashboard_address=None) as client:\n"
+        "    fut = client.submit(abs, -2)\n"
+        "    loaded = 'dask' in sys.modules\n"
+        "    import dask, dask.config\n"
+        "    from dask._task_spec import TaskRef\n"
+        "    total = dask.delayed(sum)([fut, 3]).compute()\n"
+        "    print(json.dumps({'loaded': loaded, 'taskref': isinstance(fut, TaskRef),\n"
+        "                      'ours': 'hpcsched' in repr(dask.config.get('scheduler')),\n"
+        "                      'total': total}))\n")
+    assert got == {"loaded": False, "taskref": True, "ours": True, "total": 5}
