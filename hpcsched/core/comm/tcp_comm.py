@@ -442,21 +442,20 @@ class TCPComm(Comm):
         with self._recv_cond:
             pending = list(self._inq)
             self._inq.clear()
+            error: serialize.SerializationError | None = None
             for i, frames in enumerate(pending):
                 try:
                     inbox.put((source, serialize.loads(frames)))
-                except serialize.SerializationError:
-                    self._target = (inbox, source, closed_marker)
+                except serialize.SerializationError as e:
+                    error = e
                     self._inq.extend(pending[i + 1:])  # dropped with the comm
                     break
-            else:
-                e = None
-                self._target = (inbox, source, closed_marker)
+            self._target = (inbox, source, closed_marker)
             ended = self._closed and not self._marker_sent
             if ended:
                 self._marker_sent = True
-        if e is not None:
-            self._fail(f"undecodable message: {e}", log=True)
+        if error is not None:
+            self._fail(f"undecodable message: {error}", log=True)
         elif ended:
             inbox.put((source, closed_marker))
 

@@ -169,6 +169,26 @@ def test_deliver_to_pushes_messages_in_order_then_the_closed_marker(net, offer):
     assert set(inbox.threads[1:]) == {"hpcsched-tcp-io"}
 
 
+def test_an_undecodable_message_queued_before_deliver_to_closes_that_comm_only(net, comm_log):
+    sec = Security.generate()
+    srv = net.serve(security=sec, echo=False)
+    s = authenticated_raw_socket(net, srv.address, sec.secret)
+    bad = srv.accepted.get(timeout=5)
+    garbage = b"not a pickle"
+    s.sendall(b"HSm1" + (1).to_bytes(4, "little") + len(garbage).to_bytes(8, "little")
+              + garbage)
+    wait_until(lambda: bad._inq, what="the undecodable message to arrive")
+    inbox = RecordingInbox(offer=True)
+    bad.deliver_to(inbox, "bad-peer", CLOSED)
+    assert inbox.items.get(timeout=10) == ("bad-peer", CLOSED)
+    assert bad.closed
+    assert logged(comm_log, "closing comm with", "undecodable message")
+    assert read_until_eof(s) == b""
+    good = net.connect(srv.address, security=sec)  # the listener and others are unaffected
+    srv.accepted.get(timeout=5).send("still serving")
+    assert good.recv(timeout=5) == "still serving"
+
+
 # ---------------------------------------------------------------- handshake storms
 ATTACKER = textwrap.dedent("""
     import selectors, socket, sys, time
