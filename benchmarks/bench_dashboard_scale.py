@@ -26,8 +26,8 @@ import urllib.request
 
 
 def build(n_workers: int, n_tasks: int, n_groups: int):
-    from hpcsched.core.state import events as ev
     from hpcsched.core.scheduler.server import Scheduler
+    from hpcsched.core.state import events as ev
 
     sched = Scheduler("inproc://", dashboard_address="127.0.0.1:0").start()
     now = time.time()
