@@ -104,7 +104,7 @@ class Maintenance:
                 ts = graph.new_task(key, None, key_split(key))
                 ts.priority = (graph.generation, 0, 0)
             ts.who_wants.add(e.client)
-            ts.nbytes = int(e.nbytes.get(key, 0))
+            graph.set_nbytes(ts, int(e.nbytes.get(key, 0)))
         pending = {(ws.address, key) for ws, d in per_worker.items() for key in d}
         self.scatters[e.scatter_id] = Scatter(e.client, pending)
         for ws, d in per_worker.items():

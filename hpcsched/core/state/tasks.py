@@ -407,16 +407,21 @@ class TaskGraph:
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
         """``ws`` holds a copy of ``ts``'s result."""
-        if nbytes >= 0 and nbytes != ts.nbytes:
-            # a new size (a result reported again): the workers holding it account the change
-            delta = nbytes - max(ts.nbytes, 0)
-            for holder in ts.who_has:
-                holder.nbytes += delta
-            ts.nbytes = nbytes
+        if nbytes >= 0:
+            self.set_nbytes(ts, nbytes)
         if ws not in ts.who_has:
             ts.who_has.add(ws)
             ws.has_what[ts] = None
             ws.nbytes += max(ts.nbytes, 0)
+
+    def set_nbytes(self, ts: TaskState, nbytes: int) -> None:
+        """``ts``'s result has a new size (reported or scattered again); the workers
+        holding it account the change."""
+        if nbytes != ts.nbytes:
+            delta = nbytes - max(ts.nbytes, 0)
+            for holder in ts.who_has:
+                holder.nbytes += delta
+            ts.nbytes = nbytes
 
     def drop_replica(self, ts: TaskState, ws: WorkerInfo, why: str) -> list[Rec]:
         """``ws`` no longer holds ``ts``'s result; if that was the last copy of a result in

@@ -509,6 +509,17 @@ def test_scatter_without_workers_replies_with_an_error():
     assert "no running worker" in one(out, "scatter-reply").msg.error
 
 
+def test_scattering_a_held_key_again_with_a_new_size_is_accounted_on_every_holder():
+    s = with_workers(A, B)
+    step(s, ev.AddClient("c"))
+    step(s, ev.ScatterData("c", "s1", {"d": b""}, {"d": 100}, workers=[A]))
+    step(s, ev.AddKeys(A, {"d": 100}, scatter_id="s1"))
+    step(s, ev.AddKeys(B, {"d": 8}))  # a copy (replicate, rebalance) reports its own size
+    assert s.workers[A].nbytes == s.workers[B].nbytes == 8
+    step(s, ev.ScatterData("c", "s2", {"d": b""}, {"d": 100}, workers=[A]))
+    assert s.workers[A].nbytes == s.workers[B].nbytes == 100  # validate() checks the sums
+
+
 # ---------------------------------------------------------------- retirement
 def test_retire_workers_moves_unique_data_then_closes():
     s = with_workers(A, B)
