@@ -407,7 +407,7 @@ class TaskGraph:
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
         """``ws`` holds a copy of ``ts``'s result."""
-        if nbytes >= 0:
+        if nbytes >= 0 and nbytes != ts.nbytes:
             self.set_nbytes(ts, nbytes)
         if ws not in ts.who_has:
             ts.who_has.add(ws)
