@@ -228,7 +228,9 @@ class ClientRequests:
                         send(c, CancelledKeys([dts.key]))
                     dts.who_wants.clear()
                     stack.extend(dts.dependents)
-                if dts.state not in ("memory", "released"):
+                if dts.state != "released" and (dts.state != "memory" or
+                                                not self.graph.wanted(dts)):
+                    # a result nobody wants any more is freed on its workers too
                     recs.append((dts, "released"))
             recs.append((ts, "released"))
         self.graph.transitions(recs)

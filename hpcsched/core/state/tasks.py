@@ -316,12 +316,12 @@ class TaskGraph:
                 dts.waiting_on.add(ts)
                 if dts.state != "waiting":  # it was ready: it waits for ts again
                     recs.append((dts, "released"))
-        if ts.run_spec is None:
-            if self.wanted(ts):
-                exc = LostData(f"data of {ts.key!r} was scattered and is lost: {why}")
-                recs += self.set_erred(ts, exc, "", str(exc))
-            return recs
-        if self.wanted(ts):
+        if not self.wanted(ts):
+            recs.append((ts, "forgotten"))  # nobody needs it again: not recomputed
+        elif ts.run_spec is None:
+            exc = LostData(f"data of {ts.key!r} was scattered and is lost: {why}")
+            recs += self.set_erred(ts, exc, "", str(exc))
+        else:
             recs.append((ts, "waiting"))
         return recs
 

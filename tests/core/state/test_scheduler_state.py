@@ -483,6 +483,18 @@ def test_cancel_frees_the_running_task_and_its_dependents():
     assert one(out, "free-keys", keys=["x"]).to == A
 
 
+def test_a_cancelled_result_reported_early_is_freed_and_forgotten():
+    """A worker reports a dependent finished before its dependency (a stray reply); the
+    dependency is cancelled: the dependent's result is freed, and forgotten when lost."""
+    s = with_workers(A)
+    submit(s, graph(k=[], x=["k"], y=["k"]), keys=["k", "x", "y"], client="c")
+    step(s, ev.TaskFinished(A, "y", nbytes=8))
+    out = step(s, ev.CancelKeys("c", ["k"]))
+    assert "y" in one(out, "free-keys", keys=["y"]).msg.keys
+    step(s, ev.RemoveWorker(A, "gone"))  # validate() finds no task left behind
+    assert s.tasks == {}
+
+
 # ---------------------------------------------------------------- scatter
 def test_scatter_then_add_keys_then_a_task_on_the_holder():
     s = with_workers(A, B)
