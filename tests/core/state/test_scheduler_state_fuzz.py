@@ -23,7 +23,7 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
@@ -68,6 +68,14 @@ bad_graphs = st.sampled_from([
 
 
 class SchedulerStory(RuleBasedStateMachine):
+    """Random events to a :class:`SchedulerState`, its invariants checked after each.
+
+    The rules that answer a message the scheduler sent (finish what it asked for, answer
+    a steal, a copy arriving) do nothing when there is none, rather than being held back by
+    a precondition: hypothesis then draws the same program whatever the scheduler decided,
+    so a failure replays (its generation would otherwise follow any decision taken in the
+    order of a set, and hypothesis reports such a run as flaky)."""
+
     def __init__(self) -> None:
         super().__init__()
         self.s = SchedulerState(work_stealing=True)
@@ -128,18 +136,20 @@ class SchedulerStory(RuleBasedStateMachine):
     def remove_worker(self, worker: str) -> None:
         self.handle(ev.RemoveWorker(worker, "gone", now=self.tick()))
 
-    @precondition(lambda self: self.asked)
     @rule(i=st.integers(0, 10_000), nbytes=st.integers(0, 10**6))
     def finish_asked(self, i: int, nbytes: int) -> None:
+        if not self.asked:  # no precondition: see the class docstring
+            return
         worker, key = self.asked.pop(i % len(self.asked))
         now = self.tick()
         self.handle(ev.TaskStarted(worker, key, now=now))
         self.handle(ev.TaskFinished(worker, key, nbytes=nbytes, typename="int", start=now,
                                     stop=now + 0.001, now=now))
 
-    @precondition(lambda self: self.asked)
     @rule(i=st.integers(0, 10_000))
     def err_asked(self, i: int) -> None:
+        if not self.asked:  # no precondition: see the class docstring
+            return
         worker, key = self.asked.pop(i % len(self.asked))
         self.handle(ev.TaskErred(worker, key, exception="boom", exception_text="boom",
                                  now=self.tick()))
@@ -152,15 +162,17 @@ class SchedulerStory(RuleBasedStateMachine):
         else:
             self.handle(ev.TaskErred(worker, key, exception="x", now=self.tick()))
 
-    @precondition(lambda self: self.asked)
     @rule(i=st.integers(0, 10_000))
     def secede_asked(self, i: int) -> None:
+        if not self.asked:  # no precondition: see the class docstring
+            return
         worker, key = self.asked[i % len(self.asked)]
         self.handle(ev.LongRunning(worker, key, now=self.tick()))
 
-    @precondition(lambda self: self.steals)
     @rule(i=st.integers(0, 10_000), state=st.sampled_from(["released", "executing", "memory"]))
     def steal_answered(self, i: int, state: str) -> None:
+        if not self.steals:  # no precondition: see the class docstring
+            return
         victim, key = self.steals.pop(i % len(self.steals))
         self.handle(ev.StealResponse(victim, key, state, now=self.tick()))
 
@@ -229,9 +241,10 @@ class SchedulerStory(RuleBasedStateMachine):
             self.handle(ev.AddKeys(worker, dict.fromkeys(chosen, 100), scatter_id=sid,
                                    now=self.tick()))
 
-    @precondition(lambda self: self.copies)
     @rule(i=st.integers(0, 10_000))
     def copy_arrives(self, i: int) -> None:
+        if not self.copies:  # no precondition: see the class docstring
+            return
         worker, key = self.copies.pop(i % len(self.copies))
         self.handle(ev.AddKeys(worker, {key: 8}, now=self.tick()))
 
