@@ -154,7 +154,10 @@ def run_system(system: str, args: argparse.Namespace, min_free: int) -> dict:
     out: dict = {"wall_s": time.time() - t_start, "peak_rss": watch.peak,
                  "peak_pss": watch.peak_pss, "peak_ranks": watch.peak_ranks}
     if watch.starved or failure or not results:
-        out["failed"] = watch.starved or (failure or "no result")[-3000:]
+        reason = watch.starved or failure or "no result"
+        # what ended it (its first line), then the end of what the job printed
+        head, _, rest = reason.partition("\n")
+        out["failed"] = head + ("\n" + rest[-3000:] if rest else "")
         return out
     [res] = results
     out.update(ready_s=res["ready"] - t_start, map_s=res["map_s"], tasks=res["tasks"],
@@ -204,7 +207,7 @@ def print_table(f: dict) -> None:
                f"({per_rank:.0f} MiB x {r['peak_ranks']})")
         if "failed" in r:
             print(f"{s:18s} FAILED after {r['wall_s']:.1f} s, {mem}: "
-                  f"{r['failed'].strip().splitlines()[-1] if r['failed'].strip() else ''}")
+                  f"{r['failed'].splitlines()[0][-200:]}")
             continue
         print(f"{s:18s}{r['workers']:8d}{r['ready_s']:12.1f}{r['map_s']:10.2f}"
               f"{r['wall_s']:11.1f}   {mem}")
