@@ -53,6 +53,7 @@ from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
+from hpcsched.core.scheduler.journal import JOURNALED_OPS, Journal
 from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import (
@@ -116,9 +117,18 @@ class Scheduler:
 
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
-                 dashboard_address: Any = ..., **state_kwargs: Any):
+                 dashboard_address: Any = ..., journal: str | None = None,
+                 **state_kwargs: Any):
         self.listen_address = address
         self.security = security
+        #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
+        self.journal = open_journal(config.get("scheduler.journal", journal))
+        if self.journal is not None and self.journal.meta.get("secret"):
+            # peers that outlived the scheduler prove the secret they had
+            self.security = dataclasses.replace(
+                security or Security(), secret=bytes.fromhex(self.journal.meta["secret"]))
+        # restored clients (by id) that have until then (monotonic) to come back
+        self._awaited_clients: dict[str, float] = {}
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
@@ -180,8 +190,14 @@ class Scheduler:
     def start(self) -> Scheduler:
         """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
-        self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
+        if self.journal is not None:
+            self.loop.call(self._restore)
+        self._listener = self._listen()
         self.address = self._listener.address
+        if self.journal is not None:
+            self.journal.set_meta({"address": self.address,
+                                   "secret": self.security.secret_hex() if self.security else ""})
+            self.journal.sync()
         # a client in this process (a notebook's, rank 0's) talks to us without sockets
         same_process = registry.backend_for(self.address).same_process
         self.inproc_address = self.address if same_process else self.add_listener("inproc://")
@@ -190,6 +206,51 @@ class Scheduler:
         logger.info("scheduler at %s", self.address)
         self.extensions.update(start_extensions(self))
         return self
+
+    def _listen(self) -> Any:
+        """Listen where the journal says this scheduler listened (its workers and clients
+        come back there), else (or if that address is taken) at ``listen_address``."""
+        journaled = self.journal.meta.get("address") if self.journal is not None else None
+        if journaled:
+            try:
+                return registry.listen(journaled, self._on_connect, self.security)
+            except OSError as e:
+                logger.warning("cannot listen at %s again (%s): listening at %s; peers find "
+                               "it in the scheduler file", journaled, e, self.listen_address)
+        return registry.listen(self.listen_address, self._on_connect, self.security)
+
+    def _restore(self) -> None:
+        """Rebuild the journal's graphs, clients and datasets (on the loop, before anyone
+        connects): its messages are handled as they were when they arrived."""
+        assert self.journal is not None
+        now = time.time()
+        grace = float(config.get("scheduler.journal-client-grace"))
+        for client in self.journal.clients:
+            self.handle_event(ev.AddClient(client, now=now,
+                                           stimulus_id=self._stimulus("restore-client")))
+            self._awaited_clients[client] = time.monotonic() + grace
+        for client, msg in list(self.journal.restore_messages()):
+            record = pr.receive(pr.CLIENT_TO_SCHEDULER, msg, self._stimulus, client=client,
+                                now=now)
+            self._table[type(record)](client, record)
+        self._outbox.clear()  # answers to clients not connected yet
+        self.journal.compact()
+        if self._awaited_clients:
+            logger.info("restored %d tasks of %d clients from the journal %s",
+                        len(self.state.tasks), len(self._awaited_clients), self.journal.path)
+
+    def _expire_awaited_clients(self, now: float) -> None:
+        """Restored clients that did not come back in time want nothing any more."""
+        mono = time.monotonic()
+        for client, deadline in list(self._awaited_clients.items()):
+            if deadline <= mono:
+                del self._awaited_clients[client]
+                if client not in self._comms:
+                    logger.info("client %s did not come back: releasing its keys", client)
+                    self.handle_event(ev.RemoveClient(
+                        client, now=now, stimulus_id=self._stimulus("remove-client")))
+                    if self.journal is not None:
+                        self.journal.client_gone(client)
 
     @property
     def dashboard_link(self) -> str | None:
@@ -233,6 +294,8 @@ class Scheduler:
         except Exception:
             pass
         self.loop.stop(timeout=timeout)
+        if self.journal is not None:
+            self.journal.close()
         for comm in list(self._comms.values()):
             try:
                 comm.close()
@@ -289,6 +352,7 @@ class Scheduler:
         now = time.time()
         if isinstance(msg, pr.RegisterClient):
             self._comms[peer] = comm
+            self._awaited_clients.pop(peer, None)  # a restored client came back
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
             comm.deliver_to(self.loop, peer, CLOSED)
@@ -339,6 +403,8 @@ class Scheduler:
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
             self.handle_event(ev.RemoveClient(peer, now=now, stimulus_id=self._stimulus("remove-client")))
+            if self.journal is not None:
+                self.journal.client_gone(peer)
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -370,10 +436,12 @@ class Scheduler:
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
         receive, table, stimulus = pr.receive, self._table, self._stimulus
+        journal = None
         if source in self._worker_peers:
             direction, context = pr.WORKER_TO_SCHEDULER, {"worker": source, "now": now}
         else:
             direction, context = pr.CLIENT_TO_SCHEDULER, {"client": source, "now": now}
+            journal = self.journal
         for msg in payload if isinstance(payload, list) else [payload]:
             record = None
             try:
@@ -384,6 +452,8 @@ class Scheduler:
                     raise pr.MalformedMessage(f"{type(record).__name__} is a peer's first "
                                               "message only") from None
                 handler(source, record)
+                if journal is not None and msg.get("op") in JOURNALED_OPS:
+                    journal.append(source, msg)  # written before this turn's answers leave
             except Exception as e:
                 self._reject(source, record, e)
                 return  # the peer is gone: the rest of its batch goes with it
@@ -412,6 +482,8 @@ class Scheduler:
         self._release_held = True  # this iteration's flush sends what waited
         self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)
+        if self._awaited_clients:
+            self._expire_awaited_clients(now)
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for
@@ -450,6 +522,8 @@ class Scheduler:
         a tick) to ride along with the next message to that worker: releasing memory is
         not urgent, and on a busy node every message costs both ends a wake-up (a
         tree reduction sends one free-keys per task)."""
+        if self.journal is not None:
+            self.journal.sync()  # what clients are told below is in the journal first
         held = self._held
         release, self._release_held = self._release_held, False
         if release and held:
@@ -594,3 +668,11 @@ def default_host() -> str:
     except OSError:
         pass
     return os.environ.get("HPCSCHED_HOST", "127.0.0.1")
+
+
+def open_journal(path: str | None) -> Journal | None:
+    """The journal at ``path`` (None: none), with the configured fsync and compaction."""
+    if not path:
+        return None
+    return Journal(os.path.expanduser(str(path)), bool(config.get("scheduler.journal-fsync")),
+                   parse_bytes(config.get("scheduler.journal-compact-bytes")))
