@@ -467,14 +467,18 @@ class Scheduler:
         else:
             reason = f"handling {type(record).__name__} failed: {type(error).__name__}: {error}"
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
+        notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
+        self._say_close(peer, notice)
+        self._disconnect(peer, reason)
+
+    def _say_close(self, peer: str, notice: Any) -> None:
+        """Send ``peer`` what is queued for it and ``notice``, now (it is disconnected next)."""
         comm = self._comms.get(peer)
         if comm is not None:
-            notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
             try:
                 comm.send(_wire(self._outbox.pop(peer, []) + [notice]))
             except (CommClosedError, OSError):
                 pass
-        self._disconnect(peer, reason)
 
     def _tick(self, now: float) -> None:
         if self._newcomers:
@@ -489,6 +493,8 @@ class Scheduler:
         # counts mean there is none to look for
         if len(self._worker_peers) != len(self.state.workers):
             for peer in [p for p in self._worker_peers if p not in self.state.workers]:
+                # told so, it exits (a worker that only lost its connection reconnects)
+                self._say_close(peer, pr.Close("removed by the scheduler", 1))
                 self._disconnect(peer, "removed")
 
     def _stimulus(self, op: str) -> str:
