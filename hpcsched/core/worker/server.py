@@ -237,12 +237,14 @@ class Worker:
                     self.scheduler_address)
         return self
 
-    def _register(self, comm: Comm, timeout: float, keys: dict) -> Any:
-        """Introduce this worker over ``comm``, holding ``keys`` (key -> nbytes); the
-        scheduler's answer (``ConnectionError`` if it refused us or did not answer)."""
+    def _register(self, comm: Comm, timeout: float, keys: dict, running: list | None = None
+                  ) -> Any:
+        """Introduce this worker over ``comm``, holding ``keys`` (key -> nbytes) and
+        running ``running``; the scheduler's answer (``ConnectionError`` if it refused us
+        or did not answer)."""
         comm.send([encode(RegisterWorker(
             self.address, self.nthreads, self.memory_limit, self.name or self.address,
-            self.host, self.resources, keys, os.getpid()))])
+            self.host, self.resources, keys, os.getpid(), running or None))])
         try:
             reply = comm.recv(timeout=timeout)
         except (CommClosedError, TimeoutError) as e:
@@ -283,15 +285,17 @@ class Worker:
                   self.reconnect_timeout, self._register_again, self._reattach,
                   lambda why: self.close(why, EXIT_SCHEDULER_LOST), self._closed).start()
 
-    def _inventory(self) -> dict:
-        """On the loop: the results this worker holds, key -> nbytes."""
-        assert self.state is not None
-        return {k: max(ts.nbytes, 0) for k, ts in self.state.tasks.items()
-                if ts.state == "memory"}
+    def _inventory(self) -> tuple[dict, list]:
+        """On the loop: the results this worker holds (key -> nbytes), the tasks it runs."""
+        state = self.state
+        assert state is not None
+        held = {k: max(ts.nbytes, 0) for k, ts in state.tasks.items() if ts.state == "memory"}
+        return held, [ts.key for ts in state.executing | state.long_running]
 
     def _register_again(self, comm: Comm, timeout: float) -> Any:
-        keys = self._sent_inventory = self.loop.call(self._inventory)
-        return self._register(comm, timeout, keys)
+        keys, running = self.loop.call(self._inventory)
+        self._sent_inventory = keys
+        return self._register(comm, timeout, keys, running)
 
     def _reattach(self, comm: Comm, address: str, reply: Any) -> None:
         def attach() -> None:
