@@ -65,6 +65,9 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.journal-compact-bytes": "64 MiB",  # compact past this and twice the live size
     # seconds a client the journal names has, after a restart, to come back for its keys
     "scheduler.journal-client-grace": 600.0,
+    # seconds a restarted scheduler waits for the workers it had to come back before it
+    # gives out work (one that came back early would otherwise recompute what another holds)
+    "scheduler.journal-worker-grace": 10.0,
     # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh

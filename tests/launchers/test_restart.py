@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hpcsched import Client
@@ -128,3 +129,49 @@ def test_workers_of_a_scheduler_that_never_returns_exit_after_their_reconnect_ti
             fut.result(timeout=timeout + 20)
     finally:
         client.close(timeout=1)
+
+
+NOTEBOOK = """
+import sys, time
+from hpcsched import Client, LocalCluster
+from tests.launchers.test_restart import counted
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=0,
+                       dashboard_address=None, scheduler_journal=sys.argv[1])
+client = Client(cluster)
+futures = client.map(counted, range(20), directory=sys.argv[2])  # held, as in a notebook
+print(sum(client.gather(futures)), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_notebook_restarted_with_its_journal_gets_its_results_without_recomputing(procs, tmp_path):  # noqa: F811
+    """A notebook kernel holding a LocalCluster dies (SIGKILL); the worker process it
+    started keeps its results; a new kernel makes a LocalCluster with the same journal and
+    submits the same pure calls: the results come from that worker, nothing runs again."""
+    from hpcsched import LocalCluster
+
+    journal, done = tmp_path / "journal", tmp_path / "runs"
+    done.mkdir()
+    kernel = procs.start([sys.executable, "-c", NOTEBOOK, str(journal), str(done)], "kernel")
+    wait_until(lambda: "380" in procs.log("kernel") or kernel.poll() is not None, timeout=60,
+               what="the first kernel's results")
+    assert kernel.poll() is None, procs.log("kernel")
+    worker = next(p for p in psutil.Process(kernel.pid).children()
+                  if "worker" in " ".join(p.cmdline()))
+    try:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(10)
+        assert worker.is_running()
+        with LocalCluster(n_workers=0, dashboard_address=None,
+                          scheduler_journal=str(journal)) as cluster, \
+                Client(cluster, set_as_default=False) as client:
+            cluster.wait_for_workers(1, timeout=30)  # the old kernel's worker, come back
+            again = client.gather(client.map(counted, range(20), directory=str(done)),
+                                  timeout=30)
+            assert again == [2 * i for i in range(20)]
+            assert runs(done) == {i: 1 for i in range(20)}
+        worker.wait(30)  # closed with the cluster that adopted it
+    finally:
+        if worker.is_running():
+            worker.kill()

@@ -430,6 +430,7 @@ class SchedulerConnection:
         self.closed = True
         if self._watch is not None:
             self._watch.stop()
+        self._connected.set()  # a sender waiting for a reconnect gives up
         self._outq.put(None)
         self.comm.close()
         self._sender.join(timeout)

@@ -14,7 +14,9 @@ The file::
     b"HPCSCHED-JOURNAL"  version:uint32
     record*   where a record is  length:uint32  crc32:uint32  payload[length]
 
-Each payload is one pickled tuple (:func:`~hpcsched.core.protocol.serialize.dumps_object`).
+Each payload is one pickled tuple of plain data: the wire dicts as they arrived, whose
+task blobs are bytes already (pickled as they are; a key that the plain pickler refuses
+goes through :func:`~hpcsched.core.protocol.serialize.dumps_object`).
 Records are appended, never changed; a record whose length runs past the end of the
 file or whose checksum is wrong ends the journal (a process killed in the middle of
 a write leaves a torn last record: it is ignored, and cut off before the next append).
@@ -24,8 +26,11 @@ which the server calls before it sends that turn's messages: no client hears of 
 submission before the journal holds it. ``scheduler.journal-fsync`` adds an
 ``os.fsync`` there (survives the machine's crash, not only the process's).
 
+The workers that join and leave are recorded too: a restarted scheduler waits (a
+little) for those it had before it gives out work.
+
 The journal keeps, beside the file, a model of the live state it describes (each
-task's spec, each client's wanted keys, the datasets): when the file has grown past
+task's spec, each client's wanted keys, the datasets, the workers): when the file has grown past
 twice its size after the last compaction (and past ``compact_bytes``), it is rewritten
 from that model -- one graph of the tasks some client or dataset still needs, the
 desires, the datasets -- so its size stays bounded by the live state, however many
@@ -34,13 +39,17 @@ graphs come and go.
 
 from __future__ import annotations
 
+import logging
 import os
+import pickle
 import struct
 import zlib
 from collections.abc import Iterator
 from typing import Any
 
 from hpcsched.core.protocol.serialize import dumps_object, loads_object
+
+logger = logging.getLogger("hpcsched.scheduler")
 
 MAGIC = b"HPCSCHED-JOURNAL"
 VERSION = 1
@@ -89,16 +98,19 @@ def read_records(path: str) -> tuple[list[Any], int]:
         payload = data[start:end]
         if zlib.crc32(payload) != crc:
             break
+        pos = end
         try:
             out.append(loads_object(payload))
-        except Exception:  # a record that checks but does not load: the end, as a torn one
-            break
-        pos = end
+        except Exception as e:  # intact, but names what this process cannot import
+            logger.warning("journal %s: skipping a record that does not load: %s", path, e)
     return out, pos
 
 
 def _frame(record: Any) -> bytes:
-    payload = dumps_object(record)
+    try:
+        payload = pickle.dumps(record, protocol=5)
+    except Exception:  # a key of a class only cloudpickle can carry
+        payload = dumps_object(record)
     return RECORD.pack(len(payload), zlib.crc32(payload)) + payload
 
 
@@ -125,6 +137,7 @@ class Journal:
         self.annotations: dict[Any, dict] = {}
         self.wants: dict[str, set] = {}
         self.datasets: dict[str, dict] = {}  # name -> its dataset-publish message
+        self.workers: set[str] = set()  # addresses of the workers connected
         self.compactions = 0
         self._pending: list[bytes] = []
         records: list[Any] = []
@@ -159,6 +172,17 @@ class Journal:
         self._apply(rec)
         self._write(rec)
 
+    def worker_joined(self, address: str) -> None:
+        rec = ("worker", address, True)
+        self._apply(rec)
+        self._write(rec)
+
+    def worker_left(self, address: str) -> None:
+        if address in self.workers:
+            rec = ("worker", address, False)
+            self._apply(rec)
+            self._write(rec)
+
     def client_gone(self, client: str) -> None:
         """``client`` left: it wants nothing any more."""
         if client in self.wants:
@@ -191,6 +215,7 @@ class Journal:
             parts = [HEADER.pack(MAGIC, VERSION)]
             if self.meta:
                 parts.append(_frame(("meta", self.meta)))
+            parts += [_frame(("worker", w, True)) for w in sorted(self.workers)]
             parts += [_frame(("msg", c, m)) for c, m in self.restore_messages()]
             data = b"".join(parts)
             _write_all(fd, data)
@@ -216,6 +241,11 @@ class Journal:
             self.meta = dict(rec[1])
         elif kind == "gone":
             self.wants.pop(rec[1], None)
+        elif kind == "worker":
+            if rec[2]:
+                self.workers.add(rec[1])
+            else:
+                self.workers.discard(rec[1])
         elif kind == "msg":
             self._apply_msg(rec[1], rec[2])
 

@@ -129,6 +129,11 @@ class Scheduler:
                 security or Security(), secret=bytes.fromhex(self.journal.meta["secret"]))
         # restored clients (by id) that have until then (monotonic) to come back
         self._awaited_clients: dict[str, float] = {}
+        # after a restore: the workers the journal knew, not back yet; those back, given no
+        # work until all are (or until _hold_until, monotonic; 0: not holding)
+        self._awaited_workers: set[str] = set()
+        self._held_workers: list[str] = []
+        self._hold_until = 0.0
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
@@ -235,9 +240,30 @@ class Scheduler:
             self._table[type(record)](client, record)
         self._outbox.clear()  # answers to clients not connected yet
         self.journal.compact()
+        self._awaited_workers = set(self.journal.workers)
+        if self._awaited_workers:
+            self._hold_until = time.monotonic() + float(
+                config.get("scheduler.journal-worker-grace"))
         if self._awaited_clients:
             logger.info("restored %d tasks of %d clients from the journal %s",
                         len(self.state.tasks), len(self._awaited_clients), self.journal.path)
+
+    def _release_workers(self) -> None:
+        """The workers the journal knew are back (or the grace is over): work goes out."""
+        self._hold_until = 0.0
+        now = time.time()
+        for peer in self._held_workers:
+            if peer in self.state.workers:
+                self.handle_event(ev.WorkerStatusChange(
+                    status="running", worker=peer, now=now,
+                    stimulus_id=self._stimulus("workers-back")))
+        logger.info("%d workers came back%s: giving out work", len(self._held_workers),
+                    f", {len(self._awaited_workers)} did not: {sorted(self._awaited_workers)}"
+                    if self._awaited_workers else "")
+        for address in self._awaited_workers:
+            if self.journal is not None:
+                self.journal.worker_left(address)
+        self._held_workers, self._awaited_workers = [], set()
 
     def _expire_awaited_clients(self, now: float) -> None:
         """Restored clients that did not come back in time want nothing any more."""
@@ -370,7 +396,16 @@ class Scheduler:
             return False
         self._comms[peer] = comm
         self._worker_peers.add(peer)
+        if self._hold_until:  # no work until the others are back with what they hold
+            event = dataclasses.replace(event, paused=True)
+            self._held_workers.append(peer)
         self.handle_event(event)
+        if self.journal is not None:
+            self.journal.worker_joined(peer)
+        if self._hold_until:
+            self._awaited_workers.discard(peer)
+            if not self._awaited_workers:
+                self._release_workers()
         ws = self.state.workers[peer]
         # first in its batch, before the tasks the event gave it: the worker reads it first
         self._outbox.setdefault(peer, []).insert(0, pr.Registered(
@@ -395,6 +430,8 @@ class Scheduler:
                 info = self.state.workers[peer].info()
                 self.handle_event(ev.RemoveWorker(peer, reason, now=now,
                                                   stimulus_id=self._stimulus("remove-worker")))
+            if self.journal is not None:
+                self.journal.worker_left(peer)
             self.gathers.worker_left(peer)
             # the remove_worker hooks name the event that removed it (this one, or the
             # state's own: a retirement, a missed heartbeat)
@@ -488,6 +525,8 @@ class Scheduler:
         self.primitives.tick(now)
         if self._awaited_clients:
             self._expire_awaited_clients(now)
+        if self._hold_until and time.monotonic() >= self._hold_until:
+            self._release_workers()
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for

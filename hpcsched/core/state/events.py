@@ -153,6 +153,7 @@ class AddWorker(Internal):
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
     pid: int = 0
     running: list = field(default_factory=list)  # tasks it is running (it registers again)
+    paused: bool = False  # given no new task until it runs (WorkerStatusChange)
 
 
 @dataclass(slots=True, frozen=True)

@@ -55,6 +55,8 @@ class WorkerEvents:
         ws = WorkerInfo(e.address, e.nthreads, e.memory_limit, e.name, e.host, e.resources,
                         e.pid, e.now)
         self.registry.add(ws)
+        if e.paused:
+            self.registry.set_status(ws, "paused")
         ws.heartbeat_interval = self.heartbeat_interval()  # the server tells it (registered)
         placement.push_free(ws)
         recs: list[Rec] = []

@@ -214,6 +214,25 @@ def test_a_worker_registering_again_brings_its_results_and_keeps_its_running_tas
     assert s.tasks["y"].state == "memory"
 
 
+def test_workers_held_after_a_restart_get_work_only_once_released():
+    """A restarted scheduler registers the workers coming back paused until all are back:
+    the first one back must not recompute what the second holds.
+
+        x   y      (independent; A holds x, B holds y)
+    """
+    s = new_state()
+    submit(s, graph(x=[], y=[]), keys=["x", "y"])
+    out = step(s, ev.AddWorker(A, 1, keys={"x": 8}, paused=True))
+    assert not sent(out, "compute-task")
+    assert s.tasks["y"].state == "no-worker"
+    out = step(s, ev.AddWorker(B, 1, keys={"y": 8}, paused=True))
+    assert s.tasks["y"].state == "memory" and not sent(out, "compute-task")
+    z = submit(s, graph(z=[]), keys=["z"])  # submitted meanwhile: it waits too
+    assert not sent(z, "compute-task")
+    out = step(s, ev.WorkerStatusChange(status="running", worker=A))
+    assert one(out, "compute-task", key="z").to == A
+
+
 def test_a_worker_registering_again_runs_nothing_twice_that_another_runs():
     s = with_workers(B)
     submit(s, graph(y=[]), keys=["y"])
