@@ -47,6 +47,8 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol.primitives import DatasetPublish, DatasetUnpublish
 from hpcsched.core.protocol.serialize import dumps_object, loads_object
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -57,11 +59,9 @@ HEADER = struct.Struct("<16sI")
 RECORD = struct.Struct("<II")
 MAX_RECORD = 2**31  # a length past this is garbage, not a record
 
-#: the client ops journaled, by their wire op
-GRAPH, DESIRE, RELEASE, CANCEL = ("update-graph", "client-desires-keys",
-                                  "client-releases-keys", "cancel-keys")
-PUBLISH, UNPUBLISH = "dataset-publish", "dataset-unpublish"
-JOURNALED_OPS = frozenset({GRAPH, DESIRE, RELEASE, CANCEL, PUBLISH, UNPUBLISH})
+#: the client records journaled (as the wire dicts they arrived as)
+JOURNALED = frozenset({pr.UpdateGraph, pr.ClientDesiresKeys, pr.ClientReleasesKeys,
+                       pr.CancelKeys, DatasetPublish, DatasetUnpublish})
 FIRE_AND_FORGET = "fire-and-forget"  # the pseudo-client wanting fire-and-forget keys
 #: the call-wide fields of ``update-graph`` that become per-key annotations when graphs merge
 _CALL_WIDE = ("priority", "resources", "workers", "allow_other_workers")
@@ -121,7 +121,7 @@ class Journal:
     >>> path = os.path.join(tempfile.mkdtemp(), "j")
     >>> j = Journal(path)
     >>> j.set_meta({"address": "tcp://127.0.0.1:8786"})
-    >>> j.append("client-1", {"op": "client-desires-keys", "keys": ["x"]})
+    >>> j.append("client-1", pr.ClientDesiresKeys("client-1", ["x"]))
     >>> j.sync(); j.close()
     >>> Journal(path).meta["address"]
     'tcp://127.0.0.1:8786'
@@ -136,7 +136,7 @@ class Journal:
         self.tasks: dict[Any, dict] = {}
         self.annotations: dict[Any, dict] = {}
         self.wants: dict[str, set] = {}
-        self.datasets: dict[str, dict] = {}  # name -> its dataset-publish message
+        self.datasets: dict[str, Any] = {}  # name -> its DatasetPublish record
         self.workers: set[str] = set()  # addresses of the workers connected
         self.compactions = 0
         self._pending: list[bytes] = []
@@ -165,12 +165,11 @@ class Journal:
         self.meta = dict(meta)
         self._write(("meta", self.meta))
 
-    def append(self, client: str, msg: dict) -> None:
-        """Record the client message ``msg`` (a wire dict of one of :data:`JOURNALED_OPS`)
-        that the scheduler accepted from ``client``."""
-        rec = ("msg", client, msg)
-        self._apply(rec)
-        self._write(rec)
+    def append(self, client: str, record: Any, wire: dict | None = None) -> None:
+        """Record ``record`` (one of :data:`JOURNALED`), which the scheduler accepted from
+        ``client``; ``wire``: the dict it arrived as (else it is encoded here)."""
+        self._apply_record(client, record)
+        self._write(("msg", client, pr.encode(record) if wire is None else wire))
 
     def worker_joined(self, address: str) -> None:
         rec = ("worker", address, True)
@@ -216,7 +215,7 @@ class Journal:
             if self.meta:
                 parts.append(_frame(("meta", self.meta)))
             parts += [_frame(("worker", w, True)) for w in sorted(self.workers)]
-            parts += [_frame(("msg", c, m)) for c, m in self.restore_messages()]
+            parts += [_frame(("msg", c, pr.encode(r))) for c, r in self.restore_messages()]
             data = b"".join(parts)
             _write_all(fd, data)
             os.fsync(fd)
@@ -247,15 +246,17 @@ class Journal:
             else:
                 self.workers.discard(rec[1])
         elif kind == "msg":
-            self._apply_msg(rec[1], rec[2])
+            record = pr.receive(pr.CLIENT_TO_SCHEDULER, rec[2], _restored, client=rec[1])
+            self._apply_record(rec[1], record)
 
-    def _apply_msg(self, client: str, msg: dict) -> None:
-        op = msg.get("op")
-        if op == GRAPH:
-            annotations = msg.get("annotations") or {}
-            call_wide = {name: msg.get(name) for name in _CALL_WIDE if msg.get(name)}
-            retries = msg.get("retries") or {}
-            for key, spec in msg["tasks"].items():
+    def _apply_record(self, client: str, record: Any) -> None:
+        cls = record.__class__
+        if cls is pr.UpdateGraph:
+            annotations = record.annotations or {}
+            call_wide = {name: getattr(record, name) for name in _CALL_WIDE
+                         if getattr(record, name)}
+            retries = record.retries or {}
+            for key, spec in record.tasks.items():
                 ann = dict(call_wide)
                 if key in retries:
                     ann["retries"] = retries[key]
@@ -267,28 +268,28 @@ class Journal:
                     self.annotations[key] = ann
                 else:
                     self.annotations.pop(key, None)
-            self.wants.setdefault(client, set()).update(msg.get("keys") or ())
-        elif op == DESIRE:
-            who = FIRE_AND_FORGET if msg.get("fire_and_forget") else client
-            self.wants.setdefault(who, set()).update(msg.get("keys") or ())
-        elif op == RELEASE:
-            self.wants.get(client, set()).difference_update(msg.get("keys") or ())
-        elif op == CANCEL:  # cancelled for every client
-            keys = set(msg.get("keys") or ())
+            self.wants.setdefault(client, set()).update(record.keys)
+        elif cls is pr.ClientDesiresKeys:
+            who = FIRE_AND_FORGET if record.fire_and_forget else client
+            self.wants.setdefault(who, set()).update(record.keys)
+        elif cls is pr.ClientReleasesKeys:
+            self.wants.get(client, set()).difference_update(record.keys)
+        elif cls is pr.CancelKeys:  # cancelled for every client
+            keys = set(record.keys)
             for wanted in self.wants.values():
                 wanted -= keys
-        elif op == PUBLISH:
-            self.datasets[msg["name"]] = msg
-        elif op == UNPUBLISH:
-            self.datasets.pop(str(msg.get("name")), None)
+        elif cls is DatasetPublish:
+            self.datasets[record.name] = record
+        elif cls is DatasetUnpublish:
+            self.datasets.pop(record.name, None)
 
     def live_keys(self) -> set:
         """The tasks some client or dataset still needs, with everything they depend on."""
         roots: set = set()
         for wanted in self.wants.values():
             roots |= wanted
-        for msg in self.datasets.values():
-            roots.update(msg.get("keys") or ())
+        for published in self.datasets.values():
+            roots.update(published.keys)
         live: set = set()
         stack = [k for k in roots if k in self.tasks]
         while stack:
@@ -299,10 +300,10 @@ class Journal:
             stack.extend(d for d in self.tasks[key].get("deps", ()) if d in self.tasks)
         return live
 
-    def restore_messages(self) -> Iterator[tuple[str, dict]]:
-        """The live state as ``(client, wire message)`` pairs that, handled in order by a
-        fresh scheduler, rebuild it: one graph of every live task, each client's desires,
-        the datasets. (Also what a compaction writes.)"""
+    def restore_messages(self) -> Iterator[tuple[str, Any]]:
+        """The live state as ``(client, record)`` pairs that, handled in order by a fresh
+        scheduler, rebuild it: one graph of every live task, each client's desires, the
+        datasets. (Also what a compaction writes.)"""
         live = self.live_keys()
         # forget what nothing needs (bounded memory, as the file)
         for key in [k for k in self.tasks if k not in live]:
@@ -316,24 +317,24 @@ class Journal:
                 for name, value in self.annotations.get(key, {}).items():
                     annotations.setdefault(name, {})[key] = value
             # the restore holds every live key until the clients and datasets below say
-            # which they want, then lets go (the last message): a task none of them wants
+            # which they want, then lets go (the last record): a task none of them wants
             # stays only while a dependent needs it
-            msg: dict = {"op": GRAPH, "tasks": {k: self.tasks[k] for k in live},
-                         "keys": sorted(live, key=repr)}
-            if annotations:
-                msg["annotations"] = annotations
-            yield (_GRAPH_OWNER, msg)
+            yield (_GRAPH_OWNER, pr.UpdateGraph(
+                _GRAPH_OWNER, {k: self.tasks[k] for k in live}, sorted(live, key=repr),
+                annotations=annotations or None, stimulus_id=_restored("update-graph")))
         for client, keys in self.wants.items():
             keys = keys & live
             if not keys:
                 continue
-            desire: dict[str, Any] = {"op": DESIRE, "keys": sorted(keys, key=repr)}
-            if client == FIRE_AND_FORGET:
-                desire["fire_and_forget"] = True
-            yield (client, desire)
-        yield from ((_GRAPH_OWNER, m) for m in self.datasets.values())
+            fire_and_forget = client == FIRE_AND_FORGET
+            owner = _GRAPH_OWNER if fire_and_forget else client
+            yield (owner, pr.ClientDesiresKeys(owner, sorted(keys, key=repr), fire_and_forget,
+                                               stimulus_id=_restored("client-desires-keys")))
+        yield from ((_GRAPH_OWNER, published) for published in self.datasets.values())
         if live:
-            yield (_GRAPH_OWNER, {"op": RELEASE, "keys": sorted(live, key=repr)})
+            yield (_GRAPH_OWNER, pr.ClientReleasesKeys(
+                _GRAPH_OWNER, sorted(live, key=repr),
+                stimulus_id=_restored("client-releases-keys")))
 
     @property
     def clients(self) -> list[str]:
@@ -344,6 +345,11 @@ class Journal:
 #: the client id under which a restore submits the merged graph; it lets go of the
 #: keys once every real client has said what it wants
 _GRAPH_OWNER = "journal-restore"
+
+
+def _restored(op: str) -> str:
+    """The stimulus id of the events a restore replays."""
+    return f"journal-{op}"
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -53,7 +53,7 @@ from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
-from hpcsched.core.scheduler.journal import JOURNALED_OPS, Journal
+from hpcsched.core.scheduler.journal import JOURNALED, Journal
 from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import (
@@ -234,9 +234,7 @@ class Scheduler:
             self.handle_event(ev.AddClient(client, now=now,
                                            stimulus_id=self._stimulus("restore-client")))
             self._awaited_clients[client] = time.monotonic() + grace
-        for client, msg in list(self.journal.restore_messages()):
-            record = pr.receive(pr.CLIENT_TO_SCHEDULER, msg, self._stimulus, client=client,
-                                now=now)
+        for client, record in list(self.journal.restore_messages()):
             self._table[type(record)](client, record)
         self._outbox.clear()  # answers to clients not connected yet
         self.journal.compact()
@@ -489,8 +487,8 @@ class Scheduler:
                     raise pr.MalformedMessage(f"{type(record).__name__} is a peer's first "
                                               "message only") from None
                 handler(source, record)
-                if journal is not None and msg.get("op") in JOURNALED_OPS:
-                    journal.append(source, msg)  # written before this turn's answers leave
+                if journal is not None and type(record) in JOURNALED:
+                    journal.append(source, record, msg)  # written before answers leave
             except Exception as e:
                 self._reject(source, record, e)
                 return  # the peer is gone: the rest of its batch goes with it

@@ -10,6 +10,7 @@ import struct
 
 import pytest
 
+from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler.journal import (
     HEADER,
     MAGIC,
@@ -20,15 +21,14 @@ from hpcsched.core.scheduler.journal import (
 )
 
 
-def graph(*keys: str, deps: dict | None = None) -> dict:
+def graph(*keys: str, deps: dict | None = None, client: str = "c") -> pr.UpdateGraph:
     deps = deps or {}
-    return {"op": "update-graph", "keys": list(keys),
-            "tasks": {k: {"run_spec": (b"f" * 20, b"args", False), "deps": deps.get(k, [])}
-                      for k in keys}}
+    return pr.UpdateGraph(client, {k: {"run_spec": (b"f" * 20, b"args", False),
+                                       "deps": deps.get(k, [])} for k in keys}, list(keys))
 
 
-def release(*keys: str) -> dict:
-    return {"op": "client-releases-keys", "keys": list(keys)}
+def release(*keys: str, client: str = "c") -> pr.ClientReleasesKeys:
+    return pr.ClientReleasesKeys(client, list(keys))
 
 
 @pytest.mark.timeout(30)
@@ -36,22 +36,22 @@ def test_records_survive_a_reopen_and_restore_rebuilds_what_clients_want(tmp_pat
     path = str(tmp_path / "j")
     j = Journal(path)
     j.set_meta({"address": "tcp://127.0.0.1:9999", "secret": "ab"})
-    j.append("c1", graph("x", "y", deps={"y": ["x"]}))
-    j.append("c1", release("x"))  # y still needs x: x stays
-    j.append("c2", graph("z"))
-    j.append("c2", release("z"))  # nobody needs z: it goes
+    j.append("c1", graph("x", "y", deps={"y": ["x"]}, client="c1"))
+    j.append("c1", release("x", client="c1"))  # y still needs x: x stays
+    j.append("c2", graph("z", client="c2"))
+    j.append("c2", release("z", client="c2"))  # nobody needs z: it goes
     j.sync()
     j.close()
     again = Journal(path)
     assert again.restored and again.meta["address"] == "tcp://127.0.0.1:9999"
     assert again.live_keys() == {"x", "y"}
     msgs = list(again.restore_messages())
-    ops = [(client, m["op"]) for client, m in msgs]
-    assert ops[0][1] == "update-graph" and set(msgs[0][1]["tasks"]) == {"x", "y"}
-    assert ("c1", "client-desires-keys") in ops and all(c != "c2" for c, _ in ops)
-    desire = next(m for c, m in msgs if c == "c1")
-    assert desire["keys"] == ["y"]
-    assert ops[-1][1] == "client-releases-keys"  # the restore lets go of what it held
+    kinds = [(client, type(r)) for client, r in msgs]
+    assert kinds[0][1] is pr.UpdateGraph and set(msgs[0][1].tasks) == {"x", "y"}
+    assert ("c1", pr.ClientDesiresKeys) in kinds and all(c != "c2" for c, _ in kinds)
+    desire = next(r for c, r in msgs if c == "c1")
+    assert desire.keys == ["y"] and desire.client == "c1"
+    assert kinds[-1][1] is pr.ClientReleasesKeys  # the restore lets go of what it held
     again.close()
 
 
