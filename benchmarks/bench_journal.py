@@ -7,6 +7,9 @@ Each round starts a LocalCluster (2 worker processes x 1 thread, no dashboard) w
 journal, measures the map and the tree once, closes it, then does the same with
 ``scheduler_journal`` set (alternating, so that the machine's drift hits both alike).
 Prints the best of the rounds for each, the cost in per cent, and the journal's size.
+First, the journal alone: what recording one tree's ``update-graph`` (the tasks' specs as
+a client sends them) and writing it costs the scheduler's loop, per task -- the figure
+that stays when the machine is too busy for the end-to-end ratio to mean much.
 """
 
 from __future__ import annotations
@@ -35,6 +38,32 @@ def measure(args: argparse.Namespace, journal: str | None) -> dict:
     return out
 
 
+def journal_alone(leaves: int, repeat: int = 5) -> float:
+    """Seconds per task to record and write a tree of ``leaves`` leaves (best of ``repeat``)."""
+    from operator import add
+
+    from hpcsched.core.protocol import messages as pr
+    from hpcsched.core.protocol.serialize import dumps_function, dumps_object
+    from hpcsched.core.scheduler.journal import Journal
+
+    fblob = dumps_function(add)
+    tasks = {("add", i): {"run_spec": (fblob, dumps_object((("leaf", i), ("leaf", i + 1))),
+                                       True), "deps": [("leaf", i), ("leaf", i + 1)]}
+             for i in range(2 * leaves - 1)}
+    wire = {**pr.encode(pr.UpdateGraph("c", tasks, [("add", 0)]))}
+    best = float("inf")
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeat):
+            j = Journal(os.path.join(tmp, f"j{r}"))
+            record = pr.UpdateGraph("c", tasks, [("add", 0)])
+            t0 = time.perf_counter()
+            j.append("c", record, wire)
+            j.sync()
+            best = min(best, time.perf_counter() - t0)
+            j.close()
+    return best / len(tasks)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tasks", type=int, default=10_000)
@@ -42,6 +71,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--fsync", action="store_true", help="scheduler.journal-fsync")
     args = p.parse_args()
+    per_task = journal_alone(args.leaves)
+    print(f"journal alone: {per_task * 1e6:.2f} us per task of a {2 * args.leaves - 1}-task "
+          "update-graph", flush=True)
     best: dict[str, dict[str, float]] = {"off": {}, "on": {}}
     size = 0
     with tempfile.TemporaryDirectory() as tmp:
