@@ -93,5 +93,8 @@ class Reconnect:
                 continue
             logger.info("reconnected to the scheduler at %s", address)
             self.address, self.security = address, security
-            self._attach(comm, address, reply)
+            try:
+                self._attach(comm, address, reply)
+            except RuntimeError:  # the worker closed meanwhile
+                comm.close()
             return
