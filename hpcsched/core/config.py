@@ -58,6 +58,16 @@ DEFAULTS: dict[str, Any] = {
     # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
     # module:factory entries, each called with the scheduler
     "scheduler.extensions": ["dashboard"],
+    # the journal that lets a scheduler restart where it was (None: no journal); see
+    # hpcsched/core/scheduler/journal.py
+    "scheduler.journal": None,
+    "scheduler.journal-fsync": False,  # fsync each loop turn's records (machine crashes)
+    "scheduler.journal-compact-bytes": "64 MiB",  # compact past this and twice the live size
+    # seconds a client the journal names has, after a restart, to come back for its keys
+    "scheduler.journal-client-grace": 600.0,
+    # seconds a restarted scheduler waits for the workers it had to come back before it
+    # gives out work (one that came back early would otherwise recompute what another holds)
+    "scheduler.journal-worker-grace": 10.0,
     # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh
@@ -71,6 +81,9 @@ DEFAULTS: dict[str, Any] = {
     "worker.blas-threads": 1,
     "worker.transfer-incoming-count-limit": 4,
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
+    # seconds a worker whose scheduler vanished keeps its tasks and results and tries to
+    # reconnect (a journaled scheduler restarts); then it exits. 0: it exits at once
+    "worker.scheduler-reconnect-timeout": 300.0,
     "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends
     "worker.walltime-stagger": 30.0,  # spread of retirements between workers of one job
     # memory management, with dask.distributed's names and defaults ("Worker Memory
@@ -95,6 +108,9 @@ DEFAULTS: dict[str, Any] = {
     # clients
     "client.heartbeat-interval": 5.0,  # seconds of silence from the scheduler before a ping
     "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost
+    # seconds a client whose scheduler vanished keeps its futures pending and tries to
+    # reconnect; then they err. 0: they err at once
+    "client.scheduler-reconnect-timeout": 300.0,
     # transport
     "comm.timeouts.connect": 30.0,
     "comm.timeouts.handshake": 5.0,  # seconds an accepted peer has to authenticate

@@ -1,8 +1,10 @@
 """Command line: ``hpcsched scheduler``, ``hpcsched worker``, ``python -m hpcsched script.py``.
 
-* ``hpcsched scheduler [--host H] [--port P] [--interface IF] [--scheduler-file F]``
-  starts a scheduler over authenticated TCP. The scheduler file (JSON with the
-  address and the secret, mode 0600) is how workers and clients find it.
+* ``hpcsched scheduler [--host H] [--port P] [--interface IF] [--scheduler-file F]
+  [--journal J]`` starts a scheduler over authenticated TCP. The scheduler file (JSON
+  with the address and the secret, mode 0600) is how workers and clients find it.
+  With a journal, the same command run again after the scheduler died takes up its
+  clients' graphs and listens at the address, with the secret, it had.
 * ``hpcsched worker ADDRESS | --scheduler-file F [--nthreads N] [--nworkers P] ...``
   starts worker(s). The secret comes from the scheduler file, or from
   ``HPCSCHED_SECRET_FILE`` / ``HPCSCHED_SECRET`` in the environment — never from
@@ -91,6 +93,9 @@ def worker_parser() -> argparse.ArgumentParser:
                    help="bytes, a size (4GB), a fraction of the machine's memory (0.5), none, "
                         "or auto: the share of this machine or batch job per worker (default)")
     p.add_argument("--death-timeout", type=float, default=None)
+    p.add_argument("--scheduler-reconnect-timeout", type=float, default=None,
+                   help="seconds to keep tasks and results and look for a scheduler that "
+                        "vanished (default: worker.scheduler-reconnect-timeout; 0: exit)")
     p.add_argument("--lifetime", type=float, default=None,
                    help="retire gracefully after this many seconds (a job's walltime)")
     p.add_argument("--lifetime-stagger", type=float, default=0.0)
@@ -152,6 +157,9 @@ def worker_main(argv: list[str]) -> int:
                     death_timeout=args.death_timeout, lifetime=args.lifetime,
                     lifetime_stagger=args.lifetime_stagger, host=host,
                     local_directory=args.local_directory,
+                    scheduler_file=os.path.abspath(args.scheduler_file)
+                    if args.scheduler_file else None,
+                    scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew
@@ -328,6 +336,9 @@ def scheduler_main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=8786)
     p.add_argument("--interface", default=None, help="network interface to listen on")
     p.add_argument("--scheduler-file", default=None)
+    p.add_argument("--journal", default=None,
+                   help="journal file: restarted with it, the scheduler takes up its graphs, "
+                        "clients and address again (default: scheduler.journal)")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "info"))
     args = p.parse_args(argv)
     _setup_logging(args.log_level)
@@ -342,9 +353,9 @@ def scheduler_main(argv: list[str]) -> int:
         host = interface_address(args.interface)
     host = host or default_host()
     security = Security.from_environment() or Security.generate()
-    sched = Scheduler(f"tcp://{host}:{args.port}", security).start()
-    if args.scheduler_file:
-        write_scheduler_file(args.scheduler_file, sched.address, security)
+    sched = Scheduler(f"tcp://{host}:{args.port}", security, journal=args.journal).start()
+    if args.scheduler_file:  # the journal's secret, when it had one
+        write_scheduler_file(args.scheduler_file, sched.address, sched.security)
     print(f"hpcsched scheduler at {sched.address}", file=sys.stderr, flush=True)
     if sched.dashboard_link:
         print(f"dashboard at {sched.dashboard_link}", file=sys.stderr, flush=True)

@@ -51,6 +51,7 @@ class Cluster:
         self.security = security
         self.scheduler = Scheduler(scheduler_address, security, **(scheduler_kwargs or {}))
         self.scheduler.start()
+        self.security = self.scheduler.security  # a journal's, when it restored one
         self.scheduler_address = self.scheduler.address
         self.adaptive: Adaptive | None = None
         self._lock = threading.RLock()

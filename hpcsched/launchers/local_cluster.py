@@ -94,6 +94,13 @@ class LocalCluster(Cluster):
     does: one that dies while wanted is replaced. ``n_workers`` and
     ``threads_per_worker`` default to one process per core, one thread each (one worker
     of ``os.cpu_count()`` threads with ``processes=False``).
+
+    ``scheduler_journal``: the scheduler keeps a journal there (``scheduler.journal``):
+    a LocalCluster made again with it, after the process that held it died (a notebook
+    kernel restarted), takes up its graphs at the same address, and the worker processes
+    of the old one, which look for their scheduler for
+    ``worker.scheduler-reconnect-timeout``, join it with the results they hold. Without
+    a journal, worker processes exit as soon as their scheduler is gone.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -102,7 +109,7 @@ class LocalCluster(Cluster):
                  security: Security | None = None, resources: dict | None = None,
                  timeout: float = 60.0, worker_env: dict | None = None,
                  scheduler_kwargs: dict | None = None, dashboard_address: Any = ...,
-                 local_directory: str | None = None,
+                 local_directory: str | None = None, scheduler_journal: str | None = None,
                  **worker_kwargs: Any):
         ncpu = os.cpu_count() or 1
         if n_workers is None and threads_per_worker is None:
@@ -136,6 +143,8 @@ class LocalCluster(Cluster):
         address = f"tcp://{host}:{scheduler_port}" if processes else "inproc://"
         if dashboard_address is not ...:  # as dask's: ":8787", "127.0.0.1:0", None (none)
             scheduler_kwargs = {**(scheduler_kwargs or {}), "dashboard_address": dashboard_address}
+        if scheduler_journal is not None:
+            scheduler_kwargs = {**(scheduler_kwargs or {}), "journal": scheduler_journal}
         super().__init__(address, security, scheduler_kwargs)
         self._proc_finalizer = weakref.finalize(self, _kill_all, self._procs)
         try:
@@ -174,6 +183,8 @@ class LocalCluster(Cluster):
             cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
         if self.local_directory:
             cmd += ["--local-directory", str(self.local_directory)]
+        if self.scheduler.journal is None:  # no scheduler comes back: none to wait for
+            cmd += ["--scheduler-reconnect-timeout", "0"]
         env = dict(os.environ)
         # workers import what the client can import (modules next to the user's script)
         paths = [p for p in sys.path if p and os.path.isdir(p) and "site-packages" not in p

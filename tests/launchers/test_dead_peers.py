@@ -38,7 +38,8 @@ def test_a_worker_busy_in_a_task_exits_when_its_scheduler_is_killed(procs, tmp_p
     sfile = tmp_path / "scheduler.json"
     sched = start_scheduler(procs, sfile)
     worker = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
-                          str(sfile), "--death-timeout", "10", *WORKER_OPTS], "worker")
+                          str(sfile), "--death-timeout", "10",
+                          "--scheduler-reconnect-timeout", "3", *WORKER_OPTS], "worker")
     client = Client(str(sfile), set_as_default=False)
     try:
         client.wait_for_workers(1, timeout=30)
@@ -46,7 +47,7 @@ def test_a_worker_busy_in_a_task_exits_when_its_scheduler_is_killed(procs, tmp_p
         wait_until(lambda: executing(client) == 1, timeout=30, what="the task running")
         sched.kill()
         sched.wait(10)
-        code = worker.wait(30)  # within its death timeout, whatever the task is doing
+        code = worker.wait(30)  # past its reconnect timeout, whatever the task is doing
         assert code != 0, "a worker whose scheduler vanished must not claim success"
         del fut
     finally:
@@ -61,7 +62,9 @@ def test_the_client_raises_when_its_scheduler_stops_answering(procs, tmp_path): 
                  *WORKER_OPTS], "worker")
     stopped = False
     try:
-        with config.set({"client.heartbeat-interval": 0.2, "client.scheduler-timeout": 3.0}):
+        # no reconnecting: the scheduler is given up on as soon as the watch says so
+        with config.set({"client.heartbeat-interval": 0.2, "client.scheduler-timeout": 3.0,
+                         "client.scheduler-reconnect-timeout": 0}):
             client = Client(str(sfile), set_as_default=False)
         client.wait_for_workers(1, timeout=30)
         fut = client.submit(nap, 600, pure=False)

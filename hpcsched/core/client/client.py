@@ -80,6 +80,7 @@ from hpcsched.core.client.submission import (  # noqa: F401 - funcname/task_run_
     pure_token,
     task_run_spec,
 )
+from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
     looks_like_scheduler_file,
@@ -140,9 +141,16 @@ class Client:
             raise
         self._table = self.handlers.bind(self)
         #: the connection to the scheduler (``send(msg)`` queues a message for it)
+        # a scheduler in this process cannot hang, die or restart apart from us
+        sfile = scheduler_file or (address if isinstance(address, str)
+                                   and looks_like_scheduler_file(address) else None)
         self.scheduler_comm = SchedulerConnection(
             comm, self.id, self.scheduler_address, self._receive, self._batch_done,
-            self._lost_scheduler, watch=not inproc)  # a scheduler here cannot hang apart
+            self._lost_scheduler, watch=not inproc,
+            reconnect_timeout=float(config.get("client.scheduler-reconnect-timeout"))
+            if not inproc and registry.backend_for(self.scheduler_address).reconnectable
+            else 0.0,
+            security=self.security, scheduler_file=sfile, on_reconnected=self._reconnected)
         #: this client's futures: states, reference counts, done callbacks
         self.future_table = FutureTable(self.scheduler_comm.post)
         self.futures: dict[Any, FutureState] = self.future_table.states
@@ -258,6 +266,16 @@ class Client:
     @handlers.on(pc.Error)
     def _on_error(self, msg: pc.Error) -> None:  # the scheduler refused a message, drops us
         logger.error("scheduler at %s: %s", self.scheduler_address, msg.message)
+
+    def _reconnected(self) -> None:
+        """The connection found the scheduler again (restarted from its journal).
+
+        Say again which keys this client holds futures to: those done are reported again
+        (a finished future stays as it is), the others run or are found in a worker's
+        memory."""
+        keys = list(self.futures)
+        if keys:
+            self.scheduler_comm.send(pc.ClientDesiresKeys(self.id, keys))
 
     def _lost_scheduler(self, reason: str) -> None:
         """The connection's ``on_lost``: every future not done errs with ``reason``."""

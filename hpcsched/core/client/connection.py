@@ -23,6 +23,13 @@ the client. A :class:`SchedulerConnection` then owns the connection:
 
 When the connection ends (closed, or the scheduler lost) ``on_lost`` is called
 once with the reason, and every waiting request fails with ``ConnectionError``.
+A scheduler that vanishes without saying it closes may be restarted from its
+journal: for ``client.scheduler-reconnect-timeout`` seconds the connection
+looks for it again (the scheduler file re-read each time, else the same
+address), with a backoff; meanwhile futures stay pending, and what is sent
+waits. Reconnected under the same client id, it sends again the requests still
+waiting for an answer, and ``on_reconnected`` runs (the client says again which
+keys it wants). Only past the timeout is the scheduler lost.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -192,7 +200,10 @@ class SchedulerConnection:
 
     def __init__(self, comm: Comm, client_id: str, address: str,
                  on_message: Callable[[Any], None], on_batch: Callable[[], None],
-                 on_lost: Callable[[str], None], watch: bool = True):
+                 on_lost: Callable[[str], None], watch: bool = True,
+                 reconnect_timeout: float = 0.0, security: Security | None = None,
+                 scheduler_file: str | None = None,
+                 on_reconnected: Callable[[], None] | None = None):
         self.comm = comm
         self.client_id = client_id
         self.address = address
@@ -200,7 +211,8 @@ class SchedulerConnection:
         self._outq: queue.SimpleQueue = queue.SimpleQueue()
         #: queue a record without the closed check (``Future.__del__``'s releases)
         self.post: Callable[[Any], None] = self._outq.put
-        self._requests: dict[str, tuple[threading.Event, list]] = {}
+        # request id -> (answered, [the answer], the request: sent again after a reconnect)
+        self._requests: dict[str, tuple[threading.Event, list, Any]] = {}
         self._ids = itertools.count()
         self._on_message = on_message
         self._on_lost = on_lost
@@ -211,6 +223,12 @@ class SchedulerConnection:
                           raise_gc=False)
         self._sender = threading.Thread(target=self._send_loop, name=f"{client_id}-sender",
                                         daemon=True)
+        self.reconnect_timeout = reconnect_timeout
+        self._security, self._scheduler_file = security, scheduler_file
+        self._on_reconnected = on_reconnected
+        self._connected = threading.Event()  # clear while looking for a vanished scheduler
+        self._connected.set()
+        self._closing_announced = False  # the scheduler said it closes: no reconnecting
 
     def start(self, first: Any) -> None:
         """Receive: ``first`` (the scheduler's answer to the registration, read before)
@@ -259,7 +277,7 @@ class SchedulerConnection:
     def _wait_reply(self, msg: Any, rid: str, timeout: float | None) -> Any:
         event = threading.Event()
         box: list = []
-        self._requests[rid] = (event, box)
+        self._requests[rid] = (event, box, msg)
         try:
             self.send(msg)
             if not event.wait(timeout):
@@ -299,10 +317,24 @@ class SchedulerConnection:
             self._comm_send(coalesce(msgs))
 
     def _comm_send(self, msgs: list) -> None:
-        try:
-            self.comm.send(msgs)
-        except (CommClosedError, OSError) as e:
-            logger.debug("client send failed: %s", e)
+        while True:
+            if not self._connected.is_set():  # reconnecting: what is sent waits for it
+                self._connected.wait(self.reconnect_timeout + 1.0)
+            comm = self.comm
+            try:
+                comm.send(msgs)
+                return
+            except (CommClosedError, OSError) as e:
+                logger.debug("client send failed: %s", e)
+                if self.closed or self.reconnect_timeout <= 0 or self._closing_announced:
+                    return
+                # the loop sees the comm closed and starts reconnecting, or has: wait for
+                # a new comm (none comes: the scheduler is lost and this batch with it)
+                deadline = time.monotonic() + self.reconnect_timeout + 1.0
+                while self.comm is comm and not self.closed and time.monotonic() < deadline:
+                    self._connected.wait(0.1)
+                if self.comm is comm:
+                    return
 
     # ---------------------------------------------------------------- receiving
     def _receive(self, items: list) -> None:
@@ -310,7 +342,11 @@ class SchedulerConnection:
         on_message = self._on_message
         for _, msgs in items:
             if msgs is CLOSED:
-                self.lost()
+                if self.reconnect_timeout > 0 and not self.closed \
+                        and not self._closing_announced:
+                    self._start_reconnect()
+                else:
+                    self.lost()
                 continue
             if self._watch is not None:
                 self._watch.heard()
@@ -331,18 +367,70 @@ class SchedulerConnection:
         """The scheduler is gone (or closing): tell the client, fail waiting requests."""
         if self.closed:
             return
+        self._closing_announced = True
         if self._watch is not None:
             self._watch.stop()
         self._on_lost(f"lost the scheduler at {self.address}{self._lost_reason}")
-        for event, box in list(self._requests.values()):
+        for event, box, _ in list(self._requests.values()):
             box.append(None)
             event.set()
+        self._connected.set()  # a sender waiting for a reconnect goes on (and drops)
+
+    # ---------------------------------------------------------------- reconnecting
+    def _start_reconnect(self) -> None:
+        if not self._connected.is_set():
+            return  # already looking
+        self._connected.clear()
+        logger.warning("client %s lost its scheduler at %s: reconnecting for up to %ss",
+                       self.client_id, self.address, self.reconnect_timeout)
+        threading.Thread(target=self._reconnect, name=f"{self.client_id}-reconnect",
+                         daemon=True).start()
+
+    def _where(self) -> tuple[str, Security | None]:
+        if self._scheduler_file:
+            try:  # a scheduler restarted elsewhere wrote its new address there
+                return read_scheduler_file(self._scheduler_file, self._security)
+            except ValueError:
+                pass
+        return self.address, self._security
+
+    def _reconnect(self) -> None:
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.1
+        while not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._lost_reason = (f": it did not come back within "
+                                     f"client.scheduler-reconnect-timeout="
+                                     f"{self.reconnect_timeout}s")
+                self.lost()
+                return
+            address, security = self._where()
+            try:
+                comm, reply, _ = open_comm(address, self.client_id, security, min(left, 10.0))
+            except (OSError, TimeoutError, CommClosedError) as e:
+                logger.debug("client %s: reconnecting to %s: %s", self.client_id, address, e)
+                time.sleep(min(delay, max(left, 0.0)))
+                delay = min(delay * 2, 5.0)
+                continue
+            logger.info("client %s reconnected to the scheduler at %s", self.client_id, address)
+            self.address, self._security = address, security
+            self.comm = comm
+            self._loop.put(("scheduler", reply))
+            comm.deliver_to(self._loop, "scheduler", CLOSED)
+            if self._on_reconnected is not None:
+                self._on_reconnected()
+            for _, _, msg in list(self._requests.values()):
+                self._outq.put(msg)
+            self._connected.set()
+            return
 
     def close(self, timeout: float | None) -> None:
         """Stop the threads (what is queued is sent first) and close the connection."""
         self.closed = True
         if self._watch is not None:
             self._watch.stop()
+        self._connected.set()  # a sender waiting for a reconnect gives up
         self._outq.put(None)
         self.comm.close()
         self._sender.join(timeout)

@@ -200,6 +200,10 @@ class Backend:
     #: peers live in this process only: a server's own address already serves a client
     #: in its process (no second, in-process listener is needed)
     same_process: bool = False
+    #: a scheduler can die and be started again apart from its peers (a separate process
+    #: at an address it can listen at again): workers and clients look for it again
+    #: (``*.scheduler-reconnect-timeout``); not under MPI (rank 0 ends the job) nor inproc
+    reconnectable: bool = False
     #: ``(scheduler_address, host) -> address`` a worker of that scheduler listens on by
     #: default; ``host`` is the worker's host name or address, when it was given one
     worker_listen_address: Callable[[str, str | None], str] = _listen_beside

@@ -128,4 +128,5 @@ def _service_host(server_address: str) -> str:
 
 
 BACKEND = Backend(connect=_connect, listen=_listen, needs_heartbeat=True, needs_secret=True,
+                  reconnectable=True,
                   worker_listen_address=_worker_listen_address, service_host=_service_host)

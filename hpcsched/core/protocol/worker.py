@@ -54,6 +54,9 @@ class RegisterWorker:
     keys: dict | None = wire(fc.optional(fc.dict_of(fc.count)), None,
                              doc="key -> nbytes of data it already holds")
     pid: int | None = wire(fc.optional(fc.count), None, doc="its process id")
+    running: list | None = wire(fc.optional(fc.keys), None, sparse=True,
+                                doc="tasks it is running (a worker that lost its scheduler "
+                                    "and registers again)")
 
 
 @message("registered", S2W, S2C)

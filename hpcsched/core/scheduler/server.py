@@ -53,6 +53,7 @@ from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
+from hpcsched.core.scheduler.journal import JOURNALED, Journal
 from hpcsched.core.scheduler.ops import INTERNAL
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import (
@@ -116,9 +117,23 @@ class Scheduler:
 
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
-                 dashboard_address: Any = ..., **state_kwargs: Any):
+                 dashboard_address: Any = ..., journal: str | None = None,
+                 **state_kwargs: Any):
         self.listen_address = address
         self.security = security
+        #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
+        self.journal = open_journal(config.get("scheduler.journal", journal))
+        if self.journal is not None and self.journal.meta.get("secret"):
+            # peers that outlived the scheduler prove the secret they had
+            self.security = dataclasses.replace(
+                security or Security(), secret=bytes.fromhex(self.journal.meta["secret"]))
+        # restored clients (by id) that have until then (monotonic) to come back
+        self._awaited_clients: dict[str, float] = {}
+        # after a restore: the workers the journal knew, not back yet; those back, given no
+        # work until all are (or until _hold_until, monotonic; 0: not holding)
+        self._awaited_workers: set[str] = set()
+        self._held_workers: list[str] = []
+        self._hold_until = 0.0
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = config.get("scheduler.worker-ttl")
@@ -180,8 +195,14 @@ class Scheduler:
     def start(self) -> Scheduler:
         """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
-        self._listener = registry.listen(self.listen_address, self._on_connect, self.security)
+        if self.journal is not None:
+            self.loop.call(self._restore)
+        self._listener = self._listen()
         self.address = self._listener.address
+        if self.journal is not None:
+            self.journal.set_meta({"address": self.address,
+                                   "secret": self.security.secret_hex() if self.security else ""})
+            self.journal.sync()
         # a client in this process (a notebook's, rank 0's) talks to us without sockets
         same_process = registry.backend_for(self.address).same_process
         self.inproc_address = self.address if same_process else self.add_listener("inproc://")
@@ -190,6 +211,70 @@ class Scheduler:
         logger.info("scheduler at %s", self.address)
         self.extensions.update(start_extensions(self))
         return self
+
+    def _listen(self) -> Any:
+        """Listen where the journal says this scheduler listened (its workers and clients
+        come back there), else (or if that address is taken) at ``listen_address``."""
+        journaled = self.journal.meta.get("address") if self.journal is not None else None
+        if journaled:
+            try:
+                return registry.listen(journaled, self._on_connect, self.security)
+            except OSError as e:
+                logger.warning("cannot listen at %s again (%s): listening at %s; peers find "
+                               "it in the scheduler file", journaled, e, self.listen_address)
+        return registry.listen(self.listen_address, self._on_connect, self.security)
+
+    def _restore(self) -> None:
+        """Rebuild the journal's graphs, clients and datasets (on the loop, before anyone
+        connects): its messages are handled as they were when they arrived."""
+        assert self.journal is not None
+        now = time.time()
+        grace = float(config.get("scheduler.journal-client-grace"))
+        for client in self.journal.clients:
+            self.handle_event(ev.AddClient(client, now=now,
+                                           stimulus_id=self._stimulus("restore-client")))
+            self._awaited_clients[client] = time.monotonic() + grace
+        for client, record in list(self.journal.restore_messages()):
+            self._table[type(record)](client, record)
+        self._outbox.clear()  # answers to clients not connected yet
+        self.journal.compact()
+        self._awaited_workers = set(self.journal.workers)
+        if self._awaited_workers:
+            self._hold_until = time.monotonic() + float(
+                config.get("scheduler.journal-worker-grace"))
+        if self._awaited_clients:
+            logger.info("restored %d tasks of %d clients from the journal %s",
+                        len(self.state.tasks), len(self._awaited_clients), self.journal.path)
+
+    def _release_workers(self) -> None:
+        """The workers the journal knew are back (or the grace is over): work goes out."""
+        self._hold_until = 0.0
+        now = time.time()
+        for peer in self._held_workers:
+            if peer in self.state.workers:
+                self.handle_event(ev.WorkerStatusChange(
+                    status="running", worker=peer, now=now,
+                    stimulus_id=self._stimulus("workers-back")))
+        logger.info("%d workers came back%s: giving out work", len(self._held_workers),
+                    f", {len(self._awaited_workers)} did not: {sorted(self._awaited_workers)}"
+                    if self._awaited_workers else "")
+        for address in self._awaited_workers:
+            if self.journal is not None:
+                self.journal.worker_left(address)
+        self._held_workers, self._awaited_workers = [], set()
+
+    def _expire_awaited_clients(self, now: float) -> None:
+        """Restored clients that did not come back in time want nothing any more."""
+        mono = time.monotonic()
+        for client, deadline in list(self._awaited_clients.items()):
+            if deadline <= mono:
+                del self._awaited_clients[client]
+                if client not in self._comms:
+                    logger.info("client %s did not come back: releasing its keys", client)
+                    self.handle_event(ev.RemoveClient(
+                        client, now=now, stimulus_id=self._stimulus("remove-client")))
+                    if self.journal is not None:
+                        self.journal.client_gone(client)
 
     @property
     def dashboard_link(self) -> str | None:
@@ -233,6 +318,8 @@ class Scheduler:
         except Exception:
             pass
         self.loop.stop(timeout=timeout)
+        if self.journal is not None:
+            self.journal.close()
         for comm in list(self._comms.values()):
             try:
                 comm.close()
@@ -289,6 +376,7 @@ class Scheduler:
         now = time.time()
         if isinstance(msg, pr.RegisterClient):
             self._comms[peer] = comm
+            self._awaited_clients.pop(peer, None)  # a restored client came back
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
             self._queue(peer, pr.Registered(self.address, self.id))
             comm.deliver_to(self.loop, peer, CLOSED)
@@ -306,7 +394,16 @@ class Scheduler:
             return False
         self._comms[peer] = comm
         self._worker_peers.add(peer)
+        if self._hold_until:  # no work until the others are back with what they hold
+            event = dataclasses.replace(event, paused=True)
+            self._held_workers.append(peer)
         self.handle_event(event)
+        if self.journal is not None:
+            self.journal.worker_joined(peer)
+        if self._hold_until:
+            self._awaited_workers.discard(peer)
+            if not self._awaited_workers:
+                self._release_workers()
         ws = self.state.workers[peer]
         # first in its batch, before the tasks the event gave it: the worker reads it first
         self._outbox.setdefault(peer, []).insert(0, pr.Registered(
@@ -331,6 +428,8 @@ class Scheduler:
                 info = self.state.workers[peer].info()
                 self.handle_event(ev.RemoveWorker(peer, reason, now=now,
                                                   stimulus_id=self._stimulus("remove-worker")))
+            if self.journal is not None:
+                self.journal.worker_left(peer)
             self.gathers.worker_left(peer)
             # the remove_worker hooks name the event that removed it (this one, or the
             # state's own: a retirement, a missed heartbeat)
@@ -339,6 +438,8 @@ class Scheduler:
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
             self.handle_event(ev.RemoveClient(peer, now=now, stimulus_id=self._stimulus("remove-client")))
+            if self.journal is not None:
+                self.journal.client_gone(peer)
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -370,10 +471,12 @@ class Scheduler:
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
         receive, table, stimulus = pr.receive, self._table, self._stimulus
+        journal = None
         if source in self._worker_peers:
             direction, context = pr.WORKER_TO_SCHEDULER, {"worker": source, "now": now}
         else:
             direction, context = pr.CLIENT_TO_SCHEDULER, {"client": source, "now": now}
+            journal = self.journal
         for msg in payload if isinstance(payload, list) else [payload]:
             record = None
             try:
@@ -384,6 +487,8 @@ class Scheduler:
                     raise pr.MalformedMessage(f"{type(record).__name__} is a peer's first "
                                               "message only") from None
                 handler(source, record)
+                if journal is not None and type(record) in JOURNALED:
+                    journal.append(source, record, msg)  # written before answers leave
             except Exception as e:
                 self._reject(source, record, e)
                 return  # the peer is gone: the rest of its batch goes with it
@@ -397,14 +502,18 @@ class Scheduler:
         else:
             reason = f"handling {type(record).__name__} failed: {type(error).__name__}: {error}"
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
+        notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
+        self._say_close(peer, notice)
+        self._disconnect(peer, reason)
+
+    def _say_close(self, peer: str, notice: Any) -> None:
+        """Send ``peer`` what is queued for it and ``notice``, now (it is disconnected next)."""
         comm = self._comms.get(peer)
         if comm is not None:
-            notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
             try:
                 comm.send(_wire(self._outbox.pop(peer, []) + [notice]))
             except (CommClosedError, OSError):
                 pass
-        self._disconnect(peer, reason)
 
     def _tick(self, now: float) -> None:
         if self._newcomers:
@@ -412,11 +521,17 @@ class Scheduler:
         self._release_held = True  # this iteration's flush sends what waited
         self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
         self.primitives.tick(now)
+        if self._awaited_clients:
+            self._expire_awaited_clients(now)
+        if self._hold_until and time.monotonic() >= self._hold_until:
+            self._release_workers()
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for
         if len(self._worker_peers) != len(self.state.workers):
             for peer in [p for p in self._worker_peers if p not in self.state.workers]:
+                # told so, it exits (a worker that only lost its connection reconnects)
+                self._say_close(peer, pr.Close("removed by the scheduler", 1))
                 self._disconnect(peer, "removed")
 
     def _stimulus(self, op: str) -> str:
@@ -450,6 +565,8 @@ class Scheduler:
         a tick) to ride along with the next message to that worker: releasing memory is
         not urgent, and on a busy node every message costs both ends a wake-up (a
         tree reduction sends one free-keys per task)."""
+        if self.journal is not None:
+            self.journal.sync()  # what clients are told below is in the journal first
         held = self._held
         release, self._release_held = self._release_held, False
         if release and held:
@@ -594,3 +711,11 @@ def default_host() -> str:
     except OSError:
         pass
     return os.environ.get("HPCSCHED_HOST", "127.0.0.1")
+
+
+def open_journal(path: str | None) -> Journal | None:
+    """The journal at ``path`` (None: none), with the configured fsync and compaction."""
+    if not path:
+        return None
+    return Journal(os.path.expanduser(str(path)), bool(config.get("scheduler.journal-fsync")),
+                   parse_bytes(config.get("scheduler.journal-compact-bytes")))

@@ -152,6 +152,8 @@ class AddWorker(Internal):
     resources: dict = field(default_factory=dict)
     keys: dict = field(default_factory=dict)  # key -> nbytes already held
     pid: int = 0
+    running: list = field(default_factory=list)  # tasks it is running (it registers again)
+    paused: bool = False  # given no new task until it runs (WorkerStatusChange)
 
 
 @dataclass(slots=True, frozen=True)

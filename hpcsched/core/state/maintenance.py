@@ -223,6 +223,10 @@ class Maintenance:
         self.registry.set_status(ws, e.status)
         if e.status == "running":
             self.placement.open_slots(ws)
+            # tasks that found no running worker (all were paused) may run here now
+            if self.placement.unrunnable:
+                self.graph.transitions([(ts, "processing")
+                                        for ts in list(self.placement.unrunnable)])
 
     # ================================================================ retirement
     @handlers.on(ev.RetireWorkers)

@@ -55,6 +55,8 @@ class WorkerEvents:
         ws = WorkerInfo(e.address, e.nthreads, e.memory_limit, e.name, e.host, e.resources,
                         e.pid, e.now)
         self.registry.add(ws)
+        if e.paused:
+            self.registry.set_status(ws, "paused")
         ws.heartbeat_interval = self.heartbeat_interval()  # the server tells it (registered)
         placement.push_free(ws)
         recs: list[Rec] = []
@@ -66,6 +68,12 @@ class WorkerEvents:
             graph.add_replica(ts, ws, nbytes)
             if ts.state != "memory":
                 recs += graph.to_memory(ts)
+        # a worker that registers again goes on with the tasks it is running: they are
+        # its, where they are ready to run (else they run where the scheduler decides)
+        for key in e.running:
+            ts = graph.tasks.get(key)
+            if ts is not None and ts.state in ("queued", "no-worker") and not ts.waiting_on:
+                graph.add_to_processing(ts, ws)
         # rootish status depends on total threads: recompute lazily
         for ts in list(placement.unrunnable):
             recs.append((ts, "processing"))

@@ -28,10 +28,12 @@ made by the client layer on first use with the worker's address and
 credentials, held here (:meth:`Worker.task_client`) and closed with the worker.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
-with a message naming the address it tried; one that loses its scheduler
-closes at once with :data:`EXIT_SCHEDULER_LOST`, whatever its tasks are doing
-(the CLI then leaves without waiting for task threads, so that a batch job
-ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
+with a message naming the address it tried. One that loses its scheduler
+unannounced keeps its tasks and results and looks for it again for
+``worker.scheduler-reconnect-timeout`` seconds (:mod:`.reconnect`); then, or at
+once if that is 0, it closes with :data:`EXIT_SCHEDULER_LOST`, whatever its
+tasks are doing (the CLI then leaves without waiting for task threads, so that
+a batch job ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
 the scheduler to retire it gracefully in time.
 
 Memory (:mod:`hpcsched.core.worker.memory`): with a ``memory_limit``, results live in
@@ -87,6 +89,7 @@ from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.peers import PeerTransfers
+from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
 from hpcsched.core.worker.telemetry import WorkerTelemetry
@@ -130,8 +133,13 @@ class Worker:
         memory_terminate_fraction: float | bool | None = None,
         on_memory_terminate: Any = None,
         restartable: bool = False,
+        scheduler_file: str | None = None,
+        scheduler_reconnect_timeout: float | None = None,
     ):
         self.scheduler_address = scheduler_address
+        #: where a restarted scheduler may write its new address (re-read to reconnect)
+        self.scheduler_file = scheduler_file
+        self._sent_inventory: dict = {}  # the keys our last registration said we hold
         # this worker's own directory for files (dask's local_directory); made on demand
         self.local_directory = local_directory
         if local_directory is not None:
@@ -142,6 +150,9 @@ class Worker:
         self.resources = dict(resources or {})
         self.security = security
         backend = registry.backend_for(scheduler_address)
+        self.reconnect_timeout = float(config.get("worker.scheduler-reconnect-timeout",
+                                                  scheduler_reconnect_timeout)) \
+            if backend.reconnectable else 0.0
         self.listen_address = listen_address or backend.worker_listen_address(
             scheduler_address, host)
         # the scheduler notices this worker died only by missing heartbeats (TCP): send them
@@ -213,14 +224,30 @@ class Worker:
                                  config.get("worker.transfer-incoming-count-limit"),
                                  data=self.spill_buffer)
         comm = self._connect_scheduler()
-        comm.send([encode(RegisterWorker(
-            self.address, self.nthreads, self.memory_limit, self.name or self.address,
-            self.host, self.resources, {}, os.getpid()))])
         try:
-            reply = comm.recv(timeout=self.death_timeout)
-        except (CommClosedError, TimeoutError) as e:
+            reply = self._register(comm, self.death_timeout, {})
+        except ConnectionError:
             comm.close()
             self._listener.stop()
+            raise
+        self._started = time.monotonic()
+        self._attach(comm, reply)
+        self.loop.start()
+        logger.info("worker %s (%s) connected to %s", self.address, self.name,
+                    self.scheduler_address)
+        return self
+
+    def _register(self, comm: Comm, timeout: float, keys: dict, running: list | None = None
+                  ) -> Any:
+        """Introduce this worker over ``comm``, holding ``keys`` (key -> nbytes) and
+        running ``running``; the scheduler's answer (``ConnectionError`` if it refused us
+        or did not answer)."""
+        comm.send([encode(RegisterWorker(
+            self.address, self.nthreads, self.memory_limit, self.name or self.address,
+            self.host, self.resources, keys, os.getpid(), running or None))])
+        try:
+            reply = comm.recv(timeout=timeout)
+        except (CommClosedError, TimeoutError) as e:
             raise ConnectionError(f"scheduler at {self.scheduler_address} did not answer our "
                                   f"registration: {e}") from e
         first = reply[0] if isinstance(reply, list) and reply else reply
@@ -229,22 +256,61 @@ class Worker:
         except MalformedMessage as e:
             answer = e
         if type(answer) is not Registered:
-            comm.close()
-            self._listener.stop()
             why = getattr(answer, "message", answer)  # RegisterError's, or what was wrong
             raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {why}")
+        return reply
+
+    def _attach(self, comm: Comm, reply: Any) -> None:
+        """Talk to the scheduler over ``comm``, which registered us (``reply``: its
+        answer, ``registered`` first)."""
         self._scheduler_comm = comm
-        self._started = time.monotonic()
+        answer = decode(SCHEDULER_TO_WORKER, reply[0] if isinstance(reply, list) else reply)
         if answer.heartbeat_interval:
             self._set_heartbeat_interval(answer.heartbeat_interval)
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"
             self.loop.put(("scheduler", reply[1:]))
-        self.loop.start()
         comm.deliver_to(self.loop, "scheduler", CLOSED)
-        logger.info("worker %s (%s) connected to %s", self.address, self.name,
-                    self.scheduler_address)
-        return self
+
+    # ================================================================ losing the scheduler
+    def _lose_scheduler(self) -> None:
+        """On the loop: the scheduler vanished; keep everything and look for it again."""
+        comm, self._scheduler_comm = self._scheduler_comm, None
+        if comm is not None:
+            comm.close()
+        logger.warning("worker %s lost its scheduler at %s: keeping its tasks and results, "
+                       "reconnecting for up to %ss", self.address, self.scheduler_address,
+                       self.reconnect_timeout)
+        Reconnect(self.scheduler_address, self.security, self.scheduler_file,
+                  self.reconnect_timeout, self._register_again, self._reattach,
+                  lambda why: self.close(why, EXIT_SCHEDULER_LOST), self._closed).start()
+
+    def _inventory(self) -> tuple[dict, list]:
+        """On the loop: the results this worker holds (key -> nbytes), the tasks it runs."""
+        state = self.state
+        assert state is not None
+        held = {k: max(ts.nbytes, 0) for k, ts in state.tasks.items() if ts.state == "memory"}
+        return held, [ts.key for ts in state.executing | state.long_running]
+
+    def _register_again(self, comm: Comm, timeout: float) -> Any:
+        keys, running = self.loop.call(self._inventory)
+        self._sent_inventory = keys
+        return self._register(comm, timeout, keys, running)
+
+    def _reattach(self, comm: Comm, address: str, reply: Any) -> None:
+        def attach() -> None:
+            if self._closed.is_set():
+                comm.close()
+                return
+            self.scheduler_address = address
+            # what waited for the scheduler: only the results that finished after the
+            # registration's inventory are news to it (that inventory said the rest)
+            sent = self._sent_inventory
+            self._outbox = [m for m in self._outbox
+                            if type(m) is ev.TaskFinished and m.key not in sent]
+            self._attach(comm, reply)
+
+        self.loop.call(attach)
 
     def _connect_scheduler(self) -> Comm:
         assert self._listener is not None  # start() opened it
@@ -325,6 +391,10 @@ class Worker:
         out: list = []
         for source, payload in items:
             if source == "scheduler":
+                if payload is CLOSED and not self._close_asked and self.reconnect_timeout > 0 \
+                        and not self._closed.is_set():
+                    self._lose_scheduler()
+                    continue
                 if payload is CLOSED:
                     # after a "close" it asked for, the scheduler's exit code stands
                     code = None if self._close_asked else EXIT_SCHEDULER_LOST

@@ -193,6 +193,55 @@ def test_tasks_before_any_worker_wait_and_start_when_one_joins():
     assert one(out, "compute-task", key="x").to == A
 
 
+def test_a_worker_registering_again_brings_its_results_and_keeps_its_running_tasks():
+    """A restarted scheduler (its graph rebuilt from the journal, no worker yet) and a
+    worker that outlived the old one: what it holds is in memory, what it runs stays its
+    own (no second run elsewhere), the rest is placed as usual.
+
+        x   y   z      (independent; the worker holds x and runs y)
+    """
+    s = new_state()
+    submit(s, graph(x=[], y=[], z=[]), keys=["x", "y", "z"])
+    assert {s.tasks[k].state for k in "xyz"} == {"no-worker"}
+    out = step(s, ev.AddWorker(A, 2, keys={"x": 80}, running=["y"]))
+    assert s.tasks["x"].state == "memory" and s.tasks["x"].nbytes == 80
+    assert one(out, "key-in-memory", key="x").to == "c"
+    assert processing_on(s, "y") == A
+    assert processing_on(s, "z") == A
+    assert not sent(out, "compute-task", key="x")
+    # y's result arrives as any task's does
+    finish(s, A, "y")
+    assert s.tasks["y"].state == "memory"
+
+
+def test_workers_held_after_a_restart_get_work_only_once_released():
+    """A restarted scheduler registers the workers coming back paused until all are back:
+    the first one back must not recompute what the second holds.
+
+        x   y      (independent; A holds x, B holds y)
+    """
+    s = new_state()
+    submit(s, graph(x=[], y=[]), keys=["x", "y"])
+    out = step(s, ev.AddWorker(A, 1, keys={"x": 8}, paused=True))
+    assert not sent(out, "compute-task")
+    assert s.tasks["y"].state == "no-worker"
+    out = step(s, ev.AddWorker(B, 1, keys={"y": 8}, paused=True))
+    assert s.tasks["y"].state == "memory" and not sent(out, "compute-task")
+    z = submit(s, graph(z=[]), keys=["z"])  # submitted meanwhile: it waits too
+    assert not sent(z, "compute-task")
+    out = step(s, ev.WorkerStatusChange(status="running", worker=A))
+    assert one(out, "compute-task", key="z").to == A
+
+
+def test_a_worker_registering_again_runs_nothing_twice_that_another_runs():
+    s = with_workers(B)
+    submit(s, graph(y=[]), keys=["y"])
+    assert processing_on(s, "y") == B
+    out = step(s, ev.AddWorker(A, 1, running=["y"]))  # it ran y for the old scheduler
+    assert processing_on(s, "y") == B  # placed already: whoever finishes first wins
+    assert not sent(out, "compute-task", key="y")
+
+
 # ---------------------------------------------------------------- errors
 def test_task_erred_errs_dependents_and_tells_the_client():
     s = with_workers(A, B)

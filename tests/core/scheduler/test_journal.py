@@ -1,0 +1,141 @@
+"""The scheduler's journal as a file: records survive a reopen, a torn last record is
+ignored, compaction keeps the file bounded by the live state, another version is refused
+with an error naming it. (The restart of a real scheduler: tests/launchers/test_restart.py.)
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+
+from hpcsched.core.protocol import messages as pr
+from hpcsched.core.scheduler.journal import (
+    HEADER,
+    MAGIC,
+    VERSION,
+    Journal,
+    JournalError,
+    read_records,
+)
+
+
+def graph(*keys: str, deps: dict | None = None, client: str = "c") -> pr.UpdateGraph:
+    deps = deps or {}
+    return pr.UpdateGraph(client, {k: {"run_spec": (b"f" * 20, b"args", False),
+                                       "deps": deps.get(k, [])} for k in keys}, list(keys))
+
+
+def release(*keys: str, client: str = "c") -> pr.ClientReleasesKeys:
+    return pr.ClientReleasesKeys(client, list(keys))
+
+
+@pytest.mark.timeout(30)
+def test_records_survive_a_reopen_and_restore_rebuilds_what_clients_want(tmp_path):
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    j.set_meta({"address": "tcp://127.0.0.1:9999", "secret": "ab"})
+    j.append("c1", graph("x", "y", deps={"y": ["x"]}, client="c1"))
+    j.append("c1", release("x", client="c1"))  # y still needs x: x stays
+    j.append("c2", graph("z", client="c2"))
+    j.append("c2", release("z", client="c2"))  # nobody needs z: it goes
+    j.sync()
+    j.close()
+    again = Journal(path)
+    assert again.restored and again.meta["address"] == "tcp://127.0.0.1:9999"
+    assert again.live_keys() == {"x", "y"}
+    msgs = list(again.restore_messages())
+    kinds = [(client, type(r)) for client, r in msgs]
+    assert kinds[0][1] is pr.UpdateGraph and set(msgs[0][1].tasks) == {"x", "y"}
+    assert ("c1", pr.ClientDesiresKeys) in kinds and all(c != "c2" for c, _ in kinds)
+    desire = next(r for c, r in msgs if c == "c1")
+    assert desire.keys == ["y"] and desire.client == "c1"
+    assert kinds[-1][1] is pr.ClientReleasesKeys  # the restore lets go of what it held
+    again.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_torn_last_record_is_ignored_and_cut_before_the_next_append(tmp_path):
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    j.append("c", graph("a"))
+    j.append("c", graph("b"))
+    j.sync()
+    j.close()
+    whole = os.path.getsize(path)
+    records, end = read_records(path)
+    assert len(records) == 2 and end == whole
+    with open(path, "r+b") as f:  # the process died in the middle of the second record
+        f.truncate(whole - 7)
+    records, end = read_records(path)
+    assert len(records) == 1 and end < whole - 7
+    j = Journal(path)
+    assert j.live_keys() == {"a"}
+    j.append("c", graph("c"))
+    j.sync()
+    j.close()
+    assert Journal(path).live_keys() == {"a", "c"}  # the torn bytes did not break what follows
+
+
+@pytest.mark.timeout(30)
+def test_a_corrupt_record_ends_the_journal_there(tmp_path):
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    j.append("c", graph("a"))
+    j.append("c", graph("b"))
+    j.close()
+    with open(path, "r+b") as f:  # flip a byte of the last record's payload
+        f.seek(-3, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-3, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert Journal(path).live_keys() == {"a"}
+
+
+@pytest.mark.timeout(120)
+def test_100000_submissions_with_compaction_keep_the_file_bounded(tmp_path):
+    path = str(tmp_path / "j")
+    limit = 256 * 1024
+    j = Journal(path, compact_bytes=limit)
+    kept = []
+    largest = 0
+    for i in range(100_000):
+        key = f"inc-{i}"
+        j.append("c", graph(key))
+        if i % 1000 == 0:
+            kept.append(key)  # one in a thousand stays wanted
+        else:
+            j.append("c", release(key))
+        if i % 10 == 0:
+            j.sync()  # a turn of the scheduler's loop
+            largest = max(largest, os.path.getsize(path))
+    j.sync()
+    assert j.compactions > 10
+    # bounded: the threshold, plus at most one turn's records beyond it
+    assert largest < limit + 4096, largest
+    assert os.path.getsize(path) < limit + 4096
+    j.close()
+    assert Journal(path).live_keys() == set(kept)
+    assert not os.path.exists(path + ".compact")
+
+
+@pytest.mark.timeout(30)
+def test_another_version_is_refused_with_an_error_naming_it(tmp_path):
+    path = str(tmp_path / "j")
+    with open(path, "wb") as f:
+        f.write(HEADER.pack(MAGIC, VERSION + 1))
+    with pytest.raises(JournalError, match=f"version {VERSION + 1}.*reads version {VERSION}"):
+        Journal(path)
+    other = str(tmp_path / "not-a-journal")
+    with open(other, "wb") as f:
+        f.write(struct.pack("<16sI", b"something else!!", 1))
+    with pytest.raises(JournalError, match="not an hpcsched journal"):
+        Journal(other)
+
+
+@pytest.mark.timeout(30)
+def test_the_journal_is_private_to_its_user(tmp_path):
+    path = str(tmp_path / "j")
+    Journal(path).close()  # it holds the cluster's secret and the users' code
+    assert os.stat(path).st_mode & 0o077 == 0

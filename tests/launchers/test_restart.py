@@ -1,0 +1,177 @@
+"""A scheduler that dies and comes back, with real processes, as a user on a login node
+runs them: ``hpcsched scheduler --journal J`` SIGKILLed in the middle of a graph and started
+again with the same command; worker processes that keep their results; the client that
+submitted the graph, which reconnects. And a scheduler that never comes back: its workers
+do not outlive it by more than their reconnect timeout.
+
+Each task appends a byte to a file of its own, so the files count executions. Every process
+a test starts is killed in ``finally`` (the ``procs`` fixture).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hpcsched import Client
+from hpcsched.core import config
+from tests.conftest import wait_until
+from tests.launchers.test_cli import WORKER_OPTS, hpcsched_cmd, procs  # noqa: F401
+
+N = 4000
+
+
+def counted(i: int, directory: str) -> int:
+    """``i * 2``, after a short piece of work; appends one byte to ``directory/i`` per run."""
+    t = time.perf_counter() + 0.004
+    while time.perf_counter() < t:
+        pass
+    fd = os.open(os.path.join(directory, str(i)), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.write(fd, b"x")
+    finally:
+        os.close(fd)
+    return i * 2
+
+
+def runs(directory: Path) -> dict[int, int]:
+    return {int(p.name): p.stat().st_size for p in directory.iterdir()}
+
+
+def scheduler_cmd(sfile: Path, journal: Path) -> list[str]:
+    return [*hpcsched_cmd(), "scheduler", "--host", "127.0.0.1", "--port", "0",
+            "--scheduler-file", str(sfile), "--journal", str(journal)]
+
+
+NO_DASHBOARD = {"HPCSCHED_SCHEDULER__EXTENSIONS": "[]"}
+
+
+@pytest.mark.timeout(240)
+def test_a_killed_scheduler_restarted_with_its_journal_finishes_the_graph(procs, tmp_path):  # noqa: F811
+    sfile, journal, done = tmp_path / "scheduler.json", tmp_path / "journal", tmp_path / "runs"
+    done.mkdir()
+    sched = procs.start(scheduler_cmd(sfile, journal), "scheduler-1", env=NO_DASHBOARD)
+    wait_until(lambda: sfile.exists() or sched.poll() is not None, timeout=30,
+               what="the scheduler file")
+    first_address = sfile.read_text()
+    for i in range(2):
+        procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile),
+                     "--scheduler-reconnect-timeout", "120", *WORKER_OPTS], f"worker-{i}")
+    with config.set({"client.scheduler-reconnect-timeout": 120}):
+        client = Client(str(sfile), set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=30)
+        futures = client.map(counted, range(N), directory=str(done))
+        client.publish_dataset(first=futures[:10])
+        wait_until(lambda: len(list(done.iterdir())) >= N // 2, timeout=120,
+                   what="half the tasks done")
+        sched.send_signal(signal.SIGKILL)
+        sched.wait(10)
+        before = runs(done)
+        assert len(before) < N, "the graph finished before the scheduler was killed"
+        # the same command again
+        sched = procs.start(scheduler_cmd(sfile, journal), "scheduler-2", env=NO_DASHBOARD)
+        restarted = time.monotonic()
+        results = client.gather(futures, timeout=30)
+        took = time.monotonic() - restarted
+        assert results == [2 * i for i in range(N)]
+        assert took < 30, took
+        assert sfile.read_text() == first_address  # same address, same secret
+        after = runs(done)
+        assert len(after) == N
+        # what workers held (everything that ran before the kill, and what their running
+        # tasks finished while the scheduler was away) was not run again
+        rerun = sorted(k for k, n in after.items() if n > 1)
+        assert not rerun, f"{len(rerun)} tasks ran again: {rerun[:10]}"
+        # a new client (a restarted notebook) finds what was published
+        with Client(str(sfile), set_as_default=False) as other:
+            assert other.gather(other.get_dataset("first"), timeout=30) == \
+                [2 * i for i in range(10)]
+        assert runs(done) == after  # ... without recomputing it
+        # each future was delivered once: one result each, in the right order
+        assert len(results) == N and all(f.status == "finished" for f in futures)
+    finally:
+        client.close(timeout=2)
+    sched.terminate()
+    assert sched.wait(30) == 0
+
+
+@pytest.mark.timeout(120)
+def test_workers_of_a_scheduler_that_never_returns_exit_after_their_reconnect_timeout(procs, tmp_path):  # noqa: F811
+    sfile, journal = tmp_path / "scheduler.json", tmp_path / "journal"
+    sched = procs.start(scheduler_cmd(sfile, journal), "scheduler", env=NO_DASHBOARD)
+    wait_until(lambda: sfile.exists() or sched.poll() is not None, timeout=30,
+               what="the scheduler file")
+    timeout = 3.0
+    workers = [procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                            str(sfile), "--scheduler-reconnect-timeout", str(timeout),
+                            *WORKER_OPTS], f"worker-{i}") for i in range(2)]
+    with config.set({"client.scheduler-reconnect-timeout": timeout}):
+        client = Client(str(sfile), set_as_default=False)
+    try:
+        client.wait_for_workers(2, timeout=30)
+        fut = client.submit(time.sleep, 600, pure=False)
+        sched.send_signal(signal.SIGKILL)
+        sched.wait(10)
+        killed = time.monotonic()
+        for w in workers:
+            code = w.wait(timeout + 10)
+            assert code != 0, "a worker whose scheduler vanished must not claim success"
+        assert time.monotonic() - killed < timeout + 10
+        # the client gives up too, naming the setting
+        with pytest.raises(ConnectionError, match="scheduler-reconnect-timeout"):
+            fut.result(timeout=timeout + 20)
+    finally:
+        client.close(timeout=1)
+
+
+NOTEBOOK = """
+import sys, time
+from hpcsched import Client, LocalCluster
+from tests.launchers.test_restart import counted
+cluster = LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=0,
+                       dashboard_address=None, scheduler_journal=sys.argv[1])
+client = Client(cluster)
+futures = client.map(counted, range(20), directory=sys.argv[2])  # held, as in a notebook
+print(sum(client.gather(futures)), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_notebook_restarted_with_its_journal_gets_its_results_without_recomputing(procs, tmp_path):  # noqa: F811
+    """A notebook kernel holding a LocalCluster dies (SIGKILL); the worker process it
+    started keeps its results; a new kernel makes a LocalCluster with the same journal and
+    submits the same pure calls: the results come from that worker, nothing runs again."""
+    from hpcsched import LocalCluster
+
+    journal, done = tmp_path / "journal", tmp_path / "runs"
+    done.mkdir()
+    kernel = procs.start([sys.executable, "-c", NOTEBOOK, str(journal), str(done)], "kernel")
+    wait_until(lambda: "380" in procs.log("kernel") or kernel.poll() is not None, timeout=60,
+               what="the first kernel's results")
+    assert kernel.poll() is None, procs.log("kernel")
+    worker = next(p for p in psutil.Process(kernel.pid).children()
+                  if "worker" in " ".join(p.cmdline()))
+    try:
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(10)
+        assert worker.is_running()
+        with LocalCluster(n_workers=0, dashboard_address=None,
+                          scheduler_journal=str(journal)) as cluster, \
+                Client(cluster, set_as_default=False) as client:
+            cluster.wait_for_workers(1, timeout=30)  # the old kernel's worker, come back
+            again = client.gather(client.map(counted, range(20), directory=str(done)),
+                                  timeout=30)
+            assert again == [2 * i for i in range(20)]
+            assert runs(done) == {i: 1 for i in range(20)}
+        worker.wait(30)  # closed with the cluster that adopted it
+    finally:
+        if worker.is_running():
+            worker.kill()
