@@ -81,8 +81,9 @@ DEFAULTS: dict[str, Any] = {
     "worker.blas-threads": 1,
     "worker.transfer-incoming-count-limit": 4,
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
-    # seconds a worker whose scheduler vanished keeps its tasks and results and tries to
-    # reconnect (a journaled scheduler restarts); then it exits. 0: it exits at once
+    # seconds a worker whose journaled scheduler vanished keeps its tasks and results and
+    # tries to reconnect (the scheduler restarts with its journal); then it exits. 0, or a
+    # scheduler without a journal: it exits at once
     "worker.scheduler-reconnect-timeout": 300.0,
     "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends
     "worker.walltime-stagger": 30.0,  # spread of retirements between workers of one job
@@ -108,8 +109,8 @@ DEFAULTS: dict[str, Any] = {
     # clients
     "client.heartbeat-interval": 5.0,  # seconds of silence from the scheduler before a ping
     "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost
-    # seconds a client whose scheduler vanished keeps its futures pending and tries to
-    # reconnect; then they err. 0: they err at once
+    # seconds a client whose journaled scheduler vanished keeps its futures pending and
+    # tries to reconnect; then they err. 0, or a scheduler without a journal: at once
     "client.scheduler-reconnect-timeout": 300.0,
     # transport
     "comm.timeouts.connect": 30.0,

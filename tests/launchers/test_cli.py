@@ -81,9 +81,9 @@ def hpcsched_cmd() -> list[str]:
     return [HPCSCHED] if HPCSCHED else [sys.executable, "-m", "hpcsched"]
 
 
-def start_scheduler(procs: Procs, sfile: Path) -> subprocess.Popen:
+def start_scheduler(procs: Procs, sfile: Path, *options: str) -> subprocess.Popen:
     p = procs.start([*hpcsched_cmd(), "scheduler", "--host", "127.0.0.1", "--port", "0",
-                     "--scheduler-file", str(sfile)], "scheduler")
+                     "--scheduler-file", str(sfile), *options], "scheduler")
     wait_until(lambda: sfile.exists() or p.poll() is not None, timeout=30,
                what="the scheduler file")
     assert p.poll() is None, procs.log("scheduler")

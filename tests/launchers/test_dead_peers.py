@@ -35,11 +35,12 @@ def executing(client: Client) -> int:
 
 @pytest.mark.timeout(120)
 def test_a_worker_busy_in_a_task_exits_when_its_scheduler_is_killed(procs, tmp_path):  # noqa: F811
+    """A scheduler without a journal does not come back: its worker and its client do not
+    wait for it (the reconnect timeouts, 300 s by default, are for journaled schedulers)."""
     sfile = tmp_path / "scheduler.json"
     sched = start_scheduler(procs, sfile)
     worker = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
-                          str(sfile), "--death-timeout", "10",
-                          "--scheduler-reconnect-timeout", "3", *WORKER_OPTS], "worker")
+                          str(sfile), "--death-timeout", "10", *WORKER_OPTS], "worker")
     client = Client(str(sfile), set_as_default=False)
     try:
         client.wait_for_workers(1, timeout=30)
@@ -47,11 +48,30 @@ def test_a_worker_busy_in_a_task_exits_when_its_scheduler_is_killed(procs, tmp_p
         wait_until(lambda: executing(client) == 1, timeout=30, what="the task running")
         sched.kill()
         sched.wait(10)
-        code = worker.wait(30)  # past its reconnect timeout, whatever the task is doing
+        code = worker.wait(30)  # at once, whatever the task is doing
         assert code != 0, "a worker whose scheduler vanished must not claim success"
-        del fut
+        with pytest.raises(Exception) as info:
+            fut.result(timeout=30)
+        assert not isinstance(info.value, TimeoutError), info.value
     finally:
         client.close(timeout=1)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_of_a_journaled_scheduler_waits_for_it_then_exits(procs, tmp_path):  # noqa: F811
+    sfile = tmp_path / "scheduler.json"
+    sched = start_scheduler(procs, sfile, "--journal", str(tmp_path / "journal"))
+    worker = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                          str(sfile), "--death-timeout", "10",
+                          "--scheduler-reconnect-timeout", "3", *WORKER_OPTS], "worker")
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=30)
+    sched.kill()
+    sched.wait(10)
+    gone = time.monotonic()
+    code = worker.wait(30)  # past its reconnect timeout
+    assert time.monotonic() - gone >= 2.5, "it exited without waiting for its scheduler"
+    assert code != 0, "a worker whose scheduler vanished must not claim success"
 
 
 @pytest.mark.timeout(120)

@@ -257,7 +257,10 @@ class Client:
 
     @handlers.on(pc.Registered)
     def _on_registered(self, msg: pc.Registered) -> None:
-        pass  # the scheduler's answer to the registration: nothing to do
+        # only a scheduler with a journal comes back with our futures: for any other, a
+        # lost connection is a lost scheduler, reported at once
+        if not msg.journaled:
+            self.scheduler_comm.reconnect_timeout = 0.0
 
     @handlers.on(pc.SchedulerClosing)
     def _on_scheduler_closing(self, msg: pc.SchedulerClosing) -> None:

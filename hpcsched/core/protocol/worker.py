@@ -69,6 +69,9 @@ class Registered:
     heartbeat_interval: float | None = wire(fc.optional(fc.number), None, sparse=True,
                                             doc="seconds between a worker's heartbeats "
                                                 "(it grows with the cluster)")
+    journaled: bool = wire(fc.boolean, False, sparse=True,
+                           doc="the scheduler keeps a journal: if it vanishes, it may come "
+                               "back (wait for it) rather than be gone (exit)")
 
 
 @message("heartbeat-interval", S2W)

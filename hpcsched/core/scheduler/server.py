@@ -378,7 +378,8 @@ class Scheduler:
             self._comms[peer] = comm
             self._awaited_clients.pop(peer, None)  # a restored client came back
             self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
-            self._queue(peer, pr.Registered(self.address, self.id))
+            self._queue(peer, pr.Registered(self.address, self.id,
+                                            journaled=self.journal is not None))
             comm.deliver_to(self.loop, peer, CLOSED)
             return True
         name = msg.name or peer
@@ -407,7 +408,7 @@ class Scheduler:
         ws = self.state.workers[peer]
         # first in its batch, before the tasks the event gave it: the worker reads it first
         self._outbox.setdefault(peer, []).insert(0, pr.Registered(
-            self.address, self.id, ws.heartbeat_interval))
+            self.address, self.id, ws.heartbeat_interval, self.journal is not None))
         comm.deliver_to(self.loop, peer, CLOSED)
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, ws.info())

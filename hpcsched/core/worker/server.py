@@ -153,6 +153,7 @@ class Worker:
         self.reconnect_timeout = float(config.get("worker.scheduler-reconnect-timeout",
                                                   scheduler_reconnect_timeout)) \
             if backend.reconnectable else 0.0
+        self.scheduler_journaled = False  # from the scheduler's answer to our registration
         self.listen_address = listen_address or backend.worker_listen_address(
             scheduler_address, host)
         # the scheduler notices this worker died only by missing heartbeats (TCP): send them
@@ -267,6 +268,9 @@ class Worker:
         answer = decode(SCHEDULER_TO_WORKER, reply[0] if isinstance(reply, list) else reply)
         if answer.heartbeat_interval:
             self._set_heartbeat_interval(answer.heartbeat_interval)
+        # only a scheduler with a journal comes back with what it knew: waiting for any
+        # other would keep this worker (and its batch job) alive for nothing
+        self.scheduler_journaled = answer.journaled
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"
             self.loop.put(("scheduler", reply[1:]))
@@ -392,7 +396,7 @@ class Worker:
         for source, payload in items:
             if source == "scheduler":
                 if payload is CLOSED and not self._close_asked and self.reconnect_timeout > 0 \
-                        and not self._closed.is_set():
+                        and self.scheduler_journaled and not self._closed.is_set():
                     self._lose_scheduler()
                     continue
                 if payload is CLOSED:
