@@ -36,8 +36,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -582,15 +580,3 @@ class Scheduler:
         """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
-
-
-def default_host() -> str:
-    """An address of this machine other hosts can reach (falls back to 127.0.0.1)."""
-    try:
-        host = socket.gethostname()
-        ip = socket.gethostbyname(host)
-        if not ip.startswith("127."):
-            return ip
-    except OSError:
-        pass
-    return os.environ.get("HPCSCHED_HOST", "127.0.0.1")
