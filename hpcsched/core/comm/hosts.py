@@ -63,6 +63,12 @@ def describe_interfaces(interfaces: Mapping[str, Sequence[str]] | None = None) -
                      if addrs) or "(none with an IPv4 address)"
 
 
+def routable_addresses(interfaces: Mapping[str, Sequence[str]] | None = None) -> list[str]:
+    """Every address of this host another host could reach (more than one: a choice)."""
+    ifaces = up_interfaces() if interfaces is None else interfaces
+    return [a for name in sorted(ifaces) for a in ifaces[name] if reachable(a)]
+
+
 def reachable(ip: str) -> bool:
     """Whether another host could reach ``ip``: not loopback, link-local or unspecified."""
     try:

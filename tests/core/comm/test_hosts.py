@@ -41,6 +41,7 @@ def test_routable_address_prefers_the_route_towards_the_peer():
                                   ) == "10.77.0.11"
     assert hosts.routable_address(probe=lambda t: None, interfaces={"lo": ["127.0.0.1"]}) is None
     assert hosts.describe_interfaces(LOGIN) == "eth0 192.0.2.2, hsbr0 10.77.0.1, lo 127.0.0.1"
+    assert hosts.routable_addresses(LOGIN) == ["192.0.2.2", "10.77.0.1"]
 
 
 @pytest.mark.timeout(10)
