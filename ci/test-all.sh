@@ -25,8 +25,10 @@ export HPCSCHED_REQUIRE_MPI=1
 
 started=()
 nodes_made=0
+slurm_nodes=0
 cleanup() {
     for s in "${started[@]}"; do bash "ci/batch/stop-$s.sh" >/dev/null 2>&1 || true; done
+    [ "$slurm_nodes" = 1 ] && bash ci/nodes/stop-slurm-nodes.sh >/dev/null 2>&1
     [ "$nodes_made" = 1 ] && bash ci/nodes/stop-nodes.sh >/dev/null 2>&1
     true
 }
@@ -69,6 +71,15 @@ if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ] && [ "${HPCSCHED_SKIP_NODES:-
         echo "!! could not make the nodes: the tests across nodes will fail" >&2
     fi
     export HPCSCHED_REQUIRE_NODES=1
+    # SLURM over the nodes (its own slurmctld, beside the localhost one), for SLURMCluster
+    # jobs on three nodes; where the localhost SLURM runs (root on Debian)
+    if [[ ",$HPCSCHED_REQUIRE_BATCH," == *,slurm,* ]]; then
+        echo "== starting SLURM over the nodes (ci/nodes/start-slurm-nodes.sh)"
+        slurm_nodes=1  # stopped at exit by its pid files, also when half started
+        bash ci/nodes/start-slurm-nodes.sh 3 \
+            || echo "!! could not start SLURM over the nodes: its tests will fail" >&2
+        export HPCSCHED_REQUIRE_BATCH="$HPCSCHED_REQUIRE_BATCH,slurm-nodes"
+    fi
 elif [ "${CI:-}" = true ] && [ "${HPCSCHED_SKIP_NODES:-0}" != 1 ]; then
     echo "!! CI=true but not root on Linux: the tests across nodes will fail" >&2
     export HPCSCHED_REQUIRE_NODES=1

@@ -620,7 +620,7 @@ class JobQueueCluster(Cluster):
         name = type(self).__name__
         return (f"{jobs} job{'s' * (jobs > 1)} running for {seconds:.0f} s, and no worker "
                 f"connected: the workers cannot reach the scheduler at "
-                f"{self.scheduler_address} (the address tried: {self.address_choice.how}). "
+                f"{self.scheduler_address} (chosen as {self.address_choice.how}). "
                 f"Job {job.job_id}'s log ({job.log_file}) says: {line.strip()}\n"
                 f"This host's interfaces: {describe_interfaces()}. If the compute nodes reach "
                 f"this host on another network, name its interface: {name}(..., "

@@ -560,5 +560,5 @@ def test_workers_that_cannot_connect_are_reported_within_the_connect_timeout(bat
     assert "cannot reach the scheduler at tcp://127.0.0.1:9" in msg
     assert "This host's interfaces: " in msg and "lo 127.0.0.1" in msg
     assert "scheduler_options={'interface': '<name>'}" in msg
-    assert "the address tried: " in msg
+    assert "(chosen as " in msg
     assert "cannot reach the scheduler" in repr(c)

@@ -1,20 +1,12 @@
 """Across nodes: ``hpcsched scheduler`` on the login side, ``hpcsched worker`` on compute nodes.
 
-The nodes are Linux network namespaces made by ``ci/nodes/start-nodes.sh`` (root only):
-each has its own address (10.77.0.1<i>) and hostname; the login side reaches them on
-hsbr0 (10.77.0.1) and has a second network, hsbr1 (10.78.0.1), that they cannot reach.
-A worker runs on a node through ``ci/nodes/on-node.sh``; the nodes share this host's
-file system, so a scheduler file works as on a cluster's shared file system.
-
-These tests skip, saying how to make the nodes, unless ``HPCSCHED_REQUIRE_NODES=1``
-(``ci/test-all.sh`` sets it when it made them, and under ``CI=true``): then they fail.
+The nodes are network namespaces (:mod:`tests.nodes`, ``ci/nodes/start-nodes.sh``); a
+worker runs on one through ``ci/nodes/on-node.sh``. The nodes share this host's file
+system, so a scheduler file works as on a cluster's shared file system.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,40 +16,14 @@ import pytest
 from hpcsched.core.client.client import Client, read_scheduler_file
 from tests.conftest import wait_until
 from tests.launchers.test_cli import WORKER_OPTS, Procs, hpcsched_cmd
+from tests.nodes import LOGIN, ON_NODE, UNREACHABLE, missing_nodes, require
 
-ROOT = Path(__file__).resolve().parents[2]
-ON_NODE = str(ROOT / "ci" / "nodes" / "on-node.sh")
 NODES = 2  # of the 3 ci/test-all.sh makes, these tests use two
-LOGIN, UNREACHABLE = "10.77.0.1", "10.78.0.1"
-
-
-def _missing() -> str | None:
-    """None when the nodes are there, else what is missing."""
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux's"
-    if os.geteuid() != 0:
-        return "making and entering network namespaces needs root"
-    if shutil.which("ip") is None or shutil.which("unshare") is None:
-        return "ip (iproute2) or unshare (util-linux) is missing"
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                           timeout=30).stdout.split()
-    missing = [f"hsn{i}" for i in range(1, NODES + 1) if f"hsn{i}" not in names]
-    for link in ("hsbr0", "hsbr1"):
-        if subprocess.run(["ip", "link", "show", link], capture_output=True,
-                          timeout=30).returncode != 0:
-            missing.append(link)
-    return f"{', '.join(missing)} missing" if missing else None
 
 
 @pytest.fixture(scope="module")
 def nodes() -> None:
-    why = _missing()
-    if why is None:
-        return
-    msg = f"no emulated nodes ({why}); make them with: sudo bash ci/nodes/start-nodes.sh 3"
-    if os.environ.get("HPCSCHED_REQUIRE_NODES") == "1":
-        pytest.fail(f"HPCSCHED_REQUIRE_NODES=1 but {msg}")
-    pytest.skip(msg)
+    require(missing_nodes(NODES), "sudo bash ci/nodes/start-nodes.sh 3")
 
 
 @pytest.fixture
