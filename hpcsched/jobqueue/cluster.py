@@ -51,7 +51,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import hpcsched.jobqueue.cleanup as cleanup
 import hpcsched.jobqueue.runner as runner
@@ -64,6 +64,9 @@ from hpcsched.jobqueue.job import Job, JobState, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
+
+if TYPE_CHECKING:
+    from hpcsched.launchers.adaptive import Adaptive
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
@@ -339,7 +342,11 @@ class JobQueueCluster(Cluster):
     # ------------------------------------------------------------ scaling
     def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
               cores: int | None = None) -> None:
-        """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``."""
+        """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``.
+
+        Asking for more than are queued submits at once, whatever the backoff of failed
+        submissions said, and raises the batch system's error if that submission fails.
+        """
         p = self.system.params
         if jobs is None:
             if n is not None:
@@ -374,14 +381,18 @@ class JobQueueCluster(Cluster):
             self._target_jobs = max(jobs, self._target_jobs)
         self._adjust()
 
-    def adapt(self, *args: Any, **kwargs: Any) -> Any:
-        """Scale with the load, as :meth:`hpcsched.launchers.cluster.Cluster.adapt`.
+    def adapt(self, minimum: int = 0, maximum: float = math.inf,
+              minimum_jobs: int | None = None, maximum_jobs: int | None = None,
+              **kwargs: Any) -> Adaptive:
+        """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
 
-        It also ends a pause of failing submissions: the user asks again.
+        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
+        :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
+        submissions: the user asks again.
         """
         with self._lock:
             self._resume_submissions("adapt()")
-        return super().adapt(*args, **kwargs)
+        return super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
 
     def _resume_submissions(self, why: str) -> None:
         if self.backoff.failing:
@@ -560,7 +571,7 @@ class JobQueueCluster(Cluster):
                     ended.append(job)
             for job in ended:
                 self._job_ended(job)
-            self._check_silent_jobs(time.time())
+        self._check_silent_jobs(time.time())
         if ended or self.unreachable:
             self._wake.set()
         stuck = [j for j in ended if self.system.stuck_in_queue(j.native_state)]
@@ -587,34 +598,40 @@ class JobQueueCluster(Cluster):
     def _check_silent_jobs(self, now: float) -> None:
         """Report jobs running ``jobqueue.connect-timeout`` s with no worker connected.
 
-        What their logs say is logged; when that is "cannot reach the scheduler",
-        :attr:`unreachable` says why. Caller holds the lock.
+        What their logs say is logged once per job; when that is "cannot reach the
+        scheduler", :attr:`unreachable` says why (until a worker connects). The logs are
+        read without holding the lock: a shared file system may be slow.
         """
-        silent = [j for j in self.jobs.values()
-                  if j.state is JobState.RUNNING and not j.workers_seen and not j.cancel_requested
-                  and j.running_since is not None
-                  and now - j.running_since >= self._connect_timeout]
+        with self._lock:
+            if self.unreachable:
+                return
+            silent = [j for j in self.jobs.values()
+                      if j.state is JobState.RUNNING and not j.workers_seen
+                      and not j.cancel_requested and j.running_since is not None
+                      and now - j.running_since >= self._connect_timeout]
         if not silent:
             return
-        said = {}
+        said = []
         for job in silent:
             text = read_tail(job.log_file, clean=self.system.job_output)
             found = UNREACHABLE.findall(text)
-            said[job.job_id] = (job, found[-1] if found else "", text)
-        cannot = [(job, line) for job, line, _ in said.values() if line]
-        if cannot and not self.unreachable:
-            job, line = cannot[0]
-            self.unreachable = self._unreachable_message(len(silent), now - min(
-                j.running_since or now for j in silent), job, line)
-            self._note(logging.ERROR, "%s", self.unreachable)
-            self._event(self.unreachable)
-        for job, _, text in said.values():
-            if not job.silence_reported and not self.unreachable:
-                job.silence_reported = True
-                self._note(logging.WARNING, "batch job %s (%s) has run for %.0f s and none of "
-                           "its workers has connected to %s yet; tail of %s:\n%s", job.job_id,
-                           job.name, now - (job.running_since or now), self.scheduler_address,
-                           job.log_file, text)
+            said.append((job, found[-1] if found else "", text))
+        with self._lock:
+            cannot = [(job, line) for job, line, _ in said if line and not job.workers_seen]
+            if cannot and not self.unreachable:
+                job, line = cannot[0]
+                since = min(j.running_since or now for j in silent)
+                self.unreachable = self._unreachable_message(len(silent), now - since, job, line)
+                self._note(logging.ERROR, "%s", self.unreachable)
+                self._event(self.unreachable)
+                return
+            for job, _, text in said:
+                if not job.silence_reported and not job.workers_seen:
+                    job.silence_reported = True
+                    self._note(logging.WARNING, "batch job %s (%s) has run for %.0f s and none "
+                               "of its workers has connected to %s yet; tail of %s:\n%s",
+                               job.job_id, job.name, now - (job.running_since or now),
+                               self.scheduler_address, job.log_file, text)
 
     def _unreachable_message(self, jobs: int, seconds: float, job: Job, line: str) -> str:
         name = type(self).__name__
