@@ -524,6 +524,8 @@ def test_adapt_with_a_submission_that_always_fails_backs_off_and_pauses(batch):
     events = [what for _, topic, what in list(c.scheduler.state.recorder.events)
               if topic == "jobqueue"]
     assert len(events) == 4 and all("submission failed" in e for e in events), events
+    # adaptive asked for the same growth all along: one entry, not one a second
+    assert [d.action for d in adaptive.log].count("up") == 1, list(map(str, adaptive.log))
     # the user asks again: one submission at once, failing again
     adaptive.stop()
     with pytest.raises(BatchCommandError):
