@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # test-all.sh - install hpcsched with its test dependencies, start the batch
 # systems the tests use (SLURM and Grid Engine on localhost, when run as root
-# on Debian), check the code (ruff, mypy, the Sphinx API reference with warnings as
+# on Debian) and three emulated compute nodes (network namespaces, ci/nodes/, as
+# root on Linux), check the code (ruff, mypy, the Sphinx API reference with warnings as
 # errors, the sdist and the wheel in a clean virtual environment), run the whole test suite,
-# and stop the daemons it started.
+# and stop the daemons and remove the nodes it started.
 #
 # This is the README Quickstart's last command; .ci/run runs it as the Quickstart does, in
 # a fresh virtual environment (run with another interpreter: PYTHON=... bash ci/test-all.sh).
@@ -23,8 +24,13 @@ command -v pyenv >/dev/null 2>&1 && pyenv rehash 2>/dev/null
 export HPCSCHED_REQUIRE_MPI=1
 
 started=()
+nodes_made=0
+slurm_nodes=0
 cleanup() {
     for s in "${started[@]}"; do bash "ci/batch/stop-$s.sh" >/dev/null 2>&1 || true; done
+    [ "$slurm_nodes" = 1 ] && bash ci/nodes/stop-slurm-nodes.sh >/dev/null 2>&1
+    [ "$nodes_made" = 1 ] && bash ci/nodes/stop-nodes.sh >/dev/null 2>&1
+    true
 }
 trap cleanup EXIT
 
@@ -52,6 +58,34 @@ else
     echo "== not root on Debian (or HPCSCHED_SKIP_BATCH=1): SLURM/SGE tests will be skipped"
 fi
 export HPCSCHED_REQUIRE_BATCH=$(IFS=,; echo "${require[*]:-}")
+
+# a cluster in a box: compute nodes as network namespaces (ci/nodes/start-nodes.sh) for the
+# tests across nodes; required (never skipped) when made here and under CI=true
+if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ] && [ "${HPCSCHED_SKIP_NODES:-0}" != 1 ]; then
+    echo "== making 3 emulated nodes (ci/nodes/start-nodes.sh)"
+    if ip link show hsbr0 >/dev/null 2>&1; then
+        echo "== nodes already there: using them, leaving them"
+    elif bash ci/nodes/start-nodes.sh 3; then
+        nodes_made=1
+    else
+        echo "!! could not make the nodes: the tests across nodes will fail" >&2
+    fi
+    export HPCSCHED_REQUIRE_NODES=1
+    # SLURM over the nodes (its own slurmctld, beside the localhost one), for SLURMCluster
+    # jobs on three nodes; where the localhost SLURM runs (root on Debian)
+    if [[ ",$HPCSCHED_REQUIRE_BATCH," == *,slurm,* ]]; then
+        echo "== starting SLURM over the nodes (ci/nodes/start-slurm-nodes.sh)"
+        slurm_nodes=1  # stopped at exit by its pid files, also when half started
+        bash ci/nodes/start-slurm-nodes.sh 3 \
+            || echo "!! could not start SLURM over the nodes: its tests will fail" >&2
+        export HPCSCHED_REQUIRE_BATCH="$HPCSCHED_REQUIRE_BATCH,slurm-nodes"
+    fi
+elif [ "${CI:-}" = true ] && [ "${HPCSCHED_SKIP_NODES:-0}" != 1 ]; then
+    echo "!! CI=true but not root on Linux: the tests across nodes will fail" >&2
+    export HPCSCHED_REQUIRE_NODES=1
+else
+    echo "== not root on Linux (or HPCSCHED_SKIP_NODES=1): tests across nodes will be skipped"
+fi
 
 # the dashboard's browser tests drive Debian's headless Chromium (tests/diagnostics/browser.py)
 if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BROWSER:-0}" != 1 ]; then

@@ -145,6 +145,13 @@ DEFAULTS: dict[str, Any] = {
     # batch systems
     "jobqueue.command-timeout": 30.0,
     "jobqueue.poll-interval": 2.0,
+    # seconds jobs may run with no worker connected before the cluster says why
+    "jobqueue.connect-timeout": 20.0,
+    # after the n-th failed submission (or job dead before a worker connected) in a row,
+    # wait the n-th delay (the last repeats); pause after so many (jobqueue/submissions.py)
+    "jobqueue.submit-retry-delays": ["60s", "15m", "30m"],
+    "jobqueue.submit-pause-after": 10,
+    "jobqueue.dead-jobs-pause-after": 3,
 }
 
 _lock = threading.RLock()

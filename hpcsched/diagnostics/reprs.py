@@ -61,6 +61,10 @@ def cluster_html(cluster: Any) -> str:
     summary = getattr(cluster, "job_summary", None)
     if callable(summary):
         rows.append(("Jobs", escape(summary())))
+    problems = getattr(cluster, "problems", None)
+    if callable(problems):
+        rows += [("Problem", f'<span style="color:#b3261e">{escape(p)}</span>')
+                 for p in problems()]
     return _table(type(cluster).__name__, rows)
 
 

@@ -20,6 +20,7 @@ _exports = {
     "LSFCluster": "hpcsched.jobqueue.lsf",
     "JobQueueCluster": "hpcsched.jobqueue.cluster",
     "JobFailedError": "hpcsched.jobqueue.cluster",
+    "SchedulerUnreachableError": "hpcsched.jobqueue.cluster",
     "JobState": "hpcsched.jobqueue.job",
     "Job": "hpcsched.jobqueue.job",
     "BatchCommandError": "hpcsched.jobqueue.runner",
@@ -40,6 +41,7 @@ __all__ = [
     "PBSCluster",
     "SGECluster",
     "SLURMCluster",
+    "SchedulerUnreachableError",
     "launch_command",
 ]
 
@@ -48,7 +50,11 @@ __all__ = [
 # keeps _exports, __all__ and these imports equal. Without a __getattr__ in their view, a
 # misspelt name is an error to them rather than Any.
 if TYPE_CHECKING:
-    from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster
+    from hpcsched.jobqueue.cluster import (
+        JobFailedError,
+        JobQueueCluster,
+        SchedulerUnreachableError,
+    )
     from hpcsched.jobqueue.job import Job, JobState
     from hpcsched.jobqueue.launch import launch_command
     from hpcsched.jobqueue.lsf import LSFCluster

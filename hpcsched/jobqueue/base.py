@@ -280,9 +280,11 @@ class BatchSystem:
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------ commands
-    def _run(self, cmd: list[str], input: str | None = None) -> str:  # noqa: A002
+    def _run(self, cmd: list[str], input: str | None = None,  # noqa: A002
+             timeout: float | None = None) -> str:
         run = self.run_command or runner.run_command
-        return run(cmd, timeout=float(config.get("jobqueue.command-timeout")), input=input)
+        return run(cmd, timeout=float(config.get("jobqueue.command-timeout", timeout)),
+                   input=input)
 
     def has_command(self, executable: str) -> bool:
         """Is an (optional) command such as ``sacct`` available? (Always, for a test runner.)"""
@@ -344,6 +346,14 @@ class BatchSystem:
                     errors.append(e)
         if errors:
             raise errors[0]
+
+    def node_addresses(self) -> list[str]:
+        """Hook: addresses of the compute nodes the jobs may run on ([]: unknown).
+
+        The cluster names the address this host reaches them from
+        (:mod:`hpcsched.launchers.address`). A failure only means "unknown".
+        """
+        return []
 
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         """Hook: the cancel failed only because the job no longer exists."""

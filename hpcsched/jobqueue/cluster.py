@@ -21,8 +21,16 @@ The cluster owns what is the same on every batch system; the per-system adapter
   name (job name, or job name + ``-<k>``).
 * **Failures are reported, not waited for.** A job that ends before any of its
   workers connected is logged with the tail of its log file, kept in
-  ``cluster.failed_jobs``, not resubmitted until the next ``scale()``, and makes
-  ``wait_for_workers`` raise :class:`JobFailedError`.
+  ``cluster.failed_jobs``, and makes ``wait_for_workers`` raise
+  :class:`JobFailedError`. Jobs that run for ``jobqueue.connect-timeout`` seconds
+  while none of their workers connects are reported with what their logs say; when
+  the logs say the scheduler is out of reach, :class:`SchedulerUnreachableError`
+  names the address tried, how it was chosen and this host's interfaces.
+* **Failing submissions back off** (:mod:`hpcsched.jobqueue.submissions`): after
+  failed submissions or jobs that died before a worker connected, the next
+  submission waits (60 s, 15 min, 30 min by default) and after many in a row the
+  cluster stops submitting until ``scale()`` or ``adapt()`` is called again. The last
+  error is in the cluster's repr and the scheduler's events (topic ``jobqueue``).
 * **Scaling** counts whole jobs: ``scale(n=workers)`` asks for ``ceil(n /
   processes)`` jobs. Extra jobs are cancelled pending ones first; running ones
   have their workers retired gracefully first. Jobs whose workers retired at
@@ -36,23 +44,29 @@ import collections
 import logging
 import math
 import os
+import re
 import secrets
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import hpcsched.jobqueue.cleanup as cleanup
 import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
+from hpcsched.core.comm.hosts import describe_interfaces, routable_addresses
 from hpcsched.core.comm.scheduler_file import write_secret_file
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
-from hpcsched.launchers.address import scheduler_host
+from hpcsched.jobqueue.submissions import SubmissionBackoff
+from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
+
+if TYPE_CHECKING:
+    from hpcsched.launchers.adaptive import Adaptive
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
@@ -63,6 +77,14 @@ GONE_AFTER = 5.0  # seconds without status or accounting record before a job cou
 
 class JobFailedError(RuntimeError):
     """A batch job ended before its workers connected."""
+
+
+class SchedulerUnreachableError(ConnectionError):
+    """Jobs run, but their workers' logs say they cannot reach the scheduler."""
+
+
+#: what a worker logs when it cannot connect (core/worker/server.py, _connect_scheduler)
+UNREACHABLE = re.compile(r"(?:cannot|could not) reach the scheduler at .*")
 
 
 def read_tail(path: str, lines: int = LOG_TAIL_LINES,
@@ -121,6 +143,10 @@ class JobQueueCluster(Cluster):
             raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
                             "subclass (dask-jobqueue's Job classes do not apply)")
         self.system = system_class(**kwargs)
+        self.backoff = SubmissionBackoff.from_config()
+        self._connect_timeout = float(config.get("jobqueue.connect-timeout"))
+        #: why the workers cannot reach the scheduler ("" while nothing says so)
+        self.unreachable = ""
         p = self.system.params
         self.name = name or type(self).__name__
         self.workers_per_unit = p["processes"]
@@ -131,7 +157,13 @@ class JobQueueCluster(Cluster):
         if opts.get("protocol") not in (None, "tcp", "tcp://"):
             raise ValueError(f"scheduler_options['protocol']={opts['protocol']!r}: the scheduler "
                              "of a batch cluster speaks tcp://")
-        host = scheduler_host(opts.get("interface") or p["interface"], opts.get("host"))
+        interface, host = opts.get("interface") or p["interface"], opts.get("host")
+        # the compute nodes' addresses matter only when this host has several networks
+        # (a login node): ask the batch system then only, it may take seconds to answer
+        ask = not (interface or host) and len(routable_addresses()) > 1
+        self.address_choice = choose_scheduler_host(
+            interface, host, self.system.node_addresses() if ask else ())
+        host = self.address_choice.host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         if security is True or security is None:
@@ -310,7 +342,11 @@ class JobQueueCluster(Cluster):
     # ------------------------------------------------------------ scaling
     def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
               cores: int | None = None) -> None:
-        """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``."""
+        """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``.
+
+        Asking for more than are queued submits at once, whatever the backoff of failed
+        submissions said, and raises the batch system's error if that submission fails.
+        """
         p = self.system.params
         if jobs is None:
             if n is not None:
@@ -328,15 +364,41 @@ class JobQueueCluster(Cluster):
                 raise RuntimeError(f"{type(self).__name__} is closed")
             self._target_jobs = jobs
             self._failed_since_scale = 0
-        self._adjust()
+            if jobs > sum(1 for j in self.jobs.values() if j.active):
+                self._resume_submissions("scale()")  # asked for more: try at once
+        self._adjust(raise_errors=True)
 
     def scale_up(self, n: int, **kwargs: Any) -> None:
-        """Bring the number of workers up to ``n`` (whole jobs); never lowers the target."""
+        """Bring the number of workers up to ``n`` (whole jobs); never lowers the target.
+
+        Adaptive calls this every second: unlike :meth:`scale`, it keeps to the backoff
+        of failing submissions.
+        """
         jobs = math.ceil(n / self.system.params["processes"])
         with self._lock:
-            if jobs <= self._target_jobs:
-                return
-        self.scale(jobs=jobs)
+            if self._closed:
+                raise RuntimeError(f"{type(self).__name__} is closed")
+            self._target_jobs = max(jobs, self._target_jobs)
+        self._adjust()
+
+    def adapt(self, minimum: int = 0, maximum: float = math.inf,
+              minimum_jobs: int | None = None, maximum_jobs: int | None = None,
+              **kwargs: Any) -> Adaptive:
+        """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
+
+        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
+        :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
+        submissions: the user asks again.
+        """
+        with self._lock:
+            self._resume_submissions("adapt()")
+        return super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
+
+    def _resume_submissions(self, why: str) -> None:
+        if self.backoff.failing:
+            self._note(logging.INFO, "%s: submitting again after %s", why,
+                       self.backoff.describe(time.time()))
+        self.backoff.reset()
 
     def scale_down(self, workers: list[str]) -> None:
         """Retire and cancel the jobs of these worker addresses (or names): whole jobs."""
@@ -365,15 +427,37 @@ class JobQueueCluster(Cluster):
         self._finalizer_jobs()  # cancels live jobs, removes the secret, closes the scheduler
         cleanup.unregister(self._finalizer_jobs)
 
-    def _adjust(self) -> None:
+    def _adjust(self, raise_errors: bool = False) -> None:
+        """Submit or cancel jobs to meet the target.
+
+        A failed submission is noted and shown (:meth:`problems`, the scheduler's events)
+        and raised only for ``raise_errors`` (the user's own ``scale()``): adaptive and
+        the poll thread retry on the backoff's schedule.
+        """
         with self._lock:
             if self._closed:
                 return
             self._drain_events()
             active = [j for j in self.jobs.values() if j.active]
-            deficit = self._target_jobs - len(active) - self._failed_since_scale
+            deficit = self._target_jobs - len(active)
             if deficit > 0:
-                self._submit(deficit)
+                now = time.time()
+                if not self.backoff.may_submit(now):
+                    return  # failing submissions wait (jobqueue/submissions.py)
+                try:
+                    self._submit(deficit)
+                except runner.BatchCommandError as e:
+                    self.backoff.failed(now, str(e))
+                    self._note(logging.ERROR, "submission failed: %s", self.backoff.describe(now))
+                    self._event(f"submission failed: {self.backoff.describe(now)}")
+                    if raise_errors:
+                        raise
+                    return
+                if self.backoff.failures:
+                    self._note(logging.INFO, "submission succeeded after %d failed",
+                               self.backoff.failures)
+                    self._event("submission succeeded: submitting as usual again")
+                self.backoff.submitted(now)
                 return
             excess = len(active) - self._target_jobs
             if excess <= 0:
@@ -411,8 +495,16 @@ class JobQueueCluster(Cluster):
                 continue
             owner = self._job_of_worker(name)
             if owner is not None:
-                owner.workers[address] = name
-                owner.workers_seen.add(name)
+                self._connected(owner, address, name)
+
+    def _connected(self, job: Job, address: str, name: str) -> None:
+        """A worker of ``job`` is connected; caller holds the lock."""
+        job.workers[address] = name
+        job.workers_seen.add(name)
+        self.backoff.worker_connected()
+        if self.unreachable:
+            self._note(logging.INFO, "worker %s connected: the scheduler is reachable", name)
+            self.unreachable = ""
 
     def unit_of(self, worker_name: str) -> str:
         """The job a worker belongs to (Adaptive retires the workers of one job together)."""
@@ -437,8 +529,7 @@ class JobQueueCluster(Cluster):
                 name = str(winfo.get("name", ""))
                 owner = self._job_of_worker(name)
                 if owner is not None:
-                    owner.workers[address] = name
-                    owner.workers_seen.add(name)
+                    self._connected(owner, address, name)
 
     def poll(self) -> None:
         """Update every live job's state with one status command (the poll thread calls this)."""
@@ -447,6 +538,7 @@ class JobQueueCluster(Cluster):
             self._drain_events()
             ids = [j.job_id for j in self.jobs.values() if not j.ended]
         if not ids:
+            self._adjust()  # submissions that failed are retried when the backoff allows
             return
         statuses = self.system.status(ids)
         ended: list[Job] = []
@@ -471,19 +563,21 @@ class JobQueueCluster(Cluster):
                     if state is JobState.FAILED and job.cancel_requested:
                         state = JobState.CANCELLED  # killed by our own cancel
                     job.state, job.native_state, job.exit_code = state, status.native, status.exit_code
+                    if state is JobState.RUNNING and job.running_since is None:
+                        job.running_since = time.time()
                 if job.ended and job.end_time is None:
                     job.end_time = time.time()
                     self._live_ids.discard(job_id)
                     ended.append(job)
             for job in ended:
                 self._job_ended(job)
-        if ended:
+        self._check_silent_jobs(time.time())
+        if ended or self.unreachable:
             self._wake.set()
         stuck = [j for j in ended if self.system.stuck_in_queue(j.native_state)]
         if stuck:  # SGE's Eqw: failed, yet it would sit in the queue forever
             self._cancel(stuck, retire=False)
-        if ended:
-            self._adjust()
+        self._adjust()  # replaces ended jobs; failed submissions retry when the backoff allows
 
     def _job_ended(self, job: Job) -> None:
         if job.cancel_requested:
@@ -495,7 +589,67 @@ class JobQueueCluster(Cluster):
             return
         self.failed_jobs.append(job)
         self._failed_since_scale += 1
-        self._note(logging.ERROR, "%s", self._failure_message(job))
+        message = self._failure_message(job)
+        self.backoff.job_died(time.time(), message)
+        self._note(logging.ERROR, "%s", message)
+        self._event(f"job {job.job_id} ended before a worker connected; "
+                    f"{self.backoff.describe(time.time())}")
+
+    def _check_silent_jobs(self, now: float) -> None:
+        """Report jobs running ``jobqueue.connect-timeout`` s with no worker connected.
+
+        What their logs say is logged once per job; when that is "cannot reach the
+        scheduler", :attr:`unreachable` says why (until a worker connects). The logs are
+        read without holding the lock: a shared file system may be slow.
+        """
+        with self._lock:
+            if self.unreachable:
+                return
+            silent = [j for j in self.jobs.values()
+                      if j.state is JobState.RUNNING and not j.workers_seen
+                      and not j.cancel_requested and j.running_since is not None
+                      and now - j.running_since >= self._connect_timeout]
+        if not silent:
+            return
+        said = []
+        for job in silent:
+            text = read_tail(job.log_file, clean=self.system.job_output)
+            found = UNREACHABLE.findall(text)
+            said.append((job, found[-1] if found else "", text))
+        with self._lock:
+            cannot = [(job, line) for job, line, _ in said if line and not job.workers_seen]
+            if cannot and not self.unreachable:
+                job, line = cannot[0]
+                since = min(j.running_since or now for j in silent)
+                self.unreachable = self._unreachable_message(len(silent), now - since, job, line)
+                self._note(logging.ERROR, "%s", self.unreachable)
+                self._event(self.unreachable)
+                return
+            for job, _, text in said:
+                if not job.silence_reported and not job.workers_seen:
+                    job.silence_reported = True
+                    self._note(logging.WARNING, "batch job %s (%s) has run for %.0f s and none "
+                               "of its workers has connected to %s yet; tail of %s:\n%s",
+                               job.job_id, job.name, now - (job.running_since or now),
+                               self.scheduler_address, job.log_file, text)
+
+    def _unreachable_message(self, jobs: int, seconds: float, job: Job, line: str) -> str:
+        name = type(self).__name__
+        return (f"{jobs} job{'s' * (jobs > 1)} running for {seconds:.0f} s, and no worker "
+                f"connected: the workers cannot reach the scheduler at "
+                f"{self.scheduler_address} (chosen as {self.address_choice.how}). "
+                f"Job {job.job_id}'s log ({job.log_file}) says: {line.strip()}\n"
+                f"This host's interfaces: {describe_interfaces()}. If the compute nodes reach "
+                f"this host on another network, name its interface: {name}(..., "
+                f"scheduler_options={{'interface': '<name>'}}) (interface='<name>' sets the "
+                f"workers' interface too), or its address: scheduler_options={{'host': "
+                f"'<address>'}}.")
+
+    def _event(self, text: str) -> None:
+        """Show ``text`` in the scheduler's events (dashboard, performance reports)."""
+        recorder = getattr(getattr(self.scheduler, "state", None), "recorder", None)
+        if recorder is not None:
+            recorder.event("jobqueue", text, time.time())  # a deque append: thread-safe
 
     def _failure_message(self, job: Job) -> str:
         how = "vanished from the queue" if job.gone and not job.state.terminal else \
@@ -522,16 +676,29 @@ class JobQueueCluster(Cluster):
                     return
                 if len(self.failed_jobs) > seen_failures:
                     raise JobFailedError(self._failure_message(self.failed_jobs[-1]))
+                if self.unreachable:
+                    raise SchedulerUnreachableError(self.unreachable)
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{connected} of {n} workers connected after {timeout:g} s; "
-                                   f"jobs: {self.job_summary()}")
+                                   f"jobs: {self.job_summary()}{self._silent_log()}")
             if time.monotonic() - said >= WAIT_REPORT_EVERY:
                 said = time.monotonic()
                 print(f"waiting for workers: {connected} of {n} connected; jobs: "
                       f"{self.job_summary()}", file=sys.stderr, flush=True)
             self._wake.wait(min(left, 0.5))
             self._wake.clear()
+
+    def _silent_log(self) -> str:
+        """The tail of the log of a running job none of whose workers connected, if any."""
+        with self._lock:
+            silent = [j for j in self.jobs.values()
+                      if j.state is JobState.RUNNING and not j.workers_seen]
+        if not silent:
+            return ""
+        job = silent[0]
+        return (f"; no worker of running job {job.job_id} connected to {self.scheduler_address}"
+                f"; tail of {job.log_file}:\n{read_tail(job.log_file, clean=self.system.job_output)}")
 
     def job_summary(self) -> str:
         """The jobs counted by state, e.g. ``"2 running, 1 pending"`` (``"none"``)."""
@@ -542,9 +709,23 @@ class JobQueueCluster(Cluster):
                 counts[key] = counts.get(key, 0) + 1
         return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
 
+    def problems(self) -> list[str]:
+        """What keeps this cluster from getting workers, one line each.
+
+        Failing submissions, workers that cannot connect; the repr and the notebook
+        widget show them.
+        """
+        out = []
+        if getattr(self, "backoff", None) is not None and self.backoff.failing:
+            out.append(self.backoff.describe(time.time()))
+        if getattr(self, "unreachable", ""):
+            out.append(self.unreachable.splitlines()[0])
+        return out
+
     def __repr__(self) -> str:
+        problems = "".join(f"; {p}" for p in self.problems())
         return (f"<{type(self).__name__} {getattr(self, 'scheduler_address', '?')} "
-                f"jobs: {self.job_summary() if hasattr(self, 'jobs') else '?'}>")
+                f"jobs: {self.job_summary() if hasattr(self, 'jobs') else '?'}{problems}>")
 
     # ------------------------------------------------------------ close
     def close(self, timeout: float = 10) -> None:

@@ -50,6 +50,8 @@ class Job:
     workers: dict[str, str] = field(default_factory=dict)  # connected: address -> worker name
     workers_seen: set[str] = field(default_factory=set)  # names that ever connected
     end_time: float | None = None
+    running_since: float | None = None  # when a poll first saw it running
+    silence_reported: bool = False  # its workers' silence was logged once
 
     @property
     def ended(self) -> bool:

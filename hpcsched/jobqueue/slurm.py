@@ -14,6 +14,7 @@ It submits with ``sbatch --parsable``, cancels with ``scancel`` and asks ``squeu
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -23,6 +24,9 @@ import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
+
+logger = logging.getLogger(__name__)
+NODE_QUERY_TIMEOUT = 5.0  # seconds: an optional question, asked before the cluster starts
 
 P, R = JobState.PENDING, JobState.RUNNING
 
@@ -140,6 +144,18 @@ class SLURMSystem(BatchSystem):
     @override
     def query_ids(self, job_ids: list[str]) -> list[str]:
         return list(dict.fromkeys(j.split("_", 1)[0] for j in job_ids))
+
+    @override
+    def node_addresses(self) -> list[str]:
+        # the NodeAddr of each node of the job's partition (the default one without queue=)
+        queue = self.params["queue"]
+        cmd = ["sinfo", "-h", "-N", "-o", "%o", *(["-p", queue] if queue else [])]
+        try:
+            out = self._run(cmd, timeout=NODE_QUERY_TIMEOUT)
+        except runner.BatchCommandError as e:
+            logger.debug("%s failed (%s): compute nodes' addresses unknown", " ".join(cmd), e)
+            return []
+        return list(dict.fromkeys(line.strip() for line in out.splitlines() if line.strip()))
 
     @override
     def status_command(self, job_ids: list[str]) -> list[str]:

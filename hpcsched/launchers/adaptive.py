@@ -238,8 +238,10 @@ class Adaptive:
 
     def _record(self, rec: Recommendation, snap: Snapshot, error: str) -> None:
         signature = (rec.action, rec.kind, rec.target, rec.retire)
-        if rec.action == "none" and signature == self._last_logged and not error:
-            return  # the same no-op as last time: keep the history short and telling
+        if rec.action in ("none", "up") and signature == self._last_logged and not error:
+            # the same no-op as last time, or the same growth the cluster could not carry
+            # out yet (its submissions back off): keep the history and the events telling
+            return
         self._last_logged = signature
         d = Decision(snap.now or time.time(), rec.action, rec.target, rec.reason, rec.retire,
                      error, rec.kind)

@@ -330,11 +330,18 @@ def _judge(procs: list[subprocess.Popen], k: int, start: Any, stopping: threadin
 
 
 def scheduler_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="hpcsched scheduler", description="Start a scheduler.")
+    p = argparse.ArgumentParser(
+        prog="hpcsched scheduler", description="Start a scheduler.",
+        epilog="Without --host or --interface it listens on every interface and names, in "
+               "the scheduler file, the source address of this host's default route (else the "
+               "first address of an interface that is up): the address other nodes reach it "
+               "at, as dask's `dask scheduler` does. On a login node whose compute nodes reach "
+               "another network, name it: --interface ib0.")
     p.add_argument("--version", action="version", version=version_text())
-    p.add_argument("--host", default=None)
+    p.add_argument("--host", default=None, help="listen on, and name, this address only")
     p.add_argument("--port", type=int, default=8786)
-    p.add_argument("--interface", default=None, help="network interface to listen on")
+    p.add_argument("--interface", default=None,
+                   help="listen on, and name, this network interface's address (e.g. ib0)")
     p.add_argument("--scheduler-file", default=None)
     p.add_argument("--journal", default=None,
                    help="journal file: restarted with it, the scheduler takes up its graphs, "
@@ -344,16 +351,22 @@ def scheduler_main(argv: list[str]) -> int:
     _setup_logging(args.log_level)
     from hpcsched.core.client.client import write_scheduler_file
     from hpcsched.core.comm.base import Security
-    from hpcsched.core.scheduler.server import Scheduler, default_host
+    from hpcsched.core.comm.tcp_comm import format_hostport
+    from hpcsched.core.scheduler.server import Scheduler
 
     host = args.host
     if args.interface:
         from hpcsched.launchers.address import interface_address
 
-        host = interface_address(args.interface)
-    host = host or default_host()
+        try:
+            host = interface_address(args.interface)
+        except ValueError as e:
+            p.error(f"--interface: {e}")
+    # every interface: the listener names the routable address (core/comm/hosts.py)
+    host = host or "0.0.0.0"
     security = Security.from_environment() or Security.generate()
-    sched = Scheduler(f"tcp://{host}:{args.port}", security, journal=args.journal).start()
+    sched = Scheduler(f"tcp://{format_hostport(host, args.port)}", security,
+                      journal=args.journal).start()
     if args.scheduler_file:  # the journal's secret, when it had one
         write_scheduler_file(args.scheduler_file, sched.address, sched.security)
     print(f"hpcsched scheduler at {sched.address}", file=sys.stderr, flush=True)

@@ -16,6 +16,7 @@ import warnings
 import pytest
 
 from hpcsched.core import config
+from hpcsched.core.comm import hosts
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.lsf import LSFCluster
 from hpcsched.jobqueue.pbs import PBSCluster
@@ -108,8 +109,8 @@ def test_forward_ip_and_routable_default(Cluster):
 
 
 def test_loopback_only_is_an_error_unless_asked_for(Cluster, monkeypatch):
-    monkeypatch.setattr(address, "_probe_route", lambda target="": None)
-    monkeypatch.setattr(address, "_up_interfaces", lambda: {"lo": ["127.0.0.1"]})
+    monkeypatch.setattr(address, "route_source", lambda target: None)
+    monkeypatch.setattr(hosts, "up_interfaces", lambda: {"lo": ["127.0.0.1"]})
     with pytest.raises(address.NoRoutableAddress, match="interface='lo'"):
         Cluster(cores=1, memory="1GB")
     with Cluster(cores=1, memory="1GB", interface="lo") as c:  # the user says so

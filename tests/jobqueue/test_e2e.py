@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster
+from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster, SchedulerUnreachableError
 from hpcsched.jobqueue.job import JobState
 from hpcsched.jobqueue.lsf import LSFCluster
 from hpcsched.jobqueue.pbs import PBSCluster
@@ -476,3 +476,91 @@ def test_pbs_cluster_over_the_torque_wrappers(batch):
     c.scale(0)
     batch.assert_queue_empty(ids)
     assert not c.failed_jobs
+
+
+class CountingRunner:
+    """The real batch commands, with the time of each submission recorded."""
+
+    def __init__(self, submit: str):
+        from hpcsched.jobqueue import runner
+
+        self.submit, self.run, self.times = submit, runner.run_command, []
+
+    def __call__(self, cmd, **kwargs):
+        if os.path.basename(cmd[0]) == self.submit:
+            self.times.append(time.monotonic())
+        return self.run(cmd, **kwargs)
+
+
+BACKOFF = {"jobqueue.submit-retry-delays": ["1s", "2s"], "jobqueue.submit-pause-after": 4,
+           "jobqueue.dead-jobs-pause-after": 2}
+
+
+@pytest.mark.timeout(90)
+def test_adapt_with_a_submission_that_always_fails_backs_off_and_pauses(batch):
+    """``adapt()`` against a queue that does not exist: submissions 1 s, then 2 s apart
+    (a short schedule; the default's figures are in test_submissions.py), none after
+    the fourth, the error in the repr, the widget and the scheduler's events."""
+    with config.set(BACKOFF):
+        c = batch.cluster(queue="nosuchpartition")
+    counter = CountingRunner(c.system.submit_command[0])
+    c.system.run_command = counter
+    adaptive = c.adapt(minimum=1, maximum=3, interval=0.2)
+    wait_for(lambda: c.backoff.paused, 30, "submissions to pause")
+    paused_at = time.monotonic()
+    times = list(counter.times)
+    assert len(times) == 4, times
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert gaps[0] >= 0.9 and gaps[1] >= 1.8 and gaps[2] >= 1.8, gaps
+    # adaptive keeps asking every 0.2 s; nothing is submitted while paused
+    wait_for(lambda: time.monotonic() - paused_at > 3 and adaptive.log, 10, "3 s of pause")
+    assert len(counter.times) == 4 and c.jobs == {}
+    error = c.backoff.last_error.strip().splitlines()[-1]
+    assert "exit status" in c.backoff.last_error and error
+    assert "4 failed submissions in a row (submissions paused" in repr(c)
+    assert error in repr(c)
+    html = c._repr_html_()
+    assert "Problem" in html and "submissions paused" in html
+    events = [what for _, topic, what in list(c.scheduler.state.recorder.events)
+              if topic == "jobqueue"]
+    assert len(events) == 4 and all("submission failed" in e for e in events), events
+    # adaptive asked for the same growth all along: one entry, not one a second
+    assert [d.action for d in adaptive.log].count("up") == 1, list(map(str, adaptive.log))
+    # the user asks again: one submission at once, failing again
+    adaptive.stop()
+    with pytest.raises(BatchCommandError):
+        c.scale(jobs=1)
+    assert len(counter.times) == 5 and c.backoff.failures == 1 and not c.backoff.paused
+
+
+@pytest.mark.timeout(120)
+def test_adapt_with_jobs_that_die_before_a_worker_connects_pauses(batch):
+    with config.set(BACKOFF):
+        c = batch.cluster(job_script_prologue=["echo 'no python here' >&2", "exit 3"])
+    c.adapt(minimum=1, maximum=1, interval=0.2)
+    wait_for(lambda: c.backoff.paused, 90, "submissions to pause after 2 dead jobs")
+    batch.record(c)
+    assert len(c.failed_jobs) == 2 and len(c.jobs) == 2
+    assert "2 jobs ended before a worker connected in a row" in repr(c)
+    assert "no python here" in c.backoff.last_error
+    time.sleep(3 * config.get("jobqueue.poll-interval"))  # adaptive keeps asking: no job
+    assert len(c.jobs) == 2
+
+
+@pytest.mark.timeout(90)
+def test_workers_that_cannot_connect_are_reported_within_the_connect_timeout(batch):
+    with config.set({"jobqueue.connect-timeout": 3}):
+        c = batch.cluster(death_timeout=60)
+    c.scheduler_address = "tcp://127.0.0.1:9"  # nothing listens there
+    c.scale(jobs=1)
+    batch.record(c)
+    t0 = time.monotonic()
+    with pytest.raises(SchedulerUnreachableError) as info:
+        c.wait_for_workers(1, timeout=60)
+    assert time.monotonic() - t0 < 45
+    msg = str(info.value)
+    assert "cannot reach the scheduler at tcp://127.0.0.1:9" in msg
+    assert "This host's interfaces: " in msg and "lo 127.0.0.1" in msg
+    assert "scheduler_options={'interface': '<name>'}" in msg
+    assert "(chosen as " in msg
+    assert "cannot reach the scheduler" in repr(c)

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from hpcsched.core.client.client import Client, read_scheduler_file
+from hpcsched.core.comm import hosts
 from tests.conftest import wait_until, worker_env
 
 HPCSCHED = shutil.which("hpcsched")
@@ -126,6 +127,39 @@ def test_scheduler_file_workers_and_a_client(procs, tmp_path):
     # worker processes do not carry the secret on their command line
     for p in procs.procs:
         assert security.secret_hex() not in " ".join(map(str, p.args))
+
+
+@pytest.mark.timeout(90)
+def test_without_host_the_scheduler_listens_everywhere_and_names_a_routable_address(
+        procs, tmp_path):
+    """As ``dask scheduler``: a worker on another node reaches the address in the file."""
+    sfile = tmp_path / "scheduler.json"
+    port = free_port()
+    p = procs.start([*hpcsched_cmd(), "scheduler", "--port", str(port),
+                     "--scheduler-file", str(sfile)], "scheduler")
+    wait_until(lambda: sfile.exists() or p.poll() is not None, timeout=30,
+               what="the scheduler file")
+    assert p.poll() is None, procs.log("scheduler")
+    address, security = read_scheduler_file(str(sfile))
+    expected = hosts.routable_address()
+    if expected is None:
+        pytest.skip("this machine has no address but loopback")
+    assert address == f"tcp://{expected}:{port}", procs.log("scheduler")
+    # every interface: a worker given loopback joins as well as one reading the file
+    procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file", str(sfile),
+                 "--name", "by-file", *WORKER_OPTS], "worker-file")
+    procs.start([sys.executable, "-m", "hpcsched", "worker", f"tcp://127.0.0.1:{port}",
+                 "--name", "by-loopback", *WORKER_OPTS], "worker-lo",
+                env={"HPCSCHED_SECRET": security.secret_hex()})
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=30)
+        workers = client.scheduler_info()["workers"]
+        assert sorted(w["name"] for w in workers.values()) == ["by-file", "by-loopback"]
+        # each worker names the address it reaches the scheduler from
+        by_name = {w["name"]: a for a, w in workers.items()}
+        assert by_name["by-file"].startswith(f"tcp://{expected}:")
+        assert by_name["by-loopback"].startswith("tcp://127.0.0.1:")
+        assert sum(client.gather(client.map(inc, range(50)), timeout=30)) == 1275
 
 
 @pytest.mark.timeout(60)

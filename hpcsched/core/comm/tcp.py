@@ -58,6 +58,7 @@ from hpcsched.core.comm.base import (
     parse_address,
     parse_host_port,
 )
+from hpcsched.core.comm.hosts import route_source
 from hpcsched.core.comm.tcp_comm import TCPComm, format_hostport
 from hpcsched.core.comm.tcp_listener import TCPListener
 from hpcsched.core.comm.tcp_security import client_context, client_handshake, tune
@@ -113,9 +114,13 @@ def _listen(address: str, on_connect: Callable[[Comm], None], security: Security
 
 
 def _worker_listen_address(scheduler_address: str, host: str | None) -> str:
-    """The scheduler's scheme, on ``host`` if given, else on every interface; any port."""
-    scheme, _ = parse_address(scheduler_address)
-    return f"{scheme}://{format_hostport(host or '0.0.0.0', 0)}"
+    """The scheduler's scheme, any port, on ``host`` if given, else on the address this host
+    reaches the scheduler from (its peers on that network reach it there too; a name that
+    does not resolve: every interface)."""
+    scheme, loc = parse_address(scheduler_address)
+    if not host:
+        host = route_source(parse_host_port(loc, default_port=0)[0]) or "0.0.0.0"
+    return f"{scheme}://{format_hostport(host, 0)}"
 
 
 # a TCP peer that crashes, or whose host does, can leave its connection open: only the

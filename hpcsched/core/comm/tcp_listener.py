@@ -29,6 +29,7 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core.comm import tcp_io
 from hpcsched.core.comm.base import Comm, Listener, Security, parse_address, parse_host_port
+from hpcsched.core.comm.hosts import contact_host
 from hpcsched.core.comm.tcp_comm import TCPComm, format_hostport
 from hpcsched.core.comm.tcp_io import READ, WRITE
 from hpcsched.core.comm.tcp_security import (
@@ -42,16 +43,6 @@ from hpcsched.core.comm.tcp_security import (
 logger = logging.getLogger("hpcsched.comm")
 
 ACCEPTS_PER_EVENT = 64  # then let pending handshakes answer before accepting more
-
-
-def _contact_host(host: str) -> str:
-    """A host peers can reach when we bound to every interface."""
-    if host not in ("", "0.0.0.0", "::"):
-        return host
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 class _Pending:
@@ -101,7 +92,7 @@ class TCPListener(Listener):
             raise OSError(e.errno, f"cannot listen on {address}: {e.strerror}") from e
         self._sock.setblocking(False)
         port = self._sock.getsockname()[1]
-        self.address = f"{scheme}://{format_hostport(_contact_host(host), port)}"
+        self.address = f"{scheme}://{format_hostport(contact_host(host), port)}"
         self._pending: OrderedDict[socket.socket, _Pending] = OrderedDict()
         self._timer: tcp_io.Timer | None = None
         self._stopped = False

@@ -37,7 +37,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import socket
 import threading
 import time
 import uuid
@@ -700,18 +699,6 @@ class Scheduler:
         """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
-
-
-def default_host() -> str:
-    """An address of this machine other hosts can reach (falls back to 127.0.0.1)."""
-    try:
-        host = socket.gethostname()
-        ip = socket.gethostbyname(host)
-        if not ip.startswith("127."):
-            return ip
-    except OSError:
-        pass
-    return os.environ.get("HPCSCHED_HOST", "127.0.0.1")
 
 
 def open_journal(path: str | None) -> Journal | None:

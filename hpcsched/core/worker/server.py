@@ -99,6 +99,7 @@ logger = logging.getLogger("hpcsched.worker")
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
 IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
 EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
+CONNECT_ATTEMPT = 10.0  # seconds: one attempt to reach the scheduler, then a warning
 
 
 class Worker:
@@ -328,12 +329,19 @@ class Worker:
                     f"worker could not reach the scheduler at {self.scheduler_address} within "
                     f"death_timeout={self.death_timeout}s: {last}")
             try:
-                return registry.connect(self.scheduler_address, timeout=left,
+                # attempts of at most CONNECT_ATTEMPT seconds, so that the log says early
+                # why the scheduler is out of reach (a batch job's log is what users read)
+                return registry.connect(self.scheduler_address,
+                                        timeout=min(left, CONNECT_ATTEMPT),
                                         security=self.security)
             except (TimeoutError, OSError) as e:
                 if isinstance(e, ConnectionError) and "refused our credentials" in str(e):
                     self._listener.stop()
                     raise
+                if last is None:
+                    logger.warning("worker %s cannot reach the scheduler at %s yet: %s; "
+                                   "trying until death_timeout=%gs", self.address,
+                                   self.scheduler_address, e, self.death_timeout)
                 last = e
                 time.sleep(min(0.2, max(left, 0)))
 

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from hpcsched.core.comm import registry
+from hpcsched.core.comm import hosts, registry
 
 
 def test_tcp_needs_heartbeats_and_a_secret_and_listens_beside_the_scheduler():
     for scheme in ("tcp", "tls"):
         b = registry.backend_for(f"{scheme}://10.0.0.1:8786")
         assert b.needs_heartbeat and b.needs_secret and not b.same_process
-        # the worker keeps the scheduler's scheme (a TLS cluster stays TLS)
+        # the worker keeps the scheduler's scheme (a TLS cluster stays TLS) and listens
+        # on the address it reaches the scheduler from (every interface if none)
+        route = hosts.route_source("10.0.0.1") or "0.0.0.0"
         assert b.worker_listen_address(f"{scheme}://10.0.0.1:8786", None) == \
+            f"{scheme}://{route}:0"
+        assert b.worker_listen_address(f"{scheme}://127.0.0.1:8786", None) == \
+            f"{scheme}://127.0.0.1:0"
+        assert b.worker_listen_address(f"{scheme}://no-such-host.invalid:8786", None) == \
             f"{scheme}://0.0.0.0:0"
         assert b.worker_listen_address(f"{scheme}://10.0.0.1:8786", "node7") == \
             f"{scheme}://node7:0"

@@ -1,0 +1,112 @@
+"""``SLURMCluster`` on the login side, its jobs on three compute nodes.
+
+SLURM runs over the emulated nodes of :mod:`tests.nodes` (``ci/nodes/start-slurm-nodes.sh``:
+partition ``multi``, nodes node1-3 at 10.77.0.11-13). The login side has three networks --
+its default route's, the cluster's (hsbr0) and one the nodes cannot reach (hsbr1) -- so the
+address the scheduler names is a real choice: by itself the cluster must take the one the
+nodes reach, and when told the wrong one, say so within half a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from hpcsched.core.client.client import Client
+from hpcsched.jobqueue.cluster import SchedulerUnreachableError
+from hpcsched.jobqueue.slurm import SLURMCluster
+from tests.conftest import wait_until
+from tests.nodes import LOGIN, SLURM_CONF, UNREACHABLE, missing_slurm, require
+
+NODES = 3
+
+
+@pytest.fixture
+def multi(monkeypatch, fast_poll, tmp_path):
+    """SLURM_CONF of the nodes' SLURM; cancels whatever a failing test leaves."""
+    require(missing_slurm(NODES), "sudo bash ci/batch/start-slurm.sh && sudo bash "
+            "ci/nodes/start-nodes.sh 3 && sudo bash ci/nodes/start-slurm-nodes.sh 3", slurm=True)
+    monkeypatch.setenv("SLURM_CONF", SLURM_CONF)
+    clusters: list[SLURMCluster] = []
+
+    def make(**kwargs) -> SLURMCluster:
+        # cores=2: a node's whole CPUs, so that SLURM puts each job on a node of its own
+        kw = dict(queue="multi", cores=2, processes=1, memory="300MB", walltime="00:10:00",
+                  death_timeout=40, log_directory=str(tmp_path / "logs"))
+        c = SLURMCluster(**{**kw, **kwargs})
+        clusters.append(c)
+        return c
+
+    yield make
+    for c in clusters:
+        c.close()
+    ids = {j.split("_")[0] for c in clusters for j in c.jobs}
+    wait_until(lambda: not (unfinished() & ids), timeout=30,
+               what=f"jobs {sorted(ids)} to leave the queue")
+
+
+def unfinished() -> set[str]:
+    """Ids of the jobs the nodes' SLURM has not finished, from squeue itself."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return {line.split()[0] for line in out.splitlines()
+            if line.split()[1:] and line.split()[1] not in ("COMPLETED", "CANCELLED", "FAILED",
+                                                            "TIMEOUT")}
+
+
+def block(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).random(500_000)
+
+
+def total(*blocks: np.ndarray) -> tuple[str, float]:
+    return socket.gethostname(), float(sum(b.sum() for b in blocks))
+
+
+@pytest.mark.timeout(180)
+def test_three_jobs_on_three_nodes_reach_the_scheduler_on_the_cluster_network(multi):
+    c = multi()
+    # not the default route's address: the one this host reaches the nodes from
+    assert c.scheduler_address.startswith(f"tcp://{LOGIN}:"), c.scheduler_address
+    assert "route to the compute node 10.77.0.1" in c.address_choice.how
+    c.scale(jobs=NODES)
+    with Client(c, set_as_default=False) as client:
+        c.wait_for_workers(NODES, timeout=120)
+        hosts = client.run(socket.gethostname)
+        assert sorted(hosts.values()) == ["node1", "node2", "node3"]
+        by_host = {h: a for a, h in hosts.items()}
+        parts = [client.submit(block, i, workers=[by_host[f"node{i + 1}"]], pure=False)
+                 for i in range(NODES)]
+        # every node sums every block: each fetches the other two over the bridge
+        sums = [client.submit(total, *parts, workers=[by_host[f"node{i + 1}"]], pure=False)
+                for i in range(NODES)]
+        expected = float(sum(block(i).sum() for i in range(NODES)))
+        results = client.gather(sums, timeout=60)
+        assert [h for h, _ in results] == ["node1", "node2", "node3"]
+        assert all(s == pytest.approx(expected) for _, s in results)
+    ids = set(c.jobs)
+    c.close()
+    wait_until(lambda: not (unfinished() & ids), timeout=30, what="the jobs to leave the queue")
+
+
+@pytest.mark.timeout(120)
+def test_a_network_the_nodes_cannot_reach_is_a_clear_error_within_30_s(multi):
+    c = multi(scheduler_options={"interface": "hsbr1"})
+    assert c.scheduler_address.startswith(f"tcp://{UNREACHABLE}:")
+    t0 = time.monotonic()
+    c.scale(jobs=1)
+    with pytest.raises(SchedulerUnreachableError) as info:
+        c.wait_for_workers(1, timeout=90)
+    took = time.monotonic() - t0
+    assert took <= 30, took
+    msg = str(info.value)
+    assert f"cannot reach the scheduler at {c.scheduler_address}" in msg
+    assert "Network is unreachable" in msg
+    assert "the address of interface hsbr1" in msg
+    assert f"hsbr0 {LOGIN}" in msg and "scheduler_options={'interface'" in msg
+    assert "cannot reach the scheduler" in repr(c)
+    assert os.path.exists(c.jobs[next(iter(c.jobs))].log_file)
