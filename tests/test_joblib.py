@@ -132,11 +132,15 @@ def test_nested_parallel_fans_out_from_the_workers_without_deadlock(client, pids
     assert set().union(*(set(p) for _, p in out)) <= pids
 
 
-def test_dask_names_this_backend_while_an_hpcsched_client_is_current(cluster):
+def test_dask_and_hpcsched_name_this_backend_while_an_hpcsched_client_is_current(cluster):
     with Client(cluster) as client:  # the default client
         pids = set(client.run(os.getpid).values())
         with parallel_backend("dask"):
             out = Parallel()(delayed(square_where)(i) for i in range(8))
+        assert [v for v, _ in out] == [i * i for i in range(8)]
+        assert {pid for _, pid in out} <= pids
+        # named by Parallel itself rather than a context: the default client too
+        out = Parallel(n_jobs=-1, backend="hpcsched")(delayed(square_where)(i) for i in range(8))
         assert [v for v, _ in out] == [i * i for i in range(8)]
         assert {pid for _, pid in out} <= pids
 
