@@ -1,6 +1,6 @@
 """dask collections on hpcsched vs dask.distributed and dask-mpi, side by side in one run.
 
-    python benchmarks/bench_dask.py [--repeat 3] [--only tcp,mpi] [--workloads array,dataframe]
+    python benchmarks/bench_dask.py [--repeat 3] [--only tcp,mpi] [--workloads array,xarray]
                                     [--blas-threads 1] [--timeout 900] [--json FILE]
 
 Workloads, each a plain ``.compute()`` with the system's client as dask's
@@ -15,7 +15,14 @@ default scheduler (checked in every sub-run):
   its 20 partial results through a shuffle into 2 partitions and lets the
   scheduler choose how: dask.distributed and dask-mpi use their "p2p" shuffle
   extension, hpcsched a shuffle made of tasks -- so the graphs differ;
-* ``dataframe-tasks``: the same with ``shuffle_method="tasks"``: one graph for all.
+* ``dataframe-tasks``: the same with ``shuffle_method="tasks"``: one graph for all;
+* ``xarray``: the pangeo workflow over netCDF files the driver writes once before the
+  sub-runs (a year of daily temperature, precipitation and wind on a 1-degree grid,
+  float32, one file per month: 284 MB): ``open_mfdataset(parallel=True)`` (the files
+  opened in tasks on the workers), a monthly ``resample().mean()`` written ``to_zarr``, a
+  ``groupby("time.season")`` climatology and a 7-day ``rolling`` mean, computed together
+  in one ``dask.compute`` and reduced to a sum per variable (the timed part includes the
+  opening). It needs xarray, h5netcdf and zarr.
 
 The driver (no MPI) launches every sub-run in a process tree of its own
 (``benchmarks/_launch.py``: killed at ``--timeout``, and whatever is left of it
@@ -47,10 +54,12 @@ compute: on a loaded machine it varies much less than the wall-clock time.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import sys
+import tempfile
 import time
 
 HERE = os.path.abspath(__file__)
@@ -82,6 +91,8 @@ def dataframe_tasks_workload():
 
 def as_plain(value) -> object:
     """A workload's result as JSON-able data (floats round-trip exactly)."""
+    if isinstance(value, dict):  # the xarray workflow's sums
+        return {k: float(v) for k, v in value.items()}
     if hasattr(value, "sort_index"):  # the dataframe
         value = value.sort_index()
         return {"index": [str(i) for i in value.index],
@@ -101,8 +112,68 @@ def same(a: object, b: object, rel: float = 1e-9) -> bool:
     return a == b
 
 
+XARRAY_DIR = "BENCH_DASK_XARRAY_DIR"  # environment: where the driver wrote the netCDF files
+
+
+def write_xarray_files(directory: str) -> None:
+    """The ``xarray`` workload's input: 12 monthly netCDF files, 284 MB in all."""
+    import numpy as np
+    import pandas as pd
+    import xarray as xr
+
+    rng = np.random.default_rng(42)
+    time = pd.date_range("2001-01-01", "2001-12-31", freq="D")
+    lat, lon = np.arange(-89.5, 90, 1.0), np.arange(0.5, 360, 1.0)
+    annual = np.cos(2 * np.pi * (time.day_of_year.values - 200) / 365)[:, None, None]
+    shape = (len(time), len(lat), len(lon))
+    base = 288 - 30 * np.abs(np.sin(np.deg2rad(lat)))[None, :, None] + 10 * annual
+    ds = xr.Dataset(
+        {"tas": (("time", "lat", "lon"), (base + rng.normal(0, 2, shape)).astype("float32")),
+         "pr": (("time", "lat", "lon"), rng.gamma(0.8, 2.5, shape).astype("float32")),
+         "wind": (("time", "lat", "lon"), (rng.weibull(2.0, shape) * 7).astype("float32"))},
+        coords={"time": time, "lat": lat, "lon": lon})
+    for month, part in ds.groupby("time.month"):
+        part.to_netcdf(os.path.join(directory, f"day_2001{month:02d}.nc"), engine="h5netcdf")
+
+
+class XarrayWorkflow:
+    """The ``xarray`` workload: ``compute()`` opens the files and runs the whole workflow
+    (the opening is part of what is timed, as in a notebook)."""
+
+    def __init__(self) -> None:
+        self.directory = os.environ[XARRAY_DIR]
+
+    def _graph(self) -> tuple:
+        import xarray as xr
+
+        paths = sorted(os.path.join(self.directory, f) for f in os.listdir(self.directory)
+                       if f.endswith(".nc"))
+        ds = xr.open_mfdataset(paths, engine="h5netcdf", parallel=True, chunks={"time": 31},
+                               combine="by_coords")
+        monthly = ds.resample(time="1MS").mean()
+        store = os.path.join(self.directory, f"monthly-{os.getpid()}.zarr")
+        write = monthly.to_zarr(store, mode="w", consolidated=False, compute=False)
+        sums = {f"{step} {v}": out[v].sum() for step, out in (
+            ("monthly", monthly), ("climatology", ds.groupby("time.season").mean()),
+            ("rolling", ds.rolling(time=7, center=True).mean())) for v in ds.data_vars}
+        return sums, write
+
+    def compute(self) -> dict:
+        import dask
+
+        sums, write = self._graph()
+        values, _ = dask.compute(sums, write)
+        return {k: float(v) for k, v in values.items()}
+
+    def __dask_graph__(self) -> dict:
+        import dask
+
+        sums, write = self._graph()
+        return dict(dask.base.collections_to_expr([*sums.values(), write]).__dask_graph__())
+
+
 WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload,
-             "dataframe-tasks": dataframe_tasks_workload}
+             "dataframe-tasks": dataframe_tasks_workload, "xarray": XarrayWorkflow}
 
 
 # ====================================================================== sub-runs
@@ -231,6 +302,12 @@ def main() -> None:
     import _launch
 
     env = {v: str(args.blas_threads) for v in BLAS_VARS} if args.blas_threads else {}
+    if "xarray" in args.workloads.split(","):
+        data = tempfile.TemporaryDirectory(prefix="bench-dask-xarray-")
+        atexit.register(data.cleanup)
+        print("... writing the xarray workload's netCDF files", file=sys.stderr, flush=True)
+        write_xarray_files(data.name)
+        env[XARRAY_DIR] = data.name
     figures: dict = {"command": " ".join(["python", *sys.argv]),
                      "time": time.strftime("%Y-%m-%d %H:%M"), "runs": {}}
     modes = [m for m in ("tcp", "mpi") if m in args.only.split(",")]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hpcsched._lazy import lazy_exports
+from hpcsched._lazy import lazy_exports, when_imported
 from hpcsched._version import __version__ as __version__
 
 # name -> module; imported on first use so `import hpcsched` stays cheap and
@@ -131,3 +131,12 @@ if TYPE_CHECKING:
     from hpcsched.launchers.local_cluster import LocalCluster
 else:
     __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports, modules=("config",))
+
+
+def _register_with_joblib() -> None:
+    import hpcsched.joblib  # noqa: F401 - registering is what importing it does
+
+
+# joblib knows the "hpcsched" backend once a program imports it (hpcsched/joblib.py); not
+# before, so that `import hpcsched` costs no joblib
+when_imported("joblib", _register_with_joblib)

@@ -5,7 +5,8 @@ Each test runs a fresh interpreter and reads its ``sys.modules`` (and, through
 dashboard's modules and the batch systems are imported when a program uses
 them, not to start a scheduler, a worker or a client. A program that imports
 dask itself still gets futures dask understands and hpcsched as dask's
-scheduler.
+scheduler; one that imports joblib, before or after hpcsched, finds the
+"hpcsched" backend registered.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: libraries no start-up needs
 LIBRARIES = ("dask", "distributed", "pandas", "numpy", "yaml", "jinja2", "tornado", "bokeh",
-             "zict")
+             "zict", "joblib", "sklearn")
 #: hpcsched's modules no start-up needs (the dashboard's server only when it is configured)
 OURS = ("hpcsched.jobqueue", "hpcsched.diagnostics.server")
 
@@ -66,3 +67,20 @@ def test_dask_imported_after_the_client_sees_futures_and_the_scheduler():
         "                      'ours': 'hpcsched' in repr(dask.config.get('scheduler')),\n"
         "                      'total': total}))\n")
     assert got == {"loaded": False, "taskref": True, "ours": True, "total": 5}
+
+
+def test_joblib_finds_the_backend_whichever_is_imported_first():
+    got = run_python(
+        "import json, sys\n"
+        "import hpcsched\n"
+        "loaded = 'joblib' in sys.modules\n"
+        "from joblib.parallel import BACKENDS\n"
+        "print(json.dumps({'loaded': loaded, 'ours': 'hpcsched' in BACKENDS}))\n")
+    assert got == {"loaded": False, "ours": True}
+    got = run_python(
+        "import json\n"
+        "from joblib.parallel import BACKENDS\n"
+        "known = 'hpcsched' in BACKENDS\n"
+        "import hpcsched\n"
+        "print(json.dumps({'known': known, 'ours': 'hpcsched' in BACKENDS}))\n")
+    assert got == {"known": False, "ours": True}
