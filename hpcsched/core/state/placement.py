@@ -172,6 +172,11 @@ class Placement:
             del self.idle[ws]
         return out
 
+    def worker_left(self, ws: WorkerInfo) -> None:
+        """``ws`` left the cluster: it is no thief (workers come and go all day: the idle
+        set must not keep them)."""
+        self.idle.pop(ws, None)
+
     def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
         """``ws`` can take work again: queued tasks flow to it after this event (``push``:
         and it is a candidate for the queued tasks made ready during this event)."""
@@ -280,3 +285,5 @@ class Placement:
         for ws in self.registry.running():
             if policies.busy_slots(ws) < ws.nthreads:
                 assert ws in self.idle, ("idle, not among the thieves", ws)
+        for ws in self.idle:
+            assert self.registry.is_current(ws), ("a worker that left is a thief", ws)
