@@ -193,16 +193,24 @@ class Maintenance:
         for r in list(self.rebalances.values()):
             if e.now - r.start > self.retire_timeout:  # a copy never arrived: both are kept
                 self._finish_rebalance(r)
-        if self.work_stealing and len(workers) > 1 and self._backlogs():
-            for ts, victim, thief in policies.plan_steals(workers.values(),
-                                                          self.registry.bandwidth):
+        if self.work_stealing and len(workers) > 1 and self.placement.backlogged:
+            self.steal()
+
+    def steal(self) -> None:
+        """Plan a round of stealing (``steal-request`` to the victims): the backlogged
+        workers and at most :data:`~.policies.STEAL_MOVES` idle ones are read, never the
+        whole cluster."""
+        thieves = self.placement.idle_workers(policies.STEAL_MOVES)
+        if thieves and self._backlogs():
+            for ts, victim, thief in policies.plan_steals(
+                    self.placement.backlogged, thieves, self.registry.bandwidth):
                 ts.stealing = True
                 self.steal_targets[ts.key] = thief
                 self.out.send(victim.address, StealRequest(ts.key))
 
     def _backlogs(self) -> bool:
-        """Whether a worker holds more tasks than threads (else nothing can be stolen, and
-        the tick need not look at every worker)."""
+        """Whether a worker holds more tasks than threads (those that do not any more are
+        dropped from the backlogged ones)."""
         backlogged = self.placement.backlogged
         if backlogged:
             workers = self.registry.workers

@@ -3,9 +3,10 @@ tasks no worker can take yet.
 
 :class:`Placement` owns the queue (a heap by priority, lazily cleaned, and its blocks,
 :mod:`hpcsched.core.state.blocks`), the heap of workers with free slots, the workers
-whose slots opened during the event being handled, the ``no-worker`` tasks and the
-MARS assignment. :meth:`Placement.decide_worker` picks a worker for a task that became
-ready (:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
+whose slots opened during the event being handled, the workers with an idle thread
+(the thieves of stealing), the ``no-worker`` tasks and the MARS assignment.
+:meth:`Placement.decide_worker` picks a worker for a task that became ready
+(:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
 co-assignment, ``decide_worker``); root-ish tasks that find every worker full wait in
 the queue, and :meth:`Placement.fill_slots`, after each event, hands them to the
 workers whose slots opened. It reads the workers from the
@@ -54,6 +55,9 @@ class Placement:
         # workers given more tasks than they have threads since the last tick: the only
         # possible victims of stealing (pruned by the tick)
         self.backlogged: set[WorkerInfo] = set()
+        # running workers with a thread free, in the order they became so: the thieves of
+        # stealing (checked again when read: a worker may have left or paused since)
+        self.idle: dict[WorkerInfo, None] = {}
         self.mars_assignment: dict[Key, str] = {}
         self.seq = itertools.count()
 
@@ -115,7 +119,13 @@ class Placement:
 
     # ================================================================ free slots
     def push_free(self, ws: WorkerInfo) -> None:
-        """``ws`` may have a free slot: a candidate for queued root-ish tasks (lazy heap)."""
+        """``ws`` may have a free slot: a candidate for queued root-ish tasks (lazy heap).
+        Called whenever its tasks change (and as it joins or resumes): it notes whether
+        ``ws`` has an idle thread too."""
+        if ws.status == "running" and policies.busy_slots(ws) < ws.nthreads:
+            self.idle[ws] = None
+        elif ws in self.idle:
+            del self.idle[ws]
         if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
             return
         ws.heap_version += 1
@@ -143,6 +153,29 @@ class Placement:
                 continue
             return ws
         return None
+
+    def idle_workers(self, limit: int) -> list[WorkerInfo]:
+        """Up to ``limit`` running workers with an idle thread, longest idle first (those
+        that left, paused or got busy since are dropped on the way)."""
+        out: list[WorkerInfo] = []
+        stale: list[WorkerInfo] = []
+        workers = self.registry.workers
+        for ws in self.idle:
+            if workers.get(ws.address) is not ws or ws.status != "running" \
+                    or policies.busy_slots(ws) >= ws.nthreads:
+                stale.append(ws)
+                continue
+            out.append(ws)
+            if len(out) >= limit:
+                break
+        for ws in stale:
+            del self.idle[ws]
+        return out
+
+    def worker_left(self, ws: WorkerInfo) -> None:
+        """``ws`` left the cluster: it is no thief (workers come and go all day: the idle
+        set must not keep them)."""
+        self.idle.pop(ws, None)
 
     def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
         """``ws`` can take work again: queued tasks flow to it after this event (``push``:
@@ -249,3 +282,8 @@ class Placement:
             assert not self.blocks.free and not self.blocks.owned, "blocks of an empty queue"
         for blk in self.blocks.owned:
             assert blk.owner is not None and blk.owner.root_block is blk, blk
+        for ws in self.registry.running():
+            if policies.busy_slots(ws) < ws.nthreads:
+                assert ws in self.idle, ("idle, not among the thieves", ws)
+        for ws in self.idle:
+            assert self.registry.is_current(ws), ("a worker that left is a thief", ws)

@@ -17,11 +17,13 @@ Every function here reads :class:`~hpcsched.core.state.model.TaskState` /
 * :func:`co_assign_worker` — queuing off: consecutive root-ish tasks (in
   priority order) go to one worker in batches, so siblings land together.
 * :func:`plan_steals` — idle workers take not-yet-started work from
-  saturated ones when moving it costs little next to its runtime.
+  saturated ones when moving it (bytes and a latency, :func:`move_time`) costs
+  little next to its runtime.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Iterable
@@ -31,6 +33,12 @@ if TYPE_CHECKING:
     from hpcsched.core.state.model import TaskGroup, TaskState, WorkerInfo
 
 SAMPLE_LIMIT = 20  # workers inspected for a task whose inputs no candidate holds
+#: at most this many tasks move per round of stealing (and as many idle workers are read)
+STEAL_MOVES = 100
+#: seconds a stolen task's inputs take to reach the thief besides their bytes (messages,
+#: a connection, wake-ups): dask.distributed's ``LATENCY`` in ``stealing.py``, by which
+#: a task of microseconds whose inputs must move is never worth stealing
+STEAL_LATENCY = 0.1
 
 
 def is_rootish(ts: TaskState, total_nthreads: int, factor: float = 2, max_deps: int = 5) -> bool:
@@ -150,24 +158,44 @@ def co_assign_worker(
     return ws
 
 
+def move_time(ts: TaskState, ws: WorkerInfo, bandwidth: float) -> float:
+    """Seconds until the inputs of ``ts`` are on ``ws``: the bytes it lacks over the
+    bandwidth, plus :data:`STEAL_LATENCY` when anything must move at all."""
+    nbytes = 0
+    missing = False
+    for dts in ts.dependencies:
+        if ws not in dts.who_has:
+            missing = True
+            if dts.nbytes > 0:
+                nbytes += dts.nbytes
+    return nbytes / bandwidth + STEAL_LATENCY if missing else 0.0
+
+
 def plan_steals(
-    workers: Iterable[WorkerInfo], bandwidth: float, max_moves: int = 100,
-    ratio: float = 0.5,
+    victims: Iterable[WorkerInfo], thieves: Iterable[WorkerInfo], bandwidth: float,
+    max_moves: int = STEAL_MOVES, ratio: float = 0.5,
 ) -> list[tuple[TaskState, WorkerInfo, WorkerInfo]]:
-    """(task, victim, thief) moves: thieves have idle threads, victims a backlog of tasks that
-    have not started; a move is worth it when transfer time < ``ratio`` x expected runtime."""
-    ws_list = [ws for ws in workers if ws.status == "running"]
-    thieves = [ws for ws in ws_list if busy_slots(ws) < ws.nthreads]
-    if not thieves:
+    """(task, victim, thief) moves: ``thieves`` with idle threads take tasks that have not
+    started from ``victims`` holding more tasks than threads, when moving one costs less
+    than ``ratio`` x its expected runtime (:func:`move_time`). Reads at most ``max_moves``
+    thieves, and each victim once: the caller hands it the backlogged workers and a few
+    idle ones, not the cluster."""
+    free: list[tuple[int, int, WorkerInfo]] = []  # heap: most free threads first
+    for ws in thieves:
+        n = ws.nthreads - busy_slots(ws)
+        if ws.status == "running" and n > 0:
+            free.append((-n, len(free), ws))
+            if len(free) >= max_moves:
+                break
+    if not free:
         return []
-    victims = [ws for ws in ws_list
-               if len(ws.processing) - len(ws.executing) > 0 and len(ws.processing) > ws.nthreads]
-    if not victims:
-        return []
+    heapq.heapify(free)
+    backlogged = [ws for ws in victims
+                  if ws.status == "running" and len(ws.processing) > ws.nthreads
+                  and len(ws.processing) - len(ws.executing) > 0]
+    backlogged.sort(key=lambda ws: len(ws.processing) / ws.nthreads, reverse=True)
     moves: list[tuple[TaskState, WorkerInfo, WorkerInfo]] = []
-    free = {ws: ws.nthreads - busy_slots(ws) for ws in thieves}
-    victims.sort(key=lambda ws: len(ws.processing) / ws.nthreads, reverse=True)
-    for victim in victims:
+    for victim in backlogged:
         backlog = len(victim.processing) - victim.nthreads
         # lowest priority first: the victim would run those last
         stealable = sorted(
@@ -178,13 +206,17 @@ def plan_steals(
         for ts in stealable:
             if backlog <= 0 or len(moves) >= max_moves:
                 break
-            thief = max(free, key=free.__getitem__, default=None)
-            if thief is None or free[thief] <= 0:
+            if not free:
                 return moves
-            est = victim.processing[ts]
-            if transfer_bytes(ts, thief) / bandwidth > ratio * est:
+            n, seq, thief = free[0]
+            if thief is victim:
+                continue
+            if move_time(ts, thief, bandwidth) > ratio * victim.processing[ts]:
                 continue
             moves.append((ts, victim, thief))
-            free[thief] -= 1
+            if n + 1 < 0:
+                heapq.heapreplace(free, (n + 1, seq, thief))
+            else:
+                heapq.heappop(free)
             backlog -= 1
     return moves

@@ -91,6 +91,7 @@ class WorkerEvents:
             return
         graceful = ws.status == "closing_gracefully"
         self.registry.remove(ws, e.stimulus_id or self.out.stimulus_id)
+        self.placement.worker_left(ws)
         if self.out.recorder is not None:
             self.out.recorder.worker_removed(ws.address, e.reason, e.now)
         self.maintenance.worker_left(ws.address)

@@ -575,6 +575,23 @@ def test_no_stealing_when_transfer_costs_more_than_the_work():
     assert not [m for m in out if m.wire()["op"] == "steal-request"]
 
 
+def test_no_stealing_of_tiny_tasks_whose_input_must_move():
+    """a holds ``p`` (8 bytes) and three tasks of a group known to take 10 µs, b is idle.
+    Moving 8 bytes takes no time at the bandwidth, but a move costs a request, a reply
+    and a transfer (a latency, as in dask's stealing): far more than running the task
+    where its input is. With an input already on b the same tasks move."""
+    s = cluster(A, B, work_stealing=True)
+    in_memory(s, "p", A, 8)
+    submit(s, {"t-0": ["p"]}, ["t-0"])
+    finish(s, "t-0", duration=1e-5)
+    out = submit(s, {f"t-{i}": ["p"] for i in range(1, 4)}, [f"t-{i}" for i in range(1, 4)])
+    assert sorted(computes(out, to=A)) == ["t-1", "t-2", "t-3"]
+    assert not [m for m in step(s, ev.Tick(now=1.0)) if m.wire()["op"] == "steal-request"]
+    # the input is on b too: nothing moves but the task, which b may as well run
+    step(s, ev.AddKeys(B, {"p": 8}))
+    assert [m.to for m in step(s, ev.Tick(now=2.0)) if m.wire()["op"] == "steal-request"]
+
+
 def test_stealing_off_sends_no_request():
     s, _ = backlog(1000)
     s.maintenance.work_stealing = False

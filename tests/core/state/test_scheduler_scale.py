@@ -151,3 +151,34 @@ def test_a_tick_over_idle_workers_reads_none_of_them(monkeypatch):
     CountingWorkerInfo.reads[0] = 0
     s.handle(ev.Tick(now=1.0))
     assert CountingWorkerInfo.reads[0] == 0
+
+
+def reads_per_steal_round(n_workers: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, int]:
+    """A tick that plans stealing: five workers hold four tasks each (their input is
+    there), every other worker is idle. The attributes read, and the tasks asked for."""
+    monkeypatch.setattr(worker_events, "WorkerInfo", CountingWorkerInfo)
+    s = SchedulerState(work_stealing=True, worker_ttl=None)
+    for i in range(n_workers):
+        s.handle(ev.AddWorker(f"sim://{i}", 1))
+    s.handle(ev.AddClient("client"))
+    for j in range(5):
+        holder = f"sim://{j * (n_workers // 5)}"
+        s.handle(ev.ScatterData("client", f"sc-{j}", {f"p-{j}": b""}, {f"p-{j}": 8},
+                                workers=[holder]))
+        s.handle(ev.AddKeys(holder, {f"p-{j}": 8}, scatter_id=f"sc-{j}"))
+        tasks = {f"t-{j}-{i}": {"run_spec": "f", "deps": [f"p-{j}"]} for i in range(4)}
+        s.handle(ev.UpdateGraph("client", tasks, list(tasks)))
+    CountingWorkerInfo.reads[0] = 0
+    out = s.handle(ev.Tick(now=1.0))
+    reads = CountingWorkerInfo.reads[0]
+    s.validate()
+    return reads, sum(type(c.msg).__name__ == "StealRequest" for c in out)
+
+
+def test_a_round_of_stealing_reads_the_backlogged_and_a_few_idle_workers(monkeypatch):
+    """Stealing reads the workers holding a backlog and as many idle ones as tasks may
+    move, not every worker of the cluster."""
+    small, stolen_small = reads_per_steal_round(200, monkeypatch)
+    large, stolen_large = reads_per_steal_round(2_000, monkeypatch)
+    assert stolen_small == stolen_large == 15  # all but the one each holder runs first
+    assert large <= 1.2 * small, (small, large)
