@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,24 +30,26 @@ def our_jobs(name: str) -> set[str]:
     return {ln.split()[0] for ln in out.splitlines() if ln.strip() and name in ln}
 
 
-@pytest.mark.slurm
-@pytest.mark.timeout(400)
-def test_login_node_notebook_runs_against_slurm(slurm, tmp_path, monkeypatch):
+def execute_against_slurm(notebook: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                          **settings: str) -> Any:
+    """Run ``notebook`` in a Jupyter kernel whose environment has the jobs' log directory,
+    PYTHONPATH and ``settings`` (environment variables); return it with its outputs, once
+    every job it submitted has left the queue."""
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    name = f"nbtest{os.getpid()}"
+    name = f"nb{notebook.stem.replace('_', '')}{os.getpid()}"
     env = {
         "HPCSCHED_JOBQUEUE__SLURM__LOG_DIRECTORY": str(tmp_path / "logs"),
         "HPCSCHED_JOBQUEUE__SLURM__JOB_NAME": name,
         "HPCSCHED_JOBQUEUE__SLURM__JOB_SCRIPT_PROLOGUE": json.dumps(
             [f"export PYTHONPATH={worker_env()['PYTHONPATH']}"]),
         "HPCSCHED_JOBQUEUE__POLL_INTERVAL": "0.5",
-        "HPCSCHED_ADAPTIVE__INTERVAL": "0.5",
+        **settings,
         **worker_env(),
     }
     for k, v in env.items():
         monkeypatch.setenv(k, v)  # the kernel inherits this process's environment
-    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb = nbformat.read(notebook, as_version=4)
     client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
                                      resources={"metadata": {"path": str(tmp_path)}})
     try:
@@ -54,6 +57,14 @@ def test_login_node_notebook_runs_against_slurm(slurm, tmp_path, monkeypatch):
     finally:
         wait_until(lambda: not our_jobs(name), timeout=60,
                    what="the notebook's jobs to leave the SLURM queue")
+    return nb
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(400)
+def test_login_node_notebook_runs_against_slurm(slurm, tmp_path, monkeypatch):
+    nb = execute_against_slurm(NOTEBOOK, tmp_path, monkeypatch,
+                               HPCSCHED_ADAPTIVE__INTERVAL="0.5")
     outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.outputs]
     texts = "".join(o.get("text", "") for o in outputs)
     assert "sum of x @ x.T:" in texts and "report.html:" in texts
