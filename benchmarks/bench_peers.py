@@ -221,6 +221,8 @@ def bench_hyperqueue(args: argparse.Namespace) -> dict:
 
     os.environ["TQDM_DISABLE"] = "1"  # its progress bar, drawn while waiting for a job
     server_dir = tempfile.mkdtemp(prefix="bench-hq-")
+    # the tasks' working directory (HyperQueue writes each task's stdout and stderr there by
+    # default) and the tree's results
     data = tempfile.mkdtemp(prefix="bench-hq-data-")
     out: dict = {}
     try:
@@ -231,12 +233,12 @@ def bench_hyperqueue(args: argparse.Namespace) -> dict:
             def run(job: Job) -> None:
                 client.wait_for_jobs([client.submit(job)], raise_on_error=True)
 
-            warm = Job()
+            warm = Job(default_workdir=data)
             warm.function(noop, args=(0,))
             run(warm)
 
             def build_map() -> Job:
-                job = Job()
+                job = Job(default_workdir=data)
                 for i in range(args.tasks):
                     job.function(noop, args=(i,))
                 return job
@@ -244,7 +246,7 @@ def bench_hyperqueue(args: argparse.Namespace) -> dict:
             out["map_s"], _ = timed(lambda: run(build_map()))
 
             def tree() -> int:
-                job = Job()
+                job = Job(default_workdir=data)
                 level = [job.function(file_leaf, args=(data, i)) for i in range(args.leaves)]
                 depth = 0
                 while len(level) > 1:
@@ -261,7 +263,7 @@ def bench_hyperqueue(args: argparse.Namespace) -> dict:
             out["tree_s"] = dt
 
             def sweep() -> None:
-                job = Job()
+                job = Job(default_workdir=data)
                 for _ in range(args.sweep):
                     job.function(nap, args=(args.sweep_ms,))
                 run(job)
@@ -269,7 +271,7 @@ def bench_hyperqueue(args: argparse.Namespace) -> dict:
             out["sweep_s"], _ = timed(sweep)
 
             def commands() -> None:
-                job = Job()
+                job = Job(default_workdir=data)
                 for _ in range(args.commands):
                     job.program(["true"])
                 run(job)
