@@ -23,10 +23,10 @@ the client. A :class:`SchedulerConnection` then owns the connection:
 
 When the connection ends (closed, or the scheduler lost) ``on_lost`` is called
 once with the reason, and every waiting request fails with ``ConnectionError``.
-A scheduler that vanishes without saying it closes may be restarted from its
-journal: for ``client.scheduler-reconnect-timeout`` seconds the connection
-looks for it again (the scheduler file re-read each time, else the same
-address), with a backoff; meanwhile futures stay pending, and what is sent
+A scheduler that keeps a journal (it says so at registration) and vanishes
+without saying it closes may be restarted from it: for
+``client.scheduler-reconnect-timeout`` seconds the connection looks for it again
+(:func:`~hpcsched.core.comm.scheduler_file.find_again`); meanwhile futures stay pending, and what is sent
 waits. Reconnected under the same client id, it sends again the requests still
 waiting for an answer, and ``on_reconnected`` runs (the client says again which
 keys it wants). Only past the timeout is the scheduler lost.
@@ -50,6 +50,7 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, unparse_address
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.comm.scheduler_file import (
+    find_again,
     looks_like_scheduler_file,
     read_scheduler_file,
     wait_for_scheduler_file,
@@ -229,6 +230,7 @@ class SchedulerConnection:
         self._connected = threading.Event()  # clear while looking for a vanished scheduler
         self._connected.set()
         self._closing_announced = False  # the scheduler said it closes: no reconnecting
+        self._stopped = threading.Event()  # closed: a search for the scheduler ends
 
     def start(self, first: Any) -> None:
         """Receive: ``first`` (the scheduler's answer to the registration, read before)
@@ -386,48 +388,36 @@ class SchedulerConnection:
         threading.Thread(target=self._reconnect, name=f"{self.client_id}-reconnect",
                          daemon=True).start()
 
-    def _where(self) -> tuple[str, Security | None]:
-        if self._scheduler_file:
-            try:  # a scheduler restarted elsewhere wrote its new address there
-                return read_scheduler_file(self._scheduler_file, self._security)
-            except ValueError:
-                pass
-        return self.address, self._security
-
     def _reconnect(self) -> None:
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.1
-        while not self.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._lost_reason = (f": it did not come back within "
-                                     f"client.scheduler-reconnect-timeout="
-                                     f"{self.reconnect_timeout}s")
-                self.lost()
-                return
-            address, security = self._where()
-            try:
-                comm, reply, _ = open_comm(address, self.client_id, security, min(left, 10.0))
-            except (OSError, TimeoutError, CommClosedError) as e:
-                logger.debug("client %s: reconnecting to %s: %s", self.client_id, address, e)
-                time.sleep(min(delay, max(left, 0.0)))
-                delay = min(delay * 2, 5.0)
-                continue
-            logger.info("client %s reconnected to the scheduler at %s", self.client_id, address)
-            self.address, self._security = address, security
-            self.comm = comm
-            self._loop.put(("scheduler", reply))
-            comm.deliver_to(self._loop, "scheduler", CLOSED)
-            if self._on_reconnected is not None:
-                self._on_reconnected()
-            for _, _, msg in list(self._requests.values()):
-                self._outq.put(msg)
-            self._connected.set()
+        def attempt(address: str, security: Security | None, seconds: float) -> Any:
+            return open_comm(address, self.client_id, security, seconds)
+
+        try:
+            found = find_again(self.address, self._security, self._scheduler_file,
+                               self.reconnect_timeout, attempt,
+                               (OSError, TimeoutError, CommClosedError), self._stopped)
+        except TimeoutError as e:
+            self._lost_reason = f": {e} (client.scheduler-reconnect-timeout)"
+            self.lost()
             return
+        if found is None:
+            return  # closed meanwhile
+        (comm, reply, _), address, security = found
+        logger.info("client %s reconnected to the scheduler at %s", self.client_id, address)
+        self.address, self._security = address, security
+        self.comm = comm
+        self._loop.put(("scheduler", reply))
+        comm.deliver_to(self._loop, "scheduler", CLOSED)
+        if self._on_reconnected is not None:
+            self._on_reconnected()
+        for _, _, msg in list(self._requests.values()):
+            self._outq.put(msg)
+        self._connected.set()
 
     def close(self, timeout: float | None) -> None:
         """Stop the threads (what is queued is sent first) and close the connection."""
         self.closed = True
+        self._stopped.set()
         if self._watch is not None:
             self._watch.stop()
         self._connected.set()  # a sender waiting for a reconnect gives up

@@ -26,8 +26,10 @@ import json
 import logging
 import os
 import secrets as _random
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from hpcsched.core.comm.base import Security
 
@@ -93,6 +95,45 @@ def read_scheduler_file(path: str, security: Security | None = None
     if security is None and data.get("secret"):
         security = Security.from_hex(data["secret"])
     return data["address"], security
+
+
+FIRST_DELAY = 0.1  # seconds between the first attempts: a restart takes about a second
+MAX_DELAY = 5.0
+ATTEMPT_TIMEOUT = 10.0  # seconds one attempt may take
+
+
+def find_again(address: str, security: Security | None, scheduler_file: str | None,
+               timeout: float, attempt: Callable[[str, Security | None, float], Any],
+               retry_on: tuple[type[BaseException], ...], stopped: threading.Event
+               ) -> tuple[Any, str, Security | None] | None:
+    """Look for a scheduler that vanished, for ``timeout`` seconds: ``attempt(address,
+    security, seconds)`` where the scheduler file says it is (re-read each time: a
+    scheduler restarted elsewhere writes its new address there), else at ``address``,
+    again after a backoff (from :data:`FIRST_DELAY`, doubling up to :data:`MAX_DELAY`)
+    while it raises one of ``retry_on``. Returns what ``attempt`` returned, with the
+    address and security that worked; None once ``stopped`` is set; past the timeout,
+    ``TimeoutError`` naming the last failure."""
+    deadline = time.monotonic() + timeout
+    delay = FIRST_DELAY
+    last: BaseException | None = None
+    while not stopped.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the scheduler did not come back within {timeout}s "
+                               f"(last error: {last})")
+        where, secret = address, security
+        if scheduler_file:
+            try:
+                where, secret = read_scheduler_file(scheduler_file, security)
+            except ValueError:
+                pass  # not rewritten yet
+        try:
+            return attempt(where, secret, min(left, ATTEMPT_TIMEOUT)), where, secret
+        except retry_on as e:
+            last = e
+            stopped.wait(min(delay, max(left, 0.0)))
+            delay = min(delay * 2, MAX_DELAY)
+    return None
 
 
 def looks_like_scheduler_file(address: str) -> bool:

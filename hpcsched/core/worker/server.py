@@ -28,10 +28,11 @@ made by the client layer on first use with the worker's address and
 credentials, held here (:meth:`Worker.task_client`) and closed with the worker.
 
 A worker that cannot reach its scheduler for ``death_timeout`` seconds exits
-with a message naming the address it tried. One that loses its scheduler
-unannounced keeps its tasks and results and looks for it again for
-``worker.scheduler-reconnect-timeout`` seconds (:mod:`.reconnect`); then, or at
-once if that is 0, it closes with :data:`EXIT_SCHEDULER_LOST`, whatever its
+with a message naming the address it tried. One that loses a scheduler that
+keeps a journal (it says so at registration) unannounced keeps its tasks and
+results and looks for it again for ``worker.scheduler-reconnect-timeout``
+seconds (:mod:`.reconnect`); then, or at once if that is 0 or the scheduler
+keeps no journal, it closes with :data:`EXIT_SCHEDULER_LOST`, whatever its
 tasks are doing (the CLI then leaves without waiting for task threads, so that
 a batch job ends with its scheduler). ``lifetime`` (a batch job's walltime) makes it ask
 the scheduler to retire it gracefully in time.
