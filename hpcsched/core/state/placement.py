@@ -122,12 +122,20 @@ class Placement:
         """``ws`` may have a free slot: a candidate for queued root-ish tasks (lazy heap).
         Called whenever its tasks change (and as it joins or resumes): it notes whether
         ``ws`` has an idle thread too."""
-        if ws.status == "running" and policies.busy_slots(ws) < ws.nthreads:
+        if ws.status != "running":
+            self.idle.pop(ws, None)
+            return
+        # busy_slots and worker_full written out: this runs twice per task
+        busy = len(ws.processing) - len(ws.long_running)
+        if busy < ws.nthreads:
             self.idle[ws] = None
         elif ws in self.idle:
             del self.idle[ws]
-        if ws.status != "running" or policies.worker_full(ws, self.worker_saturation):
-            return
+        saturation = self.worker_saturation
+        if saturation != math.inf:
+            slots = math.ceil(saturation * ws.nthreads)
+            if busy >= (slots if slots > 1 else 1):
+                return
         ws.heap_version += 1
         heap = self.free_heap
         if len(heap) > 2 * len(self.registry.workers) + 64:
@@ -137,7 +145,7 @@ class Placement:
             heap[:] = [e for e in heap if e[2] == e[3].heap_version
                        and workers.get(e[3].address) is e[3]]
             heapq.heapify(heap)
-        heapq.heappush(heap, (policies.busy_slots(ws) / ws.nthreads, next(self.seq),
+        heapq.heappush(heap, (busy / ws.nthreads, next(self.seq),
                               ws.heap_version, ws))
 
     def pop_free_worker(self) -> WorkerInfo | None:
