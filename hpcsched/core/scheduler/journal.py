@@ -29,6 +29,11 @@ submission before the journal holds it. ``scheduler.journal-fsync`` adds an
 The workers that join and leave are recorded too: a restarted scheduler waits (a
 little) for those it had before it gives out work.
 
+Beside what the scheduler records, a component above it keeps plain data here under a
+name of its own (:meth:`Journal.set_section`): a batch cluster its jobs and its scale and
+adapt settings (:mod:`hpcsched.jobqueue.cluster`). The latest value of each section
+survives restarts and compactions.
+
 The journal keeps, beside the file, a model of the live state it describes (each
 task's spec, each client's wanted keys, the datasets, the workers): when the file has grown past
 twice its size after the last compaction (and past ``compact_bytes``), it is rewritten
@@ -138,6 +143,7 @@ class Journal:
         self.wants: dict[str, set] = {}
         self.datasets: dict[str, Any] = {}  # name -> its DatasetPublish record
         self.workers: set[str] = set()  # addresses of the workers connected
+        self.sections: dict[str, Any] = {}  # name -> the latest value set_section gave it
         self.compactions = 0
         self._pending: list[bytes] = []
         records: list[Any] = []
@@ -170,6 +176,15 @@ class Journal:
         ``client``; ``wire``: the dict it arrived as (else it is encoded here)."""
         self._apply_record(client, record)
         self._write(("msg", client, pr.encode(record) if wire is None else wire))
+
+    def set_section(self, name: str, value: Any) -> None:
+        """Keep ``value`` (plain, picklable data) under ``name`` in place of what was there;
+        None removes it. Written at the next :meth:`sync`."""
+        if self.sections.get(name) == value:
+            return
+        rec = ("section", name, value)
+        self._apply(rec)
+        self._write(rec)
 
     def worker_joined(self, address: str) -> None:
         rec = ("worker", address, True)
@@ -215,6 +230,7 @@ class Journal:
             if self.meta:
                 parts.append(_frame(("meta", self.meta)))
             parts += [_frame(("worker", w, True)) for w in sorted(self.workers)]
+            parts += [_frame(("section", n, v)) for n, v in sorted(self.sections.items())]
             parts += [_frame(("msg", c, pr.encode(r))) for c, r in self.restore_messages()]
             data = b"".join(parts)
             _write_all(fd, data)
@@ -240,6 +256,11 @@ class Journal:
             self.meta = dict(rec[1])
         elif kind == "gone":
             self.wants.pop(rec[1], None)
+        elif kind == "section":
+            if rec[2] is None:
+                self.sections.pop(rec[1], None)
+            else:
+                self.sections[rec[1]] = rec[2]
         elif kind == "worker":
             if rec[2]:
                 self.workers.add(rec[1])

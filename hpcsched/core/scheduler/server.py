@@ -293,9 +293,11 @@ class Scheduler:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self, timeout: float = 10.0, exit_code: int = 0) -> None:
+    def close(self, timeout: float = 10.0, exit_code: int = 0, detach: bool = False) -> None:
         """Close every worker (they exit with ``exit_code`` when run by the CLI or under
-        MPI), tell clients, stop listening."""
+        MPI), tell clients, stop listening. ``detach`` (a journaled scheduler whose process
+        ends without being asked to close): tell nobody, only stop; workers and clients
+        take it as a scheduler that died, and wait for it to restart from its journal."""
         if self._closed:
             return
         self._closed = True
@@ -313,7 +315,8 @@ class Scheduler:
                 self._queue(cid, pr.SchedulerClosing())
 
         try:
-            self.loop.call(shutdown, timeout=timeout)
+            if not detach:
+                self.loop.call(shutdown, timeout=timeout)
         except Exception:
             pass
         self.loop.stop(timeout=timeout)
