@@ -1,0 +1,206 @@
+"""A batch cluster's process dies and comes back: its jobs are adopted, not lost or leaked.
+
+The process holding a ``SLURMCluster(..., scheduler_journal=J)`` (a notebook kernel, here
+a child process) is killed in the middle of a graph that a client in another process
+(this one) submitted. The same code run again with the same journal -- as a user re-runs
+the notebook's cells -- adopts the jobs still running: the batch system lists the same
+job ids, none was cancelled, their workers come back with the results they hold, the
+client's ``gather`` returns the right results and no task ran twice; ``close()`` then
+leaves no job. A cluster whose process never comes back: its jobs end within the
+workers' reconnect timeout + 10 s.
+
+Each task appends a byte to a file of its own, so the files count executions. Every
+process a test starts is killed, and every job it submitted cancelled, also when it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcsched import Client
+from hpcsched.core import config
+from tests.jobqueue.test_e2e import CLASSES, MODULES, ROOT, Batch, batch, numeric, unfinished  # noqa: F401
+from tests.launchers.test_restart import counted, runs
+
+N = 2000
+#: the batch system's own cancel command: what the tests fall back on when they fail
+CANCEL = {"slurm": ["scancel"], "sge": ["qdel"], "pbs": ["qdel"], "lsf": ["bkill"]}
+
+OWNER = """
+import os, sys, time
+from hpcsched.core import config
+from hpcsched.core.comm.scheduler_file import write_scheduler_file
+from hpcsched.jobqueue.{module} import {cls} as C
+
+journal, logs, sfile, name, reconnect, jobs, stop = sys.argv[1:8]
+with config.set({{"jobqueue.poll-interval": 0.2}}):
+    cluster = C(cores=1, memory="300MB", walltime="00:10:00", log_directory=logs,
+                job_name=name, scheduler_journal=journal,
+                worker_extra_args=["--scheduler-reconnect-timeout", reconnect])
+cluster.scale(jobs=int(jobs))  # run again, the cell asks for what it asked for before
+cluster.wait_for_workers(int(jobs), timeout=150)
+write_scheduler_file(sfile, cluster.scheduler_address, cluster.security)
+print("jobs", " ".join(sorted(cluster.jobs)), flush=True)
+while not os.path.exists(stop):  # the test says when the campaign is over
+    time.sleep(0.1)
+cluster.close()
+print("closed", flush=True)
+"""
+
+
+class Owner:
+    """The process holding the cluster, started (and started again) with one journal."""
+
+    def __init__(self, b: Batch, tmp: Path, reconnect: float, jobs: int):
+        self.batch, self.tmp = b, tmp
+        self.name = f"adopt{secrets.token_hex(3)}"  # its jobs' names: found even if it fails
+        self.sfile, self.stop = tmp / "scheduler.json", tmp / "stop"
+        self.code = OWNER.format(module=MODULES.get(b.system, b.system),
+                                 cls=CLASSES[b.system].__name__)
+        self.args = [str(tmp / "journal"), str(b.log_dir), str(self.sfile), self.name,
+                     str(reconnect), str(jobs), str(self.stop)]
+        self.procs: list[subprocess.Popen] = []
+        self.ids: set[str] = set()
+
+    def start(self) -> subprocess.Popen:
+        n = len(self.procs)
+        out = open(self.tmp / f"owner-{n}.log", "wb")  # noqa: SIM115 - closed below
+        env = dict(self.batch.env, PYTHONPATH=str(ROOT) + os.pathsep +
+                   self.batch.env.get("PYTHONPATH", ""))
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(self.code), *self.args],
+                             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             env=env, cwd=ROOT)
+        out.close()
+        self.procs.append(p)
+        return p
+
+    def log(self, n: int) -> str:
+        return (self.tmp / f"owner-{n}.log").read_text(errors="replace")
+
+    def jobs(self, n: int, timeout: float = 180) -> set[str]:
+        """The job ids the ``n``-th run prints once its workers are connected."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = next((ln for ln in self.log(n).splitlines() if ln.startswith("jobs ")), None)
+            if line is not None:
+                ids = set(line.split()[1:])
+                self.ids |= ids
+                self.batch.ids |= {numeric(i) for i in ids}
+                return ids
+            if self.procs[n].poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"run {n} of the cluster's process printed no jobs:\n"
+                                     f"{self.log(n)[-3000:]}")
+            time.sleep(0.2)
+
+    def kill(self, n: int, sig: int = signal.SIGKILL) -> None:
+        self.procs[n].send_signal(sig)
+        self.procs[n].wait(60)
+
+    def cleanup(self) -> None:
+        """Kill what runs, cancel what is queued: this test's jobs, by id and by name."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+        ids = {numeric(i) for i in self.ids} | self._ids_by_name()
+        ids &= unfinished(self.batch.system, self.batch.env)
+        if ids:
+            subprocess.run([*CANCEL[self.batch.system], *sorted(ids)], capture_output=True,
+                           timeout=30, env=self.batch.env)
+
+    def _ids_by_name(self) -> set[str]:
+        if self.batch.system != "slurm":
+            return set()
+        out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True,
+                             timeout=30, env=self.batch.env).stdout
+        return {ln.split()[0] for ln in out.splitlines()
+                if len(ln.split()) == 2 and ln.split()[1].startswith(self.name)}
+
+
+@pytest.fixture
+def owner_of(batch, tmp_path):  # noqa: F811
+    made: list[Owner] = []
+
+    def make(reconnect: float, jobs: int) -> Owner:
+        made.append(Owner(batch, tmp_path, reconnect, jobs))
+        return made[-1]
+
+    try:
+        yield make
+    finally:
+        for o in made:
+            o.cleanup()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("batch,how", [
+    pytest.param("slurm", "sigkill", marks=pytest.mark.slurm),
+    pytest.param("slurm", "sigterm", marks=pytest.mark.slurm),
+    pytest.param("sge", "sigkill", marks=pytest.mark.sge),
+], indirect=["batch"])
+def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
+        batch, how, owner_of, tmp_path):  # noqa: F811
+    """SIGKILL (or SIGTERM: a process ending without close()) mid-graph; the same code with
+    the same journal adopts the jobs; the client's gather is right; nothing ran twice."""
+    owner = owner_of(reconnect=120, jobs=2)
+    done = tmp_path / "runs"
+    done.mkdir()
+    owner.start()
+    first = owner.jobs(0)
+    assert len(first) == 2 and {numeric(i) for i in first} <= \
+        unfinished(batch.system, batch.env)
+    with config.set({"client.scheduler-reconnect-timeout": 120}):
+        client = Client(str(owner.sfile), set_as_default=False)
+    try:
+        futures = client.map(counted, range(N), directory=str(done))
+        deadline = time.monotonic() + 120
+        while len(list(done.iterdir())) < N // 2:
+            assert time.monotonic() < deadline, "half the tasks did not run in 120 s"
+            time.sleep(0.05)
+        owner.kill(0, signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
+        assert len(runs(done)) < N, "the graph finished before the process was killed"
+        # the jobs run on without their scheduler
+        assert {numeric(i) for i in first} <= unfinished(batch.system, batch.env)
+        owner.start()  # the notebook run again
+        again = owner.jobs(1)
+        assert again == first, (first, again, owner.log(1))  # adopted: the same jobs
+        assert "submitted" not in owner.log(1)
+        results = client.gather(futures, timeout=120)
+        assert results == [2 * i for i in range(N)]
+        after = runs(done)
+        assert len(after) == N
+        rerun = sorted(k for k, n in after.items() if n > 1)
+        assert not rerun, f"{len(rerun)} tasks ran again: {rerun[:10]}"
+        assert {numeric(i) for i in first} <= unfinished(batch.system, batch.env)  # none cancelled
+    finally:
+        client.close(timeout=2)
+    owner.stop.touch()
+    assert owner.procs[1].wait(60) == 0, owner.log(1)
+    assert "closed" in owner.log(1)
+    batch.assert_queue_empty({numeric(i) for i in first})
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm),
+                                   pytest.param("sge", marks=pytest.mark.sge)],
+                         indirect=True)
+def test_the_jobs_of_a_cluster_that_never_returns_end_after_the_reconnect_timeout(
+        batch, owner_of):  # noqa: F811
+    reconnect = 5.0
+    owner = owner_of(reconnect=reconnect, jobs=1)
+    owner.start()
+    ids = {numeric(i) for i in owner.jobs(0)}
+    assert ids <= unfinished(batch.system, batch.env)
+    owner.kill(0)
+    killed = time.monotonic()
+    batch.assert_queue_empty(ids, timeout=reconnect + 10)
+    assert time.monotonic() - killed < reconnect + 10
