@@ -49,6 +49,7 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler import ops as scheduler_ops
+from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
@@ -117,11 +118,16 @@ class Scheduler:
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
                  dashboard_address: Any = ..., journal: str | None = None,
-                 **state_kwargs: Any):
+                 checkpoint_directory: str | None = None, **state_kwargs: Any):
         self.listen_address = address
         self.security = security
         #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
         self.journal = open_journal(config.get("scheduler.journal", journal))
+        # results of tasks annotated checkpoint=True (see .checkpoints): next to the journal
+        checkpoint_directory = config.get("scheduler.checkpoint-directory", checkpoint_directory)
+        if checkpoint_directory is None and self.journal is not None:
+            checkpoint_directory = next_to_journal(self.journal.path)
+        self.checkpoints = Checkpoints(checkpoint_directory) if checkpoint_directory else None
         if self.journal is not None and self.journal.meta.get("secret"):
             # peers that outlived the scheduler prove the secret they had
             self.security = dataclasses.replace(
@@ -608,6 +614,8 @@ class Scheduler:
         """A record the state machine handles: the decoded record is its event."""
         if source in self._worker_peers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
+        if event.__class__ is pr.UpdateGraph and self.checkpoints is not None:
+            event = self.checkpoints.rewrite(event)
         self._route(self.state.handle(event))
 
     @handlers.on(pr.CloseClient)
