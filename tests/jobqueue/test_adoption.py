@@ -41,17 +41,24 @@ from hpcsched.core import config
 from hpcsched.core.comm.scheduler_file import write_scheduler_file
 from hpcsched.jobqueue.{module} import {cls} as C
 
-journal, logs, sfile, name, reconnect, jobs, stop = sys.argv[1:8]
+journal, logs, sfile, name, reconnect, jobs, stop, scaling = sys.argv[1:9]
 with config.set({{"jobqueue.poll-interval": 0.2}}):
     cluster = C(cores=1, memory="300MB", walltime="00:10:00", log_directory=logs,
                 job_name=name, scheduler_journal=journal,
                 worker_extra_args=["--scheduler-reconnect-timeout", reconnect])
-cluster.scale(jobs=int(jobs))  # run again, the cell asks for what it asked for before
+if scaling == "scale":  # run again, the cell asks for what it asked for before
+    cluster.scale(jobs=int(jobs))
+elif scaling == "adapt":
+    cluster.adapt(minimum_jobs=int(jobs), maximum_jobs=int(jobs), interval="200ms")
 cluster.wait_for_workers(int(jobs), timeout=150)
 write_scheduler_file(sfile, cluster.scheduler_address, cluster.security)
+if cluster.adaptive is not None:
+    print("adapt", cluster.adaptive.policy.minimum, cluster.adaptive.policy.maximum, flush=True)
 print("jobs", " ".join(sorted(cluster.jobs)), flush=True)
 while not os.path.exists(stop):  # the test says when the campaign is over
     time.sleep(0.1)
+print("at-close", " ".join(sorted(j.job_id for j in cluster.jobs.values() if not j.ended)),
+      flush=True)
 cluster.close()
 print("closed", flush=True)
 """
@@ -71,12 +78,14 @@ class Owner:
         self.procs: list[subprocess.Popen] = []
         self.ids: set[str] = set()
 
-    def start(self) -> subprocess.Popen:
+    def start(self, scaling: str = "scale") -> subprocess.Popen:
+        """Run the cluster's code; ``scaling``: call ``scale``, ``adapt``, or neither."""
         n = len(self.procs)
         out = open(self.tmp / f"owner-{n}.log", "wb")  # noqa: SIM115 - closed below
         env = dict(self.batch.env, PYTHONPATH=str(ROOT) + os.pathsep +
                    self.batch.env.get("PYTHONPATH", ""))
-        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(self.code), *self.args],
+        p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(self.code), *self.args,
+                              scaling],
                              stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=env, cwd=ROOT)
         out.close()
@@ -85,6 +94,19 @@ class Owner:
 
     def log(self, n: int) -> str:
         return (self.tmp / f"owner-{n}.log").read_text(errors="replace")
+
+    def line(self, n: int, word: str, timeout: float = 180) -> list[str]:
+        """The words after ``word`` on the line the ``n``-th run prints starting with it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = next((ln for ln in self.log(n).splitlines()
+                         if ln.startswith(f"{word} ")), None)
+            if line is not None:
+                return line.split()[1:]
+            if self.procs[n].poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"run {n} of the cluster's process printed no "
+                                     f"{word!r}:\n{self.log(n)[-3000:]}")
+            time.sleep(0.2)
 
     def jobs(self, n: int, timeout: float = 180) -> set[str]:
         """The job ids the ``n``-th run prints once its workers are connected."""
@@ -142,19 +164,21 @@ def owner_of(batch, tmp_path):  # noqa: F811
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("batch,how", [
-    pytest.param("slurm", "sigkill", marks=pytest.mark.slurm),
-    pytest.param("slurm", "sigterm", marks=pytest.mark.slurm),
-    pytest.param("sge", "sigkill", marks=pytest.mark.sge),
+@pytest.mark.parametrize("batch,how,scaling", [
+    pytest.param("slurm", "sigkill", "scale", marks=pytest.mark.slurm),
+    pytest.param("slurm", "sigterm", "adapt", marks=pytest.mark.slurm),
+    pytest.param("sge", "sigkill", "scale", marks=pytest.mark.sge),
 ], indirect=["batch"])
 def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
-        batch, how, owner_of, tmp_path):  # noqa: F811
+        batch, how, scaling, owner_of, tmp_path):  # noqa: F811
     """SIGKILL (or SIGTERM: a process ending without close()) mid-graph; the same code with
-    the same journal adopts the jobs; the client's gather is right; nothing ran twice."""
+    the same journal adopts the jobs; the client's gather is right; nothing ran twice.
+    A cluster that adapted adapts again after the restart without being asked, counting
+    the adopted jobs: it neither submits nor cancels one."""
     owner = owner_of(reconnect=120, jobs=2)
     done = tmp_path / "runs"
     done.mkdir()
-    owner.start()
+    owner.start(scaling)
     first = owner.jobs(0)
     assert len(first) == 2 and {numeric(i) for i in first} <= \
         unfinished(batch.system, batch.env)
@@ -170,10 +194,12 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
         assert len(runs(done)) < N, "the graph finished before the process was killed"
         # the jobs run on without their scheduler
         assert {numeric(i) for i in first} <= unfinished(batch.system, batch.env)
-        owner.start()  # the notebook run again
+        # the notebook run again (a cluster that adapted is not told to adapt again)
+        owner.start("scale" if scaling == "scale" else "neither")
         again = owner.jobs(1)
         assert again == first, (first, again, owner.log(1))  # adopted: the same jobs
-        assert "submitted" not in owner.log(1)
+        if scaling == "adapt":
+            assert owner.line(1, "adapt") == ["2", "2"]  # the journal's adapt settings
         results = client.gather(futures, timeout=120)
         assert results == [2 * i for i in range(N)]
         after = runs(done)
@@ -184,6 +210,7 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
     finally:
         client.close(timeout=2)
     owner.stop.touch()
+    assert set(owner.line(1, "at-close")) == first  # none submitted, none cancelled since
     assert owner.procs[1].wait(60) == 0, owner.log(1)
     assert "closed" in owner.log(1)
     batch.assert_queue_empty({numeric(i) for i in first})
@@ -204,3 +231,29 @@ def test_the_jobs_of_a_cluster_that_never_returns_end_after_the_reconnect_timeou
     killed = time.monotonic()
     batch.assert_queue_empty(ids, timeout=reconnect + 10)
     assert time.monotonic() - killed < reconnect + 10
+
+
+@pytest.mark.timeout(10)
+def test_what_the_journal_keeps_of_a_job_and_which_jobs_are_adopted():
+    from hpcsched.jobqueue.adoption import adoptable, check_section, job_from_record, job_record
+    from hpcsched.jobqueue.base import JobStatus
+    from hpcsched.jobqueue.job import Job, JobState
+
+    served = Job("41", "w-abc-0", "/logs/w-abc-0.out", 2)
+    served.workers_seen.add("w-abc-0-1")
+    pending = Job("42", "w-abc-1", "/logs/w-abc-1.out", 2)
+    back = [job_from_record(job_record(j)) for j in (served, pending)]
+    assert [(j.job_id, j.name, j.log_file, j.expected_workers) for j in back] == \
+        [("41", "w-abc-0", "/logs/w-abc-0.out", 2), ("42", "w-abc-1", "/logs/w-abc-1.out", 2)]
+    # a job whose workers had connected is not taken for one that never started them
+    assert back[0].workers_seen == {"w-abc-0-0", "w-abc-0-1"} and not back[1].workers_seen
+    gone = Job("43", "w-abc-2", "/logs/w-abc-2.out", 1)
+    keep, ended = adoptable([*back, gone], {
+        "41": JobStatus(JobState.RUNNING, "R"), "42": JobStatus(JobState.PENDING, "PD")})
+    assert [j.job_id for j in keep] == ["41", "42"] and [j.job_id for j in ended] == ["43"]
+    assert keep[0].state is JobState.RUNNING
+    done = Job("44", "w-abc-3", "/logs/w-abc-3.out", 1)
+    assert adoptable([done], {"44": JobStatus(JobState.DONE, "CD")}) == ([], [done])
+    assert adoptable([done], None) == ([done], [])  # the batch system did not answer
+    with pytest.raises(ValueError, match="'sge' cluster, not of a 'slurm' one"):
+        check_section({"system": "sge", "jobs": []}, "slurm", "SLURMCluster")
