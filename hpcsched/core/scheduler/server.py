@@ -53,8 +53,9 @@ from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
-from hpcsched.core.scheduler.journal import JOURNALED, Journal
+from hpcsched.core.scheduler.journal import JOURNALED, RESTORE_CLIENT, Journal
 from hpcsched.core.scheduler.ops import INTERNAL
+from hpcsched.core.scheduler.primitives import SECTION as PRIMITIVES
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import (
     Newcomer,
@@ -239,8 +240,17 @@ class Scheduler:
             self.handle_event(ev.AddClient(client, now=now,
                                            stimulus_id=self._stimulus("restore-client")))
             self._awaited_clients[client] = time.monotonic() + grace
-        for client, record in list(self.journal.restore_messages()):
+        records = list(self.journal.restore_messages())
+        # the restore's last record lets go of the keys it held: after the primitives
+        # hold theirs (the futures stored in variables and queues)
+        release = records.pop() if records and records[-1][0] == RESTORE_CLIENT and \
+            records[-1][1].__class__ is pr.ClientReleasesKeys else None
+        for client, record in records:
             self._table[type(record)](client, record)
+        for holder in self.primitives.restore(self.journal.sections.get(PRIMITIVES)):
+            self._awaited_clients.setdefault(holder, time.monotonic() + grace)
+        if release is not None:
+            self._table[pr.ClientReleasesKeys](*release)
         self._outbox.clear()  # answers to clients not connected yet
         self.journal.compact()
         self._awaited_workers = set(self.journal.workers)
@@ -275,7 +285,9 @@ class Scheduler:
             if deadline <= mono:
                 del self._awaited_clients[client]
                 if client not in self._comms:
-                    logger.info("client %s did not come back: releasing its keys", client)
+                    logger.info("client %s did not come back: releasing its keys and leases",
+                                client)
+                    self.primitives.peer_left(client)
                     self.handle_event(ev.RemoveClient(
                         client, now=now, stimulus_id=self._stimulus("remove-client")))
                     if self.journal is not None:
@@ -575,6 +587,8 @@ class Scheduler:
         not urgent, and on a busy node every message costs both ends a wake-up (a
         tree reduction sends one free-keys per task)."""
         if self.journal is not None:
+            if self.primitives.changed:
+                self.primitives.write_journal(self.journal)
             self.journal.sync()  # what clients are told below is in the journal first
         held = self._held
         release, self._release_held = self._release_held, False
