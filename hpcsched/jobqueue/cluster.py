@@ -524,6 +524,7 @@ class JobQueueCluster(Cluster):
                     and (wanted & set(j.workers) or wanted & set(j.workers.values()))]
             self._target_jobs = max(0, self._target_jobs - len(jobs))
         self._cancel(jobs, retire=True)
+        self._journal_jobs()
 
     def _close_workers(self, timeout: float) -> None:
         if self._journal.enabled:

@@ -36,7 +36,7 @@ N = 2000
 CANCEL = {"slurm": ["scancel"], "sge": ["qdel"], "pbs": ["qdel"], "lsf": ["bkill"]}
 
 OWNER = """
-import os, sys, time
+import os, shlex, sys, time
 from hpcsched.core import config
 from hpcsched.core.comm.scheduler_file import write_scheduler_file
 from hpcsched.jobqueue.{module} import {cls} as C
@@ -45,7 +45,10 @@ journal, logs, sfile, name, reconnect, jobs, stop, scaling = sys.argv[1:9]
 with config.set({{"jobqueue.poll-interval": 0.2}}):
     cluster = C(cores=1, memory="300MB", walltime="00:10:00", log_directory=logs,
                 job_name=name, scheduler_journal=journal,
-                worker_extra_args=["--scheduler-reconnect-timeout", reconnect])
+                worker_extra_args=["--scheduler-reconnect-timeout", reconnect],
+                # PBS does not pass the environment on: the tasks' module must import
+                job_script_prologue=["export PYTHONPATH=" +
+                                     shlex.quote(os.environ.get("PYTHONPATH", ""))])
 if scaling == "scale":  # run again, the cell asks for what it asked for before
     cluster.scale(jobs=int(jobs))
 elif scaling == "adapt":
@@ -168,6 +171,7 @@ def owner_of(batch, tmp_path):  # noqa: F811
     pytest.param("slurm", "sigkill", "scale", marks=pytest.mark.slurm),
     pytest.param("slurm", "sigterm", "adapt", marks=pytest.mark.slurm),
     pytest.param("sge", "sigkill", "scale", marks=pytest.mark.sge),
+    ("pbs", "sigkill", "scale"), ("lsf", "sigkill", "scale"),
 ], indirect=["batch"])
 def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
         batch, how, scaling, owner_of, tmp_path):  # noqa: F811
@@ -189,6 +193,8 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
         deadline = time.monotonic() + 120
         while len(list(done.iterdir())) < N // 2:
             assert time.monotonic() < deadline, "half the tasks did not run in 120 s"
+            erred = next((f for f in futures if f.status == "error"), None)
+            assert erred is None, erred.exception()
             time.sleep(0.05)
         owner.kill(0, signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
         assert len(runs(done)) < N, "the graph finished before the process was killed"

@@ -129,6 +129,7 @@ class Scheduler:
         if checkpoint_directory is None and self.journal is not None:
             checkpoint_directory = next_to_journal(self.journal.path)
         self.checkpoints = Checkpoints(checkpoint_directory) if checkpoint_directory else None
+        self._said_no_checkpoints = False
         if self.journal is not None and self.journal.meta.get("secret"):
             # peers that outlived the scheduler prove the secret they had
             self.security = dataclasses.replace(
@@ -628,8 +629,15 @@ class Scheduler:
         """A record the state machine handles: the decoded record is its event."""
         if source in self._worker_peers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
-        if event.__class__ is pr.UpdateGraph and self.checkpoints is not None:
-            event = self.checkpoints.rewrite(event)
+        if event.__class__ is pr.UpdateGraph and event.annotations and \
+                "checkpoint" in event.annotations:
+            if self.checkpoints is not None:
+                event = self.checkpoints.rewrite(event)
+            elif not self._said_no_checkpoints:
+                self._said_no_checkpoints = True
+                logger.warning("tasks annotated checkpoint=True, but this scheduler keeps no "
+                               "checkpoints: give it a journal (--journal, scheduler.journal) "
+                               "or scheduler.checkpoint-directory")
         self._route(self.state.handle(event))
 
     @handlers.on(pr.CloseClient)
