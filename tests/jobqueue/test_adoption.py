@@ -202,12 +202,15 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
         assert {numeric(i) for i in first} <= unfinished(batch.system, batch.env)
         # the notebook run again (a cluster that adapted is not told to adapt again)
         owner.start("scale" if scaling == "scale" else "neither")
+        restarted = time.monotonic()
         again = owner.jobs(1)
         assert again == first, (first, again, owner.log(1))  # adopted: the same jobs
         if scaling == "adapt":
             assert owner.line(1, "adapt") == ["2", "2"]  # the journal's adapt settings
         results = client.gather(futures, timeout=120)
+        took = time.monotonic() - restarted
         assert results == [2 * i for i in range(N)]
+        assert took < 30, f"the results came {took:.1f} s after the restart"
         after = runs(done)
         assert len(after) == N
         rerun = sorted(k for k, n in after.items() if n > 1)

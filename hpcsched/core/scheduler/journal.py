@@ -267,7 +267,7 @@ class Journal:
                 self.section_keys.pop(rec[1], None)
             else:
                 self.sections[rec[1]] = rec[2]
-                self.section_keys[rec[1]] = list(rec[3])
+                self.section_keys[rec[1]] = list(rec[3]) if len(rec) > 3 else []
         elif kind == "worker":
             if rec[2]:
                 self.workers.add(rec[1])
