@@ -280,7 +280,11 @@ class JobQueueCluster(Cluster):
         self._cancel([j for j in keep if j.cancel_requested], retire=True)
 
     def _journal_jobs(self) -> None:
-        """Write this cluster's jobs and settings to the journal, if they changed."""
+        """Write this cluster's jobs and settings to the journal, if they changed.
+
+        Under the lock, so that the journal gets the pictures of several threads in the
+        order they were taken (the scheduler's loop, which writes it, never takes it).
+        """
         if not self._journal.enabled:
             return
         with self._lock:
@@ -288,10 +292,9 @@ class JobQueueCluster(Cluster):
                 return
             adapt = self._adapt_settings if self.adaptive is not None \
                 and self.adaptive.running else None
-            section = cluster_section(self.system.system, self.cluster_id, self._next_index,
-                                      self._target_jobs,
-                                      [j for j in self.jobs.values() if not j.ended], adapt)
-        self._journal.save(section)
+            self._journal.save(cluster_section(
+                self.system.system, self.cluster_id, self._next_index, self._target_jobs,
+                [j for j in self.jobs.values() if not j.ended], adapt))
 
     # ------------------------------------------------------------ setup
     def _write_secret(self, security: Security) -> str:
