@@ -258,6 +258,11 @@ class Primitives:
                 f"semaphore {name!r}"))
             return
         if lease in sem["leases"]:
+            if sem["leases"][lease] == peer:
+                # asked again by its holder: a request resent after a reconnect, whose
+                # answer the scheduler's death (or the connection's) lost
+                self.reply(peer, rid, result=True)
+                return
             raise ev.MalformedMessage(f"{type(msg).__name__}: lease {lease!r} is already held")
         if len(sem["leases"]) < sem["max"] and not sem["waiters"]:
             sem["leases"][lease] = peer
@@ -453,7 +458,11 @@ class Primitives:
         """``msg.name`` is the id of one MultiLock's acquisition; it waits in the queue of
         each of its lock names and holds those where it is first."""
         lock_id, rid = msg.name, msg.request_id
-        if lock_id in self.multi_requests:
+        req = self.multi_requests.get(lock_id)
+        if req is not None and req["peer"] == peer and req["waiter"] is None:
+            self.reply(peer, rid, result=True)  # held already: a request resent (see above)
+            return
+        if req is not None:
             raise ev.MalformedMessage(f"MultiLockAcquire: id {lock_id!r} already in use")
         names = sorted(set(msg.names))
         n = len(names) if msg.num_locks is None else msg.num_locks
