@@ -59,6 +59,9 @@ if cluster.adaptive is not None:
     print("adapt", cluster.adaptive.policy.minimum, cluster.adaptive.policy.maximum, flush=True)
 print("jobs", " ".join(sorted(cluster.jobs)), flush=True)
 while not os.path.exists(stop):  # the test says when the campaign is over
+    if os.path.exists(stop + "-exit"):  # or that the process ends without close()
+        os.unlink(stop + "-exit")
+        sys.exit(0)
     time.sleep(0.1)
 print("at-close", " ".join(sorted(j.job_id for j in cluster.jobs.values() if not j.ended)),
       flush=True)
@@ -170,13 +173,15 @@ def owner_of(batch, tmp_path):  # noqa: F811
 @pytest.mark.parametrize("batch,how,scaling", [
     pytest.param("slurm", "sigkill", "scale", marks=pytest.mark.slurm),
     pytest.param("slurm", "sigterm", "adapt", marks=pytest.mark.slurm),
+    pytest.param("slurm", "exit", "scale", marks=pytest.mark.slurm),
     pytest.param("sge", "sigkill", "scale", marks=pytest.mark.sge),
     ("pbs", "sigkill", "scale"), ("lsf", "sigkill", "scale"),
 ], indirect=["batch"])
 def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
         batch, how, scaling, owner_of, tmp_path):  # noqa: F811
-    """SIGKILL (or SIGTERM: a process ending without close()) mid-graph; the same code with
-    the same journal adopts the jobs; the client's gather is right; nothing ran twice.
+    """SIGKILL (or SIGTERM, or the interpreter's exit: a process ending without close())
+    mid-graph; the same code with the same journal adopts the jobs; the client's gather
+    is right; nothing ran twice.
     A cluster that adapted adapts again after the restart without being asked, counting
     the adopted jobs: it neither submits nor cancels one."""
     owner = owner_of(reconnect=120, jobs=2)
@@ -196,7 +201,11 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
             erred = next((f for f in futures if f.status == "error"), None)
             assert erred is None, erred.exception()
             time.sleep(0.05)
-        owner.kill(0, signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
+        if how == "exit":
+            Path(f"{owner.stop}-exit").touch()
+            assert owner.procs[0].wait(60) == 0, owner.log(0)
+        else:
+            owner.kill(0, signal.SIGKILL if how == "sigkill" else signal.SIGTERM)
         assert len(runs(done)) < N, "the graph finished before the process was killed"
         # the jobs run on without their scheduler
         assert {numeric(i) for i in first} <= unfinished(batch.system, batch.env)
