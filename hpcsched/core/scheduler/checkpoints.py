@@ -17,7 +17,9 @@ Only keys that name the same computation in the next run make sense: the keys of
 calls (``submit``/``map`` with ``pure=True``, the default, of functions importable by
 name, or defined in the script and unchanged) and of dask collections (tokens of their
 inputs). A key does not say which code computed it: a file is trusted for as long as it
-is there -- remove the directory when the code changes. The rewriting happens here, as
+is there -- remove the directory when the code changes. A write cut short (the job
+killed) leaves a ``*.tmp-*`` file, never read; it is not removed here, since a worker that
+outlived a restarted scheduler may be writing it. The rewriting happens here, as
 each graph arrives (and again when a journal restores it): the task's run spec gains a
 fourth element, ``(path, key, load)``, which the worker carries out
 (:mod:`hpcsched.core.worker.checkpoint`).
