@@ -15,6 +15,7 @@ process a test starts is killed, and every job it submitted cancelled, also when
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -36,14 +37,14 @@ N = 2000
 CANCEL = {"slurm": ["scancel"], "sge": ["qdel"], "pbs": ["qdel"], "lsf": ["bkill"]}
 
 OWNER = """
-import os, shlex, sys, time
+import json, os, shlex, sys, time
 from hpcsched.core import config
 from hpcsched.core.comm.scheduler_file import write_scheduler_file
 from hpcsched.jobqueue.{module} import {cls} as C
 
-journal, logs, sfile, name, reconnect, jobs, stop, scaling = sys.argv[1:9]
+journal, logs, sfile, name, reconnect, jobs, stop, job_kwargs, scaling = sys.argv[1:10]
 with config.set({{"jobqueue.poll-interval": 0.2}}):
-    cluster = C(cores=1, memory="300MB", walltime="00:10:00", log_directory=logs,
+    cluster = C(memory="300MB", walltime="00:10:00", log_directory=logs, **json.loads(job_kwargs),
                 job_name=name, scheduler_journal=journal,
                 worker_extra_args=["--scheduler-reconnect-timeout", reconnect],
                 # PBS does not pass the environment on: the tasks' module must import
@@ -73,14 +74,16 @@ print("closed", flush=True)
 class Owner:
     """The process holding the cluster, started (and started again) with one journal."""
 
-    def __init__(self, b: Batch, tmp: Path, reconnect: float, jobs: int):
+    def __init__(self, b: Batch, tmp: Path, reconnect: float, jobs: int,
+                 job_kwargs: dict | None = None):
         self.batch, self.tmp = b, tmp
         self.name = f"adopt{secrets.token_hex(3)}"  # its jobs' names: found even if it fails
         self.sfile, self.stop = tmp / "scheduler.json", tmp / "stop"
         self.code = OWNER.format(module=MODULES.get(b.system, b.system),
                                  cls=CLASSES[b.system].__name__)
         self.args = [str(tmp / "journal"), str(b.log_dir), str(self.sfile), self.name,
-                     str(reconnect), str(jobs), str(self.stop)]
+                     str(reconnect), str(jobs), str(self.stop),
+                     json.dumps(job_kwargs or {"cores": 1})]
         self.procs: list[subprocess.Popen] = []
         self.ids: set[str] = set()
 
@@ -275,3 +278,53 @@ def test_what_the_journal_keeps_of_a_job_and_which_jobs_are_adopted():
     assert adoptable([done], None) == ([done], [])  # the batch system did not answer
     with pytest.raises(ValueError, match="'sge' cluster, not of a 'slurm' one"):
         check_section({"system": "sge", "jobs": []}, "slurm", "SLURMCluster")
+
+
+@pytest.fixture
+def nodes_batch(tmp_path, monkeypatch, fast_poll):
+    """The SLURM of the emulated nodes (partition ``multi``, node1-3 on their own network)."""
+    from tests.nodes import SLURM_CONF, missing_slurm, require
+
+    require(missing_slurm(3), "sudo bash ci/batch/start-slurm.sh && sudo bash "
+            "ci/nodes/start-nodes.sh 3 && sudo bash ci/nodes/start-slurm-nodes.sh 3", slurm=True)
+    monkeypatch.setenv("SLURM_CONF", SLURM_CONF)
+    b = Batch("slurm", tmp_path / "logs", dict(os.environ))
+    yield b
+    b.assert_queue_empty()
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.slurm
+def test_jobs_on_other_nodes_are_adopted_and_reach_the_restarted_scheduler(
+        nodes_batch, tmp_path):
+    """Workers on compute nodes (their own network) find the restarted scheduler at the
+    address the journal kept, and the restart adopts their jobs."""
+    owner = Owner(nodes_batch, tmp_path, reconnect=120, jobs=2,
+                  job_kwargs={"queue": "multi", "cores": 2, "processes": 1})
+    done = tmp_path / "runs"
+    done.mkdir()
+    try:
+        owner.start()
+        first = owner.jobs(0)
+        with config.set({"client.scheduler-reconnect-timeout": 120}):
+            client = Client(str(owner.sfile), set_as_default=False)
+        try:
+            hosts = client.run(lambda: __import__("socket").gethostname())
+            assert len(set(hosts.values())) == 2 and "node" in " ".join(hosts.values()), hosts
+            futures = client.map(counted, range(N), directory=str(done))
+            deadline = time.monotonic() + 120
+            while len(list(done.iterdir())) < N // 2:
+                assert time.monotonic() < deadline, "half the tasks did not run in 120 s"
+                time.sleep(0.05)
+            owner.kill(0)
+            owner.start()
+            assert owner.jobs(1) == first
+            assert client.gather(futures, timeout=60) == [2 * i for i in range(N)]
+            assert all(n == 1 for n in runs(done).values()) and len(runs(done)) == N
+        finally:
+            client.close(timeout=2)
+        owner.stop.touch()
+        assert owner.procs[1].wait(60) == 0, owner.log(1)
+        nodes_batch.assert_queue_empty({numeric(i) for i in first})
+    finally:
+        owner.cleanup()
