@@ -49,6 +49,7 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler import ops as scheduler_ops
+from hpcsched.core.scheduler.checkpoints import ANNOTATION as CHECKPOINT
 from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
@@ -630,7 +631,7 @@ class Scheduler:
         if source in self._worker_peers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
         if event.__class__ is pr.UpdateGraph and event.annotations and \
-                "checkpoint" in event.annotations:
+                CHECKPOINT in event.annotations:
             if self.checkpoints is not None:
                 event = self.checkpoints.rewrite(event)
             elif not self._said_no_checkpoints:
