@@ -68,6 +68,9 @@ DEFAULTS: dict[str, Any] = {
     # seconds a restarted scheduler waits for the workers it had to come back before it
     # gives out work (one that came back early would otherwise recompute what another holds)
     "scheduler.journal-worker-grace": 10.0,
+    # where results of tasks annotated checkpoint=True are kept (None: <journal>.checkpoints
+    # when there is a journal, else nowhere); see hpcsched/core/scheduler/checkpoints.py
+    "scheduler.checkpoint-directory": None,
     # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh

@@ -24,7 +24,11 @@ How a job ends (the failure model; the README quotes it):
   the job ends instead of hanging.
 * A rank that dies (killed, segfault, out of memory) ends the whole MPI job:
   that is MPI's own semantics (the launcher kills the other ranks and reports
-  which one died). There is no recovery of a lost rank in MPI mode.
+  which one died). There is no recovery of a lost rank in MPI mode; rank 0,
+  the scheduler and the script, is no exception. What survives is on disk:
+  with ``--journal J`` the results of tasks annotated ``checkpoint=True`` are
+  kept in ``J.checkpoints/`` (:mod:`hpcsched.core.scheduler.checkpoints`), and
+  the job run again with the same journal reads them instead of running them.
 * SIGTERM/SIGINT sent to the launcher reach every rank (mpiexec forwards
   them): SIGTERM ends them at once, SIGINT interrupts the script (exit 130).
 * A worker rank that cannot join the scheduler at start-up aborts the job with
@@ -388,6 +392,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         "machine's memory (0.5), none, or auto: the job's share per rank "
                         "(default)")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
+    p.add_argument("--journal", default=None,
+                   help="the job's journal: results of tasks annotated checkpoint=True are "
+                        "kept in JOURNAL.checkpoints/, and a job run again with the same "
+                        "journal reads them instead of running those tasks (needs a file "
+                        "system every rank shares)")
     p.add_argument("script", help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     ns = p.parse_args(argv)
@@ -418,6 +427,18 @@ def main(argv: list[str]) -> int:
     script = os.path.abspath(ns.script)
     # as `python script.py` does, and on the workers too: modules next to the script import
     sys.path[0] = os.path.dirname(script)
+    if ns.journal is None:
+        return _run(ns)
+    # rank 0's scheduler (or a world of one's LocalCluster) keeps the checkpoints
+    from hpcsched.core.scheduler.checkpoints import next_to_journal
+
+    with config.set({"scheduler.checkpoint-directory":
+                     next_to_journal(os.path.abspath(os.path.expanduser(ns.journal)))}):
+        return _run(ns)
+
+
+def _run(ns: argparse.Namespace) -> int:
+    """Set MPI mode up and run the script on rank 0 (serve on the others)."""
     try:
         job = _setup(InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
                                  dashboard_address=config.get("diagnostics.dashboard.address")))

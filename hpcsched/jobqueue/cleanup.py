@@ -3,7 +3,10 @@
 Each cluster registers one cleanup (a :class:`weakref.finalize`, which also runs
 at interpreter exit) holding only what cancelling needs -- the batch system
 adapter, the set of live job ids, the secret file and the scheduler -- never the
-cluster, so garbage collection of the cluster runs it too.
+cluster, so garbage collection of the cluster runs it too. A cluster whose scheduler
+keeps a journal registers :func:`leave_for_restart` instead: only its ``close()``
+cancels its jobs; otherwise they wait for a restart, bounded by their workers'
+``worker.scheduler-reconnect-timeout``.
 
 Signals (handlers installed once, from the main thread only, chained to the
 handlers found there):
@@ -60,6 +63,17 @@ def cancel_all_live(system: Any, live_ids: set[str], secret_file: str | None,
             scheduler.close(timeout=2)
         except BaseException as e:  # noqa: BLE001
             _report(f"hpcsched: closing the scheduler failed: {e}")
+
+
+def leave_for_restart(scheduler: Any) -> None:
+    """A journaled cluster's process ends without ``close()``: its jobs are left running
+    and its scheduler stops without closing their workers, which wait
+    ``worker.scheduler-reconnect-timeout`` for a cluster made again with the journal (it
+    adopts them), then exit, which ends their jobs. Never raises."""
+    try:
+        scheduler.close(timeout=2, detach=True)
+    except BaseException as e:  # noqa: BLE001
+        _report(f"hpcsched: stopping the scheduler failed: {e}")
 
 
 def _report(msg: str) -> None:

@@ -36,6 +36,11 @@ The cluster owns what is the same on every batch system; the per-system adapter
   have their workers retired gracefully first. Jobs whose workers retired at
   walltime are replaced while the target asks for them.
 * **Nothing leaks** (:mod:`hpcsched.jobqueue.cleanup`).
+* **A journaled scheduler outlives its process** (``scheduler_journal=J``,
+  :mod:`hpcsched.jobqueue.adoption`): the jobs the cluster owns are in the journal; a
+  process that ends without ``close()`` (killed, a kernel restart, interpreter exit)
+  leaves them running, their workers waiting for the scheduler, and a cluster made again
+  with the same journal adopts those still queued or running. ``close()`` cancels them.
 """
 
 from __future__ import annotations
@@ -59,6 +64,13 @@ from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import describe_interfaces, routable_addresses
 from hpcsched.core.comm.scheduler_file import write_secret_file
+from hpcsched.jobqueue.adoption import (
+    ClusterJournal,
+    adoptable,
+    check_section,
+    cluster_section,
+    job_from_record,
+)
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import Job, JobState, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
@@ -111,12 +123,17 @@ class JobQueueCluster(Cluster):
                  name: str | None = None, silence_logs: Any = None, asynchronous: bool = False,
                  loop: Any = None, scheduler_cls: Any = None,
                  job_cls: type[BatchSystem] | None = None, dashboard_address: Any = None,
-                 host: str | None = None, **kwargs: Any) -> None:
+                 host: str | None = None, scheduler_journal: str | None = None,
+                 **kwargs: Any) -> None:
         """Take dask-jobqueue's cluster keywords, then the job parameters.
 
         The job parameters (``cores``, ``memory``, ...) are those of
         :mod:`hpcsched.jobqueue.params`. Keywords that mean nothing here (``loop``,
         ``scheduler_cls``, ``silence_logs``) are accepted and logged as ignored.
+        ``scheduler_journal``: the scheduler keeps a journal there (``scheduler.journal``);
+        made again with the same journal after its process died, the cluster takes up its
+        graphs, its address and the jobs still queued or running
+        (:mod:`hpcsched.jobqueue.adoption`).
         """
         # every check that can fail runs before anything is started or submitted
         for what, value in (("host", host), ("dashboard_address", dashboard_address)):
@@ -182,25 +199,102 @@ class JobQueueCluster(Cluster):
         self._scripts: list[str] = []
         self._notes: collections.deque[str] = collections.deque(maxlen=1000)  # get_logs()
         self.security = security
+        self._adapt_settings: dict[str, Any] | None = None  # what adapt() was called with
         os.makedirs(p["log_directory"], exist_ok=True)
-        self.secret_file = self._write_secret(security)
+        scheduler_kwargs = dict(dashboard or {})
+        if scheduler_journal is not None:
+            scheduler_kwargs["journal"] = scheduler_journal
+        super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security,
+                         scheduler_kwargs)
+        self._journal = ClusterJournal(self.scheduler)
         try:
-            super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security, dashboard)
+            saved = self._journal.load()
+            if saved is not None:  # a restart: the jobs and names of the cluster that was
+                saved = check_section(saved, self.system.system, type(self).__name__)
+                self.cluster_id = str(saved["cluster_id"])
+                self._next_index = int(saved["next_index"])
+                self._target_jobs = int(saved["target_jobs"])
+            # the scheduler's secret: a restored one when the journal had it
+            self.secret_file = self._write_secret(self.security)
         except BaseException:
-            os.unlink(self.secret_file)
+            self._stop_scheduler()
             raise
         self._events: collections.deque = collections.deque()  # worker joins/leaves, not applied yet
         self._wake = threading.Event()  # set on worker events and ended jobs
-        self._finalizer_jobs = cleanup.register(self, cleanup.cancel_all_live, self.system,
-                                                self._live_ids, self.secret_file, self.scheduler)
+        if self._journal.enabled:
+            # ended without close(), the process leaves its jobs to a restart (their
+            # workers wait worker.scheduler-reconnect-timeout for it, then exit)
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, self.scheduler.close, 2.0, 0, True)
+            self._finalizer_jobs = cleanup.register(self, cleanup.leave_for_restart,
+                                                    self.scheduler)
+        else:
+            self._finalizer_jobs = cleanup.register(self, cleanup.cancel_all_live, self.system,
+                                                    self._live_ids, self.secret_file,
+                                                    self.scheduler)
         self._callback = _weak_callback(self)
         self.scheduler.add_worker_callback(self._callback)
         self._stop = threading.Event()
         self._poller = threading.Thread(target=_poll_loop, args=(weakref.ref(self), self._stop),
                                         name=f"{type(self).__name__}-poll", daemon=True)
+        if saved is not None:
+            self._adopt(saved)
         self._poller.start()
         if n_workers:
             self.scale(n_workers)
+        if saved is not None and saved.get("adapt") is not None and self.adaptive is None:
+            self.adapt(**saved["adapt"])
+        self._journal_jobs()
+
+    def _stop_scheduler(self) -> None:
+        """The constructor failed after the scheduler started: stop it.
+
+        A journaled one stops without closing the workers that came back to it: a next
+        attempt adopts them.
+        """
+        self._finalizer.detach()
+        self.scheduler.close(timeout=2, detach=self.scheduler.journal is not None)
+
+    def _adopt(self, saved: dict[str, Any]) -> None:
+        """Take the journal's jobs that the batch system still runs or queues as ours."""
+        jobs = [job_from_record(r) for r in saved["jobs"]]
+        states = None
+        if jobs:
+            try:
+                states = self.system.status([j.job_id for j in jobs])
+            except runner.BatchCommandError as e:
+                logger.warning("cannot ask the batch system about the journal's jobs (%s): "
+                               "adopting all of them; the next polls tell which still run", e)
+        keep, ended = adoptable(jobs, states)
+        with self._lock:
+            for job in keep:
+                self.jobs[job.job_id] = job
+                self._live_ids.add(job.job_id)
+        self._note(logging.INFO, "adopted %d job(s) of cluster %s from the journal %s: %s%s",
+                   len(keep), self.cluster_id, self.scheduler.journal.path
+                   if self.scheduler.journal is not None else "",
+                   " ".join(j.job_id for j in keep) or "none",
+                   f"; ended meanwhile: {' '.join(j.job_id for j in ended)}" if ended else "")
+        self._event(f"adopted jobs {' '.join(j.job_id for j in keep) or 'none'} after a restart")
+        # a cancel the process had asked for before it died is carried out
+        self._cancel([j for j in keep if j.cancel_requested], retire=True)
+
+    def _journal_jobs(self) -> None:
+        """Write this cluster's jobs and settings to the journal, if they changed.
+
+        Under the lock, so that the journal gets the pictures of several threads in the
+        order they were taken (the scheduler's loop, which writes it, never takes it).
+        """
+        if not self._journal.enabled:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            adapt = self._adapt_settings if self.adaptive is not None \
+                and self.adaptive.running else None
+            self._journal.save(cluster_section(
+                self.system.system, self.cluster_id, self._next_index, self._target_jobs,
+                [j for j in self.jobs.values() if not j.ended], adapt))
 
     # ------------------------------------------------------------ setup
     def _write_secret(self, security: Security) -> str:
@@ -210,7 +304,13 @@ class JobQueueCluster(Cluster):
             directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
                 p["shared_temp_directory"])))
             os.makedirs(directory, exist_ok=True)
-        self._secret = write_secret_file(directory, self.cluster_id, security)
+        try:
+            self._secret = write_secret_file(directory, self.cluster_id, security)
+        except FileExistsError:
+            raise RuntimeError(
+                f"{type(self).__name__}: the secret file of cluster {self.cluster_id} in "
+                f"{directory} is held by a live process: another cluster runs on this "
+                "journal; close it first (one journal serves one cluster at a time)") from None
         return self._secret.path
 
     # ------------------------------------------------------------ scripts
@@ -392,7 +492,12 @@ class JobQueueCluster(Cluster):
         """
         with self._lock:
             self._resume_submissions("adapt()")
-        return super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
+        adaptive = super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
+        settings = {"minimum": minimum, "maximum": maximum, "minimum_jobs": minimum_jobs,
+                    "maximum_jobs": maximum_jobs, **kwargs}
+        self._adapt_settings = {k: v for k, v in settings.items() if v is not None}
+        self._journal_jobs()
+        return adaptive
 
     def _resume_submissions(self, why: str) -> None:
         if self.backoff.failing:
@@ -422,12 +527,31 @@ class JobQueueCluster(Cluster):
                     and (wanted & set(j.workers) or wanted & set(j.workers.values()))]
             self._target_jobs = max(0, self._target_jobs - len(jobs))
         self._cancel(jobs, retire=True)
+        self._journal_jobs()
 
     def _close_workers(self, timeout: float) -> None:
+        if self._journal.enabled:
+            # closed on purpose: the jobs are cancelled, and a restart has none to adopt
+            self._journal.save(None)
+            self._finalizer_jobs.detach()
+            cleanup.unregister(self._finalizer_jobs)
+            cleanup.cancel_all_live(self.system, self._live_ids, self.secret_file,
+                                    self.scheduler)
+            return
         self._finalizer_jobs()  # cancels live jobs, removes the secret, closes the scheduler
         cleanup.unregister(self._finalizer_jobs)
 
     def _adjust(self, raise_errors: bool = False) -> None:
+        """Submit or cancel jobs to meet the target (see :meth:`_meet_target`).
+
+        A job submitted is in the journal (if any) before this returns.
+        """
+        try:
+            self._meet_target(raise_errors)
+        finally:
+            self._journal_jobs()
+
+    def _meet_target(self, raise_errors: bool = False) -> None:
         """Submit or cancel jobs to meet the target.
 
         A failed submission is noted and shown (:meth:`problems`, the scheduler's events)

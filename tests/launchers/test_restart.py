@@ -175,3 +175,75 @@ def test_a_notebook_restarted_with_its_journal_gets_its_results_without_recomput
     finally:
         if worker.is_running():
             worker.kill()
+
+
+HOLDER = """
+import sys, time
+from hpcsched import Client, Lock
+client = Client(sys.argv[1], set_as_default=False)
+assert Lock("theirs", client=client).acquire(timeout=10)
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_coordination_primitives_survive_a_restart(procs, tmp_path):  # noqa: F811
+    """Variables (a value, a future), queued items, a set event, held locks and semaphore
+    leases: all there after the scheduler is SIGKILLed and started again with its journal.
+    A lease's holder that comes back keeps it; one that does not loses it after the
+    client grace."""
+    from hpcsched import Event, Lock, Queue, Semaphore, Variable
+
+    sfile, journal, done = tmp_path / "scheduler.json", tmp_path / "journal", tmp_path / "runs"
+    done.mkdir()
+    grace = {**NO_DASHBOARD, "HPCSCHED_SCHEDULER__JOURNAL_CLIENT_GRACE": "10"}
+    sched = procs.start(scheduler_cmd(sfile, journal), "scheduler-1", env=grace)
+    wait_until(lambda: sfile.exists() or sched.poll() is not None, timeout=30,
+               what="the scheduler file")
+    procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile),
+                 "--scheduler-reconnect-timeout", "120", *WORKER_OPTS], "worker")
+    with config.set({"client.scheduler-reconnect-timeout": 120}):
+        mine = Client(str(sfile), set_as_default=False)
+    try:
+        mine.wait_for_workers(1, timeout=30)
+        Variable("plain", client=mine).set(41)
+        Variable("future", client=mine).set(mine.submit(counted, 7, directory=str(done)))
+        queue = Queue("q", client=mine)
+        queue.put(1)
+        queue.put(2)
+        Event("e", client=mine).set()
+        lock = Lock("mine", client=mine)
+        assert lock.acquire(timeout=10)
+        assert Semaphore(2, "s", client=mine).acquire(timeout=10)
+        holder = procs.start([sys.executable, "-c", HOLDER, str(sfile)], "holder")
+        wait_until(lambda: "held" in procs.log("holder") or holder.poll() is not None,
+                   timeout=30, what="the other client's lock")
+        assert Variable("future", client=mine).get(timeout=10).result(timeout=30) == 14
+        sched.send_signal(signal.SIGKILL)  # first: the holder's lease is in the journal
+        sched.wait(10)
+        holder.send_signal(signal.SIGKILL)  # ... and it never comes back
+        holder.wait(10)
+        sched = procs.start(scheduler_cmd(sfile, journal), "scheduler-2", env=grace)
+        with Client(str(sfile), set_as_default=False) as other:
+            # held by a client the journal names, which has the grace to come back
+            assert not Lock("theirs", client=other).acquire(timeout=0)
+            assert Variable("plain", client=other).get(timeout=30) == 41
+            future = Variable("future", client=other).get(timeout=10)
+            assert future.result(timeout=30) == 14
+            assert runs(done) == {7: 1}  # the worker's result, not run again
+            other_queue = Queue("q", client=other)
+            assert [other_queue.get(timeout=10), other_queue.get(timeout=10)] == [1, 2]
+            assert Event("e", client=other).is_set()
+            assert Semaphore(2, "s", client=other).get_value() == 1
+            theirs = Lock("mine", client=other)
+            assert not theirs.acquire(timeout=0)  # still held by the first client
+            lock.release()  # which came back with it
+            assert theirs.acquire(timeout=30)
+            theirs.release()
+            # the holder that did not come back loses its lock after the client grace
+            assert Lock("theirs", client=other).acquire(timeout=60)
+    finally:
+        mine.close(timeout=2)
+    sched.terminate()
+    assert sched.wait(30) == 0

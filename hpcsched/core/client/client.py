@@ -45,6 +45,7 @@ from hpcsched.core.client import plugins, versions
 from hpcsched.core.client.collections import (
     DaskClaim,
     become_dask_scheduler,
+    call_annotations,
     restore_dask_scheduler,
 )
 from hpcsched.core.client.connection import (
@@ -319,7 +320,8 @@ class Client:
         task = {"run_spec": (fblob, ablob, bool(held)), "deps": list(held)}
         self.scheduler_comm.send(pc.UpdateGraph(
             self.id, {key: task}, [key], priority, {key: retries} if retries else {},
-            resources, as_list(workers), allow_other_workers, {key: 0}))
+            resources, as_list(workers), allow_other_workers, {key: 0},
+            call_annotations((key,))))
         del held
         return fut
 

@@ -18,8 +18,10 @@ methods (``__dask_graph__``, ``__dask_annotations__``,
   copy of dask's evaluation rules lives here.
 
 Annotations (``dask.annotate(retries=..., resources=..., priority=...,
-workers=..., allow_other_workers=...)``) come back per key, as dask's
-distributed scheduler reads them.
+workers=..., allow_other_workers=..., checkpoint=...)``) come back per key, as dask's
+distributed scheduler reads them. ``checkpoint`` also applies to ``submit`` and ``map``
+called inside ``dask.annotate`` (:func:`call_annotations`): a plain call has no graph
+layer to carry it, and its keyword arguments are the function's.
 
 dask is optional: nothing here imports it unless the graph came from it.
 """
@@ -42,7 +44,28 @@ Key = Any
 Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
 
 #: the annotations hpcsched acts on (others are accepted and kept for plugins)
-KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers")
+KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers",
+                     "checkpoint")
+#: the annotations of an enclosing ``dask.annotate`` that ``submit`` and ``map`` take
+CALL_ANNOTATIONS = ("checkpoint",)
+
+
+def call_annotations(keys: Collection[Key]) -> Annotations | None:
+    """The per-key annotations that the enclosing ``dask.annotate`` block (if dask is
+    imported) gives ``submit``/``map`` calls of ``keys`` (None: none)."""
+    dask = sys.modules.get("dask")
+    if dask is None or not keys:
+        return None
+    found = dask.get_annotations()
+    out: Annotations = {}
+    for name in CALL_ANNOTATIONS:
+        if name in found:
+            value = found[name]
+            if annotation_problem(name, value) is not None:
+                raise ValueError(f"dask.annotate({name}={value!r}) is not valid: "
+                                 f"{annotation_problem(name, value)}")
+            out[name] = dict.fromkeys(keys, value)
+    return out or None
 
 
 def is_dask_collection(x: Any) -> bool:

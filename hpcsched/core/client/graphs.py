@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from hpcsched.core import config
 from hpcsched.core.client.collections import (
     annotations_for_wire,
+    call_annotations,
     finalize_expr,
     graph_of,
     is_dask_collection,
@@ -188,7 +189,7 @@ class Submitter:
                     send(update_graph(self.conn.client_id, tasks, list(tasks),
                                       static_priorities={k: start + i
                                                          for i, k in enumerate(tasks)},
-                                      **opts))
+                                      annotations=call_annotations(tasks), **opts))
                 del held
         return futures
 

@@ -41,6 +41,7 @@ ANNOTATIONS: dict[str, Check] = {
     "resources": dict_of(number, keyed=string),
     "workers": list_of(worker_ref),
     "allow_other_workers": boolean,
+    "checkpoint": boolean,  # keep the result in the scheduler's checkpoint directory
 }
 
 

@@ -29,6 +29,12 @@ submission before the journal holds it. ``scheduler.journal-fsync`` adds an
 The workers that join and leave are recorded too: a restarted scheduler waits (a
 little) for those it had before it gives out work.
 
+Beside the client messages, plain data is kept here under names (:meth:`Journal.set_section`):
+the coordination primitives' state (:mod:`.primitives`), and, for a component above
+the scheduler, a batch cluster's jobs and its scale and adapt settings. The latest value
+of each section survives restarts and compactions; the keys a section holds (futures
+stored in a variable or a queue) stay live, with what they depend on.
+
 The journal keeps, beside the file, a model of the live state it describes (each
 task's spec, each client's wanted keys, the datasets, the workers): when the file has grown past
 twice its size after the last compaction (and past ``compact_bytes``), it is rewritten
@@ -138,6 +144,8 @@ class Journal:
         self.wants: dict[str, set] = {}
         self.datasets: dict[str, Any] = {}  # name -> its DatasetPublish record
         self.workers: set[str] = set()  # addresses of the workers connected
+        self.sections: dict[str, Any] = {}  # name -> the latest value set_section gave it
+        self.section_keys: dict[str, list] = {}  # name -> the keys that section holds
         self.compactions = 0
         self._pending: list[bytes] = []
         records: list[Any] = []
@@ -170,6 +178,17 @@ class Journal:
         ``client``; ``wire``: the dict it arrived as (else it is encoded here)."""
         self._apply_record(client, record)
         self._write(("msg", client, pr.encode(record) if wire is None else wire))
+
+    def set_section(self, name: str, value: Any, keys: list | None = None) -> None:
+        """Keep ``value`` (plain, picklable data) under ``name`` in place of what was there;
+        None removes it. ``keys``: the task keys it holds (they stay live). Written at the
+        next :meth:`sync`."""
+        keys = list(keys or ())
+        if self.sections.get(name) == value and self.section_keys.get(name, []) == keys:
+            return
+        rec = ("section", name, value, keys)
+        self._apply(rec)
+        self._write(rec)
 
     def worker_joined(self, address: str) -> None:
         rec = ("worker", address, True)
@@ -215,6 +234,8 @@ class Journal:
             if self.meta:
                 parts.append(_frame(("meta", self.meta)))
             parts += [_frame(("worker", w, True)) for w in sorted(self.workers)]
+            parts += [_frame(("section", n, v, self.section_keys.get(n, [])))
+                      for n, v in sorted(self.sections.items())]
             parts += [_frame(("msg", c, pr.encode(r))) for c, r in self.restore_messages()]
             data = b"".join(parts)
             _write_all(fd, data)
@@ -240,6 +261,13 @@ class Journal:
             self.meta = dict(rec[1])
         elif kind == "gone":
             self.wants.pop(rec[1], None)
+        elif kind == "section":
+            if rec[2] is None:
+                self.sections.pop(rec[1], None)
+                self.section_keys.pop(rec[1], None)
+            else:
+                self.sections[rec[1]] = rec[2]
+                self.section_keys[rec[1]] = list(rec[3]) if len(rec) > 3 else []
         elif kind == "worker":
             if rec[2]:
                 self.workers.add(rec[1])
@@ -290,6 +318,8 @@ class Journal:
             roots |= wanted
         for published in self.datasets.values():
             roots.update(published.keys)
+        for keys in self.section_keys.values():
+            roots.update(keys)
         live: set = set()
         stack = [k for k in roots if k in self.tasks]
         while stack:
@@ -319,21 +349,21 @@ class Journal:
             # the restore holds every live key until the clients and datasets below say
             # which they want, then lets go (the last record): a task none of them wants
             # stays only while a dependent needs it
-            yield (_GRAPH_OWNER, pr.UpdateGraph(
-                _GRAPH_OWNER, {k: self.tasks[k] for k in live}, sorted(live, key=repr),
+            yield (RESTORE_CLIENT, pr.UpdateGraph(
+                RESTORE_CLIENT, {k: self.tasks[k] for k in live}, sorted(live, key=repr),
                 annotations=annotations or None, stimulus_id=_restored("update-graph")))
         for client, keys in self.wants.items():
             keys = keys & live
             if not keys:
                 continue
             fire_and_forget = client == FIRE_AND_FORGET
-            owner = _GRAPH_OWNER if fire_and_forget else client
+            owner = RESTORE_CLIENT if fire_and_forget else client
             yield (owner, pr.ClientDesiresKeys(owner, sorted(keys, key=repr), fire_and_forget,
                                                stimulus_id=_restored("client-desires-keys")))
-        yield from ((_GRAPH_OWNER, published) for published in self.datasets.values())
+        yield from ((RESTORE_CLIENT, published) for published in self.datasets.values())
         if live:
-            yield (_GRAPH_OWNER, pr.ClientReleasesKeys(
-                _GRAPH_OWNER, sorted(live, key=repr),
+            yield (RESTORE_CLIENT, pr.ClientReleasesKeys(
+                RESTORE_CLIENT, sorted(live, key=repr),
                 stimulus_id=_restored("client-releases-keys")))
 
     @property
@@ -343,8 +373,9 @@ class Journal:
 
 
 #: the client id under which a restore submits the merged graph; it lets go of the
-#: keys once every real client has said what it wants
-_GRAPH_OWNER = "journal-restore"
+#: keys (the last record of :meth:`Journal.restore_messages`) once every real client, and
+#: every section holding keys, has said what it wants
+RESTORE_CLIENT = "journal-restore"
 
 
 def _restored(op: str) -> str:

@@ -22,12 +22,21 @@ futures inside one are listed in ``keys``, and held on the scheduler (as a
 client of their own, ``<kind>:<name>:<n>``) while the value is stored, as
 distributed does.
 
+A journaled scheduler keeps what outlives a client here in its journal too
+(:meth:`Primitives.durable`, written once per loop turn in which a request changed
+something): variables' values, queued items, which events are set, the leases held
+(locks, semaphores, multi-locks) and by whom. Restarted, it takes them up again
+(:meth:`Primitives.restore`); a holder of a lease that does not come back within
+``scheduler.journal-client-grace`` loses it, as a client that leaves does. Waits in
+progress are not kept: their requests end with the connection.
+
 Runs on the scheduler's loop thread, like every server op.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from typing import Any
@@ -37,6 +46,19 @@ from hpcsched.core.protocol.calls import error_reply
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import ControlReply
 from hpcsched.core.state import events as ev
+
+logger = logging.getLogger("hpcsched.scheduler")
+
+#: the journal section of the primitives' state
+SECTION = "primitives"
+#: the requests that only read: they change nothing a journal keeps
+_READ_ONLY = (pp.LockLocked, pp.SemaphoreValue, pp.EventIsSet, pp.QueueSize, pp.DatasetList,
+              pp.DatasetGet)
+
+
+def _plain(stored: dict) -> dict:
+    """A stored value as a journal keeps it (without the holder id of this process)."""
+    return {"blob": stored["blob"], "keys": list(stored["keys"])}
 
 
 def _stored(msg: pp.VariableSet | pp.QueuePut | pp.DatasetPublish) -> dict:
@@ -73,6 +95,8 @@ class Primitives:
         self._ids = itertools.count()
         self._next_deadline: float | None = None  # earliest deadline of a waiter, if any
         self._table = self.handlers.bind(self)
+        #: a request changed what a journal keeps since :meth:`write_journal` last ran
+        self.changed = False
 
     def _waiter(self, peer: str, rid: str, timeout: float | None, data: Any = None) -> Waiter:
         w = Waiter(peer, rid, timeout, data)
@@ -86,6 +110,77 @@ class Primitives:
         """Serve request ``msg`` (a record of :mod:`hpcsched.core.protocol.primitives`,
         decoded: its fields checked) of peer ``source``."""
         self._table[type(msg)](source, msg)
+        if not isinstance(msg, _READ_ONLY):
+            self.changed = True
+
+    # ------------------------------------------------------------ the journal
+    def durable(self) -> tuple[dict, list]:
+        """(the state a restarted scheduler takes up again, the keys it holds)."""
+        variables = {n: _plain(v["value"]) for n, v in self.variables.items()
+                     if v["value"] is not None}
+        queues = {n: {"maxsize": q["maxsize"], "items": [_plain(s) for s in q["items"]]}
+                  for n, q in self.queues.items() if q["items"]}
+        state: dict[str, Any] = {
+            "variables": variables, "queues": queues,
+            "events": sorted(n for n, e in self.events.items() if e["set"]),
+            "leases": {kind: {n: {"max": sem["max"], "leases": dict(sem["leases"])}
+                              for n, sem in table.items() if sem["leases"]}
+                       for kind, table in self.semaphores.items()},
+            "multilocks": {i: {"names": list(r["names"]), "n": r["n"], "peer": r["peer"]}
+                           for i, r in self.multi_requests.items() if r["waiter"] is None},
+        }
+        keys = [k for v in variables.values() for k in v["keys"]]
+        keys += [k for q in queues.values() for s in q["items"] for k in s["keys"]]
+        return state, keys
+
+    def write_journal(self, journal: Any) -> None:
+        """Put :meth:`durable` in ``journal`` (it writes nothing when nothing changed)."""
+        self.changed = False
+        state, keys = self.durable()
+        empty = not any(v for k, v in state.items() if k != "leases") and \
+            not any(state["leases"].values())
+        journal.set_section(SECTION, None if empty else state, keys)
+
+    def restore(self, state: dict | None) -> set[str]:
+        """Take up a journal's :meth:`durable` state (before any peer connects); returns
+        the peers holding leases (they have the client grace to come back)."""
+        if not state:
+            return set()
+        tasks = self.scheduler.state.tasks
+
+        def held(stored: dict, kind: str, name: str) -> dict | None:
+            missing = [k for k in stored["keys"] if k not in tasks]
+            if missing:  # cannot happen with a journal that kept them live; said if it does
+                logger.warning("journal: the %s %r holds futures %s the journal did not "
+                               "keep: dropping it", kind, name, missing[:5])
+                return None
+            stored = dict(stored)
+            self._hold(stored, kind, name)
+            return stored
+
+        for name, value in state.get("variables", {}).items():
+            stored = held(value, "variable", name)
+            if stored is not None:
+                self.variables[name] = {"value": stored, "waiters": []}
+        for name, q in state.get("queues", {}).items():
+            items = [s for s in (held(v, "queue", name) for v in q["items"]) if s is not None]
+            self.queues[name] = {"maxsize": q["maxsize"], "items": deque(items),
+                                 "getters": deque(), "putters": deque()}
+        for name in state.get("events", ()):
+            self.events[name] = {"set": True, "waiters": []}
+        holders: set[str] = set()
+        for kind, table in state.get("leases", {}).items():
+            for name, sem in table.items():
+                self.semaphores[kind][name] = {"max": sem["max"], "leases": dict(sem["leases"]),
+                                               "waiters": deque()}
+                holders.update(sem["leases"].values())
+        for lock_id, r in state.get("multilocks", {}).items():
+            self.multi_requests[lock_id] = {**r, "waiter": None}
+            for name in r["names"]:
+                self.multilocks.setdefault(name, []).append(lock_id)
+            holders.add(r["peer"])
+        self.changed = False
+        return holders
 
     def reply(self, to: str, rid: str, **fields: Any) -> None:
         """Answer request ``rid`` of peer ``to`` with a ``control-reply`` (``status`` OK unless
@@ -163,6 +258,11 @@ class Primitives:
                 f"semaphore {name!r}"))
             return
         if lease in sem["leases"]:
+            if sem["leases"][lease] == peer:
+                # asked again by its holder: a request resent after a reconnect, whose
+                # answer the scheduler's death (or the connection's) lost
+                self.reply(peer, rid, result=True)
+                return
             raise ev.MalformedMessage(f"{type(msg).__name__}: lease {lease!r} is already held")
         if len(sem["leases"]) < sem["max"] and not sem["waiters"]:
             sem["leases"][lease] = peer
@@ -358,7 +458,11 @@ class Primitives:
         """``msg.name`` is the id of one MultiLock's acquisition; it waits in the queue of
         each of its lock names and holds those where it is first."""
         lock_id, rid = msg.name, msg.request_id
-        if lock_id in self.multi_requests:
+        req = self.multi_requests.get(lock_id)
+        if req is not None and req["peer"] == peer and req["waiter"] is None:
+            self.reply(peer, rid, result=True)  # held already: a request resent (see above)
+            return
+        if req is not None:
             raise ev.MalformedMessage(f"MultiLockAcquire: id {lock_id!r} already in use")
         names = sorted(set(msg.names))
         n = len(names) if msg.num_locks is None else msg.num_locks
@@ -478,6 +582,7 @@ class Primitives:
         if self._next_deadline is None or self._next_deadline > t:
             return
         self._expire(lambda w: w.deadline is None or w.deadline > t)
+        self.changed = True  # a lease may have gone to a waiter
         deadlines = [w.deadline for holder, field in self._waiter_lists()
                      for w in holder[field] if w.deadline is not None]
         deadlines += [r["waiter"].deadline for r in self.multi_requests.values()
@@ -486,6 +591,7 @@ class Primitives:
 
     def peer_left(self, peer: str) -> None:
         """A client left: its waits end, its leases and multi-locks are released."""
+        self.changed = True
         for table in self.semaphores.values():
             for sem in table.values():
                 for lease in [k for k, p in sem["leases"].items() if p == peer]:

@@ -49,11 +49,14 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_addre
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler import ops as scheduler_ops
+from hpcsched.core.scheduler.checkpoints import ANNOTATION as CHECKPOINT
+from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
-from hpcsched.core.scheduler.journal import JOURNALED, Journal
+from hpcsched.core.scheduler.journal import JOURNALED, RESTORE_CLIENT, Journal
 from hpcsched.core.scheduler.ops import INTERNAL
+from hpcsched.core.scheduler.primitives import SECTION as PRIMITIVES
 from hpcsched.core.scheduler.primitives import Primitives
 from hpcsched.core.scheduler.registration import (
     Newcomer,
@@ -117,11 +120,17 @@ class Scheduler:
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
                  dashboard_address: Any = ..., journal: str | None = None,
-                 **state_kwargs: Any):
+                 checkpoint_directory: str | None = None, **state_kwargs: Any):
         self.listen_address = address
         self.security = security
         #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
         self.journal = open_journal(config.get("scheduler.journal", journal))
+        # results of tasks annotated checkpoint=True (see .checkpoints): next to the journal
+        checkpoint_directory = config.get("scheduler.checkpoint-directory", checkpoint_directory)
+        if checkpoint_directory is None and self.journal is not None:
+            checkpoint_directory = next_to_journal(self.journal.path)
+        self.checkpoints = Checkpoints(checkpoint_directory) if checkpoint_directory else None
+        self._said_no_checkpoints = False
         if self.journal is not None and self.journal.meta.get("secret"):
             # peers that outlived the scheduler prove the secret they had
             self.security = dataclasses.replace(
@@ -233,8 +242,17 @@ class Scheduler:
             self.handle_event(ev.AddClient(client, now=now,
                                            stimulus_id=self._stimulus("restore-client")))
             self._awaited_clients[client] = time.monotonic() + grace
-        for client, record in list(self.journal.restore_messages()):
+        records = list(self.journal.restore_messages())
+        # the restore's last record lets go of the keys it held: after the primitives
+        # hold theirs (the futures stored in variables and queues)
+        release = records.pop() if records and records[-1][0] == RESTORE_CLIENT and \
+            records[-1][1].__class__ is pr.ClientReleasesKeys else None
+        for client, record in records:
             self._table[type(record)](client, record)
+        for holder in self.primitives.restore(self.journal.sections.get(PRIMITIVES)):
+            self._awaited_clients.setdefault(holder, time.monotonic() + grace)
+        if release is not None:
+            self._table[pr.ClientReleasesKeys](*release)
         self._outbox.clear()  # answers to clients not connected yet
         self.journal.compact()
         self._awaited_workers = set(self.journal.workers)
@@ -269,7 +287,9 @@ class Scheduler:
             if deadline <= mono:
                 del self._awaited_clients[client]
                 if client not in self._comms:
-                    logger.info("client %s did not come back: releasing its keys", client)
+                    logger.info("client %s did not come back: releasing its keys and leases",
+                                client)
+                    self.primitives.peer_left(client)
                     self.handle_event(ev.RemoveClient(
                         client, now=now, stimulus_id=self._stimulus("remove-client")))
                     if self.journal is not None:
@@ -293,9 +313,11 @@ class Scheduler:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def close(self, timeout: float = 10.0, exit_code: int = 0) -> None:
+    def close(self, timeout: float = 10.0, exit_code: int = 0, detach: bool = False) -> None:
         """Close every worker (they exit with ``exit_code`` when run by the CLI or under
-        MPI), tell clients, stop listening."""
+        MPI), tell clients, stop listening. ``detach`` (a journaled scheduler whose process
+        ends without being asked to close): tell nobody, only stop; workers and clients
+        take it as a scheduler that died, and wait for it to restart from its journal."""
         if self._closed:
             return
         self._closed = True
@@ -313,7 +335,8 @@ class Scheduler:
                 self._queue(cid, pr.SchedulerClosing())
 
         try:
-            self.loop.call(shutdown, timeout=timeout)
+            if not detach:
+                self.loop.call(shutdown, timeout=timeout)
         except Exception:
             pass
         self.loop.stop(timeout=timeout)
@@ -566,6 +589,8 @@ class Scheduler:
         not urgent, and on a busy node every message costs both ends a wake-up (a
         tree reduction sends one free-keys per task)."""
         if self.journal is not None:
+            if self.primitives.changed:
+                self.primitives.write_journal(self.journal)
             self.journal.sync()  # what clients are told below is in the journal first
         held = self._held
         release, self._release_held = self._release_held, False
@@ -605,6 +630,15 @@ class Scheduler:
         """A record the state machine handles: the decoded record is its event."""
         if source in self._worker_peers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
+        if event.__class__ is pr.UpdateGraph and event.annotations and \
+                CHECKPOINT in event.annotations:
+            if self.checkpoints is not None:
+                event = self.checkpoints.rewrite(event)
+            elif not self._said_no_checkpoints:
+                self._said_no_checkpoints = True
+                logger.warning("tasks annotated checkpoint=True, but this scheduler keeps no "
+                               "checkpoints: give it a journal (--journal, scheduler.journal) "
+                               "or scheduler.checkpoint-directory")
         self._route(self.state.handle(event))
 
     @handlers.on(pr.CloseClient)

@@ -1,7 +1,8 @@
 """Running a task, and what travels when it fails.
 
 * :func:`run_spec_call` runs a task's ``(function blob, arguments blob, needs
-  evaluation)`` spec against the worker's data;
+  evaluation)`` spec against the worker's data (keeping its result in a checkpoint
+  file, or reading it from one, when the spec says so: :mod:`.checkpoint`);
 * :func:`pack_exception` turns an exception into (serialized exception,
   traceback text, one-line description): what ``task-erred`` carries, and what
   a client's ``result()`` raises again, with the worker's traceback;
@@ -25,6 +26,7 @@ from hpcsched.core.protocol.serialize import (
     loads_object,
     serialize,
 )
+from hpcsched.core.worker import checkpoint
 from hpcsched.core.worker.context import hook_dask
 
 
@@ -37,7 +39,16 @@ class RemoteError(Exception):
 
 
 def run_spec_call(run_spec: Any, data: Mapping) -> Any:
-    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec."""
+    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec; a fourth
+    element ``(path, key, load)`` is a checkpoint (:mod:`.checkpoint`): the result is kept
+    at ``path``, or, with ``load``, read from there instead of running."""
+    if len(run_spec) == 4:
+        path, key, load = run_spec[3]
+        if load:
+            return checkpoint.load(path, key)
+        value = run_spec_call(run_spec[:3], data)
+        checkpoint.save(path, key, value)
+        return value
     func_blob, args_blob, needs_eval = run_spec
     args: Any
     kwargs: Any

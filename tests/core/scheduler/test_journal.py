@@ -139,3 +139,27 @@ def test_the_journal_is_private_to_its_user(tmp_path):
     path = str(tmp_path / "j")
     Journal(path).close()  # it holds the cluster's secret and the users' code
     assert os.stat(path).st_mode & 0o077 == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_section_keeps_its_latest_value_across_reopens_and_compactions(tmp_path):
+    """What a component above the scheduler keeps (a batch cluster's jobs): the latest
+    value of each named section, whatever was written before it; None removes it."""
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    j.set_section("jobqueue", {"jobs": ["1"], "target_jobs": 1})
+    j.set_section("jobqueue", {"jobs": ["1", "2"], "target_jobs": 2})
+    j.set_section("other", [1, 2, 3])
+    j.sync()
+    size = os.path.getsize(path)
+    j.set_section("jobqueue", {"jobs": ["1", "2"], "target_jobs": 2})  # unchanged: no record
+    j.sync()
+    assert os.path.getsize(path) == size
+    j.close()
+    again = Journal(path)
+    assert again.sections == {"jobqueue": {"jobs": ["1", "2"], "target_jobs": 2},
+                              "other": [1, 2, 3]}
+    again.set_section("other", None)
+    again.compact()
+    again.close()
+    assert Journal(path).sections == {"jobqueue": {"jobs": ["1", "2"], "target_jobs": 2}}
