@@ -312,12 +312,16 @@ def _leave(job: _Job, code: int) -> None:
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll
-    shutdown_endpoint(timeout=1.0)
+    endpoint = shutdown_endpoint(timeout=1.0, free=False)
     if not _fence(job, timeout):
         who = "the worker ranks" if job.rank == 0 else "rank 0"
         _abort(job, code, f"{who} did not finish within {timeout:g}s after "
                           f"{'the script ended' if job.rank == 0 else 'the scheduler closed'}"
                           " (config mpi.exit-timeout)")
+    if endpoint is not None:
+        # every rank has stopped sending: receive what arrived after our endpoint stopped,
+        # which MPI_Finalize would otherwise find unmatched
+        endpoint.drain(timeout)
     # fence_comm is not freed: MPI_Finalize follows, and a free could wait on peers
 
 

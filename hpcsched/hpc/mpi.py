@@ -43,11 +43,24 @@ progress thread receives); MPICH provides it and :func:`init_endpoint` checks.
 Creating the endpoint is collective over ``COMM_WORLD``: every rank calls
 :func:`init_endpoint` (or uses the transport, which calls it); ``shutdown`` is
 local (no barrier: a blocking collective would spin).
+
+**Leaving no message behind.** A rank that has stopped its progress thread may
+still be sent something by a rank that has not (a last heartbeat, a *bye*):
+MPI keeps it as an unexpected message, and the transport under MPI (UCX) warns
+at ``MPI_Finalize`` that it was never matched. So each endpoint counts the MPI
+messages it sends to and receives from every rank; when a whole job ends
+(:mod:`hpcsched.hpc.bootstrap`), every rank shuts its endpoint down without
+freeing the communicator, and :meth:`Endpoint.drain` -- collective -- exchanges
+the counts (a nonblocking ``Ialltoall`` polled with back-off), receives and
+drops what was sent to this rank and not received yet, waits for this rank's
+own sends, and only then frees the communicator.
 """
 
 from __future__ import annotations
 
+import array
 import atexit
+import contextlib
 import itertools
 import logging
 import mmap
@@ -140,6 +153,9 @@ class Endpoint:
         self._send_reqs: list[Any] = []
         self._send_keep: list[Any] = []  # frames referenced until their Isend completes
         self._send_activity = 0.0  # monotonic time a send was last posted or completed
+        # MPI messages (control and data) sent to / received from each rank: drain() compares
+        self._sent = [0] * self.size
+        self._received = [0] * self.size
         # progress-thread state: per source, messages in arrival order
         self._incoming: dict[int, deque[_Incoming]] = {}
         self._stop = threading.Event()
@@ -187,10 +203,11 @@ class Endpoint:
             self._accept(lst, comm)
         return lst
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def shutdown(self, timeout: float = 5.0, free: bool = True) -> None:
         """Close every channel, let pending sends finish (up to ``timeout``), stop the thread.
 
-        Local: no collective, so ranks may shut down at different times.
+        Local: no collective, so ranks may shut down at different times. ``free=False``
+        keeps the communicator for :meth:`drain`, which frees it.
         """
         with self._lock:
             if self._shut:
@@ -211,10 +228,10 @@ class Endpoint:
         if self.bell is not None and not self._thread.is_alive():
             self.bell.close()
         left = self.pending_sends()
-        if left:
+        if left and free:
             logger.warning("MPI endpoint of rank %d shut down with %d sends not completed "
                            "(receiver gone or not progressing)", self.rank, left)
-        elif not self._thread.is_alive():
+        elif free and not self._thread.is_alive():
             try:
                 self.comm.Free()
             except Exception:  # best effort: the job is ending anyway
@@ -222,6 +239,70 @@ class Endpoint:
         for comm in list(self._unaccepted):
             comm.on_peer_closed("MPI endpoint shut down")
         self._unaccepted.clear()
+
+    def drain(self, timeout: float = 5.0) -> int:
+        """After :meth:`shutdown` with ``free=False`` on every rank: receive and drop what
+        was sent to this rank that it has not received, wait for its own sends, free the
+        communicator. Collective over the endpoint's communicator (module docstring).
+
+        Returns the number of messages dropped; gives up after ``timeout`` seconds (logged:
+        the job is ending anyway, MPI may then say what was left).
+        """
+        if self._thread.is_alive() or not self._stop.is_set():
+            raise RuntimeError("drain() needs the endpoint shut down first")
+        MPI = self._MPI
+        with contextlib.ExitStack() as held:  # no send is being posted while we count
+            for lock in list(self._send_locks.values()):
+                held.enter_context(lock)
+            sent = array.array("q", self._sent)
+        expected = array.array("q", bytes(8 * self.size))
+        deadline = time.monotonic() + timeout
+        wait = Backoff(min=1e-4, fast_max=5e-3, max=2e-2)
+        request = self.comm.Ialltoall([sent, MPI.INT64_T], [expected, MPI.INT64_T])
+        while not request.Test():
+            if time.monotonic() > deadline:
+                logger.debug("rank %d: the other ranks did not drain within %gs", self.rank,
+                             timeout)
+                return 0
+            wait.sleep()
+        status = MPI.Status()
+        dropped = 0
+        what: list[int] = []
+        missing = {r: n - self._received[r] for r, n in enumerate(expected)
+                   if n > self._received[r]}
+        while missing or self.pending_sends():
+            progressed = False
+            for source in list(missing):
+                message = self.comm.Improbe(source, MPI.ANY_TAG, status)
+                if message is None:
+                    continue
+                buf = _fresh_buffer(status.Get_count(MPI.BYTE))
+                message.Recv([buf, MPI.BYTE])
+                if status.Get_tag() == TAG_CONTROL:
+                    what.append(self._parse(source, bytearray(buf)).kind)
+                dropped += 1
+                progressed = True
+                missing[source] -= 1
+                if not missing[source]:
+                    del missing[source]
+            progressed |= self._test_sends()
+            if time.monotonic() > deadline:
+                logger.debug("rank %d: %d messages not received, %d sends not completed "
+                             "after %gs of draining", self.rank, sum(missing.values()),
+                             self.pending_sends(), timeout)
+                return dropped
+            if progressed:
+                wait.reset()
+            else:
+                wait.sleep()
+        try:
+            self.comm.Free()
+        except Exception:  # best effort: the job is ending anyway
+            logger.debug("freeing the endpoint communicator failed", exc_info=True)
+        if dropped:
+            logger.debug("rank %d dropped %d messages sent after its endpoint stopped "
+                         "(control messages of kinds %s)", self.rank, dropped, what)
+        return dropped
 
     def pending_sends(self) -> int:
         with self._sends_lock:
@@ -256,6 +337,7 @@ class Endpoint:
             reqs = [self.comm.Isend([control, MPI.BYTE], dest, TAG_CONTROL)]
             for mv in large:
                 reqs.append(self.comm.Isend([mv, MPI.BYTE], dest, TAG_DATA))
+            self._sent[dest] += len(reqs)
         with self._sends_lock:
             self._send_activity = time.monotonic()
             self._send_reqs.extend(reqs)
@@ -371,6 +453,7 @@ class Endpoint:
             buf = bytearray(status.Get_count(MPI.BYTE))
             source = status.Get_source()
             message.Recv([buf, MPI.BYTE])
+            self._received[source] += 1
             self._incoming.setdefault(source, deque()).append(self._parse(source, buf))
             self._advance(source)
             got = True
@@ -427,6 +510,7 @@ class Endpoint:
                     )
                 buf = _fresh_buffer(nbytes)
                 message.Recv([buf, MPI.BYTE])  # has arrived: completes at memory speed
+                self._received[source] += 1
                 head.frames[index] = buf
                 head.missing.popleft()
                 progressed = True
@@ -520,13 +604,17 @@ def get_endpoint(timeout: float | None = None) -> Endpoint:
     return _endpoint if _endpoint is not None else init_endpoint(timeout=timeout)
 
 
-def shutdown_endpoint(timeout: float = 5.0) -> None:
-    """Shut the endpoint down (local, idempotent); a later use creates a new one."""
+def shutdown_endpoint(timeout: float = 5.0, free: bool = True) -> Endpoint | None:
+    """Shut the endpoint down (local, idempotent); a later use creates a new one.
+
+    Returns the endpoint shut down (None if there was none): with ``free=False``, every
+    rank then calls its :meth:`Endpoint.drain`."""
     global _endpoint
     with _endpoint_lock:
         ep, _endpoint = _endpoint, None
     if ep is not None:
-        ep.shutdown(timeout)
+        ep.shutdown(timeout, free=free)
+    return ep
 
 
 def _parse_rank(location: str, address: str) -> int:
