@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -78,6 +79,19 @@ def require(why: str | None, how: str, slurm: bool = False) -> None:
     pytest.skip(msg)
 
 
+# exits 0 if this network namespace reaches the address argv[1]: a TCP connection to its
+# port 9 is accepted or refused (an answer), not unreachable or unanswered
+_REACHES = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 9), timeout=1).close()
+except ConnectionRefusedError:
+    pass
+except OSError:
+    sys.exit(1)
+"""
+
+
 def in_node(pid: int, node: int) -> bool:
     """Whether process ``pid`` runs in node ``node``'s network namespace."""
     try:
@@ -113,3 +127,11 @@ def link_down(node: int) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["ip", "link", "set", f"hsv{node}", "up"], check=True, timeout=30)
+        # back once the node reaches the login side again (the link and its neighbours up)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["ip", "netns", "exec", f"hsn{node}", sys.executable, "-c",
+                              _REACHES, LOGIN], capture_output=True, timeout=30).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {node} does not reach {LOGIN} 30 s after its link "
+                                   "came back up")
+            time.sleep(0.2)

@@ -25,6 +25,15 @@ How a job ends (the failure model; the README quotes it):
 * A rank that dies (killed, segfault, out of memory) ends the whole MPI job:
   that is MPI's own semantics (the launcher kills the other ranks and reports
   which one died). There is no recovery of a lost rank in MPI mode.
+* A rank the launcher does not report -- its node powered off or cut off the
+  network (an ssh connection that goes silent rather than closed), or ``srun``
+  without ``--kill-on-bad-exit`` -- is missed by the others: rank 0 watches
+  the worker ranks, and they rank 0 (beats over the transport,
+  :meth:`hpcsched.hpc.mpi.Endpoint.watch`); one silent for
+  ``mpi.rank-timeout`` seconds (6) makes the rank that missed it call
+  ``MPI_Abort`` after naming the ranks lost and their hosts on stderr. A rank
+  whose own process stalls that long (a C call holding the GIL) would be taken
+  for lost: raise the setting for such work, or set it to 0 to never watch.
 * SIGTERM/SIGINT sent to the launcher reach every rank (mpiexec forwards
   them): SIGTERM ends them at once, SIGINT interrupts the script (exit 130).
 * A worker rank that cannot join the scheduler at start-up aborts the job with
@@ -49,11 +58,12 @@ import importlib.util
 import logging
 import os
 import runpy
+import socket
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hpcsched.core import config
@@ -82,6 +92,8 @@ class _Job:
     size: int
     fence_comm: Any = None
     comm: Any = None  # the communicator the cluster runs on (None: COMM_WORLD)
+    endpoint: Any = None  # this rank's hpcsched.hpc.mpi.Endpoint
+    hosts: list[str] = field(default_factory=list)  # every rank's host name, by rank
 
 
 _job: _Job | None = None  # set once MPI mode is set up in this process
@@ -156,20 +168,55 @@ def _setup(options: InitOptions) -> _Job:
     from hpcsched.hpc.mpi import init_endpoint
 
     timeout = float(config.get("comm.timeouts.connect"))
-    init_endpoint(job.comm, timeout=timeout)
+    job.endpoint = init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
     dup, req = job.comm.Idup()
     deadline = time.monotonic() + timeout
     wait = Backoff()
-    while not req.Test():
-        if time.monotonic() > deadline:
-            _abort(job, 1, f"rank {job.rank}: the other ranks did not start within {timeout}s")
-        wait.sleep()
+
+    def wait_for(request: Any) -> None:
+        while not request.Test():
+            if time.monotonic() > deadline:
+                _abort(job, 1, f"rank {job.rank}: the other ranks did not start within "
+                               f"{timeout}s")
+            wait.sleep()
+
+    wait_for(req)
     job.fence_comm = dup
+    # every rank's host, to name those lost
+    mine = bytearray(socket.gethostname().encode()[:_HOST_BYTES]).ljust(_HOST_BYTES, b"\0")
+    every = bytearray(_HOST_BYTES * job.size)
+    wait_for(dup.Iallgather([mine, job.MPI.BYTE], [every, job.MPI.BYTE]))
+    job.hosts = [every[r * _HOST_BYTES:(r + 1) * _HOST_BYTES].rstrip(b"\0").decode(
+        errors="replace") for r in range(job.size)]
     _job = job
     if job.rank == 0:
         _scheduler = _start_scheduler(job, timeout, options.dashboard_address)
+        _watch(job)
     return job
+
+
+_HOST_BYTES = 64  # of a host name, in the exchange of _setup
+
+
+def _watch(job: _Job) -> None:
+    """Watch the ranks this one depends on; a silent one ends the job (module docstring).
+
+    Rank 0 watches the worker ranks, a worker rank watches rank 0."""
+    timeout = float(config.get("mpi.rank-timeout"))
+    if timeout <= 0:
+        return
+
+    def lost(silent: list[int], seconds: float) -> None:
+        many = len(silent) > 1
+        who = (f"worker rank{'s' if many else ''} {', '.join(map(str, silent))}"
+               if job.rank == 0 else "rank 0 (the scheduler)")
+        hosts = ", ".join(sorted({job.hosts[r] for r in silent}))
+        _abort(job, 1, f"rank {job.rank} lost {who} on {hosts}: not a word from "
+                       f"{'them' if many else 'it'} for {seconds:.0f}s (killed, or the node "
+                       "failed or left the network; config mpi.rank-timeout)")
+
+    job.endpoint.watch(range(1, job.size) if job.rank == 0 else [0], timeout, lost)
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
@@ -250,6 +297,7 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
         _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
+    _watch(job)
     try:
         while not worker.wait_closed(1.0):
             pass
@@ -334,6 +382,7 @@ def _close_cluster(code: int) -> None:
     from hpcsched.core.client import client as client_mod
 
     sched, _scheduler = _scheduler, None
+    job.endpoint.unwatch()  # worker ranks now leave, each in its own time
     if sched is not None:
         sched.close(timeout=5.0, exit_code=code)
     client_mod.default_scheduler_address = None

@@ -44,6 +44,21 @@ Creating the endpoint is collective over ``COMM_WORLD``: every rank calls
 :func:`init_endpoint` (or uses the transport, which calls it); ``shutdown`` is
 local (no barrier: a blocking collective would spin).
 
+**Lost ranks.** A rank whose node crashes or drops off the network may leave
+the launcher unaware for minutes (its ssh connection or slurmstepd silent, not
+closed) and every other rank waiting for it. Once the cluster is up,
+:meth:`Endpoint.watch` makes each rank send a *beat* (a control message on no
+channel) to the ranks it watches -- rank 0 watches the workers, each worker
+rank 0 -- every quarter of ``mpi.rank-timeout``, from the progress thread;
+any message counts as a sign of life. A watched rank not heard from for
+``mpi.rank-timeout`` seconds is reported to the watcher's ``on_lost``, which
+ends the job naming it (:mod:`hpcsched.hpc.bootstrap`). Beats neither ring a
+doorbell nor count as traffic for the back-off, so watching costs an idle
+rank a message every few seconds. A silence this rank did not watch (its own
+progress thread stalled, the process stopped) proves nothing and restarts
+the count; a rank that shuts down sends a last beat saying it leaves, and is
+watched no more.
+
 **Leaving no message behind.** A rank that has stopped its progress thread may
 still be sent something by a rank that has not (a last heartbeat, a *bye*):
 MPI keeps it as an unexpected message, and the transport under MPI (UCX) warns
@@ -69,7 +84,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hpcsched.core import config
@@ -84,7 +99,14 @@ from hpcsched.core.comm.base import (
 from hpcsched.core.protocol import serialize
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
-from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener
+from hpcsched.hpc.mpi_comm import (
+    KIND_BEAT,
+    KIND_BYE,
+    KIND_HELLO,
+    KIND_MSG,
+    MPIComm,
+    MPIListener,
+)
 from hpcsched.hpc.mpi_init import mpi_module
 
 logger = logging.getLogger(__name__)
@@ -156,6 +178,14 @@ class Endpoint:
         # MPI messages (control and data) sent to / received from each rank: drain() compares
         self._sent = [0] * self.size
         self._received = [0] * self.size
+        # the watch (watch()): ranks beaten to, ranks watched and when each was last heard
+        self._beat_to: frozenset[int] = frozenset()
+        self._watched: frozenset[int] = frozenset()
+        self._heard = [0.0] * self.size
+        self._watch_timeout = 0.0
+        self._next_beat = 0.0
+        self._last_turn = time.monotonic()
+        self._on_lost: Callable[[list[int], float], None] | None = None
         # progress-thread state: per source, messages in arrival order
         self._incoming: dict[int, deque[_Incoming]] = {}
         self._stop = threading.Event()
@@ -203,6 +233,29 @@ class Endpoint:
             self._accept(lst, comm)
         return lst
 
+    def watch(self, ranks: Iterable[int], timeout: float,
+              on_lost: Callable[[list[int], float], None]) -> None:
+        """Beat to ``ranks`` every ``timeout / 4`` seconds and call ``on_lost(silent,
+        seconds)`` once, from the progress thread, when one of them has not been heard from
+        for ``timeout`` seconds: ``silent`` are it and those that missed three beats too,
+        ``seconds`` the longest silence (module docstring, *Lost ranks*)."""
+        if timeout <= 0:
+            raise ValueError(f"watch() needs a timeout > 0, got {timeout}")
+        ranks = frozenset(ranks) - {self.rank}
+        now = time.monotonic()
+        for r in ranks:
+            self._heard[r] = now
+        self._watch_timeout = timeout
+        self._next_beat = now
+        self._on_lost = on_lost
+        self._watched = self._beat_to = ranks
+
+    def unwatch(self) -> None:
+        """Report no lost rank any more (this rank is closing the job); beats go on, so that
+        the others do not take this rank for lost."""
+        self._on_lost = None
+        self._watched = frozenset()
+
     def shutdown(self, timeout: float = 5.0, free: bool = True) -> None:
         """Close every channel, let pending sends finish (up to ``timeout``), stop the thread.
 
@@ -215,6 +268,10 @@ class Endpoint:
             comms = list(self._channels.values())
         for comm in comms:
             comm.close()
+        self.unwatch()
+        beat_to, self._beat_to = self._beat_to, frozenset()
+        for rank in beat_to:  # they watch us: say we leave
+            self._beat(rank, leaving=True)
         with self._lock:
             self._shut = True
             self._listener = None
@@ -355,6 +412,41 @@ class Endpoint:
         self._poked = True
         self._poke()
 
+    def _beat(self, dest: int, leaving: bool = False) -> None:
+        """A beat to ``dest``: no doorbell, no eager polling, not counted as traffic."""
+        control = _HEAD.pack(WIRE_VERSION, KIND_BEAT, 0, self.rank, int(leaving), 0)
+        with self._send_lock(dest):
+            if self._stop.is_set():
+                return
+            request = self.comm.Isend([control, self._MPI.BYTE], dest, TAG_CONTROL)
+            self._sent[dest] += 1
+        with self._sends_lock:
+            self._send_reqs.append(request)
+            self._send_keep.append(control)
+
+    def _keep_watch(self) -> None:
+        """The progress thread's turn at the watch: beat when due, report silent ranks."""
+        now = time.monotonic()
+        if now - self._last_turn > self._watch_timeout / 2:
+            # this thread did not run for a while (the process stalled): a silence it did
+            # not watch proves nothing
+            for r in self._watched:
+                self._heard[r] = max(self._heard[r], now)
+        self._last_turn = now
+        if now >= self._next_beat:
+            self._next_beat = now + self._watch_timeout / 4
+            for r in self._beat_to:
+                self._beat(r)
+        on_lost = self._on_lost
+        if on_lost is not None:
+            longest = max((now - self._heard[r] for r in self._watched), default=0.0)
+            if longest > self._watch_timeout:
+                # with it, those that went silent at about the same time (a node's ranks):
+                # missing three beats, they will not be heard from either
+                self._on_lost = None
+                on_lost(sorted(r for r in self._watched
+                               if now - self._heard[r] > 0.75 * self._watch_timeout), longest)
+
     def _test_sends(self) -> bool:
         """Test pending sends; True while some are pending and moved recently.
 
@@ -393,6 +485,8 @@ class Endpoint:
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
             while not self._stop.is_set():
+                if self._beat_to:
+                    self._keep_watch()
                 busy = self._poll_control()
                 partial = False
                 for source in [s for s, dq in self._incoming.items() if dq]:
@@ -454,16 +548,19 @@ class Endpoint:
             source = status.Get_source()
             message.Recv([buf, MPI.BYTE])
             self._received[source] += 1
-            self._incoming.setdefault(source, deque()).append(self._parse(source, buf))
+            self._heard[source] = time.monotonic()
+            item = self._parse(source, buf)
+            self._incoming.setdefault(source, deque()).append(item)
             self._advance(source)
-            got = True
+            got |= item.kind != KIND_BEAT  # a beat is no traffic: no eager polling after it
         return got
 
     def _parse(self, source: int, buf: bytearray) -> _Incoming:
         view = memoryview(buf)
         try:
             version, kind, from_initiator, initiator, number, nframes = _HEAD.unpack_from(view)
-            if version != WIRE_VERSION or kind not in (KIND_HELLO, KIND_MSG, KIND_BYE):
+            if version != WIRE_VERSION or kind not in (KIND_HELLO, KIND_MSG, KIND_BYE,
+                                                       KIND_BEAT):
                 raise ValueError(f"version {version}, kind {kind}")
             pos = _HEAD.size
             sizes: list[tuple[int, bool]] = []
@@ -520,6 +617,11 @@ class Endpoint:
         return progressed
 
     def _dispatch(self, source: int, item: _Incoming) -> None:
+        if item.kind == KIND_BEAT:
+            if item.key[2]:  # the rank leaves: no longer watched, nor beaten to
+                self._watched = self._watched - {source}
+                self._beat_to = self._beat_to - {source}
+            return
         if item.kind == KIND_HELLO:
             comm = MPIComm(self, source, item.key)
             with self._lock:

@@ -546,3 +546,38 @@ def test_drain_takes_in_what_was_sent_after_the_endpoint_stopped(net):
         assert ep.comm == MPI.COMM_NULL  # freed
     finally:
         ep.shutdown(timeout=1)
+
+
+@pytest.mark.timeout(60)
+def test_watch_reports_a_rank_gone_silent_but_not_one_that_left(net):
+    """Rank 0 watches every rank with a 1 s timeout. Rank 1's progress thread stops dead
+    (as when its node loses power); rank 2, if there is one, shuts down and says so. Rank 0
+    is told of rank 1 alone, once, a second or so later; the others, watching rank 0,
+    hear its beats and report nothing."""
+    from hpcsched.hpc.mpi import Endpoint
+
+    dup, barrier = _dup_and_fence()
+    rank, size = dup.Get_rank(), dup.Get_size()
+    ep = Endpoint(dup, None)
+    lost: queue.SimpleQueue = queue.SimpleQueue()
+    try:
+        ep.watch(range(1, size) if rank == 0 else [0], 1.0,
+                 lambda ranks, seconds: lost.put((ranks, seconds)))
+        barrier()
+        t0 = time.monotonic()
+        if rank == 1:
+            ep._stop.set()  # silent from now on: no beat, no bye
+            ep._thread.join(5)
+        elif rank == 2:
+            ep.shutdown(timeout=5)
+        if rank == 0:
+            ranks, seconds = lost.get(timeout=10)
+            assert ranks == [1] and 1.0 < seconds < 2.0, (ranks, seconds)
+            # its last beat came up to a quarter of the timeout before it fell silent
+            assert 0.7 < time.monotonic() - t0 < 3.0
+            ep.unwatch()
+        time.sleep(2.0)  # time for anything else to be reported, wrongly
+        assert lost.empty()
+        barrier()
+    finally:
+        ep.shutdown(timeout=1)
