@@ -119,6 +119,7 @@ WIRE_VERSION = 1
 _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
+_LATE_SHARE = 1 / 32  # of its wait, at most, a message is seen late (Endpoint._run)
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
 
 
@@ -471,7 +472,10 @@ class Endpoint:
 
     # ------------------------------------------------------------ receiving
     def _run(self) -> None:
-        backoff = Backoff(sleep=self._nap)
+        # Polling for what no doorbell announces (a peer on another node), the delay grows
+        # with idleness (Backoff's share): a reply is seen at most _LATE_SHARE of its wait
+        # late, and a rank that waits for nothing stops polling fast within a few dozen polls
+        backoff = Backoff(sleep=self._nap, share=_LATE_SHARE)
         # Every peer rings us when it sends: between messages poll only as a fallback.
         # Partial receives and pending sends still need MPI progress: poll for them fast.
         # The fallback grows from mpi.doorbell-poll to mpi.poll-max as the rank stays idle:
