@@ -335,7 +335,13 @@ def _exit_rank(code: int) -> None:
 # ------------------------------------------------------------------ ending
 def _abort(job: _Job, code: int, why: str) -> None:
     print(f"hpcsched: {why}; aborting the MPI job", file=sys.stderr, flush=True)
+    # the launcher forwards our stderr and kills the job on MPI_Abort: give it a moment
+    # to pass the message on first, or the user may never see why the job ended
+    time.sleep(_ABORT_GRACE)
     (job.comm or job.MPI.COMM_WORLD).Abort(code or 1)
+
+
+_ABORT_GRACE = 0.5  # seconds between saying why and MPI_Abort
 
 
 def _fence(job: _Job, timeout: float) -> bool:

@@ -158,7 +158,9 @@ def ended(proc: subprocess.Popen, log: Path) -> tuple[int, float, str]:
         code = proc.wait(30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the job did not end within 30 s:\n{log.read_text()[-5000:]}")
-    return code, time.monotonic() - t0, log.read_text(errors="replace")
+    took = time.monotonic() - t0
+    print(f"the job ended {took:.1f}s after the crash, exit status {code}")
+    return code, took, log.read_text(errors="replace")
 
 
 @pytest.mark.timeout(120)
