@@ -191,6 +191,9 @@ def _setup(options: InitOptions) -> _Job:
         errors="replace") for r in range(job.size)]
     _job = job
     if job.rank == 0:
+        # a worker rank watches rank 0 as soon as it has joined, while rank 0 may wait
+        # for the others: beat to them from the start
+        _watch(job, report=False)
         _scheduler = _start_scheduler(job, timeout, options.dashboard_address)
         _watch(job)
     return job
@@ -199,10 +202,11 @@ def _setup(options: InitOptions) -> _Job:
 _HOST_BYTES = 64  # of a host name, in the exchange of _setup
 
 
-def _watch(job: _Job) -> None:
+def _watch(job: _Job, report: bool = True) -> None:
     """Watch the ranks this one depends on; a silent one ends the job (module docstring).
 
-    Rank 0 watches the worker ranks, a worker rank watches rank 0."""
+    Rank 0 watches the worker ranks, a worker rank watches rank 0; ``report=False``: only
+    beat to them."""
     timeout = float(config.get("mpi.rank-timeout"))
     if timeout <= 0:
         return
@@ -216,7 +220,8 @@ def _watch(job: _Job) -> None:
                        f"{'them' if many else 'it'} for {seconds:.0f}s (killed, or the node "
                        "failed or left the network; config mpi.rank-timeout)")
 
-    job.endpoint.watch(range(1, job.size) if job.rank == 0 else [0], timeout, lost)
+    job.endpoint.watch(range(1, job.size) if job.rank == 0 else [0], timeout,
+                       lost if report else None)
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:

@@ -235,11 +235,12 @@ class Endpoint:
         return lst
 
     def watch(self, ranks: Iterable[int], timeout: float,
-              on_lost: Callable[[list[int], float], None]) -> None:
+              on_lost: Callable[[list[int], float], None] | None) -> None:
         """Beat to ``ranks`` every ``timeout / 4`` seconds and call ``on_lost(silent,
         seconds)`` once, from the progress thread, when one of them has not been heard from
         for ``timeout`` seconds: ``silent`` are it and those that missed three beats too,
-        ``seconds`` the longest silence (module docstring, *Lost ranks*)."""
+        ``seconds`` the longest silence (module docstring, *Lost ranks*). With ``on_lost``
+        None, only beat (they watch us; we cannot watch them yet)."""
         if timeout <= 0:
             raise ValueError(f"watch() needs a timeout > 0, got {timeout}")
         ranks = frozenset(ranks) - {self.rank}
