@@ -133,12 +133,14 @@ def three_nodes() -> None:
         pytest.skip("mpiexec is not on PATH")
 
 
-def start_busy(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    """Ranks 0 and 2 on node 1, ranks 1 and 3 on node 3, every worker rank in a long task."""
+def start_busy(tmp_path: Path, nodes: tuple[int, int] = (1, 3)
+               ) -> tuple[subprocess.Popen, Path]:
+    """Ranks 0 and 2 on the first of ``nodes``, ranks 1 and 3 on the second, every worker
+    rank in a long task."""
     script, log = tmp_path / "busy.py", tmp_path / "out.log"
     script.write_text(BUSY)
     with open(log, "wb") as out:
-        proc = subprocess.Popen(mpiexec_cmd(script, nodes=(1, 3)), cwd=REPO, stdout=out,
+        proc = subprocess.Popen(mpiexec_cmd(script, nodes=nodes), cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
     try:
@@ -181,6 +183,23 @@ def test_a_node_that_loses_power_ends_the_job_within_10_s_naming_the_ranks_and_h
     assert re.search(r"rank 0 lost worker ranks 1, 3 on node3: not a word from them for "
                      r"[67]s", text), text[-5000:]
     assert "aborting the MPI job" in text
+
+
+@pytest.mark.timeout(120)
+def test_the_worker_ranks_end_the_job_when_rank_0_s_node_loses_power(three_nodes, tmp_path):
+    """Rank 0 (the scheduler and the script) on node 3, which loses power: the worker ranks
+    on node 1 miss it and end the job within 10 s, naming it and its host."""
+    proc, log = start_busy(tmp_path, nodes=(3, 1))
+    try:
+        with link_down(3):
+            assert crash_node(3, [proc.pid])
+            code, took, text = ended(proc, log)
+    finally:
+        kill_tree(proc)
+    assert code != 0, text[-5000:]
+    assert took <= 10, (took, text[-5000:])
+    assert re.search(r"rank [13] lost rank 0 \(the scheduler\) on node3: not a word from it",
+                     text), text[-5000:]
 
 
 @pytest.mark.timeout(120)
