@@ -10,12 +10,17 @@ unless ``ci/test-all.sh`` made it (``HPCSCHED_REQUIRE_NODES=1``, set as root and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,3 +77,61 @@ def require(why: str | None, how: str, slurm: bool = False) -> None:
     if not slurm and os.environ.get("HPCSCHED_REQUIRE_NODES") == "1":
         pytest.fail(f"HPCSCHED_REQUIRE_NODES=1 but {msg}")
     pytest.skip(msg)
+
+
+# exits 0 if this network namespace reaches the address argv[1]: a TCP connection to its
+# port 9 is accepted or refused (an answer), not unreachable or unanswered
+_REACHES = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], 9), timeout=1).close()
+except ConnectionRefusedError:
+    pass
+except OSError:
+    sys.exit(1)
+"""
+
+
+def in_node(pid: int, node: int) -> bool:
+    """Whether process ``pid`` runs in node ``node``'s network namespace."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/var/run/netns/hsn{node}").st_ino
+    except OSError:
+        return False
+
+
+def crash_node(node: int, roots: Iterable[int]) -> list[int]:
+    """A node crash as far as this test's processes go: SIGKILL every process among
+    ``roots`` and their descendants that runs in node ``node``'s namespace (others' processes
+    on that node are left alone). Returns the pids killed."""
+    family: list[psutil.Process] = []
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            family += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    victims = [p for p in family if in_node(p.pid, node)]
+    for p in victims:  # all found first: a parent killed first cannot hide its children
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGKILL)
+    return [p.pid for p in victims]
+
+
+@contextlib.contextmanager
+def link_down(node: int) -> Iterator[None]:
+    """Node ``node`` cut off the cluster network (its veth's login side, hsv<node>, down)
+    until the block ends, however it ends."""
+    subprocess.run(["ip", "link", "set", f"hsv{node}", "down"], check=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "link", "set", f"hsv{node}", "up"], check=True, timeout=30)
+        # back once the node reaches the login side again (the link and its neighbours up)
+        deadline = time.monotonic() + 30
+        while subprocess.run(["ip", "netns", "exec", f"hsn{node}", sys.executable, "-c",
+                              _REACHES, LOGIN], capture_output=True, timeout=30).returncode:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {node} does not reach {LOGIN} 30 s after its link "
+                                   "came back up")
+            time.sleep(0.2)

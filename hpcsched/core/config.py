@@ -138,6 +138,9 @@ DEFAULTS: dict[str, Any] = {
     "mpi.doorbell-poll": 0.002,  # seconds: first fallback poll when every peer rings (to poll-max)
     "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
     "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort
+    # seconds without a word from a rank before the job is ended as having lost it (rank 0
+    # watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
+    "mpi.rank-timeout": 6.0,
     # adaptive
     "adaptive.interval": 1.0,
     "adaptive.wait-count": 3,

@@ -11,7 +11,13 @@ MPI offers no way to block on "a message arrived" without spinning a core
 * each idle ``sleep()`` doubles the delay, capped at ``mpi.poll-fast-max``
   during the first ``fast_period`` seconds of idleness (a reply is usually
   near), then at ``mpi.poll-max`` (an idle rank polls a few dozen times a
-  second).
+  second);
+* or, with ``share``, the cap grows with idleness itself: the delay is at most
+  ``share`` of the time idle so far (and at least ``fast_max``, at most
+  ``max``), so what is waited for arrives at most that share late, and the
+  polls until the cap is reached number about ``ln(idle)/share`` instead of
+  ``fast_period/fast_max`` (a hundred or two instead of a thousand after each
+  message of a rank that no doorbell wakes).
 
 The clock and the sleep function are injectable, so the sequence is tested
 without sleeping. Example::
@@ -40,6 +46,7 @@ class Backoff:
         max: float | None = None,  # noqa: A002
         fast_period: float = 1.0,
         hold: float | None = None,
+        share: float | None = None,
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] = time.sleep,
@@ -55,6 +62,9 @@ class Backoff:
                 f"mpi.poll-fast-max, mpi.poll-max); got min={self.min}, "
                 f"fast_max={self.fast_max}, max={self.max}"
             )
+        self.share = share
+        if share is not None and not 0 < share <= 1:
+            raise ValueError(f"Backoff share must be in (0, 1], got {share}")
         if self.fast_period < 0 or self.hold < 0:
             raise ValueError(f"Backoff fast_period and hold must be >= 0, got "
                              f"fast_period={self.fast_period}, hold={self.hold}")
@@ -75,10 +85,13 @@ class Backoff:
         idle = self._clock() - self._idle_since
         if idle < self.hold:
             self.delay = self.min
+        elif self.share is not None:
+            self.delay = min(self.delay * 2, self.max, max(self.fast_max, idle * self.share))
         else:
             self.delay = min(self.delay * 2, self.fast_max if idle < self.fast_period else self.max)
         return slept
 
     def __repr__(self) -> str:
         return (f"<Backoff delay={self.delay:g}s min={self.min:g} fast_max={self.fast_max:g} "
-                f"max={self.max:g} fast_period={self.fast_period:g} hold={self.hold:g}>")
+                f"max={self.max:g} fast_period={self.fast_period:g} hold={self.hold:g} "
+                f"share={self.share}>")

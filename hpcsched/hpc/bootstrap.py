@@ -29,6 +29,15 @@ How a job ends (the failure model; the README quotes it):
   with ``--journal J`` the results of tasks annotated ``checkpoint=True`` are
   kept in ``J.checkpoints/`` (:mod:`hpcsched.core.scheduler.checkpoints`), and
   the job run again with the same journal reads them instead of running them.
+* A rank the launcher does not report -- its node powered off or cut off the
+  network (an ssh connection that goes silent rather than closed), or ``srun``
+  without ``--kill-on-bad-exit`` -- is missed by the others: rank 0 watches
+  the worker ranks, and they rank 0 (beats over the transport,
+  :meth:`hpcsched.hpc.mpi.Endpoint.watch`); one silent for
+  ``mpi.rank-timeout`` seconds (6) makes the rank that missed it call
+  ``MPI_Abort`` after naming the ranks lost and their hosts on stderr. A rank
+  whose own process stalls that long (a C call holding the GIL) would be taken
+  for lost: raise the setting for such work, or set it to 0 to never watch.
 * SIGTERM/SIGINT sent to the launcher reach every rank (mpiexec forwards
   them): SIGTERM ends them at once, SIGINT interrupts the script (exit 130).
 * A worker rank that cannot join the scheduler at start-up aborts the job with
@@ -53,11 +62,12 @@ import importlib.util
 import logging
 import os
 import runpy
+import socket
 import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hpcsched.core import config
@@ -86,6 +96,8 @@ class _Job:
     size: int
     fence_comm: Any = None
     comm: Any = None  # the communicator the cluster runs on (None: COMM_WORLD)
+    endpoint: Any = None  # this rank's hpcsched.hpc.mpi.Endpoint
+    hosts: list[str] = field(default_factory=list)  # every rank's host name, by rank
 
 
 _job: _Job | None = None  # set once MPI mode is set up in this process
@@ -160,20 +172,60 @@ def _setup(options: InitOptions) -> _Job:
     from hpcsched.hpc.mpi import init_endpoint
 
     timeout = float(config.get("comm.timeouts.connect"))
-    init_endpoint(job.comm, timeout=timeout)
+    job.endpoint = init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
     dup, req = job.comm.Idup()
     deadline = time.monotonic() + timeout
     wait = Backoff()
-    while not req.Test():
-        if time.monotonic() > deadline:
-            _abort(job, 1, f"rank {job.rank}: the other ranks did not start within {timeout}s")
-        wait.sleep()
+
+    def wait_for(request: Any) -> None:
+        while not request.Test():
+            if time.monotonic() > deadline:
+                _abort(job, 1, f"rank {job.rank}: the other ranks did not start within "
+                               f"{timeout}s")
+            wait.sleep()
+
+    wait_for(req)
     job.fence_comm = dup
+    # every rank's host, to name those lost
+    mine = bytearray(socket.gethostname().encode()[:_HOST_BYTES]).ljust(_HOST_BYTES, b"\0")
+    every = bytearray(_HOST_BYTES * job.size)
+    wait_for(dup.Iallgather([mine, job.MPI.BYTE], [every, job.MPI.BYTE]))
+    job.hosts = [every[r * _HOST_BYTES:(r + 1) * _HOST_BYTES].rstrip(b"\0").decode(
+        errors="replace") for r in range(job.size)]
     _job = job
     if job.rank == 0:
+        # a worker rank watches rank 0 as soon as it has joined, while rank 0 may wait
+        # for the others: beat to them from the start
+        _watch(job, report=False)
         _scheduler = _start_scheduler(job, timeout, options.dashboard_address)
+        _watch(job)
     return job
+
+
+_HOST_BYTES = 64  # of a host name, in the exchange of _setup
+
+
+def _watch(job: _Job, report: bool = True) -> None:
+    """Watch the ranks this one depends on; a silent one ends the job (module docstring).
+
+    Rank 0 watches the worker ranks, a worker rank watches rank 0; ``report=False``: only
+    beat to them."""
+    timeout = float(config.get("mpi.rank-timeout"))
+    if timeout <= 0:
+        return
+
+    def lost(silent: list[int], seconds: float) -> None:
+        many = len(silent) > 1
+        who = (f"worker rank{'s' if many else ''} {', '.join(map(str, silent))}"
+               if job.rank == 0 else "rank 0 (the scheduler)")
+        hosts = ", ".join(sorted({job.hosts[r] for r in silent}))
+        _abort(job, 1, f"rank {job.rank} lost {who} on {hosts}: not a word from "
+                       f"{'them' if many else 'it'} for {seconds:.0f}s (killed, or the node "
+                       "failed or left the network; config mpi.rank-timeout)")
+
+    job.endpoint.watch(range(1, job.size) if job.rank == 0 else [0], timeout,
+                       lost if report else None)
 
 
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
@@ -254,6 +306,7 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
         _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
+    _watch(job)
     try:
         while not worker.wait_closed(1.0):
             pass
@@ -291,7 +344,13 @@ def _exit_rank(code: int) -> None:
 # ------------------------------------------------------------------ ending
 def _abort(job: _Job, code: int, why: str) -> None:
     print(f"hpcsched: {why}; aborting the MPI job", file=sys.stderr, flush=True)
+    # the launcher forwards our stderr and kills the job on MPI_Abort: give it a moment
+    # to pass the message on first, or the user may never see why the job ended
+    time.sleep(_ABORT_GRACE)
     (job.comm or job.MPI.COMM_WORLD).Abort(code or 1)
+
+
+_ABORT_GRACE = 0.5  # seconds between saying why and MPI_Abort
 
 
 def _fence(job: _Job, timeout: float) -> bool:
@@ -316,12 +375,16 @@ def _leave(job: _Job, code: int) -> None:
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll
-    shutdown_endpoint(timeout=1.0)
+    endpoint = shutdown_endpoint(timeout=1.0, free=False)
     if not _fence(job, timeout):
         who = "the worker ranks" if job.rank == 0 else "rank 0"
         _abort(job, code, f"{who} did not finish within {timeout:g}s after "
                           f"{'the script ended' if job.rank == 0 else 'the scheduler closed'}"
                           " (config mpi.exit-timeout)")
+    if endpoint is not None:
+        # every rank has stopped sending: receive what arrived after our endpoint stopped,
+        # which MPI_Finalize would otherwise find unmatched
+        endpoint.drain(timeout)
     # fence_comm is not freed: MPI_Finalize follows, and a free could wait on peers
 
 
@@ -334,6 +397,7 @@ def _close_cluster(code: int) -> None:
     from hpcsched.core.client import client as client_mod
 
     sched, _scheduler = _scheduler, None
+    job.endpoint.unwatch()  # worker ranks now leave, each in its own time
     if sched is not None:
         sched.close(timeout=5.0, exit_code=code)
     client_mod.default_scheduler_address = None

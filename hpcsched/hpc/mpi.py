@@ -43,11 +43,39 @@ progress thread receives); MPICH provides it and :func:`init_endpoint` checks.
 Creating the endpoint is collective over ``COMM_WORLD``: every rank calls
 :func:`init_endpoint` (or uses the transport, which calls it); ``shutdown`` is
 local (no barrier: a blocking collective would spin).
+
+**Lost ranks.** A rank whose node crashes or drops off the network may leave
+the launcher unaware for minutes (its ssh connection or slurmstepd silent, not
+closed) and every other rank waiting for it. Once the cluster is up,
+:meth:`Endpoint.watch` makes each rank send a *beat* (a control message on no
+channel) to the ranks it watches -- rank 0 watches the workers, each worker
+rank 0 -- every quarter of ``mpi.rank-timeout``, from the progress thread;
+any message counts as a sign of life. A watched rank not heard from for
+``mpi.rank-timeout`` seconds is reported to the watcher's ``on_lost``, which
+ends the job naming it (:mod:`hpcsched.hpc.bootstrap`). Beats neither ring a
+doorbell nor count as traffic for the back-off, so watching costs an idle
+rank a message every few seconds. A silence this rank did not watch (its own
+progress thread stalled, the process stopped) proves nothing and restarts
+the count; a rank that shuts down sends a last beat saying it leaves, and is
+watched no more.
+
+**Leaving no message behind.** A rank that has stopped its progress thread may
+still be sent something by a rank that has not (a last heartbeat, a *bye*):
+MPI keeps it as an unexpected message, and the transport under MPI (UCX) warns
+at ``MPI_Finalize`` that it was never matched. So each endpoint counts the MPI
+messages it sends to and receives from every rank; when a whole job ends
+(:mod:`hpcsched.hpc.bootstrap`), every rank shuts its endpoint down without
+freeing the communicator, and :meth:`Endpoint.drain` -- collective -- exchanges
+the counts (a nonblocking ``Ialltoall`` polled with back-off), receives and
+drops what was sent to this rank and not received yet, waits for this rank's
+own sends, and only then frees the communicator.
 """
 
 from __future__ import annotations
 
+import array
 import atexit
+import contextlib
 import itertools
 import logging
 import mmap
@@ -56,7 +84,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from hpcsched.core import config
@@ -71,7 +99,14 @@ from hpcsched.core.comm.base import (
 from hpcsched.core.protocol import serialize
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
-from hpcsched.hpc.mpi_comm import KIND_BYE, KIND_HELLO, KIND_MSG, MPIComm, MPIListener
+from hpcsched.hpc.mpi_comm import (
+    KIND_BEAT,
+    KIND_BYE,
+    KIND_HELLO,
+    KIND_MSG,
+    MPIComm,
+    MPIListener,
+)
 from hpcsched.hpc.mpi_init import mpi_module
 
 logger = logging.getLogger(__name__)
@@ -84,6 +119,7 @@ WIRE_VERSION = 1
 _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
+_LATE_SHARE = 1 / 32  # of its wait, at most, a message is seen late (Endpoint._run)
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
 
 
@@ -140,6 +176,17 @@ class Endpoint:
         self._send_reqs: list[Any] = []
         self._send_keep: list[Any] = []  # frames referenced until their Isend completes
         self._send_activity = 0.0  # monotonic time a send was last posted or completed
+        # MPI messages (control and data) sent to / received from each rank: drain() compares
+        self._sent = [0] * self.size
+        self._received = [0] * self.size
+        # the watch (watch()): ranks beaten to, ranks watched and when each was last heard
+        self._beat_to: frozenset[int] = frozenset()
+        self._watched: frozenset[int] = frozenset()
+        self._heard = [0.0] * self.size
+        self._watch_timeout = 0.0
+        self._next_beat = 0.0
+        self._last_turn = time.monotonic()
+        self._on_lost: Callable[[list[int], float], None] | None = None
         # progress-thread state: per source, messages in arrival order
         self._incoming: dict[int, deque[_Incoming]] = {}
         self._stop = threading.Event()
@@ -187,10 +234,35 @@ class Endpoint:
             self._accept(lst, comm)
         return lst
 
-    def shutdown(self, timeout: float = 5.0) -> None:
+    def watch(self, ranks: Iterable[int], timeout: float,
+              on_lost: Callable[[list[int], float], None] | None) -> None:
+        """Beat to ``ranks`` every ``timeout / 4`` seconds and call ``on_lost(silent,
+        seconds)`` once, from the progress thread, when one of them has not been heard from
+        for ``timeout`` seconds: ``silent`` are it and those that missed three beats too,
+        ``seconds`` the longest silence (module docstring, *Lost ranks*). With ``on_lost``
+        None, only beat (they watch us; we cannot watch them yet)."""
+        if timeout <= 0:
+            raise ValueError(f"watch() needs a timeout > 0, got {timeout}")
+        ranks = frozenset(ranks) - {self.rank}
+        now = time.monotonic()
+        for r in ranks:
+            self._heard[r] = now
+        self._watch_timeout = timeout
+        self._next_beat = now
+        self._on_lost = on_lost
+        self._watched = self._beat_to = ranks
+
+    def unwatch(self) -> None:
+        """Report no lost rank any more (this rank is closing the job); beats go on, so that
+        the others do not take this rank for lost."""
+        self._on_lost = None
+        self._watched = frozenset()
+
+    def shutdown(self, timeout: float = 5.0, free: bool = True) -> None:
         """Close every channel, let pending sends finish (up to ``timeout``), stop the thread.
 
-        Local: no collective, so ranks may shut down at different times.
+        Local: no collective, so ranks may shut down at different times. ``free=False``
+        keeps the communicator for :meth:`drain`, which frees it.
         """
         with self._lock:
             if self._shut:
@@ -198,6 +270,10 @@ class Endpoint:
             comms = list(self._channels.values())
         for comm in comms:
             comm.close()
+        self.unwatch()
+        beat_to, self._beat_to = self._beat_to, frozenset()
+        for rank in beat_to:  # they watch us: say we leave
+            self._beat(rank, leaving=True)
         with self._lock:
             self._shut = True
             self._listener = None
@@ -211,10 +287,10 @@ class Endpoint:
         if self.bell is not None and not self._thread.is_alive():
             self.bell.close()
         left = self.pending_sends()
-        if left:
+        if left and free:
             logger.warning("MPI endpoint of rank %d shut down with %d sends not completed "
                            "(receiver gone or not progressing)", self.rank, left)
-        elif not self._thread.is_alive():
+        elif free and not self._thread.is_alive():
             try:
                 self.comm.Free()
             except Exception:  # best effort: the job is ending anyway
@@ -222,6 +298,70 @@ class Endpoint:
         for comm in list(self._unaccepted):
             comm.on_peer_closed("MPI endpoint shut down")
         self._unaccepted.clear()
+
+    def drain(self, timeout: float = 5.0) -> int:
+        """After :meth:`shutdown` with ``free=False`` on every rank: receive and drop what
+        was sent to this rank that it has not received, wait for its own sends, free the
+        communicator. Collective over the endpoint's communicator (module docstring).
+
+        Returns the number of messages dropped; gives up after ``timeout`` seconds (logged:
+        the job is ending anyway, MPI may then say what was left).
+        """
+        if self._thread.is_alive() or not self._stop.is_set():
+            raise RuntimeError("drain() needs the endpoint shut down first")
+        MPI = self._MPI
+        with contextlib.ExitStack() as held:  # no send is being posted while we count
+            for lock in list(self._send_locks.values()):
+                held.enter_context(lock)
+            sent = array.array("q", self._sent)
+        expected = array.array("q", bytes(8 * self.size))
+        deadline = time.monotonic() + timeout
+        wait = Backoff(min=1e-4, fast_max=5e-3, max=2e-2)
+        request = self.comm.Ialltoall([sent, MPI.INT64_T], [expected, MPI.INT64_T])
+        while not request.Test():
+            if time.monotonic() > deadline:
+                logger.debug("rank %d: the other ranks did not drain within %gs", self.rank,
+                             timeout)
+                return 0
+            wait.sleep()
+        status = MPI.Status()
+        dropped = 0
+        what: list[int] = []
+        missing = {r: n - self._received[r] for r, n in enumerate(expected)
+                   if n > self._received[r]}
+        while missing or self.pending_sends():
+            progressed = False
+            for source in list(missing):
+                message = self.comm.Improbe(source, MPI.ANY_TAG, status)
+                if message is None:
+                    continue
+                buf = _fresh_buffer(status.Get_count(MPI.BYTE))
+                message.Recv([buf, MPI.BYTE])
+                if status.Get_tag() == TAG_CONTROL:
+                    what.append(self._parse(source, bytearray(buf)).kind)
+                dropped += 1
+                progressed = True
+                missing[source] -= 1
+                if not missing[source]:
+                    del missing[source]
+            progressed |= self._test_sends()
+            if time.monotonic() > deadline:
+                logger.debug("rank %d: %d messages not received, %d sends not completed "
+                             "after %gs of draining", self.rank, sum(missing.values()),
+                             self.pending_sends(), timeout)
+                return dropped
+            if progressed:
+                wait.reset()
+            else:
+                wait.sleep()
+        try:
+            self.comm.Free()
+        except Exception:  # best effort: the job is ending anyway
+            logger.debug("freeing the endpoint communicator failed", exc_info=True)
+        if dropped:
+            logger.debug("rank %d dropped %d messages sent after its endpoint stopped "
+                         "(control messages of kinds %s)", self.rank, dropped, what)
+        return dropped
 
     def pending_sends(self) -> int:
         with self._sends_lock:
@@ -256,6 +396,7 @@ class Endpoint:
             reqs = [self.comm.Isend([control, MPI.BYTE], dest, TAG_CONTROL)]
             for mv in large:
                 reqs.append(self.comm.Isend([mv, MPI.BYTE], dest, TAG_DATA))
+            self._sent[dest] += len(reqs)
         with self._sends_lock:
             self._send_activity = time.monotonic()
             self._send_reqs.extend(reqs)
@@ -272,6 +413,41 @@ class Endpoint:
         # progresses: poll eagerly for them too.)
         self._poked = True
         self._poke()
+
+    def _beat(self, dest: int, leaving: bool = False) -> None:
+        """A beat to ``dest``: no doorbell, no eager polling, not counted as traffic."""
+        control = _HEAD.pack(WIRE_VERSION, KIND_BEAT, 0, self.rank, int(leaving), 0)
+        with self._send_lock(dest):
+            if self._stop.is_set():
+                return
+            request = self.comm.Isend([control, self._MPI.BYTE], dest, TAG_CONTROL)
+            self._sent[dest] += 1
+        with self._sends_lock:
+            self._send_reqs.append(request)
+            self._send_keep.append(control)
+
+    def _keep_watch(self) -> None:
+        """The progress thread's turn at the watch: beat when due, report silent ranks."""
+        now = time.monotonic()
+        if now - self._last_turn > self._watch_timeout / 2:
+            # this thread did not run for a while (the process stalled): a silence it did
+            # not watch proves nothing
+            for r in self._watched:
+                self._heard[r] = max(self._heard[r], now)
+        self._last_turn = now
+        if now >= self._next_beat:
+            self._next_beat = now + self._watch_timeout / 4
+            for r in self._beat_to:
+                self._beat(r)
+        on_lost = self._on_lost
+        if on_lost is not None:
+            longest = max((now - self._heard[r] for r in self._watched), default=0.0)
+            if longest > self._watch_timeout:
+                # with it, those that went silent at about the same time (a node's ranks):
+                # missing three beats, they will not be heard from either
+                self._on_lost = None
+                on_lost(sorted(r for r in self._watched
+                               if now - self._heard[r] > 0.75 * self._watch_timeout), longest)
 
     def _test_sends(self) -> bool:
         """Test pending sends; True while some are pending and moved recently.
@@ -297,7 +473,10 @@ class Endpoint:
 
     # ------------------------------------------------------------ receiving
     def _run(self) -> None:
-        backoff = Backoff(sleep=self._nap)
+        # Polling for what no doorbell announces (a peer on another node), the delay grows
+        # with idleness (Backoff's share): a reply is seen at most _LATE_SHARE of its wait
+        # late, and a rank that waits for nothing stops polling fast within a few dozen polls
+        backoff = Backoff(sleep=self._nap, share=_LATE_SHARE)
         # Every peer rings us when it sends: between messages poll only as a fallback.
         # Partial receives and pending sends still need MPI progress: poll for them fast.
         # The fallback grows from mpi.doorbell-poll to mpi.poll-max as the rank stays idle:
@@ -311,6 +490,8 @@ class Endpoint:
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
             while not self._stop.is_set():
+                if self._beat_to:
+                    self._keep_watch()
                 busy = self._poll_control()
                 partial = False
                 for source in [s for s, dq in self._incoming.items() if dq]:
@@ -371,16 +552,20 @@ class Endpoint:
             buf = bytearray(status.Get_count(MPI.BYTE))
             source = status.Get_source()
             message.Recv([buf, MPI.BYTE])
-            self._incoming.setdefault(source, deque()).append(self._parse(source, buf))
+            self._received[source] += 1
+            self._heard[source] = time.monotonic()
+            item = self._parse(source, buf)
+            self._incoming.setdefault(source, deque()).append(item)
             self._advance(source)
-            got = True
+            got |= item.kind != KIND_BEAT  # a beat is no traffic: no eager polling after it
         return got
 
     def _parse(self, source: int, buf: bytearray) -> _Incoming:
         view = memoryview(buf)
         try:
             version, kind, from_initiator, initiator, number, nframes = _HEAD.unpack_from(view)
-            if version != WIRE_VERSION or kind not in (KIND_HELLO, KIND_MSG, KIND_BYE):
+            if version != WIRE_VERSION or kind not in (KIND_HELLO, KIND_MSG, KIND_BYE,
+                                                       KIND_BEAT):
                 raise ValueError(f"version {version}, kind {kind}")
             pos = _HEAD.size
             sizes: list[tuple[int, bool]] = []
@@ -427,6 +612,7 @@ class Endpoint:
                     )
                 buf = _fresh_buffer(nbytes)
                 message.Recv([buf, MPI.BYTE])  # has arrived: completes at memory speed
+                self._received[source] += 1
                 head.frames[index] = buf
                 head.missing.popleft()
                 progressed = True
@@ -436,6 +622,11 @@ class Endpoint:
         return progressed
 
     def _dispatch(self, source: int, item: _Incoming) -> None:
+        if item.kind == KIND_BEAT:
+            if item.key[2]:  # the rank leaves: no longer watched, nor beaten to
+                self._watched = self._watched - {source}
+                self._beat_to = self._beat_to - {source}
+            return
         if item.kind == KIND_HELLO:
             comm = MPIComm(self, source, item.key)
             with self._lock:
@@ -520,13 +711,17 @@ def get_endpoint(timeout: float | None = None) -> Endpoint:
     return _endpoint if _endpoint is not None else init_endpoint(timeout=timeout)
 
 
-def shutdown_endpoint(timeout: float = 5.0) -> None:
-    """Shut the endpoint down (local, idempotent); a later use creates a new one."""
+def shutdown_endpoint(timeout: float = 5.0, free: bool = True) -> Endpoint | None:
+    """Shut the endpoint down (local, idempotent); a later use creates a new one.
+
+    Returns the endpoint shut down (None if there was none): with ``free=False``, every
+    rank then calls its :meth:`Endpoint.drain`."""
     global _endpoint
     with _endpoint_lock:
         ep, _endpoint = _endpoint, None
     if ep is not None:
-        ep.shutdown(timeout)
+        ep.shutdown(timeout, free=free)
+    return ep
 
 
 def _parse_rank(location: str, address: str) -> int:

@@ -21,6 +21,7 @@ from hpcsched.core.protocol import serialize
 logger = logging.getLogger("hpcsched.hpc.mpi")
 
 KIND_HELLO, KIND_MSG, KIND_BYE = 1, 2, 3  # what a control message carries on a channel
+KIND_BEAT = 4  # on no channel: the sending rank is alive (or, flagged, leaving)
 CLOSE_ITEM = object()  # queued for recv once the channel is closed
 
 

@@ -87,6 +87,28 @@ def test_hold_polls_at_min_then_doubles():
     assert t.slept == [0.001, 0.001]
 
 
+def test_with_a_share_the_cap_grows_with_idleness():
+    """share=1/4: after fast_max, no delay exceeds a quarter of the time idle before it,
+    and the delays reach max in a handful of polls, not fast_period / fast_max of them."""
+    t = FakeTime()
+    b = make(t, share=0.25, fast_period=10.0)
+    for _ in range(40):
+        b.sleep()
+    assert t.slept[:4] == [0.001, 0.002, 0.004, 0.008]  # doubling up to fast_max
+    assert t.slept[-1] == 0.1  # then max, long before fast_period
+    assert sorted(t.slept) == t.slept  # growing all along
+    idle = 0.0
+    for delay in t.slept:
+        assert delay <= max(0.008, 0.25 * idle) + 1e-12
+        idle += delay
+    b2 = make(FakeTime(), share=0.25)
+    polls = 0
+    while b2.delay < 0.1:
+        b2.sleep()
+        polls += 1
+    assert polls < 20
+
+
 def test_defaults_come_from_config(monkeypatch):
     monkeypatch.setenv("HPCSCHED_MPI__POLL_MAX", "0.25")
     with config.set({"mpi.poll-min": 0.002, "mpi.poll-fast-max": 0.004, "mpi.poll-hold": 0.01}):
@@ -101,7 +123,8 @@ def test_defaults_come_from_config(monkeypatch):
     "kw",
     [dict(min=0, fast_max=1, max=2), dict(min=0.1, fast_max=0.01, max=1),
      dict(min=0.1, fast_max=1, max=0.5), dict(min=0.1, fast_max=1, max=2, fast_period=-1),
-     dict(min=0.1, fast_max=1, max=2, hold=-1)],
+     dict(min=0.1, fast_max=1, max=2, hold=-1), dict(min=0.1, fast_max=1, max=2, share=0),
+     dict(min=0.1, fast_max=1, max=2, share=2)],
 )
 def test_bad_parameters_raise(kw):
     with pytest.raises(ValueError, match="Backoff"):

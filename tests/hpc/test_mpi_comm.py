@@ -489,3 +489,95 @@ def test_doorbell_wakes_a_rank_that_would_poll_only_every_30_s(net):
         finally:
             ep.shutdown(timeout=5)
     assert not ep._thread.is_alive()
+
+
+def _dup_and_fence():
+    """A fresh duplicate of COMM_WORLD and a barrier over it, both without spinning."""
+    from mpi4py import MPI
+
+    from hpcsched.hpc.backoff import Backoff
+
+    wait = Backoff(min=1e-4, fast_max=1e-2, max=1e-2)
+
+    def poll(request, what: str) -> None:
+        deadline = time.monotonic() + WAIT
+        while not request.Test():
+            assert time.monotonic() < deadline, f"the other ranks did not {what}"
+            wait.sleep()
+
+    dup, request = MPI.COMM_WORLD.Idup()
+    poll(request, "create their communicator")
+    fence, request = MPI.COMM_WORLD.Idup()
+    poll(request, "create their communicator")
+    return dup, lambda: poll(fence.Ibarrier(), "reach the barrier")
+
+
+@pytest.mark.timeout(60)
+def test_drain_takes_in_what_was_sent_after_the_endpoint_stopped(net):
+    """Rank 1 sends rank 0 a small and a large frame after rank 0's endpoint has stopped,
+    as a last heartbeat would: ``drain()`` on every rank receives both, lets rank 1's large
+    send complete and frees the communicator, so MPI_Finalize finds nothing unmatched."""
+    from mpi4py import MPI
+
+    from hpcsched.hpc.mpi import Endpoint
+    from hpcsched.hpc.mpi_comm import KIND_MSG
+
+    dup, barrier = _dup_and_fence()
+    rank = dup.Get_rank()
+    ep = Endpoint(dup, None)
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    ep.listen(got.put)
+    try:
+        if rank == 1:
+            comm = ep.connect(0)
+            comm.send("hello")
+        elif rank == 0:
+            assert got.get(timeout=WAIT).recv(timeout=WAIT) == "hello"
+            ep.shutdown(timeout=5, free=False)
+        barrier()  # rank 0 no longer receives
+        if rank == 1:
+            large = np.ones(4 * ep.data_threshold, dtype=np.uint8)
+            ep.send_frames(0, KIND_MSG, comm.key, [b"late", large])
+        ep.shutdown(timeout=1, free=False)
+        dropped = ep.drain(timeout=WAIT)
+        if rank == 0:
+            assert dropped >= 2, dropped  # the control message and the large frame
+        assert ep.pending_sends() == 0
+        assert ep.comm == MPI.COMM_NULL  # freed
+    finally:
+        ep.shutdown(timeout=1)
+
+
+@pytest.mark.timeout(60)
+def test_watch_reports_a_rank_gone_silent_but_not_one_that_left(net):
+    """Rank 0 watches every rank with a 1 s timeout. Rank 1's progress thread stops dead
+    (as when its node loses power); rank 2, if there is one, shuts down and says so. Rank 0
+    is told of rank 1 alone, once, a second or so later; the others, watching rank 0,
+    hear its beats and report nothing."""
+    from hpcsched.hpc.mpi import Endpoint
+
+    dup, barrier = _dup_and_fence()
+    rank, size = dup.Get_rank(), dup.Get_size()
+    ep = Endpoint(dup, None)
+    lost: queue.SimpleQueue = queue.SimpleQueue()
+    try:
+        ep.watch(range(1, size) if rank == 0 else [0], 1.0,
+                 lambda ranks, seconds: lost.put((ranks, seconds)))
+        barrier()
+        t0 = time.monotonic()
+        if rank == 1:
+            ep._stop.set()  # silent from now on: no beat, no bye
+            ep._thread.join(5)
+        elif rank == 2:
+            ep.shutdown(timeout=5)
+        if rank == 0:
+            ranks, seconds = lost.get(timeout=10)
+            assert ranks == [1] and 1.0 < seconds < 2.0, (ranks, seconds)
+            # its last beat came up to a quarter of the timeout before it fell silent
+            assert 0.7 < time.monotonic() - t0 < 3.0
+            ep.unwatch()
+        time.sleep(2.0)  # time for anything else to be reported, wrongly
+        assert lost.empty()
+        barrier()
+    finally:
+        ep.shutdown(timeout=1)

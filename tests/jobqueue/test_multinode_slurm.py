@@ -10,18 +10,34 @@ nodes reach, and when told the wrong one, say so within half a minute.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
+import sys
+import textwrap
 import time
+import uuid
+from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from hpcsched.core.client.client import Client
 from hpcsched.jobqueue.cluster import SchedulerUnreachableError
 from hpcsched.jobqueue.slurm import SLURMCluster
-from tests.conftest import wait_until
-from tests.nodes import LOGIN, SLURM_CONF, UNREACHABLE, missing_slurm, require
+from tests.conftest import wait_until, worker_env
+from tests.nodes import (
+    LOGIN,
+    SLURM_CONF,
+    UNREACHABLE,
+    crash_node,
+    in_node,
+    missing_slurm,
+    require,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 NODES = 3
 
@@ -110,3 +126,140 @@ def test_a_network_the_nodes_cannot_reach_is_a_clear_error_within_30_s(multi):
     assert f"hsbr0 {LOGIN}" in msg and "scheduler_options={'interface'" in msg
     assert "cannot reach the scheduler" in repr(c)
     assert os.path.exists(c.jobs[next(iter(c.jobs))].log_file)
+
+
+TREE = textwrap.dedent("""
+    import operator
+    import socket
+
+    from hpcsched import Client
+
+
+    def leaf(i):
+        return i
+
+
+    def tree(leaves):
+        dsk = {("leaf", i): (leaf, i) for i in range(leaves)}
+        names, level = [("leaf", i) for i in range(leaves)], 0
+        while len(names) > 1:  # leaves: a power of two
+            level += 1
+            pairs = range(len(names) // 2)
+            for i in pairs:
+                dsk[("add", level, i)] = (operator.add, names[2 * i], names[2 * i + 1])
+            names = [("add", level, i) for i in pairs]
+        return dsk, names[0]
+
+
+    with Client() as client:
+        hosts = client.run(socket.gethostname)
+        print("hosts", " ".join(sorted(set(hosts.values()))), flush=True)
+        dsk, root = tree(8192)
+        print("tasks", len(dsk), "total", client.get(dsk, root), flush=True)
+""")
+
+
+def srun_cmd(*command: str) -> tuple[list[str], str]:
+    """``srun -N 3 -n 6 --mpi=pmi2 COMMAND`` in the partition ``multi`` (two ranks a node:
+    0-1 on node1, 2-3 on node2, 4-5 on node3) and the job's name, to cancel it by."""
+    name = f"hpcsched-test-{uuid.uuid4().hex[:8]}"
+    return ["srun", "-p", "multi", "-N", "3", "-n", "6", "--mpi=pmi2", "-J", name,
+            "--time=5", *command], name
+
+
+SRUN_ENV = {**os.environ, **worker_env(), "SLURM_CONF": SLURM_CONF}
+
+
+def srun(*command: str, timeout: float = 120) -> tuple[int, str]:
+    """Run :func:`srun_cmd`: its exit status and output; a step that does not end in time
+    is cancelled."""
+    cmd, name = srun_cmd(*command)
+    env = SRUN_ENV
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate()[0]
+        pytest.fail(f"`{' '.join(cmd)}` did not end within {timeout}s:\n{out[-5000:]}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        subprocess.run(["scancel", "-n", name], env=env, timeout=30, capture_output=True)
+    return proc.returncode, out
+
+
+# what the MPI library (MPICH, UCX, libfabric) says when something is left over at exit
+LIBRARY_WARNING = re.compile(r"UCX +(WARN|ERROR)|was not matched|leaked|libfabric:\d+")
+
+
+@pytest.mark.timeout(300)
+def test_srun_runs_the_pi_example_and_a_tree_on_three_nodes(multi, tmp_path):
+    code, out = srun(sys.executable, "-m", "hpcsched", "examples/monte_carlo_pi.py", "1e7")
+    assert code == 0, out[-5000:]
+    pi = re.search(r"pi ~ (\d\.\d+) .* in 10 tasks on 5 workers", out)
+    assert pi and abs(float(pi.group(1)) - 3.14159) < 0.01, out[-5000:]
+    assert not LIBRARY_WARNING.search(out), out[-5000:]
+    script = tmp_path / "tree.py"
+    script.write_text(TREE)
+    code, out = srun(sys.executable, "-m", "hpcsched", str(script))
+    assert code == 0, out[-5000:]
+    # ranks 0-1 on node1, 2-3 on node2, 4-5 on node3: the five workers on all three
+    assert "hosts node1 node2 node3" in out, out[-5000:]
+    assert f"tasks 16383 total {sum(range(8192))}" in out, out[-5000:]
+    assert not LIBRARY_WARNING.search(out), out[-5000:]
+
+
+BUSY = textwrap.dedent("""
+    import socket
+    import time
+
+    from hpcsched import Client
+
+
+    def hold(seconds):
+        print("busy on", socket.gethostname(), flush=True)
+        time.sleep(seconds)
+
+
+    with Client() as client:
+        workers = sorted(client.run(socket.gethostname))
+        client.gather([client.submit(hold, 600, workers=[w], pure=False) for w in workers])
+""")
+
+
+@pytest.mark.timeout(300)
+def test_srun_ends_the_job_within_10_s_naming_ranks_killed_on_a_node(multi, tmp_path):
+    """Both ranks on node 3 killed: srun reports them but, without --kill-on-bad-exit, lets
+    the step run on; rank 0 misses them and ends the job, naming them and node 3."""
+    script, log = tmp_path / "busy.py", tmp_path / "out.log"
+    script.write_text(BUSY)
+    cmd, name = srun_cmd(sys.executable, "-m", "hpcsched", str(script))
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=SRUN_ENV, start_new_session=True)
+    try:
+        # (the step may wait for the nodes while other jobs hold them)
+        wait_until(lambda: log.read_text().count("busy on") == 5 or proc.poll() is not None,
+                   timeout=200, what="every worker rank busy")
+        assert proc.poll() is None, log.read_text()[-5000:]
+        ranks = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if str(script) in " ".join(p.info["cmdline"] or []) and in_node(p.pid, 3)]
+        assert len(ranks) == 2, ranks
+        assert sorted(crash_node(3, ranks)) == sorted(ranks)
+        t0 = time.monotonic()
+        code = proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        subprocess.run(["scancel", "-n", name], env=SRUN_ENV, timeout=30, capture_output=True)
+    text = log.read_text(errors="replace")
+    assert code != 0, text[-5000:]
+    assert took <= 10, (took, text[-5000:])
+    assert "node3: tasks 4-5: Killed" in text, text[-5000:]
+    assert "rank 0 lost worker ranks 4, 5 on node3" in text, text[-5000:]

@@ -2,12 +2,21 @@
 
 The nodes are network namespaces (:mod:`tests.nodes`, ``ci/nodes/start-nodes.sh``); a
 worker runs on one through ``ci/nodes/on-node.sh``. The nodes share this host's file
-system, so a scheduler file works as on a cluster's shared file system.
+system, so a scheduler file works as on a cluster's shared file system, and tasks count
+their runs in files there (one file per run, named after the task and the node).
+
+Node 3 is the one that fails: it crashes (every process of the test on it SIGKILLed) or
+is cut off the network for longer than ``scheduler.worker-ttl``.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+import socket
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +25,28 @@ import pytest
 from hpcsched.core.client.client import Client, read_scheduler_file
 from tests.conftest import wait_until
 from tests.launchers.test_cli import WORKER_OPTS, Procs, hpcsched_cmd
-from tests.nodes import LOGIN, ON_NODE, UNREACHABLE, missing_nodes, require
+from tests.nodes import (
+    LOGIN,
+    ON_NODE,
+    UNREACHABLE,
+    crash_node,
+    link_down,
+    missing_nodes,
+    require,
+)
 
-NODES = 2  # of the 3 ci/test-all.sh makes, these tests use two
+NODES = 2  # two nodes for the tests that only need two
+LOST = 3  # the node that crashes or is cut off
 
 
 @pytest.fixture(scope="module")
 def nodes() -> None:
     require(missing_nodes(NODES), "sudo bash ci/nodes/start-nodes.sh 3")
+
+
+@pytest.fixture(scope="module")
+def three_nodes() -> None:
+    require(missing_nodes(LOST), "sudo bash ci/nodes/start-nodes.sh 3")
 
 
 @pytest.fixture
@@ -35,9 +58,9 @@ def procs(tmp_path: Path):
         ps.kill_all()
 
 
-def start_scheduler(procs: Procs, sfile: Path, *options: str):
+def start_scheduler(procs: Procs, sfile: Path, *options: str, env: dict | None = None):
     p = procs.start([*hpcsched_cmd(), "scheduler", "--port", "0", "--scheduler-file",
-                     str(sfile), *options], "scheduler")
+                     str(sfile), *options], "scheduler", env=env or {})
     wait_until(lambda: sfile.exists() or p.poll() is not None, timeout=30,
                what="the scheduler file")
     assert p.poll() is None, procs.log("scheduler")
@@ -108,3 +131,139 @@ def test_a_scheduler_on_a_network_the_nodes_cannot_reach_is_named_by_the_worker(
     assert w.wait(30) != 0
     assert f"could not reach the scheduler at {address} within death_timeout=15" in \
         procs.log("worker-node1")
+
+
+def counted(i: int, runs: str, seconds: float) -> int:
+    """Task ``i``: leaves a file naming itself and its node in ``runs``, works, returns i*i."""
+    Path(runs, f"{i}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}").touch()
+    time.sleep(seconds)
+    return i * i
+
+
+def add_all(*xs: int) -> int:
+    return sum(xs)
+
+
+def runs_by_task(runs: Path) -> dict[str, collections.Counter]:
+    """{task: Counter(node hostname -> runs)} from the files :func:`counted` leaves."""
+    out: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for f in runs.iterdir():
+        task, host = f.name.split(".")[:2]
+        out[task][host] += 1
+    return out
+
+
+def holding(client: Client, futures: list, address: str) -> int:
+    """How many of ``futures`` the worker at ``address`` holds."""
+    return sum(address in holders for holders in client.who_has(futures).values())
+
+
+def start_three(procs: Procs, sfile: Path) -> dict[int, object]:
+    return {node: start_worker(procs, node, sfile) for node in (1, 2, LOST)}
+
+
+MAP = 36  # tasks of the map: a dozen per node
+
+
+@pytest.mark.timeout(180)
+def test_a_node_that_crashes_mid_graph_loses_only_what_it_alone_held(three_nodes, procs,
+                                                                      tmp_path):
+    """Workers on nodes 1-3, a map then a sum; node 3 crashes once it holds results of its
+    own. What only it held runs again on nodes 1-2 (once each), a result it had already
+    copied to node 1 does not, and the client's results are right."""
+    sfile, runs = tmp_path / "scheduler.json", tmp_path / "runs"
+    runs.mkdir()
+    start_scheduler(procs, sfile, "--interface", "hsbr0")
+    workers = start_three(procs, sfile)
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(3, timeout=60)
+        by_name = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        # made on node 3 and copied to node 1
+        kept = client.submit(counted, -1, str(runs), 0, workers=["node3"], pure=False)
+        client.replicate([kept], workers=[by_name["node1"], by_name["node3"]])
+        assert set(client.who_has([kept])[kept.key]) == {by_name["node3"], by_name["node1"]}
+        parts = [client.submit(counted, i, str(runs), 0.3, pure=False) for i in range(MAP)]
+        total = client.submit(add_all, kept, *parts, pure=False)
+        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
+                   what="node 3 holding three results of the map")
+        killed = crash_node(LOST, [workers[LOST].pid])
+        assert workers[LOST].pid in killed
+        assert total.result(timeout=90) == 1 + sum(i * i for i in range(MAP))
+        assert client.gather(parts, timeout=30) == [i * i for i in range(MAP)]
+        assert sorted(w["name"] for w in client.scheduler_info()["workers"].values()) == \
+            ["node1", "node2"]
+    assert workers[LOST].wait(10) == -9
+    counts = runs_by_task(runs)
+    assert counts["-1"] == {"node3": 1}  # a copy survived: not run again
+    lost = [i for i in range(MAP) if counts[str(i)]["node3"]]
+    assert len(lost) >= 3, counts
+    for i in range(MAP):
+        # run once on nodes 1-2 each task, also those node 3 had run (or was running)
+        assert counts[str(i)]["node1"] + counts[str(i)]["node2"] == 1, (i, counts[str(i)])
+        assert counts[str(i)]["node3"] <= 1, (i, counts[str(i)])
+
+
+TTL = 5.0  # seconds: the scheduler.worker-ttl of the partition test
+PARTITION = 30.0  # seconds node 3 is cut off
+
+
+@pytest.mark.timeout(240)
+def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_nodes, procs,
+                                                                         tmp_path):
+    """Node 3's link goes down for 30 s mid-graph: the scheduler drops its worker after
+    ``scheduler.worker-ttl`` and runs its tasks on nodes 1-2; when the link is back that
+    worker finds it was dropped and exits (or joins again as a new worker), and nothing is
+    counted twice."""
+    sfile, runs = tmp_path / "scheduler.json", tmp_path / "runs"
+    runs.mkdir()
+    start_scheduler(procs, sfile, "--interface", "hsbr0",
+                    env={"HPCSCHED_SCHEDULER__WORKER_TTL": str(TTL)})
+    workers = start_three(procs, sfile)
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(3, timeout=60)
+        by_name = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        # made on node 3, where nothing else copies it; elsewhere when it is lost
+        alone = client.submit(counted, -1, str(runs), 0, workers=["node3"],
+                              allow_other_workers=True, pure=False)
+        assert alone.result(30) == 1
+        parts = [client.submit(counted, i, str(runs), 0.3, pure=False) for i in range(MAP)]
+        total = client.submit(add_all, *parts, pure=False)
+        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
+                   what="node 3 holding three results of the map")
+        with link_down(LOST):
+            cut = time.monotonic()
+            # node 1 fetches a result from node 3 while the scheduler still counts on it
+            fetched = client.submit(add_all, alone, 1, workers=["node1"], pure=False)
+            wait_until(lambda: by_name["node3"] not in client.scheduler_info()["workers"],
+                       timeout=TTL * 3, what="the scheduler dropping node 3's worker")
+            dropped = time.monotonic() - cut
+            assert total.result(timeout=60) == sum(i * i for i in range(MAP))
+            assert fetched.result(timeout=60) == 2
+            fetch = time.monotonic() - cut
+            assert client.gather(parts, timeout=30) == [i * i for i in range(MAP)]
+            done = time.monotonic() - cut
+            assert done < PARTITION, done
+            time.sleep(PARTITION - done)  # the rest of the partition: nothing to wait for
+        back = time.monotonic()
+        # back: the dropped worker learns it and exits, or joins again as a new worker
+        wait_until(lambda: workers[LOST].poll() is not None or any(
+            a != by_name["node3"] and w["name"] == "node3"
+            for a, w in client.scheduler_info()["workers"].items()), timeout=90,
+            what="node 3's dropped worker exiting or joining again")
+        learnt = time.monotonic() - back
+        if workers[LOST].poll() is not None:  # it says why it left
+            assert workers[LOST].returncode == 1
+            assert "the connection to the scheduler at" in procs.log("worker-node3")
+        # the cluster still answers, with what it computed, once
+        assert client.submit(add_all, *parts, pure=False).result(30) == \
+            sum(i * i for i in range(MAP))
+    counts = runs_by_task(runs)
+    assert [i for i in range(MAP) if counts[str(i)]["node3"]], counts
+    for i in range(MAP):
+        assert counts[str(i)]["node1"] + counts[str(i)]["node2"] == 1, (i, counts[str(i)])
+        assert counts[str(i)]["node3"] <= 1, (i, counts[str(i)])
+    assert counts["-1"] == {"node3": 1, "node1": 1}  # lost with node 3: made again on node 1
+    print(f"node 3 dropped {dropped:.1f}s after its link went down (worker-ttl {TTL:g}s), "
+          f"the fetch from it done after {fetch:.1f}s; "
+          f"{learnt:.1f}s after it came back the worker had exit status "
+          f"{workers[LOST].poll()}: {procs.log('worker-node3')[-600:]}")

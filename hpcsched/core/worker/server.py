@@ -411,6 +411,13 @@ class Worker:
                 if payload is CLOSED:
                     # after a "close" it asked for, the scheduler's exit code stands
                     code = None if self._close_asked else EXIT_SCHEDULER_LOST
+                    if code is not None:
+                        logger.warning(
+                            "worker %s: the connection to the scheduler at %s is gone (the "
+                            "scheduler ended, or dropped this worker after hearing nothing "
+                            "from it for scheduler.worker-ttl, as across a network outage); "
+                            "exiting with status %d", self.address, self.scheduler_address,
+                            code)
                     threading.Thread(target=self.close, args=("scheduler connection lost",
                                                               code), daemon=True).start()
                     return
