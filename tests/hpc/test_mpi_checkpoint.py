@@ -23,6 +23,9 @@ from tests.launchers.test_restart import runs
 pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec is not on PATH")
 
 SCRIPT = "tests/hpc/scripts/checkpointed.py"
+# the script and the workers import the tasks from this project's tests
+ON_PATH = {"PYTHONPATH": os.pathsep.join(
+    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
 
 
 def kept(directory: str) -> int:
@@ -39,13 +42,14 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     args = ["-m", "hpcsched", "--journal", str(journal), SCRIPT, str(done), str(n)]
 
     if how == "error":
-        code, out = run_mpi(3, [*args, str(n // 2)], timeout=120)
+        code, out = run_mpi(3, [*args, str(n // 2)], timeout=120, env=ON_PATH)
         assert code == 1, out[-3000:]
         assert "stopping after" in out
     else:  # the allocation ends: every rank killed at once, some in the middle of a write
         proc = subprocess.Popen(["mpiexec", "-n", "3", sys.executable, *args, "0"], cwd=REPO,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **ON_PATH})
         try:
             deadline = time.monotonic() + 120
             while len(os.listdir(done)) < n // 2:
@@ -59,7 +63,7 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     assert n // 4 <= saved < n, saved
     assert sum(first.values()) >= saved
 
-    code, out = run_mpi(3, [*args, "0"], timeout=120)
+    code, out = run_mpi(3, [*args, "0"], timeout=120, env=ON_PATH)
     assert code == 0, out[-3000:]
     assert f"RESULT {sum(2 * i for i in range(n))}" in out
     second = runs(done)
@@ -69,6 +73,6 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     assert all(k <= 1 for k in ran_again.values())
     assert kept(checkpoints) == n
 
-    code, out = run_mpi(3, [*args, "0"], timeout=120)  # everything is kept: nothing runs
+    code, out = run_mpi(3, [*args, "0"], timeout=120, env=ON_PATH)  # everything is kept: nothing runs
     assert code == 0, out[-3000:]
     assert runs(done) == second
