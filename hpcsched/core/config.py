@@ -80,6 +80,9 @@ DEFAULTS: dict[str, Any] = {
     # the same through distributed.nanny.pre-spawn-environ). None leaves them alone.
     "worker.blas-threads": 1,
     "worker.transfer-incoming-count-limit": 4,
+    # comms a worker keeps open to the peers it fetched from (the least recently used
+    # beyond are closed): reused by the next fetch from the same peer
+    "worker.peer-connections": 256,
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
     # seconds a worker whose journaled scheduler vanished keeps its tasks and results and
     # tries to reconnect (the scheduler restarts with its journal); then it exits. 0, or a
