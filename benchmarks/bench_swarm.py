@@ -130,7 +130,11 @@ def measure(system: str, n: int, args) -> dict:
 
     tmp = tempfile.mkdtemp(prefix="bench-swarm-")
     sfile = os.path.join(tmp, "scheduler.json")
-    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error")
+    # dask's scheduler unpickles the graphs, whose functions live in bench_local: every
+    # process must import it, wherever the benchmark is started from
+    path = os.pathsep.join(p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
+               PYTHONPATH=path)
     procs = Processes()
     try:
         if system == "hpcsched":
