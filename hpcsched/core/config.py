@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.work-stealing": _SCHEDULER.work_stealing,
     "scheduler.work-stealing-interval": 0.1,  # seconds
     # seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
-    # workers' heartbeat interval at most a quarter of it (hpcsched.core.state.liveness)
+    # workers' heartbeat interval at most a third of it (hpcsched.core.state.liveness)
     "scheduler.worker-ttl": 30.0,
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
     # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
