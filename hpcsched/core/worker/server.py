@@ -235,6 +235,9 @@ class Worker:
             self._listener.stop()
             raise
         self._started = time.monotonic()
+        # registering said it is alive: the first heartbeat is one interval away (nothing
+        # it would measure is worth delaying the first task for)
+        self._next_heartbeat = self._started + self.heartbeat_interval * 0.95
         self._attach(comm, reply)
         self.loop.start()
         logger.info("worker %s (%s) connected to %s", self.address, self.name,

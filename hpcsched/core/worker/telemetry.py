@@ -54,14 +54,8 @@ class WorkerTelemetry:
     def __init__(self, logger_name: str = "hpcsched"):
         self.transfers: deque = deque(maxlen=MAX_TRANSFERS)
         self.job_id = next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), None)
-        self._process: Any = None
-        try:
-            import psutil
-
-            self._process = psutil.Process()
-            self._process.cpu_percent()  # the first call starts the measurement
-        except Exception:
-            pass
+        self._process: Any = None  # psutil's, made at the first heartbeat (not at start-up)
+        self._cpu_started = False
         self._logs = _LogBuffer(MAX_LOG_RECORDS)
         self._logs.setFormatter(logging.Formatter("%(name)s - %(levelname)s - %(message)s"))
         self._logger = logging.getLogger(logger_name)
@@ -74,10 +68,19 @@ class WorkerTelemetry:
                                int(nbytes)))
 
     def add_to(self, metrics: dict) -> None:
-        if self._process is not None:
+        if not self._cpu_started:
+            self._cpu_started = True
+            try:
+                import psutil
+
+                self._process = psutil.Process()
+                self._process.cpu_percent()  # the first call starts the measurement
+            except Exception:  # noqa: BLE001 - no CPU figure where psutil cannot tell
+                self._process = None
+        elif self._process is not None:
             try:
                 metrics["cpu"] = self._process.cpu_percent()
-            except Exception:
+            except Exception:  # noqa: BLE001
                 pass
         if self.job_id:
             metrics["job_id"] = self.job_id
