@@ -53,11 +53,15 @@ def _host_hpcsched(scheduler_file: str, count: int) -> None:
     from hpcsched.core.comm.scheduler_file import read_scheduler_file
     from hpcsched.core.worker.server import Worker
 
+    from concurrent.futures import ThreadPoolExecutor
+
     address, security = read_scheduler_file(scheduler_file)
     workers = [Worker(address, nthreads=1, security=security, death_timeout=120)
                for _ in range(count)]
-    for w in workers:
-        w.start()
+    # all at once, as the worker processes of a node start (and as dask's are awaited
+    # together below): Worker.start blocks until the scheduler has answered
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(lambda w: w.start(), workers))
     _wait_for_signal()
     for w in workers:
         w.close()
