@@ -34,8 +34,7 @@ Two rules bound the growth:
 from __future__ import annotations
 
 #: heartbeats a second the scheduler is sized for, whatever the number of workers: each
-#: costs it a wake-up, a read, a decode and a handler (~0.1 ms), so an idle scheduler
-#: spends about 1 % of a core on them
+#: costs it a wake-up, a read, a decode and a handler, which is all an idle scheduler does
 HEARTBEATS_PER_SECOND = 100
 #: the TTL spans at least this many heartbeat intervals (when the base interval allows):
 #: a worker is removed only after missing two heartbeats in a row and most of a third
