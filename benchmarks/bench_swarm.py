@@ -53,11 +53,15 @@ def _host_hpcsched(scheduler_file: str, count: int) -> None:
     from hpcsched.core.comm.scheduler_file import read_scheduler_file
     from hpcsched.core.worker.server import Worker
 
+    from concurrent.futures import ThreadPoolExecutor
+
     address, security = read_scheduler_file(scheduler_file)
     workers = [Worker(address, nthreads=1, security=security, death_timeout=120)
                for _ in range(count)]
-    for w in workers:
-        w.start()
+    # all at once, as the worker processes of a node start (and as dask's are awaited
+    # together below): Worker.start blocks until the scheduler has answered
+    with ThreadPoolExecutor(64) as pool:
+        list(pool.map(lambda w: w.start(), workers))
     _wait_for_signal()
     for w in workers:
         w.close()
@@ -130,7 +134,11 @@ def measure(system: str, n: int, args) -> dict:
 
     tmp = tempfile.mkdtemp(prefix="bench-swarm-")
     sfile = os.path.join(tmp, "scheduler.json")
-    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error")
+    # dask's scheduler unpickles the graphs, whose functions live in bench_local: every
+    # process must import it, wherever the benchmark is started from
+    path = os.pathsep.join(p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
+               PYTHONPATH=path)
     procs = Processes()
     try:
         if system == "hpcsched":

@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "scheduler.work-stealing": _SCHEDULER.work_stealing,
     "scheduler.work-stealing-interval": 0.1,  # seconds
     # seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
-    # workers' heartbeat interval at most a quarter of it (hpcsched.core.state.liveness)
+    # workers' heartbeat interval at most a third of it (hpcsched.core.state.liveness)
     "scheduler.worker-ttl": 30.0,
     "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
     # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
@@ -83,6 +83,9 @@ DEFAULTS: dict[str, Any] = {
     # the same through distributed.nanny.pre-spawn-environ). None leaves them alone.
     "worker.blas-threads": 1,
     "worker.transfer-incoming-count-limit": 4,
+    # comms a worker keeps open to the peers it fetched from (the least recently used
+    # beyond are closed): reused by the next fetch from the same peer
+    "worker.peer-connections": 256,
     "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
     # seconds a worker whose journaled scheduler vanished keeps its tasks and results and
     # tries to reconnect (the scheduler restarts with its journal); then it exits. 0, or a
@@ -228,15 +231,36 @@ def _from_env(prefix: str = "") -> dict[str, Any]:
     """The environment's settings whose key starts with ``prefix``, parsed.
 
     Only those: parsing a value takes the YAML parser, which nothing else at start-up needs.
+    The environment is read on every call (a program may change it), but only the names
+    are decoded to find ours, and each name's key and each value's parse are remembered:
+    connections and workers read settings as they start, a thousand at a time.
     """
     out: dict[str, Any] = {}
-    for name, value in os.environ.items():
-        if not name.startswith("HPCSCHED_") or name in ("HPCSCHED_CONFIG",):
+    environ = os.environ
+    for name in environ:
+        if not name.startswith("HPCSCHED_") or name == "HPCSCHED_CONFIG":
             continue
-        key = ".".join(_norm(p) for p in name[len("HPCSCHED_"):].split("__"))
+        key = _ENV_KEYS.get(name)
+        if key is None:
+            key = _ENV_KEYS[name] = ".".join(_norm(p) for p in name[len("HPCSCHED_"):].split("__"))
         if key.startswith(prefix):
-            out[key] = _parse_scalar(value)
+            value = environ.get(name)
+            if value is None:  # removed meanwhile by another thread
+                continue
+            try:
+                out[key] = _ENV_VALUES[value]
+            except KeyError:
+                parsed = _parse_scalar(value)
+                # a list or a mapping is parsed anew: a caller may change what it gets;
+                # and a program that keeps setting new values does not grow this forever
+                if isinstance(parsed, (str, int, float, bool)) and len(_ENV_VALUES) < 1024:
+                    _ENV_VALUES[value] = parsed
+                out[key] = parsed
     return out
+
+
+_ENV_KEYS: dict[str, str] = {}  # environment variable name -> configuration key
+_ENV_VALUES: dict[str, Any] = {}  # environment text -> its parsed value, if immutable
 
 
 def refresh() -> None:

@@ -190,6 +190,12 @@ class Backend:
 
     connect: Callable[[str, float, Security | None], Comm]
     listen: Callable[[str, Callable[[Comm], None], Security | None], Listener]
+    #: ``(address, timeout, security, done) -> bool``: connect without blocking the caller,
+    #: ``done(comm, None)`` or ``done(None, error)`` called back on the transport's thread
+    #: (it must not block); False when it cannot for this address. None: the transport
+    #: connects only by ``connect`` (the caller uses a thread)
+    connect_soon: Callable[[str, float | None, Security | None,
+                            Callable[[Comm | None, BaseException | None], None]], bool] | None = None
     #: a peer that dies is noticed only when its heartbeats stop (a TCP connection to a
     #: crashed host may stay open for a long time); False where the transport reports it
     #: itself (an MPI rank that dies ends the job; inproc peers share this process)

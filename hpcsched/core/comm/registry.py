@@ -64,6 +64,19 @@ def connect(address: str, timeout: float | None = None, security: Security | Non
     return get_backend(scheme).connect(address, timeout, security)
 
 
+def connect_soon(address: str, done: Callable[[Comm | None, BaseException | None], None],
+                 timeout: float | None = None, security: Security | None = None) -> bool:
+    """Start opening a comm to ``address`` without blocking; ``done(comm, None)`` or
+    ``done(None, error)`` is called back on the transport's thread (it must not block).
+    False, and nothing started, where the transport cannot (call :func:`connect` from a
+    thread instead)."""
+    backend = get_backend(parse_address(address)[0])
+    if backend.connect_soon is None:
+        return False
+    return backend.connect_soon(address, config.get("comm.timeouts.connect", timeout),
+                                security, done)
+
+
 def listen(
     address: str, on_connect: Callable[[Comm], None], security: Security | None = None
 ) -> Listener:

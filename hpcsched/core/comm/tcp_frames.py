@@ -10,8 +10,10 @@ Rules of this module (it touches no socket, thread or clock, so it can be fed
 any byte string in a test, like h11's protocol state machine):
 
 * **Memory grows only as bytes arrive.** Small frames are parsed out of one
-  reusable buffer, an anonymous ``mmap``: a connection that only ever carries
-  small messages commits a page or two of it, and the pages a burst committed
+  reusable buffer: a page on the heap at first, which is all a connection that
+  only carries small messages needs (a worker opens one to each peer it fetches
+  from: no mapping to make and unmap for it); the first message that does not
+  fit moves it to an anonymous ``mmap``, whose pages a burst committed
   beyond ``KEEP_COMMITTED`` are given back once the burst is parsed, so that a
   thousand mostly idle connections cost little. A large frame gets an anonymous
   ``mmap`` of its declared size: the kernel reserves address space but commits
@@ -35,6 +37,7 @@ MSG_MAGIC = b"HSm1"  # message magic; the last byte is the framing version
 HEAD = struct.Struct("<4sI")
 COPY_LIMIT = 64 * 1024  # frames up to this size are copied out of the receive buffer
 BUFFER_SIZE = 256 * 1024  # the reusable receive buffer
+START_SIZE = 4096  # ... until a message needs more: a page
 KEEP_COMMITTED = 64 * 1024  # of it, the pages kept after a burst (the rest goes back)
 
 _lengths_structs: dict[int, struct.Struct] = {}
@@ -96,7 +99,8 @@ class FrameDecoder:
     def __init__(self, max_frames: int, max_frame_bytes: int, buffer_size: int = BUFFER_SIZE):
         self.max_frames = max_frames
         self.max_frame_bytes = max_frame_bytes
-        self._buf: mmap.mmap | bytearray = _reserve(buffer_size)
+        self._size = buffer_size
+        self._buf: mmap.mmap | bytearray = bytearray(min(START_SIZE, buffer_size))
         self._view = memoryview(self._buf)
         self._start = 0  # unparsed bytes are _buf[_start:_end]
         self._end = 0
@@ -154,8 +158,9 @@ class FrameDecoder:
         """Make room for ``need`` contiguous bytes after the unparsed ones."""
         avail = self._end - self._start
         if avail + need > len(self._buf):
-            # a header of many frames: grow, bounded by comm.max-frames (checked first)
-            new = _reserve(max(avail + need, 2 * len(self._buf)))
+            # the first page is outgrown, or a header of many frames: grow (bounded by
+            # comm.max-frames, checked first)
+            new = _reserve(max(avail + need, 2 * len(self._buf), self._size))
             new[:avail] = self._view[self._start:self._end]
             self._buf, self._view = new, memoryview(new)
             self._high = avail

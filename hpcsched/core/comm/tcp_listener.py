@@ -48,7 +48,7 @@ ACCEPTS_PER_EVENT = 64  # then let pending handshakes answer before accepting mo
 class _Pending:
     """An accepted peer that has not authenticated yet (lives on the I/O thread)."""
 
-    __slots__ = ("listener", "sock", "peer", "deadline", "hs", "out")
+    __slots__ = ("listener", "sock", "peer", "deadline", "hs", "out", "events")
 
     def __init__(self, listener: TCPListener, sock: socket.socket, peer: str, deadline: float,
                  hs: ServerHandshake):
@@ -58,6 +58,7 @@ class _Pending:
         self.deadline = deadline
         self.hs = hs
         self.out = bytearray()
+        self.events = READ  # what the selector watches for it
 
     def on_event(self, mask: int) -> None:
         self.listener._advance(self, mask)
@@ -162,7 +163,10 @@ class TCPListener(Listener):
                 self._refuse(p, f"connection lost: {e}")
                 return False
             del p.out[:n]
-            self._io.modify(p.sock, READ | (WRITE if p.out else 0), p)
+            events = READ | (WRITE if p.out else 0)
+            if events != p.events:  # a greeting is written at once: nothing to change
+                p.events = events
+                self._io.modify(p.sock, events, p)
         return True
 
     def _advance(self, p: _Pending, mask: int) -> None:

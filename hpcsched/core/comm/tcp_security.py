@@ -243,120 +243,186 @@ class ServerHandshake:
 
 
 # ---------------------------------------------------------------- client side
-class _Blocking:
-    """The client's socket during the handshake, with or without TLS, and a deadline."""
+class ClientHandshake:
+    """The client's half of the handshake as a state machine, the mirror of
+    :class:`ServerHandshake`: ``receive(wire_bytes)`` (``b""`` at end of stream) advances
+    it, ``data_to_send()`` returns wire bytes to write; once ``done``, ``tls`` (or None)
+    and ``leftover`` (plaintext after the verdict) belong to the connection.
 
-    def __init__(self, sock: socket.socket, deadline: float):
-        self.sock = sock
-        self.deadline = deadline
+    Raises :class:`HandshakeError` when the server refuses us or our settings differ
+    (retrying cannot help) and :class:`HandshakeInterrupted` when it hangs up (it may be
+    overloaded: worth retrying). ``stage`` says what it waits for (a timeout's message).
+    """
+
+    def __init__(self, address: str, host: str, security: Security | None,
+                 ctx: ssl.SSLContext | None):
+        self.address = address
+        self._host = host
+        self._secret = security.secret if security else None
+        self._ctx = ctx
+        self._plain = bytearray()
+        self._out = bytearray()
+        self._nonce = b""
+        self._client_nonce = b""
+        self.stage = "greeting"  # then "tls" (if the server uses it), "verdict", "done"
         self.tls: TLSCodec | None = None
+        self.leftover = b""
 
-    def _recv(self) -> bytes:
-        self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
-        return self.sock.recv(WIRE_CHUNK)
+    @property
+    def done(self) -> bool:
+        return self.stage == "done"
 
-    def sendall(self, plain: bytes) -> None:
-        if self.tls is not None:
-            self.tls.write(plain)
-            plain = self.tls.wire_out()
-        self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
-        self.sock.sendall(plain)
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
 
-    def start_tls(self, codec: TLSCodec) -> None:
-        self.tls = codec
-        while not codec.handshake():
-            out = codec.wire_out()
-            if out:
-                self.sock.sendall(out)
-            data = self._recv()
-            if not data:
-                raise ConnectionError("peer closed the connection during the TLS handshake")
-            codec.feed(data)
-        out = codec.wire_out()
-        if out:
-            self.sock.sendall(out)
+    def receive(self, wire: bytes) -> None:
+        if self.stage == "done":
+            raise HandshakeError(f"{self.address}: data after the handshake was handed over")
+        if self.tls is None:
+            if not wire:
+                self._hung_up()
+            self._plain += wire
+        else:
+            self._tls_receive(wire)
+        if self.stage == "greeting" and len(self._plain) >= HELLO.size:
+            self._greeted()
+        if self.stage == "verdict" and len(self._plain) >= VERDICT.size:
+            self._judged()
 
-    def read_exact(self, n: int) -> bytes | None:
-        """``n`` bytes (TimeoutError past the deadline), or None if the peer closes first.
-        Never reads past them on a plain socket; with TLS, the rest stays in the codec."""
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        k: int | None
-        while got < n:
-            if self.tls is None:
-                self.sock.settimeout(max(self.deadline - time.monotonic(), 1e-3))
-                k = self.sock.recv_into(view[got:])
-                if k == 0:
-                    return None
-            else:
-                k = self.tls.read_into(view[got:])
-                if k is None:
-                    data = self._recv()
-                    self.tls.feed(data)
-                    continue
-                if k == 0:
-                    return None
-            got += k
-        return bytes(buf)
+    def _hung_up(self) -> None:
+        if self.stage == "greeting":
+            raise HandshakeInterrupted(f"{self.address} closed the connection before greeting")
+        raise HandshakeInterrupted(f"{self.address} hung up before its verdict")
+
+    def _tls_receive(self, wire: bytes) -> None:
+        assert self.tls is not None
+        tls = self.tls
+        tls.feed(wire)
+        try:
+            if self.stage == "tls":
+                done = tls.handshake()
+                self._out += tls.wire_out()
+                if not done:
+                    if not wire:
+                        raise HandshakeError(f"TLS handshake with {self.address} failed: the "
+                                             "server closed the connection")
+                    return
+                self._reply()
+            buf = bytearray(4096)
+            while (n := tls.read_into(memoryview(buf))):
+                self._plain += buf[:n]
+            if n == 0 and len(self._plain) < VERDICT.size:
+                self._hung_up()
+        except ssl.SSLError as e:
+            if self.stage == "tls":
+                raise HandshakeError(f"TLS handshake with {self.address} failed: {e}") from e
+            raise HandshakeInterrupted(f"{self.address} hung up during the handshake: {e}") from e
+
+    def _greeted(self) -> None:
+        address, secret, ctx = self.address, self._secret, self._ctx
+        hello = bytes(self._plain[:HELLO.size])
+        rest = bytes(self._plain[HELLO.size:])
+        self._plain.clear()
+        magic, version, flags, nonce = HELLO.unpack(hello)
+        if magic != HELLO_MAGIC:
+            raise HandshakeError(f"{address} is not an hpcsched server (greeting {hello[:8]!r})")
+        if version != PROTOCOL_VERSION:
+            raise HandshakeError(f"{address} speaks protocol {version}, we speak "
+                                 f"{PROTOCOL_VERSION}: mixed hpcsched versions?")
+        if flags & FLAG_TLS and ctx is None:
+            raise HandshakeError(f"{address} requires TLS: set security.tls_ca (and "
+                                 "tls_cert/tls_key if it checks client certificates)")
+        if not flags & FLAG_TLS and ctx is not None:
+            raise HandshakeError(f"{address} does not use TLS but our security settings "
+                                 "require it")
+        if flags & FLAG_AUTH and not secret:
+            raise HandshakeError(f"{address} requires the cluster's shared secret and we have "
+                                 "none (pass security= or set HPCSCHED_SECRET / "
+                                 "HPCSCHED_SECRET_FILE)")
+        if not flags & FLAG_AUTH and secret:
+            raise HandshakeError(f"{address} does not authenticate its peers but we hold a "
+                                 "secret: refusing to talk to an unauthenticated server")
+        self._flags, self._nonce = flags, nonce
+        self._client_nonce = secrets.token_bytes(32)
+        if ctx is None:
+            self._plain += rest
+            self._reply()
+            return
+        try:
+            self.tls = TLSCodec(ctx, server_side=False,
+                                server_hostname=self._host if ctx.check_hostname else None)
+            self.stage = "tls"
+            self.tls.handshake()
+        except ssl.SSLError as e:
+            raise HandshakeError(f"TLS handshake with {self.address} failed: {e}") from e
+        self._out += self.tls.wire_out()
+        if rest:
+            self._tls_receive(rest)
+
+    def _reply(self) -> None:
+        secret = self._secret
+        mac = _mac(secret, b"client", self._nonce, self._client_nonce) if secret else _NO_MAC
+        reply = REPLY.pack(HELLO_MAGIC, PROTOCOL_VERSION, self._flags, self._client_nonce, mac)
+        if self.tls is None:
+            self._out += reply
+        else:
+            self.tls.write(reply)
+            self._out += self.tls.wire_out()
+        self.stage = "verdict"
+
+    def _judged(self) -> None:
+        address, secret = self.address, self._secret
+        verdict = bytes(self._plain[:VERDICT.size])
+        self.leftover = bytes(self._plain[VERDICT.size:])
+        self._plain.clear()
+        if verdict[0] != 1:
+            if secret:
+                raise HandshakeError(f"scheduler at {address} refused our credentials: wrong "
+                                     "secret?")
+            raise HandshakeError(f"{address} refused the connection during the handshake")
+        if secret and not hmac.compare_digest(
+                verdict[1:], _mac(secret, b"server", self._client_nonce, self._nonce)):
+            raise HandshakeError(f"{address} could not prove it holds the cluster's secret: "
+                                 "not our scheduler?")
+        self.stage = "done"
 
 
 def client_handshake(sock: socket.socket, address: str, host: str, security: Security | None,
-                     ctx: ssl.SSLContext | None, timeout: float) -> TLSCodec | None:
-    """Authenticate to the server on ``sock`` (blocking); returns the TLS codec if any."""
-    chan = _Blocking(sock, time.monotonic() + timeout)
-    secret = security.secret if security else None
+                     ctx: ssl.SSLContext | None, timeout: float
+                     ) -> tuple[TLSCodec | None, bytes]:
+    """Authenticate to the server on ``sock``, blocking (the connecting thread waits for
+    the connection anyway); the TLS codec if any, and plaintext the server sent after
+    its verdict."""
+    hs = ClientHandshake(address, host, security, ctx)
+    deadline = time.monotonic() + timeout
     try:
-        hello = chan.read_exact(HELLO.size)
+        while not hs.done:
+            out = hs.data_to_send()
+            if out:
+                sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+                sock.sendall(out)
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            hs.receive(sock.recv(WIRE_CHUNK))
+        out = hs.data_to_send()
+        if out:
+            sock.settimeout(max(deadline - time.monotonic(), 1e-3))
+            sock.sendall(out)
     except TimeoutError:
-        # a scheduler that thousands of workers reach at once may greet late: the caller
-        # tries again until its connect timeout (a TimeoutError, not a refusal)
-        raise TimeoutError(f"no greeting from {address} within {timeout}s: is it an hpcsched "
-                           "server (or one with TLS when we use none)?") from None
-    if hello is None:
-        raise HandshakeInterrupted(f"{address} closed the connection before greeting")
-    magic, version, flags, nonce = HELLO.unpack(hello)
-    if magic != HELLO_MAGIC:
-        raise HandshakeError(f"{address} is not an hpcsched server (greeting {hello[:8]!r})")
-    if version != PROTOCOL_VERSION:
-        raise HandshakeError(f"{address} speaks protocol {version}, we speak {PROTOCOL_VERSION}: "
-                             "mixed hpcsched versions?")
-    if flags & FLAG_TLS and ctx is None:
-        raise HandshakeError(f"{address} requires TLS: set security.tls_ca (and tls_cert/tls_key "
-                             "if it checks client certificates)")
-    if not flags & FLAG_TLS and ctx is not None:
-        raise HandshakeError(f"{address} does not use TLS but our security settings require it")
-    if flags & FLAG_AUTH and not secret:
-        raise HandshakeError(f"{address} requires the cluster's shared secret and we have none "
-                             "(pass security= or set HPCSCHED_SECRET / HPCSCHED_SECRET_FILE)")
-    if not flags & FLAG_AUTH and secret:
-        raise HandshakeError(f"{address} does not authenticate its peers but we hold a secret: "
-                             "refusing to talk to an unauthenticated server")
-    if ctx is not None:
-        try:
-            chan.start_tls(TLSCodec(ctx, server_side=False,
-                                    server_hostname=host if ctx.check_hostname else None))
-        except (ssl.SSLError, OSError) as e:
-            raise HandshakeError(f"TLS handshake with {address} failed: {e}") from e
-    client_nonce = secrets.token_bytes(32)
-    mac = _mac(secret, b"client", nonce, client_nonce) if secret else _NO_MAC
-    try:
-        chan.sendall(REPLY.pack(HELLO_MAGIC, PROTOCOL_VERSION, flags, client_nonce, mac))
-        verdict = chan.read_exact(VERDICT.size)
-    except TimeoutError:
+        if hs.stage == "greeting":
+            # a scheduler that thousands of workers reach at once may greet late: the caller
+            # tries again until its connect timeout (a TimeoutError, not a refusal)
+            raise TimeoutError(f"no greeting from {address} within {timeout}s: is it an "
+                               "hpcsched server (or one with TLS when we use none)?") from None
         raise TimeoutError(f"{address} did not answer our handshake within {timeout}s") from None
-    except (ssl.SSLError, OSError) as e:
+    except (HandshakeError, HandshakeInterrupted):
+        raise
+    except OSError as e:
+        if hs.stage == "greeting":
+            raise
         raise HandshakeInterrupted(f"{address} hung up during the handshake: {e}") from e
-    if verdict is None:
-        raise HandshakeInterrupted(f"{address} hung up before its verdict")
-    if verdict[0] != 1:
-        if secret:
-            raise HandshakeError(f"scheduler at {address} refused our credentials: wrong secret?")
-        raise HandshakeError(f"{address} refused the connection during the handshake")
-    if secret and not hmac.compare_digest(verdict[1:], _mac(secret, b"server", client_nonce, nonce)):
-        raise HandshakeError(f"{address} could not prove it holds the cluster's secret: "
-                             "not our scheduler?")
-    return chan.tls
+    return hs.tls, hs.leftover
 
 
 def tune(sock: socket.socket) -> None:

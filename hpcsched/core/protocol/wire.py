@@ -44,6 +44,7 @@ hpcsched.core.protocol.wire.MalformedMessage: op 'ping', field 'seq': expected a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING
 from typing import Any
@@ -54,6 +55,29 @@ from hpcsched.core.protocol.checks import Check, describe, short
 
 class MalformedMessage(ValueError):
     """A message that is not a known op with the right fields."""
+
+
+class Generated(dict):
+    """Functions generated per op on first use: ``table[op]`` compiles the op's function
+    then (``KeyError`` for an op without one), later lookups are a dict's. A process
+    compiles only the codecs of the ops it meets, not those of every record it imports
+    (start-up: hundreds of ranks import the protocol before their first task)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._makers: dict[Any, Callable[[], Any]] = {}
+
+    def offer(self, op: Any, make: Callable[[], Any]) -> None:
+        """``make()`` gives ``op``'s function when it is first looked up."""
+        self._makers[op] = make
+
+    def ops(self) -> set:
+        """Every op this table has a function for, generated yet or not."""
+        return set(self._makers)
+
+    def __missing__(self, op: Any) -> Any:
+        value = self[op] = self._makers[op]()
+        return value
 
 
 class Direction(dict):
@@ -69,10 +93,10 @@ class Direction(dict):
         super().__init__()
         self.sender, self.receiver, self.checked, self.doc = sender, receiver, checked, doc
         #: op -> (generated decoder, allowed field names), for an unchecked direction
-        self.fast: dict[str, tuple[Callable[[dict], Any], frozenset]] = {}
+        self.fast = Generated()
         #: op -> (generated decoder taking the context as a dict, allowed field names):
         #: checks each field as ``checked`` says (the scheduler's path for every message)
-        self.with_context: dict[str, tuple[Callable[[dict, dict], Any], frozenset]] = {}
+        self.with_context = Generated()
         #: the ops whose records are a state machine's events: they take the receiver's
         #: context and a ``stimulus_id`` (:func:`receive`)
         self.stamped: set[str] = set()
@@ -113,8 +137,8 @@ class Spec:
 
 
 _SPECS: dict[type, Spec] = {}
-_ENCODERS: dict[type, Callable[[Any], dict]] = {}
-_FAST_DECODERS: dict[type, Callable[[dict], Any] | None] = {}
+#: record class -> ``encode`` function, generated on first use
+_ENCODERS = Generated()
 
 
 def wire(check: Check = field_checks.anything, default: Any = MISSING, *,
@@ -145,8 +169,7 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
         spec = _SPECS.get(cls)
         if spec is None:
             spec = _SPECS[cls] = _spec(op, cls)
-            _ENCODERS[cls] = _encoder(spec)
-            _FAST_DECODERS[cls] = _fast_decoder(spec)
+            _ENCODERS.offer(cls, functools.partial(_encoder, spec))
             cls.op = op  # type: ignore[attr-defined]
         elif spec.op != op:
             raise ValueError(f"{cls.__name__} is already the record of {spec.op!r}")
@@ -155,14 +178,22 @@ def message(op: str, *directions: Direction) -> Callable[[type], type]:
                 raise ValueError(f"{d.name} has two records for {op!r}: {d[op].__name__}, "
                                  f"{cls.__name__}")
             d[op] = cls
-            if not d.checked and _FAST_DECODERS[cls] is not None:
-                d.fast[op] = (_FAST_DECODERS[cls], spec.allowed)  # type: ignore[assignment]
+            if not d.checked and _has_fast_decoder(spec):
+                d.fast.offer(op, functools.partial(_with_allowed, _fast_decoder, spec))
             if spec.extra is None:
-                d.with_context[op] = (_context_decoder(spec, d.checked), spec.allowed)
+                d.with_context.offer(op, functools.partial(_with_allowed, _context_decoder,
+                                                           spec, d.checked))
             if "stimulus_id" in spec.context_names:
                 d.stamped.add(op)
         return cls
     return register
+
+
+def _with_allowed(make: Callable[..., Callable], spec: Spec, *args: Any
+                  ) -> tuple[Callable, frozenset]:
+    """A direction's entry for ``spec``'s op: its generated decoder and the field names it
+    takes."""
+    return make(spec, *args), spec.allowed
 
 
 def _spec(op: str, cls: type) -> Spec:
@@ -222,14 +253,17 @@ def _encoder(spec: Spec) -> Callable[[Any], dict]:
     return fn
 
 
-def _fast_decoder(spec: Spec) -> Callable[[dict], Any] | None:
+def _has_fast_decoder(spec: Spec) -> bool:
+    """Whether :func:`_fast_decoder` serves the record: not one that needs context or
+    collects extra fields."""
+    return spec.extra is None and not any(f.required for f in spec.context)
+
+
+def _fast_decoder(spec: Spec) -> Callable[[dict], Any]:
     """``def decode(m): return CLS(key=m["key"], type=m.get("type", D_type))``, compiled once
     per class, for :func:`decode` of an unchecked direction (the client's and the worker's
-    hot paths: one ``key-in-memory`` per finished task); None for a record that needs
-    context or collects extra fields. A missing required field raises ``KeyError``: the
-    general path then names it."""
-    if spec.extra is not None or any(f.required for f in spec.context):
-        return None
+    hot paths: one ``key-in-memory`` per finished task). A missing required field raises
+    ``KeyError``: the general path then names it."""
     factories = {f.name: f.default_factory for f in dataclasses.fields(spec.cls)
                  if f.default_factory is not MISSING}
     env: dict[str, Any] = {"CLS": spec.cls}

@@ -77,8 +77,9 @@ class Registered:
 @message("heartbeat-interval", S2W)
 @dataclass(slots=True)
 class HeartbeatInterval:
-    """The cluster grew or shrank: heartbeat every ``interval`` seconds from now on (the
-    answer to a heartbeat, when the interval changed)."""
+    """The cluster grew or shrank: heartbeat every ``interval`` seconds from now on (sent to
+    every worker when the cluster outgrows its interval; when it shrank, the answer to a
+    heartbeat)."""
 
     interval: float = wire(fc.number, doc="seconds")
 

@@ -24,19 +24,21 @@ Two rules bound the growth:
     >>> heartbeat_interval(10, base=1.0, worker_ttl=30.0)
     1.0
     >>> heartbeat_interval(1000, base=1.0, worker_ttl=None)
-    8.0
-    >>> heartbeat_interval(1000, base=1.0, worker_ttl=30.0)  # 4 heartbeats per TTL
-    7.5
+    16.0
+    >>> heartbeat_interval(1000, base=1.0, worker_ttl=30.0)  # 3 heartbeats per TTL
+    10.0
     >>> heartbeat_interval(1000, base=1.0, worker_ttl=2.0)  # never below the base
     1.0
 """
 
 from __future__ import annotations
 
-#: heartbeats a second the scheduler is sized for, whatever the number of workers
-HEARTBEATS_PER_SECOND = 200
-#: the TTL spans at least this many heartbeat intervals (when the base interval allows)
-TTL_INTERVALS = 4
+#: heartbeats a second the scheduler is sized for, whatever the number of workers: each
+#: costs it a wake-up, a read, a decode and a handler, which is all an idle scheduler does
+HEARTBEATS_PER_SECOND = 100
+#: the TTL spans at least this many heartbeat intervals (when the base interval allows):
+#: a worker is removed only after missing two heartbeats in a row and most of a third
+TTL_INTERVALS = 3
 
 
 def heartbeat_interval(n_workers: int, base: float, worker_ttl: float | None) -> float:

@@ -57,7 +57,18 @@ class WorkerEvents:
         self.registry.add(ws)
         if e.paused:
             self.registry.set_status(ws, "paused")
-        ws.heartbeat_interval = self.heartbeat_interval()  # the server tells it (registered)
+        before = self._interval[1]
+        # the server tells it (registered)
+        ws.heartbeat_interval = interval = self.heartbeat_interval()
+        if interval > before > 0:
+            # the cluster outgrew its interval: the others are told now, not with the answer
+            # to their next heartbeat, or a registration storm is followed by a storm of
+            # heartbeats at the short intervals of a small cluster. The interval doubles,
+            # so this costs each registration a constant on average
+            for other in self.registry.workers.values():
+                if other.heartbeat_interval < interval:
+                    other.heartbeat_interval = interval
+                    self.out.send(other.address, HeartbeatInterval(interval))
         placement.push_free(ws)
         recs: list[Rec] = []
         for key, nbytes in (e.keys or {}).items():

@@ -35,6 +35,7 @@ True
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,8 +146,19 @@ def plan(limits: MemoryLimits, rss: int, spillable: int, paused: bool,
     return MemoryPlan(max(evict, 0), change, terminate, fast)
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def process_memory() -> int:
-    """This process's resident set size in bytes (0 where psutil cannot tell)."""
+    """This process's resident set size in bytes (0 where psutil cannot tell).
+
+    On Linux read from ``/proc/self/statm`` (what psutil reads, without importing it:
+    a worker samples this as it starts, before its first task)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import psutil
 

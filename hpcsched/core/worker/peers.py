@@ -13,9 +13,18 @@ running the loop's iteration, see :meth:`~hpcsched.core.comm.loop.Loop.offer`):
   connect timeouts, fails it (``GatherDepFailure``: the state machine asks
   another holder, or the scheduler).
 
-Only opening a comm to a peer not yet connected may block (a TCP connect and
-handshake), so that runs in a fetch thread, one of
-``worker.transfer-incoming-count-limit``.
+Opening a comm to a peer not yet connected starts on the transport's thread where it
+can (:func:`~hpcsched.core.comm.registry.connect_soon`: TCP to an address, not a
+host name), which sends the request once connected: a worker of a large cluster
+reaches a new peer for nearly every fetch, and a thread hand-off each way costs
+more than the fetch. Elsewhere it blocks (a TCP connect to a host name, MPI), so
+it runs in a fetch thread. The fetch threads of a process are
+shared by its workers (:class:`FetchThreads`: ``worker.transfer-incoming-count-limit``
+of them per worker, started when needed, at most :data:`MAX_FETCH_THREADS`):
+a process running hundreds of workers reaches a new peer for nearly every
+fetch, and starting a thread for each would cost more than the fetch. Comms to
+peers are kept and reused, the ``worker.peer-connections`` most recently used
+ones (the others are closed once no fetch waits on them).
 
 A result is serialized only when it leaves the worker. One that cannot be does
 not fail silently: the requester learns which keys failed (and does not report
@@ -29,7 +38,8 @@ import itertools
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core import config
@@ -52,17 +62,96 @@ logger = logging.getLogger("hpcsched.worker")
 
 PEER = "peer"  # first item of the inbox source of a peer comm: (PEER, comm)
 SMALL_TRANSFER = 1_000_000  # bytes: below, a transfer measures latency rather than bandwidth
+MAX_FETCH_THREADS = 64  # per process, whatever the number of its workers
+FETCH_THREAD_IDLE = 10.0  # seconds a fetch thread waits for work before it ends
+
+
+class FetchThreads:
+    """The threads that open comms to peers, shared by the workers of a process.
+
+    Each attached worker adds ``threads`` to the bound (at most
+    :data:`MAX_FETCH_THREADS`); threads start when work waits and none is idle, and
+    end after :data:`FETCH_THREAD_IDLE` seconds without work or when the last worker
+    detaches. A connect that waits on a dead peer holds its thread for the connect
+    timeout: the bound grows with the workers, so one worker's dead peers do not stall
+    the others' fetches in the meantime.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._work: deque[tuple[Callable[..., None], tuple]] = deque()
+        self._limit = 0
+        self._threads = 0
+        self._idle = 0
+
+    def attach(self, threads: int) -> None:
+        with self._cond:
+            self._limit += max(1, threads)
+
+    def detach(self, threads: int) -> None:
+        """A worker is closing: its share goes; with the last, every thread ends."""
+        with self._cond:
+            self._limit -= max(1, threads)
+            if self._limit <= 0:
+                self._limit = 0
+                self._work.clear()
+            self._cond.notify_all()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        with self._cond:
+            if self._limit <= 0:
+                return  # every worker is closing: nobody waits for the answer
+            self._work.append((fn, args))
+            if self._idle >= len(self._work):  # an idle thread is there for each item
+                self._cond.notify()
+            elif self._threads < min(self._limit, MAX_FETCH_THREADS):
+                self._threads += 1
+                threading.Thread(target=self._run, name="hpcsched-fetch", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._work:
+                    if self._limit <= 0 or self._threads > min(self._limit, MAX_FETCH_THREADS):
+                        self._threads -= 1
+                        return
+                    self._idle += 1
+                    woken = self._cond.wait(FETCH_THREAD_IDLE)
+                    self._idle -= 1
+                    if not woken and not self._work:
+                        self._threads -= 1
+                        return
+                fn, args = self._work.popleft()
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a bug in one fetch must not end the thread
+                logger.exception("a fetch thread's work failed")
+
+    @property
+    def threads(self) -> int:
+        """Threads running now (for tests)."""
+        return self._threads
+
+
+#: this process's fetch threads
+FETCH_THREADS = FetchThreads()
 
 
 class PeerTransfers:
     """The peer side of a :class:`~hpcsched.core.worker.server.Worker`; every method but
     :meth:`on_connect` and :meth:`close` runs on the worker's loop."""
 
-    def __init__(self, worker: Any):
+    def __init__(self, worker: Any, fetchers: FetchThreads = FETCH_THREADS):
         self.worker = worker
-        self.fetcher = ThreadPoolExecutor(config.get("worker.transfer-incoming-count-limit"),
-                                          thread_name_prefix="hpcsched-fetch")
-        self._peers: dict[str, Comm] = {}  # peer worker address -> comm we opened to it
+        # settings read once: a worker opens a comm for nearly every fetch in a large cluster
+        self._connect_timeout = float(config.get("comm.timeouts.connect"))
+        self._max_peers = max(1, int(config.get("worker.peer-connections")))
+        self._threads = int(config.get("worker.transfer-incoming-count-limit"))
+        self.fetcher = fetchers
+        fetchers.attach(self._threads)
+        self._closed = False
+        # peer worker address -> comm we opened to it, least recently used first
+        self._peers: OrderedDict[str, Comm] = OrderedDict()
         self._lock = threading.Lock()
         # request id -> (peer worker, keys, comm, monotonic start): fetches under way
         self._fetches: dict[str, tuple[str, list, Comm, float]] = {}
@@ -76,24 +165,52 @@ class PeerTransfers:
         comm.deliver_to(self.worker.loop, (PEER, comm), CLOSED)
 
     def _open_comm(self, address: str) -> Comm | None:
+        """The open comm to ``address``, if any, now the most recently used (under the lock)."""
         comm = self._peers.get(address)
-        return comm if comm is not None and not comm.closed else None
+        if comm is None or comm.closed:
+            return None
+        self._peers.move_to_end(address)
+        return comm
 
     def _connect(self, address: str) -> Comm:
         """In a fetch thread: the comm to ``address``, opened (and attached) if need be."""
-        comm = registry.connect(address, timeout=config.get("comm.timeouts.connect"),
-                                security=self.worker.security)
+        return self._keep(address, registry.connect(address, timeout=self._connect_timeout,
+                                                    security=self.worker.security))
+
+    def _keep(self, address: str, comm: Comm) -> Comm:
+        """A comm just opened to ``address``: kept (and attached), or closed for one another
+        fetch opened first."""
         with self._lock:
             existing = self._open_comm(address)
-            if existing is not None:  # another fetch thread connected first
+            if existing is not None:  # another fetch connected first
                 comm.close()
                 return existing
+            if self._closed:
+                comm.close()
+                raise CommClosedError("the worker is closing")
             self._peers[address] = comm
+            idle = self._least_used() if len(self._peers) > self._max_peers else None
         self.on_connect(comm)
+        if idle is not None:
+            idle.close()
         return comm
 
+    def _least_used(self) -> Comm | None:
+        """Under the lock: the least recently used comm no fetch waits on, taken out of
+        the kept ones (to be closed); never the newest, opened for a fetch about to start."""
+        waited = {id(c) for _, _, c, _ in list(self._fetches.values())}
+        for address, comm in itertools.islice(self._peers.items(), len(self._peers) - 1):
+            if id(comm) not in waited:
+                del self._peers[address]
+                return comm
+        return None
+
     def close(self) -> None:
-        self.fetcher.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self.fetcher.detach(self._threads)
         with self._lock:
             peers = list(self._peers.values())
             self._peers.clear()
@@ -103,13 +220,33 @@ class PeerTransfers:
     # ---------------------------------------------------------------- fetching
     def gather(self, worker: str, keys: list) -> None:
         """Start fetching ``keys`` from ``worker`` (a ``GatherDep`` command)."""
-        comm = self._open_comm(worker)
+        with self._lock:
+            comm = self._open_comm(worker)
         if comm is not None:
             self._request(comm, worker, keys)
-        else:
+        elif not registry.connect_soon(
+                worker, lambda c, e: self._connected(worker, keys, c, e),
+                timeout=self._connect_timeout, security=self.worker.security):
             self.fetcher.submit(self._connect_then_request, worker, keys)
 
+    def _connected(self, worker: str, keys: list, comm: Comm | None,
+                   error: BaseException | None) -> None:
+        """On the transport's thread: the comm :meth:`gather` asked for is open (or not)."""
+        if comm is not None:
+            try:
+                comm = self._keep(worker, comm)
+            except CommClosedError as e:
+                error = e
+            else:
+                self._request(comm, worker, keys)
+                return
+        if not self._closed:
+            self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(error),
+                                                            now=time.time())))
+
     def _connect_then_request(self, worker: str, keys: list) -> None:
+        if self._closed:
+            return
         try:
             comm = self._connect(worker)
         except (CommClosedError, OSError, TimeoutError) as e:
@@ -131,7 +268,7 @@ class PeerTransfers:
 
     def expire(self, mono: float, now: float) -> list:
         """Fetches without an answer for four connect timeouts fail: ``GatherDepFailure``s."""
-        limit = config.get("comm.timeouts.connect") * 4
+        limit = self._connect_timeout * 4
         return [ev.GatherDepFailure(worker, keys, f"no answer within {limit:.0f}s", now=now)
                 for rid, (worker, keys, _, started) in list(self._fetches.items())
                 if mono - started > limit and self._fetches.pop(rid, None) is not None]

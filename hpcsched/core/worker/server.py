@@ -9,8 +9,9 @@ Threads of a worker:
   go out;
 * ``nthreads`` task threads (:class:`~hpcsched.core.worker.task_pool.TaskPool`), one
   more for each task that seceded while it runs (``hpcsched.secede()``);
-* up to ``transfer-incoming-count-limit`` fetch threads, which only open comms
-  to peers (transfers themselves: :mod:`hpcsched.core.worker.peers`).
+* none for transfers over TCP (comms to peers open on the transport's thread);
+  elsewhere the fetch threads the process's workers share, which only open comms
+  to peers (:mod:`hpcsched.core.worker.peers`).
 
 Messages are the records of :mod:`hpcsched.core.protocol.messages`: each one the
 scheduler sends is decoded (``SCHEDULER_TO_WORKER``; the state machine's events
@@ -234,6 +235,9 @@ class Worker:
             self._listener.stop()
             raise
         self._started = time.monotonic()
+        # registering said it is alive: the first heartbeat is one interval away (nothing
+        # it would measure is worth delaying the first task for)
+        self._next_heartbeat = self._started + self.heartbeat_interval * 0.95
         self._attach(comm, reply)
         self.loop.start()
         logger.info("worker %s (%s) connected to %s", self.address, self.name,

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections import deque
-from typing import Any
 
 MAX_TRANSFERS = 1_000  # kept between two heartbeats
 MAX_LOG_RECORDS = 200
@@ -48,20 +48,40 @@ class _LogBuffer(logging.Handler):
         return False
 
 
+class ProcessCPU:
+    """This process's CPU use in % of a core (every thread's, as psutil's ``cpu_percent``),
+    shared by the workers it runs (hundreds in a benchmark or on a big node): measured from
+    ``time.process_time`` at most once a second, over the time since the last measure."""
+
+    def __init__(self, every: float = 1.0):
+        self._every = every
+        self._lock = threading.Lock()
+        self._at = time.monotonic()
+        self._cpu = time.process_time()
+        self._value: float | None = None
+
+    def percent(self) -> float:
+        now = time.monotonic()
+        with self._lock:
+            if self._value is None or now - self._at >= self._every:
+                cpu = time.process_time()
+                elapsed = now - self._at
+                if elapsed > 0 or self._value is None:
+                    self._value = 100.0 * (cpu - self._cpu) / max(elapsed, 1e-9)
+                    self._at, self._cpu = now, cpu
+            return self._value
+
+
+#: this process's CPU meter
+PROCESS_CPU = ProcessCPU()
+
+
 class WorkerTelemetry:
     """Collects a worker's news; :meth:`add_to` moves it into a heartbeat's metrics."""
 
     def __init__(self, logger_name: str = "hpcsched"):
         self.transfers: deque = deque(maxlen=MAX_TRANSFERS)
         self.job_id = next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), None)
-        self._process: Any = None
-        try:
-            import psutil
-
-            self._process = psutil.Process()
-            self._process.cpu_percent()  # the first call starts the measurement
-        except Exception:
-            pass
         self._logs = _LogBuffer(MAX_LOG_RECORDS)
         self._logs.setFormatter(logging.Formatter("%(name)s - %(levelname)s - %(message)s"))
         self._logger = logging.getLogger(logger_name)
@@ -74,11 +94,7 @@ class WorkerTelemetry:
                                int(nbytes)))
 
     def add_to(self, metrics: dict) -> None:
-        if self._process is not None:
-            try:
-                metrics["cpu"] = self._process.cpu_percent()
-            except Exception:
-                pass
+        metrics["cpu"] = PROCESS_CPU.percent()
         if self.job_id:
             metrics["job_id"] = self.job_id
         # other threads append while we read (fetch threads, any logger): popleft is atomic

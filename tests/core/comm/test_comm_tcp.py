@@ -465,6 +465,42 @@ def test_tls_mutual_and_tls_scheme(net, tls_files):
     assert c.recv(timeout=5) == "mutual"
 
 
+def connect_soon(net, address: str, security: Security | None, timeout: float = 5.0):
+    """``registry.connect_soon``, waited for: the comm, or the error it called back with."""
+    got: queue.Queue = queue.Queue()
+    assert registry.connect_soon(address, lambda c, e: got.put((c, e)), timeout, security)
+    comm, error = got.get(timeout=timeout + 10)
+    if comm is not None:
+        net.comms.append(comm)
+    return comm, error
+
+
+@pytest.mark.timeout(60)
+def test_connect_soon_over_tls_and_plain_with_secrets(net, tls_files):
+    """The handshake run on the I/O thread gives the same comm as ``connect``: over TLS with
+    mutual certificates, and in clear with a secret; a wrong secret or missing TLS is
+    called back as the same HandshakeError, at once."""
+    cert, key = tls_files
+    sec = Security(secret=Security.generate().secret, tls_cert=cert, tls_key=key, tls_ca=cert)
+    srv = net.serve("tls://127.0.0.1:0", security=sec)
+    c, error = connect_soon(net, srv.address, sec)
+    assert error is None
+    arr = np.arange(2**18, dtype="f8")
+    c.send({"x": arr})
+    np.testing.assert_array_equal(c.recv(timeout=20)["x"], arr)
+    plain = net.serve(security=Security(secret=b"k" * 32))
+    c, error = connect_soon(net, plain.address, Security(secret=b"k" * 32))
+    c.send("plain")
+    assert error is None and c.recv(timeout=5) == "plain"
+    t0 = time.monotonic()
+    _, error = connect_soon(net, plain.address, Security(secret=b"z" * 32))
+    assert isinstance(error, HandshakeError) and "wrong secret" in str(error)
+    _, error = connect_soon(net, srv.address.replace("tls://", "tcp://"), None)
+    assert isinstance(error, HandshakeError) and "requires TLS" in str(error)
+    assert time.monotonic() - t0 < 5
+    assert not registry.connect_soon("tcp://localhost:1", lambda c, e: None)  # a host name
+
+
 def test_plain_client_to_tls_server_fails_clearly(net, tls_files, comm_log):
     cert, key = tls_files
     srv = net.serve(security=Security(tls_cert=cert, tls_key=key))

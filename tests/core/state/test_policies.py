@@ -706,6 +706,25 @@ def test_config_yaml_then_env_then_kwargs(clean_config: Any, monkeypatch: pytest
     assert config.get("scheduler.fuse", False) is False
 
 
+@pytest.mark.timeout(30)
+def test_the_environment_is_read_at_every_get(clean_config: Any, monkeypatch: pytest.MonkeyPatch):
+    """Settings read from the environment follow it as a program changes it (what is
+    remembered is only how a name and a text parse), and a parsed list is the caller's own."""
+    from hpcsched.core import config
+
+    assert config.get("comm.max-frames") == config.DEFAULTS["comm.max-frames"]
+    monkeypatch.setenv("HPCSCHED_COMM__MAX_FRAMES", "7")
+    assert config.get("comm.max-frames") == 7
+    monkeypatch.setenv("HPCSCHED_COMM__MAX_FRAMES", "9")
+    assert config.get("comm.max-frames") == 9
+    monkeypatch.delenv("HPCSCHED_COMM__MAX_FRAMES")
+    assert config.get("comm.max-frames") == config.DEFAULTS["comm.max-frames"]
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__EXTENSIONS", "[a, b]")
+    first = config.get("scheduler.extensions")
+    first.append("c")
+    assert config.get("scheduler.extensions") == ["a", "b"]
+
+
 def test_worker_saturation_from_the_environment_drives_queuing(
         clean_config: Any, monkeypatch: pytest.MonkeyPatch):
     """``HPCSCHED_SCHEDULER__WORKER_SATURATION=1.0``: a 2-thread worker gets

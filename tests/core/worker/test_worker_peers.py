@@ -16,7 +16,7 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Inbox
 from hpcsched.core.comm.loop import CLOSED
 from hpcsched.core.state import events as ev
-from hpcsched.core.worker.peers import PEER, PeerTransfers
+from hpcsched.core.worker.peers import PEER, FetchThreads, PeerTransfers
 from tests.conftest import wait_until
 
 
@@ -125,9 +125,160 @@ def test_get_data_is_served_and_an_unexpected_op_drops_the_peer(peers):
         comm.recv(timeout=10)
 
 
-def test_a_cannot_connect_fails_the_fetch(peers):
+def test_a_cannot_connect_fails_the_fetch():
     with config.set({"comm.timeouts.connect": 0.2}):
-        peers.gather("inproc://nobody-listens", ["x"])
-        wait_until(lambda: peers.events, what="the fetch to fail")
-    (failed,) = peers.events
-    assert type(failed) is ev.GatherDepFailure and failed.worker == "inproc://nobody-listens"
+        events: list = []
+        p = PeerTransfers(stand_in(events))
+    try:
+        p.gather("inproc://nobody-listens", ["x"])
+        wait_until(lambda: events, what="the fetch to fail")
+        (failed,) = events
+        assert type(failed) is ev.GatherDepFailure and failed.worker == "inproc://nobody-listens"
+    finally:
+        p.close()
+
+
+def stand_in(events: list) -> SimpleNamespace:
+    """What PeerTransfers reads of its worker."""
+    return SimpleNamespace(
+        address="inproc://me", security=None, spill_buffer=None, loop=FakeLoop(events),
+        telemetry=SimpleNamespace(transfer=lambda *a: None),
+        state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
+
+
+def answer(p: PeerTransfers, holder_end: Any) -> None:
+    """The holder answers the get-data waiting on ``holder_end``; the loop handles it."""
+    (req,) = holder_end.recv(timeout=10)
+    holder_end.send([{"op": "data-reply", "request_id": req["request_id"], "data": {}}])
+    events: list = []
+    while not events:  # a comm closed meanwhile delivers its marker first: no event
+        source, payload = p.worker.loop.items.get(timeout=10)
+        events = p.handle(source[1], payload)
+    assert [type(e) for e in events] == [ev.GatherDepSuccess]
+
+
+@pytest.mark.timeout(60)
+def test_comms_to_peers_are_kept_up_to_the_limit_least_recently_used_closed_first():
+    """With ``worker.peer-connections=2``: a third holder's comm closes the one used least
+    recently among those no fetch waits on; the kept ones are reused, not reopened."""
+    accepted: queue.Queue = queue.Queue()
+    holders = [registry.listen("inproc://", accepted.put) for _ in range(3)]
+    a, b, c = (h.address for h in holders)
+    events: list = []
+    with config.set({"worker.peer-connections": 2}):
+        p = PeerTransfers(stand_in(events))
+    try:
+        p.gather(a, ["k"])
+        end_a = accepted.get(timeout=10)
+        answer(p, end_a)  # nothing waits on a's comm any more
+        p.gather(b, ["k"])
+        end_b = accepted.get(timeout=10)  # b's fetch stays unanswered
+        p.gather(c, ["k"])
+        end_c = accepted.get(timeout=10)
+        answer(p, end_c)
+        assert list(p._peers) == [b, c]  # noqa: SLF001 - the kept comms, oldest first
+        with pytest.raises(CommClosedError):
+            end_a.recv(timeout=10)  # a's comm was closed
+        p.gather(b, ["k2"])  # reused: no new comm reaches the holder
+        answer(p, end_b)
+        (late,) = end_b.recv(timeout=10)
+        assert late["keys"] == ["k2"] and accepted.empty()
+        # a fetch under way is never cut: with every kept comm waited on, the bound is
+        # exceeded until one is free
+        p.gather(c, ["k3"])
+        end_c.recv(timeout=10)  # b's and c's comms are both waited on now ...
+        p.gather(a, ["k3"])
+        end_a2 = accepted.get(timeout=10)  # ... so a's new one closes neither
+        end_a2.recv(timeout=10)
+        assert list(p._peers) == [b, c, a]  # noqa: SLF001
+    finally:
+        p.close()
+        for h in holders:
+            h.stop()
+
+
+@pytest.mark.timeout(60)
+def test_the_workers_of_a_process_share_a_bounded_set_of_fetch_threads():
+    """Two workers' fetches to new peers run on the process's fetch threads: at most
+    ``transfer-incoming-count-limit`` per worker at once, reused from fetch to fetch, and
+    gone once both workers closed."""
+    fetchers = FetchThreads()
+    accepted: queue.Queue = queue.Queue()
+    holders = [registry.listen("inproc://", accepted.put) for _ in range(12)]
+    with config.set({"worker.transfer-incoming-count-limit": 2}):
+        workers = [PeerTransfers(stand_in([]), fetchers) for _ in range(2)]
+    try:
+        for h in holders:
+            for w in workers:
+                w.gather(h.address, ["k"])
+        ends = [accepted.get(timeout=10) for _ in range(2 * len(holders))]
+        assert 1 <= fetchers.threads <= 4
+        for end in ends:
+            end.recv(timeout=10)
+    finally:
+        for w in workers:
+            w.close()
+        for h in holders:
+            h.stop()
+    wait_until(lambda: fetchers.threads == 0, what="the fetch threads to end")
+
+
+@pytest.mark.timeout(60)
+def test_over_tcp_a_new_peer_is_reached_without_a_fetch_thread():
+    """Over TCP the comm to a new peer is opened on the I/O thread, which sends the request
+    once the handshake is done (with the cluster's secret): no fetch thread starts; the
+    answer comes back through the inbox and the comm is reused for the next fetch."""
+    from hpcsched.core.comm.base import Security
+
+    security = Security(secret=b"s" * 32)
+    fetchers = FetchThreads()
+    accepted: queue.Queue = queue.Queue()
+    holder = registry.listen("tcp://127.0.0.1:0", accepted.put, security)
+    events: list = []
+    worker = stand_in(events)
+    worker.security = security
+    p = PeerTransfers(worker, fetchers)
+    try:
+        p.gather(holder.address, ["x"])
+        end = accepted.get(timeout=10)
+        answer(p, end)
+        p.gather(holder.address, ["y"])
+        (again,) = end.recv(timeout=10)
+        assert again["keys"] == ["y"] and accepted.empty()
+        assert fetchers.threads == 0
+    finally:
+        p.close()
+        holder.stop()
+
+
+@pytest.mark.timeout(60)
+def test_over_tcp_a_dead_peer_fails_the_fetch_and_a_wrong_secret_at_once():
+    """A peer whose port is closed (it died): the fetch fails once the connect timeout is
+    spent, as a ``GatherDepFailure`` the state machine asks another holder for. A peer that
+    refuses our secret fails it at once (retrying cannot help)."""
+    from hpcsched.core.comm.base import Security
+
+    dead = registry.listen("tcp://127.0.0.1:0", lambda c: None)
+    address = dead.address
+    dead.stop()
+    with config.set({"comm.timeouts.connect": 0.5}):
+        events: list = []
+        p = PeerTransfers(stand_in(events), FetchThreads())
+    other = registry.listen("tcp://127.0.0.1:0", lambda c: c.close(), Security(secret=b"a" * 32))
+    try:
+        start = time.monotonic()
+        p.worker.security = Security(secret=b"b" * 32)
+        p.gather(other.address, ["y"])
+        wait_until(lambda: events, what="the wrong secret to fail the fetch")
+        (refused,) = events
+        assert type(refused) is ev.GatherDepFailure and "secret" in refused.error
+        assert time.monotonic() - start < 0.5
+        p.gather(address, ["x"])
+        wait_until(lambda: len(events) == 2, what="the dead peer's fetch to fail")
+        failed = events[1]
+        assert type(failed) is ev.GatherDepFailure and failed.worker == address
+        assert failed.keys == ["x"] and "could not connect" in failed.error
+        assert not p._peers  # noqa: SLF001
+    finally:
+        p.close()
+        other.stop()
