@@ -279,7 +279,11 @@ class Client:
         memory."""
         keys = list(self.futures)
         if keys:
-            self.scheduler_comm.send(pc.ClientDesiresKeys(self.id, keys))
+            try:
+                self.scheduler_comm.send(pc.ClientDesiresKeys(self.id, keys))
+            except RuntimeError:
+                if not self.scheduler_comm.closed:
+                    raise  # else: closed meanwhile, nobody waits for these futures
 
     def _lost_scheduler(self, reason: str) -> None:
         """The connection's ``on_lost``: every future not done errs with ``reason``."""

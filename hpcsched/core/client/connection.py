@@ -403,6 +403,9 @@ class SchedulerConnection:
         if found is None:
             return  # closed meanwhile
         (comm, reply, _), address, security = found
+        if self.closed:  # closed while the scheduler answered: nothing to resume
+            comm.close()
+            return
         logger.info("client %s reconnected to the scheduler at %s", self.client_id, address)
         self.address, self._security = address, security
         self.comm = comm
