@@ -20,6 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -85,8 +86,9 @@ def mpirun(env: dict[str, str], n: int, script: str, *args: str, options: tuple[
 
 
 def run(env: dict[str, str], n: int, argv: list[str], options: tuple[str, ...] = (),
-        timeout: float = 240) -> tuple[int, str, str]:
-    """Run ``mpirun -n N python ARGV``: (exit status, stdout, stderr).
+        timeout: float = 240, launcher: list[str] | None = None) -> tuple[int, str, str]:
+    """Run ``mpirun -n N python ARGV`` (or ``LAUNCHER -n N python ARGV``): (exit status,
+    stdout, stderr).
 
     Everything the run started is killed at the end, also on a timeout: mpirun's process
     tree, and any process (an ``orted``, a rank) that carries the run's mark in its
@@ -94,7 +96,7 @@ def run(env: dict[str, str], n: int, argv: list[str], options: tuple[str, ...] =
     """
     mark = uuid.uuid4().hex
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    cmd = [MPIRUN, *root, "--oversubscribe", *options, "-n", str(n),
+    cmd = [*(launcher or [MPIRUN, *root, "--oversubscribe"]), *options, "-n", str(n),
            sys.executable, *argv]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True,
@@ -230,6 +232,19 @@ def test_mpi4pys_wheel_runs_on_open_mpis_library_when_told_where_it_is(openmpi):
     assert code == 0, out[-3000:] + err[-5000:]
     assert "pi ~ 3.14" in out and "on 2 workers" in out, out
     assert library_output(err) == "", err[-5000:]
+
+
+@pytest.mark.timeout(120)
+def test_mpichs_mpiexec_with_the_open_mpi_mpi4py_names_the_library_and_its_launcher(openmpi):
+    mpiexec = shutil.which("mpiexec")
+    version = subprocess.run([mpiexec or "mpiexec", "--version"], capture_output=True,
+                             text=True, timeout=30).stdout if mpiexec else ""
+    if "HYDRA" not in version:
+        pytest.skip(f"the mpiexec on PATH is not MPICH's ({mpiexec}: {version[:80]!r})")
+    code, out, err = run(openmpi, 2, ["-m", "hpcsched", PI], launcher=[mpiexec], timeout=90)
+    assert code == 1, out[-3000:] + err[-5000:]
+    assert "MPI sees a world of 1" in err and "(Open MPI v4" in err, err[-5000:]
+    assert "use that library's mpiexec (e.g. Open MPI's mpirun)" in err, err[-5000:]
 
 
 # ------------------------------------------------------------------ three nodes
