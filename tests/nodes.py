@@ -4,8 +4,9 @@
 10.77.0.11-13, hostnames node1-3) and the login side (this host: 10.77.0.1 on hsbr0, and
 10.78.0.1 on hsbr1, which the nodes cannot reach); ``ci/nodes/start-slurm-nodes.sh 3``
 runs SLURM over them. Tests that take nodes by number use :func:`pick` (the first ones, or
-those ``HPCSCHED_TEST_NODES`` names, on a machine whose other nodes are busy). :func:`require` skips a test, saying how to make what it needs,
-unless ``ci/test-all.sh`` made it (``HPCSCHED_REQUIRE_NODES=1``, set as root and under
+those ``HPCSCHED_TEST_NODES`` names, on a machine whose other nodes are busy).
+:func:`require` skips a test, saying how to make what it needs, unless ``ci/test-all.sh``
+made it (``HPCSCHED_REQUIRE_NODES=1``, set as root and under
 ``CI=true``; ``slurm-nodes`` in ``HPCSCHED_REQUIRE_BATCH``): then it fails.
 """
 
