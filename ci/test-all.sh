@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test-all.sh - install hpcsched with its test dependencies, start the batch
 # systems the tests use (SLURM and Grid Engine on localhost, when run as root
-# on Debian) and three emulated compute nodes (network namespaces, ci/nodes/, as
-# root on Linux), check the code (ruff, mypy, the Sphinx API reference with warnings as
-# errors, the sdist and the wheel in a clean virtual environment), run the whole test suite,
-# and stop the daemons and remove the nodes it started.
+# on Debian), Debian's Open MPI beside the mpich wheel (root on Debian) and three
+# emulated compute nodes (network namespaces, ci/nodes/, as root on Linux), check the code
+# (ruff, mypy, the Sphinx API reference with warnings as errors, the sdist and the wheel in
+# a clean virtual environment), run the whole test suite, and stop the daemons and remove
+# the nodes it started.
 #
 # This is the README Quickstart's last command; .ci/run runs it as the Quickstart does, in
 # a fresh virtual environment (run with another interpreter: PYTHON=... bash ci/test-all.sh).
@@ -85,6 +86,22 @@ elif [ "${CI:-}" = true ] && [ "${HPCSCHED_SKIP_NODES:-0}" != 1 ]; then
     export HPCSCHED_REQUIRE_NODES=1
 else
     echo "== not root on Linux (or HPCSCHED_SKIP_NODES=1): tests across nodes will be skipped"
+fi
+
+# MPI mode under Debian's Open MPI as well as the mpich wheel: openmpi-bin and an mpi4py built
+# against it, in a directory of its own (ci/mpi/install-openmpi.sh; the build is kept and reused)
+if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_OPENMPI:-0}" != 1 ]; then
+    echo "== installing Open MPI and an mpi4py built against it (ci/mpi/install-openmpi.sh)"
+    t0=$SECONDS
+    if dir=$(PYTHON="$PY" bash ci/mpi/install-openmpi.sh); then
+        export HPCSCHED_OPENMPI_MPI4PY=$dir
+        echo "== Open MPI ready in $((SECONDS - t0)) s"
+    else
+        echo "!! could not install Open MPI: its tests will fail" >&2
+    fi
+    export HPCSCHED_REQUIRE_OPENMPI=1
+else
+    echo "== not root on Debian (or HPCSCHED_SKIP_OPENMPI=1): Open MPI tests will be skipped"
 fi
 
 # the dashboard's browser tests drive Debian's headless Chromium (tests/diagnostics/browser.py)

@@ -3,8 +3,10 @@
 ``ci/nodes/start-nodes.sh 3`` makes three nodes (network namespaces hsn1..hsn3, addresses
 10.77.0.11-13, hostnames node1-3) and the login side (this host: 10.77.0.1 on hsbr0, and
 10.78.0.1 on hsbr1, which the nodes cannot reach); ``ci/nodes/start-slurm-nodes.sh 3``
-runs SLURM over them. :func:`require` skips a test, saying how to make what it needs,
-unless ``ci/test-all.sh`` made it (``HPCSCHED_REQUIRE_NODES=1``, set as root and under
+runs SLURM over them. Tests that take nodes by number use :func:`pick` (the first ones, or
+those ``HPCSCHED_TEST_NODES`` names, on a machine whose other nodes are busy).
+:func:`require` skips a test, saying how to make what it needs, unless ``ci/test-all.sh``
+made it (``HPCSCHED_REQUIRE_NODES=1``, set as root and under
 ``CI=true``; ``slurm-nodes`` in ``HPCSCHED_REQUIRE_BATCH``): then it fails.
 """
 
@@ -30,8 +32,30 @@ SLURM_CONF = os.path.join(os.environ.get("BATCH_STATE_DIR", "/var/tmp/hpcsched-b
                           "slurm-nodes", "slurm.conf")
 
 
-def missing_nodes(count: int) -> str | None:
-    """None when ``count`` nodes and both login networks are there, else what is missing."""
+def pick(count: int) -> list[int]:
+    """The ``count`` nodes a test runs on: nodes 1..count (what ``ci/test-all.sh`` makes), or
+    the first ``count`` of ``HPCSCHED_TEST_NODES`` (node numbers, e.g. ``4,5,6``)."""
+    text = os.environ.get("HPCSCHED_TEST_NODES", "").strip()
+    if not text:
+        return list(range(1, count + 1))
+    try:
+        nodes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"HPCSCHED_TEST_NODES={text!r}: expected node numbers like 4,5,6") \
+            from None
+    if len(nodes) < count or not all(1 <= i <= 9 for i in nodes):
+        raise ValueError(f"HPCSCHED_TEST_NODES={text!r}: {count} node numbers in 1..9 needed")
+    return nodes[:count]
+
+
+def address(node: int) -> str:
+    """Node ``node``'s address on the cluster network (start-nodes.sh's 10.77.0.1<i>)."""
+    return f"10.77.0.1{node}"
+
+
+def missing_nodes(count: int, nodes: list[int] | None = None) -> str | None:
+    """None when ``count`` nodes (``nodes``, else 1..count) and both login networks are
+    there, else what is missing."""
     if not sys.platform.startswith("linux"):
         return "network namespaces are Linux's"
     if os.geteuid() != 0:
@@ -40,7 +64,7 @@ def missing_nodes(count: int) -> str | None:
         return "ip (iproute2) or unshare (util-linux) is missing"
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                            timeout=30).stdout.split()
-    missing = [f"hsn{i}" for i in range(1, count + 1) if f"hsn{i}" not in names]
+    missing = [f"hsn{i}" for i in nodes or range(1, count + 1) if f"hsn{i}" not in names]
     for link in ("hsbr0", "hsbr1"):
         if subprocess.run(["ip", "link", "show", link], capture_output=True,
                           timeout=30).returncode != 0:

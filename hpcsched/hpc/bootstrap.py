@@ -150,11 +150,13 @@ def _world(comm: Any = None) -> _Job:
     world = MPI.COMM_WORLD
     size, rank = world.Get_size(), world.Get_rank()
     if hint > 1 and size == 1:
+        library = MPI.Get_library_version().splitlines()[0].strip()
+        example = ("Open MPI's mpirun" if library.startswith("Open MPI") else
+                   "`python -m pip install mpich` puts one on PATH")
         raise RuntimeError(
             f"hpcsched: the launcher started {hint} processes but MPI sees a world of 1: "
             "the mpiexec on PATH does not belong to the MPI library mpi4py was built with "
-            f"({MPI.Get_library_version().splitlines()[0].strip()}); use that library's "
-            "mpiexec (e.g. `python -m pip install mpich` puts one on PATH)")
+            f"({library}); use that library's mpiexec (e.g. {example})")
     return _Job(MPI, rank, size, comm=world)
 
 

@@ -3,10 +3,16 @@
 Imported by whatever touches MPI first (the endpoint, the doorbell exchange, the
 bootstrap), so that MPI is initialized the same way whichever comes first, and only
 when MPI is used: ``import hpcsched`` never initializes MPI.
+
+Before MPI is initialized, the library mpi4py is about to load is checked against the
+launcher that started this process where both can be told without initializing MPI: Open
+MPI's ``mpirun`` with MPICH's library (mpi4py's wheel loads the ``mpich`` wheel's when it
+finds it) aborts inside ``MPI_Init`` with a message about PMIx that names neither.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -17,6 +23,14 @@ def mpi_module() -> Any:
 
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.thread_level = "multiple"
+        check_library(os.environ)
+        # Open MPI yields the core inside every progress call of an oversubscribed rank
+        # (more ranks than slots, as on a laptop or in CI). Only the progress thread waits
+        # on MPI here, and it sleeps between polls itself: yielding at each poll as well
+        # hands the core to any other busy process at every message, and on a busy host
+        # the tasks' round trips become several times slower. A value the user gave
+        # (mpirun --mca, the environment) is kept.
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "0")
     from mpi4py import MPI
 
     if not MPI.Is_initialized():  # the user set mpi4py.rc.initialize = False
@@ -31,3 +45,33 @@ def mpi_module() -> Any:
             "lower than 'multiple' (or use an MPI library built with thread support)"
         )
     return MPI
+
+
+def wheel_library() -> str | None:
+    """The MPI ABI (``"mpich"``, ``"openmpi"``) mpi4py's multi-ABI wheel is about to load.
+
+    None for an mpi4py built against one MPI library (it links that one), or when it
+    cannot be told. Looks for the library the way the wheel does (``MPI4PY_MPIABI``,
+    ``MPI4PY_LIBMPI``, then a ``libmpi`` beside Python), without initializing it.
+    """
+    import mpi4py
+
+    abi = getattr(mpi4py, "_mpiabi", None)
+    if abi is None or "mpi4py.MPI" not in getattr(abi, "_registry", {}):
+        return None
+    try:
+        return str(abi._get_mpiabi())
+    except Exception:  # noqa: BLE001 - no library found: the import will say so itself
+        return None
+
+
+def check_library(env: Any) -> None:
+    """RuntimeError if the launcher of ``env`` and the MPI library cannot work together."""
+    if "OMPI_COMM_WORLD_SIZE" in env and wheel_library() == "mpich":
+        raise RuntimeError(
+            "hpcsched: started by Open MPI's mpirun, but mpi4py is about to load an MPICH "
+            "library (the mpich wheel's), whose MPI_Init fails under Open MPI. Start the job "
+            "with the mpiexec of that MPICH (the mpich wheel puts one on PATH), or use Open "
+            "MPI's library: mpi4py built against it (pip install --no-binary mpi4py mpi4py, "
+            "with Open MPI's mpicc first on PATH), or this mpi4py told where it is "
+            "(mpirun -x MPI4PY_LIBMPI=libmpi.so.40 ...)")

@@ -46,6 +46,11 @@ from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
 from hpcsched.launchers.resources import machine_memory
 
+# what an MPI launcher puts in each rank's environment: MPICH's hydra, Open MPI, PMIx
+_RANK_VARIABLES = frozenset({"PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID",
+                             "HYDRA_CONTROL_FD", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"})
+_RANK_PREFIXES = ("OMPI_COMM_WORLD_", "PMIX_")
+
 logger = logging.getLogger("hpcsched.local")
 
 
@@ -208,9 +213,10 @@ class LocalCluster(Cluster):
         env.pop("HPCSCHED_SECRET_FILE", None)
         if self.security and self.security.secret:
             env["HPCSCHED_SECRET"] = self.security.secret_hex()
-        # workers must not think they are MPI ranks of a job that started us
-        for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"):
-            env.pop(var, None)
+        # workers must not think they are MPI ranks of a job that started us (a rank suffix
+        # on their names, a share of the node's CPUs, a PMI connection of that rank's)
+        for var in [v for v in env if v in _RANK_VARIABLES or v.startswith(_RANK_PREFIXES)]:
+            del env[var]
         # with what nanny plugins set in nanny.env laid over
         return nanny.popen(cmd, env=env, stdin=subprocess.DEVNULL)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import socket
 import threading
 import time
@@ -189,3 +190,26 @@ def test_worker_processes_run_numerical_libraries_single_threaded(monkeypatch):
     with _local_cluster(n_workers=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
         assert client.submit(_blas_env, pure=False).result(timeout=30)["OMP_NUM_THREADS"] == "3"
+
+
+RANK_VARIABLES = {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1",
+                  "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "PMIX_RANK": "1", "PMI_SIZE": "2",
+                  "PMI_RANK": "1", "MPI_LOCALNRANKS": "2"}
+
+
+def _launcher_env() -> dict[str, str | None]:
+    return {v: os.environ.get(v) for v in RANK_VARIABLES}
+
+
+def test_workers_started_from_an_mpi_rank_are_not_ranks_themselves(monkeypatch):
+    # a LocalCluster made by a rank of `mpirun -n 2` (Open MPI) or `mpiexec -n 2` (MPICH)
+    for var, value in RANK_VARIABLES.items():
+        monkeypatch.setenv(var, value)
+    with _local_cluster(n_workers=1) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        assert client.submit(_launcher_env, pure=False).result(timeout=30) == dict.fromkeys(
+            RANK_VARIABLES)
+        # named as the cluster named it, with no rank suffix (`hpcsched worker` adds one
+        # under a launcher)
+        names = [w["name"] for w in client.scheduler_info()["workers"].values()]
+        assert len(names) == 1 and re.fullmatch(r"local-\d+", names[0]), names
