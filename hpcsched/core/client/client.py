@@ -227,6 +227,20 @@ class Client:
             if cbs:  # the common case has none: no call (one message per finished task)
                 self.future_table.run_callbacks(cbs)
 
+    @handlers.on(pc.MapInMemory)
+    def _on_map_in_memory(self, msg: pc.MapInMemory) -> None:
+        futures, prefix = self.futures, msg.prefix
+        types = msg.types if len(msg.types) == len(msg.indices) else None
+        cbs: list = []
+        for j, i in enumerate(msg.indices):
+            st = futures.get(prefix + str(i))
+            if st is not None and st.status != "finished":
+                done = st.finish(types[j] if types is not None else "")
+                if done:
+                    cbs += done
+        if cbs:
+            self.future_table.run_callbacks(cbs)
+
     @handlers.on(pc.TaskErredReport)
     def _on_task_erred(self, msg: pc.TaskErredReport) -> None:
         self.future_table.erred(msg.key, msg.exception, msg.traceback, msg.exception_text)

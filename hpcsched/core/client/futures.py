@@ -84,6 +84,9 @@ class FutureOwner(Protocol):
     def submit(self, func: Callable, *args: Any, **kwargs: Any) -> Future:
         """A future of ``func(*args, **kwargs)`` run on a worker."""
 
+    def map(self, func: Callable, *iterables: Any, **kwargs: Any) -> list[Future]:
+        """Futures of ``func`` over the items of ``iterables``."""
+
     def gather(self, futures: Any, errors: str = "raise",
                timeout: float | None = None) -> Any:
         """The results of ``futures``, in their structure."""
@@ -346,6 +349,37 @@ class ClientExecutor(cf.Executor):
 
         fut.add_done_callback(done)
         return cfut
+
+    def map(self, fn: Callable, *iterables: Any, timeout: float | None = None,
+            chunksize: int = 1, **ignored: Any) -> Iterator[Any]:
+        """``fn`` over ``iterables`` as one ``Client.map`` (a bulk map when large).
+
+        The results in order, as ``concurrent.futures.Executor.map``; ``chunksize`` is
+        accepted and not needed (the scheduler sizes the ranges it gives each worker)."""
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1")
+        futures = self.client.map(fn, *iterables, **self.kwargs)
+        with self._lock:
+            self._futures.update(futures)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._results(futures, deadline)
+
+    def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:
+        futures.reverse()  # popped from the end: each is dropped once its result is given
+        try:
+            while futures:
+                fut = futures.pop()
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                with self._lock:
+                    self._futures.discard(fut)
+                yield fut.result(timeout=left)
+        finally:
+            with self._lock:
+                self._futures.difference_update(futures)
+            if futures:
+                self.client.cancel(futures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more submissions; wait for (or cancel) the tasks submitted."""

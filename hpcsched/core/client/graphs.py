@@ -17,6 +17,7 @@ hear of their release before it hears of the task that needs them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,7 @@ from hpcsched.core.client.submission import (
     task_run_spec,
 )
 from hpcsched.core.graph.dsk import Ref, gc_paused, normalize
-from hpcsched.core.protocol.messages import UpdateGraph
+from hpcsched.core.protocol.messages import UpdateGraph, UpdateMap
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
     from hpcsched.core.client.future_state import FutureTable
 
 FIRST_MAP_BATCH = 1000  # tasks of a large map sent ahead of the rest
+#: maps of at least this many elements go as a bulk map (hpcsched.core.state.bulk): one
+#: record per block of calls, held compactly by the scheduler, run in ranges by workers
+BULK_MAP_MIN = 32
 MAX_MAP_BATCH = 50_000  # tasks per update-graph message at most
 
 
@@ -152,12 +156,21 @@ class Submitter:
         self.table = table
         self.new_future = new_future
         self.gather = gather
+        self.map_prefixes: set[str] = set()  # of the bulk maps sent (never sent twice)
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
-        """``Client.map``'s work: one task per item of ``items`` (argument tuples), sent in
-        batches (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of
-        the call; else ``token`` and the item's index)."""
+        """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain,
+        else one task per item of ``items`` (argument tuples), sent in batches
+        (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
+        call; else ``token`` and the item's index)."""
+        if keys is None and len(items) >= BULK_MAP_MIN and not opts.get("resources") \
+                and not opts.get("workers") and not opts.get("allow_other_workers"):
+            bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
+                                 batch_size=batch_size, priority=opts.get("priority", 0),
+                                 retries=opts.get("retries", 0))
+            if bulk is not None:
+                return bulk
         table = self.table
         known = table.known
         send = self.conn.send
@@ -190,6 +203,55 @@ class Submitter:
                                                          for i, k in enumerate(tasks)},
                                       **opts))
                 del held
+        return futures
+
+    def bulk_map(self, func: Callable, items: list, kwargs: dict, *, base: str, token: str,
+                 pure: bool, batch_size: int | None, priority: int,
+                 retries: int) -> list[Future] | None:
+        """A map as a bulk map (:mod:`hpcsched.core.state.bulk`): the function pickled once,
+        each element's arguments once, element ``i``'s key ``f"{prefix}{i}"``; None if an
+        argument is a future (the map then goes task by task: its elements depend on
+        others). With ``pure``, the prefix is a hash of the function and the arguments: the
+        same map again, while its futures are held, gives the same futures."""
+        table = self.table
+        if kwargs:
+            _, deps = unpack_futures(((), kwargs), table)
+            if deps:
+                return None
+        blobs: list[bytes] = []
+        dumps = dumps_object
+        with gc_paused(len(items)):
+            for args in items:
+                for a in args:
+                    if type(a) not in SCALARS:
+                        _, deps = unpack_futures((args, kwargs), table)
+                        if deps:
+                            return None
+                        break
+                blobs.append(dumps((args, kwargs)))
+            fblob = dumps_function(func)
+            prefix = f"{base}-{token}-"
+            if pure:
+                h = hashlib.blake2b(fblob, digest_size=12)
+                h.update(self.conn.client_id.encode())
+                for b in blobs:
+                    h.update(b)
+                pure_prefix = f"{base}-{h.hexdigest()}-"
+                n = len(blobs)
+                if pure_prefix not in self.map_prefixes:
+                    prefix = pure_prefix
+                elif table.known(f"{pure_prefix}0") and all(
+                        table.known(f"{pure_prefix}{i}") for i in range(n)):
+                    new_future = self.new_future
+                    return [new_future(f"{pure_prefix}{i}") for i in range(n)]
+            self.map_prefixes.add(prefix)
+            new_future = self.new_future
+            futures = [new_future(f"{prefix}{i}") for i in range(len(blobs))]
+            client_id, send = self.conn.client_id, self.conn.send
+            for start, stop in map_batches(len(blobs), batch_size):
+                send(UpdateMap(prefix=prefix, function=fblob, args=blobs[start:stop],
+                               offset=start, priority=priority, retries=retries,
+                               client=client_id))
         return futures
 
     def submit_graph(self, dsk: Any, keys: Any, *, fuse: bool | None = None,
