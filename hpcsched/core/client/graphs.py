@@ -156,7 +156,9 @@ class Submitter:
         self.table = table
         self.new_future = new_future
         self.gather = gather
-        self.map_prefixes: set[str] = set()  # of the bulk maps sent (never sent twice)
+        # a pure bulk map's prefix (a hash of it) -> the prefix it was last sent under: a
+        # prefix is sent once, so the same map sent again once partly released needs another
+        self.pure_maps: dict[str, str] = {}
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
@@ -238,13 +240,15 @@ class Submitter:
                     h.update(b)
                 pure_prefix = f"{base}-{h.hexdigest()}-"
                 n = len(blobs)
-                if pure_prefix not in self.map_prefixes:
+                sent = self.pure_maps.get(pure_prefix)
+                if sent is None:
                     prefix = pure_prefix
-                elif table.known(f"{pure_prefix}0") and all(
-                        table.known(f"{pure_prefix}{i}") for i in range(n)):
+                elif table.known(f"{sent}0") and all(table.known(f"{sent}{i}")
+                                                      for i in range(n)):
                     new_future = self.new_future
-                    return [new_future(f"{pure_prefix}{i}") for i in range(n)]
-            self.map_prefixes.add(prefix)
+                    return [new_future(f"{sent}{i}") for i in range(n)]
+                # else: the map was sent and partly released; a new prefix, never reused
+                self.pure_maps[pure_prefix] = prefix
             new_future = self.new_future
             futures = [new_future(f"{prefix}{i}") for i in range(len(blobs))]
             client_id, send = self.conn.client_id, self.conn.send

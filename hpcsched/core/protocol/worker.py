@@ -130,14 +130,15 @@ class TaskErred(FromWorker):
 @dataclass(slots=True)
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
-    results (``nbytes``, ``types``: each one's size and type name); ``duration``: the
-    seconds they took together."""
+    results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
+    when it ran)."""
 
     prefix: str = wire(fc.string)
     indices: list = wire(fc.list_of(fc.count))
     nbytes: list = wire(fc.list_of(fc.count))
     types: list = wire(fc.list_of(fc.string))
-    duration: float = wire(fc.seconds, 0.0)
+    starts: list = wire(fc.list_of(fc.number))
+    stops: list = wire(fc.list_of(fc.number))
 
 
 @message("missing-data", W2S)

@@ -335,13 +335,12 @@ class BulkMaps:
         if ws is None:
             return
         n = len(e.indices)
-        if len(e.nbytes) != n or len(e.types) != n:
-            raise ev.MalformedMessage("range-finished: indices, nbytes and types differ in "
-                                      "length")
+        if not len(e.nbytes) == len(e.types) == len(e.starts) == len(e.stops) == n:
+            raise ev.MalformedMessage("range-finished: indices, nbytes, types, starts and "
+                                      "stops differ in length")
         m = self.maps.get(e.prefix)
         slot = self.slots.get(ws.address, -1)
-        done: list[int] = []
-        types: list[str] = []
+        done: list[int] = []  # positions in the report of the elements now in memory
         stray: list[int] = []  # promoted, or unknown: one task's report each
         free: list[str] = []
         finished = 0
@@ -358,8 +357,7 @@ class BulkMaps:
                 if st == PROCESSING and where[i] == slot:
                     state[i] = MEMORY
                     nbytes[i] = e.nbytes[j]
-                    done.append(i)
-                    types.append(e.types[j])
+                    done.append(j)
                     finished += 1
                 elif st == FORGOTTEN and where[i] == slot:
                     where[i] = -1
@@ -371,21 +369,39 @@ class BulkMaps:
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
-                self.out.send(m.client, MapInMemory(m.prefix, done, types))
-                tg = self.graph.groups.get(m.group)
-                if tg is not None:
-                    tg.duration_total += e.duration
-                    tg.n_durations += len(done)
+                self._report(m, ws, e, done)
             self._maybe_drop(m)
         if free:
             self.out.send(ws.address, FreeKeys(free))
         if finished:
             self.outstanding[ws.address] = self.outstanding.get(ws.address, 0) - finished
         for j in stray:
-            self.task_finished(ev.TaskFinished(
-                key=e.prefix + str(e.indices[j]), nbytes=e.nbytes[j], typename=e.types[j],
-                worker=e.worker, now=e.now, stimulus_id=e.stimulus_id))
+            self.task_finished(self._one(e, j))
         self.fill(ws)
+
+    @staticmethod
+    def _one(e: ev.RangeFinished, j: int) -> ev.TaskFinished:
+        """The ``j``-th element of a report, as one task's report."""
+        return ev.TaskFinished(key=e.prefix + str(e.indices[j]), nbytes=e.nbytes[j],
+                               typename=e.types[j], start=e.starts[j], stop=e.stops[j],
+                               worker=e.worker, now=e.now, stimulus_id=e.stimulus_id)
+
+    def _report(self, m: BulkMap, ws: WorkerInfo, e: ev.RangeFinished, done: list[int]
+                ) -> None:
+        """Elements (positions ``done`` in report ``e``) are in memory: their client hears
+        it in one message; their group's durations count them; a recorder (dashboard)
+        sees each."""
+        indices, types, starts, stops = e.indices, e.types, e.starts, e.stops
+        self.out.send(m.client, MapInMemory(m.prefix, [indices[j] for j in done],
+                                            [types[j] for j in done]))
+        tg = self.graph.groups.get(m.group)
+        if tg is not None:
+            tg.duration_total += sum(max(stops[j] - starts[j], 0.0) for j in done)
+            tg.n_durations += len(done)
+        recorder = self.out.recorder
+        if recorder is not None:
+            for j in done:
+                recorder.task_finished(self._one(e, j), None, ws)
 
     def worker_left(self, ws: WorkerInfo) -> None:
         """``ws`` left: its unfinished elements, and the results only it held, go back to

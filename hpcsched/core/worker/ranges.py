@@ -34,7 +34,8 @@ REPORT_SECONDS = 0.005  # a report is due at least this often while a range runs
 class Batch:
     """Finished elements of one map, on their way to the loop."""
 
-    __slots__ = ("prefix", "indices", "values", "nbytes", "types", "duration", "failures")
+    __slots__ = ("prefix", "indices", "values", "nbytes", "types", "starts", "stops",
+                 "failures")
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -42,7 +43,8 @@ class Batch:
         self.values: list[Any] = []
         self.nbytes: list[int] = []
         self.types: list[str] = []
-        self.duration = 0.0
+        self.starts: list[float] = []
+        self.stops: list[float] = []
         self.failures: list[TaskErred] = []
 
 
@@ -120,7 +122,8 @@ class RangeRunner:
             batch.values.append(value)
             batch.nbytes.append(nbytes)
             batch.types.append(type(value).__name__)
-            batch.duration += stop - start
+            batch.starts.append(start)
+            batch.stops.append(stop)
             if len(batch.indices) >= REPORT_EVERY or stop >= due or batch.failures:
                 put(("ranges", batch))
                 batch = Batch(prefix)
@@ -141,6 +144,6 @@ class RangeRunner:
         if batch.indices:
             w.send_to_scheduler(RangeFinished(w.address, prefix=prefix, indices=batch.indices,
                                               nbytes=batch.nbytes, types=batch.types,
-                                              duration=batch.duration))
+                                              starts=batch.starts, stops=batch.stops))
         for failure in batch.failures:
             w.send_to_scheduler(failure)

@@ -43,9 +43,10 @@ def new_map(s: SchedulerState, n: int, prefix: str = "m-a-", client: str = "c",
 
 def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-",
            nbytes: int = 8) -> list[Send]:
+    n = len(indices)
     return step(s, ev.RangeFinished(worker, prefix=prefix, indices=indices,
-                                    nbytes=[nbytes] * len(indices),
-                                    types=["int"] * len(indices)))
+                                    nbytes=[nbytes] * n, types=["int"] * n,
+                                    starts=[1.0] * n, stops=[1.5] * n))
 
 
 def run_all(s: SchedulerState, worker: str, out: list[Send]) -> tuple[list[int], list[Send]]:
@@ -200,7 +201,8 @@ def test_malformed_blocks_are_refused_without_change():
         s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"x"], offset=5))
     step(s, ev.AddWorker(A, 1))
     with pytest.raises(ev.MalformedMessage):
-        s.handle(ev.RangeFinished(A, prefix="m-a-", indices=[0, 1], nbytes=[1], types=[]))
+        s.handle(ev.RangeFinished(A, prefix="m-a-", indices=[0, 1], nbytes=[1], types=[],
+                                  starts=[], stops=[]))
     s.validate()
 
 
@@ -305,7 +307,8 @@ class BulkMapStory(SchedulerStory):
         picked, self.given[j:j + k] = self.given[j:j + k], []
         for worker, prefix, index in picked:
             self.record(ev.RangeFinished(worker, prefix=prefix, indices=[index], nbytes=[8],
-                                         types=["int"], now=self.tick()))
+                                         types=["int"], starts=[1.0], stops=[1.1],
+                                         now=self.tick()))
 
     @rule(i=st.integers(0, 10_000))
     def element_fails(self, i: int) -> None:
@@ -334,7 +337,8 @@ class BulkMapStory(SchedulerStory):
     def stray_range(self, worker: str, key: str) -> None:
         prefix, _, i = key.rpartition("-")
         self.record(ev.RangeFinished(worker, prefix=prefix + "-", indices=[int(i)],
-                                     nbytes=[8], types=["int"], now=self.tick()))
+                                     nbytes=[8], types=["int"], starts=[1.0], stops=[1.1],
+                                     now=self.tick()))
 
     @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
     def add_worker_with_ranges(self, worker: str) -> None:
