@@ -143,6 +143,7 @@ class BulkMaps:
         self.slot_ws: list[WorkerInfo | None] = []
         self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
+        self._last: BulkMap | None = None  # the map of the last key looked up
         graph.tasks.resolve = self.resolve
 
     # ================================================================ client side
@@ -215,10 +216,18 @@ class BulkMaps:
     def _element(self, key: Key) -> tuple[BulkMap, int] | None:
         if not self.maps or type(key) is not str:
             return None
-        head, _, tail = key.rpartition("-")
-        m = self.maps.get(head + "-")
-        if m is None or not tail.isdigit():
-            return None
+        last = self._last  # lookups come in runs of one map's keys (a gather, a release)
+        tail = ""
+        if last is not None and key.startswith(last.prefix) and \
+                self.maps.get(last.prefix) is last:
+            tail = key[len(last.prefix):]
+        m: BulkMap | None = last
+        if m is None or not tail.isdigit():  # digits after the prefix: its key; else look it up
+            head, _, tail = key.rpartition("-")
+            m = self.maps.get(head + "-")
+            if m is None or not tail.isdigit():
+                return None
+            self._last = m
         i = int(tail)
         if i >= len(m.state) or str(i) != tail:
             return None
@@ -400,8 +409,9 @@ class BulkMaps:
             tg.n_durations += len(done)
         recorder = self.out.recorder
         if recorder is not None:
-            for j in done:
-                recorder.task_finished(self._one(e, j), None, ws)
+            recorder.elements_finished(m.group, ws, [m.prefix + str(indices[j]) for j in done],
+                                       [starts[j] for j in done], [stops[j] for j in done],
+                                       [e.nbytes[j] for j in done])
 
     def worker_left(self, ws: WorkerInfo) -> None:
         """``ws`` left: its unfinished elements, and the results only it held, go back to

@@ -15,6 +15,7 @@ the worker's state machine: their results are plain entries of its data, which
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -29,6 +30,8 @@ logger = logging.getLogger("hpcsched.worker")
 
 REPORT_EVERY = 512  # elements per report at most
 REPORT_SECONDS = 0.005  # a report is due at least this often while a range runs
+_SCALARS = frozenset({int, float, bool, type(None), complex, str, bytes})
+getsizeof = sys.getsizeof
 
 
 class Batch:
@@ -114,10 +117,13 @@ class RangeRunner:
             finally:
                 leave_task(outer)
             stop = clock()
-            try:
-                nbytes = sizeof(value)
-            except Exception:
-                nbytes = 64
+            if value.__class__ in _SCALARS:  # the common result of a sweep: no dispatch
+                nbytes = getsizeof(value)
+            else:
+                try:
+                    nbytes = sizeof(value)
+                except Exception:
+                    nbytes = 64
             batch.indices.append(i)
             batch.values.append(value)
             batch.nbytes.append(nbytes)
@@ -139,8 +145,12 @@ class RangeRunner:
             return
         data = state.data
         prefix = batch.prefix
-        for i, value in zip(batch.indices, batch.values, strict=True):
-            data[prefix + str(i)] = value
+        keys = [prefix + str(i) for i in batch.indices]
+        store_many = getattr(data, "store_many", None)
+        if store_many is not None:  # a spill buffer: the sizes are known already
+            store_many(keys, batch.values, batch.nbytes)
+        else:
+            data.update(zip(keys, batch.values, strict=True))
         if batch.indices:
             w.send_to_scheduler(RangeFinished(w.address, prefix=prefix, indices=batch.indices,
                                               nbytes=batch.nbytes, types=batch.types,
