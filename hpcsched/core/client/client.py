@@ -157,7 +157,7 @@ class Client:
         self._control = ClusterRequests(self.scheduler_comm, self.future_table, self.cluster)
         self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
         self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
-                                    self.gather)
+                                    self.gather, lambda keys: Future.of_keys(keys, self))
         self.future_table.start(self.id)
         self.scheduler_comm.start(reply)
         self.status = "running"

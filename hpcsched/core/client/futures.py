@@ -216,6 +216,20 @@ class Future(_FutureBase):
         self.state = client.future_table.acquire(key, state)
         self._released = False
 
+    @classmethod
+    def of_keys(cls, keys: list, client: FutureOwner) -> list[Future]:
+        """One future of each of ``keys`` (a bulk map's), counted under one lock."""
+        out = []
+        new = cls.__new__
+        for key, state in zip(keys, client.future_table.acquire_many(keys), strict=True):
+            f = new(cls)
+            f.key = key
+            f.client = client
+            f.state = state
+            f._released = False
+            out.append(f)
+        return out
+
     @property
     def status(self) -> str:
         """``pending``, ``finished``, ``error``, ``cancelled`` or ``lost`` (recomputing)."""

@@ -151,10 +151,12 @@ class Submitter:
     """Graphs and maps of one client to ``update-graph`` messages (module docstring)."""
 
     def __init__(self, conn: SchedulerConnection, table: FutureTable,
-                 new_future: Callable[[Any], Future], gather: Callable[[Any], Any]):
+                 new_future: Callable[[Any], Future], gather: Callable[[Any], Any],
+                 new_futures: Callable[[list], list[Future]] | None = None):
         self.conn = conn
         self.table = table
         self.new_future = new_future
+        self.new_futures = new_futures or (lambda keys: [new_future(k) for k in keys])
         self.gather = gather
         # a pure bulk map's prefix (a hash of it) -> the prefix it was last sent under: a
         # prefix is sent once, so the same map sent again once partly released needs another
@@ -220,40 +222,37 @@ class Submitter:
             _, deps = unpack_futures(((), kwargs), table)
             if deps:
                 return None
-        blobs: list[bytes] = []
-        dumps = dumps_object
-        with gc_paused(len(items)):
-            for args in items:
-                for a in args:
-                    if type(a) not in SCALARS:
-                        _, deps = unpack_futures((args, kwargs), table)
-                        if deps:
-                            return None
-                        break
-                blobs.append(dumps((args, kwargs)))
-            fblob = dumps_function(func)
-            prefix = f"{base}-{token}-"
-            if pure:
-                h = hashlib.blake2b(fblob, digest_size=12)
-                h.update(self.conn.client_id.encode())
-                for b in blobs:
-                    h.update(b)
-                pure_prefix = f"{base}-{h.hexdigest()}-"
-                n = len(blobs)
-                sent = self.pure_maps.get(pure_prefix)
-                if sent is None:
-                    prefix = pure_prefix
-                elif table.known(f"{sent}0") and all(table.known(f"{sent}{i}")
-                                                      for i in range(n)):
-                    new_future = self.new_future
-                    return [new_future(f"{sent}{i}") for i in range(n)]
-                # else: the map was sent and partly released; a new prefix, never reused
-                self.pure_maps[pure_prefix] = prefix
-            new_future = self.new_future
-            futures = [new_future(f"{prefix}{i}") for i in range(len(blobs))]
-            client_id, send = self.conn.client_id, self.conn.send
-            for start, stop in map_batches(len(blobs), batch_size):
-                send(UpdateMap(prefix=prefix, function=fblob, args=blobs[start:stop],
+        for args in items:
+            for a in args:
+                if type(a) not in SCALARS:
+                    _, deps = unpack_futures((args, kwargs), table)
+                    if deps:
+                        return None
+                    break
+        fblob = dumps_function(func)
+        prefix = f"{base}-{token}-"
+        n = len(items)
+        if pure:
+            h = hashlib.blake2b(fblob, digest_size=12)
+            h.update(self.conn.client_id.encode())
+            h.update(dumps_object((items, kwargs)))
+            pure_prefix = f"{base}-{h.hexdigest()}-"
+            sent = self.pure_maps.get(pure_prefix)
+            if sent is None:
+                prefix = pure_prefix
+            elif table.known(f"{sent}0") and all(table.known(f"{sent}{i}") for i in range(n)):
+                return self.new_futures([f"{sent}{i}" for i in range(n)])
+            # else: the map was sent and partly released; a new prefix, never reused
+            self.pure_maps[pure_prefix] = prefix
+        futures: list[Future] = []
+        client_id, send, dumps = self.conn.client_id, self.conn.send, dumps_object
+        with gc_paused(n):
+            # block by block, so that the workers start on the first while the rest is
+            # pickled; each block's futures exist before its results can be reported
+            for start, stop in map_batches(n, batch_size):
+                futures += self.new_futures([f"{prefix}{i}" for i in range(start, stop)])
+                send(UpdateMap(prefix=prefix, function=fblob,
+                               args=[dumps((items[i], kwargs)) for i in range(start, stop)],
                                offset=start, priority=priority, retries=retries,
                                client=client_id))
         return futures

@@ -144,6 +144,7 @@ class BulkMaps:
         self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
         self._last: BulkMap | None = None  # the map of the last key looked up
+        self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
         graph.tasks.resolve = self.resolve
 
     # ================================================================ client side
@@ -182,7 +183,7 @@ class BulkMaps:
             return True
         self._forget(m, i)
         self._maybe_drop(m)
-        return True
+        return True  # the caller calls flush_frees once done
 
     def _forget(self, m: BulkMap, i: int) -> None:
         st = m.state[i]
@@ -196,8 +197,14 @@ class BulkMaps:
         elif st == MEMORY:
             ws = self.slot_ws[w]
             m.where[i] = -1
-            if ws is not None:
-                self.out.send(ws.address, FreeKeys([m.prefix + str(i)]))
+            if ws is not None:  # one free-keys per worker: flush_frees
+                self._frees.setdefault(ws.address, []).append(m.prefix + str(i))
+
+    def flush_frees(self) -> None:
+        """Tell each worker the forgotten results it may drop, in one message."""
+        frees, self._frees = self._frees, {}
+        for address, keys in frees.items():
+            self.out.send(address, FreeKeys(keys))
 
     def _maybe_drop(self, m: BulkMap) -> None:
         if m.n_live == 0 and m.n_orphans == 0:
@@ -211,6 +218,7 @@ class BulkMaps:
             for i in range(len(m.state)):
                 self._forget(m, i)
             self._maybe_drop(m)
+        self.flush_frees()
 
     # ================================================================ lookups
     def _element(self, key: Key) -> tuple[BulkMap, int] | None:

@@ -136,6 +136,7 @@ class SchedulerState:
         bulk = self.bulk
         if bulk.maps:
             keys = [k for k in e.keys if not bulk.release(k, e.client)]
+            bulk.flush_frees()
             if len(keys) != len(e.keys):
                 e = replace(e, keys=keys)
         self.client_requests.client_releases(e)
