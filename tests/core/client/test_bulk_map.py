@@ -95,6 +95,20 @@ def test_one_failing_element_errs_its_own_future_only(c):
     assert c.gather(fs, errors="skip", timeout=30) == [i for i in range(N) if i != 7]
 
 
+@pytest.mark.timeout(120)
+def test_a_large_gather_comes_in_parts_in_the_right_order(c):
+    from hpcsched.core.client.data import GATHER_PART
+
+    n = 2 * GATHER_PART + 7
+    fs = c.map(fails_on, range(n), bad=GATHER_PART + 3, pure=False)
+    assert c.gather(fs, errors="skip", timeout=60) == [i for i in range(n)
+                                                       if i != GATHER_PART + 3]
+    with pytest.raises(ValueError, match=f"element {GATHER_PART + 3} is bad"):
+        c.gather(fs, timeout=60)
+    assert c.gather({"a": fs[-1], "b": [fs[0], fs[GATHER_PART]]}, timeout=60) == {
+        "a": n - 1, "b": [0, GATHER_PART]}
+
+
 @pytest.mark.timeout(60)
 def test_retries_apply_to_each_element(c, tmp_path):
     path = str(tmp_path / "calls")
