@@ -179,6 +179,8 @@ class BulkMaps:
         if found is None:
             return False
         m, i = found
+        if m.state[i] == PROMOTED:
+            return False  # a task of its own now: released as one
         if m.client != client:
             return True
         self._forget(m, i)

@@ -125,6 +125,17 @@ def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     assert s.tasks["m-a-3"].state == "erred"
 
 
+def test_a_failed_element_released_is_forgotten_as_a_task():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    new_map(s, 4)
+    step(s, ev.TaskErred(A, "m-a-0", exception="boom", exception_text="boom"))
+    assert s.tasks["m-a-0"].state == "erred"
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-1"]))
+    assert "m-a-0" not in s.tasks
+    assert s.bulk.maps["m-a-"].state[1] == 4  # forgotten in the map
+
+
 def test_an_element_is_the_dependency_of_a_later_task():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
