@@ -103,6 +103,16 @@ default_scheduler_address: str | None = None
 default_security: Security | None = None
 
 
+def _journaled(reply: Any) -> bool:
+    """Whether the scheduler keeps a journal, from its answer to our registration."""
+    for m in reply if isinstance(reply, list) else [reply]:
+        if isinstance(m, dict) and m.get("op") == "registered":
+            return bool(m.get("journaled"))
+        if isinstance(m, pc.Registered):
+            return m.journaled
+    return False
+
+
 class Client:
     """Connect to a scheduler (or start a LocalCluster) and run work on its workers.
 
@@ -158,6 +168,8 @@ class Client:
         self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
         self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
                                     self.gather, lambda keys: Future.of_keys(keys, self))
+        # a journaled scheduler restarts with tasks, not with the ranges of a bulk map
+        self._submitter.bulk_maps = not _journaled(reply)
         self.future_table.start(self.id)
         self.scheduler_comm.start(reply)
         self.status = "running"

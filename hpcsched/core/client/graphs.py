@@ -158,6 +158,9 @@ class Submitter:
         self.new_future = new_future
         self.new_futures = new_futures or (lambda keys: [new_future(k) for k in keys])
         self.gather = gather
+        # large maps go as bulk maps (not to a scheduler that keeps a journal: it takes up
+        # tasks again after a restart, and a worker's results of a map's ranges are no tasks)
+        self.bulk_maps = True
         # a pure bulk map's prefix (a hash of it) -> the prefix it was last sent under: a
         # prefix is sent once, so the same map sent again once partly released needs another
         self.pure_maps: dict[str, str] = {}
@@ -168,7 +171,8 @@ class Submitter:
         else one task per item of ``items`` (argument tuples), sent in batches
         (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
         call; else ``token`` and the item's index)."""
-        if keys is None and len(items) >= BULK_MAP_MIN and not opts.get("resources") \
+        if self.bulk_maps and keys is None and len(items) >= BULK_MAP_MIN \
+                and not opts.get("resources") \
                 and not opts.get("workers") and not opts.get("allow_other_workers"):
             bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
                                  batch_size=batch_size, priority=opts.get("priority", 0),
