@@ -158,6 +158,8 @@ class BulkMaps:
             if e.offset != 0:
                 raise ev.MalformedMessage(f"update-map: the first block of {e.prefix!r} "
                                           f"starts at {e.offset}, not 0")
+            if not self.maps:
+                self.graph.tasks.resolving(True)
             m = self.maps[e.prefix] = BulkMap(
                 e.prefix, e.client, e.function,
                 (self.graph.new_generation(), -e.priority), e.retries)
@@ -213,6 +215,8 @@ class BulkMaps:
             del self.maps[m.prefix]
             if m in self.pending:
                 self.pending.remove(m)
+            if not self.maps:
+                self.graph.tasks.resolving(False)
 
     def remove_client(self, client: str) -> None:
         """``client`` left: its maps' elements are forgotten."""

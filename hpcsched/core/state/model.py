@@ -47,13 +47,18 @@ class TaskTable(dict):
     that task its own :class:`TaskState` (stored here) or says None. Every lookup that
     misses asks it, so the code that handles one task never needs to know about maps."""
 
-    __slots__ = ("resolve",)
-
     def __init__(self) -> None:
         super().__init__()
         self.resolve: Any = None  # key -> TaskState | None, set by the owner of the maps
+        # ``get`` is dict's own (C) method while no map is held: the task graph's lookups
+        # cost nothing extra then (an instance attribute shadows the class's method)
+        self.get = super().get  # type: ignore[method-assign]
 
-    def get(self, key: Key, default: Any = None) -> Any:
+    def resolving(self, on: bool) -> None:
+        """Whether ``get`` asks :attr:`resolve` for keys it lacks (while maps are held)."""
+        self.get = self._get_resolving if on else super().get  # type: ignore[method-assign]
+
+    def _get_resolving(self, key: Key, default: Any = None) -> Any:
         ts = dict.get(self, key)
         if ts is None and self.resolve is not None:
             ts = self.resolve(key)
@@ -66,7 +71,8 @@ class TaskTable(dict):
         return ts
 
     def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or self.get(key) is not None
+        return dict.__contains__(self, key) or (
+            self.resolve is not None and self.resolve(key) is not None)
 
 
 class KilledWorker(RuntimeError):
