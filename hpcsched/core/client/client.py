@@ -106,10 +106,12 @@ default_security: Security | None = None
 def _journaled(reply: Any) -> bool:
     """Whether the scheduler keeps a journal, from its answer to our registration."""
     for m in reply if isinstance(reply, list) else [reply]:
-        if isinstance(m, dict) and m.get("op") == "registered":
-            return bool(m.get("journaled"))
-        if isinstance(m, pc.Registered):
-            return m.journaled
+        try:
+            record = m if isinstance(m, pc.Registered) else pc.decode(pc.SCHEDULER_TO_CLIENT, m)
+        except (pc.MalformedMessage, TypeError):
+            continue
+        if isinstance(record, pc.Registered):
+            return record.journaled
     return False
 
 
@@ -356,7 +358,11 @@ class Client:
         """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
 
         Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
-        item."""
+        item. A map of many plain elements (none of them a future; no ``key`` list,
+        ``resources`` or ``workers``) travels, is held and runs as a bulk map: in blocks
+        and ranges, at a task farm's speed (:mod:`hpcsched.core.state.bulk`), every
+        element still its own future; with ``pure``, the same map again (while its
+        futures are held) gives the same futures."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:
