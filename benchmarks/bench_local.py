@@ -1,15 +1,23 @@
 """hpcsched vs dask.distributed on one machine, side by side in one run.
 
     python benchmarks/bench_local.py [--tasks 10000] [--leaves 8192] [--repeat 3]
+                                     [--sweep-sizes 100000[,1000000]]
 
 Both use a local cluster of 2 worker processes x 1 thread. Measured:
 
-* ``map``: N no-op tasks submitted with ``client.map`` and gathered;
+* ``map``: N no-op tasks submitted with ``client.map`` with a key per task (so
+  that both systems make a task of each) and gathered;
 * ``tree``: a binary tree reduction of L leaves submitted as one graph with
-  ``client.get``.
+  ``client.get``;
+* ``sweep``: ``client.map(noop, range(n))`` of ``--sweep-sizes`` elements
+  (hpcsched: a bulk map), gathered, against
+  ``concurrent.futures.ProcessPoolExecutor(2).map(noop, range(n), chunksize=16)``
+  in the same run (dask's map of as many tasks is left out: minutes). Wall time
+  and the CPU time of the submitting process.
 
 Prints tasks/s for each system, best of ``--repeat`` runs, and the ratio
-hpcsched / dask. Needs ``pip install 'dask[distributed]'``.
+hpcsched / dask (hpcsched / ProcessPoolExecutor for the sweeps). Needs
+``pip install 'dask[distributed]'``.
 """
 
 from __future__ import annotations
@@ -66,6 +74,22 @@ def run(client, ntasks: int, leaves: int, repeat: int) -> dict:
     return out
 
 
+def timed(repeat: int, fn) -> tuple[float, float]:
+    """(wall, CPU of this process) of the fastest of ``repeat`` runs of ``fn``."""
+    best = (float("inf"), 0.0)
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if dt < best[0]:
+            best = (dt, dc)
+    return best
+
+
+def sweeps(args) -> list[int]:
+    return [int(x) for x in args.sweep_sizes.split(",") if x]
+
+
 def bench_hpcsched(args) -> dict:
     from hpcsched import Client, LocalCluster
 
@@ -73,7 +97,28 @@ def bench_hpcsched(args) -> dict:
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         startup = time.perf_counter() - t0
         out = run(client, args.tasks, args.leaves, args.repeat)
+        for n in sweeps(args):
+            def do_map(n: int = n) -> None:
+                futures = client.map(noop, range(n), pure=False)
+                assert client.gather(futures) == list(range(n))
+                del futures
+
+            out[f"sweep_{n}"] = timed(args.repeat, do_map)
     out["startup_s"] = startup
+    return out
+
+
+def bench_pool(args) -> dict:
+    from concurrent.futures import ProcessPoolExecutor
+
+    out = {}
+    with ProcessPoolExecutor(2) as ex:
+        list(ex.map(noop, range(1000), chunksize=16))  # both processes started
+        for n in sweeps(args):
+            def do_map(n: int = n) -> None:
+                assert list(ex.map(noop, range(n), chunksize=16)) == list(range(n))
+
+            out[f"sweep_{n}"] = timed(args.repeat, do_map)
     return out
 
 
@@ -97,9 +142,12 @@ def main() -> None:
     p.add_argument("--tasks", type=int, default=10_000)
     p.add_argument("--leaves", type=int, default=8192)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--sweep-sizes", default="100000",
+                   help="elements of the no-op sweeps (comma-separated; '' for none)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
     h = bench_hpcsched(args)
+    pool = bench_pool(args)
     d = bench_dask(args)
     print(f"{'':28}{'hpcsched':>12}{'dask':>12}{'ratio':>8}")
     for k, label in (("map_tasks_per_s", f"map {args.tasks} no-ops (tasks/s)"),
@@ -108,9 +156,18 @@ def main() -> None:
         ratio = h[k] / d[k] if k != "startup_s" else d[k] / h[k]
         print(f"{label:28}{h[k]:12.1f}{d[k]:12.1f}{ratio:7.1f}x")
     print(f"(machine: {os.cpu_count()} cores; best of {args.repeat}; startup ratio is dask/hpcsched)")
+    if sweeps(args):
+        print(f"\n{'sweep, no-op elements':28}{'hpcsched':>12}{'pool(2)/16':>12}{'ratio':>8}"
+              f"   CPU s of the submitter: hpcsched, pool")
+        for n in sweeps(args):
+            (hw, hc), (pw, pc) = h[f"sweep_{n}"], pool[f"sweep_{n}"]
+            print(f"{f'map {n} (elements/s)':28}{n / hw:12.0f}{n / pw:12.0f}{pw / hw:7.2f}x"
+                  f"   {hc:.2f}, {pc:.2f}")
+        print("(hpcsched: a bulk map on 2 workers x 1 thread; pool: ProcessPoolExecutor(2)."
+              "map(chunksize=16))")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"hpcsched": h, "dask": d}, f, indent=1)
+            json.dump({"hpcsched": h, "dask": d, "pool": pool}, f, indent=1)
 
 
 if __name__ == "__main__":

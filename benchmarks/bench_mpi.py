@@ -35,6 +35,18 @@ prints one table with ratios. Sub-runs (4 ranks on this 2-core machine):
 * first result: from ``Popen(mpiexec ...)`` to the first task's result in the
   client (``time.time()`` on both sides), median of ``--first`` runs per system.
 
+* sweep (``--only sweep``): parameter sweeps, the task farm's workload. A ``map`` of
+  ``--sweep-sizes`` no-op elements (default 100,000; ``--sweep-sizes 100000,1000000``
+  adds a million), gathered, on 4 ranks each: hpcsched (a bulk map over 3 worker
+  ranks), mpi4py.futures (``mpiexec -n 4 -m mpi4py.futures``: 3 workers) with
+  ``chunksize`` 1, 16 and 256, and ``concurrent.futures.ProcessPoolExecutor(3)`` with
+  ``chunksize=16`` (no MPI: the same machine's processes). Wall time, best of
+  ``--repeat``, and the CPU time of the submitting process (rank 0 / the driver) for
+  the same best run. Then a sweep of ``--sweep-ms`` elements of a 1 ms task
+  (``time.sleep(0.001)``) on hpcsched's 3 worker ranks, with its efficiency: ideal time
+  (elements x the task's own measured duration on a worker / 3 workers) over measured,
+  and against the nominal 1 ms.
+
 hpcsched's modules are byte-compiled first, as an installed package's are
 (``_launch.compile_package``). ``--only first`` runs the first-result part alone.
 """
@@ -150,6 +162,101 @@ def role_mf_throughput(args: argparse.Namespace) -> None:
         report(system="mpi4py.futures", map_s=t_map, map_tasks=n, tree_s=t_tree,
                tree_tasks=2 * args.leaves - 1, workers=ex._num_workers
                if hasattr(ex, "_num_workers") else None)
+
+
+# ---------------------------------------------------------------- sweeps
+def sleep_ms(x):
+    time.sleep(0.001)
+    return x
+
+
+def sleep_cost(n: int) -> float:
+    """Mean seconds of ``sleep_ms`` where it runs (sleep oversleeps by a little)."""
+    t0 = time.perf_counter()
+    for i in range(n):
+        sleep_ms(i)
+    return (time.perf_counter() - t0) / n
+
+
+def timed(repeat: int, fn) -> tuple[float, float]:
+    """(wall, CPU of this process) of the fastest of ``repeat`` runs of ``fn``."""
+    best = (float("inf"), 0.0)
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if dt < best[0]:
+            best = (dt, dc)
+    return best
+
+
+def role_hs_sweep(args: argparse.Namespace) -> None:
+    from hpcsched import Client
+
+    sizes = [int(x) for x in args.sweep_sizes.split(",") if x]
+    out: dict = {"maps": {}}
+    with Client() as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        client.gather(client.map(noop, range(1000), pure=False))  # warm-up
+        for n in sizes:
+            expected = list(range(n))
+
+            def do_map(n: int = n, expected: list = expected) -> None:
+                futures = client.map(noop, range(n), pure=False)
+                assert client.gather(futures) == expected
+                del futures
+
+            wall, cpu = timed(args.repeat, do_map)
+            out["maps"][str(n)] = {"wall": wall, "cpu": cpu}
+        if args.sweep_ms:
+            costs = client.gather([client.submit(sleep_cost, 300, workers=[w], pure=False)
+                                   for w in workers])
+            n = args.sweep_ms
+            t0 = time.perf_counter()
+            futures = client.map(sleep_ms, range(n), pure=False)
+            assert client.gather(futures) == list(range(n))
+            wall = time.perf_counter() - t0
+            task = statistics.mean(costs)
+            out["sweep"] = {"elements": n, "workers": len(workers), "wall": wall,
+                            "task_s": task, "efficiency": n * task / len(workers) / wall,
+                            "efficiency_nominal": n * 0.001 / len(workers) / wall}
+    report(system="hpcsched", **out)
+
+
+def role_mf_sweep(args: argparse.Namespace) -> None:
+    from mpi4py.futures import MPIPoolExecutor
+
+    sizes = [int(x) for x in args.sweep_sizes.split(",") if x]
+    out: dict = {}
+    with MPIPoolExecutor() as ex:
+        list(ex.map(noop, range(1000), chunksize=16))  # warm-up: every worker started
+        for chunk in (1, 16, 256):
+            for n in sizes:
+                if chunk == 1 and n > args.sweep_chunk1_max:
+                    continue  # minutes at this rate: behind --sweep-chunk1-max
+
+                def do_map(n: int = n, chunk: int = chunk) -> None:
+                    assert list(ex.map(noop, range(n), chunksize=chunk)) == list(range(n))
+
+                wall, cpu = timed(args.repeat, do_map)
+                out[f"{chunk}/{n}"] = {"wall": wall, "cpu": cpu}
+    report(system="mpi4py.futures", maps=out)
+
+
+def role_pp_sweep(args: argparse.Namespace) -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    sizes = [int(x) for x in args.sweep_sizes.split(",") if x]
+    out: dict = {}
+    with ProcessPoolExecutor(3) as ex:
+        list(ex.map(noop, range(1000), chunksize=16))
+        for n in sizes:
+            def do_map(n: int = n) -> None:
+                assert list(ex.map(noop, range(n), chunksize=16)) == list(range(n))
+
+            wall, cpu = timed(args.repeat, do_map)
+            out[str(n)] = {"wall": wall, "cpu": cpu}
+    report(system="ProcessPoolExecutor", maps=out)
 
 
 # ---------------------------------------------------------------- transfer tasks
@@ -278,6 +385,7 @@ ROLES = {
     "hs-throughput": role_hs_throughput, "dm-throughput": role_dm_throughput,
     "mf-throughput": role_mf_throughput, "hs-transfer": role_hs_transfer,
     "hs-first": role_hs_first, "dm-first": role_dm_first, "mf-first": role_mf_first,
+    "hs-sweep": role_hs_sweep, "mf-sweep": role_mf_sweep, "pp-sweep": role_pp_sweep,
 }
 
 
@@ -287,7 +395,11 @@ def command(system: str, role: str, nprocs: int, args: argparse.Namespace,
     py = sys.executable
     opts = ["--role", role, "--tasks", str(args.tasks), "--leaves", str(args.leaves),
             "--repeat", str(args.repeat), "--sizes", args.sizes, "--idle", str(args.idle),
-            "--transfer-reps", str(args.transfer_reps), *extra]
+            "--transfer-reps", str(args.transfer_reps), "--sweep-sizes", args.sweep_sizes,
+            "--sweep-ms", str(args.sweep_ms), "--sweep-chunk1-max", str(args.sweep_chunk1_max),
+            *extra]
+    if system == "ProcessPoolExecutor":
+        return [py, HERE, *opts]
     if system == "hpcsched":
         return ["mpiexec", "-n", str(nprocs), py, "-m", "hpcsched", HERE, *opts]
     if system == "mpi4py.futures":
@@ -344,7 +456,13 @@ def main() -> None:
     p.add_argument("--transfer-reps", type=int, default=5)
     p.add_argument("--idle", type=float, default=10.0, help="seconds of idleness measured")
     p.add_argument("--first", type=int, default=3, help="runs for the first-result latency")
-    p.add_argument("--only", default="throughput,transfer,idle,first")
+    p.add_argument("--sweep-sizes", default="100000",
+                   help="elements of the no-op sweeps (comma-separated)")
+    p.add_argument("--sweep-ms", type=int, default=10_000,
+                   help="elements of the 1 ms sweep (0: none)")
+    p.add_argument("--sweep-chunk1-max", type=int, default=100_000,
+                   help="largest sweep mpi4py.futures runs with chunksize=1")
+    p.add_argument("--only", default="throughput,transfer,idle,first,sweep")
     p.add_argument("--systems", default="hpcsched,dask-mpi,mpi4py.futures")
     p.add_argument("--json", default=None, help="also write all figures to this file")
     args = p.parse_args()
@@ -366,6 +484,13 @@ def main() -> None:
             print(f"... throughput: {system} on {n} ranks", file=sys.stderr, flush=True)
             [res], _, _, _ = launch(command(system, f"{short}-throughput", n, args), 900)
             figures["throughput"][system] = res
+    if "sweep" in only:
+        figures["sweep"] = {}
+        for system, role in (("hpcsched", "hs-sweep"), ("mpi4py.futures", "mf-sweep"),
+                             ("ProcessPoolExecutor", "pp-sweep")):
+            print(f"... sweep: {system}", file=sys.stderr, flush=True)
+            [res], _, _, _ = launch(command(system, role, 4, args), 3600)
+            figures["sweep"][system] = res
     if "transfer" in only:
         print("... transfer: hpcsched vs raw mpi4py", file=sys.stderr, flush=True)
         [res], _, _, _ = launch(command("hpcsched", "hs-transfer", 4, args), 900)
@@ -407,6 +532,8 @@ def print_table(f: dict) -> None:
             print(line)
         print("(hpcsched: 3 worker ranks; dask-mpi: 2 workers; mpi4py.futures: 3 ranks = "
               "2 workers, its tree is one map per level)")
+    if "sweep" in f:
+        print_sweep(f["sweep"])
     if "transfer" in f:
         print("\nworker-to-worker transfer   hpcsched   raw fresh   raw reused   "
               "hpcsched/raw fresh")
@@ -426,6 +553,31 @@ def print_table(f: dict) -> None:
         for s, r in f["first"].items():
             runs = " ".join(f"{v:.2f}" for v in r["runs"])
             print(f"{s:32s}{r['median']:6.2f}    {runs}")
+
+
+def print_sweep(sw: dict) -> None:
+    """The sweeps' table: elements/s (wall), CPU seconds of the submitting process, and
+    hpcsched's ratio to each (same run)."""
+    hs = sw.get("hpcsched", {}).get("maps", {})
+    rows: list[tuple[str, str, dict]] = [("hpcsched (bulk map)", n, r) for n, r in hs.items()]
+    for key, r in sw.get("mpi4py.futures", {}).get("maps", {}).items():
+        chunk, n = key.split("/")
+        rows.append((f"mpi4py.futures chunksize={chunk}", n, r))
+    for n, r in sw.get("ProcessPoolExecutor", {}).get("maps", {}).items():
+        rows.append(("ProcessPoolExecutor(3) chunksize=16", n, r))
+    print("\nsweep of no-op elements (4 ranks)       elements   elements/s   CPU s (rank 0)"
+          "   hpcsched/this (wall)")
+    for name, n, r in rows:
+        ratio = ""
+        if n in hs:
+            ratio = f"{r['wall'] / hs[n]['wall']:10.2f}x"
+        print(f"{name:38s}{int(n):>10d}{int(n) / r['wall']:13.0f}{r['cpu']:12.2f}   {ratio}")
+    ms = sw.get("hpcsched", {}).get("sweep")
+    if ms:
+        print(f"\n1 ms sweep: {ms['elements']} elements on {ms['workers']} worker ranks in "
+              f"{ms['wall']:.2f} s; a task takes {ms['task_s'] * 1e3:.3f} ms there: "
+              f"efficiency {ms['efficiency']:.1%} ({ms['efficiency_nominal']:.1%} of the "
+              f"nominal 1 ms)")
 
 
 if __name__ == "__main__":

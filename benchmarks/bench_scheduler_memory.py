@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scheduler_memory.py [--tasks 1000000] [--workers 100]
                                                 [--shapes map,tree] [--systems hpcsched,dask]
+    python benchmarks/bench_scheduler_memory.py --shapes map --systems hpcsched,hpcsched-bulk
 
 The graphs are ``benchmarks/bench_scheduler.py``'s (``map``: N independent tasks,
 all kept by the client; ``tree``: loads, a blockwise map, a binary reduction, only
@@ -18,6 +19,9 @@ with the state and its workers already built:
 * ``kept_b``: bytes per task once every task finished (the map's results are all
   still wanted: each task is in memory; the tree's intermediate results are
   released, and their tasks stay while the root they lead to is wanted, in both).
+
+``hpcsched-bulk`` is the map as ``Client.map`` sends a large one: a bulk map
+(:mod:`hpcsched.core.state.bulk`), its simulated workers finishing a whole range a round.
 
 dask's side is ``distributed``'s own scheduler, driven without a cluster: a
 ``Scheduler`` object that is never started, whose workers are registered the way
@@ -93,6 +97,45 @@ def run_hpcsched(shape: str, n_tasks: int, n_workers: int) -> dict:
             break
     assert all(s.tasks[k].state == "memory" for k in keys)
     return _row("hpcsched", shape, n, n_workers, queued, meter.peak(), meter.now())
+
+
+def run_hpcsched_bulk(shape: str, n_tasks: int, n_workers: int) -> dict:
+    """The map as a bulk map (``update-map``: hpcsched.core.state.bulk): its elements held
+    as arrays; each simulated worker finishes one whole range a round."""
+    if shape != "map":
+        raise SystemExit("hpcsched-bulk runs the map shape only")
+    s = SchedulerState()
+    queues: dict[str, deque] = {}
+
+    def deliver(out: list) -> None:
+        for cmd in out:
+            if type(cmd.msg).__name__ == "ComputeRange":
+                queues[cmd.to].append(cmd.msg.indices)
+
+    for i in range(n_workers):
+        queues[f"sim://{i}"] = deque()
+        deliver(s.handle(ev.AddWorker(f"sim://{i}", 1, name=f"w{i}")))
+    deliver(s.handle(ev.AddClient("client")))
+    meter = Meter()
+    args = [b"inc"] * n_tasks  # one shared spec, as the task graph's "inc"
+    deliver(s.handle(ev.UpdateMap("client", prefix="inc-x-", function=b"inc", args=args)))
+    del args
+    queued = meter.now()
+    tracemalloc.reset_peak()
+    now = 0.0
+    while any(queues.values()):
+        now += 0.01
+        for addr, q in queues.items():
+            if q:
+                idx = q.popleft()
+                k = len(idx)
+                deliver(s.handle(ev.RangeFinished(addr, prefix="inc-x-", indices=idx,
+                                                  nbytes=[100] * k, types=["int"] * k,
+                                                  starts=[now - 0.01] * k, stops=[now] * k,
+                                                  now=now)))
+    assert s.task_counts().get("memory") == n_tasks
+    return _row("hpcsched-bulk", shape, n_tasks, n_workers, queued, meter.peak(),
+                meter.now())
 
 
 def run_dask(shape: str, n_tasks: int, n_workers: int) -> dict:
@@ -182,7 +225,7 @@ def main() -> None:
     p.add_argument("--shapes", default="map,tree")
     p.add_argument("--systems", default="hpcsched,dask")
     a = p.parse_args()
-    runners = {"hpcsched": run_hpcsched, "dask": run_dask}
+    runners = {"hpcsched": run_hpcsched, "hpcsched-bulk": run_hpcsched_bulk, "dask": run_dask}
     tracemalloc.start()
     print("| system | shape | tasks | workers | queued B/task | peak B/task | kept B/task |")
     print("|---|---|---|---|---|---|---|")

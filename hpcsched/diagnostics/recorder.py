@@ -118,6 +118,32 @@ class Recorder:
         self.n_finished += 1
         self.compute_seconds += duration
 
+    def elements_finished(self, group: str, ws: Any, keys: list, starts: list, stops: list,
+                          nbytes: list) -> None:
+        """Elements of a bulk map ran on ``ws`` (one report of its worker): as many
+        :meth:`task_finished` of the group ``group``, in one call."""
+        address, nthreads = ws.address, ws.nthreads
+        lane_of, stream = self._lane, self.stream
+        g = self._group(group)
+        seconds = 0.0
+        first, last = g.first_start, g.last_stop
+        for key, start, stop, n in zip(keys, starts, stops, nbytes, strict=True):
+            lane = lane_of(address, nthreads, start, stop)
+            stream.append((address, lane, group, key, start, stop, "compute"))
+            if stop > start:
+                seconds += stop - start
+            g.nbytes += n if n > 0 else 0
+            if not first or start < first:
+                first = start
+            if stop > last:
+                last = stop
+        g.first_start, g.last_stop = first, last
+        g.done += len(keys)
+        g.seconds += seconds
+        self.stream_count += len(keys)
+        self.n_finished += len(keys)
+        self.compute_seconds += seconds
+
     def task_erred(self, e: Any, ts: Any, ws: Any) -> None:
         group = ts.group.name if ts is not None else key_split(e.key)
         if e.stop > 0.0:

@@ -100,6 +100,41 @@ def test_submit_and_map(cluster):
     assert client.gather(futures, timeout=WAIT) == list(range(1, 2001))
 
 
+def pid_of(x):
+    if x == 13:
+        raise ValueError("thirteen")
+    return x, os.getpid()
+
+
+def test_bulk_map_over_worker_ranks(cluster):
+    """A large map goes as a bulk map (ranges over MPI), every element its own future: it
+    runs on every worker rank, a failing element errs alone, an element feeds a task."""
+    if cluster is None:
+        return
+    client, sched, size = cluster
+    n = 20_000
+    futures = client.map(pid_of, range(n), pure=False)
+    prefix = futures[0].key.rpartition("-")[0] + "-"
+    assert wait_for(lambda: prefix in sched.state.bulk.maps), "no bulk map"
+    with pytest.raises(ValueError, match="thirteen"):
+        futures[13].result(timeout=WAIT)
+    rest = client.gather(futures[:13] + futures[14:], timeout=WAIT)
+    assert [x for x, _ in rest] == [i for i in range(n) if i != 13]
+    assert len({pid for _, pid in rest}) == size - 1
+    assert client.submit(lambda t: t[0] * 2, futures[500], pure=False).result(WAIT) == 1000
+    del futures, rest
+    assert wait_for(lambda: prefix not in sched.state.bulk.maps), "the map was not forgotten"
+
+
+def wait_for(predicate, timeout=WAIT):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_every_worker_rank_is_registered_with_its_host(cluster):
     if cluster is None:
         return

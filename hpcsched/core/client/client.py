@@ -104,6 +104,18 @@ default_scheduler_address: str | None = None
 default_security: Security | None = None
 
 
+def _journaled(reply: Any) -> bool:
+    """Whether the scheduler keeps a journal, from its answer to our registration."""
+    for m in reply if isinstance(reply, list) else [reply]:
+        try:
+            record = m if isinstance(m, pc.Registered) else pc.decode(pc.SCHEDULER_TO_CLIENT, m)
+        except (pc.MalformedMessage, TypeError):
+            continue
+        if isinstance(record, pc.Registered):
+            return record.journaled
+    return False
+
+
 class Client:
     """Connect to a scheduler (or start a LocalCluster) and run work on its workers.
 
@@ -158,7 +170,9 @@ class Client:
         self._control = ClusterRequests(self.scheduler_comm, self.future_table, self.cluster)
         self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
         self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
-                                    self.gather)
+                                    self.gather, lambda keys: Future.of_keys(keys, self))
+        # a journaled scheduler restarts with tasks, not with the ranges of a bulk map
+        self._submitter.bulk_maps = not _journaled(reply)
         self.future_table.start(self.id)
         self.scheduler_comm.start(reply)
         self.status = "running"
@@ -227,6 +241,20 @@ class Client:
             cbs = st.finish(msg.type)
             if cbs:  # the common case has none: no call (one message per finished task)
                 self.future_table.run_callbacks(cbs)
+
+    @handlers.on(pc.MapInMemory)
+    def _on_map_in_memory(self, msg: pc.MapInMemory) -> None:
+        futures, prefix = self.futures, msg.prefix
+        types = msg.types if len(msg.types) == len(msg.indices) else None
+        cbs: list = []
+        for j, i in enumerate(msg.indices):
+            st = futures.get(prefix + str(i))
+            if st is not None and st.status != "finished":
+                done = st.finish(types[j] if types is not None else "")
+                if done:
+                    cbs += done
+        if cbs:
+            self.future_table.run_callbacks(cbs)
 
     @handlers.on(pc.TaskErredReport)
     def _on_task_erred(self, msg: pc.TaskErredReport) -> None:
@@ -336,7 +364,11 @@ class Client:
         """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
 
         Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
-        item."""
+        item. A map of many plain elements (none of them a future; no ``key`` list,
+        ``resources`` or ``workers``) travels, is held and runs as a bulk map: in blocks
+        and ranges, at a task farm's speed (:mod:`hpcsched.core.state.bulk`), every
+        element still its own future; with ``pure``, the same map again (while its
+        futures are held) gives the same futures."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:

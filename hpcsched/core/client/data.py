@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from hpcsched.core.client.future_state import FutureTable
 
 
+GATHER_PART = 10_000  # futures a gather waits for and asks for at once
+
+
 class Transfers:
     """Results from the cluster and local data to it, for one client (module docstring)."""
 
@@ -50,10 +53,19 @@ class Transfers:
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
         collect_futures(futures, flat)
-        conn, table = self.conn, self.table
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict = {}
-        pending = {f.key: f for f in flat}
+        # a large gather asks for its results part by part, in order, as each part is done:
+        # the first parts travel while the cluster computes the rest (a map's elements are
+        # done roughly in order)
+        for start in range(0, len(flat), GATHER_PART):
+            self._gather_part({f.key: f for f in flat[start:start + GATHER_PART]}, values,
+                              errors, deadline, timeout)
+        return pack_futures(futures, values, errors)
+
+    def _gather_part(self, pending: dict, values: dict, errors: str, deadline: float | None,
+                     timeout: float | None) -> None:
+        conn, table = self.conn, self.table
         while pending:
             table.wait([f.state for f in pending.values()], deadline, timeout)
             for f in list(pending.values()):
@@ -82,7 +94,6 @@ class Transfers:
                     conn.send(ClientDesiresKeys(conn.client_id, [k]))
             if pending and deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
-        return pack_futures(futures, values, errors)
 
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,

@@ -55,6 +55,19 @@ class FutureTable:
             self._counts[key] = self._counts.get(key, 0) + 1
         return state
 
+    def acquire_many(self, keys: list) -> list[FutureState]:
+        """:meth:`acquire` of each of ``keys`` (a map's), under one lock."""
+        states, counts = self.states, self._counts
+        out = []
+        with self._lock:
+            for key in keys:
+                state = states.get(key)
+                if state is None:
+                    state = states[key] = FutureState()
+                counts[key] = counts.get(key, 0) + 1
+                out.append(state)
+        return out
+
     def release(self, key: Any) -> None:
         """One Future of ``key`` fewer; the last one tells the scheduler."""
         with self._lock:

@@ -84,6 +84,9 @@ class FutureOwner(Protocol):
     def submit(self, func: Callable, *args: Any, **kwargs: Any) -> Future:
         """A future of ``func(*args, **kwargs)`` run on a worker."""
 
+    def map(self, func: Callable, *iterables: Any, **kwargs: Any) -> list[Future]:
+        """Futures of ``func`` over the items of ``iterables``."""
+
     def gather(self, futures: Any, errors: str = "raise",
                timeout: float | None = None) -> Any:
         """The results of ``futures``, in their structure."""
@@ -212,6 +215,20 @@ class Future(_FutureBase):
         self.client = client
         self.state = client.future_table.acquire(key, state)
         self._released = False
+
+    @classmethod
+    def of_keys(cls, keys: list, client: FutureOwner) -> list[Future]:
+        """One future of each of ``keys`` (a bulk map's), counted under one lock."""
+        out = []
+        new = cls.__new__
+        for key, state in zip(keys, client.future_table.acquire_many(keys), strict=True):
+            f = new(cls)
+            f.key = key
+            f.client = client
+            f.state = state
+            f._released = False
+            out.append(f)
+        return out
 
     @property
     def status(self) -> str:
@@ -346,6 +363,37 @@ class ClientExecutor(cf.Executor):
 
         fut.add_done_callback(done)
         return cfut
+
+    def map(self, fn: Callable, *iterables: Any, timeout: float | None = None,
+            chunksize: int = 1, **ignored: Any) -> Iterator[Any]:
+        """``fn`` over ``iterables`` as one ``Client.map`` (a bulk map when large).
+
+        The results in order, as ``concurrent.futures.Executor.map``; ``chunksize`` is
+        accepted and not needed (the scheduler sizes the ranges it gives each worker)."""
+        if self._shutdown:
+            raise RuntimeError("cannot submit after shutdown")
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1")
+        futures = self.client.map(fn, *iterables, **self.kwargs)
+        with self._lock:
+            self._futures.update(futures)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._results(futures, deadline)
+
+    def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:
+        futures.reverse()  # popped from the end: each is dropped once its result is given
+        try:
+            while futures:
+                fut = futures.pop()
+                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                with self._lock:
+                    self._futures.discard(fut)
+                yield fut.result(timeout=left)
+        finally:
+            with self._lock:
+                self._futures.difference_update(futures)
+            if futures:
+                self.client.cancel(futures)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No more submissions; wait for (or cancel) the tasks submitted."""

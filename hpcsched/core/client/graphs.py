@@ -17,6 +17,7 @@ hear of their release before it hears of the task that needs them.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,7 @@ from hpcsched.core.client.submission import (
     task_run_spec,
 )
 from hpcsched.core.graph.dsk import Ref, gc_paused, normalize
-from hpcsched.core.protocol.messages import UpdateGraph
+from hpcsched.core.protocol.messages import UpdateGraph, UpdateMap
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
     from hpcsched.core.client.future_state import FutureTable
 
 FIRST_MAP_BATCH = 1000  # tasks of a large map sent ahead of the rest
+#: maps of at least this many elements go as a bulk map (hpcsched.core.state.bulk): one
+#: record per block of calls, held compactly by the scheduler, run in ranges by workers
+BULK_MAP_MIN = 32
 MAX_MAP_BATCH = 50_000  # tasks per update-graph message at most
 
 
@@ -148,17 +152,34 @@ class Submitter:
     """Graphs and maps of one client to ``update-graph`` messages (module docstring)."""
 
     def __init__(self, conn: SchedulerConnection, table: FutureTable,
-                 new_future: Callable[[Any], Future], gather: Callable[[Any], Any]):
+                 new_future: Callable[[Any], Future], gather: Callable[[Any], Any],
+                 new_futures: Callable[[list], list[Future]] | None = None):
         self.conn = conn
         self.table = table
         self.new_future = new_future
+        self.new_futures = new_futures or (lambda keys: [new_future(k) for k in keys])
         self.gather = gather
+        # large maps go as bulk maps (not to a scheduler that keeps a journal: it takes up
+        # tasks again after a restart, and a worker's results of a map's ranges are no tasks)
+        self.bulk_maps = True
+        # a pure bulk map's prefix (a hash of it) -> the prefix it was last sent under: a
+        # prefix is sent once, so the same map sent again once partly released needs another
+        self.pure_maps: dict[str, str] = {}
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
-        """``Client.map``'s work: one task per item of ``items`` (argument tuples), sent in
-        batches (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of
-        the call; else ``token`` and the item's index)."""
+        """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain,
+        else one task per item of ``items`` (argument tuples), sent in batches
+        (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
+        call; else ``token`` and the item's index)."""
+        if self.bulk_maps and keys is None and len(items) >= BULK_MAP_MIN \
+                and not opts.get("resources") \
+                and not opts.get("workers") and not opts.get("allow_other_workers"):
+            bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
+                                 batch_size=batch_size, priority=opts.get("priority", 0),
+                                 retries=opts.get("retries", 0))
+            if bulk is not None:
+                return bulk
         table = self.table
         known = table.known
         send = self.conn.send
@@ -191,6 +212,54 @@ class Submitter:
                                                          for i, k in enumerate(tasks)},
                                       annotations=call_annotations(tasks), **opts))
                 del held
+        return futures
+
+    def bulk_map(self, func: Callable, items: list, kwargs: dict, *, base: str, token: str,
+                 pure: bool, batch_size: int | None, priority: int,
+                 retries: int) -> list[Future] | None:
+        """A map as a bulk map (:mod:`hpcsched.core.state.bulk`): the function pickled once,
+        each element's arguments once, element ``i``'s key ``f"{prefix}{i}"``; None if an
+        argument is a future (the map then goes task by task: its elements depend on
+        others). With ``pure``, the prefix is a hash of the function and the arguments: the
+        same map again, while its futures are held, gives the same futures."""
+        table = self.table
+        if kwargs:
+            _, deps = unpack_futures(((), kwargs), table)
+            if deps:
+                return None
+        for args in items:
+            for a in args:
+                if type(a) not in SCALARS:
+                    _, deps = unpack_futures((args, kwargs), table)
+                    if deps:
+                        return None
+                    break
+        fblob = dumps_function(func)
+        prefix = f"{base}-{token}-"
+        n = len(items)
+        if pure:
+            h = hashlib.blake2b(fblob, digest_size=12)
+            h.update(self.conn.client_id.encode())
+            h.update(dumps_object((items, kwargs)))
+            pure_prefix = f"{base}-{h.hexdigest()}-"
+            sent = self.pure_maps.get(pure_prefix)
+            if sent is None:
+                prefix = pure_prefix
+            elif table.known(f"{sent}0") and all(table.known(f"{sent}{i}") for i in range(n)):
+                return self.new_futures([f"{sent}{i}" for i in range(n)])
+            # else: the map was sent and partly released; a new prefix, never reused
+            self.pure_maps[pure_prefix] = prefix
+        futures: list[Future] = []
+        client_id, send, dumps = self.conn.client_id, self.conn.send, dumps_object
+        with gc_paused(n):
+            # block by block, so that the workers start on the first while the rest is
+            # pickled; each block's futures exist before its results can be reported
+            for start, stop in map_batches(n, batch_size):
+                futures += self.new_futures([f"{prefix}{i}" for i in range(start, stop)])
+                send(UpdateMap(prefix=prefix, function=fblob,
+                               args=[dumps((items[i], kwargs)) for i in range(start, stop)],
+                               offset=start, priority=priority, retries=retries,
+                               client=client_id))
         return futures
 
     def submit_graph(self, dsk: Any, keys: Any, *, fuse: bool | None = None,

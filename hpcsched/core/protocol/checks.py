@@ -197,9 +197,21 @@ def optional(check: Check) -> Check:
 
 
 def list_of(check: Check) -> Check:
+    # the types whose every value passes ``check`` (or passes with a bound that the fast
+    # path below tests itself): a list of only those is checked at C speed, which matters
+    # for the lists of a bulk map's reports, thousands of numbers long
+    fast = _FAST_TYPES.get(check)
+
     def lst(x: Any) -> str | None:
         if not isinstance(x, (list, tuple)):
             return f"expected a list, got {type(x).__name__}"
+        if fast is not None and set(map(type, x)) <= fast:
+            if check is count and x and min(x) < 0:
+                pass  # the slow path names the item
+            elif check is number and not all(map(math.isfinite, x)):
+                pass
+            else:
+                return None
         for item in x:
             problem = check(item)
             if problem:
@@ -207,6 +219,12 @@ def list_of(check: Check) -> Check:
         return None
     lst.what = f"[{describe(check)}]"  # type: ignore[attr-defined]
     return lst
+
+
+_FAST_TYPES: dict[Check, frozenset[type]] = {
+    count: frozenset({int}), number: frozenset({int, float}), string: frozenset({str}),
+    blob: frozenset({bytes, bytearray}),
+}
 
 
 def dict_of(value: Check, keyed: Check = key) -> Check:

@@ -79,6 +79,21 @@ class UpdateGraph(FromClient):
                                         "{key: value}; they override the call's values")
 
 
+@message("update-map", C2S)
+@dataclass(slots=True)
+class UpdateMap(FromClient):
+    """A block of a bulk map: one function over many argument tuples. Element ``i`` of the
+    map is the task ``f"{prefix}{i}"``; this block holds elements ``offset`` to
+    ``offset + len(args) - 1`` (a map's first block creates it, later ones extend it)."""
+
+    prefix: str = wire(fc.text(1000), doc="the map's key prefix (it ends with `-`)")
+    function: bytes = wire(fc.blob, doc="the pickled function, once for the map")
+    args: list = wire(fc.list_of(fc.blob), doc="each element's pickled (args, kwargs)")
+    offset: int = wire(fc.count, 0, doc="the index of the block's first element")
+    priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
+    retries: int = wire(fc.count, 0, doc="times each element is retried when it raises")
+
+
 @message("client-desires-keys", C2S)
 @dataclass(slots=True)
 class ClientDesiresKeys(FromClient):
@@ -289,6 +304,17 @@ class KeyInMemory:
 
     key: Key = wire(fc.key)
     type: str = wire(fc.string, "", doc="the result's type name")
+
+
+@message("map-in-memory", S2C)
+@dataclass(slots=True)
+class MapInMemory:
+    """The results of the elements ``indices`` of the bulk map ``prefix`` are ready (the
+    keys ``f"{prefix}{i}"``; ``types`` their results' type names)."""
+
+    prefix: str = wire(fc.string)
+    indices: list = wire(fc.list_of(fc.count))
+    types: list = wire(fc.list_of(fc.string), factory=list)
 
 
 @message("task-erred", S2C)

@@ -45,6 +45,7 @@ from hpcsched.core.protocol.client import (
     HasWhat,
     KeyInMemory,
     LostData,
+    MapInMemory,
     NThreads,
     Rebalance,
     RegisterClient,
@@ -64,6 +65,7 @@ from hpcsched.core.protocol.client import (
     TaskErredReport,
     UnregisterPlugin,
     UpdateGraph,
+    UpdateMap,
     WhoHas,
 )
 from hpcsched.core.protocol.primitives import (
@@ -107,6 +109,7 @@ from hpcsched.core.protocol.worker import (
     AcquireReplicas,
     AddKeys,
     Close,
+    ComputeRange,
     ComputeTask,
     DataReply,
     FreeKeys,
@@ -118,6 +121,7 @@ from hpcsched.core.protocol.worker import (
     PluginAdd,
     PluginRemove,
     PluginsReset,
+    RangeFinished,
     RefreshWhoHas,
     Registered,
     RegisterError,
@@ -140,9 +144,9 @@ from hpcsched.core.protocol.worker import (
 __all__ = [
     "AcquireReplicas", "AddKeys", "CLIENT_TO_SCHEDULER", "COMMON", "CancelKeys",
     "CancelledKeys", "ClientDesiresKeys", "ClientReleasesKeys", "Close", "CloseClient",
-    "CloseClientReply", "ComputeTask", "ControlReply", "DIRECTIONS", "DataReply", "Direction",
+    "CloseClientReply", "ComputeRange", "ComputeTask", "ControlReply", "DIRECTIONS", "DataReply", "Direction",
     "Error", "Extension", "ExtensionReply", "FreeKeys", "Gather", "GatherReply", "GetData",
-    "HasWhat", "Heartbeat", "HeartbeatInterval", "INTRODUCTION", "KeyInMemory", "LongRunning", "LostData", "MalformedMessage",
+    "HasWhat", "Heartbeat", "HeartbeatInterval", "INTRODUCTION", "KeyInMemory", "MapInMemory", "RangeFinished", "LongRunning", "LostData", "MalformedMessage",
     "MissingData", "NThreads", "PluginAdd", "PluginRemove", "PluginsReset",
     "Rebalance", "RefreshWhoHas", "RegisterClient", "RegisterError", "RegisterPlugin", "RegisterWorker",
     "Registered", "ReleaseWorkerData", "Replicate", "Restart", "ResultErred", "RetireMe",
@@ -150,7 +154,7 @@ __all__ = [
     "RunOnWorker", "RunReply", "SCHEDULER_TO_CLIENT", "SCHEDULER_TO_WORKER", "ScatterData",
     "ScatterReply", "SchedulerClosing", "SchedulerInfo", "SchedulerInfoReply", "StealRequest",
     "StealResponse", "TaskErred", "TaskErredReport", "TaskFinished", "TaskStarted",
-    "UnregisterPlugin", "UpdateData", "UpdateGraph", "UploadFile", "WORKER_TO_SCHEDULER",
+    "UnregisterPlugin", "UpdateData", "UpdateGraph", "UpdateMap", "UploadFile", "WORKER_TO_SCHEDULER",
     "WORKER_TO_WORKER", "WhoHas", "WorkerStatusChange", "decode", "encode",
     "receive", "reference", "spec",
     # coordination primitives and datasets

@@ -127,6 +127,21 @@ class TaskErred(FromWorker):
     stop: float = wire(fc.number, 0.0)
 
 
+@message("range-finished", W2S)
+@dataclass(slots=True)
+class RangeFinished(FromWorker):
+    """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
+    results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
+    when it ran)."""
+
+    prefix: str = wire(fc.string)
+    indices: list = wire(fc.list_of(fc.count))
+    nbytes: list = wire(fc.list_of(fc.count))
+    types: list = wire(fc.list_of(fc.string))
+    starts: list = wire(fc.list_of(fc.number))
+    stops: list = wire(fc.list_of(fc.number))
+
+
 @message("missing-data", W2S)
 @dataclass(slots=True)
 class MissingData(FromWorker):
@@ -262,6 +277,20 @@ class ComputeTask(Stimulus):
     resource_restrictions: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
                                               sparse=True, doc="resources it holds while running")
     duration: float = wire(fc.number, 0.5, doc="expected seconds")
+
+
+@message("compute-range", S2W)
+@dataclass(slots=True)
+class ComputeRange(Stimulus):
+    """Run elements ``indices`` of the bulk map ``prefix``, one after the other, each
+    ``function(*args, **kwargs)`` with its ``args`` blob; hold each result under its key
+    ``f"{prefix}{i}"`` and report them in batches (``range-finished``); an element that
+    raises is reported alone (``task-erred``)."""
+
+    prefix: str = wire(fc.string)
+    function: bytes = wire(fc.blob)
+    indices: list = wire(fc.list_of(fc.count))
+    args: list = wire(fc.list_of(fc.blob))
 
 
 @message("free-keys", S2W)

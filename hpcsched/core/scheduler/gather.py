@@ -46,11 +46,12 @@ class Gathers:
         per_worker: dict[str, list] = {}
         g = self.pending[request_id] = Gather(requester)
         for key in keys:
-            ts = self.scheduler.state.tasks.get(key)
-            if ts is None or ts.state != "memory" or not ts.who_has:
+            holders = self.scheduler.state.holders(key)
+            if not holders:
                 g.missing.append(key)
                 continue
-            holders = sorted(ts.who_has, key=lambda ws: ws.address)
+            if len(holders) > 1:
+                holders.sort(key=lambda ws: ws.address)
             ws = holders[hash(key) % len(holders)] if len(holders) > 1 else holders[0]
             per_worker.setdefault(ws.address, []).append(key)
         for worker, wkeys in per_worker.items():

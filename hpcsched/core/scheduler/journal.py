@@ -66,8 +66,8 @@ RECORD = struct.Struct("<II")
 MAX_RECORD = 2**31  # a length past this is garbage, not a record
 
 #: the client records journaled (as the wire dicts they arrived as)
-JOURNALED = frozenset({pr.UpdateGraph, pr.ClientDesiresKeys, pr.ClientReleasesKeys,
-                       pr.CancelKeys, DatasetPublish, DatasetUnpublish})
+JOURNALED = frozenset({pr.UpdateGraph, pr.UpdateMap, pr.ClientDesiresKeys,
+                       pr.ClientReleasesKeys, pr.CancelKeys, DatasetPublish, DatasetUnpublish})
 FIRE_AND_FORGET = "fire-and-forget"  # the pseudo-client wanting fire-and-forget keys
 #: the call-wide fields of ``update-graph`` that become per-key annotations when graphs merge
 _CALL_WIDE = ("priority", "resources", "workers", "allow_other_workers")
@@ -297,6 +297,21 @@ class Journal:
                 else:
                     self.annotations.pop(key, None)
             self.wants.setdefault(client, set()).update(record.keys)
+        elif cls is pr.UpdateMap:
+            # a bulk map's elements come back as tasks of their own (same keys, run specs)
+            elements = []
+            for i, blob in enumerate(record.args, record.offset):
+                key = f"{record.prefix}{i}"
+                self.tasks[key] = {"run_spec": (record.function, blob, False), "deps": []}
+                ann = {"retries": record.retries} if record.retries else {}
+                if record.priority:
+                    ann["priority"] = record.priority
+                if ann:
+                    self.annotations[key] = ann
+                else:
+                    self.annotations.pop(key, None)
+                elements.append(key)
+            self.wants.setdefault(client, set()).update(elements)
         elif cls is pr.ClientDesiresKeys:
             who = FIRE_AND_FORGET if record.fire_and_forget else client
             self.wants.setdefault(who, set()).update(record.keys)

@@ -47,6 +47,7 @@ from hpcsched.core.protocol.messages import (
     LongRunning,
     MalformedMessage,
     MissingData,
+    RangeFinished,
     RefreshWhoHas,
     ReleaseWorkerData,
     ResultErred,
@@ -59,6 +60,7 @@ from hpcsched.core.protocol.messages import (
     TaskStarted,
     UpdateData,
     UpdateGraph,
+    UpdateMap,
     WorkerStatusChange,
     encode,
 )
@@ -67,11 +69,11 @@ __all__ = [
     "AcquireReplicas", "AddClient", "AddKeys", "AddWorker", "CancelKeys", "ClientDesiresKeys",
     "ClientReleasesKeys", "ComputeTask", "Execute", "ExecuteFailure", "ExecuteSuccess",
     "FreeKeys", "GatherDep", "GatherDepFailure", "GatherDepSuccess", "Heartbeat", "Key",
-    "LongRunning", "MalformedMessage", "MissingData", "PauseWorker", "RefreshWhoHas", "Rejoin",
+    "LongRunning", "MalformedMessage", "MissingData", "RangeFinished", "PauseWorker", "RefreshWhoHas", "Rejoin",
     "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
     "RetireWorkers", "RetryKeys", "ScatterData", "Secede", "Send",
     "ServeFailed", "StealRequest", "StealResponse", "TaskErred", "TaskFinished", "TaskStarted",
-    "Tick", "UpdateData", "UpdateGraph", "WorkerStatusChange",
+    "Tick", "UpdateData", "UpdateGraph", "UpdateMap", "WorkerStatusChange",
 ]
 
 Key = Any

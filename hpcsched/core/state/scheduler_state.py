@@ -43,6 +43,7 @@ from typing import Any
 
 from hpcsched.core.protocol.dispatch import Unhandled
 from hpcsched.core.state import events as ev
+from hpcsched.core.state.bulk import BulkMaps
 from hpcsched.core.state.clients import ClientRequests
 from hpcsched.core.state.maintenance import Maintenance
 from hpcsched.core.state.model import (
@@ -58,6 +59,8 @@ from hpcsched.core.state.tasks import TaskGraph, Transition
 from hpcsched.core.state.workers import WorkerEvents
 
 Key = Any
+#: events after which the bulk maps give ranges to every worker that has room
+_FILL_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange})
 
 
 class SchedulerState:
@@ -90,10 +93,17 @@ class SchedulerState:
                                           worker_ttl=st.worker_ttl)
         self.client_requests = ClientRequests(self.graph, self.registry, self.placement,
                                               self.out)
+        self.bulk = BulkMaps(self.graph, self.registry, self.out,
+                             self.worker_events.task_finished)
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
             **Maintenance.handlers.bind(self.maintenance),
+            **BulkMaps.handlers.bind(self.bulk),
+            # the bulk maps hear of these first (their elements are no tasks until promoted)
+            ev.RemoveWorker: self._remove_worker,
+            ev.RemoveClient: self._remove_client,
+            ev.ClientReleasesKeys: self._client_releases,
         }
         # the components' own data, under the names the server and the tests read
         self.tasks = self.graph.tasks
@@ -110,10 +120,26 @@ class SchedulerState:
     def event_types() -> frozenset[type]:
         """Every event type :meth:`handle` takes (a server hands it those that arrive)."""
         return frozenset(WorkerEvents.handlers.table) | frozenset(ClientRequests.handlers.table) \
-            | frozenset(Maintenance.handlers.table)
+            | frozenset(Maintenance.handlers.table) | frozenset(BulkMaps.handlers.table)
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
+        ws = self.registry.workers.get(e.address)
+        if ws is not None:
+            self.bulk.worker_left(ws)
         self.worker_events.remove_worker(e)
+
+    def _remove_client(self, e: ev.RemoveClient) -> None:
+        self.bulk.remove_client(e.client)
+        self.client_requests.remove_client(e)
+
+    def _client_releases(self, e: ev.ClientReleasesKeys) -> None:
+        bulk = self.bulk
+        if bulk.maps:
+            keys = [k for k in e.keys if not bulk.release(k, e.client)]
+            bulk.flush_frees()
+            if len(keys) != len(e.keys):
+                e = replace(e, keys=keys)
+        self.client_requests.client_releases(e)
 
     # ================================================================ dispatch
     def handle(self, event: Any) -> list[ev.Send]:
@@ -127,6 +153,13 @@ class SchedulerState:
             raise Unhandled(f"scheduler state has no handler for "
                             f"{type(event).__name__}") from None
         handler(event)
+        bulk = self.bulk
+        if bulk.promoted:  # elements that became tasks of their own, still to run
+            graph = self.graph
+            graph.transitions([(ts, "waiting") for ts in bulk.take_promoted()
+                               if ts.state == "released" and graph.wanted(ts)])
+        if bulk.pending and type(event) in _FILL_AFTER:
+            bulk.fill_all()
         placement = self.placement
         if placement.slots_opened or placement.blocks.fill_all:
             self._fill_slots(placement.take_opened())
@@ -148,19 +181,24 @@ class SchedulerState:
         self.registry.validate()
         self.graph.validate()
         self.placement.validate(self.graph.tasks)
+        self.bulk.validate()
 
     # ================================================================ queries
     def who_has(self, keys: Iterable[Key]) -> dict[Key, list[str]]:
         """The addresses of the workers holding each of ``keys``."""
-        out = {}
-        for k in keys:
-            ts = self.tasks.get(k)
-            out[k] = [ws.address for ws in ts.who_has] if ts is not None else []
-        return out
+        return {k: [ws.address for ws in self.holders(k)] for k in keys}
+
+    def holders(self, key: Key) -> list[WorkerInfo]:
+        """The workers holding ``key``'s result (none unless it is in memory); an element
+        of a bulk map stays one (:mod:`.bulk`)."""
+        ts = dict.get(self.tasks, key)
+        if ts is None:
+            return self.bulk.holders(key) or []
+        return list(ts.who_has) if ts.state == "memory" else []
 
     def task_counts(self) -> dict[str, int]:
-        """How many tasks are in each state."""
-        counts: dict[str, int] = {}
+        """How many tasks are in each state (the elements of bulk maps included)."""
+        counts: dict[str, int] = self.bulk.counts()
         for ts in self.tasks.values():
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts

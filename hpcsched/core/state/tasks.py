@@ -41,6 +41,7 @@ from hpcsched.core.state.model import (
     Rec,
     TaskGroup,
     TaskState,
+    TaskTable,
     WorkerInfo,
 )
 from hpcsched.core.state.placement import Placement
@@ -81,7 +82,7 @@ class TaskGraph:
         self.placement = placement
         self.out = out
         self.unknown_task_duration = unknown_task_duration
-        self.tasks: dict[Key, TaskState] = {}
+        self.tasks = TaskTable()
         self.groups: dict[str, TaskGroup] = {}
         self.generation = 0  # of the newest graph: the first part of its tasks' priorities
         # the newest transitions, bounded as distributed's (its ``low-level-log-length``
@@ -364,8 +365,9 @@ class TaskGraph:
                                              ts.exception_text, origin.key))
 
     # ================================================================ processing
-    def add_to_processing(self, ts: TaskState, ws: WorkerInfo) -> None:
-        """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are)."""
+    def add_to_processing(self, ts: TaskState, ws: WorkerInfo, send: bool = True) -> None:
+        """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are;
+        ``send=False``: ``ws`` runs it already, as an element of a bulk map)."""
         avg = ts.group.average_duration
         est = self.unknown_task_duration if avg is None else avg
         self.transition(ts, "processing")
@@ -378,6 +380,8 @@ class TaskGraph:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) + q
         self.placement.push_free(ws)
+        if not send:
+            return
         deps = ts.dependencies
         self.out.send(ws.address, ComputeTask(
             ts.key, ts.run_spec, ts.priority,

@@ -186,6 +186,9 @@ class WorkerState:
         ts = self.tasks.get(key)
         if ts is None:
             ts = self.tasks[key] = WTask(key)
+            if key in self.data:  # an element of a bulk map held here: a task from now on
+                self._set_state(ts, "memory")
+                ts.keep = True
         return ts
 
     # ================================================================ scheduler events
@@ -250,6 +253,8 @@ class WorkerState:
         for key in e.keys:
             ts = self.tasks.get(key)
             if ts is None:
+                # an element of a bulk map: its result is held without a task
+                self.data.pop(key, None)
                 continue
             ts.keep = False
             ts.report_replica = False

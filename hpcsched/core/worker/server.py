@@ -69,6 +69,7 @@ from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     SCHEDULER_TO_WORKER,
     Close,
+    ComputeRange,
     GetData,
     Heartbeat,
     HeartbeatInterval,
@@ -91,6 +92,7 @@ from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.peers import PeerTransfers
+from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
@@ -184,6 +186,7 @@ class Worker:
         self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
         self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
+        self.ranges = RangeRunner(self)  # the elements of bulk maps given to this worker
         self._scheduler_comm: Comm | None = None
         self._outbox: list = []  # protocol records for the scheduler, encoded when flushed
         self._listener: Listener | None = None
@@ -430,6 +433,8 @@ class Worker:
                     return
             elif source == "control":  # a Client.run / upload_file reply
                 self._outbox.append(payload)
+            elif source == "ranges":  # finished elements of bulk maps
+                self.ranges.deliver(payload)
             elif type(source) is tuple:  # (PEER, comm): a peer's messages
                 out += self._handle_all(self.peers.handle(source[1], payload))
             else:  # our own events: task results, transfers
@@ -473,6 +478,11 @@ class Worker:
         assert self.state is not None
         return self.state.handle(dataclasses.replace(
             record, data={k: deserialize(v) for k, v in record.data.items()}))
+
+    @handlers.on(ComputeRange)
+    def _compute_range(self, record: ComputeRange) -> tuple:
+        self.ranges.submit(record)
+        return ()
 
     @handlers.on(GetData)
     def _get_data(self, request: GetData) -> tuple:

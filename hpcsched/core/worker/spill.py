@@ -121,6 +121,22 @@ class SpillBuffer(MutableMapping):
         self._disk_lock = threading.Lock()
 
     # ---------------------------------------------------------------- the worker's use
+    def store_many(self, keys: list, values: list, nbytes: list) -> None:
+        """:meth:`store` of many results at once (the elements of a bulk map's range)."""
+        over = False
+        with self._lock:
+            held, fast = self._nbytes, self._fast
+            for key, value, size in zip(keys, values, nbytes, strict=True):
+                n = max(int(size), 1)
+                if key in held:
+                    self._drop(key)
+                held[key] = n
+                fast[key] = value
+                self._fast_bytes += n
+            over = self._fast_bytes > self._target
+        if over:
+            self._spill_until_below_target(first=_MISSING)
+
     def store(self, key: Any, value: Any, nbytes: int) -> None:
         """Store a result whose size was measured already (once, when it was made)."""
         n = max(int(nbytes), 1)

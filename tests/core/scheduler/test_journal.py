@@ -56,6 +56,28 @@ def test_records_survive_a_reopen_and_restore_rebuilds_what_clients_want(tmp_pat
 
 
 @pytest.mark.timeout(30)
+def test_a_bulk_map_comes_back_as_tasks_of_the_same_keys(tmp_path):
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    for offset in (0, 3):  # two blocks of one map
+        j.append("c1", pr.UpdateMap("c1", prefix="f-tok-", function=b"fn",
+                                    args=[b"a%d" % i for i in range(offset, offset + 3)],
+                                    offset=offset, retries=2))
+    j.append("c1", release("f-tok-4", client="c1"))
+    j.sync()
+    j.close()
+    again = Journal(path)
+    msgs = list(again.restore_messages())
+    update = msgs[0][1]
+    assert set(update.tasks) == {f"f-tok-{i}" for i in (0, 1, 2, 3, 5)}
+    assert update.tasks["f-tok-5"]["run_spec"] == (b"fn", b"a5", False)
+    assert update.annotations["retries"]["f-tok-0"] == 2
+    desire = next(r for c, r in msgs if c == "c1")
+    assert "f-tok-4" not in desire.keys and "f-tok-5" in desire.keys
+    again.close()
+
+
+@pytest.mark.timeout(30)
 def test_a_torn_last_record_is_ignored_and_cut_before_the_next_append(tmp_path):
     path = str(tmp_path / "j")
     j = Journal(path)

@@ -1,0 +1,500 @@
+"""Bulk maps: ``Client.map`` over many elements, held as arrays and ranges, not tasks.
+
+A parameter sweep is one function over 10^5 to 10^7 arguments. Holding each call as a
+:class:`~.model.TaskState` costs the scheduler a kilobyte and tens of microseconds per
+call; a task farm (mpi4py.futures with a ``chunksize``, HyperQueue's task arrays) ships
+and tracks the calls in chunks. A :class:`BulkMap` does the same while every element
+keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
+
+* the map holds the function once, each element's pickled arguments, and per element a
+  state byte (queued, processing, memory, promoted, forgotten), the worker running or
+  holding it and its result's size, in flat arrays; the queued elements are a list of
+  ranges;
+* a worker is given a range of elements in one ``compute-range`` message, and again
+  whenever what it holds of the maps runs low. The size of a range follows guided
+  self-scheduling (Polychronopoulos and Kuck, 1987): the unassigned elements over four
+  times the cluster's threads, at most :data:`MAX_RANGE`, so that ranges are large while
+  much is left (few messages) and shrink to single elements at the end (balanced);
+* a worker reports many finished elements in one ``range-finished``; the client hears
+  them in one ``map-in-memory``;
+* an element gets its own ``TaskState`` only when it must: when any code of the
+  scheduler looks its key up (:class:`~.model.TaskTable` asks :meth:`BulkMaps.resolve`)
+  because it failed, is a dependency of a new task, is cancelled, retried or lost its
+  result's holder. From then on it is an ordinary task (its run spec is the map's
+  function and its arguments) and the map forgets it ("promoted");
+* a worker that leaves takes its unfinished elements and the results only it held
+  back to the queue (their clients hear ``lost-data`` of the results);
+* a client that releases an element (its future was dropped) forgets it here without
+  ever making a task of it.
+
+What is not done for elements until they are promoted: work stealing (ranges are small
+at the end instead), worker restrictions and resources (such maps go task by task),
+and accounting of their results in a worker's ``nbytes`` (rebalancing and retirement
+see only tasks).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.core.graph.dsk import key_split
+from hpcsched.core.protocol.dispatch import Handlers
+from hpcsched.core.protocol.messages import ComputeRange, FreeKeys, LostData, MapInMemory
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
+from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.tasks import TaskGraph
+
+Key = Any
+
+QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
+#: elements in one compute-range at most (large enough that messages cost little per
+#: element, small enough that a worker leaving loses little)
+MAX_RANGE = 4096
+#: ranges per thread of the cluster the unassigned elements are cut into (guided
+#: self-scheduling's divisor)
+RANGES_PER_THREAD = 4
+
+
+class BulkMap:
+    """One bulk map: its function, its elements' arguments and their state."""
+
+    __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
+                 "priority", "retries", "free", "n_live", "n_orphans", "group")
+
+    def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
+                 retries: int):
+        self.prefix = prefix
+        self.client = client
+        self.function = function
+        self.args: list[bytes] = []
+        self.state = bytearray()
+        # the worker slot (BulkMaps.slot_ws) running or holding each element, -1: none
+        self.where = array("i")
+        self.nbytes = array("q")
+        self.priority = priority
+        self.retries = retries
+        self.free: list[list[int]] = []  # [start, stop) of queued elements, in order
+        self.n_live = 0  # queued, processing or in memory
+        self.n_orphans = 0  # forgotten while a worker runs them: their reports are due
+        self.group = key_split(prefix + "0")
+
+    def extend(self, args: list[bytes]) -> None:
+        start, n = len(self.args), len(args)
+        self.args += args
+        self.state += bytes(n)
+        self.where += array("i", [-1]) * n
+        self.nbytes += array("q", [0]) * n
+        self.n_live += n
+        if self.free and self.free[-1][1] == start:
+            self.free[-1][1] = start + n
+        else:
+            self.free.append([start, start + n])
+
+    def requeue(self, i: int) -> None:
+        """Element ``i`` goes back to the queue (kept in index order: earlier first)."""
+        self.state[i] = QUEUED
+        self.where[i] = -1
+        free = self.free
+        for r in free:
+            if r[0] == i + 1:
+                r[0] = i
+                return
+            if r[1] == i:
+                r[1] = i + 1
+                return
+        free.append([i, i + 1])
+        free.sort()
+
+    def take(self, n: int) -> tuple[int, int]:
+        """The next ``[start, stop)`` of at most ``n`` queued-range elements (some of which
+        may have been promoted or forgotten since)."""
+        r = self.free[0]
+        start = r[0]
+        stop = min(r[1], start + n)
+        if stop == r[1]:
+            self.free.pop(0)
+        else:
+            r[0] = stop
+        return start, stop
+
+    def unassigned(self) -> int:
+        return sum(b - a for a, b in self.free)
+
+
+class BulkMaps:
+    """The bulk maps of the scheduler and the handlers of their messages (module
+    docstring). ``task_finished`` is the scheduler's handler of one task's result
+    (a promoted element's report goes there)."""
+
+    handlers = Handlers("scheduler state (bulk maps)")
+
+    def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
+                 task_finished: Callable[[ev.TaskFinished], None]):
+        self.graph = graph
+        self.registry = registry
+        self.out = out
+        self.task_finished = task_finished
+        self.maps: dict[str, BulkMap] = {}
+        self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
+        self.slots: dict[str, int] = {}  # worker address -> its slot
+        self.slot_ws: list[WorkerInfo | None] = []
+        self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
+        self.promoted: list[TaskState] = []  # queued elements promoted during this event
+        self._last: BulkMap | None = None  # the map of the last key looked up
+        self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
+        graph.tasks.resolve = self.resolve
+
+    # ================================================================ client side
+    @handlers.on(ev.UpdateMap)
+    def update_map(self, e: ev.UpdateMap) -> None:
+        """A block of a map arrived: hold it, give ranges to the workers."""
+        m = self.maps.get(e.prefix)
+        if not e.prefix.endswith("-"):
+            raise ev.MalformedMessage(f"update-map: prefix {e.prefix!r} must end with '-'")
+        if m is None:
+            if e.offset != 0:
+                raise ev.MalformedMessage(f"update-map: the first block of {e.prefix!r} "
+                                          f"starts at {e.offset}, not 0")
+            if not self.maps:
+                self.graph.tasks.resolving(True)
+            m = self.maps[e.prefix] = BulkMap(
+                e.prefix, e.client, e.function,
+                (self.graph.new_generation(), -e.priority), e.retries)
+        elif m.client != e.client or e.offset != len(m.args):
+            raise ev.MalformedMessage(f"update-map: a block of {e.prefix!r} at {e.offset} "
+                                      "does not continue the map")
+        if not e.args:
+            return
+        m.extend(e.args)
+        if m not in self.pending:
+            self.pending.append(m)
+            self.pending.sort(key=lambda b: b.priority)
+        self.fill_all()
+
+    def release(self, key: Key, client: str) -> bool:
+        """``client`` dropped its future of ``key``: True if ``key`` is an element held
+        here (it is forgotten), False if the caller should look for a task."""
+        found = self._element(key)
+        if found is None:
+            return False
+        m, i = found
+        if m.state[i] == PROMOTED:
+            return False  # a task of its own now: released as one
+        if m.client != client:
+            return True
+        self._forget(m, i)
+        self._maybe_drop(m)
+        return True  # the caller calls flush_frees once done
+
+    def _forget(self, m: BulkMap, i: int) -> None:
+        st = m.state[i]
+        if st >= PROMOTED:
+            return
+        m.state[i] = FORGOTTEN
+        m.n_live -= 1
+        w = m.where[i]
+        if st == PROCESSING:
+            m.n_orphans += 1  # its worker's report is due; the result is freed then
+        elif st == MEMORY:
+            ws = self.slot_ws[w]
+            m.where[i] = -1
+            if ws is not None:  # one free-keys per worker: flush_frees
+                self._frees.setdefault(ws.address, []).append(m.prefix + str(i))
+
+    def flush_frees(self) -> None:
+        """Tell each worker the forgotten results it may drop, in one message."""
+        frees, self._frees = self._frees, {}
+        for address, keys in frees.items():
+            self.out.send(address, FreeKeys(keys))
+
+    def _maybe_drop(self, m: BulkMap) -> None:
+        if m.n_live == 0 and m.n_orphans == 0:
+            del self.maps[m.prefix]
+            if m in self.pending:
+                self.pending.remove(m)
+            if not self.maps:
+                self.graph.tasks.resolving(False)
+
+    def remove_client(self, client: str) -> None:
+        """``client`` left: its maps' elements are forgotten."""
+        for m in [m for m in self.maps.values() if m.client == client]:
+            for i in range(len(m.state)):
+                self._forget(m, i)
+            self._maybe_drop(m)
+        self.flush_frees()
+
+    # ================================================================ lookups
+    def _element(self, key: Key) -> tuple[BulkMap, int] | None:
+        if not self.maps or type(key) is not str:
+            return None
+        last = self._last  # lookups come in runs of one map's keys (a gather, a release)
+        tail = ""
+        if last is not None and key.startswith(last.prefix) and \
+                self.maps.get(last.prefix) is last:
+            tail = key[len(last.prefix):]
+        m: BulkMap | None = last
+        if m is None or not tail.isdigit():  # digits after the prefix: its key; else look it up
+            head, _, tail = key.rpartition("-")
+            m = self.maps.get(head + "-")
+            if m is None or not tail.isdigit():
+                return None
+            self._last = m
+        i = int(tail)
+        if i >= len(m.state) or str(i) != tail:
+            return None
+        return m, i
+
+    def holders(self, key: Key) -> list[WorkerInfo] | None:
+        """The worker holding element ``key``'s result; [] if it is not in memory; None if
+        ``key`` is no element held here."""
+        found = self._element(key)
+        if found is None:
+            return None
+        m, i = found
+        if m.state[i] != MEMORY:
+            return [] if m.state[i] < PROMOTED else None
+        ws = self.slot_ws[m.where[i]]
+        return [ws] if ws is not None else []
+
+    def resolve(self, key: Key) -> TaskState | None:
+        """Element ``key`` as a task of its own (see the module docstring), or None."""
+        found = self._element(key)
+        if found is None:
+            return None
+        m, i = found
+        st = m.state[i]
+        if st >= PROMOTED:
+            return None
+        graph = self.graph
+        ts = graph.new_task(key, (m.function, m.args[i], False), m.group)
+        ts.priority = (*m.priority, i)
+        ts.retries = m.retries
+        ts.who_wants.add(m.client)
+        w = m.where[i]
+        ws = self.slot_ws[w] if w >= 0 else None
+        m.state[i] = PROMOTED
+        m.n_live -= 1
+        m.where[i] = -1
+        if st == PROCESSING and ws is not None:
+            self.outstanding[ws.address] -= 1
+            graph.transition(ts, "waiting")
+            graph.add_to_processing(ts, ws, send=False)
+            ws.executing.add(ts)  # it may be running: blamed if its worker dies
+        elif st == MEMORY and ws is not None:
+            ts.nbytes = m.nbytes[i]
+            graph.add_replica(ts, ws, m.nbytes[i])
+            graph.transition(ts, "memory")
+        else:
+            self.promoted.append(ts)  # released and wanted: to waiting after the event
+        self._maybe_drop(m)
+        return ts
+
+    def take_promoted(self) -> list[TaskState]:
+        out, self.promoted = self.promoted, []
+        return out
+
+    # ================================================================ workers
+    def _slot(self, ws: WorkerInfo) -> int:
+        s = self.slots.get(ws.address)
+        if s is None or self.slot_ws[s] is not ws:
+            s = self.slots[ws.address] = len(self.slot_ws)
+            self.slot_ws.append(ws)
+        return s
+
+    def _range_size(self) -> int:
+        left = sum(m.unassigned() for m in self.pending)
+        threads = max(self.registry.total_nthreads, 1)
+        return max(1, min(MAX_RANGE, left // (threads * RANGES_PER_THREAD)))
+
+    def fill_all(self) -> None:
+        """Top up every running worker (a map arrived, workers joined or resumed)."""
+        if not self.pending:
+            return
+        for ws in list(self.registry.running()):
+            self.fill(ws)
+
+    def fill(self, ws: WorkerInfo) -> None:
+        """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
+        if ws.status != "running" or ws.address not in self.registry.workers:
+            return
+        have = self.outstanding.get(ws.address, 0)
+        while self.pending:
+            size = self._range_size()
+            if have >= 2 * size * ws.nthreads:
+                break
+            have += self._assign(ws, size)
+        self.outstanding[ws.address] = have
+
+    def _assign(self, ws: WorkerInfo, size: int) -> int:
+        m = self.pending[0]
+        start, stop = m.take(size)
+        if not m.free:
+            self.pending.pop(0)
+        state = m.state
+        slot = self._slot(ws)
+        n = stop - start
+        if state.count(QUEUED, start, stop) == n:  # the common case: all still queued
+            state[start:stop] = bytes([PROCESSING]) * n
+            m.where[start:stop] = array("i", [slot]) * n
+            indices = list(range(start, stop))
+            args = m.args[start:stop]
+        else:
+            indices = [i for i in range(start, stop) if state[i] == QUEUED]
+            for i in indices:
+                state[i] = PROCESSING
+                m.where[i] = slot
+            args = [m.args[i] for i in indices]
+        if indices:
+            self.out.send(ws.address, ComputeRange(m.prefix, m.function, indices, args))
+        return len(indices)
+
+    @handlers.on(ev.RangeFinished)
+    def range_finished(self, e: ev.RangeFinished) -> None:
+        """A worker holds the results of elements of a map."""
+        ws = self.registry.workers.get(e.worker)
+        if ws is None:
+            return
+        n = len(e.indices)
+        if not len(e.nbytes) == len(e.types) == len(e.starts) == len(e.stops) == n:
+            raise ev.MalformedMessage("range-finished: indices, nbytes, types, starts and "
+                                      "stops differ in length")
+        m = self.maps.get(e.prefix)
+        slot = self.slots.get(ws.address, -1)
+        done: list[int] = []  # positions in the report of the elements now in memory
+        stray: list[int] = []  # promoted, or unknown: one task's report each
+        free: list[str] = []
+        finished = 0
+        if m is None:
+            stray = list(range(n))
+        else:
+            state, where, nbytes = m.state, m.where, m.nbytes
+            size = len(state)
+            for j, i in enumerate(e.indices):
+                if i >= size:
+                    stray.append(j)
+                    continue
+                st = state[i]
+                if st == PROCESSING and where[i] == slot:
+                    state[i] = MEMORY
+                    nbytes[i] = e.nbytes[j]
+                    done.append(j)
+                    finished += 1
+                elif st == FORGOTTEN and where[i] == slot:
+                    where[i] = -1
+                    m.n_orphans -= 1
+                    free.append(m.prefix + str(i))
+                    finished += 1
+                elif st == PROMOTED:
+                    stray.append(j)
+                else:  # a copy nobody asked for (its element is queued again)
+                    free.append(m.prefix + str(i))
+            if done:
+                self._report(m, ws, e, done)
+            self._maybe_drop(m)
+        if free:
+            self.out.send(ws.address, FreeKeys(free))
+        if finished:
+            self.outstanding[ws.address] = self.outstanding.get(ws.address, 0) - finished
+        for j in stray:
+            self.task_finished(self._one(e, j))
+        self.fill(ws)
+
+    @staticmethod
+    def _one(e: ev.RangeFinished, j: int) -> ev.TaskFinished:
+        """The ``j``-th element of a report, as one task's report."""
+        return ev.TaskFinished(key=e.prefix + str(e.indices[j]), nbytes=e.nbytes[j],
+                               typename=e.types[j], start=e.starts[j], stop=e.stops[j],
+                               worker=e.worker, now=e.now, stimulus_id=e.stimulus_id)
+
+    def _report(self, m: BulkMap, ws: WorkerInfo, e: ev.RangeFinished, done: list[int]
+                ) -> None:
+        """Elements (positions ``done`` in report ``e``) are in memory: their client hears
+        it in one message; their group's durations count them; a recorder (dashboard)
+        sees each."""
+        indices, types, starts, stops = e.indices, e.types, e.starts, e.stops
+        self.out.send(m.client, MapInMemory(m.prefix, [indices[j] for j in done],
+                                            [types[j] for j in done]))
+        tg = self.graph.groups.get(m.group)
+        if tg is not None:
+            tg.duration_total += sum(max(stops[j] - starts[j], 0.0) for j in done)
+            tg.n_durations += len(done)
+        recorder = self.out.recorder
+        if recorder is not None:
+            recorder.elements_finished(m.group, ws, [m.prefix + str(indices[j]) for j in done],
+                                       [starts[j] for j in done], [stops[j] for j in done],
+                                       [e.nbytes[j] for j in done])
+
+    def worker_left(self, ws: WorkerInfo) -> None:
+        """``ws`` left: its unfinished elements, and the results only it held, go back to
+        the queue."""
+        self.outstanding.pop(ws.address, None)
+        slot = self.slots.pop(ws.address, None)
+        if slot is None:
+            return
+        self.slot_ws[slot] = None
+        lost: dict[str, list[Key]] = {}
+        for m in list(self.maps.values()):
+            where, state = m.where, m.state
+            requeued = False
+            i = where.index(slot) if slot in where else -1
+            while i >= 0:
+                st = state[i]
+                if st == FORGOTTEN:
+                    where[i] = -1
+                    m.n_orphans -= 1
+                else:
+                    if st == MEMORY:
+                        lost.setdefault(m.client, []).append(m.prefix + str(i))
+                    m.requeue(i)
+                    requeued = True
+                try:
+                    i = where.index(slot, i + 1)
+                except ValueError:
+                    i = -1
+            if requeued and m not in self.pending:
+                self.pending.append(m)
+                self.pending.sort(key=lambda b: b.priority)
+            self._maybe_drop(m)
+        for client, keys in lost.items():
+            if client != FIRE_AND_FORGET:
+                for k in keys:
+                    self.out.send(client, LostData(k))
+
+    # ================================================================ queries
+    def counts(self) -> dict[str, int]:
+        """Elements held here in each state (``task_counts`` adds them)."""
+        out: dict[str, int] = {}
+        for m in self.maps.values():
+            for name, code in (("queued", QUEUED), ("processing", PROCESSING),
+                               ("memory", MEMORY)):
+                c = m.state.count(code)
+                if c:
+                    out[name] = out.get(name, 0) + c
+        return out
+
+    def validate(self) -> None:
+        """The counters agree with the arrays."""
+        per_slot: dict[int, int] = {}
+        for prefix, m in self.maps.items():
+            assert m.prefix == prefix
+            st = m.state
+            assert m.n_live == st.count(QUEUED) + st.count(PROCESSING) + st.count(MEMORY), m
+            orphans = 0
+            for i, s in enumerate(st):
+                w = m.where[i]
+                if s in (PROCESSING, MEMORY):
+                    assert w >= 0 and self.slot_ws[w] is not None, (prefix, i)
+                if s == FORGOTTEN and w >= 0:
+                    orphans += 1
+                if s in (PROCESSING, FORGOTTEN) and w >= 0:
+                    per_slot[w] = per_slot.get(w, 0) + 1
+                if s == QUEUED:
+                    assert w == -1 and any(a <= i < b for a, b in m.free), (prefix, i)
+            assert orphans == m.n_orphans, (prefix, orphans, m.n_orphans)
+            assert (m in self.pending) == bool(m.free), prefix
+        for addr, n in self.outstanding.items():
+            slot = self.slots.get(addr)
+            assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)

@@ -1,0 +1,242 @@
+"""Bulk maps end to end (hpcsched.core.state.bulk): ``Client.map`` over many elements, on
+a LocalCluster of real worker processes; every element keeps its own future.
+
+The maps here are above ``BULK_MAP_MIN`` elements, so they travel as bulk maps; each
+test checks that one (``_is_bulk``: the scheduler holds the map, not a task per element).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
+from hpcsched.core.client.graphs import BULK_MAP_MIN
+from tests.conftest import _local_cluster, wait_until
+
+N = max(BULK_MAP_MIN, 100)
+
+
+def inc(x):
+    return x + 1
+
+
+def fails_on(x, bad):
+    if x == bad:
+        raise ValueError(f"element {x} is bad")
+    return x
+
+
+def slow(x, delay):
+    time.sleep(delay)
+    return x
+
+
+def flaky_element(x, bad, path):
+    """Element ``bad`` fails its first two calls (counted in a file: calls may run on any
+    worker)."""
+    if x != bad:
+        return x
+    with open(path, "a+") as f:
+        f.seek(0)
+        n = len(f.read())
+        f.write("x")
+    if n < 2:
+        raise RuntimeError(f"flaky failure {n + 1}")
+    return -x
+
+
+def tagged(x, directory, delay):
+    """Counts its calls per element in ``directory``; returns (x, the worker's pid)."""
+    with open(os.path.join(directory, str(x)), "a") as f:
+        f.write("x")
+    time.sleep(delay)
+    return x, os.getpid()
+
+
+def _is_bulk(client: Client, futures: list) -> bool:
+    prefix = futures[0].key.rpartition("-")[0] + "-"
+
+    def held(dask_scheduler: Any) -> bool:
+        return prefix in dask_scheduler.state.bulk.maps
+
+    return client.run_on_scheduler(held)
+
+
+@pytest.fixture
+def c(shared_client):
+    return shared_client
+
+
+@pytest.mark.timeout(60)
+def test_every_element_has_its_own_future(c):
+    fs = c.map(inc, range(N))
+    assert _is_bulk(c, fs)
+    assert len({f.key for f in fs}) == N
+    assert c.gather(fs, timeout=30) == list(range(1, N + 1))
+    assert all(f.status == "finished" and f.done() for f in fs)
+    assert fs[3].result() == 4 and fs[3].state.typename == "int"
+
+
+@pytest.mark.timeout(60)
+def test_one_failing_element_errs_its_own_future_only(c):
+    fs = c.map(fails_on, range(N), bad=7, pure=False)
+    assert _is_bulk(c, fs)
+    with pytest.raises(ValueError, match="element 7 is bad"):
+        fs[7].result(timeout=30)
+    assert isinstance(fs[7].exception(), ValueError)
+    others = [f for i, f in enumerate(fs) if i != 7]
+    assert c.gather(others, timeout=30) == [i for i in range(N) if i != 7]
+    assert all(f.exception() is None for f in others)
+    assert c.gather(fs, errors="skip", timeout=30) == [i for i in range(N) if i != 7]
+
+
+@pytest.mark.timeout(120)
+def test_a_large_gather_comes_in_parts_in_the_right_order(c):
+    from hpcsched.core.client.data import GATHER_PART
+
+    n = 2 * GATHER_PART + 7
+    fs = c.map(fails_on, range(n), bad=GATHER_PART + 3, pure=False)
+    assert c.gather(fs, errors="skip", timeout=60) == [i for i in range(n)
+                                                       if i != GATHER_PART + 3]
+    with pytest.raises(ValueError, match=f"element {GATHER_PART + 3} is bad"):
+        c.gather(fs, timeout=60)
+    assert c.gather({"a": fs[-1], "b": [fs[0], fs[GATHER_PART]]}, timeout=60) == {
+        "a": n - 1, "b": [0, GATHER_PART]}
+
+
+@pytest.mark.timeout(60)
+def test_retries_apply_to_each_element(c, tmp_path):
+    path = str(tmp_path / "calls")
+    fs = c.map(flaky_element, range(N), bad=5, path=path, retries=2, pure=False)
+    assert _is_bulk(c, fs)
+    assert fs[5].result(timeout=30) == -5
+    assert c.gather(fs, timeout=30) == [-5 if i == 5 else i for i in range(N)]
+    with open(path) as f:
+        assert f.read() == "xxx"  # two failures, then the success
+
+
+@pytest.mark.timeout(60)
+def test_cancel_one_element(c):
+    fs = c.map(slow, range(N), delay=0.01, pure=False)
+    assert _is_bulk(c, fs)
+    victim = fs[N - 1]
+    victim.cancel()
+    with pytest.raises(CancelledError):
+        victim.result(timeout=30)
+    assert victim.cancelled()
+    assert c.gather(fs[:-1], timeout=60) == list(range(N - 1))
+
+
+@pytest.mark.timeout(60)
+def test_as_completed_and_wait_over_elements(c):
+    fs = c.map(inc, range(N), pure=False)
+    assert _is_bulk(c, fs)
+    seen = sorted(f.result() for f in as_completed(fs))
+    assert seen == list(range(1, N + 1))
+    done, not_done = wait(fs, timeout=30)
+    assert len(done) == N and not not_done
+
+
+@pytest.mark.timeout(60)
+def test_an_element_is_the_input_of_a_later_task(c):
+    fs = c.map(inc, range(N), pure=False)
+    assert _is_bulk(c, fs)
+    total = c.submit(sum, fs, pure=False)
+    one = c.submit(inc, fs[10], pure=False)
+    assert one.result(timeout=30) == 12
+    assert total.result(timeout=30) == sum(range(1, N + 1))
+    assert c.gather(fs, timeout=30) == list(range(1, N + 1))
+
+
+@pytest.mark.timeout(60)
+def test_an_element_depended_on_before_it_ran(c):
+    fs = c.map(slow, range(N), delay=0.005, pure=False)
+    later = c.submit(inc, fs[N - 1], pure=False)  # most likely still queued
+    assert later.result(timeout=30) == N
+    assert c.gather(fs, timeout=30) == list(range(N))
+
+
+@pytest.mark.timeout(60)
+def test_a_map_over_futures_goes_task_by_task(c):
+    xs = c.map(inc, range(N), pure=False)
+    ys = c.map(inc, xs)  # arguments are futures: each element depends on another
+    assert not _is_bulk(c, ys)
+    assert c.gather(ys, timeout=30) == list(range(2, N + 2))
+
+
+@pytest.mark.timeout(60)
+def test_the_same_pure_map_gives_the_same_futures_while_held(c):
+    a = c.map(inc, range(N))
+    b = c.map(inc, range(N))
+    assert [f.key for f in a] == [f.key for f in b]
+    assert c.gather(b, timeout=30) == list(range(1, N + 1))
+    other = c.map(inc, range(1, N + 1))
+    assert {f.key for f in other}.isdisjoint(f.key for f in a)
+
+
+@pytest.mark.timeout(60)
+def test_released_elements_are_forgotten_everywhere(c):
+    fs = c.map(inc, range(N), pure=False)
+    prefix = fs[0].key.rpartition("-")[0] + "-"
+    c.gather(fs, timeout=30)
+    del fs
+
+    def gone(dask_scheduler: Any) -> bool:
+        return prefix not in dask_scheduler.state.bulk.maps
+
+    wait_until(lambda: c.run_on_scheduler(gone), timeout=20, what="the map to be forgotten")
+
+    def held_keys() -> list:
+        return [k for keys in c.run(lambda dask_worker: list(dask_worker.state.data)).values()
+                for k in keys if str(k).startswith(prefix)]
+
+    wait_until(lambda: not held_keys(), timeout=20, what="the workers to free the results")
+
+
+@pytest.mark.timeout(60)
+def test_executor_map_accepts_chunksize(c):
+    with c.get_executor() as ex:
+        assert list(ex.map(inc, range(N), chunksize=16)) == list(range(1, N + 1))
+        with pytest.raises(ValueError, match="element 3 is bad"):
+            list(ex.map(fails_on, range(N), [3] * N, timeout=30))
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_map_loses_only_its_unfinished_elements(tmp_path):
+    """Two workers run a map of slow elements; one is SIGKILLed mid-range. Every future
+    still gets its right result; only the victim's elements (unfinished, or finished and
+    held only by it) run again: those finished on the survivor ran once."""
+    n = 200
+    cluster = _local_cluster(n_workers=2)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.02,
+                            pure=False)
+            assert _is_bulk(client, fs)
+            done: dict[int, int] = {}
+            for f in as_completed(fs):
+                x, pid = f.result()
+                done[x] = pid
+                if len(done) >= 30 and len(set(done.values())) == 2:
+                    break
+            victim_pid = max(set(done.values()))
+            survivor_pid = min(set(done.values()))
+            (victim,) = [p for p in cluster.worker_processes.values() if p.pid == victim_pid]
+            victim.send_signal(signal.SIGKILL)
+            victim.wait(10)
+            results = client.gather(fs, timeout=90)
+            assert [x for x, _ in results] == list(range(n))
+            assert all(pid != victim_pid for _, pid in results)
+            calls = {int(name): len(open(tmp_path / name).read())
+                     for name in os.listdir(tmp_path)}
+            assert sorted(calls) == list(range(n))
+            again = {i for i, k in calls.items() if k > 1}
+            assert again, "the victim held results, which were recomputed"
+            assert not again & {i for i, pid in done.items() if pid == survivor_pid}
+    finally:
+        cluster.close()

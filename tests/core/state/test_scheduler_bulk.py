@@ -1,0 +1,360 @@
+"""Bulk maps in the scheduler state (hpcsched.core.state.bulk): stories of events, then
+random ones (the fuzz story of test_scheduler_state_fuzz with maps and ranges added).
+
+A map ``m-a-`` of n elements has the keys ``m-a-0`` .. ``m-a-{n-1}``; its run specs are
+opaque bytes. ``validate()`` runs after every step.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+from typing import Any
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis.stateful import rule
+
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.bulk import MAX_RANGE
+from hpcsched.core.state.events import Send
+from hpcsched.core.state.scheduler_state import SchedulerState
+from tests.core.state.test_scheduler_state_fuzz import SchedulerStory
+
+A, B = "tcp://a", "tcp://b"
+
+
+def step(s: SchedulerState, event: Any) -> list[Send]:
+    out = s.handle(event)
+    s.validate()
+    return out
+
+
+def ranges(out: list[Send]) -> list[tuple[str, list[int]]]:
+    return [(m.to, list(m.msg.indices)) for m in out if m.msg.op == "compute-range"]
+
+
+def new_map(s: SchedulerState, n: int, prefix: str = "m-a-", client: str = "c",
+            **kw: Any) -> list[Send]:
+    if client not in s.clients:
+        step(s, ev.AddClient(client))
+    return step(s, ev.UpdateMap(client, prefix=prefix, function=b"f",
+                                args=[b"a%d" % i for i in range(n)], **kw))
+
+
+def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-",
+           nbytes: int = 8) -> list[Send]:
+    n = len(indices)
+    return step(s, ev.RangeFinished(worker, prefix=prefix, indices=indices,
+                                    nbytes=[nbytes] * n, types=["int"] * n,
+                                    starts=[1.0] * n, stops=[1.5] * n))
+
+
+def run_all(s: SchedulerState, worker: str, out: list[Send]) -> tuple[list[int], list[Send]]:
+    """Finish every range given to ``worker`` until none is left: (the indices reported to
+    the client, every command sent meanwhile)."""
+    reported: list[int] = []
+    every = list(out)
+    while True:
+        given = [i for w, idx in ranges(out) if w == worker for i in idx]
+        if not given:
+            return reported, every
+        out = finish(s, worker, given)
+        every += out
+        reported += [i for m in out if m.msg.op == "map-in-memory" for i in m.msg.indices]
+
+
+def test_a_map_is_given_in_ranges_and_reported_in_batches():
+    """Two workers of one thread: the map is cut into ranges (guided self-scheduling), each
+    worker holds at most two ranges' worth, and finished elements reach the client in one
+    map-in-memory per report; no task exists for any element."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 100)
+    given = ranges(out)
+    assert {w for w, _ in given} == {A, B}
+    first = given[0][1]
+    assert first == list(range(len(first))) and len(first) == 100 // 8  # 100 / (2 x 4)
+    assert not s.tasks
+    a_indices = [i for w, idx in given if w == A for i in idx]
+    out = finish(s, A, a_indices)
+    (report,) = [m for m in out if m.msg.op == "map-in-memory"]
+    assert report.to == "c" and report.msg.indices == a_indices
+    assert ranges(out) and all(w == A for w, _ in ranges(out))  # A was topped up
+    assert s.task_counts()["memory"] == len(a_indices)
+    assert s.who_has(["m-a-0"]) == {"m-a-0": [A]}
+    assert not s.tasks  # answering who_has made no task either
+
+
+def test_the_whole_map_completes_and_released_elements_are_freed():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 2))
+    out = new_map(s, 50)
+    done: list[int] = []
+    while True:
+        given = [i for _, idx in ranges(out) for i in idx]
+        if not given:
+            break
+        done += given
+        out = finish(s, A, given)
+    assert sorted(done) == list(range(50))
+    out = step(s, ev.ClientReleasesKeys("c", [f"m-a-{i}" for i in range(50)]))
+    freed = [k for m in out if m.msg.op == "free-keys" for k in m.msg.keys]
+    assert sorted(freed) == sorted(f"m-a-{i}" for i in range(50))
+    assert not s.bulk.maps and not s.tasks
+
+
+def test_a_failing_element_becomes_a_task_and_is_retried_alone():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 10, retries=1)
+    given = [i for _, idx in ranges(out) for i in idx]
+    assert 3 in given
+    out = step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))
+    ts = s.tasks["m-a-3"]
+    assert ts.state == "processing" and ts.retries == 0  # retried: sent as a task
+    (compute,) = [m for m in out if m.msg.op == "compute-task"]
+    assert compute.msg.run_spec == (b"f", b"a3", False)
+    out = step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))
+    (erred,) = [m for m in out if m.msg.op == "task-erred"]
+    assert erred.to == "c" and erred.msg.key == "m-a-3"
+    # the other elements are unaffected; the failed one's range report is ignored for it
+    out = finish(s, A, [i for i in given if i != 3])
+    (report,) = [m for m in out if m.msg.op == "map-in-memory"]
+    assert 3 not in report.msg.indices
+    assert s.tasks["m-a-3"].state == "erred"
+
+
+def test_a_failed_element_released_is_forgotten_as_a_task():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    new_map(s, 4)
+    step(s, ev.TaskErred(A, "m-a-0", exception="boom", exception_text="boom"))
+    assert s.tasks["m-a-0"].state == "erred"
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-1"]))
+    assert "m-a-0" not in s.tasks
+    assert s.bulk.maps["m-a-"].state[1] == 4  # forgotten in the map
+
+
+def test_an_element_is_the_dependency_of_a_later_task():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    first = new_map(s, 4)
+    out = step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-1"]}}, ["z"]))
+    assert s.tasks["z"].state == "waiting" and s.tasks["m-a-1"].state == "processing"
+    assert not [m for m in out if m.msg.op == "compute-task"]
+    out = finish(s, A, [1])  # a range holding a promoted element reports it as well
+    (compute,) = [m for m in out if m.msg.op == "compute-task"]
+    assert compute.msg.key == "z" and compute.msg.who_has == {"m-a-1": [A]}
+    assert any(m.msg.op == "key-in-memory" and m.msg.key == "m-a-1" for m in out)
+    assert not [m for m in out if m.msg.op == "map-in-memory"]
+    reported, _ = run_all(s, A, first + out)
+    assert sorted(reported) == [0, 2, 3]
+
+
+def test_a_queued_element_depended_on_runs_as_a_task():
+    """No worker yet: the element depended on is promoted while queued and waits as a
+    task; the rest of the map waits in the map."""
+    s = SchedulerState()
+    new_map(s, 4)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-2"]}}, ["z"]))
+    assert s.tasks["m-a-2"].state in ("no-worker", "queued")
+    out = step(s, ev.AddWorker(A, 1))
+    assert any(m.msg.op == "compute-task" and m.msg.key == "m-a-2" for m in out)
+    reported, _ = run_all(s, A, out)
+    assert sorted(reported) == [0, 1, 3]
+
+
+def test_cancel_of_one_element():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    first = new_map(s, 4)
+    assert [0, 1] == [i for _, idx in ranges(first) for i in idx]
+    out = step(s, ev.CancelKeys("c", ["m-a-1"]))  # running on A
+    assert any(m.msg.op == "cancelled-keys" and m.msg.keys == ["m-a-1"] for m in out)
+    out = step(s, ev.CancelKeys("c", ["m-a-2"]))  # still queued
+    assert any(m.msg.op == "cancelled-keys" and m.msg.keys == ["m-a-2"] for m in out)
+    assert "m-a-2" not in s.tasks and "m-a-1" not in s.tasks
+    reported, every = run_all(s, A, first)
+    assert sorted(reported) == [0, 3]
+    assert any(m.msg.op == "free-keys" and "m-a-1" in m.msg.keys for m in every)
+    assert not s.bulk.maps["m-a-"].free
+
+
+def test_a_worker_that_dies_mid_range_loses_only_its_unfinished_elements():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    half = on_a[: len(on_a) // 2]
+    finish(s, A, half)
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    lost = sorted(m.msg.key for m in out if m.msg.op == "lost-data")
+    assert lost == sorted(f"m-a-{i}" for i in half)  # only A held them
+    assert all(w == B for w, _ in ranges(out))
+    m = s.bulk.maps["m-a-"]
+    b_slot = s.bulk.slots[B]
+    for i in on_a:  # queued again, or given to B at once
+        assert m.state[i] == 0 or (m.state[i] == 1 and m.where[i] == b_slot), i
+
+
+def test_malformed_blocks_are_refused_without_change():
+    s = SchedulerState()
+    step(s, ev.AddClient("c"))
+    with pytest.raises(ev.MalformedMessage):
+        s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"x"], offset=3))
+    with pytest.raises(ev.MalformedMessage):
+        s.handle(ev.UpdateMap("c", prefix="no-dash", function=b"f", args=[b"x"]))
+    assert not s.bulk.maps
+    new_map(s, 2)
+    with pytest.raises(ev.MalformedMessage):
+        s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"x"], offset=5))
+    step(s, ev.AddWorker(A, 1))
+    with pytest.raises(ev.MalformedMessage):
+        s.handle(ev.RangeFinished(A, prefix="m-a-", indices=[0, 1], nbytes=[1], types=[],
+                                  starts=[], stops=[]))
+    s.validate()
+
+
+def test_ranges_are_capped_and_shrink_towards_the_end():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 100_000)
+    sizes = [len(idx) for _, idx in ranges(out)]
+    assert sizes[0] == MAX_RANGE
+    done: list[int] = []
+    last = sizes
+    while True:
+        given = [i for _, idx in ranges(out) for i in idx]
+        if not given:
+            break
+        last = [len(idx) for _, idx in ranges(out)]
+        done += given
+        out = finish(s, A, given)
+    assert len(done) == 100_000
+    assert min(last) == 1  # the last ranges are single elements
+
+
+@pytest.mark.timeout(120)
+def test_a_queued_map_costs_a_tenth_of_its_tasks():
+    """Scheduler memory of 100,000 queued map elements, against the same map as tasks."""
+    n = 100_000
+    args = [b"x" * 20 + b"%d" % i for i in range(n)]
+
+    def measure(make: Any) -> int:
+        s = SchedulerState()
+        s.handle(ev.AddClient("c"))
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        make(s)
+        used = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        return used
+
+    def as_map(s: SchedulerState) -> None:
+        s.handle(ev.UpdateMap("c", prefix="f-tok-", function=b"f", args=args))
+
+    def as_tasks(s: SchedulerState) -> None:
+        s.handle(ev.UpdateGraph("c", {f"f-tok{i:08x}": {"run_spec": (b"f", a, False),
+                                                        "deps": []}
+                                      for i, a in enumerate(args)},
+                                [f"f-tok{i:08x}" for i in range(n)],
+                                static_priorities={f"f-tok{i:08x}": i for i in range(n)}))
+
+    bulk, tasks = measure(as_map), measure(as_tasks)
+    assert bulk * 10 <= tasks, (bulk, tasks)
+
+
+# ------------------------------------------------------------------ random events
+MAPS = ["m-a-", "m-b-"]
+ELEMENTS = [f"{p}{i}" for p in MAPS for i in range(6)]
+elements = st.sampled_from(ELEMENTS)
+
+
+class BulkMapStory(SchedulerStory):
+    """The fuzz story of the scheduler state with bulk maps: clients send maps, workers
+    finish (or fail) the ranges given them, elements are released, cancelled, retried,
+    depended on, while workers come and go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given: list[tuple[str, str, int]] = []  # (worker, prefix, index) in ranges
+
+    @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
+          n=st.integers(1, 6), retries=st.integers(0, 1))
+    def submit_map(self, client: str, which: str, n: int, retries: int) -> None:
+        if client not in self.s.clients:
+            self.handle(ev.AddClient(client))
+        m = self.s.bulk.maps.get(which)
+        offset = len(m.args) if m is not None else 0
+        self.record(ev.UpdateMap(client, prefix=which, function=b"f",
+                                 args=[b"a"] * n, offset=offset, retries=retries,
+                                 now=self.tick()))
+
+    def record(self, event: Any) -> None:
+        """Handle ``event``; note the ranges it gave."""
+        original = self.s.handle
+        given = self.given
+
+        def spy(e: Any) -> list:
+            out = original(e)
+            for cmd in out:
+                if cmd.msg.op == "compute-range":
+                    given.extend((cmd.to, cmd.msg.prefix, i) for i in cmd.msg.indices)
+            return out
+
+        self.s.handle = spy  # type: ignore[method-assign]
+        try:
+            self.handle(event)
+        finally:
+            del self.s.handle
+
+    @rule(i=st.integers(0, 10_000), k=st.integers(1, 4))
+    def finish_range(self, i: int, k: int) -> None:
+        if not self.given:
+            return
+        j = i % len(self.given)
+        picked, self.given[j:j + k] = self.given[j:j + k], []
+        for worker, prefix, index in picked:
+            self.record(ev.RangeFinished(worker, prefix=prefix, indices=[index], nbytes=[8],
+                                         types=["int"], starts=[1.0], stops=[1.1],
+                                         now=self.tick()))
+
+    @rule(i=st.integers(0, 10_000))
+    def element_fails(self, i: int) -> None:
+        if not self.given:
+            return
+        worker, prefix, index = self.given.pop(i % len(self.given))
+        self.record(ev.TaskErred(worker, f"{prefix}{index}", exception="boom",
+                                 exception_text="boom", now=self.tick()))
+
+    @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
+    def release_element(self, client: str, key: str) -> None:
+        self.record(ev.ClientReleasesKeys(client, [key], now=self.tick()))
+
+    @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
+    def cancel_element(self, client: str, key: str) -> None:
+        self.record(ev.CancelKeys(client, [key], now=self.tick()))
+
+    @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
+    def depend_on_element(self, client: str, key: str) -> None:
+        if client not in self.s.clients:
+            self.handle(ev.AddClient(client))
+        self.record(ev.UpdateGraph(client, {"k0": {"run_spec": "s", "deps": [key]}}, ["k0"],
+                                   now=self.tick()))
+
+    @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]), key=elements)
+    def stray_range(self, worker: str, key: str) -> None:
+        prefix, _, i = key.rpartition("-")
+        self.record(ev.RangeFinished(worker, prefix=prefix + "-", indices=[int(i)],
+                                     nbytes=[8], types=["int"], starts=[1.0], stops=[1.1],
+                                     now=self.tick()))
+
+    @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
+    def add_worker_with_ranges(self, worker: str) -> None:
+        self.record(ev.AddWorker(worker, 1, now=self.tick()))
+
+
+BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
+test_bulk_maps_under_random_events = pytest.mark.timeout(300)(BulkMapStory.TestCase)
