@@ -62,7 +62,7 @@ class BulkMap:
     """One bulk map: its function, its elements' arguments and their state."""
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
-                 "priority", "retries", "free", "n_live", "n_orphans", "group")
+                 "priority", "retries", "free", "n_live", "n_orphans", "group", "suspicious")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -80,6 +80,9 @@ class BulkMap:
         self.n_live = 0  # queued, processing or in memory
         self.n_orphans = 0  # forgotten while a worker runs them: their reports are due
         self.group = key_split(prefix + "0")
+        # per element, the workers that died while it was given to them; made when the
+        # first such worker dies (a map whose workers live pays nothing for it)
+        self.suspicious: bytearray | None = None
 
     def extend(self, args: list[bytes]) -> None:
         start, n = len(self.args), len(args)
@@ -87,6 +90,8 @@ class BulkMap:
         self.state += bytes(n)
         self.where += array("i", [-1]) * n
         self.nbytes += array("q", [0]) * n
+        if self.suspicious is not None:
+            self.suspicious += bytes(n)
         self.n_live += n
         if self.free and self.free[-1][1] == start:
             self.free[-1][1] = start + n
@@ -132,11 +137,12 @@ class BulkMaps:
     handlers = Handlers("scheduler state (bulk maps)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
-                 task_finished: Callable[[ev.TaskFinished], None]):
+                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3):
         self.graph = graph
         self.registry = registry
         self.out = out
         self.task_finished = task_finished
+        self.allowed_failures = allowed_failures
         self.maps: dict[str, BulkMap] = {}
         self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
         self.slots: dict[str, int] = {}  # worker address -> its slot
@@ -429,13 +435,24 @@ class BulkMaps:
 
     def worker_left(self, ws: WorkerInfo) -> None:
         """``ws`` left: its unfinished elements, and the results only it held, go back to
-        the queue."""
+        the queue.
+
+        A worker that died (not one retiring) may have died of an element it ran. Which
+        one is not known here (a range's finished elements are reported in batches), so
+        each unfinished element counts the death; one counted twice becomes a task of its
+        own, run alone, where a further death is blamed on it alone, as for any task,
+        until ``allowed_failures`` deaths make it err with ``KilledWorker``. A poison
+        element thus kills as many workers as a poison task does, and its neighbours in
+        a range run once more, each alone, instead of being blamed."""
+        graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return
         self.slot_ws[slot] = None
         lost: dict[str, list[Key]] = {}
+        alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
+        suspects: list[tuple[BulkMap, int, int]] = []
         for m in list(self.maps.values()):
             where, state = m.where, m.state
             requeued = False
@@ -448,6 +465,12 @@ class BulkMaps:
                 else:
                     if st == MEMORY:
                         lost.setdefault(m.client, []).append(m.prefix + str(i))
+                    elif not graceful:  # PROCESSING: it may be what killed the worker
+                        if m.suspicious is None:
+                            m.suspicious = bytearray(len(state))
+                        n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
+                        if n >= alone:
+                            suspects.append((m, i, n))
                     m.requeue(i)
                     requeued = True
                 try:
@@ -458,6 +481,11 @@ class BulkMaps:
                 self.pending.append(m)
                 self.pending.sort(key=lambda b: b.priority)
             self._maybe_drop(m)
+        for m, i, n in suspects:
+            ts = self.resolve(m.prefix + str(i))  # queued: promoted, to run alone
+            if ts is not None:
+                ts.suspicious = n
+                ts.erred_on += (ws.address,)
         for client, keys in lost.items():
             if client != FIRE_AND_FORGET:
                 for k in keys:

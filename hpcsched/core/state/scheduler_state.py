@@ -94,7 +94,8 @@ class SchedulerState:
         self.client_requests = ClientRequests(self.graph, self.registry, self.placement,
                                               self.out)
         self.bulk = BulkMaps(self.graph, self.registry, self.out,
-                             self.worker_events.task_finished)
+                             self.worker_events.task_finished,
+                             allowed_failures=st.allowed_failures)
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),

@@ -240,3 +240,32 @@ def test_a_worker_killed_mid_map_loses_only_its_unfinished_elements(tmp_path):
             assert not again & {i for i, pid in done.items() if pid == survivor_pid}
     finally:
         cluster.close()
+
+
+def dies_on(x, bad):
+    if x == bad:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+@pytest.mark.timeout(180)
+def test_an_element_that_kills_its_workers_errs_with_killed_worker_alone():
+    """An element that kills every worker running it errs its own future with
+    KilledWorker after scheduler.allowed-failures (3) deaths, as a task would; every
+    other element of the map gets its result, and the cluster computes on."""
+    from hpcsched.core.state.scheduler_state import KilledWorker
+
+    n, bad = 300, 137
+    cluster = _local_cluster(n_workers=2)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            fs = client.map(dies_on, range(n), bad=bad)
+            assert _is_bulk(client, fs)
+            with pytest.raises(KilledWorker) as e:
+                fs[bad].result(timeout=150)
+            assert repr(fs[bad].key) in str(e.value) and "3 workers" in str(e.value)
+            good = [f for i, f in enumerate(fs) if i != bad]
+            assert client.gather(good, timeout=60) == [i for i in range(n) if i != bad]
+            assert client.submit(inc, 41).result(timeout=60) == 42
+    finally:
+        cluster.close()
