@@ -1,6 +1,7 @@
 """Running one benchmark sub-run in a process tree of its own, and ending all of it.
 
-Shared by the benchmark drivers (bench_mpi.py, bench_dask.py). A sub-run is a
+Shared by the benchmark drivers (bench_mpi.py, bench_dask.py, bench_local.py), with
+:func:`timed`, the one way they time a repeated run. A sub-run is a
 command (``mpiexec -n 4 python ...`` or plain ``python ...``) whose processes
 all carry a mark in their environment: hydra gives each MPI rank a session of
 its own and local clusters spawn worker processes, so process groups do not
@@ -140,3 +141,15 @@ def launch(cmd: list[str], timeout: float,
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n"
                            + "".join(err[-40:]))
     return results, "".join(err[-20:]), t_start, first[0]
+
+
+def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall, CPU of this process) of the fastest of ``repeat`` runs of ``fn``."""
+    best = (float("inf"), 0.0)
+    for _ in range(repeat):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if dt < best[0]:
+            best = (dt, dc)
+    return best

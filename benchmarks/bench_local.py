@@ -29,6 +29,8 @@ import os
 import time
 from operator import add
 
+from _launch import timed  # benchmarks/ is on the path: the scripts run from it
+
 
 def noop(x):
     return x
@@ -72,18 +74,6 @@ def run(client, ntasks: int, leaves: int, repeat: int) -> dict:
         best = min(best, dt)
     out["tree_tasks_per_s"] = (2 * leaves - 1) / best
     return out
-
-
-def timed(repeat: int, fn) -> tuple[float, float]:
-    """(wall, CPU of this process) of the fastest of ``repeat`` runs of ``fn``."""
-    best = (float("inf"), 0.0)
-    for _ in range(repeat):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        if dt < best[0]:
-            best = (dt, dc)
-    return best
 
 
 def sweeps(args) -> list[int]:

@@ -61,6 +61,8 @@ import statistics
 import sys
 import time
 
+from _launch import timed  # benchmarks/ is on the path: the scripts run from it
+
 HERE = os.path.abspath(__file__)
 
 
@@ -176,18 +178,6 @@ def sleep_cost(n: int) -> float:
     for i in range(n):
         sleep_ms(i)
     return (time.perf_counter() - t0) / n
-
-
-def timed(repeat: int, fn) -> tuple[float, float]:
-    """(wall, CPU of this process) of the fastest of ``repeat`` runs of ``fn``."""
-    best = (float("inf"), 0.0)
-    for _ in range(repeat):
-        c0, t0 = time.process_time(), time.perf_counter()
-        fn()
-        dt, dc = time.perf_counter() - t0, time.process_time() - c0
-        if dt < best[0]:
-            best = (dt, dc)
-    return best
 
 
 def role_hs_sweep(args: argparse.Namespace) -> None:

@@ -50,10 +50,10 @@ HERE = os.path.abspath(__file__)
 
 # ----------------------------------------------------------------- worker hosts
 def _host_hpcsched(scheduler_file: str, count: int) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     from hpcsched.core.comm.scheduler_file import read_scheduler_file
     from hpcsched.core.worker.server import Worker
-
-    from concurrent.futures import ThreadPoolExecutor
 
     address, security = read_scheduler_file(scheduler_file)
     workers = [Worker(address, nthreads=1, security=security, death_timeout=120)
