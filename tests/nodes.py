@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -159,3 +160,23 @@ def link_down(node: int) -> Iterator[None]:
                 raise RuntimeError(f"node {node} does not reach {LOGIN} 30 s after its link "
                                    "came back up")
             time.sleep(0.2)
+
+
+#: a script that holds every worker with a task for 10 minutes, saying where each runs (a
+#: job to crash a node under)
+BUSY = textwrap.dedent("""
+    import socket
+    import time
+
+    from hpcsched import Client
+
+
+    def hold(seconds):
+        print("busy on", socket.gethostname(), flush=True)
+        time.sleep(seconds)
+
+
+    with Client() as client:
+        workers = sorted(client.run(socket.gethostname))
+        client.gather([client.submit(hold, 600, workers=[w], pure=False) for w in workers])
+""")

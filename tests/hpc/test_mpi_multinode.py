@@ -25,7 +25,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.hpc.test_mpi_launch import REPO, kill_tree, run_mpi
-from tests.nodes import crash_node, in_node, link_down, missing_nodes, require
+from tests.nodes import BUSY, crash_node, in_node, link_down, missing_nodes, require
 
 NSSSH = str(REPO / "ci" / "nodes" / "nsssh")
 # what the MPI library (MPICH, UCX, libfabric) says when something is left over at exit
@@ -111,23 +111,6 @@ def test_an_error_in_the_script_ends_every_rank_on_every_node_with_a_nonzero_sta
     assert code != 0, out[-5000:]
     assert "ZeroDivisionError" in out
 
-
-BUSY = textwrap.dedent("""
-    import socket
-    import time
-
-    from hpcsched import Client
-
-
-    def hold(seconds):
-        print("busy on", socket.gethostname(), flush=True)
-        time.sleep(seconds)
-
-
-    with Client() as client:
-        workers = sorted(client.run(socket.gethostname))
-        client.gather([client.submit(hold, 600, workers=[w], pure=False) for w in workers])
-""")
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ from hpcsched.jobqueue.cluster import SchedulerUnreachableError
 from hpcsched.jobqueue.slurm import SLURMCluster
 from tests.conftest import wait_until, worker_env
 from tests.nodes import (
+    BUSY,
     LOGIN,
     SLURM_CONF,
     UNREACHABLE,
@@ -212,23 +213,6 @@ def test_srun_runs_the_pi_example_and_a_tree_on_three_nodes(multi, tmp_path):
     assert f"tasks 16383 total {sum(range(8192))}" in out, out[-5000:]
     assert not LIBRARY_WARNING.search(out), out[-5000:]
 
-
-BUSY = textwrap.dedent("""
-    import socket
-    import time
-
-    from hpcsched import Client
-
-
-    def hold(seconds):
-        print("busy on", socket.gethostname(), flush=True)
-        time.sleep(seconds)
-
-
-    with Client() as client:
-        workers = sorted(client.run(socket.gethostname))
-        client.gather([client.submit(hold, 600, workers=[w], pure=False) for w in workers])
-""")
 
 
 @pytest.mark.timeout(300)
