@@ -168,13 +168,14 @@ class Submitter:
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
-        """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain,
-        else one task per item of ``items`` (argument tuples), sent in batches
+        """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain
+        (no ``dask.annotate`` of calls around it either: ``checkpoint``), else one task per item of ``items`` (argument tuples), sent in batches
         (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
         call; else ``token`` and the item's index)."""
         if self.bulk_maps and keys is None and len(items) >= BULK_MAP_MIN \
                 and not opts.get("resources") \
-                and not opts.get("workers") and not opts.get("allow_other_workers"):
+                and not opts.get("workers") and not opts.get("allow_other_workers") \
+                and call_annotations((base,)) is None:  # (per-call annotations: per task)
             bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
                                  batch_size=batch_size, priority=opts.get("priority", 0),
                                  retries=opts.get("retries", 0))

@@ -440,10 +440,11 @@ class BulkMaps:
         A worker that died (not one retiring) may have died of an element it ran. Which
         one is not known here (a range's finished elements are reported in batches), so
         each unfinished element counts the death; one counted twice becomes a task of its
-        own, run alone, where a further death is blamed on it alone, as for any task,
-        until ``allowed_failures`` deaths make it err with ``KilledWorker``. A poison
-        element thus kills as many workers as a poison task does, and its neighbours in
-        a range run once more, each alone, instead of being blamed."""
+        own (its deaths in ranges counting as one), which says when it starts, so that a
+        death while it runs is blamed on it alone, as for any task, until
+        ``allowed_failures`` deaths make it err with ``KilledWorker``. A poison element
+        thus kills one worker more than a poison task does, and its neighbours in a range
+        run once more, each alone, instead of being blamed."""
         graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
@@ -452,7 +453,7 @@ class BulkMaps:
         self.slot_ws[slot] = None
         lost: dict[str, list[Key]] = {}
         alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
-        suspects: list[tuple[BulkMap, int, int]] = []
+        suspects: list[tuple[BulkMap, int]] = []
         for m in list(self.maps.values()):
             where, state = m.where, m.state
             requeued = False
@@ -470,7 +471,7 @@ class BulkMaps:
                             m.suspicious = bytearray(len(state))
                         n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
                         if n >= alone:
-                            suspects.append((m, i, n))
+                            suspects.append((m, i))
                     m.requeue(i)
                     requeued = True
                 try:
@@ -481,10 +482,10 @@ class BulkMaps:
                 self.pending.append(m)
                 self.pending.sort(key=lambda b: b.priority)
             self._maybe_drop(m)
-        for m, i, n in suspects:
+        for m, i in suspects:
             ts = self.resolve(m.prefix + str(i))  # queued: promoted, to run alone
-            if ts is not None:
-                ts.suspicious = n
+            if ts is not None:  # the deaths in a range count once: which one did it is unknown
+                ts.suspicious = 1
                 ts.erred_on += (ws.address,)
         for client, keys in lost.items():
             if client != FIRE_AND_FORGET:

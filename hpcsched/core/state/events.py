@@ -78,6 +78,11 @@ __all__ = [
 
 Key = Any
 
+#: seconds: a ``compute-task`` whose duration estimate is shorter is not answered with a
+#: ``task-started`` (one message fewer per short task); the scheduler sends a longer
+#: estimate for a task a worker died with, so that a further death is blamed on it alone
+SHORT_TASK = 0.01
+
 
 # ============================================================ commands
 @dataclass(slots=True)

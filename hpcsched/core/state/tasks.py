@@ -32,7 +32,7 @@ from typing import Any
 
 from hpcsched.core.protocol.messages import ComputeTask, FreeKeys, KeyInMemory, TaskErredReport
 from hpcsched.core.protocol.messages import LostData as LostDataReport
-from hpcsched.core.state.events import InvalidTransition
+from hpcsched.core.state.events import SHORT_TASK, InvalidTransition
 from hpcsched.core.state.model import (
     ALLOWED_TRANSITIONS,
     FIRE_AND_FORGET,
@@ -387,7 +387,9 @@ class TaskGraph:
             ts.key, ts.run_spec, ts.priority,
             {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
             {d.key: d.nbytes for d in deps} if deps else {},
-            ts.resource_restrictions or None, est))
+            ts.resource_restrictions or None,
+            # a suspect says when it starts: a death while it runs is then its alone
+            est if not ts.suspicious else max(est, SHORT_TASK)))
 
     def _exit_processing(self, ts: TaskState, notify: bool) -> None:
         """Undo :meth:`add_to_processing` (called by :meth:`transition` only)."""

@@ -41,11 +41,10 @@ from typing import Any
 
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.events import InvalidTransition
+from hpcsched.core.state.events import SHORT_TASK, InvalidTransition
 
 Key = Any
 
-SHORT_TASK = 0.01  # seconds: tasks expected to be shorter do not report "task-started"
 RUNNING = frozenset({"executing", "long-running", "rejoining"})  # a thread runs the task
 NEEDS_DEPENDENCIES = RUNNING | {"waiting", "ready"}
 _HELD = frozenset({"waiting", "fetch", "flight", "missing", "ready", "memory"}) | RUNNING
