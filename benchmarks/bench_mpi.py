@@ -57,6 +57,7 @@ import argparse
 import json
 import operator
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -390,11 +391,12 @@ def command(system: str, role: str, nprocs: int, args: argparse.Namespace,
             *extra]
     if system == "ProcessPoolExecutor":
         return [py, HERE, *opts]
+    mpiexec = ["mpiexec", *shlex.split(args.mpiexec_args), "-n", str(nprocs)]
     if system == "hpcsched":
-        return ["mpiexec", "-n", str(nprocs), py, "-m", "hpcsched", HERE, *opts]
+        return [*mpiexec, py, "-m", "hpcsched", HERE, *opts]
     if system == "mpi4py.futures":
-        return ["mpiexec", "-n", str(nprocs), py, "-m", "mpi4py.futures", HERE, *opts]
-    return ["mpiexec", "-n", str(nprocs), py, HERE, *opts]
+        return [*mpiexec, py, "-m", "mpi4py.futures", HERE, *opts]
+    return [*mpiexec, py, HERE, *opts]
 
 
 def launch(cmd: list[str], timeout: float, on_line=None) -> tuple[list[dict], str, float, float]:
@@ -454,6 +456,10 @@ def main() -> None:
                    help="largest sweep mpi4py.futures runs with chunksize=1")
     p.add_argument("--only", default="throughput,transfer,idle,first,sweep")
     p.add_argument("--systems", default="hpcsched,dask-mpi,mpi4py.futures")
+    p.add_argument("--mpiexec-args", default="",
+                   help="more arguments of every mpiexec, placing the ranks (across nodes: "
+                        "'-launcher ssh -launcher-exec ci/nodes/nsssh -iface hsbr0 "
+                        "-hosts 10.77.0.11,10.77.0.12,10.77.0.13')")
     p.add_argument("--json", default=None, help="also write all figures to this file")
     args = p.parse_args()
     if args.role:
