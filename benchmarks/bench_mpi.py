@@ -136,7 +136,8 @@ def role_dm_throughput(args: argparse.Namespace) -> None:
     import dask_mpi
     from distributed import Client
 
-    dask_mpi.initialize(nthreads=1, dashboard=False, memory_limit=None)
+    dask_mpi.initialize(nthreads=1, dashboard=False, memory_limit=None,
+                        interface=args.dask_interface or None)
     with Client() as client:
         client.wait_for_workers(2, timeout=60)
         run_distributed_like("dask-mpi", client, args)
@@ -348,7 +349,8 @@ def role_dm_first(args: argparse.Namespace) -> None:
     import dask_mpi
     from distributed import Client
 
-    dask_mpi.initialize(nthreads=1, dashboard=False, memory_limit=None)
+    dask_mpi.initialize(nthreads=1, dashboard=False, memory_limit=None,
+                        interface=args.dask_interface or None)
     with Client() as client:
         client.submit(noop, 1).result()
         print(f"FIRST {time.time():.6f}", flush=True)
@@ -388,7 +390,7 @@ def command(system: str, role: str, nprocs: int, args: argparse.Namespace,
             "--repeat", str(args.repeat), "--sizes", args.sizes, "--idle", str(args.idle),
             "--transfer-reps", str(args.transfer_reps), "--sweep-sizes", args.sweep_sizes,
             "--sweep-ms", str(args.sweep_ms), "--sweep-chunk1-max", str(args.sweep_chunk1_max),
-            *extra]
+            "--dask-interface", args.dask_interface, *extra]
     if system == "ProcessPoolExecutor":
         return [py, HERE, *opts]
     mpiexec = ["mpiexec", *shlex.split(args.mpiexec_args), "-n", str(nprocs)]
@@ -456,6 +458,8 @@ def main() -> None:
                    help="largest sweep mpi4py.futures runs with chunksize=1")
     p.add_argument("--only", default="throughput,transfer,idle,first,sweep")
     p.add_argument("--systems", default="hpcsched,dask-mpi,mpi4py.futures")
+    p.add_argument("--dask-interface", default="",
+                   help="dask-mpi's interface= (across nodes it must be named: eth0)")
     p.add_argument("--mpiexec-args", default="",
                    help="more arguments of every mpiexec, placing the ranks (across nodes: "
                         "'-launcher ssh -launcher-exec ci/nodes/nsssh -iface hsbr0 "
