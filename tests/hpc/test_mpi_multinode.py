@@ -120,6 +120,26 @@ def three_nodes() -> None:
         pytest.skip("mpiexec is not on PATH")
 
 
+@pytest.mark.timeout(400)
+def test_pi_and_a_16383_task_tree_over_three_nodes(three_nodes):
+    """MPICH's mpiexec over nodes 1-3, six ranks (two a node): the pi example and the tree
+    reduction of 16,383 tasks are right, with workers on the three hosts, and the MPI
+    library says nothing."""
+    pi = str(REPO / "examples" / "monte_carlo_pi.py")
+    code, out = run_mpi(6, [], timeout=180, cmd=mpiexec_cmd(Path(pi), nodes=(1, 2, 3), n=6))
+    assert code == 0, out[-5000:]
+    assert "pi ~ 3.14" in out and "on 5 workers" in out, out[-5000:]
+    assert not LIBRARY_WARNING.search(out), out[-5000:]
+    tree = REPO / "tests" / "hpc" / "scripts" / "tree_reduction.py"
+    code, out = run_mpi(6, [], timeout=360, cmd=mpiexec_cmd(tree, nodes=(1, 2, 3), n=6))
+    assert code == 0, out[-5000:]
+    # rank r on node (r % 3) + 1: workers (ranks 1-5) on node2, node3, node1, node2, node3
+    hosts = next(line for line in out.splitlines() if line.startswith("hosts ")).split()[1:]
+    assert hosts == ["node1", "node2", "node2", "node3", "node3"], out[-5000:]
+    assert f"tree of 16383 tasks: sum {8192 * 8191 // 2} " in out, out[-5000:]
+    assert not LIBRARY_WARNING.search(out), out[-5000:]
+
+
 def start_busy(tmp_path: Path, nodes: tuple[int, int] = (1, 3)
                ) -> tuple[subprocess.Popen, Path]:
     """Ranks 0 and 2 on the first of ``nodes``, ranks 1 and 3 on the second, every worker
