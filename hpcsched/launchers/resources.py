@@ -148,9 +148,14 @@ def machine_memory() -> int:
     What a ``memory_limit`` fraction is of and is capped at
     (:func:`hpcsched.core.units.memory_limit_bytes`), as dask's ``system.MEMORY_LIMIT``.
     """
-    import psutil
+    # the kernel's total, as psutil.virtual_memory().total reads it, without importing
+    # psutil on every rank of a job before its first task
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no such names on this platform
+        import psutil
 
-    total = int(psutil.virtual_memory().total)
+        total = int(psutil.virtual_memory().total)
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:

@@ -10,11 +10,11 @@ primitives of :mod:`hpcsched.core.protocol.primitives`) get one reply carrying i
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
-from hpcsched.core.protocol.wire import Direction, context, extra, message, wire
+from hpcsched.core.protocol.wire import Direction, context, extra, message, record, wire
 
 Key = Any
 
@@ -28,7 +28,7 @@ C2S, S2C = CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT
 INTRODUCTION = Direction("newcomer", "scheduler")
 
 
-@dataclass(slots=True)
+@record
 class Stimulus:
     """Base of the records that reach a state machine: the receiver notes when each
     arrived and names the event (``stimulus_id``, as distributed's state machines do), so
@@ -39,7 +39,7 @@ class Stimulus:
     stimulus_id: str = context("")
 
 
-@dataclass(slots=True)
+@record
 class FromClient(Stimulus):
     """Base of a client's requests to the scheduler's state machine: the scheduler fills in
     which client sent it."""
@@ -50,7 +50,7 @@ class FromClient(Stimulus):
 # ====================================================================== client -> scheduler
 
 @message("register-client", C2S, INTRODUCTION)
-@dataclass(slots=True)
+@record
 class RegisterClient:
     """A client introduces itself (its first message)."""
 
@@ -58,7 +58,7 @@ class RegisterClient:
 
 
 @message("update-graph", C2S)
-@dataclass(slots=True)
+@record
 class UpdateGraph(FromClient):
     """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
 
@@ -80,7 +80,7 @@ class UpdateGraph(FromClient):
 
 
 @message("update-map", C2S)
-@dataclass(slots=True)
+@record
 class UpdateMap(FromClient):
     """A block of a bulk map: one function over many argument tuples. Element ``i`` of the
     map is the task ``f"{prefix}{i}"``; this block holds elements ``offset`` to
@@ -95,7 +95,7 @@ class UpdateMap(FromClient):
 
 
 @message("client-desires-keys", C2S)
-@dataclass(slots=True)
+@record
 class ClientDesiresKeys(FromClient):
     """The client wants the results of ``keys`` (it holds futures to them)."""
 
@@ -105,7 +105,7 @@ class ClientDesiresKeys(FromClient):
 
 
 @message("retry-keys", C2S)
-@dataclass(slots=True)
+@record
 class RetryKeys(FromClient):
     """Run erred tasks again, with the erred tasks they depend on."""
 
@@ -113,7 +113,7 @@ class RetryKeys(FromClient):
 
 
 @message("client-releases-keys", C2S)
-@dataclass(slots=True)
+@record
 class ClientReleasesKeys(FromClient):
     """The client dropped its futures to ``keys``."""
 
@@ -121,7 +121,7 @@ class ClientReleasesKeys(FromClient):
 
 
 @message("cancel-keys", C2S)
-@dataclass(slots=True)
+@record
 class CancelKeys(FromClient):
     """Cancel ``keys`` and what depends on them, for every client."""
 
@@ -129,7 +129,7 @@ class CancelKeys(FromClient):
 
 
 @message("scatter", C2S)
-@dataclass(slots=True)
+@record
 class ScatterData(FromClient):
     """A client moves its own data onto workers (``Client.scatter``); answered by
     ``scatter-reply``."""
@@ -142,7 +142,7 @@ class ScatterData(FromClient):
 
 
 @message("gather", C2S)
-@dataclass(slots=True)
+@record
 class Gather:
     """Send me the values of ``keys``; answered by ``gather-reply``."""
 
@@ -151,7 +151,7 @@ class Gather:
 
 
 @message("scheduler-info", C2S)
-@dataclass(slots=True)
+@record
 class SchedulerInfo:
     """Describe the cluster; answered by ``scheduler-info-reply`` (also the client's ping)."""
 
@@ -159,7 +159,7 @@ class SchedulerInfo:
 
 
 @message("retire-workers", C2S)
-@dataclass(slots=True)
+@record
 class RetireWorkersRequest:
     """Retire workers gracefully (their data moves to others first); answered by
     ``retire-workers-reply``."""
@@ -172,13 +172,13 @@ class RetireWorkersRequest:
 
 
 @message("close-client", C2S)
-@dataclass(slots=True)
+@record
 class CloseClient:
     """The client leaves; answered by ``close-client-reply``."""
 
 
 @message("extension", C2S)
-@dataclass(slots=True)
+@record
 class Extension:
     """A request to a scheduler extension (e.g. ``diagnostics``); answered by
     ``extension-reply``."""
@@ -189,7 +189,7 @@ class Extension:
 
 
 @message("run", C2S)
-@dataclass(slots=True)
+@record
 class Run:
     """``Client.run``: run a function on workers now (not as a task); answered by one
     ``control-reply`` once each has answered or left."""
@@ -203,7 +203,7 @@ class Run:
 
 
 @message("run-on-scheduler", C2S)
-@dataclass(slots=True)
+@record
 class RunOnScheduler:
     """``Client.run_on_scheduler``; answered by ``control-reply``."""
 
@@ -214,7 +214,7 @@ class RunOnScheduler:
 
 
 @message("who-has", C2S)
-@dataclass(slots=True)
+@record
 class WhoHas:
     """``Client.who_has``: which workers hold ``keys`` (None: all); answered by
     ``control-reply``."""
@@ -224,7 +224,7 @@ class WhoHas:
 
 
 @message("has-what", C2S)
-@dataclass(slots=True)
+@record
 class HasWhat:
     """``Client.has_what``: the keys each worker holds; answered by ``control-reply``."""
 
@@ -233,7 +233,7 @@ class HasWhat:
 
 
 @message("nthreads", C2S)
-@dataclass(slots=True)
+@record
 class NThreads:
     """``Client.nthreads``: each worker's threads; answered by ``control-reply``."""
 
@@ -242,7 +242,7 @@ class NThreads:
 
 
 @message("replicate", C2S)
-@dataclass(slots=True)
+@record
 class Replicate:
     """``Client.replicate``: copy ``keys`` onto ``n`` workers; answered by
     ``control-reply``."""
@@ -254,7 +254,7 @@ class Replicate:
 
 
 @message("rebalance", C2S)
-@dataclass(slots=True)
+@record
 class Rebalance:
     """``Client.rebalance``: move ``keys`` (all if None) from workers holding more bytes than
     the mean to those holding less, among ``workers`` (all if None); answered by
@@ -266,7 +266,7 @@ class Rebalance:
 
 
 @message("restart", C2S)
-@dataclass(slots=True)
+@record
 class Restart:
     """``Client.restart``: cancel every task, set every worker plugin up again; answered by
     ``control-reply``."""
@@ -275,7 +275,7 @@ class Restart:
 
 
 @message("register-plugin", C2S)
-@dataclass(slots=True)
+@record
 class RegisterPlugin:
     """Register a worker or scheduler plugin; answered by ``control-reply``."""
 
@@ -287,7 +287,7 @@ class RegisterPlugin:
 
 
 @message("unregister-plugin", C2S)
-@dataclass(slots=True)
+@record
 class UnregisterPlugin:
     """Tear a worker plugin down on every worker; answered by ``control-reply``."""
 
@@ -298,7 +298,7 @@ class UnregisterPlugin:
 # ====================================================================== scheduler -> client
 
 @message("key-in-memory", S2C)
-@dataclass(slots=True)
+@record
 class KeyInMemory:
     """The result of ``key`` is ready."""
 
@@ -307,7 +307,7 @@ class KeyInMemory:
 
 
 @message("map-in-memory", S2C)
-@dataclass(slots=True)
+@record
 class MapInMemory:
     """The results of the elements ``indices`` of the bulk map ``prefix`` are ready (the
     keys ``f"{prefix}{i}"``; ``types`` their results' type names)."""
@@ -318,7 +318,7 @@ class MapInMemory:
 
 
 @message("task-erred", S2C)
-@dataclass(slots=True)
+@record
 class TaskErredReport:
     """``key`` erred (itself or through a dependency: ``origin``)."""
 
@@ -330,7 +330,7 @@ class TaskErredReport:
 
 
 @message("cancelled-keys", S2C)
-@dataclass(slots=True)
+@record
 class CancelledKeys:
     """``keys`` were cancelled (or are unknown to the scheduler)."""
 
@@ -338,7 +338,7 @@ class CancelledKeys:
 
 
 @message("lost-data", S2C)
-@dataclass(slots=True)
+@record
 class LostData:
     """The result of ``key`` was lost (its workers left): it is computed again."""
 
@@ -346,7 +346,7 @@ class LostData:
 
 
 @message("gather-reply", S2C)
-@dataclass(slots=True)
+@record
 class GatherReply:
     """The answer to ``gather``: the values the workers sent, relayed unopened."""
 
@@ -357,7 +357,7 @@ class GatherReply:
 
 
 @message("scatter-reply", S2C)
-@dataclass(slots=True)
+@record
 class ScatterReply:
     """The answer to ``scatter``: the data is on the workers, or why not."""
 
@@ -366,7 +366,7 @@ class ScatterReply:
 
 
 @message("scheduler-info-reply", S2C)
-@dataclass(slots=True)
+@record
 class SchedulerInfoReply:
     """The answer to ``scheduler-info``."""
 
@@ -375,7 +375,7 @@ class SchedulerInfoReply:
 
 
 @message("retire-workers-reply", S2C)
-@dataclass(slots=True)
+@record
 class RetireWorkersReply:
     """The answer to ``retire-workers``."""
 
@@ -386,13 +386,13 @@ class RetireWorkersReply:
 
 
 @message("close-client-reply", S2C)
-@dataclass(slots=True)
+@record
 class CloseClientReply:
     """The answer to ``close-client``: the scheduler forgot the client."""
 
 
 @message("extension-reply", S2C)
-@dataclass(slots=True)
+@record
 class ExtensionReply:
     """The answer to ``extension``."""
 
@@ -401,7 +401,7 @@ class ExtensionReply:
 
 
 @message("control-reply", S2C)
-@dataclass(slots=True)
+@record
 class ControlReply:
     """The answer to a cluster-control request or a primitive."""
 
@@ -421,13 +421,13 @@ class ControlReply:
 
 
 @message("scheduler-closing", S2C)
-@dataclass(slots=True)
+@record
 class SchedulerClosing:
     """The scheduler is closing."""
 
 
 @message("error", S2C)
-@dataclass(slots=True)
+@record
 class Error:
     """The scheduler refused a message of the client's and disconnects it."""
 

@@ -17,11 +17,9 @@ futures inside it, which the scheduler keeps alive while it stores the value.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hpcsched.core.protocol import checks as fc
 from hpcsched.core.protocol.client import C2S
-from hpcsched.core.protocol.wire import message, wire
+from hpcsched.core.protocol.wire import message, record, wire
 
 MAX_NAME = 1024  # characters of a name, a lease id or a request id
 MAX_VALUE = 256 * 2**20  # bytes of one stored value
@@ -36,7 +34,7 @@ VALUE = fc.sized(fc.blob, MAX_VALUE)
 KEYS = fc.sized(fc.keys, MAX_KEYS)
 
 
-@dataclass(slots=True)
+@record
 class PrimitiveRequest:
     """Base of the requests to a named primitive."""
 
@@ -47,7 +45,7 @@ class PrimitiveRequest:
 # ====================================================================== Lock
 
 @message("lock-acquire", C2S)
-@dataclass(slots=True)
+@record
 class LockAcquire(PrimitiveRequest):
     """``Lock.acquire``: take the lock as ``lease``; answered ``result=True`` once held,
     ``False`` if ``timeout`` passed first."""
@@ -57,7 +55,7 @@ class LockAcquire(PrimitiveRequest):
 
 
 @message("lock-release", C2S)
-@dataclass(slots=True)
+@record
 class LockRelease(PrimitiveRequest):
     """``Lock.release``: give ``lease`` back; ``result`` says whether it was held."""
 
@@ -65,7 +63,7 @@ class LockRelease(PrimitiveRequest):
 
 
 @message("lock-locked", C2S)
-@dataclass(slots=True)
+@record
 class LockLocked(PrimitiveRequest):
     """``Lock.locked``: ``result`` says whether anyone holds the lock."""
 
@@ -73,7 +71,7 @@ class LockLocked(PrimitiveRequest):
 # ====================================================================== Semaphore
 
 @message("semaphore-acquire", C2S)
-@dataclass(slots=True)
+@record
 class SemaphoreAcquire(PrimitiveRequest):
     """``Semaphore.acquire``: take a lease (at most ``max_leases`` are held at a time);
     answered ``result=True`` once taken, ``False`` if ``timeout`` passed first."""
@@ -84,7 +82,7 @@ class SemaphoreAcquire(PrimitiveRequest):
 
 
 @message("semaphore-release", C2S)
-@dataclass(slots=True)
+@record
 class SemaphoreRelease(PrimitiveRequest):
     """``Semaphore.release``: give ``lease`` back; ``result`` says whether it was held."""
 
@@ -92,7 +90,7 @@ class SemaphoreRelease(PrimitiveRequest):
 
 
 @message("semaphore-value", C2S)
-@dataclass(slots=True)
+@record
 class SemaphoreValue(PrimitiveRequest):
     """``Semaphore.get_value``: ``result`` is how many leases are held."""
 
@@ -100,19 +98,19 @@ class SemaphoreValue(PrimitiveRequest):
 # ====================================================================== Event
 
 @message("event-set", C2S)
-@dataclass(slots=True)
+@record
 class EventSet(PrimitiveRequest):
     """``Event.set``: every waiter wakes up."""
 
 
 @message("event-clear", C2S)
-@dataclass(slots=True)
+@record
 class EventClear(PrimitiveRequest):
     """``Event.clear``: later waiters wait."""
 
 
 @message("event-wait", C2S)
-@dataclass(slots=True)
+@record
 class EventWait(PrimitiveRequest):
     """``Event.wait``: answered ``result=True`` once the event is set, ``False`` if
     ``timeout`` passed first."""
@@ -121,7 +119,7 @@ class EventWait(PrimitiveRequest):
 
 
 @message("event-is-set", C2S)
-@dataclass(slots=True)
+@record
 class EventIsSet(PrimitiveRequest):
     """``Event.is_set``: ``result`` says whether the event is set."""
 
@@ -129,7 +127,7 @@ class EventIsSet(PrimitiveRequest):
 # ====================================================================== Variable
 
 @message("variable-set", C2S)
-@dataclass(slots=True)
+@record
 class VariableSet(PrimitiveRequest):
     """``Variable.set``: store a value (its futures are kept alive while it is stored)."""
 
@@ -138,7 +136,7 @@ class VariableSet(PrimitiveRequest):
 
 
 @message("variable-get", C2S)
-@dataclass(slots=True)
+@record
 class VariableGet(PrimitiveRequest):
     """``Variable.get``: answered with the value (``blob``, ``keys``) once set,
     ``status="timeout"`` if ``timeout`` passed first."""
@@ -147,7 +145,7 @@ class VariableGet(PrimitiveRequest):
 
 
 @message("variable-delete", C2S)
-@dataclass(slots=True)
+@record
 class VariableDelete(PrimitiveRequest):
     """``Variable.delete``: forget the value."""
 
@@ -155,7 +153,7 @@ class VariableDelete(PrimitiveRequest):
 # ====================================================================== Queue
 
 @message("queue-put", C2S)
-@dataclass(slots=True)
+@record
 class QueuePut(PrimitiveRequest):
     """``Queue.put``: append a value, waiting while the queue is full; ``status="timeout"``
     if ``timeout`` passed first."""
@@ -167,7 +165,7 @@ class QueuePut(PrimitiveRequest):
 
 
 @message("queue-get", C2S)
-@dataclass(slots=True)
+@record
 class QueueGet(PrimitiveRequest):
     """``Queue.get``: the oldest item (``blob``, ``keys``), or a batch of them (``items``);
     ``status="timeout"`` if ``timeout`` passed first."""
@@ -179,7 +177,7 @@ class QueueGet(PrimitiveRequest):
 
 
 @message("queue-qsize", C2S)
-@dataclass(slots=True)
+@record
 class QueueSize(PrimitiveRequest):
     """``Queue.qsize``: ``result`` is how many items are in the queue."""
 
@@ -189,7 +187,7 @@ class QueueSize(PrimitiveRequest):
 # ====================================================================== MultiLock
 
 @message("multilock-acquire", C2S)
-@dataclass(slots=True)
+@record
 class MultiLockAcquire(PrimitiveRequest):
     """``MultiLock.acquire``: acquisition ``name`` waits in line for each lock of ``names``
     and holds ``num_locks`` of them (all: None) once first in line for that many; answered
@@ -202,7 +200,7 @@ class MultiLockAcquire(PrimitiveRequest):
 
 
 @message("multilock-release", C2S)
-@dataclass(slots=True)
+@record
 class MultiLockRelease(PrimitiveRequest):
     """``MultiLock.release``: acquisition ``name`` gives its locks back."""
 
@@ -210,7 +208,7 @@ class MultiLockRelease(PrimitiveRequest):
 # ====================================================================== datasets
 
 @message("dataset-publish", C2S)
-@dataclass(slots=True)
+@record
 class DatasetPublish(PrimitiveRequest):
     """``Client.publish_dataset``: store a value under ``name`` until it is unpublished."""
 
@@ -221,20 +219,20 @@ class DatasetPublish(PrimitiveRequest):
 
 
 @message("dataset-get", C2S)
-@dataclass(slots=True)
+@record
 class DatasetGet(PrimitiveRequest):
     """``Client.get_dataset``: answered with the value (``blob``, ``keys``), or a
     ``KeyError``."""
 
 
 @message("dataset-unpublish", C2S)
-@dataclass(slots=True)
+@record
 class DatasetUnpublish(PrimitiveRequest):
     """``Client.unpublish_dataset``: forget the dataset."""
 
 
 @message("dataset-list", C2S)
-@dataclass(slots=True)
+@record
 class DatasetList:
     """``Client.list_datasets``: ``result`` is the datasets' names."""
 

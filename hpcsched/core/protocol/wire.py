@@ -1,7 +1,7 @@
 """Typed message records, and how they go on and off the wire.
 
 Every comm carries messages as dicts, ``{"op": "compute-task", "key": ..., ...}``.
-Here each op is one *record*: a ``@dataclass(slots=True)`` registered with
+Here each op is one *record*: a slots dataclass (:func:`record`) registered with
 :func:`message` under its op string in one or more :class:`Direction` tables
 (who sends it to whom). A record's fields are of two kinds:
 
@@ -139,6 +139,64 @@ class Spec:
 _SPECS: dict[type, Spec] = {}
 #: record class -> ``encode`` function, generated on first use
 _ENCODERS = Generated()
+
+
+#: the methods :func:`record` compiles when first called, as :mod:`dataclasses` would
+_LAZY_METHODS = ("__init__", "__repr__", "__eq__")
+
+
+def record(cls: type | None = None, /, *, frozen: bool = False) -> Any:
+    """``@dataclass(slots=True[, frozen=True])``, its methods compiled when first called.
+
+    :mod:`dataclasses` compiles ``__init__``, ``__repr__`` and ``__eq__`` of every class
+    as it is defined: for the protocol's and the state machines' hundred-odd records that
+    is most of what importing them costs, on every process of a job, while a process
+    builds a few dozen kinds. A record is an ordinary slots dataclass
+    (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it); each of those
+    methods is one :mod:`dataclasses` makes, on the first call of any of them.
+    """
+    def wrap(c: type) -> type:
+        own = [name for name in _LAZY_METHODS if name in c.__dict__]
+        made = dataclasses.dataclass(c, init=False, repr=False, eq=False, slots=True,
+                                     frozen=frozen)
+        lazy = [name for name in _LAZY_METHODS if name not in own]
+        if frozen and "__hash__" not in c.__dict__:
+            lazy.append("__hash__")  # a frozen dataclass hashes by its fields
+        elif "__hash__" not in c.__dict__:
+            made.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value
+        for name in lazy:
+            setattr(made, name, _first_call(made, name, lazy, frozen))
+        return made
+
+    return wrap if cls is None else wrap(cls)
+
+
+def _first_call(cls: type, name: str, lazy: list[str], frozen: bool) -> Callable:
+    def first(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _compile_methods(cls, lazy, frozen)
+        return getattr(cls, name)(self, *args, **kwargs)
+
+    first.__name__ = first.__qualname__ = name
+    return first
+
+
+def _compile_methods(cls: type, names: list[str], frozen: bool) -> None:
+    """Put on ``cls`` the methods named that :mod:`dataclasses` makes for its fields (made
+    for a plain twin of the class: they set and read the same attributes)."""
+    fields = dataclasses.fields(cls)
+    twin: Any = type(cls.__name__, (), {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+        "__annotations__": {f.name: f.type for f in fields},
+        **{f.name: _copy_field(f) for f in fields}})
+    twin = dataclasses.dataclass(twin, frozen=frozen)
+    for name in names:
+        setattr(cls, name, twin.__dict__[name])
+
+
+def _copy_field(f: dataclasses.Field) -> Any:
+    return dataclasses.field(default=f.default, default_factory=f.default_factory,
+                             init=f.init, repr=f.repr, hash=f.hash, compare=f.compare,
+                             metadata=f.metadata, kw_only=f.kw_only)
 
 
 def wire(check: Check = field_checks.anything, default: Any = MISSING, *,

@@ -11,12 +11,11 @@ scheduler answers either with ``registered``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
 from hpcsched.core.protocol.client import C2S, INTRODUCTION, S2C, Stimulus
-from hpcsched.core.protocol.wire import Direction, context, message, wire
+from hpcsched.core.protocol.wire import Direction, context, message, record, wire
 
 Key = Any
 
@@ -29,7 +28,7 @@ WORKER_TO_WORKER = Direction("worker", "worker", checked=False, doc=(
 W2S, S2W, W2W = WORKER_TO_SCHEDULER, SCHEDULER_TO_WORKER, WORKER_TO_WORKER
 
 
-@dataclass(slots=True)
+@record
 class FromWorker(Stimulus):
     """Base of a worker's reports to the scheduler's state machine: the scheduler fills in
     which worker sent it."""
@@ -40,7 +39,7 @@ class FromWorker(Stimulus):
 # ====================================================================== registration
 
 @message("register-worker", W2S, INTRODUCTION)
-@dataclass(slots=True)
+@record
 class RegisterWorker:
     """A worker introduces itself (its first message)."""
 
@@ -60,7 +59,7 @@ class RegisterWorker:
 
 
 @message("registered", S2W, S2C)
-@dataclass(slots=True)
+@record
 class Registered:
     """The scheduler accepts a worker or a client."""
 
@@ -75,7 +74,7 @@ class Registered:
 
 
 @message("heartbeat-interval", S2W)
-@dataclass(slots=True)
+@record
 class HeartbeatInterval:
     """The cluster grew or shrank: heartbeat every ``interval`` seconds from now on (sent to
     every worker when the cluster outgrows its interval; when it shrank, the answer to a
@@ -85,7 +84,7 @@ class HeartbeatInterval:
 
 
 @message("register-error", S2W)
-@dataclass(slots=True)
+@record
 class RegisterError:
     """The scheduler refuses a worker (a malformed introduction, a name already taken)."""
 
@@ -95,7 +94,7 @@ class RegisterError:
 # ====================================================================== worker -> scheduler
 
 @message("task-started", W2S)
-@dataclass(slots=True)
+@record
 class TaskStarted(FromWorker):
     """``key`` started running on the worker."""
 
@@ -103,7 +102,7 @@ class TaskStarted(FromWorker):
 
 
 @message("task-finished", W2S)
-@dataclass(slots=True)
+@record
 class TaskFinished(FromWorker):
     """``key`` ran on the worker, which holds its result."""
 
@@ -115,7 +114,7 @@ class TaskFinished(FromWorker):
 
 
 @message("task-erred", W2S)
-@dataclass(slots=True)
+@record
 class TaskErred(FromWorker):
     """``key`` raised on the worker."""
 
@@ -128,7 +127,7 @@ class TaskErred(FromWorker):
 
 
 @message("range-finished", W2S)
-@dataclass(slots=True)
+@record
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
     results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
@@ -143,7 +142,7 @@ class RangeFinished(FromWorker):
 
 
 @message("missing-data", W2S)
-@dataclass(slots=True)
+@record
 class MissingData(FromWorker):
     """The worker could not get ``key`` from ``errant_worker``."""
 
@@ -152,7 +151,7 @@ class MissingData(FromWorker):
 
 
 @message("long-running", W2S)
-@dataclass(slots=True)
+@record
 class LongRunning(FromWorker):
     """A task seceded from the worker's thread pool: it no longer occupies a slot."""
 
@@ -161,7 +160,7 @@ class LongRunning(FromWorker):
 
 
 @message("result-erred", W2S)
-@dataclass(slots=True)
+@record
 class ResultErred(FromWorker):
     """The result of ``key``, held by the worker, could not be serialized to leave it."""
 
@@ -172,7 +171,7 @@ class ResultErred(FromWorker):
 
 
 @message("add-keys", W2S)
-@dataclass(slots=True)
+@record
 class AddKeys(FromWorker):
     """The worker now holds ``keys`` (replicas acquired, scattered data stored)."""
 
@@ -181,7 +180,7 @@ class AddKeys(FromWorker):
 
 
 @message("release-worker-data", W2S)
-@dataclass(slots=True)
+@record
 class ReleaseWorkerData(FromWorker):
     """The worker dropped its copy of ``keys``."""
 
@@ -189,7 +188,7 @@ class ReleaseWorkerData(FromWorker):
 
 
 @message("steal-response", W2S)
-@dataclass(slots=True)
+@record
 class StealResponse(FromWorker):
     """The answer to ``steal-request``: the task's state on the worker (a task not yet
     running is given up)."""
@@ -199,7 +198,7 @@ class StealResponse(FromWorker):
 
 
 @message("heartbeat", W2S)
-@dataclass(slots=True)
+@record
 class Heartbeat(FromWorker):
     """The worker is alive; its metrics (memory, CPU, bandwidth, transfers, logs)."""
 
@@ -207,7 +206,7 @@ class Heartbeat(FromWorker):
 
 
 @message("worker-status-change", W2S)
-@dataclass(slots=True)
+@record
 class WorkerStatusChange(FromWorker):
     """The worker paused (its memory is past the pause fraction: it starts nothing) or runs
     again; a paused worker is given no new task."""
@@ -216,7 +215,7 @@ class WorkerStatusChange(FromWorker):
 
 
 @message("run-reply", W2S)
-@dataclass(slots=True)
+@record
 class RunReply:
     """A worker's answer to ``run``, ``upload-file`` or a plugin op."""
 
@@ -228,7 +227,7 @@ class RunReply:
 
 
 @message("data-reply", W2S, W2W)
-@dataclass(slots=True)
+@record
 class DataReply:
     """The answer to ``get-data``: the values the worker holds, the keys it does not."""
 
@@ -243,7 +242,7 @@ class DataReply:
 
 
 @message("retire-me", W2S)
-@dataclass(slots=True)
+@record
 class RetireMe:
     """The worker's lifetime is up: retire it gracefully."""
 
@@ -251,7 +250,7 @@ class RetireMe:
 # ====================================================================== scheduler -> worker
 
 @message("upload-file", C2S, S2W)
-@dataclass(slots=True)
+@record
 class UploadFile:
     """``Client.upload_file``: a file for every worker, also those that join later (the
     scheduler relays it to each; they answer ``run-reply``, the client ``control-reply``)."""
@@ -263,7 +262,7 @@ class UploadFile:
 
 
 @message("compute-task", S2W)
-@dataclass(slots=True)
+@record
 class ComputeTask(Stimulus):
     """Run ``key`` (after fetching its dependencies from the workers holding them)."""
 
@@ -280,7 +279,7 @@ class ComputeTask(Stimulus):
 
 
 @message("compute-range", S2W)
-@dataclass(slots=True)
+@record
 class ComputeRange(Stimulus):
     """Run elements ``indices`` of the bulk map ``prefix``, one after the other, each
     ``function(*args, **kwargs)`` with its ``args`` blob; hold each result under its key
@@ -294,7 +293,7 @@ class ComputeRange(Stimulus):
 
 
 @message("free-keys", S2W)
-@dataclass(slots=True)
+@record
 class FreeKeys(Stimulus):
     """Forget ``keys``: drop their data, cancel them if not done."""
 
@@ -302,7 +301,7 @@ class FreeKeys(Stimulus):
 
 
 @message("steal-request", S2W)
-@dataclass(slots=True)
+@record
 class StealRequest(Stimulus):
     """Give ``key`` up unless it runs already (work stealing); answered by
     ``steal-response``."""
@@ -311,7 +310,7 @@ class StealRequest(Stimulus):
 
 
 @message("acquire-replicas", S2W)
-@dataclass(slots=True)
+@record
 class AcquireReplicas(Stimulus):
     """Fetch a copy of these keys from the workers holding them (replicate, retire)."""
 
@@ -320,7 +319,7 @@ class AcquireReplicas(Stimulus):
 
 
 @message("refresh-who-has", S2W)
-@dataclass(slots=True)
+@record
 class RefreshWhoHas(Stimulus):
     """Where these keys are now (a fetch found a worker without them)."""
 
@@ -328,7 +327,7 @@ class RefreshWhoHas(Stimulus):
 
 
 @message("update-data", S2W)
-@dataclass(slots=True)
+@record
 class UpdateData(Stimulus):
     """Store this scattered data; answered by ``add-keys``."""
 
@@ -338,7 +337,7 @@ class UpdateData(Stimulus):
 
 
 @message("get-data", S2W, W2W)
-@dataclass(slots=True)
+@record
 class GetData:
     """Send me the values of ``keys`` you hold; answered by ``data-reply``."""
 
@@ -349,7 +348,7 @@ class GetData:
 
 
 @message("close", S2W)
-@dataclass(slots=True)
+@record
 class Close:
     """Close the worker (retired, or the scheduler closes or drops it)."""
 
@@ -359,7 +358,7 @@ class Close:
 
 
 @message("run", S2W)
-@dataclass(slots=True)
+@record
 class RunOnWorker:
     """Run a function now, for ``Client.run``; answered by ``run-reply``."""
 
@@ -371,7 +370,7 @@ class RunOnWorker:
 
 
 @message("plugin-add", S2W)
-@dataclass(slots=True)
+@record
 class PluginAdd:
     """Set a worker plugin up (one of the same name is torn down first); answered by
     ``run-reply``."""
@@ -382,7 +381,7 @@ class PluginAdd:
 
 
 @message("plugin-remove", S2W)
-@dataclass(slots=True)
+@record
 class PluginRemove:
     """Tear a worker plugin down; answered by ``run-reply``."""
 
@@ -391,7 +390,7 @@ class PluginRemove:
 
 
 @message("plugins-reset", S2W)
-@dataclass(slots=True)
+@record
 class PluginsReset:
     """Tear every worker plugin down and set it up again (``Client.restart``); answered by
     ``run-reply``."""

@@ -32,7 +32,7 @@ slot again).
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, field
 from typing import Any
 
 from hpcsched.core.protocol.messages import (
@@ -64,6 +64,7 @@ from hpcsched.core.protocol.messages import (
     WorkerStatusChange,
     encode,
 )
+from hpcsched.core.protocol.wire import record
 
 __all__ = [
     "AcquireReplicas", "AddClient", "AddKeys", "AddWorker", "CancelKeys", "ClientDesiresKeys",
@@ -85,7 +86,7 @@ SHORT_TASK = 0.01
 
 
 # ============================================================ commands
-@dataclass(slots=True)
+@record
 class Send:
     """Send ``msg`` -- a wire dict or a protocol record -- to peer ``to``."""
 
@@ -111,7 +112,7 @@ class InvalidTransition(AssertionError):
     (the scheduler's or a worker's): a bug in that machine, never the peer's fault."""
 
 
-@dataclass(slots=True)
+@record
 class Execute:
     """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool."""
 
@@ -119,7 +120,7 @@ class Execute:
     run_spec: Any
 
 
-@dataclass(slots=True)
+@record
 class GatherDep:
     """Fetch ``keys`` from peer ``worker``."""
 
@@ -127,7 +128,7 @@ class GatherDep:
     keys: list
 
 
-@dataclass(slots=True)
+@record
 class Resume:
     """A seceded task that asked to rejoin has a thread slot again: let it go on."""
 
@@ -135,7 +136,7 @@ class Resume:
 
 
 # ============================================================ events the servers make
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class Internal:
     """Base of the events a server makes itself (not read off a message): frozen, with
     when it happened and the ``stimulus_id`` that names it, as the records have."""
@@ -147,7 +148,7 @@ class Internal:
 
 # ============================================================ scheduler events
 # (those a worker or a client sends are protocol records, imported above)
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class AddWorker(Internal):
     """A worker registered (the scheduler's reading of its ``register-worker``)."""
 
@@ -163,7 +164,7 @@ class AddWorker(Internal):
     paused: bool = False  # given no new task until it runs (WorkerStatusChange)
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class RemoveWorker(Internal):
     """A worker left (its connection closed, it timed out, it was retired)."""
 
@@ -171,21 +172,21 @@ class RemoveWorker(Internal):
     reason: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class AddClient(Internal):
     """A client registered."""
 
     client: str
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class RemoveClient(Internal):
     """A client left (it closed, or its connection did)."""
 
     client: str
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class RetireWorkers(Internal):
     """Retire ``workers`` (addresses, resolved from a ``retire-workers`` request or a
     worker's ``retire-me``); ``requester`` hears the reply."""
@@ -196,7 +197,7 @@ class RetireWorkers(Internal):
     close: bool = True
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class RebalanceKeys(Internal):
     """``Client.rebalance``: spread ``keys`` (all if None) over ``workers`` (all if None)."""
 
@@ -206,13 +207,13 @@ class RebalanceKeys(Internal):
     workers: list | None = None
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class Tick(Internal):
     """The server's periodic tick: timeouts, work stealing, retirements in progress."""
 
 
 # ============================================================ worker events
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class PauseWorker(Internal):
     """The worker's memory monitor: stop starting tasks and fetching (``paused=True``), or
     go on again."""
@@ -220,7 +221,7 @@ class PauseWorker(Internal):
     paused: bool
 
 
-@dataclass(slots=True)
+@record
 class ExecuteSuccess:
     """Task ``key`` ran and returned ``value`` (``nbytes`` in memory)."""
 
@@ -234,7 +235,7 @@ class ExecuteSuccess:
     stimulus_id: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class ExecuteFailure(Internal):
     """Task ``key`` raised ``exception``."""
 
@@ -246,7 +247,7 @@ class ExecuteFailure(Internal):
     stop: float = 0.0
 
 
-@dataclass(slots=True)
+@record
 class GatherDepSuccess:
     """Peer ``worker`` answered a fetch with ``data``."""
 
@@ -259,7 +260,7 @@ class GatherDepSuccess:
     stimulus_id: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class Secede(Internal):
     """The task ``key`` gave its thread back to the pool (``hpcsched.secede()``)."""
 
@@ -267,14 +268,14 @@ class Secede(Internal):
     compute_duration: float = 0.0
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class Rejoin(Internal):
     """The seceded task ``key`` waits for a thread slot (``hpcsched.rejoin()``)."""
 
     key: Key
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class ServeFailed(Internal):
     """The result of ``key`` could not be serialized for a peer or a client."""
 
@@ -284,7 +285,7 @@ class ServeFailed(Internal):
     exception_text: str = ""
 
 
-@dataclass(slots=True, frozen=True)
+@record(frozen=True)
 class GatherDepFailure(Internal):
     """The peer could not be reached (or died while sending)."""
 
