@@ -47,7 +47,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.protocol import checks as field_checks
 from hpcsched.core.protocol.checks import Check, describe, short
@@ -145,30 +145,33 @@ _ENCODERS = Generated()
 _LAZY_METHODS = ("__init__", "__repr__", "__eq__")
 
 
-def record(cls: type | None = None, /, *, frozen: bool = False) -> Any:
-    """``@dataclass(slots=True[, frozen=True])``, its methods compiled when first called.
+if TYPE_CHECKING:  # to a type checker a record is the slots dataclass it is at run time
+    from dataclasses import dataclass as record
+else:
+    def record(cls: type | None = None, /, *, frozen: bool = False) -> Any:
+        """``@dataclass(slots=True[, frozen=True])``, its methods compiled when first called.
 
-    :mod:`dataclasses` compiles ``__init__``, ``__repr__`` and ``__eq__`` of every class
-    as it is defined: for the protocol's and the state machines' hundred-odd records that
-    is most of what importing them costs, on every process of a job, while a process
-    builds a few dozen kinds. A record is an ordinary slots dataclass
-    (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it); each of those
-    methods is one :mod:`dataclasses` makes, on the first call of any of them.
-    """
-    def wrap(c: type) -> type:
-        own = [name for name in _LAZY_METHODS if name in c.__dict__]
-        made = dataclasses.dataclass(c, init=False, repr=False, eq=False, slots=True,
-                                     frozen=frozen)
-        lazy = [name for name in _LAZY_METHODS if name not in own]
-        if frozen and "__hash__" not in c.__dict__:
-            lazy.append("__hash__")  # a frozen dataclass hashes by its fields
-        elif "__hash__" not in c.__dict__:
-            made.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value
-        for name in lazy:
-            setattr(made, name, _first_call(made, name, lazy, frozen))
-        return made
+        :mod:`dataclasses` compiles ``__init__``, ``__repr__`` and ``__eq__`` of every class
+        as it is defined: for the protocol's and the state machines' hundred-odd records that
+        is most of what importing them costs, on every process of a job, while a process
+        builds a few dozen kinds. A record is an ordinary slots dataclass
+        (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it); each of those
+        methods is one :mod:`dataclasses` makes, on the first call of any of them.
+        """
+        def wrap(c: type) -> type:
+            own = [name for name in _LAZY_METHODS if name in c.__dict__]
+            made = dataclasses.dataclass(c, init=False, repr=False, eq=False, slots=True,
+                                         frozen=frozen)
+            lazy = [name for name in _LAZY_METHODS if name not in own]
+            if frozen and "__hash__" not in c.__dict__:
+                lazy.append("__hash__")  # a frozen dataclass hashes by its fields
+            elif "__hash__" not in c.__dict__:
+                made.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value
+            for name in lazy:
+                setattr(made, name, _first_call(made, name, lazy, frozen))
+            return made
 
-    return wrap if cls is None else wrap(cls)
+        return wrap if cls is None else wrap(cls)
 
 
 def _first_call(cls: type, name: str, lazy: list[str], frozen: bool) -> Callable:
