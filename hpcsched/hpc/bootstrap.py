@@ -73,17 +73,10 @@ from typing import Any, NoReturn
 from hpcsched.core import config
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
+from hpcsched.launchers.resources import launcher_size
 
 logger = logging.getLogger("hpcsched.bootstrap")
 
-# (size variable, rank variable) of the launchers we know; first present wins
-_LAUNCHER_VARS = (
-    ("PMI_SIZE", "PMI_RANK"),  # MPICH hydra, Intel MPI, srun --mpi=pmi2
-    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),  # Open MPI
-    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"),  # MVAPICH
-    ("PMIX_SIZE", "PMIX_RANK"),
-    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID"),  # inside an srun step
-)
 EXIT_INTERRUPTED = 130
 
 
@@ -106,26 +99,6 @@ _exit_status: int | None = None  # what the script's sys.exit asked for (initial
 
 
 # ------------------------------------------------------------------ the world
-def launcher_size(env: dict[str, str] | os._Environ = os.environ) -> int | None:
-    """Number of processes the launcher says it started; None if no launcher is seen.
-
-    0 means "a launcher is there but did not say how many" (ask MPI).
-    """
-    for size_var, rank_var in _LAUNCHER_VARS:
-        if size_var == "SLURM_STEP_NUM_TASKS" and not env.get("SLURM_STEP_ID"):
-            continue  # a batch script's own environment, not an srun step
-        value = env.get(size_var, "").strip()
-        if value:
-            try:
-                return int(value)
-            except ValueError:
-                raise RuntimeError(f"hpcsched: {size_var}={value!r} is not a number of "
-                                   "processes") from None
-        if env.get(rank_var, "").strip():
-            return 0
-    return None
-
-
 def _world(comm: Any = None) -> _Job:
     """Rank and size, importing mpi4py only when a launcher started us with several ranks.
 

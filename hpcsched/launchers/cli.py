@@ -46,15 +46,10 @@ def _setup_logging(level: str) -> None:
 
 def _rank_suffix() -> str | None:
     """The rank of this process under srun/mpiexec when several were started, else None."""
-    for size_var, rank_var in (("SLURM_NTASKS", "SLURM_PROCID"), ("PMI_SIZE", "PMI_RANK"),
-                               ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
-                               ("PMIX_SIZE", "PMIX_RANK")):
-        try:
-            if int(os.environ.get(size_var, "1")) > 1 and rank_var in os.environ:
-                return os.environ[rank_var]
-        except ValueError:
-            continue
-    return None
+    from hpcsched.launchers.resources import launcher_rank
+
+    rank = launcher_rank()
+    return None if rank is None else str(rank)
 
 
 def parse_resources(text: str | None) -> dict[str, float]:

@@ -44,11 +44,12 @@ from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 from hpcsched.core.worker.nanny import Nanny
 from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
-from hpcsched.launchers.resources import machine_memory
+from hpcsched.launchers.resources import LAUNCHERS, machine_memory
 
-# what an MPI launcher puts in each rank's environment: MPICH's hydra, Open MPI, PMIx
-_RANK_VARIABLES = frozenset({"PMI_RANK", "PMI_SIZE", "PMI_FD", "PMI_PORT", "PMI_ID",
-                             "HYDRA_CONTROL_FD", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"})
+# what an MPI launcher puts in each rank's environment (SLURM's stay: they describe the
+# job the cluster runs in): the ranks' variables, MPICH hydra's connection to its proxy
+_RANK_VARIABLES = frozenset({v for launcher in LAUNCHERS[:-1] for v in launcher} |
+                            {"PMI_FD", "PMI_PORT", "PMI_ID", "HYDRA_CONTROL_FD"})
 _RANK_PREFIXES = ("OMPI_COMM_WORLD_", "PMIX_")
 
 logger = logging.getLogger("hpcsched.local")

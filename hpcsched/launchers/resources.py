@@ -104,9 +104,52 @@ def slurm_tasks_on_node(text: str, node_index: int) -> int:
     return counts[min(max(node_index, 0), len(counts) - 1)]
 
 
+#: each MPI launcher's variables in a rank's environment: (world size, rank, ranks on
+#: this node, rank on this node). SLURM's world size is an srun step's (a batch script's
+#: own environment has SLURM_NTASKS and SLURM_PROCID=0 too: it is no launcher's rank).
+LAUNCHERS = (
+    ("PMI_SIZE", "PMI_RANK", "MPI_LOCALNRANKS", "MPI_LOCALRANKID"),  # MPICH, Intel MPI, pmi2
+    ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK"),  # Open MPI
+    ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_LOCAL_SIZE",
+     "MV2_COMM_WORLD_LOCAL_RANK"),  # MVAPICH
+    ("PMIX_SIZE", "PMIX_RANK", "PMIX_LOCAL_SIZE", "PMIX_LOCAL_RANK"),
+    ("SLURM_STEP_NUM_TASKS", "SLURM_PROCID", None, "SLURM_LOCALID"),  # an srun step
+)
+
+
+def launcher_size(env: Mapping[str, str] = os.environ) -> int | None:
+    """Number of processes the launcher says it started; None if no launcher is seen.
+
+    0 means "a launcher is there but did not say how many" (ask MPI).
+    """
+    for size_var, rank_var, _, _ in LAUNCHERS:
+        if size_var == "SLURM_STEP_NUM_TASKS" and not env.get("SLURM_STEP_ID"):
+            continue  # a batch script's own environment, not an srun step
+        value = env.get(size_var, "").strip()
+        if value:
+            try:
+                return int(value)
+            except ValueError:
+                raise RuntimeError(f"hpcsched: {size_var}={value!r} is not a number of "
+                                   "processes") from None
+        if env.get(rank_var, "").strip():
+            return 0
+    return None
+
+
+def launcher_rank(env: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank when a launcher started several, else None."""
+    try:
+        if (launcher_size(env) or 0) < 2:
+            return None
+    except RuntimeError:
+        return None
+    return _first_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
+
+
 def _local_size_from_env(env: Mapping[str, str]) -> int | None:
-    n = _first_int(env, ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "PMIX_LOCAL_SIZE",
-                         "MV2_COMM_WORLD_LOCAL_SIZE"))
+    n = _first_int(env, tuple(v[2] for v in LAUNCHERS if v[2]))
     if n is not None:
         return n
     node = _int(env, "SLURM_NODEID", minimum=0) or 0
@@ -117,10 +160,8 @@ def _local_size_from_env(env: Mapping[str, str]) -> int | None:
 
 
 def _rank_from_env(env: Mapping[str, str]) -> tuple[int | None, int | None]:
-    rank = _first_int(env, ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
-                            "SLURM_PROCID"), minimum=0)
-    local = _first_int(env, ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_LOCAL_RANK",
-                             "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"), minimum=0)
+    rank = _first_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
+    local = _first_int(env, tuple(v[3] for v in LAUNCHERS), minimum=0)
     return rank, local
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from hpcsched.hpc.bootstrap import launcher_size
+from hpcsched.launchers.resources import launcher_rank, launcher_size
 
 REPO = Path(__file__).resolve().parents[2]
 # what a run needs when its tasks' functions live in the repository's tests package: the
@@ -156,6 +156,19 @@ def test_launcher_size_from_environment():
                           "SLURM_PROCID": "1"}) == 4
     with pytest.raises(RuntimeError, match="PMI_SIZE='four'"):
         launcher_size({"PMI_SIZE": "four"})
+
+
+
+def test_launcher_rank_only_among_several():
+    """The rank `hpcsched worker` appends to its name: that of a launcher that started
+    several processes, never a batch script's own SLURM_PROCID."""
+    assert launcher_rank({"PMI_SIZE": "4", "PMI_RANK": "3"}) == 3
+    assert launcher_rank({"MV2_COMM_WORLD_SIZE": "2", "MV2_COMM_WORLD_RANK": "1"}) == 1
+    assert launcher_rank({"PMI_SIZE": "1", "PMI_RANK": "0"}) is None
+    assert launcher_rank({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) is None
+    assert launcher_rank({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "4",
+                          "SLURM_PROCID": "2"}) == 2
+    assert launcher_rank({"PMI_SIZE": "four", "PMI_RANK": "1"}) is None
 
 
 def test_missing_script_is_a_clear_error():
