@@ -19,6 +19,7 @@ however many browsers poll.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -52,6 +53,34 @@ def dashboard_token(secret: bytes | None) -> str:
     return hmac.new(secret, b"hpcsched dashboard token", hashlib.sha256).hexdigest()[:32]
 
 
+def listen(host: str, port: int, asked: bool = True) -> socket.socket:
+    """A socket listening at ``host:port`` for the dashboard; on another port when that one
+    is in use. ``asked``: the port was the user's choice (not the default 8787), and
+    serving elsewhere is worth a warning; for the default, the printed link says it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+    def bound(p: int) -> socket.socket:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.bind((host, p))
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    try:
+        return bound(port)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE or port == 0:
+            raise
+    sock = bound(0)
+    (logger.warning if asked else logger.info)(
+        "port %d is already in use; the dashboard is served on port %d instead",
+        port, sock.getsockname()[1])
+    return sock
+
+
 def attach(scheduler: Any) -> Diagnostics:
     return Diagnostics(scheduler)
 
@@ -67,6 +96,9 @@ class Diagnostics:
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
         self.server: DashboardServer | None = None
+        self._listener: socket.socket | None = None
+        self._server_lock = threading.Lock()
+        self._closed = False
         self.link: str | None = None
         security = getattr(scheduler, "security", None)
         self.token = dashboard_token(security.secret if security is not None else None)
@@ -76,8 +108,9 @@ class Diagnostics:
 
     # ------------------------------------------------------------ dashboard server
     def _start_server(self, address: str) -> None:
-        from hpcsched.diagnostics.server import DashboardServer
-
+        """Listen at ``address`` now (the link is printed at once) and serve from a thread
+        of its own, which imports the HTTP server: a scheduler's start does not wait for
+        it."""
         host, _, port_text = address.rpartition(":")
         host = host.strip("[]")
         try:
@@ -90,18 +123,36 @@ class Diagnostics:
             host = self._default_host()
         try:
             asked = address != config.DEFAULTS["diagnostics.dashboard.address"]
-            self.server = DashboardServer(self, host, port, asked=asked)
+            listener = listen(host, port, asked)
         except OSError as e:
             logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)
             return
-        shown = self.server.host
+        self._listener = listener
+        self._starting = threading.Thread(target=self._serve, args=(listener,),
+                                          name="hpcsched-dashboard-start", daemon=True)
+        self._starting.start()
+        bound = listener.getsockname()[1]
+        shown = host
         if shown in ("0.0.0.0", "::", ""):
             shown = socket.gethostname()
-        self.link = f"http://{shown}:{self.server.port}/status?token={self.token}"
+        self.link = f"http://{shown}:{bound}/status?token={self.token}"
         self.scheduler.services["dashboard"] = self.link
         logger.info("dashboard at %s", self.link)
         if backend_for(self.scheduler.address).reached_by_tunnel:
-            self._print_tunnel(shown, self.server.port)
+            self._print_tunnel(shown, bound)
+
+    def _serve(self, listener: socket.socket) -> None:
+        from hpcsched.diagnostics.server import DashboardServer
+
+        with self._server_lock:
+            if self._closed:
+                listener.close()
+                return
+            try:
+                self.server = DashboardServer(self, listener)
+            except Exception:  # noqa: BLE001 - the scheduler goes on without its dashboard
+                logger.warning("the dashboard could not be served", exc_info=True)
+                listener.close()
 
     def _default_host(self) -> str:
         """Where to listen when the address names no host: as the scheduler's transport
@@ -117,9 +168,13 @@ class Diagnostics:
               file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            self.server = None
+        with self._server_lock:
+            self._closed = True
+            server, self.server = self.server, None
+        if server is not None:
+            server.close()
+        elif self._listener is not None:
+            self._listener.close()  # not served yet: its thread will not serve it
         self.scheduler.services.pop("dashboard", None)
 
     # ------------------------------------------------------------ snapshots

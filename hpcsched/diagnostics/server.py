@@ -23,7 +23,6 @@ and says so in the log (as dask does), so many clusters can run at once.
 
 from __future__ import annotations
 
-import errno
 import hmac
 import json
 import logging
@@ -70,15 +69,18 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False  # a port in use must be seen as such (fallback below)
 
-    def __init__(self, address: tuple, handler: type, owner: DashboardServer):
+    def __init__(self, listener: socket.socket, handler: type, owner: DashboardServer):
+        """Serve on ``listener``, bound and listening already."""
         self.owner = owner
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()
-        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        self.address_family = family
+        self.address_family = listener.family
         self._stopping = False
-        self._waker, self._woken = socket.socketpair()  # closed by server_close, also on error
-        super().__init__(address, handler)
+        super().__init__(listener.getsockname(), handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = listener
+        self.server_address = listener.getsockname()
+        self._waker, self._woken = socket.socketpair()  # closed by server_close
 
     def serve(self) -> None:
         """Accept connections until :meth:`stop`, which wakes this at once (``serve_forever``
@@ -126,23 +128,14 @@ class _Server(ThreadingHTTPServer):
 
 
 class DashboardServer:
-    """Serves ``diagnostics`` (a :class:`~.extension.Diagnostics`) on ``host:port``."""
+    """Serves ``diagnostics`` (a :class:`~.extension.Diagnostics`) on ``listener`` (a
+    listening socket, :func:`~.extension.listen`)."""
 
-    def __init__(self, diagnostics: Any, host: str, port: int, asked: bool = True):
-        """``asked``: the port was chosen by the user (not the default 8787): serving on
-        another one is then worth a warning; for the default, the printed link says it."""
+    def __init__(self, diagnostics: Any, listener: socket.socket):
         self.diagnostics = diagnostics
-        try:
-            self.httpd = _Server((host, port), _Handler, self)
-        except OSError as e:
-            if e.errno != errno.EADDRINUSE or port == 0:
-                raise
-            self.httpd = _Server((host, 0), _Handler, self)
-            (logger.warning if asked else logger.info)(
-                "port %d is already in use; the dashboard is served on port %d instead",
-                port, self.httpd.server_address[1])
-        self.host = host
-        self.port = self.httpd.server_address[1]
+        self.httpd = _Server(listener, _Handler, self)
+        self.host = listener.getsockname()[0]
+        self.port = listener.getsockname()[1]
         self.cookie = f"hpcsched-token-{self.port}"
         self._thread = threading.Thread(target=self.httpd.serve,
                                         name=f"hpcsched-dashboard:{self.port}", daemon=True)
