@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import reprlib
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING
 from typing import TYPE_CHECKING, Any
@@ -155,8 +156,9 @@ else:
         as it is defined: for the protocol's and the state machines' hundred-odd records that
         is most of what importing them costs, on every process of a job, while a process
         builds a few dozen kinds. A record is an ordinary slots dataclass
-        (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it); each of those
-        methods is one :mod:`dataclasses` makes, on the first call of any of them.
+        (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it) whose
+        ``__init__``, ``__repr__``, ``__eq__`` (and ``__hash__`` if frozen) are compiled, as
+        :mod:`dataclasses` writes them, on the first call of any of them.
         """
         def wrap(c: type) -> type:
             own = [name for name in _LAZY_METHODS if name in c.__dict__]
@@ -184,22 +186,61 @@ def _first_call(cls: type, name: str, lazy: list[str], frozen: bool) -> Callable
 
 
 def _compile_methods(cls: type, names: list[str], frozen: bool) -> None:
-    """Put on ``cls`` the methods named that :mod:`dataclasses` makes for its fields (made
-    for a plain twin of the class: they set and read the same attributes)."""
-    fields = dataclasses.fields(cls)
-    twin: Any = type(cls.__name__, (), {
-        "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-        "__annotations__": {f.name: f.type for f in fields},
-        **{f.name: _copy_field(f) for f in fields}})
-    twin = dataclasses.dataclass(twin, frozen=frozen)
+    """Put on ``cls`` the methods named, as :mod:`dataclasses` makes them for its fields.
+
+    The source is compiled, then run as a code object: ``exec`` of a string would clear
+    the interpreter's note that a KeyboardInterrupt ended the program (a record first
+    built during the exit's cleanup would make Ctrl-C exit with status 1, not by SIGINT).
+    """
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    env: dict[str, Any] = {"MISSING": MISSING, "set_": object.__setattr__, "cls": cls}
+    params: list[str] = []
+    kw_params: list[str] = []
+    body: list[str] = []
+    for f in fields:
+        param = f.name
+        if f.default is not MISSING:
+            env[f"d_{f.name}"] = f.default
+            param += f"=d_{f.name}"
+            value = f.name
+        elif f.default_factory is not MISSING:
+            env[f"f_{f.name}"] = f.default_factory
+            param += "=MISSING"
+            value = f"f_{f.name}() if {f.name} is MISSING else {f.name}"
+        else:
+            value = f.name
+        (kw_params if f.kw_only else params).append(param)
+        body.append(f"set_(self, {f.name!r}, {value})" if frozen
+                    else f"self.{f.name} = {value}")
+    signature = ", ".join(["self", *params, *(["*", *kw_params] if kw_params else [])])
+    shown = [f.name for f in fields if f.repr]
+    compared = [f.name for f in dataclasses.fields(cls) if f.compare]
+    hashed = [f.name for f in dataclasses.fields(cls)
+              if (f.compare if f.hash is None else f.hash)]
+
+    def values(of: str, names: list[str]) -> str:
+        return "(" + "".join(f"{of}.{n}, " for n in names) + ")"
+
+    src = "\n".join([
+        f"def __init__({signature}):",
+        *(f"    {line}" for line in body or ["pass"]),
+        "def __repr__(self):",
+        "    return self.__class__.__qualname__ + f'(" +
+        ", ".join(f"{n}={{self.{n}!r}}" for n in shown) + ")'",
+        "def __eq__(self, other):",
+        "    if other.__class__ is self.__class__:",
+        f"        return {values('self', compared)} == {values('other', compared)}",
+        "    return NotImplemented",
+        "def __hash__(self):",
+        f"    return hash({values('self', hashed)})",
+    ]) + "\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, f"<record {cls.__qualname__}>", "exec"), env, ns)  # noqa: S102 - ours
+    ns["__repr__"] = reprlib.recursive_repr()(ns["__repr__"])
     for name in names:
-        setattr(cls, name, twin.__dict__[name])
-
-
-def _copy_field(f: dataclasses.Field) -> Any:
-    return dataclasses.field(default=f.default, default_factory=f.default_factory,
-                             init=f.init, repr=f.repr, hash=f.hash, compare=f.compare,
-                             metadata=f.metadata, kw_only=f.kw_only)
+        fn = ns[name]
+        fn.__qualname__ = f"{cls.__qualname__}.{name}"
+        setattr(cls, name, fn)
 
 
 def wire(check: Check = field_checks.anything, default: Any = MISSING, *,

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import signal
+import subprocess
+import sys
+import textwrap
 from dataclasses import KW_ONLY, field
 
 import pytest
 
 from hpcsched.core.protocol.wire import record
+from tests.conftest import worker_env
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -108,3 +113,21 @@ def test_every_message_record_builds_from_its_fields():
         a, b = cls(**kwargs), cls(**kwargs)
         assert a == b, cls
         assert repr(a).startswith(cls.__name__ + "("), cls
+
+
+def test_ctrl_c_during_a_record_first_built_at_exit_still_exits_by_sigint(tmp_path):
+    """A program ended by Ctrl-C exits by SIGINT even when its cleanup at exit builds a
+    record of a kind it had not built (compiling its methods must not make the
+    interpreter forget the KeyboardInterrupt)."""
+    script = tmp_path / "interrupted.py"
+    script.write_text(textwrap.dedent("""
+        import atexit, os, signal
+        from hpcsched.core.protocol.messages import CancelKeys
+
+        atexit.register(lambda: print(repr(CancelKeys(keys=["x"], client="c")), flush=True))
+        os.kill(os.getpid(), signal.SIGINT)
+    """))
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, env=worker_env())
+    assert r.returncode == -signal.SIGINT, r.stderr
+    assert "CancelKeys(" in r.stdout and "KeyboardInterrupt" in r.stderr
