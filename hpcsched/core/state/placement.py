@@ -223,10 +223,15 @@ class Placement:
                     break  # the queue has nothing more for anyone
 
     def _fill(self, ws: WorkerInfo, assign: Callable[[TaskState, WorkerInfo], None]) -> None:
-        """Queued tasks to ``ws`` (its block's first) until it is full or the queue empty."""
+        """Queued tasks to ``ws`` (its block's first) until it is full or the queue empty;
+        full is more than its slots for a group of short tasks (:func:`~.policies.queue_slots`)."""
         workers = self.registry.workers
-        while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
+        while self.n_queued:
             head = self.queue_head()
+            if policies.worker_full(ws, self.worker_saturation) and (
+                    head is None or policies.busy_slots(ws) >= policies.queue_slots(
+                        ws, self.worker_saturation, head.group, self.blocks.max_bytes)):
+                break
             ts = self.blocks.take(ws, head)
             if ts is None:
                 if head is None:
