@@ -9,7 +9,8 @@ whose slots opened during the event being handled, the workers with an idle thre
 (:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
 co-assignment, ``decide_worker``); root-ish tasks that find every worker full wait in
 the queue, and :meth:`Placement.fill_slots`, after each event, hands them to the
-workers whose slots opened. It reads the workers from the
+workers whose slots opened (beyond its slots, milliseconds of a group of short tasks:
+:func:`~hpcsched.core.state.policies.queue_slots`). It reads the workers from the
 :class:`~.registry.WorkerRegistry` and changes no task's state: the task graph
 (:mod:`.tasks`) moves tasks and tells the placement (:meth:`enqueue`,
 :meth:`leave_queue`, :meth:`add_unrunnable`, :meth:`leave_unrunnable`).

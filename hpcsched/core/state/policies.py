@@ -9,6 +9,8 @@ Every function here reads :class:`~hpcsched.core.state.model.TaskState` /
 * :func:`is_rootish` — a task whose TaskGroup is larger than
   ``rootish_factor x`` the cluster's threads and has fewer than
   ``rootish_max_deps`` distinct dependencies, and no restrictions.
+* :func:`queue_slots` — how many tasks a worker holds under queuing: its slots,
+  ``ceil(worker_saturation x threads)``, or milliseconds of a group of short tasks.
 * :func:`worker_objective` — when would ``ts`` start on ``ws``: occupancy per
   thread plus bytes to transfer over the bandwidth; ties by bytes stored.
 * :func:`decide_worker` — among workers holding a dependency (when none does, a
