@@ -24,6 +24,18 @@ default scheduler (checked in every sub-run):
   in one ``dask.compute`` and reduced to a sum per variable (the timed part includes the
   opening). It needs xarray, h5netcdf and zarr.
 
+Root tasks (``--workloads roots`` names the four): graphs whose first layer is many
+independent tasks, each a few microseconds of work, so the time is the systems' own
+cost per task:
+
+* ``bag-roots``: ``db.from_sequence(range(100_000), npartitions=20_000).map(inc).sum()``;
+* ``array-roots``: ``da.from_array(np.arange(200_000.0), chunks=10).sum()`` (20,000
+  chunks);
+* ``dataframe-roots``: ``dd.from_pandas(df, npartitions=10_000).x.sum()`` of a
+  200,000-row frame;
+* ``delayed-roots``: ``dask.compute(*[dask.delayed(inc)(i) for i in range(10_000)])``
+  (10,000 independent calls, each one a result the client gathers).
+
 The driver (no MPI) launches every sub-run in a process tree of its own
 (``benchmarks/_launch.py``: killed at ``--timeout``, and whatever is left of it
 is ended when it returns or fails), one after the other:
@@ -172,8 +184,57 @@ class XarrayWorkflow:
         return dict(dask.base.collections_to_expr([*sums.values(), write]).__dask_graph__())
 
 
+def inc(x: int) -> int:
+    return x + 1
+
+
+def bag_roots_workload():
+    import dask.bag as db
+
+    return db.from_sequence(range(100_000), npartitions=20_000).map(inc).sum()
+
+
+def array_roots_workload():
+    import dask.array as da
+    import numpy as np
+
+    return da.from_array(np.arange(200_000.0), chunks=10).sum()
+
+
+def dataframe_roots_workload():
+    import dask.dataframe as dd
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"x": np.arange(200_000), "y": np.arange(200_000) * 2.0})
+    return dd.from_pandas(df, npartitions=10_000).x.sum()
+
+
+class DelayedRoots:
+    """The ``delayed-roots`` workload: 10,000 independent calls computed together (the
+    result is their sum, to be compared)."""
+
+    def __init__(self, n: int = 10_000) -> None:
+        import dask
+
+        self.calls = [dask.delayed(inc)(i) for i in range(n)]
+
+    def compute(self) -> int:
+        import dask
+
+        return sum(dask.compute(*self.calls))
+
+    def __dask_graph__(self) -> dict:
+        import dask
+
+        return dict(dask.base.collections_to_expr(self.calls).__dask_graph__())
+
+
+ROOTS = ("bag-roots", "array-roots", "dataframe-roots", "delayed-roots")
 WORKLOADS = {"array": array_workload, "dataframe": dataframe_workload,
-             "dataframe-tasks": dataframe_tasks_workload, "xarray": XarrayWorkflow}
+             "dataframe-tasks": dataframe_tasks_workload, "xarray": XarrayWorkflow,
+             "bag-roots": bag_roots_workload, "array-roots": array_roots_workload,
+             "dataframe-roots": dataframe_roots_workload, "delayed-roots": DelayedRoots}
 
 
 # ====================================================================== sub-runs
@@ -289,12 +350,19 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3,
                    help="rounds: each sub-run is launched once per round (best is kept)")
     p.add_argument("--only", default="tcp,mpi", help="which comparisons: tcp, mpi")
-    p.add_argument("--workloads", default="array,dataframe,dataframe-tasks")
+    p.add_argument("--workloads", default="array,dataframe,dataframe-tasks",
+                   help="comma-separated workloads (roots: the four root-task ones)")
     p.add_argument("--blas-threads", type=int, default=1,
                    help="BLAS threads of every process (0: leave the environment as it is)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per sub-run")
     p.add_argument("--json", default=None, help="also write all figures to this file")
     args = p.parse_args()
+    names = [n for w in args.workloads.split(",") for n in (ROOTS if w == "roots" else (w,))]
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown:
+        p.error(f"unknown workloads {', '.join(unknown)}: choose among "
+                f"{', '.join(WORKLOADS)} or roots")
+    args.workloads = ",".join(names)
     if args.role:
         ROLES[args.role](args)
         return

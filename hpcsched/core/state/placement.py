@@ -9,7 +9,8 @@ whose slots opened during the event being handled, the workers with an idle thre
 (:mod:`hpcsched.core.state.policies`: queuing with ``worker-saturation``,
 co-assignment, ``decide_worker``); root-ish tasks that find every worker full wait in
 the queue, and :meth:`Placement.fill_slots`, after each event, hands them to the
-workers whose slots opened. It reads the workers from the
+workers whose slots opened (beyond its slots, milliseconds of a group of short tasks:
+:func:`~hpcsched.core.state.policies.queue_slots`). It reads the workers from the
 :class:`~.registry.WorkerRegistry` and changes no task's state: the task graph
 (:mod:`.tasks`) moves tasks and tells the placement (:meth:`enqueue`,
 :meth:`leave_queue`, :meth:`add_unrunnable`, :meth:`leave_unrunnable`).
@@ -223,10 +224,15 @@ class Placement:
                     break  # the queue has nothing more for anyone
 
     def _fill(self, ws: WorkerInfo, assign: Callable[[TaskState, WorkerInfo], None]) -> None:
-        """Queued tasks to ``ws`` (its block's first) until it is full or the queue empty."""
+        """Queued tasks to ``ws`` (its block's first) until it is full or the queue empty;
+        full is more than its slots for a group of short tasks (:func:`~.policies.queue_slots`)."""
         workers = self.registry.workers
-        while self.n_queued and not policies.worker_full(ws, self.worker_saturation):
+        while self.n_queued:
             head = self.queue_head()
+            if policies.worker_full(ws, self.worker_saturation) and (
+                    head is None or policies.busy_slots(ws) >= policies.queue_slots(
+                        ws, self.worker_saturation, head.group, self.blocks.max_bytes)):
+                break
             ts = self.blocks.take(ws, head)
             if ts is None:
                 if head is None:

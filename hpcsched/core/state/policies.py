@@ -9,6 +9,8 @@ Every function here reads :class:`~hpcsched.core.state.model.TaskState` /
 * :func:`is_rootish` — a task whose TaskGroup is larger than
   ``rootish_factor x`` the cluster's threads and has fewer than
   ``rootish_max_deps`` distinct dependencies, and no restrictions.
+* :func:`queue_slots` — how many tasks a worker holds under queuing: its slots,
+  ``ceil(worker_saturation x threads)``, or milliseconds of a group of short tasks.
 * :func:`worker_objective` — when would ``ts`` start on ``ws``: occupancy per
   thread plus bytes to transfer over the bandwidth; ties by bytes stored.
 * :func:`decide_worker` — among workers holding a dependency (when none does, a
@@ -68,6 +70,52 @@ def worker_full(ws: WorkerInfo, saturation: float) -> bool:
         return False
     slots = math.ceil(saturation * ws.nthreads)
     return len(ws.processing) - len(ws.long_running) >= (slots if slots > 1 else 1)
+
+
+#: seconds of work a worker may hold of queued root-ish tasks known to be short: each
+#: task a worker holds beyond its slots spares it the round trip to the scheduler that
+#: refilling a slot costs (a message each way and two wake-ups, which on a busy node take
+#: longer than a task of microseconds), and lets one message carry many tasks each way
+SHORT_RUN = 0.01
+#: ... and at most this many tasks per thread
+SHORT_RUN_TASKS = 256
+
+
+def queue_slots(ws: WorkerInfo, saturation: float, group: TaskGroup, max_bytes: int) -> int:
+    """Tasks ``ws`` may hold while queued tasks of ``group`` wait for it: its
+    :func:`worker_slots`, or more when the group's tasks are known to be short and their
+    results small -- as many as its threads run in :data:`SHORT_RUN` seconds, no more
+    than ``max_bytes`` of results at the group's mean (``scheduler.queue-block-bytes``).
+
+    dask's queuing holds a worker to its slots so that root tasks do not run far ahead
+    of the tasks that consume their results ("root task overproduction",
+    https://distributed.dask.org/en/stable/scheduling-policies.html#queuing); a few
+    milliseconds of small results are no such pile, while a round trip per task keeps
+    the workers of tasks of microseconds waiting on the scheduler most of the time.
+
+    >>> from hpcsched.core.state.model import TaskGroup, WorkerInfo
+    >>> ws, tg = WorkerInfo("tcp://a:1", nthreads=2), TaskGroup("x")
+    >>> queue_slots(ws, 1.1, tg, 2**20)  # nothing measured yet: the slots
+    3
+    >>> tg.duration_total, tg.n_durations, tg.nbytes_total, tg.n_nbytes = 0.001, 10, 800, 10
+    >>> queue_slots(ws, 1.1, tg, 2**20)  # 2 threads x 10 ms / 100 us
+    200
+    >>> queue_slots(ws, 1.1, tg, 4_000)  # 4 kB of 80-byte results
+    50
+    >>> tg.duration_total = 0.1  # 10 ms each: a round trip is nothing next to that
+    >>> queue_slots(ws, 1.1, tg, 2**20)
+    3
+    """
+    slots = worker_slots(ws, saturation)
+    if not group.n_durations or not group.n_nbytes:
+        return slots
+    mean = group.duration_total / group.n_durations
+    run = ws.nthreads * SHORT_RUN_TASKS if mean <= 0 else \
+        min(int(ws.nthreads * SHORT_RUN / mean), ws.nthreads * SHORT_RUN_TASKS)
+    nbytes = group.nbytes_total / group.n_nbytes
+    if nbytes > 0:
+        run = min(run, int(max_bytes // nbytes))
+    return max(slots, run)
 
 
 def has_resources(ws: WorkerInfo, needed: dict | None) -> bool:

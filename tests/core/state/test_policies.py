@@ -306,6 +306,59 @@ def test_queue_released_to_the_worker_whose_thread_freed():
     assert computes(out, to=B) == [keys[2]] and not computes(out, to=A)
 
 
+@pytest.mark.parametrize("duration, nbytes, held", [
+    (1e-4, 8, 100),        # 10 ms of 100 us tasks (policies.SHORT_RUN)
+    (1e-6, 8, 256),        # ... at most SHORT_RUN_TASKS per thread
+    (1e-4, 100_000, 10),   # ... no more than 1 MiB of results (queue-block-bytes)
+    (0.02, 8, 1),          # tasks of 20 ms: the slots, as in dask
+])
+def test_worker_holds_milliseconds_of_short_queued_roots(duration: float, nbytes: int,
+                                                         held: int):
+    """One worker, one thread, saturation 1.0, 1,000 root tasks: one goes out. Once the
+    first has finished, its group's tasks are known to take ``duration`` seconds and give
+    ``nbytes``: the worker then holds 10 ms of such tasks at once (one message), not one
+    per round trip, within a megabyte of their results; long tasks keep it to its slot."""
+    s = cluster(A, worker_saturation=1.0)
+    keys = [f"inc-{i}" for i in range(1000)]
+    out = submit(s, {k: [] for k in keys}, keys)
+    assert computes(out) == keys[:1]
+    out = finish(s, keys[0], nbytes=nbytes, duration=duration)
+    assert computes(out) == keys[1:1 + held]  # in priority order
+    assert len(s.workers[A].processing) == held
+    assert queued(s) == keys[1 + held:]
+
+
+def test_short_roots_held_within_their_bound_while_dependents_run():
+    """Tasks of 100 us on one worker of one thread (saturation 1.0)::
+
+        y-0 y-1 ... y-299
+         |   |        |
+        x-0 x-1 ... x-299
+
+    The x's are queued; the worker, running its best-priority task each time, holds
+    many x's at once once their duration is known, never more than 10 ms of them (100),
+    and each y goes to it as its x finishes (no y is queued); every task runs once."""
+    n = 300
+    deps = {**{f"x-{i}": [] for i in range(n)}, **{f"y-{i}": [f"x-{i}"] for i in range(n)}}
+    s = cluster(A, worker_saturation=1.0, rootish_factor=1)
+    out = submit(s, deps, [f"y-{i}" for i in range(n)])
+    sent = computes(out)
+    most = 0
+    while True:
+        running = sorted((ts for ts in s.tasks.values() if ts.state == "processing"),
+                         key=lambda t: t.priority)
+        if not running:
+            break
+        xs = sum(ts.key.startswith("x") for ts in running)
+        assert xs <= 100
+        most = max(most, xs)
+        assert not [ts for ts in s.tasks.values() if ts.state == "queued" and ts.key[0] == "y"]
+        sent += computes(finish(s, running[0].key, duration=1e-4))
+    assert most == 100
+    assert sorted(sent) == sorted(deps)
+    assert all(s.tasks[f"y-{i}"].state == "memory" for i in range(n))
+
+
 # ================================================================ 5. co-assignment, Mars
 SEED_GRAPH = {
     # the seed's example, with key numbers that interleave the siblings
