@@ -426,5 +426,6 @@ class SchedulerConnection:
         self._connected.set()  # a sender waiting for a reconnect gives up
         self._outq.put(None)
         self.comm.close()
-        self._sender.join(timeout)
+        if self._sender.ident is not None:  # closed before it started: nothing to wait for
+            self._sender.join(timeout)
         self._loop.stop(join=True, timeout=5.0 if timeout is None else timeout)
