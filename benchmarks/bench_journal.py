@@ -2,7 +2,7 @@
 in one run.
 
     python benchmarks/bench_journal.py [--tasks 10000] [--leaves 8192] [--rounds 5] [--fsync]
-                                       [--control]
+                                       [--control] [--instructions]
 
 Each measurement is a process of its own: a LocalCluster (2 worker processes x 1 thread, no
 dashboard), with ``scheduler_journal`` set or not, a small map and tree to warm it up, then
@@ -17,6 +17,11 @@ timed part (client and scheduler: where the journal's work is done; the workers 
 either way). On a shared machine the throughputs of one mode spread by more than the cost
 to be measured, and the CPU figure is the one that holds. ``--control``: the "journal"
 column runs without one too -- what the benchmark shows when there is nothing to measure.
+``--instructions``: each measuring process runs under valgrind's callgrind, which counts the
+instructions it executes (the workers run as they are): the journal's cost as the difference
+of the counts, per task and in per cent of the whole process's (its start included), a
+figure other processes on the machine do not move (the runs take some fifty times longer;
+their throughputs mean nothing).
 
 First, the journal alone: what recording one tree's ``update-graph`` (the tasks' specs as a
 client sends them) and writing it costs the scheduler's loop, per task.
@@ -27,6 +32,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -96,11 +103,18 @@ def main() -> None:
     p.add_argument("--fsync", action="store_true", help="scheduler.journal-fsync")
     p.add_argument("--control", action="store_true",
                    help="the journal column without a journal (the benchmark's own spread)")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the measuring process's instructions under valgrind")
     p.add_argument("--one", choices=("off", "on"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         one(args)
         return
+    valgrind = []
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            p.error("--instructions needs valgrind on the PATH")
+        valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     compile_package()
     per_task = journal_alone(args.leaves)
     print(f"journal alone: {per_task * 1e6:.2f} us per task of a {2 * args.leaves - 1}-task "
@@ -109,12 +123,17 @@ def main() -> None:
     size = 0
     for r in range(args.rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
-            cmd = [sys.executable, os.path.abspath(__file__), "--one",
+            cmd = valgrind + [sys.executable, os.path.abspath(__file__), "--one",
                    "off" if args.control else mode, "--tasks", str(args.tasks),
                    "--leaves", str(args.leaves)] + (["--fsync"] if args.fsync else [])
             t0 = time.perf_counter()
-            results, _, _, _ = launch(cmd, timeout=600)
+            results, err, _, _ = launch(cmd, timeout=3600 if valgrind else 600)
             out = results[0]
+            if valgrind:
+                counted = re.findall(r"Collected : (\d+)", err)
+                if not counted:
+                    raise RuntimeError(f"no instruction count from valgrind:\n{err}")
+                out["instructions"] = float(counted[-1])
             size = max(size, int(out.pop("journal_bytes", 0)))
             runs[mode].append(out)
             print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items())
@@ -129,6 +148,13 @@ def main() -> None:
     off = statistics.median(o["cpu_us_per_task"] for o in runs["off"])
     on = statistics.median(o["cpu_us_per_task"] for o in runs["on"])
     print(f"{'CPU us per task, median':40}{off:12.1f}{on:12.1f}{100 * (on / off - 1):7.1f}%")
+    if valgrind:
+        tasks = args.tasks + 2 * args.leaves - 1
+        off = statistics.median(o["instructions"] for o in runs["off"])
+        on = statistics.median(o["instructions"] for o in runs["on"])
+        print(f"{'instructions, median (millions)':40}{off / 1e6:12.0f}{on / 1e6:12.0f}"
+              f"{100 * (on / off - 1):7.1f}%")
+        print(f"{'the journal, instructions per task':40}{(on - off) / tasks:24.0f}")
     print(f"(best and median of {args.rounds} rounds, a process each; fsync "
           f"{'on' if args.fsync else 'off'}; largest journal {size / 2**20:.1f} MiB; "
           f"{os.cpu_count()} cores{'; control: no journal in either column' if args.control else ''})")
