@@ -45,6 +45,11 @@ from _launch import compile_package, launch  # noqa: E402
 from bench_local import run  # noqa: E402
 
 
+def warm_up(args: argparse.Namespace) -> tuple[int, int]:
+    """The map's tasks and the tree's leaves of the (untimed) warm-up."""
+    return max(args.tasks // 10, 1), max(args.leaves // 8, 2)
+
+
 def measure(args: argparse.Namespace, journal: str | None) -> dict:
     """One measurement, in this process: tasks/s of the map and the tree, CPU per task."""
     from hpcsched import Client, LocalCluster
@@ -53,7 +58,7 @@ def measure(args: argparse.Namespace, journal: str | None) -> dict:
     with config.set({"scheduler.extensions": [], "scheduler.journal-fsync": args.fsync}), \
             LocalCluster(n_workers=2, threads_per_worker=1, scheduler_journal=journal) as cluster, \
             Client(cluster) as client:
-        run(client, max(args.tasks // 10, 1), max(args.leaves // 8, 2), 1)  # warm-up
+        run(client, *warm_up(args), 1)
         c0 = time.process_time()
         out = run(client, args.tasks, args.leaves, 1)
         out["cpu_us_per_task"] = (time.process_time() - c0) / (args.tasks + 2 * args.leaves - 1) * 1e6
@@ -148,8 +153,9 @@ def main() -> None:
     off = statistics.median(o["cpu_us_per_task"] for o in runs["off"])
     on = statistics.median(o["cpu_us_per_task"] for o in runs["on"])
     print(f"{'CPU us per task, median':40}{off:12.1f}{on:12.1f}{100 * (on / off - 1):7.1f}%")
-    if valgrind:
-        tasks = args.tasks + 2 * args.leaves - 1
+    if valgrind:  # the counts cover the warm-up too: its tasks are journaled as well
+        warm_tasks, warm_leaves = warm_up(args)
+        tasks = args.tasks + 2 * args.leaves - 1 + warm_tasks + 2 * warm_leaves - 1
         off = statistics.median(o["instructions"] for o in runs["off"])
         on = statistics.median(o["instructions"] for o in runs["on"])
         print(f"{'instructions, median (millions)':40}{off / 1e6:12.0f}{on / 1e6:12.0f}"
