@@ -16,15 +16,19 @@ The file::
 
 Each payload is one pickled tuple of plain data: the wire dicts as they arrived, whose
 task blobs are bytes already (pickled as they are; a key that the plain pickler refuses
-goes through :func:`~hpcsched.core.protocol.serialize.dumps_object`).
+goes through :func:`~hpcsched.core.protocol.serialize.dumps_object`). (Not marshal, though
+it is several times faster: it writes any object that exposes a buffer -- a numpy number
+in an annotation, a ``bytearray`` -- as ``bytes``, and a restart would get back other values.)
 Records are appended, never changed; a record whose length runs past the end of the
 file or whose checksum is wrong ends the journal (a process killed in the middle of
 a write leaves a torn last record: it is ignored, and cut off before the next append).
 
 Writes are buffered for one turn of the scheduler's loop and written by :meth:`sync`,
-which the server calls before it sends that turn's messages: no client hears of a
-submission before the journal holds it. ``scheduler.journal-fsync`` adds an
-``os.fsync`` there (survives the machine's crash, not only the process's).
+in one ``write`` however many records the turn made, which the server calls before it
+sends that turn's messages: no client hears of a submission before the journal holds it
+(in the operating system's hands: a process killed after the write loses nothing).
+``scheduler.journal-fsync`` adds an ``os.fsync`` there (survives the machine's crash, not
+only the process's).
 
 The workers that join and leave are recorded too: a restarted scheduler waits (a
 little) for those it had before it gives out work.
@@ -112,12 +116,13 @@ def read_records(path: str) -> tuple[list[Any], int]:
     return out, pos
 
 
-def _frame(record: Any) -> bytes:
+def _frame(record: Any) -> tuple[bytes, bytes]:
+    """``record`` as the two parts of one record (header, payload), written together."""
     try:
         payload = pickle.dumps(record, protocol=5)
     except Exception:  # a key of a class only cloudpickle can carry
         payload = dumps_object(record)
-    return RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+    return RECORD.pack(len(payload), zlib.crc32(payload)), payload
 
 
 class Journal:
@@ -147,7 +152,7 @@ class Journal:
         self.sections: dict[str, Any] = {}  # name -> the latest value set_section gave it
         self.section_keys: dict[str, list] = {}  # name -> the keys that section holds
         self.compactions = 0
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] = []  # the parts of the records sync() writes next
         records: list[Any] = []
         end = 0
         if os.path.exists(path) and os.path.getsize(path) > 0:
@@ -209,7 +214,7 @@ class Journal:
             self._write(rec)
 
     def _write(self, rec: Any) -> None:
-        self._pending.append(_frame(rec))
+        self._pending += _frame(rec)
 
     def sync(self) -> None:
         """Write what was recorded since the last call (and ``fsync`` if asked); compact
@@ -232,11 +237,13 @@ class Journal:
         try:
             parts = [HEADER.pack(MAGIC, VERSION)]
             if self.meta:
-                parts.append(_frame(("meta", self.meta)))
-            parts += [_frame(("worker", w, True)) for w in sorted(self.workers)]
-            parts += [_frame(("section", n, v, self.section_keys.get(n, [])))
-                      for n, v in sorted(self.sections.items())]
-            parts += [_frame(("msg", c, pr.encode(r))) for c, r in self.restore_messages()]
+                parts += _frame(("meta", self.meta))
+            for w in sorted(self.workers):
+                parts += _frame(("worker", w, True))
+            for n, v in sorted(self.sections.items()):
+                parts += _frame(("section", n, v, self.section_keys.get(n, [])))
+            for c, r in self.restore_messages():
+                parts += _frame(("msg", c, pr.encode(r)))
             data = b"".join(parts)
             _write_all(fd, data)
             os.fsync(fd)
@@ -250,9 +257,12 @@ class Journal:
         self.compactions += 1
 
     def close(self) -> None:
+        """Write what is pending and close the file. The model of the tasks goes with it
+        (a closed journal keeps its meta and sections only)."""
         self.sync()
         os.close(self._fd)
         self._fd = -1
+        self.tasks, self.annotations, self.wants = {}, {}, {}
 
     # ------------------------------------------------------------ the live state
     def _apply(self, rec: Any) -> None:
@@ -280,37 +290,22 @@ class Journal:
     def _apply_record(self, client: str, record: Any) -> None:
         cls = record.__class__
         if cls is pr.UpdateGraph:
-            annotations = record.annotations or {}
-            call_wide = {name: getattr(record, name) for name in _CALL_WIDE
-                         if getattr(record, name)}
-            retries = record.retries or {}
-            for key, spec in record.tasks.items():
-                ann = dict(call_wide)
-                if key in retries:
-                    ann["retries"] = retries[key]
-                for name, per_key in annotations.items():
-                    if key in per_key:
-                        ann[name] = per_key[key]
-                self.tasks[key] = spec
-                if ann:
-                    self.annotations[key] = ann
-                else:
-                    self.annotations.pop(key, None)
+            tasks = record.tasks
+            self.tasks.update(tasks)
+            self._annotate(tasks, {name: value for name in _CALL_WIDE
+                                   if (value := getattr(record, name))},
+                           record.retries, record.annotations)
             self.wants.setdefault(client, set()).update(record.keys)
         elif cls is pr.UpdateMap:
             # a bulk map's elements come back as tasks of their own (same keys, run specs)
-            elements = []
-            for i, blob in enumerate(record.args, record.offset):
-                key = f"{record.prefix}{i}"
-                self.tasks[key] = {"run_spec": (record.function, blob, False), "deps": []}
-                ann = {"retries": record.retries} if record.retries else {}
-                if record.priority:
-                    ann["priority"] = record.priority
-                if ann:
-                    self.annotations[key] = ann
-                else:
-                    self.annotations.pop(key, None)
-                elements.append(key)
+            function, prefix = record.function, record.prefix
+            elements = {f"{prefix}{i}": {"run_spec": (function, blob, False), "deps": []}
+                        for i, blob in enumerate(record.args, record.offset)}
+            self.tasks.update(elements)
+            call_wide = {"retries": record.retries} if record.retries else {}
+            if record.priority:
+                call_wide["priority"] = record.priority
+            self._annotate(elements, call_wide, None, None)
             self.wants.setdefault(client, set()).update(elements)
         elif cls is pr.ClientDesiresKeys:
             who = FIRE_AND_FORGET if record.fire_and_forget else client
@@ -325,6 +320,28 @@ class Journal:
             self.datasets[record.name] = record
         elif cls is DatasetUnpublish:
             self.datasets.pop(record.name, None)
+
+    def _annotate(self, tasks: dict, call_wide: dict, retries: dict | None,
+                  annotations: dict | None) -> None:
+        """The annotations of the (re)submitted ``tasks`` are what this submission gives
+        them: the call-wide ones, then their retries, then the per-key ones (in this
+        order, later ones winning); a task given none has none. (The common graph has
+        none at all: its keys cost one set operation here, not a loop.)"""
+        anns = self.annotations
+        if call_wide:
+            for key in tasks:
+                anns[key] = dict(call_wide)
+        elif anns:
+            for key in anns.keys() & tasks.keys():
+                del anns[key]
+        for name, per_key in ((("retries", retries),) if retries else ()) + \
+                tuple((annotations or {}).items()):
+            for key, value in per_key.items():
+                if key in tasks:
+                    ann = anns.get(key)
+                    if ann is None:
+                        ann = anns[key] = {}
+                    ann[name] = value
 
     def live_keys(self) -> set:
         """The tasks some client or dataset still needs, with everything they depend on."""

@@ -1,24 +1,31 @@
 """The scheduler's journal as a file: records survive a reopen, a torn last record is
-ignored, compaction keeps the file bounded by the live state, another version is refused
-with an error naming it. (The restart of a real scheduler: tests/launchers/test_restart.py.)
+ignored (also inside the one write of a loop's turn), compaction keeps the file bounded by
+the live state, another version is refused with an error naming it, and a client hears of
+its submission only once the journal holds it. (The restart of a real scheduler:
+tests/launchers/test_restart.py.)
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from operator import add
 
 import pytest
 
+from hpcsched import Client, LocalCluster
+from hpcsched.core import config
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler.journal import (
     HEADER,
     MAGIC,
+    RECORD,
     VERSION,
     Journal,
     JournalError,
     read_records,
 )
+from tests.conftest import wait_until, worker_env
 
 
 def graph(*keys: str, deps: dict | None = None, client: str = "c") -> pr.UpdateGraph:
@@ -185,3 +192,107 @@ def test_a_section_keeps_its_latest_value_across_reopens_and_compactions(tmp_pat
     again.compact()
     again.close()
     assert Journal(path).sections == {"jobqueue": {"jobs": ["1", "2"], "target_jobs": 2}}
+
+
+def record_spans(path: str) -> list[tuple[int, int]]:
+    """(start, end) of each record of the journal at ``path``, as the file holds them."""
+    with open(path, "rb") as f:
+        data = f.read()
+    spans, pos = [], HEADER.size
+    while pos + RECORD.size <= len(data):
+        length, _ = RECORD.unpack_from(data, pos)
+        spans.append((pos, pos + RECORD.size + length))
+        pos += RECORD.size + length
+    return spans
+
+
+@pytest.mark.timeout(30)
+def test_a_turn_is_one_write_and_a_tear_inside_it_keeps_the_records_before(tmp_path,
+                                                                          monkeypatch):
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    j.append("c", graph("a"))
+    j.sync()
+    writes: list[int] = []
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(len(data)) or
+                        real_write(fd, data))
+    j.append("c", graph("b"))
+    j.append("c", graph("c", deps={"c": ["b"]}))
+    j.append("c", release("b"))
+    j.sync()  # the scheduler's loop: one turn's records, one write
+    monkeypatch.undo()
+    j.close()
+    assert len(writes) == 1
+    spans = record_spans(path)
+    assert len(spans) == 4 and writes[0] == spans[-1][1] - spans[1][0]
+    # killed in the middle of that write: in the second record's header, at the start of its
+    # payload, one byte short of its end -- what came before it stays, it and what follows
+    # are gone
+    second = spans[2]
+    for cut in (second[0] + 3, second[0] + RECORD.size, second[0] + RECORD.size + 1,
+                second[1] - 1):
+        torn = str(tmp_path / f"torn-{cut}")
+        with open(path, "rb") as f, open(torn, "wb") as g:
+            g.write(f.read(cut))
+        records, end = read_records(torn)
+        assert len(records) == 2 and end == second[0], cut
+        again = Journal(torn)
+        assert again.live_keys() == {"a", "b"}
+        again.append("c", graph("d"))
+        again.close()
+        assert Journal(torn).live_keys() == {"a", "b", "d"}  # appended after the cut
+
+
+@pytest.mark.timeout(120)
+def test_a_client_hears_of_its_submission_only_once_the_journal_holds_it(tmp_path):
+    """Each message the scheduler sends a client about a key finds the graph in which that
+    client submitted the key in the file already (written to the operating system, and with
+    ``scheduler.journal-fsync`` synced to the disk, before the send) -- also when the answer
+    leaves in the very turn that handled the graph (a second client submitting keys that are
+    in memory already)."""
+    path = str(tmp_path / "journal")
+    synced: list[int] = []
+    seen: list[tuple[str, str, bool, bool]] = []  # (client, key, in the file, synced) at sends
+    with config.set({"scheduler.extensions": [], "scheduler.journal-fsync": True}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, scheduler_journal=path,
+                         worker_env=worker_env()) as cluster, \
+            Client(cluster, set_as_default=False) as first, \
+            Client(cluster, set_as_default=False) as second:
+        scheduler = cluster.scheduler
+        fsync = os.fsync
+        comms = scheduler.loop.call(lambda: {c: scheduler._comms[c]
+                                             for c in (first.id, second.id)})
+        sends = {c: comm.send for c, comm in comms.items()}
+
+        def observer(client_id):
+            def observe(msgs):
+                for m in msgs if isinstance(msgs, list) else [msgs]:
+                    key = m.get("key") if isinstance(m, dict) else getattr(m, "key", None)
+                    if isinstance(key, str) and key.startswith("sum-"):
+                        journaled = {k for rec in read_records(path)[0]
+                                     if rec[0] == "msg" and rec[1] == client_id
+                                     for k in (rec[2].get("tasks") or {})}
+                        seen.append((client_id, key, key in journaled,
+                                     os.path.getsize(path) in synced))
+                return sends[client_id](msgs)
+            return observe
+
+        def counted_fsync(fd):
+            fsync(fd)
+            synced.append(os.fstat(fd).st_size)
+
+        for client_id, comm in comms.items():
+            comm.send = observer(client_id)
+        os.fsync = counted_fsync
+        try:
+            for client in (first, second):  # the second's keys are in memory already
+                futures = [client.submit(add, i, 1, key=f"sum-{i}") for i in range(20)]
+                assert client.gather(futures) == [i + 1 for i in range(20)]
+            wait_until(lambda: len({(c, k) for c, k, _, _ in seen}) == 40, timeout=30,
+                       what="a message about each key to each client")
+        finally:
+            os.fsync = fsync
+            for client_id, comm in comms.items():
+                comm.send = sends[client_id]
+    assert all(in_file and was_synced for _, _, in_file, was_synced in seen), seen
