@@ -23,7 +23,9 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   result's holder. From then on it is an ordinary task (its run spec is the map's
   function and its arguments) and the map forgets it ("promoted");
 * a worker that leaves takes its unfinished elements and the results only it held
-  back to the queue (their clients hear ``lost-data`` of the results);
+  back to the queue (their clients hear ``lost-data`` of the results); the map keeps,
+  per worker, the runs of elements given to it (:class:`Given`), so that a departure
+  visits what that worker had, not the map;
 * a client that releases an element (its future was dropped) forgets it here without
   ever making a task of it.
 
@@ -36,7 +38,8 @@ see only tasks).
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpcsched.core.graph.dsk import key_split
@@ -56,13 +59,79 @@ MAX_RANGE = 4096
 #: ranges per thread of the cluster the unassigned elements are cut into (guided
 #: self-scheduling's divisor)
 RANGES_PER_THREAD = 4
+#: elements of a map's runs given to a worker past which they are compacted to those it
+#: still runs or holds (at least; see :class:`Given`)
+COMPACT_AT = 1024
+
+
+def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
+    """The ``[start, stop)`` runs of consecutive numbers in ascending ``indices``.
+
+    >>> list(runs([1, 2, 3, 7, 9, 10]))
+    [(1, 4), (7, 8), (9, 11)]
+    """
+    if not indices:
+        return
+    start = prev = indices[0]
+    for i in indices[1:]:
+        if i != prev + 1:
+            yield start, prev + 1
+            start = i
+        prev = i
+    yield start, prev + 1
+
+
+class Given:
+    """The elements of one map given to one worker, as runs ``[start, stop)`` in a flat
+    array: a superset of those the worker runs or holds (``BulkMap.where`` says which),
+    so that its departure visits what it was given, not the whole map. Elements it no
+    longer has (reported and released, promoted, taken back) are dropped from the runs
+    whenever they have grown to twice what it had at the last compaction: the runs stay
+    within a constant factor of what the worker has, plus :data:`COMPACT_AT`."""
+
+    __slots__ = ("runs", "length", "limit")
+
+    def __init__(self) -> None:
+        self.runs = array("q")
+        self.length = 0  # elements in the runs
+        self.limit = COMPACT_AT  # compact past this length
+
+    def add(self, start: int, stop: int) -> None:
+        r = self.runs
+        if r and r[-1] == start:
+            r[-1] = stop
+        else:
+            r.append(start)
+            r.append(stop)
+        self.length += stop - start
+
+    def held(self, where: array, slot: int) -> list[int]:
+        """The elements of the runs whose ``where`` is ``slot``, ascending, each once (an
+        element taken back and given to the same worker again is in two runs)."""
+        r = self.runs
+        out: list[int] = []
+        for k in range(0, len(r), 2):
+            a, b = r[k], r[k + 1]
+            seg = where[a:b]
+            if seg.count(slot) == b - a:
+                out += range(a, b)
+            else:
+                out += [a + j for j, w in enumerate(seg) if w == slot]
+        return sorted(set(out)) if len(r) > 2 else out
+
+    def compact(self, where: array, slot: int) -> None:
+        held = self.held(where, slot)
+        self.runs = array("q", [x for run in runs(held) for x in run])
+        self.length = len(held)
+        self.limit = 2 * len(held) + COMPACT_AT
 
 
 class BulkMap:
     """One bulk map: its function, its elements' arguments and their state."""
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
-                 "priority", "retries", "free", "n_live", "n_orphans", "group", "suspicious")
+                 "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
+                 "suspicious", "given")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -77,12 +146,14 @@ class BulkMap:
         self.priority = priority
         self.retries = retries
         self.free: list[list[int]] = []  # [start, stop) of queued elements, in order
+        self.n_free = 0  # elements in those ranges
         self.n_live = 0  # queued, processing or in memory
         self.n_orphans = 0  # forgotten while a worker runs them: their reports are due
         self.group = key_split(prefix + "0")
         # per element, the workers that died while it was given to them; made when the
         # first such worker dies (a map whose workers live pays nothing for it)
         self.suspicious: bytearray | None = None
+        self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
 
     def extend(self, args: list[bytes]) -> None:
         start, n = len(self.args), len(args)
@@ -93,25 +164,31 @@ class BulkMap:
         if self.suspicious is not None:
             self.suspicious += bytes(n)
         self.n_live += n
+        self.n_free += n
         if self.free and self.free[-1][1] == start:
             self.free[-1][1] = start + n
         else:
             self.free.append([start, start + n])
 
-    def requeue(self, i: int) -> None:
-        """Element ``i`` goes back to the queue (kept in index order: earlier first)."""
-        self.state[i] = QUEUED
-        self.where[i] = -1
-        free = self.free
-        for r in free:
-            if r[0] == i + 1:
-                r[0] = i
-                return
-            if r[1] == i:
-                r[1] = i + 1
-                return
-        free.append([i, i + 1])
-        free.sort()
+    def requeue(self, indices: list[int]) -> None:
+        """Elements ``indices`` (ascending, none of them queued) go back to the queue, kept
+        in index order (earlier first): a binary search per run of them."""
+        state, where, free = self.state, self.where, self.free
+        for i in indices:
+            state[i] = QUEUED
+            where[i] = -1
+        self.n_free += len(indices)
+        for a, b in runs(indices):
+            k = bisect_left(free, [a])
+            if k > 0 and free[k - 1][1] == a:
+                free[k - 1][1] = b
+                if k < len(free) and free[k][0] == b:
+                    free[k - 1][1] = free[k][1]
+                    del free[k]
+            elif k < len(free) and free[k][0] == b:
+                free[k][0] = a
+            else:
+                free.insert(k, [a, b])
 
     def take(self, n: int) -> tuple[int, int]:
         """The next ``[start, stop)`` of at most ``n`` queued-range elements (some of which
@@ -123,10 +200,11 @@ class BulkMap:
             self.free.pop(0)
         else:
             r[0] = stop
+        self.n_free -= stop - start
         return start, stop
 
     def unassigned(self) -> int:
-        return sum(b - a for a, b in self.free)
+        return self.n_free
 
 
 class BulkMaps:
@@ -151,6 +229,11 @@ class BulkMaps:
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
         self._last: BulkMap | None = None  # the map of the last key looked up
         self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
+        # worker slot -> the maps with elements given to it (their Given runs)
+        self.given_maps: dict[int, dict[BulkMap, None]] = {}
+        # running workers that would take more than the queue has left (they are topped
+        # up when elements go back to the queue)
+        self.hungry: dict[str, WorkerInfo] = {}
         graph.tasks.resolve = self.resolve
 
     # ================================================================ client side
@@ -218,6 +301,8 @@ class BulkMaps:
 
     def _maybe_drop(self, m: BulkMap) -> None:
         if m.n_live == 0 and m.n_orphans == 0:
+            for slot in m.given:
+                self.given_maps.get(slot, {}).pop(m, None)
             del self.maps[m.prefix]
             if m in self.pending:
                 self.pending.remove(m)
@@ -316,23 +401,48 @@ class BulkMaps:
         return max(1, min(MAX_RANGE, left // (threads * RANGES_PER_THREAD)))
 
     def fill_all(self) -> None:
-        """Top up every running worker (a map arrived, workers joined or resumed)."""
+        """Top up every running worker (a map arrived)."""
         if not self.pending:
             return
         for ws in list(self.registry.running()):
             self.fill(ws)
 
+    def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange) -> None:
+        """Hand out elements after a worker joined, left (its elements went back to the
+        queue) or changed status: to it, and to the workers that found the queue empty;
+        never the whole cluster, so that a worker coming or going costs what it had."""
+        address = e.worker if isinstance(e, ev.WorkerStatusChange) else e.address
+        ws = self.registry.workers.get(address)
+        if ws is not None and self.pending:
+            self.fill(ws)
+        self.fill_hungry()
+
+    def fill_hungry(self) -> None:
+        """Top up the workers that found the queue empty, while it holds elements (some
+        went back to it): a worker that had enough then has enough now, and is topped up
+        when it reports."""
+        for ws in list(self.hungry.values()):
+            if not self.pending:
+                return
+            self.fill(ws)
+
     def fill(self, ws: WorkerInfo) -> None:
         """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
-        if ws.status != "running" or ws.address not in self.registry.workers:
+        address = ws.address
+        if ws.status != "running" or self.registry.workers.get(address) is not ws:
+            self.hungry.pop(address, None)
             return
-        have = self.outstanding.get(ws.address, 0)
+        have = self.outstanding.get(address, 0)
         while self.pending:
             size = self._range_size()
             if have >= 2 * size * ws.nthreads:
                 break
             have += self._assign(ws, size)
-        self.outstanding[ws.address] = have
+        self.outstanding[address] = have
+        if self.pending:
+            self.hungry.pop(address, None)
+        else:
+            self.hungry[address] = ws
 
     def _assign(self, ws: WorkerInfo, size: int) -> int:
         m = self.pending[0]
@@ -342,17 +452,26 @@ class BulkMaps:
         state = m.state
         slot = self._slot(ws)
         n = stop - start
+        given = m.given.get(slot)
+        if given is None:
+            given = m.given[slot] = Given()
+            self.given_maps.setdefault(slot, {})[m] = None
         if state.count(QUEUED, start, stop) == n:  # the common case: all still queued
             state[start:stop] = bytes([PROCESSING]) * n
             m.where[start:stop] = array("i", [slot]) * n
             indices = list(range(start, stop))
             args = m.args[start:stop]
+            given.add(start, stop)
         else:
             indices = [i for i in range(start, stop) if state[i] == QUEUED]
             for i in indices:
                 state[i] = PROCESSING
                 m.where[i] = slot
             args = [m.args[i] for i in indices]
+            for a, b in runs(indices):
+                given.add(a, b)
+        if given.length > given.limit:
+            given.compact(m.where, slot)
         if indices:
             self.out.send(ws.address, ComputeRange(m.prefix, m.function, indices, args))
         return len(indices)
@@ -447,6 +566,7 @@ class BulkMaps:
         run once more, each alone, instead of being blamed."""
         graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
+        self.hungry.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return
@@ -454,33 +574,30 @@ class BulkMaps:
         lost: dict[str, list[Key]] = {}
         alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
         suspects: list[tuple[BulkMap, int]] = []
-        for m in list(self.maps.values()):
+        for m in self.given_maps.pop(slot, ()):
+            given = m.given.pop(slot)
             where, state = m.where, m.state
-            requeued = False
-            i = where.index(slot) if slot in where else -1
-            while i >= 0:
+            requeue: list[int] = []
+            for i in given.held(where, slot):
                 st = state[i]
                 if st == FORGOTTEN:
                     where[i] = -1
                     m.n_orphans -= 1
-                else:
-                    if st == MEMORY:
-                        lost.setdefault(m.client, []).append(m.prefix + str(i))
-                    elif not graceful:  # PROCESSING: it may be what killed the worker
-                        if m.suspicious is None:
-                            m.suspicious = bytearray(len(state))
-                        n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
-                        if n >= alone:
-                            suspects.append((m, i))
-                    m.requeue(i)
-                    requeued = True
-                try:
-                    i = where.index(slot, i + 1)
-                except ValueError:
-                    i = -1
-            if requeued and m not in self.pending:
-                self.pending.append(m)
-                self.pending.sort(key=lambda b: b.priority)
+                    continue
+                if st == MEMORY:
+                    lost.setdefault(m.client, []).append(m.prefix + str(i))
+                elif not graceful:  # PROCESSING: it may be what killed the worker
+                    if m.suspicious is None:
+                        m.suspicious = bytearray(len(state))
+                    n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
+                    if n >= alone:
+                        suspects.append((m, i))
+                requeue.append(i)
+            if requeue:
+                m.requeue(requeue)
+                if m not in self.pending:
+                    self.pending.append(m)
+                    self.pending.sort(key=lambda b: b.priority)
             self._maybe_drop(m)
         for m, i in suspects:
             ts = self.resolve(m.prefix + str(i))  # queued: promoted, to run alone
@@ -524,6 +641,21 @@ class BulkMaps:
                     assert w == -1 and any(a <= i < b for a, b in m.free), (prefix, i)
             assert orphans == m.n_orphans, (prefix, orphans, m.n_orphans)
             assert (m in self.pending) == bool(m.free), prefix
+            assert m.n_free == sum(b - a for a, b in m.free), prefix
+            assert all(m.free[k][1] < m.free[k + 1][0] for k in range(len(m.free) - 1)), prefix
+            # every element a worker runs or holds is in the runs given to it
+            for to, given in m.given.items():
+                assert m in self.given_maps[to], (prefix, to)
+                r = given.runs
+                inside = {i for k in range(0, len(r), 2) for i in range(r[k], r[k + 1])}
+                assert inside.issuperset(i for i, w in enumerate(m.where) if w == to), \
+                    (prefix, to)
+            assert not {w for w in m.where if w >= 0} - set(m.given), prefix
+        for given_to, maps in self.given_maps.items():
+            assert all(self.maps.get(m.prefix) is m and given_to in m.given for m in maps), \
+                given_to
+        for addr, ws in self.hungry.items():
+            assert self.registry.workers.get(addr) is ws, addr
         for addr, n in self.outstanding.items():
             slot = self.slots.get(addr)
             assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)

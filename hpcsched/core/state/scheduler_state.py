@@ -59,7 +59,7 @@ from hpcsched.core.state.tasks import TaskGraph, Transition
 from hpcsched.core.state.workers import WorkerEvents
 
 Key = Any
-#: events after which the bulk maps give ranges to every worker that has room
+#: events after which the bulk maps give ranges to the workers that have room
 _FILL_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange})
 
 
@@ -160,7 +160,7 @@ class SchedulerState:
             graph.transitions([(ts, "waiting") for ts in bulk.take_promoted()
                                if ts.state == "released" and graph.wanted(ts)])
         if bulk.pending and type(event) in _FILL_AFTER:
-            bulk.fill_all()
+            bulk.after(event)
         placement = self.placement
         if placement.slots_opened or placement.blocks.fill_all:
             self._fill_slots(placement.take_opened())
