@@ -26,13 +26,20 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   back to the queue (their clients hear ``lost-data`` of the results); the map keeps,
   per worker, the runs of elements given to it (:class:`Given`), so that a departure
   visits what that worker had, not the map;
+* a worker gives back elements it has not started when asked (``release-range``,
+  answered by ``range-released``: it either started an element or gives it up, so
+  none runs twice by design or is lost): an idle worker steals half of what a busy one
+  holds beyond its threads, while nothing is queued, when that is worth a round trip
+  at the busy worker's speed (:meth:`BulkMaps.steal`); a paused worker gives back
+  everything not started; so does a retiring one, whose results become tasks of their
+  own, moved to other workers as any result of a retiring worker is;
 * a client that releases an element (its future was dropped) forgets it here without
   ever making a task of it.
 
-What is not done for elements until they are promoted: work stealing (ranges are small
-at the end instead), worker restrictions and resources (such maps go task by task),
-and accounting of their results in a worker's ``nbytes`` (rebalancing and retirement
-see only tasks).
+What is not done for elements until they are promoted: worker restrictions and
+resources (such maps go task by task), and accounting of their results in a worker's
+``nbytes`` (rebalancing, and which workers ``retire_workers(n=...)`` or adaptive
+scaling picks, see only tasks' results).
 """
 
 from __future__ import annotations
@@ -44,7 +51,13 @@ from typing import Any
 
 from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.messages import ComputeRange, FreeKeys, LostData, MapInMemory
+from hpcsched.core.protocol.messages import (
+    ComputeRange,
+    FreeKeys,
+    LostData,
+    MapInMemory,
+    ReleaseRange,
+)
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
 from hpcsched.core.state.registry import WorkerRegistry
@@ -59,6 +72,9 @@ MAX_RANGE = 4096
 #: ranges per thread of the cluster the unassigned elements are cut into (guided
 #: self-scheduling's divisor)
 RANGES_PER_THREAD = 4
+#: seconds of a worker's elements not yet started, at least, that are worth a steal
+#: (a round trip to it costs well under a millisecond)
+STEAL_MIN_SECONDS = 0.01
 #: elements of a map's runs given to a worker past which they are compacted to those it
 #: still runs or holds (at least; see :class:`Given`)
 COMPACT_AT = 1024
@@ -215,12 +231,14 @@ class BulkMaps:
     handlers = Handlers("scheduler state (bulk maps)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
-                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3):
+                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3,
+                 work_stealing: bool = True):
         self.graph = graph
         self.registry = registry
         self.out = out
         self.task_finished = task_finished
         self.allowed_failures = allowed_failures
+        self.work_stealing = work_stealing  # idle workers take ranges' tails (steal)
         self.maps: dict[str, BulkMap] = {}
         self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
         self.slots: dict[str, int] = {}  # worker address -> its slot
@@ -234,6 +252,10 @@ class BulkMaps:
         # running workers that would take more than the queue has left (they are topped
         # up when elements go back to the queue)
         self.hungry: dict[str, WorkerInfo] = {}
+        self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
+        self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
+        self._epoch = 0  # ranges given or reported so far (a steal round may find more)
+        self._fruitless = -1  # the epoch at which a steal round found no worker to steal from
         graph.tasks.resolve = self.resolve
 
     # ================================================================ client side
@@ -300,7 +322,7 @@ class BulkMaps:
             self.out.send(address, FreeKeys(keys))
 
     def _maybe_drop(self, m: BulkMap) -> None:
-        if m.n_live == 0 and m.n_orphans == 0:
+        if m.n_live == 0 and m.n_orphans == 0 and self.maps.get(m.prefix) is m:
             for slot in m.given:
                 self.given_maps.get(slot, {}).pop(m, None)
             del self.maps[m.prefix]
@@ -407,12 +429,21 @@ class BulkMaps:
         for ws in list(self.registry.running()):
             self.fill(ws)
 
-    def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange) -> None:
-        """Hand out elements after a worker joined, left (its elements went back to the
-        queue) or changed status: to it, and to the workers that found the queue empty;
-        never the whole cluster, so that a worker coming or going costs what it had."""
+    def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
+              ) -> None:
+        """After a worker joined, left (its elements went back to the queue) or changed
+        status, hand out elements: to it, and to the workers that found the queue empty
+        (never the whole cluster, so that a worker coming or going costs what it had); a
+        paused worker gives back those it has not started. On a tick, idle workers
+        steal (:meth:`steal`)."""
+        if isinstance(e, ev.Tick):
+            self.steal()
+            return
         address = e.worker if isinstance(e, ev.WorkerStatusChange) else e.address
         ws = self.registry.workers.get(address)
+        if ws is not None and ws.status == "paused":
+            self.hungry.pop(address, None)
+            self.release_all(ws)
         if ws is not None and self.pending:
             self.fill(ws)
         self.fill_hungry()
@@ -445,6 +476,7 @@ class BulkMaps:
             self.hungry[address] = ws
 
     def _assign(self, ws: WorkerInfo, size: int) -> int:
+        self._epoch += 1
         m = self.pending[0]
         start, stop = m.take(size)
         if not m.free:
@@ -482,6 +514,7 @@ class BulkMaps:
         ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
+        self._epoch += 1
         n = len(e.indices)
         if not len(e.nbytes) == len(e.types) == len(e.starts) == len(e.stops) == n:
             raise ev.MalformedMessage("range-finished: indices, nbytes, types, starts and "
@@ -518,6 +551,8 @@ class BulkMaps:
                     free.append(m.prefix + str(i))
             if done:
                 self._report(m, ws, e, done)
+                if ws.status == "closing_gracefully":
+                    self._promote_results(m, [e.indices[j] for j in done])
             self._maybe_drop(m)
         if free:
             self.out.send(ws.address, FreeKeys(free))
@@ -542,10 +577,14 @@ class BulkMaps:
         indices, types, starts, stops = e.indices, e.types, e.starts, e.stops
         self.out.send(m.client, MapInMemory(m.prefix, [indices[j] for j in done],
                                             [types[j] for j in done]))
+        spent = sum(max(stops[j] - starts[j], 0.0) for j in done)
         tg = self.graph.groups.get(m.group)
         if tg is not None:
-            tg.duration_total += sum(max(stops[j] - starts[j], 0.0) for j in done)
+            tg.duration_total += spent
             tg.n_durations += len(done)
+        mean = spent / len(done)
+        before = self.element_time.get(ws.address)
+        self.element_time[ws.address] = mean if before is None else (before + mean) / 2
         recorder = self.out.recorder
         if recorder is not None:
             recorder.elements_finished(m.group, ws, [m.prefix + str(indices[j]) for j in done],
@@ -567,6 +606,8 @@ class BulkMaps:
         graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
         self.hungry.pop(ws.address, None)
+        self.releasing.pop(ws.address, None)
+        self.element_time.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return
@@ -608,6 +649,128 @@ class BulkMaps:
             if client != FIRE_AND_FORGET:
                 for k in keys:
                     self.out.send(client, LostData(k))
+
+    # ================================================================ taking elements back
+    def release_all(self, ws: WorkerInfo) -> None:
+        """``ws`` gives back every element it has not started (it paused, or retires)."""
+        have = self.outstanding.get(ws.address, 0)
+        if have:
+            self._release(ws, have)
+
+    def _release(self, ws: WorkerInfo, count: int) -> None:
+        self.releasing[ws.address] = self.releasing.get(ws.address, 0) + 1
+        self.out.send(ws.address, ReleaseRange(count))
+
+    def steal(self) -> None:
+        """Work stealing of ranges' tails: while no element is queued, each idle worker
+        (a thread free, nothing queued for it) has one other worker give back half the
+        elements it holds beyond its threads, if they are worth
+        :data:`STEAL_MIN_SECONDS` at that worker's recent speed (unknown: worth it);
+        the elements go back to the queue (``range-released``), and from there to the
+        idle workers. The victims give back only elements they have not started, so
+        none runs twice or is lost; a round that finds no victim is not repeated until
+        ranges are given or reported. Off with ``scheduler.work-stealing``."""
+        if not self.work_stealing or self.pending or not self.hungry \
+                or self._fruitless == self._epoch:
+            return
+        outstanding, workers = self.outstanding, self.registry.workers
+        thieves = [ws for ws in self.hungry.values() if ws.status == "running"
+                   and outstanding.get(ws.address, 0) < ws.nthreads]
+        if not thieves:
+            return
+        victims: list[tuple[int, WorkerInfo]] = []
+        for address, have in outstanding.items():
+            ws = workers.get(address)
+            if ws is None or address in self.releasing or have <= ws.nthreads:
+                continue
+            count = (have - ws.nthreads + 1) // 2
+            if count * self.element_time.get(address, STEAL_MIN_SECONDS) >= STEAL_MIN_SECONDS:
+                victims.append((count, ws))
+        if not victims:
+            self._fruitless = self._epoch
+            return
+        victims.sort(key=lambda v: -v[0])
+        for count, ws in victims[:len(thieves)]:
+            self._release(ws, count)
+
+    @handlers.on(ev.RangeReleased)
+    def range_released(self, e: ev.RangeReleased) -> None:
+        """A worker gave back elements it had not started (``release-range``): they go back
+        to the queue, and to the workers that found it empty. An element promoted since it
+        was given (a task now, counted as running there) is placed again as a task."""
+        ws = self.registry.workers.get(e.worker)
+        if ws is None:
+            return
+        address = ws.address
+        n = self.releasing.get(address, 0)
+        if n > 1:
+            self.releasing[address] = n - 1
+        else:
+            self.releasing.pop(address, None)
+        slot = self.slots.get(address, -1)
+        back = 0
+        again: list[TaskState] = []
+        for prefix, indices in e.released.items():
+            m = self.maps.get(prefix)
+            if m is None:
+                continue
+            state, where = m.state, m.where
+            requeue: list[int] = []
+            for i in sorted(set(indices)):
+                if i >= len(state):
+                    continue
+                st = state[i]
+                if st == PROCESSING and where[i] == slot:
+                    requeue.append(i)
+                elif st == FORGOTTEN and where[i] == slot:  # its report is due no more
+                    where[i] = -1
+                    m.n_orphans -= 1
+                    back += 1
+                elif st == PROMOTED:
+                    ts = dict.get(self.graph.tasks, prefix + str(i))
+                    if ts is not None and ts.state == "processing" and ts.processing_on is ws:
+                        again.append(ts)
+            if requeue:
+                back += len(requeue)
+                m.requeue(requeue)
+                if m not in self.pending:
+                    self.pending.append(m)
+                    self.pending.sort(key=lambda b: b.priority)
+            self._maybe_drop(m)
+        if back:
+            self.outstanding[address] = self.outstanding.get(address, 0) - back
+        graph = self.graph
+        for ts in again:
+            graph.transition(ts, "waiting")
+        graph.transitions([(ts, "processing") for ts in again])
+        self.fill_hungry()
+        if ws.status == "running" and not self.outstanding.get(address):
+            self.fill(ws)
+
+    def retire(self, addresses: list[str]) -> None:
+        """Workers start retiring: they give back the elements they have not started, and
+        the results they hold become tasks of their own, which the retirement moves to
+        other workers as it moves any result (:class:`~.maintenance.Maintenance`); so do
+        those of the elements still running there, once reported."""
+        for address in addresses:
+            ws = self.registry.workers.get(address)
+            slot = self.slots.get(address)
+            if ws is None or slot is None:
+                continue
+            self.hungry.pop(address, None)
+            self.release_all(ws)
+            for m in list(self.given_maps.get(slot, ())):
+                held = m.given[slot].held(m.where, slot)
+                self._promote_results(m, [i for i in held if m.state[i] == MEMORY])
+
+    def _promote_results(self, m: BulkMap, indices: list[int]) -> None:
+        prefix = m.prefix
+        for i in indices:
+            self.resolve(prefix + str(i))
+
+    def elements_on(self, ws: WorkerInfo) -> int:
+        """Elements ``ws`` runs or was given for the maps (a retirement waits for them)."""
+        return self.outstanding.get(ws.address, 0)
 
     # ================================================================ queries
     def counts(self) -> dict[str, int]:
