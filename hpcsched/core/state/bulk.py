@@ -444,15 +444,18 @@ class BulkMaps:
         if ws is not None and ws.status == "paused":
             self.hungry.pop(address, None)
             self.release_all(ws)
-        if ws is not None and self.pending:
-            self.fill(ws)
+        if ws is not None:
+            self.fill(ws)  # nothing queued: it is marked hungry (a thief, if idle)
         self.fill_hungry()
 
     def fill_hungry(self) -> None:
         """Top up the workers that found the queue empty, while it holds elements (some
-        went back to it): a worker that had enough then has enough now, and is topped up
-        when it reports."""
-        for ws in list(self.hungry.values()):
+        went back to it), those with a thread free first: a worker that had enough then
+        has enough now, and is topped up when it reports."""
+        outstanding = self.outstanding
+        hungry = list(self.hungry.values())
+        idle = [ws for ws in hungry if outstanding.get(ws.address, 0) < ws.nthreads]
+        for ws in idle + hungry if len(idle) < len(hungry) else idle:
             if not self.pending:
                 return
             self.fill(ws)
@@ -743,6 +746,7 @@ class BulkMaps:
         for ts in again:
             graph.transition(ts, "waiting")
         graph.transitions([(ts, "processing") for ts in again])
+        self.hungry.pop(address, None)  # what it gave back goes to others first
         self.fill_hungry()
         if ws.status == "running" and not self.outstanding.get(address):
             self.fill(ws)
@@ -819,6 +823,8 @@ class BulkMaps:
                 given_to
         for addr, ws in self.hungry.items():
             assert self.registry.workers.get(addr) is ws, addr
+        for addr, n in self.releasing.items():
+            assert n > 0 and addr in self.registry.workers, addr
         for addr, n in self.outstanding.items():
             slot = self.slots.get(addr)
             assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)

@@ -333,6 +333,22 @@ def test_an_idle_worker_steals_the_tail_of_a_slow_workers_range():
     assert s.task_counts() == {"memory": 100}
 
 
+def test_a_worker_that_joins_once_everything_is_given_steals():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 4))
+    out = new_map(s, 40)
+    on_a = [i for _, idx in ranges(out) for i in idx]
+    while s.bulk.pending:  # A runs some of what it is given until the rest is given too
+        out = finish(s, A, on_a[:2])
+        on_a = on_a[2:] + [i for _, idx in ranges(out) for i in idx]
+    step(s, ev.AddWorker(B, 1))
+    assert B in s.bulk.hungry
+    (asked,) = released(step(s, ev.Tick(now=1.0)))
+    assert asked == (A, (len(on_a) - 4 + 1) // 2) and asked[1] > 1
+    out = give_back(s, A, on_a[-asked[1]:])
+    assert sorted(i for w, idx in ranges(out) if w == B for i in idx) == on_a[-asked[1]:]
+
+
 @pytest.mark.parametrize(("seconds", "stolen"), [(0.001, False), (0.1, True)])
 def test_only_elements_worth_a_round_trip_are_stolen(seconds, stolen):
     """B ran an element in ``seconds`` and holds a few more: a millisecond's worth is not
