@@ -16,7 +16,7 @@ import pytest
 
 from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
 from hpcsched.core.client.graphs import BULK_MAP_MIN
-from tests.conftest import _local_cluster, wait_until
+from tests.conftest import _local_cluster, wait_until, worker_env
 
 N = max(BULK_MAP_MIN, 100)
 
@@ -337,5 +337,56 @@ def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_pa
             calls = {int(name): len(open(tmp_path / name).read())
                      for name in os.listdir(tmp_path)}
             assert calls == dict.fromkeys(range(n), 1)
+    finally:
+        cluster.close()
+
+
+_held: list = []  # memory an element keeps in its worker process (unmanaged: no result)
+
+
+def hold_first(x, release, directory, nbytes):
+    """Counts its calls per element in ``directory``; element 0 takes ``nbytes`` of process
+    memory its worker cannot spill until the file ``release`` exists."""
+    import numpy as np
+
+    with open(os.path.join(directory, str(x)), "a") as f:
+        f.write("x")
+    if x == 0:
+        _held.append(np.ones(nbytes // 8))
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _held.clear()
+    time.sleep(0.01)
+    return x
+
+
+@pytest.mark.timeout(180)
+def test_a_paused_worker_gives_back_the_elements_it_has_not_started(tmp_path):
+    """Element 0 holds its worker past the memory pause fraction until the test lets it
+    go; the elements queued behind it on that worker are given back and run on the other
+    one (work stealing off: only the pause moves them), each exactly once."""
+    from hpcsched.core import config
+
+    n, mb = 100, 1_000_000
+    release = tmp_path / "release"
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    with config.set({"scheduler.work-stealing": False}):
+        cluster = _local_cluster(n_workers=2, memory_limit=400 * mb, worker_env={
+            **worker_env(), "HPCSCHED_WORKER__MEMORY__TERMINATE": "false"})
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            fs = client.map(hold_first, range(n), release=str(release),
+                            directory=str(calls), nbytes=360 * mb, pure=False)
+            assert _is_bulk(client, fs)
+            assert client.gather(fs[1:], timeout=90) == list(range(1, n))
+            assert "paused" in {w["status"] for w in client.scheduler_info()["workers"].values()}
+            assert not fs[0].done()
+            release.write_text("go")
+            assert fs[0].result(timeout=60) == 0
+            counted = {int(name): len(open(calls / name).read()) for name in os.listdir(calls)}
+            assert counted == dict.fromkeys(range(n), 1)
     finally:
         cluster.close()
