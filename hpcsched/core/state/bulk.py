@@ -66,6 +66,8 @@ from hpcsched.core.state.tasks import TaskGraph
 Key = Any
 
 QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
+#: the slot of a worker never given an element: matches no element's ``where`` (-1: none)
+NO_SLOT = -2
 #: elements in one compute-range at most (large enough that messages cost little per
 #: element, small enough that a worker leaving loses little)
 MAX_RANGE = 4096
@@ -252,6 +254,7 @@ class BulkMaps:
         # running workers that would take more than the queue has left (they are topped
         # up when elements go back to the queue)
         self.hungry: dict[str, WorkerInfo] = {}
+        self.spent: set[str] = set()  # prefixes of dropped maps with elements made tasks
         self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
         self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
@@ -269,6 +272,9 @@ class BulkMaps:
             if e.offset != 0:
                 raise ev.MalformedMessage(f"update-map: the first block of {e.prefix!r} "
                                           f"starts at {e.offset}, not 0")
+            if e.prefix in self.spent:
+                raise ev.MalformedMessage(f"update-map: prefix {e.prefix!r} named an earlier "
+                                          "map, whose elements may be tasks still")
             if not self.maps:
                 self.graph.tasks.resolving(True)
             m = self.maps[e.prefix] = BulkMap(
@@ -323,6 +329,8 @@ class BulkMaps:
 
     def _maybe_drop(self, m: BulkMap) -> None:
         if m.n_live == 0 and m.n_orphans == 0 and self.maps.get(m.prefix) is m:
+            if PROMOTED in m.state:  # their keys are tasks' (a client never reuses a prefix)
+                self.spent.add(m.prefix)
             for slot in m.given:
                 self.given_maps.get(slot, {}).pop(m, None)
             del self.maps[m.prefix]
@@ -523,7 +531,7 @@ class BulkMaps:
             raise ev.MalformedMessage("range-finished: indices, nbytes, types, starts and "
                                       "stops differ in length")
         m = self.maps.get(e.prefix)
-        slot = self.slots.get(ws.address, -1)
+        slot = self.slots.get(ws.address, NO_SLOT)
         done: list[int] = []  # positions in the report of the elements now in memory
         stray: list[int] = []  # promoted, or unknown: one task's report each
         free: list[str] = []
@@ -710,7 +718,7 @@ class BulkMaps:
             self.releasing[address] = n - 1
         else:
             self.releasing.pop(address, None)
-        slot = self.slots.get(address, -1)
+        slot = self.slots.get(address, NO_SLOT)
         back = 0
         again: list[TaskState] = []
         for prefix, indices in e.released.items():

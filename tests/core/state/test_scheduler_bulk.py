@@ -218,6 +218,39 @@ def test_malformed_blocks_are_refused_without_change():
     s.validate()
 
 
+def test_a_late_report_from_a_worker_that_came_back_changes_no_count():
+    """A's elements are forgotten (their client left) while it runs them; A leaves and
+    comes back as a new worker, given nothing yet; its report of an element from before
+    is a stray: the result is freed, no counter moves."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 4)
+    assert not s.bulk.pending
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    step(s, ev.RemoveClient("c"))
+    step(s, ev.RemoveWorker(A, "gone"))
+    step(s, ev.AddWorker(A, 1))
+    out = finish(s, A, on_a[:1])
+    assert [m.msg.keys for m in out if m.msg.op == "free-keys"] == [[f"m-a-{on_a[0]}"]]
+    assert s.bulk.maps["m-a-"].n_orphans == 2  # B's, whose reports are due
+
+
+def test_a_prefix_whose_elements_became_tasks_is_not_reused():
+    """A map is dropped while one of its elements lives on as a task (depended on): a new
+    map under the same prefix, whose keys would be that task's, is refused."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    new_map(s, 4)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-1"]}}, ["z"]))
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-2", "m-a-3"]))
+    finish(s, A, [0])
+    assert "m-a-" not in s.bulk.maps and "m-a-1" in s.tasks
+    with pytest.raises(ev.MalformedMessage, match="earlier map"):
+        s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"x"]))
+    s.validate()
+
+
 def test_ranges_are_capped_and_shrink_towards_the_end():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
