@@ -39,7 +39,10 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
 What is not done for elements until they are promoted: worker restrictions and
 resources (such maps go task by task), and accounting of their results in a worker's
 ``nbytes`` (rebalancing, and which workers ``retire_workers(n=...)`` or adaptive
-scaling picks, see only tasks' results).
+scaling picks, see only tasks' results). A map with a future among its arguments, even
+one shared by every element, goes task by task: as a bulk map it would need the map to
+hold its dependency (against its client's release, its loss, its failure: every element
+errs) and a worker to fetch it before a range and keep it while the range runs.
 """
 
 from __future__ import annotations
