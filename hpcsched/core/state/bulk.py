@@ -258,6 +258,7 @@ class BulkMaps:
         # up when elements go back to the queue)
         self.hungry: dict[str, WorkerInfo] = {}
         self.spent: set[str] = set()  # prefixes of dropped maps with elements made tasks
+        self.retiring: set[str] = set()  # workers told to retire (they may run again)
         self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
         self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
@@ -448,6 +449,8 @@ class BulkMaps:
         paused worker gives back those it has not started. On a tick, idle workers
         steal (:meth:`steal`)."""
         if isinstance(e, ev.Tick):
+            if self.retiring:
+                self._retired_back()
             self.steal()
             return
         address = e.worker if isinstance(e, ev.WorkerStatusChange) else e.address
@@ -773,10 +776,22 @@ class BulkMaps:
             if ws is None or slot is None:
                 continue
             self.hungry.pop(address, None)
+            self.retiring.add(address)
             self.release_all(ws)
             for m in list(self.given_maps.get(slot, ())):
                 held = m.given[slot].held(m.where, slot)
                 self._promote_results(m, [i for i in held if m.state[i] == MEMORY])
+
+    def _retired_back(self) -> None:
+        """Retiring workers that left are forgotten; one whose retirement was given up
+        (its results had nowhere to go) runs again: it takes elements, or is hungry."""
+        workers = self.registry.workers
+        for address in list(self.retiring):
+            ws = workers.get(address)
+            if ws is None or ws.status != "closing_gracefully":
+                self.retiring.discard(address)
+                if ws is not None:
+                    self.fill(ws)
 
     def _promote_results(self, m: BulkMap, indices: list[int]) -> None:
         prefix = m.prefix

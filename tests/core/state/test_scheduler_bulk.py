@@ -445,6 +445,25 @@ def test_a_retiring_worker_gives_back_its_elements_and_its_results_move():
     assert all(s.who_has([f"m-a-{i}"])[f"m-a-{i}"] == [B] for i in on_a[:4])
 
 
+def test_a_worker_whose_retirement_is_given_up_takes_elements_again():
+    """A retires, gives back its elements; B, which was to take A's results, leaves: the
+    retirement is given up (the results have nowhere to go), and A, running again, is
+    given the queued elements on the next tick."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    finish(s, A, on_a[:1])
+    step(s, ev.RetireWorkers("r1", "c", [A]))
+    give_back(s, A, on_a[1:])
+    step(s, ev.RemoveWorker(B, "gone"))
+    assert s.bulk.pending and not s.bulk.outstanding.get(A)
+    out = step(s, ev.Tick(now=1.0))
+    assert s.workers[A].status == "running"
+    assert [w for w, _ in ranges(out)] and all(w == A for w, _ in ranges(out))
+
+
 def test_an_element_promoted_while_it_is_given_back_runs_as_a_task():
     """A release is asked; before the answer an element B holds is depended on (a task
     of its own now, counted as running on B); B's answer gives it back: it is placed
