@@ -259,6 +259,9 @@ class BulkMaps:
         self.hungry: dict[str, WorkerInfo] = {}
         self.spent: set[str] = set()  # prefixes of dropped maps with elements made tasks
         self.retiring: set[str] = set()  # workers told to retire (they may run again)
+        # workers given no elements while a suspect task (one a worker died running) is
+        # theirs: it runs alone there, so that a death is its own (WorkerEvents blames it)
+        self.quarantined: set[str] = set()
         self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
         self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
@@ -442,16 +445,27 @@ class BulkMaps:
             self.fill(ws)
 
     def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
-              ) -> None:
+              | ev.TaskStarted) -> None:
         """After a worker joined, left (its elements went back to the queue) or changed
         status, hand out elements: to it, and to the workers that found the queue empty
         (never the whole cluster, so that a worker coming or going costs what it had); a
-        paused worker gives back those it has not started. On a tick, idle workers
-        steal (:meth:`steal`)."""
+        paused worker gives back those it has not started, and so does one where a
+        suspect task starts. On a tick, idle workers steal (:meth:`steal`)."""
         if isinstance(e, ev.Tick):
             if self.retiring:
                 self._retired_back()
+            if self.quarantined:
+                self._quarantine_over()
             self.steal()
+            return
+        if isinstance(e, ev.TaskStarted):
+            ts = dict.get(self.graph.tasks, e.key)
+            ws = self.registry.workers.get(e.worker)
+            if ts is not None and ts.suspicious and ws is not None \
+                    and ts.processing_on is ws:
+                self.quarantined.add(ws.address)
+                self.hungry.pop(ws.address, None)
+                self.release_all(ws)
             return
         address = e.worker if isinstance(e, ev.WorkerStatusChange) else e.address
         ws = self.registry.workers.get(address)
@@ -478,6 +492,10 @@ class BulkMaps:
         """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
         address = ws.address
         if ws.status != "running" or self.registry.workers.get(address) is not ws:
+            self.hungry.pop(address, None)
+            return
+        if ws.processing and any(ts.suspicious for ts in ws.processing):
+            self.quarantined.add(address)
             self.hungry.pop(address, None)
             return
         have = self.outstanding.get(address, 0)
@@ -614,12 +632,14 @@ class BulkMaps:
 
         A worker that died (not one retiring) may have died of an element it ran. Which
         one is not known here (a range's finished elements are reported in batches), so
-        each unfinished element counts the death; one counted twice becomes a task of its
-        own (its deaths in ranges counting as one), which says when it starts, so that a
-        death while it runs is blamed on it alone, as for any task, until
-        ``allowed_failures`` deaths make it err with ``KilledWorker``. A poison element
-        thus kills one worker more than a poison task does, and its neighbours in a range
-        run once more, each alone, instead of being blamed."""
+        each unfinished element counts the death; one counted twice becomes a task of
+        its own (its deaths in ranges counting as one), which says when it starts, and
+        whose worker runs no range meanwhile (it gives back the elements it has not
+        started and is given none while a suspect is its), so that a death while it runs
+        is blamed on it alone, as for any task, until ``allowed_failures`` deaths make
+        it err with ``KilledWorker``. A poison element thus kills one worker more than a
+        poison task does, and its neighbours in a range run once more, each alone,
+        instead of being blamed."""
         graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
         self.hungry.pop(ws.address, None)
@@ -792,6 +812,17 @@ class BulkMaps:
                 self.retiring.discard(address)
                 if ws is not None:
                     self.fill(ws)
+
+    def _quarantine_over(self) -> None:
+        """Workers whose suspect tasks are done take elements again (or are hungry)."""
+        workers = self.registry.workers
+        for address in list(self.quarantined):
+            ws = workers.get(address)
+            if ws is None:
+                self.quarantined.discard(address)
+            elif not any(ts.suspicious for ts in ws.processing):
+                self.quarantined.discard(address)
+                self.fill(ws)
 
     def _promote_results(self, m: BulkMap, indices: list[int]) -> None:
         prefix = m.prefix

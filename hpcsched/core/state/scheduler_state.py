@@ -60,8 +60,10 @@ from hpcsched.core.state.workers import WorkerEvents
 
 Key = Any
 #: events after which the bulk maps give ranges to the workers that have room, take
-#: elements back from a paused worker, or steal (BulkMaps.after)
-_BULK_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange, ev.Tick})
+#: elements back from a paused worker or one running a suspect task, or steal
+#: (BulkMaps.after)
+_BULK_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange, ev.Tick,
+                         ev.TaskStarted})
 
 
 class SchedulerState:

@@ -445,6 +445,33 @@ def test_a_retiring_worker_gives_back_its_elements_and_its_results_move():
     assert all(s.who_has([f"m-a-{i}"])[f"m-a-{i}"] == [B] for i in on_a[:4])
 
 
+def test_a_suspect_runs_alone_on_a_worker_that_gives_back_its_elements():
+    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once,
+    a task of its own that must run alone (a further death is its own). B, where they
+    go, is given no range while one of them is B's, gives back the elements it has not
+    started when one starts, and takes ranges again once they are done."""
+    s = SchedulerState(allowed_failures=2)
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    suspects = [m.msg.key for m in out if m.msg.op == "compute-task"]
+    assert suspects and all(s.tasks[k].suspicious for k in suspects)
+    assert not ranges(out)
+    out = step(s, ev.TaskStarted(B, suspects[0]))
+    assert released(out) == [(B, len(on_b))]
+    give_back(s, B, on_b[1:])
+    assert not ranges(finish(s, B, on_b[:1]))  # B reports; still no range for it
+    while suspects:  # each one B finishes makes room for the next (queued) one
+        out = step(s, ev.TaskFinished(B, suspects.pop(), nbytes=8, typename="int",
+                                      start=1.0, stop=1.1))
+        assert not ranges(out)
+        suspects += [m.msg.key for m in out if m.msg.op == "compute-task"]
+    out = step(s, ev.Tick(now=1.0))
+    assert ranges(out) and all(w == B for w, _ in ranges(out))
+
+
 def test_a_worker_whose_retirement_is_given_up_takes_elements_again():
     """A retires, gives back its elements; B, which was to take A's results, leaves: the
     retirement is given up (the results have nowhere to go), and A, running again, is
