@@ -141,6 +141,16 @@ class RangeFinished(FromWorker):
     stops: list = wire(fc.list_of(fc.number))
 
 
+@message("range-released", W2S)
+@dataclass(slots=True)
+class RangeReleased(FromWorker):
+    """The answer to ``release-range``: the elements the worker gave up, none of which it
+    started or will start, by bulk map prefix (it may give up none)."""
+
+    released: dict = wire(fc.dict_of(fc.list_of(fc.count), keyed=fc.string),
+                          doc="prefix -> indices of the elements given up")
+
+
 @message("missing-data", W2S)
 @record
 class MissingData(FromWorker):
@@ -290,6 +300,16 @@ class ComputeRange(Stimulus):
     function: bytes = wire(fc.blob)
     indices: list = wire(fc.list_of(fc.count))
     args: list = wire(fc.list_of(fc.blob))
+
+
+@message("release-range", S2W)
+@dataclass(slots=True)
+class ReleaseRange(Stimulus):
+    """Give up at most ``count`` elements of the ranges given (``compute-range``) that have
+    not started, the last given first (work stealing of a range's tail; a paused or
+    retiring worker gives up all); answered by ``range-released``."""
+
+    count: int = wire(fc.count)
 
 
 @message("free-keys", S2W)

@@ -23,25 +23,44 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   result's holder. From then on it is an ordinary task (its run spec is the map's
   function and its arguments) and the map forgets it ("promoted");
 * a worker that leaves takes its unfinished elements and the results only it held
-  back to the queue (their clients hear ``lost-data`` of the results);
+  back to the queue (their clients hear ``lost-data`` of the results); the map keeps,
+  per worker, the runs of elements given to it (:class:`Given`), so that a departure
+  visits what that worker had, not the map;
+* a worker gives back elements it has not started when asked (``release-range``,
+  answered by ``range-released``: it either started an element or gives it up, so
+  none runs twice by design or is lost): an idle worker steals half of what a busy one
+  holds beyond its threads, while nothing is queued, when that is worth a round trip
+  at the busy worker's speed (:meth:`BulkMaps.steal`); a paused worker gives back
+  everything not started; so does a retiring one, whose results become tasks of their
+  own, moved to other workers as any result of a retiring worker is;
 * a client that releases an element (its future was dropped) forgets it here without
   ever making a task of it.
 
-What is not done for elements until they are promoted: work stealing (ranges are small
-at the end instead), worker restrictions and resources (such maps go task by task),
-and accounting of their results in a worker's ``nbytes`` (rebalancing and retirement
-see only tasks).
+What is not done for elements until they are promoted: worker restrictions and
+resources (such maps go task by task), and accounting of their results in a worker's
+``nbytes`` (rebalancing, and which workers ``retire_workers(n=...)`` or adaptive
+scaling picks, see only tasks' results). A map with a future among its arguments, even
+one shared by every element, goes task by task: as a bulk map it would need the map to
+hold its dependency (against its client's release, its loss, its failure: every element
+errs) and a worker to fetch it before a range and keep it while the range runs.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.messages import ComputeRange, FreeKeys, LostData, MapInMemory
+from hpcsched.core.protocol.messages import (
+    ComputeRange,
+    FreeKeys,
+    LostData,
+    MapInMemory,
+    ReleaseRange,
+)
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
 from hpcsched.core.state.registry import WorkerRegistry
@@ -50,19 +69,90 @@ from hpcsched.core.state.tasks import TaskGraph
 Key = Any
 
 QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
+#: the slot of a worker never given an element: matches no element's ``where`` (-1: none)
+NO_SLOT = -2
 #: elements in one compute-range at most (large enough that messages cost little per
 #: element, small enough that a worker leaving loses little)
 MAX_RANGE = 4096
 #: ranges per thread of the cluster the unassigned elements are cut into (guided
 #: self-scheduling's divisor)
 RANGES_PER_THREAD = 4
+#: seconds of a worker's elements not yet started, at least, that are worth a steal
+#: (a round trip to it costs well under a millisecond)
+STEAL_MIN_SECONDS = 0.01
+#: elements of a map's runs given to a worker past which they are compacted to those it
+#: still runs or holds (at least; see :class:`Given`)
+COMPACT_AT = 1024
+
+
+def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
+    """The ``[start, stop)`` runs of consecutive numbers in ascending ``indices``.
+
+    >>> list(runs([1, 2, 3, 7, 9, 10]))
+    [(1, 4), (7, 8), (9, 11)]
+    """
+    if not indices:
+        return
+    start = prev = indices[0]
+    for i in indices[1:]:
+        if i != prev + 1:
+            yield start, prev + 1
+            start = i
+        prev = i
+    yield start, prev + 1
+
+
+class Given:
+    """The elements of one map given to one worker, as runs ``[start, stop)`` in a flat
+    array: a superset of those the worker runs or holds (``BulkMap.where`` says which),
+    so that its departure visits what it was given, not the whole map. Elements it no
+    longer has (reported and released, promoted, taken back) are dropped from the runs
+    whenever they have grown to twice what it had at the last compaction: the runs stay
+    within a constant factor of what the worker has, plus :data:`COMPACT_AT`."""
+
+    __slots__ = ("runs", "length", "limit")
+
+    def __init__(self) -> None:
+        self.runs = array("q")
+        self.length = 0  # elements in the runs
+        self.limit = COMPACT_AT  # compact past this length
+
+    def add(self, start: int, stop: int) -> None:
+        r = self.runs
+        if r and r[-1] == start:
+            r[-1] = stop
+        else:
+            r.append(start)
+            r.append(stop)
+        self.length += stop - start
+
+    def held(self, where: array, slot: int) -> list[int]:
+        """The elements of the runs whose ``where`` is ``slot``, ascending, each once (an
+        element taken back and given to the same worker again is in two runs)."""
+        r = self.runs
+        out: list[int] = []
+        for k in range(0, len(r), 2):
+            a, b = r[k], r[k + 1]
+            seg = where[a:b]
+            if seg.count(slot) == b - a:
+                out += range(a, b)
+            else:
+                out += [a + j for j, w in enumerate(seg) if w == slot]
+        return sorted(set(out)) if len(r) > 2 else out
+
+    def compact(self, where: array, slot: int) -> None:
+        held = self.held(where, slot)
+        self.runs = array("q", [x for run in runs(held) for x in run])
+        self.length = len(held)
+        self.limit = 2 * len(held) + COMPACT_AT
 
 
 class BulkMap:
     """One bulk map: its function, its elements' arguments and their state."""
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
-                 "priority", "retries", "free", "n_live", "n_orphans", "group", "suspicious")
+                 "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
+                 "suspicious", "given")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -77,12 +167,14 @@ class BulkMap:
         self.priority = priority
         self.retries = retries
         self.free: list[list[int]] = []  # [start, stop) of queued elements, in order
+        self.n_free = 0  # elements in those ranges
         self.n_live = 0  # queued, processing or in memory
         self.n_orphans = 0  # forgotten while a worker runs them: their reports are due
         self.group = key_split(prefix + "0")
         # per element, the workers that died while it was given to them; made when the
         # first such worker dies (a map whose workers live pays nothing for it)
         self.suspicious: bytearray | None = None
+        self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
 
     def extend(self, args: list[bytes]) -> None:
         start, n = len(self.args), len(args)
@@ -93,25 +185,31 @@ class BulkMap:
         if self.suspicious is not None:
             self.suspicious += bytes(n)
         self.n_live += n
+        self.n_free += n
         if self.free and self.free[-1][1] == start:
             self.free[-1][1] = start + n
         else:
             self.free.append([start, start + n])
 
-    def requeue(self, i: int) -> None:
-        """Element ``i`` goes back to the queue (kept in index order: earlier first)."""
-        self.state[i] = QUEUED
-        self.where[i] = -1
-        free = self.free
-        for r in free:
-            if r[0] == i + 1:
-                r[0] = i
-                return
-            if r[1] == i:
-                r[1] = i + 1
-                return
-        free.append([i, i + 1])
-        free.sort()
+    def requeue(self, indices: list[int]) -> None:
+        """Elements ``indices`` (ascending, none of them queued) go back to the queue, kept
+        in index order (earlier first): a binary search per run of them."""
+        state, where, free = self.state, self.where, self.free
+        for i in indices:
+            state[i] = QUEUED
+            where[i] = -1
+        self.n_free += len(indices)
+        for a, b in runs(indices):
+            k = bisect_left(free, [a])
+            if k > 0 and free[k - 1][1] == a:
+                free[k - 1][1] = b
+                if k < len(free) and free[k][0] == b:
+                    free[k - 1][1] = free[k][1]
+                    del free[k]
+            elif k < len(free) and free[k][0] == b:
+                free[k][0] = a
+            else:
+                free.insert(k, [a, b])
 
     def take(self, n: int) -> tuple[int, int]:
         """The next ``[start, stop)`` of at most ``n`` queued-range elements (some of which
@@ -123,10 +221,11 @@ class BulkMap:
             self.free.pop(0)
         else:
             r[0] = stop
+        self.n_free -= stop - start
         return start, stop
 
     def unassigned(self) -> int:
-        return sum(b - a for a, b in self.free)
+        return self.n_free
 
 
 class BulkMaps:
@@ -137,12 +236,14 @@ class BulkMaps:
     handlers = Handlers("scheduler state (bulk maps)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
-                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3):
+                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3,
+                 work_stealing: bool = True):
         self.graph = graph
         self.registry = registry
         self.out = out
         self.task_finished = task_finished
         self.allowed_failures = allowed_failures
+        self.work_stealing = work_stealing  # idle workers take ranges' tails (steal)
         self.maps: dict[str, BulkMap] = {}
         self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
         self.slots: dict[str, int] = {}  # worker address -> its slot
@@ -151,6 +252,20 @@ class BulkMaps:
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
         self._last: BulkMap | None = None  # the map of the last key looked up
         self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
+        # worker slot -> the maps with elements given to it (their Given runs)
+        self.given_maps: dict[int, dict[BulkMap, None]] = {}
+        # running workers that would take more than the queue has left (they are topped
+        # up when elements go back to the queue)
+        self.hungry: dict[str, WorkerInfo] = {}
+        self.spent: set[str] = set()  # prefixes of dropped maps with elements made tasks
+        self.retiring: set[str] = set()  # workers told to retire (they may run again)
+        # workers given no elements while a suspect task (one a worker died running) is
+        # theirs: it runs alone there, so that a death is its own (WorkerEvents blames it)
+        self.quarantined: set[str] = set()
+        self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
+        self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
+        self._epoch = 0  # ranges given or reported so far (a steal round may find more)
+        self._fruitless = -1  # the epoch at which a steal round found no worker to steal from
         graph.tasks.resolve = self.resolve
 
     # ================================================================ client side
@@ -164,6 +279,9 @@ class BulkMaps:
             if e.offset != 0:
                 raise ev.MalformedMessage(f"update-map: the first block of {e.prefix!r} "
                                           f"starts at {e.offset}, not 0")
+            if e.prefix in self.spent:
+                raise ev.MalformedMessage(f"update-map: prefix {e.prefix!r} named an earlier "
+                                          "map, whose elements may be tasks still")
             if not self.maps:
                 self.graph.tasks.resolving(True)
             m = self.maps[e.prefix] = BulkMap(
@@ -217,7 +335,11 @@ class BulkMaps:
             self.out.send(address, FreeKeys(keys))
 
     def _maybe_drop(self, m: BulkMap) -> None:
-        if m.n_live == 0 and m.n_orphans == 0:
+        if m.n_live == 0 and m.n_orphans == 0 and self.maps.get(m.prefix) is m:
+            if PROMOTED in m.state:  # their keys are tasks' (a client never reuses a prefix)
+                self.spent.add(m.prefix)
+            for slot in m.given:
+                self.given_maps.get(slot, {}).pop(m, None)
             del self.maps[m.prefix]
             if m in self.pending:
                 self.pending.remove(m)
@@ -316,25 +438,80 @@ class BulkMaps:
         return max(1, min(MAX_RANGE, left // (threads * RANGES_PER_THREAD)))
 
     def fill_all(self) -> None:
-        """Top up every running worker (a map arrived, workers joined or resumed)."""
+        """Top up every running worker (a map arrived)."""
         if not self.pending:
             return
         for ws in list(self.registry.running()):
             self.fill(ws)
 
+    def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
+              | ev.TaskStarted) -> None:
+        """After a worker joined, left (its elements went back to the queue) or changed
+        status, hand out elements: to it, and to the workers that found the queue empty
+        (never the whole cluster, so that a worker coming or going costs what it had); a
+        paused worker gives back those it has not started, and so does one where a
+        suspect task starts. On a tick, idle workers steal (:meth:`steal`)."""
+        if isinstance(e, ev.Tick):
+            if self.retiring:
+                self._retired_back()
+            if self.quarantined:
+                self._quarantine_over()
+            self.steal()
+            return
+        if isinstance(e, ev.TaskStarted):
+            ts = dict.get(self.graph.tasks, e.key)
+            ws = self.registry.workers.get(e.worker)
+            if ts is not None and ts.suspicious and ws is not None \
+                    and ts.processing_on is ws:
+                self.quarantined.add(ws.address)
+                self.hungry.pop(ws.address, None)
+                self.release_all(ws)
+            return
+        address = e.worker if isinstance(e, ev.WorkerStatusChange) else e.address
+        ws = self.registry.workers.get(address)
+        if ws is not None and ws.status == "paused":
+            self.hungry.pop(address, None)
+            self.release_all(ws)
+        if ws is not None:
+            self.fill(ws)  # nothing queued: it is marked hungry (a thief, if idle)
+        self.fill_hungry()
+
+    def fill_hungry(self) -> None:
+        """Top up the workers that found the queue empty, while it holds elements (some
+        went back to it), those with a thread free first: a worker that had enough then
+        has enough now, and is topped up when it reports."""
+        outstanding = self.outstanding
+        hungry = list(self.hungry.values())
+        idle = [ws for ws in hungry if outstanding.get(ws.address, 0) < ws.nthreads]
+        for ws in idle + hungry if len(idle) < len(hungry) else idle:
+            if not self.pending:
+                return
+            self.fill(ws)
+
     def fill(self, ws: WorkerInfo) -> None:
         """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
-        if ws.status != "running" or ws.address not in self.registry.workers:
+        address = ws.address
+        if ws.status != "running" or self.registry.workers.get(address) is not ws:
+            self.hungry.pop(address, None)
             return
-        have = self.outstanding.get(ws.address, 0)
+        if ws.processing and any(ts.suspicious for ts in ws.processing):
+            self.quarantined.add(address)
+            self.hungry.pop(address, None)
+            return
+        have = self.outstanding.get(address, 0)
         while self.pending:
             size = self._range_size()
             if have >= 2 * size * ws.nthreads:
                 break
             have += self._assign(ws, size)
-        self.outstanding[ws.address] = have
+        self.outstanding[address] = have
+        if self.pending:
+            self.hungry.pop(address, None)
+        else:
+            self.hungry[address] = ws
 
     def _assign(self, ws: WorkerInfo, size: int) -> int:
+        self._epoch += 1
         m = self.pending[0]
         start, stop = m.take(size)
         if not m.free:
@@ -342,17 +519,26 @@ class BulkMaps:
         state = m.state
         slot = self._slot(ws)
         n = stop - start
+        given = m.given.get(slot)
+        if given is None:
+            given = m.given[slot] = Given()
+            self.given_maps.setdefault(slot, {})[m] = None
         if state.count(QUEUED, start, stop) == n:  # the common case: all still queued
             state[start:stop] = bytes([PROCESSING]) * n
             m.where[start:stop] = array("i", [slot]) * n
             indices = list(range(start, stop))
             args = m.args[start:stop]
+            given.add(start, stop)
         else:
             indices = [i for i in range(start, stop) if state[i] == QUEUED]
             for i in indices:
                 state[i] = PROCESSING
                 m.where[i] = slot
             args = [m.args[i] for i in indices]
+            for a, b in runs(indices):
+                given.add(a, b)
+        if given.length > given.limit:
+            given.compact(m.where, slot)
         if indices:
             self.out.send(ws.address, ComputeRange(m.prefix, m.function, indices, args))
         return len(indices)
@@ -363,12 +549,13 @@ class BulkMaps:
         ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
+        self._epoch += 1
         n = len(e.indices)
         if not len(e.nbytes) == len(e.types) == len(e.starts) == len(e.stops) == n:
             raise ev.MalformedMessage("range-finished: indices, nbytes, types, starts and "
                                       "stops differ in length")
         m = self.maps.get(e.prefix)
-        slot = self.slots.get(ws.address, -1)
+        slot = self.slots.get(ws.address, NO_SLOT)
         done: list[int] = []  # positions in the report of the elements now in memory
         stray: list[int] = []  # promoted, or unknown: one task's report each
         free: list[str] = []
@@ -399,6 +586,8 @@ class BulkMaps:
                     free.append(m.prefix + str(i))
             if done:
                 self._report(m, ws, e, done)
+                if ws.status == "closing_gracefully":
+                    self._promote_results(m, [e.indices[j] for j in done])
             self._maybe_drop(m)
         if free:
             self.out.send(ws.address, FreeKeys(free))
@@ -423,10 +612,14 @@ class BulkMaps:
         indices, types, starts, stops = e.indices, e.types, e.starts, e.stops
         self.out.send(m.client, MapInMemory(m.prefix, [indices[j] for j in done],
                                             [types[j] for j in done]))
+        spent = sum(max(stops[j] - starts[j], 0.0) for j in done)
         tg = self.graph.groups.get(m.group)
         if tg is not None:
-            tg.duration_total += sum(max(stops[j] - starts[j], 0.0) for j in done)
+            tg.duration_total += spent
             tg.n_durations += len(done)
+        mean = spent / len(done)
+        before = self.element_time.get(ws.address)
+        self.element_time[ws.address] = mean if before is None else (before + mean) / 2
         recorder = self.out.recorder
         if recorder is not None:
             recorder.elements_finished(m.group, ws, [m.prefix + str(indices[j]) for j in done],
@@ -439,14 +632,19 @@ class BulkMaps:
 
         A worker that died (not one retiring) may have died of an element it ran. Which
         one is not known here (a range's finished elements are reported in batches), so
-        each unfinished element counts the death; one counted twice becomes a task of its
-        own (its deaths in ranges counting as one), which says when it starts, so that a
-        death while it runs is blamed on it alone, as for any task, until
-        ``allowed_failures`` deaths make it err with ``KilledWorker``. A poison element
-        thus kills one worker more than a poison task does, and its neighbours in a range
-        run once more, each alone, instead of being blamed."""
+        each unfinished element counts the death; one counted twice becomes a task of
+        its own (its deaths in ranges counting as one), which says when it starts, and
+        whose worker runs no range meanwhile (it gives back the elements it has not
+        started and is given none while a suspect is its), so that a death while it runs
+        is blamed on it alone, as for any task, until ``allowed_failures`` deaths make
+        it err with ``KilledWorker``. A poison element thus kills one worker more than a
+        poison task does, and its neighbours in a range run once more, each alone,
+        instead of being blamed."""
         graceful = ws.status == "closing_gracefully"
         self.outstanding.pop(ws.address, None)
+        self.hungry.pop(ws.address, None)
+        self.releasing.pop(ws.address, None)
+        self.element_time.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return
@@ -454,33 +652,30 @@ class BulkMaps:
         lost: dict[str, list[Key]] = {}
         alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
         suspects: list[tuple[BulkMap, int]] = []
-        for m in list(self.maps.values()):
+        for m in self.given_maps.pop(slot, ()):
+            given = m.given.pop(slot)
             where, state = m.where, m.state
-            requeued = False
-            i = where.index(slot) if slot in where else -1
-            while i >= 0:
+            requeue: list[int] = []
+            for i in given.held(where, slot):
                 st = state[i]
                 if st == FORGOTTEN:
                     where[i] = -1
                     m.n_orphans -= 1
-                else:
-                    if st == MEMORY:
-                        lost.setdefault(m.client, []).append(m.prefix + str(i))
-                    elif not graceful:  # PROCESSING: it may be what killed the worker
-                        if m.suspicious is None:
-                            m.suspicious = bytearray(len(state))
-                        n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
-                        if n >= alone:
-                            suspects.append((m, i))
-                    m.requeue(i)
-                    requeued = True
-                try:
-                    i = where.index(slot, i + 1)
-                except ValueError:
-                    i = -1
-            if requeued and m not in self.pending:
-                self.pending.append(m)
-                self.pending.sort(key=lambda b: b.priority)
+                    continue
+                if st == MEMORY:
+                    lost.setdefault(m.client, []).append(m.prefix + str(i))
+                elif not graceful:  # PROCESSING: it may be what killed the worker
+                    if m.suspicious is None:
+                        m.suspicious = bytearray(len(state))
+                    n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
+                    if n >= alone:
+                        suspects.append((m, i))
+                requeue.append(i)
+            if requeue:
+                m.requeue(requeue)
+                if m not in self.pending:
+                    self.pending.append(m)
+                    self.pending.sort(key=lambda b: b.priority)
             self._maybe_drop(m)
         for m, i in suspects:
             ts = self.resolve(m.prefix + str(i))  # queued: promoted, to run alone
@@ -491,6 +686,152 @@ class BulkMaps:
             if client != FIRE_AND_FORGET:
                 for k in keys:
                     self.out.send(client, LostData(k))
+
+    # ================================================================ taking elements back
+    def release_all(self, ws: WorkerInfo) -> None:
+        """``ws`` gives back every element it has not started (it paused, or retires)."""
+        have = self.outstanding.get(ws.address, 0)
+        if have:
+            self._release(ws, have)
+
+    def _release(self, ws: WorkerInfo, count: int) -> None:
+        self.releasing[ws.address] = self.releasing.get(ws.address, 0) + 1
+        self.out.send(ws.address, ReleaseRange(count))
+
+    def steal(self) -> None:
+        """Work stealing of ranges' tails: while no element is queued, each idle worker
+        (a thread free, nothing queued for it) has one other worker give back half the
+        elements it holds beyond its threads, if they are worth
+        :data:`STEAL_MIN_SECONDS` at that worker's recent speed (unknown: worth it);
+        the elements go back to the queue (``range-released``), and from there to the
+        idle workers. The victims give back only elements they have not started, so
+        none runs twice or is lost; a round that finds no victim is not repeated until
+        ranges are given or reported. Off with ``scheduler.work-stealing``."""
+        if not self.work_stealing or self.pending or not self.hungry \
+                or self._fruitless == self._epoch:
+            return
+        outstanding, workers = self.outstanding, self.registry.workers
+        thieves = [ws for ws in self.hungry.values() if ws.status == "running"
+                   and outstanding.get(ws.address, 0) < ws.nthreads]
+        if not thieves:
+            return
+        victims: list[tuple[int, WorkerInfo]] = []
+        for address, have in outstanding.items():
+            ws = workers.get(address)
+            if ws is None or address in self.releasing or have <= ws.nthreads:
+                continue
+            count = (have - ws.nthreads + 1) // 2
+            if count * self.element_time.get(address, STEAL_MIN_SECONDS) >= STEAL_MIN_SECONDS:
+                victims.append((count, ws))
+        if not victims:
+            self._fruitless = self._epoch
+            return
+        victims.sort(key=lambda v: -v[0])
+        for count, ws in victims[:len(thieves)]:
+            self._release(ws, count)
+
+    @handlers.on(ev.RangeReleased)
+    def range_released(self, e: ev.RangeReleased) -> None:
+        """A worker gave back elements it had not started (``release-range``): they go back
+        to the queue, and to the workers that found it empty. An element promoted since it
+        was given (a task now, counted as running there) is placed again as a task."""
+        ws = self.registry.workers.get(e.worker)
+        if ws is None:
+            return
+        address = ws.address
+        n = self.releasing.get(address, 0)
+        if n > 1:
+            self.releasing[address] = n - 1
+        else:
+            self.releasing.pop(address, None)
+        slot = self.slots.get(address, NO_SLOT)
+        back = 0
+        again: list[TaskState] = []
+        for prefix, indices in e.released.items():
+            m = self.maps.get(prefix)
+            if m is None:
+                continue
+            state, where = m.state, m.where
+            requeue: list[int] = []
+            for i in sorted(set(indices)):
+                if i >= len(state):
+                    continue
+                st = state[i]
+                if st == PROCESSING and where[i] == slot:
+                    requeue.append(i)
+                elif st == FORGOTTEN and where[i] == slot:  # its report is due no more
+                    where[i] = -1
+                    m.n_orphans -= 1
+                    back += 1
+                elif st == PROMOTED:
+                    ts = dict.get(self.graph.tasks, prefix + str(i))
+                    if ts is not None and ts.state == "processing" and ts.processing_on is ws:
+                        again.append(ts)
+            if requeue:
+                back += len(requeue)
+                m.requeue(requeue)
+                if m not in self.pending:
+                    self.pending.append(m)
+                    self.pending.sort(key=lambda b: b.priority)
+            self._maybe_drop(m)
+        if back:
+            self.outstanding[address] = self.outstanding.get(address, 0) - back
+        graph = self.graph
+        for ts in again:
+            graph.transition(ts, "waiting")
+        graph.transitions([(ts, "processing") for ts in again])
+        self.hungry.pop(address, None)  # what it gave back goes to others first
+        self.fill_hungry()
+        if ws.status == "running" and not self.outstanding.get(address):
+            self.fill(ws)
+
+    def retire(self, addresses: list[str]) -> None:
+        """Workers start retiring: they give back the elements they have not started, and
+        the results they hold become tasks of their own, which the retirement moves to
+        other workers as it moves any result (:class:`~.maintenance.Maintenance`); so do
+        those of the elements still running there, once reported."""
+        for address in addresses:
+            ws = self.registry.workers.get(address)
+            slot = self.slots.get(address)
+            if ws is None or slot is None:
+                continue
+            self.hungry.pop(address, None)
+            self.retiring.add(address)
+            self.release_all(ws)
+            for m in list(self.given_maps.get(slot, ())):
+                held = m.given[slot].held(m.where, slot)
+                self._promote_results(m, [i for i in held if m.state[i] == MEMORY])
+
+    def _retired_back(self) -> None:
+        """Retiring workers that left are forgotten; one whose retirement was given up
+        (its results had nowhere to go) runs again: it takes elements, or is hungry."""
+        workers = self.registry.workers
+        for address in list(self.retiring):
+            ws = workers.get(address)
+            if ws is None or ws.status != "closing_gracefully":
+                self.retiring.discard(address)
+                if ws is not None:
+                    self.fill(ws)
+
+    def _quarantine_over(self) -> None:
+        """Workers whose suspect tasks are done take elements again (or are hungry)."""
+        workers = self.registry.workers
+        for address in list(self.quarantined):
+            ws = workers.get(address)
+            if ws is None:
+                self.quarantined.discard(address)
+            elif not any(ts.suspicious for ts in ws.processing):
+                self.quarantined.discard(address)
+                self.fill(ws)
+
+    def _promote_results(self, m: BulkMap, indices: list[int]) -> None:
+        prefix = m.prefix
+        for i in indices:
+            self.resolve(prefix + str(i))
+
+    def elements_on(self, ws: WorkerInfo) -> int:
+        """Elements ``ws`` runs or was given for the maps (a retirement waits for them)."""
+        return self.outstanding.get(ws.address, 0)
 
     # ================================================================ queries
     def counts(self) -> dict[str, int]:
@@ -524,6 +865,23 @@ class BulkMaps:
                     assert w == -1 and any(a <= i < b for a, b in m.free), (prefix, i)
             assert orphans == m.n_orphans, (prefix, orphans, m.n_orphans)
             assert (m in self.pending) == bool(m.free), prefix
+            assert m.n_free == sum(b - a for a, b in m.free), prefix
+            assert all(m.free[k][1] < m.free[k + 1][0] for k in range(len(m.free) - 1)), prefix
+            # every element a worker runs or holds is in the runs given to it
+            for to, given in m.given.items():
+                assert m in self.given_maps[to], (prefix, to)
+                r = given.runs
+                inside = {i for k in range(0, len(r), 2) for i in range(r[k], r[k + 1])}
+                assert inside.issuperset(i for i, w in enumerate(m.where) if w == to), \
+                    (prefix, to)
+            assert not {w for w in m.where if w >= 0} - set(m.given), prefix
+        for given_to, maps in self.given_maps.items():
+            assert all(self.maps.get(m.prefix) is m and given_to in m.given for m in maps), \
+                given_to
+        for addr, ws in self.hungry.items():
+            assert self.registry.workers.get(addr) is ws, addr
+        for addr, n in self.releasing.items():
+            assert n > 0 and addr in self.registry.workers, addr
         for addr, n in self.outstanding.items():
             slot = self.slots.get(addr)
             assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)

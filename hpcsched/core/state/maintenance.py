@@ -63,7 +63,8 @@ class Maintenance:
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
                  out: Outbox, remove_worker: Callable[[ev.RemoveWorker], None], *,
-                 work_stealing: bool, worker_ttl: float | None, retire_timeout: float):
+                 work_stealing: bool, worker_ttl: float | None, retire_timeout: float,
+                 elements_on: Callable[[WorkerInfo], int] = lambda ws: 0):
         self.graph = graph
         self.registry = registry
         self.placement = placement
@@ -72,6 +73,7 @@ class Maintenance:
         self.work_stealing = work_stealing
         self.worker_ttl = worker_ttl
         self.retire_timeout = retire_timeout
+        self.elements_on = elements_on  # elements of bulk maps a worker runs (a retirement waits)
         self.retiring: dict[str, Retirement] = {}  # by worker address
         self.scatters: dict[str, Scatter] = {}  # by scatter id
         self.rebalances: dict[str, Rebalance] = {}  # by request id
@@ -297,7 +299,7 @@ class Maintenance:
                 self.out.send(target.address, AcquireReplicas({ts.key: [ws.address]},
                                                               {ts.key: ts.nbytes}))
             return
-        if ws.processing and not timed_out:
+        if (ws.processing or self.elements_on(ws)) and not timed_out:
             return
         # done: close it
         del self.retiring[ws.address]

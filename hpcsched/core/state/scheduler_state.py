@@ -59,8 +59,11 @@ from hpcsched.core.state.tasks import TaskGraph, Transition
 from hpcsched.core.state.workers import WorkerEvents
 
 Key = Any
-#: events after which the bulk maps give ranges to every worker that has room
-_FILL_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange})
+#: events after which the bulk maps give ranges to the workers that have room, take
+#: elements back from a paused worker or one running a suspect task, or steal
+#: (BulkMaps.after)
+_BULK_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange, ev.Tick,
+                         ev.TaskStarted})
 
 
 class SchedulerState:
@@ -85,7 +88,8 @@ class SchedulerState:
         self.maintenance = Maintenance(self.graph, self.registry, self.placement, self.out,
                                        self._remove_worker, work_stealing=st.work_stealing,
                                        worker_ttl=st.worker_ttl,
-                                       retire_timeout=st.retire_timeout)
+                                       retire_timeout=st.retire_timeout,
+                                       elements_on=lambda ws: self.bulk.elements_on(ws))
         self.worker_events = WorkerEvents(self.graph, self.registry, self.placement,
                                           self.maintenance, self.out,
                                           allowed_failures=st.allowed_failures,
@@ -95,7 +99,8 @@ class SchedulerState:
                                               self.out)
         self.bulk = BulkMaps(self.graph, self.registry, self.out,
                              self.worker_events.task_finished,
-                             allowed_failures=st.allowed_failures)
+                             allowed_failures=st.allowed_failures,
+                             work_stealing=st.work_stealing)
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
@@ -105,6 +110,7 @@ class SchedulerState:
             ev.RemoveWorker: self._remove_worker,
             ev.RemoveClient: self._remove_client,
             ev.ClientReleasesKeys: self._client_releases,
+            ev.RetireWorkers: self._retire_workers,
         }
         # the components' own data, under the names the server and the tests read
         self.tasks = self.graph.tasks
@@ -128,6 +134,10 @@ class SchedulerState:
         if ws is not None:
             self.bulk.worker_left(ws)
         self.worker_events.remove_worker(e)
+
+    def _retire_workers(self, e: ev.RetireWorkers) -> None:
+        self.bulk.retire(e.workers)
+        self.maintenance.retire_workers(e)
 
     def _remove_client(self, e: ev.RemoveClient) -> None:
         self.bulk.remove_client(e.client)
@@ -159,8 +169,8 @@ class SchedulerState:
             graph = self.graph
             graph.transitions([(ts, "waiting") for ts in bulk.take_promoted()
                                if ts.state == "released" and graph.wanted(ts)])
-        if bulk.pending and type(event) in _FILL_AFTER:
-            bulk.fill_all()
+        if bulk.maps and type(event) in _BULK_AFTER:
+            bulk.after(event)
         placement = self.placement
         if placement.slots_opened or placement.blocks.fill_all:
             self._fill_slots(placement.take_opened())

@@ -10,6 +10,11 @@ tells the scheduler of the batch; an element that raises is reported alone, with
 ``task-erred`` for its key, and the range goes on. A range's elements are not tasks of
 the worker's state machine: their results are plain entries of its data, which
 ``free-keys`` drops and peers fetch as any other.
+
+``release-range`` takes back elements that have not started, the last given first (the
+scheduler moves them to idle workers, or off a paused or retiring one): a thread takes
+its range's next element, and the loop cuts a range's end, under one lock, so that an
+element is either started here or given up (``range-released``), never both.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import time
 from collections import deque
 from typing import Any
 
-from hpcsched.core.protocol.messages import ComputeRange, RangeFinished, TaskErred
+from hpcsched.core.protocol.messages import ComputeRange, RangeFinished, RangeReleased, TaskErred
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
 from hpcsched.core.worker.context import enter_task, hook_dask, leave_task
 from hpcsched.core.worker.execution import pack_exception
@@ -51,6 +56,19 @@ class Batch:
         self.failures: list[TaskErred] = []
 
 
+class Range:
+    """A range given to the worker: its elements at positions ``[next, end)`` of the
+    record have not started (``next`` moves as a thread starts them, ``end`` as the loop
+    gives the tail up; both under the runner's lock)."""
+
+    __slots__ = ("record", "next", "end")
+
+    def __init__(self, record: ComputeRange):
+        self.record = record
+        self.next = 0
+        self.end = len(record.indices)
+
+
 class RangeRunner:
     """The ranges a worker was given (module docstring)."""
 
@@ -58,31 +76,72 @@ class RangeRunner:
         # the Worker (it imports this module): its loop, executor, nthreads, state, address
         self.worker = worker
         self._lock = threading.Lock()
-        self._ranges: deque[ComputeRange] = deque()
+        self._ranges: deque[Range] = deque()  # waiting for a thread
+        self._active: list[Range] = []  # running on a thread
         self._running = 0
 
     def submit(self, record: ComputeRange) -> None:
         """On the loop: run ``record``'s elements once a thread of the ranges is free."""
         with self._lock:
-            self._ranges.append(record)
+            self._ranges.append(Range(record))
             if self._running >= self.worker.nthreads:
                 return
             self._running += 1
         self.worker.executor.submit(self._run)
 
+    def release(self, count: int) -> dict[str, list[int]]:
+        """On the loop: give up at most ``count`` elements not started, the last given
+        first (the tails of the waiting ranges, then of the running ones); by prefix."""
+        out: dict[str, list[int]] = {}
+        with self._lock:
+            for r in [*reversed(self._ranges), *reversed(self._active)]:
+                if count <= 0:
+                    break
+                n = min(count, r.end - r.next)
+                if n <= 0:
+                    continue
+                cut = r.end - n
+                record = r.record
+                out.setdefault(record.prefix, []).extend(record.indices[cut:r.end])
+                r.end = cut
+                count -= n
+            if out:
+                self._ranges = deque(r for r in self._ranges if r.next < r.end)
+        return out
+
+    def answer_release(self, count: int) -> None:
+        """On the loop: ``release-range``, answered."""
+        w = self.worker
+        w.send_to_scheduler(RangeReleased(w.address, released=self.release(count)))
+
     def _run(self) -> None:
+        lock = self._lock
         while True:
-            with self._lock:
+            with lock:
                 if not self._ranges:
                     self._running -= 1
                     return
-                record = self._ranges.popleft()
+                r = self._ranges.popleft()
+                self._active.append(r)
             try:
-                self._run_range(record)
+                self._run_range(r)
             except BaseException:  # noqa: BLE001 - the function itself cannot be loaded
-                logger.exception("range of %s failed", record.prefix)
+                logger.exception("range of %s failed", r.record.prefix)
+            finally:
+                with lock:
+                    self._active.remove(r)
 
-    def _run_range(self, record: ComputeRange) -> None:
+    def _take(self, r: Range) -> int:
+        """The position of ``r``'s next element to run, started from now on; -1: none."""
+        with self._lock:
+            j = r.next
+            if j >= r.end:
+                return -1
+            r.next = j + 1
+            return j
+
+    def _run_range(self, r: Range) -> None:
+        record = r.record
         w = self.worker
         put = w.loop.put
         prefix = record.prefix
@@ -92,15 +151,25 @@ class RangeRunner:
         except BaseException as e:  # noqa: BLE001 - every element errs with it
             packed, tb_text, text = pack_exception(e, e.__traceback__)
             now = time.time()
+            failed = []
+            while (j := self._take(r)) >= 0:
+                failed.append(record.indices[j])
             batch.failures = [TaskErred(w.address, key=prefix + str(i), exception=packed, traceback=tb_text,
                                         exception_text=text, start=now, stop=now)
-                              for i in record.indices]
+                              for i in failed]
             put(("ranges", batch))
             return
         hook_dask()
         clock = time.time
         due = clock() + REPORT_SECONDS
-        for i, blob in zip(record.indices, record.args, strict=True):
+        indices, all_args, lock = record.indices, record.args, self._lock
+        while True:
+            with lock:  # as _take, inline: once per element
+                j = r.next
+                if j >= r.end:
+                    break
+                r.next = j + 1
+            i, blob = indices[j], all_args[j]
             key = prefix + str(i)
             start = clock()
             outer = enter_task(w, key, False, start)

@@ -77,6 +77,7 @@ from hpcsched.core.protocol.messages import (
     Registered,
     RegisterError,
     RegisterWorker,
+    ReleaseRange,
     RetireMe,
     UpdateData,
     decode,
@@ -482,6 +483,11 @@ class Worker:
     @handlers.on(ComputeRange)
     def _compute_range(self, record: ComputeRange) -> tuple:
         self.ranges.submit(record)
+        return ()
+
+    @handlers.on(ReleaseRange)
+    def _release_range(self, record: ReleaseRange) -> tuple:
+        self.ranges.answer_release(record.count)
         return ()
 
     @handlers.on(GetData)

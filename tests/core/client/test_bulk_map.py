@@ -16,7 +16,7 @@ import pytest
 
 from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
 from hpcsched.core.client.graphs import BULK_MAP_MIN
-from tests.conftest import _local_cluster, wait_until
+from tests.conftest import _local_cluster, wait_until, worker_env
 
 N = max(BULK_MAP_MIN, 100)
 
@@ -267,5 +267,126 @@ def test_an_element_that_kills_its_workers_errs_with_killed_worker_alone():
             good = [f for i, f in enumerate(fs) if i != bad]
             assert client.gather(good, timeout=60) == [i for i in range(n) if i != bad]
             assert client.submit(inc, 41).result(timeout=60) == 42
+    finally:
+        cluster.close()
+
+
+def slow_on(x, slow, directory, fast_delay):
+    """Counts its calls per element in ``directory``; sleeps half a second on the worker at
+    ``slow``, ``fast_delay`` elsewhere; returns (x, the worker's address)."""
+    from hpcsched import get_worker
+
+    with open(os.path.join(directory, str(x)), "a") as f:
+        f.write("x")
+    address = get_worker().address
+    time.sleep(0.5 if address == slow else fast_delay)
+    return x, address
+
+
+@pytest.mark.timeout(180)
+def test_idle_workers_steal_the_tail_of_a_slow_workers_ranges(tmp_path):
+    """Three workers; on one every element takes half a second, on the others 5 ms. The
+    slow worker's first ranges (25 elements each: 12 s of work there) are taken back,
+    their tail half at a time, by the idle workers: the map finishes with the slow
+    worker having run a few elements, and every element ran exactly once."""
+    n = 300
+    cluster = _local_cluster(n_workers=3)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(3, timeout=60)
+            slow = sorted(client.scheduler_info()["workers"])[0]
+            fs = client.map(slow_on, range(n), slow=slow, directory=str(tmp_path),
+                            fast_delay=0.005, pure=False)
+            assert _is_bulk(client, fs)
+            results = client.gather(fs, timeout=150)
+            assert [x for x, _ in results] == list(range(n))
+            on_slow = sum(1 for _, w in results if w == slow)
+            assert 1 <= on_slow <= 12, on_slow
+            calls = {int(name): len(open(tmp_path / name).read())
+                     for name in os.listdir(tmp_path)}
+            assert calls == dict.fromkeys(range(n), 1)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_path):
+    """A worker retired while it runs a map gives back the elements it has not started and
+    its results move to the other worker: every element runs exactly once, and every
+    result is there after the worker left."""
+    n = 200
+    cluster = _local_cluster(n_workers=2)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.02,
+                            pure=False)
+            assert _is_bulk(client, fs)
+            done: dict[int, int] = {}
+            for f in as_completed(fs):
+                x, pid = f.result()
+                done[x] = pid
+                if len(done) >= 30 and len(set(done.values())) == 2:
+                    break
+            workers = client.scheduler_info()["workers"]
+            (leaving,) = [a for a, info in workers.items() if info["pid"] == max(done.values())]
+            assert client.retire_workers([leaving], timeout=120) == [leaving]
+            assert leaving not in client.scheduler_info()["workers"]
+            results = client.gather(fs, timeout=120)
+            assert [x for x, _ in results] == list(range(n))
+            calls = {int(name): len(open(tmp_path / name).read())
+                     for name in os.listdir(tmp_path)}
+            assert calls == dict.fromkeys(range(n), 1)
+    finally:
+        cluster.close()
+
+
+_held: list = []  # memory an element keeps in its worker process (unmanaged: no result)
+
+
+def hold_first(x, release, directory, nbytes):
+    """Counts its calls per element in ``directory``; element 0 takes ``nbytes`` of process
+    memory its worker cannot spill until the file ``release`` exists."""
+    import numpy as np
+
+    with open(os.path.join(directory, str(x)), "a") as f:
+        f.write("x")
+    if x == 0:
+        _held.append(np.ones(nbytes // 8))
+        deadline = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _held.clear()
+    time.sleep(0.01)
+    return x
+
+
+@pytest.mark.timeout(180)
+def test_a_paused_worker_gives_back_the_elements_it_has_not_started(tmp_path):
+    """Element 0 holds its worker past the memory pause fraction until the test lets it
+    go; the elements queued behind it on that worker are given back and run on the other
+    one (work stealing off: only the pause moves them), each exactly once."""
+    from hpcsched.core import config
+
+    n, mb = 100, 1_000_000
+    release = tmp_path / "release"
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    with config.set({"scheduler.work-stealing": False}):
+        cluster = _local_cluster(n_workers=2, memory_limit=400 * mb, worker_env={
+            **worker_env(), "HPCSCHED_WORKER__MEMORY__TERMINATE": "false"})
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            fs = client.map(hold_first, range(n), release=str(release),
+                            directory=str(calls), nbytes=360 * mb, pure=False)
+            assert _is_bulk(client, fs)
+            assert client.gather(fs[1:], timeout=90) == list(range(1, n))
+            assert "paused" in {w["status"] for w in client.scheduler_info()["workers"].values()}
+            assert not fs[0].done()
+            release.write_text("go")
+            assert fs[0].result(timeout=60) == 0
+            counted = {int(name): len(open(calls / name).read()) for name in os.listdir(calls)}
+            assert counted == dict.fromkeys(range(n), 1)
     finally:
         cluster.close()

@@ -31,7 +31,8 @@ ALL_OPS = {op for d in protocol.DIRECTIONS for op in d}
 CANDIDATES = [("x", 1), ["x", ("y", 0)], "text", 3, 2.5, True, False, {"x": 4},
               {"x": ["tcp://w:1"]}, {"GPU": 1.0}, {"x": {"run_spec": b"r", "deps": ["y"]}},
               {"a": {"x": 1}}, b"blob", serialize({"x": 1}), [serialize({"x": 1})],
-              {"x": serialize(1)}, [2, "w-1"], ["tcp://w:1"], [1, 2], [{"blob": b"v", "keys": []}], [b"blob"]]
+              {"x": serialize(1)}, [2, "w-1"], ["tcp://w:1"], [1, 2], [{"blob": b"v", "keys": []}], [b"blob"],
+              {"m-a-": [1, 2]}]
 CONTEXT = {"worker": "tcp://w:1", "client": "client-1", "now": 12.5, "stimulus_id": "s-1"}
 
 

@@ -7,6 +7,7 @@ opaque bytes. ``validate()`` runs after every step.
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 from typing import Any
 
@@ -42,11 +43,11 @@ def new_map(s: SchedulerState, n: int, prefix: str = "m-a-", client: str = "c",
 
 
 def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-",
-           nbytes: int = 8) -> list[Send]:
+           nbytes: int = 8, seconds: float = 0.5) -> list[Send]:
     n = len(indices)
     return step(s, ev.RangeFinished(worker, prefix=prefix, indices=indices,
                                     nbytes=[nbytes] * n, types=["int"] * n,
-                                    starts=[1.0] * n, stops=[1.5] * n))
+                                    starts=[1.0] * n, stops=[1.0 + seconds] * n))
 
 
 def run_all(s: SchedulerState, worker: str, out: list[Send]) -> tuple[list[int], list[Send]]:
@@ -217,6 +218,39 @@ def test_malformed_blocks_are_refused_without_change():
     s.validate()
 
 
+def test_a_late_report_from_a_worker_that_came_back_changes_no_count():
+    """A's elements are forgotten (their client left) while it runs them; A leaves and
+    comes back as a new worker, given nothing yet; its report of an element from before
+    is a stray: the result is freed, no counter moves."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 4)
+    assert not s.bulk.pending
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    step(s, ev.RemoveClient("c"))
+    step(s, ev.RemoveWorker(A, "gone"))
+    step(s, ev.AddWorker(A, 1))
+    out = finish(s, A, on_a[:1])
+    assert [m.msg.keys for m in out if m.msg.op == "free-keys"] == [[f"m-a-{on_a[0]}"]]
+    assert s.bulk.maps["m-a-"].n_orphans == 2  # B's, whose reports are due
+
+
+def test_a_prefix_whose_elements_became_tasks_is_not_reused():
+    """A map is dropped while one of its elements lives on as a task (depended on): a new
+    map under the same prefix, whose keys would be that task's, is refused."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    new_map(s, 4)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-1"]}}, ["z"]))
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-2", "m-a-3"]))
+    finish(s, A, [0])
+    assert "m-a-" not in s.bulk.maps and "m-a-1" in s.tasks
+    with pytest.raises(ev.MalformedMessage, match="earlier map"):
+        s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"x"]))
+    s.validate()
+
+
 def test_ranges_are_capped_and_shrink_towards_the_end():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
@@ -264,6 +298,255 @@ def test_a_queued_map_costs_a_tenth_of_its_tasks():
 
     bulk, tasks = measure(as_map), measure(as_tasks)
     assert bulk * 10 <= tasks, (bulk, tasks)
+
+
+def released(out: list[Send]) -> list[tuple[str, int]]:
+    return [(m.to, m.msg.count) for m in out if m.msg.op == "release-range"]
+
+
+def give_back(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-"
+              ) -> list[Send]:
+    return step(s, ev.RangeReleased(worker, released={prefix: indices} if indices else {}))
+
+
+def in_memory(out: list[Send]) -> list[int]:
+    return [i for m in out if m.msg.op == "map-in-memory" for i in m.msg.indices]
+
+
+def drain(s: SchedulerState, out: list[Send]) -> list[int]:
+    """Every worker finishes every range given it, until none is given: the indices
+    reported to the client meanwhile."""
+    reported: list[int] = []
+    while ranges(out):
+        given: dict[str, list[int]] = {}
+        for w, idx in ranges(out):
+            given.setdefault(w, []).extend(idx)
+        out = []
+        for w, idx in given.items():
+            out += finish(s, w, idx)
+        reported += in_memory(out)
+    return reported
+
+
+def test_an_idle_worker_steals_the_tail_of_a_slow_workers_range():
+    """A and B, one thread each. A finishes everything it is given, B reports nothing
+    (its elements' speed is unknown: worth stealing). Once no element is queued, a tick
+    asks B to give back half of what it holds beyond its thread; B gives back the tail
+    it has not started, which goes to A. No element is given to two workers at once;
+    every element is reported once."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 100)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    out = [m for m in out if m.to == A]
+    reported: list[int] = []
+    while ranges(out):
+        out = finish(s, A, [i for _, idx in ranges(out) for i in idx])
+        reported += in_memory(out)
+        on_b += [i for w, idx in ranges(out) if w == B for i in idx]
+        out = [m for m in out if m.to == A]
+    assert not s.bulk.pending and A in s.bulk.hungry
+    assert released(step(s, ev.Tick(now=1.0))) == [(B, len(on_b) // 2)]
+    assert not released(step(s, ev.Tick(now=1.1)))  # one request at a time
+    tail = on_b[len(on_b) - len(on_b) // 2:]
+    out = give_back(s, B, tail)
+    to_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    assert to_a and set(to_a) <= set(tail)  # the idle worker takes them (the rest queue)
+    assert not [w for w, _ in ranges(out) if w == B]
+    assert s.bulk.outstanding[B] == len(on_b) - len(tail)
+    # B ran the head of its ranges: reported, they count; a copy of a given-back element
+    # (a buggy worker's) is dropped, not counted
+    head = on_b[: len(on_b) - len(tail)]
+    late = finish(s, B, head + tail[:1])
+    assert in_memory(late) == head
+    assert any(x.msg.op == "free-keys" and x.msg.keys == [f"m-a-{tail[0]}"] for x in late)
+    reported += head + drain(s, out + late)
+    assert sorted(reported) == list(range(100))
+    assert s.task_counts() == {"memory": 100}
+
+
+def test_a_worker_that_joins_once_everything_is_given_steals():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 4))
+    out = new_map(s, 40)
+    on_a = [i for _, idx in ranges(out) for i in idx]
+    while s.bulk.pending:  # A runs some of what it is given until the rest is given too
+        out = finish(s, A, on_a[:2])
+        on_a = on_a[2:] + [i for _, idx in ranges(out) for i in idx]
+    step(s, ev.AddWorker(B, 1))
+    assert B in s.bulk.hungry
+    (asked,) = released(step(s, ev.Tick(now=1.0)))
+    assert asked == (A, (len(on_a) - 4 + 1) // 2) and asked[1] > 1
+    out = give_back(s, A, on_a[-asked[1]:])
+    assert sorted(i for w, idx in ranges(out) if w == B for i in idx) == on_a[-asked[1]:]
+
+
+@pytest.mark.parametrize(("seconds", "stolen"), [(0.001, False), (0.1, True)])
+def test_only_elements_worth_a_round_trip_are_stolen(seconds, stolen):
+    """B ran an element in ``seconds`` and holds a few more: a millisecond's worth is not
+    worth a round trip (a tick asks nothing), a tenth of a second's is."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 20)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    finish(s, B, on_b[:1], seconds=seconds)
+    drain(s, [m for m in out if m.to == A])
+    assert not s.bulk.pending and s.bulk.outstanding[B] > 1
+    assert bool(released(step(s, ev.Tick(now=1.0)))) == stolen
+
+
+def test_a_paused_worker_gives_back_what_it_has_not_started():
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    out = step(s, ev.WorkerStatusChange(A, status="paused"))
+    assert released(out) == [(A, len(on_a))]
+    out = give_back(s, A, on_a[1:])  # the first one runs
+    assert not [w for w, _ in ranges(out) if w == A]
+    assert s.bulk.outstanding[A] == 1
+    out = finish(s, A, on_a[:1])  # reported while paused: in memory, nothing more given
+    assert not ranges(out) and s.bulk.maps["m-a-"].state[on_a[0]] == 2
+    out = step(s, ev.WorkerStatusChange(A, status="running"))
+    assert [w for w, _ in ranges(out)] and all(w == A for w, _ in ranges(out))
+
+
+def test_a_retiring_worker_gives_back_its_elements_and_its_results_move():
+    """Retired, A gives back what it has not started and its results become tasks, which
+    the retirement copies to B; the element still running is waited for, then moved too;
+    A closes holding nothing only it has, and no element is computed again."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    finish(s, A, on_a[:3])
+    out = step(s, ev.RetireWorkers("r1", "c", [A]))
+    assert released(out) == [(A, len(on_a) - 3)]
+    moved = {k for m in out if m.msg.op == "acquire-replicas" for k in m.msg.who_has}
+    assert moved == {f"m-a-{i}" for i in on_a[:3]}
+    assert all(m.to == B for m in out if m.msg.op == "acquire-replicas")
+    assert not [m for m in out if m.msg.op == "close"]
+    give_back(s, A, on_a[4:])
+    step(s, ev.AddKeys(B, keys={k: 8 for k in moved}))
+    assert not [m for m in step(s, ev.Tick(now=1.0)) if m.msg.op == "close"]  # one runs
+    finish(s, A, on_a[3:4])
+    out = step(s, ev.Tick(now=2.0))
+    assert {k for m in out if m.msg.op == "acquire-replicas" for k in m.msg.who_has} == {
+        f"m-a-{on_a[3]}"}
+    out = step(s, ev.AddKeys(B, keys={f"m-a-{on_a[3]}": 8}))
+    out += step(s, ev.Tick(now=3.0))
+    assert [m.to for m in out if m.msg.op == "close"] == [A]
+    assert A not in s.workers
+    assert not [m for m in out if m.msg.op == "lost-data"]
+    assert all(s.who_has([f"m-a-{i}"])[f"m-a-{i}"] == [B] for i in on_a[:4])
+
+
+def test_a_suspect_runs_alone_on_a_worker_that_gives_back_its_elements():
+    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once,
+    a task of its own that must run alone (a further death is its own). B, where they
+    go, is given no range while one of them is B's, gives back the elements it has not
+    started when one starts, and takes ranges again once they are done."""
+    s = SchedulerState(allowed_failures=2)
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    suspects = [m.msg.key for m in out if m.msg.op == "compute-task"]
+    assert suspects and all(s.tasks[k].suspicious for k in suspects)
+    assert not ranges(out)
+    out = step(s, ev.TaskStarted(B, suspects[0]))
+    assert released(out) == [(B, len(on_b))]
+    give_back(s, B, on_b[1:])
+    assert not ranges(finish(s, B, on_b[:1]))  # B reports; still no range for it
+    while suspects:  # each one B finishes makes room for the next (queued) one
+        out = step(s, ev.TaskFinished(B, suspects.pop(), nbytes=8, typename="int",
+                                      start=1.0, stop=1.1))
+        assert not ranges(out)
+        suspects += [m.msg.key for m in out if m.msg.op == "compute-task"]
+    out = step(s, ev.Tick(now=1.0))
+    assert ranges(out) and all(w == B for w, _ in ranges(out))
+
+
+def test_a_worker_whose_retirement_is_given_up_takes_elements_again():
+    """A retires, gives back its elements; B, which was to take A's results, leaves: the
+    retirement is given up (the results have nowhere to go), and A, running again, is
+    given the queued elements on the next tick."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    finish(s, A, on_a[:1])
+    step(s, ev.RetireWorkers("r1", "c", [A]))
+    give_back(s, A, on_a[1:])
+    step(s, ev.RemoveWorker(B, "gone"))
+    assert s.bulk.pending and not s.bulk.outstanding.get(A)
+    out = step(s, ev.Tick(now=1.0))
+    assert s.workers[A].status == "running"
+    assert [w for w, _ in ranges(out)] and all(w == A for w, _ in ranges(out))
+
+
+def test_an_element_promoted_while_it_is_given_back_runs_as_a_task():
+    """A release is asked; before the answer an element B holds is depended on (a task
+    of its own now, counted as running on B); B's answer gives it back: it is placed
+    again as a task, and runs once."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 20)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    step(s, ev.WorkerStatusChange(B, status="paused"))
+    last = on_b[-1]
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": [f"m-a-{last}"]}}, ["z"]))
+    ts = s.tasks[f"m-a-{last}"]
+    assert ts.state == "processing" and ts.processing_on.address == B
+    out = give_back(s, B, on_b[1:])
+    computes = [(m.to, m.msg.key) for m in out if m.msg.op == "compute-task"]
+    assert computes == [(A, f"m-a-{last}")]
+    assert s.tasks[f"m-a-{last}"].processing_on.address == A
+
+
+@pytest.mark.timeout(300)
+def test_a_departure_costs_what_the_worker_had_not_the_map():
+    """1,000 workers run a 1,000,000-element map for three rounds of reports, then leave
+    one by one. Each departure visits the elements given to that worker (its runs), not
+    the map's arrays: the thousand departures take a few seconds of CPU at most, where a
+    scan of the map per departure takes tens. Every result held is lost once (its
+    client hears lost-data), every element ends up queued again, and the counters agree
+    with the arrays."""
+    n, n_workers = 1_000_000, 1000
+    s = SchedulerState()
+    s.handle(ev.AddClient("c"))
+    for w in range(n_workers):
+        s.handle(ev.AddWorker(f"tcp://w{w}", 1))
+    out = s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"a"] * n))
+    for _ in range(3):
+        given: dict[str, list[int]] = {}
+        for w, idx in ranges(out):
+            given.setdefault(w, []).extend(idx)
+        out = []
+        for w, idx in given.items():
+            k = len(idx)
+            out += s.handle(ev.RangeFinished(w, prefix="m-a-", indices=idx, nbytes=[8] * k,
+                                             types=["int"] * k, starts=[1.0] * k,
+                                             stops=[1.1] * k))
+    held = s.task_counts()["memory"]
+    assert held > n // 2
+    lost = 0
+    start = time.process_time()
+    for w in range(n_workers):
+        lost += sum(m.msg.op == "lost-data" for m in s.handle(ev.RemoveWorker(f"tcp://w{w}", "gone")))
+    spent = time.process_time() - start
+    assert spent < 15, f"{n_workers} departures took {spent:.1f} s of CPU"
+    assert lost == held
+    assert s.task_counts() == {"queued": n} and not s.tasks
+    assert not s.bulk.given_maps and not s.bulk.outstanding and not s.bulk.hungry
+    s.validate()
 
 
 # ------------------------------------------------------------------ random events
@@ -350,6 +633,19 @@ class BulkMapStory(SchedulerStory):
         self.record(ev.RangeFinished(worker, prefix=prefix + "-", indices=[int(i)],
                                      nbytes=[8], types=["int"], starts=[1.0], stops=[1.1],
                                      now=self.tick()))
+
+    @rule(i=st.integers(0, 10_000), k=st.integers(1, 4))
+    def give_back(self, i: int, k: int) -> None:
+        """A worker gives back elements it was given and has not started (asked or not)."""
+        if not self.given:
+            return
+        worker = self.given[i % len(self.given)][0]
+        mine = [j for j, g in enumerate(self.given) if g[0] == worker][-k:]
+        back: dict[str, list[int]] = {}
+        for j in mine:
+            back.setdefault(self.given[j][1], []).append(self.given[j][2])
+        self.given = [g for j, g in enumerate(self.given) if j not in mine]
+        self.record(ev.RangeReleased(worker, released=back, now=self.tick()))
 
     @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
     def add_worker_with_ranges(self, worker: str) -> None:

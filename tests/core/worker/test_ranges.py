@@ -1,0 +1,112 @@
+"""The ranges of bulk maps on a worker (hpcsched.core.worker.ranges): taking back the
+elements not started.
+
+A RangeRunner on real task threads (TaskPool), with a stand-in for the worker's loop that
+collects the batches of finished elements: an element blocks its thread on an event,
+the test asks the runner to give elements up meanwhile, then lets it go.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import pytest
+
+from hpcsched.core.protocol.messages import ComputeRange
+from hpcsched.core.protocol.serialize import dumps_function, dumps_object
+from hpcsched.core.worker.ranges import RangeRunner
+from hpcsched.core.worker.task_pool import TaskPool
+
+GATE = threading.Event()
+STARTED = threading.Event()
+
+
+def gated(x):
+    if x == 0:
+        STARTED.set()
+        assert GATE.wait(30)
+    return x
+
+
+class Loop:
+    def __init__(self) -> None:
+        self.q: queue.Queue = queue.Queue()
+
+    def put(self, item: Any) -> None:
+        self.q.put(item)
+
+
+class Worker:
+    """What RangeRunner reads of a worker."""
+
+    def __init__(self, nthreads: int) -> None:
+        self.address = "tcp://w:1"
+        self.nthreads = nthreads
+        self.loop = Loop()
+        self.executor = TaskPool(nthreads, "test-ranges")
+        self.sent: list = []
+
+    def send_to_scheduler(self, record: Any) -> None:
+        self.sent.append(record)
+
+
+def compute_range(prefix: str, indices: list[int]) -> ComputeRange:
+    return ComputeRange(prefix, dumps_function(gated), indices,
+                        [dumps_object(((i,), {})) for i in indices])
+
+
+def ran(w: Worker, n: int) -> list[int]:
+    """The indices of the next batches of finished elements, ``n`` of them in all."""
+    out: list[int] = []
+    while len(out) < n:
+        source, batch = w.loop.q.get(timeout=30)
+        assert source == "ranges" and not batch.failures
+        out += batch.indices
+    return out
+
+
+@pytest.mark.timeout(60)
+def test_a_release_gives_up_the_tails_not_started_and_they_never_run():
+    """One thread: the first range blocks on element 0, a second waits behind it. A
+    release of 6 takes the whole second range (the last given first), then the tail of
+    the running one, never element 0; once let go, the thread runs exactly the rest."""
+    GATE.clear()
+    STARTED.clear()
+    w = Worker(1)
+    r = RangeRunner(w)
+    try:
+        r.submit(compute_range("m-a-", [0, 1, 2, 3, 4]))
+        r.submit(compute_range("m-b-", [7, 8, 9]))
+        assert STARTED.wait(30)
+        assert r.release(6) == {"m-b-": [7, 8, 9], "m-a-": [2, 3, 4]}
+        assert r.release(10) == {"m-a-": [1]}  # all that has not started
+        assert r.release(10) == {}
+        r.answer_release(1)
+        assert w.sent[-1].released == {}
+        GATE.set()
+        assert ran(w, 1) == [0]
+        assert w.loop.q.empty()
+        r.submit(compute_range("m-c-", [5, 6]))  # the runner goes on with new ranges
+        assert sorted(ran(w, 2)) == [5, 6]
+    finally:
+        GATE.set()
+        w.executor.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_release_of_some_keeps_the_head_of_a_range():
+    GATE.clear()
+    STARTED.clear()
+    w = Worker(1)
+    r = RangeRunner(w)
+    try:
+        r.submit(compute_range("m-a-", [0, 1, 2, 3, 4, 5]))
+        assert STARTED.wait(30)
+        assert r.release(2) == {"m-a-": [4, 5]}
+        GATE.set()
+        assert sorted(ran(w, 4)) == [0, 1, 2, 3]
+    finally:
+        GATE.set()
+        w.executor.shutdown()
