@@ -142,7 +142,7 @@ class RangeFinished(FromWorker):
 
 
 @message("range-released", W2S)
-@dataclass(slots=True)
+@record
 class RangeReleased(FromWorker):
     """The answer to ``release-range``: the elements the worker gave up, none of which it
     started or will start, by bulk map prefix (it may give up none)."""
@@ -303,7 +303,7 @@ class ComputeRange(Stimulus):
 
 
 @message("release-range", S2W)
-@dataclass(slots=True)
+@record
 class ReleaseRange(Stimulus):
     """Give up at most ``count`` elements of the ranges given (``compute-range``) that have
     not started, the last given first (work stealing of a range's tail; a paused or
