@@ -206,6 +206,18 @@ def test_executor_map_accepts_chunksize(c):
             list(ex.map(fails_on, range(N), [3] * N, timeout=30))
 
 
+def _until_both_workers_ran_some(fs: list) -> dict[int, int]:
+    """Results of ``tagged`` elements as they finish, until each of two workers has given
+    some (30 in all at least): element -> the pid that ran it."""
+    done: dict[int, int] = {}
+    for f in as_completed(fs):
+        x, pid = f.result()
+        done[x] = pid
+        if len(done) >= 30 and len(set(done.values())) == 2:
+            break
+    return done
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_killed_mid_map_loses_only_its_unfinished_elements(tmp_path):
     """Two workers run a map of slow elements; one is SIGKILLed mid-range. Every future
@@ -218,12 +230,7 @@ def test_a_worker_killed_mid_map_loses_only_its_unfinished_elements(tmp_path):
             fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.02,
                             pure=False)
             assert _is_bulk(client, fs)
-            done: dict[int, int] = {}
-            for f in as_completed(fs):
-                x, pid = f.result()
-                done[x] = pid
-                if len(done) >= 30 and len(set(done.values())) == 2:
-                    break
+            done = _until_both_workers_ran_some(fs)
             victim_pid = max(set(done.values()))
             survivor_pid = min(set(done.values()))
             (victim,) = [p for p in cluster.worker_processes.values() if p.pid == victim_pid]
@@ -322,12 +329,7 @@ def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_pa
             fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.02,
                             pure=False)
             assert _is_bulk(client, fs)
-            done: dict[int, int] = {}
-            for f in as_completed(fs):
-                x, pid = f.result()
-                done[x] = pid
-                if len(done) >= 30 and len(set(done.values())) == 2:
-                    break
+            done = _until_both_workers_ran_some(fs)
             workers = client.scheduler_info()["workers"]
             (leaving,) = [a for a, info in workers.items() if info["pid"] == max(done.values())]
             assert client.retire_workers([leaving], timeout=120) == [leaving]
