@@ -145,6 +145,9 @@ class Client:
         self._token = uuid.uuid4().hex[:16]  # keys: token + counter (os.urandom is slow here)
         self._keys = itertools.count()
         self._closed = False
+        self._release_lock = threading.Lock()
+        self._releaser = 0  # the thread releasing the client (see close)
+        self._released = threading.Event()
         self.status = "connecting"
         try:
             comm, reply, inproc = open_comm(self.scheduler_address, self.id, self.security,
@@ -314,9 +317,17 @@ class Client:
                     raise  # else: closed meanwhile, nobody waits for these futures
 
     def _lost_scheduler(self, reason: str) -> None:
-        """The connection's ``on_lost``: every future not done errs with ``reason``."""
+        """The connection's ``on_lost``: every future not done errs with ``reason``.
+
+        Nothing comes through the connection again (a closed cluster's client, one given
+        up on): the client ends its threads and lets go of the cluster, the default
+        client and dask's scheduler setting, as :meth:`close` does, on a thread of its own
+        (this runs on the connection's thread, which that close waits for)."""
         self.status = "disconnected"
         self.future_table.fail(serialize(ConnectionError(reason)), "lost the scheduler")
+        if not self._closed:
+            threading.Thread(target=self._release, args=("disconnected", 5.0),
+                             name=f"{self.id}-release", daemon=True).start()
 
     # ================================================================ submit / map
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
@@ -639,13 +650,35 @@ class Client:
     # ================================================================ close
     def close(self, timeout: float = 5.0) -> None:
         """Release this client's futures, disconnect, and close the cluster it started."""
-        if self._closed:
-            return
-        if self.status == "running":
+        if not self._closed and self.status == "running":
             with contextlib.suppress(Exception):  # the scheduler may be gone already
                 self.scheduler_comm.request(pc.CloseClient(), timeout)
-        self._closed = True
-        self.status = "closed"
+        self._release("closed", timeout)
+
+    def _release(self, status: str, timeout: float) -> None:
+        """End the threads, drop every hold on this client, close the cluster it started.
+
+        The holds: the connection, the default client, dask's scheduler setting. The
+        client's ``status`` is ``status`` after. A call while another thread releases the
+        client returns when that is over."""
+        with self._release_lock:
+            first = not self._closed
+            if first:
+                self._closed = True
+                self._releaser = threading.get_ident()
+        if first:
+            self.status = status
+            try:
+                self._end(timeout)
+            finally:
+                self._released.set()
+            return
+        if threading.get_ident() != self._releaser:
+            self._released.wait(timeout + 5.0)
+        if status == "closed":  # closed by the user after the scheduler was lost
+            self.status = status
+
+    def _end(self, timeout: float) -> None:
         self.future_table.close()
         self.scheduler_comm.close(timeout)
         global _default_client
