@@ -1,0 +1,89 @@
+"""A closed cluster lets go of everything it had: no object of its stays reachable.
+
+Notebooks make and close clusters many times, batch sessions run for hours: once a
+LocalCluster and its Client are closed and dropped, one ``gc.collect()`` frees the
+scheduler, its state (tasks, workers), the in-process workers and the client, and the
+threads they started are gone -- also when the client was left open and only its cluster
+was closed. Only objects of this process are checked (worker processes are the
+autouse leak check's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import weakref
+
+import pytest
+
+from hpcsched.core.client.client import Client, default_client
+from tests.conftest import _local_cluster, wait_until
+
+CYCLES = 3
+
+
+def inc(x):
+    return x + 1
+
+
+def new_threads(before: set[threading.Thread]) -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t not in before and t.is_alive())
+
+
+def use(cluster, close_client: bool) -> list[weakref.ref]:
+    """Compute on ``cluster`` with a client, close them; weak references to what they held."""
+    client = Client(cluster)  # the default client, and dask's scheduler when dask is loaded
+    try:
+        assert client.submit(inc, 1).result(timeout=30) == 2
+        assert client.gather(client.map(inc, range(10))) == list(range(1, 11))
+        with pytest.raises(ZeroDivisionError):
+            client.submit(lambda: 1 / 0).result(timeout=30)
+        scheduler = cluster.scheduler
+        assert scheduler.state.tasks  # the futures above hold theirs
+        held = [scheduler, scheduler.state, scheduler.loop, cluster, client,
+                *cluster._threads.values()]
+    finally:
+        if close_client:
+            client.close()
+        cluster.close()
+    return [weakref.ref(o) for o in held]
+
+
+def collected(refs: list[weakref.ref]) -> list[str]:
+    """What is still alive after one collection."""
+    gc.collect()
+    return [type(o).__name__ for o in (r() for r in refs) if o is not None]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_closed_clusters_and_clients_are_collected_and_leave_no_thread(processes):
+    before = set(threading.enumerate())
+    refs: list[weakref.ref] = []
+    for _ in range(CYCLES):
+        refs += use(_local_cluster(n_workers=1, processes=processes, dashboard_address=None),
+                    close_client=True)
+        # the threads of this cluster, its workers and its client end with them (idle
+        # task threads and the callback thread a moment after the close returns)
+        wait_until(lambda: not [n for n in new_threads(before) if n != "hpcsched-tcp-io"],
+                   timeout=5, what="the threads of a closed cluster to end")
+    # the I/O thread shared by every TCP connection ends after its last one
+    wait_until(lambda: not new_threads(before), timeout=10, what="no thread left")
+    assert collected(refs) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("processes", [False, True], ids=["threads", "processes"])
+def test_a_client_left_open_lets_go_of_its_closed_cluster(processes):
+    with contextlib.suppress(ImportError):
+        import dask.config  # noqa: F401 - the client becomes dask's scheduler: a hold too
+    before = set(threading.enumerate())
+    refs: list[weakref.ref] = []
+    for _ in range(CYCLES):
+        refs += use(_local_cluster(n_workers=1, processes=processes, dashboard_address=None),
+                    close_client=False)
+    # told its scheduler closes, the client ends its threads on its own
+    wait_until(lambda: not new_threads(before), timeout=15, what="the clients' threads to end")
+    assert default_client() is None
+    assert collected(refs) == []
