@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import logging
 import reprlib
@@ -148,6 +149,8 @@ class Client:
         self._release_lock = threading.Lock()
         self._releaser = 0  # the thread releasing the client (see close)
         self._released = threading.Event()
+        # its own atexit entry (a partial equals only itself), which the release takes out
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         self.status = "connecting"
         try:
             comm, reply, inproc = open_comm(self.scheduler_address, self.id, self.security,
@@ -186,7 +189,7 @@ class Client:
                 _default_client = self
             self._dask_config = become_dask_scheduler(self)
         self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
-        atexit.register(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def _close_owned_cluster(self) -> None:
         if self._owns_cluster and self.cluster is not None:
@@ -679,6 +682,7 @@ class Client:
             self.status = status
 
     def _end(self, timeout: float) -> None:
+        atexit.unregister(self._at_exit)
         self.future_table.close()
         self.scheduler_comm.close(timeout)
         global _default_client
