@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
 import weakref
 
 import pytest
 
+from hpcsched import _lazy
 from hpcsched.core.client.client import Client, default_client
 from tests.conftest import _local_cluster, wait_until
 
@@ -41,7 +43,8 @@ def use(cluster, close_client: bool) -> list[weakref.ref]:
             client.submit(lambda: 1 / 0).result(timeout=30)
         scheduler = cluster.scheduler
         assert scheduler.state.tasks  # the futures above hold theirs
-        held = [scheduler, scheduler.state, scheduler.loop, cluster, client,
+        # the client's exit hook too: atexit lets go of it when the client closes
+        held = [scheduler, scheduler.state, scheduler.loop, cluster, client, client._at_exit,
                 *cluster._threads.values()]
     finally:
         if close_client:
@@ -87,3 +90,22 @@ def test_a_client_left_open_lets_go_of_its_closed_cluster(processes):
     wait_until(lambda: not new_threads(before), timeout=15, what="the clients' threads to end")
     assert default_client() is None
     assert collected(refs) == []
+
+
+def test_a_callback_forgotten_no_longer_waits_for_its_module():
+    """What a client prepares for dask's import is forgotten when the client closes: a
+    program that never imports dask would keep one per client."""
+    module = "tests_launchers_test_release_never_imported"
+    assert module not in sys.modules
+    called = []
+    one, other = (lambda: called.append(1)), (lambda: called.append(2))
+    _lazy.when_imported(module, one)
+    _lazy.when_imported(module, other)
+    _lazy.not_when_imported(module, one)
+    assert _lazy._pending[module] == [other]
+    _lazy.not_when_imported(module, other)
+    _lazy.not_when_imported(module, other)  # forgotten already: nothing happens
+    assert module not in _lazy._pending
+    if not _lazy._pending:  # no module awaited: the import hook is gone
+        assert _lazy._finder not in sys.meta_path
+    assert called == []
