@@ -24,6 +24,12 @@ each message the scheduler sends is decoded and handed to its handler by
 record type (``Client.handlers``, the :class:`~hpcsched.core.protocol.dispatch.Handlers`
 convention); a malformed message, or one its handler cannot take, is logged
 with its op and dropped.
+
+A client whose scheduler is lost for good (its cluster closed, or it vanished
+and did not come back) has its futures err, then releases itself as ``close``
+does, with ``status`` ``"disconnected"``: its threads end, and nothing of the
+process (the default client, dask's scheduler setting, atexit) keeps it or its
+cluster alive.
 """
 
 from __future__ import annotations
