@@ -109,3 +109,23 @@ def test_a_callback_forgotten_no_longer_waits_for_its_module():
     if not _lazy._pending:  # no module awaited: the import hook is gone
         assert _lazy._finder not in sys.meta_path
     assert called == []
+
+
+@pytest.mark.timeout(60)
+def test_a_closed_cluster_kept_holds_no_task_or_worker():
+    """A closed cluster still referenced (a notebook's output history keeps what a cell
+    showed) holds none of the tasks of the client left open, nor their arguments, nor
+    its workers."""
+    cluster = _local_cluster(n_workers=1, processes=False, dashboard_address=None)
+    client = Client(cluster, set_as_default=False)
+    try:
+        payload = bytearray(1_000_000)
+        futures = [client.submit(len, payload, pure=False) for _ in range(3)]
+        assert [f.result(timeout=30) for f in futures] == [1_000_000] * 3
+        state = weakref.ref(cluster.scheduler.state)
+        assert cluster.scheduler.state.tasks and cluster.scheduler.state.workers
+    finally:
+        cluster.close()
+        client.close()
+    assert not cluster.scheduler.state.tasks and not cluster.scheduler.state.workers
+    assert collected([state]) == []
