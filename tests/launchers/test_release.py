@@ -65,8 +65,9 @@ def test_closed_clusters_and_clients_are_collected_and_leave_no_thread(processes
     before = set(threading.enumerate())
     refs: list[weakref.ref] = []
     for _ in range(CYCLES):
-        refs += use(_local_cluster(n_workers=1, processes=processes, dashboard_address=None),
-                    close_client=True)
+        # with a dashboard: its server and threads go too
+        refs += use(_local_cluster(n_workers=1, processes=processes,
+                                   dashboard_address="127.0.0.1:0"), close_client=True)
         # the threads of this cluster, its workers and its client end with them (idle
         # task threads and the callback thread a moment after the close returns)
         wait_until(lambda: not [n for n in new_threads(before) if n != "hpcsched-tcp-io"],
