@@ -71,7 +71,7 @@ def test_closed_clusters_and_clients_are_collected_and_leave_no_thread(processes
         # the threads of this cluster, its workers and its client end with them (idle
         # task threads and the callback thread a moment after the close returns)
         wait_until(lambda: not [n for n in new_threads(before) if n != "hpcsched-tcp-io"],
-                   timeout=5, what="the threads of a closed cluster to end")
+                   timeout=15, what="the threads of a closed cluster to end")
     # the I/O thread shared by every TCP connection ends after its last one
     wait_until(lambda: not new_threads(before), timeout=10, what="no thread left")
     assert collected(refs) == []
