@@ -61,6 +61,20 @@ def when_imported(module: str, callback: Callable[[], None]) -> None:
     _run(module, [callback])
 
 
+def not_when_imported(module: str, callback: Callable[[], None]) -> None:
+    """Forget ``callback`` if it still waits for ``module`` (what it prepared for is gone:
+    a program that never imports the module would keep one per caller)."""
+    with _pending_lock:
+        callbacks = _pending.get(module)
+        if callbacks is None or callback not in callbacks:
+            return
+        callbacks.remove(callback)
+        if not callbacks:
+            del _pending[module]
+            if not _pending and _finder in sys.meta_path:
+                sys.meta_path.remove(_finder)
+
+
 def _run(module: str, callbacks: list[Callable[[], None]]) -> None:
     for callback in callbacks:
         try:

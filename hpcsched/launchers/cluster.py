@@ -191,6 +191,8 @@ class Cluster:
             self._close_workers(timeout)
         finally:
             self.scheduler.close(timeout)
+            # the finalizer holds the scheduler (its close): nothing is left for it to do
+            self._finalizer.detach()
 
     def _close_workers(self, timeout: float) -> None:
         raise NotImplementedError

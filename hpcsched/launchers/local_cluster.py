@@ -144,6 +144,7 @@ class LocalCluster(Cluster):
         self._procs: dict[str, subprocess.Popen] = {}
         self._nannies: dict[str, Nanny] = {}  # worker name -> its nanny (processes only)
         self._threads: dict[str, Worker] = {}
+        self._watchers: list[threading.Thread] = []  # the threads waiting for processes
         self._names = itertools.count()
         self._restarts: list[float] = []
         address = f"tcp://{host}:{scheduler_port}" if processes else "inproc://"
@@ -171,8 +172,7 @@ class LocalCluster(Cluster):
             name = f"local-{next(self._names)}"
             if self.processes:
                 self._procs[name] = p = self._spawn(name)
-                threading.Thread(target=_watch, args=(weakref.ref(self), name, p),
-                                 daemon=True, name=f"watch {name}").start()
+                self._start_watch(name, p)
             else:
                 w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
                            memory_limit=self.memory_limit, name=name, resources=self.resources,
@@ -233,8 +233,14 @@ class LocalCluster(Cluster):
             p = self._procs.pop(name)
             _stop_process(p)
             self._procs[name] = p = self._spawn(name)
-            threading.Thread(target=_watch, args=(weakref.ref(self), name, p),
-                             daemon=True, name=f"watch {name}").start()
+            self._start_watch(name, p)
+
+    def _start_watch(self, name: str, p: subprocess.Popen) -> None:
+        """Start the thread that waits for the worker process ``p``."""
+        t = threading.Thread(target=_watch, args=(weakref.ref(self), name, p), daemon=True,
+                             name=f"watch {name}")
+        self._watchers = [w for w in self._watchers if w.is_alive()] + [t]
+        t.start()
 
     def _replace_exited(self, name: str, p: subprocess.Popen, code: int) -> None:
         """Replace a worker process that left while the cluster wants it, as dask's nanny does.
@@ -326,6 +332,10 @@ class LocalCluster(Cluster):
         self._procs.clear()
         for name in list(self._nannies):
             self._close_nanny(name)
+        # each ends as its process has: once over, no thread holds the cluster
+        for t in self._watchers:
+            t.join(5)
+        self._watchers.clear()
 
     @property
     def nannies(self) -> dict[str, Nanny]:

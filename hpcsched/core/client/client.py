@@ -24,12 +24,19 @@ each message the scheduler sends is decoded and handed to its handler by
 record type (``Client.handlers``, the :class:`~hpcsched.core.protocol.dispatch.Handlers`
 convention); a malformed message, or one its handler cannot take, is logged
 with its op and dropped.
+
+A client whose scheduler is lost for good (its cluster closed, or it vanished
+and did not come back) has its futures err, then releases itself as ``close``
+does, with ``status`` ``"disconnected"``: its threads end, and nothing of the
+process (the default client, dask's scheduler setting, atexit) keeps it or its
+cluster alive.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import itertools
 import logging
 import reprlib
@@ -145,6 +152,11 @@ class Client:
         self._token = uuid.uuid4().hex[:16]  # keys: token + counter (os.urandom is slow here)
         self._keys = itertools.count()
         self._closed = False
+        self._release_lock = threading.Lock()
+        self._releaser = 0  # the thread releasing the client (see close)
+        self._released = threading.Event()
+        # its own atexit entry (a partial equals only itself), which the release takes out
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         self.status = "connecting"
         try:
             comm, reply, inproc = open_comm(self.scheduler_address, self.id, self.security,
@@ -183,7 +195,7 @@ class Client:
                 _default_client = self
             self._dask_config = become_dask_scheduler(self)
         self._finalizer = weakref.finalize(self, _close_at_exit, weakref.ref(self))
-        atexit.register(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
 
     def _close_owned_cluster(self) -> None:
         if self._owns_cluster and self.cluster is not None:
@@ -314,9 +326,17 @@ class Client:
                     raise  # else: closed meanwhile, nobody waits for these futures
 
     def _lost_scheduler(self, reason: str) -> None:
-        """The connection's ``on_lost``: every future not done errs with ``reason``."""
+        """The connection's ``on_lost``: every future not done errs with ``reason``.
+
+        Nothing comes through the connection again (a closed cluster's client, one given
+        up on): the client ends its threads and lets go of the cluster, the default
+        client and dask's scheduler setting, as :meth:`close` does, on a thread of its own
+        (this runs on the connection's thread, which that close waits for)."""
         self.status = "disconnected"
         self.future_table.fail(serialize(ConnectionError(reason)), "lost the scheduler")
+        if not self._closed:
+            threading.Thread(target=self._release, args=("disconnected", 5.0),
+                             name=f"{self.id}-release", daemon=True).start()
 
     # ================================================================ submit / map
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
@@ -639,13 +659,36 @@ class Client:
     # ================================================================ close
     def close(self, timeout: float = 5.0) -> None:
         """Release this client's futures, disconnect, and close the cluster it started."""
-        if self._closed:
-            return
-        if self.status == "running":
+        if not self._closed and self.status == "running":
             with contextlib.suppress(Exception):  # the scheduler may be gone already
                 self.scheduler_comm.request(pc.CloseClient(), timeout)
-        self._closed = True
-        self.status = "closed"
+        self._release("closed", timeout)
+
+    def _release(self, status: str, timeout: float) -> None:
+        """End the threads, drop every hold on this client, close the cluster it started.
+
+        The holds: the connection, the default client, dask's scheduler setting. The
+        client's ``status`` is ``status`` after. A call while another thread releases the
+        client returns when that is over."""
+        with self._release_lock:
+            first = not self._closed
+            if first:
+                self._closed = True
+                self._releaser = threading.get_ident()
+        if first:
+            self.status = status
+            try:
+                self._end(timeout)
+            finally:
+                self._released.set()
+            return
+        if threading.get_ident() != self._releaser:
+            self._released.wait(timeout + 5.0)
+        if status == "closed":  # closed by the user after the scheduler was lost
+            self.status = status
+
+    def _end(self, timeout: float) -> None:
+        atexit.unregister(self._at_exit)
         self.future_table.close()
         self.scheduler_comm.close(timeout)
         global _default_client

@@ -33,7 +33,7 @@ import weakref
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from hpcsched._lazy import when_imported
+from hpcsched._lazy import not_when_imported, when_imported
 from hpcsched.core.client.futures import Future
 from hpcsched.core.client.worker_client import worker_client
 from hpcsched.core.graph.dsk import Call, Ref
@@ -233,6 +233,7 @@ class DaskClaim:
     def withdraw(self) -> None:
         """Put back what :meth:`take` replaced, unless another client has taken over since."""
         self._withdrawn = True
+        not_when_imported("dask.config", self.take)  # dask was never loaded: nothing to take
         if self._saved is None:
             return
         scheduler, previous = self._saved

@@ -164,13 +164,13 @@ class Loop(Inbox):
                 if self._items or self._stop:
                     self._wakeup.notify()
 
-    def _on_loop(self) -> bool:
+    def on_loop(self) -> bool:
         """Is the calling thread the one running the loop's code right now?"""
         return self._owner == threading.get_ident() or threading.current_thread() is self._thread
 
     def call(self, fn: Callable[[], Any], timeout: float | None = 30.0) -> Any:
         """Run ``fn()`` on the loop thread and return its result (raises its exception)."""
-        if self._on_loop():
+        if self.on_loop():
             return fn()
         if self.stopped.is_set():
             raise RuntimeError(f"{self.name} is closed")
@@ -182,7 +182,7 @@ class Loop(Inbox):
         with self._lock:
             self._stop = True
             self._wakeup.notify()
-        if join and self._thread is not None and not self._on_loop():
+        if join and self._thread is not None and not self.on_loop():
             self._thread.join(timeout)
 
     def _run(self) -> None:

@@ -53,6 +53,13 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        # it stays in the heap until its time: without what it would have called (a
+        # connection, and through it the server it delivered to)
+        self.fn = _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 class IOThread:
@@ -142,6 +149,8 @@ class IOThread:
         self._ident = threading.get_ident()
         timers = self._timers
         try:
+            # each step in a method of its own: what it handled (a connection, a callback
+            # and the server behind it) is not held by this frame while it waits
             while not self.exiting:
                 timeout = None
                 while timers and timers[0][2].cancelled:
@@ -150,38 +159,48 @@ class IOThread:
                     timeout = max(timers[0][0] - time.monotonic(), 0.0)
                 if self._calls:
                     timeout = 0.0
-                for key, mask in self._selector.select(timeout):
-                    handler = key.data
-                    if handler is None:
-                        self._drain_wakeups()
-                        continue
-                    try:
-                        handler.on_event(mask)
-                    except Exception:  # a bug in one connection must not stop the others
-                        logger.exception("I/O handler %r failed", handler)
+                self._dispatch(self._selector.select(timeout))
                 self._hand_over()
-                with self._lock:
-                    calls, self._calls = self._calls, deque()
-                    self._woken = False
-                for fn, args in calls:
-                    try:
-                        fn(*args)
-                    except Exception:
-                        logger.exception("I/O callback %r failed", fn)
-                now = time.monotonic()
-                while timers and (timers[0][2].cancelled or timers[0][0] <= now):
-                    _, _, t = heapq.heappop(timers)
-                    if not t.cancelled:
-                        t.cancelled = True
-                        try:
-                            t.fn()
-                        except Exception:
-                            logger.exception("I/O timer %r failed", t.fn)
+                self._run_calls()
+                self._run_timers()
                 self._hand_over()
         finally:
             self._selector.close()
             self._wake_r.close()
             self._wake_w.close()
+
+    def _dispatch(self, events: list) -> None:
+        for key, mask in events:
+            handler = key.data
+            if handler is None:
+                self._drain_wakeups()
+                continue
+            try:
+                handler.on_event(mask)
+            except Exception:  # a bug in one connection must not stop the others
+                logger.exception("I/O handler %r failed", handler)
+
+    def _run_calls(self) -> None:
+        with self._lock:
+            calls, self._calls = self._calls, deque()
+            self._woken = False
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:
+                logger.exception("I/O callback %r failed", fn)
+
+    def _run_timers(self) -> None:
+        timers = self._timers
+        now = time.monotonic()
+        while timers and (timers[0][2].cancelled or timers[0][0] <= now):
+            _, _, t = heapq.heappop(timers)
+            if not t.cancelled:
+                t.cancelled = True
+                try:
+                    t.fn()
+                except Exception:
+                    logger.exception("I/O timer %r failed", t.fn)
 
     def _drain_wakeups(self) -> None:
         try:

@@ -348,6 +348,12 @@ class Scheduler:
             except Exception:
                 pass
         self._comms.clear()
+        if self.loop.stopped.is_set():
+            # a closed cluster may be kept (a notebook's output history holds what a cell
+            # showed): not the tasks of its clients, their arguments, its workers
+            self.state = SchedulerState(self.state.settings)
+            self._outbox.clear()
+            self._held.clear()
 
     # ================================================================ connections
     def _on_connect(self, comm: Comm) -> None:

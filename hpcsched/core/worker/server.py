@@ -105,6 +105,7 @@ INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop
 IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
 EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
 CONNECT_ATTEMPT = 10.0  # seconds: one attempt to reach the scheduler, then a warning
+CLOSE_WAIT = 15.0  # seconds: each step of close() is bounded; the whole is waited for so long
 
 
 class Worker:
@@ -194,6 +195,7 @@ class Worker:
         self._closed = threading.Event()
         self._close_done = threading.Event()
         self._close_lock = threading.Lock()
+        self._closer = 0  # the thread running close()
         self.close_reason = ""
         self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
         self._started = 0.0
@@ -360,20 +362,30 @@ class Worker:
             self.start()
         while not self._closed.wait(1.0):
             pass
-        if not self._close_done.wait(15.0):  # each step of close() is bounded
-            logger.warning("worker %s: closing took over 15s; leaving anyway", self.address)
+        if not self._close_done.wait(CLOSE_WAIT):
+            logger.warning("worker %s: closing took over %ss; leaving anyway", self.address,
+                           CLOSE_WAIT)
 
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed.wait(timeout)
 
     def close(self, reason: str = "closed", exit_code: int | None = None) -> None:
+        """Stop serving: listener, loop, task threads, connections. A call while another
+        thread closes the worker returns when that close is over (a cluster closing its
+        in-process workers counts on their threads being gone), except on the threads the
+        close itself waits for."""
         with self._close_lock:
-            if self._closed.is_set():
-                return
-            self.close_reason = reason
-            if exit_code is not None:
-                self.exit_code = exit_code
-            self._closed.set()
+            closing = self._closed.is_set()
+            if not closing:
+                self.close_reason = reason
+                if exit_code is not None:
+                    self.exit_code = exit_code
+                self._closer = threading.get_ident()
+                self._closed.set()
+        if closing:
+            if threading.get_ident() != self._closer and not self.loop.on_loop():
+                self._close_done.wait(CLOSE_WAIT)
+            return
         logger.info("worker %s closing: %s", self.address, reason)
         if self._listener is not None:
             self._listener.stop()
