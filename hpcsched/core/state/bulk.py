@@ -626,9 +626,10 @@ class BulkMaps:
                                        [starts[j] for j in done], [stops[j] for j in done],
                                        [e.nbytes[j] for j in done])
 
-    def worker_left(self, ws: WorkerInfo) -> None:
+    def worker_left(self, ws: WorkerInfo) -> int:
         """``ws`` left: its unfinished elements, and the results only it held, go back to
-        the queue.
+        the queue. Returns how many unfinished elements it held (any may have been
+        running when it died).
 
         A worker that died (not one retiring) may have died of an element it ran. Which
         one is not known here (a range's finished elements are reported in batches), so
@@ -647,8 +648,9 @@ class BulkMaps:
         self.element_time.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
-            return
+            return 0
         self.slot_ws[slot] = None
+        unfinished = 0
         lost: dict[str, list[Key]] = {}
         alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
         suspects: list[tuple[BulkMap, int]] = []
@@ -665,6 +667,7 @@ class BulkMaps:
                 if st == MEMORY:
                     lost.setdefault(m.client, []).append(m.prefix + str(i))
                 elif not graceful:  # PROCESSING: it may be what killed the worker
+                    unfinished += 1
                     if m.suspicious is None:
                         m.suspicious = bytearray(len(state))
                     n = m.suspicious[i] = min(m.suspicious[i] + 1, 255)
@@ -686,6 +689,7 @@ class BulkMaps:
             if client != FIRE_AND_FORGET:
                 for k in keys:
                     self.out.send(client, LostData(k))
+        return unfinished
 
     # ================================================================ taking elements back
     def release_all(self, ws: WorkerInfo) -> None:

@@ -131,9 +131,8 @@ class SchedulerState:
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         ws = self.registry.workers.get(e.address)
-        if ws is not None:
-            self.bulk.worker_left(ws)
-        self.worker_events.remove_worker(e)
+        elements = self.bulk.worker_left(ws) if ws is not None else 0
+        self.worker_events.remove_worker(e, elements_unfinished=elements)
 
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
         self.bulk.retire(e.workers)

@@ -94,8 +94,10 @@ class WorkerEvents:
             self.out.recorder.worker_added(ws, e.now)
 
     @handlers.on(ev.RemoveWorker)
-    def remove_worker(self, e: ev.RemoveWorker) -> None:
-        """A worker left: its tasks run elsewhere, data only it held is recomputed."""
+    def remove_worker(self, e: ev.RemoveWorker, elements_unfinished: int = 0) -> None:
+        """A worker left: its tasks run elsewhere, data only it held is recomputed.
+        ``elements_unfinished``: elements of bulk maps it held unfinished (they count its
+        death themselves: :meth:`.bulk.BulkMaps.worker_left`)."""
         graph = self.graph
         ws = self.registry.workers.get(e.address)
         if ws is None:
@@ -107,9 +109,19 @@ class WorkerEvents:
             self.out.recorder.worker_removed(ws.address, e.reason, e.now)
         self.maintenance.worker_left(ws.address)
         recs: list[Rec] = []
-        # blame the tasks the worker said it started; if its "task-started" messages did
-        # not get out before it died, every task it held (as dask does)
-        suspects = set(ws.executing) or set(ws.processing)
+        # blame the tasks the worker said it started; if none did, every task it held that
+        # never says so (as dask does). A suspect says when it starts, but its message may
+        # not get out before it kills the worker: then those its threads run first, by
+        # priority, were running -- unless elements of a range still were (they count
+        # it). Blaming every suspect held would blame, at each death, the innocent ones
+        # queued behind the culprit.
+        suspects = set(ws.executing)
+        if not suspects:
+            suspects = {ts for ts in ws.processing if not ts.suspicious}
+            if not elements_unfinished:
+                quiet = sorted((ts for ts in ws.processing if ts.suspicious),
+                               key=lambda ts: ts.priority)
+                suspects.update(quiet[:ws.nthreads])
         for ts in list(ws.processing):
             graph.transition(ts, "released")
             if ts in suspects and not graceful:

@@ -654,3 +654,41 @@ class BulkMapStory(SchedulerStory):
 
 BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
 test_bulk_maps_under_random_events = pytest.mark.timeout(300)(BulkMapStory.TestCase)
+
+
+
+def _suspects_on_b() -> tuple[SchedulerState, list[int], list[str]]:
+    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once
+    (a task of its own, to run alone). (state, B's elements, the suspects sent to B)."""
+    s = SchedulerState(allowed_failures=2)
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, 40)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    suspects = [m.msg.key for m in out if m.msg.op == "compute-task" and m.to == B]
+    assert on_b and suspects and all(s.tasks[k].suspicious == 1 for k in suspects)
+    return s, on_b, suspects
+
+
+def test_a_silent_death_among_unfinished_elements_is_theirs_not_the_queued_suspects():
+    """Suspects say when they start (the word may not get out before one kills its
+    worker). B dies with no task said started while elements of its ranges were
+    unfinished: those elements count the death, not the suspects queued behind them,
+    which would otherwise err with KilledWorker for what an element did."""
+    s, on_b, suspects = _suspects_on_b()
+    out = step(s, ev.RemoveWorker(B, "killed"))
+    assert not [m for m in out if m.msg.op == "task-erred"]
+    assert all(s.tasks[k].suspicious == 1 for k in suspects)
+
+
+def test_a_silent_death_holding_only_suspects_blames_the_one_it_ran_first():
+    """B holds only suspects (its elements done) and dies with none said started: the
+    one its thread runs first (by priority) was running; the ones queued behind it are
+    not blamed."""
+    s, on_b, suspects = _suspects_on_b()
+    finish(s, B, on_b)
+    first = min(suspects, key=lambda k: s.tasks[k].priority)
+    step(s, ev.RemoveWorker(B, "killed"))
+    assert s.tasks[first].suspicious == 2 and s.tasks[first].state == "erred"
+    assert all(s.tasks[k].suspicious == 1 for k in suspects if k != first)
