@@ -21,7 +21,7 @@ class Recorder(WorkerPlugin):
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         # "on the loop thread": the thread running the loop's iteration (a transport's
         # thread may run it, see Loop.offer)
-        self.worker.conf_transitions.append((key, start, finish, self.worker.loop._on_loop(),
+        self.worker.conf_transitions.append((key, start, finish, self.worker.loop.on_loop(),
                                              kwargs.get("stimulus_id")))
 
 
