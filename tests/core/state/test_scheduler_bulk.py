@@ -42,6 +42,15 @@ def new_map(s: SchedulerState, n: int, prefix: str = "m-a-", client: str = "c",
                                 args=[b"a%d" % i for i in range(n)], **kw))
 
 
+def map_on_a_and_b(s: SchedulerState, n: int = 40) -> tuple[list[Send], list[int]]:
+    """Workers A and B (a thread each) join ``s`` and a map of ``n`` elements is
+    submitted: (what was sent, the elements given to A)."""
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    out = new_map(s, n)
+    return out, [i for w, idx in ranges(out) if w == A for i in idx]
+
+
 def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-",
            nbytes: int = 8, seconds: float = 0.5) -> list[Send]:
     n = len(indices)
@@ -184,10 +193,7 @@ def test_cancel_of_one_element():
 
 def test_a_worker_that_dies_mid_range_loses_only_its_unfinished_elements():
     s = SchedulerState()
-    step(s, ev.AddWorker(A, 1))
-    step(s, ev.AddWorker(B, 1))
-    out = new_map(s, 40)
-    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    out, on_a = map_on_a_and_b(s)
     half = on_a[: len(on_a) // 2]
     finish(s, A, half)
     out = step(s, ev.RemoveWorker(A, "killed"))
@@ -399,10 +405,7 @@ def test_only_elements_worth_a_round_trip_are_stolen(seconds, stolen):
 
 def test_a_paused_worker_gives_back_what_it_has_not_started():
     s = SchedulerState()
-    step(s, ev.AddWorker(A, 1))
-    step(s, ev.AddWorker(B, 1))
-    out = new_map(s, 40)
-    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    out, on_a = map_on_a_and_b(s)
     out = step(s, ev.WorkerStatusChange(A, status="paused"))
     assert released(out) == [(A, len(on_a))]
     out = give_back(s, A, on_a[1:])  # the first one runs
@@ -419,10 +422,7 @@ def test_a_retiring_worker_gives_back_its_elements_and_its_results_move():
     the retirement copies to B; the element still running is waited for, then moved too;
     A closes holding nothing only it has, and no element is computed again."""
     s = SchedulerState()
-    step(s, ev.AddWorker(A, 1))
-    step(s, ev.AddWorker(B, 1))
-    out = new_map(s, 40)
-    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    out, on_a = map_on_a_and_b(s)
     finish(s, A, on_a[:3])
     out = step(s, ev.RetireWorkers("r1", "c", [A]))
     assert released(out) == [(A, len(on_a) - 3)]
@@ -477,10 +477,7 @@ def test_a_worker_whose_retirement_is_given_up_takes_elements_again():
     retirement is given up (the results have nowhere to go), and A, running again, is
     given the queued elements on the next tick."""
     s = SchedulerState()
-    step(s, ev.AddWorker(A, 1))
-    step(s, ev.AddWorker(B, 1))
-    out = new_map(s, 40)
-    on_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    out, on_a = map_on_a_and_b(s)
     finish(s, A, on_a[:1])
     step(s, ev.RetireWorkers("r1", "c", [A]))
     give_back(s, A, on_a[1:])
