@@ -111,16 +111,16 @@ class WorkerEvents:
         recs: list[Rec] = []
         # blame the tasks the worker said it started; if none did, every task it held that
         # never says so (as dask does). A suspect says when it starts, but its message may
-        # not get out before it kills the worker: then those its threads run first, by
-        # priority, were running -- unless elements of a range still were (they count
-        # it). Blaming every suspect held would blame, at each death, the innocent ones
-        # queued behind the culprit.
+        # not get out before it kills the worker: then the first given to it (a thread
+        # free starts a task when it arrives; those given together go in priority order,
+        # as the worker runs them) were running -- unless elements of a range still were
+        # (they count it). Blaming every suspect held would blame, at each death, the
+        # innocent ones queued behind the culprit.
         suspects = set(ws.executing)
         if not suspects:
             suspects = {ts for ts in ws.processing if not ts.suspicious}
             if not elements_unfinished:
-                quiet = sorted((ts for ts in ws.processing if ts.suspicious),
-                               key=lambda ts: ts.priority)
+                quiet = [ts for ts in ws.processing if ts.suspicious]  # in the order given
                 suspects.update(quiet[:ws.nthreads])
         for ts in list(ws.processing):
             graph.transition(ts, "released")
