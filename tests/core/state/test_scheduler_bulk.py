@@ -445,19 +445,27 @@ def test_a_retiring_worker_gives_back_its_elements_and_its_results_move():
     assert all(s.who_has([f"m-a-{i}"])[f"m-a-{i}"] == [B] for i in on_a[:4])
 
 
-def test_a_suspect_runs_alone_on_a_worker_that_gives_back_its_elements():
-    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once,
-    a task of its own that must run alone (a further death is its own). B, where they
-    go, is given no range while one of them is B's, gives back the elements it has not
-    started when one starts, and takes ranges again once they are done."""
+def _suspects_on_b() -> tuple[SchedulerState, list[int], list[str], list[Send]]:
+    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once
+    (a task of its own, to run alone). (state, B's elements, the suspects sent to B, what
+    A's death sent)."""
     s = SchedulerState(allowed_failures=2)
     step(s, ev.AddWorker(A, 1))
     step(s, ev.AddWorker(B, 1))
     out = new_map(s, 40)
     on_b = [i for w, idx in ranges(out) if w == B for i in idx]
     out = step(s, ev.RemoveWorker(A, "killed"))
-    suspects = [m.msg.key for m in out if m.msg.op == "compute-task"]
-    assert suspects and all(s.tasks[k].suspicious for k in suspects)
+    suspects = [m.msg.key for m in out if m.msg.op == "compute-task" and m.to == B]
+    assert on_b and suspects and all(s.tasks[k].suspicious == 1 for k in suspects)
+    return s, on_b, suspects, out
+
+
+def test_a_suspect_runs_alone_on_a_worker_that_gives_back_its_elements():
+    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once,
+    a task of its own that must run alone (a further death is its own). B, where they
+    go, is given no range while one of them is B's, gives back the elements it has not
+    started when one starts, and takes ranges again once they are done."""
+    s, on_b, suspects, out = _suspects_on_b()
     assert not ranges(out)
     out = step(s, ev.TaskStarted(B, suspects[0]))
     assert released(out) == [(B, len(on_b))]
@@ -653,27 +661,12 @@ BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
 test_bulk_maps_under_random_events = pytest.mark.timeout(300)(BulkMapStory.TestCase)
 
 
-
-def _suspects_on_b() -> tuple[SchedulerState, list[int], list[str]]:
-    """A dies with elements unfinished; with allowed_failures=2 each is a suspect at once
-    (a task of its own, to run alone). (state, B's elements, the suspects sent to B)."""
-    s = SchedulerState(allowed_failures=2)
-    step(s, ev.AddWorker(A, 1))
-    step(s, ev.AddWorker(B, 1))
-    out = new_map(s, 40)
-    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
-    out = step(s, ev.RemoveWorker(A, "killed"))
-    suspects = [m.msg.key for m in out if m.msg.op == "compute-task" and m.to == B]
-    assert on_b and suspects and all(s.tasks[k].suspicious == 1 for k in suspects)
-    return s, on_b, suspects
-
-
 def test_a_silent_death_among_unfinished_elements_is_theirs_not_the_queued_suspects():
     """Suspects say when they start (the word may not get out before one kills its
     worker). B dies with no task said started while elements of its ranges were
     unfinished: those elements count the death, not the suspects queued behind them,
     which would otherwise err with KilledWorker for what an element did."""
-    s, on_b, suspects = _suspects_on_b()
+    s, on_b, suspects, _ = _suspects_on_b()
     out = step(s, ev.RemoveWorker(B, "killed"))
     assert not [m for m in out if m.msg.op == "task-erred"]
     assert all(s.tasks[k].suspicious == 1 for k in suspects)
@@ -683,7 +676,7 @@ def test_a_silent_death_holding_only_suspects_blames_the_one_it_ran_first():
     """B holds only suspects (its elements done) and dies with none said started: the
     first given to it (given together, in the order its thread runs them) was running;
     the ones queued behind it are not blamed."""
-    s, on_b, suspects = _suspects_on_b()
+    s, on_b, suspects, _ = _suspects_on_b()
     finish(s, B, on_b)
     first = next(ts.key for ts in s.workers[B].processing if ts.suspicious)
     assert first == min(suspects, key=lambda k: s.tasks[k].priority)
