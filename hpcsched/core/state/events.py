@@ -136,6 +136,12 @@ class Resume:
     key: Key
 
 
+@record
+class RunRanges:
+    """Start a thread on the worker's waiting ranges of bulk maps: it holds one of the
+    ``nthreads`` slots until it ends (``RangeThreadDone``)."""
+
+
 # ============================================================ events the servers make
 @record(frozen=True)
 class Internal:
@@ -220,6 +226,24 @@ class PauseWorker(Internal):
     go on again."""
 
     paused: bool
+
+
+@record(frozen=True)
+class RangesWaiting(Internal):
+    """The worker's ranges of bulk maps (:mod:`hpcsched.core.worker.ranges`) want
+    ``threads`` more threads than they have: ranges wait that no running thread will take
+    (a thread takes waiting ranges one after the other, so that at most one per range is
+    wanted, and no more than ``nthreads`` in all)."""
+
+    threads: int
+
+
+@record(frozen=True)
+class RangeThreadDone(Internal):
+    """A thread of the ranges ended (no range waited, or a task waited for its slot):
+    its slot is free; the ranges want ``threads`` more threads (as ``RangesWaiting``)."""
+
+    threads: int
 
 
 @record

@@ -18,6 +18,13 @@ scheduler is told (``long-running``) so that it sends more work. ``Rejoin``
 queues the task for the next free slot, ahead of ready tasks (it has started);
 ``Resume`` tells the server it may go on.
 
+Ranges of bulk maps (run by the server, :mod:`hpcsched.core.worker.ranges`) share the
+``nthreads`` slots with tasks: the server says how many more threads its waiting ranges
+want (``RangesWaiting``), a free slot that no ready task takes starts one
+(``RunRanges``), and the slot is free again when that thread ends (``RangeThreadDone``).
+So a one-thread worker never runs an element beside a task, and the scheduler can blame
+the right one when the worker dies.
+
 Data fetched only to feed local tasks is dropped as soon as no local task
 needs it; results computed here (and replicas the scheduler asked for) stay
 until the scheduler says ``free-keys``.
@@ -118,6 +125,8 @@ class WorkerState:
         self.ready: list[tuple[tuple, int, WTask]] = []
         self.constrained: list[tuple[tuple, int, WTask]] = []  # ready, needing resources
         self.executing: set[WTask] = set()  # tasks holding a thread slot
+        self.range_threads = 0  # slots held by threads running ranges of bulk maps
+        self.ranges_wanted = 0  # more range threads the server wants (RangesWaiting)
         self.long_running: set[WTask] = set()  # seceded tasks (also while rejoining)
         self.rejoining: list[WTask] = []  # seceded tasks waiting for a slot, first come first
         self.in_flight_workers: dict[str, set[WTask]] = {}
@@ -496,10 +505,19 @@ class WorkerState:
             self.status = status
             self._to_scheduler(ev.WorkerStatusChange(self.address, status))
 
+    @handlers.on(ev.RangesWaiting)
+    def _ranges_waiting(self, e: ev.RangesWaiting) -> None:
+        self.ranges_wanted = e.threads
+
+    @handlers.on(ev.RangeThreadDone)
+    def _range_thread_done(self, e: ev.RangeThreadDone) -> None:
+        self.range_threads -= 1
+        self.ranges_wanted = e.threads
+
     # ================================================================ progress
     def _ensure_computing(self) -> None:
         # seceded tasks that rejoin have started already: they take free slots first
-        while self.rejoining and len(self.executing) < self.nthreads:
+        while self.rejoining and len(self.executing) + self.range_threads < self.nthreads:
             ts = self.rejoining.pop(0)
             self.long_running.discard(ts)
             self.executing.add(ts)
@@ -507,7 +525,7 @@ class WorkerState:
             self._out.append(ev.Resume(ts.key))
         # tasks with resource restrictions wait in their own heap, so that one waiting for a
         # busy resource does not keep free threads from running unrestricted tasks
-        while len(self.executing) < self.nthreads and not self.closing \
+        while len(self.executing) + self.range_threads < self.nthreads and not self.closing \
                 and self.status == "running":
             head = self._head(self.ready)
             chead = self._head(self.constrained)
@@ -530,6 +548,13 @@ class WorkerState:
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
             self._out.append(ev.Execute(ts.key, ts.run_spec))
+        # ready tasks go first: a thread of ranges gives its slot up between two ranges
+        # when a task waits, and its ranges wait for the next free slot
+        while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \
+                < self.nthreads and not self.closing and self.status == "running":
+            self.ranges_wanted -= 1
+            self.range_threads += 1
+            self._out.append(ev.RunRanges())
 
     def _head(self, heap: list) -> tuple | None:
         """The first live entry of a ready heap (stale entries are dropped)."""
@@ -593,7 +618,7 @@ class WorkerState:
             assert ts.state == "executing", ts
         for ts in self.long_running:
             assert ts.state in ("long-running", "rejoining"), ts
-        assert len(self.executing) <= self.nthreads
+        assert len(self.executing) + self.range_threads <= self.nthreads
         for w, tasks in self.in_flight_workers.items():
             for ts in tasks:
                 assert ts.coming_from == w

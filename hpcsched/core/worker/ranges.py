@@ -1,9 +1,14 @@
 """Ranges of bulk maps on a worker: run element after element, report them in batches.
 
 The scheduler gives a worker a range of a bulk map's elements in one ``compute-range``
-(:mod:`hpcsched.core.state.bulk`). At most ``nthreads`` ranges run at once, each on a
-task thread, one element after the other, every element marked as the thread's task
-(``get_worker()`` works inside it). The results go to the loop in batches (every
+(:mod:`hpcsched.core.state.bulk`). Ranges run on the worker's task threads, one element
+after the other, every element marked as the thread's task (``get_worker()`` works
+inside it), and share the worker's ``nthreads`` slots with its tasks: the worker's state
+machine starts a thread of ranges in a slot no ready task takes (``RunRanges``), and the
+thread takes waiting ranges one after the other until none waits or a task waits for the
+slot (``RangeThreadDone`` frees it). An element that secedes (``worker_client()``) gives
+the slot up at once: its thread ends with that element, and the rest of its range waits
+for a slot again. The results go to the loop in batches (every
 :data:`REPORT_EVERY` elements or :data:`REPORT_SECONDS`, whichever comes first), where
 each is stored under its own key, as a task's result is, and one ``range-finished``
 tells the scheduler of the batch; an element that raises is reported alone, with a
@@ -28,6 +33,7 @@ from typing import Any
 
 from hpcsched.core.protocol.messages import ComputeRange, RangeFinished, RangeReleased, TaskErred
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
+from hpcsched.core.state import events as ev
 from hpcsched.core.worker.context import enter_task, hook_dask, leave_task
 from hpcsched.core.worker.execution import pack_exception
 
@@ -78,15 +84,23 @@ class RangeRunner:
         self._lock = threading.Lock()
         self._ranges: deque[Range] = deque()  # waiting for a thread
         self._active: list[Range] = []  # running on a thread
-        self._running = 0
+        self._threads = 0  # threads that take waiting ranges (each holds a slot)
+        self._local = threading.local()  # .seceded: this range thread gave its slot up
 
-    def submit(self, record: ComputeRange) -> None:
-        """On the loop: run ``record``'s elements once a thread of the ranges is free."""
+    def _wanted(self) -> int:
+        """Under the lock: more threads the waiting ranges want (``RangesWaiting``)."""
+        return min(len(self._ranges), self.worker.nthreads - self._threads)
+
+    def submit(self, record: ComputeRange) -> ev.RangesWaiting:
+        """On the loop: queue ``record``'s elements; what to tell the state machine."""
         with self._lock:
             self._ranges.append(Range(record))
-            if self._running >= self.worker.nthreads:
-                return
-            self._running += 1
+            return ev.RangesWaiting(self._wanted())
+
+    def start_thread(self) -> None:
+        """On the loop: the state machine gave the ranges a slot (``RunRanges``)."""
+        with self._lock:
+            self._threads += 1
         self.worker.executor.submit(self._run)
 
     def release(self, count: int) -> dict[str, list[int]]:
@@ -109,27 +123,61 @@ class RangeRunner:
                 self._ranges = deque(r for r in self._ranges if r.next < r.end)
         return out
 
-    def answer_release(self, count: int) -> None:
-        """On the loop: ``release-range``, answered."""
+    def answer_release(self, count: int) -> ev.RangesWaiting:
+        """On the loop: ``release-range``, answered; what to tell the state machine."""
         w = self.worker
         w.send_to_scheduler(RangeReleased(w.address, released=self.release(count)))
+        with self._lock:
+            return ev.RangesWaiting(self._wanted())
+
+    def on_range_thread(self) -> bool:
+        """Whether the calling thread runs ranges (and holds a slot for them)."""
+        return getattr(self._local, "seceded", None) is False
+
+    def secede(self) -> None:
+        """On a range thread, from its element: give the thread's slot up (``secede()``);
+        the thread ends with this element."""
+        with self._lock:
+            self._threads -= 1
+            wanted = self._wanted()
+        self._local.seceded = True
+        self.worker.loop.put((None, ev.RangeThreadDone(wanted, now=time.time())))
 
     def _run(self) -> None:
         lock = self._lock
-        while True:
-            with lock:
-                if not self._ranges:
-                    self._running -= 1
-                    return
-                r = self._ranges.popleft()
-                self._active.append(r)
-            try:
-                self._run_range(r)
-            except BaseException:  # noqa: BLE001 - the function itself cannot be loaded
-                logger.exception("range of %s failed", r.record.prefix)
-            finally:
+        local = self._local
+        local.seceded = False
+        state = self.worker.state
+        ran = False
+        try:
+            while True:
                 with lock:
-                    self._active.remove(r)
+                    if not self._ranges or (ran and state is not None and (
+                            state.ready or state.rejoining or state.status != "running")):
+                        # nothing waits, or a task waits for this slot (or the worker
+                        # paused): the ranges still waiting want a thread again
+                        self._threads -= 1
+                        wanted = self._wanted()
+                        break
+                    r = self._ranges.popleft()
+                    self._active.append(r)
+                ran = True
+                try:
+                    self._run_range(r)
+                except BaseException:  # noqa: BLE001 - the function itself cannot be loaded
+                    logger.exception("range of %s failed", r.record.prefix)
+                finally:
+                    with lock:
+                        self._active.remove(r)
+                        if local.seceded and r.next < r.end:
+                            self._ranges.appendleft(r)  # the rest waits for a slot
+                        wanted = self._wanted()
+                if local.seceded:  # the slot is given up already
+                    self.worker.loop.put((None, ev.RangesWaiting(wanted, now=time.time())))
+                    return
+            self.worker.loop.put((None, ev.RangeThreadDone(wanted, now=time.time())))
+        finally:
+            local.seceded = None
 
     def _take(self, r: Range) -> int:
         """The position of ``r``'s next element to run, started from now on; -1: none."""
@@ -162,8 +210,10 @@ class RangeRunner:
         hook_dask()
         clock = time.time
         due = clock() + REPORT_SECONDS
-        indices, all_args, lock = record.indices, record.args, self._lock
+        indices, all_args, lock, local = record.indices, record.args, self._lock, self._local
         while True:
+            if local.seceded:  # the last element seceded: the slot is given up
+                break
             with lock:  # as _take, inline: once per element
                 j = r.next
                 if j >= r.end:

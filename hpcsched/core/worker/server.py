@@ -493,14 +493,14 @@ class Worker:
             record, data={k: deserialize(v) for k, v in record.data.items()}))
 
     @handlers.on(ComputeRange)
-    def _compute_range(self, record: ComputeRange) -> tuple:
-        self.ranges.submit(record)
-        return ()
+    def _compute_range(self, record: ComputeRange) -> list:
+        assert self.state is not None
+        return self.state.handle(self.ranges.submit(record))
 
     @handlers.on(ReleaseRange)
-    def _release_range(self, record: ReleaseRange) -> tuple:
-        self.ranges.answer_release(record.count)
-        return ()
+    def _release_range(self, record: ReleaseRange) -> list:
+        assert self.state is not None
+        return self.state.handle(self.ranges.answer_release(record.count))
 
     @handlers.on(GetData)
     def _get_data(self, request: GetData) -> tuple:
@@ -572,6 +572,8 @@ class Worker:
                         self.executor.submit(self._execute, cmd.key, cmd.run_spec)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
+                elif t is ev.RunRanges:
+                    self.ranges.start_thread()
                 elif t is ev.Resume:
                     event = self._resume.pop(cmd.key, None)
                     if event is not None:
@@ -689,6 +691,9 @@ class Worker:
 
     def secede_task(self, key: Any, compute_duration: float) -> None:
         """The task ``key`` (on the calling thread) leaves the pool: see ``hpcsched.secede``."""
+        if self.ranges.on_range_thread():  # an element of a bulk map
+            self.ranges.secede()
+            return
         self.loop.put((None, ev.Secede(key, compute_duration, now=time.time())))
 
     def rejoin_task(self, key: Any) -> None:

@@ -392,3 +392,54 @@ def test_a_paused_worker_gives_back_the_elements_it_has_not_started(tmp_path):
             assert counted == dict.fromkeys(range(n), 1)
     finally:
         cluster.close()
+
+
+def timed(x, delay):
+    """(x, when it started, when it ended), after ``delay`` seconds."""
+    start = time.time()
+    time.sleep(delay)
+    return x, start, time.time()
+
+
+def via_worker_client(x):
+    """Submits ``inc(x)`` from inside the element and waits for it (worker_client
+    secedes meanwhile)."""
+    from hpcsched import worker_client
+
+    with worker_client() as c:
+        return c.submit(inc, x).result(timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_elements_and_tasks_share_a_one_thread_workers_slot():
+    """On one worker with one thread, a task submitted while a map runs never runs at the
+    same time as an element of the map: both hold the worker's one thread slot."""
+    cluster = _local_cluster(n_workers=1)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            fs = client.map(timed, range(N), delay=0.01, pure=False)
+            assert _is_bulk(client, fs)
+            wait_until(lambda: any(f.done() for f in fs), timeout=60)
+            task = client.submit(timed, -1, 0.3, pure=False)
+            _, t0, t1 = task.result(timeout=60)
+            elements = client.gather(fs, timeout=60)
+            assert [x for x, _, _ in elements] == list(range(N))
+            overlapping = [x for x, s, e in elements if s < t1 and e > t0]
+            assert overlapping == [], (overlapping, t0, t1)
+    finally:
+        cluster.close()
+
+
+@pytest.mark.timeout(120)
+def test_elements_that_wait_for_tasks_through_worker_client_give_their_slot_up():
+    """Elements on a one-thread worker that submit a task with ``worker_client()`` and
+    wait for it: the element secedes, and the task it waits for gets the slot."""
+    cluster = _local_cluster(n_workers=1)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            fs = client.map(via_worker_client, range(N))
+            assert _is_bulk(client, fs)
+            assert client.gather(fs, timeout=90) == [x + 1 for x in range(N)]
+            assert client.submit(inc, 41).result(timeout=60) == 42
+    finally:
+        cluster.close()

@@ -218,6 +218,47 @@ def test_nthreads_limit_concurrent_executions():
     assert executes(out) == ["c"]
 
 
+def runs_ranges(out: list) -> int:
+    return sum(1 for c in out if type(c) is ev.RunRanges)
+
+
+def test_ranges_of_bulk_maps_and_tasks_share_the_thread_slots():
+    """One thread: a thread of ranges holds the slot, so a task waits for it to end, and
+    ranges wait for a running task; two slots hold one of each."""
+    s = new_state(nthreads=1)
+    assert runs_ranges(step(s, ev.RangesWaiting(1))) == 1
+    assert executes(step(s, compute("a"))) == []
+    out = step(s, ev.RangeThreadDone(1))  # it gave the slot up: a task waited
+    assert executes(out) == ["a"] and runs_ranges(out) == 0
+    out = step(s, success("a"))
+    assert runs_ranges(out) == 1 and s.range_threads == 1
+    assert runs_ranges(step(s, ev.RangesWaiting(1))) == 0  # no free slot
+    assert runs_ranges(step(s, ev.RangeThreadDone(0))) == 0 and s.range_threads == 0
+
+    s = new_state(nthreads=2)
+    out = step(s, compute("a")) + step(s, compute("b")) + step(s, ev.RangesWaiting(2))
+    assert executes(out) == ["a", "b"] and runs_ranges(out) == 0
+    out = step(s, success("a"))
+    assert runs_ranges(out) == 1 and executes(out) == []
+
+
+def test_ready_tasks_take_a_free_slot_before_waiting_ranges():
+    s = new_state(nthreads=1)
+    step(s, compute("a"))
+    step(s, compute("b"))
+    step(s, ev.RangesWaiting(1))
+    out = step(s, success("a"))
+    assert executes(out) == ["b"] and runs_ranges(out) == 0
+    assert runs_ranges(step(s, success("b"))) == 1
+
+
+def test_a_paused_or_closing_worker_starts_no_thread_of_ranges():
+    s = new_state(nthreads=1)
+    step(s, ev.PauseWorker(True))
+    assert runs_ranges(step(s, ev.RangesWaiting(1))) == 0
+    assert runs_ranges(step(s, ev.PauseWorker(False))) == 1
+
+
 def test_resource_restrictions_limit_concurrency():
     s = new_state(nthreads=4, resources={"GPU": 1})
     out = step(s, compute("g1", resource_restrictions={"GPU": 1}))

@@ -2,8 +2,9 @@
 elements not started.
 
 A RangeRunner on real task threads (TaskPool), with a stand-in for the worker's loop that
-collects the batches of finished elements: an element blocks its thread on an event,
-the test asks the runner to give elements up meanwhile, then lets it go.
+collects the batches of finished elements, and the test in the place of the worker's state
+machine, giving the ranges a thread slot when they want one: an element blocks its thread
+on an event, the test asks the runner to give elements up meanwhile, then lets it go.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def gated(x):
 
 class Loop:
     def __init__(self) -> None:
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue = queue.Queue()  # batches of finished elements
+        self.events: queue.Queue = queue.Queue()  # events for the state machine
 
     def put(self, item: Any) -> None:
-        self.q.put(item)
+        (self.q if item[0] == "ranges" else self.events).put(item[1])
 
 
 class Worker:
@@ -46,6 +48,7 @@ class Worker:
         self.nthreads = nthreads
         self.loop = Loop()
         self.executor = TaskPool(nthreads, "test-ranges")
+        self.state = None
         self.sent: list = []
 
     def send_to_scheduler(self, record: Any) -> None:
@@ -57,12 +60,19 @@ def compute_range(prefix: str, indices: list[int]) -> ComputeRange:
                         [dumps_object(((i,), {})) for i in indices])
 
 
+def submit(r: RangeRunner, record: ComputeRange) -> None:
+    """Queue ``record`` and start the threads its runner wants (the state machine's part,
+    on a worker whose slots are all free for ranges)."""
+    for _ in range(r.submit(record).threads):
+        r.start_thread()
+
+
 def ran(w: Worker, n: int) -> list[int]:
     """The indices of the next batches of finished elements, ``n`` of them in all."""
     out: list[int] = []
     while len(out) < n:
-        source, batch = w.loop.q.get(timeout=30)
-        assert source == "ranges" and not batch.failures
+        batch = w.loop.q.get(timeout=30)
+        assert not batch.failures
         out += batch.indices
     return out
 
@@ -77,8 +87,8 @@ def test_a_release_gives_up_the_tails_not_started_and_they_never_run():
     w = Worker(1)
     r = RangeRunner(w)
     try:
-        r.submit(compute_range("m-a-", [0, 1, 2, 3, 4]))
-        r.submit(compute_range("m-b-", [7, 8, 9]))
+        submit(r, compute_range("m-a-", [0, 1, 2, 3, 4]))
+        submit(r, compute_range("m-b-", [7, 8, 9]))
         assert STARTED.wait(30)
         assert r.release(6) == {"m-b-": [7, 8, 9], "m-a-": [2, 3, 4]}
         assert r.release(10) == {"m-a-": [1]}  # all that has not started
@@ -88,7 +98,7 @@ def test_a_release_gives_up_the_tails_not_started_and_they_never_run():
         GATE.set()
         assert ran(w, 1) == [0]
         assert w.loop.q.empty()
-        r.submit(compute_range("m-c-", [5, 6]))  # the runner goes on with new ranges
+        submit(r, compute_range("m-c-", [5, 6]))  # the runner goes on with new ranges
         assert sorted(ran(w, 2)) == [5, 6]
     finally:
         GATE.set()
@@ -102,7 +112,7 @@ def test_a_release_of_some_keeps_the_head_of_a_range():
     w = Worker(1)
     r = RangeRunner(w)
     try:
-        r.submit(compute_range("m-a-", [0, 1, 2, 3, 4, 5]))
+        submit(r, compute_range("m-a-", [0, 1, 2, 3, 4, 5]))
         assert STARTED.wait(30)
         assert r.release(2) == {"m-a-": [4, 5]}
         GATE.set()
