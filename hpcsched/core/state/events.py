@@ -115,10 +115,12 @@ class InvalidTransition(AssertionError):
 
 @record
 class Execute:
-    """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool."""
+    """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool; ``announced``:
+    its ``task-started`` is among the messages this batch sends, and must leave first."""
 
     key: Key
     run_spec: Any
+    announced: bool = False
 
 
 @record
@@ -139,7 +141,9 @@ class Resume:
 @record
 class RunRanges:
     """Start a thread on the worker's waiting ranges of bulk maps: it holds one of the
-    ``nthreads`` slots until it ends (``RangeThreadDone``)."""
+    ``nthreads`` slots until it ends (``RangeThreadDone``). It starts once this batch's
+    messages have left: should an element kill the worker, the scheduler knows what
+    finished before it."""
 
 
 # ============================================================ events the servers make

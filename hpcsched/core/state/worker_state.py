@@ -543,11 +543,12 @@ class WorkerState:
                 _, _, ts = heapq.heappop(self.ready)
             self._set_state(ts, "executing")
             self.executing.add(ts)
-            if ts.duration >= SHORT_TASK:
+            announced = ts.duration >= SHORT_TASK
+            if announced:
                 # lets the scheduler blame exactly this task if the worker dies now; for
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
-            self._out.append(ev.Execute(ts.key, ts.run_spec))
+            self._out.append(ev.Execute(ts.key, ts.run_spec, announced))
         # ready tasks go first: a thread of ranges gives its slot up between two ranges
         # when a task waits, and its ranges wait for the next free slot
         while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \

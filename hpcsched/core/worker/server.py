@@ -191,6 +191,10 @@ class Worker:
         self.ranges = RangeRunner(self)  # the elements of bulk maps given to this worker
         self._scheduler_comm: Comm | None = None
         self._outbox: list = []  # protocol records for the scheduler, encoded when flushed
+        # (function, *args) that start threads once the outbox has left: tasks that
+        # announce their start, and ranges, so that should they kill the process, the
+        # scheduler knows what started and what finished before them
+        self._start_after_flush: list[tuple] = []
         self._listener: Listener | None = None
         self._closed = threading.Event()
         self._close_done = threading.Event()
@@ -565,15 +569,15 @@ class Worker:
                     if ts is not None and ts.duration < INLINE_TASK and not (
                             self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
                         inline.append(cmd)
+                    elif cmd.announced:
+                        self._start_after_flush.append(
+                            (self.executor.submit, self._execute, cmd.key, cmd.run_spec))
                     else:
-                        # "task-started" goes out when the loop flushes after this batch;
-                        # should the task kill the process first, the scheduler blames all
-                        # it had assigned here
                         self.executor.submit(self._execute, cmd.key, cmd.run_spec)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
-                    self.ranges.start_thread()
+                    self._start_after_flush.append((self.ranges.start_thread,))
                 elif t is ev.Resume:
                     event = self._resume.pop(cmd.key, None)
                     if event is not None:
@@ -596,6 +600,10 @@ class Worker:
                 self._scheduler_comm.send([encode(m) for m in msgs])
             except (CommClosedError, OSError):
                 pass
+        if self._start_after_flush:
+            starts, self._start_after_flush = self._start_after_flush, []
+            for fn, *args in starts:
+                fn(*args)
 
     def _tick(self, now: float) -> None:
         if self.memory.managed:
