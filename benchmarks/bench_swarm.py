@@ -137,8 +137,10 @@ def measure(system: str, n: int, args) -> dict:
     # dask's scheduler unpickles the graphs, whose functions live in bench_local: every
     # process must import it, wherever the benchmark is started from
     path = os.pathsep.join(p for p in (os.path.dirname(HERE), os.environ.get("PYTHONPATH")) if p)
+    # dask's workers get ten minutes to connect (its default is 30 s): at 2,000 workers on
+    # a small machine they time out before the scheduler has accepted them all
     env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
-               PYTHONPATH=path)
+               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="600s", PYTHONPATH=path)
     procs = Processes()
     try:
         if system == "hpcsched":
