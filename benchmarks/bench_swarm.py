@@ -3,6 +3,7 @@
     python benchmarks/bench_swarm.py [--workers 10,200,1000,2000] [--hosts 4]
                                      [--tasks 10000] [--pairs 5000] [--leaves 4096]
                                      [--systems hpcsched,dask] [--json out.json]
+                                     [--workloads map,futures,graph]
 
 For each system and each number of workers N, as a user would run it: one
 scheduler process started from the command line with a scheduler file, N
@@ -23,6 +24,10 @@ client in this process. Measured:
   per task;
 * ``rss_mib``: the scheduler's resident memory with N idle workers, after the
   workloads.
+
+``--workloads`` picks among map, futures (the tree of futures) and graph; each
+figure also goes to stderr as soon as it is measured (dask's trees at 2,000
+workers take many minutes on a small machine).
 
 Every process a measurement starts is ended by it (terminate, then kill).
 dask's workers run with ``memory_limit=0`` (no memory monitor), as
@@ -171,33 +176,44 @@ def measure(system: str, n: int, args) -> dict:
             idle = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / 5.0
             out = {"system": system, "workers": n, "join_s": round(join, 2),
                    "idle_cpu_pct": round(idle, 2)}
+            print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
+            workloads = args.workloads.split(",")
+            total = 0
             cpu0 = sp.cpu_times()
-            t = time.perf_counter()
-            futs = client.map(noop, range(args.tasks), pure=False)
-            assert client.gather(futs)[-1] == args.tasks - 1
-            out["map_per_s"] = round(args.tasks / (time.perf_counter() - t))
-            del futs
-            t = time.perf_counter()
-            level = client.map(noop, range(args.pairs), pure=False)
-            ntree = args.pairs
-            while len(level) > 1:
-                nxt = [client.submit(add, level[i], level[i + 1], pure=False)
-                       for i in range(0, len(level) - 1, 2)]
-                if len(level) % 2:
-                    nxt.append(level[-1])
-                ntree += len(level) // 2
-                level = nxt
-            assert level[0].result() == args.pairs * (args.pairs - 1) // 2
-            out["tree_futures_per_s"] = round(ntree / (time.perf_counter() - t))
-            del level, nxt
-            dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-")
-            t = time.perf_counter()
-            assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
-            out["tree_graph_per_s"] = round(len(dsk) / (time.perf_counter() - t))
+            if "map" in workloads:
+                t = time.perf_counter()
+                futs = client.map(noop, range(args.tasks), pure=False)
+                assert client.gather(futs)[-1] == args.tasks - 1
+                out["map_per_s"] = round(args.tasks / (time.perf_counter() - t))
+                total += args.tasks
+                print(f"{system} {n}: map {out['map_per_s']}/s", file=sys.stderr, flush=True)
+                del futs
+            if "futures" in workloads:
+                t = time.perf_counter()
+                level = client.map(noop, range(args.pairs), pure=False)
+                ntree = args.pairs
+                while len(level) > 1:
+                    nxt = [client.submit(add, level[i], level[i + 1], pure=False)
+                           for i in range(0, len(level) - 1, 2)]
+                    if len(level) % 2:
+                        nxt.append(level[-1])
+                    ntree += len(level) // 2
+                    level = nxt
+                assert level[0].result() == args.pairs * (args.pairs - 1) // 2
+                out["tree_futures_per_s"] = round(ntree / (time.perf_counter() - t))
+                total += ntree
+                print(f"{system} {n}: tree of futures {out['tree_futures_per_s']}/s",
+                      file=sys.stderr, flush=True)
+                del level, nxt
+            if "graph" in workloads:
+                dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-")
+                t = time.perf_counter()
+                assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
+                out["tree_graph_per_s"] = round(len(dsk) / (time.perf_counter() - t))
+                total += len(dsk)
             cpu1 = sp.cpu_times()
-            total = args.tasks + ntree + len(dsk)
             out["cpu_per_task_us"] = round(
-                1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / total, 1)
+                1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / max(total, 1), 1)
             out["rss_mib"] = round(sp.memory_info().rss / 2**20, 1)
         return out
     finally:
@@ -224,7 +240,10 @@ def main() -> None:
     p.add_argument("--leaves", type=int, default=4096)
     p.add_argument("--systems", default="hpcsched,dask")
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--workloads", default="map,futures,graph")
     args = p.parse_args()
+    # a SIGTERM (timeout(1), a batch system's limit) ends the measurement's processes too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = []
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
@@ -241,7 +260,7 @@ def main() -> None:
         if {"hpcsched", "dask"} <= set(pair):
             ratios = {k: round(pair["hpcsched"][k] / pair["dask"][k], 1)
                       for k in ("map_per_s", "tree_futures_per_s", "tree_graph_per_s")
-                      if pair["dask"].get(k)}
+                      if pair["dask"].get(k) and pair["hpcsched"].get(k)}
             print(f"|  {n} | hpcsched/dask | {ratios} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
