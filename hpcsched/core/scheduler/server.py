@@ -106,6 +106,10 @@ def _merge_frees(msgs: list) -> list:
     return out
 
 
+#: the loop inbox item that asks for the next workers' share of the queue
+FILL_QUEUE = object()
+
+
 class Scheduler:
     """A scheduler listening on ``address`` (``tcp://host:port``, ``inproc://``, ``mpi://0``).
 
@@ -179,6 +183,7 @@ class Scheduler:
         # per worker: messages that may wait for the next one to it or the tick (free-keys)
         self._held: dict[str, list] = {}
         self._release_held = False
+        self._fill_asked = False  # a FILL_QUEUE item waits in the loop's inbox
         self.gathers = Gathers(self)
         self._stimuli = itertools.count()
         self._internal: dict[str, Future] = {}
@@ -487,7 +492,11 @@ class Scheduler:
         handled on its own: whatever one message provokes, the peer that sent it gets one
         error message and is disconnected, and everyone else's messages are handled."""
         now = time.time()
+        fill = False
         for source, payload in items:
+            if source is FILL_QUEUE:
+                fill = True
+                continue
             try:
                 if source.__class__ is Newcomer:
                     self._newcomer(source, payload, now)
@@ -497,6 +506,10 @@ class Scheduler:
                     self._handle_messages(source, payload, now)
             except Exception:  # a bug, not the peer's fault: log it, serve the rest
                 logger.exception("error while handling a message from %s", source)
+        if fill:  # after what arrived with it: the first results of the tasks handed out
+            self._fill_asked = False
+            if self.state.fill_pending:
+                self.handle_event(ev.FillQueue(now=now, stimulus_id=self._stimulus("fill")))
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
         receive, table, stimulus = pr.receive, self._table, self._stimulus
@@ -604,6 +617,11 @@ class Scheduler:
             for to, msgs in held.items():
                 self._outbox[to] = msgs + self._outbox.get(to, [])
             held.clear()
+        if self.state.fill_pending and not self._fill_asked:
+            # the next iteration, once these messages are out, hands the next workers
+            # their queued tasks (see SchedulerState.fill_pending)
+            self._fill_asked = True
+            self.loop.put((FILL_QUEUE, None))
         if not self._outbox:
             return
         outbox, self._outbox = self._outbox, {}

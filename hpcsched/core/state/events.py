@@ -70,7 +70,7 @@ from hpcsched.core.protocol.wire import record
 __all__ = [
     "AcquireReplicas", "AddClient", "AddKeys", "AddWorker", "CancelKeys", "ClientDesiresKeys",
     "ClientReleasesKeys", "ComputeTask", "Execute", "ExecuteFailure", "ExecuteSuccess",
-    "FreeKeys", "GatherDep", "GatherDepFailure", "GatherDepSuccess", "Heartbeat", "Key",
+    "FillQueue", "FreeKeys", "GatherDep", "GatherDepFailure", "GatherDepSuccess", "Heartbeat", "Key",
     "LongRunning", "MalformedMessage", "MissingData", "RangeFinished", "RangeReleased", "PauseWorker", "RefreshWhoHas", "Rejoin",
     "ReleaseWorkerData", "RemoveClient", "RemoveWorker", "ResultErred", "Resume",
     "RetireWorkers", "RetryKeys", "ScatterData", "Secede", "Send",
@@ -216,6 +216,13 @@ class RebalanceKeys(Internal):
     requester: str
     keys: list | None = None
     workers: list | None = None
+
+
+@record(frozen=True)
+class FillQueue(Internal):
+    """Queued tasks still wait for free workers that the last event left unfilled
+    (:attr:`~hpcsched.core.state.scheduler_state.SchedulerState.fill_pending`): the
+    server sends it once that event's messages are out, and it hands the next ones."""
 
 
 @record(frozen=True)

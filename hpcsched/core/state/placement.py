@@ -206,7 +206,11 @@ class Placement:
         ``assign(ts, ws)`` puts each on its worker (and takes it out of the queue). When
         tasks were queued while workers had free slots (``blocks.fill_all``), every free
         worker then gets its share, least busy first: they come off the heap of not-full
-        workers, so the cost is in the tasks handed out, not in the size of the cluster."""
+        workers, so the cost is in the tasks handed out, not in the size of the cluster.
+        While none of the queue head's group has finished, one call fills at most
+        :data:`~.policies.FIRST_WAVE_WORKERS` of them and leaves ``blocks.fill_all`` set:
+        the next event fills the next ones (the server sends ``FillQueue`` once these
+        tasks are out)."""
         workers = self.registry.workers
         for ws in opened:
             if not self.n_queued:
@@ -215,11 +219,24 @@ class Placement:
                 self._fill(ws, assign)
         if self.blocks.fill_all:
             self.blocks.fill_all = False
+            filled = 0
             while self.n_queued:
+                if filled >= policies.FIRST_WAVE_WORKERS:
+                    head = self.queue_head()
+                    if head is not None and not head.group.n_durations:
+                        # nothing of the group has finished: whether its tasks take
+                        # microseconds or minutes is unknown. The next free workers get
+                        # theirs in the server's next iteration (FillQueue), by when the
+                        # first results may say they are short: then a few workers take
+                        # runs of them (queue_slots), rather than every worker two, and
+                        # the tasks that combine their results find them in place
+                        self.blocks.fill_all = True
+                        break
                 free = self.pop_free_worker()
                 if free is None:
                     break
                 self._fill(free, assign)
+                filled += 1
                 if not policies.worker_full(free, self.worker_saturation):
                     break  # the queue has nothing more for anyone
 

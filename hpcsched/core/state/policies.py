@@ -72,6 +72,11 @@ def worker_full(ws: WorkerInfo, saturation: float) -> bool:
     return len(ws.processing) - len(ws.long_running) >= (slots if slots > 1 else 1)
 
 
+#: free workers one event hands queued tasks of a group none of whose tasks has finished
+#: yet (:meth:`~hpcsched.core.state.placement.Placement.fill_slots`): the next ones get
+#: theirs in the server's next iteration, after the first results may have come back
+FIRST_WAVE_WORKERS = 16
+
 #: seconds of work a worker may hold of queued root-ish tasks known to be short: each
 #: task a worker holds beyond its slots spares it the round trip to the scheduler that
 #: refilling a slot costs (a message each way and two wake-ups, which on a busy node take

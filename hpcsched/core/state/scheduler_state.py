@@ -111,6 +111,7 @@ class SchedulerState:
             ev.RemoveClient: self._remove_client,
             ev.ClientReleasesKeys: self._client_releases,
             ev.RetireWorkers: self._retire_workers,
+            ev.FillQueue: self._fill_queue,
         }
         # the components' own data, under the names the server and the tests read
         self.tasks = self.graph.tasks
@@ -128,6 +129,9 @@ class SchedulerState:
         """Every event type :meth:`handle` takes (a server hands it those that arrive)."""
         return frozenset(WorkerEvents.handlers.table) | frozenset(ClientRequests.handlers.table) \
             | frozenset(Maintenance.handlers.table) | frozenset(BulkMaps.handlers.table)
+
+    def _fill_queue(self, e: ev.FillQueue) -> None:
+        """Nothing to do: the fill that follows every event is its work."""
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         ws = self.registry.workers.get(e.address)
@@ -184,7 +188,16 @@ class SchedulerState:
             self.graph.transitions([(ts, "processing") for ts in list(placement.unrunnable)])
         if placement.n_queued:
             placement.fill_slots(opened, self.graph.add_to_processing)
-        placement.blocks.fill_all = False
+        else:
+            placement.blocks.fill_all = False
+
+    @property
+    def fill_pending(self) -> bool:
+        """Queued tasks wait for free workers this event did not fill (a group of unknown
+        duration is handed out a few workers per event): the server should handle
+        :class:`~.events.FillQueue` once this event's messages are out."""
+        placement = self.placement
+        return placement.blocks.fill_all and placement.n_queued > 0
 
     def validate(self) -> None:
         """Check every invariant; raises AssertionError naming the broken one."""
