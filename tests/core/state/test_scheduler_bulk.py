@@ -114,6 +114,39 @@ def test_the_whole_map_completes_and_released_elements_are_freed():
     assert not s.bulk.maps and not s.tasks
 
 
+@pytest.mark.timeout(30)
+def test_one_release_sorts_elements_tasks_and_keys_that_name_no_element():
+    """One client-releases-keys of a whole map's worth of keys is handled in one pass:
+    its elements in memory are freed on their worker, those running are forgotten when
+    reported, a promoted element is released as the task it is, another client's element
+    is left alone, and keys that only look like elements ("m-a-07", "m-a-²", past
+    the end) name none (they reach the task release, which ignores them)."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 10)
+    new_map(s, 4, prefix="m-b-", client="d")
+    given = [i for _, idx in ranges(out) for i in idx if _ == A]
+    assert given[:4] == [0, 1, 2, 3]
+    step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))
+    assert s.tasks["m-a-3"].state == "erred"  # promoted: a task of its own
+    finish(s, A, [0, 1])
+    assert s.holders_of(["m-a-0", "m-a-07", "m-a-2", "m-a-3", "x-1"]) == \
+        ({A: ["m-a-0"]}, ["m-a-2", "m-a-07", "x-1", "m-a-3"])  # the erred task: nowhere
+    out = step(s, ev.ClientReleasesKeys("c", [
+        "m-a-0", "m-a-07", "m-a-²", "m-a-99", "m-a-", "m-a-3", "m-b-1", "x-1",
+        "m-a-2", "m-a-1", "m-a-9"]))
+    freed = [k for m in out if m.msg.op == "free-keys" and m.to == A for k in m.msg.keys]
+    assert sorted(freed) == ["m-a-0", "m-a-1"]
+    assert "m-a-3" not in s.tasks  # released as a task: forgotten
+    assert s.holders_of(["m-a-0", "m-a-1"]) == ({}, ["m-a-0", "m-a-1"])  # gone
+    m_b = s.bulk.maps["m-b-"]
+    assert m_b.n_live == 4  # another client's: untouched
+    out = finish(s, A, [2])  # forgotten while it ran on A: freed once reported
+    assert [k for m in out if m.msg.op == "free-keys" for k in m.msg.keys] == \
+        ["m-a-2"]
+    assert not [m for m in out if m.msg.op == "map-in-memory"]
+
+
 def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
