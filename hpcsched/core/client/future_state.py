@@ -70,12 +70,12 @@ class FutureTable:
 
     def release(self, key: Any) -> None:
         """One Future of ``key`` fewer; the last one tells the scheduler."""
+        counts = self._counts
         with self._lock:
-            n = self._counts.get(key, 0) - 1
+            n = counts.pop(key, 0) - 1
             if n > 0:
-                self._counts[key] = n
+                counts[key] = n
                 return
-            self._counts.pop(key, None)
             self.states.pop(key, None)
         if not self.closed:
             self._post(ClientReleasesKeys(self.client_id, [key]))
@@ -124,7 +124,7 @@ class FutureTable:
     def wait(self, states: list[FutureState], deadline: float | None,
              timeout: float | None) -> None:
         """Block until every state is done."""
-        w = _Wait([st for st in states if not st.done()])
+        w = _Wait([st for st in states if not st._is_done])  # done(), with no call per state
         with self.changed:
             if w.satisfied():
                 return
@@ -174,7 +174,7 @@ class _Wait:
 
     def satisfied(self) -> bool:
         states, i, n = self.states, self.done, len(self.states)
-        while i < n and states[i].done():
+        while i < n and states[i]._is_done:  # done(), with no call per state
             i += 1
         self.done = i
         return i == n

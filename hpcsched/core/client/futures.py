@@ -184,6 +184,28 @@ class FutureState:
             return True
 
 
+def finish_all(states: list[FutureState], types: list[str]) -> list:
+    """:meth:`FutureState.finish` of each of ``states``; the callbacks to run.
+
+    ``types`` are the type names of their results. One lock for all: a bulk map's
+    elements are reported many at once."""
+    cbs: list = []
+    events: list = []
+    with _lock:
+        for st, typename in zip(states, types, strict=True):
+            st.status = "finished"
+            st.typename = typename
+            st._is_done = True
+            if st._event is not None:
+                events.append(st._event)
+            if st.callbacks is not None:
+                cbs += st.callbacks
+                st.callbacks = None
+    for event in events:
+        event.set()
+    return cbs
+
+
 def exception_of(st: FutureState) -> BaseException:
     """The exception of an erred future, rebuilt here, the remote traceback as its cause.
 
@@ -298,8 +320,10 @@ class Future(_FutureBase):
         return (TaskRef, (self.key,))
 
     def __del__(self) -> None:
-        try:
-            self.release()
+        try:  # release(), inline: a map's futures are dropped by the hundred thousand
+            if not self._released:
+                self._released = True
+                self.client.future_table.release(self.key)
         except Exception:
             pass
 
@@ -560,7 +584,9 @@ def futures_of(obj: Any) -> list[Future]:
 
 def collect_futures(x: Any, out: list) -> None:
     """Append the futures inside ``x`` (containers walked) to ``out``."""
-    if isinstance(x, Future):
+    if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+        out += x
+    elif isinstance(x, Future):
         out.append(x)
     elif isinstance(x, (list, tuple, set, frozenset)):
         for i in x:
@@ -577,6 +603,10 @@ def pack_futures(x: Any, values: dict, errors: str) -> Any:
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):
+        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+            get = values.get
+            return [get(f.key) for f in x] if errors == "raise" else \
+                [values[f.key] for f in x if f.key in values]
         return [pack_futures(i, values, errors) for i in x
                 if errors == "raise" or not isinstance(i, Future) or i.key in values]
     if isinstance(x, tuple):
