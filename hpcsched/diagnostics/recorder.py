@@ -127,8 +127,14 @@ class Recorder:
         g = self._group(group)
         seconds = 0.0
         first, last = g.first_start, g.last_stop
+        if nthreads == 1:  # one thread, one lane: no search
+            lanes = self._lanes.get(address)
+            if lanes is None:
+                lanes = self._lanes[address] = [0.0]
+            if stops:
+                lanes[0] = stops[-1]
         for key, start, stop, n in zip(keys, starts, stops, nbytes, strict=True):
-            lane = lane_of(address, nthreads, start, stop)
+            lane = 0 if nthreads == 1 else lane_of(address, nthreads, start, stop)
             stream.append((address, lane, group, key, start, stop, "compute"))
             if stop > start:
                 seconds += stop - start
