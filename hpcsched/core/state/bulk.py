@@ -50,6 +50,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from itertools import compress
 from operator import sub
 from typing import Any
 
@@ -84,6 +85,9 @@ STEAL_MIN_SECONDS = 0.01
 #: elements of a map's runs given to a worker past which they are compacted to those it
 #: still runs or holds (at least; see :class:`Given`)
 COMPACT_AT = 1024
+#: keys in a release or a gather from which they are checked for being one run of a
+#: map's elements (below, looking each up costs as little)
+RUN_MIN = 64
 
 
 def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
@@ -306,6 +310,21 @@ class BulkMaps:
 
         One pass over the keys, with no call per element: a client drops a map's futures
         together, and each is released."""
+        run = self._run(keys) if self.maps else None
+        if run is not None and run[0].client == client:
+            m, lo, hi, ordered = run
+            n = hi - lo
+            if m.state.count(MEMORY, lo, hi) == n:  # the common case: all in memory
+                slot_ws = self.slot_ws
+                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
+                    ws = slot_ws[w]
+                    if ws is not None:
+                        self._frees.setdefault(ws.address, []).extend(wkeys)
+                m.state[lo:hi] = bytes([FORGOTTEN]) * n
+                m.where[lo:hi] = array("i", [-1]) * n
+                m.n_live -= n
+                self._maybe_drop(m)
+                return []
         rest: list = []
         touched: dict[BulkMap, None] = {}
         frees: dict[int, list] = {}
@@ -412,6 +431,38 @@ class BulkMaps:
             return None
         return m, i
 
+    def _run(self, keys: list) -> tuple[BulkMap, int, int, list] | None:
+        """``(map, lo, hi, keys ascending)`` if ``keys`` are elements ``lo .. hi-1`` of one map,
+        each once, in ascending or descending order (a part of a gather; a map's futures
+        dropped together, which a list drops last first); None otherwise. Checked with no
+        call per key: the keys such a run would have are made and compared at once."""
+        n = len(keys)
+        if n < RUN_MIN:
+            return None
+        first, last = self._element(keys[0]), self._element(keys[-1])
+        if first is None or last is None or first[0] is not last[0]:
+            return None
+        m, a = first
+        b = last[1]
+        if b - a == n - 1:
+            lo, hi, ordered = a, b + 1, keys
+        elif a - b == n - 1:
+            lo, hi, ordered = b, a + 1, keys[::-1]
+        else:
+            return None
+        prefix = m.prefix
+        if ordered != [prefix + s for s in map(str, range(lo, hi))]:
+            return None
+        return m, lo, hi, ordered
+
+    def _by_slot(self, where: array, lo: int, hi: int, ordered: list) -> dict[int, list]:
+        """The keys ``ordered`` of elements ``lo .. hi-1`` grouped by their ``where``."""
+        seg = where[lo:hi]
+        slots = set(seg)
+        if len(slots) == 1:
+            return {slots.pop(): list(ordered)}
+        return {w: list(compress(ordered, map(w.__eq__, seg))) for w in slots}
+
     def split(self, keys: list, rest: list) -> dict[BulkMap, list[tuple[Key, int]]]:
         """The elements held here among ``keys``, as ``(key, index)`` per map, in the order
         of ``keys``; the other keys are appended to ``rest``. What :meth:`_element` does
@@ -465,8 +516,21 @@ class BulkMaps:
         """The elements held here among ``keys``: ``({worker address: keys whose result it
         holds}, keys of elements whose result no worker holds)``; other keys (tasks,
         promoted elements) are appended to ``rest``. One pass, no call per key."""
+        run = self._run(keys)
+        if run is not None:
+            m, lo, hi, ordered = run
+            if m.state.count(MEMORY, lo, hi) == hi - lo:  # the common case: all in memory
+                out: dict[str, list] = {}
+                missing: list = []
+                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
+                    ws = self.slot_ws[w]
+                    if ws is None:
+                        missing += wkeys
+                    else:
+                        out[ws.address] = wkeys
+                return out, missing
         held: dict[int, list] = {}
-        missing: list = []
+        missing = []
         for m, found in self.split(keys, rest).items():
             state, where = m.state, m.where
             for key, i in found:
@@ -481,7 +545,7 @@ class BulkMaps:
                     missing.append(key)
                 else:
                     rest.append(key)
-        out: dict[str, list] = {}
+        out = {}
         slot_ws = self.slot_ws
         for w, wkeys in held.items():
             ws = slot_ws[w]

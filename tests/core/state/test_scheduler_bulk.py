@@ -147,6 +147,41 @@ def test_one_release_sorts_elements_tasks_and_keys_that_name_no_element():
     assert not [m for m in out if m.msg.op == "map-in-memory"]
 
 
+@pytest.mark.timeout(30)
+def test_a_run_of_elements_is_gathered_and_released_as_a_run():
+    """A gather's part and a dropped list of futures name a run of one map's elements
+    (ascending; a list drops its items last first: descending). Such a run is answered
+    from the map's arrays at once: each worker is asked for, or told to free, exactly
+    the elements it holds; a run with one element not in memory is looked at key by key
+    (that element is missing, or forgotten until its worker reports it)."""
+    s = SchedulerState()
+    out, _ = map_on_a_and_b(s, 200)
+    every = list(out)
+    for w in (A, B):
+        every += run_all(s, w, out)[1]
+    on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
+              for i in m.msg.indices} for w in (A, B)}
+    assert on[A] and on[B] and on[A] | on[B] == set(range(200))
+    keys = [f"m-a-{i}" for i in range(200)]
+    held, missing = s.holders_of(keys[10:150])
+    assert not missing and set(held) == {A, B}
+    assert {w: set(k) for w, k in held.items()} == \
+        {w: {f"m-a-{i}" for i in on[w] if 10 <= i < 150} for w in (A, B)}
+    assert s.holders_of(keys[10:150][::-1]) == (held, [])  # descending: the same answer
+    # element 120 becomes a task (it is lost on its worker and runs again)
+    where = A if 120 in on[A] else B
+    step(s, ev.MissingData("c", "m-a-120", where))
+    assert s.holders_of(keys[100:140])[1] == ["m-a-120"]
+    out = step(s, ev.ClientReleasesKeys("c", keys[:100][::-1]))
+    freed = {w: {k for m in out if m.to == w and m.msg.op == "free-keys" for k in m.msg.keys}
+             for w in (A, B)}
+    assert freed == {w: {f"m-a-{i}" for i in on[w] if i < 100} for w in (A, B)}
+    out = step(s, ev.ClientReleasesKeys("c", keys[100:][::-1]))
+    freed = {k for m in out if m.msg.op == "free-keys" for k in m.msg.keys}
+    assert freed >= {f"m-a-{i}" for i in range(100, 200) if i != 120}
+    assert not s.bulk.maps or s.bulk.maps["m-a-"].n_live == 0
+
+
 def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
