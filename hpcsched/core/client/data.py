@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.client.futures import (
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 
 GATHER_PART = 10_000  # futures a gather waits for and asks for at once
+_key, _state, _status = attrgetter("key"), attrgetter("state"), attrgetter("state.status")
 
 
 class Transfers:
@@ -59,16 +61,21 @@ class Transfers:
         # the first parts travel while the cluster computes the rest (a map's elements are
         # done roughly in order)
         for start in range(0, len(flat), GATHER_PART):
-            self._gather_part({f.key: f for f in flat[start:start + GATHER_PART]}, values,
-                              errors, deadline, timeout)
+            part = flat[start:start + GATHER_PART]
+            self._gather_part(dict(zip(map(_key, part), part, strict=True)), values, errors,
+                              deadline, timeout)
         return pack_futures(futures, values, errors)
 
     def _gather_part(self, pending: dict, values: dict, errors: str, deadline: float | None,
                      timeout: float | None) -> None:
         conn, table = self.conn, self.table
         while pending:
-            table.wait([f.state for f in pending.values()], deadline, timeout)
-            for f in list(pending.values()):
+            table.wait(list(map(_state, pending.values())), deadline, timeout)
+            if set(map(_status, pending.values())) == {"finished"}:  # a look at each, in C
+                flagged = []
+            else:
+                flagged = list(pending.values())
+            for f in flagged:
                 st = f.state
                 if st.status == "error":
                     if errors == "raise":
@@ -83,9 +90,13 @@ class Transfers:
             left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
             reply = conn.request(Gather("", list(pending)), left)
             for blob in reply.blobs:
-                for k, v in deserialize(blob).items():
-                    values[k] = v
-                    pending.pop(k, None)
+                values.update(deserialize(blob))
+            if pending.keys() <= values.keys():  # the common case: every value came
+                pending.clear()
+            else:
+                for k in list(pending):
+                    if k in values:
+                        del pending[k]
             for k in reply.missing:
                 lost = pending.get(k)
                 if lost is not None and lost.state.status == "finished":

@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcsched._lazy import when_imported
@@ -604,9 +605,9 @@ def pack_futures(x: Any, values: dict, errors: str) -> Any:
         return values.get(x.key)
     if isinstance(x, list):
         if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
-            get = values.get
-            return [get(f.key) for f in x] if errors == "raise" else \
-                [values[f.key] for f in x if f.key in values]
+            keys = map(attrgetter("key"), x)
+            return list(map(values.get, keys)) if errors == "raise" else \
+                [values[k] for k in keys if k in values]
         return [pack_futures(i, values, errors) for i in x
                 if errors == "raise" or not isinstance(i, Future) or i.key in values]
     if isinstance(x, tuple):
