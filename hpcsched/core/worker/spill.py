@@ -163,6 +163,20 @@ class SpillBuffer(MutableMapping):
             if value is not _MISSING:
                 return value
 
+    def discard_many(self, keys: list) -> None:
+        """Forget each of ``keys`` held here (others are ignored), under one lock: a bulk
+        map's results are freed by the thousand."""
+        with self._lock:
+            fast, held = self._fast, self._nbytes
+            freed = 0
+            for key in keys:
+                if key in fast:
+                    del fast[key]
+                    freed += held.pop(key)
+                else:
+                    self._drop(key)
+            self._fast_bytes -= freed
+
     def peek_many(self, keys: list, out: dict, missing: list) -> None:
         """:meth:`peek` of each of ``keys`` into ``out`` (those held nowhere appended to
         ``missing``): those in memory under one lock, with no call per key (a bulk map's

@@ -64,6 +64,24 @@ def test_pop_reads_a_spilled_result_without_loading_it_back(buffer):
     assert buffer.memory_bytes == 100 and len(buffer) == 1 and list(buffer) == ["c"]
 
 
+@pytest.mark.timeout(30)
+def test_many_results_are_served_and_dropped_at_once_wherever_they_are(buffer):
+    """peek_many and discard_many (a bulk map's results: many keys, one lock) do what peek
+    and del do key by key: a spilled result is read without being loaded back, and
+    dropped with its file; an absent key is missing, or ignored."""
+    for k in "abc":
+        buffer.store(k, k.encode(), 100)
+    assert buffer.spilled == {"a"}
+    out: dict = {}
+    missing: list = []
+    buffer.peek_many(["c", "a", "zz", "b"], out, missing)
+    assert out == {"c": b"c", "a": b"a", "b": b"b"} and missing == ["zz"]
+    assert buffer.spilled == {"a"} and buffer.unspill_count == 0
+    buffer.discard_many(["a", "b", "zz"])
+    assert list(buffer) == ["c"] and files(buffer) == [] and buffer.spilled == set()
+    assert buffer.memory_bytes == 100 and buffer.disk_bytes == 0
+
+
 def test_mapping_interface_measures_what_it_is_given(buffer):
     buffer["a"] = b"x" * 1000  # sizeof > target: on disk at once
     assert buffer.spilled == {"a"} and buffer.disk_bytes >= 1000
