@@ -257,16 +257,9 @@ class Client:
 
     @handlers.on(pc.MapInMemory)
     def _on_map_in_memory(self, msg: pc.MapInMemory) -> None:
-        get, prefix = self.futures.get, msg.prefix
-        types = msg.types if len(msg.types) == len(msg.indices) else [""] * len(msg.indices)
-        states: list = []
-        typenames: list = []
-        for i, typename in zip(msg.indices, types, strict=True):
-            st = get(prefix + str(i))
-            if st is not None and st.status != "finished":
-                states.append(st)
-                typenames.append(typename)
-        cbs = finish_all(states, typenames)
+        prefix, n = msg.prefix, len(msg.indices)
+        states = list(map(self.futures.get, [prefix + i for i in map(str, msg.indices)]))
+        cbs = finish_all(states, msg.types if len(msg.types) == n else [""] * n)
         if cbs:
             self.future_table.run_callbacks(cbs)
 

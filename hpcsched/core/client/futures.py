@@ -185,15 +185,17 @@ class FutureState:
             return True
 
 
-def finish_all(states: list[FutureState], types: list[str]) -> list:
-    """:meth:`FutureState.finish` of each of ``states``; the callbacks to run.
+def finish_all(states: list[FutureState | None], types: list[str]) -> list:
+    """:meth:`FutureState.finish` of each of ``states`` not finished yet; the callbacks.
 
-    ``types`` are the type names of their results. One lock for all: a bulk map's
+    A state None (no future of it is held) is passed over. ``types`` are the type names of their results. One lock for all: a bulk map's
     elements are reported many at once."""
     cbs: list = []
     events: list = []
     with _lock:
         for st, typename in zip(states, types, strict=True):
+            if st is None or st.status == "finished":
+                continue
             st.status = "finished"
             st.typename = typename
             st._is_done = True
