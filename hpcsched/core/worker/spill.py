@@ -126,6 +126,15 @@ class SpillBuffer(MutableMapping):
         over = False
         with self._lock:
             held, fast = self._nbytes, self._fast
+            if keys and len(keys) == len(values) == len(nbytes) \
+                    and set(map(type, nbytes)) == {int} and min(nbytes) >= 1:
+                sizes = dict(zip(keys, nbytes, strict=True))
+                if len(sizes) == len(keys) and held.keys().isdisjoint(sizes):
+                    # the common case, in C loops: new keys, each once, sizes as they should be
+                    held.update(sizes)
+                    fast.update(zip(keys, values, strict=True))
+                    self._fast_bytes += sum(nbytes)
+                    keys = values = nbytes = []
             for key, value, size in zip(keys, values, nbytes, strict=True):
                 n = max(int(size), 1)
                 if key in held:
