@@ -109,9 +109,10 @@ class FutureState:
     a ``map`` of 10,000 items creates none."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
-                 "exception_text", "_is_done")
+                 "exception_text", "_is_done", "refs")
 
-    def __init__(self) -> None:
+    def __init__(self, refs: int = 0) -> None:
+        self.refs = refs  # the client's Future objects of it (its FutureTable counts them)
         self.status = "pending"
         self._event: threading.Event | None = None
         self.exception: Any = None
@@ -300,7 +301,7 @@ class Future(_FutureBase):
         """Drop this future's claim on its result now, rather than when it is collected."""
         if not self._released:
             self._released = True
-            self.client.future_table.release(self.key)
+            self.client.future_table.release(self.key, self.state)
 
     def retry(self) -> None:
         """Run an erred task (and its erred dependencies) again."""
@@ -326,7 +327,7 @@ class Future(_FutureBase):
         try:  # release(), inline: a map's futures are dropped by the hundred thousand
             if not self._released:
                 self._released = True
-                self.client.future_table.release(self.key)
+                self.client.future_table.release(self.key, self.state)
         except Exception:
             pass
 
