@@ -527,7 +527,7 @@ class BulkMaps:
                     if ws is None:
                         missing += wkeys
                     else:
-                        out[ws.address] = wkeys
+                        out.setdefault(ws.address, []).extend(wkeys)
                 return out, missing
         held: dict[int, list] = {}
         missing = []

@@ -204,9 +204,11 @@ class SchedulerState:
         hash, so that repeated gathers spread over replicas); bulk maps' elements
         found in one pass (:meth:`.bulk.BulkMaps.holders_of`)."""
         rest: list = []
-        per_worker, missing = self.bulk.holders_of(keys, rest) if self.bulk.maps \
-            else ({}, [])
-        for key in rest if self.bulk.maps else keys:
+        if self.bulk.maps:
+            per_worker, missing = self.bulk.holders_of(keys, rest)
+        else:
+            per_worker, missing, rest = {}, [], keys
+        for key in rest:
             holders = self.holders(key)
             if not holders:
                 missing.append(key)
