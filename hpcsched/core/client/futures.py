@@ -189,8 +189,8 @@ class FutureState:
 def finish_all(states: list[FutureState | None], types: list[str]) -> list:
     """:meth:`FutureState.finish` of each of ``states`` not finished yet; the callbacks.
 
-    A state None (no future of it is held) is passed over. ``types`` are the type names of their results. One lock for all: a bulk map's
-    elements are reported many at once."""
+    A state None (no future of it is held) is passed over. ``types`` are the type names
+    of their results. One lock for all: a bulk map's elements are reported many at once."""
     cbs: list = []
     events: list = []
     with _lock:
