@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 import tracemalloc
 from typing import Any
+from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis.stateful import rule
 
+import hpcsched.core.state.bulk as bulk_module
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
 from hpcsched.core.state.events import Send
@@ -677,6 +679,19 @@ class BulkMapStory(SchedulerStory):
                                          types=["int"], starts=[1.0], stops=[1.1],
                                          now=self.tick()))
 
+    @rule()
+    def finish_all_given(self) -> None:
+        """Every worker reports every element given to it, one report per map."""
+        by: dict[tuple[str, str], list[int]] = {}
+        for worker, prefix, index in self.given:
+            by.setdefault((worker, prefix), []).append(index)
+        self.given = []
+        for (worker, prefix), indices in by.items():
+            n = len(indices)
+            self.record(ev.RangeFinished(worker, prefix=prefix, indices=indices, nbytes=[8] * n,
+                                         types=["int"] * n, starts=[1.0] * n,
+                                         stops=[1.1] * n, now=self.tick()))
+
     @rule(i=st.integers(0, 10_000))
     def element_fails(self, i: int) -> None:
         if not self.given:
@@ -723,6 +738,28 @@ class BulkMapStory(SchedulerStory):
     @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
     def add_worker_with_ranges(self, worker: str) -> None:
         self.record(ev.AddWorker(worker, 1, now=self.tick()))
+
+    @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
+          lo=st.integers(0, 8), n=st.integers(2, 8), descending=st.booleans())
+    def release_run(self, client: str, which: str, lo: int, n: int, descending: bool) -> None:
+        """A client gathers, then drops, many futures of a map at once (a list drops its
+        items last first). Runs are looked up from the map's arrays from two keys on
+        (RUN_MIN, lowered for this story): the answer is each key's own."""
+        m = self.s.bulk.maps.get(which)
+        if m is not None and len(m.state) >= 2:  # mostly a run inside the map
+            lo %= len(m.state) - 1
+            n = min(n, len(m.state) - lo)
+        keys = [f"{which}{i}" for i in range(lo, lo + n)]
+        if descending:
+            keys.reverse()
+        with patch.object(bulk_module, "RUN_MIN", 2):
+            held, missing = self.s.holders_of(keys)
+            placed = {k: w for w, ks in held.items() for k in ks}
+            assert len(placed) + len(missing) == n
+            for k in keys:
+                holders = {ws.address for ws in self.s.holders(k)}
+                assert placed.get(k) in holders if holders else k in missing, k
+            self.record(ev.ClientReleasesKeys(client, keys, now=self.tick()))
 
 
 BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
