@@ -1,7 +1,7 @@
 """hpcsched vs dask.distributed on one machine, side by side in one run.
 
     python benchmarks/bench_local.py [--tasks 10000] [--leaves 8192] [--repeat 3]
-                                     [--sweep-sizes 100000[,1000000]]
+                                     [--sweep-sizes 100000[,1000000]] [--only sweep]
 
 Both use a local cluster of 2 worker processes x 1 thread. Measured:
 
@@ -86,7 +86,7 @@ def bench_hpcsched(args) -> dict:
     t0 = time.perf_counter()
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         startup = time.perf_counter() - t0
-        out = run(client, args.tasks, args.leaves, args.repeat)
+        out = run(client, args.tasks, args.leaves, args.repeat) if args.only is None else {}
         for n in sweeps(args):
             def do_map(n: int = n) -> None:
                 futures = client.map(noop, range(n), pure=False)
@@ -135,17 +135,22 @@ def main() -> None:
     p.add_argument("--sweep-sizes", default="100000",
                    help="elements of the no-op sweeps (comma-separated; '' for none)")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--only", choices=("sweep",),
+                   help="run only these measurements (sweep: the sweeps, without dask)")
     args = p.parse_args()
     h = bench_hpcsched(args)
     pool = bench_pool(args)
-    d = bench_dask(args)
-    print(f"{'':28}{'hpcsched':>12}{'dask':>12}{'ratio':>8}")
-    for k, label in (("map_tasks_per_s", f"map {args.tasks} no-ops (tasks/s)"),
-                     ("tree_tasks_per_s", f"tree {args.leaves} leaves (tasks/s)"),
-                     ("startup_s", "cluster startup (s)")):
-        ratio = h[k] / d[k] if k != "startup_s" else d[k] / h[k]
-        print(f"{label:28}{h[k]:12.1f}{d[k]:12.1f}{ratio:7.1f}x")
-    print(f"(machine: {os.cpu_count()} cores; best of {args.repeat}; startup ratio is dask/hpcsched)")
+    d: dict = {}
+    if args.only is None:
+        d = bench_dask(args)
+        print(f"{'':28}{'hpcsched':>12}{'dask':>12}{'ratio':>8}")
+        for k, label in (("map_tasks_per_s", f"map {args.tasks} no-ops (tasks/s)"),
+                         ("tree_tasks_per_s", f"tree {args.leaves} leaves (tasks/s)"),
+                         ("startup_s", "cluster startup (s)")):
+            ratio = h[k] / d[k] if k != "startup_s" else d[k] / h[k]
+            print(f"{label:28}{h[k]:12.1f}{d[k]:12.1f}{ratio:7.1f}x")
+        print(f"(machine: {os.cpu_count()} cores; best of {args.repeat}; "
+              "startup ratio is dask/hpcsched)")
     if sweeps(args):
         print(f"\n{'sweep, no-op elements':28}{'hpcsched':>12}{'pool(2)/16':>12}{'ratio':>8}"
               f"   CPU s of the submitter: hpcsched, pool")

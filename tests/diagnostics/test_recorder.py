@@ -7,6 +7,8 @@ happened: the task stream, per-group totals, events, and snapshots built from it
 
 from __future__ import annotations
 
+import pytest
+
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.diagnostics import snapshot
@@ -62,6 +64,39 @@ def test_overlapping_tasks_of_one_worker_go_to_different_threads():
     lanes = {e[3]: e[1] for e in rec.stream}
     assert lanes["x-1"] != lanes["x-2"]
     assert lanes["x-3"] == lanes["x-2"]  # x-2's thread was free at 4.0, x-1's was not
+
+
+@pytest.mark.timeout(30)
+def test_a_bulk_maps_report_is_one_entry_per_element_in_its_workers_lanes():
+    """A map of 4 elements on A (one thread) and B (two): each range-finished report
+    gives one stream entry per element, as a task would; B's overlapping elements take
+    different lanes; the group's totals count every element."""
+    s, rec = recorded_state((A, 1), (B, 2))
+    out = s.handle(ev.UpdateMap("c", prefix="sq-x-", function=b"f",
+                                args=[b"a"] * 4, now=1.0))
+    given: dict = {A: [], B: []}
+    for m in out:
+        if m.msg.op == "compute-range":
+            given[m.to] += m.msg.indices
+    a, b = given[A], given[B]
+    assert sorted(a + b) == [0, 1, 2, 3] and a and len(b) > 1
+    s.handle(ev.RangeFinished(A, prefix="sq-x-", indices=a, nbytes=[8] * len(a),
+                              types=["int"] * len(a), starts=[10.0 + j for j in range(len(a))],
+                              stops=[10.5 + j for j in range(len(a))], now=20.0))
+    s.handle(ev.RangeFinished(B, prefix="sq-x-", indices=b, nbytes=[-1] + [8] * (len(b) - 1),
+                              types=["int"] * len(b), starts=[10.0] * len(b),
+                              stops=[12.0] * len(b), now=20.0))
+    s.validate()
+    entries = list(rec.stream)
+    assert [e[3] for e in entries] == [f"sq-x-{i}" for i in a + b]
+    assert [e[1] for e in entries[:len(a)]] == [0] * len(a)
+    assert entries[0] == (A, 0, "sq-x", "sq-x-" + str(a[0]), 10.0, 10.5, "compute")
+    assert {e[1] for e in entries[len(a):]} == {0, 1}  # overlapping: both of B's threads
+    g = rec.groups["sq-x"]
+    assert g.done == 4 and rec.n_finished == 4 and rec.stream_count == 4
+    assert g.seconds == 0.5 * len(a) + 2.0 * len(b)
+    assert g.nbytes == 8 * len(a) + 8 * (len(b) - 1)  # a negative size counts as none
+    assert (g.first_start, g.last_stop) == (10.0, max(12.0, 10.5 + len(a) - 1))
 
 
 def test_erred_task_shows_in_stream_events_and_group_totals():

@@ -73,6 +73,7 @@ from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the publ
     RemoteTraceback,
     as_completed,
     collect_futures,
+    finish_all,
     fire_and_forget,
     futures_of,
     pack_futures,
@@ -256,15 +257,9 @@ class Client:
 
     @handlers.on(pc.MapInMemory)
     def _on_map_in_memory(self, msg: pc.MapInMemory) -> None:
-        futures, prefix = self.futures, msg.prefix
-        types = msg.types if len(msg.types) == len(msg.indices) else None
-        cbs: list = []
-        for j, i in enumerate(msg.indices):
-            st = futures.get(prefix + str(i))
-            if st is not None and st.status != "finished":
-                done = st.finish(types[j] if types is not None else "")
-                if done:
-                    cbs += done
+        prefix, n = msg.prefix, len(msg.indices)
+        states = list(map(self.futures.get, [prefix + i for i in map(str, msg.indices)]))
+        cbs = finish_all(states, msg.types if len(msg.types) == n else [""] * n)
         if cbs:
             self.future_table.run_callbacks(cbs)
 

@@ -190,6 +190,35 @@ def coalesce(msgs: list) -> list:
 CLOSE_REQUEST = "close-client"
 
 
+class PendingReply:
+    """A request sent to the scheduler (:meth:`SchedulerConnection.send_request`): its
+    reply, once it comes."""
+
+    __slots__ = ("conn", "rid", "msg", "event", "box")
+
+    def __init__(self, conn: SchedulerConnection, rid: str, msg: Any):
+        self.conn, self.rid, self.msg = conn, rid, msg
+        self.event = threading.Event()
+        self.box: list = []  # the reply; None if the scheduler was lost
+
+    def reply(self, timeout: float | None = None) -> Any:
+        """The reply record; ``TimeoutError`` after ``timeout`` seconds (None: no limit),
+        ``ConnectionError`` if the scheduler is lost meanwhile. Once only."""
+        try:
+            if not self.event.wait(timeout):
+                raise TimeoutError(f"no answer from the scheduler to {type(self.msg).__name__} "
+                                   f"within {timeout}s")
+        finally:
+            self.forget()
+        if self.box[0] is None:
+            raise ConnectionError(f"lost the scheduler at {self.conn.address}")
+        return self.box[0]
+
+    def forget(self) -> None:
+        """Not waited for any more: a reply that still comes is dropped."""
+        self.conn._requests.pop(self.rid, None)
+
+
 class SchedulerConnection:
     """The threads and request bookkeeping of one client's connection (module docstring).
 
@@ -263,6 +292,11 @@ class SchedulerConnection:
         An empty ``request_id`` is given a fresh one (the reply carries it back): the record
         sent is a copy, ``msg`` is left as it is. ``TimeoutError`` after ``timeout`` seconds
         (None: no limit), ``ConnectionError`` if the scheduler is lost meanwhile."""
+        return self.send_request(msg).reply(timeout)
+
+    def send_request(self, msg: Any) -> PendingReply:
+        """:meth:`request` in two steps: ``msg`` is sent now, the reply is awaited with the
+        returned :class:`PendingReply` (several requests may then be in flight at once)."""
         if not dataclasses.is_dataclass(msg) or isinstance(msg, type):
             raise TypeError(f"a request is a protocol record, not {type(msg).__name__}")
         if hasattr(msg, "request_id"):
@@ -274,22 +308,14 @@ class SchedulerConnection:
             rid = msg.scatter_id
         else:  # close-client: one per client, its reply carries no id
             rid = CLOSE_REQUEST
-        return self._wait_reply(msg, rid, timeout)
-
-    def _wait_reply(self, msg: Any, rid: str, timeout: float | None) -> Any:
-        event = threading.Event()
-        box: list = []
-        self._requests[rid] = (event, box, msg)
+        pending = PendingReply(self, rid, msg)
+        self._requests[rid] = (pending.event, pending.box, msg)
         try:
             self.send(msg)
-            if not event.wait(timeout):
-                raise TimeoutError(f"no answer from the scheduler to {type(msg).__name__} "
-                                   f"within {timeout}s")
-        finally:
-            self._requests.pop(rid, None)
-        if box[0] is None:
-            raise ConnectionError(f"lost the scheduler at {self.address}")
-        return box[0]
+        except BaseException:
+            pending.forget()
+            raise
+        return pending
 
     def deliver_reply(self, rid: str | None, reply: Any) -> None:
         """Hand ``reply`` to the request ``rid`` waiting for it (a reply nobody waits for --

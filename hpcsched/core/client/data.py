@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.client.futures import (
@@ -30,11 +31,13 @@ from hpcsched.core.protocol.messages import ClientDesiresKeys, Gather, ScatterDa
 from hpcsched.core.protocol.serialize import deserialize, serialize, sizeof
 
 if TYPE_CHECKING:
-    from hpcsched.core.client.connection import SchedulerConnection
+    from hpcsched.core.client.connection import PendingReply, SchedulerConnection
     from hpcsched.core.client.future_state import FutureTable
 
 
 GATHER_PART = 10_000  # futures a gather waits for and asks for at once
+_key, _state, _status = attrgetter("key"), attrgetter("state"), attrgetter("state.status")
+_done = attrgetter("state._is_done")
 
 
 class Transfers:
@@ -57,44 +60,83 @@ class Transfers:
         values: dict = {}
         # a large gather asks for its results part by part, in order, as each part is done:
         # the first parts travel while the cluster computes the rest (a map's elements are
-        # done roughly in order)
-        for start in range(0, len(flat), GATHER_PART):
-            self._gather_part({f.key: f for f in flat[start:start + GATHER_PART]}, values,
-                              errors, deadline, timeout)
+        # done roughly in order), and while the next part is awaited. The parts done already
+        # when one is asked for go with it: each request is a round trip through the
+        # scheduler to every holder
+        asked: list[tuple[dict, PendingReply]] = []
+        try:
+            start, n = 0, len(flat)
+            while start < n:
+                stop = start + GATHER_PART
+                if stop < n:
+                    self.table.wait(list(map(_state, flat[start:stop])), deadline, timeout)
+                    while stop < n and all(map(_done, flat[stop:stop + GATHER_PART])):
+                        stop += GATHER_PART
+                part = flat[start:stop]
+                pending = dict(zip(map(_key, part), part, strict=True))
+                request = self._ask(pending, errors, deadline, timeout)
+                if request is not None:
+                    asked.append((pending, request))
+                start = stop
+            for pending, request in asked:
+                self._take(pending, request, values, deadline, timeout)
+                while pending:  # lost and recomputed since: asked for again
+                    request = self._ask(pending, errors, deadline, timeout)
+                    if request is None:
+                        break
+                    self._take(pending, request, values, deadline, timeout)
+        finally:
+            for _, request in asked:
+                request.forget()  # answered, or given up on (a reply still to come is dropped)
         return pack_futures(futures, values, errors)
 
-    def _gather_part(self, pending: dict, values: dict, errors: str, deadline: float | None,
-                     timeout: float | None) -> None:
-        conn, table = self.conn, self.table
-        while pending:
-            table.wait([f.state for f in pending.values()], deadline, timeout)
-            for f in list(pending.values()):
-                st = f.state
-                if st.status == "error":
-                    if errors == "raise":
-                        raise exception_of(st)
-                    del pending[f.key]
-                elif st.status == "cancelled":
-                    if errors == "raise":
-                        raise CancelledError(f"{f.key!r} was cancelled")
-                    del pending[f.key]
-            if not pending:
-                break
-            left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-            reply = conn.request(Gather("", list(pending)), left)
-            for blob in reply.blobs:
-                for k, v in deserialize(blob).items():
-                    values[k] = v
-                    pending.pop(k, None)
-            for k in reply.missing:
-                lost = pending.get(k)
-                if lost is not None and lost.state.status == "finished":
-                    # the scheduler lost it after telling us: wait for the recomputation
-                    lost.state.lose()
-                    conn.send(ClientDesiresKeys(conn.client_id, [k]))
-            if pending and deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
+    def _ask(self, pending: dict, errors: str, deadline: float | None,
+             timeout: float | None) -> PendingReply | None:
+        """Once ``pending`` (key -> future) are done: ask for the values of those that
+        finished (the erred and cancelled raise, or are left out with ``errors="skip"``);
+        None if none is left."""
+        self.table.wait(list(map(_state, pending.values())), deadline, timeout)
+        if set(map(_status, pending.values())) == {"finished"}:  # a look at each, in C
+            flagged = []
+        else:
+            flagged = list(pending.values())
+        for f in flagged:
+            st = f.state
+            if st.status == "error":
+                if errors == "raise":
+                    raise exception_of(st)
+                del pending[f.key]
+            elif st.status == "cancelled":
+                if errors == "raise":
+                    raise CancelledError(f"{f.key!r} was cancelled")
+                del pending[f.key]
+        if not pending:
+            return None
+        return self.conn.send_request(Gather("", list(pending)))
 
+    def _take(self, pending: dict, request: PendingReply, values: dict,
+              deadline: float | None, timeout: float | None) -> None:
+        """The reply to ``request``: its values go to ``values`` and leave ``pending``; a
+        key the scheduler lost after reporting it done is waited for again."""
+        conn = self.conn
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        reply = request.reply(left)
+        for blob in reply.blobs:
+            values.update(deserialize(blob))
+        if pending.keys() <= values.keys():  # the common case: every value came
+            pending.clear()
+        else:
+            for k in list(pending):
+                if k in values:
+                    del pending[k]
+        for k in reply.missing:
+            lost = pending.get(k)
+            if lost is not None and lost.state.status == "finished":
+                # the scheduler lost it after telling us: wait for the recomputation
+                lost.state.lose()
+                conn.send(ClientDesiresKeys(conn.client_id, [k]))
+        if pending and deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"could not gather {list(pending)[:5]} within {timeout}s")
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
                 timeout: float | None = 60.0) -> Any:

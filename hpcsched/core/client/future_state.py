@@ -37,7 +37,6 @@ class FutureTable:
         self.changed = threading.Condition()  # guards _waits
         self._waits: list[_Wait] = []  # gather calls blocked in wait()
         self.closed = False
-        self._counts: dict[Any, int] = {}
         self._lock = threading.Lock()
         self._post = post
         self.client_id = ""  # the client's id, set by start()
@@ -52,31 +51,40 @@ class FutureTable:
                 state = self.states.get(key)
                 if state is None:
                     state = self.states[key] = FutureState()
-            self._counts[key] = self._counts.get(key, 0) + 1
+            state.refs += 1
         return state
 
     def acquire_many(self, keys: list) -> list[FutureState]:
         """:meth:`acquire` of each of ``keys`` (a map's), under one lock."""
-        states, counts = self.states, self._counts
-        out = []
+        states = self.states
         with self._lock:
+            made = [FutureState(1) for _ in keys]
+            fresh = dict(zip(keys, made, strict=True))
+            if len(fresh) == len(keys) and states.keys().isdisjoint(fresh):
+                states.update(fresh)  # the common case: a new map's keys, in C loops
+                return made
+            out = []
             for key in keys:
                 state = states.get(key)
                 if state is None:
                     state = states[key] = FutureState()
-                counts[key] = counts.get(key, 0) + 1
+                state.refs += 1
                 out.append(state)
         return out
 
-    def release(self, key: Any) -> None:
-        """One Future of ``key`` fewer; the last one tells the scheduler."""
+    def release(self, key: Any, state: FutureState | None = None) -> None:
+        """One Future of ``key`` (whose state is ``state``, else the key's) fewer; the last
+        one tells the scheduler."""
         with self._lock:
-            n = self._counts.get(key, 0) - 1
+            if state is None:
+                state = self.states.get(key)
+                if state is None:
+                    return
+            n = state.refs = state.refs - 1
             if n > 0:
-                self._counts[key] = n
                 return
-            self._counts.pop(key, None)
-            self.states.pop(key, None)
+            if self.states.get(key) is state:
+                del self.states[key]
         if not self.closed:
             self._post(ClientReleasesKeys(self.client_id, [key]))
 
@@ -124,7 +132,7 @@ class FutureTable:
     def wait(self, states: list[FutureState], deadline: float | None,
              timeout: float | None) -> None:
         """Block until every state is done."""
-        w = _Wait([st for st in states if not st.done()])
+        w = _Wait([st for st in states if not st._is_done])  # done(), with no call per state
         with self.changed:
             if w.satisfied():
                 return
@@ -174,7 +182,7 @@ class _Wait:
 
     def satisfied(self) -> bool:
         states, i, n = self.states, self.done, len(self.states)
-        while i < n and states[i].done():
+        while i < n and states[i]._is_done:  # done(), with no call per state
             i += 1
         self.done = i
         return i == n

@@ -15,6 +15,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcsched._lazy import when_imported
@@ -108,9 +109,10 @@ class FutureState:
     a ``map`` of 10,000 items creates none."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
-                 "exception_text", "_is_done")
+                 "exception_text", "_is_done", "refs")
 
-    def __init__(self) -> None:
+    def __init__(self, refs: int = 0) -> None:
+        self.refs = refs  # the client's Future objects of it (its FutureTable counts them)
         self.status = "pending"
         self._event: threading.Event | None = None
         self.exception: Any = None
@@ -182,6 +184,30 @@ class FutureState:
                 self.callbacks = []
             self.callbacks.append(entry)
             return True
+
+
+def finish_all(states: list[FutureState | None], types: list[str]) -> list:
+    """:meth:`FutureState.finish` of each of ``states`` not finished yet; the callbacks.
+
+    A state None (no future of it is held) is passed over. ``types`` are the type names
+    of their results. One lock for all: a bulk map's elements are reported many at once."""
+    cbs: list = []
+    events: list = []
+    with _lock:
+        for st, typename in zip(states, types, strict=True):
+            if st is None or st.status == "finished":
+                continue
+            st.status = "finished"
+            st.typename = typename
+            st._is_done = True
+            if st._event is not None:
+                events.append(st._event)
+            if st.callbacks is not None:
+                cbs += st.callbacks
+                st.callbacks = None
+    for event in events:
+        event.set()
+    return cbs
 
 
 def exception_of(st: FutureState) -> BaseException:
@@ -275,7 +301,7 @@ class Future(_FutureBase):
         """Drop this future's claim on its result now, rather than when it is collected."""
         if not self._released:
             self._released = True
-            self.client.future_table.release(self.key)
+            self.client.future_table.release(self.key, self.state)
 
     def retry(self) -> None:
         """Run an erred task (and its erred dependencies) again."""
@@ -298,8 +324,10 @@ class Future(_FutureBase):
         return (TaskRef, (self.key,))
 
     def __del__(self) -> None:
-        try:
-            self.release()
+        try:  # release(), inline: a map's futures are dropped by the hundred thousand
+            if not self._released:
+                self._released = True
+                self.client.future_table.release(self.key, self.state)
         except Exception:
             pass
 
@@ -560,7 +588,9 @@ def futures_of(obj: Any) -> list[Future]:
 
 def collect_futures(x: Any, out: list) -> None:
     """Append the futures inside ``x`` (containers walked) to ``out``."""
-    if isinstance(x, Future):
+    if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+        out += x
+    elif isinstance(x, Future):
         out.append(x)
     elif isinstance(x, (list, tuple, set, frozenset)):
         for i in x:
@@ -577,6 +607,10 @@ def pack_futures(x: Any, values: dict, errors: str) -> Any:
     if isinstance(x, Future):
         return values.get(x.key)
     if isinstance(x, list):
+        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+            keys = map(attrgetter("key"), x)
+            return list(map(values.get, keys)) if errors == "raise" else \
+                [values[k] for k in keys if k in values]
         return [pack_futures(i, values, errors) for i in x
                 if errors == "raise" or not isinstance(i, Future) or i.key in values]
     if isinstance(x, tuple):

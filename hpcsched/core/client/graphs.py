@@ -18,6 +18,7 @@ hear of their release before it hears of the task that needs them.
 from __future__ import annotations
 
 import hashlib
+import pickle
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -228,9 +229,11 @@ class Submitter:
             _, deps = unpack_futures(((), kwargs), table)
             if deps:
                 return None
+        scalars = not kwargs  # every argument a scalar: pickled as it is (no cloudpickle)
         for args in items:
             for a in args:
                 if type(a) not in SCALARS:
+                    scalars = False
                     _, deps = unpack_futures((args, kwargs), table)
                     if deps:
                         return None
@@ -251,7 +254,8 @@ class Submitter:
             # else: the map was sent and partly released; a new prefix, never reused
             self.pure_maps[pure_prefix] = prefix
         futures: list[Future] = []
-        client_id, send, dumps = self.conn.client_id, self.conn.send, dumps_object
+        client_id, send = self.conn.client_id, self.conn.send
+        dumps = partial(pickle.dumps, protocol=5) if scalars else dumps_object
         with gc_paused(n):
             # block by block, so that the workers start on the first while the rest is
             # pickled; each block's futures exist before its results can be reported

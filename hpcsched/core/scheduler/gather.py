@@ -43,17 +43,8 @@ class Gathers:
 
     def start(self, request_id: str, requester: str, keys: list) -> None:
         """Ask the holders of ``keys`` for their values; ``requester`` hears one reply."""
-        per_worker: dict[str, list] = {}
-        g = self.pending[request_id] = Gather(requester)
-        for key in keys:
-            holders = self.scheduler.state.holders(key)
-            if not holders:
-                g.missing.append(key)
-                continue
-            if len(holders) > 1:
-                holders.sort(key=lambda ws: ws.address)
-            ws = holders[hash(key) % len(holders)] if len(holders) > 1 else holders[0]
-            per_worker.setdefault(ws.address, []).append(key)
+        per_worker, missing = self.scheduler.state.holders_of(keys)
+        g = self.pending[request_id] = Gather(requester, missing=missing)
         for worker, wkeys in per_worker.items():
             sub = f"{request_id}/{next(self._ids)}"
             g.subs.add(sub)

@@ -50,6 +50,8 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
+from itertools import compress
+from operator import sub
 from typing import Any
 
 from hpcsched.core.graph.dsk import key_split
@@ -83,6 +85,9 @@ STEAL_MIN_SECONDS = 0.01
 #: elements of a map's runs given to a worker past which they are compacted to those it
 #: still runs or holds (at least; see :class:`Given`)
 COMPACT_AT = 1024
+#: keys in a release or a gather from which they are checked for being one run of a
+#: map's elements (below, looking each up costs as little)
+RUN_MIN = 64
 
 
 def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
@@ -298,20 +303,70 @@ class BulkMaps:
             self.pending.sort(key=lambda b: b.priority)
         self.fill_all()
 
-    def release(self, key: Key, client: str) -> bool:
-        """``client`` dropped its future of ``key``: True if ``key`` is an element held
-        here (it is forgotten), False if the caller should look for a task."""
-        found = self._element(key)
-        if found is None:
-            return False
-        m, i = found
-        if m.state[i] == PROMOTED:
-            return False  # a task of its own now: released as one
-        if m.client != client:
-            return True
-        self._forget(m, i)
-        self._maybe_drop(m)
-        return True  # the caller calls flush_frees once done
+    def release(self, keys: list, client: str) -> list:
+        """``client`` dropped its futures of ``keys``: the elements held here among them
+        are forgotten (their results' holders hear it at :meth:`flush_frees`); returns the
+        other keys, which the caller releases as tasks (promoted elements among them).
+
+        One pass over the keys, with no call per element: a client drops a map's futures
+        together, and each is released."""
+        run = self._run(keys) if self.maps else None
+        if run is not None and run[0].client == client:
+            m, lo, hi, ordered = run
+            n = hi - lo
+            if m.state.count(MEMORY, lo, hi) == n:  # the common case: all in memory
+                slot_ws = self.slot_ws
+                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
+                    ws = slot_ws[w]
+                    if ws is not None:
+                        self._frees.setdefault(ws.address, []).extend(wkeys)
+                m.state[lo:hi] = bytes([FORGOTTEN]) * n
+                m.where[lo:hi] = array("i", [-1]) * n
+                m.n_live -= n
+                self._maybe_drop(m)
+                return []
+        rest: list = []
+        touched: dict[BulkMap, None] = {}
+        frees: dict[int, list] = {}
+        for m, found in self.split(keys, rest).items():
+            touched[m] = None
+            state, where = m.state, m.where
+            if m.client != client:  # not its map: nothing of it to release
+                for key, i in found:
+                    if state[i] == PROMOTED:
+                        rest.append(key)
+                continue
+            live = orphans = 0
+            for key, i in found:
+                st = state[i]
+                if st == MEMORY:
+                    state[i] = FORGOTTEN
+                    live += 1
+                    w = where[i]
+                    where[i] = -1
+                    got = frees.get(w)
+                    if got is None:
+                        got = frees[w] = []
+                    got.append(key)
+                elif st == PROCESSING:  # its worker's report is due; the result is freed then
+                    state[i] = FORGOTTEN
+                    live += 1
+                    orphans += 1
+                elif st == QUEUED:
+                    state[i] = FORGOTTEN
+                    live += 1
+                elif st == PROMOTED:  # a task of its own now: released as one
+                    rest.append(key)
+            m.n_live -= live
+            m.n_orphans += orphans
+        slot_ws = self.slot_ws
+        for w, wkeys in frees.items():
+            ws = slot_ws[w]
+            if ws is not None:  # one free-keys per worker: flush_frees
+                self._frees.setdefault(ws.address, []).extend(wkeys)
+        for m in touched:
+            self._maybe_drop(m)
+        return rest
 
     def _forget(self, m: BulkMap, i: int) -> None:
         st = m.state[i]
@@ -364,16 +419,86 @@ class BulkMaps:
                 self.maps.get(last.prefix) is last:
             tail = key[len(last.prefix):]
         m: BulkMap | None = last
-        if m is None or not tail.isdigit():  # digits after the prefix: its key; else look it up
+        # digits after the prefix: its key; else look it up
+        if m is None or not (tail.isdigit() and tail.isascii()):
             head, _, tail = key.rpartition("-")
             m = self.maps.get(head + "-")
-            if m is None or not tail.isdigit():
+            if m is None or not (tail.isdigit() and tail.isascii()):
                 return None
             self._last = m
         i = int(tail)
         if i >= len(m.state) or str(i) != tail:
             return None
         return m, i
+
+    def _run(self, keys: list) -> tuple[BulkMap, int, int, list] | None:
+        """``(map, lo, hi, keys ascending)`` if ``keys`` are elements ``lo .. hi-1`` of one map,
+        each once, in ascending or descending order (a part of a gather; a map's futures
+        dropped together, which a list drops last first); None otherwise. Checked with no
+        call per key: the keys such a run would have are made and compared at once."""
+        n = len(keys)
+        if n < RUN_MIN:
+            return None
+        first, last = self._element(keys[0]), self._element(keys[-1])
+        if first is None or last is None or first[0] is not last[0]:
+            return None
+        m, a = first
+        b = last[1]
+        if b - a == n - 1:
+            lo, hi, ordered = a, b + 1, keys
+        elif a - b == n - 1:
+            lo, hi, ordered = b, a + 1, keys[::-1]
+        else:
+            return None
+        prefix = m.prefix
+        if ordered != [prefix + s for s in map(str, range(lo, hi))]:
+            return None
+        return m, lo, hi, ordered
+
+    def _by_slot(self, where: array, lo: int, hi: int, ordered: list) -> dict[int, list]:
+        """The keys ``ordered`` of elements ``lo .. hi-1`` grouped by their ``where``."""
+        seg = where[lo:hi]
+        slots = set(seg)
+        if len(slots) == 1:
+            return {slots.pop(): list(ordered)}
+        return {w: list(compress(ordered, map(w.__eq__, seg))) for w in slots}
+
+    def split(self, keys: list, rest: list) -> dict[BulkMap, list[tuple[Key, int]]]:
+        """The elements held here among ``keys``, as ``(key, index)`` per map, in the order
+        of ``keys``; the other keys are appended to ``rest``. What :meth:`_element` does
+        for one key, for many, with no call per key (the keys of one map come in runs)."""
+        out: dict[BulkMap, list[tuple[Key, int]]] = {}
+        maps = self.maps
+        if not maps:
+            rest.extend(keys)
+            return out
+        m: BulkMap | None = None
+        prefix = ""
+        cut = size = 0
+        found: list = []
+        for key in keys:
+            if type(key) is not str:
+                rest.append(key)
+                continue
+            tail = key[cut:]
+            if m is None or not key.startswith(prefix) or not tail.isdigit() \
+                    or not tail.isascii():
+                head, _, tail = key.rpartition("-")
+                got = maps.get(head + "-")
+                if got is None or not tail.isdigit() or not tail.isascii():
+                    rest.append(key)
+                    continue
+                m, prefix = got, got.prefix
+                cut, size = len(prefix), len(got.state)
+                found = out.get(m)  # type: ignore[assignment]
+                if found is None:
+                    found = out[m] = []
+            i = int(tail)
+            if i >= size or (tail[0] == "0" and len(tail) > 1):  # "07" names no element
+                rest.append(key)
+                continue
+            found.append((key, i))
+        return out
 
     def holders(self, key: Key) -> list[WorkerInfo] | None:
         """The worker holding element ``key``'s result; [] if it is not in memory; None if
@@ -386,6 +511,49 @@ class BulkMaps:
             return [] if m.state[i] < PROMOTED else None
         ws = self.slot_ws[m.where[i]]
         return [ws] if ws is not None else []
+
+    def holders_of(self, keys: list, rest: list) -> tuple[dict[str, list], list]:
+        """The elements held here among ``keys``: ``({worker address: keys whose result it
+        holds}, keys of elements whose result no worker holds)``; other keys (tasks,
+        promoted elements) are appended to ``rest``. One pass, no call per key."""
+        run = self._run(keys)
+        if run is not None:
+            m, lo, hi, ordered = run
+            if m.state.count(MEMORY, lo, hi) == hi - lo:  # the common case: all in memory
+                out: dict[str, list] = {}
+                missing: list = []
+                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
+                    ws = self.slot_ws[w]
+                    if ws is None:
+                        missing += wkeys
+                    else:
+                        out.setdefault(ws.address, []).extend(wkeys)
+                return out, missing
+        held: dict[int, list] = {}
+        missing = []
+        for m, found in self.split(keys, rest).items():
+            state, where = m.state, m.where
+            for key, i in found:
+                st = state[i]
+                if st == MEMORY:
+                    w = where[i]
+                    got = held.get(w)
+                    if got is None:
+                        got = held[w] = []
+                    got.append(key)
+                elif st < PROMOTED:
+                    missing.append(key)
+                else:
+                    rest.append(key)
+        out = {}
+        slot_ws = self.slot_ws
+        for w, wkeys in held.items():
+            ws = slot_ws[w]
+            if ws is None:
+                missing.extend(wkeys)
+            else:
+                out.setdefault(ws.address, []).extend(wkeys)
+        return out, missing
 
     def resolve(self, key: Key) -> TaskState | None:
         """Element ``key`` as a task of its own (see the module docstring), or None."""
@@ -610,9 +778,11 @@ class BulkMaps:
         it in one message; their group's durations count them; a recorder (dashboard)
         sees each."""
         indices, types, starts, stops = e.indices, e.types, e.starts, e.stops
-        self.out.send(m.client, MapInMemory(m.prefix, [indices[j] for j in done],
-                                            [types[j] for j in done]))
-        spent = sum(max(stops[j] - starts[j], 0.0) for j in done)
+        if len(done) < len(indices):
+            indices, types = [indices[j] for j in done], [types[j] for j in done]
+            starts, stops = [starts[j] for j in done], [stops[j] for j in done]
+        self.out.send(m.client, MapInMemory(m.prefix, list(indices), list(types)))
+        spent = sum([d for d in map(sub, stops, starts) if d > 0.0])
         tg = self.graph.groups.get(m.group)
         if tg is not None:
             tg.duration_total += spent
@@ -622,9 +792,10 @@ class BulkMaps:
         self.element_time[ws.address] = mean if before is None else (before + mean) / 2
         recorder = self.out.recorder
         if recorder is not None:
-            recorder.elements_finished(m.group, ws, [m.prefix + str(indices[j]) for j in done],
-                                       [starts[j] for j in done], [stops[j] for j in done],
-                                       [e.nbytes[j] for j in done])
+            prefix = m.prefix
+            nbytes = e.nbytes if len(done) == len(e.nbytes) else [e.nbytes[j] for j in done]
+            recorder.elements_finished(m.group, ws, [prefix + str(i) for i in indices],
+                                       starts, stops, nbytes)
 
     def worker_left(self, ws: WorkerInfo) -> int:
         """``ws`` left: its unfinished elements, and the results only it held, go back to

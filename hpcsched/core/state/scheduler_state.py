@@ -149,7 +149,7 @@ class SchedulerState:
     def _client_releases(self, e: ev.ClientReleasesKeys) -> None:
         bulk = self.bulk
         if bulk.maps:
-            keys = [k for k in e.keys if not bulk.release(k, e.client)]
+            keys = bulk.release(e.keys, e.client)
             bulk.flush_frees()
             if len(keys) != len(e.keys):
                 e = replace(e, keys=keys)
@@ -210,6 +210,32 @@ class SchedulerState:
     def who_has(self, keys: Iterable[Key]) -> dict[Key, list[str]]:
         """The addresses of the workers holding each of ``keys``."""
         return {k: [ws.address for ws in self.holders(k)] for k in keys}
+
+    def holders_of(self, keys: list) -> tuple[dict[str, list], list]:
+        """``({worker address: those of keys whose result it holds}, keys held nowhere)``:
+        :meth:`holders` of many keys, one holder each (of several, chosen by the key's
+        hash, so that repeated gathers spread over replicas); bulk maps' elements
+        found in one pass (:meth:`.bulk.BulkMaps.holders_of`)."""
+        rest: list = []
+        if self.bulk.maps:
+            per_worker, missing = self.bulk.holders_of(keys, rest)
+        else:
+            per_worker, missing, rest = {}, [], keys
+        for key in rest:
+            holders = self.holders(key)
+            if not holders:
+                missing.append(key)
+                continue
+            if len(holders) > 1:
+                holders.sort(key=lambda ws: ws.address)
+                ws = holders[hash(key) % len(holders)]
+            else:
+                ws = holders[0]
+            got = per_worker.get(ws.address)
+            if got is None:
+                got = per_worker[ws.address] = []
+            got.append(key)
+        return per_worker, missing
 
     def holders(self, key: Key) -> list[WorkerInfo]:
         """The workers holding ``key``'s result (none unless it is in memory); an element

@@ -258,15 +258,22 @@ class WorkerState:
 
     @handlers.on(ev.FreeKeys)
     def _free_keys(self, e: ev.FreeKeys) -> None:
+        elements = []  # of bulk maps: their results are held without a task
         for key in e.keys:
             ts = self.tasks.get(key)
             if ts is None:
-                # an element of a bulk map: its result is held without a task
-                self.data.pop(key, None)
+                elements.append(key)
                 continue
             ts.keep = False
             ts.report_replica = False
             self._release(ts)
+        if elements:
+            discard = getattr(self.data, "discard_many", None)  # a spill buffer: one lock
+            if discard is not None:
+                discard(elements)
+            else:
+                for key in elements:
+                    self.data.pop(key, None)
 
     def _release(self, ts: WTask) -> None:
         """Forget ``ts`` unless a local task still needs it as a dependency."""

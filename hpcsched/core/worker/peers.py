@@ -327,14 +327,16 @@ class PeerTransfers:
         gather relayed for a client), in the loop's next batch to the scheduler."""
         w = self.worker
         data = w.state.data
-        get = data.peek if w.spill_buffer is not None else data.__getitem__
         out: dict = {}
-        missing = []
-        for key in request.keys:
-            try:
-                out[key] = get(key)
-            except KeyError:
-                missing.append(key)
+        missing: list = []
+        if w.spill_buffer is not None:
+            data.peek_many(request.keys, out, missing)
+        else:
+            for key in request.keys:
+                try:
+                    out[key] = data[key]
+                except KeyError:
+                    missing.append(key)
         reply = DataReply(request.request_id, missing)
         errors: dict = {}
         if request.serialized:  # for a relay (the scheduler): one opaque blob for all

@@ -126,6 +126,15 @@ class SpillBuffer(MutableMapping):
         over = False
         with self._lock:
             held, fast = self._nbytes, self._fast
+            if keys and len(keys) == len(values) == len(nbytes) \
+                    and set(map(type, nbytes)) == {int} and min(nbytes) >= 1:
+                sizes = dict(zip(keys, nbytes, strict=True))
+                if len(sizes) == len(keys) and held.keys().isdisjoint(sizes):
+                    # the common case, in C loops: new keys, each once, sizes as they should be
+                    held.update(sizes)
+                    fast.update(zip(keys, values, strict=True))
+                    self._fast_bytes += sum(nbytes)
+                    keys = values = nbytes = []
             for key, value, size in zip(keys, values, nbytes, strict=True):
                 n = max(int(size), 1)
                 if key in held:
@@ -162,6 +171,41 @@ class SpillBuffer(MutableMapping):
             value = self._read_file(key, gen)
             if value is not _MISSING:
                 return value
+
+    def discard_many(self, keys: list) -> None:
+        """Forget each of ``keys`` held here (others are ignored), under one lock: a bulk
+        map's results are freed by the thousand."""
+        with self._lock:
+            fast, held = self._fast, self._nbytes
+            freed = 0
+            for key in keys:
+                if key in fast:
+                    del fast[key]
+                    freed += held.pop(key)
+                else:
+                    self._drop(key)
+            self._fast_bytes -= freed
+
+    def peek_many(self, keys: list, out: dict, missing: list) -> None:
+        """:meth:`peek` of each of ``keys`` into ``out`` (those held nowhere appended to
+        ``missing``): those in memory under one lock, with no call per key (a bulk map's
+        results are served by the thousand)."""
+        fast, writing = self._fast, self._writing
+        rest = []
+        with self._lock:
+            for key in keys:
+                value = fast.get(key, _MISSING)
+                if value is _MISSING:
+                    value = writing.get(key, _MISSING)
+                    if value is _MISSING:
+                        rest.append(key)
+                        continue
+                out[key] = value
+        for key in rest:
+            try:
+                out[key] = self.peek(key)
+            except KeyError:
+                missing.append(key)
 
     def evict(self, nbytes: int) -> int:
         """Spill least recently used results until ``nbytes`` went to disk (or none is

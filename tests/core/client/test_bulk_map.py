@@ -105,6 +105,8 @@ def test_a_large_gather_comes_in_parts_in_the_right_order(c):
                                                        if i != GATHER_PART + 3]
     with pytest.raises(ValueError, match=f"element {GATHER_PART + 3} is bad"):
         c.gather(fs, timeout=60)
+    # the first part was asked for before the second's error was seen: not waited for now
+    assert not c.scheduler_comm._requests
     assert c.gather({"a": fs[-1], "b": [fs[0], fs[GATHER_PART]]}, timeout=60) == {
         "a": n - 1, "b": [0, GATHER_PART]}
 

@@ -40,7 +40,9 @@ def test_a_given_state_is_used_and_counted_but_not_stored():
     mine = FutureState()
     assert table.acquire("y", mine) is mine
     assert "y" not in table.states
-    table.release("y")
+    table.release("y")  # names the key's state, which is not the given one: ignored
+    assert sent == []
+    table.release("y", mine)  # a future releases its own state
     assert [encode(m) for m in sent] == [{"op": "client-releases-keys", "keys": ["y"]}]
 
 

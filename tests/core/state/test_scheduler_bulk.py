@@ -10,11 +10,13 @@ from __future__ import annotations
 import time
 import tracemalloc
 from typing import Any
+from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
 from hypothesis.stateful import rule
 
+import hpcsched.core.state.bulk as bulk_module
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
 from hpcsched.core.state.events import Send
@@ -112,6 +114,74 @@ def test_the_whole_map_completes_and_released_elements_are_freed():
     freed = [k for m in out if m.msg.op == "free-keys" for k in m.msg.keys]
     assert sorted(freed) == sorted(f"m-a-{i}" for i in range(50))
     assert not s.bulk.maps and not s.tasks
+
+
+@pytest.mark.timeout(30)
+def test_one_release_sorts_elements_tasks_and_keys_that_name_no_element():
+    """One client-releases-keys of a whole map's worth of keys is handled in one pass:
+    its elements in memory are freed on their worker, those running are forgotten when
+    reported, a promoted element is released as the task it is, another client's element
+    is left alone, and keys that only look like elements ("m-a-07", "m-a-²", past
+    the end) name none (they reach the task release, which ignores them)."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 10)
+    new_map(s, 4, prefix="m-b-", client="d")
+    given = [i for _, idx in ranges(out) for i in idx if _ == A]
+    assert given[:4] == [0, 1, 2, 3]
+    step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))
+    assert s.tasks["m-a-3"].state == "erred"  # promoted: a task of its own
+    finish(s, A, [0, 1])
+    assert s.holders_of(["m-a-0", "m-a-07", "m-a-2", "m-a-3", "x-1"]) == \
+        ({A: ["m-a-0"]}, ["m-a-2", "m-a-07", "x-1", "m-a-3"])  # the erred task: nowhere
+    out = step(s, ev.ClientReleasesKeys("c", [
+        "m-a-0", "m-a-07", "m-a-²", "m-a-99", "m-a-", "m-a-3", "m-b-1", "x-1",
+        "m-a-2", "m-a-1", "m-a-9"]))
+    freed = [k for m in out if m.msg.op == "free-keys" and m.to == A for k in m.msg.keys]
+    assert sorted(freed) == ["m-a-0", "m-a-1"]
+    assert "m-a-3" not in s.tasks  # released as a task: forgotten
+    assert s.holders_of(["m-a-0", "m-a-1"]) == ({}, ["m-a-0", "m-a-1"])  # gone
+    m_b = s.bulk.maps["m-b-"]
+    assert m_b.n_live == 4  # another client's: untouched
+    out = finish(s, A, [2])  # forgotten while it ran on A: freed once reported
+    assert [k for m in out if m.msg.op == "free-keys" for k in m.msg.keys] == \
+        ["m-a-2"]
+    assert not [m for m in out if m.msg.op == "map-in-memory"]
+
+
+@pytest.mark.timeout(30)
+def test_a_run_of_elements_is_gathered_and_released_as_a_run():
+    """A gather's part and a dropped list of futures name a run of one map's elements
+    (ascending; a list drops its items last first: descending). Such a run is answered
+    from the map's arrays at once: each worker is asked for, or told to free, exactly
+    the elements it holds; a run with one element not in memory is looked at key by key
+    (that element is missing, or forgotten until its worker reports it)."""
+    s = SchedulerState()
+    out, _ = map_on_a_and_b(s, 200)
+    every = list(out)
+    for w in (A, B):
+        every += run_all(s, w, out)[1]
+    on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
+              for i in m.msg.indices} for w in (A, B)}
+    assert on[A] and on[B] and on[A] | on[B] == set(range(200))
+    keys = [f"m-a-{i}" for i in range(200)]
+    held, missing = s.holders_of(keys[10:150])
+    assert not missing and set(held) == {A, B}
+    assert {w: set(k) for w, k in held.items()} == \
+        {w: {f"m-a-{i}" for i in on[w] if 10 <= i < 150} for w in (A, B)}
+    assert s.holders_of(keys[10:150][::-1]) == (held, [])  # descending: the same answer
+    # element 120 becomes a task (it is lost on its worker and runs again)
+    where = A if 120 in on[A] else B
+    step(s, ev.MissingData("c", "m-a-120", where))
+    assert s.holders_of(keys[100:140])[1] == ["m-a-120"]
+    out = step(s, ev.ClientReleasesKeys("c", keys[:100][::-1]))
+    freed = {w: {k for m in out if m.to == w and m.msg.op == "free-keys" for k in m.msg.keys}
+             for w in (A, B)}
+    assert freed == {w: {f"m-a-{i}" for i in on[w] if i < 100} for w in (A, B)}
+    out = step(s, ev.ClientReleasesKeys("c", keys[100:][::-1]))
+    freed = {k for m in out if m.msg.op == "free-keys" for k in m.msg.keys}
+    assert freed >= {f"m-a-{i}" for i in range(100, 200) if i != 120}
+    assert not s.bulk.maps or s.bulk.maps["m-a-"].n_live == 0
 
 
 def test_a_failing_element_becomes_a_task_and_is_retried_alone():
@@ -609,6 +679,19 @@ class BulkMapStory(SchedulerStory):
                                          types=["int"], starts=[1.0], stops=[1.1],
                                          now=self.tick()))
 
+    @rule()
+    def finish_all_given(self) -> None:
+        """Every worker reports every element given to it, one report per map."""
+        by: dict[tuple[str, str], list[int]] = {}
+        for worker, prefix, index in self.given:
+            by.setdefault((worker, prefix), []).append(index)
+        self.given = []
+        for (worker, prefix), indices in by.items():
+            n = len(indices)
+            self.record(ev.RangeFinished(worker, prefix=prefix, indices=indices, nbytes=[8] * n,
+                                         types=["int"] * n, starts=[1.0] * n,
+                                         stops=[1.1] * n, now=self.tick()))
+
     @rule(i=st.integers(0, 10_000))
     def element_fails(self, i: int) -> None:
         if not self.given:
@@ -655,6 +738,28 @@ class BulkMapStory(SchedulerStory):
     @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
     def add_worker_with_ranges(self, worker: str) -> None:
         self.record(ev.AddWorker(worker, 1, now=self.tick()))
+
+    @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
+          lo=st.integers(0, 8), n=st.integers(2, 8), descending=st.booleans())
+    def release_run(self, client: str, which: str, lo: int, n: int, descending: bool) -> None:
+        """A client gathers, then drops, many futures of a map at once (a list drops its
+        items last first). Runs are looked up from the map's arrays from two keys on
+        (RUN_MIN, lowered for this story): the answer is each key's own."""
+        m = self.s.bulk.maps.get(which)
+        if m is not None and len(m.state) >= 2:  # mostly a run inside the map
+            lo %= len(m.state) - 1
+            n = min(n, len(m.state) - lo)
+        keys = [f"{which}{i}" for i in range(lo, lo + n)]
+        if descending:
+            keys.reverse()
+        with patch.object(bulk_module, "RUN_MIN", 2):
+            held, missing = self.s.holders_of(keys)
+            placed = {k: w for w, ks in held.items() for k in ks}
+            assert len(placed) + len(missing) == n
+            for k in keys:
+                holders = {ws.address for ws in self.s.holders(k)}
+                assert placed.get(k) in holders if holders else k in missing, k
+            self.record(ev.ClientReleasesKeys(client, keys, now=self.tick()))
 
 
 BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings

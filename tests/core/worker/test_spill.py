@@ -64,6 +64,26 @@ def test_pop_reads_a_spilled_result_without_loading_it_back(buffer):
     assert buffer.memory_bytes == 100 and len(buffer) == 1 and list(buffer) == ["c"]
 
 
+@pytest.mark.timeout(30)
+def test_many_results_are_served_and_dropped_at_once_wherever_they_are(buffer):
+    """peek_many and discard_many (a bulk map's results: many keys, one lock) do what peek
+    and del do key by key: a spilled result is read without being loaded back, and
+    dropped with its file; an absent key is missing, or ignored. store_many stores as
+    store does key by key, also a key stored already or twice."""
+    buffer.store_many(["a", "b", "c"], [b"a", b"b", b"c"], [100, 100, 100])
+    assert buffer.spilled == {"a"} and buffer.memory_bytes == 200
+    out: dict = {}
+    missing: list = []
+    buffer.peek_many(["c", "a", "zz", "b"], out, missing)
+    assert out == {"c": b"c", "a": b"a", "b": b"b"} and missing == ["zz"]
+    assert buffer.spilled == {"a"} and buffer.unspill_count == 0
+    buffer.discard_many(["a", "b", "zz"])
+    assert list(buffer) == ["c"] and files(buffer) == [] and buffer.spilled == set()
+    assert buffer.memory_bytes == 100 and buffer.disk_bytes == 0
+    buffer.store_many(["c", "d", "d"], [b"C", b"x", b"d"], [50, 0, 60])
+    assert buffer["c"] == b"C" and buffer["d"] == b"d" and buffer.memory_bytes == 110
+
+
 def test_mapping_interface_measures_what_it_is_given(buffer):
     buffer["a"] = b"x" * 1000  # sizeof > target: on disk at once
     assert buffer.spilled == {"a"} and buffer.disk_bytes >= 1000
