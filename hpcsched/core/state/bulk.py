@@ -14,7 +14,14 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   whenever what it holds of the maps runs low. The size of a range follows guided
   self-scheduling (Polychronopoulos and Kuck, 1987): the unassigned elements over four
   times the cluster's threads, at most :data:`MAX_RANGE`, so that ranges are large while
-  much is left (few messages) and shrink to single elements at the end (balanced);
+  much is left (few messages) and shrink to single elements at the end (balanced); but
+  once the map's elements have a measured time, a range holds at least
+  :data:`RANGE_SECONDS` of work: a thousand workers are not each given a few elements of
+  microseconds (a message each way per few microseconds of work, and results spread
+  over the cluster that later tasks must fetch). While no element of a map has
+  finished, a map that arrives goes to :data:`~.policies.FIRST_WAVE_WORKERS` free
+  workers per event; the others get theirs from the next events (the server's
+  ``FillQueue``), by when the first reports may have measured the elements;
 * a worker reports many finished elements in one ``range-finished``; the client hears
   them in one ``map-in-memory``;
 * an element gets its own ``TaskState`` only when it must: when any code of the
@@ -65,6 +72,7 @@ from hpcsched.core.protocol.messages import (
 )
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
+from hpcsched.core.state.policies import FIRST_WAVE_WORKERS
 from hpcsched.core.state.registry import WorkerRegistry
 from hpcsched.core.state.tasks import TaskGraph
 
@@ -79,6 +87,10 @@ MAX_RANGE = 4096
 #: ranges per thread of the cluster the unassigned elements are cut into (guided
 #: self-scheduling's divisor)
 RANGES_PER_THREAD = 4
+#: seconds of work a range holds at least once its map's elements have a measured time
+#: (module docstring); the tail it may leave a worker with stays under a round trip's
+#: worth of stealing (STEAL_MIN_SECONDS)
+RANGE_SECONDS = 0.005
 #: seconds of a worker's elements not yet started, at least, that are worth a steal
 #: (a round trip to it costs well under a millisecond)
 STEAL_MIN_SECONDS = 0.01
@@ -157,7 +169,7 @@ class BulkMap:
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
                  "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
-                 "suspicious", "given")
+                 "suspicious", "given", "spent", "n_done")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -180,6 +192,8 @@ class BulkMap:
         # first such worker dies (a map whose workers live pays nothing for it)
         self.suspicious: bytearray | None = None
         self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
+        self.spent = 0.0  # seconds the reported elements took, over n_done of them
+        self.n_done = 0
 
     def extend(self, args: list[bytes]) -> None:
         start, n = len(self.args), len(args)
@@ -269,6 +283,7 @@ class BulkMaps:
         self.quarantined: set[str] = set()
         self.releasing: dict[str, int] = {}  # worker -> release-range requests unanswered
         self.element_time: dict[str, float] = {}  # worker -> seconds per element, recently
+        self.first_wave = False  # hungry workers wait for the rest of a map's first wave
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
         self._fruitless = -1  # the epoch at which a steal round found no worker to steal from
         graph.tasks.resolve = self.resolve
@@ -603,14 +618,44 @@ class BulkMaps:
     def _range_size(self) -> int:
         left = sum(m.unassigned() for m in self.pending)
         threads = max(self.registry.total_nthreads, 1)
-        return max(1, min(MAX_RANGE, left // (threads * RANGES_PER_THREAD)))
+        size = left // (threads * RANGES_PER_THREAD)
+        seconds = self._element_seconds(self.pending[0]) if self.pending else None
+        if seconds is not None:
+            size = max(size, int(RANGE_SECONDS / seconds) if seconds > 0 else MAX_RANGE)
+        return max(1, min(MAX_RANGE, size))
+
+    @staticmethod
+    def _element_seconds(m: BulkMap) -> float | None:
+        """The mean time of ``m``'s elements reported so far; None: none reported yet."""
+        return m.spent / m.n_done if m.n_done else None
 
     def fill_all(self) -> None:
-        """Top up every running worker (a map arrived)."""
+        """Top up every running worker (a map arrived); while none of the first map's
+        elements has finished, :data:`FIRST_WAVE_WORKERS` of them, the others are hungry
+        and get theirs from the next events (:attr:`first_wave`)."""
         if not self.pending:
             return
+        wave = FIRST_WAVE_WORKERS if self._element_seconds(self.pending[0]) is None else 0
+        filled = 0
         for ws in list(self.registry.running()):
+            if wave and filled >= wave:
+                if not self.outstanding.get(ws.address):
+                    self.hungry[ws.address] = ws
+                    self.first_wave = True
+                continue
             self.fill(ws)
+            filled += 1
+
+    @property
+    def fill_pending(self) -> bool:
+        """Hungry workers wait for the next part of a map's first wave (``FillQueue``)."""
+        return self.first_wave and bool(self.pending) and bool(self.hungry)
+
+    def fill_wave(self) -> None:
+        """``FillQueue``: the next free workers of a map's first wave get ranges, all of
+        them once the map's elements have a measured time."""
+        if self.first_wave:
+            self.fill_hungry()
 
     def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
               | ev.TaskStarted) -> None:
@@ -647,8 +692,21 @@ class BulkMaps:
     def fill_hungry(self) -> None:
         """Top up the workers that found the queue empty, while it holds elements (some
         went back to it), those with a thread free first: a worker that had enough then
-        has enough now, and is topped up when it reports."""
+        has enough now, and is topped up when it reports. In a map's first wave (nothing
+        of it measured yet), :data:`FIRST_WAVE_WORKERS` free ones at most."""
         outstanding = self.outstanding
+        if self.first_wave:
+            if self.pending and self._element_seconds(self.pending[0]) is None:
+                wave = [ws for ws in self.hungry.values()
+                        if outstanding.get(ws.address, 0) < ws.nthreads][:FIRST_WAVE_WORKERS]
+                for ws in wave:
+                    if not self.pending:
+                        break
+                    self.fill(ws)
+                if len(wave) < FIRST_WAVE_WORKERS:
+                    self.first_wave = False
+                return
+            self.first_wave = False
         hungry = list(self.hungry.values())
         idle = [ws for ws in hungry if outstanding.get(ws.address, 0) < ws.nthreads]
         for ws in idle + hungry if len(idle) < len(hungry) else idle:
@@ -783,6 +841,8 @@ class BulkMaps:
             starts, stops = [starts[j] for j in done], [stops[j] for j in done]
         self.out.send(m.client, MapInMemory(m.prefix, list(indices), list(types)))
         spent = sum([d for d in map(sub, stops, starts) if d > 0.0])
+        m.spent += spent
+        m.n_done += len(done)
         tg = self.graph.groups.get(m.group)
         if tg is not None:
             tg.duration_total += spent

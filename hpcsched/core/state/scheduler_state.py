@@ -131,7 +131,8 @@ class SchedulerState:
             | frozenset(Maintenance.handlers.table) | frozenset(BulkMaps.handlers.table)
 
     def _fill_queue(self, e: ev.FillQueue) -> None:
-        """Nothing to do: the fill that follows every event is its work."""
+        """The next part of a bulk map's first wave; the queue's fill follows every event."""
+        self.bulk.fill_wave()
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         ws = self.registry.workers.get(e.address)
@@ -197,7 +198,7 @@ class SchedulerState:
         duration is handed out a few workers per event): the server should handle
         :class:`~.events.FillQueue` once this event's messages are out."""
         placement = self.placement
-        return placement.blocks.fill_all and placement.n_queued > 0
+        return (placement.blocks.fill_all and placement.n_queued > 0) or self.bulk.fill_pending
 
     def validate(self) -> None:
         """Check every invariant; raises AssertionError naming the broken one."""

@@ -600,6 +600,8 @@ def test_a_departure_costs_what_the_worker_had_not_the_map():
     for w in range(n_workers):
         s.handle(ev.AddWorker(f"tcp://w{w}", 1))
     out = s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"a"] * n))
+    while s.fill_pending:  # the map's first wave, a few workers per turn of the server
+        out += s.handle(ev.FillQueue())
     for _ in range(3):
         given: dict[str, list[int]] = {}
         for w, idx in ranges(out):
@@ -622,6 +624,51 @@ def test_a_departure_costs_what_the_worker_had_not_the_map():
     assert s.task_counts() == {"queued": n} and not s.tasks
     assert not s.bulk.given_maps and not s.bulk.outstanding and not s.bulk.hungry
     s.validate()
+
+
+def _run_map_on_many(seconds: float, n: int = 5000, n_workers: int = 1000) -> set[str]:
+    """A map of ``n`` elements of ``seconds`` each on ``n_workers`` one-thread workers,
+    driven as the server drives it: each turn, a ``FillQueue`` while ``fill_pending``,
+    and one worker's report of what it was given. The workers given elements."""
+    s = SchedulerState()
+    s.handle(ev.AddClient("c"))
+    for w in range(n_workers):
+        s.handle(ev.AddWorker(f"tcp://w{w}", 1))
+    out = s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"a"] * n))
+    assert len({w for w, _ in ranges(out)}) <= bulk_module.FIRST_WAVE_WORKERS
+    held: dict[str, list[int]] = {}  # given and not reported yet, per worker
+    while True:
+        for w, idx in ranges(out):
+            held.setdefault(w, []).extend(idx)
+        if s.fill_pending:  # the server's next turn: after the messages of this one
+            for w, idx in ranges(s.handle(ev.FillQueue())):
+                held.setdefault(w, []).extend(idx)
+        pending = [w for w, idx in held.items() if idx]
+        if not pending:
+            break
+        w = pending[0]  # one report per turn of the server
+        idx, held[w] = held[w], []
+        k = len(idx)
+        out = s.handle(ev.RangeFinished(w, prefix="m-a-", indices=idx, nbytes=[8] * k,
+                                        types=["int"] * k, starts=[1.0] * k,
+                                        stops=[1.0 + seconds] * k))
+    s.validate()
+    used = set(held)
+    assert s.task_counts() == {"memory": n}
+    return used
+
+
+def test_a_map_of_short_elements_goes_to_a_few_of_many_workers():
+    """1,000 workers, 5,000 elements of 2 us: the first wave goes to 16 workers, whose
+    first report measures the elements; from then on a range holds 5 ms of work, so that
+    a few workers run the map instead of a thousand each running five elements."""
+    assert len(_run_map_on_many(2e-6)) <= 2 * bulk_module.FIRST_WAVE_WORKERS
+
+
+def test_a_map_of_long_elements_still_reaches_every_worker():
+    """The same map of one-second elements: the first wave goes on, 16 workers per turn
+    of the server, until every worker has elements."""
+    assert len(_run_map_on_many(1.0)) == 1000
 
 
 # ------------------------------------------------------------------ random events
