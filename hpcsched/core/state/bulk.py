@@ -28,7 +28,11 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   scheduler looks its key up (:class:`~.model.TaskTable` asks :meth:`BulkMaps.resolve`)
   because it failed, is a dependency of a new task, is cancelled, retried or lost its
   result's holder. From then on it is an ordinary task (its run spec is the map's
-  function and its arguments) and the map forgets it ("promoted");
+  function and its arguments) and the map forgets it ("promoted"). A queued element
+  promoted stays in the queue, its task waiting ("held") until a range with it goes to
+  a worker, which runs it with its neighbours: the additions of a tree reduction
+  submitted over a map's futures find both inputs on one worker, where elements taken
+  out to run alone, one per free worker, would spread them over the cluster;
 * a worker that leaves takes its unfinished elements and the results only it held
   back to the queue (their clients hear ``lost-data`` of the results); the map keeps,
   per worker, the runs of elements given to it (:class:`Given`), so that a departure
@@ -169,7 +173,7 @@ class BulkMap:
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
                  "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
-                 "suspicious", "given", "spent", "n_done")
+                 "suspicious", "given", "spent", "n_done", "held")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -194,6 +198,9 @@ class BulkMap:
         self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
         self.spent = 0.0  # seconds the reported elements took, over n_done of them
         self.n_done = 0
+        # queued elements made tasks that still run in a range (BulkMaps.resolve): index ->
+        # its task, which waits until a range with it is given to a worker
+        self.held: dict[int, TaskState] = {}
 
     def extend(self, args: list[bytes]) -> None:
         start, n = len(self.args), len(args)
@@ -269,6 +276,7 @@ class BulkMaps:
         self.slot_ws: list[WorkerInfo | None] = []
         self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
+        self.unheld: list[TaskState] = []  # held tasks whose map is gone: ready to place
         self._last: BulkMap | None = None  # the map of the last key looked up
         self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
         # worker slot -> the maps with elements given to it (their Given runs)
@@ -405,7 +413,8 @@ class BulkMaps:
             self.out.send(address, FreeKeys(keys))
 
     def _maybe_drop(self, m: BulkMap) -> None:
-        if m.n_live == 0 and m.n_orphans == 0 and self.maps.get(m.prefix) is m:
+        # held tasks keep their map: their ranges are still to give (_assign)
+        if m.n_live == 0 and m.n_orphans == 0 and not m.held and self.maps.get(m.prefix) is m:
             if PROMOTED in m.state:  # their keys are tasks' (a client never reuses a prefix)
                 self.spent.add(m.prefix)
             for slot in m.given:
@@ -421,6 +430,7 @@ class BulkMaps:
         for m in [m for m in self.maps.values() if m.client == client]:
             for i in range(len(m.state)):
                 self._forget(m, i)
+            self._unhold(m)
             self._maybe_drop(m)
         self.flush_frees()
 
@@ -570,8 +580,12 @@ class BulkMaps:
                 out.setdefault(ws.address, []).extend(wkeys)
         return out, missing
 
-    def resolve(self, key: Key) -> TaskState | None:
-        """Element ``key`` as a task of its own (see the module docstring), or None."""
+    def resolve(self, key: Key, alone: bool = False) -> TaskState | None:
+        """Element ``key`` as a task of its own (see the module docstring), or None. A
+        queued element stays in the queue, its task held in ``waiting`` until a range with
+        it goes to a worker (:meth:`_assign`), so that a task combining neighbouring
+        elements finds them on one worker; ``alone``: it leaves the queue and runs as any
+        task (a suspect of a worker's death)."""
         found = self._element(key)
         if found is None:
             return None
@@ -599,6 +613,9 @@ class BulkMaps:
             graph.add_replica(ts, ws, m.nbytes[i])
             graph.transition(ts, "memory")
         else:
+            if st == QUEUED and not alone:
+                m.held[i] = ts  # still in m.free: given to a worker with its range
+                graph.held.add(ts)
             self.promoted.append(ts)  # released and wanted: to waiting after the event
         self._maybe_drop(m)
         return ts
@@ -606,6 +623,20 @@ class BulkMaps:
     def take_promoted(self) -> list[TaskState]:
         out, self.promoted = self.promoted, []
         return out
+
+    def take_unheld(self) -> list[TaskState]:
+        out, self.unheld = self.unheld, []
+        return out
+
+    def _unhold(self, m: BulkMap) -> None:
+        """``m`` is done with but for its held tasks (every other element is gone): they
+        leave its queue and run as any task (after the event: :attr:`unheld`)."""
+        tasks, held = self.graph.tasks, self.graph.held
+        for ts in m.held.values():
+            held.discard(ts)
+            if dict.get(tasks, ts.key) is ts and ts.state == "waiting":
+                self.unheld.append(ts)
+        m.held.clear()
 
     # ================================================================ workers
     def _slot(self, ws: WorkerInfo) -> int:
@@ -725,18 +756,23 @@ class BulkMaps:
             self.hungry.pop(address, None)
             return
         have = self.outstanding.get(address, 0)
+        given = 0  # held tasks among them count here, but not in outstanding
         while self.pending:
             size = self._range_size()
-            if have >= 2 * size * ws.nthreads:
+            if have + given >= 2 * size * ws.nthreads:
                 break
-            have += self._assign(ws, size)
+            n, sent = self._assign(ws, size)
+            have += n
+            given += sent - n
         self.outstanding[address] = have
         if self.pending:
             self.hungry.pop(address, None)
         else:
             self.hungry[address] = ws
 
-    def _assign(self, ws: WorkerInfo, size: int) -> int:
+    def _assign(self, ws: WorkerInfo, size: int) -> tuple[int, int]:
+        """Give ``ws`` the next range of at most ``size`` queued elements; returns (elements
+        it runs for the map, elements sent: those and the held tasks among them)."""
         self._epoch += 1
         m = self.pending[0]
         start, stop = m.take(size)
@@ -760,14 +796,33 @@ class BulkMaps:
             for i in indices:
                 state[i] = PROCESSING
                 m.where[i] = slot
-            args = [m.args[i] for i in indices]
             for a, b in runs(indices):
                 given.add(a, b)
+            n = len(indices)
+            if m.held:
+                tasks = self.graph.tasks
+                for i in range(start, stop):
+                    ts = m.held.pop(i, None) if state[i] == PROMOTED else None
+                    if ts is None:
+                        continue
+                    self.graph.held.discard(ts)
+                    live = ts.state == "waiting" and dict.get(tasks, ts.key) is ts
+                    if not live:
+                        continue  # forgotten, or released and kept for its dependents
+                    # the range runs it; its report is the task's (range_finished)
+                    self.graph.add_to_processing(ts, ws, send=False)
+                    ws.executing.add(ts)
+                    indices.append(i)
+                if len(indices) > n:
+                    indices.sort()
+                if not m.held:
+                    self._maybe_drop(m)
+            args = [m.args[i] for i in indices]
         if given.length > given.limit:
             given.compact(m.where, slot)
         if indices:
             self.out.send(ws.address, ComputeRange(m.prefix, m.function, indices, args))
-        return len(indices)
+        return n, len(indices)
 
     @handlers.on(ev.RangeFinished)
     def range_finished(self, e: ev.RangeFinished) -> None:
@@ -808,6 +863,9 @@ class BulkMaps:
                     finished += 1
                 elif st == PROMOTED:
                     stray.append(j)
+                    if e.stops[j] > e.starts[j]:  # it measures the map's elements too
+                        m.spent += e.stops[j] - e.starts[j]
+                    m.n_done += 1
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
@@ -912,7 +970,7 @@ class BulkMaps:
                     self.pending.sort(key=lambda b: b.priority)
             self._maybe_drop(m)
         for m, i in suspects:
-            ts = self.resolve(m.prefix + str(i))  # queued: promoted, to run alone
+            ts = self.resolve(m.prefix + str(i), alone=True)  # queued: a task, run alone
             if ts is not None:  # the deaths in a range count once: which one did it is unknown
                 ts.suspicious = 1
                 ts.erred_on += (ws.address,)

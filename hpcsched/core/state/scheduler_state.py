@@ -173,6 +173,8 @@ class SchedulerState:
             graph = self.graph
             graph.transitions([(ts, "waiting") for ts in bulk.take_promoted()
                                if ts.state == "released" and graph.wanted(ts)])
+        if bulk.unheld:  # held tasks of maps that are gone: placed as any task
+            self.graph.transitions([(ts, "processing") for ts in bulk.take_unheld()])
         if bulk.maps and type(event) in _BULK_AFTER:
             bulk.after(event)
         placement = self.placement

@@ -94,6 +94,9 @@ class TaskGraph:
         self.transition_listener: list[Transition] | None = None
         # while set, tasks recommended to "processing" wait here (see ready_by_priority)
         self.deferred_ready: list[TaskState] | None = None
+        # tasks of queued bulk-map elements: they wait until their range goes to a worker
+        # (BulkMaps.resolve), never placed here
+        self.held: set[TaskState] = set()
         self._table = {pair: fn.__get__(self) for pair, fn in _TRANSITIONS.items()}
 
     # ================================================================ tasks
@@ -197,14 +200,14 @@ class TaskGraph:
             ts.waiting_on.add(dts)
             if dts.state == "released":
                 recs.append((dts, "waiting"))
-        if not ts.waiting_on:
+        if not ts.waiting_on and ts not in self.held:
             recs.append((ts, "processing"))
         return recs
 
     @_on(("waiting", "processing"), ("no-worker", "processing"))
     def _ready(self, ts: TaskState) -> list[Rec]:
         """All dependencies are in memory: processing, queued or no-worker."""
-        if ts.waiting_on:
+        if ts.waiting_on or ts in self.held:
             return []
         placement = self.placement
         ws = placement.decide_worker(ts)
@@ -277,6 +280,7 @@ class TaskGraph:
                 # dependency too, or a later graph with its key would inherit the old error
                 recs.append((dts, "released"))
         del self.tasks[ts.key]
+        self.held.discard(ts)
         ts.group.n_tasks -= 1
         if ts.group.n_tasks <= 0:
             self.groups.pop(ts.group.name, None)
@@ -485,7 +489,7 @@ class TaskGraph:
             else:
                 assert ts.processing_on is None, ts
             if st == "waiting":
-                assert ts.waiting_on, ts
+                assert ts.waiting_on or ts in self.held, ts
                 for dts in ts.waiting_on:
                     assert dts.state != "memory", (ts, dts)
                     assert dts in ts.dependencies

@@ -232,17 +232,90 @@ def test_an_element_is_the_dependency_of_a_later_task():
     assert sorted(reported) == [0, 2, 3]
 
 
-def test_a_queued_element_depended_on_runs_as_a_task():
-    """No worker yet: the element depended on is promoted while queued and waits as a
-    task; the rest of the map waits in the map."""
+def test_a_queued_element_depended_on_waits_for_its_range():
+    """No worker yet: the element depended on becomes a task that waits in the map's
+    queue; the worker that joins gets it in a range with its neighbours, and the
+    dependent runs where it is."""
     s = SchedulerState()
     new_map(s, 4)
     step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-2"]}}, ["z"]))
-    assert s.tasks["m-a-2"].state in ("no-worker", "queued")
+    assert s.tasks["m-a-2"].state == "waiting"
     out = step(s, ev.AddWorker(A, 1))
-    assert any(m.msg.op == "compute-task" and m.msg.key == "m-a-2" for m in out)
-    reported, _ = run_all(s, A, out)
+    reported, every = run_all(s, A, out)
+    assert 2 in [i for _, idx in ranges(every) for i in idx]
+    assert sorted(reported) == [0, 1, 3]  # m-a-2 is reported as a task
+    (compute,) = [m for m in every if m.msg.op == "compute-task"]
+    assert compute.msg.key == "z" and compute.msg.who_has == {"m-a-2": [A]}
+    assert not s.bulk.maps["m-a-"].held and not s.graph.held
+
+
+def test_neighbours_depended_on_run_in_one_range_and_their_dependent_moves_nothing():
+    """A reduction submitted while its map is queued: each pair of neighbouring elements
+    runs in one range, so each addition finds both inputs on its worker."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    step(s, ev.AddWorker(B, 1))
+    step(s, ev.AddClient("c"))
+    out = step(s, ev.UpdateGraph("c", {"x": {"run_spec": "x", "deps": []}}, ["x"]))
+    # A and B are busy: the map and the additions over it are queued
+    out += new_map(s, 40)
+    adds = {f"add-{i}": {"run_spec": "add", "deps": [f"m-a-{i}", f"m-a-{i + 1}"]}
+            for i in range(0, 40, 2)}
+    out += step(s, ev.UpdateGraph("c", adds, list(adds)))
+    assert all(s.tasks[f"m-a-{i}"].state in ("waiting", "processing") for i in range(40))
+    queues = {A: [], B: []}
+    moved = computed = cuts = 0
+    while True:
+        for m in out:
+            if m.msg.op == "compute-range":
+                queues[m.to].append(list(m.msg.indices))
+                cuts += 1
+            elif m.msg.op == "compute-task":
+                computed += 1
+                moved += sum(m.to not in holders for holders in m.msg.who_has.values())
+                queues[m.to].append(m.msg.key)
+        busy = [w for w in (A, B) if queues[w]]
+        if not busy:
+            break
+        out = []
+        for w in busy:
+            item = queues[w].pop(0)
+            if isinstance(item, list):
+                out += finish(s, w, item, seconds=1e-3)
+            else:
+                out += step(s, ev.TaskFinished(w, item, nbytes=28, typename="int",
+                                               start=1.0, stop=1.001))
+    assert computed == 21  # x and the twenty additions: no element ran as a task
+    # only a pair that two ranges cut apart moves one input (as elements run alone as
+    # tasks, about half the additions would)
+    assert moved < cuts <= 10, (moved, cuts)
+    assert all(s.tasks[k].state == "memory" for k in adds)
+
+
+def test_a_held_element_whose_dependent_is_dropped_is_not_run():
+    """The dependent of a queued element is released before any worker comes: the
+    element's task is forgotten, and the map still runs (and reports) the others."""
+    s = SchedulerState()
+    new_map(s, 4)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-2"]}}, ["z"]))
+    step(s, ev.ClientReleasesKeys("c", ["z", "m-a-2"]))
+    assert "m-a-2" not in s.tasks and "z" not in s.tasks
+    out = step(s, ev.AddWorker(A, 1))
+    reported, every = run_all(s, A, out)
+    assert sorted(i for _, idx in ranges(every) for i in idx) == [0, 1, 3]
     assert sorted(reported) == [0, 1, 3]
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-1", "m-a-3"]))
+    assert not s.bulk.maps and not s.graph.held
+
+
+def test_held_elements_of_a_client_that_leaves_are_forgotten():
+    s = SchedulerState()
+    new_map(s, 4)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-2"]}}, ["z"]))
+    step(s, ev.RemoveClient("c"))
+    assert not s.bulk.maps and not s.tasks and not s.graph.held
+    out = step(s, ev.AddWorker(A, 1))
+    assert not ranges(out) and not [m for m in out if m.msg.op == "compute-task"]
 
 
 def test_cancel_of_one_element():
