@@ -101,7 +101,6 @@ from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
-from hpcsched.core.worker.nanny import is_nanny_plugin
 
 logger = logging.getLogger("hpcsched.client")
 
@@ -576,6 +575,8 @@ class Client:
         if nanny and isinstance(plugin, plugins.WorkerPlugin):
             raise ValueError(f"register_worker_plugin(nanny=True): {plugin!r} is a WorkerPlugin")
         if nanny is None:  # as distributed: a NannyPlugin goes to the nannies
+            from hpcsched.core.worker.nanny import is_nanny_plugin  # imported when used
+
             nanny = is_nanny_plugin(plugin)
         return plugins.register_plugin(self.scheduler_comm, plugin, name,
                                        kind="nanny" if nanny else "worker")

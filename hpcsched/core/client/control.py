@@ -21,7 +21,6 @@ from hpcsched.core.client.submission import as_list
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.calls import outcome
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
-from hpcsched.core.worker.nanny import run_in_nanny
 
 if TYPE_CHECKING:
     from hpcsched.core.client.connection import SchedulerConnection
@@ -75,6 +74,8 @@ class ClusterRequests:
             if not callable(function):
                 raise TypeError(f"expected a callable, got {type(function).__name__}")
             call = dumps_object((function, tuple(args), dict(kwargs)))
+            from hpcsched.core.worker.nanny import run_in_nanny  # subprocess: imported when used
+
             function, args, kwargs = run_in_nanny, (call,), {}
         reply = self.conn.request(pc.Run("", wait=bool(wait), workers=as_list(workers),
                                          **_call_fields(function, args, kwargs)), timeout)

@@ -40,7 +40,6 @@ from hpcsched.core.client.control import results
 from hpcsched.core.protocol.calls import outcome
 from hpcsched.core.protocol.messages import RegisterPlugin, SchedulerInfo, UnregisterPlugin
 from hpcsched.core.protocol.serialize import dumps_object
-from hpcsched.core.worker import nanny
 from hpcsched.core.worker.plugins import WorkerPlugin
 
 if TYPE_CHECKING:
@@ -104,6 +103,8 @@ def register_plugin(conn: SchedulerConnection, plugin: Any, name: str | None = N
         idempotent = bool(getattr(plugin, "idempotent", False))
     restart = kind == "nanny" and bool(getattr(plugin, "restart", False))
     if kind == "nanny":  # carried to each worker's nanny by a worker plugin
+        from hpcsched.core.worker import nanny  # subprocess: imported when used
+
         plugin, kind = nanny.NannyRelay(str(name), plugin), "worker"
     reply = conn.request(RegisterPlugin("", kind, str(name), dumps_object(plugin),
                                         bool(idempotent)), 120.0)

@@ -9,7 +9,6 @@ raises ``ValueError`` naming each package whose version differs, and where.
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import sys
 from typing import TYPE_CHECKING, Any
@@ -30,6 +29,8 @@ def version_of(name: str) -> str | None:
     version = getattr(module, "__version__", None) if module is not None else None
     if version is None:
         try:
+            import importlib.metadata  # on the call: its import costs a script's start
+
             version = importlib.metadata.version(name)
         except Exception:  # noqa: BLE001 - not installed (or no metadata): absent
             return None
