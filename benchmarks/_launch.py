@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -83,6 +84,19 @@ def kill_marked(mark: str, *procs: subprocess.Popen) -> None:
             pass
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def end_on_sigterm() -> None:
+    """A SIGTERM to the driver (``timeout``, a batch system's time limit) raises
+    SystemExit in its main thread, so that the sub-run's processes are ended on the way
+    out (:func:`launch`'s ``finally``) rather than left running."""
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
 def launch(cmd: list[str], timeout: float,
            on_line: Callable[[str, str], None] | None = None,
            env: dict[str, str] | None = None,
@@ -95,6 +109,7 @@ def launch(cmd: list[str], timeout: float,
     started (to watch its processes from a thread of the caller's). A non-zero exit raises
     RuntimeError with the end of stderr.
     """
+    end_on_sigterm()
     mark = uuid.uuid4().hex
     full_env = {**os.environ, **(env or {}), MARK: mark,
                 "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
