@@ -31,8 +31,11 @@ workers take many minutes on a small machine).
 
 Every process a measurement starts is ended by it (terminate, then kill).
 dask's workers run with ``memory_limit=0`` (no memory monitor), as
-hpcsched's do by default, so that the worker processes measure the
-scheduler rather than their own polling. Needs ``pip install
+hpcsched's do by default, and without their statistical profiler (a 10 ms
+timer per worker: hundreds of workers sharing one process's event loop would
+spend it on their timers, where on a cluster each has a process of its own),
+so that the worker processes measure the scheduler rather than their own
+polling. Needs ``pip install
 'dask[distributed]'`` for the dask rows.
 """
 
@@ -145,7 +148,8 @@ def measure(system: str, n: int, args) -> dict:
     # dask's workers get ten minutes to connect (its default is 30 s): at 2,000 workers on
     # a small machine they time out before the scheduler has accepted them all
     env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
-               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="600s", PYTHONPATH=path)
+               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="600s",
+               DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED="False", PYTHONPATH=path)
     procs = Processes()
     try:
         if system == "hpcsched":
