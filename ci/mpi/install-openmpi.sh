@@ -12,7 +12,10 @@
 # `pip install --no-binary mpi4py mpi4py` made for another MPI. LDSHARED and LDFLAGS: Python's
 # link command names its own library directory (-L) before the wrapper's, and where the mpich
 # wheel is installed in that Python its libmpi.so is there: -lmpi would find MPICH's library.
-# Open MPI's directories come first instead.
+# Open MPI's directories come first instead. CFLAGS likewise: the compile line names the
+# environment's include directory (-I) before the wrapper's own, and the mpich wheel puts
+# its mpi.h there: a module compiled against MPICH's header but linked with Open MPI's
+# library fails at import (undefined symbol: MPI_UNWEIGHTED). Open MPI's headers come first.
 #
 # Needs root and Debian 12 (openmpi 4.1). Idempotent.
 # Env knobs: BATCH_STATE_DIR (default /var/tmp/hpcsched-batch), PYTHON (the interpreter the
@@ -51,26 +54,31 @@ version=${MPI4PY_VERSION:-$($PY -c 'from importlib.metadata import version; prin
 spec=mpi4py${version:+==$version}
 target=$D/mpi4py-${version:-latest}-py$pyver-openmpi$ompi
 
-# the built module must link Open MPI's library (libmpi.so.40), not MPICH's (.12)
+# the built module must link Open MPI's library (libmpi.so.40), not MPICH's (.12), and load
+# with every symbol resolved (dlopen RTLD_NOW, as ctypes does): a module built against
+# MPICH's header links but names symbols Open MPI does not have
 built() {
     local so
     for so in "$target"/mpi4py/MPI.*.so; do
         # (no grep -q: under pipefail, ldd cut short by its early exit would fail the test)
-        [ -f "$so" ] && ldd "$so" | grep 'libmpi\.so\.40' >/dev/null && return 0
+        [ -f "$so" ] && ldd "$so" | grep 'libmpi\.so\.40' >/dev/null \
+            && $PY -c 'import ctypes, sys; ctypes.CDLL(sys.argv[1])' "$so" 2>/dev/null && return 0
     done
     return 1
 }
 if ! built; then
     log "building $spec against Open MPI $ompi into $target (pip --no-binary, a few minutes)"
     rm -rf "$target" "$target.tmp"
-    ldflags=
+    ldflags= cflags=
     for dir in $($MPICC --showme:libdirs); do ldflags="$ldflags -L$dir"; done
-    MPICC=$MPICC LDSHARED="$MPICC -shared" LDFLAGS=$ldflags \
+    for dir in $($MPICC --showme:incdirs); do cflags="$cflags -I$dir"; done
+    MPICC=$MPICC LDSHARED="$MPICC -shared" LDFLAGS=$ldflags CFLAGS=$cflags \
         $PY -m pip install --verbose --disable-pip-version-check --no-cache-dir \
         --no-binary mpi4py --target "$target.tmp" "$spec" >"$D/log/build.log" 2>&1 \
         || { tail -n 30 "$D/log/build.log" >&2; die "building $spec against Open MPI failed"; }
     mv "$target.tmp" "$target"
-    built || { ldd "$target"/mpi4py/MPI.*.so >&2; die "$target's mpi4py does not link libmpi.so.40"; }
+    built || { ldd "$target"/mpi4py/MPI.*.so >&2
+               die "$target's mpi4py does not link libmpi.so.40 or does not load with it"; }
 fi
 log "OK: Open MPI $ompi (/usr/bin/mpirun.openmpi), $spec built against it in $target"
 echo "$target"
