@@ -277,6 +277,9 @@ class BulkMaps:
         self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
         self.unheld: list[TaskState] = []  # held tasks whose map is gone: ready to place
+        # worker -> tasks a range given to it runs (held tasks, elements promoted while
+        # given): not in outstanding, yet a paused or retiring worker gives them back too
+        self.in_ranges: dict[str, dict[TaskState, None]] = {}
         self._last: BulkMap | None = None  # the map of the last key looked up
         self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
         # worker slot -> the maps with elements given to it (their Given runs)
@@ -608,6 +611,7 @@ class BulkMaps:
             graph.transition(ts, "waiting")
             graph.add_to_processing(ts, ws, send=False)
             ws.executing.add(ts)  # it may be running: blamed if its worker dies
+            self.in_ranges.setdefault(ws.address, {})[ts] = None
         elif st == MEMORY and ws is not None:
             ts.nbytes = m.nbytes[i]
             graph.add_replica(ts, ws, m.nbytes[i])
@@ -812,6 +816,7 @@ class BulkMaps:
                     # the range runs it; its report is the task's (range_finished)
                     self.graph.add_to_processing(ts, ws, send=False)
                     ws.executing.add(ts)
+                    self.in_ranges.setdefault(ws.address, {})[ts] = None
                     indices.append(i)
                 if len(indices) > n:
                     indices.sort()
@@ -877,8 +882,15 @@ class BulkMaps:
             self.out.send(ws.address, FreeKeys(free))
         if finished:
             self.outstanding[ws.address] = self.outstanding.get(ws.address, 0) - finished
+        ranged = self.in_ranges.get(ws.address)
         for j in stray:
+            if ranged:
+                ts = dict.get(self.graph.tasks, e.prefix + str(e.indices[j]))
+                if ts is not None:
+                    ranged.pop(ts, None)
             self.task_finished(self._one(e, j))
+        if ranged is not None and not ranged:
+            del self.in_ranges[ws.address]
         self.fill(ws)
 
     @staticmethod
@@ -935,6 +947,7 @@ class BulkMaps:
         self.hungry.pop(ws.address, None)
         self.releasing.pop(ws.address, None)
         self.element_time.pop(ws.address, None)
+        self.in_ranges.pop(ws.address, None)
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return 0
@@ -982,8 +995,18 @@ class BulkMaps:
 
     # ================================================================ taking elements back
     def release_all(self, ws: WorkerInfo) -> None:
-        """``ws`` gives back every element it has not started (it paused, or retires)."""
+        """``ws`` gives back every element it has not started (it paused, or retires), the
+        tasks its ranges run among them (:attr:`in_ranges`: held, or promoted while given)."""
         have = self.outstanding.get(ws.address, 0)
+        ranged = self.in_ranges.get(ws.address)
+        if ranged:  # the tasks its ranges run, that it has not started, come back too
+            tasks = self.graph.tasks
+            for ts in [ts for ts in ranged if ts.processing_on is not ws
+                       or dict.get(tasks, ts.key) is not ts]:
+                del ranged[ts]
+            have += len(ranged)
+            if not ranged:
+                del self.in_ranges[ws.address]
         if have:
             self._release(ws, have)
 
@@ -1027,7 +1050,8 @@ class BulkMaps:
     def range_released(self, e: ev.RangeReleased) -> None:
         """A worker gave back elements it had not started (``release-range``): they go back
         to the queue, and to the workers that found it empty. An element promoted since it
-        was given (a task now, counted as running there) is placed again as a task."""
+        was given (a task now, counted as running there) is placed again as a task, also when
+        its map is gone meanwhile (every element of it a task, or forgotten)."""
         ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
@@ -1040,9 +1064,15 @@ class BulkMaps:
         slot = self.slots.get(address, NO_SLOT)
         back = 0
         again: list[TaskState] = []
+        tasks = self.graph.tasks
+        ranged = self.in_ranges.get(address)
         for prefix, indices in e.released.items():
             m = self.maps.get(prefix)
-            if m is None:
+            if m is None:  # gone: its elements given back are tasks' (promoted), if any
+                for i in set(indices):
+                    ts = dict.get(tasks, prefix + str(i))
+                    if ts is not None and ts.state == "processing" and ts.processing_on is ws:
+                        again.append(ts)
                 continue
             state, where = m.state, m.where
             requeue: list[int] = []
@@ -1057,7 +1087,7 @@ class BulkMaps:
                     m.n_orphans -= 1
                     back += 1
                 elif st == PROMOTED:
-                    ts = dict.get(self.graph.tasks, prefix + str(i))
+                    ts = dict.get(tasks, prefix + str(i))
                     if ts is not None and ts.state == "processing" and ts.processing_on is ws:
                         again.append(ts)
             if requeue:
@@ -1071,7 +1101,11 @@ class BulkMaps:
             self.outstanding[address] = self.outstanding.get(address, 0) - back
         graph = self.graph
         for ts in again:
+            if ranged:
+                ranged.pop(ts, None)
             graph.transition(ts, "waiting")
+        if ranged is not None and not ranged:
+            del self.in_ranges[address]
         graph.transitions([(ts, "processing") for ts in again])
         self.hungry.pop(address, None)  # what it gave back goes to others first
         self.fill_hungry()

@@ -175,7 +175,8 @@ class SchedulerState:
                                if ts.state == "released" and graph.wanted(ts)])
         if bulk.unheld:  # held tasks of maps that are gone: placed as any task
             self.graph.transitions([(ts, "processing") for ts in bulk.take_unheld()])
-        if bulk.maps and type(event) in _BULK_AFTER:
+        # a worker whose ranges run tasks of maps now gone gives them back when it pauses
+        if (bulk.maps or bulk.in_ranges) and type(event) in _BULK_AFTER:
             bulk.after(event)
         placement = self.placement
         if placement.slots_opened or placement.blocks.fill_all:

@@ -318,6 +318,58 @@ def test_held_elements_of_a_client_that_leaves_are_forgotten():
     assert not ranges(out) and not [m for m in out if m.msg.op == "compute-task"]
 
 
+
+def test_a_paused_worker_gives_back_the_held_elements_of_its_ranges():
+    """Every element of a map is depended on: A's ranges hold only held tasks (none counts
+    in what A runs for the map, and the map, all its elements tasks, is gone). A pauses:
+    it gives those back too, and they run elsewhere as tasks."""
+    s = SchedulerState()
+    new_map(s, 2)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-0", "m-a-1"]}}, ["z"]))
+    out = step(s, ev.AddWorker(A, 1))
+    assert sorted(i for _, idx in ranges(out) for i in idx) == [0, 1]
+    assert not s.bulk.maps
+    out = step(s, ev.WorkerStatusChange(A, "paused"))
+    (ask,) = [m for m in out if m.msg.op == "release-range" and m.to == A]
+    assert ask.msg.count >= 2
+    step(s, ev.RangeReleased(A, released={"m-a-": [1, 0]}))
+    assert all(s.tasks[k].processing_on is None for k in ("m-a-0", "m-a-1"))
+    out = step(s, ev.AddWorker(B, 1))
+    computed = [m.msg.key for m in out if m.msg.op == "compute-task" and m.to == B]
+    assert sorted(computed) == ["m-a-0", "m-a-1"]
+    for k in computed:
+        out = step(s, ev.TaskFinished(B, k, nbytes=8, typename="int", start=1.0, stop=1.1))
+    (compute,) = [m for m in out if m.msg.op == "compute-task"]
+    assert compute.msg.key == "z"
+
+
+def test_a_held_element_given_back_after_its_map_is_gone_runs_as_a_task():
+    """A runs an element of m-b- (given first) while a range of m-a-'s one element, held
+    for z, waits behind it; m-a- is gone (its only element is a task). A pauses and gives
+    back what it has not started: the held element, whose map is gone. It is placed
+    again, not left processing on A, which will never run it."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(B, 1))
+    new_map(s, 1, prefix="m-a-")
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 4, prefix="m-b-")
+    on_a = sorted(i for w, idx in ranges(out) if w == A for i in idx)
+    step(s, ev.RemoveWorker(B, "gone"))  # m-a-0 (and what B had of m-b-) queued again
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-0"]}}, ["z"]))
+    assert s.tasks["m-a-0"].state == "waiting"
+    out = finish(s, A, on_a[:1], prefix="m-b-")
+    assert ("m-a-", [0]) in [(m.msg.prefix, list(m.msg.indices)) for m in out
+                             if m.msg.op == "compute-range"]
+    assert "m-a-" not in s.bulk.maps
+    out = step(s, ev.WorkerStatusChange(A, "paused"))
+    assert [m.msg.count for m in out if m.msg.op == "release-range"] == [2]
+    # m-b-'s element has started: A gives back the one behind it
+    step(s, ev.RangeReleased(A, released={"m-a-": [0]}))
+    assert s.tasks["m-a-0"].processing_on is None
+    out = step(s, ev.WorkerStatusChange(A, "running"))
+    assert [m.msg.key for m in out if m.msg.op == "compute-task"] == ["m-a-0"]
+
+
 def test_cancel_of_one_element():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
