@@ -610,7 +610,9 @@ class BulkMaps:
             self.outstanding[ws.address] -= 1
             graph.transition(ts, "waiting")
             graph.add_to_processing(ts, ws, send=False)
-            ws.executing.add(ts)  # it may be running: blamed if its worker dies
+            # it may be running: neither stolen nor moved off a retiring worker (its death
+            # counts as its range's elements': worker_left)
+            ws.executing.add(ts)
             self.in_ranges.setdefault(ws.address, {})[ts] = None
         elif st == MEMORY and ws is not None:
             ts.nbytes = m.nbytes[i]
@@ -927,10 +929,12 @@ class BulkMaps:
             recorder.elements_finished(m.group, ws, [prefix + str(i) for i in indices],
                                        starts, stops, nbytes)
 
-    def worker_left(self, ws: WorkerInfo) -> int:
+    def worker_left(self, ws: WorkerInfo) -> tuple[int, set[TaskState]]:
         """``ws`` left: its unfinished elements, and the results only it held, go back to
         the queue. Returns how many unfinished elements it held (any may have been
-        running when it died).
+        running when it died), and the tasks its ranges ran (held ones, elements promoted
+        while given): they count its death as the elements do, not as tasks said started
+        (they run as tasks next, where a death while they run is theirs).
 
         A worker that died (not one retiring) may have died of an element it ran. Which
         one is not known here (a range's finished elements are reported in batches), so
@@ -947,12 +951,15 @@ class BulkMaps:
         self.hungry.pop(ws.address, None)
         self.releasing.pop(ws.address, None)
         self.element_time.pop(ws.address, None)
-        self.in_ranges.pop(ws.address, None)
+        ranged = self.in_ranges.pop(ws.address, None)
+        tasks = self.graph.tasks
+        spared = {ts for ts in ranged if ts.processing_on is ws
+                  and dict.get(tasks, ts.key) is ts} if ranged else set()
         slot = self.slots.pop(ws.address, None)
         if slot is None:
-            return 0
+            return 0, spared
         self.slot_ws[slot] = None
-        unfinished = 0
+        unfinished = 0 if graceful else len(spared)
         lost: dict[str, list[Key]] = {}
         alone = 1 if self.allowed_failures <= 2 else 2  # deaths that make an element a task
         suspects: list[tuple[BulkMap, int]] = []
@@ -991,7 +998,7 @@ class BulkMaps:
             if client != FIRE_AND_FORGET:
                 for k in keys:
                     self.out.send(client, LostData(k))
-        return unfinished
+        return unfinished, spared
 
     # ================================================================ taking elements back
     def release_all(self, ws: WorkerInfo) -> None:

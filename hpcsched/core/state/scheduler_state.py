@@ -136,8 +136,8 @@ class SchedulerState:
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
         ws = self.registry.workers.get(e.address)
-        elements = self.bulk.worker_left(ws) if ws is not None else 0
-        self.worker_events.remove_worker(e, elements_unfinished=elements)
+        elements, spared = self.bulk.worker_left(ws) if ws is not None else (0, set())
+        self.worker_events.remove_worker(e, elements_unfinished=elements, spared=spared)
 
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
         self.bulk.retire(e.workers)

@@ -13,7 +13,7 @@ from hpcsched.core.protocol.messages import FreeKeys, HeartbeatInterval, Refresh
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.liveness import heartbeat_interval
 from hpcsched.core.state.maintenance import Maintenance
-from hpcsched.core.state.model import KilledWorker, Outbox, Rec, WorkerInfo
+from hpcsched.core.state.model import KilledWorker, Outbox, Rec, TaskState, WorkerInfo
 from hpcsched.core.state.placement import Placement
 from hpcsched.core.state.registry import WorkerRegistry
 from hpcsched.core.state.tasks import TaskGraph
@@ -94,10 +94,12 @@ class WorkerEvents:
             self.out.recorder.worker_added(ws, e.now)
 
     @handlers.on(ev.RemoveWorker)
-    def remove_worker(self, e: ev.RemoveWorker, elements_unfinished: int = 0) -> None:
+    def remove_worker(self, e: ev.RemoveWorker, elements_unfinished: int = 0,
+                      spared: set[TaskState] | frozenset = frozenset()) -> None:
         """A worker left: its tasks run elsewhere, data only it held is recomputed.
         ``elements_unfinished``: elements of bulk maps it held unfinished (they count its
-        death themselves: :meth:`.bulk.BulkMaps.worker_left`)."""
+        death themselves: :meth:`.bulk.BulkMaps.worker_left`); ``spared``: tasks its ranges
+        ran, which count it as those elements do (none is blamed)."""
         graph = self.graph
         ws = self.registry.workers.get(e.address)
         if ws is None:
@@ -116,9 +118,9 @@ class WorkerEvents:
         # as the worker runs them) were running -- unless elements of a range still were
         # (they count it). Blaming every suspect held would blame, at each death, the
         # innocent ones queued behind the culprit.
-        suspects = set(ws.executing)
+        suspects = set(ws.executing) - spared if spared else set(ws.executing)
         if not suspects:
-            suspects = {ts for ts in ws.processing if not ts.suspicious}
+            suspects = {ts for ts in ws.processing if not ts.suspicious and ts not in spared}
             if not elements_unfinished:
                 quiet = [ts for ts in ws.processing if ts.suspicious]  # in the order given
                 suspects.update(quiet[:ws.nthreads])

@@ -370,6 +370,24 @@ def test_a_held_element_given_back_after_its_map_is_gone_runs_as_a_task():
     assert [m.msg.key for m in out if m.msg.op == "compute-task"] == ["m-a-0"]
 
 
+
+def test_a_held_element_in_a_range_is_not_blamed_for_its_workers_death_as_a_started_task():
+    """m-a-1, held for z, is given to A in a range behind m-a-0, which kills A before
+    m-a-1 starts. The range's elements count the death (m-a-0 becomes a suspect, to run
+    alone); m-a-1 counts it as they do, not as a task said started: with
+    allowed_failures=1 it would otherwise err with KilledWorker, never having run."""
+    s = SchedulerState(allowed_failures=1)
+    new_map(s, 8)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-1"]}}, ["z"]))
+    out = step(s, ev.AddWorker(A, 1))
+    assert ranges(out) == [(A, [0, 1])]
+    step(s, ev.AddWorker(B, 1))
+    out = step(s, ev.RemoveWorker(A, "killed"))
+    assert not [m for m in out if m.msg.op == "task-erred"]
+    held = s.tasks["m-a-1"]
+    assert held.state == "processing" and held.suspicious == 0
+    assert s.tasks["m-a-0"].suspicious == 1  # the range's element: a suspect, run alone
+
 def test_cancel_of_one_element():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
