@@ -613,7 +613,7 @@ class BulkMaps:
             # it may be running: neither stolen nor moved off a retiring worker (its death
             # counts as its range's elements': worker_left)
             ws.executing.add(ts)
-            self.in_ranges.setdefault(ws.address, {})[ts] = None
+            self._in_range(ws, ts)
         elif st == MEMORY and ws is not None:
             ts.nbytes = m.nbytes[i]
             graph.add_replica(ts, ws, m.nbytes[i])
@@ -818,7 +818,7 @@ class BulkMaps:
                     # the range runs it; its report is the task's (range_finished)
                     self.graph.add_to_processing(ts, ws, send=False)
                     ws.executing.add(ts)
-                    self.in_ranges.setdefault(ws.address, {})[ts] = None
+                    self._in_range(ws, ts)
                     indices.append(i)
                 if len(indices) > n:
                     indices.sort()
@@ -1001,16 +1001,31 @@ class BulkMaps:
         return unfinished, spared
 
     # ================================================================ taking elements back
+    def _in_range(self, ws: WorkerInfo, ts: TaskState) -> None:
+        """A range given to ``ws`` runs task ``ts`` (:attr:`in_ranges`). Those that left
+        it unreported (released, erred) are dropped whenever the worker's count reaches a
+        power of two from 64 on: at most twice those it runs, plus 64."""
+        ranged = self.in_ranges.get(ws.address)
+        if ranged is None:
+            ranged = self.in_ranges[ws.address] = {}
+        ranged[ts] = None
+        n = len(ranged)
+        if n >= 64 and not n & (n - 1):
+            self._prune_ranged(ws, ranged)
+
+    def _prune_ranged(self, ws: WorkerInfo, ranged: dict[TaskState, None]) -> None:
+        tasks = self.graph.tasks
+        for ts in [ts for ts in ranged if ts.processing_on is not ws
+                   or dict.get(tasks, ts.key) is not ts]:
+            del ranged[ts]
+
     def release_all(self, ws: WorkerInfo) -> None:
         """``ws`` gives back every element it has not started (it paused, or retires), the
         tasks its ranges run among them (:attr:`in_ranges`: held, or promoted while given)."""
         have = self.outstanding.get(ws.address, 0)
         ranged = self.in_ranges.get(ws.address)
         if ranged:  # the tasks its ranges run, that it has not started, come back too
-            tasks = self.graph.tasks
-            for ts in [ts for ts in ranged if ts.processing_on is not ws
-                       or dict.get(tasks, ts.key) is not ts]:
-                del ranged[ts]
+            self._prune_ranged(ws, ranged)
             have += len(ranged)
             if not ranged:
                 del self.in_ranges[ws.address]
@@ -1219,3 +1234,12 @@ class BulkMaps:
         for addr, n in self.outstanding.items():
             slot = self.slots.get(addr)
             assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)
+        # a held task waits in its map's queue, from which a range will take it
+        held: set[TaskState] = set()
+        for prefix, m in self.maps.items():
+            for i, ts in m.held.items():
+                assert m.state[i] == PROMOTED and any(a <= i < b for a, b in m.free), (prefix, i)
+                held.add(ts)
+        assert self.graph.held <= held, self.graph.held - held
+        for addr in self.in_ranges:
+            assert addr in self.registry.workers, addr
