@@ -695,12 +695,19 @@ class BulkMaps:
             self.fill_hungry()
 
     def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
-              | ev.TaskStarted) -> None:
+              | ev.TaskStarted | ev.TaskErred) -> None:
         """After a worker joined, left (its elements went back to the queue) or changed
         status, hand out elements: to it, and to the workers that found the queue empty
         (never the whole cluster, so that a worker coming or going costs what it had); a
         paused worker gives back those it has not started, and so does one where a
-        suspect task starts. On a tick, idle workers steal (:meth:`steal`)."""
+        suspect task starts. A worker whose element raised is topped up (it reports a
+        batch of failures only with no ``range-finished``). On a tick, idle workers
+        steal (:meth:`steal`)."""
+        if isinstance(e, ev.TaskErred):
+            ws = self.registry.workers.get(e.worker)
+            if ws is not None:
+                self.fill(ws)
+            return
         if isinstance(e, ev.Tick):
             if self.retiring:
                 self._retired_back()

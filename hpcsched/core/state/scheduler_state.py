@@ -59,11 +59,12 @@ from hpcsched.core.state.tasks import TaskGraph, Transition
 from hpcsched.core.state.workers import WorkerEvents
 
 Key = Any
-#: events after which the bulk maps give ranges to the workers that have room, take
+#: events after which the bulk maps give ranges to the workers that have room (one whose
+#: element raised: a batch of failures only comes with no range-finished), take
 #: elements back from a paused worker or one running a suspect task, or steal
 #: (BulkMaps.after)
 _BULK_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange, ev.Tick,
-                         ev.TaskStarted})
+                         ev.TaskStarted, ev.TaskErred})
 
 
 class SchedulerState:

@@ -205,6 +205,21 @@ def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     assert s.tasks["m-a-3"].state == "erred"
 
 
+
+def test_a_worker_whose_elements_all_fail_is_given_the_rest():
+    """A's elements all raise: a worker reports them with a task-erred each and no
+    range-finished. What it runs for the map drops to nothing, and it is topped up from
+    the queue (it waited idle, the rest of the map queued, for ever)."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 3)
+    given = [i for _, idx in ranges(out) for i in idx]
+    assert given and len(given) < 3
+    out = []
+    for i in given:
+        out += step(s, ev.TaskErred(A, f"m-a-{i}", exception="boom", exception_text="boom"))
+    assert sorted(given + [i for _, idx in ranges(out) for i in idx]) == [0, 1, 2]
+
 def test_a_failed_element_released_is_forgotten_as_a_task():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
