@@ -706,6 +706,7 @@ class BulkMaps:
         if isinstance(e, ev.TaskErred):
             ws = self.registry.workers.get(e.worker)
             if ws is not None:
+                self._orphan_erred(ws, e.key)
                 self.fill(ws)
             return
         if isinstance(e, ev.Tick):
@@ -732,6 +733,19 @@ class BulkMaps:
         if ws is not None:
             self.fill(ws)  # nothing queued: it is marked hungry (a thief, if idle)
         self.fill_hungry()
+
+    def _orphan_erred(self, ws: WorkerInfo, key: Key) -> None:
+        """An element forgotten while ``ws`` ran it raised there: that was its report
+        (as a ``range-finished`` would have been), due no more."""
+        found = self._element(key)
+        if found is None:
+            return
+        m, i = found
+        if m.state[i] == FORGOTTEN and m.where[i] == self.slots.get(ws.address, NO_SLOT):
+            m.where[i] = -1
+            m.n_orphans -= 1
+            self.outstanding[ws.address] = self.outstanding.get(ws.address, 0) - 1
+            self._maybe_drop(m)
 
     def fill_hungry(self) -> None:
         """Top up the workers that found the queue empty, while it holds elements (some

@@ -220,6 +220,23 @@ def test_a_worker_whose_elements_all_fail_is_given_the_rest():
         out += step(s, ev.TaskErred(A, f"m-a-{i}", exception="boom", exception_text="boom"))
     assert sorted(given + [i for _, idx in ranges(out) for i in idx]) == [0, 1, 2]
 
+
+def test_elements_released_while_they_run_that_raise_are_reported():
+    """The client drops a map's futures while A runs its elements, which then raise (a
+    task-erred each, no range-finished): their reports are due no more, and A runs the
+    next map (it counted them still, and was too full for any range, for ever)."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 2)
+    given = [i for _, idx in ranges(out) for i in idx]
+    assert given == [0, 1]
+    step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-1"]))
+    for i in given:
+        step(s, ev.TaskErred(A, f"m-a-{i}", exception="boom", exception_text="boom"))
+    assert not s.bulk.maps and not s.bulk.outstanding.get(A)
+    out = new_map(s, 2, prefix="m-b-")
+    assert [i for _, idx in ranges(out) for i in idx] == [0, 1]
+
 def test_a_failed_element_released_is_forgotten_as_a_task():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
