@@ -8,7 +8,9 @@ machine starts a thread of ranges in a slot no ready task takes (``RunRanges``),
 thread takes waiting ranges one after the other until none waits or a task waits for the
 slot (``RangeThreadDone`` frees it). An element that secedes (``worker_client()``) gives
 the slot up at once: its thread ends with that element, and the rest of its range waits
-for a slot again. The results go to the loop in batches (every
+for a slot again. Its ``rejoin()`` goes on at once, unlike a task's, which waits for a
+slot: the worker runs one thread over ``nthreads`` for at most the rest of that one
+element. The results go to the loop in batches (every
 :data:`REPORT_EVERY` elements or :data:`REPORT_SECONDS`, whichever comes first), where
 each is stored under its own key, as a task's result is, and one ``range-finished``
 tells the scheduler of the batch; an element that raises is reported alone, with a
