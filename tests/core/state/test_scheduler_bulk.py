@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from operator import itemgetter
 from typing import Any
 from unittest.mock import patch
 
@@ -868,27 +869,17 @@ class BulkMapStory(SchedulerStory):
             self.handle(ev.AddClient(client))
         m = self.s.bulk.maps.get(which)
         offset = len(m.args) if m is not None else 0
-        self.record(ev.UpdateMap(client, prefix=which, function=b"f",
+        self.handle(ev.UpdateMap(client, prefix=which, function=b"f",
                                  args=[b"a"] * n, offset=offset, retries=retries,
                                  now=self.tick()))
 
-    def record(self, event: Any) -> None:
-        """Handle ``event``; note the ranges it gave."""
-        original = self.s.handle
-        given = self.given
-
-        def spy(e: Any) -> list:
-            out = original(e)
-            for cmd in out:
-                if cmd.msg.op == "compute-range":
-                    given.extend((cmd.to, cmd.msg.prefix, i) for i in cmd.msg.indices)
-            return out
-
-        self.s.handle = spy  # type: ignore[method-assign]
-        try:
-            self.handle(event)
-        finally:
-            del self.s.handle
+    def note(self, out: list) -> None:
+        """Also the ranges any event gave (a worker's arrival, a pause, a tick hand out
+        ranges too); each worker's in the order given (stable sort)."""
+        super().note(out)
+        given = [(cmd.to, cmd.msg.prefix, i) for cmd in out if cmd.msg.op == "compute-range"
+                 for i in cmd.msg.indices]
+        self.given += sorted(given, key=itemgetter(0))
 
     @rule(i=st.integers(0, 10_000), k=st.integers(1, 4))
     def finish_range(self, i: int, k: int) -> None:
@@ -897,7 +888,7 @@ class BulkMapStory(SchedulerStory):
         j = i % len(self.given)
         picked, self.given[j:j + k] = self.given[j:j + k], []
         for worker, prefix, index in picked:
-            self.record(ev.RangeFinished(worker, prefix=prefix, indices=[index], nbytes=[8],
+            self.handle(ev.RangeFinished(worker, prefix=prefix, indices=[index], nbytes=[8],
                                          types=["int"], starts=[1.0], stops=[1.1],
                                          now=self.tick()))
 
@@ -910,7 +901,7 @@ class BulkMapStory(SchedulerStory):
         self.given = []
         for (worker, prefix), indices in by.items():
             n = len(indices)
-            self.record(ev.RangeFinished(worker, prefix=prefix, indices=indices, nbytes=[8] * n,
+            self.handle(ev.RangeFinished(worker, prefix=prefix, indices=indices, nbytes=[8] * n,
                                          types=["int"] * n, starts=[1.0] * n,
                                          stops=[1.1] * n, now=self.tick()))
 
@@ -919,28 +910,28 @@ class BulkMapStory(SchedulerStory):
         if not self.given:
             return
         worker, prefix, index = self.given.pop(i % len(self.given))
-        self.record(ev.TaskErred(worker, f"{prefix}{index}", exception="boom",
+        self.handle(ev.TaskErred(worker, f"{prefix}{index}", exception="boom",
                                  exception_text="boom", now=self.tick()))
 
     @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
     def release_element(self, client: str, key: str) -> None:
-        self.record(ev.ClientReleasesKeys(client, [key], now=self.tick()))
+        self.handle(ev.ClientReleasesKeys(client, [key], now=self.tick()))
 
     @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
     def cancel_element(self, client: str, key: str) -> None:
-        self.record(ev.CancelKeys(client, [key], now=self.tick()))
+        self.handle(ev.CancelKeys(client, [key], now=self.tick()))
 
     @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
     def depend_on_element(self, client: str, key: str) -> None:
         if client not in self.s.clients:
             self.handle(ev.AddClient(client))
-        self.record(ev.UpdateGraph(client, {"k0": {"run_spec": "s", "deps": [key]}}, ["k0"],
+        self.handle(ev.UpdateGraph(client, {"k0": {"run_spec": "s", "deps": [key]}}, ["k0"],
                                    now=self.tick()))
 
     @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]), key=elements)
     def stray_range(self, worker: str, key: str) -> None:
         prefix, _, i = key.rpartition("-")
-        self.record(ev.RangeFinished(worker, prefix=prefix + "-", indices=[int(i)],
+        self.handle(ev.RangeFinished(worker, prefix=prefix + "-", indices=[int(i)],
                                      nbytes=[8], types=["int"], starts=[1.0], stops=[1.1],
                                      now=self.tick()))
 
@@ -955,11 +946,7 @@ class BulkMapStory(SchedulerStory):
         for j in mine:
             back.setdefault(self.given[j][1], []).append(self.given[j][2])
         self.given = [g for j, g in enumerate(self.given) if j not in mine]
-        self.record(ev.RangeReleased(worker, released=back, now=self.tick()))
-
-    @rule(worker=st.sampled_from(["tcp://w1", "tcp://w2", "tcp://w3"]))
-    def add_worker_with_ranges(self, worker: str) -> None:
-        self.record(ev.AddWorker(worker, 1, now=self.tick()))
+        self.handle(ev.RangeReleased(worker, released=back, now=self.tick()))
 
     @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
           lo=st.integers(0, 8), n=st.integers(2, 8), descending=st.booleans())
@@ -981,7 +968,7 @@ class BulkMapStory(SchedulerStory):
             for k in keys:
                 holders = {ws.address for ws in self.s.holders(k)}
                 assert placed.get(k) in holders if holders else k in missing, k
-            self.record(ev.ClientReleasesKeys(client, keys, now=self.tick()))
+            self.handle(ev.ClientReleasesKeys(client, keys, now=self.tick()))
 
 
 BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings

@@ -97,6 +97,10 @@ class SchedulerStory(RuleBasedStateMachine):
             assert _snapshot(self.s) == before, f"a refused {type(event).__name__} changed state"
             return
         self.check_logged(before[0], sid, entries)
+        self.note(out)
+
+    def note(self, out: list) -> None:
+        """Note the messages of one event that workers answer (in later steps)."""
         asked, steals, copies = [], [], []
         for cmd in out:
             if isinstance(cmd, ev.Send) and cmd.msg.op == "compute-task":
