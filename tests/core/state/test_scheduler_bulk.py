@@ -861,6 +861,7 @@ class BulkMapStory(SchedulerStory):
     def __init__(self) -> None:
         super().__init__()
         self.given: list[tuple[str, str, int]] = []  # (worker, prefix, index) in ranges
+        self.releases: list[tuple[str, int]] = []  # (worker, count) of release-range
 
     @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
           n=st.integers(1, 6), retries=st.integers(0, 1))
@@ -875,11 +876,14 @@ class BulkMapStory(SchedulerStory):
 
     def note(self, out: list) -> None:
         """Also the ranges any event gave (a worker's arrival, a pause, a tick hand out
-        ranges too); each worker's in the order given (stable sort)."""
+        ranges too), each worker's in the order given (stable sort), and the
+        release-range requests."""
         super().note(out)
         given = [(cmd.to, cmd.msg.prefix, i) for cmd in out if cmd.msg.op == "compute-range"
                  for i in cmd.msg.indices]
         self.given += sorted(given, key=itemgetter(0))
+        self.releases += sorted((cmd.to, cmd.msg.count) for cmd in out
+                                if cmd.msg.op == "release-range")
 
     @rule(i=st.integers(0, 10_000), k=st.integers(1, 4))
     def finish_range(self, i: int, k: int) -> None:
@@ -940,12 +944,28 @@ class BulkMapStory(SchedulerStory):
         """A worker gives back elements it was given and has not started (asked or not)."""
         if not self.given:
             return
-        worker = self.given[i % len(self.given)][0]
-        mine = [j for j, g in enumerate(self.given) if g[0] == worker][-k:]
+        self.release_tail(self.given[i % len(self.given)][0], k)
+
+    @rule(i=st.integers(0, 10_000), started=st.integers(0, 2))
+    def answer_release(self, i: int, started: int) -> None:
+        """A worker answers a release-range as a real one does (worker.ranges): it
+        gives back at most the count asked of the elements it has not started, the last
+        given first. The first ``started`` of those it was given run (they are reported
+        later, by the rules that finish or fail elements)."""
+        if not self.releases:
+            return
+        worker, count = self.releases.pop(i % len(self.releases))
+        self.release_tail(worker, count, started)
+
+    def release_tail(self, worker: str, count: int, started: int = 0) -> None:
+        """``worker`` gives back the last ``count`` elements it was given (one
+        range-released, maybe of none), but for the first ``started`` of them."""
+        mine = [j for j, g in enumerate(self.given) if g[0] == worker][started:]
+        back_at = set(mine[len(mine) - min(count, len(mine)):])
         back: dict[str, list[int]] = {}
-        for j in mine:
+        for j in sorted(back_at):
             back.setdefault(self.given[j][1], []).append(self.given[j][2])
-        self.given = [g for j, g in enumerate(self.given) if j not in mine]
+        self.given = [g for j, g in enumerate(self.given) if j not in back_at]
         self.handle(ev.RangeReleased(worker, released=back, now=self.tick()))
 
     @rule(client=st.sampled_from(["c1", "c2"]), which=st.sampled_from(MAPS),
