@@ -917,6 +917,15 @@ class BulkMapStory(SchedulerStory):
         self.handle(ev.TaskErred(worker, f"{prefix}{index}", exception="boom",
                                  exception_text="boom", now=self.tick()))
 
+    @rule()
+    def all_given_fail(self) -> None:
+        """Every element given raises (a function that fails for every argument): the
+        workers report a task-erred for each, and no range-finished."""
+        given, self.given = self.given, []
+        for worker, prefix, index in given:
+            self.handle(ev.TaskErred(worker, f"{prefix}{index}", exception="boom",
+                                     exception_text="boom", now=self.tick()))
+
     @rule(client=st.sampled_from(["c1", "c2"]), key=elements)
     def release_element(self, client: str, key: str) -> None:
         self.handle(ev.ClientReleasesKeys(client, [key], now=self.tick()))
