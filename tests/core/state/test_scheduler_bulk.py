@@ -16,14 +16,14 @@ from unittest.mock import patch
 
 import hypothesis.strategies as st
 import pytest
-from hypothesis.stateful import rule
+from hypothesis.stateful import initialize, rule
 
 import hpcsched.core.state.bulk as bulk_module
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
 from hpcsched.core.state.events import Send
 from hpcsched.core.state.scheduler_state import SchedulerState
-from tests.core.state.test_scheduler_state_fuzz import SchedulerStory
+from tests.core.state.test_scheduler_state_fuzz import WORKERS, SchedulerStory
 
 A, B = "tcp://a", "tcp://b"
 
@@ -1057,6 +1057,22 @@ class BulkMapStory(SchedulerStory):
 
 BulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
 test_bulk_maps_under_random_events = pytest.mark.timeout(300)(BulkMapStory.TestCase)
+
+
+class BusyBulkMapStory(BulkMapStory):
+    """The same story on a cluster at work from its first step: a worker runs a map.
+    Above, many runs spend most of their steps with no worker or no map; each of the
+    two hangs the drained cluster revealed (elements that raise as they run, or after
+    their release) took it tens to hundreds of runs to meet, this story a few to tens."""
+
+    @initialize(nthreads=st.integers(1, 3), n=st.integers(1, 6))
+    def a_worker_runs_a_map(self, nthreads: int, n: int) -> None:
+        self.add_worker(WORKERS[0], nthreads)
+        self.submit_map("c1", MAPS[0], n, retries=0)
+
+
+BusyBulkMapStory.TestCase.settings = SchedulerStory.TestCase.settings
+test_busy_bulk_maps_under_random_events = pytest.mark.timeout(300)(BusyBulkMapStory.TestCase)
 
 
 def test_a_silent_death_among_unfinished_elements_is_theirs_not_the_queued_suspects():
