@@ -301,7 +301,7 @@ class TaskGraph:
             recs.sort(key=lambda r: r[0].priority)  # several made ready: best priority first
         for dts in ts.dependencies:
             dts.waiters.discard(ts)
-            if not dts.waiters and not dts.who_wants and dts.state in ("memory", "erred"):
+            if not dts.waiters and not dts.who_wants and dts.state in _RELEASABLE:
                 recs.append((dts, "released"))
         ts.who_wants.discard(FIRE_AND_FORGET)
         for client in ts.who_wants:

@@ -581,6 +581,26 @@ def test_scattering_a_held_key_again_with_a_new_size_is_accounted_on_every_holde
     assert s.workers[A].nbytes == s.workers[B].nbytes == 100  # validate() checks the sums
 
 
+def test_a_copy_that_arrives_while_its_task_waits_releases_an_input_nobody_wants():
+    # k0 is in memory on A only; a rebalance asks B for a copy; A leaves, so k0 waits for
+    # x, recomputed on B; the client lets x go; then B's copy of k0 arrives: x, which only
+    # k0 waited for, is no longer wanted and must not stay processing
+    s = with_workers(A)
+    submit(s, graph(x=[]), keys=["x"])
+    finish(s, A, "x")
+    step(s, ev.AddWorker(B, 1))
+    submit(s, graph(k0=["x"]), keys=["k0"])
+    finish(s, A, "k0")
+    step(s, ev.RebalanceKeys("r1", "c", None))
+    step(s, ev.RemoveWorker(A, "gone"))
+    assert s.tasks["x"].state == "processing" and s.tasks["k0"].state == "waiting"
+    step(s, ev.ClientReleasesKeys("c", ["x"]))
+    out = step(s, ev.AddKeys(B, {"k0": 8}))
+    assert s.tasks["k0"].state == "memory"
+    assert s.tasks["x"].state == "released"  # not left processing on B
+    assert one(out, "free-keys", to=B).msg.keys == ["x"]  # B stops computing it
+
+
 # ---------------------------------------------------------------- retirement
 def test_retire_workers_moves_unique_data_then_closes():
     s = with_workers(A, B)
