@@ -268,9 +268,13 @@ def rank_processes(mpiexec_pid: int) -> list:
 
 
 @pytest.mark.timeout(120)
-def test_idle_ranks_on_three_nodes_take_at_most_1_percent_of_a_core(three_nodes, tmp_path):
+def test_idle_ranks_on_three_nodes_take_at_most_2_percent_of_a_core(three_nodes, tmp_path):
     """No doorbell rings between nodes: an idle rank only polls, as a fallback, and that
-    costs each rank at most 1 % of a core (CPU time over 10 s, read from outside)."""
+    costs each rank at most 2 % of a core (CPU time over 10 s, read from outside, in the
+    kernel's 10 ms ticks). Measured: 0.4-0.7 % per rank on one 2-core machine, 0.8-1.2 %
+    on a slower one (2026-11-27), where the progress thread's polling and the memory
+    monitor's 0.1 s samples take 0.2-0.3 % each; a rank that kept polling at its fast
+    1 ms rate would take over 10 %."""
     script, log = tmp_path / "idle.py", tmp_path / "out.log"
     script.write_text(IDLE)
     with open(log, "wb") as out:
@@ -297,4 +301,4 @@ def test_idle_ranks_on_three_nodes_take_at_most_1_percent_of_a_core(three_nodes,
     assert not LIBRARY_WARNING.search(log.read_text()), log.read_text()[-5000:]
     percent = [100 * u / elapsed for u in used]
     print("idle CPU per rank (% of a core):", " ".join(f"{x:.2f}" for x in percent))
-    assert max(percent) <= 1.0, percent
+    assert max(percent) <= 2.0, percent
