@@ -118,7 +118,7 @@ class WorkerEvents:
         # as the worker runs them) were running -- unless elements of a range still were
         # (they count it). Blaming every suspect held would blame, at each death, the
         # innocent ones queued behind the culprit.
-        suspects = set(ws.executing) - spared if spared else set(ws.executing)
+        suspects = set(ws.executing) - spared
         if not suspects:
             suspects = {ts for ts in ws.processing if not ts.suspicious and ts not in spared}
             if not elements_unfinished:

@@ -207,7 +207,6 @@ def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     assert s.tasks["m-a-3"].state == "erred"
 
 
-
 def test_a_worker_whose_elements_all_fail_is_given_the_rest():
     """A's elements all raise: a worker reports them with a task-erred each and no
     range-finished. What it runs for the map drops to nothing, and it is topped up from
@@ -238,6 +237,7 @@ def test_elements_released_while_they_run_that_raise_are_reported():
     assert not s.bulk.maps and not s.bulk.outstanding.get(A)
     out = new_map(s, 2, prefix="m-b-")
     assert [i for _, idx in ranges(out) for i in idx] == [0, 1]
+
 
 def test_a_failed_element_released_is_forgotten_as_a_task():
     s = SchedulerState()
@@ -352,7 +352,6 @@ def test_held_elements_of_a_client_that_leaves_are_forgotten():
     assert not ranges(out) and not [m for m in out if m.msg.op == "compute-task"]
 
 
-
 def test_a_paused_worker_gives_back_the_held_elements_of_its_ranges():
     """Every element of a map is depended on: A's ranges hold only held tasks (none counts
     in what A runs for the map, and the map, all its elements tasks, is gone). A pauses:
@@ -404,7 +403,6 @@ def test_a_held_element_given_back_after_its_map_is_gone_runs_as_a_task():
     assert [m.msg.key for m in out if m.msg.op == "compute-task"] == ["m-a-0"]
 
 
-
 def test_a_held_element_in_a_range_is_not_blamed_for_its_workers_death_as_a_started_task():
     """m-a-1, held for z, is given to A in a range behind m-a-0, which kills A before
     m-a-1 starts. The range's elements count the death (m-a-0 becomes a suspect, to run
@@ -421,6 +419,7 @@ def test_a_held_element_in_a_range_is_not_blamed_for_its_workers_death_as_a_star
     held = s.tasks["m-a-1"]
     assert held.state == "processing" and held.suspicious == 0
     assert s.tasks["m-a-0"].suspicious == 1  # the range's element: a suspect, run alone
+
 
 def test_cancel_of_one_element():
     s = SchedulerState()
