@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from datetime import timedelta
+import sys
 from typing import Any, Literal
 
 logger = logging.getLogger("hpcsched.units")
@@ -181,7 +181,9 @@ def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False) -
     >>> parse_interval("500ms"), parse_interval("1h30m"), parse_interval("2-01:00:00")
     (0.5, 5400.0, 176400.0)
     """
-    if isinstance(value, timedelta):
+    # a timedelta exists only once datetime is imported: no process imports it for this
+    datetime = sys.modules.get("datetime")
+    if datetime is not None and isinstance(value, datetime.timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)

@@ -27,7 +27,6 @@ off Linux there are no doorbells and the transport polls as before.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import select
@@ -41,23 +40,27 @@ from hpcsched.hpc.mpi_init import mpi_module
 
 logger = logging.getLogger(__name__)
 
-_RECORD = 64  # bytes per rank in the exchange: 32 node digest, 16 job token, listens?
+# bytes per rank in the exchange: the node's identity, 16 of job token, whether it listens
+_NODE = 128
+_RECORD = _NODE + 16 + 1
 _ALREADY_RUNG = (errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS)
 
 
 def node_identity() -> bytes:
-    """32 bytes equal for exactly the processes that can reach each other's abstract sockets."""
-    parts = [socket.gethostname().encode()]
+    """``_NODE`` bytes equal for exactly the processes that can reach each other's abstract
+    sockets: the host's name, the kernel's boot id and the network namespace, side by side
+    (not hashed: hashlib's import would cost every rank a few ms of its start)."""
     try:
         with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            parts.append(f.read())
+            boot = f.read().strip()
     except OSError:
-        parts.append(b"?")
+        boot = b"?"
     try:
-        parts.append(str(os.stat("/proc/self/ns/net").st_ino).encode())
+        namespace = str(os.stat("/proc/self/ns/net").st_ino).encode()
     except OSError:
-        parts.append(b"?")
-    return hashlib.sha256(b"\0".join(parts)).digest()
+        namespace = b"?"
+    return (socket.gethostname().encode()[:64].ljust(64, b"\0") + boot[:40].ljust(40, b"\0")
+            + namespace[:24].ljust(24, b"\0"))
 
 
 def bell_name(token: bytes, rank: int) -> str:
@@ -109,7 +112,7 @@ class Doorbell:
         MPI = mpi_module()
         rank, size = comm.Get_rank(), comm.Get_size()
         listen = bool(listen) and sys.platform.startswith("linux")
-        mine = bytearray(node_identity() + os.urandom(16) + bytes([listen])).ljust(_RECORD, b"\0")
+        mine = bytearray(node_identity() + os.urandom(16) + bytes([listen]))
         every = bytearray(_RECORD * size)
         request = comm.Iallgather([mine, MPI.BYTE], [every, MPI.BYTE])
         deadline = time.monotonic() + timeout
@@ -118,11 +121,11 @@ class Doorbell:
                 raise TimeoutError(f"MPI rank {rank}: the other ranks did not exchange "
                                    f"doorbells within {timeout}s (the exchange is collective)")
             wait()
-        token = bytes(every[32:48])  # rank 0's: the same on every rank
-        node = bytes(mine[:32])
+        token = bytes(every[_NODE:_NODE + 16])  # rank 0's: the same on every rank
+        node = bytes(mine[:_NODE])
         records = [bytes(every[r * _RECORD:(r + 1) * _RECORD]) for r in range(size)]
-        peers = [r for r, rec in enumerate(records) if rec[:32] == node]
-        quiet = [r for r in peers if not records[r][48]]
+        peers = [r for r, rec in enumerate(records) if rec[:_NODE] == node]
+        quiet = [r for r in peers if not records[r][_NODE + 16]]
         try:
             return cls(token, rank, peers, size, quiet, listen)
         except OSError as e:

@@ -40,7 +40,6 @@ from typing import Any
 
 from hpcsched.core.comm.base import parse_host_port
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit, parse_memory_limit
-from hpcsched.launchers.address import interface_address
 
 logger = logging.getLogger("hpcsched.initialize")
 
@@ -186,6 +185,8 @@ def _dashboard_address(dashboard: bool, address: str | None, interface: str | No
     if host:
         ignored.append(f"interface={interface!r}: dashboard_address {address!r} names its host")
         return address
+    from hpcsched.launchers.address import interface_address  # here: its network modules
+
     try:
         return f"{interface_address(interface)}:{port}"
     except ValueError as e:

@@ -7,12 +7,13 @@ tests/hpc/test_mpi_comm.py.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 
 import pytest
 
-from hpcsched.hpc.doorbell import Doorbell, bell_name, node_identity
+from hpcsched.hpc.doorbell import _NODE, Doorbell, bell_name, node_identity
 
 pytestmark = [
     pytest.mark.timeout(30),
@@ -108,7 +109,8 @@ def test_a_name_can_be_bound_once():
 
 def test_node_identity_is_stable_and_private_to_the_node():
     ident = node_identity()
-    assert len(ident) == 32 and ident == node_identity()
+    assert len(ident) == _NODE and ident == node_identity()
+    assert ident.startswith(socket.gethostname().encode()[:64])
 
 
 def test_a_rank_that_does_not_listen_still_rings_and_is_not_rung():

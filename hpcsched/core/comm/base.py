@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import abc
 import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,7 +141,7 @@ class Security:
     @classmethod
     def generate(cls, **kw: Any) -> Security:
         """A fresh random 32-byte secret for a new cluster (``kw``: the TLS files)."""
-        return cls(secret=secrets.token_bytes(32), **kw)
+        return cls(secret=os.urandom(32), **kw)  # what secrets.token_bytes does
 
     @property
     def tls(self) -> bool:

@@ -22,10 +22,8 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import json
 import logging
 import os
-import secrets as _random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,11 +51,16 @@ def _create_private(path: str) -> int:
     return fd
 
 
+def _temp_suffix() -> str:
+    """Twelve random hex digits, as ``secrets.token_hex(6)``."""
+    return os.urandom(6).hex()
+
+
 @contextlib.contextmanager
 def _private_temp(path: str) -> Iterator[tuple[int, str]]:
     """``(fd, temporary path)`` next to ``path``; removed unless renamed into place."""
     for _ in range(100):
-        tmp = f"{path}.tmp-{os.getpid()}-{_random.token_hex(6)}"
+        tmp = f"{path}.tmp-{os.getpid()}-{_temp_suffix()}"
         try:
             fd = _create_private(tmp)
             break
@@ -74,6 +77,8 @@ def _private_temp(path: str) -> Iterator[tuple[int, str]]:
 
 def write_scheduler_file(path: str, address: str, security: Security | None) -> None:
     """JSON with the address and the secret, mode 0600 from its creation."""
+    import json  # here: an MPI rank imports this module but never reads a scheduler file
+
     data = json.dumps({"address": address, "secret": security.secret_hex() if security else ""})
     with _private_temp(path) as (fd, tmp):
         with os.fdopen(fd, "w") as f:
@@ -85,6 +90,8 @@ def write_scheduler_file(path: str, address: str, security: Security | None) -> 
 
 def read_scheduler_file(path: str, security: Security | None = None
                         ) -> tuple[str, Security | None]:
+    import json
+
     try:
         with open(path) as f:
             data = json.load(f)

@@ -28,16 +28,15 @@ import importlib
 import inspect
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.messages import (
+from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
+from hpcsched.core.protocol.worker import (
     PluginAdd,
     PluginRemove,
     PluginsReset,
@@ -45,7 +44,6 @@ from hpcsched.core.protocol.messages import (
     RunReply,
     UploadFile,
 )
-from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
 from hpcsched.core.worker.plugins import WorkerPlugin
 
 logger = logging.getLogger("hpcsched.worker")
@@ -82,6 +80,8 @@ class WorkerControl:
         with self._lock:
             made, self._made = self._made, None
         if made is not None:
+            import shutil  # here, as tempfile below: most workers never make a directory
+
             shutil.rmtree(made, ignore_errors=True)
 
     def handle(self, request: Request) -> None:
@@ -193,6 +193,8 @@ class WorkerControl:
         with self._lock:
             d = self.worker.local_directory
             if d is None:
+                import tempfile
+
                 d = self.worker.local_directory = tempfile.mkdtemp(prefix="hpcsched-worker-")
                 self._made = d
             os.makedirs(d, exist_ok=True)

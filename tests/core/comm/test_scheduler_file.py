@@ -60,7 +60,7 @@ def test_scheduler_file_never_writes_through_a_planted_link(tmp_path, monkeypatc
     target.write_text("")
     import hpcsched.core.comm.scheduler_file as sf
 
-    monkeypatch.setattr(sf._random, "token_hex", lambda n: "guessed")
+    monkeypatch.setattr(sf, "_temp_suffix", lambda: "guessed")
     os.symlink(target, tmp_path / f"s.json.tmp-{os.getpid()}-guessed")
     with pytest.raises(FileExistsError):
         write_scheduler_file(str(tmp_path / "s.json"), "tcp://h:1", Security.generate())
