@@ -39,4 +39,6 @@ def test_ranks_import_no_heavy_module_before_the_first_task():
     assert m, r
     got = json.loads(m.group(1))
     assert got["workers"] == [[], []], r
+    # nor the client's protocol: a worker rank reads the worker's records alone
+    assert got["client_side"] == [[], []], r
     assert got["rank0"] in ([], ["hpcsched.diagnostics.server"]), r

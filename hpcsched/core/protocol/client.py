@@ -10,34 +10,13 @@ primitives of :mod:`hpcsched.core.protocol.primitives`) get one reply carrying i
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
-from hpcsched.core.protocol.wire import Direction, context, extra, message, record, wire
+from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, Stimulus
+from hpcsched.core.protocol.wire import context, extra, message, record, wire
 
 Key = Any
-
-CLIENT_TO_SCHEDULER = Direction("client", "scheduler", doc=(
-    "Every field is checked on arrival: a client whose message is malformed gets an "
-    "`error` and is disconnected; other peers are not affected."))
-SCHEDULER_TO_CLIENT = Direction("scheduler", "client", checked=False)
-C2S, S2C = CLIENT_TO_SCHEDULER, SCHEDULER_TO_CLIENT
-#: a peer's first message, read before the scheduler knows whether it is a worker or a
-#: client (``register-worker``, ``register-client``; both are also in their sender's table)
-INTRODUCTION = Direction("newcomer", "scheduler")
-
-
-@record
-class Stimulus:
-    """Base of the records that reach a state machine: the receiver notes when each
-    arrived and names the event (``stimulus_id``, as distributed's state machines do), so
-    that every state change can be traced to the message that caused it."""
-
-    _: KW_ONLY  # a subclass's required fields may follow these two
-    now: float = context(0.0)
-    stimulus_id: str = context("")
-
 
 @record
 class FromClient(Stimulus):

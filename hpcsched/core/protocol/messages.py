@@ -19,17 +19,15 @@ are their events too, importable from ``hpcsched.core.state.events``.
 
 The records are defined in :mod:`hpcsched.core.protocol.client`,
 :mod:`hpcsched.core.protocol.primitives` and :mod:`hpcsched.core.protocol.worker`,
-the machinery in
-:mod:`hpcsched.core.protocol.wire`; this module gathers them. Its reference,
+the directions in :mod:`hpcsched.core.protocol.directions`, the machinery in
+:mod:`hpcsched.core.protocol.wire`; this module gathers them (a worker imports the
+worker's records alone). Its reference,
 ``docs/protocol.md``, is generated: ``python -m hpcsched.core.protocol.messages > docs/protocol.md``.
 """
 
 from __future__ import annotations
 
 from hpcsched.core.protocol.client import (
-    CLIENT_TO_SCHEDULER,
-    INTRODUCTION,
-    SCHEDULER_TO_CLIENT,
     CancelKeys,
     CancelledKeys,
     ClientDesiresKeys,
@@ -68,6 +66,14 @@ from hpcsched.core.protocol.client import (
     UpdateMap,
     WhoHas,
 )
+from hpcsched.core.protocol.directions import (
+    CLIENT_TO_SCHEDULER,
+    INTRODUCTION,
+    SCHEDULER_TO_CLIENT,
+    SCHEDULER_TO_WORKER,
+    WORKER_TO_SCHEDULER,
+    WORKER_TO_WORKER,
+)
 from hpcsched.core.protocol.primitives import (
     DatasetGet,
     DatasetList,
@@ -103,9 +109,6 @@ from hpcsched.core.protocol.wire import (
     spec,
 )
 from hpcsched.core.protocol.worker import (
-    SCHEDULER_TO_WORKER,
-    WORKER_TO_SCHEDULER,
-    WORKER_TO_WORKER,
     AcquireReplicas,
     AddKeys,
     Close,

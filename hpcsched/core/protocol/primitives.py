@@ -18,7 +18,7 @@ futures inside it, which the scheduler keeps alive while it stores the value.
 from __future__ import annotations
 
 from hpcsched.core.protocol import checks as fc
-from hpcsched.core.protocol.client import C2S
+from hpcsched.core.protocol.directions import C2S
 from hpcsched.core.protocol.wire import message, record, wire
 
 MAX_NAME = 1024  # characters of a name, a lease id or a request id

@@ -14,18 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
-from hpcsched.core.protocol.client import C2S, INTRODUCTION, S2C, Stimulus
-from hpcsched.core.protocol.wire import Direction, context, message, record, wire
+from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, S2W, W2S, W2W, Stimulus
+from hpcsched.core.protocol.wire import context, message, record, wire
 
 Key = Any
-
-WORKER_TO_SCHEDULER = Direction("worker", "scheduler", doc=(
-    "Every field is checked on arrival: a worker whose message is malformed is told to "
-    "`close` and removed; other peers are not affected."))
-SCHEDULER_TO_WORKER = Direction("scheduler", "worker", checked=False)
-WORKER_TO_WORKER = Direction("worker", "worker", checked=False, doc=(
-    "A worker fetches the dependencies of its tasks from the workers holding them."))
-W2S, S2W, W2W = WORKER_TO_SCHEDULER, SCHEDULER_TO_WORKER, WORKER_TO_WORKER
 
 
 @record

@@ -33,39 +33,56 @@ slot again).
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpcsched.core.protocol.messages import (
+from hpcsched.core.protocol.wire import MalformedMessage, encode, record
+from hpcsched.core.protocol.worker import (
     AcquireReplicas,
     AddKeys,
-    CancelKeys,
-    ClientDesiresKeys,
-    ClientReleasesKeys,
     ComputeTask,
     FreeKeys,
     Heartbeat,
     LongRunning,
-    MalformedMessage,
     MissingData,
     RangeFinished,
     RangeReleased,
     RefreshWhoHas,
     ReleaseWorkerData,
     ResultErred,
-    RetryKeys,
-    ScatterData,
     StealRequest,
     StealResponse,
     TaskErred,
     TaskFinished,
     TaskStarted,
     UpdateData,
-    UpdateGraph,
-    UpdateMap,
     WorkerStatusChange,
-    encode,
 )
-from hpcsched.core.protocol.wire import record
+
+if TYPE_CHECKING:  # at run time, from __getattr__ below
+    from hpcsched.core.protocol.client import (
+        CancelKeys,
+        ClientDesiresKeys,
+        ClientReleasesKeys,
+        RetryKeys,
+        ScatterData,
+        UpdateGraph,
+        UpdateMap,
+    )
+
+#: the client's requests that are events of the scheduler's state machine: imported when
+#: first asked for, so that a worker, which never asks, is spared the client's protocol
+_CLIENT_EVENTS = frozenset({"CancelKeys", "ClientDesiresKeys", "ClientReleasesKeys",
+                            "RetryKeys", "ScatterData", "UpdateGraph", "UpdateMap"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT_EVENTS:
+        from hpcsched.core.protocol import client
+
+        value = globals()[name] = getattr(client, name)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AcquireReplicas", "AddClient", "AddKeys", "AddWorker", "CancelKeys", "ClientDesiresKeys",

@@ -46,15 +46,10 @@ from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError
 from hpcsched.core.comm.loop import CLOSED
-from hpcsched.core.protocol.messages import (
-    WORKER_TO_WORKER,
-    DataReply,
-    GetData,
-    MalformedMessage,
-    decode,
-    encode,
-)
+from hpcsched.core.protocol.directions import WORKER_TO_WORKER
 from hpcsched.core.protocol.serialize import SerializationError, serialize, sizeof
+from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
+from hpcsched.core.protocol.worker import DataReply, GetData
 from hpcsched.core.state import events as ev
 from hpcsched.core.worker.execution import serialization_errors
 

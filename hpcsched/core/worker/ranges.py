@@ -33,8 +33,8 @@ import time
 from collections import deque
 from typing import Any
 
-from hpcsched.core.protocol.messages import ComputeRange, RangeFinished, RangeReleased, TaskErred
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
+from hpcsched.core.protocol.worker import ComputeRange, RangeFinished, RangeReleased, TaskErred
 from hpcsched.core.state import events as ev
 from hpcsched.core.worker.context import enter_task, hook_dask, leave_task
 from hpcsched.core.worker.execution import pack_exception

@@ -25,7 +25,7 @@ from typing import Any
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security
 from hpcsched.core.comm.scheduler_file import find_again
-from hpcsched.core.protocol.messages import MalformedMessage
+from hpcsched.core.protocol.wire import MalformedMessage
 
 logger = logging.getLogger("hpcsched.worker")
 

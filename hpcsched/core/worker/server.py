@@ -65,26 +65,23 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.graph.dsk import key_split
+from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.messages import (
-    SCHEDULER_TO_WORKER,
+from hpcsched.core.protocol.serialize import deserialize, sizeof
+from hpcsched.core.protocol.wire import MalformedMessage, decode, encode, receive
+from hpcsched.core.protocol.worker import (
     Close,
     ComputeRange,
     GetData,
     Heartbeat,
     HeartbeatInterval,
-    MalformedMessage,
     Registered,
     RegisterError,
     RegisterWorker,
     ReleaseRange,
     RetireMe,
     UpdateData,
-    decode,
-    encode,
-    receive,
 )
-from hpcsched.core.protocol.serialize import deserialize, sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task

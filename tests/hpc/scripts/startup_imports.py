@@ -1,12 +1,24 @@
 """What rank 0 and the worker ranks have imported once the first task is done."""
 
 import json
+import sys
 
 from hpcsched import Client
 from tests.test_startup_imports import heavy_loaded
+
+#: what a worker rank does not need: the client's and the coordination primitives' protocol
+CLIENT_SIDE = ("hpcsched.core.protocol.client", "hpcsched.core.protocol.primitives",
+               "hpcsched.core.protocol.messages", "hpcsched.core.client.client")
+
+
+def client_side_loaded():
+    return [m for m in CLIENT_SIDE if m in sys.modules]
+
 
 with Client() as client:
     assert client.submit(abs, -1).result() == 1
     rank0 = heavy_loaded()
     workers = sorted(client.run(heavy_loaded).values())
-print("IMPORTS " + json.dumps({"rank0": rank0, "workers": workers}), flush=True)
+    client_side = sorted(client.run(client_side_loaded).values())
+print("IMPORTS " + json.dumps({"rank0": rank0, "workers": workers, "client_side": client_side}),
+      flush=True)
