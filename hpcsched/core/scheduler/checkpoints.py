@@ -28,7 +28,6 @@ fourth element, ``(path, key, load)``, which the worker carries out
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from typing import Any
@@ -56,6 +55,8 @@ class Checkpoints:
     def path(self, key: Any) -> str:
         """The file of ``key``'s result (a digest of its repr: keys are strings, or tuples
         of strings and numbers, whose reprs are stable across runs)."""
+        import hashlib  # here: only a job with a journal has checkpoints
+
         return os.path.join(self.directory,
                             hashlib.sha256(repr(key).encode()).hexdigest()[:40] + ".pkl")
 
