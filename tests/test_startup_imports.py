@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: libraries no start-up needs
 LIBRARIES = ("dask", "distributed", "pandas", "numpy", "yaml", "jinja2", "tornado", "bokeh",
              "zict", "joblib", "sklearn")
-#: hpcsched's modules no start-up needs (the dashboard's server only when it is configured)
+#: hpcsched's modules no start-up needs (the dashboard's server: once a browser connects)
 OURS = ("hpcsched.jobqueue", "hpcsched.diagnostics.server")
 
 
@@ -84,3 +84,18 @@ def test_joblib_finds_the_backend_whichever_is_imported_first():
         "import hpcsched\n"
         "print(json.dumps({'known': known, 'ours': 'hpcsched' in BACKENDS}))\n")
     assert got == {"known": False, "ours": True}
+
+
+def test_the_dashboard_server_is_imported_when_a_browser_first_connects():
+    got = run_python(
+        "import json, sys, urllib.request\n"
+        "from hpcsched import Client, LocalCluster\n"
+        "with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,\n"
+        "                  dashboard_address='127.0.0.1:0') as cluster, Client(cluster) as c:\n"
+        "    assert c.submit(abs, -1).result() == 1\n"
+        "    before = 'hpcsched.diagnostics.server' in sys.modules\n"
+        "    with urllib.request.urlopen(c.dashboard_link, timeout=30) as page:\n"
+        "        status = page.status\n"
+        "    after = 'hpcsched.diagnostics.server' in sys.modules\n"
+        "print(json.dumps({'before': before, 'status': status, 'after': after}))\n")
+    assert got == {"before": False, "status": 200, "after": True}

@@ -20,10 +20,9 @@ however many browsers poll.
 from __future__ import annotations
 
 import errno
-import hashlib
-import hmac
 import logging
-import secrets
+import os
+import select
 import socket
 import sys
 import threading
@@ -35,7 +34,7 @@ from hpcsched.core.comm.registry import backend_for
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
 
-if TYPE_CHECKING:  # imported when the dashboard is served: its HTTP server is not needed before
+if TYPE_CHECKING:  # imported when a browser first connects: its HTTP server is not needed before
     from hpcsched.diagnostics.server import DashboardServer
 
 logger = logging.getLogger("hpcsched.diagnostics")
@@ -49,7 +48,10 @@ def dashboard_token(secret: bytes | None) -> str:
     the secret can open the dashboard; the token does not reveal the secret), random when
     the cluster has none (MPI, in-process)."""
     if not secret:
-        return secrets.token_hex(16)
+        return os.urandom(16).hex()  # as secrets.token_hex(16)
+    import hashlib
+    import hmac
+
     return hmac.new(secret, b"hpcsched dashboard token", hashlib.sha256).hexdigest()[:32]
 
 
@@ -97,6 +99,7 @@ class Diagnostics:
         self._cache_lock = threading.Lock()
         self.server: DashboardServer | None = None
         self._listener: socket.socket | None = None
+        self._wake: socket.socket | None = None  # closed to wake the thread waiting to serve
         self._server_lock = threading.Lock()
         self._closed = False
         self.link: str | None = None
@@ -109,8 +112,13 @@ class Diagnostics:
     # ------------------------------------------------------------ dashboard server
     def _start_server(self, address: str) -> None:
         """Listen at ``address`` now (the link is printed at once) and serve from a thread
-        of its own, which imports the HTTP server: a scheduler's start does not wait for
-        it."""
+        of its own once a browser (or a scraper of ``/metrics``) first connects.
+
+        The HTTP server's modules take ~40 ms to import: a scheduler's start does not wait
+        for them, and a job nobody looks at never pays them. Under MPI, rank 0 would
+        otherwise import them while it starts the scheduler and the script, every rank
+        importing its own modules on the same cores.
+        """
         host, _, port_text = address.rpartition(":")
         host = host.strip("[]")
         try:
@@ -128,7 +136,8 @@ class Diagnostics:
             logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)
             return
         self._listener = listener
-        self._starting = threading.Thread(target=self._serve, args=(listener,),
+        self._wake, woken = socket.socketpair()
+        self._starting = threading.Thread(target=self._serve, args=(listener, woken),
                                           name="hpcsched-dashboard-start", daemon=True)
         self._starting.start()
         bound = listener.getsockname()[1]
@@ -141,7 +150,16 @@ class Diagnostics:
         if backend_for(self.scheduler.address).reached_by_tunnel:
             self._print_tunnel(shown, bound)
 
-    def _serve(self, listener: socket.socket) -> None:
+    def _serve(self, listener: socket.socket, woken: socket.socket) -> None:
+        try:  # sleeps until a connection waits to be accepted, or close() wakes it
+            select.select([listener, woken], [], [])
+        except (OSError, ValueError):  # the listener was closed meanwhile
+            pass
+        finally:
+            woken.close()
+        if self._closed:
+            listener.close()
+            return
         from hpcsched.diagnostics.server import DashboardServer
 
         with self._server_lock:
@@ -171,6 +189,8 @@ class Diagnostics:
         with self._server_lock:
             self._closed = True
             server, self.server = self.server, None
+        if self._wake is not None:
+            self._wake.close()  # the thread waiting to serve sees its peer closed
         if server is not None:
             server.close()
         elif self._listener is not None:
