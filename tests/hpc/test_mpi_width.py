@@ -11,6 +11,7 @@ import re
 
 import pytest
 
+from hpcsched.hpc.mpi_init import rdma_devices
 from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
 
 RANKS = 32
@@ -43,3 +44,25 @@ def test_ranks_import_no_heavy_module_before_the_first_task():
     # nor the client's protocol: a worker rank reads the worker's records alone
     assert got["client_side"] == [[], []], r
     assert got["rank0"] == [], r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("given", [None, "yes"])
+def test_ucx_memory_hooks_are_off_on_a_node_without_rdma_devices_unless_asked_for(
+        given, monkeypatch):
+    # they make every rank's start ~40 ms of CPU longer, for RDMA registrations alone
+    monkeypatch.delenv("UCX_MEM_EVENTS", raising=False)
+    env = dict(REPO_ON_PATH, **({} if given is None else {"UCX_MEM_EVENTS": given}))
+    r = run([script("ucx_env.py")], nprocs=3, env=env)
+    assert r.code == 0, r
+    m = re.search(r"UCX (.*)", r.out)
+    assert m, r
+    expected = given or (None if rdma_devices() else "no")
+    assert json.loads(m.group(1)) == {"rank0": expected, "workers": [expected, expected]}, r
+
+
+def test_rdma_devices_are_listed_from_sysfs(tmp_path):
+    assert rdma_devices(str(tmp_path / "absent")) == []
+    (tmp_path / "mlx5_0").mkdir()
+    assert rdma_devices(str(tmp_path)) == ["mlx5_0"]
