@@ -53,7 +53,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import random
 import socket
 import threading
 import time
@@ -92,7 +91,7 @@ from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.peers import PeerTransfers
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
-from hpcsched.core.worker.spill import SpillBuffer, local_directory
+from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
@@ -165,6 +164,8 @@ class Worker:
         self.death_timeout = config.get("worker.death-timeout", death_timeout)
         self.lifetime = lifetime
         if lifetime and lifetime_stagger:
+            import random  # here: a worker without a lifetime (every MPI rank) never needs it
+
             self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
                                 1.0)
         # until the scheduler says otherwise (it lengthens the interval as its cluster grows)
@@ -224,7 +225,7 @@ class Worker:
         self.address = self._listener.address
         if self.memory.managed and (self.memory.target or self.memory.spill):
             try:
-                self.spill_buffer = SpillBuffer(local_directory(self.local_directory),
+                self.spill_buffer = SpillBuffer(configured_directory(self.local_directory),
                                                 self.memory.bytes_at("target"))
                 self.memory_monitor.spill_buffer = self.spill_buffer
             except OSError as e:

@@ -38,11 +38,10 @@ is written and read back without a pickle copy of its data.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import shutil
 import struct
-import tempfile
 import threading
 from collections.abc import Iterator, MutableMapping
 from itertools import count
@@ -55,13 +54,23 @@ logger = logging.getLogger("hpcsched.worker")
 _LEN = struct.Struct("<Q")
 
 
-def local_directory(path: str | None = None) -> str:
-    """Where a worker spills: ``path``, else ``worker.local-directory``, else the node's
-    ``$TMPDIR`` (batch systems point it at node-local disk), else the system's temp dir."""
+def configured_directory(path: str | None = None) -> str | None:
+    """Where a worker spills if it is said: ``path``, else ``worker.local-directory``."""
     from hpcsched.core import config
 
     path = config.get("worker.local-directory", path, default=None)
-    return os.path.expandvars(os.path.expanduser(str(path))) if path else tempfile.gettempdir()
+    return os.path.expandvars(os.path.expanduser(str(path))) if path else None
+
+
+def local_directory(path: str | None = None) -> str:
+    """Where a worker spills: ``path``, else ``worker.local-directory``, else the node's
+    ``$TMPDIR`` (batch systems point it at node-local disk), else the system's temp dir."""
+    configured = configured_directory(path)
+    if configured is not None:
+        return configured
+    import tempfile  # here: tempfile imports shutil, bz2, lzma, random...
+
+    return tempfile.gettempdir()
 
 
 def _pack(value: Any) -> list:
@@ -100,10 +109,18 @@ class SpillBuffer(MutableMapping):
     >>> buf.close()
     """
 
-    def __init__(self, directory: str, target: float):
-        os.makedirs(directory, exist_ok=True)
-        # a directory of our own, removed at close: several workers share a node's $TMPDIR
-        self.directory = tempfile.mkdtemp(prefix="hpcsched-spill-", dir=directory)
+    def __init__(self, directory: str | None, target: float):
+        """Spill under ``directory`` (None: the system's temp dir, see
+        :func:`local_directory`), which must be writable (checked now: a worker that cannot
+        spill says so at its start)."""
+        if directory is not None:
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "cannot write there", directory)
+        self._parent = directory
+        self._directory: str | None = None  # our own, made by the first spill: see directory
+        self._directory_lock = threading.Lock()
+        self._closed = False
         self._target = target
         self._lock = threading.Lock()  # guards the dicts and totals below, never disk I/O
         self._spill_lock = threading.Lock()  # one writer at a time: taken before _lock
@@ -216,7 +233,7 @@ class SpillBuffer(MutableMapping):
                 try:
                     n = self._spill_one(_MISSING)
                 except Exception as e:  # noqa: BLE001 - kept in memory: nothing is lost
-                    logger.warning("could not spill to %s: %s", self.directory, e)
+                    logger.warning("could not spill to %s: %s", self._where(), e)
                     break
                 if n is None:
                     break
@@ -255,7 +272,32 @@ class SpillBuffer(MutableMapping):
             self._slow_gen.clear()
             self._nbytes.clear()
             self._fast_bytes = self._writing_bytes = 0
-        shutil.rmtree(self.directory, ignore_errors=True)
+        with self._directory_lock:
+            self._closed = True
+            made = self._directory
+        if made is not None:
+            import shutil
+
+            shutil.rmtree(made, ignore_errors=True)
+
+    @property
+    def directory(self) -> str:
+        """Our own directory, removed at close (several workers share a node's $TMPDIR),
+        made when first needed: most workers never spill, and tempfile's import is then
+        spared at every worker's start."""
+        with self._directory_lock:
+            if self._directory is None:
+                if self._closed:
+                    raise ValueError("the spill buffer is closed")
+                import tempfile
+
+                self._directory = tempfile.mkdtemp(prefix="hpcsched-spill-",
+                                                   dir=self._parent or tempfile.gettempdir())
+            return self._directory
+
+    def _where(self) -> str:
+        """The directory, for a message (never made for one)."""
+        return self._directory or self._parent or "the system's temp dir"
 
     # ---------------------------------------------------------------- the two tiers
     @property
@@ -307,7 +349,7 @@ class SpillBuffer(MutableMapping):
         except KeyError:
             pass
         except OSError as e:  # the file is gone already or cannot go: only disk space
-            logger.warning("could not remove %r's file from %s: %s", key, self.directory, e)
+            logger.warning("could not remove %r's file from %s: %s", key, self._where(), e)
 
     def _spill_until_below_target(self, first: Any = _MISSING) -> None:
         with self._spill_lock:
@@ -316,7 +358,7 @@ class SpillBuffer(MutableMapping):
                     if self._spill_one(first) is None:
                         return
                 except Exception as e:  # noqa: BLE001 - kept in memory: nothing is lost
-                    logger.warning("could not spill to %s: %s", self.directory, e)
+                    logger.warning("could not spill to %s: %s", self._where(), e)
                     return
                 first = _MISSING
 

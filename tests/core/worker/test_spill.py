@@ -217,3 +217,27 @@ def test_readers_and_writers_in_threads_lose_nothing(tmp_path):
         assert len(files(buf)) == len(buf.spilled) == buf.disk_bytes // 100
     finally:
         buf.close()
+
+
+def test_its_directory_is_made_by_the_first_spill_and_removed_at_close(tmp_path):
+    buf = SpillBuffer(str(tmp_path / "spill"), target=100)
+    try:
+        buf.store("a", b"a" * 80, 80)
+        assert os.listdir(tmp_path / "spill") == []  # nothing spilled: nothing made
+        buf.store("b", b"b" * 80, 80)  # a goes to disk
+        (own,) = os.listdir(tmp_path / "spill")
+        assert own.startswith("hpcsched-spill-") and buf.spilled == {"a"}
+    finally:
+        buf.close()
+    assert os.listdir(tmp_path / "spill") == []
+    unused = SpillBuffer(str(tmp_path / "spill"), target=100)
+    unused.close()
+    with pytest.raises(ValueError, match="closed"):
+        unused.directory  # noqa: B018 - a closed buffer makes no directory any more
+    assert os.listdir(tmp_path / "spill") == []
+
+
+def test_a_directory_it_cannot_use_is_an_error_at_once(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OSError):
+        SpillBuffer(str(tmp_path / "a-file"), target=100)
