@@ -43,12 +43,16 @@ hpcsched.core.protocol.wire.MalformedMessage: op 'ping', field 'seq': expected a
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
+import re
 import reprlib
+import sys
 from collections.abc import Callable, Iterable
-from dataclasses import MISSING
-from typing import TYPE_CHECKING, Any
+from dataclasses import KW_ONLY, MISSING, InitVar
+from types import MemberDescriptorType
+from typing import TYPE_CHECKING, Any, ClassVar, get_origin
 
 from hpcsched.core.protocol import checks as field_checks
 from hpcsched.core.protocol.checks import Check, describe, short
@@ -158,40 +162,248 @@ else:
         builds a few dozen kinds. A record is an ordinary slots dataclass
         (:func:`dataclasses.fields`, :func:`~dataclasses.replace` work on it) whose
         ``__init__``, ``__repr__``, ``__eq__`` (and ``__hash__`` if frozen) are compiled, as
-        :mod:`dataclasses` writes them, on the first call of any of them.
+        :mod:`dataclasses` writes them, on the first call of any of them. The dataclass
+        itself is made by :func:`_lean_dataclass` where it can, for a third of what
+        :func:`dataclasses.dataclass` costs.
         """
         def wrap(c: type) -> type:
-            own = [name for name in _LAZY_METHODS if name in c.__dict__]
-            made = dataclasses.dataclass(c, init=False, repr=False, eq=False, slots=True,
-                                         frozen=frozen)
-            lazy = [name for name in _LAZY_METHODS if name not in own]
-            if frozen and "__hash__" not in c.__dict__:
-                lazy.append("__hash__")  # a frozen dataclass hashes by its fields
-            elif "__hash__" not in c.__dict__:
-                made.__hash__ = None  # type: ignore[assignment]  # mutable and compared by value
-            for name in lazy:
-                setattr(made, name, _first_call(made, name, lazy, frozen))
+            methods = _METHODS[bool(frozen)]
+            made = _lean_dataclass(c, frozen, methods, _DATACLASSES) if _DATACLASSES else None
+            if made is None:
+                made = dataclasses.dataclass(c, init=False, repr=False, eq=False, slots=True,
+                                             frozen=frozen)
+                for name, method in methods.items():
+                    if name not in made.__dict__:  # not one of its own
+                        setattr(made, name, method)
             return made
 
         return wrap if cls is None else wrap(cls)
 
 
-def _first_call(cls: type, name: str, lazy: list[str], frozen: bool) -> Callable:
+def _first_call(name: str, frozen: bool) -> Callable:
+    """What stands for method ``name`` of the (``frozen``) records until it is first called:
+    it compiles the methods of the record it is found on, then calls the one compiled. One
+    function for every record, found in the class as it is made: nothing is made per class."""
     def first(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _compile_methods(cls, lazy, frozen)
+        cls = next(c for c in type(self).__mro__ if c.__dict__.get(name) is first)
+        _compile_methods(cls, frozen)
         return getattr(cls, name)(self, *args, **kwargs)
 
     first.__name__ = first.__qualname__ = name
     return first
 
 
-def _compile_methods(cls: type, names: list[str], frozen: bool) -> None:
-    """Put on ``cls`` the methods named, as :mod:`dataclasses` makes them for its fields.
+#: frozen -> what a record has unless it defines its own: the functions standing for the
+#: methods compiled on first call (a frozen dataclass hashes by its fields), and no hash for
+#: a mutable record (compared by value)
+_METHODS: dict[bool, dict[str, Any]] = {
+    False: {**{name: _first_call(name, False) for name in _LAZY_METHODS}, "__hash__": None},
+    True: {name: _first_call(name, True) for name in (*_LAZY_METHODS, "__hash__")}}
+
+
+class _Dataclasses:
+    """The private parts of :mod:`dataclasses` that :func:`_lean_dataclass` works with, and
+    how this Python's ``dataclass(slots=True)`` makes a class again with ``__slots__``."""
+
+    __slots__ = ("fields_attr", "params_attr", "field_kind", "params", "params_before",
+                 "params_after", "leading_name", "getstate", "setstate", "replace",
+                 "leave_out_inherited", "drop_weakref")
+
+    def __init__(self, private: dict[str, Any],
+                 params_args: tuple[tuple[bool, ...], tuple[bool, ...]]):
+        self.fields_attr: str = private["_FIELDS"]  # "__dataclass_fields__"
+        self.params_attr: str = private["_PARAMS"]  # "__dataclass_params__"
+        #: what ``Field._field_type`` is for a field (not a ClassVar or an InitVar)
+        self.field_kind = private["_FIELD"]
+        #: ``params(*before, frozen, *after)``: a class's ``__dataclass_params__``
+        self.params: Callable[..., Any] = private["_DataclassParams"]
+        self.params_before, self.params_after = params_args
+        #: the pattern giving the name an annotation's text begins with
+        self.leading_name: re.Pattern = private["_MODULE_IDENTIFIER_RE"]
+        #: a frozen slots dataclass's ``__getstate__`` and ``__setstate__`` (for pickle)
+        self.getstate: Callable = private["_dataclass_getstate"]
+        self.setstate: Callable = private["_dataclass_setstate"]
+        #: what becomes ``__replace__``, where dataclasses adds one (Python 3.13)
+        self.replace: Callable | None = private["_replace"]
+        #: ``__slots__`` leaves out those of the bases (3.11, bpo-46382: 3.10 names every field)
+        self.leave_out_inherited = sys.version_info >= (3, 11)
+        #: the class as defined loses its ``__weakref__`` descriptor (3.11.3, gh-102069)
+        self.drop_weakref = sys.version_info >= (3, 11, 3)
+
+
+def _dataclasses() -> _Dataclasses | None:
+    """What :func:`_lean_dataclass` needs of :mod:`dataclasses`, as Pythons 3.10 to 3.13 have
+    it; None on a Python that lacks any of it, or a later one (3.14 changed how it reads
+    annotations and how it makes a class again with slots), where records are made by
+    ``dataclass()``: the same classes, slower to import."""
+    private = {name: getattr(dataclasses, name, None) for name in (
+        "_FIELDS", "_PARAMS", "_FIELD", "_DataclassParams", "_MODULE_IDENTIFIER_RE",
+        "_dataclass_getstate", "_dataclass_setstate", "_replace")}
+    if sys.version_info >= (3, 14) \
+            or any(value is None for name, value in private.items() if name != "_replace") \
+            or not {"_field_type", "kw_only"} <= set(dataclasses.Field.__slots__):
+        return None
+    # dataclass()'s arguments for a record, those _DataclassParams takes (3.12 added
+    # match_args, kw_only, slots and weakref_slot to the first six), in their order
+    given = dict(init=False, repr=False, eq=False, order=False, unsafe_hash=False,
+                 match_args=True, kw_only=False, slots=True, weakref_slot=False)
+    code = getattr(getattr(private["_DataclassParams"], "__init__", None), "__code__", None)
+    takes = code.co_varnames[1:code.co_argcount] if code else ()
+    if "frozen" not in takes or not set(takes) - {"frozen"} <= given.keys():
+        return None
+    at = takes.index("frozen")
+    return _Dataclasses(private, (tuple(given[name] for name in takes[:at]),
+                                  tuple(given[name] for name in takes[at + 1:])))
+
+
+_DATACLASSES = _dataclasses()
+#: what a frozen dataclass gets from ``dataclass()``, refusing a class that has its own
+#: ``__setattr__`` or ``__delattr__`` (and, before 3.11, replacing its ``__getstate__``)
+_FROZEN_METHODS = frozenset({"__setattr__", "__delattr__", "__getstate__", "__setstate__"})
+
+
+def _lean_dataclass(cls: type, frozen: bool, methods: dict[str, Any],
+                    dc: _Dataclasses) -> type | None:
+    """``dataclass(cls, init=False, repr=False, eq=False, slots=True, frozen=frozen)`` with
+    ``methods`` it does not define set on it, for a fraction of the cost; None for a class
+    left to ``dataclass()`` itself.
+
+    For a record, ``dataclass()`` spends its time telling ``ClassVar``, ``InitVar`` and
+    ``KW_ONLY`` annotations from fields, compiling a frozen class's ``__setattr__`` and
+    ``__delattr__``, and setting attributes one by one on a class it then makes again with
+    ``__slots__`` (each invalidates the interpreter's caches of the class). Annotations are
+    text here (``from __future__ import annotations``): it matches each against a pattern
+    three times, looking the name it begins with up in the class's module. Here that name
+    is looked up once: for a field it names nothing there (``str``, ``list | None``) or a
+    type. If it may name any of the three (but ``KW_ONLY`` written so), the class is left
+    to ``dataclass()``, as is a class it would refuse or treat apart: without a docstring
+    (it writes one from the signature), with a metaclass (an ABC's) or ``__slots__`` of its
+    own, a field without annotation, a mutable default, a base frozen otherwise, with
+    ``ClassVar`` or ``InitVar`` fields or without ``__slots__``, or frozen with methods it
+    would refuse or replace. The frozen methods are closures doing what the compiled ones
+    do, and the class is made again once, from its namespace with what ``dataclass()``
+    adds and ``methods``; its ``__slots__``, and what its namespace loses, are those of
+    this Python's ``dataclass()`` (:class:`_Dataclasses`).
+    """
+    module = sys.modules.get(cls.__module__)
+    own = made = cls.__dict__.copy()  # its namespace, to become that of the class made again
+    annotations = own.get("__annotations__", {})
+    if module is None or not cls.__doc__ or type(annotations) is not dict \
+            or type(cls) is not type or "__slots__" in own \
+            or (frozen and not _FROZEN_METHODS.isdisjoint(own)):
+        return None
+    fields: dict[str, Any] = {}
+    inherited: set[str] = set()  # the bases' slots
+    for base in cls.__mro__[-2:0:-1]:  # the bases but object, the nearest last
+        slots = base.__dict__.get("__slots__")
+        if type(slots) is not tuple:
+            return None
+        inherited.update(slots)
+        base_fields = getattr(base, dc.fields_attr, None)
+        if base_fields is not None:
+            if getattr(base, dc.params_attr).frozen != frozen:
+                return None
+            for f in base_fields.values():
+                if f._field_type is not dc.field_kind:
+                    return None
+            fields.update(base_fields)
+    for key, value in own.items():
+        if isinstance(value, dataclasses.Field) and key not in annotations:
+            return None
+    ns = module.__dict__
+    kw_only = False
+    for name, annotation in annotations.items():
+        named, prefixed = annotation, False
+        if isinstance(annotation, str):
+            if annotation.isascii() and annotation.isidentifier():  # the pattern's whole match
+                named = ns.get(annotation)
+            else:
+                match = dc.leading_name.match(annotation)
+                named = match and ns.get(match.group(2))
+                prefixed = bool(match and match.group(1))
+        if named is not None:
+            if named is KW_ONLY and not prefixed and not kw_only:
+                kw_only = True
+                continue
+            if named is KW_ONLY or named is InitVar or named is ClassVar \
+                    or not isinstance(named, type) and (type(named) is InitVar
+                                                        or get_origin(named) is ClassVar):
+                return None
+        default = getattr(cls, name, MISSING)
+        if isinstance(default, dataclasses.Field):
+            if name not in own:
+                return None
+            f = default
+        else:
+            f = dataclasses.field(default=MISSING if type(default) is MemberDescriptorType
+                                  else default)
+        if f.default.__class__.__hash__ is None or isinstance(f.default, (list, dict, set)):
+            return None
+        # filled in as dataclass() fills it in, should a later field leave the class to it
+        f.name, f.type, f._field_type = name, annotation, dc.field_kind
+        if f.kw_only is MISSING:
+            f.kw_only = kw_only
+        fields[name] = f
+    made[dc.params_attr] = dc.params(*dc.params_before, frozen, *dc.params_after)
+    made[dc.fields_attr] = fields
+    if dc.replace is not None:
+        made.setdefault("__replace__", dc.replace)
+    if frozen:
+        made["__setattr__"], made["__delattr__"] = _frozen_methods(cls, frozenset(fields))
+    positional = []
+    slots = []
+    for name, f in fields.items():
+        if f.init and not f.kw_only:
+            positional.append(name)
+        if name not in inherited or not dc.leave_out_inherited:
+            slots.append(name)
+        made.pop(name, None)
+    made.setdefault("__match_args__", tuple(positional))
+    made["__slots__"] = tuple(slots)
+    made.pop("__dict__", None)
+    if dc.drop_weakref:
+        made.pop("__weakref__", None)
+    for name, method in methods.items():
+        made.setdefault(name, method)
+    if frozen:  # pickle's way to a frozen slots class
+        made["__getstate__"], made["__setstate__"] = dc.getstate, dc.setstate
+    made["__qualname__"] = cls.__qualname__
+    remade = type(cls.__name__, cls.__bases__, made)
+    if "__abstractmethods__" in remade.__dict__:  # what update_abstractmethods looks for
+        abc.update_abstractmethods(remade)
+    return remade
+
+
+def _frozen_methods(cls: type[Any], names: frozenset[str]) -> tuple[Callable, Callable]:
+    """``__setattr__`` and ``__delattr__`` of frozen dataclass ``cls`` with fields ``names``,
+    as :mod:`dataclasses` writes them (unannotated; ``cls`` is the class as defined, before
+    it is made again with ``__slots__``, there too)."""
+    def __setattr__(self, name, value):
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+        super(cls, self).__setattr__(name, value)
+
+    def __delattr__(self, name):
+        if type(self) is cls or name in names:
+            raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+        super(cls, self).__delattr__(name)
+
+    for fn in (__setattr__, __delattr__):
+        fn.__qualname__ = f"{cls.__qualname__}.{fn.__name__}"
+        fn.__module__ = cls.__module__
+    return __setattr__, __delattr__
+
+
+def _compile_methods(cls: type, frozen: bool) -> None:
+    """Put on ``cls`` the methods it has yet to compile, as :mod:`dataclasses` makes them for
+    its fields.
 
     The source is compiled, then run as a code object: ``exec`` of a string would clear
     the interpreter's note that a KeyboardInterrupt ended the program (a record first
     built during the exit's cleanup would make Ctrl-C exit with status 1, not by SIGINT).
     """
+    names = [name for name, first in _METHODS[frozen].items()
+             if first is not None and cls.__dict__.get(name) is first]
     fields = [f for f in dataclasses.fields(cls) if f.init]
     env: dict[str, Any] = {"MISSING": MISSING, "set_": object.__setattr__, "cls": cls}
     params: list[str] = []
