@@ -185,9 +185,12 @@ def _first_call(name: str, frozen: bool) -> Callable:
     it compiles the methods of the record it is found on, then calls the one compiled. One
     function for every record, found in the class as it is made: nothing is made per class."""
     def first(self: Any, *args: Any, **kwargs: Any) -> Any:
-        cls = next(c for c in type(self).__mro__ if c.__dict__.get(name) is first)
-        _compile_methods(cls, frozen)
-        return getattr(cls, name)(self, *args, **kwargs)
+        for cls in type(self).__mro__:
+            if cls.__dict__.get(name) is first:
+                _compile_methods(cls, frozen)
+                break
+        # found nowhere: another thread compiled them since this call found the stand-in
+        return getattr(type(self), name)(self, *args, **kwargs)
 
     first.__name__ = first.__qualname__ = name
     return first

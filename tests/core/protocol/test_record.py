@@ -116,9 +116,10 @@ def test_a_record_keeps_its_own_methods_and_pickles():
 def test_every_message_record_builds_from_its_fields():
     """Each record of the protocol and of the state machines builds, compares and prints
     (their methods compiled from their fields on first use)."""
-    from hpcsched.core.protocol import wire
+    from hpcsched.core.protocol import messages, wire  # messages: every record registered
     from hpcsched.core.state import events
 
+    assert messages.CLIENT_TO_SCHEDULER
     classes = {s.cls for s in wire._SPECS.values()}
     classes |= {c for c in vars(events).values()
                 if isinstance(c, type) and dataclasses.is_dataclass(c)}
@@ -456,3 +457,19 @@ def test_the_lean_path_is_off_where_dataclasses_differs(monkeypatch):
     monkeypatch.undo()
     monkeypatch.setattr(sys, "version_info", (3, 14, 0, "final", 0))
     assert wire._dataclasses() is None
+
+
+def test_a_record_first_built_by_two_threads_at_once_is_built_by_both():
+    # a thread that found the stand-in __init__ while another compiled the methods
+    @record
+    class Pair:
+        """Two numbers."""
+
+        a: int
+        b: int = 2
+
+    stand_in = Pair.__init__
+    made = Pair.__new__(Pair)
+    Pair(1)  # compiles: the stand-in is gone from the class
+    stand_in(made, 3)  # as the second thread, which looked __init__ up before that
+    assert (made.a, made.b) == (3, 2) and made == Pair(3)
