@@ -132,6 +132,21 @@ class RangeRunner:
         with self._lock:
             return ev.RangesWaiting(self._wanted())
 
+    def as_of_now(self, e: ev.RangesWaiting | ev.RangeThreadDone
+                  ) -> ev.RangesWaiting | ev.RangeThreadDone:
+        """On the loop: ``e``, made on a range thread, with the threads the waiting ranges
+        want now.
+
+        What the thread counted is stale once the loop handles ``e``: a ``compute-range``
+        handled in between wanted a thread the state machine had no slot for yet (the
+        ending thread still held it), and the thread's "none wanted" would then leave that
+        range waiting, with no thread to run it, until the next range came.
+        """
+        with self._lock:
+            wanted = self._wanted()
+        return e if wanted == e.threads else type(e)(wanted, now=e.now,
+                                                     stimulus_id=e.stimulus_id)
+
     def on_range_thread(self) -> bool:
         """Whether the calling thread runs ranges (and holds a slot for them)."""
         return getattr(self._local, "seceded", None) is False

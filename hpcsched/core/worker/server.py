@@ -97,6 +97,9 @@ from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
 
+#: the events a thread of ranges puts on the loop (RangeRunner.as_of_now)
+_FROM_RANGE_THREADS = (ev.RangeThreadDone, ev.RangesWaiting)
+
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
 IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
 EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
@@ -453,6 +456,8 @@ class Worker:
             elif type(source) is tuple:  # (PEER, comm): a peer's messages
                 out += self._handle_all(self.peers.handle(source[1], payload))
             else:  # our own events: task results, transfers
+                if type(payload) in _FROM_RANGE_THREADS:  # counted there: stale by now
+                    payload = self.ranges.as_of_now(payload)
                 out += state.handle(payload)
         self._carry_out(out)
 

@@ -17,6 +17,8 @@ import pytest
 
 from hpcsched.core.protocol.messages import ComputeRange
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.task_pool import TaskPool
 
@@ -120,3 +122,50 @@ def test_a_release_of_some_keeps_the_head_of_a_range():
     finally:
         GATE.set()
         w.executor.shutdown()
+
+
+class HeldPool:
+    """Task threads started when the test calls them, one at a time."""
+
+    def __init__(self) -> None:
+        self.started: list = []
+
+    def submit(self, fn: Any, *args: Any) -> None:
+        self.started.append(fn)
+
+    def shutdown(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(60)
+def test_a_range_given_as_the_last_thread_of_ranges_ends_still_gets_a_thread():
+    """One thread, and the runner with a real state machine, the loop played in order. The
+    thread runs out of ranges and ends; a ``compute-range`` already on the loop is handled
+    before the thread's ``RangeThreadDone``, and wants a thread the state machine has no
+    slot for yet (the ending thread holds it). The ``RangeThreadDone``, handled as the
+    worker's loop handles it, gives that range a thread: its "none wanted" is stale.
+    (The interleaving left bulk maps with one range waiting forever on an idle worker.)"""
+    GATE.set()
+    w = Worker(1)
+    w.executor.shutdown()
+    pool = w.executor = HeldPool()
+    state = WorkerState(w.address, 1)
+    r = RangeRunner(w)
+
+    def loop_handles(event: Any) -> None:
+        for instruction in state.handle(event):
+            if type(instruction) is ev.RunRanges:
+                r.start_thread()
+
+    loop_handles(r.submit(compute_range("m-a-", [1, 2])))
+    (thread,) = pool.started
+    thread()  # runs both elements, finds nothing waiting, ends
+    assert sorted(ran(w, 2)) == [1, 2]
+    done = w.loop.events.get_nowait()
+    assert type(done) is ev.RangeThreadDone and done.threads == 0
+    loop_handles(r.submit(compute_range("m-b-", [3])))
+    assert len(pool.started) == 1 and state.range_threads == 1  # no slot free yet
+    loop_handles(r.as_of_now(done))
+    assert len(pool.started) == 2, "the range of m-b- waits with no thread to run it"
+    pool.started[1]()
+    assert ran(w, 1) == [3]
