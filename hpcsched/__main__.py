@@ -14,10 +14,15 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
-        # a script under mpiexec: every rank starts here, so it imports the MPI mode only
+        # a script under mpiexec: every rank starts here, so it imports the MPI mode only,
+        # with the garbage collector paused until the rank has started (bootstrap._started)
+        import gc
+
+        paused = gc.isenabled()
+        gc.disable()
         from hpcsched.hpc.bootstrap import main as run_script
 
-        return run_script(argv)
+        return run_script(argv, collector_paused=paused)
     from hpcsched.launchers.cli import USAGE, scheduler_main, version_text, worker_main
 
     if not argv or argv[0] in ("-h", "--help"):

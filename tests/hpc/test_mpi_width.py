@@ -48,6 +48,28 @@ def test_ranks_import_no_heavy_module_before_the_first_task():
 
 @needs_mpiexec
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("start", ["python -m hpcsched", "initialize()"])
+@pytest.mark.parametrize("paused", [False, True])
+def test_the_garbage_collector_runs_again_on_every_rank_once_started(start, paused):
+    # each rank starts with it paused (its start makes no garbage); after, it is as the
+    # program left it, and nothing stays frozen out of its reach
+    args = [script("collector.py"), *(["paused"] if paused else [])]
+    if start == "initialize()":
+        r = run([*args, "initialize"], nprocs=3, env=REPO_ON_PATH, module=False)
+    else:
+        r = run(args, nprocs=3, env=REPO_ON_PATH)
+    assert r.code == 0, r
+    m = re.search(r"COLLECTOR (.*)", r.out)
+    assert m, r
+    seen = {"enabled": not paused, "frozen": 0}
+    # the script pauses it only once running: under python -m hpcsched the workers never
+    # see that pause
+    workers = {"enabled": not paused or start == "python -m hpcsched", "frozen": 0}
+    assert json.loads(m.group(1)) == {"rank0": seen, "workers": [workers, workers]}, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("given", [None, "yes"])
 def test_ucx_memory_hooks_are_off_on_a_node_without_rdma_devices_unless_asked_for(
         given, monkeypatch):

@@ -256,14 +256,21 @@ def gc_paused(n_tasks: int, threshold: int = 1000) -> Iterator[None]:
     try:
         yield
     finally:
-        if gc.get_freeze_count() == 0:
-            # What the pass allocated still counts towards a young collection, which would
-            # run at the first allocation after ``gc.enable()`` and walk the whole new
-            # graph, then again as it ages through the middle
-            # generation. Freezing and unfreezing moves every tracked object to the oldest
-            # generation at once and resets that count (CPython's ``gc.freeze`` /
-            # ``gc.unfreeze``): graphs are long-lived, so they belong there. Skipped where
-            # the program froze objects itself, which ``unfreeze`` would undo.
-            gc.freeze()
-            gc.unfreeze()
-        gc.enable()
+        resume_collector()
+
+
+def resume_collector() -> None:
+    """Turn the cyclic garbage collector back on after a pause in which long-lived objects
+    were made (a graph, a process's start), moving them to the oldest generation.
+
+    What the pause allocated still counts towards a young collection, which would run at
+    the first allocation after ``gc.enable()`` and walk all of it, then again as it ages
+    through the middle generation. Freezing and unfreezing moves every tracked object to
+    the oldest generation at once and resets that count (CPython's ``gc.freeze`` /
+    ``gc.unfreeze``). Skipped where the program froze objects itself, which ``unfreeze``
+    would undo.
+    """
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
+        gc.unfreeze()
+    gc.enable()
