@@ -17,7 +17,6 @@ hear of their release before it hears of the task that needs them.
 
 from __future__ import annotations
 
-import hashlib
 import pickle
 from collections.abc import Callable
 from functools import partial
@@ -36,6 +35,7 @@ from hpcsched.core.client.futures import Future
 from hpcsched.core.client.submission import (
     SCALARS,
     as_list,
+    blake2b,
     flatten_keys,
     pack_keys,
     pure_token,
@@ -242,7 +242,7 @@ class Submitter:
         prefix = f"{base}-{token}-"
         n = len(items)
         if pure:
-            h = hashlib.blake2b(fblob, digest_size=12)
+            h = blake2b(fblob, digest_size=12)
             h.update(self.conn.client_id.encode())
             h.update(dumps_object((items, kwargs)))
             pure_prefix = f"{base}-{h.hexdigest()}-"
