@@ -15,6 +15,8 @@ elements the departing workers had (running or holding), per departure.
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import gc
 import time

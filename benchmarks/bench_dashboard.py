@@ -22,6 +22,8 @@ threads) spent per task (``cpu_us_per_task``, best = lowest).
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import os

@@ -18,6 +18,8 @@ No processes: a scheduler is started in this process and fed the events of
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import statistics
 import tempfile

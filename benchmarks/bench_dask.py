@@ -65,6 +65,8 @@ compute: on a loaded machine it varies much less than the wall-clock time.
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import atexit
 import json

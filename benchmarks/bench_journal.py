@@ -29,6 +29,8 @@ client sends them) and writing it costs the scheduler's loop, per task.
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import os

@@ -22,6 +22,8 @@ hpcsched / dask (hpcsched / ProcessPoolExecutor for the sweeps). Needs
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import logging

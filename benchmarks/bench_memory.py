@@ -30,6 +30,8 @@ Shapes (dependencies below their dependents):
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import statistics
 import time

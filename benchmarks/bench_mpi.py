@@ -53,6 +53,8 @@ hpcsched's modules are byte-compiled first, as an installed package's are
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import operator

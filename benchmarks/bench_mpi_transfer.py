@@ -21,6 +21,8 @@ CPU).
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import statistics
 import time

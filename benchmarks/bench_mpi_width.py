@@ -27,6 +27,8 @@ below ``--min-free`` is killed, every process it started with it
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import os

@@ -33,6 +33,8 @@ Workloads (each timed from the first submission to the last result):
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import os

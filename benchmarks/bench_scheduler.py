@@ -27,6 +27,8 @@ Shapes:
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import cProfile
 import gc

@@ -34,6 +34,8 @@ have them (the messages are not sent). It needs ``pip install 'dask[distributed]
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import gc
 import time

@@ -18,6 +18,8 @@ hpcsched / dask for times (below 1: hpcsched faster). Needs ``pip install
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import logging
 import os

@@ -17,6 +17,8 @@ of ``--repeat``, in one process: ``store`` (with the measured nbytes), one ``__g
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import importlib.util
 import tempfile

@@ -48,6 +48,8 @@ polling. Needs ``pip install
 
 from __future__ import annotations
 
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
+
 import argparse
 import json
 import os
