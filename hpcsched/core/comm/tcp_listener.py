@@ -43,6 +43,7 @@ from hpcsched.core.comm.tcp_security import (
 logger = logging.getLogger("hpcsched.comm")
 
 ACCEPTS_PER_EVENT = 64  # then let pending handshakes answer before accepting more
+ACCEPT_PAUSE = 0.1  # seconds without accepting once accept() failed (out of descriptors)
 
 
 class _Pending:
@@ -98,6 +99,7 @@ class TCPListener(Listener):
         self._timer: tcp_io.Timer | None = None
         self._stopped = False
         self._stopped_event = threading.Event()
+        self._resume: tcp_io.Timer | None = None  # accepting paused until then
         self._refusals = _LogLimit()
         self._io = tcp_io.acquire()
         self._io.call_soon(self._io.register, self._sock, READ, self)
@@ -114,8 +116,24 @@ class TCPListener(Listener):
                 return
             except OSError as e:  # out of file descriptors or the like
                 self._refusals.log("%r: accept failed: %s", self, e)
+                self._pause_accepting()
                 return
             self._admit(conn, f"{self._scheme}://{format_hostport(*addr[:2])}")
+
+    def _pause_accepting(self) -> None:
+        """``accept()`` failed (out of file descriptors, or of kernel memory): the peer
+        stays queued and the socket readable, so watching it would call ``accept()`` again
+        at once, in a loop holding the I/O thread (and every comm of the process on it).
+        The socket is left alone for :data:`ACCEPT_PAUSE`; comms closing meanwhile free
+        descriptors, and the queued peers wait in the kernel's backlog."""
+        if self._resume is None and not self._stopped:
+            self._io.unregister(self._sock)
+            self._resume = self._io.call_later(ACCEPT_PAUSE, self._resume_accepting)
+
+    def _resume_accepting(self) -> None:
+        self._resume = None
+        if not self._stopped:
+            self._io.register(self._sock, READ, self)
 
     def _admit(self, conn: socket.socket, peer: str) -> None:
         while len(self._pending) >= self._max_pending:
@@ -224,6 +242,8 @@ class TCPListener(Listener):
                 self._drop(p)
             if self._timer is not None:
                 self._timer.cancel()
+            if self._resume is not None:
+                self._resume.cancel()
         finally:
             self._stopped_event.set()
             self._io.release()

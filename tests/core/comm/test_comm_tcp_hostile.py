@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -262,3 +263,59 @@ def test_a_client_gets_in_while_500_idle_sockets_keep_coming_back(tmp_path):
             for f in (p.stdin, p.stdout):
                 if f is not None:
                     f.close()
+
+
+def _limit_descriptors() -> None:
+    """In the scheduler's process, before it starts: few file descriptors."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (160, hard))
+
+
+def test_a_listener_out_of_file_descriptors_waits_instead_of_spinning(tmp_path):
+    """A scheduler that runs out of file descriptors cannot accept the peers queued for it:
+    its listening socket stays readable. It must not call accept() in a loop meanwhile
+    (it burnt a core, and its I/O thread, until descriptors were freed), and it takes
+    peers again once some are."""
+    import socket
+
+    from hpcsched.core.client.client import Client
+
+    env = dict(os.environ, **worker_env())
+    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
+        env.pop(var, None)
+    sched_file = tmp_path / "scheduler.json"
+    socks: list[socket.socket] = []
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--scheduler-file", str(sched_file)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
+        preexec_fn=_limit_descriptors)
+    try:
+        wait_until(sched_file.exists, timeout=60, what="the scheduler file")
+        with Client(str(sched_file), timeout=30, set_as_default=False) as warmup:
+            address = warmup.scheduler_address
+        host, port = address[len("tcp://"):].rsplit(":", 1)
+        proc = psutil.Process(sched.pid)
+        # more peers than it has descriptors left: the rest wait in the kernel's queue
+        for _ in range(300):
+            socks.append(socket.create_connection((host, int(port)), timeout=10))
+        wait_until(lambda: b"accept failed" in (tmp_path / "scheduler.log").read_bytes(),
+                   timeout=30, what="the scheduler to run out of file descriptors")
+        before = sum(proc.cpu_times()[:2])
+        time.sleep(2.0)  # a measurement window, not a wait for something to happen
+        spent = sum(proc.cpu_times()[:2]) - before
+        assert spent < 0.5, f"{spent:.2f}s of CPU in 2s while out of file descriptors"
+        for s in socks:
+            s.close()
+        socks.clear()
+        with Client(str(sched_file), timeout=30, set_as_default=False) as c:
+            assert c.scheduler_info()["address"] == address
+    finally:
+        for s in socks:
+            s.close()
+        if sched.poll() is None:
+            sched.kill()
+        sched.wait(timeout=30)
