@@ -35,17 +35,13 @@ import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it s
 
 import argparse
 import json
-import os
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from operator import add
 
 from bench_local import noop, tree_graph
-from bench_swarm import HERE as SWARM
-from bench_swarm import Processes, _wait_file
+from bench_swarm import swarm
 
 
 def one_round(client, args, tag: str) -> int:
@@ -82,60 +78,23 @@ def slope_per_hour(ts: list[float], ys: list[float]) -> float:
 
 
 def measure(system: str, args) -> dict:
-    import psutil
-
-    tmp = tempfile.mkdtemp(prefix="bench-soak-")
-    sfile = os.path.join(tmp, "scheduler.json")
-    path = os.pathsep.join(p for p in (os.path.dirname(SWARM), os.environ.get("PYTHONPATH"))
-                           if p)
-    env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
-               DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="600s",
-               DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED="False", PYTHONPATH=path)
-    procs = Processes()
-    try:
-        if system == "hpcsched":
-            sched = procs.start([sys.executable, "-m", "hpcsched", "scheduler", "--port", "0",
-                                 "--scheduler-file", sfile, "--log-level", "error"], env=env)
-        else:
-            sched = procs.start([sys.executable, "-m", "distributed.cli.dask_scheduler",
-                                 "--port", "0", "--dashboard-address", ":0",
-                                 "--scheduler-file", sfile], env=env,
-                                stderr=subprocess.DEVNULL)
-        _wait_file(sfile, sched)
-        sp = psutil.Process(sched.pid)
-        n = args.workers
-        hosts = max(1, min(args.hosts, n))
-        for i in range(hosts):
-            count = n // hosts + (1 if i < n % hosts else 0)
-            procs.start([sys.executable, SWARM, "_host", system, sfile, str(count)], env=env)
-        if system == "hpcsched":
-            from hpcsched import Client
-        else:
-            from distributed import Client
-        rounds: list[dict] = []
-        with Client(scheduler_file=sfile) as client:
-            client.wait_for_workers(n, timeout=600)
-            start = time.perf_counter()
-            while time.perf_counter() - start < args.seconds or len(rounds) < 2:
-                cpu0 = sp.cpu_times()
-                t0 = time.perf_counter()
-                tasks = one_round(client, args, f"soak-{system}-{len(rounds)}-")
-                t1 = time.perf_counter()
-                cpu1 = sp.cpu_times()
-                rounds.append({
-                    "t": round(t1 - start, 2), "tasks": tasks,
-                    "tasks_per_s": round(tasks / (t1 - t0)),
-                    "cpu_per_task_us": round(1e6 * ((cpu1.user + cpu1.system)
-                                                    - (cpu0.user + cpu0.system)) / tasks, 1),
-                    "rss_mib": round(sp.memory_info().rss / 2**20, 1)})
-                print(f"{system}: round {len(rounds)} {rounds[-1]}", file=sys.stderr,
-                      flush=True)
-        return summary(system, n, rounds)
-    finally:
-        procs.close()
-        for f in os.listdir(tmp):
-            os.unlink(os.path.join(tmp, f))
-        os.rmdir(tmp)
+    rounds: list[dict] = []
+    with swarm(system, args.workers, args.hosts) as (client, sp, _):
+        start = time.perf_counter()
+        while time.perf_counter() - start < args.seconds or len(rounds) < 2:
+            cpu0 = sp.cpu_times()
+            t0 = time.perf_counter()
+            tasks = one_round(client, args, f"soak-{system}-{len(rounds)}-")
+            t1 = time.perf_counter()
+            cpu1 = sp.cpu_times()
+            rounds.append({
+                "t": round(t1 - start, 2), "tasks": tasks,
+                "tasks_per_s": round(tasks / (t1 - t0)),
+                "cpu_per_task_us": round(1e6 * ((cpu1.user + cpu1.system)
+                                                - (cpu0.user + cpu0.system)) / tasks, 1),
+                "rss_mib": round(sp.memory_info().rss / 2**20, 1)})
+            print(f"{system}: round {len(rounds)} {rounds[-1]}", file=sys.stderr, flush=True)
+    return summary(system, args.workers, rounds)
 
 
 def summary(system: str, n: int, rounds: list[dict]) -> dict:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -58,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from operator import add
 
 from bench_local import noop, tree_graph  # the same workloads as bench_local.py
@@ -146,7 +148,12 @@ def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
-def measure(system: str, n: int, args) -> dict:
+@contextlib.contextmanager
+def swarm(system: str, n: int, hosts: int) -> Iterator[tuple]:
+    """A scheduler process started from the command line, ``n`` one-thread workers from
+    ``hosts`` processes, and a client in this process once they have all joined: yields
+    (client, the scheduler's psutil.Process, seconds the workers took to join). Every
+    process it started is ended when it exits (bench_soak.py uses it too)."""
     import psutil
 
     tmp = tempfile.mkdtemp(prefix="bench-swarm-")
@@ -171,7 +178,7 @@ def measure(system: str, n: int, args) -> dict:
                                 stderr=subprocess.DEVNULL)
         _wait_file(sfile, sched)
         sp = psutil.Process(sched.pid)
-        hosts = max(1, min(args.hosts, n))
+        hosts = max(1, min(hosts, n))
         per = [n // hosts + (1 if i < n % hosts else 0) for i in range(hosts)]
         t0 = time.perf_counter()
         for count in per:
@@ -182,60 +189,64 @@ def measure(system: str, n: int, args) -> dict:
             from distributed import Client
         with Client(scheduler_file=sfile) as client:
             client.wait_for_workers(n, timeout=600)
-            join = time.perf_counter() - t0
-            c0 = sp.cpu_times()
-            time.sleep(args.idle)
-            c1 = sp.cpu_times()
-            idle = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / args.idle
-            out = {"system": system, "workers": n, "join_s": round(join, 2),
-                   "idle_cpu_pct": round(idle, 2)}
-            print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
-            workloads = args.workloads.split(",")
-            total = 0
-            cpu0 = sp.cpu_times()
-            for rep in range(args.repeat):
-                if "map" in workloads:
-                    t = time.perf_counter()
-                    futs = client.map(noop, range(args.tasks), pure=False)
-                    assert client.gather(futs)[-1] == args.tasks - 1
-                    best(out, "map_per_s", args.tasks / (time.perf_counter() - t))
-                    total += args.tasks
-                    print(f"{system} {n}: map {out['map_per_s']}/s", file=sys.stderr,
-                          flush=True)
-                    del futs
-                if "futures" in workloads:
-                    t = time.perf_counter()
-                    level = client.map(noop, range(args.pairs), pure=False)
-                    ntree = args.pairs
-                    while len(level) > 1:
-                        nxt = [client.submit(add, level[i], level[i + 1], pure=False)
-                               for i in range(0, len(level) - 1, 2)]
-                        if len(level) % 2:
-                            nxt.append(level[-1])
-                        ntree += len(level) // 2
-                        level = nxt
-                    assert level[0].result() == args.pairs * (args.pairs - 1) // 2
-                    best(out, "tree_futures_per_s", ntree / (time.perf_counter() - t))
-                    total += ntree
-                    print(f"{system} {n}: tree of futures {out['tree_futures_per_s']}/s",
-                          file=sys.stderr, flush=True)
-                    del level, nxt
-                if "graph" in workloads:
-                    dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-{rep}-")
-                    t = time.perf_counter()
-                    assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
-                    best(out, "tree_graph_per_s", len(dsk) / (time.perf_counter() - t))
-                    total += len(dsk)
-            cpu1 = sp.cpu_times()
-            out["cpu_per_task_us"] = round(
-                1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / max(total, 1), 1)
-            out["rss_mib"] = round(sp.memory_info().rss / 2**20, 1)
-        return out
+            yield client, sp, time.perf_counter() - t0
     finally:
         procs.close()
         for f in os.listdir(tmp):
             os.unlink(os.path.join(tmp, f))
         os.rmdir(tmp)
+
+
+def measure(system: str, n: int, args) -> dict:
+    with swarm(system, n, args.hosts) as (client, sp, join):
+        c0 = sp.cpu_times()
+        time.sleep(args.idle)
+        c1 = sp.cpu_times()
+        idle = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / args.idle
+        out = {"system": system, "workers": n, "join_s": round(join, 2),
+               "idle_cpu_pct": round(idle, 2)}
+        print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
+        workloads = args.workloads.split(",")
+        total = 0
+        cpu0 = sp.cpu_times()
+        for rep in range(args.repeat):
+            if "map" in workloads:
+                t = time.perf_counter()
+                futs = client.map(noop, range(args.tasks), pure=False)
+                assert client.gather(futs)[-1] == args.tasks - 1
+                best(out, "map_per_s", args.tasks / (time.perf_counter() - t))
+                total += args.tasks
+                print(f"{system} {n}: map {out['map_per_s']}/s", file=sys.stderr,
+                      flush=True)
+                del futs
+            if "futures" in workloads:
+                t = time.perf_counter()
+                level = client.map(noop, range(args.pairs), pure=False)
+                ntree = args.pairs
+                while len(level) > 1:
+                    nxt = [client.submit(add, level[i], level[i + 1], pure=False)
+                           for i in range(0, len(level) - 1, 2)]
+                    if len(level) % 2:
+                        nxt.append(level[-1])
+                    ntree += len(level) // 2
+                    level = nxt
+                assert level[0].result() == args.pairs * (args.pairs - 1) // 2
+                best(out, "tree_futures_per_s", ntree / (time.perf_counter() - t))
+                total += ntree
+                print(f"{system} {n}: tree of futures {out['tree_futures_per_s']}/s",
+                      file=sys.stderr, flush=True)
+                del level, nxt
+            if "graph" in workloads:
+                dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-{rep}-")
+                t = time.perf_counter()
+                assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
+                best(out, "tree_graph_per_s", len(dsk) / (time.perf_counter() - t))
+                total += len(dsk)
+        cpu1 = sp.cpu_times()
+        out["cpu_per_task_us"] = round(
+            1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / max(total, 1), 1)
+        out["rss_mib"] = round(sp.memory_info().rss / 2**20, 1)
+    return out
 
 
 def best(out: dict, name: str, rate: float) -> None:
