@@ -38,10 +38,9 @@ import json
 import signal
 import sys
 import time
-from operator import add
 
 from bench_local import noop, tree_graph
-from bench_swarm import swarm
+from bench_swarm import swarm, tree_of_futures
 
 
 def one_round(client, args, tag: str) -> int:
@@ -49,17 +48,7 @@ def one_round(client, args, tag: str) -> int:
     futs = client.map(noop, range(args.tasks), pure=False)
     assert client.gather(futs)[-1] == args.tasks - 1
     del futs
-    level = client.map(noop, range(args.pairs), pure=False)
-    tasks = args.tasks + args.pairs
-    while len(level) > 1:
-        nxt = [client.submit(add, level[i], level[i + 1], pure=False)
-               for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        tasks += len(level) // 2
-        level = nxt
-    assert level[0].result() == args.pairs * (args.pairs - 1) // 2
-    del level
+    tasks = args.tasks + tree_of_futures(client, args.pairs)
     dsk, root = tree_graph(args.leaves, tag)
     assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
     return tasks + len(dsk)

@@ -221,21 +221,11 @@ def measure(system: str, n: int, args) -> dict:
                 del futs
             if "futures" in workloads:
                 t = time.perf_counter()
-                level = client.map(noop, range(args.pairs), pure=False)
-                ntree = args.pairs
-                while len(level) > 1:
-                    nxt = [client.submit(add, level[i], level[i + 1], pure=False)
-                           for i in range(0, len(level) - 1, 2)]
-                    if len(level) % 2:
-                        nxt.append(level[-1])
-                    ntree += len(level) // 2
-                    level = nxt
-                assert level[0].result() == args.pairs * (args.pairs - 1) // 2
+                ntree = tree_of_futures(client, args.pairs)
                 best(out, "tree_futures_per_s", ntree / (time.perf_counter() - t))
                 total += ntree
                 print(f"{system} {n}: tree of futures {out['tree_futures_per_s']}/s",
                       file=sys.stderr, flush=True)
-                del level, nxt
             if "graph" in workloads:
                 dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-{rep}-")
                 t = time.perf_counter()
@@ -247,6 +237,22 @@ def measure(system: str, n: int, args) -> dict:
             1e6 * ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / max(total, 1), 1)
         out["rss_mib"] = round(sp.memory_info().rss / 2**20, 1)
     return out
+
+
+def tree_of_futures(client, pairs: int) -> int:
+    """``pairs`` futures reduced pairwise with ``submit(add, a, b)``, one call per task,
+    futures passed inline; the result checked. The number of tasks it ran."""
+    level = client.map(noop, range(pairs), pure=False)
+    tasks = pairs
+    while len(level) > 1:
+        nxt = [client.submit(add, level[i], level[i + 1], pure=False)
+               for i in range(0, len(level) - 1, 2)]
+        if len(level) % 2:
+            nxt.append(level[-1])
+        tasks += len(level) // 2
+        level = nxt
+    assert level[0].result() == pairs * (pairs - 1) // 2
+    return tasks
 
 
 def best(out: dict, name: str, rate: float) -> None:
