@@ -168,8 +168,17 @@ def _world(comm: Any = None) -> _Job:
 def _setup(options: InitOptions) -> _Job:
     """Collective start-up on every rank of ``options.comm``.
 
-    Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler.
+    Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler, and
+    has started once it returns (or fails); a worker rank once its worker has joined.
     """
+    try:
+        return _set_up_world(options)
+    finally:
+        if _job is None or _job.rank == 0:
+            _started()
+
+
+def _set_up_world(options: InitOptions) -> _Job:
     global _job, _scheduler
     job = _world(options.comm)
     if job.size == 1:
@@ -543,9 +552,6 @@ def _run(ns: argparse.Namespace) -> int:
     except RuntimeError as e:
         print(e, file=sys.stderr, flush=True)
         return 1
-    finally:
-        if _job is None or _job.rank == 0:  # a worker rank has started once its worker has
-            _started()
     if job.size == 1:
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
@@ -600,11 +606,7 @@ def initialize(interface: str | None = None, nthreads: int | None = None,
     if _job is not None:  # python -m hpcsched already did it, or a second call
         return _job.rank == 0
     _pause_collector()
-    try:
-        job = _setup(options)
-    finally:
-        if _job is None or _job.rank == 0:  # a worker rank has started once its worker has
-            _started()
+    job = _setup(options)
     if job.size == 1:
         print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
               file=sys.stderr, flush=True)
