@@ -14,10 +14,17 @@ I/O thread, so it must not block: servers hand the comm's messages to their loop
 (``deliver_to``) and read the peer's introduction there. A registration storm of
 thousands of peers then costs sockets and messages, never a thread each. The
 kernel queues up to ``comm.socket-backlog`` connections not yet accepted.
+
+A process that listens takes peers by the thousand (a scheduler its workers and
+clients, a worker the peers that fetch from it), one file descriptor each, where many
+systems give a process 1,024 unless it asks for more. The first listener of a process
+raises its soft limit on descriptors to the hard one (:func:`raise_descriptor_limit`),
+as servers commonly do; a process that only connects (a client) is left as it was.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -44,6 +51,56 @@ logger = logging.getLogger("hpcsched.comm")
 
 ACCEPTS_PER_EVENT = 64  # then let pending handshakes answer before accepting more
 ACCEPT_PAUSE = 0.1  # seconds without accepting once accept() failed (out of descriptors)
+
+
+def raise_descriptor_limit() -> tuple[int, int] | None:
+    """Raise this process's soft limit on open files to its hard limit, once per process.
+
+    The soft limit is what a process may use without privileges, often 1,024: at a
+    thousand workers the scheduler needs a descriptor per worker, and a worker one per
+    peer it serves. Where the hard limit is unlimited, the kernel's own ceiling
+    (``/proc/sys/fs/nr_open``) is asked for instead. Returns the (soft, hard) limits now
+    in force, None where they cannot be read (no ``resource`` module).
+    """
+    global _raised
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if _raised:
+        return soft, hard
+    _raised = True
+    wanted = [hard] if hard != resource.RLIM_INFINITY else []
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            wanted.append(int(f.read()))
+    except (OSError, ValueError):
+        pass
+    wanted.append(10240)  # macOS refuses more than OPEN_MAX whatever the hard limit
+    for target in wanted:
+        if soft != resource.RLIM_INFINITY and soft < target and (
+                hard == resource.RLIM_INFINITY or target <= hard):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            except (ValueError, OSError):
+                continue
+            logger.debug("open file limit raised from %d to %d", soft, target)
+            return target, hard
+    return soft, hard
+
+
+_raised = False
+
+
+def descriptor_limit() -> str:
+    """This process's limit on open files, for a message about running out of them."""
+    try:
+        import resource
+    except ImportError:
+        return "unknown"
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return str(soft) if soft == hard else f"{soft} (hard limit {hard})"
 
 
 class _Pending:
@@ -78,6 +135,7 @@ class TCPListener(Listener):
             raise ValueError(f"{address}: a tls:// listener needs security.tls_cert (and tls_key)")
         self._handshake_timeout = float(config.get("comm.timeouts.handshake"))
         self._max_pending = max(1, int(config.get("comm.max-pending-handshakes")))
+        raise_descriptor_limit()
         sockaddr: tuple[Any, ...]  # (host, port), or IPv6's (host, port, flowinfo, scope)
         if host in ("", "0.0.0.0"):
             family, sockaddr = socket.AF_INET, ("0.0.0.0", port)
@@ -115,7 +173,10 @@ class TCPListener(Listener):
             except (BlockingIOError, InterruptedError, ConnectionAbortedError):
                 return
             except OSError as e:  # out of file descriptors or the like
-                self._refusals.log("%r: accept failed: %s", self, e)
+                self._refusals.log("%r: accept failed: %s%s", self, e,
+                                   f"; this process may open {descriptor_limit()} files "
+                                   "(`ulimit -Hn`: only an administrator raises the hard "
+                                   "limit)" if e.errno == errno.EMFILE else "")
                 self._pause_accepting()
                 return
             self._admit(conn, f"{self._scheme}://{format_hostport(*addr[:2])}")

@@ -266,11 +266,90 @@ def test_a_client_gets_in_while_500_idle_sockets_keep_coming_back(tmp_path):
 
 
 def _limit_descriptors() -> None:
-    """In the scheduler's process, before it starts: few file descriptors."""
+    """In the scheduler's process, before it starts: few file descriptors, and no more
+    to be had (the hard limit as low as the soft one)."""
     import resource
 
-    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (160, hard))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
+
+
+def _soft_descriptor_limit() -> None:
+    """In the scheduler's process, before it starts: a soft limit on descriptors lower
+    than its workers, and a hard one that allows them, as many systems give."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096))
+
+
+def test_a_scheduler_takes_more_workers_than_its_soft_descriptor_limit(tmp_path):
+    """Many systems give a process 1,024 descriptors (its soft limit) unless it asks for
+    more, up to a hard limit they allow: a scheduler of a thousand workers, one socket
+    each, has to ask. Here its soft limit is 64 and 100 workers join it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hpcsched.core.client.client import Client
+    from hpcsched.core.comm.scheduler_file import read_scheduler_file
+    from hpcsched.core.worker.server import Worker
+
+    env = dict(os.environ, **worker_env())
+    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
+        env.pop(var, None)
+    sched_file = tmp_path / "scheduler.json"
+    workers: list[Worker] = []
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--scheduler-file", str(sched_file)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
+        preexec_fn=_soft_descriptor_limit)
+    try:
+        wait_until(sched_file.exists, timeout=60, what="the scheduler file")
+        address, security = read_scheduler_file(str(sched_file))
+        # all at once, as a node's worker processes start; one refused fails in 20 s
+        workers.extend(Worker(address, nthreads=1, security=security, death_timeout=20)
+                       for _ in range(100))
+        with ThreadPoolExecutor(len(workers)) as pool:
+            list(pool.map(lambda w: w.start(), workers))
+        with Client(str(sched_file), timeout=30, set_as_default=False) as c:
+            c.wait_for_workers(100, timeout=30)
+            assert c.submit(sum, [1, 2]).result(timeout=30) == 3
+        assert psutil.Process(sched.pid).rlimit(psutil.RLIMIT_NOFILE) == (4096, 4096)
+        assert b"accept failed" not in (tmp_path / "scheduler.log").read_bytes()
+    finally:
+        for w in workers:
+            w.close()
+        if sched.poll() is None:
+            sched.kill()
+        sched.wait(timeout=30)
+
+
+def test_the_descriptor_limit_is_raised_to_the_kernels_ceiling_where_unlimited(monkeypatch):
+    """A hard limit of 'unlimited' cannot be the soft one (Linux refuses more than
+    /proc/sys/fs/nr_open): the ceiling is asked for instead, and a refusal is no error."""
+    import resource
+
+    from hpcsched.core.comm import tcp_listener
+
+    asked: list[tuple[int, int]] = []
+
+    def setrlimit(which: int, limits: tuple[int, int]) -> None:
+        asked.append(limits)
+        if limits[0] > 1 << 20:
+            raise ValueError("not allowed")
+
+    monkeypatch.setattr(tcp_listener, "_raised", False)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024, resource.RLIM_INFINITY))
+    monkeypatch.setattr(resource, "setrlimit", setrlimit)
+    with open("/proc/sys/fs/nr_open") as f:
+        ceiling = int(f.read())
+    got = tcp_listener.raise_descriptor_limit()
+    assert asked[0] == (ceiling, resource.RLIM_INFINITY)
+    assert got == ((ceiling, resource.RLIM_INFINITY) if ceiling <= 1 << 20
+                   else (10240, resource.RLIM_INFINITY))
+    # once per process: a limit the program lowers afterwards is its own
+    asked.clear()
+    assert tcp_listener.raise_descriptor_limit() == (1024, resource.RLIM_INFINITY)
+    assert asked == []
 
 
 def test_a_listener_out_of_file_descriptors_waits_instead_of_spinning(tmp_path):
