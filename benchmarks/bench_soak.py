@@ -10,7 +10,8 @@ in this process), kept running for ``--seconds`` per system while the client wor
 rounds, as a long job does: a ``client.map`` of ``--tasks`` no-op tasks, a pairwise
 reduction of ``--pairs`` futures with ``submit(add, a, b)``, and a tree of ``--leaves``
 leaves as one graph, every result gathered and dropped. After each round the scheduler
-process's resident memory and CPU are read.
+process's resident memory, CPU and open file descriptors are read, and the worker
+processes' memory (summed) and descriptors (the most of any).
 
 Reported per system: the rounds run, the scheduler's RSS after the first round and at
 the end, its growth per hour fitted over the rounds after the first (least squares), the
@@ -68,7 +69,10 @@ def slope_per_hour(ts: list[float], ys: list[float]) -> float:
 
 def measure(system: str, args) -> dict:
     rounds: list[dict] = []
+    import psutil
+
     with swarm(system, args.workers, args.hosts) as (client, sp, _):
+        hosts = [c for c in psutil.Process().children() if c.pid != sp.pid]
         start = time.perf_counter()
         while time.perf_counter() - start < args.seconds or len(rounds) < 2:
             cpu0 = sp.cpu_times()
@@ -81,7 +85,10 @@ def measure(system: str, args) -> dict:
                 "tasks_per_s": round(tasks / (t1 - t0)),
                 "cpu_per_task_us": round(1e6 * ((cpu1.user + cpu1.system)
                                                 - (cpu0.user + cpu0.system)) / tasks, 1),
-                "rss_mib": round(sp.memory_info().rss / 2**20, 1)})
+                "rss_mib": round(sp.memory_info().rss / 2**20, 1),
+                "fds": sp.num_fds(),
+                "hosts_rss_mib": round(sum(h.memory_info().rss for h in hosts) / 2**20, 1),
+                "hosts_fds_max": max(h.num_fds() for h in hosts)})
             print(f"{system}: round {len(rounds)} {rounds[-1]}", file=sys.stderr, flush=True)
     return summary(system, args.workers, rounds)
 
@@ -97,6 +104,8 @@ def summary(system: str, n: int, rounds: list[dict]) -> dict:
         "system": system, "workers": n, "rounds": len(rounds),
         "seconds": rounds[-1]["t"], "tasks": sum(r["tasks"] for r in rounds),
         "rss_first_mib": rounds[0]["rss_mib"], "rss_last_mib": rounds[-1]["rss_mib"],
+        "fds_last": rounds[-1]["fds"], "hosts_rss_last_mib": rounds[-1]["hosts_rss_mib"],
+        "hosts_fds_max": max(r["hosts_fds_max"] for r in rounds),
         "rss_mib_per_hour": round(slope_per_hour([r["t"] for r in later],
                                                  [r["rss_mib"] for r in later]), 1),
         "cpu_us_first_q": mean("cpu_per_task_us", rounds[:q]),
@@ -108,7 +117,7 @@ def summary(system: str, n: int, rounds: list[dict]) -> dict:
 
 
 COLUMNS = ["workers", "system", "rounds", "seconds", "tasks", "rss_first_mib", "rss_last_mib",
-           "rss_mib_per_hour", "cpu_us_first_q", "cpu_us_last_q", "tasks_per_s_first_q",
+           "rss_mib_per_hour", "fds_last", "hosts_rss_last_mib", "hosts_fds_max", "cpu_us_first_q", "cpu_us_last_q", "tasks_per_s_first_q",
            "tasks_per_s_last_q"]
 
 
