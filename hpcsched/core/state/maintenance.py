@@ -77,7 +77,7 @@ class Maintenance:
         self.retiring: dict[str, Retirement] = {}  # by worker address
         self.scatters: dict[str, Scatter] = {}  # by scatter id
         self.rebalances: dict[str, Rebalance] = {}  # by request id
-        self.steal_targets: dict[Key, WorkerInfo] = {}  # key -> thief
+        self.steal_targets = graph.steal_targets  # key -> thief, of the tasks being stolen
 
     @handlers.on(ev.ScatterData)
     def scatter(self, e: ev.ScatterData) -> None:

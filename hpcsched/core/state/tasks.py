@@ -97,6 +97,10 @@ class TaskGraph:
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
         # (BulkMaps.resolve), never placed here
         self.held: set[TaskState] = set()
+        # the thief planned for each task being stolen (Maintenance.steal): one entry per
+        # task whose ``stealing`` is set, dropped when it leaves processing however it does
+        # (finished by its victim first, the victim gone), not only on a steal-response
+        self.steal_targets: dict[Key, WorkerInfo] = {}
         self._table = {pair: fn.__get__(self) for pair, fn in _TRANSITIONS.items()}
 
     # ================================================================ tasks
@@ -408,7 +412,9 @@ class TaskGraph:
             for r, q in ts.resource_restrictions.items():
                 ws.used_resources[r] = ws.used_resources.get(r, 0) - q
         ts.processing_on = None
-        ts.stealing = False
+        if ts.stealing:
+            ts.stealing = False
+            self.steal_targets.pop(ts.key, None)
         if ws.address in self.registry.workers:
             if notify:
                 self.out.send(ws.address, FreeKeys([ts.key]))
@@ -504,6 +510,10 @@ class TaskGraph:
             if st == "released":
                 # nobody wants it and nothing could need it recomputed: it leaked
                 assert self.wanted(ts) or ts.dependents, ("leaked", ts)
+        # a thief is planned for exactly the tasks being stolen (none kept past the steal)
+        for key in self.steal_targets:
+            ts = self.tasks.get(key)
+            assert ts is not None and ts.stealing and ts.state == "processing", ("thief", key)
 
 
 #: every finish a recommendation may name

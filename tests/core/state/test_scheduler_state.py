@@ -873,6 +873,39 @@ def test_idle_worker_steals_not_started_work():
         assert processing_on(s, k2) == A
 
 
+def test_a_steal_overtaken_by_the_task_leaves_no_target_behind():
+    """The victim finishes the task before the steal request reaches it (the usual case
+    for short tasks): its steal-response then finds the task done, or forgotten. The thief
+    planned for it must not be kept, or ``steal_targets`` grows by one key per such
+    steal for as long as the scheduler runs."""
+    s = with_workers(A, worker_saturation=float("inf"), work_stealing=True)
+    keys = [f"slow-{i}" for i in range(4)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    step(s, ev.TaskStarted(A, keys[0]))
+    step(s, ev.AddWorker(B, 1))
+    reqs = sent(step(s, ev.Tick(now=1.0)), "steal-request", to=A)
+    assert reqs and s.maintenance.steal_targets
+    for m in reqs:  # A runs them all before it reads the requests
+        finish(s, A, m.msg.key)
+    # out of processing: no steal of them is pending any more
+    assert not s.maintenance.steal_targets
+    step(s, ev.ClientReleasesKeys("c", [m.msg.key for m in reqs]))
+    for m in reqs:  # the responses of a victim that had run (and dropped) them
+        step(s, ev.StealResponse(A, m.msg.key, "released"))
+    assert not s.maintenance.steal_targets
+
+
+def test_a_steal_from_a_worker_that_leaves_leaves_no_target_behind():
+    s = with_workers(A, worker_saturation=float("inf"), work_stealing=True)
+    keys = [f"slow-{i}" for i in range(4)]
+    submit(s, graph(**{k: [] for k in keys}), keys=keys)
+    step(s, ev.TaskStarted(A, keys[0]))
+    step(s, ev.AddWorker(B, 1))
+    assert sent(step(s, ev.Tick(now=1.0)), "steal-request", to=A)
+    step(s, ev.RemoveWorker(A))  # no steal-response will come
+    assert not s.maintenance.steal_targets
+
+
 @pytest.mark.parametrize("policy", ["co-assign", "mars"])
 def test_other_rootish_policies_run_everything(policy: str):
     s = with_workers(A, B, worker_saturation=float("inf"), rootish_policy=policy)
