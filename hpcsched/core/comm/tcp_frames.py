@@ -64,10 +64,16 @@ def frame_nbytes(frame: bytes | bytearray | memoryview) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
 
+#: anonymous mappings private to this process: ``mmap.mmap(-1, n)`` alone maps shared
+#: memory, whose pages ``MADV_DONTNEED`` only unmaps (RSS drops; the pages, and their
+#: bytes, stay allocated in shared memory until the mapping is closed)
+_PRIVATE = {"flags": mmap.MAP_PRIVATE} if hasattr(mmap, "MAP_PRIVATE") else {}
+
+
 def _reserve(size: int) -> mmap.mmap | bytearray:
     """A buffer of ``size`` bytes whose pages are committed as they are written."""
     try:
-        return mmap.mmap(-1, size)
+        return mmap.mmap(-1, size, **_PRIVATE)
     except (OSError, ValueError):
         return bytearray(size)
 
@@ -222,7 +228,7 @@ class FrameDecoder:
                     continue
                 # large: reserved, committed as bytes arrive, received in place
                 try:
-                    big = mmap.mmap(-1, length)
+                    big = mmap.mmap(-1, length, **_PRIVATE)
                 except (OSError, ValueError) as e:
                     raise FrameError(f"cannot reserve {length} bytes for a frame: {e}") from e
                 got = min(avail, length)

@@ -16,6 +16,7 @@ from hpcsched.core.comm.tcp_frames import (
     FrameDecoder,
     FrameError,
     FrameTooLarge,
+    KEEP_COMMITTED,
     encode_header,
 )
 
@@ -143,3 +144,27 @@ def test_after_a_burst_gives_its_pages_back_the_next_messages_decode():
         got = feed_in_chunks(decoder, data, list(range(0, len(data), 70_000)))
         assert [[bytes(f) for f in m] for m in got] == msgs
         assert not decoder.in_message
+
+
+def test_the_pages_a_burst_gave_back_are_freed_not_kept_with_their_bytes():
+    """Past ``KEEP_COMMITTED``, a burst's pages go back to the kernel: they read as zeros
+    afterwards. A shared mapping (``mmap.mmap(-1, n)``'s default) would keep them, and
+    their bytes, in shared memory whatever ``MADV_DONTNEED`` says: the process's RSS
+    drops, the machine's memory does not, and a scheduler's thousand receive buffers
+    hold up to 256 KiB each."""
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        pytest.skip("no madvise here")
+    decoder = FrameDecoder(**LIMITS)
+    msgs = [[bytes([1 + i]) * 20_000] for i in range(12)]  # 240 KB at once, copied out
+    data = b"".join(encode(m) for m in msgs)
+    view = memoryview(data)
+    while view.nbytes:  # as a socket writes: straight into the buffer
+        buf = decoder.get_buffer()
+        k = min(buf.nbytes, view.nbytes)
+        buf[:k] = view[:k]
+        decoder.buffer_updated(k)
+        view = view[k:]
+    assert [[bytes(f) for f in m] for m in decoder.take()] == msgs
+    buf = decoder._buf
+    assert isinstance(buf, mmap.mmap) and len(buf) > KEEP_COMMITTED
+    assert buf[KEEP_COMMITTED:].count(0) == len(buf) - KEEP_COMMITTED
