@@ -83,6 +83,7 @@ from hpcsched.core.state.tasks import TaskGraph
 Key = Any
 
 QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
+SPENT_PRUNE = 1024  # dropped maps remembered before those whose tasks are gone are let go
 #: the slot of a worker never given an element: matches no element's ``where`` (-1: none)
 NO_SLOT = -2
 #: elements in one compute-range at most (large enough that messages cost little per
@@ -287,7 +288,10 @@ class BulkMaps:
         # running workers that would take more than the queue has left (they are topped
         # up when elements go back to the queue)
         self.hungry: dict[str, WorkerInfo] = {}
-        self.spent: set[str] = set()  # prefixes of dropped maps with elements made tasks
+        # dropped maps with elements made tasks: prefix -> those elements (their keys may
+        # still be tasks', so the prefix may not name a new map); pruned as it doubles
+        self.spent: dict[str, list[int]] = {}
+        self._spent_bound = SPENT_PRUNE
         self.retiring: set[str] = set()  # workers told to retire (they may run again)
         # workers given no elements while a suspect task (one a worker died running) is
         # theirs: it runs alone there, so that a death is its own (WorkerEvents blames it)
@@ -409,6 +413,23 @@ class BulkMaps:
             if ws is not None:  # one free-keys per worker: flush_frees
                 self._frees.setdefault(ws.address, []).append(m.prefix + str(i))
 
+    def _spend(self, m: BulkMap) -> None:
+        """Map ``m`` is dropped while some of its elements are tasks: remember which, so
+        that its prefix names no new map while one of them lives. Prefixes whose tasks
+        are all forgotten are let go whenever the record has doubled: a client running
+        maps all day does not grow it (amortized, a look-up per element made a task)."""
+        state, promoted = m.state, []
+        i = state.find(PROMOTED)
+        while i >= 0:
+            promoted.append(i)
+            i = state.find(PROMOTED, i + 1)
+        self.spent[m.prefix] = promoted
+        if len(self.spent) > self._spent_bound:
+            tasks = self.graph.tasks
+            self.spent = {p: idx for p, idx in self.spent.items()
+                          if any(dict.__contains__(tasks, p + str(i)) for i in idx)}
+            self._spent_bound = max(SPENT_PRUNE, 2 * len(self.spent))
+
     def flush_frees(self) -> None:
         """Tell each worker the forgotten results it may drop, in one message."""
         frees, self._frees = self._frees, {}
@@ -419,7 +440,7 @@ class BulkMaps:
         # held tasks keep their map: their ranges are still to give (_assign)
         if m.n_live == 0 and m.n_orphans == 0 and not m.held and self.maps.get(m.prefix) is m:
             if PROMOTED in m.state:  # their keys are tasks' (a client never reuses a prefix)
-                self.spent.add(m.prefix)
+                self._spend(m)
             for slot in m.given:
                 self.given_maps.get(slot, {}).pop(m, None)
             del self.maps[m.prefix]

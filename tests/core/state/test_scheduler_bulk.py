@@ -503,6 +503,31 @@ def test_a_prefix_whose_elements_became_tasks_is_not_reused():
     s.validate()
 
 
+def test_the_prefixes_of_dropped_maps_are_let_go_once_their_tasks_are(monkeypatch):
+    """A client that runs maps all day, each with an element made a task, does not grow
+    the scheduler's record of the prefixes that may not be reused: a prefix is let go
+    once its tasks are all forgotten, and kept while one lives."""
+    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 4)
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    sizes = []
+    for k in range(40):
+        p = f"m-{k}-"
+        new_map(s, 4, prefix=p)
+        step(s, ev.UpdateGraph("c", {f"z{k}": {"run_spec": "z", "deps": [p + "1"]}},
+                               [f"z{k}"]))
+        step(s, ev.ClientReleasesKeys("c", [p + "0", p + "2", p + "3"]))
+        finish(s, A, [0], prefix=p)
+        assert p not in s.bulk.maps and p + "1" in s.tasks
+        if k != 3:  # the task of m-3-'s element 1 lives on; the others are forgotten
+            step(s, ev.ClientReleasesKeys("c", [f"z{k}", p + "1"]))
+        sizes.append(len(s.bulk.spent))
+    assert max(sizes) <= 5 and "m-3-" in s.bulk.spent
+    with pytest.raises(ev.MalformedMessage, match="earlier map"):
+        s.handle(ev.UpdateMap("c", prefix="m-3-", function=b"f", args=[b"x"]))
+    s.validate()
+
+
 def test_ranges_are_capped_and_shrink_towards_the_end():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
