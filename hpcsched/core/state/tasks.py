@@ -512,8 +512,9 @@ class TaskGraph:
                 assert self.wanted(ts) or ts.dependents, ("leaked", ts)
         # a thief is planned for exactly the tasks being stolen (none kept past the steal)
         for key in self.steal_targets:
-            ts = self.tasks.get(key)
-            assert ts is not None and ts.stealing and ts.state == "processing", ("thief", key)
+            stolen = self.tasks.get(key)
+            assert stolen is not None and stolen.stealing and stolen.state == "processing", (
+                "thief", key)
 
 
 #: every finish a recommendation may name

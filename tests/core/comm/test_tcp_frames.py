@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 
 from hpcsched.core.comm.tcp_frames import (
     COPY_LIMIT,
+    KEEP_COMMITTED,
     MSG_MAGIC,
     FrameDecoder,
     FrameError,
     FrameTooLarge,
-    KEEP_COMMITTED,
     encode_header,
 )
 
