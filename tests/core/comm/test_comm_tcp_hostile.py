@@ -7,6 +7,7 @@ starts is ended by it, also when it fails. Each test states what it bounds
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -281,6 +283,29 @@ def _soft_descriptor_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (64, 4096))
 
 
+@contextlib.contextmanager
+def _scheduler_with_limits(tmp_path, limits) -> Iterator[tuple[subprocess.Popen, Any]]:
+    """``hpcsched scheduler`` on 127.0.0.1, started with ``limits`` (a preexec function
+    setting its descriptor limits), without a secret: (its process, its scheduler file),
+    killed on the way out."""
+    env = dict(os.environ, **worker_env())
+    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
+        env.pop(var, None)
+    sched_file = tmp_path / "scheduler.json"
+    sched = subprocess.Popen(
+        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--scheduler-file", str(sched_file)],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
+        preexec_fn=limits)
+    try:
+        yield sched, sched_file
+    finally:
+        if sched.poll() is None:
+            sched.kill()
+        sched.wait(timeout=30)
+
+
 def test_a_scheduler_takes_more_workers_than_its_soft_descriptor_limit(tmp_path):
     """Many systems give a process 1,024 descriptors (its soft limit) unless it asks for
     more, up to a hard limit they allow: a scheduler of a thousand workers, one socket
@@ -291,36 +316,24 @@ def test_a_scheduler_takes_more_workers_than_its_soft_descriptor_limit(tmp_path)
     from hpcsched.core.comm.scheduler_file import read_scheduler_file
     from hpcsched.core.worker.server import Worker
 
-    env = dict(os.environ, **worker_env())
-    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
-        env.pop(var, None)
-    sched_file = tmp_path / "scheduler.json"
     workers: list[Worker] = []
-    sched = subprocess.Popen(
-        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--scheduler-file", str(sched_file)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
-        preexec_fn=_soft_descriptor_limit)
-    try:
-        wait_until(sched_file.exists, timeout=60, what="the scheduler file")
-        address, security = read_scheduler_file(str(sched_file))
-        # all at once, as a node's worker processes start; one refused fails in 20 s
-        workers.extend(Worker(address, nthreads=1, security=security, death_timeout=20)
-                       for _ in range(100))
-        with ThreadPoolExecutor(len(workers)) as pool:
-            list(pool.map(lambda w: w.start(), workers))
-        with Client(str(sched_file), timeout=30, set_as_default=False) as c:
-            c.wait_for_workers(100, timeout=30)
-            assert c.submit(sum, [1, 2]).result(timeout=30) == 3
-        assert psutil.Process(sched.pid).rlimit(psutil.RLIMIT_NOFILE) == (4096, 4096)
-        assert b"accept failed" not in (tmp_path / "scheduler.log").read_bytes()
-    finally:
-        for w in workers:
-            w.close()
-        if sched.poll() is None:
-            sched.kill()
-        sched.wait(timeout=30)
+    with _scheduler_with_limits(tmp_path, _soft_descriptor_limit) as (sched, sched_file):
+        try:
+            wait_until(sched_file.exists, timeout=60, what="the scheduler file")
+            address, security = read_scheduler_file(str(sched_file))
+            # all at once, as a node's worker processes start; one refused fails in 20 s
+            workers.extend(Worker(address, nthreads=1, security=security, death_timeout=20)
+                           for _ in range(100))
+            with ThreadPoolExecutor(len(workers)) as pool:
+                list(pool.map(lambda w: w.start(), workers))
+            with Client(str(sched_file), timeout=30, set_as_default=False) as c:
+                c.wait_for_workers(100, timeout=30)
+                assert c.submit(sum, [1, 2]).result(timeout=30) == 3
+            assert psutil.Process(sched.pid).rlimit(psutil.RLIMIT_NOFILE) == (4096, 4096)
+            assert b"accept failed" not in (tmp_path / "scheduler.log").read_bytes()
+        finally:
+            for w in workers:
+                w.close()
 
 
 def test_the_descriptor_limit_is_raised_to_the_kernels_ceiling_where_unlimited(monkeypatch):
@@ -361,40 +374,28 @@ def test_a_listener_out_of_file_descriptors_waits_instead_of_spinning(tmp_path):
 
     from hpcsched.core.client.client import Client
 
-    env = dict(os.environ, **worker_env())
-    for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
-        env.pop(var, None)
-    sched_file = tmp_path / "scheduler.json"
     socks: list[socket.socket] = []
-    sched = subprocess.Popen(
-        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--scheduler-file", str(sched_file)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
-        preexec_fn=_limit_descriptors)
-    try:
-        wait_until(sched_file.exists, timeout=60, what="the scheduler file")
-        with Client(str(sched_file), timeout=30, set_as_default=False) as warmup:
-            address = warmup.scheduler_address
-        host, port = address[len("tcp://"):].rsplit(":", 1)
-        proc = psutil.Process(sched.pid)
-        # more peers than it has descriptors left: the rest wait in the kernel's queue
-        for _ in range(300):
-            socks.append(socket.create_connection((host, int(port)), timeout=10))
-        wait_until(lambda: b"accept failed" in (tmp_path / "scheduler.log").read_bytes(),
-                   timeout=30, what="the scheduler to run out of file descriptors")
-        before = sum(proc.cpu_times()[:2])
-        time.sleep(2.0)  # a measurement window, not a wait for something to happen
-        spent = sum(proc.cpu_times()[:2]) - before
-        assert spent < 0.5, f"{spent:.2f}s of CPU in 2s while out of file descriptors"
-        for s in socks:
-            s.close()
-        socks.clear()
-        with Client(str(sched_file), timeout=30, set_as_default=False) as c:
-            assert c.scheduler_info()["address"] == address
-    finally:
-        for s in socks:
-            s.close()
-        if sched.poll() is None:
-            sched.kill()
-        sched.wait(timeout=30)
+    with _scheduler_with_limits(tmp_path, _limit_descriptors) as (sched, sched_file):
+        try:
+            wait_until(sched_file.exists, timeout=60, what="the scheduler file")
+            with Client(str(sched_file), timeout=30, set_as_default=False) as warmup:
+                address = warmup.scheduler_address
+            host, port = address[len("tcp://"):].rsplit(":", 1)
+            proc = psutil.Process(sched.pid)
+            # more peers than it has descriptors left: the rest wait in the kernel's queue
+            for _ in range(300):
+                socks.append(socket.create_connection((host, int(port)), timeout=10))
+            wait_until(lambda: b"accept failed" in (tmp_path / "scheduler.log").read_bytes(),
+                       timeout=30, what="the scheduler to run out of file descriptors")
+            before = sum(proc.cpu_times()[:2])
+            time.sleep(2.0)  # a measurement window, not a wait for something to happen
+            spent = sum(proc.cpu_times()[:2]) - before
+            assert spent < 0.5, f"{spent:.2f}s of CPU in 2s while out of file descriptors"
+            for s in socks:
+                s.close()
+            socks.clear()
+            with Client(str(sched_file), timeout=30, set_as_default=False) as c:
+                assert c.scheduler_info()["address"] == address
+        finally:
+            for s in socks:
+                s.close()
