@@ -292,18 +292,18 @@ def _scheduler_with_limits(tmp_path, limits) -> Iterator[tuple[subprocess.Popen,
     for var in ("HPCSCHED_SECRET", "HPCSCHED_SECRET_FILE"):
         env.pop(var, None)
     sched_file = tmp_path / "scheduler.json"
-    sched = subprocess.Popen(
-        [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port", "0",
-         "--scheduler-file", str(sched_file)],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=open(tmp_path / "scheduler.log", "wb"),  # noqa: SIM115 - closed with it
-        preexec_fn=limits)
-    try:
-        yield sched, sched_file
-    finally:
-        if sched.poll() is None:
-            sched.kill()
-        sched.wait(timeout=30)
+    with open(tmp_path / "scheduler.log", "wb") as log:
+        sched = subprocess.Popen(
+            [sys.executable, "-m", "hpcsched", "scheduler", "--host", "127.0.0.1", "--port",
+             "0", "--scheduler-file", str(sched_file)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+            preexec_fn=limits)
+        try:
+            yield sched, sched_file
+        finally:
+            if sched.poll() is None:
+                sched.kill()
+            sched.wait(timeout=30)
 
 
 def test_a_scheduler_takes_more_workers_than_its_soft_descriptor_limit(tmp_path):
