@@ -35,6 +35,8 @@ logger = logging.getLogger("hpcsched.comm")
 
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
+#: cancelled timers the heap may hold before a purge is considered (as asyncio's loop)
+PURGE_AT = 100
 
 
 class Handler(Protocol):
@@ -44,18 +46,24 @@ class Handler(Protocol):
 class Timer:
     """A pending :meth:`IOThread.call_later`; ``cancel()`` from the I/O thread."""
 
-    __slots__ = ("when", "fn", "cancelled")
+    __slots__ = ("when", "fn", "cancelled", "_io")
 
-    def __init__(self, when: float, fn: Callable[[], None]):
+    def __init__(self, when: float, fn: Callable[[], None], io: IOThread | None = None):
         self.when = when
         self.fn = fn
         self.cancelled = False
+        self._io = io
 
     def cancel(self) -> None:
+        if self.cancelled:
+            return  # cancelled already, or it ran
         self.cancelled = True
-        # it stays in the heap until its time: without what it would have called (a
-        # connection, and through it the server it delivered to)
+        # it stays in the heap until its time or the next purge (IOThread._cancelled):
+        # without what it would have called (a connection, and through it the server
+        # it delivered to)
         self.fn = _nothing
+        if self._io is not None:
+            self._io._cancelled += 1
 
 
 def _nothing() -> None:
@@ -73,6 +81,7 @@ class IOThread:
         self._calls: deque = deque()
         self._woken = False
         self._timers: list[tuple[float, int, Timer]] = []
+        self._cancelled = 0  # cancelled timers still on the heap
         self._seq = itertools.count()
         self.users = 0
         self.exiting = False
@@ -110,8 +119,16 @@ class IOThread:
 
     # ------------------------------------------------------------ the I/O thread only
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
-        t = Timer(time.monotonic() + delay, fn)
-        heapq.heappush(self._timers, (t.when, next(self._seq), t))
+        t = Timer(time.monotonic() + delay, fn, self)
+        timers = self._timers
+        if self._cancelled > PURGE_AT and 2 * self._cancelled > len(timers):
+            # most of the heap is cancelled timers, which would stay until their deadline
+            # (a message timeout: minutes, of a timer per message read in parts); keeping
+            # only the live ones costs O(heap) once per as many cancellations
+            timers[:] = [e for e in timers if not e[2].cancelled]
+            heapq.heapify(timers)
+            self._cancelled = 0
+        heapq.heappush(timers, (t.when, next(self._seq), t))
         return t
 
     def deliver(self, inbox: Any, item: Any) -> None:
@@ -155,6 +172,7 @@ class IOThread:
                 timeout = None
                 while timers and timers[0][2].cancelled:
                     heapq.heappop(timers)
+                    self._cancelled -= 1
                 if timers:
                     timeout = max(timers[0][0] - time.monotonic(), 0.0)
                 if self._calls:
@@ -195,7 +213,9 @@ class IOThread:
         now = time.monotonic()
         while timers and (timers[0][2].cancelled or timers[0][0] <= now):
             _, _, t = heapq.heappop(timers)
-            if not t.cancelled:
+            if t.cancelled:
+                self._cancelled -= 1
+            else:
                 t.cancelled = True
                 try:
                     t.fn()
