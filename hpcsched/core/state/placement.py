@@ -182,9 +182,11 @@ class Placement:
         return out
 
     def worker_left(self, ws: WorkerInfo) -> None:
-        """``ws`` left the cluster: it is no thief (workers come and go all day: the idle
-        set must not keep them)."""
+        """``ws`` left the cluster: it is no thief, and no victim (workers come and go all
+        day: the idle and the backlogged must not keep them, nor what they point to; the
+        backlogged are pruned only by a round of stealing, which may never come)."""
         self.idle.pop(ws, None)
+        self.backlogged.discard(ws)
 
     def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
         """``ws`` can take work again: queued tasks flow to it after this event (``push``:
@@ -318,3 +320,5 @@ class Placement:
                 assert ws in self.idle, ("idle, not among the thieves", ws)
         for ws in self.idle:
             assert self.registry.is_current(ws), ("a worker that left is a thief", ws)
+        for ws in self.backlogged:
+            assert self.registry.is_current(ws), ("a worker that left is a victim", ws)

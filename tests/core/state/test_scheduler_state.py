@@ -378,6 +378,20 @@ def test_worker_lost_while_processing_reschedules_elsewhere():
     assert not sent(out, "free-keys")  # nothing to tell the dead worker
 
 
+def test_a_worker_that_left_is_not_kept_as_a_victim_of_stealing():
+    # with stealing off (or one worker left) no round of stealing prunes the backlogged:
+    # a worker given more tasks than threads must still go with the worker
+    s = with_workers(A, B, nthreads=1)
+    submit(s, graph(x=[]), keys=["x"])
+    holder = next(iter(s.tasks["x"].who_has or [s.tasks["x"].processing_on])).address
+    step(s, ev.TaskFinished(holder, "x", nbytes=8))
+    out = submit(s, graph(y0=["x"], y1=["x"], y2=["x"]), keys=["y0", "y1", "y2"])
+    assert {m.to for m in sent(out, "compute-task")} == {holder}
+    assert [ws.address for ws in s.placement.backlogged] == [holder]
+    step(s, ev.RemoveWorker(holder, "gone"))
+    assert not s.placement.backlogged
+
+
 def test_only_tasks_reported_started_are_suspicious_when_a_worker_dies():
     """A holds x (started) and y (assigned, not started): only x is blamed."""
     s = with_workers(A, nthreads=1)
