@@ -83,7 +83,9 @@ from hpcsched.core.state.tasks import TaskGraph
 Key = Any
 
 QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
-SPENT_PRUNE = 1024  # dropped maps remembered before those whose tasks are gone are let go
+#: elements made tasks, of dropped maps, remembered before the maps whose tasks are gone
+#: are let go (8 bytes each)
+SPENT_PRUNE = 65_536
 #: the slot of a worker never given an element: matches no element's ``where`` (-1: none)
 NO_SLOT = -2
 #: elements in one compute-range at most (large enough that messages cost little per
@@ -290,7 +292,8 @@ class BulkMaps:
         self.hungry: dict[str, WorkerInfo] = {}
         # dropped maps with elements made tasks: prefix -> those elements (their keys may
         # still be tasks', so the prefix may not name a new map); pruned as it doubles
-        self.spent: dict[str, list[int]] = {}
+        self.spent: dict[str, array] = {}
+        self._spent_size = 0  # their elements, and one per map
         self._spent_bound = SPENT_PRUNE
         self.retiring: set[str] = set()  # workers told to retire (they may run again)
         # workers given no elements while a suspect task (one a worker died running) is
@@ -417,18 +420,22 @@ class BulkMaps:
         """Map ``m`` is dropped while some of its elements are tasks: remember which, so
         that its prefix names no new map while one of them lives. Prefixes whose tasks
         are all forgotten are let go whenever the record has doubled: a client running
-        maps all day does not grow it (amortized, a look-up per element made a task)."""
-        state, promoted = m.state, []
+        maps all day does not grow it (amortized, a look-up per element made a task). It
+        is counted in elements, not maps: a map of a million elements, all made tasks,
+        weighs as much as a million maps of one."""
+        state, promoted = m.state, array("q")
         i = state.find(PROMOTED)
         while i >= 0:
             promoted.append(i)
             i = state.find(PROMOTED, i + 1)
         self.spent[m.prefix] = promoted
-        if len(self.spent) > self._spent_bound:
+        self._spent_size += len(promoted) + 1
+        if self._spent_size > self._spent_bound:
             tasks = self.graph.tasks
             self.spent = {p: idx for p, idx in self.spent.items()
                           if any(dict.__contains__(tasks, p + str(i)) for i in idx)}
-            self._spent_bound = max(SPENT_PRUNE, 2 * len(self.spent))
+            self._spent_size = sum(len(idx) + 1 for idx in self.spent.values())
+            self._spent_bound = max(SPENT_PRUNE, 2 * self._spent_size)
 
     def flush_frees(self) -> None:
         """Tell each worker the forgotten results it may drop, in one message."""

@@ -507,7 +507,7 @@ def test_the_prefixes_of_dropped_maps_are_let_go_once_their_tasks_are(monkeypatc
     """A client that runs maps all day, each with an element made a task, does not grow
     the scheduler's record of the prefixes that may not be reused: a prefix is let go
     once its tasks are all forgotten, and kept while one lives."""
-    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 4)
+    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 8)  # a map of one element weighs 2
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
     sizes = []
@@ -525,6 +525,29 @@ def test_the_prefixes_of_dropped_maps_are_let_go_once_their_tasks_are(monkeypatc
     assert max(sizes) <= 5 and "m-3-" in s.bulk.spent
     with pytest.raises(ev.MalformedMessage, match="earlier map"):
         s.handle(ev.UpdateMap("c", prefix="m-3-", function=b"f", args=[b"x"]))
+    s.validate()
+
+
+def test_the_record_of_dropped_maps_is_bounded_in_elements_not_in_maps(monkeypatch):
+    """Maps all of whose elements are made tasks (their futures passed on) weigh by their
+    elements: the record stays near its bound however large the maps are."""
+    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 64)
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    sizes = []
+    for k in range(30):
+        p = f"m-{k}-"
+        out = new_map(s, 20, prefix=p)
+        step(s, ev.UpdateGraph("c", {f"z{k}": {"run_spec": "z",
+                                                "deps": [p + str(i) for i in range(20)]}},
+                               [f"z{k}"]))
+        step(s, ev.ClientReleasesKeys("c", [p + str(i) for i in range(20)]))
+        while ranges(out):  # the elements run, in ranges, until none is left to give
+            out = finish(s, A, [i for _, idx in ranges(out) for i in idx], prefix=p)
+        assert p not in s.bulk.maps and len(s.bulk.spent[p]) == 20
+        step(s, ev.ClientReleasesKeys("c", [f"z{k}"]))
+        sizes.append(sum(len(idx) for idx in s.bulk.spent.values()))
+    assert max(sizes) <= 64 + 20, sizes
     s.validate()
 
 
