@@ -101,6 +101,11 @@ class TCPComm(Comm):
             if target is None or self._marker_sent:
                 return True
             self._marker_sent = True
+            # nothing is delivered after the marker: let go of the source, which names this
+            # comm as a rule (a worker's is (PEER, comm)); kept, the cycle would hold every
+            # closed comm, its buffers and its socket object, until the collector's next
+            # full pass, and a worker of a large cluster closes peer comms all the time
+            self._target = None
         if self._io.on_thread():  # after the messages handed over in this round
             self._io.deliver(target[0], (target[1], target[2]))
         else:
@@ -450,10 +455,11 @@ class TCPComm(Comm):
                     error = e
                     self._inq.extend(pending[i + 1:])  # dropped with the comm
                     break
-            self._target = (inbox, source, closed_marker)
             ended = self._closed and not self._marker_sent
             if ended:
                 self._marker_sent = True
+            elif not self._closed:  # a closed comm delivers nothing more (_mark_closed)
+                self._target = (inbox, source, closed_marker)
         if error is not None:
             self._fail(f"undecodable message: {error}", log=True)
         elif ended:

@@ -8,6 +8,7 @@ starts is ended by it, also when it fails. Each test states what it bounds
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import queue
 import subprocess
@@ -15,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -190,6 +192,40 @@ def test_an_undecodable_message_queued_before_deliver_to_closes_that_comm_only(n
     good = net.connect(srv.address, security=sec)  # the listener and others are unaffected
     srv.accepted.get(timeout=5).send("still serving")
     assert good.recv(timeout=5) == "still serving"
+
+
+@pytest.mark.parametrize("closed_by", ["peer", "us", "peer-before-deliver_to"])
+def test_a_closed_comm_goes_with_its_last_user_not_with_the_collector(net, closed_by):
+    """A worker hands a peer comm's messages to its loop with the comm in the source
+    (``(PEER, comm)``) and, in a large cluster, closes peer comms all the time. Once the
+    closed marker is handed over and the receiver lets go, the comm (its receive buffer,
+    its socket object) is freed at once: not kept by a reference cycle through its own
+    source until the cyclic collector's next full pass, which a server runs rarely
+    (``admin.gc-threshold``)."""
+    srv = net.serve(echo=False)
+    c = net.connect(srv.address)
+    server_side = srv.accepted.get(timeout=5)
+    srv.comms.remove(server_side)  # the test's own reference is the last one
+    inbox = RecordingInbox(offer=True)
+    source = ("peer", server_side)
+    if closed_by == "peer-before-deliver_to":
+        c.close()
+        wait_until(lambda comm=server_side: comm.closed, what="the peer's close to arrive")
+        server_side.deliver_to(inbox, source, CLOSED)
+    else:
+        server_side.deliver_to(inbox, source, CLOSED)
+        c.send("hello")
+        assert inbox.items.get(timeout=10) == (source, "hello")
+        (c if closed_by == "peer" else server_side).close()
+    assert inbox.items.get(timeout=10) == (source, CLOSED)
+    freed = weakref.ref(server_side)
+    gc.disable()
+    try:
+        del server_side, source
+        # torn down (socket closed, I/O thread let go) once the peer's end is closed too
+        wait_until(lambda: freed() is None, what="the closed comm to be freed")
+    finally:
+        gc.enable()
 
 
 # ---------------------------------------------------------------- handshake storms
