@@ -91,7 +91,10 @@ class MPIComm(Comm):
                 except queue.Empty:
                     break
                 self._push(inbox, source, closed_marker, item)
-            self._target = (inbox, source, closed_marker)
+                if item is CLOSE_ITEM:
+                    return  # closed: nothing more to deliver (see on_peer_closed)
+            if not self._closed:
+                self._target = (inbox, source, closed_marker)
 
     def _push(self, inbox: Inbox, source: Any, marker: Any, item: Any) -> None:
         if item is CLOSE_ITEM:
@@ -116,6 +119,11 @@ class MPIComm(Comm):
                 pass  # the endpoint is shut down: the peer learns nothing more from us anyway
         self._ep.forget(self)
         self._queue.put(CLOSE_ITEM)
+        with self._target_lock:
+            # nothing is delivered any more: let go of the source, which names this comm as
+            # a rule (a worker's is (PEER, comm)); kept, the cycle would hold every closed
+            # comm until the collector's next full pass
+            self._target = None
 
     @property
     def closed(self) -> bool:
@@ -139,7 +147,7 @@ class MPIComm(Comm):
             self._reason = reason
             self._peer_closed = True
             with self._target_lock:
-                target = self._target
+                target, self._target = self._target, None  # the marker is the last item
                 if target is None:
                     self._queue.put(CLOSE_ITEM)
             if target is not None:

@@ -55,6 +55,10 @@ class _Pipe:
                     self.queue.put(msg)
                     return
         inbox, source, marker = target
+        if msg is _CLOSE:
+            # nothing is delivered after the marker: let go of the source, which names the
+            # receiving comm as a rule (a reference cycle otherwise, through this pipe)
+            self.target = None
         if inbox.any_thread:
             inbox.offer((source, marker if msg is _CLOSE else msg))
         else:
@@ -72,6 +76,8 @@ class _Pipe:
                     break
                 item = (source, marker if msg is _CLOSE else msg)
                 inbox.offer(item) if inbox.any_thread else inbox.put(item)
+                if msg is _CLOSE:
+                    return  # closed: nothing more to deliver (see put)
             self.target = (inbox, source, marker)
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -193,3 +195,29 @@ def test_delivery_offers_only_to_an_inbox_that_may_run_in_any_thread(any_thread)
     me = threading.get_ident()
     assert inbox.got == [(how, me, ("src", "early")), (how, sender[0], ("src", "late")),
                          (how, sender[0], ("src", "CLOSED"))]
+
+
+@pytest.mark.parametrize("closed_by", ["peer", "us", "peer-before-deliver_to"])
+def test_a_closed_comm_goes_with_its_last_user_not_with_the_collector(closed_by):
+    """A worker receives a peer comm's messages with the comm in the source (``(PEER,
+    comm)``) and closes peer comms all the time: once the closed marker is handed over, the
+    comm is freed with its last user, not kept by a reference cycle through its own source
+    until the cyclic collector's next full pass (rare in a server: admin.gc-threshold)."""
+    a, b = inproc.pipe()
+    inbox = _Recording(any_thread=False)
+    if closed_by == "peer-before-deliver_to":
+        a.close()
+        b.deliver_to(inbox, ("peer", b), "CLOSED")
+    else:
+        b.deliver_to(inbox, ("peer", b), "CLOSED")
+        a.send("hello")
+        (a if closed_by == "peer" else b).close()
+    assert [item[1] for _, _, item in inbox.got][-1] == "CLOSED"
+    freed = weakref.ref(b)
+    gc.disable()
+    try:
+        inbox.got.clear()
+        del b
+        assert freed() is None
+    finally:
+        gc.enable()
