@@ -173,6 +173,8 @@ def test_comms_to_peers_are_kept_up_to_the_limit_least_recently_used_closed_firs
         answer(p, end_a)  # nothing waits on a's comm any more
         p.gather(b, ["k"])
         end_b = accepted.get(timeout=10)  # b's fetch stays unanswered
+        # accepted is not kept yet: the comm joins the kept ones once its connect returns
+        wait_until(lambda: b in p._peers, what="b's comm kept")  # noqa: SLF001
         p.gather(c, ["k"])
         end_c = accepted.get(timeout=10)
         answer(p, end_c)
