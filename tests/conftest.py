@@ -9,6 +9,9 @@
   scheduler or worker process started during a test (or a module) outlives it.
 * ``wait_until(predicate, timeout)``: poll a condition with a deadline (tests
   wait on conditions, never on bare sleeps).
+* ``road``: how a test sends many calls, one ``submit`` each or one ``client.map``
+  above the bulk threshold; a test that takes it runs on both roads, so that every
+  feature is tested with the elements of bulk maps as well as with tasks.
 """
 
 from __future__ import annotations
@@ -44,6 +47,34 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
             raise TimeoutError(f"{what} not reached within {timeout}s")
         time.sleep(interval)
         interval = min(interval * 1.5, 0.25)
+
+
+class Road:
+    """Many calls of one function, sent one way: ``"tasks"``, a ``submit`` each, or
+    ``"bulk"``, one ``client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def map(self, client: Any, func: Callable, *iterables: Any, **kw: Any) -> list:
+        """The futures of ``func(*args)`` for each ``args`` of ``zip(*iterables)``, sent
+        this road (as ``client.map``)."""
+        from hpcsched.core.client.graphs import BULK_MAP_MIN
+
+        calls = list(zip(*iterables))
+        if self.name == "bulk":
+            assert len(calls) >= BULK_MAP_MIN, "a bulk map needs BULK_MAP_MIN calls or more"
+            return client.map(func, *iterables, **kw)
+        return [client.submit(func, *args, **kw) for args in calls]
+
+
+@pytest.fixture(params=["tasks", "bulk"])
+def road(request: pytest.FixtureRequest) -> Road:
+    """Each road in turn (:class:`Road`)."""
+    return Road(request.param)
 
 
 def hpcsched_children() -> dict[int, str]:

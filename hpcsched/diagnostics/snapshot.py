@@ -11,7 +11,6 @@ is looking), so the scheduler pays nothing per task for it.
 
 from __future__ import annotations
 
-from collections import Counter
 from itertools import islice
 from typing import Any
 
@@ -26,8 +25,11 @@ def short(key: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def worker_row(ws: Any) -> dict:
+def worker_row(ws: Any, state: Any) -> dict:
+    """One worker as the pages show it; what it runs and holds counts the elements of bulk
+    maps as tasks (``state``: the scheduler's state)."""
     m = ws.metrics if isinstance(ws.metrics, dict) else {}
+    processing, executing = state.load(ws)
     address = ws.address
     number = backend_for(address).rank_of(address)
     rank = None if number is None else str(number)
@@ -35,8 +37,8 @@ def worker_row(ws: Any) -> dict:
         "address": address, "name": ws.name, "host": ws.host, "nthreads": ws.nthreads,
         "memory_limit": ws.memory_limit, "managed": ws.nbytes,
         "memory": _num(m.get("memory")), "cpu": _num(m.get("cpu")),
-        "processing": len(ws.processing), "executing": len(ws.executing),
-        "n_keys": len(ws.has_what), "last_seen": ws.last_seen, "status": ws.status,
+        "processing": processing, "executing": executing,
+        "n_keys": len(ws.has_what) + ws.n_elements, "last_seen": ws.last_seen, "status": ws.status,
         "rank": rank, "job_id": str(m["job_id"]) if m.get("job_id") else None,
         "bandwidth": _num(m.get("bandwidth")), "pid": ws.pid,
     }
@@ -49,7 +51,7 @@ def _num(x: Any) -> float | None:
 def status(scheduler: Any, recorder: Any, now: float) -> dict:
     """Cluster totals, tasks per group by state, and one row per worker."""
     state = scheduler.state
-    counts = Counter((ts.group.name, ts.state) for ts in state.tasks.values())
+    counts = state.group_counts()
     groups: dict[str, dict] = {}
     for (name, st), n in counts.items():
         g = groups.get(name)
@@ -72,7 +74,7 @@ def status(scheduler: Any, recorder: Any, now: float) -> dict:
     active = sorted(groups.values(), key=lambda g: (
         -(g["processing"] + g["queued"] + g["waiting"] + g["no-worker"]),
         -g.get("last_stop", 0.0)))[:MAX_GROUPS_SHOWN]
-    workers = [worker_row(ws) for ws in state.workers.values()]
+    workers = [worker_row(ws, state) for ws in state.workers.values()]
     by_state = dict.fromkeys(TASK_STATES, 0)
     for (_, st), n in counts.items():
         by_state[st] = by_state.get(st, 0) + n
@@ -80,7 +82,7 @@ def status(scheduler: Any, recorder: Any, now: float) -> dict:
         "time": now, "address": scheduler.address, "id": scheduler.id,
         "started": scheduler.started,
         "n_workers": len(workers), "nthreads": state.total_nthreads,
-        "n_tasks": len(state.tasks), "tasks": by_state, "n_clients": len(state.clients),
+        "n_tasks": sum(counts.values()), "tasks": by_state, "n_clients": len(state.clients),
         "memory": sum(w["memory"] or 0 for w in workers),
         "managed": sum(w["managed"] for w in workers),
         "memory_limit": sum(w["memory_limit"] for w in workers),

@@ -55,3 +55,56 @@ def test_metrics_parse_and_match_scheduler_info(dash_cluster, dash_client):
     assert memory["limit"] == sum(w["memory_limit"] for w in info["workers"].values())
     assert memory["managed"] == sum(w["nbytes"] for w in info["workers"].values())
     assert "hpcsched_transferred_bytes_total" in m and "hpcsched_tasks_per_second" in m
+
+
+def held_until(path: str, x: int) -> int:
+    """``x``, once the file ``path`` exists (at most 60 s): calls that stay running until
+    the test has looked at them."""
+    import os
+    import time
+
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return x
+
+
+N_VIEWED = 200
+
+
+@pytest.mark.timeout(120)
+def test_the_views_count_every_call_of_a_map_on_both_roads(dash_cluster, dash_client, road,
+                                                           tmp_path):
+    """During 200 calls, the metrics count each one in a state other than memory and
+    ``processing()`` names those the workers run; afterwards, the metrics count them in
+    memory and ``has_what()`` lists every result, whichever road the calls took."""
+    go = str(tmp_path / "go")
+    futures = road.map(dash_client, held_until, [go] * N_VIEWED, [*range(N_VIEWED)])
+    keys = {f.key for f in futures}
+    threads = sum(dash_client.nthreads().values())
+
+    def counted(states):
+        m = scrape(dash_cluster)
+        by_state = {dict(k)["state"]: v for k, v in m["hpcsched_tasks"].items()}
+        return sum(by_state.get(s, 0) for s in states)
+
+    pending = ("waiting", "queued", "no-worker", "processing")
+    wait_until(lambda: counted(pending) >= N_VIEWED, timeout=30,
+               what="the metrics counting every call as waiting, queued or processing")
+    running = wait_until(lambda: {k for ks in dash_client.processing().values() for k in ks}
+                         & keys, timeout=30, what="processing() naming the calls running")
+    assert len(running) >= threads
+    assert all(isinstance(v, list) for v in dash_client.processing().values())
+    open(go, "w").close()
+    assert dash_client.gather(futures) == list(range(N_VIEWED))
+    wait_until(lambda: counted(("memory",)) >= N_VIEWED, timeout=30,
+               what="the metrics counting every result in memory")
+    held = {k for ks in dash_client.has_what().values() for k in ks}
+    assert keys <= held
+    who = dash_client.who_has(futures)
+    assert set(who) == keys and all(len(v) == 1 for v in who.values())
+    info = dash_client.scheduler_info()
+    assert sum(w["n_keys"] for w in info["workers"].values()) >= N_VIEWED
+    del futures
+    wait_until(lambda: not keys & {k for ks in dash_client.has_what().values() for k in ks},
+               timeout=30, what="the released results leaving has_what()")

@@ -512,6 +512,12 @@ class Client:
         """``{worker address: [keys it holds]}``."""
         return self._control.has_what(workers)
 
+    def processing(self, workers: Any = None) -> dict:
+        """``{worker address: [keys it runs or was given to run]}``.
+
+        All workers, or those of ``workers``; as ``distributed.Client.processing``."""
+        return self._control.processing(workers)
+
     def nthreads(self, workers: Any = None) -> dict:
         """``{worker address: number of threads}``."""
         return self._control.nthreads(workers)

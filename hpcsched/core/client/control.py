@@ -1,6 +1,6 @@
 """The client's side of cluster control: requests to the scheduler and their answers.
 
-``Client.run``, ``run_on_scheduler``, ``who_has``, ``has_what``, ``nthreads``,
+``Client.run``, ``run_on_scheduler``, ``who_has``, ``has_what``, ``processing``, ``nthreads``,
 ``upload_file``, ``replicate``, ``rebalance``, ``restart`` and
 ``wait_for_workers`` are thin methods over a :class:`ClusterRequests`, with
 distributed's signatures and results
@@ -102,6 +102,9 @@ class ClusterRequests:
 
     def has_what(self, workers: Any = None, timeout: float | None = 30.0) -> dict:
         return self.conn.request(pc.HasWhat("", as_list(workers)), timeout).result
+
+    def processing(self, workers: Any = None, timeout: float | None = 30.0) -> dict:
+        return self.conn.request(pc.Processing("", as_list(workers)), timeout).result
 
     def nthreads(self, workers: Any = None, timeout: float | None = 30.0) -> dict:
         return self.conn.request(pc.NThreads("", as_list(workers)), timeout).result

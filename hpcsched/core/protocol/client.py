@@ -211,6 +211,16 @@ class HasWhat:
     workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
 
 
+@message("processing", C2S)
+@record
+class Processing:
+    """``Client.processing``: the keys each worker runs or was given to run; answered by
+    ``control-reply``."""
+
+    request_id: str = wire(fc.string)
+    workers: list | None = wire(fc.optional(fc.list_of(fc.anything)), None)
+
+
 @message("nthreads", C2S)
 @record
 class NThreads:

@@ -68,17 +68,20 @@ class ClusterControl:
 
     @handlers.on(pr.WhoHas)
     def _who_has(self, source: str, msg: pr.WhoHas) -> None:
-        state = self.scheduler.state
-        keys = list(state.tasks) if msg.keys is None else msg.keys
-        self._reply(source, msg.request_id, result={
-            k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
-            else [] for k in keys})
+        keys = None if msg.keys is None else [k for k in msg.keys if _hashable(k)]
+        self._reply(source, msg.request_id, result=self.scheduler.state.who_has(keys))
 
     @handlers.on(pr.HasWhat)
     def _has_what(self, source: str, msg: pr.HasWhat) -> None:
-        workers = self.scheduler.state.workers
+        state = self.scheduler.state
         self._reply(source, msg.request_id, result={
-            a: [ts.key for ts in workers[a].has_what] for a in self._workers(msg.workers)})
+            a: state.has_what(a) for a in self._workers(msg.workers)})
+
+    @handlers.on(pr.Processing)
+    def _processing(self, source: str, msg: pr.Processing) -> None:
+        state = self.scheduler.state
+        self._reply(source, msg.request_id, result={
+            a: state.processing(a) for a in self._workers(msg.workers)})
 
     @handlers.on(pr.NThreads)
     def _nthreads(self, source: str, msg: pr.NThreads) -> None:
@@ -143,7 +146,7 @@ class ClusterControl:
         orders: dict[str, pr.AcquireReplicas] = {}
         result: dict = {}
         for key in keys:
-            ts = state.tasks.get(key) if _hashable(key) else None
+            ts = state.promote(key) if _hashable(key) else None
             if ts is None or ts.state != "memory" or not ts.who_has:
                 continue
             holders = sorted(ws.address for ws in ts.who_has)

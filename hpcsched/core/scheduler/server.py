@@ -674,11 +674,16 @@ class Scheduler:
     # ================================================================ in-process API
     def identity(self) -> dict:
         """Summary of the cluster (runs on the loop thread)."""
+        state = self.state
+        workers = {}
+        for a, ws in state.workers.items():
+            info = workers[a] = ws.info()
+            info["processing"], info["executing"] = state.load(ws)
+        counts = state.task_counts()
         return {
             "type": "Scheduler", "id": self.id, "address": self.address,
-            "started": self.started,
-            "workers": {a: ws.info() for a, ws in self.state.workers.items()},
-            "n_tasks": len(self.state.tasks), "task_counts": self.state.task_counts(),
+            "started": self.started, "workers": workers,
+            "n_tasks": sum(counts.values()), "task_counts": counts,
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
         }

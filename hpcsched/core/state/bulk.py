@@ -24,10 +24,10 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   ``FillQueue``), by when the first reports may have measured the elements;
 * a worker reports many finished elements in one ``range-finished``; the client hears
   them in one ``map-in-memory``;
-* an element gets its own ``TaskState`` only when it must: when any code of the
-  scheduler looks its key up (:class:`~.model.TaskTable` asks :meth:`BulkMaps.resolve`)
-  because it failed, is a dependency of a new task, is cancelled, retried or lost its
-  result's holder. From then on it is an ordinary task (its run spec is the map's
+* an element gets its own ``TaskState`` only when it must, by an explicit call
+  (:meth:`~.tasks.TaskGraph.promote`, which asks :meth:`BulkMaps.resolve`): when it
+  failed, is a dependency of a new task, is cancelled, retried or lost its result's
+  holder. A lookup never makes one: views see elements beside the tasks. From then on it is an ordinary task (its run spec is the map's
   function and its arguments) and the map forgets it ("promoted"). A queued element
   promoted stays in the queue, its task waiting ("held") until a range with it goes to
   a worker, which runs it with its neighbours: the additions of a tree reduction
@@ -107,6 +107,15 @@ COMPACT_AT = 1024
 #: keys in a release or a gather from which they are checked for being one run of a
 #: map's elements (below, looking each up costs as little)
 RUN_MIN = 64
+
+
+def _holds(ws: WorkerInfo, n: int, nbytes: int) -> None:
+    """``ws`` holds ``n`` more results of elements, of ``nbytes`` more bytes (negative:
+    fewer): its ``nbytes`` counts them with its tasks' results, so that what weighs a
+    worker (retirement, rebalancing, placement's tie-breaks, the memory views) sees them."""
+    ws.n_elements += n
+    ws.element_nbytes += nbytes
+    ws.nbytes += nbytes
 
 
 def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
@@ -304,7 +313,7 @@ class BulkMaps:
         self.first_wave = False  # hungry workers wait for the rest of a map's first wave
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
         self._fruitless = -1  # the epoch at which a steal round found no worker to steal from
-        graph.tasks.resolve = self.resolve
+        graph.promote_element = self.resolve
 
     # ================================================================ client side
     @handlers.on(ev.UpdateMap)
@@ -320,8 +329,6 @@ class BulkMaps:
             if e.prefix in self.spent:
                 raise ev.MalformedMessage(f"update-map: prefix {e.prefix!r} named an earlier "
                                           "map, whose elements may be tasks still")
-            if not self.maps:
-                self.graph.tasks.resolving(True)
             m = self.maps[e.prefix] = BulkMap(
                 e.prefix, e.client, e.function,
                 (self.graph.new_generation(), -e.priority), e.retries)
@@ -349,10 +356,15 @@ class BulkMaps:
             n = hi - lo
             if m.state.count(MEMORY, lo, hi) == n:  # the common case: all in memory
                 slot_ws = self.slot_ws
-                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
+                by_slot = self._by_slot(m.where, lo, hi, ordered)
+                seg, sizes = m.where[lo:hi], m.nbytes[lo:hi]
+                for w, wkeys in by_slot.items():
                     ws = slot_ws[w]
                     if ws is not None:
                         self._frees.setdefault(ws.address, []).extend(wkeys)
+                        size = sum(sizes) if len(by_slot) == 1 else \
+                            sum(compress(sizes, map(w.__eq__, seg)))
+                        _holds(ws, -len(wkeys), -size)
                 m.state[lo:hi] = bytes([FORGOTTEN]) * n
                 m.where[lo:hi] = array("i", [-1]) * n
                 m.n_live -= n
@@ -361,6 +373,7 @@ class BulkMaps:
         rest: list = []
         touched: dict[BulkMap, None] = {}
         frees: dict[int, list] = {}
+        freed_bytes: dict[int, int] = {}
         for m, found in self.split(keys, rest).items():
             touched[m] = None
             state, where = m.state, m.where
@@ -380,7 +393,9 @@ class BulkMaps:
                     got = frees.get(w)
                     if got is None:
                         got = frees[w] = []
+                        freed_bytes[w] = 0
                     got.append(key)
+                    freed_bytes[w] += m.nbytes[i]
                 elif st == PROCESSING:  # its worker's report is due; the result is freed then
                     state[i] = FORGOTTEN
                     live += 1
@@ -397,6 +412,7 @@ class BulkMaps:
             ws = slot_ws[w]
             if ws is not None:  # one free-keys per worker: flush_frees
                 self._frees.setdefault(ws.address, []).extend(wkeys)
+                _holds(ws, -len(wkeys), -freed_bytes[w])
         for m in touched:
             self._maybe_drop(m)
         return rest
@@ -415,6 +431,7 @@ class BulkMaps:
             m.where[i] = -1
             if ws is not None:  # one free-keys per worker: flush_frees
                 self._frees.setdefault(ws.address, []).append(m.prefix + str(i))
+                _holds(ws, -1, -m.nbytes[i])
 
     def _spend(self, m: BulkMap) -> None:
         """Map ``m`` is dropped while some of its elements are tasks: remember which, so
@@ -433,7 +450,7 @@ class BulkMaps:
         if self._spent_size > self._spent_bound:
             tasks = self.graph.tasks
             self.spent = {p: idx for p, idx in self.spent.items()
-                          if any(dict.__contains__(tasks, p + str(i)) for i in idx)}
+                          if any(p + str(i) in tasks for i in idx)}
             self._spent_size = sum(len(idx) + 1 for idx in self.spent.values())
             self._spent_bound = max(SPENT_PRUNE, 2 * self._spent_size)
 
@@ -453,8 +470,6 @@ class BulkMaps:
             del self.maps[m.prefix]
             if m in self.pending:
                 self.pending.remove(m)
-            if not self.maps:
-                self.graph.tasks.resolving(False)
 
     def remove_client(self, client: str) -> None:
         """``client`` left: its maps' elements are forgotten."""
@@ -643,6 +658,7 @@ class BulkMaps:
             ws.executing.add(ts)
             self._in_range(ws, ts)
         elif st == MEMORY and ws is not None:
+            _holds(ws, -1, -m.nbytes[i])  # as a task's result from now on (add_replica)
             ts.nbytes = m.nbytes[i]
             graph.add_replica(ts, ws, m.nbytes[i])
             graph.transition(ts, "memory")
@@ -668,7 +684,7 @@ class BulkMaps:
         tasks, held = self.graph.tasks, self.graph.held
         for ts in m.held.values():
             held.discard(ts)
-            if dict.get(tasks, ts.key) is ts and ts.state == "waiting":
+            if tasks.get(ts.key) is ts and ts.state == "waiting":
                 self.unheld.append(ts)
         m.held.clear()
 
@@ -745,7 +761,7 @@ class BulkMaps:
             self.steal()
             return
         if isinstance(e, ev.TaskStarted):
-            ts = dict.get(self.graph.tasks, e.key)
+            ts = self.graph.tasks.get(e.key)
             ws = self.registry.workers.get(e.worker)
             if ts is not None and ts.suspicious and ws is not None \
                     and ts.processing_on is ws:
@@ -861,7 +877,7 @@ class BulkMaps:
                     if ts is None:
                         continue
                     self.graph.held.discard(ts)
-                    live = ts.state == "waiting" and dict.get(tasks, ts.key) is ts
+                    live = ts.state == "waiting" and tasks.get(ts.key) is ts
                     if not live:
                         continue  # forgotten, or released and kept for its dependents
                     # the range runs it; its report is the task's (range_finished)
@@ -909,7 +925,7 @@ class BulkMaps:
                 st = state[i]
                 if st == PROCESSING and where[i] == slot:
                     state[i] = MEMORY
-                    nbytes[i] = e.nbytes[j]
+                    nbytes[i] = max(e.nbytes[j], 0)
                     done.append(j)
                     finished += 1
                 elif st == FORGOTTEN and where[i] == slot:
@@ -925,6 +941,7 @@ class BulkMaps:
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
+                _holds(ws, len(done), sum([nbytes[e.indices[j]] for j in done]))
                 self._report(m, ws, e, done)
                 if ws.status == "closing_gracefully":
                     self._promote_results(m, [e.indices[j] for j in done])
@@ -936,7 +953,7 @@ class BulkMaps:
         ranged = self.in_ranges.get(ws.address)
         for j in stray:
             if ranged:
-                ts = dict.get(self.graph.tasks, e.prefix + str(e.indices[j]))
+                ts = self.graph.tasks.get(e.prefix + str(e.indices[j]))
                 if ts is not None:
                     ranged.pop(ts, None)
             self.task_finished(self._one(e, j))
@@ -1003,7 +1020,7 @@ class BulkMaps:
         ranged = self.in_ranges.pop(ws.address, None)
         tasks = self.graph.tasks
         spared = {ts for ts in ranged if ts.processing_on is ws
-                  and dict.get(tasks, ts.key) is ts} if ranged else set()
+                  and tasks.get(ts.key) is ts} if ranged else set()
         slot = self.slots.pop(ws.address, None)
         if slot is None:
             return 0, spared
@@ -1065,7 +1082,7 @@ class BulkMaps:
     def _prune_ranged(self, ws: WorkerInfo, ranged: dict[TaskState, None]) -> None:
         tasks = self.graph.tasks
         for ts in [ts for ts in ranged if ts.processing_on is not ws
-                   or dict.get(tasks, ts.key) is not ts]:
+                   or tasks.get(ts.key) is not ts]:
             del ranged[ts]
 
     def release_all(self, ws: WorkerInfo) -> None:
@@ -1141,7 +1158,7 @@ class BulkMaps:
             m = self.maps.get(prefix)
             if m is None:  # gone: its elements given back are tasks' (promoted), if any
                 for i in set(indices):
-                    ts = dict.get(tasks, prefix + str(i))
+                    ts = tasks.get(prefix + str(i))
                     if ts is not None and ts.state == "processing" and ts.processing_on is ws:
                         again.append(ts)
                 continue
@@ -1158,7 +1175,7 @@ class BulkMaps:
                     m.n_orphans -= 1
                     back += 1
                 elif st == PROMOTED:
-                    ts = dict.get(tasks, prefix + str(i))
+                    ts = tasks.get(prefix + str(i))
                     if ts is not None and ts.state == "processing" and ts.processing_on is ws:
                         again.append(ts)
             if requeue:
@@ -1232,6 +1249,40 @@ class BulkMaps:
         return self.outstanding.get(ws.address, 0)
 
     # ================================================================ queries
+    def keys_on(self, address: str, running: bool = False) -> list[str]:
+        """The keys of the elements whose result the worker at ``address`` holds, or
+        (``running``) that it runs or was given to run: what it was given, not the maps."""
+        slot = self.slots.get(address)
+        if slot is None:
+            return []
+        code = PROCESSING if running else MEMORY
+        out: list[str] = []
+        for m in self.given_maps.get(slot, ()):
+            prefix, state = m.prefix, m.state
+            out += [prefix + str(i) for i in m.given[slot].held(m.where, slot)
+                    if state[i] == code]
+        return out
+
+    def memory_keys(self) -> list[str]:
+        """The keys of every element whose result a worker holds."""
+        out: list[str] = []
+        for m in self.maps.values():
+            prefix = m.prefix
+            out += [prefix + str(i) for i in compress(range(len(m.state)),
+                                                      map(MEMORY.__eq__, m.state))]
+        return out
+
+    def group_counts(self) -> dict[tuple[str, str], int]:
+        """Elements held here by (group, state), as tasks are counted in the views."""
+        out: dict[tuple[str, str], int] = {}
+        for m in self.maps.values():
+            for name, code in (("queued", QUEUED), ("processing", PROCESSING),
+                               ("memory", MEMORY)):
+                c = m.state.count(code)
+                if c:
+                    out[(m.group, name)] = out.get((m.group, name), 0) + c
+        return out
+
     def counts(self) -> dict[str, int]:
         """Elements held here in each state (``task_counts`` adds them)."""
         out: dict[str, int] = {}
@@ -1283,6 +1334,18 @@ class BulkMaps:
         for addr, n in self.outstanding.items():
             slot = self.slots.get(addr)
             assert n == (per_slot.get(slot, 0) if slot is not None else 0), (addr, n)
+        # each worker's count and bytes of the elements' results it holds
+        results: dict[int, list[int]] = {}
+        for m in self.maps.values():
+            for i, s in enumerate(m.state):
+                if s == MEMORY:
+                    got = results.setdefault(m.where[i], [0, 0])
+                    got[0] += 1
+                    got[1] += m.nbytes[i]
+        for ws in self.registry.workers.values():
+            slot = self.slots.get(ws.address)
+            n, size = results.get(slot, (0, 0)) if slot is not None else (0, 0)
+            assert (ws.n_elements, ws.element_nbytes) == (n, size), (ws, n, size)
         # a held task waits in its map's queue, from which a range will take it
         held: set[TaskState] = set()
         for prefix, m in self.maps.items():

@@ -60,7 +60,7 @@ class ClientRequests:
         recs: list[Rec] = []
         missing: dict[TaskState, Key] = {}
         for key, spec in e.tasks.items():
-            ts = tasks.get(key)
+            ts = graph.promote(key)
             if ts is not None:
                 if ts.state == "erred" and ts.exception_blame is None:
                     # re-submission of a failed task runs it again
@@ -76,7 +76,7 @@ class ClientRequests:
         for ts in new:
             spec = e.tasks[ts.key]
             for dk in spec.get("deps", ()):
-                dts = tasks.get(dk)
+                dts = graph.promote(dk)
                 if dts is None:
                     missing[ts] = dk
                     continue
@@ -108,7 +108,7 @@ class ClientRequests:
             ts.priority = (generation, -user_priority.get(ts.key, e.priority),
                            static.get(ts.key, i))
         for key in e.keys:
-            ts = tasks.get(key)
+            ts = graph.promote(key)
             if ts is not None:
                 ts.who_wants.add(e.client)
         for ts, dk in missing.items():
@@ -153,10 +153,9 @@ class ClientRequests:
     @handlers.on(ev.ClientDesiresKeys)
     def client_desires(self, e: ev.ClientDesiresKeys) -> None:
         """A client wants ``keys``: tell it of those already done, run the released ones again."""
-        tasks = self.graph.tasks
         recs: list[Rec] = []
         for key in e.keys:
-            ts = tasks.get(key)
+            ts = self.graph.promote(key)
             if ts is None:
                 self.out.send(e.client, CancelledKeys([key]))
                 continue
@@ -174,7 +173,7 @@ class ClientRequests:
         and everything that erred because of it)."""
         graph = self.graph
         again: list[TaskState] = []
-        stack = [graph.tasks[k] for k in e.keys if k in graph.tasks]
+        stack = [ts for ts in map(graph.promote, e.keys) if ts is not None]
         seen: set = set()
         while stack:
             ts = stack.pop()
@@ -211,7 +210,7 @@ class ClientRequests:
         recs: list[Rec] = []
         cancelled = []
         for key in e.keys:
-            ts = self.graph.tasks.get(key)
+            ts = self.graph.promote(key)
             if ts is None:
                 continue
             cancelled.append(key)

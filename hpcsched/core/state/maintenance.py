@@ -101,7 +101,7 @@ class Maintenance:
                 ws = running[i % len(running)]
                 per_worker.setdefault(ws, {})[key] = value
         for key in e.data:
-            ts = graph.tasks.get(key)
+            ts = graph.promote(key)
             if ts is None:
                 ts = graph.new_task(key, None, key_split(key))
                 ts.priority = (graph.generation, 0, 0)
@@ -121,7 +121,7 @@ class Maintenance:
             return
         recs: list[Rec] = []
         for key, nbytes in e.keys.items():
-            ts = graph.tasks.get(key)
+            ts = graph.promote(key)
             if ts is None or (ts.state not in ("memory", "released") and ts.run_spec is not None):
                 if ts is None or ts.state in ("erred",):
                     self.out.send(ws.address, FreeKeys([key]))
@@ -153,7 +153,7 @@ class Maintenance:
             return
         recs: list[Rec] = []
         for key in e.keys:
-            ts = graph.tasks.get(key)
+            ts = graph.promote(key)
             if ts is not None and ws in ts.who_has:
                 recs += graph.drop_replica(ts, ws, f"worker {ws.address} dropped it")
         graph.transitions(recs)
@@ -339,7 +339,8 @@ class Maintenance:
         tasks = self.graph.tasks
         pool = [ws for ws in self.registry.workers.values() if ws.status == "running"
                 and (e.workers is None or ws.address in e.workers or ws.name in e.workers)]
-        wanted = None if e.keys is None else {k for k in e.keys if k in tasks}
+        wanted = None if e.keys is None else {
+            k for k in e.keys if self.graph.promote(k) is not None}
         r = Rebalance(e.request_id, e.requester, e.now)
         if len(pool) > 1:
             load = {ws: ws.nbytes for ws in pool}

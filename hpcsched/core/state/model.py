@@ -41,40 +41,6 @@ class Outbox:
         self.messages.append(Send(to, msg))
 
 
-class TaskTable(dict):
-    """``{key: TaskState}``, where a key missing from the dict may still name a task held
-    compactly elsewhere (an element of a bulk map, :mod:`.bulk`): ``resolve(key)`` gives
-    that task its own :class:`TaskState` (stored here) or says None. Every lookup that
-    misses asks it, so the code that handles one task never needs to know about maps."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.resolve: Any = None  # key -> TaskState | None, set by the owner of the maps
-        # ``get`` is dict's own (C) method while no map is held: the task graph's lookups
-        # cost nothing extra then (an instance attribute shadows the class's method)
-        self.get = super().get  # type: ignore[method-assign]
-
-    def resolving(self, on: bool) -> None:
-        """Whether ``get`` asks :attr:`resolve` for keys it lacks (while maps are held)."""
-        self.get = self._get_resolving if on else super().get  # type: ignore[method-assign]
-
-    def _get_resolving(self, key: Key, default: Any = None) -> Any:
-        ts = dict.get(self, key)
-        if ts is None and self.resolve is not None:
-            ts = self.resolve(key)
-        return default if ts is None else ts
-
-    def __missing__(self, key: Key) -> TaskState:
-        ts = self.resolve(key) if self.resolve is not None else None
-        if ts is None:
-            raise KeyError(key)
-        return ts
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key) or (
-            self.resolve is not None and self.resolve(key) is not None)
-
-
 class KilledWorker(RuntimeError):
     """A task was running on workers that died, ``allowed-failures`` times."""
 
@@ -220,6 +186,7 @@ class WorkerInfo:
 
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
+                 "n_elements", "element_nbytes",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
                  "root_block", "heartbeat_interval")
 
@@ -237,7 +204,10 @@ class WorkerInfo:
         # processing tasks that seceded from the worker's thread pool: they occupy no slot
         self.long_running: set[TaskState] = set()
         self.has_what: dict[TaskState, None] = {}
-        self.nbytes = 0
+        self.nbytes = 0  # bytes of the results held: tasks' and bulk maps' elements'
+        # results of bulk maps' elements held (not in has_what: :mod:`.bulk`), and their bytes
+        self.n_elements = 0
+        self.element_nbytes = 0
         self.occupancy = 0.0
         self.status = "running"  # running | paused | closing_gracefully
         self.last_seen = now
@@ -258,6 +228,7 @@ class WorkerInfo:
             "resources": dict(self.resources), "nbytes": self.nbytes,
             "processing": len(self.processing), "executing": len(self.executing),
             "long_running": len(self.long_running),
-            "n_keys": len(self.has_what), "occupancy": self.occupancy, "status": self.status,
+            "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
+            "status": self.status,
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
         }

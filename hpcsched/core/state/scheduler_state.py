@@ -212,9 +212,48 @@ class SchedulerState:
         self.bulk.validate()
 
     # ================================================================ queries
-    def who_has(self, keys: Iterable[Key]) -> dict[Key, list[str]]:
-        """The addresses of the workers holding each of ``keys``."""
-        return {k: [ws.address for ws in self.holders(k)] for k in keys}
+    # Every view asks here, and sees the elements of bulk maps as it sees tasks; none of
+    # these makes an element a task (only :meth:`promote` does).
+    def promote(self, key: Key) -> TaskState | None:
+        """The task ``key``, an element of a bulk map made one (:meth:`.tasks.TaskGraph.promote`)."""
+        return self.graph.promote(key)
+
+    def who_has(self, keys: Iterable[Key] | None = None) -> dict[Key, list[str]]:
+        """The addresses of the workers holding each of ``keys`` (None: every result held)."""
+        if keys is None:
+            keys = [*self.tasks, *self.bulk.memory_keys()]
+        return {k: sorted(ws.address for ws in self.holders(k)) for k in keys}
+
+    def has_what(self, address: str) -> list[Key]:
+        """The keys whose result the worker at ``address`` holds."""
+        ws = self.registry.workers.get(address)
+        if ws is None:
+            return []
+        return [ts.key for ts in ws.has_what] + self.bulk.keys_on(address)
+
+    def processing(self, address: str) -> list[Key]:
+        """The keys the worker at ``address`` runs or was given to run."""
+        ws = self.registry.workers.get(address)
+        if ws is None:
+            return []
+        return [ts.key for ts in ws.processing] + self.bulk.keys_on(address, running=True)
+
+    def load(self, ws: WorkerInfo) -> tuple[int, int]:
+        """``(processing, executing)`` on ``ws``: the tasks and elements it runs or was given
+        to run, and of those, how many run on its threads (elements fill the threads
+        its tasks leave free)."""
+        elements = self.bulk.elements_on(ws)
+        executing = len(ws.executing)
+        return (len(ws.processing) + elements,
+                executing + min(elements, max(ws.nthreads - executing, 0)))
+
+    def group_counts(self) -> dict[tuple[str, str], int]:
+        """How many tasks of each group are in each state (the elements included)."""
+        counts = self.bulk.group_counts()
+        for ts in self.tasks.values():
+            k = (ts.group.name, ts.state)
+            counts[k] = counts.get(k, 0) + 1
+        return counts
 
     def holders_of(self, keys: list) -> tuple[dict[str, list], list]:
         """``({worker address: those of keys whose result it holds}, keys held nowhere)``:
@@ -245,7 +284,7 @@ class SchedulerState:
     def holders(self, key: Key) -> list[WorkerInfo]:
         """The workers holding ``key``'s result (none unless it is in memory); an element
         of a bulk map stays one (:mod:`.bulk`)."""
-        ts = dict.get(self.tasks, key)
+        ts = self.tasks.get(key)
         if ts is None:
             return self.bulk.holders(key) or []
         return list(ts.who_has) if ts.state == "memory" else []

@@ -41,7 +41,6 @@ from hpcsched.core.state.model import (
     Rec,
     TaskGroup,
     TaskState,
-    TaskTable,
     WorkerInfo,
 )
 from hpcsched.core.state.placement import Placement
@@ -82,7 +81,11 @@ class TaskGraph:
         self.placement = placement
         self.out = out
         self.unknown_task_duration = unknown_task_duration
-        self.tasks = TaskTable()
+        # key -> TaskState: a plain dict, whose lookups never create a task; an element of
+        # a bulk map becomes one only through :meth:`promote`
+        self.tasks: dict[Key, TaskState] = {}
+        # key -> the element ``key`` made a task, or None (set by the owner of the bulk maps)
+        self.promote_element: Callable[[Key], TaskState | None] | None = None
         self.groups: dict[str, TaskGroup] = {}
         self.generation = 0  # of the newest graph: the first part of its tasks' priorities
         # the newest transitions, bounded as distributed's (its ``low-level-log-length``
@@ -111,6 +114,18 @@ class TaskGraph:
             tg = self.groups[group_name] = TaskGroup(group_name)
         ts = self.tasks[key] = TaskState(key, run_spec, tg)
         tg.n_tasks += 1
+        return ts
+
+    def promote(self, key: Key) -> TaskState | None:
+        """The task ``key``; an element of a bulk map (:mod:`.bulk`) is made one. The one
+        way an element becomes a task, called by the handlers that must treat it as one:
+        it failed, is a dependency of a new task, is wanted by a client (a future passed
+        on, a dataset), cancelled, retried, seceded, or its result is lost, moved or
+        reported by a worker that registers again. A lookup in :attr:`tasks` never does
+        it: views (``who_has``, ``has_what``, metrics) ask the maps beside the tasks."""
+        ts = self.tasks.get(key)
+        if ts is None and self.promote_element is not None:
+            ts = self.promote_element(key)
         return ts
 
     def new_generation(self) -> int:
@@ -468,7 +483,7 @@ class TaskGraph:
             assert abs(ws.occupancy - occ) < 1e-6 * max(1, occ) + 1e-9, (ws, ws.occupancy, occ)
             for ts in ws.has_what:
                 assert ws in ts.who_has, (ts, ws)
-            nbytes = sum(max(ts.nbytes, 0) for ts in ws.has_what)
+            nbytes = sum(max(ts.nbytes, 0) for ts in ws.has_what) + ws.element_nbytes
             assert ws.nbytes == nbytes, (ws, ws.nbytes, nbytes)
         for key, ts in self.tasks.items():
             assert ts.key == key

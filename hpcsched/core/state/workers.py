@@ -72,7 +72,7 @@ class WorkerEvents:
         placement.push_free(ws)
         recs: list[Rec] = []
         for key, nbytes in (e.keys or {}).items():
-            ts = graph.tasks.get(key)
+            ts = graph.promote(key)
             if ts is None:
                 self.out.send(ws.address, FreeKeys([key]))
                 continue
@@ -82,7 +82,7 @@ class WorkerEvents:
         # a worker that registers again goes on with the tasks it is running: they are
         # its, where they are ready to run (else they run where the scheduler decides)
         for key in e.running:
-            ts = graph.tasks.get(key)
+            ts = graph.promote(key)
             if ts is not None and ts.state in ("queued", "no-worker") and not ts.waiting_on:
                 graph.add_to_processing(ts, ws)
         # rootish status depends on total threads: recompute lazily
@@ -171,8 +171,9 @@ class WorkerEvents:
     def long_running(self, e: ev.LongRunning) -> None:
         """The task seceded (``hpcsched.secede()``, ``worker_client()``): it waits on other
         tasks, so its slot opens for queued work, as dask.distributed's scheduler does;
-        it stays processing there (and is never stolen: it has started)."""
-        ts = self.graph.tasks.get(e.key)
+        it stays processing there (and is never stolen: it has started). An element of a
+        bulk map that secedes becomes a task of its own here."""
+        ts = self.graph.promote(e.key)
         ws = self.registry.workers.get(e.worker)
         if ts is None or ws is None or ts.state != "processing" or ts.processing_on is not ws \
                 or ts in ws.long_running:
@@ -223,9 +224,10 @@ class WorkerEvents:
 
     @handlers.on(ev.TaskErred)
     def task_erred(self, e: ev.TaskErred) -> None:
-        """A task raised: retry it if it may, else it errs."""
+        """A task raised: retry it if it may, else it errs (an element of a bulk map that
+        raised becomes a task of its own here)."""
         graph = self.graph
-        ts = graph.tasks.get(e.key)
+        ts = graph.promote(e.key)
         ws = self.registry.workers.get(e.worker)
         if ts is None or ws is None or ts.state != "processing" or ts.processing_on is not ws:
             return
@@ -245,7 +247,7 @@ class WorkerEvents:
         the clients and dependents wait for data that can never arrive, or recompute a
         result that would fail the same way."""
         graph = self.graph
-        ts = graph.tasks.get(e.key)
+        ts = graph.promote(e.key)
         ws = self.registry.workers.get(e.worker)
         if ts is None or ws is None or ts.state != "memory" or ws not in ts.who_has:
             return
@@ -258,7 +260,7 @@ class WorkerEvents:
     def missing_data(self, e: ev.MissingData) -> None:
         """A worker did not find ``key`` on ``errant_worker``: forget that replica."""
         graph, workers = self.graph, self.registry.workers
-        ts = graph.tasks.get(e.key)
+        ts = graph.promote(e.key)
         if ts is None:
             return
         errant = workers.get(e.errant_worker)

@@ -1144,3 +1144,60 @@ def test_a_silent_death_holding_only_suspects_blames_the_one_it_ran_first():
     step(s, ev.RemoveWorker(B, "killed"))
     assert s.tasks[first].suspicious == 2 and s.tasks[first].state == "erred"
     assert all(s.tasks[k].suspicious == 1 for k in suspects if k != first)
+
+
+def test_no_lookup_or_view_makes_an_element_a_task_only_promote_does():
+    """Looking elements' keys up in the task table, and every view (who_has, has_what,
+    processing, the counts, a worker's bytes and keys), sees the elements as tasks and
+    makes no task of any; ``promote`` is the one call that does, and moves the result's
+    bytes from the worker's elements to its tasks."""
+    s = SchedulerState()
+    out, on_a = map_on_a_and_b(s, 40)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    finish(s, A, on_a, nbytes=100)
+    keys = [f"m-a-{i}" for i in range(40)]
+    for key in keys:
+        assert key not in s.tasks and s.tasks.get(key) is None
+        with pytest.raises(KeyError):
+            s.tasks[key]
+    a_keys = sorted(f"m-a-{i}" for i in on_a)
+    assert sorted(s.has_what(A)) == a_keys and s.has_what(B) == []
+    assert sorted(s.processing(B)) == sorted(f"m-a-{i}" for i in on_b)
+    assert s.who_has(a_keys[:2]) == {k: [A] for k in a_keys[:2]}
+    assert sorted(s.who_has()) == a_keys  # every result held, and only those
+    group = s.bulk.maps["m-a-"].group
+    assert s.group_counts()[(group, "memory")] == len(on_a)
+    running = len(s.processing(A)) + len(on_b)  # A was topped up when it reported
+    assert s.group_counts()[(group, "processing")] == running
+    assert s.task_counts()["memory"] == len(on_a)
+    wa = s.workers[A]
+    assert (wa.nbytes, wa.n_elements, wa.info()["n_keys"]) == (100 * len(on_a), len(on_a),
+                                                               len(on_a))
+    assert s.load(s.workers[B]) == (len(on_b), 1)  # one thread runs, the rest wait
+    assert not s.tasks
+    ts = s.promote(a_keys[0])
+    assert ts is not None and ts.state == "memory" and s.tasks[a_keys[0]] is ts
+    assert (wa.nbytes, wa.n_elements, len(wa.has_what)) == (100 * len(on_a),
+                                                            len(on_a) - 1, 1)
+    assert sorted(s.has_what(A)) == a_keys  # once each, as a task or as an element
+    s.validate()
+
+
+def test_released_elements_leave_their_workers_bytes():
+    """A worker's bytes count its elements' results until the client drops them, as a run
+    (a map's futures dropped together) or one by one."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 200)
+    every: list[int] = []
+    while given := [i for w, idx in ranges(out) if w == A for i in idx]:
+        every += given
+        out = finish(s, A, given, nbytes=10)
+    wa = s.workers[A]
+    assert (wa.nbytes, wa.n_elements) == (2000, 200)
+    step(s, ev.ClientReleasesKeys("c", [f"m-a-{i}" for i in range(100)]))  # a run
+    assert (wa.nbytes, wa.n_elements) == (1000, 100)
+    step(s, ev.ClientReleasesKeys("c", [f"m-a-{i}" for i in range(100, 200, 2)]))
+    assert (wa.nbytes, wa.n_elements) == (500, 50)
+    step(s, ev.RemoveClient("c"))
+    assert (wa.nbytes, wa.n_elements) == (0, 0)
