@@ -1244,6 +1244,22 @@ class BulkMaps:
         for i in indices:
             self.resolve(prefix + str(i))
 
+    def promote_largest(self, ws: WorkerInfo, nbytes: float) -> None:
+        """Results of elements that ``ws`` holds become tasks, largest first, until they
+        weigh ``nbytes`` (a rebalance then moves them as it moves any result)."""
+        slot = self.slots.get(ws.address)
+        if slot is None:
+            return
+        held = [(m.nbytes[i], m.prefix, i) for m in self.given_maps.get(slot, ())
+                for i in m.given[slot].held(m.where, slot) if m.state[i] == MEMORY]
+        held.sort(key=lambda h: -h[0])
+        total = 0
+        for size, prefix, i in held:
+            if total >= nbytes:
+                break
+            self.resolve(prefix + str(i))
+            total += size
+
     def elements_on(self, ws: WorkerInfo) -> int:
         """Elements ``ws`` runs or was given for the maps (a retirement waits for them)."""
         return self.outstanding.get(ws.address, 0)

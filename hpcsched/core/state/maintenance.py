@@ -328,6 +328,11 @@ class Maintenance:
                 self._finish_rebalance(r)
 
     # ================================================================ rebalance
+    def rebalance_pool(self, e: ev.RebalanceKeys) -> list[WorkerInfo]:
+        """The workers a rebalance spreads data over."""
+        return [ws for ws in self.registry.workers.values() if ws.status == "running"
+                and (e.workers is None or ws.address in e.workers or ws.name in e.workers)]
+
     @handlers.on(ev.RebalanceKeys)
     def rebalance(self, e: ev.RebalanceKeys) -> None:
         """Move keys from workers holding more bytes than the mean of ``e.workers`` (all
@@ -337,8 +342,7 @@ class Maintenance:
         recipient holding least while that narrows the gap. The bytes counted are those
         the scheduler knows of (results' sizes), not the workers' process memory."""
         tasks = self.graph.tasks
-        pool = [ws for ws in self.registry.workers.values() if ws.status == "running"
-                and (e.workers is None or ws.address in e.workers or ws.name in e.workers)]
+        pool = self.rebalance_pool(e)
         wanted = None if e.keys is None else {
             k for k in e.keys if self.graph.promote(k) is not None}
         r = Rebalance(e.request_id, e.requester, e.now)

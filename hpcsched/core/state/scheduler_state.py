@@ -112,6 +112,7 @@ class SchedulerState:
             ev.RemoveClient: self._remove_client,
             ev.ClientReleasesKeys: self._client_releases,
             ev.RetireWorkers: self._retire_workers,
+            ev.RebalanceKeys: self._rebalance,
             ev.FillQueue: self._fill_queue,
         }
         # the components' own data, under the names the server and the tests read
@@ -143,6 +144,19 @@ class SchedulerState:
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
         self.bulk.retire(e.workers)
         self.maintenance.retire_workers(e)
+
+    def _rebalance(self, e: ev.RebalanceKeys) -> None:
+        """A rebalance of all data moves elements' results too: those of each worker above
+        the mean become tasks, largest first, until they weigh its excess; the
+        rebalance then moves them as any result."""
+        if self.bulk.maps and e.keys is None:
+            pool = self.maintenance.rebalance_pool(e)
+            if len(pool) > 1:
+                mean = sum(ws.nbytes for ws in pool) / len(pool)
+                for ws in pool:
+                    if ws.nbytes > mean and ws.n_elements:
+                        self.bulk.promote_largest(ws, ws.nbytes - mean)
+        self.maintenance.rebalance(e)
 
     def _remove_client(self, e: ev.RemoveClient) -> None:
         self.bulk.remove_client(e.client)

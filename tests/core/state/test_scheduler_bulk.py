@@ -1201,3 +1201,27 @@ def test_released_elements_leave_their_workers_bytes():
     assert (wa.nbytes, wa.n_elements) == (500, 50)
     step(s, ev.RemoveClient("c"))
     assert (wa.nbytes, wa.n_elements) == (0, 0)
+
+
+def test_a_rebalance_of_all_data_moves_elements_results():
+    """A map ran on A alone; B joins and a rebalance of all data (no keys named) moves
+    half of A's bytes: its elements' results, largest first, become tasks that B is asked
+    to copy, and A keeps the rest as elements."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 40)
+    while given := [i for w, idx in ranges(out) if w == A for i in idx]:
+        out = step(s, ev.RangeFinished(A, prefix="m-a-", indices=given,
+                                       nbytes=[100 + i for i in given], types=["int"] * len(given),
+                                       starts=[1.0] * len(given), stops=[1.5] * len(given)))
+    step(s, ev.AddWorker(B, 1))
+    total = sum(100 + i for i in range(40))
+    assert s.workers[A].nbytes == total
+    out = step(s, ev.RebalanceKeys("r1", "c"))
+    (order,) = [m for m in out if m.msg.op == "acquire-replicas"]
+    assert order.to == B
+    moved = sorted(order.msg.who_has)
+    assert moved == sorted(f"m-a-{i}" for i in range(40 - len(moved), 40))  # the largest
+    assert all(order.msg.who_has[k] == [A] for k in moved)
+    assert sum(order.msg.nbytes.values()) >= total / 2 - 140
+    assert s.workers[A].n_elements == 40 - len(s.tasks)
