@@ -64,7 +64,7 @@ class Road:
         this road (as ``client.map``)."""
         from hpcsched.core.client.graphs import BULK_MAP_MIN
 
-        calls = list(zip(*iterables))
+        calls = list(zip(*iterables, strict=False))
         if self.name == "bulk":
             assert len(calls) >= BULK_MAP_MIN, "a bulk map needs BULK_MAP_MIN calls or more"
             return client.map(func, *iterables, **kw)
