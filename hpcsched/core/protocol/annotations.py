@@ -27,6 +27,7 @@ from hpcsched.core.protocol.checks import (
     boolean,
     count,
     dict_of,
+    int_in,
     list_of,
     number,
     string,
@@ -42,6 +43,7 @@ ANNOTATIONS: dict[str, Check] = {
     "workers": list_of(worker_ref),
     "allow_other_workers": boolean,
     "checkpoint": boolean,  # keep the result in the scheduler's checkpoint directory
+    "ranks": int_in(1, 1 << 20),  # worker slots it holds at once, on as many workers
 }
 
 

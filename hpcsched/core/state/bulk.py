@@ -819,7 +819,8 @@ class BulkMaps:
     def fill(self, ws: WorkerInfo) -> None:
         """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
         address = ws.address
-        if ws.status != "running" or self.registry.workers.get(address) is not ws:
+        if ws.status != "running" or self.registry.workers.get(address) is not ws \
+                or ws.reserved is not None:  # kept free for a wide task
             self.hungry.pop(address, None)
             return
         if ws.processing and any(ts.suspicious for ts in ws.processing):

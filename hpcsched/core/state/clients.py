@@ -241,6 +241,7 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
     resources = annotations.get("resources") or {}
     workers = annotations.get("workers") or {}
     loose = annotations.get("allow_other_workers") or {}
+    ranks = annotations.get("ranks") or {}
     for ts in new:
         k = ts.key
         if k in retries:
@@ -251,6 +252,8 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
             ts.worker_restrictions = set(workers[k])
         if k in loose:
             ts.loose_restrictions = bool(loose[k])
+        if k in ranks:
+            ts.width = int(ranks[k])
 
 
 def _number(x: Any) -> bool:

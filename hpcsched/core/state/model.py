@@ -141,7 +141,7 @@ class TaskState:
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
         "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
         "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
-        "queued_seq", "stealing", "rootish_cache", "block",
+        "queued_seq", "stealing", "rootish_cache", "block", "width",
     )
 
     def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
@@ -173,6 +173,9 @@ class TaskState:
         self.stealing = False
         self.rootish_cache: bool | None = None
         self.block: Any = None  # its RootBlock while queued (hpcsched.core.state.blocks)
+        # the worker slots it holds while it runs, one on each of ``width`` workers (a gang:
+        # the workers are in TaskGraph.leases, processing_on the first of them)
+        self.width = 1
 
     def __repr__(self) -> str:
         return f"<TaskState {self.key!r} {self.state}>"
@@ -186,7 +189,7 @@ class WorkerInfo:
 
     __slots__ = ("address", "name", "host", "nthreads", "memory_limit", "resources",
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
-                 "n_elements", "element_nbytes",
+                 "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
                  "root_block", "heartbeat_interval")
 
@@ -208,6 +211,9 @@ class WorkerInfo:
         # results of bulk maps' elements held (not in has_what: :mod:`.bulk`), and their bytes
         self.n_elements = 0
         self.element_nbytes = 0
+        # the wide task its slots are kept free for (Placement.decide_gang): no other work
+        # starts here meanwhile
+        self.reserved: TaskState | None = None
         self.occupancy = 0.0
         self.status = "running"  # running | paused | closing_gracefully
         self.last_seen = now

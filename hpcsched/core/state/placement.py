@@ -61,6 +61,17 @@ class Placement:
         self.idle: dict[WorkerInfo, None] = {}
         self.mars_assignment: dict[Key, str] = {}
         self.seq = itertools.count()
+        # wide tasks (a slot on each of ``width`` workers) waiting for their slots: each is
+        # no-worker; the one of best priority keeps the workers that become free for itself
+        self.gangs: dict[TaskState, None] = {}
+        self.reserving: TaskState | None = None
+        self.reserved: dict[WorkerInfo, None] = {}  # the workers kept free for it
+        # narrow tasks of worse priority made ready while it gathers: they wait (no-worker)
+        # until it runs or stops gathering, so that they never take the slots it waits for
+        self.behind: dict[TaskState, None] = {}
+        # elements of bulk maps a worker runs (set by the owner of the maps): such a
+        # worker is not free for a wide task
+        self.elements_on: Callable[[WorkerInfo], int] = lambda ws: 0
 
     # ================================================================ decisions
     def is_rootish(self, ts: TaskState) -> bool:
@@ -87,12 +98,84 @@ class Placement:
             if self.rootish_policy == "mars":
                 addr = self.mars_assignment.get(ts.key)
                 ws = registry.workers.get(addr) if addr else None
-                if ws is not None and ws.status == "running":
+                if ws is not None and ws.status == "running" and ws.reserved is None:
                     return ws
             return policies.co_assign_worker(ts, ts.group, registry.running(),
                                              registry.total_nthreads, self.least_busy())
         return policies.decide_worker(ts, registry.running(), valid, registry.bandwidth,
                                       self.rng)
+
+    def decide_gang(self, ts: TaskState) -> list[WorkerInfo] | None:
+        """The workers for wide task ``ts``, one slot on each of ``ts.width`` distinct ones,
+        the first of which runs it; None: it waits (no-worker).
+
+        Only the waiting wide task of best priority gathers workers, once it is next in
+        priority (no queued task comes before it): it keeps each worker with a free slot
+        for itself (:attr:`reserved`: no new work starts there) until it has enough, and
+        narrow tasks of worse priority made ready meanwhile wait (:attr:`behind`), so that
+        a stream of them never starves it; two wide tasks never each hold part of what
+        they need (a better one arriving takes over what was kept). A wide task wider
+        than the running workers keeps none: it waits for the cluster to grow. Of more
+        free workers than it needs, it takes those on the fewest hosts. The cost is in
+        the free workers looked at, the idle ones, not in the size of the cluster."""
+        self.gangs[ts] = None
+        head = min(self.gangs, key=lambda t: t.priority)
+        queued = self.queue_head()
+        if head is not ts or (queued is not None and queued.priority < ts.priority):
+            if self.reserving is ts:
+                self._unreserve_all()
+            return None
+        if self.reserving is not ts:
+            self._unreserve_all()
+            self.reserving = ts
+        registry = self.registry
+        if len(registry.running()) + len(self.reserved) < ts.width:
+            self._unreserve_all()
+            return None
+        for ws in list(self.idle):
+            if ws not in self.reserved and self._free_for_gang(ws):
+                self.reserved[ws] = None
+                registry.reserve(ws, ts)
+        for ws in [ws for ws in self.reserved if not self._free_for_gang(ws)]:
+            del self.reserved[ws]  # it left, paused, or retires
+            if registry.workers.get(ws.address) is ws:
+                registry.reserve(ws, None)
+        if len(self.reserved) < ts.width:
+            return None
+        members = _packed(list(self.reserved), ts.width)
+        self._unreserve_all()
+        del self.gangs[ts]
+        return members
+
+    def _free_for_gang(self, ws: WorkerInfo) -> bool:
+        """``ws`` has a slot free (tasks and elements of bulk maps counted)."""
+        return self.registry.workers.get(ws.address) is ws and ws.status == "running" \
+            and policies.busy_slots(ws) + self.elements_on(ws) < ws.nthreads \
+            and ws.reserved in (None, self.reserving)
+
+    def holds_back(self, ts: TaskState) -> bool:
+        """Whether the narrow task ``ts``, ready, waits behind the gathering wide task
+        (it comes after it in priority: :meth:`decide_gang`)."""
+        gang = self.reserving
+        return gang is not None and ts.priority > gang.priority
+
+    def hold_back(self, ts: TaskState) -> None:
+        """``ts`` (just moved to no-worker) waits until the wide task ahead of it runs."""
+        self.behind[ts] = None
+
+    def _unreserve_all(self) -> None:
+        """The workers kept for the gathering wide task take any work again, and the tasks
+        held back behind it are ready again (no-worker: placed when slots open)."""
+        workers = self.registry.workers
+        for ws in self.reserved:
+            if workers.get(ws.address) is ws:
+                self.registry.reserve(ws, None)
+                self.open_slots(ws)
+        self.reserved.clear()
+        self.reserving = None
+        if self.behind:
+            self.unrunnable.update(self.behind)
+            self.behind.clear()
 
     def should_queue(self, ts: TaskState) -> bool:
         """``ts`` found no worker: it waits in the queue (else it is no-worker)."""
@@ -156,7 +239,7 @@ class Placement:
         while heap:
             _, _, version, ws = heap[0]
             if version != ws.heap_version or workers.get(ws.address) is not ws \
-                    or ws.status != "running" \
+                    or ws.status != "running" or ws.reserved is not None \
                     or policies.worker_full(ws, self.worker_saturation):
                 heapq.heappop(heap)
                 continue
@@ -174,6 +257,8 @@ class Placement:
                     or policies.busy_slots(ws) >= ws.nthreads:
                 stale.append(ws)
                 continue
+            if ws.reserved is not None:  # kept free for a wide task: it steals nothing
+                continue
             out.append(ws)
             if len(out) >= limit:
                 break
@@ -187,6 +272,7 @@ class Placement:
         backlogged are pruned only by a round of stealing, which may never come)."""
         self.idle.pop(ws, None)
         self.backlogged.discard(ws)
+        self.reserved.pop(ws, None)
 
     def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
         """``ws`` can take work again: queued tasks flow to it after this event (``push``:
@@ -217,7 +303,7 @@ class Placement:
         for ws in opened:
             if not self.n_queued:
                 break
-            if ws.address in workers and ws.status == "running":
+            if ws.address in workers and ws.status == "running" and ws.reserved is None:
                 self._fill(ws, assign)
         if self.blocks.fill_all:
             self.blocks.fill_all = False
@@ -248,6 +334,8 @@ class Placement:
         workers = self.registry.workers
         while self.n_queued:
             head = self.queue_head()
+            if head is not None and self.holds_back(head):
+                break  # it waits behind a wide task gathering its workers
             if policies.worker_full(ws, self.worker_saturation) and (
                     head is None or policies.busy_slots(ws) >= policies.queue_slots(
                         ws, self.worker_saturation, head.group, self.blocks.max_bytes)):
@@ -292,8 +380,13 @@ class Placement:
         self.unrunnable[ts] = None
 
     def leave_unrunnable(self, ts: TaskState) -> None:
-        """``ts`` left no-worker."""
+        """``ts`` left no-worker (a wide task: it keeps no workers any more)."""
         self.unrunnable.pop(ts, None)
+        self.behind.pop(ts, None)
+        if ts.width > 1:
+            self.gangs.pop(ts, None)
+            if self.reserving is ts:
+                self._unreserve_all()
 
     # ================================================================ invariants
     def validate(self, tasks: Mapping[Key, TaskState]) -> None:
@@ -307,9 +400,9 @@ class Placement:
             else:
                 assert ts.block is None, ("in a block of the queue, not queued", ts)
             if st == "no-worker":
-                assert ts in self.unrunnable, ts
+                assert (ts in self.unrunnable) != (ts in self.behind), ts
             else:
-                assert ts not in self.unrunnable, ts
+                assert ts not in self.unrunnable and ts not in self.behind, ts
         assert n_queued == self.n_queued, (n_queued, self.n_queued)
         if not n_queued:
             assert not self.blocks.free and not self.blocks.owned, "blocks of an empty queue"
@@ -320,5 +413,33 @@ class Placement:
                 assert ws in self.idle, ("idle, not among the thieves", ws)
         for ws in self.idle:
             assert self.registry.is_current(ws), ("a worker that left is a thief", ws)
+        # one wide task at most keeps workers, the best waiting one, and only free ones
+        for ts in self.gangs:
+            assert ts.state == "no-worker" and ts.width > 1 and ts in self.unrunnable, ts
+        assert self.reserving is None or self.reserving in self.gangs, self.reserving
+        for ws in self.registry.workers.values():
+            assert ws.reserved is None or (ws.reserved is self.reserving
+                                           and ws in self.reserved), (ws, ws.reserved)
+        for ws in self.reserved:
+            assert self.registry.is_current(ws) and ws.reserved is self.reserving, ws
+        assert not self.behind or self.reserving is not None, "held back behind nothing"
+        for ts in self.behind:
+            assert ts.width == 1 and ts.priority > self.reserving.priority, ts  # type: ignore[union-attr]
         for ws in self.backlogged:
             assert self.registry.is_current(ws), ("a worker that left is a victim", ws)
+
+
+def _packed(workers: list[WorkerInfo], n: int) -> list[WorkerInfo]:
+    """``n`` of ``workers``, on as few hosts as they can be: hosts with the most of them
+    first (a gang's ranks then talk through shared memory where they can).
+
+    >>> class W:
+    ...     def __init__(self, a, h): self.address, self.host = a, h
+    >>> [w.address for w in _packed([W("a", "x"), W("b", "y"), W("c", "y")], 2)]
+    ['b', 'c']
+    """
+    by_host: dict[str, list[WorkerInfo]] = {}
+    for ws in workers:
+        by_host.setdefault(ws.host, []).append(ws)
+    ordered = sorted(by_host.values(), key=lambda group: (-len(group), group[0].address))
+    return [ws for group in ordered for ws in group][:n]

@@ -136,7 +136,7 @@ def valid_workers(ts: TaskState, workers: Iterable[WorkerInfo]) -> list[WorkerIn
         return None
     out = []
     for ws in workers:
-        if ws.status != "running":
+        if ws.status != "running" or ws.reserved is not None:
             continue
         if ts.worker_restrictions and not (
             ws.address in ts.worker_restrictions or ws.name in ts.worker_restrictions
@@ -176,7 +176,8 @@ def decide_worker(
         return None
     holders: set[WorkerInfo] = set()
     if ts.dependencies:
-        holders = {ws for dts in ts.dependencies for ws in dts.who_has if ws.status == "running"}
+        holders = {ws for dts in ts.dependencies for ws in dts.who_has
+                   if ws.status == "running" and ws.reserved is None}
         if valid is not None:
             holders &= set(valid)
     if holders:
@@ -199,7 +200,8 @@ def co_assign_worker(
     """Queuing off: keep giving a TaskGroup's root-ish tasks to the worker that got the last one
     until its batch (its share of threads, in tasks) is used up, then the least-busy worker."""
     last = tg.last_worker
-    if last is not None and tg.last_worker_tasks_left > 0 and last.status == "running":
+    if last is not None and tg.last_worker_tasks_left > 0 and last.status == "running" \
+            and last.reserved is None:
         tg.last_worker_tasks_left -= 1
         return last
     ws = least_busy
@@ -253,7 +255,8 @@ def plan_steals(
         # lowest priority first: the victim would run those last
         stealable = sorted(
             (ts for ts in victim.processing if ts not in victim.executing and not ts.stealing
-             and not ts.worker_restrictions and not ts.resource_restrictions),
+             and not ts.worker_restrictions and not ts.resource_restrictions
+             and ts.width == 1),  # a wide task's slots were gathered for it: it stays
             key=lambda ts: ts.priority, reverse=True,
         )
         for ts in stealable:

@@ -65,11 +65,18 @@ class WorkerRegistry:
         self._running = None
 
     def running(self) -> list[WorkerInfo]:
-        """Running workers (cached; callers must not modify the list)."""
+        """Running workers that take new work: not those kept free for a wide task
+        (:meth:`reserve`). Cached; callers must not modify the list."""
         r = self._running
         if r is None:
-            r = self._running = [ws for ws in self.workers.values() if ws.status == "running"]
+            r = self._running = [ws for ws in self.workers.values()
+                                 if ws.status == "running" and ws.reserved is None]
         return r
+
+    def reserve(self, ws: WorkerInfo, ts: Any) -> None:
+        """``ws``'s slots are kept free for the wide task ``ts`` (None: no longer)."""
+        ws.reserved = ts
+        self._running = None
 
     def heard_from(self, ws: WorkerInfo, now: float) -> None:
         """``ws`` said it is alive at ``now`` (a heartbeat)."""
@@ -128,5 +135,5 @@ class WorkerRegistry:
             assert self.workers.get(ws.address) is ws and ws.name == name, ("stale name", ws)
         assert total == self.total_nthreads, (total, self.total_nthreads)
         if self._running is not None:
-            assert self._running == [ws for ws in self.workers.values()
-                                     if ws.status == "running"], "stale running workers"
+            assert self._running == [ws for ws in self.workers.values() if ws.status == "running"
+                                     and ws.reserved is None], "stale running workers"

@@ -102,6 +102,7 @@ class SchedulerState:
                              self.worker_events.task_finished,
                              allowed_failures=st.allowed_failures,
                              work_stealing=st.work_stealing)
+        self.placement.elements_on = self.bulk.elements_on
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
@@ -216,7 +217,8 @@ class SchedulerState:
         duration is handed out a few workers per event): the server should handle
         :class:`~.events.FillQueue` once this event's messages are out."""
         placement = self.placement
-        return (placement.blocks.fill_all and placement.n_queued > 0) or self.bulk.fill_pending
+        return (placement.blocks.fill_all and placement.n_queued > 0) or self.bulk.fill_pending \
+            or bool(placement.slots_opened)
 
     def validate(self) -> None:
         """Check every invariant; raises AssertionError naming the broken one."""

@@ -59,6 +59,7 @@ _RELEASABLE = frozenset({"memory", "erred", *_PENDING})
 _TRANSITIONS: dict[tuple[str, str], Callable[..., list[Rec]]] = {}
 
 
+
 def _on(*pairs: tuple[str, str]) -> Callable[[Callable[..., list[Rec]]],
                                             Callable[..., list[Rec]]]:
     """Decorator: the method handles the recommendations ``pairs`` of (start, finish)."""
@@ -97,6 +98,9 @@ class TaskGraph:
         self.transition_listener: list[Transition] | None = None
         # while set, tasks recommended to "processing" wait here (see ready_by_priority)
         self.deferred_ready: list[TaskState] | None = None
+        # wide task -> the workers whose slots it holds while it runs, the first running it
+        # (its ``processing_on``); a one-slot task is never here
+        self.leases: dict[TaskState, tuple[WorkerInfo, ...]] = {}
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
         # (BulkMaps.resolve), never placed here
         self.held: set[TaskState] = set()
@@ -229,6 +233,21 @@ class TaskGraph:
         if ts.waiting_on or ts in self.held:
             return []
         placement = self.placement
+        if ts.width > 1:
+            members = placement.decide_gang(ts)
+            if members is not None:
+                self.add_to_processing(ts, members[0], members=members)
+            elif ts.state != "no-worker":
+                self.transition(ts, "no-worker")
+                placement.add_unrunnable(ts)
+            return []
+        if placement.reserving is not None and placement.holds_back(ts):
+            if ts.state == "no-worker":
+                placement.leave_unrunnable(ts)
+            else:
+                self.transition(ts, "no-worker")
+            placement.hold_back(ts)
+            return []
         ws = placement.decide_worker(ts)
         if ws is not None:
             self.add_to_processing(ts, ws)
@@ -388,15 +407,24 @@ class TaskGraph:
                                              ts.exception_text, origin.key))
 
     # ================================================================ processing
-    def add_to_processing(self, ts: TaskState, ws: WorkerInfo, send: bool = True) -> None:
+    def add_to_processing(self, ts: TaskState, ws: WorkerInfo, send: bool = True,
+                          members: list[WorkerInfo] | None = None) -> None:
         """Give ``ts`` to ``ws`` (a ``compute-task`` carrying where its dependencies are;
-        ``send=False``: ``ws`` runs it already, as an element of a bulk map)."""
+        ``send=False``: ``ws`` runs it already, as an element of a bulk map). A wide task
+        holds a slot on each of ``members`` (``ws`` first) until it leaves processing:
+        each counts it as a task it runs."""
         avg = ts.group.average_duration
         est = self.unknown_task_duration if avg is None else avg
         self.transition(ts, "processing")
         ts.processing_on = ws
         ws.processing[ts] = est
         ws.occupancy += est
+        if members is not None:
+            self.leases[ts] = tuple(members)
+            for other in members[1:]:
+                other.processing[ts] = est
+                other.occupancy += est
+                self.placement.push_free(other)
         if len(ws.processing) > ws.nthreads:
             self.placement.backlogged.add(ws)
         if ts.resource_restrictions:
@@ -434,6 +462,18 @@ class TaskGraph:
             if notify:
                 self.out.send(ws.address, FreeKeys([ts.key]))
             self.placement.open_slots(ws)
+        if ts.width > 1:
+            self._release_lease(ts)
+
+    def _release_lease(self, ts: TaskState) -> None:
+        """A wide task left processing: the slots it held on its other workers are free."""
+        workers = self.registry.workers
+        for ws in self.leases.pop(ts, ())[1:]:
+            est = ws.processing.pop(ts, 0.0)
+            ws.occupancy = max(ws.occupancy - est, 0.0) if ws.processing else 0.0
+            ws.executing.discard(ts)
+            if workers.get(ws.address) is ws:
+                self.placement.open_slots(ws)
 
     # ================================================================ replicas
     def add_replica(self, ts: TaskState, ws: WorkerInfo, nbytes: int) -> None:
@@ -475,7 +515,8 @@ class TaskGraph:
         workers = self.registry.workers
         for ws in workers.values():
             for ts in ws.processing:
-                assert ts.processing_on is ws and ts.state == "processing", (ts, ws)
+                assert ts.state == "processing", (ts, ws)
+                assert ts.processing_on is ws or ws in self.leases.get(ts, ()), (ts, ws)
                 assert self.tasks.get(ts.key) is ts, ts
             assert ws.executing <= set(ws.processing), ws
             assert ws.long_running <= ws.executing, ws
@@ -509,6 +550,15 @@ class TaskGraph:
                 assert all(d.state == "memory" for d in ts.dependencies), ts
             else:
                 assert ts.processing_on is None, ts
+            # a wide task holds a slot on each of ``width`` distinct workers while it runs
+            lease = self.leases.get(ts)
+            if st == "processing" and ts.width > 1:
+                assert lease is not None and len(set(lease)) == len(lease) == ts.width, ts
+                assert lease[0] is ts.processing_on, ts
+                assert all(workers.get(w.address) is w and ts in w.processing
+                           for w in lease), (ts, lease)
+            else:
+                assert lease is None, ts
             if st == "waiting":
                 assert ts.waiting_on or ts in self.held, ts
                 for dts in ts.waiting_on:
@@ -530,6 +580,8 @@ class TaskGraph:
             stolen = self.tasks.get(key)
             assert stolen is not None and stolen.stealing and stolen.state == "processing", (
                 "thief", key)
+        for ts in self.leases:
+            assert self.tasks.get(ts.key) is ts and ts.state == "processing", ("lease", ts)
 
 
 #: every finish a recommendation may name

@@ -125,7 +125,8 @@ class WorkerEvents:
                 quiet = [ts for ts in ws.processing if ts.suspicious]  # in the order given
                 suspects.update(quiet[:ws.nthreads])
         for ts in list(ws.processing):
-            graph.transition(ts, "released")
+            # a wide task of which it held a slot: its first worker, if alive, drops it
+            graph.transition(ts, "released", notify=ts.processing_on is not ws)
             if ts in suspects and not graceful:
                 ts.suspicious += 1
                 ts.erred_on += (ws.address,)
@@ -161,11 +162,15 @@ class WorkerEvents:
 
     @handlers.on(ev.TaskStarted)
     def task_started(self, e: ev.TaskStarted) -> None:
-        """A worker started running a task (it is blamed if the worker dies now)."""
+        """A worker started running a task (it is blamed if the worker dies now); a wide
+        task runs on every worker of its lease from now on."""
         ts = self.graph.tasks.get(e.key)
         ws = self.registry.workers.get(e.worker)
         if ts is not None and ws is not None and ts.processing_on is ws:
             ws.executing.add(ts)
+            if ts.width > 1:
+                for member in self.graph.leases[ts]:
+                    member.executing.add(ts)
 
     @handlers.on(ev.LongRunning)
     def long_running(self, e: ev.LongRunning) -> None:

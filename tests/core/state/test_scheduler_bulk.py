@@ -1064,7 +1064,8 @@ class BulkMapStory(SchedulerStory):
         self.drain()
         s = self.s
         stuck = sorted(f"{k} {ts.state}" for k, ts in s.tasks.items()
-                       if ts.state in PENDING or ts.state == "released" and ts.who_wants)
+                       if (ts.state in PENDING or ts.state == "released" and ts.who_wants)
+                       and not _waits_for_growth(ts, len(s.workers)))
         maps = {p: (m.n_free, sorted(m.held), m.state.count(bulk_module.PROCESSING))
                 for p, m in s.bulk.maps.items()
                 if m.n_free or m.held or bulk_module.PROCESSING in m.state}
@@ -1225,3 +1226,18 @@ def test_a_rebalance_of_all_data_moves_elements_results():
     assert all(order.msg.who_has[k] == [A] for k in moved)
     assert sum(order.msg.nbytes.values()) >= total / 2 - 140
     assert s.workers[A].n_elements == 40 - len(s.tasks)
+
+
+def _waits_for_growth(ts: Any, n_workers: int) -> bool:
+    """Whether ``ts`` holds more workers' slots than there are workers, or waits for a
+    task that does: it runs once the cluster grows, not before."""
+    stack, seen = [ts], set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t.state == "no-worker" and t.width > n_workers:
+            return True
+        stack.extend(t.waiting_on)
+    return False

@@ -1,0 +1,226 @@
+"""A task that holds many worker slots (``ranks=N``: one slot on each of N workers), told
+as stories in the simulated cluster (:mod:`tests.core.state.sim`): it gathers its slots,
+runs, and gives them back on finish, failure, the loss of a member and cancellation;
+narrow tasks never starve it; two wide tasks never deadlock; the scheduler's
+``validate()`` runs after every event.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcsched.core.state.model import KilledWorker
+from tests.core.state.sim import SimCluster, address
+
+
+def gang(sim: SimCluster, key: str, ranks: int, deps: list[str] | None = None) -> None:
+    sim.submit({key: deps or []}, [key], annotations={"ranks": {key: ranks}})
+    sim.settle()
+
+
+def lease(sim: SimCluster, key: str) -> list[str]:
+    """The names of the workers whose slots ``key`` holds, the first running it."""
+    return [ws.address.removeprefix("sim://") for ws in sim.s.graph.leases.get(
+        sim.s.tasks[key], ())]
+
+
+def holding(sim: SimCluster, name: str) -> list[str]:
+    """The keys of the tasks counted on worker ``name``'s slots."""
+    return sorted(ts.key for ts in sim.s.workers[address(name)].processing)
+
+
+def test_a_task_holding_three_slots_reserves_runs_and_releases_them():
+    """Three one-thread workers, each busy with a narrow task. The wide task waits,
+    keeps each worker that frees for itself (no later narrow task starts there), runs on
+    all three once it has them (the first worker runs it, all three count it), and gives
+    the three slots back when it finishes: the narrow tasks held back behind it run."""
+    sim = SimCluster(seed=1)
+    for name in "abc":
+        sim.add_worker(name, 1)
+    sim.submit({"x": [], "y": [], "z": []}, ["x", "y", "z"])
+    sim.settle()
+    assert sorted(k for n in "abc" for k in sim.running(n)) == ["x", "y", "z"]
+    gang(sim, "g", 3)
+    assert sim.state("g") == "no-worker"
+    sim.finish(sim.running("a")[0])
+    assert sim.s.workers[address("a")].reserved is sim.s.tasks["g"]
+    sim.submit({"later": []}, ["later"])  # worse priority than g: held back, not on a
+    sim.settle()
+    assert sim.state("later") == "no-worker" and sim.running("a") == []
+    sim.finish(sim.running("b")[0])
+    assert sim.state("g") == "no-worker" and sim.running("b") == []
+    sim.finish(sim.running("c")[0])
+    assert sim.state("g") == "processing"
+    members = lease(sim, "g")
+    assert sorted(members) == ["a", "b", "c"]
+    assert sim.running(members[0]) == ["g"]  # one worker runs it
+    assert all("g" in holding(sim, n) for n in "abc")  # every member's slot is held
+    assert not any("later" in sim.running(n) for n in "abc")  # no thread for it yet
+    sim.finish("g")
+    assert sim.state("g") == "memory" and not sim.s.graph.leases
+    assert sim.state("later") == "processing"
+    sim.finish("later")
+    assert [r.key for r in sim.told("key-in-memory")][-2:] == ["g", "later"]
+
+
+def test_a_wide_task_packs_on_the_fewest_hosts():
+    """Of five free workers on two hosts, a two-slot task takes two of the same host."""
+    sim = SimCluster(seed=2)
+    for name, host in zip("abcde", ["h1", "h2", "h2", "h1", "h2"], strict=True):
+        sim.add_worker(name, 1, host=host)
+    gang(sim, "g", 3)
+    assert sorted(lease(sim, "g")) == ["b", "c", "e"]
+
+
+def test_a_member_lost_releases_every_slot_and_the_task_runs_again():
+    """A member of a running wide task dies: its first worker is told to drop the task,
+    the other slots are free, and the task gathers anew among the survivors, charged with
+    the death as any task that ran on a worker that died."""
+    sim = SimCluster(seed=3)
+    for name in "abcd":
+        sim.add_worker(name, 1)
+    gang(sim, "g", 3)
+    members = lease(sim, "g")
+    root = members[0]
+    sim.started("g")  # every member runs it from now on
+    lost = members[1]
+    sim.remove_worker(lost)
+    sim.settle()
+    ts = sim.s.tasks["g"]
+    assert ts.suspicious == 1 and ts.erred_on == (address(lost),)
+    assert sim.state("g") == "processing"
+    again = lease(sim, "g")
+    assert lost not in again and len(again) == 3
+    # the old first worker was told to drop it (it is not running it any more) unless
+    # it runs it again
+    if again[0] != root:
+        assert sim.running(root) == []
+
+
+def test_a_wide_task_on_workers_that_die_errs_with_killed_worker():
+    sim = SimCluster(seed=4, scheduler_kw={"allowed_failures": 1})
+    for name in "abc":
+        sim.add_worker(name, 1)
+    gang(sim, "g", 2)
+    root = lease(sim, "g")[0]
+    sim.started("g")
+    sim.remove_worker(root)
+    sim.settle()
+    assert sim.state("g") == "erred"
+    assert isinstance(sim.s.tasks["g"].exception, KilledWorker)
+    assert all(not holding(sim, n) for n in sim.workers)
+
+
+def test_cancelled_while_waiting_for_its_slots_it_keeps_none():
+    """A wide task that gathers two of its three slots is cancelled: the two workers it
+    kept take work again, and the narrow task held back behind it runs."""
+    sim = SimCluster(seed=5)
+    for name in "abc":
+        sim.add_worker(name, 1)
+    sim.submit({"x": [], "y": [], "z": []}, ["x", "y", "z"])
+    sim.settle()
+    gang(sim, "g", 3)
+    sim.finish(sim.running("a")[0])
+    sim.finish(sim.running("b")[0])
+    assert len(sim.s.placement.reserved) == 2
+    sim.submit({"later": []}, ["later"])
+    sim.settle()
+    assert sim.state("later") == "no-worker"
+    sim.cancel(["g"])
+    sim.settle()
+    assert sim.state("g") == "forgotten" and not sim.s.placement.reserved
+    assert sim.state("later") == "processing"
+    assert all(ws.reserved is None for ws in sim.s.workers.values())
+
+
+def test_two_wide_tasks_never_each_hold_part_of_what_they_need():
+    """Four workers, two wide tasks of three: the first (best priority) gathers and runs;
+    the second waits without keeping any worker, then runs on the slots given back.
+    Neither ever holds slots while the other holds the rest."""
+    sim = SimCluster(seed=6)
+    for name in "abcd":
+        sim.add_worker(name, 1)
+    sim.submit({"w": []}, ["w"])
+    sim.settle()
+    gang(sim, "g1", 3)
+    gang(sim, "g2", 3)
+    assert sim.state("g1") == "processing" and sim.state("g2") == "no-worker"
+    assert sim.s.placement.reserving is sim.s.tasks["g2"]  # the next one gathers...
+    assert len(sim.s.placement.reserved) <= 1  # ...what is free: one worker at most
+    sim.finish("g1")
+    assert sim.state("g2") == "processing"
+    assert not set(lease(sim, "g2")) - set("abcd")
+
+
+def test_a_better_wide_task_takes_over_what_a_worse_one_kept():
+    """A worse wide task gathers while a better one waits for its input; once that input
+    is in, the better one takes over the workers kept and runs first."""
+    sim = SimCluster(seed=7)
+    for name in "abc":
+        sim.add_worker(name, 1)
+    sim.submit({"x": []}, ["x"])
+    sim.settle()
+    on = sim.where("x")
+    sim.submit({"high": ["x"]}, ["high"], annotations={"ranks": {"high": 2}})
+    gang(sim, "low", 3)
+    assert sim.s.placement.reserving is sim.s.tasks["low"]
+    assert len(sim.s.placement.reserved) == 2  # the two free workers
+    sim.finish("x", on)
+    assert sim.state("high") == "processing" and sim.state("low") == "no-worker"
+    assert sim.s.placement.reserving in (None, sim.s.tasks["low"])
+    sim.finish("high")
+    assert sim.state("low") == "processing"
+
+
+def test_a_wide_task_wider_than_the_cluster_keeps_no_worker_until_it_grows():
+    sim = SimCluster(seed=8)
+    sim.add_worker("a", 1)
+    gang(sim, "g", 2)
+    assert sim.state("g") == "no-worker" and not sim.s.placement.reserved
+    sim.submit({"n": []}, ["n"])  # the cluster is not held for a task that cannot run
+    sim.settle()
+    assert sim.state("n") == "processing"
+    sim.finish("n")
+    sim.add_worker("b", 1)
+    sim.settle()
+    assert sim.state("g") == "processing"
+
+
+def test_a_wide_task_that_raises_frees_its_slots_and_errs():
+    sim = SimCluster(seed=9)
+    for name in "ab":
+        sim.add_worker(name, 1)
+    gang(sim, "g", 2)
+    sim.fail("g", ValueError("rank 0 failed"))
+    assert sim.state("g") == "erred" and not sim.s.graph.leases
+    assert all(not holding(sim, n) for n in "ab")
+    assert sim.told("task-erred")[-1].key == "g"
+
+
+def test_a_one_slot_task_takes_no_lease():
+    sim = SimCluster(seed=10)
+    sim.add_worker("a", 2)
+    sim.submit({"x": []}, ["x"], annotations={"ranks": {"x": 1}})
+    sim.settle()
+    assert sim.running("a") == ["x"] and not sim.s.graph.leases
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_a_seeded_story_is_told_the_same_twice(seed):
+    """The same story under the same seed makes the same transitions, in the same order."""
+    def story() -> list:
+        sim = SimCluster(seed=seed)
+        for name in "abcdef":
+            sim.add_worker(name, 1, host="h1" if name < "d" else "h2")
+        sim.submit({f"t{i}": [] for i in range(12)}, [f"t{i}" for i in range(12)])
+        sim.settle()
+        gang(sim, "g", 4)
+        for _ in range(20):
+            busy = [(n, k) for n, keys in sim.executing.items() for k in keys]
+            if not busy:
+                break
+            name, key = sorted(busy)[0]
+            sim.finish(key, name)
+        return sim.replay()
+
+    assert story() == story()
