@@ -27,7 +27,7 @@ exist is the :class:`~.registry.WorkerRegistry`'s; what is sent goes to the shar
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core.protocol.messages import ComputeTask, FreeKeys, KeyInMemory, TaskErredReport
@@ -58,6 +58,12 @@ _RELEASABLE = frozenset({"memory", "erred", *_PENDING})
 #: (start, finish) -> the method that moves a task recommended to ``finish`` from ``start``
 _TRANSITIONS: dict[tuple[str, str], Callable[..., list[Rec]]] = {}
 
+
+def by_priority(tasks: set[TaskState]) -> Iterable[TaskState]:
+    """``tasks`` in priority order: where a walk's recommendations would otherwise follow
+    a set's order, which changes with the objects' addresses from run to run, and a
+    replay under the same seed must decide the same way."""
+    return sorted(tasks, key=lambda t: t.priority) if len(tasks) > 1 else tasks
 
 
 def _on(*pairs: tuple[str, str]) -> Callable[[Callable[..., list[Rec]]],
@@ -168,7 +174,18 @@ class TaskGraph:
 
     def transitions(self, recs: list[Rec]) -> None:
         """Run recommendations, LIFO: (task, "waiting" | "processing" | "released" |
-        "forgotten"), each by the method of the table for (its state, the finish)."""
+        "forgotten"), each by the method of the table for (its state, the finish). The
+        tasks they make ready are placed last, in priority order (:meth:`ready_by_priority`):
+        the walk reaches them in the order of sets, which a replay under the same seed must
+        not follow."""
+        if self.deferred_ready is None:
+            if recs:
+                self.ready_by_priority(recs)
+            return
+        self._run(recs)
+
+    def _run(self, recs: list[Rec]) -> None:
+        """:meth:`transitions`' walk: ready tasks go to :attr:`deferred_ready` while it is set."""
         stack = recs[::-1] if len(recs) > 1 else list(recs)
         table = self._table
         tasks = self.tasks
@@ -194,11 +211,13 @@ class TaskGraph:
         slots, with co-assignment consecutive ones share a worker."""
         self.deferred_ready = []
         try:
-            self.transitions(recs)
+            self._run(recs)
         finally:
             ready, self.deferred_ready = self.deferred_ready, None
-        ready.sort(key=lambda t: t.priority)
-        self.transitions([(ts, "processing") for ts in ready])
+        if ready:
+            if len(ready) > 1:
+                ready.sort(key=lambda t: t.priority)
+            self._run([(ts, "processing") for ts in ready])
 
     @_on(("released", "waiting"))
     def _released_waiting(self, ts: TaskState) -> list[Rec]:
@@ -269,7 +288,7 @@ class TaskGraph:
         for ws in list(ts.who_has):
             self.out.send(ws.address, FreeKeys([ts.key]))
             self.remove_replica(ts, ws)
-        for dts in ts.dependents:
+        for dts in by_priority(ts.dependents):
             if dts.state in _PENDING:
                 dts.waiting_on.add(ts)
                 if dts.state != "waiting":
@@ -286,7 +305,7 @@ class TaskGraph:
     @_on(*((start, "released") for start in _PENDING))
     def _pending_released(self, ts: TaskState) -> list[Rec]:
         recs: list[Rec] = []
-        for dts in ts.dependencies:
+        for dts in by_priority(ts.dependencies):
             dts.waiters.discard(ts)
             if not self.wanted(dts) and dts.state in _RELEASABLE:
                 recs.append((dts, "released"))
@@ -354,7 +373,7 @@ class TaskGraph:
         recs: list[Rec] = []
         for client in ts.who_wants:
             self.out.send(client, LostDataReport(ts.key))
-        for dts in ts.dependents:
+        for dts in by_priority(ts.dependents):
             if dts.state in _PENDING:
                 dts.waiting_on.add(ts)
                 if dts.state != "waiting":  # it was ready: it waits for ts again
@@ -391,7 +410,7 @@ class TaskGraph:
             t.who_wants.discard(FIRE_AND_FORGET)
             if t.who_wants:
                 self.report_erred(t, list(t.who_wants))
-            for dts in t.dependents:
+            for dts in by_priority(t.dependents):
                 if dts.state != "memory":
                     stack.append((dts, b or ts))
         # a dependency that erred itself on the way stays erred, whichever of its

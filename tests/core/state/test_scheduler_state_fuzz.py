@@ -193,12 +193,16 @@ class SchedulerStory(RuleBasedStateMachine):
         self.handle(ev.MissingData(worker, key, WORKERS[0], now=self.tick()))
 
     # ------------------------------------------------------------ clients
-    @rule(client=clients, tasks=graphs(), priority=st.integers(-3, 3))
-    def submit(self, client: str, tasks: dict, priority: int) -> None:
+    @rule(client=clients, tasks=graphs(), priority=st.integers(-3, 3),
+          ranks=st.sampled_from([1, 1, 2, 3]))
+    def submit(self, client: str, tasks: dict, priority: int, ranks: int = 1) -> None:
+        """A graph whose wanted task may hold several workers' slots (``ranks``)."""
         if client not in self.s.clients:
             self.handle(ev.AddClient(client))
         wanted = list(tasks)[-1:]
-        self.handle(ev.UpdateGraph(client, tasks, wanted, priority=priority, now=self.tick()))
+        annotations = {"ranks": {k: ranks for k in wanted}} if ranks > 1 else None
+        self.handle(ev.UpdateGraph(client, tasks, wanted, priority=priority, now=self.tick(),
+                                   annotations=annotations))
 
     @rule(client=clients, tasks=bad_graphs)
     def submit_malformed(self, client: str, tasks: Any) -> None:
@@ -335,7 +339,7 @@ def _replay(cls: type[SchedulerStory], seed: int) -> list:
             tasks = {k: {"run_spec": f"spec-{k}",
                          "deps": r.sample(chosen[:i], min(i, r.randint(0, 2)))}
                      for i, k in enumerate(chosen)}
-            story.submit(client, tasks, r.randint(-3, 3))
+            story.submit(client, tasks, r.randint(-3, 3), r.choice([1, 1, 2, 3]))
         elif roll == 8:
             story.release(client, key)
         else:
