@@ -313,6 +313,10 @@ class BulkMaps:
         self.first_wave = False  # hungry workers wait for the rest of a map's first wave
         self._epoch = 0  # ranges given or reported so far (a steal round may find more)
         self._fruitless = -1  # the epoch at which a steal round found no worker to steal from
+        # set by the scheduler's state: a worker's threads are free of elements (a wide task
+        # waiting may take it); whether maps of a priority wait behind a wide task
+        self.slots_freed: Callable[[WorkerInfo], None] = lambda ws: None
+        self.held_back: Callable[[tuple], bool] = lambda priority: False
         graph.promote_element = self.resolve
 
     # ================================================================ client side
@@ -817,11 +821,17 @@ class BulkMaps:
             self.fill(ws)
 
     def fill(self, ws: WorkerInfo) -> None:
-        """Give ``ws`` ranges while it holds less than two per thread of what is queued."""
+        """Give ``ws`` ranges while it holds less than two per thread of what is queued;
+        none while it is kept free for a wide task, or the maps come after the wide task
+        gathering its workers (it waits hungry, and a wide task waiting may take it)."""
         address = ws.address
-        if ws.status != "running" or self.registry.workers.get(address) is not ws \
-                or ws.reserved is not None:  # kept free for a wide task
+        if ws.status != "running" or self.registry.workers.get(address) is not ws:
             self.hungry.pop(address, None)
+            return
+        if ws.reserved is not None or (self.pending and self.held_back(self.pending[0].priority)):
+            self.hungry[address] = ws
+            if self.outstanding.get(address, 0) < ws.nthreads:
+                self.slots_freed(ws)
             return
         if ws.processing and any(ts.suspicious for ts in ws.processing):
             self.quarantined.add(address)
@@ -841,6 +851,8 @@ class BulkMaps:
             self.hungry.pop(address, None)
         else:
             self.hungry[address] = ws
+        if have < ws.nthreads:
+            self.slots_freed(ws)
 
     def _assign(self, ws: WorkerInfo, size: int) -> tuple[int, int]:
         """Give ``ws`` the next range of at most ``size`` queued elements; returns (elements

@@ -69,6 +69,9 @@ class Placement:
         # narrow tasks of worse priority made ready while it gathers: they wait (no-worker)
         # until it runs or stops gathering, so that they never take the slots it waits for
         self.behind: dict[TaskState, None] = {}
+        # a wide task started, stopped gathering or gave its slots back during this event:
+        # work held back (bulk maps' elements) may go out again
+        self.gang_moved = False
         # elements of bulk maps a worker runs (set by the owner of the maps): such a
         # worker is not free for a wide task
         self.elements_on: Callable[[WorkerInfo], int] = lambda ws: 0
@@ -153,11 +156,17 @@ class Placement:
             and policies.busy_slots(ws) + self.elements_on(ws) < ws.nthreads \
             and ws.reserved in (None, self.reserving)
 
-    def holds_back(self, ts: TaskState) -> bool:
-        """Whether the narrow task ``ts``, ready, waits behind the gathering wide task
-        (it comes after it in priority: :meth:`decide_gang`)."""
+    def holds_back(self, priority: tuple) -> bool:
+        """Whether narrow work of ``priority`` (a task, a bulk map's elements), ready,
+        waits behind the gathering wide task (it comes after it: :meth:`decide_gang`)."""
         gang = self.reserving
-        return gang is not None and ts.priority > gang.priority
+        return gang is not None and priority > gang.priority
+
+    def worker_freed(self, ws: WorkerInfo) -> None:
+        """``ws``'s threads are free of other work (elements of bulk maps): a wide task
+        waiting may take it once this event is handled."""
+        if self.gangs:
+            self.open_slots(ws)
 
     def hold_back(self, ts: TaskState) -> None:
         """``ts`` (just moved to no-worker) waits until the wide task ahead of it runs."""
@@ -173,6 +182,7 @@ class Placement:
                 self.open_slots(ws)
         self.reserved.clear()
         self.reserving = None
+        self.gang_moved = True
         if self.behind:
             self.unrunnable.update(self.behind)
             self.behind.clear()
@@ -334,7 +344,7 @@ class Placement:
         workers = self.registry.workers
         while self.n_queued:
             head = self.queue_head()
-            if head is not None and self.holds_back(head):
+            if head is not None and self.holds_back(head.priority):
                 break  # it waits behind a wide task gathering its workers
             if policies.worker_full(ws, self.worker_saturation) and (
                     head is None or policies.busy_slots(ws) >= policies.queue_slots(

@@ -103,6 +103,8 @@ class SchedulerState:
                              allowed_failures=st.allowed_failures,
                              work_stealing=st.work_stealing)
         self.placement.elements_on = self.bulk.elements_on
+        self.bulk.slots_freed = self.placement.worker_freed
+        self.bulk.held_back = self.placement.holds_back
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
@@ -197,6 +199,10 @@ class SchedulerState:
         placement = self.placement
         if placement.slots_opened or placement.blocks.fill_all:
             self._fill_slots(placement.take_opened())
+        if placement.gang_moved:  # elements held back behind a wide task may go out
+            placement.gang_moved = False
+            if bulk.hungry and bulk.pending:
+                bulk.fill_hungry()
         messages, out.messages = out.messages, []
         return messages
 

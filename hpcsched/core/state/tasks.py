@@ -260,7 +260,7 @@ class TaskGraph:
                 self.transition(ts, "no-worker")
                 placement.add_unrunnable(ts)
             return []
-        if placement.reserving is not None and placement.holds_back(ts):
+        if placement.reserving is not None and placement.holds_back(ts.priority):
             if ts.state == "no-worker":
                 placement.leave_unrunnable(ts)
             else:
@@ -487,6 +487,7 @@ class TaskGraph:
     def _release_lease(self, ts: TaskState) -> None:
         """A wide task left processing: the slots it held on its other workers are free."""
         workers = self.registry.workers
+        self.placement.gang_moved = True
         for ws in self.leases.pop(ts, ())[1:]:
             est = ws.processing.pop(ts, 0.0)
             ws.occupancy = max(ws.occupancy - est, 0.0) if ws.processing else 0.0
