@@ -108,14 +108,18 @@ def simulate(shape: str, n_tasks: int, n_workers: int, nthreads: int = 1) -> dic
                 if not q:
                     break
                 key = q.popleft()
-                handle(ev.TaskStarted(addr, key, now=now))
+                # every event's messages are carried out: any event may hand queued tasks
+                # to free workers (the fill that follows an event)
+                deliver(handle(ev.TaskStarted(addr, key, now=now)))
                 # delivered at once, as a server flushes its batch: messages held for a
                 # whole round would live long enough to swell the GC's older generations
                 deliver(handle(ev.TaskFinished(addr, key, nbytes=100, typename="int",
                                                start=now - 0.01, stop=now, now=now)))
                 done += 1
+        if s.fill_pending:  # what the server does in its next loop turn (FillQueue)
+            deliver(handle(ev.FillQueue(now=now)))
         cpu += clock() - t0
-        if done == before:
+        if done == before and not any(queues.values()):
             break
     in_memory = sum(1 for k in keys if s.tasks[k].state == "memory")
     assert in_memory == len(keys), f"only {in_memory} of {len(keys)} outputs computed"
