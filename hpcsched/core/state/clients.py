@@ -129,7 +129,7 @@ class ClientRequests:
         new_wanted = sorted((ts for ts in new if ts.state == "released" and graph.wanted(ts)),
                             key=lambda t: t.priority, reverse=True)
         recs += [(ts, "waiting") for ts in new_wanted]
-        graph.ready_by_priority(recs)
+        graph.transitions(recs)
         # parts of the graph no requested key needs (a dask graph is sent whole) go at once
         graph.transitions([(ts, "forgotten") for ts in new
                            if ts.state == "released" and not graph.wanted(ts)])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from operator import attrgetter
 from typing import Any
 
 from hpcsched.core.protocol.messages import ComputeTask, FreeKeys, KeyInMemory, TaskErredReport
@@ -59,11 +60,14 @@ _RELEASABLE = frozenset({"memory", "erred", *_PENDING})
 _TRANSITIONS: dict[tuple[str, str], Callable[..., list[Rec]]] = {}
 
 
+_priority = attrgetter("priority")
+
+
 def by_priority(tasks: set[TaskState]) -> Iterable[TaskState]:
     """``tasks`` in priority order: where a walk's recommendations would otherwise follow
     a set's order, which changes with the objects' addresses from run to run, and a
     replay under the same seed must decide the same way."""
-    return sorted(tasks, key=lambda t: t.priority) if len(tasks) > 1 else tasks
+    return sorted(tasks, key=_priority) if len(tasks) > 1 else tasks
 
 
 def _on(*pairs: tuple[str, str]) -> Callable[[Callable[..., list[Rec]]],
@@ -102,7 +106,7 @@ class TaskGraph:
         # every transition also goes here while a list is set (the server sets one while
         # scheduler plugins want ``transition`` calls, and empties it after each event)
         self.transition_listener: list[Transition] | None = None
-        # while set, tasks recommended to "processing" wait here (see ready_by_priority)
+        # while set, tasks recommended to "processing" wait here (see transitions)
         self.deferred_ready: list[TaskState] | None = None
         # wide task -> the workers whose slots it holds while it runs, the first running it
         # (its ``processing_on``); a one-slot task is never here
@@ -175,26 +179,38 @@ class TaskGraph:
     def transitions(self, recs: list[Rec]) -> None:
         """Run recommendations, LIFO: (task, "waiting" | "processing" | "released" |
         "forgotten"), each by the method of the table for (its state, the finish). The
-        tasks they make ready are placed last, in priority order (:meth:`ready_by_priority`):
-        the walk reaches them in the order of sets, which a replay under the same seed must
-        not follow."""
-        if self.deferred_ready is None:
-            if recs:
-                self.ready_by_priority(recs)
+        tasks they make ready are placed last, in priority order rather than in the order
+        the walk reached them (which follows sets, and a replay under the same seed must
+        decide the same way): with queuing the first ones take the free slots, with
+        co-assignment consecutive ones share a worker."""
+        if self.deferred_ready is not None:  # inside a walk: its end places them
+            self._run(recs)
             return
-        self._run(recs)
+        if not recs:
+            return
+        ready: list[TaskState] = []
+        self.deferred_ready = ready
+        try:
+            self._run(recs)
+        finally:
+            self.deferred_ready = None
+        if ready:
+            if len(ready) > 1:
+                ready.sort(key=_priority)
+            self._run([(ts, "processing") for ts in ready])
 
     def _run(self, recs: list[Rec]) -> None:
         """:meth:`transitions`' walk: ready tasks go to :attr:`deferred_ready` while it is set."""
         stack = recs[::-1] if len(recs) > 1 else list(recs)
         table = self._table
         tasks = self.tasks
+        deferred = self.deferred_ready
         while stack:
             ts, finish = stack.pop()
             if tasks.get(ts.key) is not ts:
                 continue
-            if finish == "processing" and self.deferred_ready is not None:
-                self.deferred_ready.append(ts)
+            if finish == "processing" and deferred is not None:
+                deferred.append(ts)
                 continue
             fn = table.get((ts.state, finish))
             if fn is None:
@@ -204,20 +220,6 @@ class TaskGraph:
             new = fn(ts)
             if new:
                 stack.extend(reversed(new))
-
-    def ready_by_priority(self, recs: list[Rec]) -> None:
-        """Run ``recs``, then the tasks they made ready in priority order rather than in
-        the order the walk reached them: with queuing the first ones take the free
-        slots, with co-assignment consecutive ones share a worker."""
-        self.deferred_ready = []
-        try:
-            self._run(recs)
-        finally:
-            ready, self.deferred_ready = self.deferred_ready, None
-        if ready:
-            if len(ready) > 1:
-                ready.sort(key=lambda t: t.priority)
-            self._run([(ts, "processing") for ts in ready])
 
     @_on(("released", "waiting"))
     def _released_waiting(self, ts: TaskState) -> list[Rec]:
@@ -305,7 +307,7 @@ class TaskGraph:
     @_on(*((start, "released") for start in _PENDING))
     def _pending_released(self, ts: TaskState) -> list[Rec]:
         recs: list[Rec] = []
-        for dts in by_priority(ts.dependencies):
+        for dts in ts.dependencies:
             dts.waiters.discard(ts)
             if not self.wanted(dts) and dts.state in _RELEASABLE:
                 recs.append((dts, "released"))
