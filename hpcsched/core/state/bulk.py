@@ -1243,6 +1243,57 @@ class BulkMaps:
                     out[name] = out.get(name, 0) + c
         return out
 
+    def element_seconds(self, m: BulkMap) -> float | None:
+        """Seconds one element of ``m`` is expected to take: the mean of its elements
+        reported so far, else its TaskGroup's (elements promoted, tasks of the same
+        name), else None (nothing measured yet)."""
+        seconds = self._element_seconds(m)
+        if seconds is None:
+            tg = self.graph.groups.get(m.group)
+            seconds = tg.average_duration if tg is not None else None
+        return seconds
+
+    def waiting(self) -> list[tuple[str, int, float | None]]:
+        """The work waiting in the maps' queues, given to no worker yet: ``(TaskGroup,
+        elements, seconds each as in element_seconds)`` per map with queued elements. The
+        held tasks among them count (a range runs them); promoted or forgotten elements
+        still in a queue's ranges do not. Visits the queue's ranges, not the elements."""
+        out = []
+        for m in self.pending:
+            state = m.state
+            n = sum(state.count(QUEUED, a, b) for a, b in m.free)
+            n += sum(1 for ts in m.held.values() if ts.state == "waiting")
+            if n:
+                out.append((m.group, n, self.element_seconds(m)))
+        return out
+
+    def on_workers(self, unknown: float) -> dict[str, tuple[int, float, int, int]]:
+        """What each worker has of the maps, by address: ``(elements it runs or was
+        given, their expected seconds, results it holds, their bytes)``, an element of
+        unknown duration counting ``unknown`` seconds. A worker's ``nbytes`` and
+        ``has_what`` count tasks only: a retirement or adaptive scaling choosing
+        workers by their data adds these. Visits what each worker was given
+        (:class:`Given`), not the maps."""
+        out: dict[str, tuple[int, float, int, int]] = {}
+        for address, slot in self.slots.items():
+            if self.slot_ws[slot] is None:
+                continue
+            seconds, n_results, nbytes = 0.0, 0, 0
+            for m in self.given_maps.get(slot, ()):
+                state, sizes = m.state, m.nbytes
+                held = m.given[slot].held(m.where, slot)
+                running = sum(1 for i in held if state[i] == PROCESSING)
+                if running:
+                    each = self.element_seconds(m)
+                    seconds += running * (unknown if each is None else each)
+                results = [i for i in held if state[i] == MEMORY]
+                n_results += len(results)
+                nbytes += sum(sizes[i] for i in results)
+            given = self.outstanding.get(address, 0)
+            if given or n_results:
+                out[address] = (given, seconds, n_results, nbytes)
+        return out
+
     def validate(self) -> None:
         """The counters agree with the arrays."""
         per_slot: dict[int, int] = {}
