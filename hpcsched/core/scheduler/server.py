@@ -677,7 +677,7 @@ class Scheduler:
         return {
             "type": "Scheduler", "id": self.id, "address": self.address,
             "started": self.started,
-            "workers": {a: ws.info() for a, ws in self.state.workers.items()},
+            "workers": self.state.workers_info(),
             "n_tasks": len(self.state.tasks), "task_counts": self.state.task_counts(),
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
@@ -710,7 +710,7 @@ class Scheduler:
 
     def workers_info(self) -> dict[str, dict]:
         """Each worker's description, by address (from any thread)."""
-        return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
+        return self.loop.call(self.state.workers_info)
 
     def scheduler_info(self) -> dict:
         """The cluster's summary, :meth:`identity` (from any thread)."""
@@ -729,7 +729,7 @@ class Scheduler:
 
         def start() -> None:
             self._internal[rid] = fut
-            addrs = self.state.registry.resolve(workers, names, n)
+            addrs = self.state.workers_to_retire(workers, names, n)
             self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
                                                stimulus_id=self._stimulus("retire-workers")))
 

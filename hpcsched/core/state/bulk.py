@@ -49,8 +49,9 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
 
 What is not done for elements until they are promoted: worker restrictions and
 resources (such maps go task by task), and accounting of their results in a worker's
-``nbytes`` (rebalancing, and which workers ``retire_workers(n=...)`` or adaptive
-scaling picks, see only tasks' results). A map with a future among its arguments, even
+``nbytes``: rebalancing sees only tasks' results, while the workers' descriptions,
+``retire_workers(n=...)`` and adaptive scaling add what :meth:`BulkMaps.on_workers`
+tells. A map with a future among its arguments, even
 one shared by every element, goes task by task: as a bulk map it would need the map to
 hold its dependency (against its client's release, its loss, its failure: every element
 errs) and a worker to fetch it before a range and keep it while the range runs.

@@ -257,6 +257,36 @@ class SchedulerState:
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts
 
+    def workers_info(self) -> dict[str, dict]:
+        """Each worker's description (:meth:`.model.WorkerInfo.info`), by address, with what
+        it has of bulk maps: the elements it was given count as processing, their results
+        in ``nbytes`` and ``n_keys``, as tasks' do."""
+        out = {a: ws.info() for a, ws in self.workers.items()}
+        if self.bulk.maps:
+            held = self.bulk.on_workers(self.unknown_task_duration)
+            for address, (given, _, n_results, nbytes) in held.items():
+                info = out.get(address)
+                if info is not None:
+                    info["processing"] += given
+                    info["n_keys"] += n_results
+                    info["nbytes"] += nbytes
+        return out
+
+    def workers_to_retire(self, addresses: Iterable[str] | None, names: Iterable[Any] | None,
+                          n: int | None = None) -> list[str]:
+        """The workers a retirement names (:meth:`.registry.WorkerRegistry.resolve`); the
+        ``n`` chosen are the least busy with the least data, bulk maps' elements and their
+        results counted as tasks' are."""
+        if not (n and self.bulk.maps):
+            return self.registry.resolve(addresses, names, n)
+        held = self.bulk.on_workers(self.unknown_task_duration)
+
+        def load(ws: WorkerInfo) -> tuple[int, int]:
+            given, _, _, nbytes = held.get(ws.address, (0, 0.0, 0, 0))
+            return len(ws.processing) + given, ws.nbytes + nbytes
+
+        return self.registry.resolve(addresses, names, n, load)
+
     def running(self) -> list[WorkerInfo]:
         """Running workers (callers must not modify the list)."""
         return self.registry.running()
