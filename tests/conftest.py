@@ -9,6 +9,10 @@
   scheduler or worker process started during a test (or a module) outlives it.
 * ``wait_until(predicate, timeout)``: poll a condition with a deadline (tests
   wait on conditions, never on bare sleeps).
+* ``road`` (parametrized: ``bulk``, ``tasks``): the two ways a user's calls reach the
+  scheduler -- one ``Client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map, whose
+  elements are no tasks until they must be) and the same calls as single ``submit``s --
+  so that a feature tested with it is tested on both.
 """
 
 from __future__ import annotations
@@ -141,3 +145,36 @@ def shared_client(shared_cluster: Any) -> Iterator[Any]:
         yield cl
     finally:
         cl.close()
+
+
+class Road:
+    """How a test's calls are submitted (the ``road`` fixture)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<Road {self.name}>"
+
+    def calls(self, client: Any, fn: Callable, n: int, **kwargs: Any) -> list:
+        """Futures of ``fn(i, **kwargs)`` for ``i`` in ``range(n)``, each call run once
+        (``pure=False``); checks that they took this road."""
+        from hpcsched.core.client.graphs import BULK_MAP_MIN
+
+        if self.name == "bulk":
+            assert n >= BULK_MAP_MIN, f"a map of {n} < {BULK_MAP_MIN} calls is no bulk map"
+            futures = client.map(fn, range(n), pure=False, **kwargs)
+        else:
+            futures = [client.submit(fn, i, pure=False, **kwargs) for i in range(n)]
+        prefix = futures[0].key.rpartition("-")[0] + "-"
+
+        def held(dask_scheduler: Any) -> bool:  # looked up without making tasks of elements
+            return prefix in dask_scheduler.state.bulk.maps
+
+        assert client.run_on_scheduler(held) == (self.name == "bulk"), (self, prefix)
+        return futures
+
+
+@pytest.fixture(params=["bulk", "tasks"])
+def road(request: pytest.FixtureRequest) -> Road:
+    return Road(request.param)
