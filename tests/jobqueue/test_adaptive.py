@@ -20,7 +20,14 @@ import time
 import pytest
 
 from hpcsched.core.client.client import Client
-from tests.adaptive_harness import N_CALLS, check_burst_and_retirement, count_and_sleep, log
+from tests.adaptive_harness import (
+    N_CALLS,
+    PeakWorkers,
+    check_burst_and_retirement,
+    count_and_sleep,
+    executions,
+    log,
+)
 from tests.conftest import wait_until, worker_env
 
 
@@ -72,6 +79,43 @@ def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, roa
         wait_until(lambda: not ids & squeue_ids(), timeout=30,
                    what=f"jobs {sorted(ids)} to leave the SLURM queue")
         print("\n".join(map(str, adaptive.log)))
+    finally:
+        ids |= {j.split("_")[0] for j in getattr(cluster, "jobs", {})}
+        cluster.close()
+    wait_until(lambda: not ids & squeue_ids(), timeout=30, what="no job left after close")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(150)
+def test_slurm_cluster_grows_for_a_sweep_and_leaves_nothing_queued(slurm, fast_poll, road,
+                                                                   tmp_path):
+    """A sweep of 1,000 calls of 20 ms (20 s of work) on one job's worker: adaptive submits
+    more jobs, each call runs once; after close no job of the cluster is left in squeue."""
+    from hpcsched.jobqueue.slurm import SLURMCluster
+
+    n = 1000
+    runs = tmp_path / "runs.txt"
+    cluster = SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
+                           death_timeout=20, log_directory=str(tmp_path / "logs"),
+                           job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    ids: set[str] = set()
+    try:
+        adaptive = cluster.adapt(minimum=1, maximum=3, interval=0.3, wait_count=2,
+                                 target_duration=0.5)
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=60)
+            peak = PeakWorkers(cluster.scheduler)
+            try:
+                futures = road.calls(client, count_and_sleep, n, path=str(runs), delay=0.02)
+                assert client.gather(futures, timeout=90) == [i * i for i in range(n)]
+            finally:
+                peak.detach()
+            assert peak.peak >= 2, f"never grew past one worker: {log(adaptive)}"
+            assert any(d.kind == "backlog" for d in adaptive.log), log(adaptive)
+            assert executions(runs) == list(range(n))
+        ids = {j.split("_")[0] for j in cluster.jobs}
+        assert 2 <= len(ids) <= 3, cluster.jobs
+        print("\n".join(log(adaptive)))
     finally:
         ids |= {j.split("_")[0] for j in getattr(cluster, "jobs", {})}
         cluster.close()
