@@ -127,6 +127,23 @@ def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
     yield start, prev + 1
 
 
+def _disjoint(flat: array) -> list[tuple[int, int]]:
+    """The runs ``[start, stop)`` of a flat array of them, overlapping ones merged.
+
+    >>> _disjoint(array("q", [4, 6, 0, 2, 1, 3, 6, 7]))
+    [(0, 3), (4, 7)]
+    """
+    pairs = sorted(zip(flat[::2], flat[1::2], strict=True))
+    out: list[tuple[int, int]] = []
+    for a, b in pairs:
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
 class Given:
     """The elements of one map given to one worker, as runs ``[start, stop)`` in a flat
     array: a superset of those the worker runs or holds (``BulkMap.where`` says which),
@@ -1281,15 +1298,25 @@ class BulkMaps:
                 continue
             seconds, n_results, nbytes = 0.0, 0, 0
             for m in self.given_maps.get(slot, ()):
-                state, sizes = m.state, m.nbytes
-                held = m.given[slot].held(m.where, slot)
-                running = sum(1 for i in held if state[i] == PROCESSING)
+                state, where, sizes = m.state, m.where, m.nbytes
+                running = 0
+                for a, b in _disjoint(m.given[slot].runs):
+                    if where[a:b].count(slot) == b - a:  # the common case: all still its
+                        running += state.count(PROCESSING, a, b)
+                        n = state.count(MEMORY, a, b)
+                        n_results += n
+                        if n == b - a:
+                            nbytes += sum(sizes[a:b])
+                            continue
+                        indices: Any = range(a, b)
+                    else:
+                        indices = [i for i in range(a, b) if where[i] == slot]
+                        running += sum(1 for i in indices if state[i] == PROCESSING)
+                        n_results += sum(1 for i in indices if state[i] == MEMORY)
+                    nbytes += sum(sizes[i] for i in indices if state[i] == MEMORY)
                 if running:
                     each = self.element_seconds(m)
                     seconds += running * (unknown if each is None else each)
-                results = [i for i in held if state[i] == MEMORY]
-                n_results += len(results)
-                nbytes += sum(sizes[i] for i in results)
             given = self.outstanding.get(address, 0)
             if given or n_results:
                 out[address] = (given, seconds, n_results, nbytes)
@@ -1344,3 +1371,22 @@ class BulkMaps:
         assert self.graph.held <= held, self.graph.held - held
         for addr in self.in_ranges:
             assert addr in self.registry.workers, addr
+        # what on_workers finds from the runs given is what the elements' arrays say
+        expect: dict[int, list] = {}
+        for m in self.maps.values():
+            each = self.element_seconds(m)
+            for i, (code, w) in enumerate(zip(m.state, m.where, strict=True)):
+                if w >= 0 and code in (PROCESSING, MEMORY):
+                    e = expect.setdefault(w, [0.0, 0, 0])
+                    if code == PROCESSING:
+                        e[0] += 1.0 if each is None else each
+                    else:
+                        e[1] += 1
+                        e[2] += m.nbytes[i]
+        found = self.on_workers(1.0)
+        for addr, (n_given, seconds, n_results, nbytes) in found.items():
+            e = expect.pop(self.slots[addr], [0.0, 0, 0])
+            assert n_given == self.outstanding.get(addr, 0), addr
+            assert (n_results, nbytes) == (e[1], e[2]), (addr, n_results, nbytes, e)
+            assert abs(seconds - e[0]) <= 1e-6 * max(1.0, e[0]), (addr, seconds, e)
+        assert not expect, expect
