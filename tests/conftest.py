@@ -9,9 +9,10 @@
   scheduler or worker process started during a test (or a module) outlives it.
 * ``wait_until(predicate, timeout)``: poll a condition with a deadline (tests
   wait on conditions, never on bare sleeps).
-* ``road``: how a test sends many calls, one ``submit`` each or one ``client.map``
-  above the bulk threshold; a test that takes it runs on both roads, so that every
-  feature is tested with the elements of bulk maps as well as with tasks.
+* ``road`` (parametrized: ``bulk``, ``tasks``): the two ways a user's calls reach the
+  scheduler -- one ``Client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map, whose
+  elements are no tasks until they must be) and the same calls as single ``submit``s --
+  so that a feature tested with it is tested on both.
 """
 
 from __future__ import annotations
@@ -47,34 +48,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
             raise TimeoutError(f"{what} not reached within {timeout}s")
         time.sleep(interval)
         interval = min(interval * 1.5, 0.25)
-
-
-class Road:
-    """Many calls of one function, sent one way: ``"tasks"``, a ``submit`` each, or
-    ``"bulk"``, one ``client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-    def map(self, client: Any, func: Callable, *iterables: Any, **kw: Any) -> list:
-        """The futures of ``func(*args)`` for each ``args`` of ``zip(*iterables)``, sent
-        this road (as ``client.map``)."""
-        from hpcsched.core.client.graphs import BULK_MAP_MIN
-
-        calls = list(zip(*iterables, strict=False))
-        if self.name == "bulk":
-            assert len(calls) >= BULK_MAP_MIN, "a bulk map needs BULK_MAP_MIN calls or more"
-            return client.map(func, *iterables, **kw)
-        return [client.submit(func, *args, **kw) for args in calls]
-
-
-@pytest.fixture(params=["tasks", "bulk"])
-def road(request: pytest.FixtureRequest) -> Road:
-    """Each road in turn (:class:`Road`)."""
-    return Road(request.param)
 
 
 def hpcsched_children() -> dict[int, str]:
@@ -172,3 +145,43 @@ def shared_client(shared_cluster: Any) -> Iterator[Any]:
         yield cl
     finally:
         cl.close()
+
+
+class Road:
+    """How a test's calls are submitted (the ``road`` fixture)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<Road {self.name}>"
+
+    def calls(self, client: Any, fn: Callable, n: int, **kwargs: Any) -> list:
+        """Futures of ``fn(i, **kwargs)`` for ``i`` in ``range(n)``, each call run once
+        (``pure=False``); checks that they took this road."""
+        return self.map(client, fn, range(n), pure=False, **kwargs)
+
+    def map(self, client: Any, fn: Callable, *iterables: Any, **kwargs: Any) -> list:
+        """The futures of ``fn(*args, **kwargs)`` for each ``args`` of ``zip(*iterables)``,
+        sent this road (as ``client.map``); checks that they took it."""
+        from hpcsched.core.client.graphs import BULK_MAP_MIN
+
+        calls = list(zip(*iterables, strict=False))
+        if self.name == "bulk":
+            assert len(calls) >= BULK_MAP_MIN, \
+                f"a map of {len(calls)} < {BULK_MAP_MIN} calls is no bulk map"
+            futures = client.map(fn, *iterables, **kwargs)
+        else:
+            futures = [client.submit(fn, *args, **kwargs) for args in calls]
+        prefix = futures[0].key.rpartition("-")[0] + "-"
+
+        def held(dask_scheduler: Any) -> bool:  # looked up without making tasks of elements
+            return prefix in dask_scheduler.state.bulk.maps
+
+        assert client.run_on_scheduler(held) == (self.name == "bulk"), (self, prefix)
+        return futures
+
+
+@pytest.fixture(params=["bulk", "tasks"])
+def road(request: pytest.FixtureRequest) -> Road:
+    return Road(request.param)

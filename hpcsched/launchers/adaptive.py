@@ -7,7 +7,9 @@ cluster object only starts and stops workers:
 * :func:`snapshot_state` reads a :class:`~hpcsched.core.state.scheduler_state.SchedulerState`
   into a :class:`Snapshot` of plain dataclasses: workers (threads, memory, data held,
   tasks assigned) and *demand* -- tasks waiting to run, per TaskGroup, with their
-  expected duration and their restrictions. It runs on the scheduler's thread
+  expected duration and their restrictions. The elements of a large ``Client.map`` (a
+  bulk map, not tasks until they must be) count as tasks of their TaskGroup: queued,
+  assigned to a worker, or results it holds. It runs on the scheduler's thread
   (``scheduler.call``) so the picture is consistent.
 * :func:`recommend` is the policy, a pure function of a snapshot, a :class:`Policy`
   and the hysteresis counts of the previous call. It returns a

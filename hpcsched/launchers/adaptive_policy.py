@@ -26,9 +26,9 @@ class WorkerSnapshot:
     name: str = ""
     nthreads: int = 1
     memory_limit: int = 0  # bytes; 0 = no limit
-    nbytes: int = 0  # bytes of results stored there
+    nbytes: int = 0  # bytes of results stored there (tasks' and bulk map elements')
     n_keys: int = 0
-    processing: int = 0  # tasks assigned (executing or waiting for a thread)
+    processing: int = 0  # tasks and map elements assigned (executing or waiting for a thread)
     waiting_tasks: int = 0  # of those, beyond its threads
     waiting_work: float = 0.0  # expected seconds of the tasks beyond its threads
     resources: Mapping[str, float] = field(default_factory=dict)
@@ -134,7 +134,11 @@ class Snapshot:
 def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -> Snapshot:
     """Read a SchedulerState into a :class:`Snapshot` (call on the scheduler's thread).
 
-    Costs one pass over the tasks: fine at an interval of a second even with 10^5 tasks.
+    Costs one pass over the tasks, and over the elements of bulk maps given to workers
+    (their queues are counted by ranges): fine at an interval of a second even with
+    10^5 tasks. The elements of a bulk map (:mod:`hpcsched.core.state.bulk`) are work
+    and data as tasks are: queued ones are ready demand of their TaskGroup, those a
+    worker was given count as assigned to it, their results as data it holds.
     """
     default = float(getattr(state, "unknown_task_duration", 0.5))
 
@@ -142,7 +146,17 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
         avg = ts.group.average_duration
         return default if avg is None else avg
 
+    # key -> [count, expected seconds of all of them]
     demand: dict[tuple, list] = {}
+
+    def add(key: tuple, count: int, seconds: float) -> None:
+        entry = demand.get(key)
+        if entry is None:
+            demand[key] = [count, count * seconds]
+        else:
+            entry[0] += count
+            entry[1] += count * seconds
+
     for ts in state.tasks.values():
         s = ts.state
         if s in ("queued", "no-worker"):
@@ -155,14 +169,16 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
         res = tuple(sorted(ts.resource_restrictions.items())) if ts.resource_restrictions \
             else None
         wr = frozenset(ts.worker_restrictions) if ts.worker_restrictions else None
-        key = (ts.group.name, ready, res, wr, bool(ts.loose_restrictions))
-        entry = demand.get(key)
-        if entry is None:
-            demand[key] = [1, duration(ts)]
-        else:
-            entry[0] += 1
+        add((ts.group.name, ready, res, wr, bool(ts.loose_restrictions)), 1, duration(ts))
+    bulk = getattr(state, "bulk", None)
+    elements: dict[str, tuple[int, float]] = {}
+    if bulk is not None and bulk.maps:
+        for group, count, seconds in bulk.waiting():
+            add((group, True, None, None, False), count, default if seconds is None else seconds)
+        elements = bulk.given_work(default)
     workers = []
     for ws in state.workers.values():
+        given, given_work = elements.get(ws.address, (0, 0.0))
         extra = len(ws.processing) - ws.nthreads
         work = 0.0
         if extra > 0:
@@ -174,15 +190,22 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
                 left -= 1
                 if not left:
                     break
+        # ranges and tasks share the worker's threads: the elements beyond the threads
+        # the tasks leave wait, each its map's expected time
+        waiting = max(len(ws.processing) + given - ws.nthreads, 0)
+        if given and waiting > max(extra, 0):
+            work += (waiting - max(extra, 0)) * given_work / given
         workers.append(WorkerSnapshot(
             address=ws.address, name=ws.name, nthreads=ws.nthreads,
-            memory_limit=ws.memory_limit, nbytes=ws.nbytes, n_keys=len(ws.has_what),
-            processing=len(ws.processing), waiting_tasks=max(extra, 0), waiting_work=work,
+            memory_limit=ws.memory_limit, nbytes=ws.nbytes,
+            n_keys=len(ws.has_what) + ws.n_elements, processing=len(ws.processing) + given,
+            waiting_tasks=waiting, waiting_work=work,
             resources=dict(ws.resources), host=ws.host, status=ws.status))
     return Snapshot(
         workers=tuple(workers),
-        demand=tuple(TaskDemand(group, count, dur, ready, dict(res) if res else None, wr, loose)
-                     for (group, ready, res, wr, loose), (count, dur) in demand.items()),
+        demand=tuple(TaskDemand(group, count, total / count, ready, dict(res) if res else None,
+                                wr, loose)
+                     for (group, ready, res, wr, loose), (count, total) in demand.items()),
         requested=requested, now=now)
 
 

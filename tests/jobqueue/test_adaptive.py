@@ -1,99 +1,38 @@
 """Adaptive scaling end to end: LocalCluster (worker processes), real SLURM, and the PBS
-emulator holding jobs pending.
+emulator holding jobs pending, each on both roads (``road``: a bulk map, or a task per
+call).
 
-The story of each test: a burst of work arrives -> workers (jobs) are requested and
-join; the work ends -> after ``wait_count`` intervals idle workers retire gracefully
-(their results move to a survivor first); futures the user still holds keep their
-values -- a task that counts its own executions in a file shows nothing was
-recomputed; the futures are released -> the last worker retires and, on a batch
-system, no job of the cluster is left in the queue.
+The story of each test (:func:`tests.adaptive_harness.check_burst_and_retirement`): a
+burst of work arrives -> workers (jobs) are requested and join; the work ends -> after
+``wait_count`` intervals idle workers retire gracefully (their results move to a
+survivor first); futures the user still holds keep their values -- a call that counts
+its own executions in a file shows nothing was recomputed; the futures are released ->
+the last worker retires and, on a batch system, no job of the cluster is left in the
+queue.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from hpcsched.core.client.client import Client
+from tests.adaptive_harness import (
+    N_CALLS,
+    PeakWorkers,
+    check_burst_and_retirement,
+    count_and_sleep,
+    executions,
+    log,
+)
 from tests.conftest import wait_until, worker_env
-
-N_TASKS = 12
-
-
-def count_and_sleep(i: int, path: str, delay: float = 0.5) -> int:
-    """Append ``i`` to ``path`` (one line per execution), sleep, return ``i * i``."""
-    with open(path, "a") as f:
-        f.write(f"{i}\n")
-    time.sleep(delay)
-    return i * i
-
-
-def executions(path: Path) -> list[int]:
-    return sorted(int(x) for x in path.read_text().split()) if path.exists() else []
-
-
-class PeakWorkers:
-    """Counts connected workers through the scheduler's join/leave callback."""
-
-    def __init__(self, scheduler):
-        self.scheduler = scheduler
-        self.now = self.peak = self.joined = 0
-        self.lock = threading.Lock()
-        scheduler.add_worker_callback(self)
-
-    def __call__(self, event: str, address: str, info: dict | None = None) -> None:
-        with self.lock:
-            self.now += 1 if event == "add" else -1
-            self.joined += event == "add"
-            self.peak = max(self.peak, self.now)
-
-    def detach(self) -> None:
-        self.scheduler.remove_worker_callback(self)
-
-
-def check_burst_and_retirement(cluster, client, adaptive, runs: Path, maximum: int,
-                               timeout: float) -> None:
-    """The shared story: burst, growth, shrink with data kept, release, shrink to zero."""
-    peak = PeakWorkers(cluster.scheduler)
-    try:
-        futures = client.map(count_and_sleep, range(N_TASKS), path=str(runs))
-        results = client.gather(futures, timeout=timeout)
-        assert results == [i * i for i in range(N_TASKS)]
-        ups = [d for d in adaptive.log if d.action == "up"]
-        assert ups and ups[0].kind == "no-workers", list(map(str, adaptive.log))
-        assert peak.peak >= 2, f"never grew past one worker: {list(map(str, adaptive.log))}"
-        assert all(d.target <= maximum for d in adaptive.log)
-
-        # the work ended: idle workers retire, one stays with the results
-        # (on a busy machine late workers may still be connecting when the work ends: what
-        # must happen is that adaptive retires them, not merely that one is connected now)
-        wait_until(lambda: len(cluster.workers) == 1
-                   and any(d.action == "down" for d in adaptive.log), timeout=timeout,
-                   what="adaptive to retire all but one worker")
-        downs = [i for i, d in enumerate(adaptive.log) if d.action == "down"]
-        assert downs and adaptive.log[downs[0] - 1].kind == "idle-wait", \
-            list(map(str, adaptive.log))  # hysteresis: recommended before acted upon
-        survivor = next(iter(cluster.workers.values()))
-        assert survivor["n_keys"] == N_TASKS
-        assert client.gather(futures, timeout=30) == results
-        assert executions(runs) == list(range(N_TASKS)), "a result was recomputed"
-
-        # the user lets go of the results: nothing holds the last worker any more
-        del futures
-        wait_until(lambda: not cluster.workers, timeout=timeout, what="the last worker to retire")
-        assert peak.peak <= maximum
-        assert executions(runs) == list(range(N_TASKS))
-    finally:
-        peak.detach()
 
 
 @pytest.mark.timeout(60)
-def test_local_cluster_adapts_to_a_burst_and_retires_gracefully(tmp_path):
+def test_local_cluster_adapts_to_a_burst_and_retires_gracefully(road, tmp_path):
     from hpcsched.launchers.local_cluster import LocalCluster
 
     runs = tmp_path / "runs.txt"
@@ -104,7 +43,7 @@ def test_local_cluster_adapts_to_a_burst_and_retires_gracefully(tmp_path):
                                  target_duration=0.5)
         assert cluster.adaptive is adaptive
         with Client(cluster, set_as_default=False) as client:
-            check_burst_and_retirement(cluster, client, adaptive, runs, 4, timeout=30)
+            check_burst_and_retirement(cluster, client, adaptive, road, runs, 0, 4, timeout=30)
             wait_until(lambda: not cluster.worker_processes, timeout=10,
                        what="worker processes to be stopped")
         print("\n".join(map(str, adaptive.log)))
@@ -122,7 +61,7 @@ def squeue_ids() -> set[str]:
 
 @pytest.mark.slurm
 @pytest.mark.timeout(110)
-def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, tmp_path):
+def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, road, tmp_path):
     from hpcsched.jobqueue.slurm import SLURMCluster
 
     runs = tmp_path / "runs.txt"
@@ -134,12 +73,49 @@ def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, tmp
         adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.3, wait_count=2,
                                  target_duration=0.5)
         with Client(cluster, set_as_default=False) as client:
-            check_burst_and_retirement(cluster, client, adaptive, runs, 4, timeout=60)
+            check_burst_and_retirement(cluster, client, adaptive, road, runs, 0, 4, timeout=60)
         ids = {j.split("_")[0] for j in cluster.jobs}
         assert 2 <= len(ids) <= 4, cluster.jobs
         wait_until(lambda: not ids & squeue_ids(), timeout=30,
                    what=f"jobs {sorted(ids)} to leave the SLURM queue")
         print("\n".join(map(str, adaptive.log)))
+    finally:
+        ids |= {j.split("_")[0] for j in getattr(cluster, "jobs", {})}
+        cluster.close()
+    wait_until(lambda: not ids & squeue_ids(), timeout=30, what="no job left after close")
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(150)
+def test_slurm_cluster_grows_for_a_sweep_and_leaves_nothing_queued(slurm, fast_poll, road,
+                                                                   tmp_path):
+    """A sweep of 1,000 calls of 20 ms (20 s of work) on one job's worker: adaptive submits
+    more jobs, each call runs once; after close no job of the cluster is left in squeue."""
+    from hpcsched.jobqueue.slurm import SLURMCluster
+
+    n = 1000
+    runs = tmp_path / "runs.txt"
+    cluster = SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
+                           death_timeout=20, log_directory=str(tmp_path / "logs"),
+                           job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    ids: set[str] = set()
+    try:
+        adaptive = cluster.adapt(minimum=1, maximum=3, interval=0.3, wait_count=2,
+                                 target_duration=0.5)
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=60)
+            peak = PeakWorkers(cluster.scheduler)
+            try:
+                futures = road.calls(client, count_and_sleep, n, path=str(runs), delay=0.02)
+                assert client.gather(futures, timeout=90) == [i * i for i in range(n)]
+            finally:
+                peak.detach()
+            assert peak.peak >= 2, f"never grew past one worker: {log(adaptive)}"
+            assert any(d.kind == "backlog" for d in adaptive.log), log(adaptive)
+            assert executions(runs) == list(range(n))
+        ids = {j.split("_")[0] for j in cluster.jobs}
+        assert 2 <= len(ids) <= 3, cluster.jobs
+        print("\n".join(log(adaptive)))
     finally:
         ids |= {j.split("_")[0] for j in getattr(cluster, "jobs", {})}
         cluster.close()
@@ -162,7 +138,7 @@ def pbs_hold(tmp_path, monkeypatch, fast_poll):
 
 
 @pytest.mark.timeout(90)
-def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, tmp_path):
+def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, road, tmp_path):
     from hpcsched.jobqueue.pbs import PBSCluster
     from tests.jobqueue.emulators import live_processes, release
 
@@ -174,7 +150,7 @@ def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, tmp_
         adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.1, wait_count=2,
                                  target_duration=0.5)
         with Client(cluster, set_as_default=False) as client:
-            futures = client.map(count_and_sleep, range(N_TASKS), path=str(runs), delay=0.3)
+            futures = road.calls(client, count_and_sleep, N_CALLS, path=str(runs), delay=0.3)
             wait_until(lambda: cluster.jobs, timeout=10, what="a job submission")
             # 30 intervals with the queue not starting anything: the request stands
             deadline = time.monotonic() + 3.0
@@ -185,10 +161,10 @@ def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, tmp_
             assert all(j.state.value == "pending" for j in cluster.jobs.values())
             # one request, then "already requested" -- the log shows no second submission
             assert [d.kind for d in adaptive.log if d.kind != "steady"] == \
-                ["no-workers", "pending"], list(map(str, adaptive.log))
+                ["no-workers", "pending"], log(adaptive)
             # the queue starts moving: growth, but never beyond maximum jobs in all
             release(pbs_hold)
-            assert client.gather(futures, timeout=60) == [i * i for i in range(N_TASKS)]
+            assert client.gather(futures, timeout=60) == [i * i for i in range(N_CALLS)]
             assert 2 <= len(cluster.jobs) <= 4, cluster.jobs
             del futures
             wait_until(lambda: not cluster.workers and not any(

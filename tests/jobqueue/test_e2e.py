@@ -370,7 +370,7 @@ def test_scheduler_listens_on_the_interface_asked_for(batch):
 @pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm), "pbs"],
                          indirect=True)
 @pytest.mark.timeout(120)
-def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch):
+def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch, road):
     from hpcsched.core.client.client import Client
 
     c = batch.cluster()
@@ -379,9 +379,9 @@ def test_adaptive_grows_with_work_and_shrinks_to_the_minimum(batch):
         adaptive = c.adapt(minimum=1, maximum=2)
         c.wait_for_workers(1, timeout=60)
         with Client(c) as client:
-            futures = client.map(lambda x: (time.sleep(0.3), x)[1], range(30))
+            futures = road.calls(client, lambda x: (time.sleep(0.3), x)[1], 40)
             wait_for(lambda: len(c.jobs) == 2, 30, "adaptive to submit a second job")
-            assert sum(client.gather(futures)) == sum(range(30))
+            assert sum(client.gather(futures)) == sum(range(40))
         wait_for(lambda: sum(j.active for j in c.jobs.values()) == 1, 60,
                  "adaptive to retire the idle job down to the minimum")
         adaptive.stop()

@@ -376,6 +376,111 @@ def test_snapshot_records_restricted_tasks_waiting_for_dependencies():
     assert r.action == "none"  # cpu is busy, gpu is needed by "train"
 
 
+# ---------------------------------------------------------------- bulk maps' elements
+# A large Client.map is a bulk map (hpcsched.core.state.bulk): its elements are no tasks,
+# yet adaptive must see them as it sees tasks -- queued ones as demand, those given to a
+# worker as assigned to it, their results as its data.
+SWEEP = "sweep-1a2b-"
+
+
+def _map(s: SchedulerState, n: int) -> list:
+    if "c" not in s.clients:
+        s.handle(ev.AddClient("c", now=0.0))
+    return s.handle(ev.UpdateMap("c", prefix=SWEEP, function=b"f", args=[b"x"] * n))
+
+
+def _given(out: list, worker: str) -> list[int]:
+    return [i for m in out if m.to == worker and m.msg.op == "compute-range"
+            for i in m.msg.indices]
+
+
+def _finish(s: SchedulerState, worker: str, indices: list[int], nbytes: int = 100,
+            seconds: float = 2.0) -> list:
+    n = len(indices)
+    out = s.handle(ev.RangeFinished(worker, prefix=SWEEP, indices=indices, nbytes=[nbytes] * n,
+                                    types=["int"] * n, starts=[0.0] * n, stops=[seconds] * n))
+    s.validate()
+    return out
+
+
+def _run_all(s: SchedulerState, worker: str, out: list, nbytes: int = 100) -> None:
+    """``worker`` finishes the ranges given to it until it is given none."""
+    while given := _given(out, worker):
+        out = _finish(s, worker, given, nbytes)
+
+
+def test_a_maps_queued_elements_are_ready_demand_of_unknown_duration():
+    s = SchedulerState()
+    _map(s, 40)
+    snapshot = snapshot_state(s, requested=0)
+    (d,) = snapshot.demand
+    assert (d.group, d.count, d.ready) == ("sweep-1a2b", 40, True)
+    assert d.duration == s.unknown_task_duration
+    r = recommend(snapshot, Policy())
+    assert (r.action, r.target, r.kind) == ("up", 1, "no-workers")
+
+
+def test_elements_given_beyond_a_workers_threads_wait_for_their_maps_measured_time():
+    """One worker of one thread is given two ranges; the first is reported (2 s an element,
+    100 bytes a result) and it is topped up: what it holds beyond its thread waits, as
+    the queued elements do, 2 s each; the results are its data."""
+    s = SchedulerState()
+    s.handle(ev.AddWorker("tcp://a", 1))
+    out = _map(s, 100)
+    first = [m.msg.indices for m in out if m.msg.op == "compute-range"][0]
+    _finish(s, "tcp://a", list(first))
+    held = s.bulk.outstanding["tcp://a"]
+    queued = s.task_counts()["queued"]
+    assert held > 1 and queued > 0
+    snapshot = snapshot_state(s, requested=1)
+    (d,) = snapshot.demand
+    assert (d.count, d.duration) == (queued, 2.0)
+    (a,) = snapshot.workers
+    assert (a.processing, a.waiting_tasks, a.waiting_work) == (held, held - 1, (held - 1) * 2.0)
+    assert (a.nbytes, a.n_keys) == (100 * len(first), len(first))
+    assert snapshot.backlog == pytest.approx((queued + held - 1) * 2.0)
+    r = recommend(snapshot, Policy(maximum=3, target_duration=5))
+    assert (r.action, r.target, r.kind) == ("up", 2, "backlog")
+
+
+def test_a_worker_running_elements_is_not_idle():
+    """A and B share a map; B has finished its part and nothing is queued any more, while A
+    still runs the ranges given to it: B may retire (its results move to A), A may not.
+    (A's backlog is below a target of ten minutes: no growth either.)"""
+    s = SchedulerState()
+    s.handle(ev.AddWorker("tcp://a", 1))
+    s.handle(ev.AddWorker("tcp://b", 1))
+    out = _map(s, 40)
+    _run_all(s, "tcp://b", out)
+    assert not s.bulk.pending and s.bulk.outstanding["tcp://a"] > 0
+    snapshot = snapshot_state(s)
+    a, b = snapshot.workers
+    assert a.processing == s.bulk.outstanding["tcp://a"] and b.processing == 0
+    assert b.n_keys > 0
+    r = recommend(snapshot, Policy(minimum=1, wait_count=1, target_duration=600))
+    assert (r.action, r.retire) == ("down", ("tcp://b",))
+
+
+def test_idle_workers_holding_a_maps_results_retire_least_data_first_within_memory():
+    """The map is done: A's results weigh 1,000 bytes each, B's 10. B (least data) retires
+    and A stays; but when A's memory (a limit of 1,000 bytes) could not hold all the
+    results, A retires and B, whose memory can, stays."""
+    for limit, retired in ((10**9, ("tcp://b",)), (1000, ("tcp://a",))):
+        s = SchedulerState()
+        s.handle(ev.AddWorker("tcp://a", 1, memory_limit=limit))
+        s.handle(ev.AddWorker("tcp://b", 1, memory_limit=10**9))
+        out = _map(s, 40)
+        _run_all(s, "tcp://a", out, nbytes=1000)
+        _run_all(s, "tcp://b", out, nbytes=10)
+        assert s.task_counts() == {"memory": 40} and not s.tasks
+        snapshot = snapshot_state(s)
+        a, b = snapshot.workers
+        assert a.nbytes == 1000 * a.n_keys and b.nbytes == 10 * b.n_keys
+        assert a.n_keys + b.n_keys == 40 and b.n_keys > 0
+        r = recommend(snapshot, Policy(minimum=1, wait_count=1, memory_high=0.5))
+        assert r.retire == retired, (limit, r)
+
+
 # ---------------------------------------------------------------- the Adaptive object
 class FakeCluster:
     """Records calls; workers never connect (a queue that does not start anything)."""

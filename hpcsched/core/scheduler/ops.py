@@ -51,7 +51,7 @@ def scheduler_info(s: Any, source: str, msg: pr.SchedulerInfo) -> None:
 @handlers.on(pr.RetireWorkersRequest)
 def retire_workers(s: Any, source: str, msg: pr.RetireWorkersRequest) -> None:
     """Retire the workers named, gracefully (a state-machine event)."""
-    workers = s.state.registry.resolve(msg.workers, msg.names, msg.n)
+    workers = s.state.workers_to_retire(msg.workers, msg.names, msg.n)
     s.handle_event(ev.RetireWorkers(msg.request_id, source, workers, msg.close, now=time.time(),
                                     stimulus_id=s.stimulus("retire-workers")))
 

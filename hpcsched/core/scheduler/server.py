@@ -674,15 +674,10 @@ class Scheduler:
     # ================================================================ in-process API
     def identity(self) -> dict:
         """Summary of the cluster (runs on the loop thread)."""
-        state = self.state
-        workers = {}
-        for a, ws in state.workers.items():
-            info = workers[a] = ws.info()
-            info["processing"], info["executing"] = state.load(ws)
-        counts = state.task_counts()
+        counts = self.state.task_counts()
         return {
             "type": "Scheduler", "id": self.id, "address": self.address,
-            "started": self.started, "workers": workers,
+            "started": self.started, "workers": self.state.workers_info(),
             "n_tasks": sum(counts.values()), "task_counts": counts,
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
             "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
@@ -715,7 +710,7 @@ class Scheduler:
 
     def workers_info(self) -> dict[str, dict]:
         """Each worker's description, by address (from any thread)."""
-        return self.loop.call(lambda: {a: ws.info() for a, ws in self.state.workers.items()})
+        return self.loop.call(self.state.workers_info)
 
     def scheduler_info(self) -> dict:
         """The cluster's summary, :meth:`identity` (from any thread)."""
@@ -734,7 +729,7 @@ class Scheduler:
 
         def start() -> None:
             self._internal[rid] = fut
-            addrs = self.state.registry.resolve(workers, names, n)
+            addrs = self.state.workers_to_retire(workers, names, n)
             self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
                                                stimulus_id=self._stimulus("retire-workers")))
 

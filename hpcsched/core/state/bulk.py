@@ -48,9 +48,10 @@ keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
   ever making a task of it.
 
 What is not done for elements until they are promoted: worker restrictions and
-resources (such maps go task by task), and accounting of their results in a worker's
-``nbytes`` (rebalancing, and which workers ``retire_workers(n=...)`` or adaptive
-scaling picks, see only tasks' results). A map with a future among its arguments, even
+resources (such maps go task by task). A worker's ``nbytes`` counts its elements'
+results with its tasks' (``n_elements``, ``element_nbytes``), so that retirement,
+rebalancing, adaptive scaling and the views weigh it right. A map with a future among
+its arguments, even
 one shared by every element, goes task by task: as a bulk map it would need the map to
 hold its dependency (against its client's release, its loss, its failure: every element
 errs) and a worker to fetch it before a range and keep it while the range runs.
@@ -1321,6 +1322,44 @@ class BulkMaps:
                 c = m.state.count(code)
                 if c:
                     out[name] = out.get(name, 0) + c
+        return out
+
+    def element_seconds(self, m: BulkMap) -> float | None:
+        """Seconds one element of ``m`` is expected to take: the mean of its elements
+        reported so far, else its TaskGroup's (elements promoted, tasks of the same
+        name), else None (nothing measured yet)."""
+        seconds = self._element_seconds(m)
+        if seconds is None:
+            tg = self.graph.groups.get(m.group)
+            seconds = tg.average_duration if tg is not None else None
+        return seconds
+
+    def waiting(self) -> list[tuple[str, int, float | None]]:
+        """The work waiting in the maps' queues, given to no worker yet: ``(TaskGroup,
+        elements, seconds each as in element_seconds)`` per map with queued elements. The
+        held tasks among them count (a range runs them); promoted or forgotten elements
+        still in a queue's ranges do not. Visits the queue's ranges, not the elements."""
+        out = []
+        for m in self.pending:
+            state = m.state
+            n = sum(state.count(QUEUED, a, b) for a, b in m.free)
+            n += sum(1 for ts in m.held.values() if ts.state == "waiting")
+            if n:
+                out.append((m.group, n, self.element_seconds(m)))
+        return out
+
+    def given_work(self, unknown: float) -> dict[str, tuple[int, float]]:
+        """What each worker was given of the maps and has not reported, by address:
+        ``(elements, their expected seconds)``, each at the worker's recent time per
+        element, else the first map's (:meth:`element_seconds`), else ``unknown``. What
+        it holds of their results is in its ``nbytes`` and ``n_elements``. One entry per
+        worker given elements, not per element."""
+        first = self.element_seconds(self.pending[0]) if self.pending else None
+        out: dict[str, tuple[int, float]] = {}
+        for address, given in self.outstanding.items():
+            if given:
+                each = self.element_time.get(address, first)
+                out[address] = (given, given * (unknown if each is None else each))
         return out
 
     def validate(self) -> None:

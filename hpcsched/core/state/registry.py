@@ -9,7 +9,7 @@ decides nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcsched.core.state.model import WorkerInfo
@@ -109,9 +109,11 @@ class WorkerRegistry:
             self.bandwidth = 0.8 * self.bandwidth + 0.2 * float(bw)
 
     def resolve(self, addresses: Iterable[str] | None, names: Iterable[Any] | None,
-                n: int | None = None) -> list[str]:
+                n: int | None = None, load: Callable[[WorkerInfo], Any] | None = None
+                ) -> list[str]:
         """The workers to retire: by address, by name, and ``n`` more (idle ones with the
-        least data first)."""
+        least data first; ``load`` orders them, default: tasks processing, then bytes
+        held)."""
         out: list[str] = []
         if addresses:
             out += [a for a in addresses if a in self.workers]
@@ -120,7 +122,7 @@ class WorkerRegistry:
             out += [ws.address for ws in self.workers.values() if str(ws.name) in wanted]
         if n:
             cands = sorted((ws for ws in self.workers.values() if ws.address not in out),
-                           key=lambda ws: (len(ws.processing), ws.nbytes))
+                           key=load or (lambda ws: (len(ws.processing), ws.nbytes)))
             out += [ws.address for ws in cands[:n]]
         return out
 

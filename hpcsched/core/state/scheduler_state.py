@@ -318,6 +318,24 @@ class SchedulerState:
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts
 
+    def workers_info(self) -> dict[str, dict]:
+        """Each worker's description (:meth:`.model.WorkerInfo.info`), by address: what it
+        runs counts the elements of bulk maps given to it (:meth:`load`), as its
+        ``nbytes`` and ``n_keys`` count their results."""
+        out = {}
+        for a, ws in self.workers.items():
+            info = out[a] = ws.info()
+            info["processing"], info["executing"] = self.load(ws)
+        return out
+
+    def workers_to_retire(self, addresses: Iterable[str] | None, names: Iterable[Any] | None,
+                          n: int | None = None) -> list[str]:
+        """The workers a retirement names (:meth:`.registry.WorkerRegistry.resolve`); the
+        ``n`` chosen are the least busy with the least data, bulk maps' elements and their
+        results counted as tasks' are."""
+        return self.registry.resolve(addresses, names, n,
+                                     lambda ws: (self.load(ws)[0], ws.nbytes))
+
     def running(self) -> list[WorkerInfo]:
         """Running workers (callers must not modify the list)."""
         return self.registry.running()

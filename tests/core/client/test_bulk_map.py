@@ -345,6 +345,40 @@ def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_pa
         cluster.close()
 
 
+@pytest.mark.timeout(120)
+def test_retiring_a_worker_moves_the_results_of_a_finished_map(tmp_path):
+    """Two workers hold the results of a map of 500 elements; the one holding more retires:
+    its results move to the other (no element runs twice), and the workers' descriptions
+    count the elements' results as they count tasks'. All are gathered at once after."""
+    n = 500
+    cluster = _local_cluster(n_workers=2)
+    try:
+        with Client(cluster, set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=60)
+            fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.002,
+                            pure=False)
+            assert _is_bulk(client, fs)
+            results = client.gather(fs, timeout=60)
+            by_pid: dict[int, int] = {}
+            for _, pid in results:
+                by_pid[pid] = by_pid.get(pid, 0) + 1
+            assert len(by_pid) == 2, by_pid  # both workers ran some
+            workers = client.scheduler_info()["workers"]
+            assert {info["n_keys"] for info in workers.values()} == set(by_pid.values())
+            assert all(info["nbytes"] > 0 for info in workers.values())
+            leaving = max(workers, key=lambda a: workers[a]["n_keys"])
+            assert client.retire_workers([leaving], timeout=60) == [leaving]
+            assert client.gather(fs, timeout=30) == results
+            calls = {int(name): len(open(tmp_path / name).read())
+                     for name in os.listdir(tmp_path)}
+            assert calls == dict.fromkeys(range(n), 1)
+            left = client.scheduler_info()["workers"]
+            assert leaving not in left
+            assert sum(info["n_keys"] for info in left.values()) == n
+    finally:
+        cluster.close()
+
+
 _held: list = []  # memory an element keeps in its worker process (unmanaged: no result)
 
 

@@ -63,7 +63,8 @@ def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-
                                     starts=[1.0] * n, stops=[1.0 + seconds] * n))
 
 
-def run_all(s: SchedulerState, worker: str, out: list[Send]) -> tuple[list[int], list[Send]]:
+def run_all(s: SchedulerState, worker: str, out: list[Send], nbytes: int = 8
+            ) -> tuple[list[int], list[Send]]:
     """Finish every range given to ``worker`` until none is left: (the indices reported to
     the client, every command sent meanwhile)."""
     reported: list[int] = []
@@ -72,7 +73,7 @@ def run_all(s: SchedulerState, worker: str, out: list[Send]) -> tuple[list[int],
         given = [i for w, idx in ranges(out) if w == worker for i in idx]
         if not given:
             return reported, every
-        out = finish(s, worker, given)
+        out = finish(s, worker, given, nbytes=nbytes)
         every += out
         reported += [i for m in out if m.msg.op == "map-in-memory" for i in m.msg.indices]
 
@@ -788,6 +789,30 @@ def test_a_worker_whose_retirement_is_given_up_takes_elements_again():
     out = step(s, ev.Tick(now=1.0))
     assert s.workers[A].status == "running"
     assert [w for w, _ in ranges(out)] and all(w == A for w, _ in ranges(out))
+
+
+def test_the_workers_descriptions_and_retire_n_count_elements_and_their_results():
+    """A worker's description and which workers a retirement of ``n`` picks (the least
+    busy, then the least data) count the elements given to it and the results it holds,
+    as tasks are counted. A's results weigh 1,000 bytes each, B's 8: B is the one to
+    retire, where the tasks alone would name neither."""
+    s = SchedulerState()
+    out, on_a = map_on_a_and_b(s)
+    info = s.workers_info()
+    assert info[A]["processing"] == len(on_a) == s.bulk.outstanding[A]
+    assert 0 < info[B]["processing"] == s.bulk.outstanding[B] < len(on_a)
+    assert s.workers_to_retire(None, None, 1) == [B]  # the less busy
+    run_all(s, A, out, nbytes=1000)
+    run_all(s, B, out)
+    assert s.task_counts() == {"memory": 40} and not s.tasks
+    info = s.workers_info()
+    n_a, n_b = info[A]["n_keys"], info[B]["n_keys"]
+    assert n_a + n_b == 40 and n_a and n_b
+    assert (info[A]["nbytes"], info[B]["nbytes"]) == (1000 * n_a, 8 * n_b)
+    assert info[A]["processing"] == info[B]["processing"] == 0
+    assert not s.workers[A].has_what and not s.workers[B].has_what  # no task made
+    assert s.workers_to_retire(None, None, 1) == [B]
+    assert s.workers_to_retire([A], None, 1) == [A, B]
 
 
 def test_an_element_promoted_while_it_is_given_back_runs_as_a_task():
