@@ -1,10 +1,12 @@
-"""Bulk maps: ``Client.map`` over many elements, held as arrays and ranges, not tasks.
+"""Bulk maps: ``Client.map`` over many elements, scheduled as ranges, not tasks.
 
 A parameter sweep is one function over 10^5 to 10^7 arguments. Holding each call as a
 :class:`~.model.TaskState` costs the scheduler a kilobyte and tens of microseconds per
 call; a task farm (mpi4py.futures with a ``chunksize``, HyperQueue's task arrays) ships
 and tracks the calls in chunks. A :class:`BulkMap` does the same while every element
-keeps its own key, ``f"{prefix}{i}"``, and its client its own future:
+keeps its own key, ``f"{prefix}{i}"``, and its client its own future. This module
+schedules them; the elements themselves are in :mod:`.elements` (a
+:class:`~.elements.BulkMap` per map, its arrays, and the lookups by key):
 
 * the map holds the function once, each element's pickled arguments, and per element a
   state byte (queued, processing, memory, promoted, forgotten), the worker running or
@@ -60,13 +62,11 @@ errs) and a worker to fetch it before a range and keep it while the range runs.
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import compress
 from operator import sub
 from typing import Any
 
-from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import (
     ComputeRange,
@@ -76,6 +76,19 @@ from hpcsched.core.protocol.messages import (
     ReleaseRange,
 )
 from hpcsched.core.state import events as ev
+from hpcsched.core.state.elements import (
+    FORGOTTEN,
+    MEMORY,
+    NO_SLOT,
+    PROCESSING,
+    PROMOTED,
+    QUEUED,
+    BulkMap,
+    ElementStore,
+    Given,
+    holds,
+    runs,
+)
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
 from hpcsched.core.state.policies import FIRST_WAVE_WORKERS
 from hpcsched.core.state.registry import WorkerRegistry
@@ -83,12 +96,9 @@ from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
 
-QUEUED, PROCESSING, MEMORY, PROMOTED, FORGOTTEN = 0, 1, 2, 3, 4
 #: elements made tasks, of dropped maps, remembered before the maps whose tasks are gone
 #: are let go (8 bytes each)
 SPENT_PRUNE = 65_536
-#: the slot of a worker never given an element: matches no element's ``where`` (-1: none)
-NO_SLOT = -2
 #: elements in one compute-range at most (large enough that messages cost little per
 #: element, small enough that a worker leaving loses little)
 MAX_RANGE = 4096
@@ -102,169 +112,6 @@ RANGE_SECONDS = 0.005
 #: seconds of a worker's elements not yet started, at least, that are worth a steal
 #: (a round trip to it costs well under a millisecond)
 STEAL_MIN_SECONDS = 0.01
-#: elements of a map's runs given to a worker past which they are compacted to those it
-#: still runs or holds (at least; see :class:`Given`)
-COMPACT_AT = 1024
-#: keys in a release or a gather from which they are checked for being one run of a
-#: map's elements (below, looking each up costs as little)
-RUN_MIN = 64
-
-
-def _holds(ws: WorkerInfo, n: int, nbytes: int) -> None:
-    """``ws`` holds ``n`` more results of elements, of ``nbytes`` more bytes (negative:
-    fewer): its ``nbytes`` counts them with its tasks' results, so that what weighs a
-    worker (retirement, rebalancing, placement's tie-breaks, the memory views) sees them."""
-    ws.n_elements += n
-    ws.element_nbytes += nbytes
-    ws.nbytes += nbytes
-
-
-def runs(indices: list[int]) -> Iterator[tuple[int, int]]:
-    """The ``[start, stop)`` runs of consecutive numbers in ascending ``indices``.
-
-    >>> list(runs([1, 2, 3, 7, 9, 10]))
-    [(1, 4), (7, 8), (9, 11)]
-    """
-    if not indices:
-        return
-    start = prev = indices[0]
-    for i in indices[1:]:
-        if i != prev + 1:
-            yield start, prev + 1
-            start = i
-        prev = i
-    yield start, prev + 1
-
-
-class Given:
-    """The elements of one map given to one worker, as runs ``[start, stop)`` in a flat
-    array: a superset of those the worker runs or holds (``BulkMap.where`` says which),
-    so that its departure visits what it was given, not the whole map. Elements it no
-    longer has (reported and released, promoted, taken back) are dropped from the runs
-    whenever they have grown to twice what it had at the last compaction: the runs stay
-    within a constant factor of what the worker has, plus :data:`COMPACT_AT`."""
-
-    __slots__ = ("runs", "length", "limit")
-
-    def __init__(self) -> None:
-        self.runs = array("q")
-        self.length = 0  # elements in the runs
-        self.limit = COMPACT_AT  # compact past this length
-
-    def add(self, start: int, stop: int) -> None:
-        r = self.runs
-        if r and r[-1] == start:
-            r[-1] = stop
-        else:
-            r.append(start)
-            r.append(stop)
-        self.length += stop - start
-
-    def held(self, where: array, slot: int) -> list[int]:
-        """The elements of the runs whose ``where`` is ``slot``, ascending, each once (an
-        element taken back and given to the same worker again is in two runs)."""
-        r = self.runs
-        out: list[int] = []
-        for k in range(0, len(r), 2):
-            a, b = r[k], r[k + 1]
-            seg = where[a:b]
-            if seg.count(slot) == b - a:
-                out += range(a, b)
-            else:
-                out += [a + j for j, w in enumerate(seg) if w == slot]
-        return sorted(set(out)) if len(r) > 2 else out
-
-    def compact(self, where: array, slot: int) -> None:
-        held = self.held(where, slot)
-        self.runs = array("q", [x for run in runs(held) for x in run])
-        self.length = len(held)
-        self.limit = 2 * len(held) + COMPACT_AT
-
-
-class BulkMap:
-    """One bulk map: its function, its elements' arguments and their state."""
-
-    __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
-                 "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
-                 "suspicious", "given", "spent", "n_done", "held")
-
-    def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
-                 retries: int):
-        self.prefix = prefix
-        self.client = client
-        self.function = function
-        self.args: list[bytes] = []
-        self.state = bytearray()
-        # the worker slot (BulkMaps.slot_ws) running or holding each element, -1: none
-        self.where = array("i")
-        self.nbytes = array("q")
-        self.priority = priority
-        self.retries = retries
-        self.free: list[list[int]] = []  # [start, stop) of queued elements, in order
-        self.n_free = 0  # elements in those ranges
-        self.n_live = 0  # queued, processing or in memory
-        self.n_orphans = 0  # forgotten while a worker runs them: their reports are due
-        self.group = key_split(prefix + "0")
-        # per element, the workers that died while it was given to them; made when the
-        # first such worker dies (a map whose workers live pays nothing for it)
-        self.suspicious: bytearray | None = None
-        self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
-        self.spent = 0.0  # seconds the reported elements took, over n_done of them
-        self.n_done = 0
-        # queued elements made tasks that still run in a range (BulkMaps.resolve): index ->
-        # its task, which waits until a range with it is given to a worker
-        self.held: dict[int, TaskState] = {}
-
-    def extend(self, args: list[bytes]) -> None:
-        start, n = len(self.args), len(args)
-        self.args += args
-        self.state += bytes(n)
-        self.where += array("i", [-1]) * n
-        self.nbytes += array("q", [0]) * n
-        if self.suspicious is not None:
-            self.suspicious += bytes(n)
-        self.n_live += n
-        self.n_free += n
-        if self.free and self.free[-1][1] == start:
-            self.free[-1][1] = start + n
-        else:
-            self.free.append([start, start + n])
-
-    def requeue(self, indices: list[int]) -> None:
-        """Elements ``indices`` (ascending, none of them queued) go back to the queue, kept
-        in index order (earlier first): a binary search per run of them."""
-        state, where, free = self.state, self.where, self.free
-        for i in indices:
-            state[i] = QUEUED
-            where[i] = -1
-        self.n_free += len(indices)
-        for a, b in runs(indices):
-            k = bisect_left(free, [a])
-            if k > 0 and free[k - 1][1] == a:
-                free[k - 1][1] = b
-                if k < len(free) and free[k][0] == b:
-                    free[k - 1][1] = free[k][1]
-                    del free[k]
-            elif k < len(free) and free[k][0] == b:
-                free[k][0] = a
-            else:
-                free.insert(k, [a, b])
-
-    def take(self, n: int) -> tuple[int, int]:
-        """The next ``[start, stop)`` of at most ``n`` queued-range elements (some of which
-        may have been promoted or forgotten since)."""
-        r = self.free[0]
-        start = r[0]
-        stop = min(r[1], start + n)
-        if stop == r[1]:
-            self.free.pop(0)
-        else:
-            r[0] = stop
-        self.n_free -= stop - start
-        return start, stop
-
-    def unassigned(self) -> int:
-        return self.n_free
 
 
 class BulkMaps:
@@ -283,20 +130,21 @@ class BulkMaps:
         self.task_finished = task_finished
         self.allowed_failures = allowed_failures
         self.work_stealing = work_stealing  # idle workers take ranges' tails (steal)
-        self.maps: dict[str, BulkMap] = {}
+        # the elements and the workers' slots (.elements); the store's tables under the
+        # names used here (the same objects: never rebound)
+        self.store = store = ElementStore()
+        self.maps = store.maps
+        self.slots = store.slots
+        self.slot_ws = store.slot_ws
+        self.given_maps = store.given_maps
         self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
-        self.slots: dict[str, int] = {}  # worker address -> its slot
-        self.slot_ws: list[WorkerInfo | None] = []
         self.outstanding: dict[str, int] = {}  # worker -> elements it runs for the maps
         self.promoted: list[TaskState] = []  # queued elements promoted during this event
         self.unheld: list[TaskState] = []  # held tasks whose map is gone: ready to place
         # worker -> tasks a range given to it runs (held tasks, elements promoted while
         # given): not in outstanding, yet a paused or retiring worker gives them back too
         self.in_ranges: dict[str, dict[TaskState, None]] = {}
-        self._last: BulkMap | None = None  # the map of the last key looked up
         self._frees: dict[str, list] = {}  # worker -> forgotten results it holds
-        # worker slot -> the maps with elements given to it (their Given runs)
-        self.given_maps: dict[int, dict[BulkMap, None]] = {}
         # running workers that would take more than the queue has left (they are topped
         # up when elements go back to the queue)
         self.hungry: dict[str, WorkerInfo] = {}
@@ -355,13 +203,13 @@ class BulkMaps:
 
         One pass over the keys, with no call per element: a client drops a map's futures
         together, and each is released."""
-        run = self._run(keys) if self.maps else None
+        run = self.store.run_of(keys) if self.maps else None
         if run is not None and run[0].client == client:
             m, lo, hi, ordered = run
             n = hi - lo
             if m.state.count(MEMORY, lo, hi) == n:  # the common case: all in memory
                 slot_ws = self.slot_ws
-                by_slot = self._by_slot(m.where, lo, hi, ordered)
+                by_slot = self.store.by_slot(m.where, lo, hi, ordered)
                 seg, sizes = m.where[lo:hi], m.nbytes[lo:hi]
                 for w, wkeys in by_slot.items():
                     ws = slot_ws[w]
@@ -369,7 +217,7 @@ class BulkMaps:
                         self._frees.setdefault(ws.address, []).extend(wkeys)
                         size = sum(sizes) if len(by_slot) == 1 else \
                             sum(compress(sizes, map(w.__eq__, seg)))
-                        _holds(ws, -len(wkeys), -size)
+                        holds(ws, -len(wkeys), -size)
                 m.state[lo:hi] = bytes([FORGOTTEN]) * n
                 m.where[lo:hi] = array("i", [-1]) * n
                 m.n_live -= n
@@ -379,7 +227,7 @@ class BulkMaps:
         touched: dict[BulkMap, None] = {}
         frees: dict[int, list] = {}
         freed_bytes: dict[int, int] = {}
-        for m, found in self.split(keys, rest).items():
+        for m, found in self.store.split(keys, rest).items():
             touched[m] = None
             state, where = m.state, m.where
             if m.client != client:  # not its map: nothing of it to release
@@ -417,7 +265,7 @@ class BulkMaps:
             ws = slot_ws[w]
             if ws is not None:  # one free-keys per worker: flush_frees
                 self._frees.setdefault(ws.address, []).extend(wkeys)
-                _holds(ws, -len(wkeys), -freed_bytes[w])
+                holds(ws, -len(wkeys), -freed_bytes[w])
         for m in touched:
             self._maybe_drop(m)
         return rest
@@ -436,7 +284,7 @@ class BulkMaps:
             m.where[i] = -1
             if ws is not None:  # one free-keys per worker: flush_frees
                 self._frees.setdefault(ws.address, []).append(m.prefix + str(i))
-                _holds(ws, -1, -m.nbytes[i])
+                holds(ws, -1, -m.nbytes[i])
 
     def _spend(self, m: BulkMap) -> None:
         """Map ``m`` is dropped while some of its elements are tasks: remember which, so
@@ -485,159 +333,13 @@ class BulkMaps:
             self._maybe_drop(m)
         self.flush_frees()
 
-    # ================================================================ lookups
-    def _element(self, key: Key) -> tuple[BulkMap, int] | None:
-        if not self.maps or type(key) is not str:
-            return None
-        last = self._last  # lookups come in runs of one map's keys (a gather, a release)
-        tail = ""
-        if last is not None and key.startswith(last.prefix) and \
-                self.maps.get(last.prefix) is last:
-            tail = key[len(last.prefix):]
-        m: BulkMap | None = last
-        # digits after the prefix: its key; else look it up
-        if m is None or not (tail.isdigit() and tail.isascii()):
-            head, _, tail = key.rpartition("-")
-            m = self.maps.get(head + "-")
-            if m is None or not (tail.isdigit() and tail.isascii()):
-                return None
-            self._last = m
-        i = int(tail)
-        if i >= len(m.state) or str(i) != tail:
-            return None
-        return m, i
-
-    def _run(self, keys: list) -> tuple[BulkMap, int, int, list] | None:
-        """``(map, lo, hi, keys ascending)`` if ``keys`` are elements ``lo .. hi-1`` of one map,
-        each once, in ascending or descending order (a part of a gather; a map's futures
-        dropped together, which a list drops last first); None otherwise. Checked with no
-        call per key: the keys such a run would have are made and compared at once."""
-        n = len(keys)
-        if n < RUN_MIN:
-            return None
-        first, last = self._element(keys[0]), self._element(keys[-1])
-        if first is None or last is None or first[0] is not last[0]:
-            return None
-        m, a = first
-        b = last[1]
-        if b - a == n - 1:
-            lo, hi, ordered = a, b + 1, keys
-        elif a - b == n - 1:
-            lo, hi, ordered = b, a + 1, keys[::-1]
-        else:
-            return None
-        prefix = m.prefix
-        if ordered != [prefix + s for s in map(str, range(lo, hi))]:
-            return None
-        return m, lo, hi, ordered
-
-    def _by_slot(self, where: array, lo: int, hi: int, ordered: list) -> dict[int, list]:
-        """The keys ``ordered`` of elements ``lo .. hi-1`` grouped by their ``where``."""
-        seg = where[lo:hi]
-        slots = set(seg)
-        if len(slots) == 1:
-            return {slots.pop(): list(ordered)}
-        return {w: list(compress(ordered, map(w.__eq__, seg))) for w in slots}
-
-    def split(self, keys: list, rest: list) -> dict[BulkMap, list[tuple[Key, int]]]:
-        """The elements held here among ``keys``, as ``(key, index)`` per map, in the order
-        of ``keys``; the other keys are appended to ``rest``. What :meth:`_element` does
-        for one key, for many, with no call per key (the keys of one map come in runs)."""
-        out: dict[BulkMap, list[tuple[Key, int]]] = {}
-        maps = self.maps
-        if not maps:
-            rest.extend(keys)
-            return out
-        m: BulkMap | None = None
-        prefix = ""
-        cut = size = 0
-        found: list = []
-        for key in keys:
-            if type(key) is not str:
-                rest.append(key)
-                continue
-            tail = key[cut:]
-            if m is None or not key.startswith(prefix) or not tail.isdigit() \
-                    or not tail.isascii():
-                head, _, tail = key.rpartition("-")
-                got = maps.get(head + "-")
-                if got is None or not tail.isdigit() or not tail.isascii():
-                    rest.append(key)
-                    continue
-                m, prefix = got, got.prefix
-                cut, size = len(prefix), len(got.state)
-                found = out.get(m)  # type: ignore[assignment]
-                if found is None:
-                    found = out[m] = []
-            i = int(tail)
-            if i >= size or (tail[0] == "0" and len(tail) > 1):  # "07" names no element
-                rest.append(key)
-                continue
-            found.append((key, i))
-        return out
-
-    def holders(self, key: Key) -> list[WorkerInfo] | None:
-        """The worker holding element ``key``'s result; [] if it is not in memory; None if
-        ``key`` is no element held here."""
-        found = self._element(key)
-        if found is None:
-            return None
-        m, i = found
-        if m.state[i] != MEMORY:
-            return [] if m.state[i] < PROMOTED else None
-        ws = self.slot_ws[m.where[i]]
-        return [ws] if ws is not None else []
-
-    def holders_of(self, keys: list, rest: list) -> tuple[dict[str, list], list]:
-        """The elements held here among ``keys``: ``({worker address: keys whose result it
-        holds}, keys of elements whose result no worker holds)``; other keys (tasks,
-        promoted elements) are appended to ``rest``. One pass, no call per key."""
-        run = self._run(keys)
-        if run is not None:
-            m, lo, hi, ordered = run
-            if m.state.count(MEMORY, lo, hi) == hi - lo:  # the common case: all in memory
-                out: dict[str, list] = {}
-                missing: list = []
-                for w, wkeys in self._by_slot(m.where, lo, hi, ordered).items():
-                    ws = self.slot_ws[w]
-                    if ws is None:
-                        missing += wkeys
-                    else:
-                        out.setdefault(ws.address, []).extend(wkeys)
-                return out, missing
-        held: dict[int, list] = {}
-        missing = []
-        for m, found in self.split(keys, rest).items():
-            state, where = m.state, m.where
-            for key, i in found:
-                st = state[i]
-                if st == MEMORY:
-                    w = where[i]
-                    got = held.get(w)
-                    if got is None:
-                        got = held[w] = []
-                    got.append(key)
-                elif st < PROMOTED:
-                    missing.append(key)
-                else:
-                    rest.append(key)
-        out = {}
-        slot_ws = self.slot_ws
-        for w, wkeys in held.items():
-            ws = slot_ws[w]
-            if ws is None:
-                missing.extend(wkeys)
-            else:
-                out.setdefault(ws.address, []).extend(wkeys)
-        return out, missing
-
     def resolve(self, key: Key, alone: bool = False) -> TaskState | None:
         """Element ``key`` as a task of its own (see the module docstring), or None. A
         queued element stays in the queue, its task held in ``waiting`` until a range with
         it goes to a worker (:meth:`_assign`), so that a task combining neighbouring
         elements finds them on one worker; ``alone``: it leaves the queue and runs as any
         task (a suspect of a worker's death)."""
-        found = self._element(key)
+        found = self.store.element(key)
         if found is None:
             return None
         m, i = found
@@ -663,7 +365,7 @@ class BulkMaps:
             ws.executing.add(ts)
             self._in_range(ws, ts)
         elif st == MEMORY and ws is not None:
-            _holds(ws, -1, -m.nbytes[i])  # as a task's result from now on (add_replica)
+            holds(ws, -1, -m.nbytes[i])  # as a task's result from now on (add_replica)
             ts.nbytes = m.nbytes[i]
             graph.add_replica(ts, ws, m.nbytes[i])
             graph.transition(ts, "memory")
@@ -694,26 +396,14 @@ class BulkMaps:
         m.held.clear()
 
     # ================================================================ workers
-    def _slot(self, ws: WorkerInfo) -> int:
-        s = self.slots.get(ws.address)
-        if s is None or self.slot_ws[s] is not ws:
-            s = self.slots[ws.address] = len(self.slot_ws)
-            self.slot_ws.append(ws)
-        return s
-
     def _range_size(self) -> int:
         left = sum(m.unassigned() for m in self.pending)
         threads = max(self.registry.total_nthreads, 1)
         size = left // (threads * RANGES_PER_THREAD)
-        seconds = self._element_seconds(self.pending[0]) if self.pending else None
+        seconds = self.pending[0].mean_seconds() if self.pending else None
         if seconds is not None:
             size = max(size, int(RANGE_SECONDS / seconds) if seconds > 0 else MAX_RANGE)
         return max(1, min(MAX_RANGE, size))
-
-    @staticmethod
-    def _element_seconds(m: BulkMap) -> float | None:
-        """The mean time of ``m``'s elements reported so far; None: none reported yet."""
-        return m.spent / m.n_done if m.n_done else None
 
     def fill_all(self) -> None:
         """Top up every running worker (a map arrived); while none of the first map's
@@ -721,7 +411,7 @@ class BulkMaps:
         and get theirs from the next events (:attr:`first_wave`)."""
         if not self.pending:
             return
-        wave = FIRST_WAVE_WORKERS if self._element_seconds(self.pending[0]) is None else 0
+        wave = FIRST_WAVE_WORKERS if self.pending[0].mean_seconds() is None else 0
         filled = 0
         for ws in list(self.registry.running()):
             if wave and filled >= wave:
@@ -786,7 +476,7 @@ class BulkMaps:
     def _orphan_erred(self, ws: WorkerInfo, key: Key) -> None:
         """An element forgotten while ``ws`` ran it raised there: that was its report
         (as a ``range-finished`` would have been), due no more."""
-        found = self._element(key)
+        found = self.store.element(key)
         if found is None:
             return
         m, i = found
@@ -803,7 +493,7 @@ class BulkMaps:
         of it measured yet), :data:`FIRST_WAVE_WORKERS` free ones at most."""
         outstanding = self.outstanding
         if self.first_wave:
-            if self.pending and self._element_seconds(self.pending[0]) is None:
+            if self.pending and self.pending[0].mean_seconds() is None:
                 wave = [ws for ws in self.hungry.values()
                         if outstanding.get(ws.address, 0) < ws.nthreads][:FIRST_WAVE_WORKERS]
                 for ws in wave:
@@ -864,7 +554,7 @@ class BulkMaps:
         if not m.free:
             self.pending.pop(0)
         state = m.state
-        slot = self._slot(ws)
+        slot = self.store.slot(ws)
         n = stop - start
         given = m.given.get(slot)
         if given is None:
@@ -955,7 +645,7 @@ class BulkMaps:
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
-                _holds(ws, len(done), sum([nbytes[e.indices[j]] for j in done]))
+                holds(ws, len(done), sum([nbytes[e.indices[j]] for j in done]))
                 self._report(m, ws, e, done)
                 if ws.status == "closing_gracefully":
                     self._promote_results(m, [e.indices[j] for j in done])
@@ -1279,56 +969,11 @@ class BulkMaps:
         return self.outstanding.get(ws.address, 0)
 
     # ================================================================ queries
-    def keys_on(self, address: str, running: bool = False) -> list[str]:
-        """The keys of the elements whose result the worker at ``address`` holds, or
-        (``running``) that it runs or was given to run: what it was given, not the maps."""
-        slot = self.slots.get(address)
-        if slot is None:
-            return []
-        code = PROCESSING if running else MEMORY
-        out: list[str] = []
-        for m in self.given_maps.get(slot, ()):
-            prefix, state = m.prefix, m.state
-            out += [prefix + str(i) for i in m.given[slot].held(m.where, slot)
-                    if state[i] == code]
-        return out
-
-    def memory_keys(self) -> list[str]:
-        """The keys of every element whose result a worker holds."""
-        out: list[str] = []
-        for m in self.maps.values():
-            prefix = m.prefix
-            out += [prefix + str(i) for i in compress(range(len(m.state)),
-                                                      map(MEMORY.__eq__, m.state))]
-        return out
-
-    def group_counts(self) -> dict[tuple[str, str], int]:
-        """Elements held here by (group, state), as tasks are counted in the views."""
-        out: dict[tuple[str, str], int] = {}
-        for m in self.maps.values():
-            for name, code in (("queued", QUEUED), ("processing", PROCESSING),
-                               ("memory", MEMORY)):
-                c = m.state.count(code)
-                if c:
-                    out[(m.group, name)] = out.get((m.group, name), 0) + c
-        return out
-
-    def counts(self) -> dict[str, int]:
-        """Elements held here in each state (``task_counts`` adds them)."""
-        out: dict[str, int] = {}
-        for m in self.maps.values():
-            for name, code in (("queued", QUEUED), ("processing", PROCESSING),
-                               ("memory", MEMORY)):
-                c = m.state.count(code)
-                if c:
-                    out[name] = out.get(name, 0) + c
-        return out
-
     def element_seconds(self, m: BulkMap) -> float | None:
         """Seconds one element of ``m`` is expected to take: the mean of its elements
         reported so far, else its TaskGroup's (elements promoted, tasks of the same
         name), else None (nothing measured yet)."""
-        seconds = self._element_seconds(m)
+        seconds = m.mean_seconds()
         if seconds is None:
             tg = self.graph.groups.get(m.group)
             seconds = tg.average_duration if tg is not None else None

@@ -102,6 +102,7 @@ class SchedulerState:
                              self.worker_events.task_finished,
                              allowed_failures=st.allowed_failures,
                              work_stealing=st.work_stealing)
+        self.elements = self.bulk.store  # the elements of bulk maps, asked by the views
         self.placement.elements_on = self.bulk.elements_on
         self.bulk.slots_freed = self.placement.worker_freed
         self.bulk.held_back = self.placement.holds_back
@@ -243,7 +244,7 @@ class SchedulerState:
     def who_has(self, keys: Iterable[Key] | None = None) -> dict[Key, list[str]]:
         """The addresses of the workers holding each of ``keys`` (None: every result held)."""
         if keys is None:
-            keys = [*self.tasks, *self.bulk.memory_keys()]
+            keys = [*self.tasks, *self.elements.memory_keys()]
         return {k: sorted(ws.address for ws in self.holders(k)) for k in keys}
 
     def has_what(self, address: str) -> list[Key]:
@@ -251,14 +252,14 @@ class SchedulerState:
         ws = self.registry.workers.get(address)
         if ws is None:
             return []
-        return [ts.key for ts in ws.has_what] + self.bulk.keys_on(address)
+        return [ts.key for ts in ws.has_what] + self.elements.keys_on(address)
 
     def processing(self, address: str) -> list[Key]:
         """The keys the worker at ``address`` runs or was given to run."""
         ws = self.registry.workers.get(address)
         if ws is None:
             return []
-        return [ts.key for ts in ws.processing] + self.bulk.keys_on(address, running=True)
+        return [ts.key for ts in ws.processing] + self.elements.keys_on(address, running=True)
 
     def load(self, ws: WorkerInfo) -> tuple[int, int]:
         """``(processing, executing)`` on ``ws``: the tasks and elements it runs or was given
@@ -271,7 +272,7 @@ class SchedulerState:
 
     def group_counts(self) -> dict[tuple[str, str], int]:
         """How many tasks of each group are in each state (the elements included)."""
-        counts = self.bulk.group_counts()
+        counts = self.elements.group_counts()
         for ts in self.tasks.values():
             k = (ts.group.name, ts.state)
             counts[k] = counts.get(k, 0) + 1
@@ -284,7 +285,7 @@ class SchedulerState:
         found in one pass (:meth:`.bulk.BulkMaps.holders_of`)."""
         rest: list = []
         if self.bulk.maps:
-            per_worker, missing = self.bulk.holders_of(keys, rest)
+            per_worker, missing = self.elements.holders_of(keys, rest)
         else:
             per_worker, missing, rest = {}, [], keys
         for key in rest:
@@ -308,12 +309,12 @@ class SchedulerState:
         of a bulk map stays one (:mod:`.bulk`)."""
         ts = self.tasks.get(key)
         if ts is None:
-            return self.bulk.holders(key) or []
+            return self.elements.holders(key) or []
         return list(ts.who_has) if ts.state == "memory" else []
 
     def task_counts(self) -> dict[str, int]:
         """How many tasks are in each state (the elements of bulk maps included)."""
-        counts: dict[str, int] = self.bulk.counts()
+        counts: dict[str, int] = self.elements.counts()
         for ts in self.tasks.values():
             counts[ts.state] = counts.get(ts.state, 0) + 1
         return counts

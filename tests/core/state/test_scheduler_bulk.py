@@ -19,8 +19,10 @@ import pytest
 from hypothesis.stateful import initialize, rule
 
 import hpcsched.core.state.bulk as bulk_module
+import hpcsched.core.state.elements as elements_module
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
+from hpcsched.core.state.elements import PROCESSING
 from hpcsched.core.state.events import Send
 from hpcsched.core.state.scheduler_state import SchedulerState
 from tests.core.state.test_scheduler_state_fuzz import WORKERS, SchedulerStory
@@ -1066,7 +1068,7 @@ class BulkMapStory(SchedulerStory):
         keys = [f"{which}{i}" for i in range(lo, lo + n)]
         if descending:
             keys.reverse()
-        with patch.object(bulk_module, "RUN_MIN", 2):
+        with patch.object(elements_module, "RUN_MIN", 2):
             held, missing = self.s.holders_of(keys)
             placed = {k: w for w, ks in held.items() for k in ks}
             assert len(placed) + len(missing) == n
@@ -1091,9 +1093,9 @@ class BulkMapStory(SchedulerStory):
         stuck = sorted(f"{k} {ts.state}" for k, ts in s.tasks.items()
                        if (ts.state in PENDING or ts.state == "released" and ts.who_wants)
                        and not _waits_for_growth(ts, len(s.workers)))
-        maps = {p: (m.n_free, sorted(m.held), m.state.count(bulk_module.PROCESSING))
+        maps = {p: (m.n_free, sorted(m.held), m.state.count(PROCESSING))
                 for p, m in s.bulk.maps.items()
-                if m.n_free or m.held or bulk_module.PROCESSING in m.state}
+                if m.n_free or m.held or PROCESSING in m.state}
         counted = {w: n for w, n in s.bulk.outstanding.items() if n}
         assert not (stuck or maps or counted or s.bulk.releasing), \
             (stuck, maps, counted, s.bulk.releasing)
