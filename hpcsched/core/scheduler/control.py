@@ -70,9 +70,10 @@ class ClusterControl:
     def _who_has(self, source: str, msg: pr.WhoHas) -> None:
         state = self.scheduler.state
         keys = list(state.tasks) if msg.keys is None else msg.keys
+        # asked of the holders, not of ``state.tasks``: a look-up there makes each element of
+        # a bulk map a task of its own (a question would change the map's road)
         self._reply(source, msg.request_id, result={
-            k: sorted(ws.address for ws in state.tasks[k].who_has) if k in state.tasks
-            else [] for k in keys})
+            k: sorted(holders) for k, holders in state.who_has(keys).items()})
 
     @handlers.on(pr.HasWhat)
     def _has_what(self, source: str, msg: pr.HasWhat) -> None:
