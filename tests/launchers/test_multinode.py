@@ -163,6 +163,21 @@ def holding(client: Client, futures: list, address: str) -> int:
     return sum(address in holders for holders in client.who_has(futures).values())
 
 
+def until_node3_holds_results(client: Client, parts: list, by_name: dict, procs: Procs) -> None:
+    """Wait until node 3 holds three results of ``parts``; if it does not, fail saying
+    where the results are and what node 3's worker and the scheduler logged."""
+    try:
+        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
+                   what="node 3 holding three results of the map")
+    except TimeoutError:
+        where = collections.Counter(a for hs in client.who_has(parts).values() for a in hs)
+        raise AssertionError(
+            f"node 3 holds fewer than three results of the map: {dict(where)} (workers "
+            f"{by_name}, now {sorted(client.scheduler_info()['workers'])}); node 3's worker "
+            f"logged: {procs.log('worker-node3')[-3000:]}; the scheduler logged: "
+            f"{procs.log('scheduler')[-3000:]}") from None
+
+
 def start_three(procs: Procs, sfile: Path) -> dict[int, object]:
     return {node: start_worker(procs, node, sfile) for node in (1, 2, LOST)}
 
@@ -231,8 +246,7 @@ def test_a_node_that_crashes_mid_graph_loses_only_what_it_alone_held(three_nodes
         parts = road.start(client, runs)
         if road.graph:
             total = client.submit(add_all, kept, *parts, pure=False)
-        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
-                   what="node 3 holding three results of the map")
+        until_node3_holds_results(client, parts, by_name, procs)
         killed = crash_node(LOST, [workers[LOST].pid])
         assert workers[LOST].pid in killed
         if road.graph:
@@ -285,8 +299,7 @@ def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_
         parts = road.start(client, runs)
         if road.graph:
             total = client.submit(add_all, *parts, pure=False)
-        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
-                   what="node 3 holding three results of the map")
+        until_node3_holds_results(client, parts, by_name, procs)
         with link_down(LOST):
             cut = time.monotonic()
             # node 1 fetches a result from node 3 while the scheduler still counts on it
