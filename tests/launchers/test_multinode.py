@@ -6,12 +6,16 @@ system, so a scheduler file works as on a cluster's shared file system, and task
 their runs in files there (one file per run, named after the task and the node).
 
 Node 3 is the one that fails: it crashes (every process of the test on it SIGKILLed) or
-is cut off the network for longer than ``scheduler.worker-ttl``.
+is cut off the network for longer than ``scheduler.worker-ttl``. Each failure is met on
+both roads of a map (:class:`Road`): tasks submitted one by one, and a ``Client.map``
+large enough to be a bulk map (:mod:`hpcsched.core.state.bulk`: ranges of elements, no
+tasks), whose loss and rerun take other code.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import socket
 import sys
@@ -23,6 +27,7 @@ import numpy as np
 import pytest
 
 from hpcsched.core.client.client import Client, read_scheduler_file
+from hpcsched.core.client.graphs import BULK_MAP_MIN
 from tests.conftest import wait_until
 from tests.launchers.test_cli import WORKER_OPTS, Procs, hpcsched_cmd
 from tests.nodes import (
@@ -158,16 +163,72 @@ def holding(client: Client, futures: list, address: str) -> int:
     return sum(address in holders for holders in client.who_has(futures).values())
 
 
+def until_node3_holds_results(client: Client, parts: list, by_name: dict, procs: Procs) -> None:
+    """Wait until node 3 holds three results of ``parts``; if it does not, fail saying
+    where the results are and what node 3's worker and the scheduler logged."""
+    try:
+        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
+                   what="node 3 holding three results of the map")
+    except TimeoutError:
+        where = collections.Counter(a for hs in client.who_has(parts).values() for a in hs)
+        raise AssertionError(
+            f"node 3 holds fewer than three results of the map: {dict(where)} (workers "
+            f"{by_name}, now {sorted(client.scheduler_info()['workers'])}); node 3's worker "
+            f"logged: {procs.log('worker-node3')[-3000:]}; the scheduler logged: "
+            f"{procs.log('scheduler')[-3000:]}") from None
+
+
 def start_three(procs: Procs, sfile: Path) -> dict[int, object]:
     return {node: start_worker(procs, node, sfile) for node in (1, 2, LOST)}
 
 
-MAP = 36  # tasks of the map: a dozen per node
+@dataclasses.dataclass(frozen=True)
+class Road:
+    """How the calls of :func:`counted` are submitted: ``n`` of them, of ``seconds`` each."""
+
+    name: str
+    n: int
+    seconds: float
+
+    def start(self, client: Client, runs: Path) -> list:
+        if self.name == "tasks":  # one task each, and a sum of them: a graph
+            return [client.submit(counted, i, str(runs), self.seconds, pure=False)
+                    for i in range(self.n)]
+        assert self.n >= BULK_MAP_MIN
+        parts = client.map(counted, range(self.n), runs=str(runs), seconds=self.seconds,
+                           pure=False)
+        prefix = parts[0].key.rpartition("-")[0] + "-"
+        assert client.run_on_scheduler(lambda dask_scheduler: prefix in
+                                       dask_scheduler.state.bulk.maps), "not a bulk map"
+        return parts
+
+    def check_road(self, client: Client, parts: list) -> None:
+        """A bulk map's elements stayed elements, lost and run again as such: none of them
+        was made a task (asking where results are, or losing them, makes none)."""
+        if self.name != "tasks":
+            keys = [f.key for f in parts]
+            assert client.run_on_scheduler(lambda dask_scheduler: [
+                k for k in keys if dict.__contains__(dask_scheduler.state.tasks, k)]) == []
+
+    @property
+    def graph(self) -> bool:
+        """A sum is submitted over the calls before the failure: with a bulk map it would
+        make every element a task of its own (a dependency), so its road is the map's
+        alone, gathered."""
+        return self.name == "tasks"
+
+
+# a dozen tasks per node; a bulk map of 3,000 elements (ranges of hundreds), short enough
+# that it is done within the partition on nodes 1-2, long enough that node 3 still has
+# ranges to run when it fails
+ROADS = [pytest.param(Road("tasks", 36, 0.3), id="tasks"),
+         pytest.param(Road("map", 3000, 0.002), id="bulk-map")]
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("road", ROADS)
 def test_a_node_that_crashes_mid_graph_loses_only_what_it_alone_held(three_nodes, procs,
-                                                                      tmp_path):
+                                                                      tmp_path, road):
     """Workers on nodes 1-3, a map then a sum; node 3 crashes once it holds results of its
     own. What only it held runs again on nodes 1-2 (once each), a result it had already
     copied to node 1 does not, and the client's results are right."""
@@ -182,34 +243,43 @@ def test_a_node_that_crashes_mid_graph_loses_only_what_it_alone_held(three_nodes
         kept = client.submit(counted, -1, str(runs), 0, workers=["node3"], pure=False)
         client.replicate([kept], workers=[by_name["node1"], by_name["node3"]])
         assert set(client.who_has([kept])[kept.key]) == {by_name["node3"], by_name["node1"]}
-        parts = [client.submit(counted, i, str(runs), 0.3, pure=False) for i in range(MAP)]
-        total = client.submit(add_all, kept, *parts, pure=False)
-        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
-                   what="node 3 holding three results of the map")
+        parts = road.start(client, runs)
+        if road.graph:
+            total = client.submit(add_all, kept, *parts, pure=False)
+        until_node3_holds_results(client, parts, by_name, procs)
         killed = crash_node(LOST, [workers[LOST].pid])
         assert workers[LOST].pid in killed
-        assert total.result(timeout=90) == 1 + sum(i * i for i in range(MAP))
-        assert client.gather(parts, timeout=30) == [i * i for i in range(MAP)]
+        if road.graph:
+            assert total.result(timeout=90) == 1 + sum(i * i for i in range(road.n))
+        assert client.gather(parts, timeout=60) == [i * i for i in range(road.n)]
+        road.check_road(client, parts)
+        if not road.graph:
+            assert client.submit(add_all, kept, *parts, pure=False).result(30) == \
+                1 + sum(i * i for i in range(road.n))
         assert sorted(w["name"] for w in client.scheduler_info()["workers"].values()) == \
             ["node1", "node2"]
     assert workers[LOST].wait(10) == -9
     counts = runs_by_task(runs)
     assert counts["-1"] == {"node3": 1}  # a copy survived: not run again
-    lost = [i for i in range(MAP) if counts[str(i)]["node3"]]
+    lost = [i for i in range(road.n) if counts[str(i)]["node3"]]
     assert len(lost) >= 3, counts
-    for i in range(MAP):
+    for i in range(road.n):
         # run once on nodes 1-2 each task, also those node 3 had run (or was running)
         assert counts[str(i)]["node1"] + counts[str(i)]["node2"] == 1, (i, counts[str(i)])
         assert counts[str(i)]["node3"] <= 1, (i, counts[str(i)])
 
 
-TTL = 5.0  # seconds: the scheduler.worker-ttl of the partition test
+# seconds: the scheduler.worker-ttl of the partition test, long enough that nodes 1-2 are
+# done with what they were given and idle when node 3 is dropped: its work must then
+# reach them with no report of theirs to prompt it
+TTL = 10.0
 PARTITION = 30.0  # seconds node 3 is cut off
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.parametrize("road", ROADS)
 def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_nodes, procs,
-                                                                         tmp_path):
+                                                                         tmp_path, road):
     """Node 3's link goes down for 30 s mid-graph: the scheduler drops its worker after
     ``scheduler.worker-ttl`` and runs its tasks on nodes 1-2; when the link is back that
     worker finds it was dropped and exits (or joins again as a new worker), and nothing is
@@ -226,10 +296,10 @@ def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_
         alone = client.submit(counted, -1, str(runs), 0, workers=["node3"],
                               allow_other_workers=True, pure=False)
         assert alone.result(30) == 1
-        parts = [client.submit(counted, i, str(runs), 0.3, pure=False) for i in range(MAP)]
-        total = client.submit(add_all, *parts, pure=False)
-        wait_until(lambda: holding(client, parts, by_name["node3"]) >= 3, timeout=60,
-                   what="node 3 holding three results of the map")
+        parts = road.start(client, runs)
+        if road.graph:
+            total = client.submit(add_all, *parts, pure=False)
+        until_node3_holds_results(client, parts, by_name, procs)
         with link_down(LOST):
             cut = time.monotonic()
             # node 1 fetches a result from node 3 while the scheduler still counts on it
@@ -237,11 +307,13 @@ def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_
             wait_until(lambda: by_name["node3"] not in client.scheduler_info()["workers"],
                        timeout=TTL * 3, what="the scheduler dropping node 3's worker")
             dropped = time.monotonic() - cut
-            assert total.result(timeout=60) == sum(i * i for i in range(MAP))
+            if road.graph:
+                assert total.result(timeout=60) == sum(i * i for i in range(road.n))
             assert fetched.result(timeout=60) == 2
             fetch = time.monotonic() - cut
-            assert client.gather(parts, timeout=30) == [i * i for i in range(MAP)]
+            assert client.gather(parts, timeout=30) == [i * i for i in range(road.n)]
             done = time.monotonic() - cut
+            road.check_road(client, parts)
             assert done < PARTITION, done
             time.sleep(PARTITION - done)  # the rest of the partition: nothing to wait for
         back = time.monotonic()
@@ -256,10 +328,10 @@ def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_
             assert "the connection to the scheduler at" in procs.log("worker-node3")
         # the cluster still answers, with what it computed, once
         assert client.submit(add_all, *parts, pure=False).result(30) == \
-            sum(i * i for i in range(MAP))
+            sum(i * i for i in range(road.n))
     counts = runs_by_task(runs)
-    assert [i for i in range(MAP) if counts[str(i)]["node3"]], counts
-    for i in range(MAP):
+    assert [i for i in range(road.n) if counts[str(i)]["node3"]], counts
+    for i in range(road.n):
         assert counts[str(i)]["node1"] + counts[str(i)]["node2"] == 1, (i, counts[str(i)])
         assert counts[str(i)]["node3"] <= 1, (i, counts[str(i)])
     assert counts["-1"] == {"node3": 1, "node1": 1}  # lost with node 3: made again on node 1

@@ -433,15 +433,16 @@ class BulkMaps:
         if self.first_wave:
             self.fill_hungry()
 
-    def after(self, e: ev.AddWorker | ev.RemoveWorker | ev.WorkerStatusChange | ev.Tick
-              | ev.TaskStarted | ev.TaskErred) -> None:
-        """After a worker joined, left (its elements went back to the queue) or changed
-        status, hand out elements: to it, and to the workers that found the queue empty
-        (never the whole cluster, so that a worker coming or going costs what it had); a
-        paused worker gives back those it has not started, and so does one where a
-        suspect task starts. A worker whose element raised is topped up (it reports a
-        batch of failures only with no ``range-finished``). On a tick, idle workers
-        steal (:meth:`steal`)."""
+    def after(self, e: ev.AddWorker | ev.WorkerStatusChange | ev.Tick | ev.TaskStarted
+              | ev.TaskErred) -> None:
+        """After a worker joined or changed status, hand out elements: to it, and to the
+        workers that found the queue empty (never the whole cluster, so that a worker
+        coming costs what it takes); a paused worker gives back those it has not started,
+        and so does one where a suspect task starts. A worker whose element raised is
+        topped up (it reports a batch of failures only with no ``range-finished``). On a
+        tick, idle workers steal (:meth:`steal`). (A worker that left: its elements go
+        back to the queue, and from there to the workers that found it empty, in
+        whatever event removed it: :meth:`worker_left`, then :meth:`fill_hungry`.)"""
         if isinstance(e, ev.TaskErred):
             ws = self.registry.workers.get(e.worker)
             if ws is not None:

@@ -122,7 +122,14 @@ class Placement:
         free workers than it needs, it takes those on the fewest hosts. The cost is in
         the free workers looked at, the idle ones, not in the size of the cluster."""
         self.gangs[ts] = None
-        head = min(self.gangs, key=lambda t: t.priority)
+        registry = self.registry
+        capacity = len(registry.running()) + len(self.reserved)
+        if ts.width > capacity:  # it waits for the cluster to grow, keeping nothing
+            if self.reserving is ts:
+                self._unreserve_all()
+            return None
+        # the best of those the cluster can hold (a wider one must not block them)
+        head = min((t for t in self.gangs if t.width <= capacity), key=lambda t: t.priority)
         queued = self.queue_head()
         if head is not ts or (queued is not None and queued.priority < ts.priority):
             if self.reserving is ts:
@@ -131,10 +138,6 @@ class Placement:
         if self.reserving is not ts:
             self._unreserve_all()
             self.reserving = ts
-        registry = self.registry
-        if len(registry.running()) + len(self.reserved) < ts.width:
-            self._unreserve_all()
-            return None
         for ws in list(self.idle):
             if ws not in self.reserved and self._free_for_gang(ws):
                 self.reserved[ws] = None

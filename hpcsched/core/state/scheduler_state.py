@@ -62,9 +62,9 @@ Key = Any
 #: events after which the bulk maps give ranges to the workers that have room (one whose
 #: element raised: a batch of failures only comes with no range-finished), take
 #: elements back from a paused worker or one running a suspect task, or steal
-#: (BulkMaps.after)
-_BULK_AFTER = frozenset({ev.AddWorker, ev.RemoveWorker, ev.WorkerStatusChange, ev.Tick,
-                         ev.TaskStarted, ev.TaskErred})
+#: (BulkMaps.after); a worker's departure is no such event: _remove_worker
+_BULK_AFTER = frozenset({ev.AddWorker, ev.WorkerStatusChange, ev.Tick, ev.TaskStarted,
+                         ev.TaskErred})
 
 
 class SchedulerState:
@@ -141,9 +141,16 @@ class SchedulerState:
         self.bulk.fill_wave()
 
     def _remove_worker(self, e: ev.RemoveWorker) -> None:
+        """Every removal of a worker: its event, and those a tick makes (past
+        ``worker_ttl``, at the end of a retirement)."""
         ws = self.registry.workers.get(e.address)
         elements, spared = self.bulk.worker_left(ws) if ws is not None else (0, set())
         self.worker_events.remove_worker(e, elements_unfinished=elements, spared=spared)
+        # the elements it had went back to the queue: they go to the workers that found it
+        # empty here, whatever event this is (after a tick, no event may be due that would
+        # hand them out: the other workers are idle and report nothing)
+        if self.bulk.pending:
+            self.bulk.fill_hungry()
 
     def _retire_workers(self, e: ev.RetireWorkers) -> None:
         self.bulk.retire(e.workers)

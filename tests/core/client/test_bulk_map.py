@@ -145,6 +145,25 @@ def test_as_completed_and_wait_over_elements(c):
 
 
 @pytest.mark.timeout(60)
+def test_who_has_of_elements_leaves_them_elements(c):
+    """``who_has`` names the worker holding each element's result (none for one not run
+    yet), read from the map: the question makes no element a task of its own."""
+    fs = c.map(slow, range(N), delay=0.01, pure=False)
+    assert _is_bulk(c, fs)
+    early = c.who_has(fs)
+    assert sorted(early) == sorted(f.key for f in fs)
+    assert c.gather(fs, timeout=30) == list(range(N))
+    workers = set(c.scheduler_info()["workers"])
+    has = c.who_has(fs)
+    assert sorted(has) == sorted(f.key for f in fs)
+    assert all(len(holders) == 1 and holders[0] in workers for holders in has.values()), has
+    keys = [f.key for f in fs]
+    assert c.run_on_scheduler(lambda dask_scheduler: [
+        k for k in keys if dict.__contains__(dask_scheduler.state.tasks, k)]) == []
+    assert _is_bulk(c, fs)
+
+
+@pytest.mark.timeout(60)
 def test_an_element_is_the_input_of_a_later_task(c):
     fs = c.map(inc, range(N), pure=False)
     assert _is_bulk(c, fs)

@@ -455,6 +455,34 @@ def test_a_worker_that_dies_mid_range_loses_only_its_unfinished_elements():
         assert m.state[i] == 0 or (m.state[i] == 1 and m.where[i] == b_slot), i
 
 
+def test_a_worker_dropped_past_its_ttl_hands_its_elements_to_the_idle_workers():
+    """B is cut off the network: it reported a few elements, then nothing, not even the
+    answer to a steal (release-range). A ran everything else and is idle, its heartbeats
+    arriving. The tick past ``worker_ttl`` that drops B sends its elements -- those it
+    held results of (lost) and those it had not finished -- to A at once, in that tick:
+    no later event is due that would. Every element is then reported once, on A."""
+    s = SchedulerState(worker_ttl=10.0)
+    step(s, ev.AddWorker(A, 1, now=0.0))
+    step(s, ev.AddWorker(B, 1, now=0.0))
+    out = new_map(s, 100)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    finish(s, B, on_b[:3])
+    reported = drain(s, [m for m in out if m.to == A])
+    assert not s.bulk.pending and A in s.bulk.hungry and s.bulk.outstanding[B] > 1
+    assert released(step(s, ev.Tick(now=5.0))) == [(B, (len(on_b) - 3) // 2)]
+    step(s, ev.Heartbeat(A, now=12.0))
+    out = step(s, ev.Tick(now=12.0))
+    assert B not in s.workers
+    assert sorted(m.msg.key for m in out if m.msg.op == "lost-data") == \
+        sorted(f"m-a-{i}" for i in on_b[:3])
+    to_a = [i for w, idx in ranges(out) if w == A for i in idx]
+    assert to_a and set(to_a) <= set(on_b)  # B's elements, given to A in the same tick
+    reported += drain(s, out)
+    assert sorted(reported) == list(range(100))
+    assert s.task_counts() == {"memory": 100}
+    assert not s.tasks  # lost and run again as elements: no task was made
+
+
 def test_malformed_blocks_are_refused_without_change():
     s = SchedulerState()
     step(s, ev.AddClient("c"))
@@ -1092,7 +1120,8 @@ class BulkMapStory(SchedulerStory):
         s = self.s
         stuck = sorted(f"{k} {ts.state}" for k, ts in s.tasks.items()
                        if (ts.state in PENDING or ts.state == "released" and ts.who_wants)
-                       and not _waits_for_growth(ts, len(s.workers)))
+                       and not _waits_for_growth(ts, sum(
+                           ws.status != "closing_gracefully" for ws in s.workers.values())))
         maps = {p: (m.n_free, sorted(m.held), m.state.count(PROCESSING))
                 for p, m in s.bulk.maps.items()
                 if m.n_free or m.held or PROCESSING in m.state}
@@ -1256,8 +1285,9 @@ def test_a_rebalance_of_all_data_moves_elements_results():
 
 
 def _waits_for_growth(ts: Any, n_workers: int) -> bool:
-    """Whether ``ts`` holds more workers' slots than there are workers, or waits for a
-    task that does: it runs once the cluster grows, not before."""
+    """Whether ``ts`` holds more workers' slots than there are workers to run it (``n_workers``:
+    not those retiring), or waits for a task that does: it runs once the cluster grows,
+    not before."""
     stack, seen = [ts], set()
     while stack:
         t = stack.pop()

@@ -224,3 +224,19 @@ def test_a_seeded_story_is_told_the_same_twice(seed):
         return sim.replay()
 
     assert story() == story()
+
+
+def test_a_wide_task_wider_than_the_cluster_does_not_block_a_narrower_one():
+    """A task of three slots waits for a third worker; a later task of two runs on the
+    two there are meanwhile."""
+    sim = SimCluster(seed=13)
+    gang(sim, "wide", 3)
+    sim.add_worker("a", 1)
+    sim.add_worker("b", 1)
+    sim.settle()
+    gang(sim, "narrower", 2)
+    assert sim.state("narrower") == "processing" and sim.state("wide") == "no-worker"
+    sim.finish("narrower")
+    sim.add_worker("c", 1)
+    sim.settle()
+    assert sim.state("wide") == "processing"
