@@ -79,6 +79,7 @@ from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
 from hpcsched.core.state.policies import FIRST_WAVE_WORKERS
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
@@ -275,14 +276,13 @@ class BulkMaps:
     handlers = Handlers("scheduler state (bulk maps)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
-                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3,
-                 work_stealing: bool = True):
+                 task_finished: Callable[[ev.TaskFinished], None], settings: SchedulerSettings):
         self.graph = graph
         self.registry = registry
         self.out = out
         self.task_finished = task_finished
-        self.allowed_failures = allowed_failures
-        self.work_stealing = work_stealing  # idle workers take ranges' tails (steal)
+        self.allowed_failures = settings.allowed_failures
+        self.work_stealing = settings.work_stealing  # idle workers take ranges' tails (steal)
         self.maps: dict[str, BulkMap] = {}
         self.pending: list[BulkMap] = []  # maps with queued elements, best priority first
         self.slots: dict[str, int] = {}  # worker address -> its slot
