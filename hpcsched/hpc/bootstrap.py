@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hpcsched.core import config
+from hpcsched.core.settings import MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 from hpcsched.launchers.resources import launcher_size
@@ -227,7 +228,7 @@ def _watch(job: _Job, report: bool = True) -> None:
 
     Rank 0 watches the worker ranks, a worker rank watches rank 0; ``report=False``: only
     beat to them."""
-    timeout = float(config.get("mpi.rank-timeout"))
+    timeout = float(config.read(MPISettings).rank_timeout)
     if timeout <= 0:
         return
 
@@ -388,7 +389,7 @@ def _leave(job: _Job, code: int) -> None:
     """This rank's server is closed: meet the others at the fence, stop the endpoint."""
     from hpcsched.hpc.mpi import shutdown_endpoint
 
-    timeout = float(config.get("mpi.exit-timeout"))
+    timeout = float(config.read(MPISettings).exit_timeout)
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import hpcsched.jobqueue.params as params
 import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
+from hpcsched.core.settings import WorkerSettings
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -177,7 +178,8 @@ class BatchSystem:
                              "/ comm.tls.key / comm.tls.ca in the configuration")
         if p["python"] is None:
             p["python"] = sys.executable
-        p["death_timeout"] = float(config.get("worker.death-timeout", p["death_timeout"]))
+        p["death_timeout"] = float(config.read(WorkerSettings,
+                                               death_timeout=p["death_timeout"]).death_timeout)
         if p["log_directory"] is None:
             p["log_directory"] = default_log_directory()
         p["log_directory"] = os.path.abspath(os.path.expanduser(p["log_directory"]))
@@ -255,9 +257,9 @@ class BatchSystem:
             cmd += ["--memory-limit", format_memory(mem)]
         cmd += ["--death-timeout", f"{p['death_timeout']:g}"]
         if self.walltime_seconds:
-            life, stagger = worker_lifetime(self.walltime_seconds,
-                                            config.get("worker.walltime-margin"),
-                                            config.get("worker.walltime-stagger"))
+            worker = config.read(WorkerSettings)
+            life, stagger = worker_lifetime(self.walltime_seconds, worker.walltime_margin,
+                                            worker.walltime_stagger)
             cmd += ["--lifetime", str(life), "--lifetime-stagger", str(stagger)]
         if p["local_directory"]:
             cmd += ["--local-directory", p["local_directory"]]

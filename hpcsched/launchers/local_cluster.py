@@ -40,6 +40,7 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.protocol.messages import Close
+from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
 from hpcsched.core.worker.nanny import Nanny
 from hpcsched.core.worker.server import Worker
@@ -199,7 +200,7 @@ class LocalCluster(Cluster):
             paths.append(env["PYTHONPATH"])
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        blas = config.get("worker.blas-threads")
+        blas = config.read(WorkerSettings).blas_threads
         if blas is not None:
             for var in BLAS_THREAD_VARIABLES:
                 env.setdefault(var, str(blas))
