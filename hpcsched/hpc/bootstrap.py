@@ -279,13 +279,11 @@ def rank_resources(options: InitOptions) -> tuple[int | None, int, str | None]:
     What the options leave open (threads, an ``"auto"`` memory limit) is what the job
     gives this rank (:func:`hpcsched.launchers.resources.detect`).
     """
-    from hpcsched.core.units import memory_limit_bytes
-    from hpcsched.launchers.resources import detect, machine_memory
+    from hpcsched.launchers.resources import detect, worker_memory_limit
 
     nthreads, limit = options.nthreads, options.memory_limit
     res = detect() if nthreads is None or limit == "auto" else None
-    memory = memory_limit_bytes(limit, machine=machine_memory(),
-                                share=res.memory_limit if res else 0)
+    memory = worker_memory_limit(limit, total=res.memory_limit if res else None)
     if res is None:
         return nthreads, memory, None
     return nthreads or res.nthreads, memory, res.hostname

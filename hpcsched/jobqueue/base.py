@@ -37,6 +37,7 @@ from hpcsched.jobqueue.job import (
     worker_lifetime,
 )
 from hpcsched.jobqueue.launch import LAUNCHERS, launch_command, shell_literal
+from hpcsched.launchers.resources import worker_memory_limit
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +249,9 @@ class BatchSystem:
     def worker_command(self, scheduler_address: str, worker_name: str) -> list[str]:
         p = self.params
         nthreads = p["nthreads"]
-        mem = self.memory_bytes // p["processes"]
+        # the job is the machine its workers share
+        mem = worker_memory_limit("auto", workers=p["processes"], total=self.memory_bytes,
+                                  machine=self.memory_bytes)
         cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
                "--name", worker_name, "--nthreads", str(nthreads)]
         # each worker's share of the job's memory, unless the worker's own option says
