@@ -142,7 +142,7 @@ def test_the_imports_are_all_counted():
         {t for _, t in imports("hpcsched.diagnostics.extension")}
     # `from a import b`: module a.b where b is one, else a
     assert {"hpcsched.core.config", "hpcsched.core.seams"} <= \
-        {t for _, t in imports("hpcsched.core.scheduler.extensions")}
+        {t for _, t in imports("hpcsched.core.comm.registry")}
 
 
 def test_packages_import_only_their_own_layer_and_lower():

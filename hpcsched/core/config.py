@@ -2,7 +2,10 @@
 
 Keys are dotted and hyphenated, as in ``scheduler.worker-saturation``.
 
-* Defaults live in :data:`DEFAULTS` below: the one place that lists every knob.
+* Defaults live in :data:`DEFAULTS` below: the one place that lists every knob. Those
+  of the scheduler, the worker, the client and MPI mode are the fields of their settings
+  classes (:mod:`hpcsched.core.settings`), each field naming its key; :func:`read` builds
+  such a class from the configuration.
 * YAML files: every ``*.yaml`` / ``*.yml`` in ``~/.config/hpcsched/`` (sorted by
   name), then the file or directory named by ``HPCSCHED_CONFIG``. Nested
   mappings are flattened: ``{"scheduler": {"worker-saturation": 1.0}}``.
@@ -10,8 +13,8 @@ Keys are dotted and hyphenated, as in ``scheduler.worker-saturation``.
   ``scheduler.worker-saturation`` (``__`` separates levels, ``_`` stands for
   ``-``, case-insensitive). Values are parsed as YAML scalars (``inf``,
   ``true``, ``1.5``, ``[1, 2]``).
-* Keyword arguments win: components call ``config.get(key, override)``, where an
-  override that is not ``None`` is returned as is.
+* Keyword arguments win: components call ``config.read(SettingsClass, **overrides)`` or
+  ``config.get(key, override)``, where an override that is not ``None`` is taken as is.
 
 Example::
 
@@ -30,93 +33,44 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
-from hpcsched.core.state.settings import SchedulerSettings
+from hpcsched.core.settings import SETTINGS
+from hpcsched.core.state.settings import config_keys, unit_of
+from hpcsched.core.units import parse_bytes
 
-_SCHEDULER = SchedulerSettings()
+S = TypeVar("S")
+
+
+def _settings_defaults(classes: tuple[type, ...]) -> dict[str, Any]:
+    """``{key: default}`` of the settings classes' fields.
+
+    A key two fields name (the worker's heartbeat interval, read by the worker and by the
+    scheduler state) must have one default.
+    """
+    out: dict[str, Any] = {}
+    for cls in classes:
+        defaults = cls()
+        for name, key in config_keys(cls).items():
+            value = getattr(defaults, name)
+            if key in out and out[key] != value:
+                raise TypeError(f"{cls.__name__}.{name} gives {key} the default {value!r}, "
+                                f"another class {out[key]!r}")
+            out[key] = value
+    return out
+
 
 DEFAULTS: dict[str, Any] = {
-    # scheduling policies: the defaults of the scheduler state's settings
-    # (hpcsched.core.state.settings, where each is described)
-    "scheduler.worker-saturation": _SCHEDULER.worker_saturation,
-    "scheduler.rootish-factor": _SCHEDULER.rootish_factor,
-    "scheduler.rootish-max-deps": _SCHEDULER.rootish_max_deps,
-    "scheduler.rootish-policy": _SCHEDULER.rootish_policy,
-    "scheduler.queue-block-size": _SCHEDULER.queue_block_size,
-    "scheduler.queue-block-bytes": _SCHEDULER.queue_block_bytes,  # or "1 MiB", "64 kB"
-    "scheduler.allowed-failures": _SCHEDULER.allowed_failures,
-    "scheduler.unknown-task-duration": _SCHEDULER.unknown_task_duration,
-    "scheduler.default-bandwidth": _SCHEDULER.bandwidth,
-    "scheduler.work-stealing": _SCHEDULER.work_stealing,
-    "scheduler.work-stealing-interval": 0.1,  # seconds
-    # seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
-    # workers' heartbeat interval at most a third of it (hpcsched.core.state.liveness)
-    "scheduler.worker-ttl": 30.0,
-    "scheduler.fuse": True,  # linear-chain fusion of graphs given to get/compute
-    # higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
-    # module:factory entries, each called with the scheduler
-    "scheduler.extensions": ["dashboard"],
-    # the journal that lets a scheduler restart where it was (None: no journal); see
-    # hpcsched/core/scheduler/journal.py
-    "scheduler.journal": None,
-    "scheduler.journal-fsync": False,  # fsync each loop turn's records (machine crashes)
-    "scheduler.journal-compact-bytes": "64 MiB",  # compact past this and twice the live size
-    # seconds a client the journal names has, after a restart, to come back for its keys
-    "scheduler.journal-client-grace": 600.0,
-    # seconds a restarted scheduler waits for the workers it had to come back before it
-    # gives out work (one that came back early would otherwise recompute what another holds)
-    "scheduler.journal-worker-grace": 10.0,
-    # where results of tasks annotated checkpoint=True are kept (None: <journal>.checkpoints
-    # when there is a journal, else nowhere); see hpcsched/core/scheduler/checkpoints.py
-    "scheduler.checkpoint-directory": None,
+    # the scheduler's, the workers', the clients' and MPI mode's: the defaults of the
+    # settings classes (hpcsched.core.settings, where each is described)
+    **_settings_defaults(SETTINGS),
     # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
     "diagnostics.dashboard.address": ":8787",
     "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh
-    # workers
-    # in a small cluster; the scheduler lengthens it as its cluster grows
-    "worker.heartbeat-interval": _SCHEDULER.heartbeat_interval,
-    # threads of numerical libraries (OpenMP, OpenBLAS, MKL) per worker process that
-    # LocalCluster starts, unless the environment sets them: a worker already runs one task
-    # per thread, and each library otherwise starts one thread per core (dask's nanny does
-    # the same through distributed.nanny.pre-spawn-environ). None leaves them alone.
-    "worker.blas-threads": 1,
-    "worker.transfer-incoming-count-limit": 4,
-    # comms a worker keeps open to the peers it fetched from (the least recently used
-    # beyond are closed): reused by the next fetch from the same peer
-    "worker.peer-connections": 256,
-    "worker.death-timeout": 60.0,  # seconds a worker tries to reach its scheduler
-    # seconds a worker whose journaled scheduler vanished keeps its tasks and results and
-    # tries to reconnect (the scheduler restarts with its journal); then it exits. 0, or a
-    # scheduler without a journal: it exits at once
-    "worker.scheduler-reconnect-timeout": 300.0,
-    "worker.walltime-margin": 60.0,  # retire this long before the job's walltime ends
-    "worker.walltime-stagger": 30.0,  # spread of retirements between workers of one job
-    # memory management, with dask.distributed's names and defaults ("Worker Memory
-    # Management" in its documentation). Fractions of the worker's memory_limit; false
-    # turns a step off. target: results measured by sizeof above it spill to disk, least
-    # recently used first; spill: process memory (RSS) above it spills until below target;
-    # pause: process memory above it stops new tasks (and fetches) until it drops;
-    # terminate: process memory above it makes a worker with a nanny restart (TCP); under
-    # MPI, where a rank cannot be restarted, it ends the job with an error naming the rank
-    # once nothing is left to spill
-    "worker.memory.target": 0.6,
-    "worker.memory.spill": 0.7,
-    "worker.memory.pause": 0.8,
-    "worker.memory.terminate": 0.95,
-    "worker.memory.monitor-interval": 0.1,  # seconds between samples of process memory
-    # where results spill: the node's local disk (None: $TMPDIR, else the system's temp dir)
-    "worker.local-directory": None,
     # CPython's cyclic garbage collector in processes that run a scheduler or a worker:
     # the young generation's threshold (allocations between collections; CPython's own
     # is 700) is raised to at least this. None leaves the collector as it is.
     "admin.gc-threshold": 20_000,
-    # clients
-    "client.heartbeat-interval": 5.0,  # seconds of silence from the scheduler before a ping
-    "client.scheduler-timeout": 60.0,  # seconds without any answer: the scheduler is lost
-    # seconds a client whose journaled scheduler vanished keeps its futures pending and
-    # tries to reconnect; then they err. 0, or a scheduler without a journal: at once
-    "client.scheduler-reconnect-timeout": 300.0,
     # transport
     "comm.timeouts.connect": 30.0,
     "comm.timeouts.handshake": 5.0,  # seconds an accepted peer has to authenticate
@@ -131,18 +85,6 @@ DEFAULTS: dict[str, Any] = {
     "comm.tls.cert": None,
     "comm.tls.key": None,
     "comm.tls.ca": None,
-    # MPI
-    "mpi.poll-min": 1e-5,  # seconds: first back-off step after traffic
-    "mpi.poll-max": 0.05,  # seconds: cap of the back-off when idle for long
-    "mpi.poll-fast-max": 1e-3,  # cap during the first second of idleness
-    "mpi.poll-hold": 0.002,  # seconds of polling at poll-min after any traffic
-    "mpi.doorbell": True,  # same-node ranks wake each other (hpcsched/hpc/doorbell.py)
-    "mpi.doorbell-poll": 0.002,  # seconds: first fallback poll when every peer rings (to poll-max)
-    "mpi.data-threshold": 65536,  # frames of this many bytes or more travel as separate MPI messages
-    "mpi.exit-timeout": 5.0,  # seconds rank 0 waits for the others at exit before MPI_Abort
-    # seconds without a word from a rank before the job is ended as having lost it (rank 0
-    # watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
-    "mpi.rank-timeout": 6.0,
     # adaptive
     "adaptive.interval": 1.0,
     "adaptive.wait-count": 3,
@@ -303,6 +245,33 @@ def get(key: str, override: Any = None, default: Any = KeyError) -> Any:
     if default is KeyError:
         raise KeyError(f"unknown hpcsched configuration key {key!r}")
     return default
+
+
+def read(cls: type[S], **overrides: Any) -> S:
+    """The settings class ``cls`` (:mod:`hpcsched.core.settings`) as configured.
+
+    Each field is what :func:`get` reads for its key, unless ``overrides`` (keyword
+    arguments) give it a value other than None; sizes (``unit="bytes"``) are parsed.
+
+    >>> from hpcsched.core.settings import SchedulerSettings
+    >>> read(SchedulerSettings, worker_saturation=2.0).worker_saturation
+    2.0
+    >>> read(SchedulerSettings).worker_saturation
+    1.1
+    """
+    keys = config_keys(cls)
+    values: dict[str, Any] = {}
+    for name in cls.__dataclass_fields__:  # type: ignore[attr-defined]
+        value = overrides.pop(name, None)
+        if value is None:
+            if name not in keys:
+                continue  # not configured: the class's default
+            value = get(keys[name])
+        if value is not None and unit_of(cls, name) == "bytes":
+            value = parse_bytes(value)
+        values[name] = value
+    # what is left names no field: the class refuses it as any unknown keyword
+    return cls(**values, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def get_prefix(prefix: str) -> dict[str, Any]:

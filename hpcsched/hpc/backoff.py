@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.core.settings import MPISettings
 
 
 class Backoff:
@@ -51,11 +52,13 @@ class Backoff:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Any] = time.sleep,
     ):
-        self.min = float(config.get("mpi.poll-min", min))
-        self.fast_max = float(config.get("mpi.poll-fast-max", fast_max))
-        self.max = float(config.get("mpi.poll-max", max))
+        settings = config.read(MPISettings, poll_min=min, poll_fast_max=fast_max,
+                               poll_max=max, poll_hold=hold)
+        self.min = float(settings.poll_min)
+        self.fast_max = float(settings.poll_fast_max)
+        self.max = float(settings.poll_max)
         self.fast_period = float(fast_period)
-        self.hold = float(config.get("mpi.poll-hold", hold))
+        self.hold = float(settings.poll_hold)
         if not 0 < self.min <= self.fast_max <= self.max:
             raise ValueError(
                 "Backoff needs 0 < min <= fast_max <= max (config mpi.poll-min, "

@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from hpcsched.core import config
+from hpcsched.core.settings import MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 from hpcsched.launchers.resources import launcher_size
@@ -227,7 +228,7 @@ def _watch(job: _Job, report: bool = True) -> None:
 
     Rank 0 watches the worker ranks, a worker rank watches rank 0; ``report=False``: only
     beat to them."""
-    timeout = float(config.get("mpi.rank-timeout"))
+    timeout = float(config.read(MPISettings).rank_timeout)
     if timeout <= 0:
         return
 
@@ -278,13 +279,11 @@ def rank_resources(options: InitOptions) -> tuple[int | None, int, str | None]:
     What the options leave open (threads, an ``"auto"`` memory limit) is what the job
     gives this rank (:func:`hpcsched.launchers.resources.detect`).
     """
-    from hpcsched.core.units import memory_limit_bytes
-    from hpcsched.launchers.resources import detect, machine_memory
+    from hpcsched.launchers.resources import detect, worker_memory_limit
 
     nthreads, limit = options.nthreads, options.memory_limit
     res = detect() if nthreads is None or limit == "auto" else None
-    memory = memory_limit_bytes(limit, machine=machine_memory(),
-                                share=res.memory_limit if res else 0)
+    memory = worker_memory_limit(limit, total=res.memory_limit if res else None)
     if res is None:
         return nthreads, memory, None
     return nthreads or res.nthreads, memory, res.hostname
@@ -388,7 +387,7 @@ def _leave(job: _Job, code: int) -> None:
     """This rank's server is closed: meet the others at the fence, stop the endpoint."""
     from hpcsched.hpc.mpi import shutdown_endpoint
 
-    timeout = float(config.get("mpi.exit-timeout"))
+    timeout = float(config.read(MPISettings).exit_timeout)
     if job.rank != 0:
         timeout *= 2  # rank 0 is the one to abort, with the better message
     # the endpoint first: pending sends (the close messages) finish while peers still poll

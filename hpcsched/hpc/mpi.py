@@ -97,6 +97,7 @@ from hpcsched.core.comm.base import (
     parse_address,
 )
 from hpcsched.core.protocol import serialize
+from hpcsched.core.settings import MPISettings
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
 from hpcsched.hpc.mpi_comm import (
@@ -164,7 +165,7 @@ class Endpoint:
         self.bell = bell
         self.rank: int = comm.Get_rank()
         self.size: int = comm.Get_size()
-        self.data_threshold = int(config.get("mpi.data-threshold"))
+        self.data_threshold = int(config.read(MPISettings).data_threshold)
         self._MPI = mpi_module()
         self._lock = threading.Lock()  # channels, listener, unaccepted
         self._channels: dict[tuple[int, int, int, bool], MPIComm] = {}
@@ -485,7 +486,7 @@ class Endpoint:
         # show its message yet) is followed by a poll after mpi.doorbell-poll again.
         rung = None
         if self.bell is not None and self.bell.all_local:
-            every = float(config.get("mpi.doorbell-poll"))
+            every = float(config.read(MPISettings).doorbell_poll)
             rung = Backoff(min=every, fast_max=max(every, backoff.max),
                            max=max(every, backoff.max), hold=0, sleep=self._nap)
         try:
@@ -696,7 +697,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
         # collective on every rank, whatever its mpi.doorbell: one that does not listen
         # still rings the peers that do
         bell = Doorbell.exchange(dup, wait.sleep,
-                                 listen=bool(config.get("mpi.doorbell")),
+                                 listen=bool(config.read(MPISettings).doorbell),
                                  timeout=timeout)
         _endpoint = Endpoint(dup, bell)
         # registered after mpi4py's own exit hook (made at import), and atexit runs the

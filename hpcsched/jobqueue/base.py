@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import hpcsched.jobqueue.params as params
 import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
+from hpcsched.core.settings import WorkerSettings
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -36,6 +37,7 @@ from hpcsched.jobqueue.job import (
     worker_lifetime,
 )
 from hpcsched.jobqueue.launch import LAUNCHERS, launch_command, shell_literal
+from hpcsched.launchers.resources import worker_memory_limit
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +179,8 @@ class BatchSystem:
                              "/ comm.tls.key / comm.tls.ca in the configuration")
         if p["python"] is None:
             p["python"] = sys.executable
-        p["death_timeout"] = float(config.get("worker.death-timeout", p["death_timeout"]))
+        p["death_timeout"] = float(config.read(WorkerSettings,
+                                               death_timeout=p["death_timeout"]).death_timeout)
         if p["log_directory"] is None:
             p["log_directory"] = default_log_directory()
         p["log_directory"] = os.path.abspath(os.path.expanduser(p["log_directory"]))
@@ -246,7 +249,9 @@ class BatchSystem:
     def worker_command(self, scheduler_address: str, worker_name: str) -> list[str]:
         p = self.params
         nthreads = p["nthreads"]
-        mem = self.memory_bytes // p["processes"]
+        # the job is the machine its workers share
+        mem = worker_memory_limit("auto", workers=p["processes"], total=self.memory_bytes,
+                                  machine=self.memory_bytes)
         cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
                "--name", worker_name, "--nthreads", str(nthreads)]
         # each worker's share of the job's memory, unless the worker's own option says
@@ -255,9 +260,9 @@ class BatchSystem:
             cmd += ["--memory-limit", format_memory(mem)]
         cmd += ["--death-timeout", f"{p['death_timeout']:g}"]
         if self.walltime_seconds:
-            life, stagger = worker_lifetime(self.walltime_seconds,
-                                            config.get("worker.walltime-margin"),
-                                            config.get("worker.walltime-stagger"))
+            worker = config.read(WorkerSettings)
+            life, stagger = worker_lifetime(self.walltime_seconds, worker.walltime_margin,
+                                            worker.walltime_stagger)
             cmd += ["--lifetime", str(life), "--lifetime-stagger", str(stagger)]
         if p["local_directory"]:
             cmd += ["--local-directory", p["local_directory"]]

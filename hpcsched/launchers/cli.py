@@ -195,13 +195,13 @@ def worker_resources(args: argparse.Namespace) -> tuple[int, int]:
     the machine or batch job (:func:`hpcsched.launchers.resources.detect`) split among
     ``--nworkers``.
     """
-    from hpcsched.core.units import memory_limit_bytes, parse_memory_limit
-    from hpcsched.launchers.resources import detect, machine_memory
+    from hpcsched.core.units import parse_memory_limit
+    from hpcsched.launchers.resources import detect, worker_memory_limit
 
     limit = parse_memory_limit(args.memory_limit)
     res = detect() if not args.nthreads or limit == "auto" else None
-    share = res.memory_limit // args.nworkers if res else 0
-    memory = memory_limit_bytes(limit, machine=machine_memory(), share=share)
+    memory = worker_memory_limit(limit, workers=args.nworkers,
+                                 total=res.memory_limit if res else None)
     return args.nthreads or (res.nthreads if res else 1), memory
 
 

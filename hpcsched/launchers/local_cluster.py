@@ -40,11 +40,12 @@ from typing import Any
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.protocol.messages import Close
-from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, memory_limit_bytes
+from hpcsched.core.settings import WorkerSettings
+from hpcsched.core.units import DEFAULT_MEMORY_LIMIT
 from hpcsched.core.worker.nanny import Nanny
 from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
-from hpcsched.launchers.resources import LAUNCHERS, machine_memory
+from hpcsched.launchers.resources import LAUNCHERS, machine_memory, worker_memory_limit
 
 # what an MPI launcher puts in each rank's environment (SLURM's stay: they describe the
 # job the cluster runs in): the ranks' variables, MPICH hydra's connection to its proxy
@@ -133,9 +134,8 @@ class LocalCluster(Cluster):
         self.threads_per_worker = threads_per_worker
         # bytes for each worker; "auto" splits the machine's memory among them (dask's
         # LocalCluster gives each the share of its threads, the same for equal workers)
-        machine = machine_memory()
-        self.memory_limit = memory_limit_bytes(memory_limit, machine=machine,
-                                               share=machine // max(n_workers, 1))
+        self.memory_limit = worker_memory_limit(memory_limit, workers=n_workers,
+                                                total=machine_memory())
         self.resources = resources
         self.worker_kwargs = worker_kwargs
         self.local_directory = local_directory
@@ -199,7 +199,7 @@ class LocalCluster(Cluster):
             paths.append(env["PYTHONPATH"])
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-        blas = config.get("worker.blas-threads")
+        blas = config.read(WorkerSettings).blas_threads
         if blas is not None:
             for var in BLAS_THREAD_VARIABLES:
                 env.setdefault(var, str(blas))

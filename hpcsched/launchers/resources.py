@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcsched.core.units import parse_interval
+from hpcsched.core.units import memory_limit_bytes, parse_interval, parse_memory_limit
 
 
 @dataclass(frozen=True)
@@ -207,6 +207,31 @@ def machine_memory() -> int:
             total = min(total, int(text))
         break
     return total
+
+
+def worker_memory_limit(memory_limit: Any, *, workers: int = 1, total: int | None = None,
+                        machine: int | None = None) -> int:
+    """The bytes each of ``workers`` workers started together may use (0: no limit) for a
+    ``memory_limit`` as every entry point takes it (:func:`~hpcsched.core.units.parse_memory_limit`).
+
+    ``"auto"`` gives each an equal share of ``total``, the memory of what they run in: by
+    default this process's part of its machine or batch job (:func:`detect`). A fraction
+    is of ``machine`` (by default :func:`machine_memory`), and no limit is above it.
+
+    >>> gib = 2**30
+    >>> worker_memory_limit("auto", workers=4, total=16 * gib, machine=16 * gib) // gib
+    4
+    >>> worker_memory_limit(0.5, machine=16 * gib) // gib, worker_memory_limit(None)
+    (8, 0)
+    """
+    if machine is None:
+        machine = machine_memory()
+    share = 0
+    if parse_memory_limit(memory_limit) == "auto":
+        if total is None:
+            total = detect().memory_limit
+        share = total // max(workers, 1)
+    return memory_limit_bytes(memory_limit, machine=machine, share=share)
 
 
 def _process_start() -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -33,6 +34,23 @@ def relabel(request: pytest.FixtureRequest) -> Callable[..., dict]:
         return {old[k]: v for k, v in policy(renamed, *args, **kwargs).items()}
 
     return run
+
+
+# --- configuration ---------------------------------------------------------------------
+@pytest.fixture
+def clean_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
+    """No HPCSCHED_* variables, no YAML files but the ones a test writes."""
+    from hpcsched.core import config
+
+    for name in list(os.environ):
+        if name.startswith("HPCSCHED_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config.refresh()
+    try:
+        yield tmp_path
+    finally:
+        config.refresh()
 
 
 # --- TCP tests: peers on loopback, ended by the test ----------------------------------

@@ -8,7 +8,12 @@ import psutil
 import pytest
 
 from hpcsched.launchers import resources
-from hpcsched.launchers.resources import Resources, detect, slurm_tasks_on_node
+from hpcsched.launchers.resources import (
+    Resources,
+    detect,
+    slurm_tasks_on_node,
+    worker_memory_limit,
+)
 
 GiB = 2**30
 MiB = 2**20
@@ -27,6 +32,21 @@ def test_slurm_task_layout():
     assert slurm_tasks_on_node("4", 0) == 4
     with pytest.raises(ValueError, match="SLURM task layout"):
         slurm_tasks_on_node("2(y3)", 0)
+
+
+# ------------------------------------------------------------------ memory limits
+def test_auto_is_each_workers_share_and_no_limit_is_above_the_machine(machine, monkeypatch):
+    """What every entry point gives its workers (LocalCluster, ``hpcsched worker``, an MPI
+    rank, a batch job's workers): ``"auto"`` splits what the process has (``detect``), or a
+    total it names, among the workers it starts; a fraction is of the machine, not split."""
+    monkeypatch.setattr(resources, "detect", lambda: Resources(
+        nthreads=4, memory_limit=32 * GiB, hostname="node"))
+    assert worker_memory_limit("auto") == 32 * GiB
+    assert worker_memory_limit("auto", workers=4) == 8 * GiB
+    assert worker_memory_limit("auto", workers=2, total=64 * GiB) == 32 * GiB
+    assert worker_memory_limit(0.25, workers=4) == 16 * GiB
+    assert worker_memory_limit("100GB") == 64 * GiB
+    assert worker_memory_limit(None) == 0
 
 
 # ------------------------------------------------------------------ no batch system

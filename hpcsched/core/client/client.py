@@ -101,6 +101,7 @@ from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
+from hpcsched.core.settings import ClientSettings
 
 logger = logging.getLogger("hpcsched.client")
 
@@ -172,7 +173,7 @@ class Client:
         self.scheduler_comm = SchedulerConnection(
             comm, self.id, self.scheduler_address, self._receive, self._batch_done,
             self._lost_scheduler, watch=not inproc,
-            reconnect_timeout=float(config.get("client.scheduler-reconnect-timeout"))
+            reconnect_timeout=float(config.read(ClientSettings).scheduler_reconnect_timeout)
             if not inproc and registry.backend_for(self.scheduler_address).reconnectable
             else 0.0,
             security=self.security, scheduler_file=sfile, on_reconnected=self._reconnected)

@@ -44,6 +44,7 @@ from hpcsched.core.client.submission import (
 from hpcsched.core.graph.dsk import Ref, gc_paused, normalize
 from hpcsched.core.protocol.messages import UpdateGraph, UpdateMap
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
+from hpcsched.core.settings import ClientSettings
 
 if TYPE_CHECKING:
     from hpcsched.core.client.connection import SchedulerConnection
@@ -280,7 +281,7 @@ class Submitter:
         with gc_paused(len(graph)):
             # one walk over the graph: futures inside it become references to their keys
             tasks = normalize(graph, known=set(held), ref_of=partial(future_key, self.table))
-            if config.get("scheduler.fuse", fuse) and len(tasks) > 1:
+            if config.read(ClientSettings, fuse=fuse).fuse and len(tasks) > 1:
                 from hpcsched.core.graph.fusion import fuse_linear
 
                 tasks = fuse_linear(tasks, keep=set(flat) | annotated_keys(annotations))

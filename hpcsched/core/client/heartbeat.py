@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 
 from hpcsched.core import config
+from hpcsched.core.settings import ClientSettings
 
 
 class SchedulerWatch:
@@ -32,8 +33,10 @@ class SchedulerWatch:
 
     def __init__(self, name: str, probe: Callable[[], None], on_lost: Callable[[str], None],
                  interval: float | None = None, timeout: float | None = None):
-        self.interval = float(config.get("client.heartbeat-interval", interval))
-        self.timeout = float(config.get("client.scheduler-timeout", timeout))
+        settings = config.read(ClientSettings, heartbeat_interval=interval,
+                               scheduler_timeout=timeout)
+        self.interval = float(settings.heartbeat_interval)
+        self.timeout = float(settings.scheduler_timeout)
         if self.interval <= 0 or self.timeout <= 0:
             raise ValueError(f"client.heartbeat-interval ({self.interval}) and "
                              f"client.scheduler-timeout ({self.timeout}) must be positive")

@@ -15,16 +15,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from hpcsched.core import config, seams
+from hpcsched.core import seams
 from hpcsched.core.protocol.messages import Extension, ExtensionReply, encode
 
 logger = logging.getLogger("hpcsched.scheduler")
 
 
 def start_extensions(scheduler: Any) -> dict[str, Any]:
-    """The extensions configured, started on ``scheduler``, by name."""
+    """The extensions configured (its settings' ``extensions``), started on ``scheduler``,
+    by name."""
     out: dict[str, Any] = {}
-    for spec in config.get("scheduler.extensions") or ():
+    for spec in scheduler.settings.extensions or ():
         try:
             ext = seams.resolve(str(spec))(scheduler)
             out[getattr(ext, "name", spec)] = ext

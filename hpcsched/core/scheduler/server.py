@@ -65,9 +65,9 @@ from hpcsched.core.scheduler.registration import (
     refuse,
     worker_name,
 )
+from hpcsched.core.settings import SchedulerServerSettings, SchedulerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
-from hpcsched.core.units import parse_bytes
 
 logger = logging.getLogger("hpcsched.scheduler")
 
@@ -127,10 +127,13 @@ class Scheduler:
                  checkpoint_directory: str | None = None, **state_kwargs: Any):
         self.listen_address = address
         self.security = security
+        #: what the server does beside its state (``scheduler.*``)
+        self.settings = server = config.read(SchedulerServerSettings, journal=journal,
+                                             checkpoint_directory=checkpoint_directory)
         #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
-        self.journal = open_journal(config.get("scheduler.journal", journal))
+        self.journal = open_journal(server)
         # results of tasks annotated checkpoint=True (see .checkpoints): next to the journal
-        checkpoint_directory = config.get("scheduler.checkpoint-directory", checkpoint_directory)
+        checkpoint_directory = server.checkpoint_directory
         if checkpoint_directory is None and self.journal is not None:
             checkpoint_directory = next_to_journal(self.journal.path)
         self.checkpoints = Checkpoints(checkpoint_directory) if checkpoint_directory else None
@@ -148,25 +151,11 @@ class Scheduler:
         self._hold_until = 0.0
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
-            worker_ttl = config.get("scheduler.worker-ttl")
-        kw = {
-            "heartbeat_interval": config.get("worker.heartbeat-interval"),
-            "worker_saturation": config.get("scheduler.worker-saturation"),
-            "rootish_policy": config.get("scheduler.rootish-policy"),
-            "rootish_factor": config.get("scheduler.rootish-factor"),
-            "rootish_max_deps": config.get("scheduler.rootish-max-deps"),
-            "queue_block_size": config.get("scheduler.queue-block-size"),
-            "queue_block_bytes": config.get("scheduler.queue-block-bytes"),
-            "allowed_failures": config.get("scheduler.allowed-failures"),
-            "unknown_task_duration": config.get("scheduler.unknown-task-duration"),
-            "bandwidth": config.get("scheduler.default-bandwidth"),
-            "work_stealing": config.get("scheduler.work-stealing"),
-        }
-        kw.update({k: v for k, v in state_kwargs.items() if v is not None})
-        kw["queue_block_bytes"] = parse_bytes(kw["queue_block_bytes"])
-        self.state = SchedulerState(worker_ttl=worker_ttl, **kw)
+            worker_ttl = server.worker_ttl
+        self.state = SchedulerState(config.read(SchedulerSettings, worker_ttl=worker_ttl,
+                                                **state_kwargs))
         if tick_interval is None:
-            tick_interval = config.get("scheduler.work-stealing-interval")
+            tick_interval = server.work_stealing_interval
         self.loop = Loop("hpcsched-scheduler", self._process, self._flush, self._tick,
                          tick_interval)
         self.address = ""
@@ -242,7 +231,7 @@ class Scheduler:
         connects): its messages are handled as they were when they arrived."""
         assert self.journal is not None
         now = time.time()
-        grace = float(config.get("scheduler.journal-client-grace"))
+        grace = float(self.settings.journal_client_grace)
         for client in self.journal.clients:
             self.handle_event(ev.AddClient(client, now=now,
                                            stimulus_id=self._stimulus("restore-client")))
@@ -262,8 +251,7 @@ class Scheduler:
         self.journal.compact()
         self._awaited_workers = set(self.journal.workers)
         if self._awaited_workers:
-            self._hold_until = time.monotonic() + float(
-                config.get("scheduler.journal-worker-grace"))
+            self._hold_until = time.monotonic() + float(self.settings.journal_worker_grace)
         if self._awaited_clients:
             logger.info("restored %d tasks of %d clients from the journal %s",
                         len(self.state.tasks), len(self._awaited_clients), self.journal.path)
@@ -759,9 +747,9 @@ class Scheduler:
             self._worker_callbacks.remove(fn)
 
 
-def open_journal(path: str | None) -> Journal | None:
-    """The journal at ``path`` (None: none), with the configured fsync and compaction."""
-    if not path:
+def open_journal(settings: SchedulerServerSettings) -> Journal | None:
+    """The journal ``settings`` name (None: none), with their fsync and compaction."""
+    if not settings.journal:
         return None
-    return Journal(os.path.expanduser(str(path)), bool(config.get("scheduler.journal-fsync")),
-                   parse_bytes(config.get("scheduler.journal-compact-bytes")))
+    return Journal(os.path.expanduser(str(settings.journal)), bool(settings.journal_fsync),
+                   settings.journal_compact_bytes)

@@ -92,6 +92,7 @@ from hpcsched.core.state.elements import (
 from hpcsched.core.state.model import FIRE_AND_FORGET, Outbox, TaskState, WorkerInfo
 from hpcsched.core.state.policies import FIRST_WAVE_WORKERS
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
@@ -122,14 +123,13 @@ class BulkMaps:
     handlers = Handlers("scheduler state (bulk maps)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, out: Outbox,
-                 task_finished: Callable[[ev.TaskFinished], None], allowed_failures: int = 3,
-                 work_stealing: bool = True):
+                 task_finished: Callable[[ev.TaskFinished], None], settings: SchedulerSettings):
         self.graph = graph
         self.registry = registry
         self.out = out
         self.task_finished = task_finished
-        self.allowed_failures = allowed_failures
-        self.work_stealing = work_stealing  # idle workers take ranges' tails (steal)
+        self.allowed_failures = settings.allowed_failures
+        self.work_stealing = settings.work_stealing  # idle workers take ranges' tails (steal)
         # the elements and the workers' slots (.elements); the store's tables under the
         # names used here (the same objects: never rebound)
         self.store = store = ElementStore()

@@ -49,6 +49,7 @@ from hpcsched.core.state.model import (
 )
 from hpcsched.core.state.placement import Placement
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 from hpcsched.core.state.tasks import TaskGraph
 
 Key = Any
@@ -62,17 +63,17 @@ class Maintenance:
     handlers = Handlers("scheduler state (maintenance)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
-                 out: Outbox, remove_worker: Callable[[ev.RemoveWorker], None], *,
-                 work_stealing: bool, worker_ttl: float | None, retire_timeout: float,
+                 out: Outbox, remove_worker: Callable[[ev.RemoveWorker], None],
+                 settings: SchedulerSettings, *,
                  elements_on: Callable[[WorkerInfo], int] = lambda ws: 0):
         self.graph = graph
         self.registry = registry
         self.placement = placement
         self.out = out
         self.remove_worker = remove_worker
-        self.work_stealing = work_stealing
-        self.worker_ttl = worker_ttl
-        self.retire_timeout = retire_timeout
+        self.work_stealing = settings.work_stealing
+        self.worker_ttl = settings.worker_ttl
+        self.retire_timeout = settings.retire_timeout
         self.elements_on = elements_on  # elements of bulk maps a worker runs (a retirement waits)
         self.retiring: dict[str, Retirement] = {}  # by worker address
         self.scatters: dict[str, Scatter] = {}  # by scatter id

@@ -29,6 +29,7 @@ from hpcsched.core.state import policies
 from hpcsched.core.state.blocks import RootBlocks
 from hpcsched.core.state.model import TaskState, WorkerInfo
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 
 Key = Any
 
@@ -36,20 +37,19 @@ Key = Any
 class Placement:
     """Worker decisions and the queue (see the module's docstring)."""
 
-    def __init__(self, registry: WorkerRegistry, *, worker_saturation: float,
-                 rootish_policy: str, rootish_factor: float, rootish_max_deps: int,
-                 queue_block_size: int, queue_block_bytes: int, seed: int):
+    def __init__(self, registry: WorkerRegistry, settings: SchedulerSettings):
         self.registry = registry
-        self.worker_saturation = float(worker_saturation)
+        self.worker_saturation = float(settings.worker_saturation)
+        rootish_policy = settings.rootish_policy
         if math.isinf(self.worker_saturation) and rootish_policy == "queue":
             rootish_policy = "co-assign"  # no slots to queue for
         self.rootish_policy = rootish_policy
-        self.rootish_factor = rootish_factor
-        self.rootish_max_deps = rootish_max_deps
-        self.rng = random.Random(seed)
+        self.rootish_factor = settings.rootish_factor
+        self.rootish_max_deps = settings.rootish_max_deps
+        self.rng = random.Random(settings.seed)
         self.queued: list[tuple[tuple, int, TaskState]] = []  # heap, lazily cleaned
         self.n_queued = 0
-        self.blocks = RootBlocks(queue_block_size, queue_block_bytes)
+        self.blocks = RootBlocks(settings.queue_block_size, settings.queue_block_bytes)
         self.unrunnable: dict[TaskState, None] = {}  # the no-worker tasks
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.slots_opened: dict[WorkerInfo, None] = {}

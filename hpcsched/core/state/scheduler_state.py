@@ -78,30 +78,17 @@ class SchedulerState:
         self.settings = st
         self.out = Outbox()
         self.registry = WorkerRegistry(st.bandwidth)
-        self.placement = Placement(
-            self.registry, worker_saturation=st.worker_saturation,
-            rootish_policy=st.rootish_policy, rootish_factor=st.rootish_factor,
-            rootish_max_deps=st.rootish_max_deps, queue_block_size=st.queue_block_size,
-            queue_block_bytes=st.queue_block_bytes, seed=st.seed)
-        self.graph = TaskGraph(self.registry, self.placement, self.out,
-                               unknown_task_duration=st.unknown_task_duration,
-                               transition_log_length=st.transition_log_length)
+        self.placement = Placement(self.registry, st)
+        self.graph = TaskGraph(self.registry, self.placement, self.out, st)
         self.maintenance = Maintenance(self.graph, self.registry, self.placement, self.out,
-                                       self._remove_worker, work_stealing=st.work_stealing,
-                                       worker_ttl=st.worker_ttl,
-                                       retire_timeout=st.retire_timeout,
+                                       self._remove_worker, st,
                                        elements_on=lambda ws: self.bulk.elements_on(ws))
         self.worker_events = WorkerEvents(self.graph, self.registry, self.placement,
-                                          self.maintenance, self.out,
-                                          allowed_failures=st.allowed_failures,
-                                          heartbeat_interval=st.heartbeat_interval,
-                                          worker_ttl=st.worker_ttl)
+                                          self.maintenance, self.out, st)
         self.client_requests = ClientRequests(self.graph, self.registry, self.placement,
                                               self.out)
         self.bulk = BulkMaps(self.graph, self.registry, self.out,
-                             self.worker_events.task_finished,
-                             allowed_failures=st.allowed_failures,
-                             work_stealing=st.work_stealing)
+                             self.worker_events.task_finished, st)
         self.elements = self.bulk.store  # the elements of bulk maps, asked by the views
         self.placement.elements_on = self.bulk.elements_on
         self.bulk.slots_freed = self.placement.worker_freed

@@ -1,12 +1,21 @@
-"""The scheduler state's settings and their defaults, written once.
+"""The state machines' settings and their defaults, written once; how a field names its key.
+
+A settings class is a frozen dataclass whose fields are configuration keys: the field
+``worker_saturation`` of a class whose ``SECTION`` is ``"scheduler"`` is the key
+``scheduler.worker-saturation`` (``_`` becomes ``-``), unless :func:`setting` names
+another key, or none (``key=None``: a value only code gives, such as a seed). The defaults
+of :data:`hpcsched.core.config.DEFAULTS` are these classes' defaults, and
+:func:`hpcsched.core.config.read` builds a class from the configuration; nothing else
+writes a key's default.
 
 :class:`SchedulerSettings` holds the numbers :class:`~.scheduler_state.SchedulerState`
-decides with; its defaults are the defaults of the ``scheduler.*`` keys of
-:mod:`hpcsched.core.config`, which reads them from here. Values are already
-parsed (bytes as an int, not ``"1 MiB"``): the server parses the configuration.
+decides with. Values are parsed (bytes as an int, not ``"1 MiB"``): a field whose
+``unit`` is ``"bytes"`` is parsed as the configuration is read.
 
     >>> SchedulerSettings().queue_block_bytes
     1048576
+    >>> config_keys(SchedulerSettings)["bandwidth"]
+    'scheduler.default-bandwidth'
     >>> SchedulerSettings(rootish_policy="round-robin")
     Traceback (most recent call last):
     ...
@@ -15,14 +24,44 @@ parsed (bytes as an int, not ``"1 MiB"``): the server parses the configuration.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, ClassVar
 
 ROOTISH_POLICIES = ("queue", "co-assign", "mars")
+
+_NAMED = "named"  # the key follows the naming rule
+
+
+def setting(default: Any = MISSING, *, key: str | None = _NAMED, unit: str | None = None,
+            default_factory: Any = MISSING) -> Any:
+    """A field of a settings class: its ``key`` (by default ``SECTION.field-name``; None:
+    not a configuration key) and the ``unit`` its text is read in (``"bytes"``)."""
+    return field(default=default, default_factory=default_factory,
+                 metadata={"key": key, "unit": unit})
+
+
+def config_keys(cls: type) -> dict[str, str]:
+    """``{field name: configuration key}`` of a settings class's configured fields."""
+    out = {}
+    for f in fields(cls):
+        key = f.metadata.get("key", _NAMED)
+        if key == _NAMED:
+            key = f"{cls.SECTION}.{f.name.replace('_', '-')}"  # type: ignore[attr-defined]
+        if key is not None:
+            out[f.name] = key
+    return out
+
+
+def unit_of(cls: type, name: str) -> str | None:
+    """The unit the field ``name`` of ``cls`` is written in, if any (``"bytes"``)."""
+    return next(f.metadata.get("unit") for f in fields(cls) if f.name == name)
 
 
 @dataclass(frozen=True, slots=True)
 class SchedulerSettings:
     """What the scheduler state decides with (see ``scheduler.*`` in the configuration)."""
+
+    SECTION: ClassVar[str] = "scheduler"
 
     #: a worker holds at most ceil(saturation x threads) tasks under queuing (inf: no queue)
     worker_saturation: float = 1.1
@@ -34,25 +73,26 @@ class SchedulerSettings:
     rootish_max_deps: int = 5
     #: queued root-ish tasks a worker takes as one run (:mod:`.blocks`); 1: off
     queue_block_size: int = 4
-    #: ... of results at most (the group's mean result size), in bytes
-    queue_block_bytes: int = 2**20
+    #: ... of results at most (the group's mean result size), in bytes ("1 MiB", "64 kB")
+    queue_block_bytes: int = setting(2**20, unit="bytes")
     #: workers a task may kill before it is marked erred
     allowed_failures: int = 3
     #: seconds a task is thought to take before anything of its group was measured
     unknown_task_duration: float = 0.5
     #: bytes/s between workers, before anything is measured
-    bandwidth: float = 100e6
+    bandwidth: float = setting(100e6, key="scheduler.default-bandwidth")
     work_stealing: bool = True
-    #: seconds without a heartbeat before a worker is removed (None: never)
-    worker_ttl: float | None = None
-    #: seconds between a worker's heartbeats in a small cluster (``worker.heartbeat-interval``);
-    #: it grows with the cluster, within the TTL (:mod:`.liveness`)
-    heartbeat_interval: float = 1.0
+    #: seconds without a heartbeat before a worker is removed (None: never); the server
+    #: sets it from ``scheduler.worker-ttl`` for transports that need heartbeats
+    worker_ttl: float | None = setting(None, key=None)
+    #: seconds between a worker's heartbeats in a small cluster; it grows with the
+    #: cluster, within the TTL (:mod:`.liveness`)
+    heartbeat_interval: float = setting(1.0, key="worker.heartbeat-interval")
     #: seconds a graceful retirement (or a rebalance) may take before it is forced
-    retire_timeout: float = 120.0
+    retire_timeout: float = setting(120.0, key=None)
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``
-    transition_log_length: int = 1000
-    seed: int = 0
+    transition_log_length: int = setting(1000, key=None)
+    seed: int = setting(0, key=None)
 
     def __post_init__(self) -> None:
         if self.rootish_policy not in ROOTISH_POLICIES:

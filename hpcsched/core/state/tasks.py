@@ -46,6 +46,7 @@ from hpcsched.core.state.model import (
 )
 from hpcsched.core.state.placement import Placement
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 
 Key = Any
 #: one entry of ``transition_log``: (key, start, finish, stimulus_id, now)
@@ -86,12 +87,12 @@ def _on(*pairs: tuple[str, str]) -> Callable[[Callable[..., list[Rec]]],
 class TaskGraph:
     """The tasks and their transitions (see the module's docstring)."""
 
-    def __init__(self, registry: WorkerRegistry, placement: Placement, out: Outbox, *,
-                 unknown_task_duration: float, transition_log_length: int):
+    def __init__(self, registry: WorkerRegistry, placement: Placement, out: Outbox,
+                 settings: SchedulerSettings):
         self.registry = registry
         self.placement = placement
         self.out = out
-        self.unknown_task_duration = unknown_task_duration
+        self.unknown_task_duration = settings.unknown_task_duration
         # key -> TaskState: a plain dict, whose lookups never create a task; an element of
         # a bulk map becomes one only through :meth:`promote`
         self.tasks: dict[Key, TaskState] = {}
@@ -102,7 +103,7 @@ class TaskGraph:
         # the newest transitions, bounded as distributed's (its ``low-level-log-length``
         # defaults to 1000): a long log keeps objects alive that every full garbage
         # collection then scans
-        self.transition_log: deque[Transition] = deque(maxlen=transition_log_length)
+        self.transition_log: deque[Transition] = deque(maxlen=settings.transition_log_length)
         # every transition also goes here while a list is set (the server sets one while
         # scheduler plugins want ``transition`` calls, and empties it after each event)
         self.transition_listener: list[Transition] | None = None

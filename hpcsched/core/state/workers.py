@@ -16,6 +16,7 @@ from hpcsched.core.state.maintenance import Maintenance
 from hpcsched.core.state.model import KilledWorker, Outbox, Rec, TaskState, WorkerInfo
 from hpcsched.core.state.placement import Placement
 from hpcsched.core.state.registry import WorkerRegistry
+from hpcsched.core.state.settings import SchedulerSettings
 from hpcsched.core.state.tasks import TaskGraph
 
 
@@ -25,16 +26,15 @@ class WorkerEvents:
     handlers = Handlers("scheduler state (workers)")
 
     def __init__(self, graph: TaskGraph, registry: WorkerRegistry, placement: Placement,
-                 maintenance: Maintenance, out: Outbox, *, allowed_failures: int,
-                 heartbeat_interval: float = 1.0, worker_ttl: float | None = None):
+                 maintenance: Maintenance, out: Outbox, settings: SchedulerSettings):
         self.graph = graph
         self.registry = registry
         self.placement = placement
         self.maintenance = maintenance
         self.out = out
-        self.allowed_failures = allowed_failures
-        self.base_interval = heartbeat_interval
-        self.worker_ttl = worker_ttl
+        self.allowed_failures = settings.allowed_failures
+        self.base_interval = settings.heartbeat_interval
+        self.worker_ttl = settings.worker_ttl
         self._interval = (-1, 0.0)  # (number of workers, their heartbeat interval)
 
     def heartbeat_interval(self) -> float:

@@ -40,12 +40,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.core.settings import WorkerSettings
 
 #: exit status of a worker process that passed the terminate fraction: EX_TEMPFAIL of
 #: sysexits.h ("temporary failure; the user is invited to retry"): its supervisor restarts it
 EXIT_MEMORY = 75
 
 FRACTIONS = ("target", "spill", "pause", "terminate")
+_DEFAULT = WorkerSettings()  # the fractions' defaults (worker.memory.*)
 
 
 def _fraction(name: str, value: Any) -> float | None:
@@ -70,10 +72,10 @@ class MemoryLimits:
     """A worker's ``memory_limit`` (bytes; 0: unmanaged) and its four fractions."""
 
     limit: int
-    target: float | None = 0.6
-    spill: float | None = 0.7
-    pause: float | None = 0.8
-    terminate: float | None = 0.95
+    target: float | None = _DEFAULT.memory_target
+    spill: float | None = _DEFAULT.memory_spill
+    pause: float | None = _DEFAULT.memory_pause
+    terminate: float | None = _DEFAULT.memory_terminate
 
     def __post_init__(self) -> None:
         if not isinstance(self.limit, int) or self.limit < 0:
@@ -84,13 +86,18 @@ class MemoryLimits:
     @classmethod
     def from_config(cls, limit: int, **overrides: Any) -> MemoryLimits:
         """Fractions from ``worker.memory.*`` unless given (``target=False`` turns one off)."""
-        kw = {}
-        for name in FRACTIONS:
-            value = overrides.pop(name, None)
-            kw[name] = config.get(f"worker.memory.{name}") if value is None else value
-        if overrides:
-            raise TypeError(f"unknown memory fractions {sorted(overrides)}")
-        return cls(int(limit or 0), **kw)
+        unknown = set(overrides) - set(FRACTIONS)
+        if unknown:
+            raise TypeError(f"unknown memory fractions {sorted(unknown)}")
+        settings = config.read(WorkerSettings,
+                               **{f"memory_{name}": v for name, v in overrides.items()})
+        return cls.from_settings(limit, settings)
+
+    @classmethod
+    def from_settings(cls, limit: int, settings: WorkerSettings) -> MemoryLimits:
+        """A worker's limits: ``limit`` bytes and the fractions of its ``settings``."""
+        return cls(int(limit or 0), **{name: getattr(settings, f"memory_{name}")
+                                       for name in FRACTIONS})
 
     @property
     def managed(self) -> bool:

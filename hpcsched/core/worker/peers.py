@@ -50,6 +50,7 @@ from hpcsched.core.protocol.directions import WORKER_TO_WORKER
 from hpcsched.core.protocol.serialize import SerializationError, serialize, sizeof
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import DataReply, GetData
+from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.worker.execution import serialization_errors
 
@@ -139,9 +140,10 @@ class PeerTransfers:
     def __init__(self, worker: Any, fetchers: FetchThreads = FETCH_THREADS):
         self.worker = worker
         # settings read once: a worker opens a comm for nearly every fetch in a large cluster
+        settings = config.read(WorkerSettings)
         self._connect_timeout = float(config.get("comm.timeouts.connect"))
-        self._max_peers = max(1, int(config.get("worker.peer-connections")))
-        self._threads = int(config.get("worker.transfer-incoming-count-limit"))
+        self._max_peers = max(1, int(settings.peer_connections))
+        self._threads = int(settings.transfer_incoming_count_limit)
         self.fetcher = fetchers
         fetchers.attach(self._threads)
         self._closed = False

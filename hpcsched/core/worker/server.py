@@ -81,6 +81,7 @@ from hpcsched.core.protocol.worker import (
     RetireMe,
     UpdateData,
 )
+from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
@@ -155,16 +156,21 @@ class Worker:
         self.name = name
         self.resources = dict(resources or {})
         self.security = security
+        #: the ``worker.*`` configuration, keyword arguments winning
+        self.settings = settings = config.read(
+            WorkerSettings, death_timeout=death_timeout, heartbeat_interval=heartbeat_interval,
+            scheduler_reconnect_timeout=scheduler_reconnect_timeout,
+            memory_target=memory_target_fraction, memory_spill=memory_spill_fraction,
+            memory_pause=memory_pause_fraction, memory_terminate=memory_terminate_fraction)
         backend = registry.backend_for(scheduler_address)
-        self.reconnect_timeout = float(config.get("worker.scheduler-reconnect-timeout",
-                                                  scheduler_reconnect_timeout)) \
+        self.reconnect_timeout = float(settings.scheduler_reconnect_timeout) \
             if backend.reconnectable else 0.0
         self.scheduler_journaled = False  # from the scheduler's answer to our registration
         self.listen_address = listen_address or backend.worker_listen_address(
             scheduler_address, host)
         # the scheduler notices this worker died only by missing heartbeats (TCP): send them
         self._uses_heartbeat = backend.needs_heartbeat
-        self.death_timeout = config.get("worker.death-timeout", death_timeout)
+        self.death_timeout = settings.death_timeout
         self.lifetime = lifetime
         if lifetime and lifetime_stagger:
             import random  # here: a worker without a lifetime (every MPI rank) never needs it
@@ -172,19 +178,17 @@ class Worker:
             self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
                                 1.0)
         # until the scheduler says otherwise (it lengthens the interval as its cluster grows)
-        self.heartbeat_interval = config.get("worker.heartbeat-interval", heartbeat_interval)
+        self.heartbeat_interval = settings.heartbeat_interval
         self.host = host or socket.gethostname()
         self.address = ""
         self.state: WorkerState | None = None
-        self.memory = MemoryLimits.from_config(
-            int(self.memory_limit), target=memory_target_fraction, spill=memory_spill_fraction,
-            pause=memory_pause_fraction, terminate=memory_terminate_fraction)
+        self.memory = MemoryLimits.from_settings(int(self.memory_limit), settings)
         self.spill_buffer: SpillBuffer | None = None
         self.memory_monitor = MemoryMonitor(self.memory, on_memory_terminate, restartable)
         self._close_asked = False  # the scheduler said "close" (its exit code stands)
         tick = self.heartbeat_interval
         if self.memory.managed:
-            tick = min(tick, float(config.get("worker.memory.monitor-interval")))
+            tick = min(tick, float(settings.memory_monitor_interval))
         self._next_heartbeat = 0.0
         self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
         self.executor = TaskPool(self.nthreads, "hpcsched-task")
@@ -236,7 +240,7 @@ class Worker:
                 raise OSError(f"worker cannot spill to local_directory "
                               f"{local_directory(self.local_directory)!r}: {e}") from e
         self.state = WorkerState(self.address, self.nthreads, self.resources,
-                                 config.get("worker.transfer-incoming-count-limit"),
+                                 self.settings.transfer_incoming_count_limit,
                                  data=self.spill_buffer)
         comm = self._connect_scheduler()
         try:

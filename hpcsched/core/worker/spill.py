@@ -57,8 +57,9 @@ _LEN = struct.Struct("<Q")
 def configured_directory(path: str | None = None) -> str | None:
     """Where a worker spills if it is said: ``path``, else ``worker.local-directory``."""
     from hpcsched.core import config
+    from hpcsched.core.settings import WorkerSettings
 
-    path = config.get("worker.local-directory", path, default=None)
+    path = config.read(WorkerSettings, local_directory=path).local_directory
     return os.path.expandvars(os.path.expanduser(str(path))) if path else None
 
 

@@ -14,7 +14,6 @@ Workers are ``tcp://a``, ``tcp://b``; the client is ``c``.
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 import pytest
@@ -695,22 +694,6 @@ def test_steal_handshake_never_runs_a_task_twice():
 
 
 # ================================================================ 10. configuration
-@pytest.fixture
-def clean_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Any:
-    """No HPCSCHED_* variables, no YAML files but the ones a test writes."""
-    from hpcsched.core import config
-
-    for name in list(os.environ):
-        if name.startswith("HPCSCHED_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    config.refresh()
-    try:
-        yield tmp_path
-    finally:
-        config.refresh()
-
-
 def knobs() -> dict:
     """The scheduling knobs as a Scheduler built now sees them (not started)."""
     from hpcsched.core import config
