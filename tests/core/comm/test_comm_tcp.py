@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import mmap
 import queue
-import shutil
 import socket
 import struct
-import subprocess
 import threading
 import time
 from typing import Any
@@ -424,21 +422,6 @@ def test_many_pending_handshakes_do_not_block_accepts(net):
 
 
 # ---------------------------------------------------------------- TLS
-@pytest.fixture(scope="module")
-def tls_files(tmp_path_factory):
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl command is not installed: cannot make a test certificate")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hpcsched-test",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=30,
-    )
-    return str(cert), str(key)
-
-
 def test_tls_round_trip(net, tls_files):
     cert, key = tls_files
     secret = Security.generate().secret
