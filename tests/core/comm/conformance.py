@@ -356,7 +356,7 @@ CLOSED_MARKER = "<closed>"
 def deliver_to_hands_over_in_order_then_the_closed_marker(comm: Comm, end: End) -> None:
     """``deliver_to(inbox, source, marker)``: the messages that arrived before go first, then
     the later ones, in order, each as ``(source, message)``, then ``(source, marker)`` once
-    the peer closes, and nothing after it."""
+    the peer closes, and nothing after it. The comm is then closed: sends fail."""
     if end.opener:
         for i in range(10):
             comm.send(i)
@@ -379,6 +379,9 @@ def deliver_to_hands_over_in_order_then_the_closed_marker(comm: Comm, end: End) 
         assert [int(m[0]) if isinstance(m, np.ndarray) else m for m in got] == list(range(1, 20))
         assert (got[14] == 15).all() and got[14].shape == (50_000,)
         assert inbox.items.empty(), "something was delivered after the closed marker"
+        assert comm.closed, "the closed marker was delivered, but the comm says it is open"
+        with pytest.raises(CommClosedError):
+            comm.send("to a closed peer")
         comm.close()
 
 
