@@ -314,10 +314,12 @@ def _local_close_wakes_a_blocked_recv(opener_closes: bool) -> Check:
             t = threading.Thread(target=reader)
             t.start()
             assert reading.wait(WAIT)
-            # the reader may or may not be blocked in recv yet: it must raise either way
+            # the reader may or may not be blocked in recv yet: it must raise either way, at once
+            t0 = time.monotonic()
             comm.close()
             t.join(WAIT)
             assert not t.is_alive(), "close() left a recv blocked"
+            assert time.monotonic() - t0 < 2, "close() woke the blocked recv only late"
             assert isinstance(outcome.get(timeout=1), CommClosedError)
             _closed_for_good(comm)
         else:
