@@ -127,7 +127,9 @@ class MPIComm(Comm):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        # the peer's bye closes it too (sends already fail): a server holding the comm,
+        # told by the closed marker, must not see it as open and pick it again
+        return self._closed or self._peer_closed
 
     # called by the progress thread
     def deliver(self, frames: list[Any]) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
+import subprocess
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -69,3 +71,20 @@ def net():
 def comm_log(caplog):
     caplog.set_level(logging.INFO, logger="hpcsched.comm")
     return caplog
+
+
+# --- TLS: a certificate made once per session ------------------------------------------
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 and its key: ``(cert, key)`` paths."""
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed: cannot make a test certificate")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=hpcsched-test",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=30,
+    )
+    return str(cert), str(key)

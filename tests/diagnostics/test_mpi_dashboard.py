@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tests.hpc.test_mpi_launch import run_mpi
+from tests.hpc.mpirun import run_mpi
 
 
 @pytest.mark.timeout(180)

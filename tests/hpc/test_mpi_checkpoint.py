@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from tests.hpc.test_mpi_launch import REPO, kill_tree, run_mpi
-from tests.launchers.test_restart import runs
+from tests.hpc.mpirun import REPO, kill_tree, run_mpi
+from tests.launchers.counting import runs
 
 pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec is not on PATH")
 

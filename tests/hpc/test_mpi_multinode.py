@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from tests.conftest import wait_until
-from tests.hpc.test_mpi_launch import REPO, kill_tree, run_mpi
+from tests.hpc.mpirun import REPO, kill_tree, run_mpi
 from tests.nodes import BUSY, crash_node, in_node, link_down, missing_nodes, require
 
 NSSSH = str(REPO / "ci" / "nodes" / "nsssh")

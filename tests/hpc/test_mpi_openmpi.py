@@ -28,7 +28,7 @@ import uuid
 import psutil
 import pytest
 
-from tests.hpc.test_mpi_launch import REPO, kill_tree
+from tests.hpc.mpirun import REPO, kill_tree
 from tests.nodes import address, missing_nodes, pick, require
 
 MPIRUN = os.environ.get("HPCSCHED_OPENMPI_MPIRUN", "/usr/bin/mpirun.openmpi")

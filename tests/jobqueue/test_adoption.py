@@ -30,7 +30,7 @@ import pytest
 from hpcsched import Client
 from hpcsched.core import config
 from tests.jobqueue.test_e2e import CLASSES, MODULES, ROOT, Batch, batch, numeric, unfinished  # noqa: F401
-from tests.launchers.test_restart import counted, runs
+from tests.launchers.counting import counted, runs
 
 N = 2000
 #: the batch system's own cancel command: what the tests fall back on when they fail

@@ -10,7 +10,6 @@ a test starts is killed in ``finally`` (the ``procs`` fixture).
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import time
@@ -22,26 +21,10 @@ import pytest
 from hpcsched import Client
 from hpcsched.core import config
 from tests.conftest import wait_until
+from tests.launchers.counting import counted, runs
 from tests.launchers.test_cli import WORKER_OPTS, hpcsched_cmd, procs  # noqa: F401
 
 N = 4000
-
-
-def counted(i: int, directory: str) -> int:
-    """``i * 2``, after a short piece of work; appends one byte to ``directory/i`` per run."""
-    t = time.perf_counter() + 0.004
-    while time.perf_counter() < t:
-        pass
-    fd = os.open(os.path.join(directory, str(i)), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        os.write(fd, b"x")
-    finally:
-        os.close(fd)
-    return i * 2
-
-
-def runs(directory: Path) -> dict[int, int]:
-    return {int(p.name): p.stat().st_size for p in directory.iterdir()}
 
 
 def scheduler_cmd(sfile: Path, journal: Path) -> list[str]:
@@ -134,7 +117,7 @@ def test_workers_of_a_scheduler_that_never_returns_exit_after_their_reconnect_ti
 NOTEBOOK = """
 import sys, time
 from hpcsched import Client, LocalCluster
-from tests.launchers.test_restart import counted
+from tests.launchers.counting import counted
 cluster = LocalCluster(n_workers=1, threads_per_worker=1, memory_limit=0,
                        dashboard_address=None, scheduler_journal=sys.argv[1])
 client = Client(cluster)

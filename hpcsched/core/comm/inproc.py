@@ -39,14 +39,17 @@ class _Pipe:
     """One direction of an inproc comm: a queue, or, once the receiver asked for it
     (``deliver_to``), straight into the receiver's inbox."""
 
-    __slots__ = ("queue", "target", "lock")
+    __slots__ = ("queue", "target", "lock", "closed")
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.target: tuple[Any, Any, Any] | None = None  # (inbox, source, closed marker)
         self.lock = threading.Lock()
+        self.closed = False  # either end closed: set before the receiver can learn of it
 
     def put(self, msg: Any) -> None:
+        if msg is _CLOSE:
+            self.closed = True
         target = self.target
         if target is None:
             with self.lock:
@@ -93,6 +96,8 @@ class InprocComm(Comm):
     def send(self, msg: Any) -> None:
         if self._closed:
             raise CommClosedError(f"{self!r} is closed")
+        if self._out.closed:  # as over a socket: what the closed peer would never read
+            raise CommClosedError(f"{self!r}: peer closed")
         self._out.put(msg)
 
     def recv(self, timeout: float | None = None) -> Any:
@@ -117,7 +122,8 @@ class InprocComm(Comm):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        # closed by either end (Comm.closed); recv still hands over what came before
+        return self._closed or self._in.closed
 
     def deliver_to(self, inbox: Inbox, source: Any, closed_marker: Any) -> None:
         """Later messages go straight into ``inbox`` with ``put``: the sender's thread

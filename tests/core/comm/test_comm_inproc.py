@@ -1,4 +1,9 @@
-"""inproc:// comm: pipes, listen/connect, close semantics, timeouts."""
+"""inproc:// comm: what only it does (objects passed as they are, pipes, listen/connect,
+delivery to an inbox by put or offer, a closed comm's references).
+
+What every transport promises (order, intact frames, close, timeouts, deliver_to) is
+checked for inproc too by the conformance suite: tests/core/comm/test_comm_conformance.py.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import weakref
 
 import pytest
 
-from hpcsched.core.comm import CommClosedError, inproc, registry
+from hpcsched.core.comm import inproc, registry
 from hpcsched.core.comm.base import Inbox
 
 pytestmark = pytest.mark.timeout(20)
@@ -41,59 +46,15 @@ def test_pipe_passes_objects_as_they_are():
     assert a.recv(timeout=1) == "back"
     assert (a.local_address, a.peer_address) == ("inproc://a", "inproc://b")
     assert (b.local_address, b.peer_address) == ("inproc://b", "inproc://a")
-    for i in range(100):
-        a.send(i)
-    assert [b.recv(timeout=1) for _ in range(100)] == list(range(100))
     a.close()
     b.close()
 
 
-def test_recv_timeout():
-    a, b = inproc.pipe()
-    t0 = time.monotonic()
-    with pytest.raises(TimeoutError):
-        b.recv(timeout=0.05)
-    assert time.monotonic() - t0 >= 0.04
+def test_a_zero_timeout_still_delivers_a_message_already_there():
+    a, b = inproc.pipe()  # a send is in the peer's queue when it returns: no wait needed
     a.send(1)
     assert b.recv(timeout=0) == 1  # already there: a zero timeout still delivers it
     a.close()
-
-
-def test_close_wakes_a_blocked_recv_and_the_peer():
-    a, b = inproc.pipe()
-    errors: queue.Queue = queue.Queue()
-
-    def reader(comm) -> None:
-        try:
-            comm.recv()
-        except Exception as e:
-            errors.put(e)
-
-    threads = [threading.Thread(target=reader, args=(c,)) for c in (a, b)]
-    for t in threads:
-        t.start()
-    time.sleep(0.02)  # let both block (passes either way)
-    a.close()
-    assert isinstance(errors.get(timeout=2), CommClosedError)
-    assert isinstance(errors.get(timeout=2), CommClosedError)
-    for t in threads:
-        t.join(timeout=2)
-    assert a.closed and b.closed
-    with pytest.raises(CommClosedError):
-        a.send("x")
-    with pytest.raises(CommClosedError):
-        b.recv(timeout=1)  # stays closed
-    a.close()  # idempotent
-    b.close()
-
-
-def test_messages_sent_before_close_still_arrive():
-    a, b = inproc.pipe()
-    a.send("last words")
-    a.close()
-    assert b.recv(timeout=1) == "last words"
-    with pytest.raises(CommClosedError, match="peer closed"):
-        b.recv(timeout=1)
 
 
 def test_listen_connect_and_stop(cleanup):

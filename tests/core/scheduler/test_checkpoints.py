@@ -15,7 +15,7 @@ from hpcsched.core.protocol import messages as pr
 from hpcsched.core.scheduler.checkpoints import Checkpoints
 from hpcsched.core.worker import checkpoint
 from hpcsched.core.worker.execution import run_spec_call
-from tests.launchers.test_restart import counted, runs
+from tests.launchers.counting import counted, runs
 
 
 def graph(annotated: dict) -> pr.UpdateGraph:

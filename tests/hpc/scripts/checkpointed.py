@@ -1,7 +1,7 @@
 """N tasks annotated checkpoint=True, for ``python -m hpcsched --journal J``.
 
 Arguments: DIRECTORY N STOP_AFTER. Each task counts its runs in DIRECTORY (see
-``tests.launchers.test_restart.counted``). With STOP_AFTER > 0 the script ends with an
+``tests.launchers.counting.counted``). With STOP_AFTER > 0 the script ends with an
 error once that many tasks are done, as a job whose walltime ran out; else it checks
 and prints every result.
 """
@@ -11,7 +11,7 @@ import sys
 import dask
 
 from hpcsched import Client, as_completed
-from tests.launchers.test_restart import counted
+from tests.launchers.counting import counted
 
 directory, n, stop_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 client = Client()
