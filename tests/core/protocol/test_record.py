@@ -22,7 +22,7 @@ import pytest
 
 from hpcsched.core.protocol import wire
 from hpcsched.core.protocol.wire import record
-from tests.conftest import worker_env
+from tests.conftest import interruptible, worker_env
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -145,8 +145,8 @@ def test_ctrl_c_during_a_record_first_built_at_exit_still_exits_by_sigint(tmp_pa
         atexit.register(lambda: print(repr(CancelKeys(keys=["x"], client="c")), flush=True))
         os.kill(os.getpid(), signal.SIGINT)
     """))
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                       timeout=60, env=worker_env())
+    r = subprocess.run(interruptible([sys.executable, str(script)]), capture_output=True,
+                       text=True, timeout=60, env=worker_env())
     assert r.returncode == -signal.SIGINT, r.stderr
     assert "CancelKeys(" in r.stdout and "KeyboardInterrupt" in r.stderr
 
