@@ -133,6 +133,7 @@ def test_every_message_record_builds_from_its_fields():
         assert repr(a).startswith(cls.__name__ + "("), cls
 
 
+@pytest.mark.timeout(90)  # beyond the child's 60 s: a slow start under load fails as such
 def test_ctrl_c_during_a_record_first_built_at_exit_still_exits_by_sigint(tmp_path):
     """A program ended by Ctrl-C exits by SIGINT even when its cleanup at exit builds a
     record of a kind it had not built (compiling its methods must not make the
