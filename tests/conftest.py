@@ -9,6 +9,8 @@
   scheduler or worker process started during a test (or a module) outlives it.
 * ``wait_until(predicate, timeout)``: poll a condition with a deadline (tests
   wait on conditions, never on bare sleeps).
+* ``interruptible(cmd)``: ``cmd`` with SIGINT at its default action, as a program started
+  from a shell prompt has it, for tests that Ctrl-C a child.
 * ``road`` (parametrized: ``bulk``, ``tasks``): the two ways a user's calls reach the
   scheduler -- one ``Client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map, whose
   elements are no tasks until they must be) and the same calls as single ``submit``s --
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -34,6 +37,20 @@ def worker_env() -> dict[str, str]:
     reference, so workers must be able to import ``tests.*`` wherever pytest was started."""
     path = os.environ.get("PYTHONPATH")
     return {"PYTHONPATH": REPO + (os.pathsep + path if path else "")}
+
+
+def interruptible(cmd: list[str]) -> list[str]:
+    """``cmd`` run with SIGINT at its default action, as a shell prompt starts a program
+    (Python then installs its ``KeyboardInterrupt`` handler).
+
+    The test run itself may ignore SIGINT: a non-interactive shell starts a background job
+    (``bash .ci/run &`` in a script) with SIGINT ignored, every child inherits that, and
+    Python keeps an inherited SIG_IGN, so a Ctrl-C sent to a child would do nothing. The
+    command is exec'd in place: its pid is the one started.
+    """
+    reset = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+             "os.execvp(sys.argv[1], sys.argv[1:])")
+    return [sys.executable, "-c", reset, *cmd]
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,

@@ -30,6 +30,7 @@ from hpcsched.jobqueue.pbs import PBSCluster
 from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
 from hpcsched.jobqueue.sge import SGECluster
 from hpcsched.jobqueue.slurm import SLURMCluster
+from tests.conftest import interruptible
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,
@@ -249,7 +250,7 @@ def test_client_process_ending_leaves_no_job(batch, how):
             if {how!r} in ("sigterm", "sigint"):
                 time.sleep(120)
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+    proc = subprocess.Popen(interruptible([sys.executable, "-c", code]), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=batch.env, cwd=ROOT)
     try:
         ids = {numeric(j) for j in proc.stdout.readline().split()}
