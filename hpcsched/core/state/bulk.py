@@ -621,8 +621,9 @@ class BulkMaps:
         if m is None:
             stray = list(range(n))
         else:
-            state, where, nbytes = m.state, m.where, m.nbytes
+            state, where, nbytes, sizes = m.state, m.where, m.nbytes, e.nbytes
             size = len(state)
+            held = 0  # bytes of the results now in memory
             for j, i in enumerate(e.indices):
                 if i >= size:
                     stray.append(j)
@@ -630,7 +631,12 @@ class BulkMaps:
                 st = state[i]
                 if st == PROCESSING and where[i] == slot:
                     state[i] = MEMORY
-                    nbytes[i] = max(e.nbytes[j], 0)
+                    b = sizes[j]
+                    if b > 0:
+                        nbytes[i] = b
+                        held += b
+                    else:
+                        nbytes[i] = 0
                     done.append(j)
                     finished += 1
                 elif st == FORGOTTEN and where[i] == slot:
@@ -646,7 +652,7 @@ class BulkMaps:
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
-                holds(ws, len(done), sum([nbytes[e.indices[j]] for j in done]))
+                holds(ws, len(done), held)
                 self._report(m, ws, e, done)
                 if ws.status == "closing_gracefully":
                     self._promote_results(m, [e.indices[j] for j in done])
