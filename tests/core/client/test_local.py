@@ -291,7 +291,7 @@ def test_threads_run_concurrently():
     assert local.get(dsk, "c", num_workers=2) == 3
 
 
-def test_failure_lets_running_tasks_finish_and_starts_nothing_new():
+def test_failure_lets_running_tasks_finish_and_starts_nothing_new(monkeypatch):
     r"""::
 
         b2    o2            r0 r1 r2 r3 r4   (independent, lowest priority)
@@ -303,10 +303,25 @@ def test_failure_lets_running_tasks_finish_and_starts_nothing_new():
     bad and other start together (they meet at a barrier); bad raises. other
     is allowed to finish; the r tasks, never started before the failure, never
     start. The exception keeps its type and no worker thread is left behind.
+
+    other finishes only once bad's failure is on its way to the scheduling loop (its
+    thread has queued it): on a loaded machine bad's thread may otherwise not run again
+    until other's thread has run o1, o2 and the r tasks, none of which is wrong then.
     """
+    import queue
+
     barrier = threading.Barrier(2, timeout=10)
+    reported = threading.Event()  # bad's failure is queued for the scheduling loop
     started: list = []
     finished: list = []
+
+    class Results(queue.SimpleQueue):
+        def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+            super().put(item, block, timeout)
+            if isinstance(item, tuple) and len(item) == 3 and isinstance(item[2], MyError):
+                reported.set()
+
+    monkeypatch.setattr(local.queue, "SimpleQueue", Results)
 
     def bad():
         started.append("bad")
@@ -316,6 +331,7 @@ def test_failure_lets_running_tasks_finish_and_starts_nothing_new():
     def other():
         started.append("other")
         barrier.wait()
+        assert reported.wait(10), "bad's failure was never queued"
         finished.append("other")
         return 1
 
