@@ -96,8 +96,9 @@ class MemoryLimits:
     @classmethod
     def from_settings(cls, limit: int, settings: WorkerSettings) -> MemoryLimits:
         """A worker's limits: ``limit`` bytes and the fractions of its ``settings``."""
-        return cls(int(limit or 0), **{name: getattr(settings, f"memory_{name}")
-                                       for name in FRACTIONS})
+        return cls(int(limit or 0), target=settings.memory_target,
+                   spill=settings.memory_spill, pause=settings.memory_pause,
+                   terminate=settings.memory_terminate)
 
     @property
     def managed(self) -> bool:
