@@ -5,8 +5,9 @@
 
 1. defaults -- dask-jobqueue's own (``jobqueue.yaml`` of dask-jobqueue 0.9: a 30 minute
    walltime, ``processes`` about the square root of ``cores``, ...);
-2. dask's configuration ``jobqueue.<section>`` (:mod:`hpcsched.jobqueue.dask_config`):
-   keys this system has no use for are ignored there, as dask-jobqueue ignores them;
+2. dask's configuration ``jobqueue.<section>`` (:mod:`hpcsched.jobqueue.dask_config`: its
+   files, ``DASK_*`` variables and ``dask.config.set`` in this process): keys this system
+   has no use for are ignored there, as dask-jobqueue ignores them;
 3. hpcsched's configuration ``jobqueue.<section>`` (YAML, ``HPCSCHED_JOBQUEUE__...``):
    unknown keys are errors (a typo must not pass silently);
 4. keyword arguments that are not ``None``.

@@ -338,6 +338,42 @@ def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
     assert c.jobs[first].ended and not c.failed_jobs
 
 
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job``'s ``Key=Value`` fields of one job."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm)], indirect=True)
+def test_dask_config_set_sizes_the_jobs_submitted(batch, reread_dask_config):
+    """A notebook's dask-jobqueue setup: ``dask.config.set`` first, then ``SLURMCluster()``
+    with no sizes; the jobs SLURM holds are of the configured cores and memory."""
+    import dask.config
+
+    from hpcsched.core.client.client import Client
+
+    dask.config.set({"jobqueue.slurm.cores": 2, "jobqueue.slurm.memory": "2GB"})
+    c = batch.cluster(cores=None, memory=None)
+    c.scale(jobs=1)
+    (job_id,) = batch.record(c)
+    job = scontrol_job(job_id)
+    assert (job["NumCPUs"], job["MinMemoryNode"]) == ("2", "2G")  # 2 GB rounded up to GiB
+    c.wait_for_workers(2, timeout=60)  # cores=2: 2 worker processes of 1 thread
+    with Client(c) as client:
+        assert sum(client.gather(client.map(lambda x: x * 2, range(10)))) == 90
+    c.close()
+    with dask.config.set({"jobqueue.slurm.cores": 1, "jobqueue.slurm.memory": "1GB"}):
+        c = batch.cluster(cores=None, memory=None)
+        c.scale(jobs=1)
+        (job_id,) = batch.record(c)
+    job = scontrol_job(job_id)
+    assert (job["NumCPUs"], job["MinMemoryNode"]) == ("1", "954M")
+    c.wait_for_workers(1, timeout=60)
+    c.close()
+
+
 @pytest.mark.parametrize("batch", ["pbs", "lsf"], indirect=True)
 def test_scale_down_cancels_pending_jobs_first(batch, monkeypatch):
     """Needs a queue that keeps jobs pending: the emulators' max-running knob."""
