@@ -301,14 +301,12 @@ class BatchSystem:
         if self.run_command is None:  # a replaced runner needs no executables
             runner.require_executable(self.submit_command[0])
 
-    def submit_options(self, job_name: str, log_file: str) -> list[str]:
-        """Hook: submit-command options repeating the script's own directives."""
-        return []
-
-    def submit(self, script_path: str, script: str, options: Iterable[str] = ()) -> str:
-        """Submit; return the job id (the parent id for arrays)."""
+    def submit(self, script_path: str, script: str) -> str:
+        """Submit; return the job id (the parent id for arrays). Everything the job asks
+        for is in the script's directives, where ``job_directives_skip`` and
+        ``job_extra_directives`` act; only ``submit_command_extra`` goes on the command line."""
         self.check_commands()
-        extra = [*options, *self.params["submit_command_extra"]]
+        extra = self.params["submit_command_extra"]
         if self.script_on_stdin:
             out = self._run([*self.submit_command, *extra], input=script)
         else:

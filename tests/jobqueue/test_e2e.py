@@ -10,6 +10,7 @@ Every test checks with the batch system's own command (``squeue``, ``qstat``,
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -113,6 +114,8 @@ def batch(request, tmp_path, monkeypatch, fast_poll):
         bin_dir = request.getfixturevalue("torque")
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
         monkeypatch.setenv("PATH", env["PATH"])
+        # the wrappers send a job's output to the submitting directory (pbs.py's docstring)
+        monkeypatch.chdir(tmp_path)
     else:
         if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
             pytest.skip("the PBS/LSF emulators are not in this tree")
@@ -513,6 +516,34 @@ def test_pbs_cluster_over_the_torque_wrappers(batch):
     c.scale(0)
     batch.assert_queue_empty(ids)
     assert not c.failed_jobs
+
+
+def pbs_job_name(batch: Batch, job_id: str) -> str:
+    out = _run(["qstat", "-x", "-f", "-F", "json", job_id], batch.env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["Jobs"][job_id]["Job_Name"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", ["pbs"], indirect=True)
+def test_pbs_job_directives_skip_and_extra_directives_name_the_job(batch):
+    """dask-jobqueue's ``job_directives_skip=["-N"]`` and ``job_extra_directives=["-N
+    ..."]``, as qsub sees them: the script's directives are all it is given."""
+    c = batch.cluster(job_name="foobar", job_extra_directives=["-N myjob"])
+    c.scale(jobs=1)
+    batch.record(c)
+    (job_id,) = c.jobs
+    assert pbs_job_name(batch, job_id) == "myjob"  # the later directive wins, as in qsub
+    c.wait_for_workers(1, timeout=60)  # the job's name is not how its worker is known
+    c.close()
+    c = batch.cluster(job_name="foobar", job_directives_skip=["-N"])
+    assert "#PBS -N" not in c.job_script()
+    c.scale(jobs=1)
+    batch.record(c)
+    ((job_id, job),) = c.jobs.items()
+    assert pbs_job_name(batch, job_id) == f"{job.name}.sh"  # qsub's default: the script's name
+    c.wait_for_workers(1, timeout=60)
+    c.close()
 
 
 class CountingRunner:
