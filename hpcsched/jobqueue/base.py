@@ -42,7 +42,7 @@ from hpcsched.launchers.resources import worker_memory_limit
 logger = logging.getLogger(__name__)
 
 _LIST_PARAMS = ("job_extra_directives", "job_directives_skip", "job_script_prologue",
-                "submit_command_extra", "worker_extra_args")
+                "job_script_epilogue", "submit_command_extra", "worker_extra_args")
 #: scheduler_options the cluster uses; dask's other Scheduler options are logged and ignored
 SCHEDULER_OPTIONS = ("host", "port", "interface", "dashboard_address", "protocol")
 #: below this, a memory figure is surely a unit mistake (memory=16 meaning 16 GB)
@@ -280,8 +280,15 @@ class BatchSystem:
         lines += p["job_script_prologue"]
         if secret_file:
             lines.append(f"export HPCSCHED_SECRET_FILE={shell_literal(secret_file)}")
-        lines.append("exec " + launch_command(self.worker_command(scheduler_address, worker_name),
-                                              p["processes"], p["launcher"]))
+        launch = launch_command(self.worker_command(scheduler_address, worker_name),
+                                p["processes"], p["launcher"])
+        if p["job_script_epilogue"]:
+            # the shell stays to run the epilogue once the worker exits; the job still ends
+            # with the worker's status, which tells a failed worker from a finished one
+            lines += [launch, "worker_status=$?", *p["job_script_epilogue"],
+                      "exit $worker_status"]
+        else:
+            lines.append("exec " + launch)
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------ commands

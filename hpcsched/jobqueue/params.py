@@ -47,6 +47,7 @@ COMMON: dict[str, Any] = {
     "job_extra_directives": [],
     "job_directives_skip": [],
     "job_script_prologue": [],
+    "job_script_epilogue": [],  # lines run after the worker exits (dask-jobqueue 0.9)
     "log_directory": None,
     "local_directory": None,
     "interface": None,

@@ -66,6 +66,21 @@ def test_worker_command_differs_it_is_logged_as_ignored(Cluster, caplog):
     assert "ignored" not in caplog.text  # dask-jobqueue's defaults say nothing
 
 
+def test_job_script_epilogue_runs_after_the_worker(Cluster):
+    """dask-jobqueue 0.9's ``job_script_epilogue``: lines after the worker command; the
+    job ends with the worker's exit status, not the epilogue's."""
+    epilogue = ["echo worker done", 'rm -rf "$TMPDIR/scratch"']
+    with Cluster(cores=2, memory="4GB", job_script_prologue=["echo start"],
+                 job_script_epilogue=epilogue) as c:
+        lines = c.job_script().splitlines()
+    worker = next(i for i, ln in enumerate(lines) if " -m hpcsched worker " in ln)
+    assert not lines[worker].startswith("exec ")  # the shell must outlive the worker
+    assert lines.index("echo start") < worker
+    assert lines[worker + 1:] == ["worker_status=$?", *epilogue, "exit $worker_status"]
+    with Cluster(cores=2, memory="4GB") as c:
+        assert c.job_script().splitlines()[-1].startswith("exec ")
+
+
 def test_shebang_settings(Cluster):
     with Cluster(cores=2, memory="4GB", shebang="#!/usr/bin/python") as c:
         s = c.job_script()

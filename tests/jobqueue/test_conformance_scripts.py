@@ -77,7 +77,7 @@ def test_slurm_custom_config_section():
             "name": "myname", "processes": 1, "interface": None, "death-timeout": None,
             "local-directory": "/foo", "shared-temp-directory": None, "extra": None,
             "worker-command": None, "worker-extra-args": [], "env-extra": None,
-            "job-script-prologue": [], "log-directory": None,
+            "job-script-prologue": [], "job-script-epilogue": [], "log-directory": None,
             "shebang": "#!/usr/bin/env bash", "job-cpu": None, "job-mem": None, "python": None}
     with config.set({"jobqueue.slurm-config-name": conf}):
         with SLURMCluster(config_name="slurm-config-name") as cluster:
