@@ -172,6 +172,7 @@ class BatchSystem:
                              "starting with a letter")
         if not isinstance(p["shebang"], str) or not p["shebang"].startswith("#!"):
             raise ValueError(f"shebang={p['shebang']!r} must start with '#!'")
+        self.worker_program = params.worker_program(p["worker_command"])
         p["scheduler_options"] = check_scheduler_options(p["scheduler_options"])
         if p["protocol"] not in (None, "tcp", "tcp://"):
             raise ValueError(f"protocol={p['protocol']!r}: hpcsched's batch clusters speak tcp:// "
@@ -252,7 +253,7 @@ class BatchSystem:
         # the job is the machine its workers share
         mem = worker_memory_limit("auto", workers=p["processes"], total=self.memory_bytes,
                                   machine=self.memory_bytes)
-        cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
+        cmd = [p["python"], "-m", *self.worker_program, scheduler_address,
                "--name", worker_name, "--nthreads", str(nthreads)]
         # each worker's share of the job's memory, unless the worker's own option says
         # otherwise (it means what memory_limit means everywhere: "0.5", "auto", ...)

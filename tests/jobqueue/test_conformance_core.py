@@ -51,13 +51,37 @@ def test_command_template(Cluster):
         assert " --resources GPU=1" in s
 
 
-def test_worker_command_differs_it_is_logged_as_ignored(Cluster, caplog):
-    """An hpcsched scheduler speaks only to hpcsched workers: another worker command
-    (dask_cuda's, say) cannot be honoured; the cluster says so in one log line."""
+def test_worker_command_names_the_module_the_job_runs(Cluster):
+    """dask-jobqueue's ``worker_command`` picks the worker program. dask-jobqueue's own
+    default (in the jobqueue.yaml it installs) means the usual worker: hpcsched's."""
+    for default in (None, "distributed.cli.dask_worker", "hpcsched", "hpcsched worker"):
+        with Cluster(cores=2, memory="4GB", worker_command=default) as c:
+            assert " -m hpcsched worker tcp://" in c.job_script()
+    with Cluster(cores=2, memory="4GB", worker_command="mysite.gpu_worker --gpus 2") as c:
+        assert " -m mysite.gpu_worker --gpus 2 tcp://" in c.job_script()
+        assert "hpcsched worker" not in c.job_script()
+
+
+def test_worker_command_differs_a_dask_worker_program_is_refused_saying_what_to_use(Cluster):
+    """An hpcsched scheduler speaks only to hpcsched workers: dask_cuda's worker (the
+    reason dask-jobqueue users set worker_command) cannot join it."""
+    for dask_worker in ("dask_cuda.cli", "dask_cuda.cli cuda worker",
+                        "distributed.cli.dask_spec"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"worker_command={dask_worker!r} starts a dask.distributed worker")) as e:
+            Cluster(cores=2, memory="4GB", worker_command=dask_worker)
+        assert "--resources" in str(e.value) and "CUDA_VISIBLE_DEVICES" in str(e.value)
+    with pytest.raises(ValueError, match="runs no hpcsched worker with 'python -m'"):
+        Cluster(cores=2, memory="4GB", worker_command="hpcsched.launchers.cli")
+    with pytest.raises(ValueError, match="give the Python module the job runs"):
+        Cluster(cores=2, memory="4GB", worker_command="/usr/bin/dask-worker")
+
+
+def test_nanny_false_is_logged_as_ignored(Cluster, caplog):
     with caplog.at_level(logging.INFO, logger="hpcsched.jobqueue"):
-        with Cluster(cores=2, memory="4GB", worker_command="dask_cuda.cli") as c:
-            assert "dask_cuda" not in c.job_script()
-    assert "worker_command='dask_cuda.cli' is ignored" in caplog.text
+        with Cluster(cores=2, memory="4GB", nanny=False):
+            pass
+    assert "nanny=False is ignored" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hpcsched.jobqueue"):
         with Cluster(cores=2, memory="4GB", worker_command="distributed.cli.dask_worker",

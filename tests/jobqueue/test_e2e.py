@@ -546,6 +546,37 @@ def test_pbs_job_directives_skip_and_extra_directives_name_the_job(batch):
     c.close()
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", ["pbs"], indirect=True)
+def test_worker_command_module_and_epilogue_run_in_the_job(batch, tmp_path):
+    """A site's own worker module (``worker_command``) that starts hpcsched's worker, and a
+    ``job_script_epilogue`` that runs once the worker has left: both in a real job."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "site_worker.py").write_text(textwrap.dedent("""\
+        import os, sys
+        from hpcsched.launchers.cli import worker_main
+        os.environ["SITE_PREPARED"] = "1"
+        sys.exit(worker_main(sys.argv[1:]))
+        """))
+    mark = tmp_path / "epilogue-ran"
+    c = batch.cluster(worker_command="site_worker",
+                      job_script_prologue=[f"export PYTHONPATH={mods}"],
+                      job_script_epilogue=[f"echo $worker_status > {mark}"])
+    c.scale(jobs=1)
+    batch.record(c)
+    c.wait_for_workers(1, timeout=60)
+    from hpcsched.core.client.client import Client
+
+    with Client(c) as client:
+        assert client.run(lambda: os.environ.get("SITE_PREPARED")) == {
+            w: "1" for w in c.workers}
+    name = next(iter(c.workers.values()))["name"]
+    c.scheduler.retire_workers(names=[name])  # as at walltime: the worker leaves
+    wait_for(mark.exists, 30, "the epilogue to run")
+    assert mark.read_text() == "0\n"  # the worker's own status, seen by the epilogue
+
+
 class CountingRunner:
     """The real batch commands, with the time of each submission recorded."""
 
