@@ -42,7 +42,7 @@ from hpcsched.launchers.resources import worker_memory_limit
 logger = logging.getLogger(__name__)
 
 _LIST_PARAMS = ("job_extra_directives", "job_directives_skip", "job_script_prologue",
-                "submit_command_extra", "worker_extra_args")
+                "job_script_epilogue", "submit_command_extra", "worker_extra_args")
 #: scheduler_options the cluster uses; dask's other Scheduler options are logged and ignored
 SCHEDULER_OPTIONS = ("host", "port", "interface", "dashboard_address", "protocol")
 #: below this, a memory figure is surely a unit mistake (memory=16 meaning 16 GB)
@@ -172,6 +172,7 @@ class BatchSystem:
                              "starting with a letter")
         if not isinstance(p["shebang"], str) or not p["shebang"].startswith("#!"):
             raise ValueError(f"shebang={p['shebang']!r} must start with '#!'")
+        self.worker_program = params.worker_program(p["worker_command"])
         p["scheduler_options"] = check_scheduler_options(p["scheduler_options"])
         if p["protocol"] not in (None, "tcp", "tcp://"):
             raise ValueError(f"protocol={p['protocol']!r}: hpcsched's batch clusters speak tcp:// "
@@ -252,7 +253,7 @@ class BatchSystem:
         # the job is the machine its workers share
         mem = worker_memory_limit("auto", workers=p["processes"], total=self.memory_bytes,
                                   machine=self.memory_bytes)
-        cmd = [p["python"], "-m", "hpcsched", "worker", scheduler_address,
+        cmd = [p["python"], "-m", *self.worker_program, scheduler_address,
                "--name", worker_name, "--nthreads", str(nthreads)]
         # each worker's share of the job's memory, unless the worker's own option says
         # otherwise (it means what memory_limit means everywhere: "0.5", "auto", ...)
@@ -280,8 +281,15 @@ class BatchSystem:
         lines += p["job_script_prologue"]
         if secret_file:
             lines.append(f"export HPCSCHED_SECRET_FILE={shell_literal(secret_file)}")
-        lines.append("exec " + launch_command(self.worker_command(scheduler_address, worker_name),
-                                              p["processes"], p["launcher"]))
+        launch = launch_command(self.worker_command(scheduler_address, worker_name),
+                                p["processes"], p["launcher"])
+        if p["job_script_epilogue"]:
+            # the shell stays to run the epilogue once the worker exits; the job still ends
+            # with the worker's status, which tells a failed worker from a finished one
+            lines += [launch, "worker_status=$?", *p["job_script_epilogue"],
+                      "exit $worker_status"]
+        else:
+            lines.append("exec " + launch)
         return "\n".join(lines) + "\n"
 
     # ------------------------------------------------------------ commands
@@ -301,14 +309,12 @@ class BatchSystem:
         if self.run_command is None:  # a replaced runner needs no executables
             runner.require_executable(self.submit_command[0])
 
-    def submit_options(self, job_name: str, log_file: str) -> list[str]:
-        """Hook: submit-command options repeating the script's own directives."""
-        return []
-
-    def submit(self, script_path: str, script: str, options: Iterable[str] = ()) -> str:
-        """Submit; return the job id (the parent id for arrays)."""
+    def submit(self, script_path: str, script: str) -> str:
+        """Submit; return the job id (the parent id for arrays). Everything the job asks
+        for is in the script's directives, where ``job_directives_skip`` and
+        ``job_extra_directives`` act; only ``submit_command_extra`` goes on the command line."""
         self.check_commands()
-        extra = [*options, *self.params["submit_command_extra"]]
+        extra = self.params["submit_command_extra"]
         if self.script_on_stdin:
             out = self._run([*self.submit_command, *extra], input=script)
         else:

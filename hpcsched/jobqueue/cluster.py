@@ -397,8 +397,7 @@ class JobQueueCluster(Cluster):
             with open(path, "w") as f:
                 f.write(script)
             self._scripts.append(path)
-            job_id = self.system.submit(path, script, self.system.submit_options(
-                name, self.system.log_file(name, array)))
+            job_id = self.system.submit(path, script)
             if array:
                 ids = self.system.array_element_ids(job_id, array)
                 first = self.system.array_first_index

@@ -1,15 +1,19 @@
 """The ``jobqueue`` section of dask's configuration, as dask-jobqueue users already have it.
 
-dask reads YAML files from ``$DASK_ROOT_CONFIG`` (``/etc/dask``), ``{sys.prefix}/etc/dask``,
-``~/.config/dask`` and ``$DASK_CONFIG`` (a file or a directory), later ones winning,
-then ``DASK_*`` environment variables (``DASK_JOBQUEUE__SLURM__QUEUE=debug``): see
-"Configuration" in dask's documentation. A user moving from dask-jobqueue keeps
-``~/.config/dask/jobqueue.yaml``; hpcsched reads the ``jobqueue`` part of those
-sources *below* its own configuration (``~/.config/hpcsched``, ``HPCSCHED_*``), so
-that a setting made for hpcsched wins over one made for dask.
+dask-jobqueue reads its parameters with ``dask.config.get``, so a value counts wherever
+dask's configuration got it: YAML files from ``$DASK_ROOT_CONFIG`` (``/etc/dask``),
+``{sys.prefix}/etc/dask``, ``~/.config/dask`` and ``$DASK_CONFIG``, ``DASK_*``
+environment variables (``DASK_JOBQUEUE__SLURM__QUEUE=debug``), and
+``dask.config.set(...)`` in the running process, also as a context manager (see
+"Configuration" in dask's documentation). With dask installed, :func:`section` asks
+dask the same way, so a notebook's ``dask.config.set({"jobqueue.slurm.cores": 8})``
+before ``SLURMCluster()`` is honoured. dask is optional: without it the same files and
+variables are read here, by dask's rules (there is then no ``dask.config.set`` to honour).
 
-Only ``jobqueue.<section>`` is read; the rest of dask's configuration (``distributed``,
-``array``, ...) is of no concern here. Nothing here imports dask.
+hpcsched reads the ``jobqueue`` part *below* its own configuration
+(``~/.config/hpcsched``, ``HPCSCHED_*``), so that a setting made for hpcsched wins over
+one made for dask. Only ``jobqueue.<section>`` is read; the rest of dask's configuration
+(``distributed``, ``array``, ...) is of no concern here.
 
     >>> import os, tempfile
     >>> d = tempfile.mkdtemp()
@@ -88,8 +92,41 @@ def _env_value(text: str) -> Any:
 
 def section(name: str, paths: Sequence[str] | None = None,
             environ: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``jobqueue.<name>`` merged over dask's files and ``DASK_JOBQUEUE__<NAME>__*``;
-    keys hyphenated as in dask-jobqueue's ``jobqueue.yaml``."""
+    """``jobqueue.<name>`` of dask's configuration, keys hyphenated as in dask-jobqueue's
+    ``jobqueue.yaml``: dask's own view when dask is installed (files, variables and
+    ``dask.config.set``), else the files and ``DASK_JOBQUEUE__<NAME>__*`` read here.
+    ``paths`` / ``environ`` read those files and variables instead of asking dask."""
+    if paths is None and environ is None:
+        try:
+            import dask.config
+        except ImportError:
+            pass
+        else:
+            return _from_dask(name, dask.config.get("jobqueue", default=None))
+    return _from_files(name, paths, environ)
+
+
+def _from_dask(name: str, jobqueue: object) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    if jobqueue is None:
+        return merged
+    if not isinstance(jobqueue, Mapping):
+        _from_files(name)  # a file that holds it is named by the error raised there
+        raise ValueError("dask configuration: 'jobqueue' must be a mapping, "
+                         f"not {type(jobqueue).__name__}")
+    part = {_norm(k): v for k, v in jobqueue.items()}.get(_norm(name))
+    if isinstance(part, Mapping):
+        _merge(merged, part)
+    elif part is not None:
+        _from_files(name)
+        raise ValueError(f"dask configuration: jobqueue.{name} must be a mapping, "
+                         f"not {type(part).__name__}")
+    return merged
+
+
+def _from_files(name: str, paths: Sequence[str] | None = None,
+                environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``jobqueue.<name>`` merged over dask's files and ``DASK_JOBQUEUE__<NAME>__*``."""
     env = os.environ if environ is None else environ
     merged: dict[str, Any] = {}
     for path in (search_paths(env) if paths is None else paths):

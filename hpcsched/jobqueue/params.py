@@ -5,8 +5,9 @@
 
 1. defaults -- dask-jobqueue's own (``jobqueue.yaml`` of dask-jobqueue 0.9: a 30 minute
    walltime, ``processes`` about the square root of ``cores``, ...);
-2. dask's configuration ``jobqueue.<section>`` (:mod:`hpcsched.jobqueue.dask_config`):
-   keys this system has no use for are ignored there, as dask-jobqueue ignores them;
+2. dask's configuration ``jobqueue.<section>`` (:mod:`hpcsched.jobqueue.dask_config`: its
+   files, ``DASK_*`` variables and ``dask.config.set`` in this process): keys this system
+   has no use for are ignored there, as dask-jobqueue ignores them;
 3. hpcsched's configuration ``jobqueue.<section>`` (YAML, ``HPCSCHED_JOBQUEUE__...``):
    unknown keys are errors (a typo must not pass silently);
 4. keyword arguments that are not ``None``.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -46,6 +48,7 @@ COMMON: dict[str, Any] = {
     "job_extra_directives": [],
     "job_directives_skip": [],
     "job_script_prologue": [],
+    "job_script_epilogue": [],  # lines run after the worker exits (dask-jobqueue 0.9)
     "log_directory": None,
     "local_directory": None,
     "interface": None,
@@ -60,9 +63,9 @@ COMMON: dict[str, Any] = {
     "launcher": "fork",
     "shared_temp_directory": None,  # where the cluster's secret file goes (else log_directory)
     "protocol": None,
+    "worker_command": None,  # the module the job runs: see worker_program
     # dask-jobqueue parameters hpcsched accepts and does not use (see IGNORED)
     "nanny": True,
-    "worker_command": None,
     # dask-jobqueue's old names (see DEPRECATED)
     "extra": None,
     "job_extra": None,
@@ -78,18 +81,65 @@ DEPRECATED = {
     "header_skip": "job_directives_skip",
 }
 
-#: worker commands that mean "start a worker": what hpcsched does anyway
-_WORKER_COMMANDS = (None, "distributed.cli.dask_worker", "hpcsched", "hpcsched worker")
-
 #: parameter -> (is it set to something hpcsched would have to honour?, why it is ignored)
 IGNORED: dict[str, tuple[Any, str]] = {
     "nanny": (lambda v: v is False,
               "hpcsched workers run without a nanny process; a job's worker that dies is "
               "replaced by a new job while the cluster's target asks for it"),
-    "worker_command": (lambda v: v not in _WORKER_COMMANDS,
-                       "jobs always start 'python -m hpcsched worker' (an hpcsched scheduler "
-                       "speaks only to hpcsched workers)"),
 }
+
+#: dask-jobqueue's default worker_command (its jobqueue.yaml, which importing dask_jobqueue
+#: copies to ~/.config/dask and registers as dask's default): "the usual worker", which
+#: here is hpcsched's
+_DASK_JOBQUEUE_DEFAULT_WORKER = "distributed.cli.dask_worker"
+#: packages whose worker programs are dask.distributed workers
+_DASK_WORKER_PACKAGES = ("distributed", "dask", "dask_cuda", "dask_jobqueue", "dask_mpi")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def worker_program(worker_command: str | None) -> list[str]:
+    """What follows ``python -m`` in a job script, from dask-jobqueue's ``worker_command``
+    (a module, with arguments of its own after a space, as in ``"dask_cuda.cli cuda worker"``).
+
+    An hpcsched scheduler speaks only to hpcsched workers, so the module must run one:
+    ``hpcsched`` itself (the default), or a module of your own that prepares the node and
+    calls :func:`hpcsched.launchers.cli.worker_main` with its arguments, which are
+    ``hpcsched worker``'s (the scheduler's address, ``--name``, ``--nthreads`` ...). A
+    dask.distributed worker program is refused with what to use instead.
+
+    >>> worker_program(None), worker_program("distributed.cli.dask_worker")
+    (['hpcsched', 'worker'], ['hpcsched', 'worker'])
+    >>> worker_program("mysite.gpu_worker")
+    ['mysite.gpu_worker']
+    """
+    if worker_command is None or worker_command == _DASK_JOBQUEUE_DEFAULT_WORKER:
+        return ["hpcsched", "worker"]
+    if not isinstance(worker_command, str):
+        raise TypeError(f"worker_command must be a module name, got {worker_command!r}")
+    module, *args = worker_command.split()
+    if module in ("hpcsched", "hpcsched.__main__") and args in ([], ["worker"]):
+        return ["hpcsched", "worker"]
+    if module.split(".")[0] == "hpcsched":
+        raise ValueError(
+            f"worker_command={worker_command!r} runs no hpcsched worker with 'python -m': "
+            "hpcsched's worker is the module 'hpcsched' (python -m hpcsched worker, the "
+            "default); leave worker_command unset")
+    if not _MODULE.match(module):
+        raise ValueError(
+            f"worker_command={worker_command!r}: give the Python module the job runs with "
+            "'python -m', as in dask-jobqueue: 'hpcsched' (the default), or a module of your "
+            "own that calls hpcsched.launchers.cli.worker_main(sys.argv[1:])")
+    if module.split(".")[0] in _DASK_WORKER_PACKAGES:
+        raise ValueError(
+            f"worker_command={worker_command!r} starts a dask.distributed worker, which cannot "
+            "join an hpcsched scheduler (it speaks hpcsched's protocol, not distributed's). "
+            "Leave worker_command unset: jobs start 'python -m hpcsched worker'. For GPUs, "
+            "give each worker its GPUs as resources (worker_extra_args=['--resources', "
+            "'GPU=1']) and choose the devices in job_script_prologue (export "
+            "CUDA_VISIBLE_DEVICES=...); to prepare more than that, name a module of your own "
+            "that calls hpcsched.launchers.cli.worker_main(sys.argv[1:]).")
+    return [module, *args]
+
 
 def default_processes(cores: int) -> int:
     """dask-jobqueue's default (``distributed.deploy.local.nprocesses_nthreads``): one

@@ -11,9 +11,12 @@ without JSON output (Torque, older PBS, SchedMD's Torque wrappers over SLURM) is
 recognised by its usage error and then asked ``qstat -f IDS``, whose ``Job Id:``
 blocks are parsed; Torque's ``C`` (completed) counts as finished.
 
-Job name, output file and joined stderr are given on the ``qsub`` command line as
-well as in ``#PBS`` lines: the same values for a real PBS server, and the only ones
-the Torque wrappers over SLURM read (they pass their own ``-o`` / ``-e`` to sbatch).
+Job name, output file and joined stderr are ``#PBS`` lines of the script only, as
+dask-jobqueue writes them, so that ``job_directives_skip`` removes them and
+``job_extra_directives`` replaces them (``qsub`` options would win over both).
+SchedMD's Torque wrappers over SLURM read no directive of a script named by its path:
+they give sbatch their own ``-J <script name> -o %x.o%A -e %x.e%A``, so there the log
+is written in the submitting directory, not in ``log_directory``.
 """
 
 from __future__ import annotations
@@ -72,10 +75,6 @@ class PBSSystem(BatchSystem):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
         self._text_qstat = False  # set once qstat turned out to have no -F json
-
-    @override
-    def submit_options(self, job_name: str, log_file: str) -> list[str]:
-        return ["-N", job_name, "-o", log_file, "-j", "oe"]
 
     @override
     def validate_system(self) -> None:

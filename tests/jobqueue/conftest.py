@@ -9,12 +9,14 @@ fails loudly, so that CI cannot pass by skipping.
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
 
 import pytest
 
+import hpcsched.jobqueue.dask_config as dask_config
 from hpcsched.core import config
 
 
@@ -85,7 +87,27 @@ def fast_poll():
 
 
 @pytest.fixture
-def isolated_config(monkeypatch, tmp_path):
+def reread_dask_config():
+    """A function that makes dask's configuration what a process started now would read
+    (dask reads its files and ``DASK_*`` variables once, when imported); dask's
+    configuration is given back as it was after the test."""
+    try:
+        import dask.config
+    except ImportError:  # dask is optional: hpcsched then reads the files itself
+        yield lambda: None
+        return
+    saved = copy.deepcopy(dask.config.config)
+
+    def reread() -> None:
+        dask.config.refresh(paths=dask_config.search_paths())
+
+    yield reread
+    dask.config.config.clear()
+    dask.config.config.update(saved)
+
+
+@pytest.fixture
+def isolated_config(monkeypatch, tmp_path, reread_dask_config):
     """No user YAML files (hpcsched's or dask's) and no HPCSCHED_JOBQUEUE__* /
     DASK_JOBQUEUE__* variables leak into a test."""
     for name in list(os.environ):
@@ -96,5 +118,6 @@ def isolated_config(monkeypatch, tmp_path):
     monkeypatch.delenv("HPCSCHED_CONFIG", raising=False)
     monkeypatch.delenv("DASK_CONFIG", raising=False)
     config.refresh()
+    reread_dask_config()
     yield
     config.refresh()

@@ -51,19 +51,58 @@ def test_command_template(Cluster):
         assert " --resources GPU=1" in s
 
 
-def test_worker_command_differs_it_is_logged_as_ignored(Cluster, caplog):
-    """An hpcsched scheduler speaks only to hpcsched workers: another worker command
-    (dask_cuda's, say) cannot be honoured; the cluster says so in one log line."""
+def test_worker_command_names_the_module_the_job_runs(Cluster):
+    """dask-jobqueue's ``worker_command`` picks the worker program. dask-jobqueue's own
+    default (in the jobqueue.yaml it installs) means the usual worker: hpcsched's."""
+    for default in (None, "distributed.cli.dask_worker", "hpcsched", "hpcsched worker"):
+        with Cluster(cores=2, memory="4GB", worker_command=default) as c:
+            assert " -m hpcsched worker tcp://" in c.job_script()
+    with Cluster(cores=2, memory="4GB", worker_command="mysite.gpu_worker --gpus 2") as c:
+        assert " -m mysite.gpu_worker --gpus 2 tcp://" in c.job_script()
+        assert "hpcsched worker" not in c.job_script()
+
+
+def test_worker_command_differs_a_dask_worker_program_is_refused_saying_what_to_use(Cluster):
+    """An hpcsched scheduler speaks only to hpcsched workers: dask_cuda's worker (the
+    reason dask-jobqueue users set worker_command) cannot join it."""
+    for dask_worker in ("dask_cuda.cli", "dask_cuda.cli cuda worker",
+                        "distributed.cli.dask_spec"):
+        with pytest.raises(ValueError, match=re.escape(
+                f"worker_command={dask_worker!r} starts a dask.distributed worker")) as e:
+            Cluster(cores=2, memory="4GB", worker_command=dask_worker)
+        assert "--resources" in str(e.value) and "CUDA_VISIBLE_DEVICES" in str(e.value)
+    with pytest.raises(ValueError, match="runs no hpcsched worker with 'python -m'"):
+        Cluster(cores=2, memory="4GB", worker_command="hpcsched.launchers.cli")
+    with pytest.raises(ValueError, match="give the Python module the job runs"):
+        Cluster(cores=2, memory="4GB", worker_command="/usr/bin/dask-worker")
+
+
+def test_nanny_false_is_logged_as_ignored(Cluster, caplog):
     with caplog.at_level(logging.INFO, logger="hpcsched.jobqueue"):
-        with Cluster(cores=2, memory="4GB", worker_command="dask_cuda.cli") as c:
-            assert "dask_cuda" not in c.job_script()
-    assert "worker_command='dask_cuda.cli' is ignored" in caplog.text
+        with Cluster(cores=2, memory="4GB", nanny=False):
+            pass
+    assert "nanny=False is ignored" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="hpcsched.jobqueue"):
         with Cluster(cores=2, memory="4GB", worker_command="distributed.cli.dask_worker",
                      nanny=True):
             pass
     assert "ignored" not in caplog.text  # dask-jobqueue's defaults say nothing
+
+
+def test_job_script_epilogue_runs_after_the_worker(Cluster):
+    """dask-jobqueue 0.9's ``job_script_epilogue``: lines after the worker command; the
+    job ends with the worker's exit status, not the epilogue's."""
+    epilogue = ["echo worker done", 'rm -rf "$TMPDIR/scratch"']
+    with Cluster(cores=2, memory="4GB", job_script_prologue=["echo start"],
+                 job_script_epilogue=epilogue) as c:
+        lines = c.job_script().splitlines()
+    worker = next(i for i, ln in enumerate(lines) if " -m hpcsched worker " in ln)
+    assert not lines[worker].startswith("exec ")  # the shell must outlive the worker
+    assert lines.index("echo start") < worker
+    assert lines[worker + 1:] == ["worker_status=$?", *epilogue, "exit $worker_status"]
+    with Cluster(cores=2, memory="4GB") as c:
+        assert c.job_script().splitlines()[-1].startswith("exec ")
 
 
 def test_shebang_settings(Cluster):
@@ -272,11 +311,12 @@ def default_jobqueue_yaml() -> str:
 
 
 def test_dask_jobqueue_default_configuration_loads_and_renders_its_directives(
-        Cluster, tmp_path, monkeypatch):
+        Cluster, tmp_path, monkeypatch, reread_dask_config):
     home = tmp_path / "home"
     (home / ".config" / "dask").mkdir(parents=True)
     (home / ".config" / "dask" / "jobqueue.yaml").write_text(default_jobqueue_yaml())
     monkeypatch.setenv("HOME", str(home))
+    reread_dask_config()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # null deprecated keys warn about nothing
         with Cluster() as c:
@@ -288,15 +328,18 @@ def test_dask_jobqueue_default_configuration_loads_and_renders_its_directives(
     assert " --nthreads 2 " in s and " --death-timeout 60 " in s
 
 
-def test_hpcsched_configuration_wins_over_dask_configuration(tmp_path, monkeypatch):
+def test_hpcsched_configuration_wins_over_dask_configuration(tmp_path, monkeypatch,
+                                                             reread_dask_config):
     dask_dir = tmp_path / "dask"
     dask_dir.mkdir()
     (dask_dir / "jq.yaml").write_text("jobqueue:\n  slurm:\n    cores: 2\n    memory: 2GB\n"
                                       "    queue: from-dask\n")
     monkeypatch.setenv("DASK_CONFIG", str(dask_dir))
+    reread_dask_config()
     with SLURMCluster() as c:
         assert "#SBATCH -p from-dask" in c.job_header
     monkeypatch.setenv("DASK_JOBQUEUE__SLURM__QUEUE", "from-dask-env")
+    reread_dask_config()
     with SLURMCluster() as c:
         assert "#SBATCH -p from-dask-env" in c.job_header
     with config.set({"jobqueue.slurm.queue": "from-hpcsched"}):
@@ -306,9 +349,48 @@ def test_hpcsched_configuration_wins_over_dask_configuration(tmp_path, monkeypat
             assert "#SBATCH -p from-keyword" in c.job_header
 
 
-def test_bad_dask_configuration_file_is_named(tmp_path, monkeypatch):
+def test_dask_config_set_in_the_process_counts_as_in_dask_jobqueue():
+    """dask-jobqueue's documented way in a notebook: ``dask.config.set`` before the
+    cluster, globally or as a context manager; hpcsched's own setting still wins."""
+    dask_config = pytest.importorskip("dask.config")
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    with pytest.raises(ValueError, match="You must specify how many cores and how much memory"):
+        SLURMCluster()
+    with dask_config.set({"jobqueue.slurm.cores": 2, "jobqueue.slurm.memory": "2GB",
+                          "jobqueue.slurm.walltime": "01:00:00",
+                          "jobqueue.slurm.local-directory": "/scratch/me",
+                          "jobqueue.slurm.scheduler-options": {"port": port}}):
+        with SLURMCluster() as c:
+            assert c.scheduler_address.endswith(f":{port}")
+            assert {"#SBATCH -n 1", "#SBATCH --cpus-per-task=2", "#SBATCH -t 01:00:00"} \
+                <= set(c.job_header.splitlines())
+            assert "--mem=" in c.job_header and " --local-directory /scratch/me" in c.job_script()
+        with config.set({"jobqueue.slurm.walltime": "00:20:00"}):
+            with SLURMCluster() as c:
+                assert "#SBATCH -t 00:20:00" in c.job_header
+    with pytest.raises(ValueError, match="You must specify how many cores"):
+        SLURMCluster()  # the context manager's values are gone with it
+    dask_config.set({"jobqueue.pbs.cores": 3, "jobqueue.pbs.memory": "3GB"})  # isolated_config
+    with PBSCluster() as c:                                                     # undoes it
+        assert "#PBS -l select=1:ncpus=3:mem=2862MB" in c.job_header
+
+
+def test_without_dask_its_files_and_variables_are_still_read(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask", None)  # import dask.config raises ImportError
+    monkeypatch.setitem(sys.modules, "dask.config", None)
+    (tmp_path / "jq.yaml").write_text("jobqueue:\n  slurm:\n    cores: 2\n    memory: 2GB\n")
+    monkeypatch.setenv("DASK_CONFIG", str(tmp_path))
+    monkeypatch.setenv("DASK_JOBQUEUE__SLURM__QUEUE", "debug")
+    with SLURMCluster() as c:
+        assert {"#SBATCH --cpus-per-task=2", "#SBATCH -p debug"} <= set(c.job_header.splitlines())
+
+
+def test_bad_dask_configuration_file_is_named(tmp_path, monkeypatch, reread_dask_config):
     bad = tmp_path / "jobqueue.yaml"
     bad.write_text("jobqueue: [1, 2]\n")
     monkeypatch.setenv("DASK_CONFIG", str(bad))
+    reread_dask_config()
     with pytest.raises(ValueError, match=re.escape(f"{bad}: 'jobqueue' must be a mapping")):
         SLURMCluster(cores=1, memory="1GB")

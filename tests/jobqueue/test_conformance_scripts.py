@@ -77,7 +77,7 @@ def test_slurm_custom_config_section():
             "name": "myname", "processes": 1, "interface": None, "death-timeout": None,
             "local-directory": "/foo", "shared-temp-directory": None, "extra": None,
             "worker-command": None, "worker-extra-args": [], "env-extra": None,
-            "job-script-prologue": [], "log-directory": None,
+            "job-script-prologue": [], "job-script-epilogue": [], "log-directory": None,
             "shebang": "#!/usr/bin/env bash", "job-cpu": None, "job-mem": None, "python": None}
     with config.set({"jobqueue.slurm-config-name": conf}):
         with SLURMCluster(config_name="slurm-config-name") as cluster:
@@ -193,7 +193,8 @@ def test_sge_differs_by_asking_for_slots_and_memory():
     assert "-pe smp" not in h and "#$ -pe mpi 4" in h
 
 
-def test_sge_custom_config_section_from_dask_configuration(tmp_path, monkeypatch):
+def test_sge_custom_config_section_from_dask_configuration(tmp_path, monkeypatch,
+                                                          reread_dask_config):
     """A section of dask's configuration may hold keys of other systems (dask-jobqueue's
     own test puts ncpus and job-cpu in an SGE section): ignored there, as dask-jobqueue
     ignores them. In hpcsched's configuration the same key is an error (a typo there
@@ -204,6 +205,7 @@ def test_sge_custom_config_section_from_dask_configuration(tmp_path, monkeypatch
         "    name: myname\n    processes: 1\n    local-directory: /foo\n"
         "    job-cpu: null\n    job-mem: null\n    resource-spec: null\n    python: null\n")
     monkeypatch.setenv("DASK_CONFIG", str(tmp_path))
+    reread_dask_config()
     with SGECluster(config_name="sge-config-name") as cluster:
         assert cluster.job_name == "myname"
         assert "#$ -q myqueue" in cluster.job_header and "#$ -P myproject" in cluster.job_header

@@ -10,6 +10,7 @@ Every test checks with the batch system's own command (``squeue``, ``qstat``,
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -113,6 +114,8 @@ def batch(request, tmp_path, monkeypatch, fast_poll):
         bin_dir = request.getfixturevalue("torque")
         env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
         monkeypatch.setenv("PATH", env["PATH"])
+        # the wrappers send a job's output to the submitting directory (pbs.py's docstring)
+        monkeypatch.chdir(tmp_path)
     else:
         if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
             pytest.skip("the PBS/LSF emulators are not in this tree")
@@ -338,6 +341,42 @@ def test_job_whose_workers_retired_is_replaced_while_the_target_asks(batch):
     assert c.jobs[first].ended and not c.failed_jobs
 
 
+def scontrol_job(job_id: str) -> dict[str, str]:
+    """``scontrol show job``'s ``Key=Value`` fields of one job."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm)], indirect=True)
+def test_dask_config_set_sizes_the_jobs_submitted(batch, reread_dask_config):
+    """A notebook's dask-jobqueue setup: ``dask.config.set`` first, then ``SLURMCluster()``
+    with no sizes; the jobs SLURM holds are of the configured cores and memory."""
+    import dask.config
+
+    from hpcsched.core.client.client import Client
+
+    dask.config.set({"jobqueue.slurm.cores": 2, "jobqueue.slurm.memory": "2GB"})
+    c = batch.cluster(cores=None, memory=None)
+    c.scale(jobs=1)
+    (job_id,) = batch.record(c)
+    job = scontrol_job(job_id)
+    assert (job["NumCPUs"], job["MinMemoryNode"]) == ("2", "2G")  # 2 GB rounded up to GiB
+    c.wait_for_workers(2, timeout=60)  # cores=2: 2 worker processes of 1 thread
+    with Client(c) as client:
+        assert sum(client.gather(client.map(lambda x: x * 2, range(10)))) == 90
+    c.close()
+    with dask.config.set({"jobqueue.slurm.cores": 1, "jobqueue.slurm.memory": "1GB"}):
+        c = batch.cluster(cores=None, memory=None)
+        c.scale(jobs=1)
+        (job_id,) = batch.record(c)
+    job = scontrol_job(job_id)
+    assert (job["NumCPUs"], job["MinMemoryNode"]) == ("1", "954M")
+    c.wait_for_workers(1, timeout=60)
+    c.close()
+
+
 @pytest.mark.parametrize("batch", ["pbs", "lsf"], indirect=True)
 def test_scale_down_cancels_pending_jobs_first(batch, monkeypatch):
     """Needs a queue that keeps jobs pending: the emulators' max-running knob."""
@@ -477,6 +516,65 @@ def test_pbs_cluster_over_the_torque_wrappers(batch):
     c.scale(0)
     batch.assert_queue_empty(ids)
     assert not c.failed_jobs
+
+
+def pbs_job_name(batch: Batch, job_id: str) -> str:
+    out = _run(["qstat", "-x", "-f", "-F", "json", job_id], batch.env)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["Jobs"][job_id]["Job_Name"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", ["pbs"], indirect=True)
+def test_pbs_job_directives_skip_and_extra_directives_name_the_job(batch):
+    """dask-jobqueue's ``job_directives_skip=["-N"]`` and ``job_extra_directives=["-N
+    ..."]``, as qsub sees them: the script's directives are all it is given."""
+    c = batch.cluster(job_name="foobar", job_extra_directives=["-N myjob"])
+    c.scale(jobs=1)
+    batch.record(c)
+    (job_id,) = c.jobs
+    assert pbs_job_name(batch, job_id) == "myjob"  # the later directive wins, as in qsub
+    c.wait_for_workers(1, timeout=60)  # the job's name is not how its worker is known
+    c.close()
+    c = batch.cluster(job_name="foobar", job_directives_skip=["-N"])
+    assert "#PBS -N" not in c.job_script()
+    c.scale(jobs=1)
+    batch.record(c)
+    ((job_id, job),) = c.jobs.items()
+    assert pbs_job_name(batch, job_id) == f"{job.name}.sh"  # qsub's default: the script's name
+    c.wait_for_workers(1, timeout=60)
+    c.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", ["pbs"], indirect=True)
+def test_worker_command_module_and_epilogue_run_in_the_job(batch, tmp_path):
+    """A site's own worker module (``worker_command``) that starts hpcsched's worker, and a
+    ``job_script_epilogue`` that runs once the worker has left: both in a real job."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "site_worker.py").write_text(textwrap.dedent("""\
+        import os, sys
+        from hpcsched.launchers.cli import worker_main
+        os.environ["SITE_PREPARED"] = "1"
+        sys.exit(worker_main(sys.argv[1:]))
+        """))
+    mark = tmp_path / "epilogue-ran"
+    c = batch.cluster(worker_command="site_worker",
+                      job_script_prologue=[f"export PYTHONPATH={mods}"],
+                      job_script_epilogue=[f"echo $worker_status > {mark}"])
+    c.scale(jobs=1)
+    batch.record(c)
+    c.wait_for_workers(1, timeout=60)
+    from hpcsched.core.client.client import Client
+
+    with Client(c) as client:
+        assert client.run(lambda: os.environ.get("SITE_PREPARED")) == {
+            w: "1" for w in c.workers}
+    name = next(iter(c.workers.values()))["name"]
+    c.scheduler.retire_workers(names=[name])  # as at walltime: the worker leaves
+    wait_for(mark.exists, 30, "the epilogue to run")
+    assert mark.read_text() == "0\n"  # the worker's own status, seen by the epilogue
 
 
 class CountingRunner:

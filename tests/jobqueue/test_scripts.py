@@ -35,6 +35,8 @@ CASES = {
     "minimal": dict(cores=1, memory="2GB", python="/usr/bin/python3", log_directory="/l"),
     "skip": dict(FULL, job_directives_skip=["-A ", "-P ", "-q ", "-p "]),
     "srun": dict(FULL, processes=4, launcher="srun"),
+    # the shell outlives the worker to run the epilogue (dask-jobqueue's job_script_epilogue)
+    "epilogue": dict(FULL, job_script_epilogue=['echo "worker exited"', "rm -rf /tmp/hpcsched"]),
     # what users copy from dask-jobqueue: variables the job's shell must expand, and a path
     # with a space that it must not split
     "vars": dict(cores=2, memory="4GB", python="$SOMEVAR/my env/bin/python",
