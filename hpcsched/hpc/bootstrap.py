@@ -497,6 +497,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         "kept in JOURNAL.checkpoints/, and a job run again with the same "
                         "journal reads them instead of running those tasks (needs a file "
                         "system every rank shares)")
+    p.add_argument("--preload", action="append", default=None, metavar="MODULE",
+                   help="a module to import, or a .py file to run, on each worker rank as it "
+                        "starts (its dask_setup(worker) called); may be given several times")
     p.add_argument("script", help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     ns = p.parse_args(argv)
@@ -556,7 +559,8 @@ def _run(ns: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
         return run_script(ns.script, ns.args)
     if job.rank != 0:
-        _exit_rank(_serve(job, InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit)))
+        _exit_rank(_serve(job, InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
+                                           worker_kwargs={"preload": ns.preload})))
     code = EXIT_INTERRUPTED
     try:
         code = run_script(ns.script, ns.args)

@@ -59,8 +59,8 @@ IGNORED_WORKER_OPTIONS = {
     "contact_address": WHY_NO_PORT, "listen_address": WHY_NO_PORT,
     "dashboard": "workers serve no dashboard of their own; the scheduler's shows them",
     "dashboard_address": "workers serve no dashboard of their own; the scheduler's shows them",
-    "preload": "not supported: import what tasks need in the task or with Client.run",
-    "preload_argv": "not supported: import what tasks need in the task or with Client.run",
+    "preload_argv": "not supported: a preload's dask_setup takes no command-line options "
+                    "here (it is called with the worker only)",
 }
 
 

@@ -101,6 +101,9 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=None, help="address to listen on for peers")
     p.add_argument("--interface", default=None,
                    help="network interface to listen on for peers (e.g. ib0), instead of --host")
+    p.add_argument("--preload", action="append", default=None, metavar="MODULE",
+                   help="a module to import, or a .py file to run, at the worker's start "
+                        "(its dask_setup(worker) called); may be given several times")
     p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
     return p
 
@@ -146,6 +149,7 @@ def worker_main(argv: list[str]) -> int:
         os.makedirs(args.local_directory, exist_ok=True)
         os.chdir(args.local_directory)
     from hpcsched.core.worker.memory import EXIT_MEMORY
+    from hpcsched.core.worker.preload import EXIT_PRELOAD, PreloadError
 
     worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
                     resources=parse_resources(args.resources), security=security,
@@ -155,6 +159,7 @@ def worker_main(argv: list[str]) -> int:
                     scheduler_file=os.path.abspath(args.scheduler_file)
                     if args.scheduler_file else None,
                     scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
+                    preload=args.preload,
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew
@@ -170,6 +175,9 @@ def worker_main(argv: list[str]) -> int:
     except (TimeoutError, ConnectionError, OSError) as e:
         print(f"hpcsched worker: {e}", file=sys.stderr, flush=True)
         return 1
+    except PreloadError as e:
+        print(f"hpcsched worker: {e}", file=sys.stderr, flush=True)
+        return EXIT_PRELOAD
     worker.run()
     # closed: leave now. A task thread still running (the scheduler is gone, it will
     # never be asked for its result) must not keep the process, hence a batch job, alive

@@ -43,6 +43,7 @@ from hpcsched.core.protocol.messages import Close
 from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT
 from hpcsched.core.worker.nanny import Nanny
+from hpcsched.core.worker.preload import EXIT_PRELOAD, preload_names
 from hpcsched.core.worker.server import Worker
 from hpcsched.launchers.cluster import Cluster
 from hpcsched.launchers.resources import LAUNCHERS, machine_memory, worker_memory_limit
@@ -108,6 +109,11 @@ class LocalCluster(Cluster):
     of the old one, which look for their scheduler for
     ``worker.scheduler-reconnect-timeout``, join it with the results they hold. Without
     a journal, worker processes exit as soon as their scheduler is gone.
+
+    ``preload``: modules, or ``.py`` files, each worker loads as it starts, calling their
+    ``dask_setup(worker)`` (dask's worker preloads,
+    https://docs.dask.org/en/stable/how-to/customize-initialization.html). A worker
+    process whose preload fails says why and is not replaced.
     """
 
     def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None,
@@ -117,7 +123,7 @@ class LocalCluster(Cluster):
                  timeout: float = 60.0, worker_env: dict | None = None,
                  scheduler_kwargs: dict | None = None, dashboard_address: Any = ...,
                  local_directory: str | None = None, scheduler_journal: str | None = None,
-                 **worker_kwargs: Any):
+                 preload: str | list[str] | None = None, **worker_kwargs: Any):
         ncpu = os.cpu_count() or 1
         if n_workers is None and threads_per_worker is None:
             n_workers = ncpu if processes else 1
@@ -138,6 +144,7 @@ class LocalCluster(Cluster):
                                                 total=machine_memory())
         self.resources = resources
         self.worker_kwargs = worker_kwargs
+        self.preload = preload_names(preload)
         self.local_directory = local_directory
         self._target = n_workers  # worker processes to keep alive
         self.worker_env = dict(worker_env or {})
@@ -177,7 +184,7 @@ class LocalCluster(Cluster):
                 w = Worker(self.scheduler_address, nthreads=self.threads_per_worker,
                            memory_limit=self.memory_limit, name=name, resources=self.resources,
                            security=self.security, local_directory=self.local_directory,
-                           **self.worker_kwargs)
+                           preload=self.preload, **self.worker_kwargs)
                 w.start()
                 self._threads[name] = w
 
@@ -189,6 +196,8 @@ class LocalCluster(Cluster):
             cmd += ["--resources", ",".join(f"{k}={v}" for k, v in self.resources.items())]
         if self.local_directory:
             cmd += ["--local-directory", str(self.local_directory)]
+        for name in self.preload:  # a path as the client sees it: the worker's cwd may differ
+            cmd += ["--preload", os.path.abspath(name) if name.endswith(".py") else name]
         if self.scheduler.journal is None:  # no scheduler comes back: none to wait for
             cmd += ["--scheduler-reconnect-timeout", "0"]
         env = dict(os.environ)
@@ -255,6 +264,9 @@ class LocalCluster(Cluster):
                 return
             del self._procs[name]
             self._close_nanny(name)
+            if code == EXIT_PRELOAD:  # it would fail the same way again (it said why)
+                logger.error("worker %s: its preload failed: not replacing it", name)
+                return
             if self._requested() >= self._target:
                 return
             now = time.monotonic()

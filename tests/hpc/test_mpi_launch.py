@@ -83,3 +83,46 @@ def test_ranks_may_disagree_about_doorbells():
     code, out = run_mpi(4, [], timeout=60, cmd=cmd)
     assert code == 0, out[-5000:]
     assert "on 3 workers" in out and "pi ~ 3.14" in out, out[-5000:]
+
+
+PRELOAD = """
+SET_UP = []
+
+def dask_setup(worker):
+    SET_UP.append(worker.name)
+"""
+
+PRELOAD_SCRIPT = """
+import sys
+from hpcsched import Client
+
+def preloaded():
+    return sys.modules["mpi_preload_mod"].SET_UP  # loaded at the rank's start
+
+with Client() as client:
+    client.wait_for_workers(2, timeout=30)
+    got = sorted(client.run(preloaded).values())
+    assert got == [["rank-1"], ["rank-2"]], got
+    assert client.submit(preloaded, pure=False).result(timeout=30) in got
+    print("preloaded on", got)
+"""
+
+
+@pytest.mark.timeout(90)
+def test_preload_on_every_worker_rank(tmp_path):
+    """``mpiexec -n 3 python -m hpcsched --preload mod script.py``: a module next to the script."""
+    (tmp_path / "mpi_preload_mod.py").write_text(PRELOAD)
+    (tmp_path / "script.py").write_text(PRELOAD_SCRIPT)
+    code, out = run_mpi(3, ["-m", "hpcsched", "--preload", "mpi_preload_mod",
+                            str(tmp_path / "script.py")], timeout=80)
+    assert code == 0, out
+    assert "preloaded on [['rank-1'], ['rank-2']]" in out
+
+
+@pytest.mark.timeout(90)
+def test_a_failing_preload_ends_the_job_naming_it(tmp_path):
+    (tmp_path / "script.py").write_text("from hpcsched import Client\nClient().close()\n")
+    code, out = run_mpi(3, ["-m", "hpcsched", "--preload", "no_such_preload_module",
+                            str(tmp_path / "script.py")], timeout=80)
+    assert code != 0, out
+    assert "worker preload 'no_such_preload_module' could not be imported" in out

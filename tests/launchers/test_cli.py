@@ -231,3 +231,54 @@ def test_every_entry_point_prints_its_version(args):
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip().startswith(f"hpcsched {hpcsched.__version__}"), out
+
+
+# a worker preload as dask's documentation writes one: ``dask_setup(worker)`` sets state up
+PRELOAD = """
+SET_UP = []
+
+def dask_setup(worker):
+    SET_UP.append(worker.name)
+"""
+
+
+def preloaded(module):
+    import sys
+
+    return sys.modules[module].SET_UP  # loaded at the worker's start, not by this task
+
+
+@pytest.mark.timeout(90)
+def test_worker_preload_by_module_name_and_by_path(procs, tmp_path):
+    """``hpcsched worker --preload mymodule`` (on the workers' path), and a ``.py`` file."""
+    (tmp_path / "cli_preload_mod.py").write_text(PRELOAD)
+    (tmp_path / "cli_preload_file.py").write_text(PRELOAD)
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    path = os.pathsep.join([str(tmp_path), worker_env()["PYTHONPATH"]])
+    procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file", str(sfile),
+                 "--name", "by-name", "--preload", "cli_preload_mod", *WORKER_OPTS],
+                "worker-name", env={"PYTHONPATH": path})
+    procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file", str(sfile),
+                 "--name", "by-path", "--preload", str(tmp_path / "cli_preload_file.py"),
+                 "--preload", "cli_preload_mod", *WORKER_OPTS], "worker-path", cwd=str(tmp_path))
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=30)
+        by_name = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
+        assert client.submit(preloaded, "cli_preload_mod", workers=[by_name["by-name"]],
+                             pure=False).result(timeout=30) == ["by-name"]
+        assert client.run(preloaded, "cli_preload_file", workers=[by_name["by-path"]]) == \
+            {by_name["by-path"]: ["by-path"]}
+
+
+@pytest.mark.timeout(60)
+def test_worker_with_a_failing_preload_names_it_and_exits(procs, tmp_path):
+    (tmp_path / "cli_bad_preload.py").write_text(
+        "def dask_setup(worker):\n    raise ValueError('no licence server')\n")
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    p = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file", str(sfile),
+                     "--preload", str(tmp_path / "cli_bad_preload.py"), *WORKER_OPTS], "bad")
+    assert p.wait(30) != 0
+    assert "cli_bad_preload.py': dask_setup failed: ValueError: no licence server" \
+        in procs.log("bad")

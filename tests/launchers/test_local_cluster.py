@@ -10,6 +10,7 @@ import gc
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -213,3 +214,49 @@ def test_workers_started_from_an_mpi_rank_are_not_ranks_themselves(monkeypatch):
         # under a launcher)
         names = [w["name"] for w in client.scheduler_info()["workers"].values()]
         assert len(names) == 1 and re.fullmatch(r"local-\d+", names[0]), names
+
+
+# a worker preload as dask's documentation writes one: ``dask_setup(worker)`` sets state up
+PRELOAD = """
+SET_UP = []
+
+def dask_setup(worker):
+    SET_UP.append(worker.name)
+"""
+
+
+def preloaded_value(module):
+    import sys
+
+    return sys.modules[module].SET_UP  # loaded at the worker's start, not by this task
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("processes", [True, False])
+def test_preload_sets_up_each_worker_before_its_tasks(tmp_path, processes):
+    module = f"lc_preload_{'procs' if processes else 'threads'}"
+    path = tmp_path / f"{module}.py"
+    path.write_text(PRELOAD)
+    try:
+        with _local_cluster(n_workers=2, processes=processes, preload=str(path)) as cluster, \
+                Client(cluster, set_as_default=False) as client:
+            got = sorted(client.run(preloaded_value, module).values())
+            # each process its own module; threads share the test process's
+            assert got == ([["local-0"], ["local-1"]] if processes else
+                           [["local-0", "local-1"]] * 2)
+            assert client.submit(preloaded_value, module, pure=False).result(timeout=30) \
+                in got
+    finally:
+        sys.modules.pop(module, None)
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_preload_is_named_and_its_worker_not_replaced(capfd, caplog):
+    with pytest.raises(TimeoutError):
+        _local_cluster(n_workers=1, preload="no_such_preload_module", timeout=5)
+    err = capfd.readouterr().err
+    assert "worker preload 'no_such_preload_module' could not be imported" in err
+    assert "its preload failed: not replacing it" in caplog.text
+    assert "starting a replacement" not in caplog.text

@@ -4,11 +4,22 @@ A :class:`Future` only knows its key and its client; the client's reader
 thread moves its :class:`FutureState` along (pending -> finished | error |
 cancelled, or back to pending when the data was lost and is recomputed).
 ``wait``, ``as_completed`` and ``progress`` work on any mix of futures.
+
+A Future is also a ``concurrent.futures.Future``, so that code written for any
+executor's futures accepts ours: the standard library's ``wait`` and
+``as_completed`` lock each future's ``_condition``, read its ``_state`` and put a
+waiter in its ``_waiters``, which the future's state calls when it is done
+(CPython's ``Lib/concurrent/futures/_base.py``). None of that is made per future:
+``_condition`` is the one lock every state changes under, ``_state`` is read off
+the :class:`FutureState`, and the waiters live in the state only while someone
+waits. The methods keep dask's behaviour (``cancel()`` returns None,
+``result()`` is a gather).
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import concurrent.futures._base as _cf_base
 import logging
 import queue
 import threading
@@ -43,7 +54,9 @@ class RemoteTraceback(Exception):
         return self.tb
 
 
-_lock = threading.Lock()  # guards every future's lazily made event and callback list
+# Guards every future's lazily made event, callback list and waiters. Reentrant: it is
+# each future's ``_condition`` too, which concurrent.futures' wait acquires once per future.
+_lock = threading.RLock()
 
 # dask's graphs recognize a ``TaskRef`` as a pointer to another task's result: a future
 # that is one can be put into ``dask.delayed`` calls and collections, as in distributed.
@@ -66,7 +79,7 @@ def _become_task_refs() -> None:
     from dask._task_spec import TaskRef
 
     if not issubclass(Future, TaskRef):
-        Future.__bases__ = (TaskRef,)
+        Future.__bases__ = (TaskRef, cf.Future)
 
 
 class FutureOwner(Protocol):
@@ -109,7 +122,7 @@ class FutureState:
     a ``map`` of 10,000 items creates none."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
-                 "exception_text", "_is_done", "refs")
+                 "exception_text", "_is_done", "refs", "waiters")
 
     def __init__(self, refs: int = 0) -> None:
         self.refs = refs  # the client's Future objects of it (its FutureTable counts them)
@@ -121,11 +134,16 @@ class FutureState:
         self.typename = ""
         self.callbacks: list | None = None
         self._is_done = False
+        #: ``(future, waiter)`` of the concurrent.futures waits on it, while they wait
+        self.waiters: list | None = None
 
     def _done(self) -> list:
         with _lock:
             self._is_done = True
             event, cbs, self.callbacks = self._event, self.callbacks, None
+            if self.waiters is not None:
+                notify_waiters(self.waiters, self.status)
+                self.waiters = None
         if event is not None:
             event.set()
         return cbs or []
@@ -205,9 +223,52 @@ def finish_all(states: list[FutureState | None], types: list[str]) -> list:
             if st.callbacks is not None:
                 cbs += st.callbacks
                 st.callbacks = None
+            if st.waiters is not None:
+                notify_waiters(st.waiters, "finished")
+                st.waiters = None
     for event in events:
         event.set()
     return cbs
+
+
+def notify_waiters(waiters: list, status: str) -> None:
+    """Tell concurrent.futures' waiters (``(future, waiter)`` pairs) their future is done.
+
+    ``status`` says how, and they are told as a ``concurrent.futures.Future`` tells
+    them (under ``_lock``)."""
+    for fut, waiter in waiters:
+        if status == "error":
+            waiter.add_exception(fut)
+        elif status == "cancelled":
+            waiter.add_cancelled(fut)
+        else:
+            waiter.add_result(fut)
+
+
+class _Waiters:
+    """A future's ``_waiters``, as concurrent.futures' ``wait`` and ``as_completed`` use it.
+
+    They ``append`` and ``remove`` holding ``_condition``; the waiters are kept in the
+    key's state beside the future, and the state calls them once, when done, and drops
+    them."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Future):
+        self.future = future
+
+    def append(self, waiter: Any) -> None:
+        st = self.future.state
+        if st._is_done:  # done before the wait: the standard library expects no call
+            return
+        if st.waiters is None:
+            st.waiters = []
+        st.waiters.append((self.future, waiter))
+
+    def remove(self, waiter: Any) -> None:
+        st = self.future.state
+        if st.waiters is not None:  # None once done: the state dropped its waiters
+            st.waiters = [p for p in st.waiters if p[1] is not waiter] or None
 
 
 def exception_of(st: FutureState) -> BaseException:
@@ -226,15 +287,23 @@ def exception_of(st: FutureState) -> BaseException:
     return exc
 
 
-class Future(_FutureBase):
+class Future(_FutureBase, cf.Future):
     """A remote result. ``result()`` blocks; passing it to ``submit`` makes it a dependency.
 
     ``key`` names the task, ``client`` holds it, ``state`` is the key's
     :class:`FutureState` (shared by the client's futures of that key), which the
     client's handling of scheduler messages moves along.
+
+    It is a ``concurrent.futures.Future``: ``concurrent.futures.wait`` and
+    ``as_completed`` accept it (its ``__init__`` is not called: nothing of it is made
+    per future).
+
+    >>> import concurrent.futures
+    >>> issubclass(Future, concurrent.futures.Future)
+    True
     """
 
-    __slots__ = ("client", "state", "_released", "__weakref__")
+    __slots__ = ("client", "state", "_released")
 
     def __init__(self, key: Any, client: FutureOwner, state: FutureState | None = None):
         self.key = key
@@ -284,7 +353,7 @@ class Future(_FutureBase):
         """The remote traceback of an erred task, as text ("" otherwise)."""
         return self.state.traceback
 
-    def cancel(self) -> None:
+    def cancel(self) -> None:  # type: ignore[override]  # dask's: None, not a bool
         """Cancel the task (see :meth:`Client.cancel`)."""
         self.client.cancel([self])
 
@@ -306,6 +375,24 @@ class Future(_FutureBase):
     def retry(self) -> None:
         """Run an erred task (and its erred dependencies) again."""
         self.client.retry([self])
+
+    # concurrent.futures' wait and as_completed read these (see the module docstring); read
+    # only, as nothing of them is stored per future
+    @property
+    def _condition(self) -> Any:  # type: ignore[override]
+        return _lock
+
+    @property
+    def _state(self) -> str:  # type: ignore[override]
+        st = self.state
+        if not st._is_done:
+            return _cf_base.PENDING
+        return _cf_base.CANCELLED_AND_NOTIFIED if st.status == "cancelled" else \
+            _cf_base.FINISHED
+
+    @property
+    def _waiters(self) -> _Waiters:  # type: ignore[override]
+        return _Waiters(self)
 
     # one object per key and client for hashing, as futures were before dask's TaskRef
     # (whose equality is by key) became their base
@@ -370,27 +457,22 @@ class ClientExecutor(cf.Executor):
         self._lock = threading.Lock()
         self._shutdown = False
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> cf.Future:
-        """``fn(*args, **kwargs)`` as a task: a ``concurrent.futures.Future`` of its result."""
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        """``fn(*args, **kwargs)`` as a task: its :class:`Future`.
+
+        A ``concurrent.futures.Future`` that ``submit`` also takes as an argument (a
+        dependency), as dask's executor returns the client's futures."""
         if self._shutdown:
             raise RuntimeError("cannot submit after shutdown")
         fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
-        cfut: cf.Future = cf.Future()
-        cfut.set_running_or_notify_cancel()
         with self._lock:
             self._futures.add(fut)
+        fut.add_done_callback(self._forget)
+        return fut
 
-        def done(f: Future) -> None:
-            with self._lock:
-                self._futures.discard(f)
-            try:
-                cfut.set_result(f.result())
-            except BaseException as e:  # noqa: BLE001
-                if not cfut.done():
-                    cfut.set_exception(e)
-
-        fut.add_done_callback(done)
-        return cfut
+    def _forget(self, fut: Future) -> None:
+        with self._lock:
+            self._futures.discard(fut)
 
     def map(self, fn: Callable, *iterables: Any, timeout: float | None = None,
             chunksize: int = 1, **ignored: Any) -> Iterator[Any]:

@@ -90,6 +90,7 @@ from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.peers import PeerTransfers
+from hpcsched.core.worker.preload import PreloadError, Preloads
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
@@ -142,8 +143,11 @@ class Worker:
         restartable: bool = False,
         scheduler_file: str | None = None,
         scheduler_reconnect_timeout: float | None = None,
+        preload: str | list[str] | None = None,
     ):
         self.scheduler_address = scheduler_address
+        #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
+        self.preloads = Preloads(preload)
         #: where a restarted scheduler may write its new address (re-read to reconnect)
         self.scheduler_file = scheduler_file
         self._sent_inventory: dict = {}  # the keys our last registration said we hold
@@ -242,6 +246,13 @@ class Worker:
         self.state = WorkerState(self.address, self.nthreads, self.resources,
                                  self.settings.transfer_incoming_count_limit,
                                  data=self.spill_buffer)
+        try:  # before any connection to the scheduler, as dask's: no task runs before it
+            self.preloads.setup(self)
+        except PreloadError:
+            self._listener.stop()
+            if self.spill_buffer is not None:
+                self.spill_buffer.close()
+            raise
         comm = self._connect_scheduler()
         try:
             reply = self._register(comm, self.death_timeout, {})
@@ -413,6 +424,7 @@ class Worker:
         if client is not None:
             client.close(timeout=2.0)
         self.control.cleanup()  # a temporary directory it made for uploads
+        self.preloads.teardown(self)
         if self.spill_buffer is not None:
             self.spill_buffer.close()
         self._close_done.set()
