@@ -371,8 +371,10 @@ def _exit_rank(code: int) -> None:
 
 
 def _gang_member_in_mpi() -> bool:
-    """Whether a task thread is still inside a gang's MPI call (its gang failed and left
-    it blocked in a collective, which MPI cannot interrupt)."""
+    """Whether a task thread is still inside a gang's MPI call.
+
+    Its gang failed and left it blocked in a collective, which MPI cannot interrupt.
+    """
     gang = sys.modules.get("hpcsched.hpc.gang")
     return gang is not None and gang.members_in_mpi() > 0
 
