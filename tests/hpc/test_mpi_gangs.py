@@ -58,11 +58,13 @@ def test_gangs_of_four_beside_ordinary_tasks_compute_right_and_share_no_rank():
 
 @needs_mpiexec
 @pytest.mark.timeout(120)
-def test_a_rank_that_raises_fails_the_gang_and_the_job_still_ends_with_the_scripts_code():
-    # the three other members stay blocked in the collective; the script goes on, a gang
-    # on the ranks left runs, and its end ends every rank (exit 0: the script caught it)
-    r = run(["--nthreads", "1", script("gang_raises.py")], nprocs=RANKS, env=REPO_ON_PATH,
-            timeout=60)
+@pytest.mark.parametrize("when", ["in-collective", "before-comm"])
+def test_a_rank_that_raises_fails_the_gang_and_the_job_still_ends_with_the_scripts_code(when):
+    # the three other members stay blocked in the collective (or in Create_group); the
+    # script goes on, a gang on the ranks left runs, and its end ends every rank (exit 0:
+    # the script caught it)
+    r = run(["--nthreads", "1", script("gang_raises.py"), when], nprocs=RANKS,
+            env=REPO_ON_PATH, timeout=60)
     assert r.code == 0, r
     caught = printed("CAUGHT", r.out)
     assert caught["error"].startswith("rank 1 of the gang failed on purpose"), caught

@@ -8,14 +8,21 @@ ones (``allreduce``) hold it while they wait, and a rank blocked in one stays si
 """
 
 import json
+import sys
 import time
 from array import array
 
 import hpcsched
 from hpcsched import Client
+from hpcsched.core.worker.context import current
+
+BEFORE_COMM = sys.argv[1:] == ["before-comm"]  # rank 1 raises before get_task_comm()
 
 
 def doomed(x):
+    if BEFORE_COMM and hpcsched.get_worker().address == current().gang[1]:
+        # the others then wait in Create_group for it
+        raise ZeroDivisionError(f"rank 1 of the gang failed on purpose ({x})")
     comm = hpcsched.get_task_comm()
     if comm.Get_rank() == 1:
         raise ZeroDivisionError(f"rank 1 of the gang failed on purpose ({x})")
