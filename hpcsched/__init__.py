@@ -44,6 +44,7 @@ _exports = {
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
+    "get_task_comm": "hpcsched.hpc.gang",
     "SLURMCluster": "hpcsched.jobqueue.slurm",
     "SGECluster": "hpcsched.jobqueue.sge",
     "PBSCluster": "hpcsched.jobqueue.pbs",
@@ -81,6 +82,7 @@ __all__ = [
     "futures_of",
     "get",
     "get_client",
+    "get_task_comm",
     "get_task_stream",
     "get_worker",
     "initialize",
@@ -123,6 +125,7 @@ if TYPE_CHECKING:
     from hpcsched.diagnostics.progress import progress
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import initialize, send_close_signal
+    from hpcsched.hpc.gang import get_task_comm
     from hpcsched.jobqueue.lsf import LSFCluster
     from hpcsched.jobqueue.pbs import PBSCluster
     from hpcsched.jobqueue.sge import SGECluster

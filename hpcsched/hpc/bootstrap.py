@@ -15,7 +15,11 @@ How a job ends (the failure model; the README quotes it):
   script makes ``n`` the exit status of every rank, hence of ``mpiexec``.
   Ctrl-C gives 130.
 * A task that raises on a worker does not end anything: its future errs and
-  the script decides.
+  the script decides. A member of a task holding many ranks (``ranks=N``) that
+  raises may leave the others blocked in a collective for good: their ranks
+  take no new work, and at the end the first of them past the exit fence
+  calls ``MPI_Abort`` with the job's exit code (0 if the script succeeded)
+  rather than ``MPI_Finalize`` under a thread still inside MPI.
 * Ranks meet at an exit fence (a nonblocking barrier polled with back-off,
   never a spinning blocking call). A rank that does not reach it within
   ``mpi.exit-timeout`` seconds (a worker stuck in a task that ignores the
@@ -349,12 +353,30 @@ def _exit_rank(code: int) -> None:
         sys.stderr.flush()
         logging.shutdown()
         if job is not None and job.MPI is not None and not job.MPI.Is_finalized():
+            if _gang_member_in_mpi():
+                # MPI_Finalize would free what the blocked thread uses (measured: heap
+                # corruption), and leaving without it has hydra kill the ranks waiting in
+                # theirs: every rank has passed the fence, so the job ends here, with its
+                # own exit code
+                print(f"hpcsched: worker rank {job.rank} has a task still blocked in a "
+                      "failed gang's MPI call; ending the job with MPI_Abort"
+                      f"({code})", file=sys.stderr, flush=True)
+                job.MPI.COMM_WORLD.Abort(code)
             job.MPI.Finalize()
         import ctypes
 
         ctypes.CDLL(None).exit(code)
     finally:
         os._exit(code)
+
+
+def _gang_member_in_mpi() -> bool:
+    """Whether a task thread is still inside a gang's MPI call.
+
+    Its gang failed and left it blocked in a collective, which MPI cannot interrupt.
+    """
+    gang = sys.modules.get("hpcsched.hpc.gang")
+    return gang is not None and gang.members_in_mpi() > 0
 
 
 # ------------------------------------------------------------------ ending

@@ -45,21 +45,27 @@ Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
 
 #: the annotations hpcsched acts on (others are accepted and kept for plugins)
 KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers",
-                     "checkpoint")
+                     "checkpoint", "ranks")
 #: the annotations of an enclosing ``dask.annotate`` that ``submit`` and ``map`` take
-CALL_ANNOTATIONS = ("checkpoint",)
+CALL_ANNOTATIONS = ("checkpoint", "ranks")
 
 
-def call_annotations(keys: Collection[Key]) -> Annotations | None:
+def call_annotations(keys: Collection[Key], ranks: int | None = None) -> Annotations | None:
     """The per-key annotations that the enclosing ``dask.annotate`` block (if dask is
-    imported) gives ``submit``/``map`` calls of ``keys`` (None: none)."""
+    imported) gives ``submit``/``map`` calls of ``keys`` (None: none); ``ranks``, the
+    call's own, wins over the block's."""
+    out: Annotations = {}
+    if ranks is not None:
+        if annotation_problem("ranks", ranks) is not None or isinstance(ranks, bool):
+            raise ValueError(f"ranks={ranks!r} is not valid: a task holds ranks=N worker "
+                             "slots at once, N an integer >= 1")
+        out["ranks"] = dict.fromkeys(keys, ranks)
     dask = sys.modules.get("dask")
     if dask is None or not keys:
-        return None
+        return out or None
     found = dask.get_annotations()
-    out: Annotations = {}
     for name in CALL_ANNOTATIONS:
-        if name in found:
+        if name in found and name not in out:
             value = found[name]
             if annotation_problem(name, value) is not None:
                 raise ValueError(f"dask.annotate({name}={value!r}) is not valid: "

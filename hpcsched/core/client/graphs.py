@@ -169,15 +169,16 @@ class Submitter:
         self.pure_maps: dict[str, str] = {}
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
-            token: str, pure: bool, batch_size: int | None, **opts: Any) -> list[Future]:
+            token: str, pure: bool, batch_size: int | None, ranks: int | None = None,
+            **opts: Any) -> list[Future]:
         """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain
-        (no ``dask.annotate`` of calls around it either: ``checkpoint``), else one task per item of ``items`` (argument tuples), sent in batches
+        (no ``dask.annotate`` of calls around it either: ``checkpoint``; no ``ranks``), else one task per item of ``items`` (argument tuples), sent in batches
         (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
         call; else ``token`` and the item's index)."""
         if self.bulk_maps and keys is None and len(items) >= BULK_MAP_MIN \
                 and not opts.get("resources") \
                 and not opts.get("workers") and not opts.get("allow_other_workers") \
-                and call_annotations((base,)) is None:  # (per-call annotations: per task)
+                and call_annotations((base,), ranks) is None:  # (per-call annotations: per task)
             bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
                                  batch_size=batch_size, priority=opts.get("priority", 0),
                                  retries=opts.get("retries", 0))
@@ -213,7 +214,7 @@ class Submitter:
                     send(update_graph(self.conn.client_id, tasks, list(tasks),
                                       static_priorities={k: start + i
                                                          for i, k in enumerate(tasks)},
-                                      annotations=call_annotations(tasks), **opts))
+                                      annotations=call_annotations(tasks, ranks), **opts))
                 del held
         return futures
 

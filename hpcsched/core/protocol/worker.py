@@ -278,6 +278,10 @@ class ComputeTask(Stimulus):
     resource_restrictions: dict | None = wire(fc.optional(fc.dict_of(fc.number, keyed=fc.string)), None,
                                               sparse=True, doc="resources it holds while running")
     duration: float = wire(fc.number, 0.5, doc="expected seconds")
+    gang: list = wire(fc.list_of(fc.string), factory=list, sparse=True,
+                      doc="a task holding many slots (`ranks`): every member's address, in "
+                          "order; each member is sent the task, the first one's result is "
+                          "the task's")
 
 
 @message("compute-range", S2W)

@@ -138,6 +138,7 @@ class Execute:
     key: Key
     run_spec: Any
     announced: bool = False
+    gang: tuple = ()  # a member of a task holding many slots: every member's address
 
 
 @record

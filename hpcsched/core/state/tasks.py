@@ -112,6 +112,9 @@ class TaskGraph:
         # wide task -> the workers whose slots it holds while it runs, the first running it
         # (its ``processing_on``); a one-slot task is never here
         self.leases: dict[TaskState, tuple[WorkerInfo, ...]] = {}
+        # wide task -> the members other than the first that said their part finished
+        # (their value is dropped: the task's result is the first member's)
+        self.members_done: dict[TaskState, set[WorkerInfo]] = {}
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
         # (BulkMaps.resolve), never placed here
         self.held: set[TaskState] = set()
@@ -456,13 +459,18 @@ class TaskGraph:
         if not send:
             return
         deps = ts.dependencies
-        self.out.send(ws.address, ComputeTask(
+        # every member of a gang runs the task (MPI programs: one rank each); the first
+        # one's result is the task's
+        gang = [w.address for w in members] if members is not None else []
+        msg = ComputeTask(
             ts.key, ts.run_spec, ts.priority,
             {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
             {d.key: d.nbytes for d in deps} if deps else {},
             ts.resource_restrictions or None,
             # a suspect says when it starts: a death while it runs is then its alone
-            est if not ts.suspicious else max(est, SHORT_TASK)))
+            est if not ts.suspicious else max(est, SHORT_TASK), gang)
+        for address in gang or (ws.address,):
+            self.out.send(address, msg)
 
     def _exit_processing(self, ts: TaskState, notify: bool) -> None:
         """Undo :meth:`add_to_processing` (called by :meth:`transition` only)."""
@@ -485,13 +493,17 @@ class TaskGraph:
                 self.out.send(ws.address, FreeKeys([ts.key]))
             self.placement.open_slots(ws)
         if ts.width > 1:
-            self._release_lease(ts)
+            self._release_lease(ts, notify)
 
-    def _release_lease(self, ts: TaskState) -> None:
-        """A wide task left processing: the slots it held on its other workers are free."""
+    def _release_lease(self, ts: TaskState, notify: bool) -> None:
+        """A wide task left processing: the slots it held on its other workers are free
+        (``notify``: they are told to drop it, as the first one is)."""
         workers = self.registry.workers
         self.placement.gang_moved = True
+        self.members_done.pop(ts, None)
         for ws in self.leases.pop(ts, ())[1:]:
+            if notify and workers.get(ws.address) is ws:
+                self.out.send(ws.address, FreeKeys([ts.key]))
             est = ws.processing.pop(ts, 0.0)
             ws.occupancy = max(ws.occupancy - est, 0.0) if ws.processing else 0.0
             ws.executing.discard(ts)
@@ -605,6 +617,8 @@ class TaskGraph:
                 "thief", key)
         for ts in self.leases:
             assert self.tasks.get(ts.key) is ts and ts.state == "processing", ("lease", ts)
+        for ts, done in self.members_done.items():
+            assert ts in self.leases and done <= set(self.leases[ts][1:]), ("members", ts)
 
 
 #: every finish a recommendation may name

@@ -79,7 +79,7 @@ LEGAL_TRANSITIONS: dict[str, frozenset[str]] = {
 class WTask:
     __slots__ = ("key", "state", "priority", "run_spec", "dependencies", "dependents",
                  "waiting_for_data", "who_has", "nbytes", "resource_restrictions", "duration",
-                 "coming_from", "release_after", "keep", "report_replica", "seq")
+                 "coming_from", "release_after", "keep", "report_replica", "seq", "gang")
 
     def __init__(self, key: Key):
         self.key = key
@@ -98,6 +98,7 @@ class WTask:
         self.keep = False  # computed here or asked for: kept until the scheduler frees it
         self.report_replica = False  # acquire-replicas: tell the scheduler once it is here
         self.seq = 0
+        self.gang: tuple = ()  # a task holding many slots: every member's address
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -222,6 +223,7 @@ class WorkerState:
         ts.keep = True
         ts.release_after = False
         ts.resource_restrictions = e.resource_restrictions
+        ts.gang = tuple(e.gang)
         ts.waiting_for_data = set()
         for dep_key, holders in (e.who_has or {}).items():
             dts = self._ensure_task(dep_key)
@@ -378,6 +380,17 @@ class WorkerState:
             self._set_state(ts, "released")
             ts.release_after = False
             ts.keep = False
+            self._gang_part_ended(ts, e)
+            if not ts.dependents:
+                self._forget(ts)
+            return
+        if ts.gang and ts.gang[0] != self.address:
+            # a gang's other member: the task's result is its first member's; this one's
+            # value is dropped, never held under the key (a dependent here must fetch it)
+            self._done_with_dependencies(ts)
+            self._set_state(ts, "released")
+            ts.keep = False
+            self._gang_part_ended(ts, e)
             if not ts.dependents:
                 self._forget(ts)
             return
@@ -395,6 +408,7 @@ class WorkerState:
         self._done_with_dependencies(ts)
         if ts.release_after:
             self._set_state(ts, "released")
+            self._gang_part_ended(ts, e)
             self._forget(ts)
             return
         self._set_state(ts, "error")
@@ -402,6 +416,14 @@ class WorkerState:
         self._to_scheduler(ev.TaskErred(self.address, ts.key, e.exception, e.traceback,
                                         e.exception_text, e.start, e.stop))
         self._forget(ts)
+
+    def _gang_part_ended(self, ts: WTask, e: ev.ExecuteSuccess | ev.ExecuteFailure) -> None:
+        """This worker's part of a gang ended without a result to hold (another member's
+        is the task's, or the task was freed while it ran): the scheduler hears it, as a
+        member of a failed gang is given no work until then."""
+        if ts.gang:
+            self._to_scheduler(ev.TaskFinished(self.address, ts.key, 0, "NoneType",
+                                               e.start, e.stop))
 
     def _finish_executing(self, ts: WTask) -> None:
         self.executing.discard(ts)
@@ -555,7 +577,7 @@ class WorkerState:
                 # lets the scheduler blame exactly this task if the worker dies now; for
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
-            self._out.append(ev.Execute(ts.key, ts.run_spec, announced))
+            self._out.append(ev.Execute(ts.key, ts.run_spec, announced, ts.gang))
         # ready tasks go first: a thread of ranges gives its slot up between two ranges
         # when a task waits, and its ranges wait for the next free slot
         while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \

@@ -36,6 +36,10 @@ class WorkerEvents:
         self.base_interval = settings.heartbeat_interval
         self.worker_ttl = settings.worker_ttl
         self._interval = (-1, 0.0)  # (number of workers, their heartbeat interval)
+        # worker -> the key of the failed gang whose part it may still be running, blocked
+        # in a collective that MPI cannot interrupt: it is kept paused (given no new work)
+        # until it says that part ended
+        self.blocked: dict[str, object] = {}
 
     def heartbeat_interval(self) -> float:
         """Seconds between each worker's heartbeats in this cluster (:mod:`.liveness`)."""
@@ -105,6 +109,7 @@ class WorkerEvents:
         if ws is None:
             return
         graceful = ws.status == "closing_gracefully"
+        self.blocked.pop(e.address, None)
         self.registry.remove(ws, e.stimulus_id or self.out.stimulus_id)
         self.placement.worker_left(ws)
         if self.out.recorder is not None:
@@ -198,6 +203,13 @@ class WorkerEvents:
         ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
+        self._member_ended(ws, e)
+        if ts is not None and ts.width > 1 and (ts.state != "processing"
+                                                or ts.processing_on is not ws):
+            # another member's part ended: the task's result is its first member's
+            if ts.state == "processing" and ws in graph.leases[ts]:
+                graph.members_done.setdefault(ts, set()).add(ws)
+            return
         if self.out.recorder is not None:
             self.out.recorder.task_finished(e, ts, ws)
         if ts is None or ts.state in ("released", "erred", "waiting", "no-worker", "queued"):
@@ -234,16 +246,34 @@ class WorkerEvents:
         graph = self.graph
         ts = graph.promote(e.key)
         ws = self.registry.workers.get(e.worker)
-        if ts is None or ws is None or ts.state != "processing" or ts.processing_on is not ws:
+        if ws is not None:
+            self._member_ended(ws, e)
+        if ts is None or ws is None or ts.state != "processing" or (
+                ts.processing_on is not ws and ws not in graph.leases.get(ts, ())):
             return
         if self.out.recorder is not None:
             self.out.recorder.task_erred(e, ts, ws)
-        graph.transition(ts, "released")
+        # any member of a gang that raises fails it: the others may wait forever in a
+        # collective for it, and are given no new work until they say their part ended
+        blocked = [m for m in graph.leases[ts] if m is not ws
+                   and m not in graph.members_done.get(ts, ())] if ts.width > 1 else []
+        graph.transition(ts, "released", notify=ts.width > 1)
+        for m in blocked:
+            if m.status == "running":
+                self.blocked[m.address] = ts.key
+                self.registry.set_status(m, "paused")
         if ts.retries > 0:
             ts.retries -= 1
             graph.transitions([(ts, "waiting")])
             return
         graph.transitions(graph.set_erred(ts, e.exception, e.traceback, e.exception_text))
+
+    def _member_ended(self, ws: WorkerInfo, e: ev.TaskFinished | ev.TaskErred) -> None:
+        """``ws`` ended its part of a failed gang it was left running: it takes work again."""
+        if self.blocked.get(ws.address, self) == e.key:
+            del self.blocked[ws.address]
+            self.maintenance.worker_status_change(ev.WorkerStatusChange(
+                ws.address, "running", now=e.now, stimulus_id=e.stimulus_id))
 
     @handlers.on(ev.ResultErred)
     def result_erred(self, e: ev.ResultErred) -> None:

@@ -64,34 +64,54 @@ class TaskWorker(Protocol):
 
 
 class Running(NamedTuple):
-    """The task a thread runs: its worker, its key, when it started, and whether it runs
-    on the worker's loop thread."""
+    """The task a thread runs: its worker, its key, when it started, whether it runs
+    on the worker's loop thread, and (a task holding many slots) its members' addresses."""
 
     worker: TaskWorker
     key: Any
     start: float
     on_loop: bool
+    gang: tuple = ()
 
 
-_local = threading.local()  # .task: Running or None; .seceded: bool
+_local = threading.local()  # .task: Running or None; .seceded: bool; .cleanups: list
 _running = tuple.__new__  # Running without its __new__'s call: this runs for every task
 
 
 # ---------------------------------------------------------------- for the worker
-def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float) -> Running | None:
-    """Mark this thread as running ``key`` for ``worker`` since ``start``.
+def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float,
+               gang: tuple = ()) -> Running | None:
+    """Mark this thread as running ``key`` for ``worker`` since ``start`` (``gang``: as a
+    member of a task holding many slots, every member's address in order).
 
     Returns what to pass to :func:`leave_task`.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _running(Running, (worker, key, start, on_loop))
+    _local.task = _running(Running, (worker, key, start, on_loop, gang))
     _local.seceded = False
     return previous
 
 
 def leave_task(previous: Running | None) -> None:
-    """The task this thread ran is over: back to ``previous`` (from :func:`enter_task`)."""
+    """The task this thread ran is over: back to ``previous`` (from :func:`enter_task`),
+    after what the task left to do when it ends (:func:`at_task_end`)."""
+    cleanups = getattr(_local, "cleanups", None)
     _local.task = previous
+    if cleanups:
+        _local.cleanups = []
+        for cleanup in reversed(cleanups):
+            try:
+                cleanup()
+            except Exception:  # noqa: BLE001 - the task's own outcome is what counts
+                pass
+
+
+def at_task_end(cleanup: Callable[[], Any]) -> None:
+    """Call ``cleanup`` on this thread once the current task ends (freeing what the task
+    made for itself alone, such as a gang's communicator)."""
+    if not hasattr(_local, "cleanups"):
+        _local.cleanups = []
+    _local.cleanups.append(cleanup)
 
 
 _dask_hooked = [False]

@@ -585,14 +585,16 @@ class Worker:
                     self._outbox.append(cmd.msg)
                 elif t is ev.Execute:
                     ts = state.tasks.get(cmd.key)
-                    if ts is not None and ts.duration < INLINE_TASK and not (
+                    # a gang's member waits for the others in a collective: never on the loop
+                    if ts is not None and ts.duration < INLINE_TASK and not cmd.gang and not (
                             self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
                         inline.append(cmd)
                     elif cmd.announced:
                         self._start_after_flush.append(
-                            (self.executor.submit, self._execute, cmd.key, cmd.run_spec))
+                            (self.executor.submit, self._execute, cmd.key, cmd.run_spec,
+                             cmd.gang))
                     else:
-                        self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
@@ -673,16 +675,17 @@ class Worker:
         return m
 
     # ================================================================ execution
-    def _execute(self, key: Any, run_spec: Any) -> None:
+    def _execute(self, key: Any, run_spec: Any, gang: tuple = ()) -> None:
         """In an executor thread: run the task, hand the result to the loop."""
-        self.loop.put((None, self._run(key, run_spec)))
+        self.loop.put((None, self._run(key, run_spec, gang=gang)))
 
-    def _run(self, key: Any, run_spec: Any, on_loop: bool = False) -> Any:
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = ()) -> Any:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
-        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`)."""
+        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
+        ``gang``: the members' addresses of a task holding many slots."""
         start = time.time()
         assert self.state is not None
-        outer = enter_task(self, key, on_loop, start)
+        outer = enter_task(self, key, on_loop, start, gang)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler

@@ -203,8 +203,12 @@ class SimCluster:
 
     # ------------------------------------------------------------ what the story reads
     def where(self, key: str) -> str:
-        """The name of the worker running ``key`` (exactly one must)."""
+        """The name of the worker running ``key`` (exactly one must; of a gang's members,
+        which all run it, the first: the one whose result is the task's)."""
         names = [n for n, keys in self.executing.items() if key in keys]
+        ts = self.s.tasks.get(key)
+        if len(names) > 1 and ts is not None and ts.processing_on is not None:
+            names = [n for n in names if address(n) == ts.processing_on.address]
         assert len(names) == 1, (key, names)
         return names[0]
 

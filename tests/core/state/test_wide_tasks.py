@@ -53,10 +53,15 @@ def test_a_task_holding_three_slots_reserves_runs_and_releases_them():
     assert sim.state("g") == "processing"
     members = lease(sim, "g")
     assert sorted(members) == ["a", "b", "c"]
-    assert sim.running(members[0]) == ["g"]  # one worker runs it
+    assert all(sim.running(n) == ["g"] for n in "abc")  # every member runs it
     assert all("g" in holding(sim, n) for n in "abc")  # every member's slot is held
     assert not any("later" in sim.running(n) for n in "abc")  # no thread for it yet
+    for other in members[1:]:  # their parts end first: the task waits for its first
+        sim.finish("g", other, value="dropped")
+        assert sim.state("g") == "processing"
     sim.finish("g")
+    assert not any(address(n) in (w.address for w in sim.s.tasks["g"].who_has)
+                   for n in members[1:])  # only the first member's value is the result
     assert sim.state("g") == "memory" and not sim.s.graph.leases
     assert sim.state("later") == "processing"
     sim.finish("later")
@@ -240,3 +245,43 @@ def test_a_wide_task_wider_than_the_cluster_does_not_block_a_narrower_one():
     sim.add_worker("c", 1)
     sim.settle()
     assert sim.state("wide") == "processing"
+
+
+def test_a_member_that_raises_fails_the_task_and_the_others_take_no_work_until_they_end():
+    """A gang of three on four workers; its second member raises. The task errs at once
+    with that member's exception; the other members, which may be blocked forever in a
+    collective waiting for it, are told to drop the task and paused: a narrow task
+    submitted next goes to the fourth worker, never to them. A member that says its part
+    ended (it returned, or raised too) takes work again."""
+    sim = SimCluster(seed=11)
+    for name in "abcd":
+        sim.add_worker(name, 1)
+    gang(sim, "g", 3)
+    members = lease(sim, "g")
+    sim.started("g")
+    sim.fail("g", ZeroDivisionError("rank 1"), members[1])
+    assert sim.state("g") == "erred" and not sim.s.graph.leases
+    assert "rank 1" in str(sim.s.tasks["g"].exception)
+    assert [sim.s.workers[address(n)].status for n in members] == \
+        ["paused", "running", "paused"]
+    spare = ({"a", "b", "c", "d"} - set(members)).pop()
+    sim.submit({"after": []}, ["after"])
+    sim.settle()
+    assert sim.where("after") in (spare, members[1])
+    sim.finish("g", members[2], value="dropped")  # its collective ended after all
+    assert sim.s.workers[address(members[2])].status == "running"
+    assert sim.state("g") == "erred"
+    assert sim.s.workers[address(members[0])].status == "paused"
+
+
+def test_a_member_that_finished_before_another_raised_is_not_paused():
+    sim = SimCluster(seed=12)
+    for name in "abc":
+        sim.add_worker(name, 1)
+    gang(sim, "g", 3)
+    members = lease(sim, "g")
+    sim.finish("g", members[2], value="dropped")
+    sim.fail("g", ValueError("first rank"), members[0])
+    assert sim.state("g") == "erred"
+    assert [sim.s.workers[address(n)].status for n in members] == \
+        ["running", "paused", "running"]

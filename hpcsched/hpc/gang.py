@@ -1,0 +1,134 @@
+"""A gang's communicator: the MPI ranks of a task that holds many slots, among themselves.
+
+A task submitted with ``ranks=N`` (``client.submit(f, *args, ranks=N)``) holds a slot
+on each of N worker ranks at once (:mod:`hpcsched.core.state.placement` gathers them).
+The scheduler sends each member the task with every member's address in order
+(``compute-task``'s ``gang``); each member runs ``f(*args)`` on one of its threads, and
+inside it :func:`get_task_comm` makes the members' communicator:
+
+* **Only the members take part.** MPI-3's ``Comm.Create_group`` is collective over
+  the group alone, so no other rank (busy with other tasks) is involved.
+* **Rank order is member order**: the first member, whose return value is the task's
+  result, is rank 0.
+* **The tag** tells apart the ``Create_group`` calls of gangs formed at the same time
+  (on a worker with several threads, one rank may enter two): it is a hash of the
+  task's key, which every member knows and which no two running tasks share.
+* **Freed when the task ends** on each member (``Comm.Free`` is local in effect: a
+  member that returns first does not wait for the others).
+* **Waiting members keep their rank alive** only in collectives that release Python's
+  lock while they wait: mpi4py's buffer calls (``Allreduce``, ``Bcast``...) do; its
+  pickle-based ones (``allreduce``, ``bcast``...) held it in every wait measured, so the
+  rank's worker cannot answer meanwhile, and a wait longer than ``mpi.rank-timeout``
+  ends the job as having lost the rank.
+
+A member that raises fails the task at once with its traceback; members blocked in a
+collective waiting for it stay blocked, as MPI cannot interrupt them: the scheduler
+gives their workers no new work until their part ends (see
+:class:`~hpcsched.core.state.workers.WorkerEvents`), and the end of the user's script
+ends every rank (:mod:`hpcsched.hpc.bootstrap`): a rank with a member still inside MPI
+(:func:`members_in_mpi`) leaves without ``MPI_Finalize``, which would free what that
+thread is using under it (measured: heap corruption, the job aborted).
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from typing import Any
+
+from hpcsched.core.comm.base import parse_address
+from hpcsched.core.worker.context import at_task_end, current, off_loop
+
+_made = threading.local()  # .task: the Running its .comm was made for
+# members on this rank between entering Create_group and their communicator's free
+_live = [0]
+_live_lock = threading.Lock()
+
+
+def members_in_mpi() -> int:
+    """How many task threads of this rank may be inside a gang's MPI calls now."""
+    return _live[0]
+
+
+def _count(delta: int) -> None:
+    with _live_lock:
+        _live[0] += delta
+
+
+def gang_tag(key: Any, tag_ub: int) -> int:
+    """The ``Create_group`` tag of the gang running ``key``, in ``0..tag_ub``: the same on
+    every member, and different for another key (but for a hash collision).
+
+    >>> gang_tag("allreduce-1", 32767) == gang_tag("allreduce-1", 32767)
+    True
+    >>> gang_tag("allreduce-1", 32767) != gang_tag("allreduce-2", 32767)
+    True
+    """
+    return zlib.crc32(repr(key).encode()) % (tag_ub + 1)
+
+
+def member_ranks(gang: tuple) -> list[int]:
+    """The ``COMM_WORLD`` ranks of a gang's members (``mpi://<rank>`` addresses), in order.
+
+    >>> member_ranks(("mpi://3", "mpi://1"))
+    [3, 1]
+    """
+    ranks = []
+    for address in gang:
+        scheme, location = parse_address(address)
+        if scheme != "mpi":
+            raise RuntimeError(
+                f"get_task_comm(): the members of this task are not MPI ranks ({address!r}); "
+                "a communicator exists for tasks with ranks=N in MPI mode "
+                "(mpiexec -n N python -m hpcsched script.py)")
+        ranks.append(int(location))
+    return ranks
+
+
+def get_task_comm() -> Any:
+    """The mpi4py communicator of the ranks running the current task, submitted with
+    ``ranks=N``: exactly those N ranks, the task's first member as rank 0.
+
+    Call it from the task's function on every member (it is collective over them)::
+
+        def total(x):
+            comm = hpcsched.get_task_comm()
+            return comm.allreduce(x)
+
+        client.submit(total, 1, ranks=4).result()  # 4, rank 0's return value
+
+    The same communicator for every call within one run of the task; freed when the
+    task ends. Raises ``ValueError`` outside a task submitted with ``ranks``.
+    """
+    running = current()
+    if running is None or not running.gang:
+        raise ValueError("get_task_comm() works only inside a task submitted with ranks=N "
+                         "(e.g. client.submit(f, ranks=4)), running on an MPI worker rank")
+    if getattr(_made, "task", None) is running:
+        return _made.comm
+    off_loop(running, "get_task_comm()")
+    ranks = member_ranks(running.gang)
+    from hpcsched.hpc.mpi_init import mpi_module
+
+    MPI = mpi_module()
+    world = MPI.COMM_WORLD
+    group = world.Get_group().Incl(ranks)
+    _count(1)
+    try:
+        comm = world.Create_group(group, gang_tag(running.key, world.Get_attr(MPI.TAG_UB)))
+    except BaseException:
+        _count(-1)
+        raise
+    finally:
+        group.Free()
+    _made.task, _made.comm = running, comm
+
+    def free() -> None:
+        _made.task = _made.comm = None
+        try:
+            comm.Free()
+        finally:
+            _count(-1)
+
+    at_task_end(free)
+    return comm
