@@ -12,7 +12,7 @@ import re
 import pytest
 
 from hpcsched.hpc.mpi_init import rdma_devices
-from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
+from tests.hpc.mpi_scripts import REPO_ON_PATH, needs_mpiexec, run, script
 
 RANKS = 32
 

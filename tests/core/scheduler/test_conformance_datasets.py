@@ -6,7 +6,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from tests.conformance import datasets
-from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
+from tests.hpc.mpi_scripts import REPO_ON_PATH, needs_mpiexec, run, script
 
 
 @pytest.mark.timeout(300)
