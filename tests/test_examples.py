@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from tests.hpc.mpi_scripts import REPO, needs_mpiexec, run
+from tests.hpc.mpi_scripts import run
+from tests.hpc.mpirun import REPO, needs_mpiexec
 
 DASK_EXAMPLE = REPO / "examples" / "dask_collections.py"
 

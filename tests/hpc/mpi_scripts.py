@@ -10,7 +10,6 @@ killed in ``finally``, and :func:`run` checks that no process of the run outlive
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,10 +28,6 @@ REPO_ON_PATH = {"PYTHONPATH": os.pathsep.join(
     p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
 SCRIPTS = REPO / "tests" / "hpc" / "scripts"
 RUN_TIMEOUT = 60.0
-
-needs_mpiexec = pytest.mark.skipif(shutil.which("mpiexec") is None and not os.environ.get("HPCSCHED_REQUIRE_MPI"),
-                                   reason="mpiexec is not on PATH")
-
 
 @dataclass
 class Run:

@@ -16,17 +16,8 @@ import time
 import pytest
 
 from hpcsched.launchers.resources import launcher_rank, launcher_size
-from tests.hpc.mpi_scripts import (
-    REPO,
-    Run,
-    assert_all_gone,
-    kill_run,
-    needs_mpiexec,
-    run,
-    run_members,
-    script,
-    start,
-)
+from tests.hpc.mpi_scripts import Run, assert_all_gone, kill_run, run, run_members, script, start
+from tests.hpc.mpirun import REPO, needs_mpiexec
 
 PI = REPO / "examples" / "monte_carlo_pi.py"
 

@@ -16,7 +16,8 @@ import re
 import pytest
 
 from hpcsched.hpc.initialize_options import resolve
-from tests.hpc.mpi_scripts import SCRIPTS, needs_mpiexec, run
+from tests.hpc.mpi_scripts import SCRIPTS, run
+from tests.hpc.mpirun import needs_mpiexec
 
 DASK_MPI = SCRIPTS / "dask_mpi"
 
