@@ -3,7 +3,7 @@
 ``examples/dask_collections.py`` both ways its docstring gives: ``python
 examples/dask_collections.py`` (a LocalCluster) and ``mpiexec -n 4 python -m
 hpcsched examples/dask_collections.py``. Each run has a timeout, and no process
-of it may outlive it (``run`` of tests/hpc/test_bootstrap.py).
+of it may outlive it (``run`` of tests/hpc/mpi_scripts.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import re
 
 import pytest
 
-from tests.hpc.test_bootstrap import REPO, needs_mpiexec, run
+from tests.hpc.mpi_scripts import run
+from tests.hpc.mpirun import REPO, needs_mpiexec
 
 DASK_EXAMPLE = REPO / "examples" / "dask_collections.py"
 

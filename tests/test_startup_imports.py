@@ -18,19 +18,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: libraries no start-up needs
-LIBRARIES = ("dask", "distributed", "pandas", "numpy", "yaml", "jinja2", "tornado", "bokeh",
-             "zict", "joblib", "sklearn")
-#: hpcsched's modules no start-up needs (the dashboard's server: once a browser connects)
-OURS = ("hpcsched.jobqueue", "hpcsched.diagnostics.server")
-
-
-def heavy_loaded() -> list[str]:
-    """The packages of ``LIBRARIES`` and modules of ``OURS`` this process has imported."""
-    return sorted(m for m in sys.modules
-                  if m.split(".")[0] in LIBRARIES and "." not in m or m in OURS)
-
-
 def run_python(code: str) -> dict:
     """Run ``code`` in a fresh interpreter from the repository; the JSON it prints last."""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True,
@@ -42,7 +29,7 @@ def run_python(code: str) -> dict:
 def test_client_and_local_cluster_start_without_heavy_modules():
     got = run_python(
         "import json, sys\n"
-        "from tests.test_startup_imports import heavy_loaded\n"
+        "from tests.heavy_imports import heavy_loaded\n"
         "from hpcsched import Client, LocalCluster\n"
         "with LocalCluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as cluster, "
         "Client(cluster) as client:\n"

@@ -22,10 +22,22 @@ import pytest
 from hpcsched import Client, LocalCluster
 from hpcsched.core.state import events as ev
 from tests.conftest import worker_env
-from tests.core.state.test_scheduler_state import A, B, finish, graph, one, sent, step, submit
-from tests.core.state.test_scheduler_state import with_workers as scheduler_with_workers
-from tests.core.state.test_worker_state import P1, compute, executes, new_state, to_scheduler
-from tests.core.state.test_worker_state import step as wstep
+from tests.core.state.harness import (
+    P1,
+    A,
+    B,
+    compute,
+    executes,
+    finish,
+    graph,
+    new_worker,
+    one,
+    sent,
+    step,
+    submit,
+    to_scheduler,
+    with_workers,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,7 +127,7 @@ def test_gather_of_good_and_bad_results_raises_for_the_bad_one(two_workers):
 
 # ---------------------------------------------------------------- state machines
 def test_scheduler_errs_a_result_that_cannot_leave_its_worker_and_its_dependents():
-    s = scheduler_with_workers(A, B)
+    s = with_workers(A, B)
     submit(s, graph(x=[], y=["x"]), keys=["x", "y"], workers=[A])
     finish(s, A, "x")
     out = step(s, ev.ResultErred(A, "x", "exc-blob", "Traceback...", "ValueError: no"))
@@ -130,20 +142,20 @@ def test_scheduler_errs_a_result_that_cannot_leave_its_worker_and_its_dependents
 
 
 def test_worker_reports_a_result_it_cannot_serve():
-    s = new_state()
-    wstep(s, compute("x"))
-    wstep(s, ev.ExecuteSuccess("x", object(), 8, "object", 1.0, 2.0))
-    out = wstep(s, ev.ServeFailed("x", "exc-blob", "tb", "ValueError: no"))
+    s = new_worker()
+    step(s, compute("x"))
+    step(s, ev.ExecuteSuccess("x", object(), 8, "object", 1.0, 2.0))
+    out = step(s, ev.ServeFailed("x", "exc-blob", "tb", "ValueError: no"))
     msg = to_scheduler(out, "result-erred", key="x")[0].wire()
     assert msg["exception"] == "exc-blob" and msg["traceback"] == "tb"
     assert "x" in s.data  # kept until the scheduler frees it: other requests fail alike
 
 
 def test_dependency_a_peer_cannot_serialize_is_not_reported_missing():
-    s = new_state()
-    wstep(s, compute("y", {"x": [P1]}))
-    out = wstep(s, ev.GatherDepSuccess(P1, {}, [], {"x": "ValueError: no"}))
+    s = new_worker()
+    step(s, compute("y", {"x": [P1]}))
+    out = step(s, ev.GatherDepSuccess(P1, {}, [], {"x": "ValueError: no"}))
     assert not to_scheduler(out, "missing-data")  # missing would recompute x, in vain
     assert executes(out) == [] and s.tasks["y"].state == "waiting"
-    wstep(s, ev.FreeKeys(["y"]))  # the scheduler errs y: its free-keys clears both
+    step(s, ev.FreeKeys(["y"]))  # the scheduler errs y: its free-keys clears both
     assert s.tasks == {}

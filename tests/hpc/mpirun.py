@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,11 @@ import psutil
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+
+#: skips a test where there is no mpiexec, unless HPCSCHED_REQUIRE_MPI says it must run
+needs_mpiexec = pytest.mark.skipif(
+    shutil.which("mpiexec") is None and not os.environ.get("HPCSCHED_REQUIRE_MPI"),
+    reason="mpiexec is not on PATH")
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

@@ -6,7 +6,7 @@ their import lines changed (tests/hpc/scripts/dask_mpi/). Where hpcsched
 differs on purpose the test says so: rank 0 is scheduler *and* client (one
 more worker than dask-mpi), and a world of one runs on a LocalCluster instead
 of failing. Every run is bounded and checked to leave no process behind
-(``run`` of test_bootstrap).
+(``run`` of tests/hpc/mpi_scripts.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import re
 import pytest
 
 from hpcsched.hpc.initialize_options import resolve
-from tests.hpc.test_bootstrap import SCRIPTS, needs_mpiexec, run
+from tests.hpc.mpi_scripts import SCRIPTS, run
+from tests.hpc.mpirun import needs_mpiexec
 
 DASK_MPI = SCRIPTS / "dask_mpi"
 

@@ -9,17 +9,14 @@ this 2-core machine with whatever else runs: oversubscribed, as on a login node.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 
 from tests.core.comm.conformance import CHECKS, Check
-from tests.hpc.mpirun import REPO, run_mpi
+from tests.hpc.mpirun import REPO, needs_mpiexec, run_mpi
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("mpiexec") is None and not os.environ.get("HPCSCHED_REQUIRE_MPI"),
-                       reason="mpiexec is not on PATH"),
+    needs_mpiexec,
     pytest.mark.timeout(200),  # the first test of a mode waits for its whole run
 ]
 

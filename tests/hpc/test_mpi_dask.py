@@ -2,7 +2,7 @@
 
     mpiexec -n 4 python -m pytest --with-mpi -q tests/hpc/test_mpi_dask.py
 
-Uses the cluster of ``test_mpi_client.py`` (rank 0: scheduler on ``mpi://0``
+Uses the ``cluster`` fixture of tests/hpc/conftest.py (rank 0: scheduler on ``mpi://0``
 and a client; the other ranks: workers); the tests run on rank 0. Expected
 values come from dask's synchronous scheduler. tests/hpc/test_mpi_launch.py
 runs this under mpiexec in the plain suite.
@@ -20,7 +20,7 @@ import pytest
 from dask import delayed
 from dask.utils_test import GetFunctionTestMixin
 
-from tests.hpc.test_mpi_client import WAIT, cluster  # noqa: F401 - the module's cluster
+from tests.hpc.conftest import WAIT
 
 pytestmark = [pytest.mark.mpi(min_size=3), pytest.mark.timeout(120)]
 
@@ -33,7 +33,7 @@ def inc(x):
     return x + 1
 
 
-def test_collections_computed_with_plain_compute(cluster):  # noqa: F811
+def test_collections_computed_with_plain_compute(cluster):
     if cluster is None:
         return
     from hpcsched.core.client.client import Client
@@ -60,7 +60,7 @@ class TestMPIClientGetDaskConformance(GetFunctionTestMixin):
     """dask's own tests of a get function, run against ``Client.get`` over MPI."""
 
     @pytest.fixture(autouse=True)
-    def _client(self, cluster):  # noqa: F811
+    def _client(self, cluster):
         if cluster is None:
             pytest.skip("the tests run on rank 0")
         self.client = cluster[0]

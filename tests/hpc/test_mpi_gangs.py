@@ -13,7 +13,8 @@ from itertools import combinations
 
 import pytest
 
-from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
+from tests.hpc.mpi_scripts import REPO_ON_PATH, run, script
+from tests.hpc.mpirun import needs_mpiexec
 
 RANKS = 9  # rank 0: the scheduler and the script; 8 workers: two gangs of 4 at once
 

@@ -5,16 +5,14 @@ Each run goes through tests/hpc/mpirun.py: a timeout, and nothing outlives the t
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-from tests.hpc.mpirun import pytest_under_mpi, run_mpi
+from tests.hpc.mpirun import needs_mpiexec, pytest_under_mpi, run_mpi
 
-pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None and not os.environ.get("HPCSCHED_REQUIRE_MPI"), reason="mpiexec is not on PATH")
+pytestmark = needs_mpiexec
 
 
 @pytest.mark.timeout(150)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
+from tests.hpc.mpi_scripts import REPO_ON_PATH, run, script
+from tests.hpc.mpirun import needs_mpiexec
 
 
 @needs_mpiexec

@@ -5,6 +5,9 @@ Torque wrappers over SLURM, from ``ci/batch/start-torque.sh``). It skips
 when the system does not answer (``sinfo`` / ``qstat``), unless the environment
 variable ``HPCSCHED_REQUIRE_BATCH`` names the system (``slurm,sge``): then it
 fails loudly, so that CI cannot pass by skipping.
+
+``batch`` is one of the four batch systems (:class:`tests.jobqueue.batch.Batch`): it
+cancels whatever a failing test leaves behind, and checks that nothing is left queued.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import pytest
 
 import hpcsched.jobqueue.dask_config as dask_config
 from hpcsched.core import config
+from tests.jobqueue.batch import ROOT, Batch
 
 
 def _require(system: str) -> bool:
@@ -121,3 +125,40 @@ def isolated_config(monkeypatch, tmp_path, reread_dask_config):
     reread_dask_config()
     yield
     config.refresh()
+
+
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm),
+                        pytest.param("sge", marks=pytest.mark.sge), "pbs", "lsf"])
+def batch(request, tmp_path, monkeypatch, fast_poll):
+    system = request.param
+    env = dict(os.environ)
+    state = tmp_path / "emu-state"
+    if system in ("slurm", "sge"):
+        request.getfixturevalue(system)  # skip / fail loudly when not running
+    elif system == "torque":
+        bin_dir = request.getfixturevalue("torque")
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+        monkeypatch.setenv("PATH", env["PATH"])
+        # the wrappers send a job's output to the submitting directory (pbs.py's docstring)
+        monkeypatch.chdir(tmp_path)
+    else:
+        if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
+            pytest.skip("the PBS/LSF emulators are not in this tree")
+        from tests.jobqueue.emulators import emulator_env
+
+        env = emulator_env(system, state)
+        for k, v in env.items():
+            if os.environ.get(k) != v:
+                monkeypatch.setenv(k, v)
+    b = Batch(system, tmp_path / "logs", env)
+    yield b
+    for c in b.clusters:
+        b.record(c)
+        c.close()
+    try:
+        b.assert_queue_empty()
+    finally:
+        if system in ("pbs", "lsf"):
+            from tests.jobqueue.emulators import cleanup
+
+            cleanup(state)

@@ -29,7 +29,7 @@ import pytest
 
 from hpcsched import Client
 from hpcsched.core import config
-from tests.jobqueue.test_e2e import CLASSES, MODULES, ROOT, Batch, batch, numeric, unfinished  # noqa: F401
+from tests.jobqueue.batch import CLASSES, MODULES, ROOT, Batch, numeric, unfinished
 from tests.launchers.counting import counted, runs
 
 N = 2000
@@ -158,7 +158,7 @@ class Owner:
 
 
 @pytest.fixture
-def owner_of(batch, tmp_path):  # noqa: F811
+def owner_of(batch, tmp_path):
     made: list[Owner] = []
 
     def make(reconnect: float, jobs: int) -> Owner:
@@ -181,7 +181,7 @@ def owner_of(batch, tmp_path):  # noqa: F811
     ("pbs", "sigkill", "scale"), ("lsf", "sigkill", "scale"),
 ], indirect=["batch"])
 def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
-        batch, how, scaling, owner_of, tmp_path):  # noqa: F811
+        batch, how, scaling, owner_of, tmp_path):
     """SIGKILL (or SIGTERM, or the interpreter's exit: a process ending without close())
     mid-graph; the same code with the same journal adopts the jobs; the client's gather
     is right; nothing ran twice.
@@ -242,7 +242,7 @@ def test_a_restarted_cluster_adopts_its_jobs_and_the_client_gets_its_results(
                                    pytest.param("sge", marks=pytest.mark.sge)],
                          indirect=True)
 def test_the_jobs_of_a_cluster_that_never_returns_end_after_the_reconnect_timeout(
-        batch, owner_of):  # noqa: F811
+        batch, owner_of):
     reconnect = 5.0
     owner = owner_of(reconnect=reconnect, jobs=1)
     owner.start()

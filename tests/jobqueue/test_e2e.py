@@ -5,7 +5,8 @@ second, independent source of PBS command behaviour) where a test says so.
 
 Every test checks with the batch system's own command (``squeue``, ``qstat``,
 ``bjobs``), not through the adapter, that nothing it submitted is left, and the
-``batch`` fixture cancels whatever a failing test leaves behind.
+``batch`` fixture (tests/jobqueue/conftest.py) cancels whatever a failing test leaves
+behind.
 """
 
 from __future__ import annotations
@@ -17,126 +18,25 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.cluster import JobFailedError, JobQueueCluster, SchedulerUnreachableError
+from hpcsched.jobqueue.cluster import JobFailedError, SchedulerUnreachableError
 from hpcsched.jobqueue.job import JobState
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
 from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
 from tests.conftest import interruptible
-
-ROOT = Path(__file__).resolve().parents[2]
-CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,
-           "torque": PBSCluster}
-MODULES = {"torque": "pbs"}
-
-
-def _run(cmd: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=env)
-
-
-def unfinished(system: str, env: dict[str, str] | None = None) -> set[str]:
-    """Numeric ids of this user's unfinished jobs, straight from the batch system."""
-    if system == "slurm":
-        out = _run(["squeue", "-h", "-o", "%i %T"], env).stdout
-        return {ln.split()[0].split("_")[0] for ln in out.splitlines()
-                if len(ln.split()) > 1 and ln.split()[1] not in ("COMPLETED", "CANCELLED",
-                                                                 "FAILED", "TIMEOUT")}
-    if system == "sge":
-        return {ln.split()[0] for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
-    if system == "torque":  # the wrappers list finished jobs as C for a while
-        return {ln.split()[0] for ln in _run(["qstat"], env).stdout.splitlines()[2:]
-                if len(ln.split()) > 4 and ln.split()[-2] != "C"}
-    if system == "pbs":  # without -x: unfinished jobs only
-        return {ln.split()[0].split("[")[0].split(".")[0]
-                for ln in _run(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
-    out = _run(["bjobs", "-noheader", "-o", "jobid"], env).stdout  # unfinished only
-    return {ln.strip() for ln in out.splitlines() if ln.strip().isdigit()}
-
-
-def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
-
-
-def numeric(job_id: str) -> str:
-    return job_id.split("_")[0].split("[")[0].split(".")[0]
-
-
-@dataclass
-class Batch:
-    system: str
-    log_dir: Path
-    env: dict[str, str]
-    clusters: list[JobQueueCluster] = field(default_factory=list)
-    ids: set[str] = field(default_factory=set)  # numeric ids this test submitted
-
-    def cluster(self, **kwargs) -> JobQueueCluster:
-        kw = dict(cores=1, memory="300MB", walltime="00:10:00", death_timeout=20,
-                  log_directory=str(self.log_dir))
-        kw.update(kwargs)
-        c = CLASSES[self.system](**kw)
-        self.clusters.append(c)
-        return c
-
-    def record(self, cluster: JobQueueCluster) -> set[str]:
-        ids = {numeric(j) for j in cluster.jobs}
-        self.ids |= ids
-        return ids
-
-    def assert_queue_empty(self, ids: set[str] | None = None, timeout: float = 30) -> None:
-        ids = self.ids if ids is None else ids
-        wait_for(lambda: not (ids & unfinished(self.system, self.env)), timeout,
-                 f"jobs {sorted(ids)} to leave the {self.system} queue "
-                 f"(still: {sorted(ids & unfinished(self.system, self.env))})")
-
-
-@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm),
-                        pytest.param("sge", marks=pytest.mark.sge), "pbs", "lsf"])
-def batch(request, tmp_path, monkeypatch, fast_poll):
-    system = request.param
-    env = dict(os.environ)
-    state = tmp_path / "emu-state"
-    if system in ("slurm", "sge"):
-        request.getfixturevalue(system)  # skip / fail loudly when not running
-    elif system == "torque":
-        bin_dir = request.getfixturevalue("torque")
-        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-        monkeypatch.setenv("PATH", env["PATH"])
-        # the wrappers send a job's output to the submitting directory (pbs.py's docstring)
-        monkeypatch.chdir(tmp_path)
-    else:
-        if not (ROOT / "tests/jobqueue/emulators/__init__.py").exists():
-            pytest.skip("the PBS/LSF emulators are not in this tree")
-        from tests.jobqueue.emulators import emulator_env
-
-        env = emulator_env(system, state)
-        for k, v in env.items():
-            if os.environ.get(k) != v:
-                monkeypatch.setenv(k, v)
-    b = Batch(system, tmp_path / "logs", env)
-    yield b
-    for c in b.clusters:
-        b.record(c)
-        c.close()
-    try:
-        b.assert_queue_empty()
-    finally:
-        if system in ("pbs", "lsf"):
-            from tests.jobqueue.emulators import cleanup
-
-            cleanup(state)
+from tests.jobqueue.batch import (
+    CLASSES,
+    MODULES,
+    ROOT,
+    Batch,
+    numeric,
+    run_command,
+    unfinished,
+    wait_for,
+)
 
 
 @pytest.mark.timeout(90)
@@ -519,7 +419,7 @@ def test_pbs_cluster_over_the_torque_wrappers(batch):
 
 
 def pbs_job_name(batch: Batch, job_id: str) -> str:
-    out = _run(["qstat", "-x", "-f", "-F", "json", job_id], batch.env)
+    out = run_command(["qstat", "-x", "-f", "-F", "json", job_id], batch.env)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["Jobs"][job_id]["Job_Name"]
 

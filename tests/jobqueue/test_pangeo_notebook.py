@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tests.jobqueue.test_login_notebook import execute_against_slurm
+from tests.jobqueue.notebooks import execute_against_slurm
 
 NOTEBOOK = Path(REPO) / "examples" / "pangeo_xarray.ipynb"
 

@@ -9,8 +9,6 @@ run real workers.
 from __future__ import annotations
 
 import subprocess
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -18,6 +16,7 @@ from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import JobState
 from hpcsched.jobqueue.sge import SGESystem
 from hpcsched.jobqueue.slurm import SLURMSystem
+from tests.jobqueue.batch import wait_for
 
 
 def queue_ids(system: str) -> set[str]:
@@ -29,14 +28,6 @@ def queue_ids(system: str) -> set[str]:
                 if ln.split() and ln.split()[1] not in ("COMPLETED", "CANCELLED", "FAILED")}
     out = subprocess.run(["qstat"], capture_output=True, text=True, check=True, timeout=30).stdout
     return {ln.split()[0] for ln in out.splitlines()[2:] if ln.split()}
-
-
-def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)
 
 
 @pytest.fixture(params=["slurm", "sge"])

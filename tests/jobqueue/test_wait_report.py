@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 
 from hpcsched.jobqueue import cluster as cluster_mod
-from tests.jobqueue.test_e2e import batch  # noqa: F401 - the fixture
 
 
 @pytest.mark.parametrize("batch", ["pbs"], indirect=True)
 @pytest.mark.timeout(90)
-def test_waiting_for_workers_reports_pending_jobs(batch, monkeypatch, capsys):  # noqa: F811
+def test_waiting_for_workers_reports_pending_jobs(batch, monkeypatch, capsys):
     monkeypatch.setenv("HPCSCHED_EMU_HOLD", "1")  # the queue keeps every job pending
     monkeypatch.setattr(cluster_mod, "WAIT_REPORT_EVERY", 0.5)
     c = batch.cluster()

@@ -1,4 +1,4 @@
-"""The pangeo workflow of tests/test_xarray.py on a SLURMCluster: workers in batch jobs of
+"""The pangeo workflow (tests/pangeo.py) on a SLURMCluster: workers in batch jobs of
 the local SLURM open and read the netCDF files, and the results equal xarray's own with
 dask's synchronous scheduler."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hpcsched.core.client.client import Client
-from tests.jobqueue.test_e2e import ROOT, batch  # noqa: F401 - the fixture
+from tests.jobqueue.batch import ROOT
 
 pytest.importorskip("xarray")
 pytest.importorskip("h5netcdf")
@@ -17,8 +17,8 @@ pytest.importorskip("zarr")
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm)],
                          indirect=True)
-def test_the_pangeo_workflow_on_a_slurm_cluster(batch, tmp_path):  # noqa: F811
-    from tests.test_xarray import assert_as_synchronous, compute_on, write_files
+def test_the_pangeo_workflow_on_a_slurm_cluster(batch, tmp_path):
+    from tests.pangeo import assert_as_synchronous, compute_on, write_files
 
     paths = write_files(tmp_path)
     # the tasks' functions live in the repository's tests package: the jobs import them

@@ -17,7 +17,7 @@ import pytest
 from hpcsched import Client, LocalCluster
 from hpcsched.core import config
 from tests.conftest import wait_until
-from tests.launchers.test_cli import WORKER_OPTS, procs, start_scheduler  # noqa: F401
+from tests.launchers.procs import WORKER_OPTS, start_scheduler
 
 
 def nap(seconds: float) -> float:

@@ -29,7 +29,7 @@ import pytest
 from hpcsched.core.client.client import Client, read_scheduler_file
 from hpcsched.core.client.graphs import BULK_MAP_MIN
 from tests.conftest import wait_until
-from tests.launchers.test_cli import WORKER_OPTS, Procs, hpcsched_cmd
+from tests.launchers.procs import WORKER_OPTS, Procs, hpcsched_cmd
 from tests.nodes import (
     LOGIN,
     ON_NODE,
@@ -52,15 +52,6 @@ def nodes() -> None:
 @pytest.fixture(scope="module")
 def three_nodes() -> None:
     require(missing_nodes(LOST), "sudo bash ci/nodes/start-nodes.sh 3")
-
-
-@pytest.fixture
-def procs(tmp_path: Path):
-    ps = Procs(tmp_path)
-    try:
-        yield ps
-    finally:
-        ps.kill_all()
 
 
 def start_scheduler(procs: Procs, sfile: Path, *options: str, env: dict | None = None):

@@ -15,7 +15,7 @@ import pytest
 from hpcsched import Client, LocalCluster, NannyPlugin
 from hpcsched.core.worker.nanny import Environ, UploadDirectory
 from tests.conftest import wait_until
-from tests.launchers.test_cli import WORKER_OPTS, inc, procs, start_scheduler  # noqa: F401
+from tests.launchers.procs import WORKER_OPTS, inc, start_scheduler
 
 VAR = "HPCSCHED_TEST_NANNY_VAR"
 

@@ -22,7 +22,7 @@ from hpcsched import Client
 from hpcsched.core import config
 from tests.conftest import wait_until
 from tests.launchers.counting import counted, runs
-from tests.launchers.test_cli import WORKER_OPTS, hpcsched_cmd, procs  # noqa: F401
+from tests.launchers.procs import WORKER_OPTS, hpcsched_cmd
 
 N = 4000
 

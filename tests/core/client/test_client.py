@@ -28,7 +28,7 @@ from hpcsched.core.client.client import (
 )
 from hpcsched.core.graph.dsk import GraphError
 from tests.conftest import hpcsched_children, wait_until
-from tests.core.client.test_local import GetFunctionTestMixin
+from tests.core.client.get_conformance import GetFunctionTestMixin
 
 
 def inc(x):

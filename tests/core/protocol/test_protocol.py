@@ -16,8 +16,8 @@ from hpcsched.core.protocol import checks as field_checks
 from hpcsched.core.protocol import dispatch, wire
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
-from hpcsched.core.protocol.serialize import serialize
 from hpcsched.core.state import events as ev
+from tests.core.protocol.examples import example
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGE = ROOT / "hpcsched"
@@ -25,29 +25,6 @@ PACKAGE = ROOT / "hpcsched"
 RECORDS = sorted({(d.name, op, cls) for d in protocol.DIRECTIONS for op, cls in d.items()},
                  key=lambda t: (t[0], t[1]))
 ALL_OPS = {op for d in protocol.DIRECTIONS for op in d}
-
-# values to build example records from: for each field, the first that passes its check
-# and differs from its default
-CANDIDATES = [("x", 1), ["x", ("y", 0)], "text", 3, 2.5, True, False, {"x": 4},
-              {"x": ["tcp://w:1"]}, {"GPU": 1.0}, {"x": {"run_spec": b"r", "deps": ["y"]}},
-              {"a": {"x": 1}}, b"blob", serialize({"x": 1}), [serialize({"x": 1})],
-              {"x": serialize(1)}, [2, "w-1"], ["tcp://w:1"], [1, 2], [{"blob": b"v", "keys": []}], [b"blob"],
-              {"m-a-": [1, 2]}]
-CONTEXT = {"worker": "tcp://w:1", "client": "client-1", "now": 12.5, "stimulus_id": "s-1"}
-
-
-def example(cls: type) -> tuple[object, dict]:
-    """A record of ``cls`` with every wire field set (not to its default), and its context."""
-    s = protocol.spec(cls)
-    kw = {}
-    for f in s.wire:
-        kw[f.name] = next(v for v in CANDIDATES
-                          if f.check(v) is None and (f.required or v != f.default))
-    context = {f.name: CONTEXT[f.name] for f in s.context}
-    if s.extra is not None:
-        kw[s.extra] = {"what": "status", "limit": 5}
-    return cls(**kw, **context), context
-
 
 def direction(name: str) -> wire.Direction:
     return next(d for d in protocol.DIRECTIONS if d.name == name)

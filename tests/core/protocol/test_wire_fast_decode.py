@@ -8,7 +8,7 @@ import pytest
 
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
-from tests.core.protocol.test_protocol import example
+from tests.core.protocol.examples import example
 
 FAST = sorted({(d.name, op) for d in protocol.DIRECTIONS for op in d.fast.ops()})
 

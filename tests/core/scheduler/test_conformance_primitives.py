@@ -6,7 +6,8 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from tests.conformance import primitives
-from tests.hpc.test_bootstrap import REPO_ON_PATH, needs_mpiexec, run, script
+from tests.hpc.mpi_scripts import REPO_ON_PATH, run, script
+from tests.hpc.mpirun import needs_mpiexec
 
 
 @pytest.mark.timeout(300)

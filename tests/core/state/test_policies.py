@@ -26,18 +26,13 @@ from hpcsched.core.state import policies
 from hpcsched.core.state.events import Execute, Send
 from hpcsched.core.state.scheduler_state import SchedulerState
 from hpcsched.core.state.worker_state import WorkerState
+from tests.core.state.harness import step
 
 A, B, C = "tcp://a", "tcp://b", "tcp://c"
 MB = 1_000_000
 
 
 # ---------------------------------------------------------------- helpers
-def step(s: Any, event: Any) -> list:
-    out = s.handle(event)
-    s.validate()
-    return out
-
-
 def cluster(*workers: tuple[str, int] | str, **kw: Any) -> SchedulerState:
     """A SchedulerState with workers ``(address, nthreads)`` (or addresses: 1 thread)."""
     kw.setdefault("work_stealing", False)
@@ -81,7 +76,7 @@ def where(s: SchedulerState, key: str) -> str:
     return ws.address
 
 
-def run_all(s: SchedulerState, first: list[str]) -> list[str]:
+def run_best_first(s: SchedulerState, first: list[str]) -> list[str]:
     """Run the graph to the end, each worker running its best-priority task like a real
     one would; return the keys in the order the scheduler sent them out."""
     sent = list(first)
@@ -123,7 +118,7 @@ def test_scheduler_uses_static_order_not_key_order():
     o = order(deps)
     for k, ts in s.tasks.items():
         assert ts.priority == (1, 0, o[k])
-    sent = run_all(s, computes(out))
+    sent = run_best_first(s, computes(out))
     assert sent == ["x-0", "x-2", "s-0", "x-1", "x-3", "s-1", "total"]
 
 
@@ -161,7 +156,7 @@ def test_earlier_submission_runs_before_later_one_from_the_queue():
     out = submit(s, {f"a-{i}": [] for i in range(5)}, [f"a-{i}" for i in range(5)])
     out += submit(s, {f"b-{i}": [] for i in range(5)}, [f"b-{i}" for i in range(5)])
     assert s.tasks["b-0"].priority[2] < s.tasks["a-1"].priority[2]
-    sent = run_all(s, computes(out))
+    sent = run_best_first(s, computes(out))
     assert sent == [f"a-{i}" for i in range(5)] + [f"b-{i}" for i in range(5)]
 
 
@@ -392,7 +387,7 @@ def test_co_assignment_puts_siblings_on_one_worker():
     assert where(s, "load-0") == where(s, "load-2")
     assert where(s, "load-1") == where(s, "load-3")
     assert where(s, "load-0") != where(s, "load-1")
-    run_all(s, [])
+    run_best_first(s, [])
     assert s.tasks["sum-0"].state == s.tasks["sum-1"].state == "memory"
 
 

@@ -1,5 +1,5 @@
 """Bulk maps in the scheduler state (hpcsched.core.state.bulk): stories of events, then
-random ones (the fuzz story of test_scheduler_state_fuzz with maps and ranges added).
+random ones (the story of tests/core/state/stories.py with maps and ranges added).
 
 A map ``m-a-`` of n elements has the keys ``m-a-0`` .. ``m-a-{n-1}``; its run specs are
 opaque bytes. ``validate()`` runs after every step.
@@ -25,15 +25,10 @@ from hpcsched.core.state.bulk import MAX_RANGE
 from hpcsched.core.state.elements import PROCESSING
 from hpcsched.core.state.events import Send
 from hpcsched.core.state.scheduler_state import SchedulerState
-from tests.core.state.test_scheduler_state_fuzz import WORKERS, SchedulerStory
+from tests.core.state.harness import step
+from tests.core.state.stories import WORKERS, SchedulerStory
 
 A, B = "tcp://a", "tcp://b"
-
-
-def step(s: SchedulerState, event: Any) -> list[Send]:
-    out = s.handle(event)
-    s.validate()
-    return out
 
 
 def ranges(out: list[Send]) -> list[tuple[str, list[int]]]:
@@ -65,8 +60,8 @@ def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-
                                     starts=[1.0] * n, stops=[1.0 + seconds] * n))
 
 
-def run_all(s: SchedulerState, worker: str, out: list[Send], nbytes: int = 8
-            ) -> tuple[list[int], list[Send]]:
+def finish_ranges(s: SchedulerState, worker: str, out: list[Send], nbytes: int = 8
+                  ) -> tuple[list[int], list[Send]]:
     """Finish every range given to ``worker`` until none is left: (the indices reported to
     the client, every command sent meanwhile)."""
     reported: list[int] = []
@@ -165,7 +160,7 @@ def test_a_run_of_elements_is_gathered_and_released_as_a_run():
     out, _ = map_on_a_and_b(s, 200)
     every = list(out)
     for w in (A, B):
-        every += run_all(s, w, out)[1]
+        every += finish_ranges(s, w, out)[1]
     on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
               for i in m.msg.indices} for w in (A, B)}
     assert on[A] and on[B] and on[A] | on[B] == set(range(200))
@@ -265,7 +260,7 @@ def test_an_element_is_the_dependency_of_a_later_task():
     assert compute.msg.key == "z" and compute.msg.who_has == {"m-a-1": [A]}
     assert any(m.msg.op == "key-in-memory" and m.msg.key == "m-a-1" for m in out)
     assert not [m for m in out if m.msg.op == "map-in-memory"]
-    reported, _ = run_all(s, A, first + out)
+    reported, _ = finish_ranges(s, A, first + out)
     assert sorted(reported) == [0, 2, 3]
 
 
@@ -278,7 +273,7 @@ def test_a_queued_element_depended_on_waits_for_its_range():
     step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": ["m-a-2"]}}, ["z"]))
     assert s.tasks["m-a-2"].state == "waiting"
     out = step(s, ev.AddWorker(A, 1))
-    reported, every = run_all(s, A, out)
+    reported, every = finish_ranges(s, A, out)
     assert 2 in [i for _, idx in ranges(every) for i in idx]
     assert sorted(reported) == [0, 1, 3]  # m-a-2 is reported as a task
     (compute,) = [m for m in every if m.msg.op == "compute-task"]
@@ -338,7 +333,7 @@ def test_a_held_element_whose_dependent_is_dropped_is_not_run():
     step(s, ev.ClientReleasesKeys("c", ["z", "m-a-2"]))
     assert "m-a-2" not in s.tasks and "z" not in s.tasks
     out = step(s, ev.AddWorker(A, 1))
-    reported, every = run_all(s, A, out)
+    reported, every = finish_ranges(s, A, out)
     assert sorted(i for _, idx in ranges(every) for i in idx) == [0, 1, 3]
     assert sorted(reported) == [0, 1, 3]
     step(s, ev.ClientReleasesKeys("c", ["m-a-0", "m-a-1", "m-a-3"]))
@@ -434,7 +429,7 @@ def test_cancel_of_one_element():
     out = step(s, ev.CancelKeys("c", ["m-a-2"]))  # still queued
     assert any(m.msg.op == "cancelled-keys" and m.msg.keys == ["m-a-2"] for m in out)
     assert "m-a-2" not in s.tasks and "m-a-1" not in s.tasks
-    reported, every = run_all(s, A, first)
+    reported, every = finish_ranges(s, A, first)
     assert sorted(reported) == [0, 3]
     assert any(m.msg.op == "free-keys" and "m-a-1" in m.msg.keys for m in every)
     assert not s.bulk.maps["m-a-"].free
@@ -832,8 +827,8 @@ def test_the_workers_descriptions_and_retire_n_count_elements_and_their_results(
     assert info[A]["processing"] == len(on_a) == s.bulk.outstanding[A]
     assert 0 < info[B]["processing"] == s.bulk.outstanding[B] < len(on_a)
     assert s.workers_to_retire(None, None, 1) == [B]  # the less busy
-    run_all(s, A, out, nbytes=1000)
-    run_all(s, B, out)
+    finish_ranges(s, A, out, nbytes=1000)
+    finish_ranges(s, B, out)
     assert s.task_counts() == {"memory": 40} and not s.tasks
     info = s.workers_info()
     n_a, n_b = info[A]["n_keys"], info[B]["n_keys"]

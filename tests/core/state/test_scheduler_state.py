@@ -16,66 +16,26 @@ import pytest
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.events import Send
 from hpcsched.core.state.scheduler_state import KilledWorker, SchedulerState
-
-A, B, C = "tcp://a", "tcp://b", "tcp://c"
+from tests.core.state.harness import (
+    A,
+    B,
+    C,
+    finish,
+    graph,
+    new_scheduler,
+    one,
+    sent,
+    step,
+    submit,
+    with_workers,
+)
 
 
 # ---------------------------------------------------------------- helpers
-def new_state(**kw: Any) -> SchedulerState:
-    kw.setdefault("work_stealing", False)
-    s = SchedulerState(**kw)
-    s.validate()
-    return s
-
-
-def step(s: SchedulerState, event: Any) -> list[Send]:
-    """Handle one event, then check every invariant."""
-    out = s.handle(event)
-    s.validate()
-    return out
-
-
-def sent(out: list[Send], op: str, **kw: Any) -> list[Send]:
-    """The commands of ``out`` with this op (and matching fields / ``to=``)."""
-    return [m for m in out if m.match(op=op, **kw)]
-
-
-def one(out: list[Send], op: str, **kw: Any) -> Send:
-    found = sent(out, op, **kw)
-    assert len(found) == 1, (op, kw, out)
-    return found[0]
-
-
-def graph(**deps: list[str]) -> dict:
-    """``graph(x=[], y=["x"])`` -> the ``tasks`` of an update-graph."""
-    return {k: {"run_spec": f"spec-{k}", "deps": list(d)} for k, d in deps.items()}
-
-
-def submit(s: SchedulerState, tasks: dict, keys: list, client: str = "c", **kw: Any
-           ) -> list[Send]:
-    if client not in s.clients:
-        step(s, ev.AddClient(client))
-    return step(s, ev.UpdateGraph(client, tasks, keys, **kw))
-
-
-def finish(s: SchedulerState, worker: str, key: Any, nbytes: int = 8, now: float = 0.0
-           ) -> list[Send]:
-    step(s, ev.TaskStarted(worker, key, now=now))
-    return step(s, ev.TaskFinished(worker, key, nbytes=nbytes, typename="int", start=now,
-                                   stop=now + 0.01, now=now))
-
-
 def processing_on(s: SchedulerState, key: Any) -> str:
     ts = s.tasks[key]
     assert ts.state == "processing", ts
     return ts.processing_on.address
-
-
-def with_workers(*addresses: str, nthreads: int = 1, **kw: Any) -> SchedulerState:
-    s = new_state(**kw)
-    for a in addresses:
-        step(s, ev.AddWorker(a, nthreads, name=a.split("//")[1]))
-    return s
 
 
 # ---------------------------------------------------------------- basic flow
@@ -185,7 +145,7 @@ def test_new_client_for_existing_key_in_memory_is_told_at_once():
 
 
 def test_tasks_before_any_worker_wait_and_start_when_one_joins():
-    s = new_state()
+    s = new_scheduler()
     out = submit(s, graph(x=[]), keys=["x"])
     assert not sent(out, "compute-task")
     assert s.tasks["x"].state == "no-worker"
@@ -200,7 +160,7 @@ def test_a_worker_registering_again_brings_its_results_and_keeps_its_running_tas
 
         x   y   z      (independent; the worker holds x and runs y)
     """
-    s = new_state()
+    s = new_scheduler()
     submit(s, graph(x=[], y=[], z=[]), keys=["x", "y", "z"])
     assert {s.tasks[k].state for k in "xyz"} == {"no-worker"}
     out = step(s, ev.AddWorker(A, 2, keys={"x": 80}, running=["y"]))
@@ -220,7 +180,7 @@ def test_workers_held_after_a_restart_get_work_only_once_released():
 
         x   y      (independent; A holds x, B holds y)
     """
-    s = new_state()
+    s = new_scheduler()
     submit(s, graph(x=[], y=[]), keys=["x", "y"])
     out = step(s, ev.AddWorker(A, 1, keys={"x": 8}, paused=True))
     assert not sent(out, "compute-task")
@@ -484,7 +444,7 @@ def test_scattered_data_lost_with_its_worker_errs_clearly():
 
 
 def test_worker_ttl_removes_a_silent_worker_on_tick():
-    s = new_state(worker_ttl=10.0)
+    s = new_scheduler(worker_ttl=10.0)
     step(s, ev.AddWorker(A, 1, now=0.0))
     step(s, ev.AddWorker(B, 1, now=0.0))
     submit(s, graph(x=[]), keys=["x"])
@@ -578,7 +538,7 @@ def test_scatter_then_add_keys_then_a_task_on_the_holder():
 
 
 def test_scatter_without_workers_replies_with_an_error():
-    s = new_state()
+    s = new_scheduler()
     step(s, ev.AddClient("c"))
     out = step(s, ev.ScatterData("c", "s1", {"d": 1}, {"d": 1}))
     assert "no running worker" in one(out, "scatter-reply").msg.error
@@ -689,7 +649,7 @@ def tree(leaves: int) -> dict:
     return graph(**deps)
 
 
-def run_all(s: SchedulerState, out: list[Send], workers: list[str]) -> list[Send]:
+def run_in_turn(s: SchedulerState, out: list[Send], workers: list[str]) -> list[Send]:
     """Finish what the workers were given, one task of each worker in turn (a finished
     task's result stays on its worker), until nothing is processing; every compute-task
     sent on the way."""
@@ -730,7 +690,7 @@ def test_queued_blocks_keep_consecutive_root_tasks_on_one_worker():
     # A's freed slot takes the next task of its block, not the best queued one
     assert [(m.to, m.msg.key) for m in sent(out, "compute-task")] == [(A, f"inc-{n + 2}")]
     assert s.n_queued == 5
-    run_all(s, [], [A, B])
+    run_in_turn(s, [], [A, B])
     assert all(s.tasks[k].state == "memory" for k in keys)
     assert not s.blocks.owned and not s.blocks.free  # nothing queued: no block is kept
 
@@ -745,7 +705,7 @@ def test_queued_blocks_cut_transfers_of_a_tree_reduction(leaves):
         s = with_workers(A, B, worker_saturation=1.1, queue_block_size=size)
         g = tree(leaves)
         out = submit(s, g, keys=[list(g)[-1]])
-        computes = run_all(s, out, [A, B])
+        computes = run_in_turn(s, out, [A, B])
         assert len(computes) == len(g)
         assert s.tasks[list(g)[-1]].state == "memory"
         counts[size] = transfers(computes)
@@ -755,7 +715,7 @@ def test_queued_blocks_cut_transfers_of_a_tree_reduction(leaves):
 
 
 def held_at_peak_and_transfers(s: SchedulerState, out: list[Send], nbytes: int) -> tuple:
-    """run_all, with results of ``nbytes``: the most results held at once, and transfers."""
+    """run_in_turn, with results of ``nbytes``: the most results held at once, and transfers."""
     computes, peak = sent(out, "compute-task"), 0
     while any(ws.processing for ws in s.workers.values()):
         for w in list(s.workers):
@@ -793,7 +753,7 @@ def test_queued_blocks_keep_first_come_first_served_between_submissions():
     submit(s, graph(**{k: [] for k in first}), keys=first)
     later = [f"later-{i}" for i in range(20)]
     submit(s, graph(**{k: [] for k in later}), keys=later, priority=10)
-    computes = run_all(s, [], [A, B])
+    computes = run_in_turn(s, [], [A, B])
     names = [m.msg.key.split("-")[0] for m in computes]
     # the two running "first" tasks were sent before; the other 18 all go before "later"
     assert names == ["first"] * 18 + ["later"] * 20
@@ -808,7 +768,7 @@ def test_a_removed_workers_block_is_taken_over():
     (on_b,) = s.workers[B].processing
     step(s, ev.RemoveWorker(B))
     # B's task runs again on A; all of B's block goes there too, in order
-    run_all(s, [], [A])
+    run_in_turn(s, [], [A])
     assert all(s.tasks[k].state == "memory" for k in keys)
     assert s.tasks[on_b.key].who_has == {s.workers[A]}
 

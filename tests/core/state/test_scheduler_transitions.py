@@ -19,7 +19,7 @@ from hpcsched.core.protocol.messages import ControlReply
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.events import InvalidTransition
 from hpcsched.core.state.scheduler_state import SchedulerState
-from tests.core.state.test_scheduler_state import graph
+from tests.core.state.harness import graph
 
 A, B = "tcp://a", "tcp://b"
 

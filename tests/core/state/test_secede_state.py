@@ -12,9 +12,20 @@ from __future__ import annotations
 
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.events import Resume
-from tests.core.state.test_scheduler_state import A, finish, graph, sent, step, submit, with_workers
-from tests.core.state.test_worker_state import compute, executes, new_state, success, to_scheduler
-from tests.core.state.test_worker_state import step as wstep
+from tests.core.state.harness import (
+    A,
+    compute,
+    executes,
+    finish,
+    graph,
+    new_worker,
+    sent,
+    step,
+    submit,
+    success,
+    to_scheduler,
+    with_workers,
+)
 
 
 def resumes(out: list) -> list:
@@ -23,51 +34,51 @@ def resumes(out: list) -> list:
 
 # ---------------------------------------------------------------- worker state
 def test_seceded_task_frees_its_slot_for_the_next_ready_task():
-    s = new_state(nthreads=1)
-    assert executes(wstep(s, compute("parent", priority=(0,)))) == ["parent"]
-    assert executes(wstep(s, compute("child", priority=(1,)))) == []  # the one slot is taken
-    out = wstep(s, ev.Secede("parent", compute_duration=0.25))
+    s = new_worker(nthreads=1)
+    assert executes(step(s, compute("parent", priority=(0,)))) == ["parent"]
+    assert executes(step(s, compute("child", priority=(1,)))) == []  # the one slot is taken
+    out = step(s, ev.Secede("parent", compute_duration=0.25))
     # the scheduler hears of it, and the child runs beside the (still running) parent
     (msg,) = to_scheduler(out, "long-running", key="parent")
     assert msg.msg.compute_duration == 0.25
     assert executes(out) == ["child"]
     assert s.tasks["parent"].state == "long-running"
     # the parent's result is accepted as any other
-    out = wstep(s, success("parent", 5))
+    out = step(s, success("parent", 5))
     assert to_scheduler(out, "task-finished", key="parent")
     assert s.data["parent"] == 5 and not s.long_running
 
 
 def test_rejoin_waits_for_a_free_slot_and_goes_before_ready_tasks():
-    s = new_state(nthreads=1)
-    wstep(s, compute("parent", priority=(0,)))
-    wstep(s, compute("child", priority=(1,)))
-    wstep(s, compute("other", priority=(2,)))
-    assert executes(wstep(s, ev.Secede("parent"))) == ["child"]
-    out = wstep(s, ev.Rejoin("parent"))
+    s = new_worker(nthreads=1)
+    step(s, compute("parent", priority=(0,)))
+    step(s, compute("child", priority=(1,)))
+    step(s, compute("other", priority=(2,)))
+    assert executes(step(s, ev.Secede("parent"))) == ["child"]
+    out = step(s, ev.Rejoin("parent"))
     assert resumes(out) == [] and s.tasks["parent"].state == "rejoining"  # child holds the slot
-    out = wstep(s, success("child"))
+    out = step(s, success("child"))
     # the slot goes to the task that rejoins, not to the ready "other"
     assert resumes(out) == ["parent"] and executes(out) == []
     assert s.tasks["parent"].state == "executing"
-    out = wstep(s, success("parent"))
+    out = step(s, success("parent"))
     assert executes(out) == ["other"]
 
 
 def test_rejoin_without_secede_resumes_at_once():
-    s = new_state(nthreads=1)
-    wstep(s, compute("x"))
-    assert resumes(wstep(s, ev.Rejoin("x"))) == ["x"]
+    s = new_worker(nthreads=1)
+    step(s, compute("x"))
+    assert resumes(step(s, ev.Rejoin("x"))) == ["x"]
     assert s.tasks["x"].state == "executing"
 
 
 def test_seceded_task_released_by_the_scheduler_still_finishes_quietly():
-    s = new_state(nthreads=1)
-    wstep(s, compute("x"))
-    wstep(s, ev.Secede("x"))
-    wstep(s, ev.FreeKeys(["x"]))  # cancelled while it waits on its subtasks
+    s = new_worker(nthreads=1)
+    step(s, compute("x"))
+    step(s, ev.Secede("x"))
+    step(s, ev.FreeKeys(["x"]))  # cancelled while it waits on its subtasks
     assert s.tasks["x"].state == "long-running"
-    out = wstep(s, success("x"))
+    out = step(s, success("x"))
     assert not to_scheduler(out, "task-finished") and "x" not in s.data
 
 

@@ -8,54 +8,31 @@ peers are ``tcp://p1``, ``tcp://p2``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from hpcsched.core.state import events as ev
-from hpcsched.core.state.events import Execute, GatherDep, InvalidTransition, Send
-from hpcsched.core.state.worker_state import LEGAL_TRANSITIONS, WorkerState
-
-ME, P1, P2 = "tcp://me", "tcp://p1", "tcp://p2"
-
-
-def new_state(nthreads: int = 1, **kw: Any) -> WorkerState:
-    s = WorkerState(ME, nthreads, **kw)
-    s.validate()
-    return s
-
-
-def step(s: WorkerState, event: Any) -> list:
-    out = s.handle(event)
-    s.validate()
-    return out
-
-
-def to_scheduler(out: list, op: str, **kw: Any) -> list[Send]:
-    return [c for c in out if type(c) is Send and c.to == "scheduler" and c.match(op=op, **kw)]
-
-
-def executes(out: list) -> list[Any]:
-    return [c.key for c in out if type(c) is Execute]
+from hpcsched.core.state.events import GatherDep, InvalidTransition
+from hpcsched.core.state.worker_state import LEGAL_TRANSITIONS
+from tests.core.state.harness import (
+    ME,
+    P1,
+    P2,
+    compute,
+    executes,
+    new_worker,
+    step,
+    success,
+    to_scheduler,
+)
 
 
 def gathers(out: list) -> dict[str, list]:
     return {c.worker: sorted(c.keys) for c in out if type(c) is GatherDep}
 
 
-def compute(key: Any, deps: dict | None = None, priority: tuple = (0,), **kw: Any
-            ) -> ev.ComputeTask:
-    return ev.ComputeTask(key, f"spec-{key}", priority=priority, who_has=deps or {},
-                          nbytes={k: 10 for k in (deps or {})}, **kw)
-
-
-def success(key: Any, value: Any = 1, nbytes: int = 8) -> ev.ExecuteSuccess:
-    return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start=1.0, stop=2.0)
-
-
 # ---------------------------------------------------------------- compute
 def test_task_without_dependencies_executes_and_reports():
-    s = new_state()
+    s = new_worker()
     out = step(s, compute("x"))
     assert executes(out) == ["x"]
     assert to_scheduler(out, "task-started", key="x")
@@ -69,7 +46,7 @@ def test_task_without_dependencies_executes_and_reports():
 
 
 def test_dependencies_on_peers_are_fetched_in_one_message_per_peer():
-    s = new_state()
+    s = new_worker()
     out = step(s, compute("y", {"a": [P1], "b": [P1], "c": [P2]}))
     assert gathers(out) == {P1: ["a", "b"], P2: ["c"]}
     assert executes(out) == []
@@ -86,7 +63,7 @@ def test_dependencies_on_peers_are_fetched_in_one_message_per_peer():
 
 
 def test_dependency_already_here_is_not_fetched():
-    s = new_state()
+    s = new_worker()
     step(s, compute("x"))
     step(s, success("x", 1))
     out = step(s, compute("y", {"x": [ME]}))
@@ -95,7 +72,7 @@ def test_dependency_already_here_is_not_fetched():
 
 
 def test_transfers_limited_by_the_incoming_count_limit():
-    s = new_state(transfer_incoming_count_limit=1)
+    s = new_worker(transfer_incoming_count_limit=1)
     out = step(s, compute("y", {"a": [P1], "b": [P2]}))
     assert len(gathers(out)) == 1  # one peer at a time
     first = next(iter(gathers(out)))
@@ -108,14 +85,14 @@ def test_transfers_limited_by_the_incoming_count_limit():
 
 
 def test_large_batches_are_split_by_message_bytes():
-    s = new_state(transfer_message_bytes=15)
+    s = new_worker(transfer_message_bytes=15)
     out = step(s, compute("y", {"a": [P1], "b": [P1], "c": [P1]}))
     (batch,) = gathers(out).values()
     assert 1 <= len(batch) < 3  # 10 bytes each, 15 bytes per message
 
 
 def test_execute_failure_reports_task_erred():
-    s = new_state()
+    s = new_worker()
     step(s, compute("x"))
     out = step(s, ev.ExecuteFailure("x", "EXC", "TB", "ValueError: no", 1.0, 2.0))
     (err,) = to_scheduler(out, "task-erred", key="x")
@@ -126,7 +103,7 @@ def test_execute_failure_reports_task_erred():
 
 # ---------------------------------------------------------------- peers failing
 def test_peer_without_the_data_is_reported_and_another_holder_tried():
-    s = new_state()
+    s = new_worker()
     out = step(s, compute("y", {"a": [P1, P2]}))
     (peer,) = gathers(out)
     other = P2 if peer == P1 else P1
@@ -139,7 +116,7 @@ def test_peer_without_the_data_is_reported_and_another_holder_tried():
 
 
 def test_unreachable_peer_is_dropped_and_others_tried():
-    s = new_state()
+    s = new_worker()
     out = step(s, compute("y", {"a": [P1, P2], "b": [P1]}))
     assert P1 in gathers(out)
     out = step(s, ev.GatherDepFailure(P1, gathers(out)[P1], "connection refused"))
@@ -159,7 +136,7 @@ def test_unreachable_peer_is_dropped_and_others_tried():
 
 # ---------------------------------------------------------------- free-keys
 def test_free_keys_while_executing_drops_the_result():
-    s = new_state()
+    s = new_worker()
     step(s, compute("x"))
     out = step(s, ev.FreeKeys(["x"]))
     assert out == []
@@ -171,7 +148,7 @@ def test_free_keys_while_executing_drops_the_result():
 
 
 def test_free_keys_while_in_flight_drops_the_transfer():
-    s = new_state()
+    s = new_worker()
     step(s, compute("y", {"a": [P1]}))
     step(s, ev.FreeKeys(["y"]))
     out = step(s, ev.GatherDepSuccess(P1, {"a": 1}))
@@ -182,7 +159,7 @@ def test_free_keys_while_in_flight_drops_the_transfer():
 def test_compute_again_after_free_while_executing_keeps_the_result():
     """free-keys then compute-task again for the same key while it runs (e.g. a cancel
     followed by a resubmit): the running execution's result is what is wanted."""
-    s = new_state()
+    s = new_worker()
     step(s, compute("x"))
     step(s, ev.FreeKeys(["x"]))
     out = step(s, compute("x"))
@@ -194,7 +171,7 @@ def test_compute_again_after_free_while_executing_keeps_the_result():
 
 # ---------------------------------------------------------------- ordering and limits
 def test_ready_tasks_run_highest_priority_first():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     assert executes(step(s, compute("first", priority=(0, 0, 0)))) == ["first"]
     for key, prio in [("low", (1, 0, 9)), ("high", (1, 0, 1)), ("mid", (1, 0, 5))]:
         assert executes(step(s, compute(key, priority=prio))) == []
@@ -208,7 +185,7 @@ def test_ready_tasks_run_highest_priority_first():
 
 
 def test_nthreads_limit_concurrent_executions():
-    s = new_state(nthreads=2)
+    s = new_worker(nthreads=2)
     out = []
     for k in "abcd":
         out += step(s, compute(k))
@@ -225,7 +202,7 @@ def runs_ranges(out: list) -> int:
 def test_ranges_of_bulk_maps_and_tasks_share_the_thread_slots():
     """One thread: a thread of ranges holds the slot, so a task waits for it to end, and
     ranges wait for a running task; two slots hold one of each."""
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     assert runs_ranges(step(s, ev.RangesWaiting(1))) == 1
     assert executes(step(s, compute("a"))) == []
     out = step(s, ev.RangeThreadDone(1))  # it gave the slot up: a task waited
@@ -235,7 +212,7 @@ def test_ranges_of_bulk_maps_and_tasks_share_the_thread_slots():
     assert runs_ranges(step(s, ev.RangesWaiting(1))) == 0  # no free slot
     assert runs_ranges(step(s, ev.RangeThreadDone(0))) == 0 and s.range_threads == 0
 
-    s = new_state(nthreads=2)
+    s = new_worker(nthreads=2)
     out = step(s, compute("a")) + step(s, compute("b")) + step(s, ev.RangesWaiting(2))
     assert executes(out) == ["a", "b"] and runs_ranges(out) == 0
     out = step(s, success("a"))
@@ -243,7 +220,7 @@ def test_ranges_of_bulk_maps_and_tasks_share_the_thread_slots():
 
 
 def test_ready_tasks_take_a_free_slot_before_waiting_ranges():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     step(s, compute("a"))
     step(s, compute("b"))
     step(s, ev.RangesWaiting(1))
@@ -253,14 +230,14 @@ def test_ready_tasks_take_a_free_slot_before_waiting_ranges():
 
 
 def test_a_paused_or_closing_worker_starts_no_thread_of_ranges():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     step(s, ev.PauseWorker(True))
     assert runs_ranges(step(s, ev.RangesWaiting(1))) == 0
     assert runs_ranges(step(s, ev.PauseWorker(False))) == 1
 
 
 def test_resource_restrictions_limit_concurrency():
-    s = new_state(nthreads=4, resources={"GPU": 1})
+    s = new_worker(nthreads=4, resources={"GPU": 1})
     out = step(s, compute("g1", resource_restrictions={"GPU": 1}))
     out += step(s, compute("g2", resource_restrictions={"GPU": 1}))
     out += step(s, compute("cpu"))
@@ -274,7 +251,7 @@ def test_resource_restrictions_limit_concurrency():
 
 # ---------------------------------------------------------------- stealing, replicas, scatter
 def test_steal_request_for_a_ready_task_gives_it_up():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     step(s, compute("busy"))
     step(s, compute("queued"))
     out = step(s, ev.StealRequest("queued"))
@@ -285,7 +262,7 @@ def test_steal_request_for_a_ready_task_gives_it_up():
 
 
 def test_steal_request_for_an_executing_task_keeps_it():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     step(s, compute("busy"))
     out = step(s, ev.StealRequest("busy"))
     (r,) = to_scheduler(out, "steal-response", key="busy")
@@ -295,7 +272,7 @@ def test_steal_request_for_an_executing_task_keeps_it():
 
 
 def test_acquire_replicas_fetches_and_reports_add_keys():
-    s = new_state()
+    s = new_worker()
     out = step(s, ev.AcquireReplicas({"x": [P1]}, {"x": 100}))
     assert gathers(out) == {P1: ["x"]}
     out = step(s, ev.GatherDepSuccess(P1, {"x": "value"}))
@@ -305,7 +282,7 @@ def test_acquire_replicas_fetches_and_reports_add_keys():
 
 
 def test_update_data_stores_and_reports_with_the_scatter_id():
-    s = new_state()
+    s = new_worker()
     out = step(s, ev.UpdateData({"d": b"12345"}, scatter_id="s1"))
     (ak,) = to_scheduler(out, "add-keys", scatter_id="s1")
     assert ak.msg.keys == {"d": 5}
@@ -316,7 +293,7 @@ def test_update_data_stores_and_reports_with_the_scatter_id():
 
 
 def test_compute_task_for_a_key_held_here_reports_finished_at_once():
-    s = new_state()
+    s = new_worker()
     step(s, ev.UpdateData({"x": 3}))
     out = step(s, compute("x"))
     assert executes(out) == []
@@ -326,7 +303,7 @@ def test_compute_task_for_a_key_held_here_reports_finished_at_once():
 def test_compute_task_for_a_key_in_flight_computes_it_and_reports_once():
     """a is being fetched for y when the scheduler asks us to compute a itself (its holder
     was lost, and we were chosen): the late transfer must not leave a un-reported."""
-    s = new_state(nthreads=2)
+    s = new_worker(nthreads=2)
     out = step(s, compute("y", {"a": [P1]}))
     assert gathers(out) == {P1: ["a"]}
     out = step(s, compute("a"))
@@ -339,7 +316,7 @@ def test_compute_task_for_a_key_in_flight_computes_it_and_reports_once():
 
 
 def test_compute_task_for_a_key_in_flight_whose_transfer_fails():
-    s = new_state(nthreads=2)
+    s = new_worker(nthreads=2)
     step(s, compute("y", {"a": [P1]}))
     out = step(s, compute("a"))
     assert executes(out) == ["a"]
@@ -351,7 +328,7 @@ def test_compute_task_for_a_key_in_flight_whose_transfer_fails():
 
 
 def test_steal_of_a_task_whose_dependency_is_in_flight_drops_the_transfer():
-    s = new_state()
+    s = new_worker()
     step(s, compute("y", {"a": [P1]}))
     out = step(s, ev.StealRequest("y"))
     (r,) = to_scheduler(out, "steal-response", key="y")
@@ -361,7 +338,7 @@ def test_steal_of_a_task_whose_dependency_is_in_flight_drops_the_transfer():
 
 
 def test_a_dependency_needed_by_two_tasks_is_fetched_once_and_kept_until_both_ran():
-    s = new_state(nthreads=1)
+    s = new_worker(nthreads=1)
     out = step(s, compute("y1", {"a": [P1]}))
     out += step(s, compute("y2", {"a": [P1]}))
     assert [c for c in out if type(c) is GatherDep] == [GatherDep(P1, ["a"])]
@@ -378,7 +355,7 @@ def test_a_dependency_needed_by_two_tasks_is_fetched_once_and_kept_until_both_ra
 def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatched():
     """y needs a from P1: a is fetched, y runs, both are freed. Each event's changes
     arrive in one call, after the event (the state is consistent then)."""
-    s = new_state()
+    s = new_worker()
     calls: list = []
     stimuli: list = []
 
@@ -415,7 +392,7 @@ def test_watched_transitions_come_after_each_event_in_order_and_stop_when_unwatc
 def test_an_illegal_transition_names_the_key_and_both_states():
     """A running task cannot be fetched: the state machine refuses the move (a bug in it,
     never the peer's fault) rather than corrupt its bookkeeping."""
-    s = new_state()
+    s = new_worker()
     step(s, compute("x"))
     with pytest.raises(InvalidTransition, match=r"tcp://me: 'x': executing -> flight"):
         s._set_state(s.tasks["x"], "flight")
@@ -426,7 +403,7 @@ def test_every_state_a_story_reaches_is_in_the_table():
     """The transitions a worker makes in a story (dependency fetched, task run, seceded,
     rejoined, result released) are all in ``LEGAL_TRANSITIONS``."""
     seen: list = []
-    s = new_state()
+    s = new_worker()
     s.watch_transitions(lambda changes, stimulus: seen.extend(changes))
     step(s, compute("y", {"x": [P1]}))
     step(s, ev.GatherDepSuccess(P1, {"x": 1}))

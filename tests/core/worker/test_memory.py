@@ -15,10 +15,16 @@ from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.memory import MemoryLimits, MemoryPlan, plan
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
-from tests.core.state.test_scheduler_state import finish, submit, with_workers
-from tests.core.state.test_scheduler_state import step as sstep
-from tests.core.state.test_worker_state import compute, executes, success, to_scheduler
-from tests.core.state.test_worker_state import step as wstep
+from tests.core.state.harness import (
+    compute,
+    executes,
+    finish,
+    step,
+    submit,
+    success,
+    to_scheduler,
+    with_workers,
+)
 
 LIMITS = MemoryLimits(1000, target=0.6, spill=0.7, pause=0.8, terminate=0.95)
 
@@ -155,40 +161,40 @@ def test_local_directory_defaults_to_tmpdir(monkeypatch, tmp_path):
 
 def test_worker_state_stores_results_in_the_buffer_with_their_measured_size(buffer):
     s = WorkerState("tcp://me", 1, data=buffer)
-    wstep(s, compute("x"))
-    wstep(s, success("x", b"v" * 10, nbytes=300))  # 300 > target: on disk at once
+    step(s, compute("x"))
+    step(s, success("x", b"v" * 10, nbytes=300))  # 300 > target: on disk at once
     assert buffer.spilled == {"x"} and s.tasks["x"].state == "memory"
 
 
 # ---------------------------------------------------------------- pausing: the worker
 def test_a_paused_worker_starts_nothing_and_tells_the_scheduler():
     s = WorkerState("tcp://me", 2)
-    out = wstep(s, compute("a"))
+    out = step(s, compute("a"))
     assert executes(out) == ["a"]
-    out = wstep(s, ev.PauseWorker(True))
+    out = step(s, ev.PauseWorker(True))
     assert to_scheduler(out, "worker-status-change", status="paused")
-    out = wstep(s, compute("b"))  # a free thread, but paused
+    out = step(s, compute("b"))  # a free thread, but paused
     assert executes(out) == []
-    out = wstep(s, success("a"))  # a running task finishes as usual
+    out = step(s, success("a"))  # a running task finishes as usual
     assert to_scheduler(out, "task-finished", key="a") and executes(out) == []
-    out = wstep(s, ev.PauseWorker(False))
+    out = step(s, ev.PauseWorker(False))
     assert to_scheduler(out, "worker-status-change", status="running")
     assert executes(out) == ["b"]
 
 
 def test_a_paused_worker_fetches_no_dependency():
     s = WorkerState("tcp://me", 1)
-    wstep(s, ev.PauseWorker(True))
-    out = wstep(s, compute("y", deps={"x": ["tcp://p1"]}))
+    step(s, ev.PauseWorker(True))
+    out = step(s, compute("y", deps={"x": ["tcp://p1"]}))
     assert not [c for c in out if type(c) is ev.GatherDep]
-    out = wstep(s, ev.PauseWorker(False))
+    out = step(s, ev.PauseWorker(False))
     assert [c.keys for c in out if type(c) is ev.GatherDep] == [["x"]]
 
 
 def test_pausing_twice_says_it_once():
     s = WorkerState("tcp://me", 1)
-    assert to_scheduler(wstep(s, ev.PauseWorker(True)), "worker-status-change")
-    assert not wstep(s, ev.PauseWorker(True))
+    assert to_scheduler(step(s, ev.PauseWorker(True)), "worker-status-change")
+    assert not step(s, ev.PauseWorker(True))
 
 
 # ---------------------------------------------------------------- pausing: the scheduler
@@ -203,21 +209,21 @@ def on(out: list, worker: str) -> list:
 def test_the_scheduler_sends_a_paused_worker_nothing_until_it_resumes():
     A, B = "tcp://a", "tcp://b"
     s = with_workers(A, B)
-    sstep(s, ev.WorkerStatusChange(A, "paused"))
+    step(s, ev.WorkerStatusChange(A, "paused"))
     assert s.workers[A].status == "paused"
     out = submit(s, roots(6), [f"r-{i}" for i in range(6)])
     assert on(out, A) == [] and on(out, B)
-    out = sstep(s, ev.WorkerStatusChange(A, "running"))
+    out = step(s, ev.WorkerStatusChange(A, "running"))
     assert on(out, A), "queued work flows to the resumed worker"
 
 
 def test_a_task_that_must_run_on_a_paused_worker_waits_for_it():
     A, B = "tcp://a", "tcp://b"
     s = with_workers(A, B)
-    sstep(s, ev.WorkerStatusChange(A, "paused"))
+    step(s, ev.WorkerStatusChange(A, "paused"))
     out = submit(s, {"x": {"run_spec": "f", "deps": []}}, ["x"], workers=[A])
     assert on(out, A) == [] and s.tasks["x"].state == "no-worker"
-    out = sstep(s, ev.WorkerStatusChange(A, "running"))
+    out = step(s, ev.WorkerStatusChange(A, "running"))
     assert on(out, A) == ["x"]
     finish(s, A, "x")
 
@@ -225,9 +231,9 @@ def test_a_task_that_must_run_on_a_paused_worker_waits_for_it():
 def test_a_retiring_worker_stays_retiring_whatever_its_memory_says():
     A, B = "tcp://a", "tcp://b"
     s = with_workers(A, B)
-    sstep(s, ev.RetireWorkers("r", "internal", [A], close=True))
+    step(s, ev.RetireWorkers("r", "internal", [A], close=True))
     if A in s.workers:
-        sstep(s, ev.WorkerStatusChange(A, "running"))
+        step(s, ev.WorkerStatusChange(A, "running"))
         assert s.workers[A].status == "closing_gracefully"
-    sstep(s, ev.WorkerStatusChange(B, "bogus"))  # unknown statuses are ignored
+    step(s, ev.WorkerStatusChange(B, "bogus"))  # unknown statuses are ignored
     assert s.workers[B].status == "running"

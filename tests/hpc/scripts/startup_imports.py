@@ -4,7 +4,7 @@ import json
 import sys
 
 from hpcsched import Client
-from tests.test_startup_imports import heavy_loaded
+from tests.heavy_imports import heavy_loaded
 
 #: what a worker rank does not need: the client's and the coordination primitives' protocol
 CLIENT_SIDE = ("hpcsched.core.protocol.client", "hpcsched.core.protocol.primitives",

@@ -1,4 +1,4 @@
-"""The pangeo workflow of tests/test_xarray.py on MPI worker ranks.
+"""The pangeo workflow (tests/pangeo.py) on MPI worker ranks.
 
 Under ``mpiexec -n 4 python -m hpcsched``: rank 0 runs the scheduler and this script,
 ranks 1-3 the workers. The netCDF files are opened and read on the worker ranks (rank 0
@@ -9,7 +9,7 @@ dask's synchronous scheduler. Each check prints one line the test reads.
 import tempfile
 
 from hpcsched import Client
-from tests.test_xarray import FILES, assert_as_synchronous, compute_on, write_files
+from tests.pangeo import FILES, assert_as_synchronous, compute_on, write_files
 
 with tempfile.TemporaryDirectory() as tmp, Client() as client:
     paths = write_files(tmp)
