@@ -327,7 +327,9 @@ def test_a_node_cut_off_past_the_worker_ttl_is_dropped_and_its_work_rerun(three_
     for i in range(road.n):
         assert counts[str(i)]["node1"] + counts[str(i)]["node2"] == 1, (i, counts[str(i)])
         assert counts[str(i)]["node3"] <= 1, (i, counts[str(i)])
-    assert counts["-1"] == {"node3": 1, "node1": 1}  # lost with node 3: made again on node 1
+    # lost with node 3: made again once, on node 1 or 2 (whichever is less busy then)
+    assert counts["-1"]["node3"] == 1 and counts["-1"]["node1"] + counts["-1"]["node2"] == 1, \
+        counts["-1"]
     print(f"node 3 dropped {dropped:.1f}s after its link went down (worker-ttl {TTL:g}s), "
           f"the fetch from it done after {fetch:.1f}s; "
           f"{learnt:.1f}s after it came back the worker had exit status "
