@@ -361,6 +361,7 @@ def _exit_rank(code: int) -> None:
                 print(f"hpcsched: worker rank {job.rank} has a task still blocked in a "
                       "failed gang's MPI call; ending the job with MPI_Abort"
                       f"({code})", file=sys.stderr, flush=True)
+                time.sleep(_ABORT_GRACE)  # for the launcher to pass the line on (_abort)
                 job.MPI.COMM_WORLD.Abort(code)
             job.MPI.Finalize()
         import ctypes
