@@ -203,7 +203,8 @@ class WorkerEvents:
         ws = self.registry.workers.get(e.worker)
         if ws is None:
             return
-        self._member_ended(ws, e)
+        if self.blocked:  # a worker left running a failed gang's part (rare: not per task)
+            self._member_ended(ws, e)
         if ts is not None and ts.width > 1 and (ts.state != "processing"
                                                 or ts.processing_on is not ws):
             # another member's part ended: the task's result is its first member's
@@ -246,7 +247,7 @@ class WorkerEvents:
         graph = self.graph
         ts = graph.promote(e.key)
         ws = self.registry.workers.get(e.worker)
-        if ws is not None:
+        if ws is not None and self.blocked:
             self._member_ended(ws, e)
         if ts is None or ws is None or ts.state != "processing" or (
                 ts.processing_on is not ws and ws not in graph.leases.get(ts, ())):
