@@ -59,15 +59,20 @@ def squeue_ids() -> set[str]:
     return {ln.strip().split("_")[0] for ln in out.splitlines() if ln.strip()}
 
 
+def one_core_slurm_cluster(tmp_path):
+    """A SLURMCluster of one-core, one-worker jobs whose workers import the tests."""
+    from hpcsched.jobqueue.slurm import SLURMCluster
+
+    return SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
+                        death_timeout=20, log_directory=str(tmp_path / "logs"),
+                        job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+
+
 @pytest.mark.slurm
 @pytest.mark.timeout(110)
 def test_slurm_cluster_adapts_and_its_jobs_leave_the_queue(slurm, fast_poll, road, tmp_path):
-    from hpcsched.jobqueue.slurm import SLURMCluster
-
     runs = tmp_path / "runs.txt"
-    cluster = SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
-                           death_timeout=20, log_directory=str(tmp_path / "logs"),
-                           job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    cluster = one_core_slurm_cluster(tmp_path)
     ids: set[str] = set()
     try:
         adaptive = cluster.adapt(minimum=0, maximum=4, interval=0.3, wait_count=2,
@@ -91,13 +96,9 @@ def test_slurm_cluster_grows_for_a_sweep_and_leaves_nothing_queued(slurm, fast_p
                                                                    tmp_path):
     """A sweep of 1,000 calls of 20 ms (20 s of work) on one job's worker: adaptive submits
     more jobs, each call runs once; after close no job of the cluster is left in squeue."""
-    from hpcsched.jobqueue.slurm import SLURMCluster
-
     n = 1000
     runs = tmp_path / "runs.txt"
-    cluster = SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
-                           death_timeout=20, log_directory=str(tmp_path / "logs"),
-                           job_script_prologue=[f"export PYTHONPATH={worker_env()['PYTHONPATH']}"])
+    cluster = one_core_slurm_cluster(tmp_path)
     ids: set[str] = set()
     try:
         adaptive = cluster.adapt(minimum=1, maximum=3, interval=0.3, wait_count=2,
