@@ -45,10 +45,10 @@ _exports = {
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
     "get_task_comm": "hpcsched.hpc.gang",
-    "SLURMCluster": "hpcsched.jobqueue.slurm",
-    "SGECluster": "hpcsched.jobqueue.sge",
-    "PBSCluster": "hpcsched.jobqueue.pbs",
-    "LSFCluster": "hpcsched.jobqueue.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.systems.slurm",
+    "SGECluster": "hpcsched.jobqueue.systems.sge",
+    "PBSCluster": "hpcsched.jobqueue.systems.pbs",
+    "LSFCluster": "hpcsched.jobqueue.systems.lsf",
     "Adaptive": "hpcsched.launchers.adaptive",
     "Security": "hpcsched.core.comm.base",
     "performance_report": "hpcsched.diagnostics.report",
@@ -126,10 +126,10 @@ if TYPE_CHECKING:
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import initialize, send_close_signal
     from hpcsched.hpc.gang import get_task_comm
-    from hpcsched.jobqueue.lsf import LSFCluster
-    from hpcsched.jobqueue.pbs import PBSCluster
-    from hpcsched.jobqueue.sge import SGECluster
-    from hpcsched.jobqueue.slurm import SLURMCluster
+    from hpcsched.jobqueue.systems.lsf import LSFCluster
+    from hpcsched.jobqueue.systems.pbs import PBSCluster
+    from hpcsched.jobqueue.systems.sge import SGECluster
+    from hpcsched.jobqueue.systems.slurm import SLURMCluster
     from hpcsched.launchers.adaptive import Adaptive
     from hpcsched.launchers.local_cluster import LocalCluster
 else:

@@ -4,7 +4,7 @@ Modules: ``runner`` (the one shell-command function), ``job`` (JobState, Job,
 memory/walltime parsing), ``launch`` (in-allocation launchers), ``base`` (the
 batch-system adapter base: parameters, script rendering, submit/status/cancel),
 ``cluster`` (JobQueueCluster: scheduler, scaling, polling), ``cleanup`` (nothing
-leaks), and one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``.
+leaks), and ``systems/``, one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from hpcsched._lazy import lazy_exports
 
 _exports = {
-    "SLURMCluster": "hpcsched.jobqueue.slurm",
-    "SGECluster": "hpcsched.jobqueue.sge",
-    "PBSCluster": "hpcsched.jobqueue.pbs",
-    "LSFCluster": "hpcsched.jobqueue.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.systems.slurm",
+    "SGECluster": "hpcsched.jobqueue.systems.sge",
+    "PBSCluster": "hpcsched.jobqueue.systems.pbs",
+    "LSFCluster": "hpcsched.jobqueue.systems.lsf",
     "JobQueueCluster": "hpcsched.jobqueue.cluster",
     "JobFailedError": "hpcsched.jobqueue.cluster",
     "SchedulerUnreachableError": "hpcsched.jobqueue.cluster",
@@ -57,14 +57,14 @@ if TYPE_CHECKING:
     )
     from hpcsched.jobqueue.job import Job, JobState
     from hpcsched.jobqueue.launch import launch_command
-    from hpcsched.jobqueue.lsf import LSFCluster
-    from hpcsched.jobqueue.pbs import PBSCluster
+    from hpcsched.jobqueue.systems.lsf import LSFCluster
+    from hpcsched.jobqueue.systems.pbs import PBSCluster
     from hpcsched.jobqueue.runner import (
         BatchCommandError,
         BatchCommandNotFound,
         BatchCommandTimeout,
     )
-    from hpcsched.jobqueue.sge import SGECluster
-    from hpcsched.jobqueue.slurm import SLURMCluster
+    from hpcsched.jobqueue.systems.sge import SGECluster
+    from hpcsched.jobqueue.systems.slurm import SLURMCluster
 else:
     __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

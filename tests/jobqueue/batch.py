@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.systems.lsf import LSFCluster
+from hpcsched.jobqueue.systems.pbs import PBSCluster
+from hpcsched.jobqueue.systems.sge import SGECluster
+from hpcsched.jobqueue.systems.slurm import SLURMCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,

@@ -22,10 +22,10 @@ import warnings
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.systems.lsf import LSFCluster
+from hpcsched.jobqueue.systems.pbs import PBSCluster
+from hpcsched.jobqueue.systems.sge import SGECluster
+from hpcsched.jobqueue.systems.slurm import SLURMCluster
 
 pytestmark = pytest.mark.usefixtures("isolated_config")
 

@@ -24,7 +24,7 @@ import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
 from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
-from hpcsched.jobqueue.slurm import expand_ranges
+from hpcsched.jobqueue.systems.slurm import expand_ranges
 
 STATES: dict[str, JobState] = {
     "qw": JobState.PENDING, "hqw": JobState.PENDING, "hRwq": JobState.PENDING,
