@@ -57,13 +57,13 @@ if TYPE_CHECKING:
     )
     from hpcsched.jobqueue.job import Job, JobState
     from hpcsched.jobqueue.launch import launch_command
-    from hpcsched.jobqueue.systems.lsf import LSFCluster
-    from hpcsched.jobqueue.systems.pbs import PBSCluster
     from hpcsched.jobqueue.runner import (
         BatchCommandError,
         BatchCommandNotFound,
         BatchCommandTimeout,
     )
+    from hpcsched.jobqueue.systems.lsf import LSFCluster
+    from hpcsched.jobqueue.systems.pbs import PBSCluster
     from hpcsched.jobqueue.systems.sge import SGECluster
     from hpcsched.jobqueue.systems.slurm import SLURMCluster
 else:

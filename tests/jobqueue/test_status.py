@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from hpcsched.jobqueue.job import JobState
+from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
 from hpcsched.jobqueue.systems.lsf import LSFSystem
 from hpcsched.jobqueue.systems.pbs import PBSSystem
-from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
 from hpcsched.jobqueue.systems.sge import SGESystem, parse_qacct
 from hpcsched.jobqueue.systems.slurm import SLURMSystem, expand_ranges, parse_exit_code
 
