@@ -107,6 +107,8 @@ class BatchSystem:
     array_index_var: ClassVar[str] = ""  # env var holding the element index inside a job
     array_first_index: ClassVar[int] = 0
     extra_params: ClassVar[dict[str, Any]] = {}
+    #: the file name's ending of the script (or description) written for each submission
+    script_suffix: ClassVar[str] = "sh"
     #: read a walltime "HH:MM" as hours:minutes (LSF's -W); elsewhere it is refused
     walltime_hh_mm: ClassVar[bool] = False
 

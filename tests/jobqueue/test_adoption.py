@@ -40,7 +40,7 @@ OWNER = """
 import json, os, shlex, sys, time
 from hpcsched.core import config
 from hpcsched.core.comm.scheduler_file import write_scheduler_file
-from hpcsched.jobqueue.{module} import {cls} as C
+from hpcsched.jobqueue.systems.{module} import {cls} as C
 
 journal, logs, sfile, name, reconnect, jobs, stop, job_kwargs, scaling = sys.argv[1:10]
 with config.set({{"jobqueue.poll-interval": 0.2}}):
