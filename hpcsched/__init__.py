@@ -45,10 +45,10 @@ _exports = {
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
     "get_task_comm": "hpcsched.hpc.gang",
-    "SLURMCluster": "hpcsched.jobqueue.systems.slurm",
-    "SGECluster": "hpcsched.jobqueue.systems.sge",
-    "PBSCluster": "hpcsched.jobqueue.systems.pbs",
-    "LSFCluster": "hpcsched.jobqueue.systems.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.clusters",
+    "SGECluster": "hpcsched.jobqueue.clusters",
+    "PBSCluster": "hpcsched.jobqueue.clusters",
+    "LSFCluster": "hpcsched.jobqueue.clusters",
     "Adaptive": "hpcsched.launchers.adaptive",
     "Security": "hpcsched.core.comm.base",
     "performance_report": "hpcsched.diagnostics.report",
@@ -126,10 +126,7 @@ if TYPE_CHECKING:
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import initialize, send_close_signal
     from hpcsched.hpc.gang import get_task_comm
-    from hpcsched.jobqueue.systems.lsf import LSFCluster
-    from hpcsched.jobqueue.systems.pbs import PBSCluster
-    from hpcsched.jobqueue.systems.sge import SGECluster
-    from hpcsched.jobqueue.systems.slurm import SLURMCluster
+    from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
     from hpcsched.launchers.adaptive import Adaptive
     from hpcsched.launchers.local_cluster import LocalCluster
 else:

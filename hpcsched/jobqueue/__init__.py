@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from hpcsched._lazy import lazy_exports
 
 _exports = {
-    "SLURMCluster": "hpcsched.jobqueue.systems.slurm",
-    "SGECluster": "hpcsched.jobqueue.systems.sge",
-    "PBSCluster": "hpcsched.jobqueue.systems.pbs",
-    "LSFCluster": "hpcsched.jobqueue.systems.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.clusters",
+    "SGECluster": "hpcsched.jobqueue.clusters",
+    "PBSCluster": "hpcsched.jobqueue.clusters",
+    "LSFCluster": "hpcsched.jobqueue.clusters",
     "JobQueueCluster": "hpcsched.jobqueue.cluster",
     "JobFailedError": "hpcsched.jobqueue.cluster",
     "SchedulerUnreachableError": "hpcsched.jobqueue.cluster",
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         JobQueueCluster,
         SchedulerUnreachableError,
     )
+    from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
     from hpcsched.jobqueue.job import Job, JobState
     from hpcsched.jobqueue.launch import launch_command
     from hpcsched.jobqueue.runner import (
@@ -62,9 +63,5 @@ if TYPE_CHECKING:
         BatchCommandNotFound,
         BatchCommandTimeout,
     )
-    from hpcsched.jobqueue.systems.lsf import LSFCluster
-    from hpcsched.jobqueue.systems.pbs import PBSCluster
-    from hpcsched.jobqueue.systems.sge import SGECluster
-    from hpcsched.jobqueue.systems.slurm import SLURMCluster
 else:
     __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

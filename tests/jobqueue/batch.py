@@ -13,15 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.systems.lsf import LSFCluster
-from hpcsched.jobqueue.systems.pbs import PBSCluster
-from hpcsched.jobqueue.systems.sge import SGECluster
-from hpcsched.jobqueue.systems.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,
            "torque": PBSCluster}
-MODULES = {"torque": "pbs"}
 
 
 def run_command(cmd: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess:

@@ -22,10 +22,7 @@ import warnings
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.systems.lsf import LSFCluster
-from hpcsched.jobqueue.systems.pbs import PBSCluster
-from hpcsched.jobqueue.systems.sge import SGECluster
-from hpcsched.jobqueue.systems.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
 
 pytestmark = pytest.mark.usefixtures("isolated_config")
 

@@ -29,7 +29,6 @@ from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
 from tests.conftest import interruptible
 from tests.jobqueue.batch import (
     CLASSES,
-    MODULES,
     ROOT,
     Batch,
     numeric,
@@ -139,7 +138,7 @@ def test_client_process_ending_leaves_no_job(batch, how):
     code = textwrap.dedent(f"""
         import gc, sys, time
         from hpcsched.core import config
-        from hpcsched.jobqueue.systems.{MODULES.get(batch.system, batch.system)} import {CLASSES[batch.system].__name__} as C
+        from hpcsched.jobqueue.clusters import {CLASSES[batch.system].__name__} as C
         with config.set({{"jobqueue.poll-interval": 0.2}}):
             c = C(cores=1, memory="300MB", walltime="00:10:00", log_directory={str(batch.log_dir)!r})
             c.scale(jobs=2)
