@@ -394,8 +394,9 @@ class BatchSystem:
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return
+        cancel = [*self.cancel_command, *self.params.get("cancel_command_extra", [])]
         try:
-            self._run([*self.cancel_command, *ids])
+            self._run([*cancel, *ids])
             return
         except runner.BatchCommandError as e:
             if len(ids) == 1:
@@ -405,7 +406,7 @@ class BatchSystem:
         errors = []
         for job_id in ids:  # one bad id (already finished) must not protect the others
             try:
-                self._run([*self.cancel_command, job_id])
+                self._run([*cancel, job_id])
             except runner.BatchCommandError as e:
                 if not self.already_gone(e):
                     errors.append(e)

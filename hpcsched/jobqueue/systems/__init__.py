@@ -19,10 +19,14 @@ from hpcsched.launchers.resources import JobEnvironment
 #: module -> BatchSystem class, in the order a job's environment is recognised (a Moab
 #: job under Torque also has PBS_JOBID, and Flux may run under SLURM: the more specific first)
 SYSTEMS: dict[str, str] = {
+    "flux": "FluxSystem",
     "slurm": "SLURMSystem",
+    "moab": "MoabSystem",
     "pbs": "PBSSystem",
     "lsf": "LSFSystem",
     "sge": "SGESystem",
+    "oar": "OARSystem",
+    "htcondor": "HTCondorSystem",
 }
 
 
