@@ -132,8 +132,13 @@ class JobBook:
         """The jobs of these worker addresses or names, marked for cancelling; the target
         drops by as many jobs."""
         wanted = set(names)
-        jobs = [j for j in self.jobs.values() if not j.ended and not j.cancel_requested
-                and (wanted & set(j.workers) or wanted & set(j.workers.values()))]
+        jobs = [
+            j
+            for j in self.jobs.values()
+            if not j.ended
+            and not j.cancel_requested
+            and (wanted & set(j.workers) or wanted & set(j.workers.values()))
+        ]
         for job in jobs:
             job.cancel_requested = True
         self.target_jobs = max(0, self.target_jobs - len(jobs))
@@ -154,8 +159,14 @@ class JobBook:
         if deficit == 0:
             return Adjustment()
         # newest first among the pending, then running ones with the fewest workers
-        order = sorted(active, key=lambda j: (j.state is JobState.RUNNING or bool(j.workers),
-                                              len(j.workers), -j.submit_time))
+        order = sorted(
+            active,
+            key=lambda j: (
+                j.state is JobState.RUNNING or bool(j.workers),
+                len(j.workers),
+                -j.submit_time,
+            ),
+        )
         victims = tuple(order[:-deficit])
         for job in victims:
             job.cancel_requested = True
@@ -186,15 +197,19 @@ class JobBook:
         ours among them."""
         for job in self.jobs.values():
             job.workers = {a: w for a, w in job.workers.items() if a in connected}
-        return [name for address, name in connected.items()
-                if self.worker_joined(address, name) is not None]
+        return [
+            name
+            for address, name in connected.items()
+            if self.worker_joined(address, name) is not None
+        ]
 
     def connected(self) -> int:
         return sum(len(j.workers) for j in self.jobs.values())
 
     # ------------------------------------------------------------ status
-    def apply_status(self, statuses: Mapping[str, JobStatus], job_ids: Iterable[str],
-                     now: float) -> list[Job]:
+    def apply_status(
+        self, statuses: Mapping[str, JobStatus], job_ids: Iterable[str], now: float
+    ) -> list[Job]:
         """What one poll said of ``job_ids`` (absent: the system no longer lists it);
         the jobs that ended with it."""
         ended: list[Job] = []
@@ -206,7 +221,8 @@ class JobBook:
                 if job.missing_since is None:
                     job.missing_since = now
                 job.gone = job.missing_polls >= MISSING_POLLS and (
-                    job.cancel_requested or now - job.missing_since >= GONE_AFTER)
+                    job.cancel_requested or now - job.missing_since >= GONE_AFTER
+                )
                 if job.gone and job.cancel_requested:
                     job.state = JobState.CANCELLED
             else:
@@ -236,7 +252,12 @@ class JobBook:
 
     def silent(self, now: float, after: float) -> list[Job]:
         """Jobs running for ``after`` seconds that none of their workers connected from."""
-        return [j for j in self.jobs.values()
-                if j.state is JobState.RUNNING and not j.workers_seen
-                and not j.cancel_requested and j.running_since is not None
-                and now - j.running_since >= after]
+        return [
+            j
+            for j in self.jobs.values()
+            if j.state is JobState.RUNNING
+            and not j.workers_seen
+            and not j.cancel_requested
+            and j.running_since is not None
+            and now - j.running_since >= after
+        ]

@@ -40,12 +40,13 @@ class SchedulerUnreachableError(ConnectionError):
     """Jobs run, but their workers' logs say they cannot reach the scheduler."""
 
 
-def read_tail(path: str, lines: int = LOG_TAIL_LINES,
-              clean: Callable[[str], str] | None = None) -> str:
+def read_tail(
+    path: str, lines: int = LOG_TAIL_LINES, clean: Callable[[str], str] | None = None
+) -> str:
     """The last ``lines`` of a job's log; ``clean`` drops what the batch system appended."""
     try:
         with open(path, errors="replace") as f:
-            text = f.read()[-256 * 1024:]
+            text = f.read()[-256 * 1024 :]
     except FileNotFoundError:
         return f"(log file {path} does not exist)"
     except OSError as e:
@@ -62,8 +63,14 @@ class Diagnosis:
     ``job_output`` drops what the batch system appended to a job's log.
     """
 
-    def __init__(self, cluster: str, address_how: str, connect_timeout: float,
-                 job_output: Callable[[str], str], recorder: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        address_how: str,
+        connect_timeout: float,
+        job_output: Callable[[str], str],
+        recorder: Callable[[], Any],
+    ) -> None:
         self.cluster = cluster
         self.address_how = address_how
         self.connect_timeout = connect_timeout
@@ -95,12 +102,17 @@ class Diagnosis:
 
     def failure(self, job: Job) -> str:
         """Why ``job`` ended before any of its workers connected, with its log's tail."""
-        how = "vanished from the queue" if job.gone and not job.state.terminal else \
-            f"ended {job.state.value} ({job.native_state or '?'}" + \
-            (f", exit code {job.exit_code})" if job.exit_code is not None else ")")
-        return (f"batch job {job.job_id} ({job.name}) {how} before any of its workers "
-                f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
-                f"{self.log_tail(job)}")
+        how = (
+            "vanished from the queue"
+            if job.gone and not job.state.terminal
+            else f"ended {job.state.value} ({job.native_state or '?'}"
+            + (f", exit code {job.exit_code})" if job.exit_code is not None else ")")
+        )
+        return (
+            f"batch job {job.job_id} ({job.name}) {how} before any of its workers "
+            f"connected to {self.scheduler_address}; tail of {job.log_file}:\n"
+            f"{self.log_tail(job)}"
+        )
 
     def read_silent(self, silent: list[Job]) -> list[tuple[Job, str, str]]:
         """(job, the last "cannot reach" line of its log or "", its log's tail) of each
@@ -128,22 +140,31 @@ class Diagnosis:
         for job, _, text in said:
             if not job.silence_reported and not job.workers_seen:
                 job.silence_reported = True
-                self.note(logging.WARNING, "batch job %s (%s) has run for %.0f s and none of "
-                          "its workers has connected to %s yet; tail of %s:\n%s", job.job_id,
-                          job.name, now - (job.running_since or now), self.scheduler_address,
-                          job.log_file, text)
+                self.note(
+                    logging.WARNING,
+                    "batch job %s (%s) has run for %.0f s and none of "
+                    "its workers has connected to %s yet; tail of %s:\n%s",
+                    job.job_id,
+                    job.name,
+                    now - (job.running_since or now),
+                    self.scheduler_address,
+                    job.log_file,
+                    text,
+                )
 
     def _unreachable_message(self, jobs: int, seconds: float, job: Job, line: str) -> str:
         name = self.cluster
-        return (f"{jobs} job{'s' * (jobs > 1)} running for {seconds:.0f} s, and no worker "
-                f"connected: the workers cannot reach the scheduler at "
-                f"{self.scheduler_address} (chosen as {self.address_how}). "
-                f"Job {job.job_id}'s log ({job.log_file}) says: {line.strip()}\n"
-                f"This host's interfaces: {describe_interfaces()}. If the compute nodes reach "
-                f"this host on another network, name its interface: {name}(..., "
-                f"scheduler_options={{'interface': '<name>'}}) (interface='<name>' sets the "
-                f"workers' interface too), or its address: scheduler_options={{'host': "
-                f"'<address>'}}.")
+        return (
+            f"{jobs} job{'s' * (jobs > 1)} running for {seconds:.0f} s, and no worker "
+            f"connected: the workers cannot reach the scheduler at "
+            f"{self.scheduler_address} (chosen as {self.address_how}). "
+            f"Job {job.job_id}'s log ({job.log_file}) says: {line.strip()}\n"
+            f"This host's interfaces: {describe_interfaces()}. If the compute nodes reach "
+            f"this host on another network, name its interface: {name}(..., "
+            f"scheduler_options={{'interface': '<name>'}}) (interface='<name>' sets the "
+            f"workers' interface too), or its address: scheduler_options={{'host': "
+            f"'<address>'}}."
+        )
 
     def silent_log(self, jobs: list[Job]) -> str:
         """The tail of the log of a running job none of whose workers connected, if any."""
@@ -151,5 +172,7 @@ class Diagnosis:
         if not silent:
             return ""
         job = silent[0]
-        return (f"; no worker of running job {job.job_id} connected to {self.scheduler_address}"
-                f"; tail of {job.log_file}:\n{self.log_tail(job)}")
+        return (
+            f"; no worker of running job {job.job_id} connected to {self.scheduler_address}"
+            f"; tail of {job.log_file}:\n{self.log_tail(job)}"
+        )

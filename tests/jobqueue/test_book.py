@@ -19,8 +19,15 @@ def submit(book: JobBook, n: int, t: float = 0.0) -> list[Job]:
     jobs = []
     for _ in range(n):
         name = book.take_name()
-        jobs.append(Job(str(book.next_index), name, f"/logs/{name}.out",
-                        book.workers_per_job, submit_time=t + book.next_index))
+        jobs.append(
+            Job(
+                str(book.next_index),
+                name,
+                f"/logs/{name}.out",
+                book.workers_per_job,
+                submit_time=t + book.next_index,
+            )
+        )
     book.add(jobs)
     return jobs
 
@@ -40,8 +47,9 @@ def test_excess_jobs_are_cancelled_pending_newest_first_then_running_with_fewest
     book = JobBook(workers_per_job=2, job_name="w", cluster_id="c0")
     book.set_target(4)
     j1, j2, j3, j4 = submit(book, 4)
-    book.apply_status({"1": RUNNING, "2": RUNNING, "3": PENDING, "4": PENDING},
-                      ["1", "2", "3", "4"], now=10.0)
+    book.apply_status(
+        {"1": RUNNING, "2": RUNNING, "3": PENDING, "4": PENDING}, ["1", "2", "3", "4"], now=10.0
+    )
     book.worker_joined("tcp://a:1", "w-c0-1-0")  # job 2's
     book.set_target(1)
     todo = book.adjustment()

@@ -23,8 +23,10 @@ SYSTEMS = ["htcondor", "oar", "moab", "flux"]
 
 def _job_ids_of_workers(cluster) -> dict[str, str | None]:
     """worker name -> the job id its heartbeats carry."""
-    return {ws.name: (ws.metrics or {}).get("job_id")
-            for ws in list(cluster.scheduler.state.workers.values())}
+    return {
+        ws.name: (ws.metrics or {}).get("job_id")
+        for ws in list(cluster.scheduler.state.workers.values())
+    }
 
 
 @pytest.mark.timeout(150)
@@ -59,20 +61,25 @@ def test_adapt_grows_with_work_and_shrinks_to_zero(batch, road):
     from tests.jobqueue.emulators import live_processes
 
     c = batch.cluster()
-    with config.set({"adaptive.interval": 0.3, "adaptive.wait-count": 2,
-                     "adaptive.target-duration": 1.0}):
+    with config.set(
+        {"adaptive.interval": 0.3, "adaptive.wait-count": 2, "adaptive.target-duration": 1.0}
+    ):
         adaptive = c.adapt(minimum=0, maximum=2)
         with Client(c) as client:
             futures = road.calls(client, lambda x: (time.sleep(0.3), x)[1], 40)
             wait_for(lambda: len(c.jobs) == 2, 60, "adaptive to submit two jobs")
             assert sum(client.gather(futures)) == sum(range(40))
-        wait_for(lambda: not any(j.active for j in c.jobs.values()), 90,
-                 "adaptive to retire the idle jobs down to zero")
+        wait_for(
+            lambda: not any(j.active for j in c.jobs.values()),
+            90,
+            "adaptive to retire the idle jobs down to zero",
+        )
         adaptive.stop()
     ids = batch.record(c)
     batch.assert_queue_empty(ids)
-    wait_for(lambda: not live_processes(batch.env["HPCSCHED_EMU_STATE"]), 30,
-             "every job process to end")
+    wait_for(
+        lambda: not live_processes(batch.env["HPCSCHED_EMU_STATE"]), 30, "every job process to end"
+    )
     assert len(c.jobs) == 2 and not c.failed_jobs
 
 

@@ -53,22 +53,32 @@ def oar() -> None:
 @pytest.mark.timeout(660)
 @pytest.mark.parametrize("road_name", ["bulk", "tasks"])
 def test_oar_cluster_round_trip_and_adapt_on_real_oar(oar, road_name):
-    path = os.pathsep.join([str(Path(hpcsched.__file__).resolve().parents[1]),
-                            sysconfig.get_path("purelib"), sysconfig.get_path("platlib")])
-    cmd = ["su", USER, "-c", f"cd ~ && PYTHONPATH={path} exec /usr/bin/python3 {OWNER} "
-           f"{road_name}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    path = os.pathsep.join(
+        [
+            str(Path(hpcsched.__file__).resolve().parents[1]),
+            sysconfig.get_path("purelib"),
+            sysconfig.get_path("platlib"),
+        ]
+    )
+    cmd = ["su", USER, "-c", f"cd ~ && PYTHONPATH={path} exec /usr/bin/python3 {OWNER} {road_name}"]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
             out, _ = proc.communicate(timeout=30)
-        ids = [j for line in (out or "").splitlines() if line.startswith("JOBS ")
-               for j in line.split()[1:]]
+        ids = [
+            j
+            for line in (out or "").splitlines()
+            if line.startswith("JOBS ")
+            for j in line.split()[1:]
+        ]
         if ids and proc.returncode != 0:  # what a failed run left behind
-            subprocess.run(["su", USER, "-c", "oardel " + " ".join(ids)], capture_output=True,
-                           timeout=60)
+            subprocess.run(
+                ["su", USER, "-c", "oardel " + " ".join(ids)], capture_output=True, timeout=60
+            )
     assert proc.returncode == 0 and out.rstrip().endswith("OK"), out[-4000:]
     assert len(set(ids)) == 4 and all(re.fullmatch(r"\d+", j) for j in ids)

@@ -32,8 +32,10 @@ SYSTEMS: dict[str, str] = {
 
 def system_classes() -> list[type[BatchSystem]]:
     """Every batch system's class, in :data:`SYSTEMS`'s order."""
-    return [getattr(importlib.import_module(f"{__name__}.{module}"), cls)
-            for module, cls in SYSTEMS.items()]
+    return [
+        getattr(importlib.import_module(f"{__name__}.{module}"), cls)
+        for module, cls in SYSTEMS.items()
+    ]
 
 
 def detect_job(env: Mapping[str, str], hostname: str) -> JobEnvironment | None:

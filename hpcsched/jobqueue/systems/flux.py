@@ -53,8 +53,14 @@ def _ask_instance(args: list[str], env: Mapping[str, str]) -> str | None:
     if flux is None:
         return None
     try:
-        r = subprocess.run([flux, *args], capture_output=True, text=True, env=dict(env),
-                           timeout=INSTANCE_QUERY_TIMEOUT, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [flux, *args],
+            capture_output=True,
+            text=True,
+            env=dict(env),
+            timeout=INSTANCE_QUERY_TIMEOUT,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as e:
         logger.debug("flux %s failed: %s", " ".join(args), e)
         return None
@@ -88,8 +94,7 @@ class FluxSystem(BatchSystem):
                 expiration = 0.0
             end = expiration or None
         total = sum(int(x) for x in (cores or "").split() if x.isdigit())
-        return JobEnvironment(cls.system, job.job_id, node_cpus=total or None,
-                              walltime_end=end)
+        return JobEnvironment(cls.system, job.job_id, node_cpus=total or None, walltime_end=end)
 
     @override
     def validate_system(self) -> None:
@@ -97,8 +102,10 @@ class FluxSystem(BatchSystem):
         if p["job_array"]:
             raise ValueError("job_array is not supported on Flux: submit single jobs")
         if p["launcher"] not in ("fork", "flux"):
-            raise ValueError(f"launcher={p['launcher']!r}: inside a Flux job, workers start "
-                             "with 'fork' (one node) or 'flux' (flux run, across its nodes)")
+            raise ValueError(
+                f"launcher={p['launcher']!r}: inside a Flux job, workers start "
+                "with 'fork' (one node) or 'flux' (flux run, across its nodes)"
+            )
 
     @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:

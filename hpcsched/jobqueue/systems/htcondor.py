@@ -98,8 +98,13 @@ class HTCondorSystem(BatchSystem):
     #: dask-jobqueue's: disk per job (required), condor_rm's extra arguments; HTCondor has
     #: no walltime of its own (given, it removes the job after it and ends its workers
     #: before), and its extra directives are a dict of attributes
-    extra_params = {"disk": None, "cancel_command_extra": [], "walltime": None,
-                    "job_extra_directives": {}, "shebang": "#!/usr/bin/env condor_submit"}
+    extra_params = {
+        "disk": None,
+        "cancel_command_extra": [],
+        "walltime": None,
+        "job_extra_directives": {},
+        "shebang": "#!/usr/bin/env condor_submit",
+    }
 
     @classmethod
     @override
@@ -111,23 +116,28 @@ class HTCondorSystem(BatchSystem):
         cpus = ad.get("RequestCpus", "")
         memory = ad.get("RequestMemory", "")
         return JobEnvironment(
-            cls.system, f"{ad['ClusterId']}.{ad.get('ProcId', '0')}",
+            cls.system,
+            f"{ad['ClusterId']}.{ad.get('ProcId', '0')}",
             node_cpus=int(cpus) if cpus.isdigit() and int(cpus) > 0 else None,
-            node_memory=int(memory) * 2**20 if memory.isdigit() and int(memory) > 0 else None)
+            node_memory=int(memory) * 2**20 if memory.isdigit() and int(memory) > 0 else None,
+        )
 
     @override
     def validate_system(self) -> None:
         p = self.params
         if p["disk"] is None:
-            raise ValueError("You must specify how much disk to use per job like "
-                             "``disk='1 GB'``")
+            raise ValueError("You must specify how much disk to use per job like ``disk='1 GB'``")
         self.disk_bytes = parse_memory(p["disk"], "disk")
         if p["queue"]:
-            raise ValueError("queue: HTCondor has no queues; select machines with "
-                             "job_extra_directives={'requirements': '...'}")
+            raise ValueError(
+                "queue: HTCondor has no queues; select machines with "
+                "job_extra_directives={'requirements': '...'}"
+            )
         if p["launcher"] != "fork":
-            raise ValueError(f"launcher={p['launcher']!r}: an HTCondor job is one process "
-                             "tree on one machine; use the default launcher 'fork'")
+            raise ValueError(
+                f"launcher={p['launcher']!r}: an HTCondor job is one process "
+                "tree on one machine; use the default launcher 'fork'"
+            )
         extra = p["cancel_command_extra"] or []
         if isinstance(extra, str) or not all(isinstance(x, str) for x in extra):
             raise TypeError(f"cancel_command_extra must be a list of strings, got {extra!r}")
@@ -157,9 +167,14 @@ class HTCondorSystem(BatchSystem):
 
     @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
-        out = [f"batch_name = {job_name}", f"Output = {log_file}", f"Error = {log_file}",
-               f"Log = {self.params['log_directory']}/{job_name}.condor.log",
-               "Stream_Output = True", "Stream_Error = True"]
+        out = [
+            f"batch_name = {job_name}",
+            f"Output = {log_file}",
+            f"Error = {log_file}",
+            f"Log = {self.params['log_directory']}/{job_name}.condor.log",
+            "Stream_Output = True",
+            "Stream_Error = True",
+        ]
         if array:  # each element's worker is named by its index
             out.append(f'Environment = "{self.array_index_var}=$(ProcId)"')
         return out
@@ -167,26 +182,34 @@ class HTCondorSystem(BatchSystem):
     @override
     def resource_directives(self, ntasks: int) -> list[str]:
         p = self.params
-        out = ["RequestCpus = MY.DaskWorkerCores",
-               "RequestMemory = floor(MY.DaskWorkerMemory / 1048576)",
-               "RequestDisk = floor(MY.DaskWorkerDisk / 1024)",
-               'MY.JobId = "$(ClusterId).$(ProcId)"',
-               f"MY.DaskWorkerCores = {p['cores']}",
-               f"MY.DaskWorkerMemory = {self.memory_bytes}",
-               f"MY.DaskWorkerDisk = {self.disk_bytes}"]
+        out = [
+            "RequestCpus = MY.DaskWorkerCores",
+            "RequestMemory = floor(MY.DaskWorkerMemory / 1048576)",
+            "RequestDisk = floor(MY.DaskWorkerDisk / 1024)",
+            'MY.JobId = "$(ClusterId).$(ProcId)"',
+            f"MY.DaskWorkerCores = {p['cores']}",
+            f"MY.DaskWorkerMemory = {self.memory_bytes}",
+            f"MY.DaskWorkerDisk = {self.disk_bytes}",
+        ]
         if p["account"]:
             out.append(f"accounting_group = {p['account']}")
         if self.walltime_seconds:
             # JobStatus 2 is running; EnteredCurrentStatus is when it started to
-            out.append("periodic_remove = (JobStatus == 2) && "
-                       f"(time() - EnteredCurrentStatus > {self.walltime_seconds})")
+            out.append(
+                "periodic_remove = (JobStatus == 2) && "
+                f"(time() - EnteredCurrentStatus > {self.walltime_seconds})"
+            )
         return out
 
     @override
     def job_file(self, header: list[str], commands: list[str], array: int | None) -> str:
-        lines = [self.params["shebang"], *header,
-                 f'Arguments = "{quote_arguments(["-c", "; ".join(commands)])}"',
-                 "Executable = /bin/sh", f"Queue {array}" if array else "Queue"]
+        lines = [
+            self.params["shebang"],
+            *header,
+            f'Arguments = "{quote_arguments(["-c", "; ".join(commands)])}"',
+            "Executable = /bin/sh",
+            f"Queue {array}" if array else "Queue",
+        ]
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -236,5 +259,8 @@ class HTCondorSystem(BatchSystem):
         except runner.BatchCommandError:
             return {}
         found = self.parse_status(out)
-        return {j: JobStatus(self.to_state(*found[j]), found[j][0], found[j][1])
-                for j in job_ids if j in found}
+        return {
+            j: JobStatus(self.to_state(*found[j]), found[j][0], found[j][1])
+            for j in job_ids
+            if j in found
+        }

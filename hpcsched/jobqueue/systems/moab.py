@@ -31,8 +31,22 @@ P, R = JobState.PENDING, JobState.RUNNING
 
 #: Moab's job states (``showq``'s State attribute)
 STATES: dict[str, JobState] = {
-    **dict.fromkeys(["Idle", "Hold", "UserHold", "SystemHold", "BatchHold", "Deferred",
-                     "NotQueued", "Staged", "Staging", "Suspended", "Blocked"], P),
+    **dict.fromkeys(
+        [
+            "Idle",
+            "Hold",
+            "UserHold",
+            "SystemHold",
+            "BatchHold",
+            "Deferred",
+            "NotQueued",
+            "Staged",
+            "Staging",
+            "Suspended",
+            "Blocked",
+        ],
+        P,
+    ),
     **dict.fromkeys(["Running", "Starting"], R),
     "Completed": JobState.DONE,  # refined by the completion code (to_state)
     **dict.fromkeys(["Removed", "Vacated"], JobState.CANCELLED),
@@ -85,14 +99,17 @@ class MoabSystem(PBSSystem):
         try:
             root = ET.fromstring(text)
         except ET.ParseError as e:
-            raise runner.BatchCommandError(f"showq --xml printed invalid XML ({e}):\n"
-                                           f"{runner.tail(text)}", stdout=text) from None
+            raise runner.BatchCommandError(
+                f"showq --xml printed invalid XML ({e}):\n{runner.tail(text)}", stdout=text
+            ) from None
         out: dict[str, tuple[str, int | None]] = {}
         for job in root.iter("job"):
             job_id = job.get("JobID", "")
             code = job.get("CompletionCode")
-            out[job_id] = (job.get("State", ""),
-                           int(code) if code and code.lstrip("-").isdigit() else None)
+            out[job_id] = (
+                job.get("State", ""),
+                int(code) if code and code.lstrip("-").isdigit() else None,
+            )
             if job_id.isdigit():  # "msub" may have printed it as Moab.<n>
                 out[f"Moab.{job_id}"] = out[job_id]
         return out
@@ -104,5 +121,8 @@ class MoabSystem(PBSSystem):
         except runner.BatchCommandError:
             return {}
         found = self.parse_status(out)
-        return {j: JobStatus(self.to_state(*found[j]), found[j][0], found[j][1])
-                for j in job_ids if j in found}
+        return {
+            j: JobStatus(self.to_state(*found[j]), found[j][0], found[j][1])
+            for j in job_ids
+            if j in found
+        }

@@ -38,8 +38,9 @@ from hpcsched.launchers.resources import JobEnvironment, env_int
 P, R = JobState.PENDING, JobState.RUNNING
 
 STATES: dict[str, JobState] = {
-    **dict.fromkeys(["Waiting", "Hold", "toLaunch", "toAckReservation", "Launching",
-                     "Suspended", "Resuming"], P),
+    **dict.fromkeys(
+        ["Waiting", "Hold", "toLaunch", "toAckReservation", "Launching", "Suspended", "Resuming"], P
+    ),
     **dict.fromkeys(["Running", "Finishing"], R),
     "Terminated": JobState.DONE,  # refined by the exit code (to_state)
     **dict.fromkeys(["Error", "toError"], JobState.FAILED),
@@ -104,14 +105,19 @@ class OARSystem(BatchSystem):
     def validate_system(self) -> None:
         p = self.params
         if p["job_array"]:
-            raise ValueError("job_array is not supported on OAR: its array jobs get one job "
-                             "id per element, which hpcsched does not yet follow")
+            raise ValueError(
+                "job_array is not supported on OAR: its array jobs get one job "
+                "id per element, which hpcsched does not yet follow"
+            )
         if p["memory_per_core_property_name"] is None:
             warnings.warn(
                 "OAR Job memory reserved resources will not be set according to the "
                 "workers' memory limit, which can cause crashes. Set "
                 "memory_per_core_property_name to your nodes' property (oarnodes lists "
-                "them; often 'memcore'), or to 'not_applicable'", UserWarning, stacklevel=4)
+                "them; often 'memcore'), or to 'not_applicable'",
+                UserWarning,
+                stacklevel=4,
+            )
 
     @override
     def name_directives(self, job_name: str, log_file: str, array: int | None) -> list[str]:
@@ -135,8 +141,11 @@ class OARSystem(BatchSystem):
         wanted = f"{prop}>={ceil_div(self.memory_bytes, self.params['cores'] * 2**20)}"
         other = last_property(self.params["job_extra_directives"])
         line = f"#OAR -p '{other} AND {wanted}'" if other else f"#OAR -p {wanted}"
-        return lines if any(self.skips(line, s) for s in self.params["job_directives_skip"]) \
+        return (
+            lines
+            if any(self.skips(line, s) for s in self.params["job_directives_skip"])
             else [*lines, line]
+        )
 
     @override
     def submit(self, script_path: str, script: str) -> str:
@@ -146,8 +155,7 @@ class OARSystem(BatchSystem):
     @override
     def already_gone(self, error: runner.BatchCommandError) -> bool:
         text = error.stderr + error.stdout
-        return "does not exist" in text or "already killed" in text \
-            or "not in a state" in text
+        return "does not exist" in text or "already killed" in text or "not in a state" in text
 
     @override
     def status_command(self, job_ids: list[str]) -> list[str]:
@@ -165,13 +173,16 @@ class OARSystem(BatchSystem):
         try:
             data: dict[str, Any] = json.loads(text)
         except json.JSONDecodeError as e:
-            raise runner.BatchCommandError(f"oarstat -J printed invalid JSON ({e}):\n"
-                                           f"{runner.tail(text)}", stdout=text) from None
+            raise runner.BatchCommandError(
+                f"oarstat -J printed invalid JSON ({e}):\n{runner.tail(text)}", stdout=text
+            ) from None
         out: dict[str, tuple[str, int | None]] = {}
         for job_id, info in data.items():
             code = info.get("exit_code")
-            out[str(job_id)] = (str(info.get("state", "")),
-                                wait_status_code(int(code)) if code is not None else None)
+            out[str(job_id)] = (
+                str(info.get("state", "")),
+                wait_status_code(int(code)) if code is not None else None,
+            )
         return out
 
     @override

@@ -24,24 +24,41 @@ def wait_for(pred, timeout, what):
 def unfinished(ids):
     args = [a for i in sorted(ids) for a in ("-j", i)]
     out = subprocess.run(["oarstat", "-J", *args], capture_output=True, text=True, timeout=30)
-    return {j for j, info in json.loads(out.stdout or "{}").items()
-            if info["state"] not in ("Terminated", "Error")}
+    return {
+        j
+        for j, info in json.loads(out.stdout or "{}").items()
+        if info["state"] not in ("Terminated", "Error")
+    }
 
 
 def job_ids_of_workers(c):
-    return {ws.name: (ws.metrics or {}).get("job_id")
-            for ws in list(c.scheduler.state.workers.values())}
+    return {
+        ws.name: (ws.metrics or {}).get("job_id") for ws in list(c.scheduler.state.workers.values())
+    }
 
 
 road = sys.argv[1]
-calls = (lambda client, fn, n: client.map(fn, range(n), pure=False)) if road == "bulk" else \
-    (lambda client, fn, n: [client.submit(fn, i, pure=False) for i in range(n)])
-with config.set({"jobqueue.poll-interval": 0.5, "adaptive.interval": 0.3,
-                 "adaptive.wait-count": 2, "adaptive.target-duration": 1.0}):
-    with OARCluster(cores=1, memory="500MB", walltime="00:05:00",
-                    memory_per_core_property_name="memcore",
-                    log_directory=os.path.expanduser("~/hpcsched-oar-logs"),
-                    job_script_prologue=[f"export PYTHONPATH={os.environ['PYTHONPATH']}"]) as c:
+calls = (
+    (lambda client, fn, n: client.map(fn, range(n), pure=False))
+    if road == "bulk"
+    else (lambda client, fn, n: [client.submit(fn, i, pure=False) for i in range(n)])
+)
+with config.set(
+    {
+        "jobqueue.poll-interval": 0.5,
+        "adaptive.interval": 0.3,
+        "adaptive.wait-count": 2,
+        "adaptive.target-duration": 1.0,
+    }
+):
+    with OARCluster(
+        cores=1,
+        memory="500MB",
+        walltime="00:05:00",
+        memory_per_core_property_name="memcore",
+        log_directory=os.path.expanduser("~/hpcsched-oar-logs"),
+        job_script_prologue=[f"export PYTHONPATH={os.environ['PYTHONPATH']}"],
+    ) as c:
         c.scale(jobs=2)
         first = set(c.jobs)
         print("JOBS", *first, flush=True)
@@ -61,8 +78,11 @@ with config.set({"jobqueue.poll-interval": 0.5, "adaptive.interval": 0.3,
             wait_for(lambda: len(c.jobs) == 4, 120, "adapt to submit two jobs")
             print("JOBS", *c.jobs, flush=True)
             assert sum(client.gather(futures)) == sum(range(40))
-        wait_for(lambda: not any(j.active for j in c.jobs.values()), 150,
-                 "adapt to retire the idle jobs down to zero")
+        wait_for(
+            lambda: not any(j.active for j in c.jobs.values()),
+            150,
+            "adapt to retire the idle jobs down to zero",
+        )
         adaptive.stop()
         wait_for(lambda: not unfinished(set(c.jobs)), 90, "OAR to end the adaptive jobs")
         assert not c.failed_jobs, c.failed_jobs

@@ -23,20 +23,35 @@ KILL = {"delete": ["SIGTERM", "SIGKILL"], "walltime": ["SIGTERM", "SIGKILL"]}
 def login_env(**extra: str) -> dict[str, str]:
     """A job's environment on a node that did not inherit the submitter's: a login's
     (HOME, USER, PATH, LANG), the emulator's own knobs and the system's variables."""
-    keep = ("HOME", "USER", "LOGNAME", "LANG", "LC_ALL", emucore.STATE_ENV, emucore.GRACE_ENV,
-            emucore.TIME_SCALE_ENV)
+    keep = (
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LC_ALL",
+        emucore.STATE_ENV,
+        emucore.GRACE_ENV,
+        emucore.TIME_SCALE_ENV,
+    )
     env = {k: os.environ[k] for k in keep if k in os.environ}
     env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
     env.update(extra)
     return env
 
 
-def submit(system: str, store: emucore.Store,
-           argv: list[str] | Callable[[int, int | None], list[str]], *, env: dict[str, str],
-           log: Callable[[int, int | None], tuple[str, str | None]], cwd: str,
-           walltime: float | None, count: int = 1,
-           fields: Callable[[int, int | None], dict] | None = None,
-           job_env: Callable[[int, int | None], dict[str, str]] | None = None) -> int:
+def submit(
+    system: str,
+    store: emucore.Store,
+    argv: list[str] | Callable[[int, int | None], list[str]],
+    *,
+    env: dict[str, str],
+    log: Callable[[int, int | None], tuple[str, str | None]],
+    cwd: str,
+    walltime: float | None,
+    count: int = 1,
+    fields: Callable[[int, int | None], dict] | None = None,
+    job_env: Callable[[int, int | None], dict[str, str]] | None = None,
+) -> int:
     """Store ``count`` jobs (one, or the elements 0..count-1 of one submission) that run
     ``argv`` with stdout and stderr to the files ``log(seq, index)`` names (stderr None:
     joined to stdout); start their supervisors; return the submission's number. ``argv`` may depend on them too; ``fields(seq, index)`` adds the system's own fields to a record,
@@ -45,14 +60,28 @@ def submit(system: str, store: emucore.Store,
         seq = store.next_seq()
         max_running = emucore.submit_env_settings(store)
         keys = []
-        for index in ([None] if count == 1 else range(count)):
+        for index in [None] if count == 1 else range(count):
             out, err = log(seq, index)
-            run = {"argv": argv(seq, index) if callable(argv) else argv,
-                   "cwd": cwd, "env": {**env, **(job_env(seq, index) if job_env else {})},
-                   "stdout": out, "stderr": err, "stdout_mode": "a", "stderr_mode": "a",
-                   "stderr_file": err or out, "walltime": walltime, "kill_signals": KILL}
-            rec = emucore.new_record(system, seq, index, run=run, max_running=max_running,
-                                     **(fields(seq, index) if fields else {}))
+            run = {
+                "argv": argv(seq, index) if callable(argv) else argv,
+                "cwd": cwd,
+                "env": {**env, **(job_env(seq, index) if job_env else {})},
+                "stdout": out,
+                "stderr": err,
+                "stdout_mode": "a",
+                "stderr_mode": "a",
+                "stderr_file": err or out,
+                "walltime": walltime,
+                "kill_signals": KILL,
+            }
+            rec = emucore.new_record(
+                system,
+                seq,
+                index,
+                run=run,
+                max_running=max_running,
+                **(fields(seq, index) if fields else {}),
+            )
             store.save(rec)
             keys.append(rec["key"])
     for key in keys:

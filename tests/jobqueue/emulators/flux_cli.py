@@ -62,8 +62,16 @@ def fsd(text: str, default_unit: float = 60.0) -> float:
 
 
 def _options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    short = {"-N": "nodes", "-n": "ntasks", "-c": "cores-per-task", "-t": "time-limit",
-             "-q": "queue", "-o": "setopt", "-S": "setattr", "-g": "gpus-per-slot"}
+    short = {
+        "-N": "nodes",
+        "-n": "ntasks",
+        "-c": "cores-per-task",
+        "-t": "time-limit",
+        "-q": "queue",
+        "-o": "setopt",
+        "-S": "setattr",
+        "-g": "gpus-per-slot",
+    }
     opts: dict[str, str] = {}
     i = 0
     while i < len(argv):
@@ -80,8 +88,14 @@ def _options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             raise EmulatorError(f"flux-batch: error: unrecognized arguments: {arg}", 2)
         else:
             return opts, argv[i:]
-        opts[{"nslots": "ntasks", "cores-per-slot": "cores-per-task", "time": "time-limit",
-              "job-name": "job-name"}.get(key, key)] = value
+        opts[
+            {
+                "nslots": "ntasks",
+                "cores-per-slot": "cores-per-task",
+                "time": "time-limit",
+                "job-name": "job-name",
+            }.get(key, key)
+        ] = value
         i += 1
     return opts, []
 
@@ -94,8 +108,7 @@ def batch(argv: list[str]) -> str:
     try:
         text = script.read_text()
     except OSError:
-        raise EmulatorError(f"flux-batch: ERROR: {rest[0]}: No such file or directory", 1) \
-            from None
+        raise EmulatorError(f"flux-batch: ERROR: {rest[0]}: No such file or directory", 1) from None
     directives: list[str] = []
     for line in text.splitlines()[1:]:
         m = re.match(r"^\s*#\s*flux:\s*(.*)$", line)
@@ -124,14 +137,28 @@ def batch(argv: list[str]) -> str:
         return out, (None if err == out else err)
 
     def job_env(seq: int, index: int | None) -> dict[str, str]:
-        return {"FLUX_JOB_ID": f58(jobid(seq)), "FLUX_URI": f"local://{store.root}/jobs/{seq}",
-                "FLUX_JOB_SIZE": str(cores)}
+        return {
+            "FLUX_JOB_ID": f58(jobid(seq)),
+            "FLUX_URI": f"local://{store.root}/jobs/{seq}",
+            "FLUX_JOB_SIZE": str(cores),
+        }
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FLUX_")}
-    seq = emusys.submit("flux", store, ["/bin/sh", str(script)], env=env, log=log, cwd=cwd,
-                        walltime=walltime, job_env=job_env,
-                        fields=lambda s, i: {"name": opts.get("job-name", script.name),
-                                             "f58": f58(jobid(s)), "cores": cores})
+    seq = emusys.submit(
+        "flux",
+        store,
+        ["/bin/sh", str(script)],
+        env=env,
+        log=log,
+        cwd=cwd,
+        walltime=walltime,
+        job_env=job_env,
+        fields=lambda s, i: {
+            "name": opts.get("job-name", script.name),
+            "f58": f58(jobid(s)),
+            "cores": cores,
+        },
+    )
     return f58(jobid(seq))
 
 
@@ -182,13 +209,26 @@ def jobs(argv: list[str]) -> str:
             unknown.append(job_id)
             continue
         status, code = _status(rec)
-        lines.append(fmt.replace("{id.f58}", rec["f58"]).replace("{id}", rec["f58"])
-                     .replace("{status}", status).replace("{returncode}", code)
-                     .replace("{name}", str(rec.get("name", ""))))
+        lines.append(
+            fmt.replace("{id.f58}", rec["f58"])
+            .replace("{id}", rec["f58"])
+            .replace("{status}", status)
+            .replace("{returncode}", code)
+            .replace("{name}", str(rec.get("name", "")))
+        )
     if unknown:
-        raise EmulatorError("\n".join(lines) + "\n" + "\n".join(
-            f"flux-jobs: ERROR: unknown job id {j}" for j in unknown), 1) if lines else \
-            EmulatorError("\n".join(f"flux-jobs: ERROR: unknown job id {j}" for j in unknown), 1)
+        raise (
+            EmulatorError(
+                "\n".join(lines)
+                + "\n"
+                + "\n".join(f"flux-jobs: ERROR: unknown job id {j}" for j in unknown),
+                1,
+            )
+            if lines
+            else EmulatorError(
+                "\n".join(f"flux-jobs: ERROR: unknown job id {j}" for j in unknown), 1
+            )
+        )
     return "\n".join(lines)
 
 
@@ -213,8 +253,11 @@ def _own_job(store: emucore.Store) -> dict:
     m = re.fullmatch(r"local://.*/jobs/(\d+)", os.environ.get("FLUX_URI", ""))
     rec = store.load(m.group(1)) if m else None
     if rec is None:
-        raise EmulatorError("flux-resource: ERROR: Unable to connect to Flux: "
-                            "broker socket /run/flux/local was not found", 1)
+        raise EmulatorError(
+            "flux-resource: ERROR: Unable to connect to Flux: "
+            "broker socket /run/flux/local was not found",
+            1,
+        )
     return rec
 
 
@@ -224,8 +267,12 @@ def resource(argv: list[str]) -> str:
     store = emucore.Store(emucore.state_dir("flux-resource"))
     rec = _own_job(store)
     fmt = argv[argv.index("-o") + 1] if "-o" in argv else "{state} {ncores}"
-    return fmt.replace("{ncores}", str(rec["cores"])).replace("{state}", "up") \
-        .replace("{nnodes}", "1").replace("{nodelist}", emucore.hostname())
+    return (
+        fmt.replace("{ncores}", str(rec["cores"]))
+        .replace("{state}", "up")
+        .replace("{nnodes}", "1")
+        .replace("{nodelist}", emucore.hostname())
+    )
 
 
 def kvs(argv: list[str]) -> str:
@@ -235,16 +282,25 @@ def kvs(argv: list[str]) -> str:
     rec = _own_job(store)
     start = rec["start_time"] or time.time()
     walltime = rec["run"].get("walltime")
-    return json.dumps({"version": 1, "execution": {
-        "R_lite": [{"rank": "0", "children": {"core": f"0-{rec['cores'] - 1}"}}],
-        "nodelist": [emucore.hostname()], "starttime": start,
-        "expiration": start + walltime if walltime else 0.0}})
+    return json.dumps(
+        {
+            "version": 1,
+            "execution": {
+                "R_lite": [{"rank": "0", "children": {"core": f"0-{rec['cores'] - 1}"}}],
+                "nodelist": [emucore.hostname()],
+                "starttime": start,
+                "expiration": start + walltime if walltime else 0.0,
+            },
+        }
+    )
 
 
 def flux(argv: list[str]) -> str:
-    commands = {"batch": batch, "jobs": jobs, "cancel": cancel, "resource": resource,
-                "kvs": kvs}
+    commands = {"batch": batch, "jobs": jobs, "cancel": cancel, "resource": resource, "kvs": kvs}
     if not argv or argv[0] not in commands:
-        raise EmulatorError(f"flux: '{argv[0] if argv else ''}' is not a command this "
-                            f"emulator knows ({', '.join(commands)})", 1)
+        raise EmulatorError(
+            f"flux: '{argv[0] if argv else ''}' is not a command this "
+            f"emulator knows ({', '.join(commands)})",
+            1,
+        )
     return commands[argv[0]](argv[1:])

@@ -45,12 +45,12 @@ def split_arguments(text: str) -> list[str]:
     i, quoted = 0, False
     while i < len(text):
         c = text[i]
-        if c == '"' and text[i:i + 2] == '""':
+        if c == '"' and text[i : i + 2] == '""':
             (current := current if current is not None else []).append('"')
             i += 2
             continue
         if c == "'":
-            if quoted and text[i:i + 2] == "''":
+            if quoted and text[i : i + 2] == "''":
                 current.append("'")  # type: ignore[union-attr]
                 i += 2
                 continue
@@ -75,6 +75,7 @@ def _expand(value: str, macros: dict[str, str]) -> str:
         func, name = m.group(1), m.group(2)
         got = macros.get(name.lower(), macros.get(name.lower().removeprefix("my."), ""))
         return got.strip('"') if func == "F" else got
+
     for _ in range(5):  # macros may name macros
         new = re.sub(r"\$(F?)\(([A-Za-z0-9_.+]+)\)", one, value)
         if new == value:
@@ -103,7 +104,7 @@ def condor_submit(argv: list[str]) -> str:
     try:
         lines = Path(files[0]).read_text().splitlines()
     except OSError:
-        raise EmulatorError(f"ERROR: Can't open \"{files[0]}\" with flags 00", 1) from None
+        raise EmulatorError(f'ERROR: Can\'t open "{files[0]}" with flags 00', 1) from None
     commands: dict[str, str] = {}
     ad: dict[str, str] = {}
     count = None
@@ -136,8 +137,14 @@ def condor_submit(argv: list[str]) -> str:
 
     def macros(seq: int, index: int | None) -> dict[str, str]:
         proc = str(index or 0)
-        return {**commands, **ad, "clusterid": str(seq), "cluster": str(seq), "procid": proc,
-                "process": proc}
+        return {
+            **commands,
+            **ad,
+            "clusterid": str(seq),
+            "cluster": str(seq),
+            "procid": proc,
+            "process": proc,
+        }
 
     def value(seq: int, index: int | None, key: str, default: str = "") -> str:
         return _expand(commands.get(key, default), macros(seq, index))
@@ -162,12 +169,24 @@ def condor_submit(argv: list[str]) -> str:
         scratch = store.root / "scratch" / f"{seq}.{index or 0}"
         scratch.mkdir(parents=True, exist_ok=True)
         job_ad = scratch / ".job.ad"
-        job_ad.write_text("".join(f"{k} = {v}\n" for k, v in {
-            "ClusterId": seq, "ProcId": index or 0, "RequestCpus": cpus,
-            "RequestMemory": memory, "Owner": f'"{emucore.username()}"',
-            "JobBatchName": f'"{value(seq, index, "batch_name")}"'}.items()))
-        env = {"_CONDOR_JOB_AD": str(job_ad), "_CONDOR_SCRATCH_DIR": str(scratch),
-               "OMP_NUM_THREADS": str(cpus)}
+        job_ad.write_text(
+            "".join(
+                f"{k} = {v}\n"
+                for k, v in {
+                    "ClusterId": seq,
+                    "ProcId": index or 0,
+                    "RequestCpus": cpus,
+                    "RequestMemory": memory,
+                    "Owner": f'"{emucore.username()}"',
+                    "JobBatchName": f'"{value(seq, index, "batch_name")}"',
+                }.items()
+            )
+        )
+        env = {
+            "_CONDOR_JOB_AD": str(job_ad),
+            "_CONDOR_SCRATCH_DIR": str(scratch),
+            "OMP_NUM_THREADS": str(cpus),
+        }
         given = value(seq, index, "environment").strip()
         if given.startswith('"') and given.endswith('"'):
             for item in split_arguments(given[1:-1]):
@@ -177,22 +196,29 @@ def condor_submit(argv: list[str]) -> str:
 
     user_log = value(0, 0, "log")
     seq = emusys.submit(
-        "htcondor", store, argv_of, env=emusys.login_env(), log=log,
-        cwd=str(store.root / "scratch"), walltime=walltime, count=count, job_env=job_env,
-        fields=lambda s, i: {"name": value(s, i, "batch_name"),
-                             "job_id": f"{s}.{i or 0}"})
+        "htcondor",
+        store,
+        argv_of,
+        env=emusys.login_env(),
+        log=log,
+        cwd=str(store.root / "scratch"),
+        walltime=walltime,
+        count=count,
+        job_env=job_env,
+        fields=lambda s, i: {"name": value(s, i, "batch_name"), "job_id": f"{s}.{i or 0}"},
+    )
     if user_log:
         path = Path(_expand(commands["log"], macros(seq, 0)))
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("a") as f:
-            f.write(f"000 ({seq:03d}.000.000) Job submitted from host: <{emucore.hostname()}>\n"
-                    "...\n")
+            f.write(
+                f"000 ({seq:03d}.000.000) Job submitted from host: <{emucore.hostname()}>\n...\n"
+            )
     return f"Submitting job(s){'.' * count}\n{count} job(s) submitted to cluster {seq}."
 
 
 def _records(store: emucore.Store) -> dict[str, dict]:
-    return {r["job_id"]: r for r in store.records()
-            if r["system"] == "htcondor" and "job_id" in r}
+    return {r["job_id"]: r for r in store.records() if r["system"] == "htcondor" and "job_id" in r}
 
 
 def _attribute(rec: dict, name: str, finished: bool) -> str:
@@ -220,8 +246,11 @@ def _query(argv: list[str], finished: bool, command: str) -> str:
         if arg.startswith("-af"):
             with_id = ":j" in arg
             i += 1
-            while i < len(argv) and not argv[i].startswith("-") and not re.fullmatch(
-                    r"\d+(\.\d+)?", argv[i]):
+            while (
+                i < len(argv)
+                and not argv[i].startswith("-")
+                and not re.fullmatch(r"\d+(\.\d+)?", argv[i])
+            ):
                 attrs.append(argv[i])
                 i += 1
             continue
@@ -264,7 +293,12 @@ def condor_rm(argv: list[str]) -> str:
         emucore.request_kill(store, rec["key"])
         lines.append(f"Job {job_id} marked for removal")
     if missing:
-        raise EmulatorError("\n".join(lines + ["Couldn't find/remove all jobs matching "
-                                               "constraint"] +
-                                      [f"Job {j} not found" for j in missing]), 1)
+        raise EmulatorError(
+            "\n".join(
+                lines
+                + ["Couldn't find/remove all jobs matching constraint"]
+                + [f"Job {j} not found" for j in missing]
+            ),
+            1,
+        )
     return "\n".join(lines)

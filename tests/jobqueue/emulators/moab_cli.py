@@ -53,9 +53,14 @@ def _moab_records(store: emucore.Store) -> list[dict]:
 
 
 def _job(rec: dict, state: str, code: int | None = None) -> ET.Element:
-    attrs = {"JobID": str(rec["seq"]), "JobName": str(rec.get("name", "")), "State": state,
-             "User": emucore.username(), "ReqProcs": "1",
-             "SubmissionTime": str(int(rec["submit_time"]))}
+    attrs = {
+        "JobID": str(rec["seq"]),
+        "JobName": str(rec.get("name", "")),
+        "State": state,
+        "User": emucore.username(),
+        "ReqProcs": "1",
+        "SubmissionTime": str(int(rec["submit_time"])),
+    }
     if rec["start_time"]:
         attrs["StartTime"] = str(int(rec["start_time"]))
     if code is not None:
@@ -69,8 +74,15 @@ def showq(argv: list[str]) -> str:
     store = emucore.Store(emucore.state_dir("showq"))
     data = ET.Element("Data")
     ET.SubElement(data, "Object").text = "queue"
-    ET.SubElement(data, "cluster", {"LocalActiveNodes": "1", "LocalIdleNodes": "0",
-                                    "time": str(int(__import__("time").time()))})
+    ET.SubElement(
+        data,
+        "cluster",
+        {
+            "LocalActiveNodes": "1",
+            "LocalIdleNodes": "0",
+            "time": str(int(__import__("time").time())),
+        },
+    )
     recs = _moab_records(store)
     if "-c" in argv:
         done = ET.SubElement(data, "queue", {"option": "completed"})
@@ -84,10 +96,17 @@ def showq(argv: list[str]) -> str:
                 done.append(_job(rec, "Completed", code))
         done.set("count", str(len(done)))
     else:
-        groups = {"active": (emucore.RUNNING, emucore.EXITING), "eligible": (emucore.QUEUED,),
-                  "blocked": (emucore.HELD,)}
-        names = {emucore.RUNNING: "Running", emucore.EXITING: "Running",
-                 emucore.QUEUED: "Idle", emucore.HELD: "Hold"}
+        groups = {
+            "active": (emucore.RUNNING, emucore.EXITING),
+            "eligible": (emucore.QUEUED,),
+            "blocked": (emucore.HELD,),
+        }
+        names = {
+            emucore.RUNNING: "Running",
+            emucore.EXITING: "Running",
+            emucore.QUEUED: "Idle",
+            emucore.HELD: "Hold",
+        }
         for option, states in groups.items():
             queue = ET.SubElement(data, "queue", {"option": option})
             for rec in recs:

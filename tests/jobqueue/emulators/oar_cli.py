@@ -35,11 +35,26 @@ from emucore import EmulatorError
 
 def _options(argv: list[str]) -> dict[str, list[str]]:
     opts: dict[str, list[str]] = {}
-    names = {"-n": "name", "--name": "name", "-q": "queue", "--queue": "queue",
-             "--project": "project", "-l": "resource", "--resource": "resource",
-             "-O": "stdout", "--stdout": "stdout", "-E": "stderr", "--stderr": "stderr",
-             "-p": "property", "--property": "property", "-t": "type", "--type": "type",
-             "-S": "scanscript", "--scanscript": "scanscript", "-d": "directory"}
+    names = {
+        "-n": "name",
+        "--name": "name",
+        "-q": "queue",
+        "--queue": "queue",
+        "--project": "project",
+        "-l": "resource",
+        "--resource": "resource",
+        "-O": "stdout",
+        "--stdout": "stdout",
+        "-E": "stderr",
+        "--stderr": "stderr",
+        "-p": "property",
+        "--property": "property",
+        "-t": "type",
+        "--type": "type",
+        "-S": "scanscript",
+        "--scanscript": "scanscript",
+        "-d": "directory",
+    }
     i = 0
     while i < len(argv):
         arg = argv[i]
@@ -120,17 +135,31 @@ def oarsub(argv: list[str]) -> str:
         nodefile = store.root / "nodefiles" / str(seq)
         nodefile.parent.mkdir(exist_ok=True)
         nodefile.write_text(f"{emucore.hostname()}\n" * cores)
-        return {"OAR_JOB_ID": str(seq), "OAR_JOBID": str(seq), "OAR_JOB_NAME": name,
-                "OAR_NODEFILE": str(nodefile), "OAR_WORKDIR": cwd, "OAR_O_WORKDIR": cwd,
-                "OAR_JOB_WALLTIME_SECONDS": str(int(walltime))}
+        return {
+            "OAR_JOB_ID": str(seq),
+            "OAR_JOBID": str(seq),
+            "OAR_JOB_NAME": name,
+            "OAR_NODEFILE": str(nodefile),
+            "OAR_WORKDIR": cwd,
+            "OAR_O_WORKDIR": cwd,
+            "OAR_JOB_WALLTIME_SECONDS": str(int(walltime)),
+        }
 
     def log(seq: int, index: int | None) -> tuple[str, str | None]:
         out, err = paths(seq)
         return out, (None if err == out else err)
 
-    seq = emusys.submit("oar", store, [str(script)], env=emusys.login_env(), log=log, cwd=cwd,
-                        walltime=walltime, job_env=job_env,
-                        fields=lambda s, i: {"name": name, "queue": queue, "cores": cores})
+    seq = emusys.submit(
+        "oar",
+        store,
+        [str(script)],
+        env=emusys.login_env(),
+        log=log,
+        cwd=cwd,
+        walltime=walltime,
+        job_env=job_env,
+        fields=lambda s, i: {"name": name, "queue": queue, "cores": cores},
+    )
     return f"[ADMISSION RULE] Set default walltime to 7200.\nOAR_JOB_ID={seq}"
 
 
@@ -163,12 +192,17 @@ def oarstat(argv: list[str]) -> str:
         if rec is None:
             continue
         state, code = _state(rec)
-        out[job_id] = {"Job_Id": int(job_id), "name": rec.get("name"), "state": state,
-                       "exit_code": code, "queue": rec.get("queue"),
-                       "owner": emucore.username(),
-                       "submissionTime": int(rec["submit_time"]),
-                       "startTime": int(rec["start_time"] or 0),
-                       "stopTime": int(rec["end_time"] or 0)}
+        out[job_id] = {
+            "Job_Id": int(job_id),
+            "name": rec.get("name"),
+            "state": state,
+            "exit_code": code,
+            "queue": rec.get("queue"),
+            "owner": emucore.username(),
+            "submissionTime": int(rec["submit_time"]),
+            "startTime": int(rec["start_time"] or 0),
+            "stopTime": int(rec["end_time"] or 0),
+        }
     return json.dumps(out, indent=3)
 
 
@@ -184,8 +218,10 @@ def oardel(argv: list[str]) -> str:
             lines.append(f"Deleting the job = {job_id} ...[ERROR] job {job_id} does not exist")
             failed = True
         elif state == emucore.FINISHED:
-            lines.append(f"Deleting the job = {job_id} ...[ERROR] job {job_id} is not in a "
-                         "state to be deleted (already killed or terminated)")
+            lines.append(
+                f"Deleting the job = {job_id} ...[ERROR] job {job_id} is not in a "
+                "state to be deleted (already killed or terminated)"
+            )
             failed = True
         else:
             lines.append(f"Deleting the job = {job_id} ...REGISTERED.")
