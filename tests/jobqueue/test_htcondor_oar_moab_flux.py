@@ -99,3 +99,33 @@ def test_htcondor_job_array_is_one_cluster_of_jobs(batch):
     assert _job_ids_of_workers(c) == {j.name: j.job_id for j in c.jobs.values()}
     c.scale(0)
     batch.assert_queue_empty(ids)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("batch", ["flux"], indirect=True)
+def test_a_flux_job_asks_its_own_instance_for_cores_and_walltime(batch, tmp_path):
+    """In a Flux job, FLUX_URI names the job's instance: `flux resource list` gives its
+    cores and `flux kvs get resource.R` its expiration, which detect() reads."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "job.sh"
+    log = tmp_path / "job.out"
+    script.write_text(
+        "#!/bin/sh\n#flux: -N 1 -n 1 -c 3 -t 5m\n"
+        f"exec {sys.executable} -c 'from hpcsched.launchers.resources import detect; "
+        "r = detect(); print(r.batch_system, r.job_id, r.node_cpus, r.walltime_end)'\n"
+    )
+    run = subprocess.run(
+        ["flux", "batch", f"--output={log}", str(script)],
+        env=batch.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    job_id = run.stdout.strip()
+    wait_for(lambda: log.exists() and log.read_text().strip(), 60, "the job's output")
+    system, seen_id, cores, end = log.read_text().split()
+    assert (system, seen_id, cores) == ("flux", job_id, "3")
+    assert time.time() < float(end) <= time.time() + 300  # the job's start + 5 minutes
