@@ -55,6 +55,10 @@ if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BATCH:
     echo "== installing the Torque wrappers over SLURM (ci/batch/start-torque.sh)"
     bash ci/batch/start-torque.sh >/dev/null || echo "!! Torque wrappers missing: their tests will fail" >&2
     require+=(torque)
+    # OAR (Debian's oar-server over PostgreSQL) with a user of its own: it refuses root's jobs
+    echo "== starting OAR on localhost (ci/batch/start-oar.sh)"
+    bash ci/batch/start-oar.sh >/dev/null || echo "!! could not start OAR: its tests will fail" >&2
+    require+=(oar)
 else
     echo "== not root on Debian (or HPCSCHED_SKIP_BATCH=1): SLURM/SGE tests will be skipped"
 fi

@@ -45,10 +45,14 @@ _exports = {
     "initialize": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
     "get_task_comm": "hpcsched.hpc.gang",
-    "SLURMCluster": "hpcsched.jobqueue.slurm",
-    "SGECluster": "hpcsched.jobqueue.sge",
-    "PBSCluster": "hpcsched.jobqueue.pbs",
-    "LSFCluster": "hpcsched.jobqueue.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.clusters",
+    "SGECluster": "hpcsched.jobqueue.clusters",
+    "PBSCluster": "hpcsched.jobqueue.clusters",
+    "LSFCluster": "hpcsched.jobqueue.clusters",
+    "HTCondorCluster": "hpcsched.jobqueue.clusters",
+    "OARCluster": "hpcsched.jobqueue.clusters",
+    "MoabCluster": "hpcsched.jobqueue.clusters",
+    "FluxCluster": "hpcsched.jobqueue.clusters",
     "Adaptive": "hpcsched.launchers.adaptive",
     "Security": "hpcsched.core.comm.base",
     "performance_report": "hpcsched.diagnostics.report",
@@ -60,12 +64,16 @@ __all__ = [
     "Adaptive",
     "Client",
     "Event",
+    "FluxCluster",
     "Future",
+    "HTCondorCluster",
     "LSFCluster",
     "LocalCluster",
     "Lock",
+    "MoabCluster",
     "MultiLock",
     "NannyPlugin",
+    "OARCluster",
     "PBSCluster",
     "Queue",
     "SGECluster",
@@ -126,10 +134,16 @@ if TYPE_CHECKING:
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import initialize, send_close_signal
     from hpcsched.hpc.gang import get_task_comm
-    from hpcsched.jobqueue.lsf import LSFCluster
-    from hpcsched.jobqueue.pbs import PBSCluster
-    from hpcsched.jobqueue.sge import SGECluster
-    from hpcsched.jobqueue.slurm import SLURMCluster
+    from hpcsched.jobqueue.clusters import (
+        FluxCluster,
+        HTCondorCluster,
+        LSFCluster,
+        MoabCluster,
+        OARCluster,
+        PBSCluster,
+        SGECluster,
+        SLURMCluster,
+    )
     from hpcsched.launchers.adaptive import Adaptive
     from hpcsched.launchers.local_cluster import LocalCluster
 else:

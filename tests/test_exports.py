@@ -87,7 +87,7 @@ def test_importing_the_package_imports_no_export():
     # and never starts MPI
     code = ("import sys, hpcsched, hpcsched.hpc, hpcsched.jobqueue, hpcsched.diagnostics; "
             "print(sorted(m for m in ('mpi4py', 'hpcsched.core.client.client', "
-            "'hpcsched.jobqueue.slurm', 'hpcsched.hpc.mpi') if m in sys.modules))")
+            "'hpcsched.jobqueue.systems.slurm', 'hpcsched.hpc.mpi') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout.strip()
     assert out == "[]"

@@ -16,6 +16,10 @@ as ``module:attribute`` text, importing it only when it is asked for:
   ``get_client()`` and dask's ``.compute()`` in a task make a ``Client``, and
   code below the ``Client`` that needs one (a primitive made without a client)
   asks for the default client;
+* what a batch job's environment says (its id, cores, memory, walltime), which each
+  batch system's module in :mod:`hpcsched.jobqueue.systems` reads
+  (``launchers/resources.py`` for a rank's resources, the worker's heartbeat for its
+  job id);
 * the transports built above the core: ``mpi://`` is served by
   :mod:`hpcsched.hpc.mpi`, imported (with mpi4py) only when an ``mpi://``
   address is used (:mod:`hpcsched.core.comm.registry`).
@@ -46,6 +50,8 @@ SEAMS: dict[str, str] = {
     "dask-scheduler": "hpcsched.core.client.collections:become_dask_scheduler",
     "dashboard": "hpcsched.diagnostics.extension:attach",
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
+    # what a batch job tells the processes inside it: each batch system's module knows
+    "batch-job": "hpcsched.jobqueue.systems:detect_job",
 }
 
 _resolved: dict[str, Any] = {}

@@ -1,10 +1,12 @@
-"""Batch-system clusters: workers as SLURM, Grid Engine, PBS or LSF jobs.
+"""Batch-system clusters: workers as SLURM, Grid Engine, PBS, LSF, HTCondor, OAR, Moab or
+Flux jobs.
 
 Modules: ``runner`` (the one shell-command function), ``job`` (JobState, Job,
 memory/walltime parsing), ``launch`` (in-allocation launchers), ``base`` (the
 batch-system adapter base: parameters, script rendering, submit/status/cancel),
 ``cluster`` (JobQueueCluster: scheduler, scaling, polling), ``cleanup`` (nothing
-leaks), and one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``.
+leaks), and ``systems/``, one small module per system: ``slurm``, ``sge``, ``pbs``, ``lsf``,
+``htcondor``, ``oar``, ``moab``, ``flux`` (bound to their clusters in ``clusters``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from typing import TYPE_CHECKING
 from hpcsched._lazy import lazy_exports
 
 _exports = {
-    "SLURMCluster": "hpcsched.jobqueue.slurm",
-    "SGECluster": "hpcsched.jobqueue.sge",
-    "PBSCluster": "hpcsched.jobqueue.pbs",
-    "LSFCluster": "hpcsched.jobqueue.lsf",
+    "SLURMCluster": "hpcsched.jobqueue.clusters",
+    "SGECluster": "hpcsched.jobqueue.clusters",
+    "PBSCluster": "hpcsched.jobqueue.clusters",
+    "LSFCluster": "hpcsched.jobqueue.clusters",
+    "HTCondorCluster": "hpcsched.jobqueue.clusters",
+    "OARCluster": "hpcsched.jobqueue.clusters",
+    "MoabCluster": "hpcsched.jobqueue.clusters",
+    "FluxCluster": "hpcsched.jobqueue.clusters",
     "JobQueueCluster": "hpcsched.jobqueue.cluster",
     "JobFailedError": "hpcsched.jobqueue.cluster",
     "SchedulerUnreachableError": "hpcsched.jobqueue.cluster",
@@ -33,11 +39,15 @@ __all__ = [
     "BatchCommandError",
     "BatchCommandNotFound",
     "BatchCommandTimeout",
+    "FluxCluster",
+    "HTCondorCluster",
     "Job",
     "JobFailedError",
     "JobQueueCluster",
     "JobState",
     "LSFCluster",
+    "MoabCluster",
+    "OARCluster",
     "PBSCluster",
     "SGECluster",
     "SLURMCluster",
@@ -55,16 +65,22 @@ if TYPE_CHECKING:
         JobQueueCluster,
         SchedulerUnreachableError,
     )
+    from hpcsched.jobqueue.clusters import (
+        FluxCluster,
+        HTCondorCluster,
+        LSFCluster,
+        MoabCluster,
+        OARCluster,
+        PBSCluster,
+        SGECluster,
+        SLURMCluster,
+    )
     from hpcsched.jobqueue.job import Job, JobState
     from hpcsched.jobqueue.launch import launch_command
-    from hpcsched.jobqueue.lsf import LSFCluster
-    from hpcsched.jobqueue.pbs import PBSCluster
     from hpcsched.jobqueue.runner import (
         BatchCommandError,
         BatchCommandNotFound,
         BatchCommandTimeout,
     )
-    from hpcsched.jobqueue.sge import SGECluster
-    from hpcsched.jobqueue.slurm import SLURMCluster
 else:
     __getattr__, __dir__ = lazy_exports(__name__, globals(), _exports)

@@ -9,8 +9,17 @@ cancels jobs -- every shell call through ``self.run_command``
 
 A subclass per system declares only data and small hooks: its commands, directive
 prefix, job-id pattern, native-state table, the directives for cores / memory /
-walltime / arrays, and how to parse its status output. It never touches the
-scheduler or the cluster: :class:`hpcsched.jobqueue.cluster.JobQueueCluster` does.
+walltime / arrays, how to parse its status output, and what its jobs' environment says
+(:meth:`BatchSystem.in_job`). It never touches the scheduler or the cluster:
+:class:`hpcsched.jobqueue.cluster.JobQueueCluster` does.
+
+What is submitted is a *job file*: the job's requests (directives) and the commands
+it runs. Most systems take a shell script whose ``#DIRECTIVE`` lines ask for resources
+(the base's :meth:`BatchSystem.job_file`); a system that submits a description file
+instead (HTCondor's ``key = value`` lines naming an executable and its arguments)
+overrides :meth:`BatchSystem.directive_line`, :meth:`BatchSystem.job_file` and, when
+its extra directives are not a list of lines, :meth:`BatchSystem.extra_directive_lines`
+-- the parameters, the worker's command line and the commands around it stay the base's.
 """
 
 from __future__ import annotations
@@ -37,7 +46,7 @@ from hpcsched.jobqueue.job import (
     worker_lifetime,
 )
 from hpcsched.jobqueue.launch import LAUNCHERS, launch_command, shell_literal
-from hpcsched.launchers.resources import worker_memory_limit
+from hpcsched.launchers.resources import JobEnvironment, worker_memory_limit
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +116,10 @@ class BatchSystem:
     array_index_var: ClassVar[str] = ""  # env var holding the element index inside a job
     array_first_index: ClassVar[int] = 0
     extra_params: ClassVar[dict[str, Any]] = {}
+    #: the variables holding the job's id inside a job, first set wins (see :meth:`in_job`)
+    job_id_variables: ClassVar[tuple[str, ...]] = ()
+    #: the file name's ending of the script (or description) written for each submission
+    script_suffix: ClassVar[str] = "sh"
     #: read a walltime "HH:MM" as hours:minutes (LSF's -W); elsewhere it is refused
     walltime_hh_mm: ClassVar[bool] = False
 
@@ -127,6 +140,7 @@ class BatchSystem:
 
     def _validate(self) -> None:
         p = self.params
+        p["job_extra_directives"] = self.extra_directive_lines(p["job_extra_directives"])
         for k in _LIST_PARAMS:
             v = p[k]
             if v is None:
@@ -196,6 +210,17 @@ class BatchSystem:
             return values[name]
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
+    # ------------------------------------------------------------ inside a job
+    @classmethod
+    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
+        """What a job of this system tells the processes inside it, or None outside one.
+
+        The base reads only the job's id (:attr:`job_id_variables`); a system adds its
+        cores, memory and walltime's end.
+        """
+        job_id = next((env[v] for v in cls.job_id_variables if env.get(v, "").strip()), None)
+        return None if job_id is None else JobEnvironment(cls.system, job_id.strip())
+
     # ------------------------------------------------------------ rendering
     #: the system's flags for the queue (partition) and the account (project) to charge
     queue_flag = "-q"
@@ -233,18 +258,36 @@ class BatchSystem:
         """Worker-name prefix of array element ``index`` (as the script expands it)."""
         return f"{job_name}.{index}"
 
+    def directives(self, job_name: str, array: int | None = None) -> list[str]:
+        """The job's requests, without prefix: name and log, array, resources."""
+        p = self.params
+        ntasks = p["processes"] if p["launcher"] != "fork" else 1
+        out = self.name_directives(job_name, self.log_file(job_name, array), array)
+        if array:
+            out += self.array_directive(job_name, array)
+        return out + self.resource_directives(ntasks)
+
+    def directive_line(self, directive: str) -> str:
+        """Hook: one directive as a line of the job file (``#SBATCH -n 1``)."""
+        return f"{self.directive_prefix} {directive}"
+
+    def skips(self, line: str, skip: str) -> bool:
+        """Hook: whether ``job_directives_skip`` entry ``skip`` removes ``line``
+        (dask-jobqueue's rule: any line containing it)."""
+        return skip in line
+
+    def extra_directive_lines(self, extra: Any) -> Any:
+        """Hook: ``job_extra_directives`` as a list of directives (a system whose extras
+        are not lines, such as HTCondor's dict of attributes, turns them into lines)."""
+        return extra
+
     def header(self, job_name: str, array: int | None = None) -> list[str]:
         """Directive lines, minus those matching ``job_directives_skip``, plus extras."""
         p = self.params
-        ntasks = p["processes"] if p["launcher"] != "fork" else 1
-        body = self.name_directives(job_name, self.log_file(job_name, array), array)
-        if array:
-            body += self.array_directive(job_name, array)
-        body += self.resource_directives(ntasks)
-        lines = [f"{self.directive_prefix} {d}" for d in body]
+        lines = [self.directive_line(d) for d in self.directives(job_name, array)]
         skip = p["job_directives_skip"]
-        lines = [ln for ln in lines if not any(s in ln for s in skip)]
-        lines += [f"{self.directive_prefix} {d}" for d in p["job_extra_directives"]]
+        lines = [ln for ln in lines if not any(self.skips(ln, s) for s in skip)]
+        lines += [self.directive_line(d) for d in p["job_extra_directives"]]
         return lines
 
     def worker_command(self, scheduler_address: str, worker_name: str) -> list[str]:
@@ -271,14 +314,11 @@ class BatchSystem:
             cmd += ["--interface", p["interface"]]
         return cmd + p["worker_extra_args"]
 
-    def render(self, job_name: str, scheduler_address: str, secret_file: str | None,
-               array: int | None = None) -> str:
-        """The complete job script; ``array=N`` renders one submission of N elements."""
+    def commands(self, scheduler_address: str, worker_name: str,
+                 secret_file: str | None) -> list[str]:
+        """The shell commands the job runs: prologue, the workers, epilogue."""
         p = self.params
-        # an array element's name carries its index, which the job's shell expands
-        worker_name = f"{job_name}.${{{self.array_index_var}}}" if array else job_name
-        lines = [p["shebang"], "", *self.header(job_name, array), ""]
-        lines += p["job_script_prologue"]
+        lines = list(p["job_script_prologue"])
         if secret_file:
             lines.append(f"export HPCSCHED_SECRET_FILE={shell_literal(secret_file)}")
         launch = launch_command(self.worker_command(scheduler_address, worker_name),
@@ -286,11 +326,25 @@ class BatchSystem:
         if p["job_script_epilogue"]:
             # the shell stays to run the epilogue once the worker exits; the job still ends
             # with the worker's status, which tells a failed worker from a finished one
-            lines += [launch, "worker_status=$?", *p["job_script_epilogue"],
-                      "exit $worker_status"]
-        else:
-            lines.append("exec " + launch)
-        return "\n".join(lines) + "\n"
+            return [*lines, launch, "worker_status=$?", *p["job_script_epilogue"],
+                    "exit $worker_status"]
+        return [*lines, "exec " + launch]
+
+    def job_file(self, header: list[str], commands: list[str], array: int | None) -> str:
+        """Hook: the file submitted, from its directive lines and the commands it runs
+        (here a shell script: shebang, directives, commands)."""
+        return "\n".join([self.params["shebang"], "", *header, "", *commands]) + "\n"
+
+    def array_worker_name(self, job_name: str) -> str:
+        """Hook: the worker name of an array element, as the job expands it (its index)."""
+        return f"{job_name}.${{{self.array_index_var}}}"
+
+    def render(self, job_name: str, scheduler_address: str, secret_file: str | None,
+               array: int | None = None) -> str:
+        """The complete job file; ``array=N`` renders one submission of N elements."""
+        worker_name = self.array_worker_name(job_name) if array else job_name
+        return self.job_file(self.header(job_name, array),
+                             self.commands(scheduler_address, worker_name, secret_file), array)
 
     # ------------------------------------------------------------ commands
     def _run(self, cmd: list[str], input: str | None = None,  # noqa: A002
@@ -340,8 +394,9 @@ class BatchSystem:
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return
+        cancel = [*self.cancel_command, *self.params.get("cancel_command_extra", [])]
         try:
-            self._run([*self.cancel_command, *ids])
+            self._run([*cancel, *ids])
             return
         except runner.BatchCommandError as e:
             if len(ids) == 1:
@@ -351,7 +406,7 @@ class BatchSystem:
         errors = []
         for job_id in ids:  # one bad id (already finished) must not protect the others
             try:
-                self._run([*self.cancel_command, job_id])
+                self._run([*cancel, job_id])
             except runner.BatchCommandError as e:
                 if not self.already_gone(e):
                     errors.append(e)

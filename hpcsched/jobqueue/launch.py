@@ -10,7 +10,9 @@ shell line the job script runs out. It knows nothing of batch systems::
   (works everywhere, one node);
 * ``srun``: SLURM starts P tasks, each one worker (may span nodes; the job must
   ask for ``-n P`` tasks);
-* ``mpiexec``: the MPI launcher starts P workers.
+* ``mpiexec``: the MPI launcher starts P workers;
+* ``flux``: ``flux run`` starts P tasks, each one worker, in a Flux job's own instance
+  (may span its nodes).
 
 Quoting. Users write settings such as ``local_directory="$TMPDIR"`` or
 ``python="$HOME/venv/bin/python"`` expecting the job's shell to expand them, as it
@@ -36,7 +38,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
-LAUNCHERS = ("fork", "srun", "mpiexec")
+LAUNCHERS = ("fork", "srun", "mpiexec", "flux")
 
 _SAFE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 _VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
@@ -93,4 +95,6 @@ def launch_command(worker_cmd: Sequence[str], processes: int, launcher: str = "f
         return join_command(["srun", "-n", str(processes), "--cpu-bind=none", *cmd])
     if launcher == "mpiexec":
         return join_command(["mpiexec", "-n", str(processes), *cmd])
+    if launcher == "flux":
+        return join_command(["flux", "run", "-n", str(processes), *cmd])
     raise ValueError(f"launcher={launcher!r} is not one of {', '.join(LAUNCHERS)}")

@@ -119,10 +119,13 @@ class SubmissionBackoff:
         if not self.failures:
             self.not_before = 0.0
 
-    def reset(self) -> None:
-        """The user asked again (``scale``, ``adapt``): try at once."""
+    def reset(self, now: float = 0.0) -> str:
+        """The user asked again (``scale``, ``adapt``): try at once. Returns what was
+        failing (:meth:`describe`), "" when nothing was."""
+        was = self.describe(now)
         self.failures = self.dead_jobs = 0
         self.not_before = 0.0
+        return was
 
     def describe(self, now: float) -> str:
         """One line for a repr: empty when nothing failed."""

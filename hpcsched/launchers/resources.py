@@ -1,8 +1,11 @@
 """What this process may use: threads, memory, job identity and walltime.
 
-:func:`detect` reads the batch system's environment (SLURM, PBS/Torque, LSF,
-SGE), shares the node's CPUs and memory among the ranks placed on the node,
-and falls back to what the machine shows (CPU affinity, :func:`machine_memory`).
+:func:`detect` reads the batch job's environment, shares the node's CPUs and memory
+among the ranks placed on the node, and falls back to what the machine shows (CPU
+affinity, :func:`machine_memory`). What a batch system puts in a job's environment (its
+job-id variable, cores and memory, the walltime's end) is known by that system's module
+in :mod:`hpcsched.jobqueue.systems`, reached through the seam ``batch-job``
+(:mod:`hpcsched.core.seams`): it answers with a :class:`JobEnvironment`.
 It is pure apart from reading ``os.environ`` and psutil, and takes the
 environment as an argument so every batch system is tested with a mapping.
 
@@ -20,7 +23,7 @@ How many ranks share the node (``local_size``), first found wins:
 
 Sizes are read by :func:`hpcsched.core.units.parse_bytes`; batch systems' own
 memory variables (SLURM_MEM_PER_NODE, in megabytes) follow their own
-conventions and are read by their own code below.
+conventions and are read by their own modules.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcsched.core.units import memory_limit_bytes, parse_interval, parse_memory_limit
+from hpcsched.core import seams
+from hpcsched.core.units import memory_limit_bytes, parse_memory_limit
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class Resources:
     nthreads: int
     memory_limit: int  # bytes
     hostname: str
-    batch_system: str | None = None  # "slurm" | "pbs" | "lsf" | "sge"
+    batch_system: str | None = None  # "slurm", "pbs", ...: JobEnvironment.system
     job_id: str | None = None
     walltime_end: float | None = None  # epoch seconds when the job's walltime ends
     rank: int | None = None
@@ -52,8 +56,33 @@ class Resources:
     node_memory: int | None = None  # bytes of the node given to the job
 
 
+@dataclass(frozen=True)
+class JobEnvironment:
+    """What a batch job tells the processes inside it through their environment.
+
+    Each batch system's module reads its own variables into one
+    (:meth:`hpcsched.jobqueue.base.BatchSystem.in_job`); ``None`` is "not said".
+    """
+
+    system: str  # the batch system's name, as its configuration section: "slurm", ...
+    job_id: str
+    node_cpus: int | None = None  # CPUs of this node given to the job
+    node_memory: int | None = None  # bytes of this node given to the job
+    cpus_per_rank: int | None = None  # CPUs given to each task (SLURM's --cpus-per-task)
+    memory_per_cpu: int | None = None  # bytes per CPU (SLURM's --mem-per-cpu)
+    walltime_end: float | None = None  # epoch seconds when the walltime ends
+
+
+def batch_job(env: Mapping[str, str] | None = None,
+              hostname: str | None = None) -> JobEnvironment | None:
+    """The batch job this process runs in, read from ``env`` (``os.environ``), or None."""
+    env = os.environ if env is None else env
+    detect_job = seams.resolve("batch-job")
+    return detect_job(env, hostname or socket.gethostname())
+
+
 # ------------------------------------------------------------------ env readers
-def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
+def env_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
     value = env.get(name)
     if value is None or value.strip() == "":
         return None
@@ -66,25 +95,13 @@ def _int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
     return n
 
 
-def _first_int(env: Mapping[str, str], names: tuple[str, ...], minimum: int = 1) -> int | None:
+def first_env_int(env: Mapping[str, str], names: tuple[str, ...],
+                  minimum: int = 1) -> int | None:
     for name in names:
-        n = _int(env, name, minimum)
+        n = env_int(env, name, minimum)
         if n is not None:
             return n
     return None
-
-
-def _slurm_megabytes(env: Mapping[str, str], name: str) -> int | None:
-    """SLURM memory variables count megabytes (MiB); a suffix K/M/G/T is binary too."""
-    value = env.get(name)
-    if value is None or value.strip() in ("", "0"):  # 0 means "all the node's memory"
-        return None
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
-    if m is None:
-        raise ValueError(f"environment variable {name}={value!r} is not a SLURM memory size "
-                         "(megabytes, e.g. 4000 or 4G)")
-    scale = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
 
 
 def slurm_tasks_on_node(text: str, node_index: int) -> int:
@@ -145,14 +162,14 @@ def launcher_rank(env: Mapping[str, str] = os.environ) -> int | None:
             return None
     except RuntimeError:
         return None
-    return _first_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
+    return first_env_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
 
 
 def _local_size_from_env(env: Mapping[str, str]) -> int | None:
-    n = _first_int(env, tuple(v[2] for v in LAUNCHERS if v[2]))
+    n = first_env_int(env, tuple(v[2] for v in LAUNCHERS if v[2]))
     if n is not None:
         return n
-    node = _int(env, "SLURM_NODEID", minimum=0) or 0
+    node = env_int(env, "SLURM_NODEID", minimum=0) or 0
     for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
         if env.get(name, "").strip():
             return slurm_tasks_on_node(env[name], node)
@@ -160,8 +177,8 @@ def _local_size_from_env(env: Mapping[str, str]) -> int | None:
 
 
 def _rank_from_env(env: Mapping[str, str]) -> tuple[int | None, int | None]:
-    rank = _first_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
-    local = _first_int(env, tuple(v[3] for v in LAUNCHERS), minimum=0)
+    rank = first_env_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
+    local = first_env_int(env, tuple(v[3] for v in LAUNCHERS), minimum=0)
     return rank, local
 
 
@@ -234,39 +251,11 @@ def worker_memory_limit(memory_limit: Any, *, workers: int = 1, total: int | Non
     return memory_limit_bytes(memory_limit, machine=machine, share=share)
 
 
-def _process_start() -> float:
+def process_start() -> float:
+    """When this process started (epoch seconds): about when its job did, for a worker."""
     import psutil
 
     return float(psutil.Process().create_time())
-
-
-# ------------------------------------------------------------------ batch systems
-def _which_batch(env: Mapping[str, str]) -> str | None:
-    if env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID"):
-        return "slurm"
-    if env.get("PBS_JOBID"):
-        return "pbs"
-    if env.get("LSB_JOBID"):
-        return "lsf"
-    if env.get("JOB_ID") and (env.get("SGE_ROOT") or env.get("NSLOTS") or env.get("SGE_TASK_ID")):
-        return "sge"
-    return None
-
-
-def _lsf_host_cpus(env: Mapping[str, str], hostname: str) -> int | None:
-    """Slots of this host in ``LSB_MCPU_HOSTS="hostA 4 hostB 2"``."""
-    text = env.get("LSB_MCPU_HOSTS", "").split()
-    if len(text) % 2:
-        raise ValueError(f"cannot read LSB_MCPU_HOSTS={env['LSB_MCPU_HOSTS']!r} "
-                         "(expected 'host slots host slots ...')")
-    short = hostname.split(".")[0]
-    for host, slots in zip(text[::2], text[1::2], strict=True):
-        if host == hostname or host.split(".")[0] == short:
-            try:
-                return int(slots)
-            except ValueError:
-                raise ValueError(f"LSB_MCPU_HOSTS gives host {host} {slots!r} slots") from None
-    return None
 
 
 def detect(
@@ -282,7 +271,7 @@ def detect(
     """
     env = os.environ if env is None else env
     hostname = hostname or socket.gethostname()
-    batch = _which_batch(env)
+    job = batch_job(env, hostname)
     rank, local_rank = _rank_from_env(env)
     if local_size is None and comm is not None:
         rank, local_rank, local_size = _mpi_local(comm)
@@ -295,42 +284,11 @@ def detect(
     node_memory: int | None = None
     cpus_per_rank: int | None = None
     memory_per_rank: int | None = None
-    job_id: str | None = None
-    walltime_end: float | None = None
-
-    if batch == "slurm":
-        job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-        cpus_per_rank = _int(env, "SLURM_CPUS_PER_TASK")
-        node_cpus = _int(env, "SLURM_CPUS_ON_NODE")
-        per_cpu = _slurm_megabytes(env, "SLURM_MEM_PER_CPU")
-        node_memory = _slurm_megabytes(env, "SLURM_MEM_PER_NODE")
-        if per_cpu is not None:
+    if job is not None:
+        cpus_per_rank, node_cpus, node_memory = job.cpus_per_rank, job.node_cpus, job.node_memory
+        if job.memory_per_cpu is not None:
             threads = cpus_per_rank or max(1, (node_cpus or _machine_cpus()) // local_size)
-            memory_per_rank = per_cpu * threads
-        end = env.get("SLURM_JOB_END_TIME", "").strip()
-        if end:
-            try:
-                walltime_end = float(end)
-            except ValueError:
-                raise ValueError(f"SLURM_JOB_END_TIME={end!r} is not epoch seconds") from None
-    elif batch == "pbs":
-        job_id = env["PBS_JOBID"]
-        node_cpus = _first_int(env, ("PBS_NUM_PPN", "NCPUS"))
-        if env.get("PBS_WALLTIME", "").strip():
-            # the job started about when this process did (workers start with the job)
-            walltime_end = _process_start() + parse_interval(env["PBS_WALLTIME"],
-                                                                  "walltime PBS_WALLTIME")
-    elif batch == "lsf":
-        job_id = env["LSB_JOBID"]
-        node_cpus = _lsf_host_cpus(env, hostname)
-        if node_cpus is None:
-            node_cpus = _int(env, "LSB_DJOB_NUMPROC")
-    elif batch == "sge":
-        job_id = env["JOB_ID"]
-        task = env.get("SGE_TASK_ID", "").strip()
-        if task and task.lower() != "undefined":
-            job_id = f"{job_id}.{task}"
-        node_cpus = _int(env, "NSLOTS")
+            memory_per_rank = job.memory_per_cpu * threads
 
     if cpus_per_rank is None:
         cpus_per_rank = max(1, (node_cpus or _machine_cpus()) // local_size)
@@ -340,9 +298,9 @@ def detect(
         nthreads=cpus_per_rank,
         memory_limit=int(memory_per_rank),
         hostname=hostname,
-        batch_system=batch,
-        job_id=job_id,
-        walltime_end=walltime_end,
+        batch_system=job.system if job is not None else None,
+        job_id=job.job_id if job is not None else None,
+        walltime_end=job.walltime_end if job is not None else None,
         rank=rank,
         local_rank=local_rank,
         local_size=local_size,

@@ -6,22 +6,32 @@ submitted is left. The ``batch`` fixture of tests/jobqueue/conftest.py gives one
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from xml.etree import ElementTree
 
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import (
+    FluxCluster,
+    HTCondorCluster,
+    LSFCluster,
+    MoabCluster,
+    OARCluster,
+    PBSCluster,
+    SGECluster,
+    SLURMCluster,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = {"slurm": SLURMCluster, "sge": SGECluster, "pbs": PBSCluster, "lsf": LSFCluster,
-           "torque": PBSCluster}
-MODULES = {"torque": "pbs"}
+           "torque": PBSCluster, "htcondor": HTCondorCluster, "oar": OARCluster,
+           "moab": MoabCluster, "flux": FluxCluster}
+#: what a cluster of each system needs beyond cores and memory
+REQUIRED = {"htcondor": {"disk": "1GB"}, "oar": {"memory_per_core_property_name": "memcore"}}
 
 
 def run_command(cmd: list[str], env: dict[str, str] | None) -> subprocess.CompletedProcess:
@@ -45,6 +55,19 @@ def unfinished(system: str, env: dict[str, str] | None = None) -> set[str]:
     if system == "pbs":  # without -x: unfinished jobs only
         return {ln.split()[0].split("[")[0].split(".")[0]
                 for ln in run_command(["qstat"], env).stdout.splitlines()[2:] if ln.split()}
+    if system == "htcondor":  # condor_q lists the jobs in the queue only
+        out = run_command(["condor_q", "-af:j", "JobStatus"], env).stdout
+        return {ln.split(".")[0] for ln in out.splitlines() if ln.strip()}
+    if system == "oar":
+        out = json.loads(run_command(["oarstat", "-J"], env).stdout or "{}")
+        return {j for j, info in out.items() if info["state"] not in ("Terminated", "Error")}
+    if system == "moab":  # without -c: active, eligible and blocked jobs
+        root = ElementTree.fromstring(run_command(["showq", "--xml"], env).stdout)
+        return {job.get("JobID", "") for job in root.iter("job")}
+    if system == "flux":
+        out = run_command(["flux", "jobs", "-a", "-n", "-o", "{id.f58} {status}"], env).stdout
+        return {ln.split()[0] for ln in out.splitlines() if len(ln.split()) > 1
+                and ln.split()[1] not in ("COMPLETED", "FAILED", "CANCELED", "TIMEOUT")}
     out = run_command(["bjobs", "-noheader", "-o", "jobid"], env).stdout  # unfinished only
     return {ln.strip() for ln in out.splitlines() if ln.strip().isdigit()}
 
@@ -58,6 +81,8 @@ def wait_for(pred: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def numeric(job_id: str) -> str:
+    if job_id.startswith(("ƒ", "f")):  # Flux's F58 ids have no number in them
+        return job_id
     return job_id.split("_")[0].split("[")[0].split(".")[0]
 
 
@@ -71,7 +96,7 @@ class Batch:
 
     def cluster(self, **kwargs) -> JobQueueCluster:
         kw = dict(cores=1, memory="300MB", walltime="00:10:00", death_timeout=20,
-                  log_directory=str(self.log_dir))
+                  log_directory=str(self.log_dir), **REQUIRED.get(self.system, {}))
         kw.update(kwargs)
         c = CLASSES[self.system](**kw)
         self.clusters.append(c)

@@ -127,6 +127,10 @@ def isolated_config(monkeypatch, tmp_path, reread_dask_config):
     config.refresh()
 
 
+#: the systems the tests run on emulators of (tests/jobqueue/emulators)
+EMULATED = ("pbs", "lsf", "htcondor", "oar", "moab", "flux")
+
+
 @pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm),
                         pytest.param("sge", marks=pytest.mark.sge), "pbs", "lsf"])
 def batch(request, tmp_path, monkeypatch, fast_poll):
@@ -158,7 +162,7 @@ def batch(request, tmp_path, monkeypatch, fast_poll):
     try:
         b.assert_queue_empty()
     finally:
-        if system in ("pbs", "lsf"):
+        if system in EMULATED:
             from tests.jobqueue.emulators import cleanup
 
             cleanup(state)

@@ -61,7 +61,7 @@ def squeue_ids() -> set[str]:
 
 def one_core_slurm_cluster(tmp_path):
     """A SLURMCluster of one-core, one-worker jobs whose workers import the tests."""
-    from hpcsched.jobqueue.slurm import SLURMCluster
+    from hpcsched.jobqueue.clusters import SLURMCluster
 
     return SLURMCluster(cores=1, memory="200MB", processes=1, walltime="00:10:00",
                         death_timeout=20, log_directory=str(tmp_path / "logs"),
@@ -140,7 +140,7 @@ def pbs_hold(tmp_path, monkeypatch, fast_poll):
 
 @pytest.mark.timeout(90)
 def test_slow_queue_never_makes_adaptive_submit_more_than_maximum(pbs_hold, road, tmp_path):
-    from hpcsched.jobqueue.pbs import PBSCluster
+    from hpcsched.jobqueue.clusters import PBSCluster
     from tests.jobqueue.emulators import live_processes, release
 
     runs = tmp_path / "runs.txt"

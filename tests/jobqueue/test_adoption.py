@@ -29,7 +29,7 @@ import pytest
 
 from hpcsched import Client
 from hpcsched.core import config
-from tests.jobqueue.batch import CLASSES, MODULES, ROOT, Batch, numeric, unfinished
+from tests.jobqueue.batch import CLASSES, ROOT, Batch, numeric, unfinished
 from tests.launchers.counting import counted, runs
 
 N = 2000
@@ -40,7 +40,7 @@ OWNER = """
 import json, os, shlex, sys, time
 from hpcsched.core import config
 from hpcsched.core.comm.scheduler_file import write_scheduler_file
-from hpcsched.jobqueue.{module} import {cls} as C
+from hpcsched.jobqueue.clusters import {cls} as C
 
 journal, logs, sfile, name, reconnect, jobs, stop, job_kwargs, scaling = sys.argv[1:10]
 with config.set({{"jobqueue.poll-interval": 0.2}}):
@@ -79,8 +79,7 @@ class Owner:
         self.batch, self.tmp = b, tmp
         self.name = f"adopt{secrets.token_hex(3)}"  # its jobs' names: found even if it fails
         self.sfile, self.stop = tmp / "scheduler.json", tmp / "stop"
-        self.code = OWNER.format(module=MODULES.get(b.system, b.system),
-                                 cls=CLASSES[b.system].__name__)
+        self.code = OWNER.format(cls=CLASSES[b.system].__name__)
         self.args = [str(tmp / "journal"), str(b.log_dir), str(self.sfile), self.name,
                      str(reconnect), str(jobs), str(self.stop),
                      json.dumps(job_kwargs or {"cores": 1})]

@@ -18,10 +18,7 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.comm import hosts
 from hpcsched.jobqueue.cluster import JobQueueCluster
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
 from hpcsched.launchers import address
 
 pytestmark = pytest.mark.usefixtures("isolated_config")

@@ -22,10 +22,7 @@ import warnings
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.lsf import LSFCluster
-from hpcsched.jobqueue.pbs import PBSCluster
-from hpcsched.jobqueue.sge import SGECluster
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
 
 pytestmark = pytest.mark.usefixtures("isolated_config")
 

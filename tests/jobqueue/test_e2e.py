@@ -29,7 +29,6 @@ from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
 from tests.conftest import interruptible
 from tests.jobqueue.batch import (
     CLASSES,
-    MODULES,
     ROOT,
     Batch,
     numeric,
@@ -74,7 +73,7 @@ def test_two_workers_per_job_and_scale_by_workers(batch):
     assert len(c.jobs) == 2
     c.wait_for_workers(4, timeout=60)
     names = sorted(w["name"] for w in c.workers.values())
-    assert len(names) == 4 and all(c._job_of_worker(n) for n in names)
+    assert len(names) == 4 and all(c.book.job_of_worker(n) for n in names)
     c.scale_down([next(iter(c.workers))])  # one worker's address: its whole job goes
     wait_for(lambda: len(c.workers) == 2, 30, "the other job's 2 workers to remain")
     assert sum(1 for j in c.jobs.values() if j.active) == 1
@@ -139,7 +138,7 @@ def test_client_process_ending_leaves_no_job(batch, how):
     code = textwrap.dedent(f"""
         import gc, sys, time
         from hpcsched.core import config
-        from hpcsched.jobqueue.{MODULES.get(batch.system, batch.system)} import {CLASSES[batch.system].__name__} as C
+        from hpcsched.jobqueue.clusters import {CLASSES[batch.system].__name__} as C
         with config.set({{"jobqueue.poll-interval": 0.2}}):
             c = C(cores=1, memory="300MB", walltime="00:10:00", log_directory={str(batch.log_dir)!r})
             c.scale(jobs=2)

@@ -25,7 +25,7 @@ import pytest
 
 from hpcsched.core.client.client import Client
 from hpcsched.jobqueue.cluster import SchedulerUnreachableError
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import SLURMCluster
 from tests.conftest import wait_until, worker_env
 from tests.nodes import (
     BUSY,

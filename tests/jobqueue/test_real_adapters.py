@@ -14,8 +14,8 @@ import pytest
 
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import JobState
-from hpcsched.jobqueue.sge import SGESystem
-from hpcsched.jobqueue.slurm import SLURMSystem
+from hpcsched.jobqueue.systems.sge import SGESystem
+from hpcsched.jobqueue.systems.slurm import SLURMSystem
 from tests.jobqueue.batch import wait_for
 
 

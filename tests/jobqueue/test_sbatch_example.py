@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.jobqueue.slurm import SLURMSystem
+from hpcsched.jobqueue.systems.slurm import SLURMSystem
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sbatch_mpi.sh"
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.lsf import LSFSystem, lsf_units
-from hpcsched.jobqueue.pbs import PBSSystem
-from hpcsched.jobqueue.sge import SGESystem
-from hpcsched.jobqueue.slurm import SLURMSystem
+from hpcsched.jobqueue.systems.lsf import LSFSystem, lsf_units
+from hpcsched.jobqueue.systems.pbs import PBSSystem
+from hpcsched.jobqueue.systems.sge import SGESystem
+from hpcsched.jobqueue.systems.slurm import SLURMSystem
 
 GOLDEN = Path(__file__).parent / "golden"
 SYSTEMS = {"slurm": SLURMSystem, "sge": SGESystem, "pbs": PBSSystem, "lsf": LSFSystem}

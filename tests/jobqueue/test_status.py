@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hpcsched.jobqueue.job import JobState
-from hpcsched.jobqueue.lsf import LSFSystem
-from hpcsched.jobqueue.pbs import PBSSystem
 from hpcsched.jobqueue.runner import BatchCommandError, BatchCommandTimeout
-from hpcsched.jobqueue.sge import SGESystem, parse_qacct
-from hpcsched.jobqueue.slurm import SLURMSystem, expand_ranges, parse_exit_code
+from hpcsched.jobqueue.systems.lsf import LSFSystem
+from hpcsched.jobqueue.systems.pbs import PBSSystem
+from hpcsched.jobqueue.systems.sge import SGESystem, parse_qacct
+from hpcsched.jobqueue.systems.slurm import SLURMSystem, expand_ranges, parse_exit_code
 
 DATA = Path(__file__).parent / "data"
 P, R, D, F, C, U = (JobState.PENDING, JobState.RUNNING, JobState.DONE, JobState.FAILED,

@@ -22,7 +22,7 @@ import pytest
 
 from hpcsched.hpc import bootstrap
 from hpcsched.hpc.initialize_options import InitOptions, resolve
-from hpcsched.jobqueue.slurm import SLURMCluster
+from hpcsched.jobqueue.clusters import SLURMCluster
 from hpcsched.launchers import cli
 from hpcsched.launchers.local_cluster import LocalCluster
 from hpcsched.launchers.resources import machine_memory

@@ -24,7 +24,7 @@ def machine(monkeypatch):
     """A fake machine: 16 usable CPUs, 64 GiB of memory, a process started at t=1000."""
     monkeypatch.setattr(resources, "_machine_cpus", lambda: 16)
     monkeypatch.setattr(resources, "machine_memory", lambda: 64 * GiB)
-    monkeypatch.setattr(resources, "_process_start", lambda: 1000.0)
+    monkeypatch.setattr(resources, "process_start", lambda: 1000.0)
 
 
 def test_slurm_task_layout():

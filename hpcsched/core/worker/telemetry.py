@@ -11,13 +11,33 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections import deque
 
+from hpcsched.core import seams
+
 MAX_TRANSFERS = 1_000  # kept between two heartbeats
 MAX_LOG_RECORDS = 200
-JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "PBS_JOBID", "LSB_JOBID", "JOB_ID")
+_UNKNOWN = object()
+_job_id: object = _UNKNOWN  # this process's batch job id, read once (None: not in a job)
+
+
+def batch_job_id() -> str | None:
+    """The id of the batch job this process runs in, as its batch system names it.
+
+    Each batch system's module knows its own variables (the seam ``batch-job``); the
+    answer is read once per process, at the first heartbeat.
+    """
+    global _job_id
+    if _job_id is _UNKNOWN:
+        try:
+            job = seams.resolve("batch-job")(os.environ, socket.gethostname())
+        except (ImportError, ValueError):  # a malformed variable must not stop heartbeats
+            job = None
+        _job_id = job.job_id if job is not None else None
+    return _job_id  # type: ignore[return-value]
 
 
 class _LogBuffer(logging.Handler):
@@ -81,7 +101,6 @@ class WorkerTelemetry:
 
     def __init__(self, logger_name: str = "hpcsched"):
         self.transfers: deque = deque(maxlen=MAX_TRANSFERS)
-        self.job_id = next((os.environ[v] for v in JOB_ID_VARIABLES if os.environ.get(v)), None)
         self._logs = _LogBuffer(MAX_LOG_RECORDS)
         self._logs.setFormatter(logging.Formatter("%(name)s - %(levelname)s - %(message)s"))
         self._logger = logging.getLogger(logger_name)
@@ -95,8 +114,9 @@ class WorkerTelemetry:
 
     def add_to(self, metrics: dict) -> None:
         metrics["cpu"] = PROCESS_CPU.percent()
-        if self.job_id:
-            metrics["job_id"] = self.job_id
+        job_id = batch_job_id()
+        if job_id:
+            metrics["job_id"] = job_id
         # other threads append while we read (fetch threads, any logger): popleft is atomic
         if self.transfers:
             metrics["transfers"] = _drain(self.transfers)

@@ -1,9 +1,13 @@
-"""PBS and LSF emulators for end-to-end tests of the batch-system adapters.
+"""Batch-system emulators for end-to-end tests of the batch-system adapters.
 
-Neither PBS nor LSF can be installed here, so ``pbs/bin/{qsub,qstat,qdel}`` and
-``lsf/bin/{bsub,bjobs,bkill}`` emulate them from their documentation: jobs really run as
-local processes, and the commands print the real formats and errors (see the docstrings
-of ``pbs_submit``, ``pbs_status``, ``lsf_submit``, ``lsf_status`` and ``emucore``).
+PBS, LSF, HTCondor, OAR, Moab and Flux cannot be installed here, so
+``pbs/bin/{qsub,qstat,qdel}``, ``lsf/bin/{bsub,bjobs,bkill}``,
+``htcondor/bin/{condor_submit,condor_q,condor_history,condor_rm}``,
+``oar/bin/{oarsub,oarstat,oardel}``, ``moab/bin/{msub,showq,canceljob}`` and
+``flux/bin/flux`` emulate them from their documentation: jobs really run as local
+processes, and the commands print the real formats and errors (see the docstrings of
+``pbs_submit``, ``pbs_status``, ``lsf_submit``, ``lsf_status``, ``htcondor_cli``,
+``oar_cli``, ``moab_cli``, ``flux_cli``, ``emusys`` and ``emucore``).
 
 Use from a test::
 
@@ -41,7 +45,8 @@ from pathlib import Path
 from . import emucore
 
 HERE = Path(__file__).resolve().parent
-BIN = {"pbs": HERE / "pbs" / "bin", "lsf": HERE / "lsf" / "bin"}
+BIN = {system: HERE / system / "bin" for system in ("pbs", "lsf", "htcondor", "oar", "moab",
+                                                   "flux")}
 _SUBMIT_KNOBS = (emucore.HOLD_ENV, emucore.MAX_RUNNING_ENV)
 
 
@@ -53,7 +58,7 @@ def emulator_env(system: str, state_dir: str | os.PathLike) -> dict[str, str]:
     environment are dropped, so each test opts in explicitly.
     """
     if system not in BIN:
-        raise ValueError(f"unknown batch system {system!r}: expected 'pbs' or 'lsf'")
+        raise ValueError(f"unknown batch system {system!r}: expected one of {', '.join(BIN)}")
     root = Path(state_dir)
     (root / "jobs").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in _SUBMIT_KNOBS}

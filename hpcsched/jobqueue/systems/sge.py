@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus, mib
-from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
-from hpcsched.jobqueue.slurm import expand_ranges
+from hpcsched.jobqueue.systems.slurm import expand_ranges
+from hpcsched.launchers.resources import JobEnvironment, env_int
 
 STATES: dict[str, JobState] = {
     "qw": JobState.PENDING, "hqw": JobState.PENDING, "hRwq": JobState.PENDING,
@@ -62,6 +63,19 @@ class SGESystem(BatchSystem):
     array_index_var = "SGE_TASK_ID"
     array_first_index = 1
     extra_params = {"pe": "smp", "memory_resource": "mem_free"}
+
+    @classmethod
+    @override
+    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
+        # JOB_ID is a common name: a Grid Engine job also has SGE_ROOT, NSLOTS or SGE_TASK_ID
+        job_id = env.get("JOB_ID", "").strip()
+        if not job_id or not (env.get("SGE_ROOT") or env.get("NSLOTS")
+                              or env.get("SGE_TASK_ID")):
+            return None
+        task = env.get("SGE_TASK_ID", "").strip()
+        if task and task.lower() != "undefined":
+            job_id = f"{job_id}.{task}"
+        return JobEnvironment(cls.system, job_id, node_cpus=env_int(env, "NSLOTS"))
 
     @override
     def validate_system(self) -> None:
@@ -172,8 +186,3 @@ def parse_qacct(output: str) -> JobStatus | None:
     state = JobState.DONE if code == 0 and fail == 0 else JobState.FAILED
     return JobStatus(state, f"failed={fail}", code)
 
-
-class SGECluster(JobQueueCluster):
-    """Workers as Grid Engine jobs; parameters as in dask-jobqueue's SGECluster (+ ``pe``)."""
-
-    system_class = SGESystem

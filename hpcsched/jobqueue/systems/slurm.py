@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
-from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
+from hpcsched.launchers.resources import JobEnvironment, env_int
 
 logger = logging.getLogger(__name__)
 NODE_QUERY_TIMEOUT = 5.0  # seconds: an optional question, asked before the cluster starts
@@ -72,6 +73,23 @@ def slurm_memory(nbytes: int) -> str:
     return f"{max(1, ceil_div(nbytes, 2**10))}K"
 
 
+def slurm_megabytes(env: Mapping[str, str], name: str) -> int | None:
+    """SLURM's memory variables count megabytes (MiB); a suffix K/M/G/T is binary too.
+
+    >>> slurm_megabytes({"SLURM_MEM_PER_NODE": "4G"}, "SLURM_MEM_PER_NODE") == 4 * 2**30
+    True
+    """
+    value = env.get(name)
+    if value is None or value.strip() in ("", "0"):  # 0 means "all the node's memory"
+        return None
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGTkmgt]?)[Bb]?\s*", value)
+    if m is None:
+        raise ValueError(f"environment variable {name}={value!r} is not a SLURM memory size "
+                         "(megabytes, e.g. 4000 or 4G)")
+    scale = {"": 2**20, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
 def parse_exit_code(text: str) -> int | None:
     """SLURM's ``"3:0"`` (status:signal) -> 3; a signal gives 128 + signal."""
     m = re.match(r"^(\d+):(\d+)$", text.strip())
@@ -94,8 +112,27 @@ class SLURMSystem(BatchSystem):
     array_index_var = "SLURM_ARRAY_TASK_ID"
     array_first_index = 0
     project_is_deprecated = True
+    job_id_variables = ("SLURM_JOB_ID", "SLURM_JOBID")
     #: dask-jobqueue's: CPUs and memory to book when they differ from cores and memory
     extra_params = {"job_cpu": None, "job_mem": None}
+
+    @classmethod
+    @override
+    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
+        # sbatch's output environment variables (man sbatch): SLURM_JOB_END_TIME since 22.05
+        job = super().in_job(env, hostname)
+        if job is None:
+            return None
+        end = env.get("SLURM_JOB_END_TIME", "").strip()
+        try:
+            walltime_end = float(end) if end else None
+        except ValueError:
+            raise ValueError(f"SLURM_JOB_END_TIME={end!r} is not epoch seconds") from None
+        return JobEnvironment(
+            cls.system, job.job_id, node_cpus=env_int(env, "SLURM_CPUS_ON_NODE"),
+            node_memory=slurm_megabytes(env, "SLURM_MEM_PER_NODE"),
+            cpus_per_rank=env_int(env, "SLURM_CPUS_PER_TASK"),
+            memory_per_cpu=slurm_megabytes(env, "SLURM_MEM_PER_CPU"), walltime_end=walltime_end)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -238,8 +275,3 @@ class SLURMSystem(BatchSystem):
         return JobStatus(self.states.get(native, JobState.UNKNOWN), native,
                          parse_exit_code(code.group(1)) if code else None)
 
-
-class SLURMCluster(JobQueueCluster):
-    """Workers as SLURM jobs; parameters as in dask-jobqueue's SLURMCluster."""
-
-    system_class = SLURMSystem

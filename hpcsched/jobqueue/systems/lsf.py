@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem
-from hpcsched.jobqueue.cluster import JobQueueCluster
 from hpcsched.jobqueue.job import JobState, ceil_div, parse_memory
+from hpcsched.launchers.resources import JobEnvironment, env_int
 
 STATES: dict[str, JobState] = {
     **dict.fromkeys(["PEND", "PSUSP", "USUSP", "SSUSP", "WAIT", "PROV"], JobState.PENDING),
@@ -50,6 +51,26 @@ def lsf_units(envdir: str | None = None) -> str:
     return "KB"
 
 
+def host_slots(env: Mapping[str, str], hostname: str) -> int | None:
+    """Slots of this host in ``LSB_MCPU_HOSTS="hostA 4 hostB 2"``.
+
+    >>> host_slots({"LSB_MCPU_HOSTS": "a.x 4 b.x 2"}, "b")
+    2
+    """
+    text = env.get("LSB_MCPU_HOSTS", "").split()
+    if len(text) % 2:
+        raise ValueError(f"cannot read LSB_MCPU_HOSTS={env['LSB_MCPU_HOSTS']!r} "
+                         "(expected 'host slots host slots ...')")
+    short = hostname.split(".")[0]
+    for host, slots in zip(text[::2], text[1::2], strict=True):
+        if host == hostname or host.split(".")[0] == short:
+            try:
+                return int(slots)
+            except ValueError:
+                raise ValueError(f"LSB_MCPU_HOSTS gives host {host} {slots!r} slots") from None
+    return None
+
+
 class LSFSystem(BatchSystem):
     """IBM Spectrum LSF as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
 
@@ -65,6 +86,17 @@ class LSFSystem(BatchSystem):
     walltime_hh_mm = True
     #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
     extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
+    job_id_variables = ("LSB_JOBID",)
+
+    @classmethod
+    @override
+    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
+        job = super().in_job(env, hostname)
+        if job is None:
+            return None
+        cpus = host_slots(env, hostname)
+        return JobEnvironment(cls.system, job.job_id, node_cpus=cpus if cpus is not None
+                              else env_int(env, "LSB_DJOB_NUMPROC"))
 
     @override
     def validate_system(self) -> None:
@@ -174,8 +206,3 @@ class LSFSystem(BatchSystem):
             out[job_id] = (stat, int(code) if code.lstrip("-").isdigit() and code != "-" else None)
         return out
 
-
-class LSFCluster(JobQueueCluster):
-    """Workers as LSF jobs; parameters as in dask-jobqueue's LSFCluster."""
-
-    system_class = LSFSystem

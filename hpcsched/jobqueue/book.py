@@ -1,0 +1,263 @@
+"""The book of a batch cluster: its jobs, its target, and what to do about the difference.
+
+Plain data and decisions, in the style of :mod:`hpcsched.launchers.adaptive_policy`: no
+thread, lock, clock, file or batch command here. :class:`JobBook` is told what happened
+(jobs submitted, workers joined or left, the states a poll found, at a time passed in)
+and answers what to do (:meth:`JobBook.adjustment`: how many jobs to submit, which to
+cancel; :meth:`JobBook.settle`: whether a job that ended is a failure to report).
+:class:`~hpcsched.jobqueue.cluster.JobQueueCluster` is the threaded shell that holds one
+book under its lock, runs the commands and reads the logs. Tests drive a book with
+:class:`~hpcsched.jobqueue.job.Job` records and :class:`~hpcsched.jobqueue.base.JobStatus`
+values, no process.
+
+Rules the book keeps:
+
+* a job counts towards the target while it is *active*: not ended, not being cancelled;
+* a job missing from the status output is *gone* only after three polls and
+  ``GONE_AFTER`` seconds (time for an accounting record such as SGE's ``qacct`` to
+  appear), or at once when we cancelled it;
+* excess jobs are cancelled pending and newest first, then running ones with the
+  fewest connected workers;
+* a job that ends before any of its workers connected, and that we did not cancel, is
+  a failure (:attr:`JobBook.failed_jobs`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from hpcsched.jobqueue.base import JobStatus
+from hpcsched.jobqueue.job import Job, JobState
+
+GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
+MISSING_POLLS = 3  # polls without a status (not a race right after submission)
+
+
+@dataclass(frozen=True)
+class Adjustment:
+    """What meets the target: submit ``submit`` jobs, or cancel ``cancel`` (never both)."""
+
+    submit: int = 0
+    cancel: tuple[Job, ...] = ()
+
+
+class Ending(enum.Enum):
+    """How a job's end reads to the cluster."""
+
+    CANCELLED = "cancelled"  # we asked for it
+    FINISHED = "finished"  # its workers had connected: walltime, retirement, a crash late
+    FAILED = "failed"  # it ended before any worker connected: report it, back off
+
+
+class JobBook:
+    """The jobs of one cluster, by id, and the number of jobs it aims for.
+
+    >>> book = JobBook(workers_per_job=2, job_name="hpcsched", cluster_id="ab12")
+    >>> book.set_target(2)
+    True
+    >>> book.adjustment()
+    Adjustment(submit=2, cancel=())
+    >>> book.take_name()
+    'hpcsched-ab12-0'
+    """
+
+    def __init__(self, workers_per_job: int, job_name: str, cluster_id: str) -> None:
+        self.workers_per_job = workers_per_job
+        self.job_name = job_name
+        self.cluster_id = cluster_id
+        self.jobs: dict[str, Job] = {}
+        self.failed_jobs: list[Job] = []
+        self.target_jobs = 0
+        self.next_index = 0
+        #: failures since the last scale(): wait_for_workers counts only newer ones
+        self.failed_since_scale = 0
+        #: ids submitted and not known to be cancelled: what must be cancelled at exit
+        self.live_ids: set[str] = set()
+
+    # ------------------------------------------------------------ names
+    def next_name(self) -> str:
+        """The name the next job will take: ``<job_name>-<cluster id>-<index>``."""
+        return f"{self.job_name}-{self.cluster_id}-{self.next_index}"
+
+    def take_name(self) -> str:
+        name = self.next_name()
+        self.next_index += 1
+        return name
+
+    # ------------------------------------------------------------ jobs
+    def add(self, jobs: Iterable[Job]) -> None:
+        for job in jobs:
+            self.jobs[job.job_id] = job
+            self.live_ids.add(job.job_id)
+
+    def active(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.active]
+
+    def live(self) -> list[Job]:
+        """Jobs not ended (those being cancelled included)."""
+        return [j for j in self.jobs.values() if not j.ended]
+
+    def cancelled(self, job_ids: Iterable[str]) -> None:
+        """The batch system took the cancel of these ids: nothing left to cancel at exit."""
+        self.live_ids.difference_update(job_ids)
+
+    @staticmethod
+    def worker_names(jobs: Iterable[Job]) -> set[str]:
+        return {n for j in jobs for n in j.worker_names()}
+
+    def summary(self) -> str:
+        """The jobs counted by state, e.g. ``"2 running, 1 pending"`` (``"none"``)."""
+        counts: dict[str, int] = {}
+        for j in self.jobs.values():
+            key = "gone" if j.gone and not j.state.terminal else j.state.value
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
+
+    # ------------------------------------------------------------ targets
+    def set_target(self, jobs: int) -> bool:
+        """The user's own ``scale()``; True when it asks for more jobs than are active."""
+        self.target_jobs = jobs
+        self.failed_since_scale = 0
+        return jobs > len(self.active())
+
+    def raise_target(self, jobs: int) -> None:
+        self.target_jobs = max(jobs, self.target_jobs)
+
+    def add_target(self, jobs: int) -> None:
+        self.target_jobs += jobs
+
+    def stop(self, names: Iterable[str]) -> list[Job]:
+        """The jobs of these worker addresses or names, marked for cancelling; the target
+        drops by as many jobs."""
+        wanted = set(names)
+        jobs = [
+            j
+            for j in self.jobs.values()
+            if not j.ended
+            and not j.cancel_requested
+            and (wanted & set(j.workers) or wanted & set(j.workers.values()))
+        ]
+        for job in jobs:
+            job.cancel_requested = True
+        self.target_jobs = max(0, self.target_jobs - len(jobs))
+        return jobs
+
+    def stop_all(self) -> None:
+        """Closing: no target, every live job to be cancelled."""
+        self.target_jobs = 0
+        for job in self.live():
+            job.cancel_requested = True
+
+    def adjustment(self) -> Adjustment:
+        """Jobs to submit or to cancel to meet the target; those to cancel are marked."""
+        active = self.active()
+        deficit = self.target_jobs - len(active)
+        if deficit > 0:
+            return Adjustment(submit=deficit)
+        if deficit == 0:
+            return Adjustment()
+        # newest first among the pending, then running ones with the fewest workers
+        order = sorted(
+            active,
+            key=lambda j: (
+                j.state is JobState.RUNNING or bool(j.workers),
+                len(j.workers),
+                -j.submit_time,
+            ),
+        )
+        victims = tuple(order[:-deficit])
+        for job in victims:
+            job.cancel_requested = True
+        return Adjustment(cancel=victims)
+
+    # ------------------------------------------------------------ workers
+    def job_of_worker(self, name: str) -> Job | None:
+        """The job whose worker takes the name ``name`` (its name, or name + ``-<k>``)."""
+        for job in self.jobs.values():
+            if job.owns_worker(name):
+                return job
+        return None
+
+    def worker_joined(self, address: str, name: str) -> Job | None:
+        """A worker connected; its job, if it is one of ours."""
+        job = self.job_of_worker(name)
+        if job is not None:
+            job.workers[address] = name
+            job.workers_seen.add(name)
+        return job
+
+    def worker_left(self, address: str) -> None:
+        for job in self.jobs.values():
+            job.workers.pop(address, None)
+
+    def sync_workers(self, connected: Mapping[str, str]) -> list[str]:
+        """Make the jobs' workers those connected now (address -> name); the names of
+        ours among them."""
+        for job in self.jobs.values():
+            job.workers = {a: w for a, w in job.workers.items() if a in connected}
+        return [
+            name
+            for address, name in connected.items()
+            if self.worker_joined(address, name) is not None
+        ]
+
+    def connected(self) -> int:
+        return sum(len(j.workers) for j in self.jobs.values())
+
+    # ------------------------------------------------------------ status
+    def apply_status(
+        self, statuses: Mapping[str, JobStatus], job_ids: Iterable[str], now: float
+    ) -> list[Job]:
+        """What one poll said of ``job_ids`` (absent: the system no longer lists it);
+        the jobs that ended with it."""
+        ended: list[Job] = []
+        for job_id in job_ids:
+            job = self.jobs[job_id]
+            status = statuses.get(job_id)
+            if status is None:
+                job.missing_polls += 1
+                if job.missing_since is None:
+                    job.missing_since = now
+                job.gone = job.missing_polls >= MISSING_POLLS and (
+                    job.cancel_requested or now - job.missing_since >= GONE_AFTER
+                )
+                if job.gone and job.cancel_requested:
+                    job.state = JobState.CANCELLED
+            else:
+                job.missing_polls = 0
+                job.missing_since = None
+                state = status.state
+                if state is JobState.FAILED and job.cancel_requested:
+                    state = JobState.CANCELLED  # killed by our own cancel
+                job.state, job.native_state, job.exit_code = state, status.native, status.exit_code
+                if state is JobState.RUNNING and job.running_since is None:
+                    job.running_since = now
+            if job.ended and job.end_time is None:
+                job.end_time = now
+                self.live_ids.discard(job_id)
+                ended.append(job)
+        return ended
+
+    def settle(self, job: Job) -> Ending:
+        """How ``job``'s end reads; a failure is booked in :attr:`failed_jobs`."""
+        if job.cancel_requested:
+            return Ending.CANCELLED
+        if job.workers_seen:
+            return Ending.FINISHED
+        self.failed_jobs.append(job)
+        self.failed_since_scale += 1
+        return Ending.FAILED
+
+    def silent(self, now: float, after: float) -> list[Job]:
+        """Jobs running for ``after`` seconds that none of their workers connected from."""
+        return [
+            j
+            for j in self.jobs.values()
+            if j.state is JobState.RUNNING
+            and not j.workers_seen
+            and not j.cancel_requested
+            and j.running_since is not None
+            and now - j.running_since >= after
+        ]
