@@ -192,7 +192,7 @@ def _set_up_world(options: InitOptions) -> _Job:
     from hpcsched.hpc.backoff import Backoff
     from hpcsched.hpc.mpi import init_endpoint
 
-    timeout = float(config.get("comm.timeouts.connect"))
+    timeout = config.seconds("comm.timeouts.connect")
     job.endpoint = init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
     dup, req = job.comm.Idup()

@@ -70,6 +70,21 @@ def parse_resources(text: str | None) -> dict[str, float]:
     return out
 
 
+def duration(zero: bool = False) -> Callable[[str], float]:
+    """An option's type: seconds, or a duration as dask writes it (``"55m"``, ``"1h30m"``,
+    ``"00:30:00"``; :func:`hpcsched.core.units.parse_interval`); 0 allowed with ``zero``."""
+    from hpcsched.core.units import parse_interval
+
+    def seconds(text: str) -> float:
+        try:
+            return parse_interval(text, "duration", zero=zero)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    seconds.__name__ = "duration"  # argparse names the type in its error
+    return seconds
+
+
 def worker_parser() -> argparse.ArgumentParser:
     """The options of ``hpcsched worker``."""
     from hpcsched.core.units import DEFAULT_MEMORY_LIMIT
@@ -87,13 +102,18 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
                    help="bytes, a size (4GB), a fraction of the machine's memory (0.5), none, "
                         "or auto: the share of this machine or batch job per worker (default)")
-    p.add_argument("--death-timeout", type=float, default=None)
-    p.add_argument("--scheduler-reconnect-timeout", type=float, default=None,
-                   help="seconds to keep tasks and results and look for a scheduler that "
+    # durations: seconds or as dask writes them ("55m", "1h30m", "00:30:00")
+    p.add_argument("--death-timeout", type=duration(), default=None,
+                   help="how long to try to reach the scheduler (seconds, or e.g. '2m')")
+    p.add_argument("--scheduler-reconnect-timeout", type=duration(zero=True), default=None,
+                   help="how long to keep tasks and results and look for a scheduler that "
                         "vanished (default: worker.scheduler-reconnect-timeout; 0: exit)")
-    p.add_argument("--lifetime", type=float, default=None,
-                   help="retire gracefully after this many seconds (a job's walltime)")
-    p.add_argument("--lifetime-stagger", type=float, default=0.0)
+    p.add_argument("--lifetime", type=duration(), default=None,
+                   help="retire gracefully after this long (seconds, or e.g. '55m'; a job's "
+                        "walltime), as dask's worker does")
+    p.add_argument("--lifetime-stagger", type=duration(zero=True), default=0.0,
+                   help="retire up to this much earlier or later (e.g. '4m'), so that the "
+                        "workers of a job do not all leave at once")
     p.add_argument("--resources", default=None)
     p.add_argument("--local-directory", default=None,
                    help="where results spill to disk (default: worker.local-directory, "

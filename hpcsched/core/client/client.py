@@ -143,7 +143,7 @@ class Client:
         self.cluster: Any = None
         self._owns_cluster = False
         self._dask_config: DaskClaim | None = None
-        timeout = config.get("comm.timeouts.connect", timeout)
+        timeout = config.seconds("comm.timeouts.connect", timeout)
         where = locate_scheduler(address, scheduler_file, security, timeout, cluster_kwargs,
                                  (default_scheduler_address, default_security))
         self.cluster, self._owns_cluster = where.cluster, where.owns_cluster

@@ -84,6 +84,7 @@ from hpcsched.core.protocol.worker import (
 from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.units import parse_interval
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker.control import WorkerControl
 from hpcsched.core.worker.execution import pack_exception, run_spec_call
@@ -128,9 +129,9 @@ class Worker:
         resources: dict | None = None,
         security: Security | None = None,
         listen_address: str | None = None,
-        death_timeout: float | None = None,
-        lifetime: float | None = None,
-        lifetime_stagger: float = 0.0,
+        death_timeout: float | str | None = None,
+        lifetime: float | str | None = None,
+        lifetime_stagger: float | str = 0.0,
         heartbeat_interval: float | None = None,
         host: str | None = None,
         on_close: Any = None,
@@ -175,7 +176,10 @@ class Worker:
         # the scheduler notices this worker died only by missing heartbeats (TCP): send them
         self._uses_heartbeat = backend.needs_heartbeat
         self.death_timeout = settings.death_timeout
-        self.lifetime = lifetime
+        # durations as dask writes them ("55m", "4m") or seconds
+        self.lifetime = lifetime = None if lifetime is None else parse_interval(lifetime,
+                                                                                "lifetime")
+        lifetime_stagger = parse_interval(lifetime_stagger, "lifetime_stagger", zero=True)
         if lifetime and lifetime_stagger:
             import random  # here: a worker without a lifetime (every MPI rank) never needs it
 
