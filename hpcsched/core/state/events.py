@@ -139,6 +139,8 @@ class Execute:
     run_spec: Any
     announced: bool = False
     gang: tuple = ()  # a member of a task holding many slots: every member's address
+    #: resource name -> the ids of the devices of it the task holds while it runs ("GPU")
+    devices: dict | None = None
 
 
 @record

@@ -96,6 +96,7 @@ from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
+from hpcsched.core.worker.tasks.gpus import Gpus
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
@@ -145,6 +146,7 @@ class Worker:
         scheduler_file: str | None = None,
         scheduler_reconnect_timeout: float | None = None,
         preload: str | list[str] | None = None,
+        gpus: Gpus | None = None,
     ):
         self.scheduler_address = scheduler_address
         #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
@@ -160,6 +162,15 @@ class Worker:
         self.memory_limit = memory_limit or 0
         self.name = name
         self.resources = dict(resources or {})
+        #: the GPUs this worker gives its tasks as devices (tasks/gpus.py), None: none known
+        self.gpus = gpus = gpus if gpus is not None and gpus.ids else None
+        if gpus is not None:
+            self.resources.setdefault("GPU", len(gpus.ids))
+            if self.resources["GPU"] > len(gpus.ids):
+                logger.warning("worker %s: resource GPU=%g but %d GPUs found (%s): the count "
+                               "is kept, and tasks are told no device", name,
+                               self.resources["GPU"], len(gpus.ids), gpus.source)
+                self.gpus = gpus = None
         self.security = security
         #: the ``worker.*`` configuration, keyword arguments winning
         self.settings = settings = config.read(
@@ -249,7 +260,8 @@ class Worker:
                               f"{local_directory(self.local_directory)!r}: {e}") from e
         self.state = WorkerState(self.address, self.nthreads, self.resources,
                                  self.settings.transfer_incoming_count_limit,
-                                 data=self.spill_buffer)
+                                 data=self.spill_buffer,
+                                 devices={"GPU": self.gpus.ids} if self.gpus else None)
         try:  # before any connection to the scheduler, as dask's: no task runs before it
             self.preloads.setup(self)
         except PreloadError:
@@ -596,9 +608,10 @@ class Worker:
                     elif cmd.announced:
                         self._start_after_flush.append(
                             (self.executor.submit, self._execute, cmd.key, cmd.run_spec,
-                             cmd.gang))
+                             cmd.gang, cmd.devices))
                     else:
-                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang)
+                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang,
+                                             cmd.devices)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
@@ -611,10 +624,11 @@ class Worker:
                 # known to take well under a millisecond: run here, and handle the result
                 # at once (its "task-finished" leaves with this batch): a thread hand-off
                 # each way would cost more than the task itself
-                result = self._run(cmd.key, cmd.run_spec, on_loop=True)
+                result = self._run(cmd.key, cmd.run_spec, on_loop=True, devices=cmd.devices)
                 if result is None:  # it asked for a client or seceded: it needs a thread
                     self._threaded_groups.add(key_split(cmd.key))
-                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                    self.executor.submit(self._execute, cmd.key, cmd.run_spec, (),
+                                         cmd.devices)
                 else:
                     work.append(state.handle(result))
 
@@ -679,17 +693,20 @@ class Worker:
         return m
 
     # ================================================================ execution
-    def _execute(self, key: Any, run_spec: Any, gang: tuple = ()) -> None:
+    def _execute(self, key: Any, run_spec: Any, gang: tuple = (),
+                 devices: dict | None = None) -> None:
         """In an executor thread: run the task, hand the result to the loop."""
-        self.loop.put((None, self._run(key, run_spec, gang=gang)))
+        self.loop.put((None, self._run(key, run_spec, gang=gang, devices=devices)))
 
-    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = ()) -> Any:
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = (),
+             devices: dict | None = None) -> Any:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
         thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
-        ``gang``: the members' addresses of a task holding many slots."""
+        ``gang``: the members' addresses of a task holding many slots; ``devices``: the
+        ids of the devices it holds."""
         start = time.time()
         assert self.state is not None
-        outer = enter_task(self, key, on_loop, start, gang)
+        outer = enter_task(self, key, on_loop, start, gang, devices)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
