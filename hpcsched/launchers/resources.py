@@ -156,6 +156,11 @@ def launcher_rank(env: Mapping[str, str] = os.environ) -> int | None:
     return _first_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
 
 
+def launcher_local_rank(env: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank among those the launcher started on its node, if it says."""
+    return _rank_from_env(env)[1]
+
+
 def _local_size_from_env(env: Mapping[str, str]) -> int | None:
     n = _first_int(env, tuple(v[2] for v in LAUNCHERS if v[2]))
     if n is not None:
