@@ -142,7 +142,7 @@ def worker_main(argv: list[str]) -> int:
     _setup_logging(args.log_level)
     if args.nworkers < 1:
         p.error(f"--nworkers must be at least 1, not {args.nworkers}")
-    from hpcsched.launchers.resources import detect_gpus
+    from hpcsched.launchers.resources import detect, detect_gpus
 
     gpus = detect_gpus()
     if args.worker_per_gpu:
@@ -198,7 +198,7 @@ def worker_main(argv: list[str]) -> int:
                     scheduler_file=os.path.abspath(args.scheduler_file)
                     if args.scheduler_file else None,
                     scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
-                    preload=args.preload, gpus=gpus,
+                    preload=args.preload, gpus=gpus, walltime_end=detect().walltime_end,
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew

@@ -48,6 +48,9 @@ class RegisterWorker:
     running: list | None = wire(fc.optional(fc.keys), None, sparse=True,
                                 doc="tasks it is running (a worker that lost its scheduler "
                                     "and registers again)")
+    lifetime_end: float | None = wire(fc.optional(fc.number), None, sparse=True,
+                                      doc="when it will leave (epoch seconds): its "
+                                          "`--lifetime` or its job's walltime")
 
 
 @message("registered", S2W, S2C)

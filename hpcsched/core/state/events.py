@@ -193,6 +193,7 @@ class AddWorker(Internal):
     pid: int = 0
     running: list = field(default_factory=list)  # tasks it is running (it registers again)
     paused: bool = False  # given no new task until it runs (WorkerStatusChange)
+    lifetime_end: float | None = None  # when it will leave (its lifetime, its walltime)
 
 
 @record(frozen=True)

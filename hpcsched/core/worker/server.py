@@ -147,6 +147,7 @@ class Worker:
         scheduler_reconnect_timeout: float | None = None,
         preload: str | list[str] | None = None,
         gpus: Gpus | None = None,
+        walltime_end: float | None = None,
     ):
         self.scheduler_address = scheduler_address
         #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
@@ -191,6 +192,8 @@ class Worker:
         self.lifetime = lifetime = None if lifetime is None else parse_interval(lifetime,
                                                                                 "lifetime")
         lifetime_stagger = parse_interval(lifetime_stagger, "lifetime_stagger", zero=True)
+        #: when its batch job's walltime ends (epoch seconds), if it runs in one
+        self.walltime_end = walltime_end
         if lifetime and lifetime_stagger:
             import random  # here: a worker without a lifetime (every MPI rank) never needs it
 
@@ -293,7 +296,8 @@ class Worker:
         or did not answer)."""
         comm.send([encode(RegisterWorker(
             self.address, self.nthreads, self.memory_limit, self.name or self.address,
-            self.host, self.resources, keys, os.getpid(), running or None))])
+            self.host, self.resources, keys, os.getpid(), running or None,
+            self.lifetime_end()))])
         try:
             reply = comm.recv(timeout=timeout)
         except (CommClosedError, TimeoutError) as e:
@@ -724,6 +728,16 @@ class Worker:
         except Exception:
             nbytes = 64
         return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
+
+    def lifetime_end(self) -> float | None:
+        """When this worker will leave (epoch seconds): its lifetime's end, or its job's
+        walltime's, whichever comes first; None: not known. The scheduler keeps tasks that
+        would outlast it off it."""
+        ends = [] if self.walltime_end is None else [self.walltime_end]
+        if self.lifetime:
+            elapsed = time.monotonic() - self._started if self._started else 0.0
+            ends.append(time.time() + self.lifetime - elapsed)
+        return min(ends) if ends else None
 
     # ================================================================ tasks' API
     def task_client(self, make: Callable[[], Any]) -> Any:
