@@ -198,7 +198,7 @@ def worker_main(argv: list[str]) -> int:
                     scheduler_file=os.path.abspath(args.scheduler_file)
                     if args.scheduler_file else None,
                     scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
-                    preload=args.preload, gpus=gpus, walltime_end=detect().walltime_end,
+                    preload=args.preload, gpus=gpus, walltime_end=_walltime_end(detect),
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew
@@ -222,6 +222,16 @@ def worker_main(argv: list[str]) -> int:
     # never be asked for its result) must not keep the process, hence a batch job, alive
     exit_now(worker.exit_code)
     return worker.exit_code
+
+
+def _walltime_end(detect: Callable[[], Any]) -> float | None:
+    """When this process's batch job ends (epoch seconds), if its environment says; a
+    value that cannot be read is logged, and the worker starts without it."""
+    try:
+        return detect().walltime_end
+    except (ValueError, KeyError, RuntimeError) as e:
+        logger.warning("hpcsched worker: the job's walltime is unknown: %s", e)
+        return None
 
 
 def exit_now(code: int) -> None:

@@ -107,3 +107,18 @@ def test_dask_annotate_gives_calls_and_collections_their_duration(client: Client
         return [dask_scheduler.state.tasks[k].duration for k in keys]
 
     assert client.run_on_scheduler(durations) == [1200.0, 1200.0, 300.0, None]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_in_a_slurm_job_says_when_its_walltime_ends(procs: Any):
+    """SLURM_JOB_END_TIME (launchers/resources.py) is the worker's end, as --lifetime is."""
+    end = int(time.time()) + 90
+    with _local_cluster(n_workers=0) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        procs.start([*hpcsched_cmd(), "worker", cluster.scheduler_address, "--name", "job",
+                     "--nthreads", "1", "--memory-limit", "0"], "job",
+                    env={**worker_env(), "HPCSCHED_SECRET": cluster.security.secret_hex(),
+                         "SLURM_JOB_ID": "4242", "SLURM_JOB_END_TIME": str(end)})
+        client.wait_for_workers(1, timeout=60)
+        (info,) = client.scheduler_info()["workers"].values()
+        assert info["lifetime_end"] == end
