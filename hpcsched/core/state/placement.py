@@ -29,6 +29,7 @@ workers whose slots opened (beyond its slots, milliseconds of a group of short t
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import logging
@@ -136,13 +137,27 @@ class Placement:
             return ws
         assert seconds is not None
         now = self.now()
-        staying = [w for w in self.registry.running() if w.end is None or w.end - now >= seconds]
-        valid = policies.valid_workers(ts, staying)
+        order, keys = self.registry.by_end()
+        k = bisect.bisect_right(keys, -(now + seconds))  # order[:k] stay long enough
+
+        def stays(w: WorkerInfo) -> bool:
+            return w.end is None or w.end - now >= seconds
+
+        valid = policies.valid_workers(ts, order[:k]) if ts.worker_restrictions \
+            or ts.resource_restrictions else None
         if valid is not None and not valid:
             if not ts.loose_restrictions:
                 return ws  # none of those it may run on stays long enough
             valid = None
-        choice = policies.decide_worker(ts, staying, valid, self.registry.bandwidth, self.rng)
+        if valid is None:
+            # a holder of its inputs that stays, else a bounded sample of those that stay:
+            # a decision costs the same on any number of workers
+            valid = list({h for dts in ts.dependencies for h in dts.who_has
+                          if h.status == "running" and h.reserved is None and stays(h)})
+            if not valid:
+                valid = order[:k] if k <= policies.SAMPLE_LIMIT else \
+                    [order[i] for i in self.rng.sample(range(k), policies.SAMPLE_LIMIT)]
+        choice = policies.decide_worker(ts, valid, valid, self.registry.bandwidth, self.rng)
         return ws if choice is None else choice
 
     # ================================================================ decisions
@@ -159,12 +174,13 @@ class Placement:
             return ws
         if not ts.worker_restrictions and not ts.resource_restrictions \
                 and self.rootish_policy == "queue" and self.is_rootish(ts):
-            # from the heap of free workers: one too short-lived for the task waits there
-            # for tasks it may run, and the task waits in the queue for another
-            if self.lifetime_allows(ws, self.expected_seconds(ts), ts.group.name):
-                return ws
-            self._drop_free(ws)
-            return None
+            # from the heap of free workers: one too short-lived for the task leaves the
+            # heap until its tasks change, and the next free one is asked
+            seconds = self.expected_seconds(ts)
+            while ws is not None and not self.lifetime_allows(ws, seconds, ts.group.name):
+                self._drop_free(ws)
+                ws = self.pop_free_worker()
+            return ws
         return self._outliving(ts, ws)
 
     def _decide_worker(self, ts: TaskState) -> WorkerInfo | None:
