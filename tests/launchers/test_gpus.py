@@ -89,6 +89,7 @@ def test_four_devices_run_four_one_gpu_tasks_at_once_each_seeing_its_own(
             Client(cluster, set_as_default=False) as client:
         info = client.scheduler_info(timeout=30)["workers"]
         assert [w["resources"] for w in info.values()] == [{"GPU": 4}]
+        assert [w["gpus"] for w in info.values()] == [["0", "1", "2", "3"]]
         futures = [client.submit(what_i_see, i, str(rendezvous), 4, resources={"GPU": 1},
                                  pure=False) for i in range(4)]
         seen = client.gather(futures, timeout=120)
@@ -148,6 +149,7 @@ def test_a_worker_per_gpu_sees_its_own_device_alone(tmp_path: Path, procs: Any,
         client.wait_for_workers(2, timeout=60)
         workers = client.scheduler_info()["workers"]
         assert sorted(w["resources"]["GPU"] for w in workers.values()) == [1, 1]
+        assert sorted(w["gpus"] for w in workers.values()) == [["1"], ["3"]]
         seen = {}
         for address in workers:
             s = client.submit(what_i_see, address, resources={"GPU": 1}, workers=[address],

@@ -51,6 +51,8 @@ class RegisterWorker:
     lifetime_end: float | None = wire(fc.optional(fc.number), None, sparse=True,
                                       doc="when it will leave (epoch seconds): its "
                                           "`--lifetime` or its job's walltime")
+    gpus: list | None = wire(fc.optional(fc.list_of(fc.string)), None, sparse=True,
+                             doc="the ids of the GPUs behind its `GPU` resource")
 
 
 @message("registered", S2W, S2C)

@@ -194,6 +194,7 @@ class AddWorker(Internal):
     running: list = field(default_factory=list)  # tasks it is running (it registers again)
     paused: bool = False  # given no new task until it runs (WorkerStatusChange)
     lifetime_end: float | None = None  # when it will leave (its lifetime, its walltime)
+    gpus: list = field(default_factory=list)  # the ids of the GPUs behind its GPU resource
 
 
 @record(frozen=True)

@@ -193,7 +193,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block", "heartbeat_interval", "end")
+                 "root_block", "heartbeat_interval", "end", "gpus")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -226,6 +226,7 @@ class WorkerInfo:
         self.root_block: Any = None  # the RootBlock it takes queued tasks from
         #: when it will leave (its lifetime, its job's walltime; the events' clock), or None
         self.end: float | None = None
+        self.gpus: tuple[str, ...] = ()  # the ids of the GPUs behind its GPU resource
 
     def __repr__(self) -> str:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
@@ -241,5 +242,5 @@ class WorkerInfo:
             "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
             "status": self.status,
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
-            "lifetime_end": self.end,
+            "lifetime_end": self.end, "gpus": list(self.gpus),
         }

@@ -297,7 +297,7 @@ class Worker:
         comm.send([encode(RegisterWorker(
             self.address, self.nthreads, self.memory_limit, self.name or self.address,
             self.host, self.resources, keys, os.getpid(), running or None,
-            self.lifetime_end()))])
+            self.lifetime_end(), list(self.gpus.ids) if self.gpus else None))])
         try:
             reply = comm.recv(timeout=timeout)
         except (CommClosedError, TimeoutError) as e:
