@@ -96,7 +96,7 @@ from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
-from hpcsched.core.worker.tasks.gpus import Gpus
+from hpcsched.core.worker.tasks.gpus import Gpus, offer_gpus
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
@@ -164,14 +164,7 @@ class Worker:
         self.name = name
         self.resources = dict(resources or {})
         #: the GPUs this worker gives its tasks as devices (tasks/gpus.py), None: none known
-        self.gpus = gpus = gpus if gpus is not None and gpus.ids else None
-        if gpus is not None:
-            self.resources.setdefault("GPU", len(gpus.ids))
-            if self.resources["GPU"] > len(gpus.ids):
-                logger.warning("worker %s: resource GPU=%g but %d GPUs found (%s): the count "
-                               "is kept, and tasks are told no device", name,
-                               self.resources["GPU"], len(gpus.ids), gpus.source)
-                self.gpus = gpus = None
+        self.gpus = offer_gpus(gpus, self.resources, name)
         self.security = security
         #: the ``worker.*`` configuration, keyword arguments winning
         self.settings = settings = config.read(

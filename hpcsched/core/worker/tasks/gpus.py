@@ -32,9 +32,13 @@ it under every other. So
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("hpcsched.worker")
 
 #: the variables a vendor's runtime reads to know which devices a process sees, in the
 #: order they are looked at
@@ -117,3 +121,30 @@ def find(environ: Mapping[str, str], nvidia_smi: str | None = None) -> Gpus | No
         if ids:
             return Gpus(ids, "CUDA_VISIBLE_DEVICES", "nvidia-smi -L")
     return None
+
+
+def offer_gpus(gpus: Gpus | None, resources: dict, worker: Any = "") -> Gpus | None:
+    """The GPUs a worker gives its tasks as devices, and its ``resources`` made to offer
+    them (changed in place): ``GPU`` = their number unless the worker was told a count;
+    a count below it offers the first ones; a count above it, or below one, is kept, and
+    tasks are told no device (which would two tasks share?).
+
+    >>> resources = {}
+    >>> offer_gpus(Gpus(("0", "1")), resources).ids, resources
+    (('0', '1'), {'GPU': 2})
+    >>> resources = {"GPU": 1}
+    >>> offer_gpus(Gpus(("2", "3")), resources).ids, resources
+    (('2',), {'GPU': 1})
+    """
+    if gpus is None or not gpus.ids:
+        return None
+    count = resources.setdefault("GPU", len(gpus.ids))
+    if count > len(gpus.ids):
+        logger.warning("worker %s: resource GPU=%g but %d GPUs found (%s): the count is "
+                       "kept, and tasks are told no device", worker, count, len(gpus.ids),
+                       gpus.source)
+        return None
+    n = int(count)
+    if n < 1:
+        return None  # a fraction of one: counted, no device named
+    return gpus if n == len(gpus.ids) else Gpus(gpus.ids[:n], gpus.variable, gpus.source)
