@@ -29,6 +29,8 @@ _exports = {
     "get": "hpcsched.core.client.local",
     "get_client": "hpcsched.core.client.worker_client",
     "get_worker": "hpcsched.core.client.worker_client",
+    "get_task_gpus": "hpcsched.core.client.worker_client",
+    "task_env": "hpcsched.core.client.worker_client",
     "worker_client": "hpcsched.core.client.worker_client",
     "secede": "hpcsched.core.client.worker_client",
     "rejoin": "hpcsched.core.client.worker_client",
@@ -91,6 +93,7 @@ __all__ = [
     "get",
     "get_client",
     "get_task_comm",
+    "get_task_gpus",
     "get_task_stream",
     "get_worker",
     "initialize",
@@ -99,6 +102,7 @@ __all__ = [
     "rejoin",
     "secede",
     "send_close_signal",
+    "task_env",
     "wait",
     "worker_client",
 ]
@@ -123,9 +127,11 @@ if TYPE_CHECKING:
     from hpcsched.core.client.plugins import SchedulerPlugin, WorkerPlugin
     from hpcsched.core.client.worker_client import (
         get_client,
+        get_task_gpus,
         get_worker,
         rejoin,
         secede,
+        task_env,
         worker_client,
     )
     from hpcsched.core.comm.base import Security

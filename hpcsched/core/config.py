@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from hpcsched.core.settings import SETTINGS
 from hpcsched.core.state.settings import config_keys, unit_of
-from hpcsched.core.units import parse_bytes
+from hpcsched.core.units import parse_bytes, parse_interval
 
 S = TypeVar("S")
 
@@ -251,7 +251,8 @@ def read(cls: type[S], **overrides: Any) -> S:
     """The settings class ``cls`` (:mod:`hpcsched.core.settings`) as configured.
 
     Each field is what :func:`get` reads for its key, unless ``overrides`` (keyword
-    arguments) give it a value other than None; sizes (``unit="bytes"``) are parsed.
+    arguments) give it a value other than None; sizes (``unit="bytes"``) and durations
+    (``unit="seconds"``: ``"5m"``, ``"00:30:00"``, as dask writes them) are parsed.
 
     >>> from hpcsched.core.settings import SchedulerSettings
     >>> read(SchedulerSettings, worker_saturation=2.0).worker_saturation
@@ -267,11 +268,27 @@ def read(cls: type[S], **overrides: Any) -> S:
             if name not in keys:
                 continue  # not configured: the class's default
             value = get(keys[name])
-        if value is not None and unit_of(cls, name) == "bytes":
+        unit = unit_of(cls, name) if value is not None else None
+        if unit == "bytes":
             value = parse_bytes(value)
+        elif unit == "seconds":
+            value = parse_interval(value, keys.get(name, name), zero=True)
         values[name] = value
     # what is left names no field: the class refuses it as any unknown keyword
     return cls(**values, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def seconds(key: str, override: Any = None) -> float:
+    """The duration ``key`` in seconds, read as dask reads durations.
+
+    :func:`get`'s value: a number, ``"30s"``, ``"5m"``, ``"00:30:00"``
+    (:func:`~hpcsched.core.units.parse_interval`).
+
+    >>> with set({"comm.timeouts.connect": "2m"}):
+    ...     seconds("comm.timeouts.connect")
+    120.0
+    """
+    return parse_interval(get(key, override), key, zero=True)
 
 
 def get_prefix(prefix: str) -> dict[str, Any]:

@@ -31,10 +31,10 @@ class SchedulerServerSettings:
     SECTION: ClassVar[str] = "scheduler"
 
     #: seconds between the scheduler's ticks (stealing, the TTL check, retirements)
-    work_stealing_interval: float = 0.1
+    work_stealing_interval: float = setting(0.1, unit="seconds")
     #: seconds without heartbeat before a TCP worker is removed; the scheduler keeps its
     #: workers' heartbeat interval at most a third of it (hpcsched.core.state.liveness)
-    worker_ttl: float = 30.0
+    worker_ttl: float = setting(30.0, unit="seconds")
     #: higher layers attached to every scheduler: seam names (hpcsched.core.seams) or
     #: module:factory entries, each called with the scheduler
     extensions: list = setting(default_factory=lambda: ["dashboard"])
@@ -46,10 +46,10 @@ class SchedulerServerSettings:
     #: compact the journal past this and twice the live size (bytes, or "64 MiB")
     journal_compact_bytes: int = setting(64 * 2**20, unit="bytes")
     #: seconds a client the journal names has, after a restart, to come back for its keys
-    journal_client_grace: float = 600.0
+    journal_client_grace: float = setting(600.0, unit="seconds")
     #: seconds a restarted scheduler waits for the workers it had to come back before it
     #: gives out work (one that came back early would otherwise recompute what another holds)
-    journal_worker_grace: float = 10.0
+    journal_worker_grace: float = setting(10.0, unit="seconds")
     #: where results of tasks annotated checkpoint=True are kept (None: <journal>.checkpoints
     #: when there is a journal, else nowhere); see hpcsched/core/scheduler/checkpoints.py
     checkpoint_directory: str | None = None
@@ -64,7 +64,7 @@ class WorkerSettings:
     #: seconds between heartbeats until the scheduler says otherwise (it lengthens the
     #: interval as its cluster grows): the scheduler state's key and default
     heartbeat_interval: float = setting(SchedulerSettings().heartbeat_interval,
-                                        key="worker.heartbeat-interval")
+                                        key="worker.heartbeat-interval", unit="seconds")
     #: threads of numerical libraries (OpenMP, OpenBLAS, MKL) per worker process that
     #: LocalCluster starts, unless the environment sets them: a worker already runs one
     #: task per thread, and each library otherwise starts one thread per core (dask's nanny
@@ -76,15 +76,15 @@ class WorkerSettings:
     #: beyond are closed): reused by the next fetch from the same peer
     peer_connections: int = 256
     #: seconds a worker tries to reach its scheduler
-    death_timeout: float = 60.0
+    death_timeout: float = setting(60.0, unit="seconds")
     #: seconds a worker whose journaled scheduler vanished keeps its tasks and results and
     #: tries to reconnect (the scheduler restarts with its journal); then it exits. 0, or a
     #: scheduler without a journal: it exits at once
-    scheduler_reconnect_timeout: float = 300.0
+    scheduler_reconnect_timeout: float = setting(300.0, unit="seconds")
     #: retire this long before the job's walltime ends (seconds)
-    walltime_margin: float = 60.0
+    walltime_margin: float = setting(60.0, unit="seconds")
     #: spread of retirements between workers of one job (seconds)
-    walltime_stagger: float = 30.0
+    walltime_stagger: float = setting(30.0, unit="seconds")
     # memory management, with dask.distributed's names and defaults ("Worker Memory
     # Management" in its documentation). Fractions of the worker's memory_limit; false
     # turns a step off.
@@ -99,7 +99,8 @@ class WorkerSettings:
     #: nothing is left to spill
     memory_terminate: float | bool | None = setting(0.95, key="worker.memory.terminate")
     #: seconds between samples of process memory
-    memory_monitor_interval: float = setting(0.1, key="worker.memory.monitor-interval")
+    memory_monitor_interval: float = setting(0.1, key="worker.memory.monitor-interval",
+                                             unit="seconds")
     #: where results spill: the node's local disk (None: $TMPDIR, else the system's temp dir)
     local_directory: str | None = None
 
@@ -111,12 +112,12 @@ class ClientSettings:
     SECTION: ClassVar[str] = "client"
 
     #: seconds of silence from the scheduler before a ping
-    heartbeat_interval: float = 5.0
+    heartbeat_interval: float = setting(5.0, unit="seconds")
     #: seconds without any answer: the scheduler is lost
-    scheduler_timeout: float = 60.0
+    scheduler_timeout: float = setting(60.0, unit="seconds")
     #: seconds a client whose journaled scheduler vanished keeps its futures pending and
     #: tries to reconnect; then they err. 0, or a scheduler without a journal: at once
-    scheduler_reconnect_timeout: float = 300.0
+    scheduler_reconnect_timeout: float = setting(300.0, unit="seconds")
     #: linear-chain fusion of graphs given to get/compute
     fuse: bool = setting(True, key="scheduler.fuse")
 
@@ -128,24 +129,24 @@ class MPISettings:
     SECTION: ClassVar[str] = "mpi"
 
     #: seconds: first back-off step after traffic
-    poll_min: float = 1e-5
+    poll_min: float = setting(1e-5, unit="seconds")
     #: seconds: cap of the back-off when idle for long
-    poll_max: float = 0.05
+    poll_max: float = setting(0.05, unit="seconds")
     #: cap during the first second of idleness
-    poll_fast_max: float = 1e-3
+    poll_fast_max: float = setting(1e-3, unit="seconds")
     #: seconds of polling at poll-min after any traffic
-    poll_hold: float = 0.002
+    poll_hold: float = setting(0.002, unit="seconds")
     #: same-node ranks wake each other (hpcsched/hpc/doorbell.py)
     doorbell: bool = True
     #: seconds: first fallback poll when every peer rings (to poll-max)
-    doorbell_poll: float = 0.002
+    doorbell_poll: float = setting(0.002, unit="seconds")
     #: frames of this many bytes or more travel as separate MPI messages
     data_threshold: int = 65536
     #: seconds rank 0 waits for the others at exit before MPI_Abort
-    exit_timeout: float = 5.0
+    exit_timeout: float = setting(5.0, unit="seconds")
     #: seconds without a word from a rank before the job is ended as having lost it (rank 0
     #: watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
-    rank_timeout: float = 6.0
+    rank_timeout: float = setting(6.0, unit="seconds")
 
 
 #: every settings class, whose fields are the keys of their sections in the configuration

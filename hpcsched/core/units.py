@@ -169,17 +169,23 @@ _DURATION_PART = re.compile(r"([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)(ms|min|s|m|h|d)?")
 _CLOCK = re.compile(r"(?:(\d+)-)?(\d+(?::\d+)+)")
 
 
-def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False) -> float:
-    """Seconds (> 0) from a number, a ``timedelta`` or a string.
+def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False,
+                   zero: bool = False) -> float:
+    """Seconds (> 0; >= 0 with ``zero``) from a number, a ``timedelta`` or a string.
 
     Strings: ``"500ms"``, ``"2s"``, ``"1m"``, ``"1.5h"``, ``"1d"``, parts added up
     (``"1h30m"``), a bare number is seconds; or a batch system's clock ``"HH:MM:SS"``
     and ``"D-HH:MM:SS"``. Two fields (``"01:30"``) are refused as ambiguous (SLURM,
     PBS and Grid Engine read them as minutes:seconds) unless ``hh_mm`` (LSF's ``-W``).
-    Errors name ``what``.
+    Errors name ``what``. These are dask's strings (``dask.utils.parse_timedelta``:
+    ``"55m"``, ``"300s"``) and the walltimes of batch systems, so that a value written for
+    dask or for ``sbatch`` means the same here. ``zero`` lets a setting whose 0 means
+    "off" or "at once" (a reconnect timeout, a margin) be 0.
 
     >>> parse_interval("500ms"), parse_interval("1h30m"), parse_interval("2-01:00:00")
     (0.5, 5400.0, 176400.0)
+    >>> parse_interval("55m"), parse_interval("00:30:00"), parse_interval("0s", zero=True)
+    (3300.0, 1800.0, 0.0)
     """
     # a timedelta exists only once datetime is imported: no process imports it for this
     datetime = sys.modules.get("datetime")
@@ -192,8 +198,9 @@ def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False) -
     else:
         raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s', "
                          "'01:00:00')")
-    if not seconds > 0 or math.isinf(seconds):
-        raise ValueError(f"{what} must be a positive finite duration, not {value!r}")
+    if not (seconds >= 0 if zero else seconds > 0) or math.isinf(seconds):
+        kind = "finite duration >= 0" if zero else "positive finite duration"
+        raise ValueError(f"{what} must be a {kind}, not {value!r}")
     return seconds
 
 

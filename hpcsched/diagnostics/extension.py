@@ -94,7 +94,7 @@ class Diagnostics:
         self.scheduler = scheduler
         self.recorder = Recorder()
         scheduler.state.recorder = self.recorder
-        self.refresh = float(config.get("diagnostics.dashboard.refresh"))
+        self.refresh = config.seconds("diagnostics.dashboard.refresh")
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
         self.server: DashboardServer | None = None

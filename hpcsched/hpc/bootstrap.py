@@ -72,13 +72,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpcsched.core import config
 from hpcsched.core.settings import MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 from hpcsched.launchers.resources import launcher_size
+
+if TYPE_CHECKING:
+    from hpcsched.core.worker.tasks.gpus import Gpus
 
 logger = logging.getLogger("hpcsched.bootstrap")
 
@@ -192,7 +195,7 @@ def _set_up_world(options: InitOptions) -> _Job:
     from hpcsched.hpc.backoff import Backoff
     from hpcsched.hpc.mpi import init_endpoint
 
-    timeout = float(config.get("comm.timeouts.connect"))
+    timeout = config.seconds("comm.timeouts.connect")
     job.endpoint = init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
     dup, req = job.comm.Idup()
@@ -293,11 +296,38 @@ def rank_resources(options: InitOptions) -> tuple[int | None, int, str | None]:
     return nthreads or res.nthreads, memory, res.hostname
 
 
+def rank_gpus(one_per_rank: bool, rank: int) -> Gpus | None:
+    """The GPUs of this rank's worker.
+
+    Those its node shows it, or with ``one_per_rank`` the one of index local rank modulo
+    their number, made the only one this process sees (the vendor's variable set before
+    the worker starts, so that every library in it sees that device alone). A launcher
+    that does not tell the local rank: ``rank`` instead.
+    """
+    from hpcsched.launchers.resources import detect_gpus, launcher_local_rank
+
+    gpus = detect_gpus()
+    if not one_per_rank or gpus is None or not gpus.ids:
+        if one_per_rank:
+            logger.warning("--worker-per-gpu: no GPUs found on %s", os.uname().nodename)
+        return gpus
+    local = launcher_local_rank()
+    if local is None:
+        logger.warning("--worker-per-gpu: the MPI launcher does not say the local rank "
+                       "(MPI_LOCALRANKID, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID): the GPU "
+                       "is chosen by rank %d", rank)
+        local = rank
+    mine = gpus.one(local)
+    os.environ.update(mine.env(mine.ids))
+    return mine
+
+
 def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
     from hpcsched.core.worker.server import Worker
 
     nthreads, memory_limit, host = rank_resources(options)
+    gpus = rank_gpus(options.worker_per_gpu, job.rank)
     # wait_closed() returns when the close starts; the endpoint may only be shut down
     # once the close is over (its last messages sent), which on_close tells
     closed = threading.Event()
@@ -314,6 +344,7 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
         "host": host,
         "on_memory_terminate": out_of_memory,
         "restartable": False,
+        "gpus": gpus,
         **options.worker_kwargs,
     }
     if options.local_directory is not None:
@@ -523,6 +554,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preload", action="append", default=None, metavar="MODULE",
                    help="a module to import, or a .py file to run, on each worker rank as it "
                         "starts (its dask_setup(worker) called); may be given several times")
+    p.add_argument("--worker-per-gpu", action="store_true",
+                   help="each worker rank takes one GPU of its node (the one of index its "
+                        "local rank modulo their number) and sees it alone")
     p.add_argument("script", help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     ns = p.parse_args(argv)
@@ -583,7 +617,8 @@ def _run(ns: argparse.Namespace) -> int:
         return run_script(ns.script, ns.args)
     if job.rank != 0:
         _exit_rank(_serve(job, InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
-                                           worker_kwargs={"preload": ns.preload})))
+                                           worker_kwargs={"preload": ns.preload},
+                                           worker_per_gpu=ns.worker_per_gpu)))
     code = EXIT_INTERRUPTED
     try:
         code = run_script(ns.script, ns.args)

@@ -76,6 +76,8 @@ class InitOptions:
     worker_class: type | None = None  # None: hpcsched's Worker
     worker_kwargs: dict = field(default_factory=dict)
     exit: bool = True
+    #: each worker rank takes one GPU of its node, by local rank (``--worker-per-gpu``)
+    worker_per_gpu: bool = False
     ignored: tuple[str, ...] = ()  # "name=value: why" for each accepted but unused argument
 
 

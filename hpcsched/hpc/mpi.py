@@ -683,7 +683,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
             return _endpoint
         MPI = mpi_module()
         base = MPI.COMM_WORLD if comm is None else comm
-        timeout = float(config.get("comm.timeouts.connect", timeout))
+        timeout = config.seconds("comm.timeouts.connect", timeout)
         dup, request = base.Idup()
         deadline = time.monotonic() + timeout
         wait = Backoff()

@@ -32,6 +32,12 @@ class WorkerSnapshot:
     waiting_tasks: int = 0  # of those, beyond its threads
     waiting_work: float = 0.0  # expected seconds of the tasks beyond its threads
     resources: Mapping[str, float] = field(default_factory=dict)
+    #: of each resource, the units its assigned tasks ask for (running and waiting)
+    used_resources: Mapping[str, float] = field(default_factory=dict)
+    #: resource -> (tasks, expected seconds x units) assigned here that wait for it: a
+    #: worker with 4 GPUs and 16 threads given 16 one-GPU tasks runs 4 and 12 wait, with
+    #: threads to spare (dask-jobqueue #230: GPU workers looked idle to adaptive scaling)
+    resource_waiting: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     host: str = ""
     status: str = "running"  # running | closing_gracefully
     unit: str = ""  # the job (or other unit) it belongs to; "" = a unit of its own
@@ -101,8 +107,11 @@ class Snapshot:
 
     @property
     def n_waiting(self) -> int:
-        """Tasks waiting unclaimed: ready ones and those assigned beyond a worker's threads."""
-        return self.n_ready + sum(w.waiting_tasks for w in self.running)
+        """Tasks waiting unclaimed: ready ones and those assigned beyond a worker's threads
+        or its resources (a GPU)."""
+        return self.n_ready + sum(
+            max(w.waiting_tasks, *(n for n, _ in w.resource_waiting.values()))
+            if w.resource_waiting else w.waiting_tasks for w in self.running)
 
     @property
     def waiting_work(self) -> float:
@@ -112,12 +121,38 @@ class Snapshot:
 
     @property
     def backlog(self) -> float:
-        """Seconds the connected workers would need for the waiting work (inf: no threads)."""
+        """Seconds the connected workers would need for the waiting work (inf: no threads):
+        over their threads, or over their units of a resource the waiting work needs (GPU
+        tasks wait for GPUs, however many threads are free), whichever is longer."""
         work = self.waiting_work
         threads = sum(w.nthreads for w in self.running)
+        backlog = (work / threads if threads else math.inf) if work > 0 else 0.0
+        for r in self.demanded_resources():
+            backlog = max(backlog, self.resource_backlog(r))
+        return backlog
+
+    def demanded_resources(self) -> set[str]:
+        """The resources waiting tasks ask for (ready, or waiting on a worker)."""
+        out = {r for d in self.demand if d.ready and d.resources for r in d.resources}
+        return out | {r for w in self.running for r in w.resource_waiting}
+
+    def resource_backlog(self, resource: str) -> float:
+        """Seconds the connected workers' units of ``resource`` would need for the waiting
+        work asking for it (inf: none of them has any)."""
+        work = sum(d.count * d.duration * d.resources[resource] for d in self.demand
+                   if d.ready and d.resources and resource in d.resources)
+        work += sum(w.resource_waiting[resource][1] for w in self.running
+                    if resource in w.resource_waiting)
+        units = sum(w.resources.get(resource, 0) for w in self.running)
         if work <= 0:
             return 0.0
-        return work / threads if threads else math.inf
+        return work / units if units else math.inf
+
+    def resource_units_wanted(self, resource: str) -> float:
+        """Units of ``resource`` the tasks asking for it take, ready and assigned."""
+        return (sum(d.count * d.resources[resource] for d in self.demand
+                    if d.ready and d.resources and resource in d.resources)
+                + sum(w.used_resources.get(resource, 0) for w in self.running))
 
     @property
     def memory_fraction(self) -> float:
@@ -200,13 +235,38 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
             memory_limit=ws.memory_limit, nbytes=ws.nbytes,
             n_keys=len(ws.has_what) + ws.n_elements, processing=len(ws.processing) + given,
             waiting_tasks=waiting, waiting_work=work,
-            resources=dict(ws.resources), host=ws.host, status=ws.status))
+            resources=dict(ws.resources), used_resources=dict(ws.used_resources),
+            resource_waiting=_resource_waiting(ws, duration),
+            host=ws.host, status=ws.status))
     return Snapshot(
         workers=tuple(workers),
         demand=tuple(TaskDemand(group, count, total / count, ready, dict(res) if res else None,
                                 wr, loose)
                      for (group, ready, res, wr, loose), (count, total) in demand.items()),
         requested=requested, now=now)
+
+
+def _resource_waiting(ws: Any, duration: Any) -> dict[str, tuple[int, float]]:
+    """resource -> (tasks, seconds x units) assigned to ``ws`` beyond its units of it: those
+    its units run at once are the ones it runs first (its executing tasks, then in order)."""
+    out: dict[str, tuple[int, float]] = {}
+    for r, cap in ws.resources.items():
+        if ws.used_resources.get(r, 0) <= cap:
+            continue  # all run at once: nothing waits for r (the common case, no pass)
+        needing = [ts for ts in ws.processing
+                   if ts.resource_restrictions and r in ts.resource_restrictions]
+        needing.sort(key=lambda ts: ts not in ws.executing)
+        held, n, work = 0.0, 0, 0.0
+        for ts in needing:
+            q = ts.resource_restrictions[r]
+            if held + q <= cap:
+                held += q
+            else:
+                n += 1
+                work += duration(ts) * q
+        if n:
+            out[r] = (n, work)
+    return out
 
 
 # ====================================================================== policy
@@ -345,6 +405,10 @@ def recommend(snap: Snapshot, policy: Policy,
             threads_per_worker = sum(w.nthreads for w in running) / n
             tasks = snap.n_ready + sum(w.processing for w in running)
             useful = math.ceil(tasks / threads_per_worker)
+            for r in snap.demanded_resources():  # workers the GPU tasks could keep busy
+                per_worker = sum(w.resources.get(r, 0) for w in running) / n
+                if per_worker > 0:
+                    useful = max(useful, math.ceil(snap.resource_units_wanted(r) / per_worker))
             if useful > n:
                 want = min(grown, useful)
                 why.append(f"backlog {backlog:.3g} s > target {policy.target_duration:g} s "

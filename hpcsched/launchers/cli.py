@@ -33,7 +33,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hpcsched.core.worker.tasks.gpus import Gpus
 
 logger = logging.getLogger("hpcsched.cli")
 
@@ -70,6 +73,21 @@ def parse_resources(text: str | None) -> dict[str, float]:
     return out
 
 
+def duration(zero: bool = False) -> Callable[[str], float]:
+    """An option's type: seconds, or a duration as dask writes it (``"55m"``, ``"1h30m"``,
+    ``"00:30:00"``; :func:`hpcsched.core.units.parse_interval`); 0 allowed with ``zero``."""
+    from hpcsched.core.units import parse_interval
+
+    def seconds(text: str) -> float:
+        try:
+            return parse_interval(text, "duration", zero=zero)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    seconds.__name__ = "duration"  # argparse names the type in its error
+    return seconds
+
+
 def worker_parser() -> argparse.ArgumentParser:
     """The options of ``hpcsched worker``."""
     from hpcsched.core.units import DEFAULT_MEMORY_LIMIT
@@ -87,14 +105,24 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
                    help="bytes, a size (4GB), a fraction of the machine's memory (0.5), none, "
                         "or auto: the share of this machine or batch job per worker (default)")
-    p.add_argument("--death-timeout", type=float, default=None)
-    p.add_argument("--scheduler-reconnect-timeout", type=float, default=None,
-                   help="seconds to keep tasks and results and look for a scheduler that "
+    # durations: seconds or as dask writes them ("55m", "1h30m", "00:30:00")
+    p.add_argument("--death-timeout", type=duration(), default=None,
+                   help="how long to try to reach the scheduler (seconds, or e.g. '2m')")
+    p.add_argument("--scheduler-reconnect-timeout", type=duration(zero=True), default=None,
+                   help="how long to keep tasks and results and look for a scheduler that "
                         "vanished (default: worker.scheduler-reconnect-timeout; 0: exit)")
-    p.add_argument("--lifetime", type=float, default=None,
-                   help="retire gracefully after this many seconds (a job's walltime)")
-    p.add_argument("--lifetime-stagger", type=float, default=0.0)
-    p.add_argument("--resources", default=None)
+    p.add_argument("--lifetime", type=duration(), default=None,
+                   help="retire gracefully after this long (seconds, or e.g. '55m'; a job's "
+                        "walltime), as dask's worker does")
+    p.add_argument("--lifetime-stagger", type=duration(zero=True), default=0.0,
+                   help="retire up to this much earlier or later (e.g. '4m'), so that the "
+                        "workers of a job do not all leave at once")
+    p.add_argument("--resources", default=None,
+                   help="abstract resources, e.g. GPU=2,MEM=1e9 (the GPUs found are "
+                        "advertised as GPU=<their number>, with their ids, unless given here)")
+    p.add_argument("--worker-per-gpu", action="store_true",
+                   help="one worker process per GPU found, each seeing its own alone "
+                        "(CUDA_VISIBLE_DEVICES or the vendor's variable set for it)")
     p.add_argument("--local-directory", default=None,
                    help="where results spill to disk (default: worker.local-directory, "
                         "else $TMPDIR)")
@@ -114,12 +142,23 @@ def worker_main(argv: list[str]) -> int:
     _setup_logging(args.log_level)
     if args.nworkers < 1:
         p.error(f"--nworkers must be at least 1, not {args.nworkers}")
+    from hpcsched.launchers.resources import detect, detect_gpus
+
+    gpus = detect_gpus()
+    if args.worker_per_gpu:
+        if gpus is None or not gpus.ids:
+            p.error("--worker-per-gpu: no GPUs found (CUDA_VISIBLE_DEVICES, "
+                    "ROCR_VISIBLE_DEVICES, ZE_AFFINITY_MASK, SLURM_STEP_GPUS, SLURM_JOB_GPUS, "
+                    "nvidia-smi -L)")
+        if args.nworkers > 1:
+            p.error("--worker-per-gpu starts one worker per GPU: leave out --nworkers")
+        args.nworkers = len(gpus.ids)
     try:
         nthreads, memory = worker_resources(args)
     except ValueError as e:
         p.error(f"--memory-limit: {e}")
-    if args.nworkers > 1 or args.nanny:
-        return _spawn_workers(argv, args, memory)
+    if args.nworkers > 1 or args.nanny or args.worker_per_gpu:
+        return _spawn_workers(argv, args, memory, gpus if args.worker_per_gpu else None)
 
     from hpcsched.core.client.client import read_scheduler_file
     from hpcsched.core.comm.base import Security
@@ -159,7 +198,7 @@ def worker_main(argv: list[str]) -> int:
                     scheduler_file=os.path.abspath(args.scheduler_file)
                     if args.scheduler_file else None,
                     scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
-                    preload=args.preload,
+                    preload=args.preload, gpus=gpus, walltime_end=_walltime_end(detect),
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew
@@ -183,6 +222,16 @@ def worker_main(argv: list[str]) -> int:
     # never be asked for its result) must not keep the process, hence a batch job, alive
     exit_now(worker.exit_code)
     return worker.exit_code
+
+
+def _walltime_end(detect: Callable[[], Any]) -> float | None:
+    """When this process's batch job ends (epoch seconds), if its environment says; a
+    value that cannot be read is logged, and the worker starts without it."""
+    try:
+        return detect().walltime_end
+    except (ValueError, KeyError, RuntimeError) as e:
+        logger.warning("hpcsched worker: the job's walltime is unknown: %s", e)
+        return None
 
 
 def exit_now(code: int) -> None:
@@ -227,16 +276,20 @@ def _without(argv: list[str], option: str) -> list[str]:
     return out
 
 
-def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int) -> int:
+def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int,
+                   gpus: Gpus | None = None) -> int:
     """``--nworkers P``: P worker processes named NAME-0..NAME-(P-1); signals forwarded.
 
     Each gets its memory limit in bytes, resolved here (``memory``), where ``auto`` knows
-    how many workers share the machine.
+    how many workers share the machine. ``gpus`` (``--worker-per-gpu``): worker ``k`` is
+    started with the vendor's variable naming the ``k``-th device alone, before any
+    library in it could look.
     """
     base = list(argv)
     for option in ("--nworkers", "--name", "--memory-limit"):
         base = _without(base, option)
-    base = [a for a in base if a != "--nanny"] + ["--memory-limit", str(memory)]
+    base = [a for a in base if a not in ("--nanny", "--worker-per-gpu")] + [
+        "--memory-limit", str(memory)]
     name = args.name or f"worker-{os.getpid()}"
     if args.nworkers == 1 and args.name:
         names = [args.name]
@@ -249,8 +302,11 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int) -> in
     stopping = threading.Event()
 
     def start(k: int) -> subprocess.Popen:
+        env = dict(os.environ)
+        if gpus is not None:
+            env.update(gpus.env([gpus.ids[k]]))
         return nannies[k].popen([sys.executable, "-m", "hpcsched", "worker", *base,
-                                 "--name", names[k]], env=dict(os.environ))
+                                 "--name", names[k]], env=env)
 
     def restart(k: int) -> None:
         """A nanny plugin's restart: the worker process stopped and started again."""

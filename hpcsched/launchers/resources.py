@@ -1,4 +1,4 @@
-"""What this process may use: threads, memory, job identity and walltime.
+"""What this process may use: threads, memory, GPUs, job identity and walltime.
 
 :func:`detect` reads the batch job's environment, shares the node's CPUs and memory
 among the ranks placed on the node, and falls back to what the machine shows (CPU
@@ -21,6 +21,10 @@ How many ranks share the node (``local_size``), first found wins:
    ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` indexed by ``SLURM_NODEID``);
 4. otherwise 1.
 
+GPUs (:func:`detect_gpus`): the environment first (``CUDA_VISIBLE_DEVICES`` and the
+other vendors', SLURM's GPU variables), else ``nvidia-smi -L``; the rules are those of
+:func:`hpcsched.core.worker.tasks.gpus.find`.
+
 Sizes are read by :func:`hpcsched.core.units.parse_bytes`; batch systems' own
 memory variables (SLURM_MEM_PER_NODE, in megabytes) follow their own
 conventions and are read by their own modules.
@@ -37,6 +41,10 @@ from typing import Any
 
 from hpcsched.core import seams
 from hpcsched.core.units import memory_limit_bytes, parse_memory_limit
+from hpcsched.core.worker.tasks.gpus import Gpus, find
+
+#: seconds ``nvidia-smi -L`` may take (a hung driver must not keep a worker from starting)
+NVIDIA_SMI_TIMEOUT = 20.0
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,11 @@ def launcher_rank(env: Mapping[str, str] = os.environ) -> int | None:
     except RuntimeError:
         return None
     return first_env_int(env, tuple(v[1] for v in LAUNCHERS), minimum=0)
+
+
+def launcher_local_rank(env: Mapping[str, str] = os.environ) -> int | None:
+    """This process's rank among those the launcher started on its node, if it says."""
+    return _rank_from_env(env)[1]
 
 
 def _local_size_from_env(env: Mapping[str, str]) -> int | None:
@@ -307,3 +320,24 @@ def detect(
         node_cpus=node_cpus,
         node_memory=node_memory,
     )
+
+
+def detect_gpus(env: Mapping[str, str] | None = None) -> Gpus | None:
+    """This process's GPUs (None: none known): from ``env`` (default ``os.environ``), else
+    from ``nvidia-smi -L`` when it is on the ``PATH`` of ``env``."""
+    import shutil
+    import subprocess
+
+    env = os.environ if env is None else env
+    gpus = find(env)
+    if gpus is not None:
+        return gpus
+    smi = shutil.which("nvidia-smi", path=env.get("PATH"))
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False,
+                             timeout=NVIDIA_SMI_TIMEOUT, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return find(env, out.stdout) if out.returncode == 0 else None

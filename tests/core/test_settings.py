@@ -25,8 +25,9 @@ from hpcsched.core.settings import (
     WorkerSettings,
 )
 from hpcsched.core.state.settings import config_keys, unit_of
-from hpcsched.core.units import parse_bytes
+from hpcsched.core.units import parse_bytes, parse_interval
 from hpcsched.core.worker.memory import MemoryLimits
+from hpcsched.core.worker.server import Worker
 from hpcsched.hpc.backoff import Backoff
 
 #: the sections whose every key is a field of a settings class
@@ -80,16 +81,19 @@ def test_two_fields_of_one_key_share_its_value():
 def test_read_gives_what_get_gives_for_every_key(clean_config: Any):
     write_yaml(clean_config,
                "scheduler:\n  worker-saturation: 2.5\n  journal-compact-bytes: 1 MiB\n"
-               "worker:\n  memory:\n    pause: 0.5\nmpi:\n  rank-timeout: 0\n")
+               "worker:\n  memory:\n    pause: 0.5\n  death-timeout: 2m\nmpi:\n  rank-timeout: 0\n")
     for cls in SETTINGS:
         settings = config.read(cls)
         for name, key in config_keys(cls).items():
             want = config.get(key)
             if unit_of(cls, name) == "bytes":
                 want = parse_bytes(want)
+            elif unit_of(cls, name) == "seconds" and want is not None:
+                want = parse_interval(want, zero=True)
             assert getattr(settings, name) == want, key
     assert config.read(SchedulerServerSettings).journal_compact_bytes == 2**20
     assert config.read(WorkerSettings).memory_pause == 0.5
+    assert config.read(WorkerSettings).death_timeout == 120.0
 
 
 # ---------------------------------------------------------------- the roads, in order
@@ -122,6 +126,37 @@ def test_a_size_is_read_in_bytes_by_every_road(clean_config: Any,
     monkeypatch.setenv("HPCSCHED_SCHEDULER__QUEUE_BLOCK_BYTES", "4MiB")
     assert block_bytes() == 4 * 2**20
     assert block_bytes(queue_block_bytes="2 kB") == 2000
+
+
+def test_a_duration_is_read_in_seconds_by_every_road(clean_config: Any,
+                                                    monkeypatch: pytest.MonkeyPatch):
+    """dask's strings ("2m", "1h30m", "00:30:00") wherever seconds are asked for."""
+    def death_timeout(**kw: Any) -> float:
+        return Worker("inproc://nowhere", **kw).death_timeout
+
+    assert death_timeout() == 60.0
+    write_yaml(clean_config, "worker:\n  death-timeout: 2m\n")
+    assert death_timeout() == 120.0
+    monkeypatch.setenv("HPCSCHED_WORKER__DEATH_TIMEOUT", "00:01:30")
+    assert death_timeout() == 90.0
+    assert death_timeout(death_timeout="45s") == 45.0
+    monkeypatch.setenv("HPCSCHED_COMM__TIMEOUTS__CONNECT", "1h30m")
+    assert config.seconds("comm.timeouts.connect") == 5400.0
+    assert config.seconds("comm.timeouts.connect", "5s") == 5.0
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__UNKNOWN_TASK_DURATION", "250ms")
+    assert config.read(SchedulerSettings).unknown_task_duration == 0.25
+    monkeypatch.setenv("HPCSCHED_MPI__EXIT_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="mpi.exit-timeout"):
+        config.read(MPISettings)
+
+
+def test_a_worker_lifetime_as_dask_jobqueue_writes_it():
+    """``--lifetime 55m --lifetime-stagger 4m``: retire between 51 and 59 minutes."""
+    lives = {Worker("inproc://nowhere", lifetime="55m", lifetime_stagger="4m").lifetime
+             for _ in range(20)}
+    assert all(51 * 60 <= life <= 59 * 60 for life in lives)
+    assert len(lives) > 1  # staggered
+    assert Worker("inproc://nowhere", lifetime="00:30:00").lifetime == 1800.0
 
 
 def test_the_heartbeat_interval_reaches_the_scheduler_state_and_the_worker(

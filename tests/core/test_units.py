@@ -103,6 +103,24 @@ def test_parse_interval(value, seconds):
     assert parse_interval(value) == seconds
 
 
+@pytest.mark.parametrize("value,seconds", [
+    ("55m", 3300.0), ("4m", 240.0), ("300s", 300.0), ("00:30:00", 1800.0), ("1h30m", 5400.0),
+    ("2h", 7200.0), ("1.5s", 1.5), ("250ms", 0.25),
+])
+def test_dask_strings_mean_what_they_mean_in_dask(value, seconds):
+    """dask's ``parse_timedelta`` and dask-jobqueue's documented ``--lifetime 55m``."""
+    assert parse_interval(value) == seconds
+
+
+def test_zero_is_a_duration_only_where_a_setting_allows_it():
+    assert parse_interval(0, zero=True) == 0.0
+    assert parse_interval("0s", zero=True) == 0.0
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_interval(-1, "worker.walltime-margin", zero=True)
+    with pytest.raises(ValueError, match="positive"):
+        parse_interval(0)
+
+
 def test_two_fields_are_hours_and_minutes_only_when_asked():
     with pytest.raises(ValueError, match="ambiguous"):
         parse_interval("01:30")

@@ -89,6 +89,31 @@ def test_backlog_uses_the_duration_of_each_task_group():
     assert recommend(mixed, Policy(target_duration=5)).action == "up"
 
 
+def test_gpu_tasks_waiting_for_gpus_are_backlog_though_threads_are_free():
+    """A worker with 16 threads and 2 GPUs given 16 one-GPU tasks of 10 s runs 2; 14 wait
+    for a GPU with threads to spare: 70 s of backlog over its 2 GPUs, and the 16 tasks
+    would keep 8 such workers busy."""
+    gpu = W("g", nthreads=16, processing=16, resources={"GPU": 2}, used_resources={"GPU": 16},
+            resource_waiting={"GPU": (14, 140.0)})
+    s = snap(gpu)
+    assert s.n_waiting == 14 and s.backlog == 70.0
+    r = recommend(s, Policy(target_duration=5, scale_factor=2))
+    assert (r.action, r.target, r.kind) == ("up", 2, "backlog")
+    r = recommend(s, Policy(target_duration=5, scale_factor=100))
+    assert r.target == 8  # one GPU-task pair per worker
+
+
+def test_ready_gpu_tasks_are_weighed_against_the_gpus_not_the_threads():
+    # 64 threads and 1 GPU, 10 one-GPU tasks of 2 s queued: 20 s for the one GPU
+    s = snap(W("g", nthreads=64, processing=1, resources={"GPU": 1}, used_resources={"GPU": 1}),
+             demand=[D(10, 2.0, resources={"GPU": 1})])
+    assert s.backlog == 20.0
+    assert recommend(s, Policy(target_duration=5)).action == "up"
+    # the same tasks without a GPU need: 20 s over 64 threads is no backlog
+    cpu = snap(W("c", nthreads=64, processing=1), demand=[D(10, 2.0)])
+    assert recommend(cpu, Policy(target_duration=5)).action == "none"
+
+
 def test_growth_never_asks_for_more_workers_than_there_are_tasks():
     s = snap(W("a", processing=1), demand=[D(2, 10.0)])  # 3 tasks for 1-thread workers
     assert recommend(s, Policy(scale_factor=10)).target == 3
@@ -357,6 +382,26 @@ def test_snapshot_counts_queued_tasks_and_measured_durations():
     assert snapshot.backlog == pytest.approx((d.count * 2.0 + 2 * 2.0) / 4)
     r = recommend(snapshot, Policy(target_duration=5))
     assert (r.action, r.target) == ("up", 4)
+
+
+def test_snapshot_counts_gpu_tasks_waiting_on_a_worker_for_its_gpus():
+    """The scheduler gives a worker tasks up to its threads' saturation whatever they ask
+    of its GPUs; those beyond its GPUs wait there, and adaptive sees them waiting."""
+    s = SchedulerState()
+    s.handle(ev.AddClient("client", now=0.0))
+    s.handle(ev.AddWorker("tcp://gpu", 8, resources={"GPU": 2}))
+    tasks = {f"train-{i}": {"run_spec": ("run", i), "deps": []} for i in range(8)}
+    s.handle(ev.UpdateGraph("client", tasks, list(tasks), resources={"GPU": 1}))
+    (w,) = snapshot_state(s).workers
+    assert w.processing == 8 and w.waiting_tasks == 0  # threads to spare ...
+    assert w.used_resources == {"GPU": 8}
+    n, work = w.resource_waiting["GPU"]
+    assert n == 6 and work == pytest.approx(6 * s.unknown_task_duration)  # ... GPUs not
+    snapshot = snapshot_state(s)
+    assert snapshot.n_waiting == 6
+    assert snapshot.backlog == pytest.approx(6 * s.unknown_task_duration / 2)
+    r = recommend(snapshot, Policy(target_duration=1, scale_factor=10))
+    assert (r.action, r.target) == ("up", 4)  # 8 one-GPU tasks, 2 GPUs a worker
 
 
 def test_snapshot_records_restricted_tasks_waiting_for_dependencies():

@@ -8,6 +8,7 @@ test starts is killed in ``finally``.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import stat
@@ -140,6 +141,40 @@ def test_sigterm_to_the_scheduler_ends_it_and_its_workers(procs, tmp_path):
                    what="the client to notice the scheduler left")
 
 
+@pytest.mark.timeout(120)
+def test_a_worker_retires_after_a_lifetime_written_as_dask_writes_it(procs, tmp_path):
+    """``--lifetime 00:00:04 --lifetime-stagger 500ms``: the worker leaves gracefully, its
+    process ends with 0, no sooner than its lifetime less the stagger."""
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    t0 = time.monotonic()
+    worker = procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile),
+                          "--name", "mortal", "--lifetime", "00:00:04",
+                          "--lifetime-stagger", "500ms", *WORKER_OPTS], "mortal")
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(1, timeout="30s")
+        assert client.submit(inc, 1).result(timeout="30s") == 2
+        assert worker.wait(60) == 0, procs.log("mortal")
+        assert time.monotonic() - t0 >= 3.5
+        wait_until(lambda: n_workers(client) == 0, timeout=20, what="the worker to leave")
+
+
+def test_dask_jobqueues_lifetime_idiom_reaches_the_worker_as_in_dask_jobqueue():
+    """dask-jobqueue's documentation: ``worker_extra_args=["--lifetime", "55m",
+    "--lifetime-stagger", "4m"]`` retires workers 55 +- 4 minutes into their job; they come
+    after the options the cluster derives from its walltime, so they win."""
+    from hpcsched.jobqueue import SLURMCluster
+    from hpcsched.launchers.cli import worker_parser
+
+    extra = ["--lifetime", "55m", "--lifetime-stagger", "4m"]
+    with SLURMCluster(cores=1, memory="1GB", walltime="01:00:00",
+                      worker_extra_args=extra) as cluster:
+        line = next(ln for ln in cluster.job_script().splitlines() if " worker " in ln)
+    argv = shlex.split(line)
+    args = worker_parser().parse_args(argv[argv.index("worker") + 1:])
+    assert (args.lifetime, args.lifetime_stagger) == (3300.0, 240.0)
+
+
 def test_help_and_usage_errors(procs):
     out = subprocess.run([*hpcsched_cmd(), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "hpcsched scheduler" in out.stdout
@@ -149,6 +184,10 @@ def test_help_and_usage_errors(procs):
     out = subprocess.run([sys.executable, "-m", "hpcsched", "worker", "tcp://127.0.0.1:1",
                           "--resources", "GPU"], capture_output=True, text=True, timeout=30)
     assert out.returncode != 0 and "GPU" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "hpcsched", "worker", "tcp://127.0.0.1:1",
+                          "--lifetime", "55 minutes"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode != 0 and "--lifetime" in out.stderr and "55 minutes" in out.stderr
 
 
 @pytest.mark.parametrize("args", [["--version"], ["worker", "--version"],

@@ -54,6 +54,7 @@ from hpcsched.core.client.collections import (
     become_dask_scheduler,
     call_annotations,
     restore_dask_scheduler,
+    timed,
 )
 from hpcsched.core.client.connection import (
     CLOSE_REQUEST,
@@ -143,7 +144,7 @@ class Client:
         self.cluster: Any = None
         self._owns_cluster = False
         self._dask_config: DaskClaim | None = None
-        timeout = config.get("comm.timeouts.connect", timeout)
+        timeout = config.seconds("comm.timeouts.connect", timeout)
         where = locate_scheduler(address, scheduler_file, security, timeout, cluster_kwargs,
                                  (default_scheduler_address, default_security))
         self.cluster, self._owns_cluster = where.cluster, where.owns_cluster
@@ -337,8 +338,18 @@ class Client:
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
                resources: dict | None = None, retries: int = 0, priority: int = 0,
                allow_other_workers: bool = False, pure: bool = True,
-               ranks: int | None = None, **kwargs: Any) -> Future:
+               ranks: int | None = None, duration: float | str | None = None,
+               time_limit: float | str | None = None, **kwargs: Any) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; a :class:`Future` of its result.
+
+        ``duration`` (seconds, or as dask writes it: ``"20m"``): how long the task is
+        expected to run; it is not started on a worker that leaves sooner (its
+        ``--lifetime``, its job's walltime) while another stays long enough (without it,
+        its group's measured durations count). ``time_limit`` (``"1h"``): past it the task
+        fails with ``TaskTimeLimitExceeded`` and its slot is free again; Python cannot stop
+        the code, which goes on in the background until it returns (see
+        :mod:`hpcsched.core.worker.tasks.time_limit`). Both may come from an enclosing
+        ``dask.annotate``.
 
         ``ranks=N``: the task holds a slot on each of N distinct workers at once and runs
         on every one of them (in MPI mode, N ranks: :func:`hpcsched.get_task_comm` inside
@@ -358,6 +369,7 @@ class Client:
             raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
         if ranks is not None:
             call_annotations(("",), ranks)  # a bad value is an error here, before any work
+        func, seconds = timed(func, duration, time_limit)
         # ``held`` keeps the futures found in the arguments alive until the graph that needs
         # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
         # released, and the scheduler told so, before the task that depends on it arrives
@@ -374,14 +386,15 @@ class Client:
         self.scheduler_comm.send(pc.UpdateGraph(
             self.id, {key: task}, [key], priority, {key: retries} if retries else {},
             resources, as_list(workers), allow_other_workers, {key: 0},
-            call_annotations((key,), ranks)))
+            call_annotations((key,), ranks, seconds)))
         del held
         return fut
 
     def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
             resources: dict | None = None, retries: int = 0, priority: int = 0,
             allow_other_workers: bool = False, batch_size: int | None = None,
-            pure: bool = True, ranks: int | None = None, **kwargs: Any) -> list[Future]:
+            pure: bool = True, ranks: int | None = None, duration: float | str | None = None,
+            time_limit: float | str | None = None, **kwargs: Any) -> list[Future]:
         """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
 
         Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
@@ -390,7 +403,8 @@ class Client:
         and ranges, at a task farm's speed (:mod:`hpcsched.core.state.bulk`), every
         element still its own future; with ``pure``, the same map again (while its
         futures are held) gives the same futures. ``ranks=N``: each element is a task
-        holding N slots, as with :meth:`submit`."""
+        holding N slots; ``duration`` and ``time_limit`` are each element's, as with
+        :meth:`submit` (on both roads)."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:
@@ -405,12 +419,13 @@ class Client:
             raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
         if ranks is not None:
             call_annotations(("",), ranks)  # a bad value is an error here, before any work
+        func, seconds = timed(func, duration, time_limit)
         return self._submitter.map(
             func, items, kwargs, keys=keys,
             base=key if isinstance(key, str) else funcname(func),
             token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
             priority=priority, retries=retries, resources=resources, workers=workers,
-            allow_other_workers=allow_other_workers, ranks=ranks)
+            allow_other_workers=allow_other_workers, ranks=ranks, duration=seconds)
 
     # ================================================================ graphs
     def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,

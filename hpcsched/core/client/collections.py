@@ -45,16 +45,50 @@ Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
 
 #: the annotations hpcsched acts on (others are accepted and kept for plugins)
 KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers",
-                     "checkpoint", "ranks")
+                     "checkpoint", "ranks", "duration")
 #: the annotations of an enclosing ``dask.annotate`` that ``submit`` and ``map`` take
 CALL_ANNOTATIONS = ("checkpoint", "ranks")
+#: annotations that are durations: seconds, or as dask writes them ("20m", "1h30m")
+DURATIONS = ("duration", "time_limit")
 
 
-def call_annotations(keys: Collection[Key], ranks: int | None = None) -> Annotations | None:
+def call_duration(name: str, value: Any) -> tuple[float, str] | None:
+    """A ``submit``/``map`` call's ``duration`` or ``time_limit``: its own ``value``, else
+    the enclosing ``dask.annotate``'s; as (seconds, the text written), None if neither."""
+    from hpcsched.core.units import parse_interval
+
+    if value is None:
+        dask = sys.modules.get("dask")
+        value = dask.get_annotations().get(name) if dask is not None else None
+        if value is None:
+            return None
+    return parse_interval(value, name), str(value)
+
+
+def timed(func: Callable, duration: Any, time_limit: Any) -> tuple[Callable, float | None]:
+    """What a ``submit``/``map`` call runs and how long it is expected to take: ``func``,
+    under its ``time_limit`` if it has one (a
+    :class:`~hpcsched.core.worker.tasks.time_limit.TimeLimited` call), and its ``duration``
+    in seconds (None: not said); each the call's own, else the enclosing
+    ``dask.annotate``'s."""
+    limit = call_duration("time_limit", time_limit)
+    if limit is not None:
+        from hpcsched.core.worker.tasks.time_limit import TimeLimited
+
+        func = TimeLimited(func, *limit)
+    expected = call_duration("duration", duration)
+    return func, expected[0] if expected else None
+
+
+def call_annotations(keys: Collection[Key], ranks: int | None = None,
+                     duration: float | None = None) -> Annotations | None:
     """The per-key annotations that the enclosing ``dask.annotate`` block (if dask is
     imported) gives ``submit``/``map`` calls of ``keys`` (None: none); ``ranks``, the
-    call's own, wins over the block's."""
+    call's own, wins over the block's; ``duration``: the call's expected seconds
+    (:func:`call_duration`)."""
     out: Annotations = {}
+    if duration is not None:
+        out["duration"] = dict.fromkeys(keys, duration)
     if ranks is not None:
         if annotation_problem("ranks", ranks) is not None or isinstance(ranks, bool):
             raise ValueError(f"ranks={ranks!r} is not valid: a task holds ranks=N worker "
@@ -155,6 +189,10 @@ def annotations_for_wire(annotations: Annotations, keys: Collection[Any]) -> dic
             if name == "workers":
                 v = vals[k] = [v] if isinstance(v, (str, int)) else \
                     list(v) if isinstance(v, (list, tuple, set, frozenset)) else v
+            elif name in DURATIONS and isinstance(v, str):
+                from hpcsched.core.units import parse_interval
+
+                v = vals[k] = parse_interval(v, f"annotation {name} of {k!r}")
             if annotation_problem(name, v) is not None:
                 raise ValueError(f"annotation {name}={v!r} of {k!r} is not valid: "
                                  f"{annotation_problem(name, v)}")

@@ -21,6 +21,7 @@ from hpcsched.core.client.submission import as_list
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.calls import outcome
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
+from hpcsched.core.units import parse_interval
 
 if TYPE_CHECKING:
     from hpcsched.core.client.connection import SchedulerConnection
@@ -144,6 +145,8 @@ class ClusterRequests:
             f.result(timeout)
         keys = [getattr(f, "key", f) for f in futures]
         wanted = self.conn.request(pc.Replicate("", keys, n, as_list(workers)), timeout).result
+        if timeout is not None:  # seconds, or as dask writes it ("30s", "2m")
+            timeout = parse_interval(timeout, "timeout", zero=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
@@ -167,9 +170,11 @@ class ClusterRequests:
         if wait_for_workers:
             self.wait_for_workers(n, timeout=timeout)
 
-    def wait_for_workers(self, n_workers: int = 1, timeout: float | None = None) -> None:
+    def wait_for_workers(self, n_workers: int = 1, timeout: float | str | None = None) -> None:
         """Poll the scheduler until ``n_workers`` workers have joined; a cluster that can tell
         (``check_failures``) raises early when its workers failed to start."""
+        if timeout is not None:  # seconds, or as dask writes it ("30s", "2m")
+            timeout = parse_interval(timeout, "timeout", zero=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:

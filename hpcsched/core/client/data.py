@@ -29,6 +29,7 @@ from hpcsched.core.client.futures import (
 from hpcsched.core.client.submission import as_list
 from hpcsched.core.protocol.messages import ClientDesiresKeys, Gather, ScatterData
 from hpcsched.core.protocol.serialize import deserialize, serialize, sizeof
+from hpcsched.core.units import parse_interval
 
 if TYPE_CHECKING:
     from hpcsched.core.client.connection import PendingReply, SchedulerConnection
@@ -56,6 +57,8 @@ class Transfers:
             raise ValueError("errors must be 'raise' or 'skip'")
         flat: list[Future] = []
         collect_futures(futures, flat)
+        if timeout is not None:  # seconds, or as dask writes it ("30s", "2m")
+            timeout = parse_interval(timeout, "timeout", zero=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         values: dict = {}
         # a large gather asks for its results part by part, in order, as each part is done:

@@ -170,7 +170,7 @@ class Submitter:
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, ranks: int | None = None,
-            **opts: Any) -> list[Future]:
+            duration: float | None = None, **opts: Any) -> list[Future]:
         """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain
         (no ``dask.annotate`` of calls around it either: ``checkpoint``; no ``ranks``), else one task per item of ``items`` (argument tuples), sent in batches
         (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
@@ -181,7 +181,7 @@ class Submitter:
                 and call_annotations((base,), ranks) is None:  # (per-call annotations: per task)
             bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
                                  batch_size=batch_size, priority=opts.get("priority", 0),
-                                 retries=opts.get("retries", 0))
+                                 retries=opts.get("retries", 0), duration=duration)
             if bulk is not None:
                 return bulk
         table = self.table
@@ -214,13 +214,14 @@ class Submitter:
                     send(update_graph(self.conn.client_id, tasks, list(tasks),
                                       static_priorities={k: start + i
                                                          for i, k in enumerate(tasks)},
-                                      annotations=call_annotations(tasks, ranks), **opts))
+                                      annotations=call_annotations(tasks, ranks, duration),
+                                      **opts))
                 del held
         return futures
 
     def bulk_map(self, func: Callable, items: list, kwargs: dict, *, base: str, token: str,
                  pure: bool, batch_size: int | None, priority: int,
-                 retries: int) -> list[Future] | None:
+                 retries: int, duration: float | None = None) -> list[Future] | None:
         """A map as a bulk map (:mod:`hpcsched.core.state.bulk`): the function pickled once,
         each element's arguments once, element ``i``'s key ``f"{prefix}{i}"``; None if an
         argument is a future (the map then goes task by task: its elements depend on
@@ -266,7 +267,7 @@ class Submitter:
                 send(UpdateMap(prefix=prefix, function=fblob,
                                args=[dumps((items[i], kwargs)) for i in range(start, stop)],
                                offset=start, priority=priority, retries=retries,
-                               client=client_id))
+                               duration=duration, client=client_id))
         return futures
 
     def submit_graph(self, dsk: Any, keys: Any, *, fuse: bool | None = None,

@@ -39,12 +39,14 @@ from hpcsched.core import seams
 from hpcsched.core.worker.context import (  # noqa: F401 - the tasks' API, in one place
     TaskNeedsThread,
     current,
+    get_task_gpus,
     get_worker,
     in_task,
     off_loop,
     rejoin,
     secede,
     seceded,
+    task_env,
 )
 
 

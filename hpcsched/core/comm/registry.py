@@ -60,7 +60,7 @@ def backend_for(address: str) -> Backend:
 def connect(address: str, timeout: float | None = None, security: Security | None = None) -> Comm:
     """Open a comm to ``address``, retrying until ``timeout`` (config comm.timeouts.connect)."""
     scheme, _ = parse_address(address)
-    timeout = config.get("comm.timeouts.connect", timeout)
+    timeout = config.seconds("comm.timeouts.connect", timeout)
     return get_backend(scheme).connect(address, timeout, security)
 
 
@@ -73,7 +73,7 @@ def connect_soon(address: str, done: Callable[[Comm | None, BaseException | None
     backend = get_backend(parse_address(address)[0])
     if backend.connect_soon is None:
         return False
-    return backend.connect_soon(address, config.get("comm.timeouts.connect", timeout),
+    return backend.connect_soon(address, config.seconds("comm.timeouts.connect", timeout),
                                 security, done)
 
 

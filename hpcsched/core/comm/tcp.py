@@ -85,8 +85,8 @@ __all__ = ["TCPComm", "TCPListener"]
 def _connect(address: str, timeout: float | None, security: Security | None) -> Comm:
     scheme, loc = parse_address(address)
     host, port = parse_host_port(loc)
-    timeout = float(config.get("comm.timeouts.connect", timeout))
-    handshake_timeout = float(config.get("comm.timeouts.handshake"))
+    timeout = config.seconds("comm.timeouts.connect", timeout)
+    handshake_timeout = config.seconds("comm.timeouts.handshake")
     ctx = client_context(security, force=scheme == "tls")
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -142,8 +142,8 @@ def _connect_soon(address: str, timeout: float | None, security: Security | None
     family, _, _, _, sockaddr = infos[0]
     attempt = _Connecting(tcp_io.acquire(), address, host, family, sockaddr,
                           client_context(security, force=scheme == "tls"), security,
-                          float(config.get("comm.timeouts.connect", timeout)),
-                          float(config.get("comm.timeouts.handshake")), done)
+                          config.seconds("comm.timeouts.connect", timeout),
+                          config.seconds("comm.timeouts.handshake"), done)
     attempt.io.call_soon(attempt.start)
     return True
 

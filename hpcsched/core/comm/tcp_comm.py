@@ -51,7 +51,7 @@ class TCPComm(Comm):
         self._max_frames = int(config.get("comm.max-frames"))
         self._max_frame_bytes = int(config.get("comm.max-frame-bytes"))
         self._max_queued = int(config.get("comm.max-send-queue-bytes"))
-        self._message_timeout = float(config.get("comm.timeouts.message"))
+        self._message_timeout = config.seconds("comm.timeouts.message")
         self._decoder = FrameDecoder(self._max_frames, self._max_frame_bytes)
         self._leftover = leftover
         # sending, under _send_lock: plain -> wire bytes; TLS -> plaintext to encrypt

@@ -133,7 +133,7 @@ class TCPListener(Listener):
         self._ctx = server_context(security)
         if scheme == "tls" and self._ctx is None:
             raise ValueError(f"{address}: a tls:// listener needs security.tls_cert (and tls_key)")
-        self._handshake_timeout = float(config.get("comm.timeouts.handshake"))
+        self._handshake_timeout = config.seconds("comm.timeouts.handshake")
         self._max_pending = max(1, int(config.get("comm.max-pending-handshakes")))
         raise_descriptor_limit()
         sockaddr: tuple[Any, ...]  # (host, port), or IPv6's (host, port, flowinfo, scope)

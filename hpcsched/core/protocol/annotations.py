@@ -30,6 +30,7 @@ from hpcsched.core.protocol.checks import (
     int_in,
     list_of,
     number,
+    positive_number,
     string,
     worker_ref,
 )
@@ -44,6 +45,8 @@ ANNOTATIONS: dict[str, Check] = {
     "allow_other_workers": boolean,
     "checkpoint": boolean,  # keep the result in the scheduler's checkpoint directory
     "ranks": int_in(1, 1 << 20),  # worker slots it holds at once, on as many workers
+    # seconds it is expected to run: kept off workers that leave sooner (placement.py)
+    "duration": positive_number,
 }
 
 

@@ -123,6 +123,12 @@ def seconds(x: Any) -> str | None:
 
 
 @_says("int > 0")
+def positive_number(x: Any) -> str | None:
+    if number(x) is None and x > 0:
+        return None
+    return f"expected a finite number > 0, got {short(x)}"
+
+
 def positive(x: Any) -> str | None:
     if isinstance(x, int) and not isinstance(x, bool) and x > 0:
         return None

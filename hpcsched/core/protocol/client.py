@@ -71,6 +71,8 @@ class UpdateMap(FromClient):
     offset: int = wire(fc.count, 0, doc="the index of the block's first element")
     priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
     retries: int = wire(fc.count, 0, doc="times each element is retried when it raises")
+    duration: float | None = wire(fc.optional(fc.positive_number), None, sparse=True,
+                                  doc="seconds an element is expected to take, as submitted")
 
 
 @message("client-desires-keys", C2S)

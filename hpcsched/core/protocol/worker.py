@@ -48,6 +48,11 @@ class RegisterWorker:
     running: list | None = wire(fc.optional(fc.keys), None, sparse=True,
                                 doc="tasks it is running (a worker that lost its scheduler "
                                     "and registers again)")
+    lifetime_end: float | None = wire(fc.optional(fc.number), None, sparse=True,
+                                      doc="when it will leave (epoch seconds): its "
+                                          "`--lifetime` or its job's walltime")
+    gpus: list | None = wire(fc.optional(fc.list_of(fc.string)), None, sparse=True,
+                             doc="the ids of the GPUs behind its `GPU` resource")
 
 
 @message("registered", S2W, S2C)

@@ -167,7 +167,7 @@ class Scheduler:
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
         # connected peers yet to introduce themselves, oldest first (loop thread only)
         self._newcomers: dict[Newcomer, None] = {}
-        self._introduction_timeout = float(config.get("comm.timeouts.handshake"))
+        self._introduction_timeout = config.seconds("comm.timeouts.handshake")
         self._outbox: dict[str, list] = {}
         # per worker: messages that may wait for the next one to it or the tick (free-keys)
         self._held: dict[str, list] = {}

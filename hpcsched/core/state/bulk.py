@@ -166,6 +166,9 @@ class BulkMaps:
         # waiting may take it); whether maps of a priority wait behind a wide task
         self.slots_freed: Callable[[WorkerInfo], None] = lambda ws: None
         self.held_back: Callable[[tuple], bool] = lambda priority: False
+        # whether a worker may start work of so many seconds of a group (its lifetime)
+        self.lifetime_allows: Callable[[WorkerInfo, float | None, str], bool] = \
+            lambda ws, seconds, group: True
         graph.promote_element = self.resolve
 
     # ================================================================ client side
@@ -185,6 +188,7 @@ class BulkMaps:
             m = self.maps[e.prefix] = BulkMap(
                 e.prefix, e.client, e.function,
                 (self.graph.new_generation(), -e.priority), e.retries)
+            m.duration = e.duration
         elif m.client != e.client or e.offset != len(m.args):
             raise ev.MalformedMessage(f"update-map: a block of {e.prefix!r} at {e.offset} "
                                       "does not continue the map")
@@ -529,6 +533,12 @@ class BulkMaps:
             self.quarantined.add(address)
             self.hungry.pop(address, None)
             return
+        if ws.end is not None and self.pending:  # it leaves before the head's elements end
+            m = self.pending[0]
+            seconds = m.duration if m.duration is not None else self.element_seconds(m)
+            if not self.lifetime_allows(ws, seconds, m.group):
+                self.hungry.pop(address, None)
+                return
         have = self.outstanding.get(address, 0)
         given = 0  # held tasks among them count here, but not in outstanding
         while self.pending:

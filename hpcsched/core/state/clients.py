@@ -242,6 +242,7 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
     workers = annotations.get("workers") or {}
     loose = annotations.get("allow_other_workers") or {}
     ranks = annotations.get("ranks") or {}
+    duration = annotations.get("duration") or {}
     for ts in new:
         k = ts.key
         if k in retries:
@@ -254,6 +255,8 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
             ts.loose_restrictions = bool(loose[k])
         if k in ranks:
             ts.width = int(ranks[k])
+        if k in duration:
+            ts.duration = float(duration[k])
 
 
 def _number(x: Any) -> bool:

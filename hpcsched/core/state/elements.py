@@ -112,7 +112,7 @@ class BulkMap:
 
     __slots__ = ("prefix", "client", "function", "args", "state", "where", "nbytes",
                  "priority", "retries", "free", "n_free", "n_live", "n_orphans", "group",
-                 "suspicious", "given", "spent", "n_done", "held")
+                 "suspicious", "given", "spent", "n_done", "held", "duration")
 
     def __init__(self, prefix: str, client: str, function: bytes, priority: tuple,
                  retries: int):
@@ -137,6 +137,7 @@ class BulkMap:
         self.given: dict[int, Given] = {}  # worker slot -> the elements given to it
         self.spent = 0.0  # seconds the reported elements took, over n_done of them
         self.n_done = 0
+        self.duration: float | None = None  # seconds an element is expected to take, as said
         # queued elements made tasks that still run in a range (BulkMaps.resolve): index ->
         # its task, which waits until a range with it is given to a worker
         self.held: dict[int, TaskState] = {}

@@ -139,6 +139,8 @@ class Execute:
     run_spec: Any
     announced: bool = False
     gang: tuple = ()  # a member of a task holding many slots: every member's address
+    #: resource name -> the ids of the devices of it the task holds while it runs ("GPU")
+    devices: dict | None = None
 
 
 @record
@@ -191,6 +193,8 @@ class AddWorker(Internal):
     pid: int = 0
     running: list = field(default_factory=list)  # tasks it is running (it registers again)
     paused: bool = False  # given no new task until it runs (WorkerStatusChange)
+    lifetime_end: float | None = None  # when it will leave (its lifetime, its walltime)
+    gpus: list = field(default_factory=list)  # the ids of the GPUs behind its GPU resource
 
 
 @record(frozen=True)

@@ -205,8 +205,12 @@ class Maintenance:
         whole cluster."""
         thieves = self.placement.idle_workers(policies.STEAL_MOVES)
         if thieves and self._backlogs():
+            placement = self.placement
             for ts, victim, thief in policies.plan_steals(
-                    self.placement.backlogged, thieves, self.registry.bandwidth):
+                    placement.backlogged, thieves, self.registry.bandwidth):
+                if thief.end is not None and not placement.lifetime_allows(
+                        thief, placement.expected_seconds(ts), ts.group.name):
+                    continue  # it leaves before the task would end: it stays where it is
                 ts.stealing = True
                 self.steal_targets[ts.key] = thief
                 self.out.send(victim.address, StealRequest(ts.key))

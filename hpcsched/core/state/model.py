@@ -141,7 +141,7 @@ class TaskState:
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
         "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
         "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
-        "queued_seq", "stealing", "rootish_cache", "block", "width",
+        "queued_seq", "stealing", "rootish_cache", "block", "width", "duration",
     )
 
     def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
@@ -176,6 +176,8 @@ class TaskState:
         # the worker slots it holds while it runs, one on each of ``width`` workers (a gang:
         # the workers are in TaskGraph.leases, processing_on the first of them)
         self.width = 1
+        # seconds it is expected to run, as its submitter said (else its group's measure)
+        self.duration: float | None = None
 
     def __repr__(self) -> str:
         return f"<TaskState {self.key!r} {self.state}>"
@@ -191,7 +193,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block", "heartbeat_interval")
+                 "root_block", "heartbeat_interval", "end", "gpus")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -222,6 +224,9 @@ class WorkerInfo:
         self.pid = pid
         self.heap_version = 0
         self.root_block: Any = None  # the RootBlock it takes queued tasks from
+        #: when it will leave (its lifetime, its job's walltime; the events' clock), or None
+        self.end: float | None = None
+        self.gpus: tuple[str, ...] = ()  # the ids of the GPUs behind its GPU resource
 
     def __repr__(self) -> str:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
@@ -237,4 +242,5 @@ class WorkerInfo:
             "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
             "status": self.status,
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
+            "lifetime_end": self.end, "gpus": list(self.gpus),
         }

@@ -1,6 +1,17 @@
 """Where a ready task goes: the worker decisions, the queue of root-ish tasks, and the
 tasks no worker can take yet.
 
+Lifetimes. A worker may say when it will leave (``WorkerInfo.end``: its ``--lifetime``,
+its job's walltime). A task expected to run longer than a worker has left (its
+``duration`` as submitted, else its group's measured mean) is not started there while
+another running worker stays long enough (HyperQueue's ``--time-request``): the decision
+is made among those, the queue's head is not handed to it, and the bulk maps ask the same
+(:meth:`Placement.lifetime_allows`). When no running worker stays long enough, the task
+runs where it would have, and the placement says so once per task group (a warning in the
+log, a ``walltime`` event for the dashboard): waiting for a worker that may never come
+would stall the work. A worker that says nothing of its end stays, as far as placement
+knows, for ever.
+
 :class:`Placement` owns the queue (a heap by priority, lazily cleaned, and its blocks,
 :mod:`hpcsched.core.state.blocks`), the heap of workers with free slots, the workers
 whose slots opened during the event being handled, the workers with an idle thread
@@ -18,8 +29,10 @@ workers whose slots opened (beyond its slots, milliseconds of a group of short t
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
+import logging
 import math
 import random
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -32,6 +45,8 @@ from hpcsched.core.state.registry import WorkerRegistry
 from hpcsched.core.state.settings import SchedulerSettings
 
 Key = Any
+
+logger = logging.getLogger("hpcsched.scheduler")
 
 
 class Placement:
@@ -75,6 +90,75 @@ class Placement:
         # elements of bulk maps a worker runs (set by the owner of the maps): such a
         # worker is not free for a wide task
         self.elements_on: Callable[[WorkerInfo], int] = lambda ws: 0
+        # the time of the event being handled (set by the state: events carry it)
+        self.now: Callable[[], float] = lambda: 0.0
+        # what happened, for the dashboard (the state's recorder, if any)
+        self.recorder: Callable[[], Any] = lambda: None
+        # task groups told that no worker stays long enough for them, and when
+        self.outlived: dict[str, float] = {}
+
+    # ================================================================ lifetimes
+    @staticmethod
+    def expected_seconds(ts: TaskState) -> float | None:
+        """How long ``ts`` is expected to run: as submitted (``duration=``), else its
+        group's measured mean, else None (unknown)."""
+        return ts.duration if ts.duration is not None else ts.group.average_duration
+
+    def lifetime_allows(self, ws: WorkerInfo, seconds: float | None, group: str) -> bool:
+        """Whether ``ws`` may start work of ``seconds`` (of TaskGroup ``group``): it stays
+        long enough, or no running worker does (said once per group, see the module's
+        documentation)."""
+        if ws.end is None or seconds is None:
+            return True
+        now = self.now()
+        if ws.end - now >= seconds:
+            return True
+        latest = self.registry.latest_end()
+        if latest - now >= seconds:
+            return False
+        if group not in self.outlived:
+            self.outlived[group] = now
+            left = max(latest - now, 0.0)
+            logger.warning("tasks of %s are expected to run %.0f s, and no worker stays that "
+                           "long (the longest has %.0f s left): they start anyway, and may "
+                           "be cut off with their worker", group, seconds, left)
+            recorder = self.recorder()
+            if recorder is not None:
+                recorder.event("walltime", {"group": group, "expected": seconds,
+                                            "longest-left": left}, now)
+        return True
+
+    def _outliving(self, ts: TaskState, ws: WorkerInfo) -> WorkerInfo | None:
+        """``ws`` was chosen for ``ts``: it, if it stays long enough for ``ts`` (or none
+        does), else the decision among the running workers that do (None: none of them
+        may run ``ts``: ``ws`` then, said as when none stays)."""
+        seconds = self.expected_seconds(ts)
+        if self.lifetime_allows(ws, seconds, ts.group.name):
+            return ws
+        assert seconds is not None
+        now = self.now()
+        order, keys = self.registry.by_end()
+        k = bisect.bisect_right(keys, -(now + seconds))  # order[:k] stay long enough
+
+        def stays(w: WorkerInfo) -> bool:
+            return w.end is None or w.end - now >= seconds
+
+        valid = policies.valid_workers(ts, order[:k]) if ts.worker_restrictions \
+            or ts.resource_restrictions else None
+        if valid is not None and not valid:
+            if not ts.loose_restrictions:
+                return ws  # none of those it may run on stays long enough
+            valid = None
+        if valid is None:
+            # a holder of its inputs that stays, else a bounded sample of those that stay:
+            # a decision costs the same on any number of workers
+            valid = list({h for dts in ts.dependencies for h in dts.who_has
+                          if h.status == "running" and h.reserved is None and stays(h)})
+            if not valid:
+                valid = order[:k] if k <= policies.SAMPLE_LIMIT else \
+                    [order[i] for i in self.rng.sample(range(k), policies.SAMPLE_LIMIT)]
+        choice = policies.decide_worker(ts, valid, valid, self.registry.bandwidth, self.rng)
+        return ws if choice is None else choice
 
     # ================================================================ decisions
     def is_rootish(self, ts: TaskState) -> bool:
@@ -83,7 +167,23 @@ class Placement:
                                    self.rootish_max_deps)
 
     def decide_worker(self, ts: TaskState) -> WorkerInfo | None:
-        """The worker for ``ts``, ready now; None: it waits (queued, or no worker fits)."""
+        """The worker for ``ts``, ready now; None: it waits (queued, or no worker fits).
+        Not one that leaves before ``ts`` would end while another stays long enough."""
+        ws = self._decide_worker(ts)
+        if ws is None or ws.end is None:
+            return ws
+        if not ts.worker_restrictions and not ts.resource_restrictions \
+                and self.rootish_policy == "queue" and self.is_rootish(ts):
+            # from the heap of free workers: one too short-lived for the task leaves the
+            # heap until its tasks change, and the next free one is asked
+            seconds = self.expected_seconds(ts)
+            while ws is not None and not self.lifetime_allows(ws, seconds, ts.group.name):
+                self._drop_free(ws)
+                ws = self.pop_free_worker()
+            return ws
+        return self._outliving(ts, ws)
+
+    def _decide_worker(self, ts: TaskState) -> WorkerInfo | None:
         registry = self.registry
         if not registry.workers:
             return None
@@ -245,6 +345,12 @@ class Placement:
         heapq.heappush(heap, (busy / ws.nthreads, next(self.seq),
                               ws.heap_version, ws))
 
+    def _drop_free(self, ws: WorkerInfo) -> None:
+        """Take ``ws`` off the heap of free workers (it is at its head) until its tasks change."""
+        heap = self.free_heap
+        if heap and heap[0][3] is ws:
+            heapq.heappop(heap)
+
     def pop_free_worker(self) -> WorkerInfo | None:
         """The least-busy running worker that is not full, or None (lazy heap)."""
         heap = self.free_heap
@@ -336,6 +442,11 @@ class Placement:
                 free = self.pop_free_worker()
                 if free is None:
                     break
+                head = self.queue_head()
+                if free.end is not None and head is not None and not self.lifetime_allows(
+                        free, self.expected_seconds(head), head.group.name):
+                    self._drop_free(free)  # it leaves too soon for the queue's head
+                    continue
                 self._fill(free, assign)
                 filled += 1
                 if not policies.worker_full(free, self.worker_saturation):
@@ -349,6 +460,9 @@ class Placement:
             head = self.queue_head()
             if head is not None and self.holds_back(head.priority):
                 break  # it waits behind a wide task gathering its workers
+            if ws.end is not None and head is not None and not self.lifetime_allows(
+                    ws, self.expected_seconds(head), head.group.name):
+                break  # it leaves before the head would end, and another worker stays
             if policies.worker_full(ws, self.worker_saturation) and (
                     head is None or policies.busy_slots(ws) >= policies.queue_slots(
                         ws, self.worker_saturation, head.group, self.blocks.max_bytes)):

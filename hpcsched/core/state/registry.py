@@ -9,6 +9,7 @@ decides nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -19,7 +20,7 @@ class WorkerRegistry:
     """The scheduler's workers by address (see the module's docstring)."""
 
     __slots__ = ("workers", "total_nthreads", "bandwidth", "removed_by", "_running", "_names",
-                 "_by_last_seen")
+                 "_by_last_seen", "_by_end")
 
     def __init__(self, bandwidth: float):
         self.workers: dict[str, WorkerInfo] = {}
@@ -30,6 +31,8 @@ class WorkerRegistry:
         # remove_worker hooks (it pops each entry; bounded for a state run without a server)
         self.removed_by: dict[str, str] = {}
         self._running: list[WorkerInfo] | None = None
+        # the running workers, latest end first, and their ends negated (for bisect)
+        self._by_end: tuple[list[WorkerInfo], list[float]] | None = None
         self._names: dict[Any, WorkerInfo] = {}  # name -> worker (the last one to take it)
         # the workers, least recently heard from first: the TTL check reads only the
         # silent ones, a heartbeat moves one to the end (both constant time). The order is
@@ -71,7 +74,26 @@ class WorkerRegistry:
         if r is None:
             r = self._running = [ws for ws in self.workers.values()
                                  if ws.status == "running" and ws.reserved is None]
+            self._by_end = None
         return r
+
+    def by_end(self) -> tuple[list[WorkerInfo], list[float]]:
+        """The running workers, the one that stays longest first (no end: first of all),
+        and their ends negated, ascending (``bisect`` finds those that stay past a time).
+        Cached with :meth:`running`: sorted when a worker joins, leaves or changes status."""
+        running = self.running()
+        cached = self._by_end
+        if cached is None:
+            order = sorted(running, key=lambda ws: -math.inf if ws.end is None else -ws.end)
+            cached = self._by_end = (order, [-math.inf if ws.end is None else -ws.end
+                                             for ws in order])
+        return cached
+
+    def latest_end(self) -> float:
+        """When the running worker that stays longest leaves (``math.inf``: one has no end,
+        or none runs)."""
+        _, keys = self.by_end()
+        return -keys[0] if keys else math.inf
 
     def reserve(self, ws: WorkerInfo, ts: Any) -> None:
         """``ws``'s slots are kept free for the wide task ``ts`` (None: no longer)."""

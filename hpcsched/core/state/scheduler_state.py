@@ -91,6 +91,9 @@ class SchedulerState:
                              self.worker_events.task_finished, st)
         self.elements = self.bulk.store  # the elements of bulk maps, asked by the views
         self.placement.elements_on = self.bulk.elements_on
+        self.placement.now = lambda: self.out.now
+        self.placement.recorder = lambda: self.out.recorder
+        self.bulk.lifetime_allows = self.placement.lifetime_allows
         self.bulk.slots_freed = self.placement.worker_freed
         self.bulk.held_back = self.placement.holds_back
         self._table: dict[type, Callable[[Any], None]] = {

@@ -9,8 +9,9 @@ of :data:`hpcsched.core.config.DEFAULTS` are these classes' defaults, and
 writes a key's default.
 
 :class:`SchedulerSettings` holds the numbers :class:`~.scheduler_state.SchedulerState`
-decides with. Values are parsed (bytes as an int, not ``"1 MiB"``): a field whose
-``unit`` is ``"bytes"`` is parsed as the configuration is read.
+decides with. Values are parsed (bytes as an int, not ``"1 MiB"``; seconds as a float,
+not ``"5m"``): a field whose ``unit`` is ``"bytes"`` or ``"seconds"`` is parsed as the
+configuration is read (:mod:`hpcsched.core.units`).
 
     >>> SchedulerSettings().queue_block_bytes
     1048576
@@ -35,7 +36,8 @@ _NAMED = "named"  # the key follows the naming rule
 def setting(default: Any = MISSING, *, key: str | None = _NAMED, unit: str | None = None,
             default_factory: Any = MISSING) -> Any:
     """A field of a settings class: its ``key`` (by default ``SECTION.field-name``; None:
-    not a configuration key) and the ``unit`` its text is read in (``"bytes"``)."""
+    not a configuration key) and the ``unit`` its text is read in (``"bytes"``, or
+    ``"seconds"``: a duration, 0 allowed)."""
     return field(default=default, default_factory=default_factory,
                  metadata={"key": key, "unit": unit})
 
@@ -53,7 +55,8 @@ def config_keys(cls: type) -> dict[str, str]:
 
 
 def unit_of(cls: type, name: str) -> str | None:
-    """The unit the field ``name`` of ``cls`` is written in, if any (``"bytes"``)."""
+    """The unit the field ``name`` of ``cls`` is written in, if any (``"bytes"``,
+    ``"seconds"``)."""
     return next(f.metadata.get("unit") for f in fields(cls) if f.name == name)
 
 
@@ -78,18 +81,18 @@ class SchedulerSettings:
     #: workers a task may kill before it is marked erred
     allowed_failures: int = 3
     #: seconds a task is thought to take before anything of its group was measured
-    unknown_task_duration: float = 0.5
+    unknown_task_duration: float = setting(0.5, unit="seconds")
     #: bytes/s between workers, before anything is measured
     bandwidth: float = setting(100e6, key="scheduler.default-bandwidth")
     work_stealing: bool = True
     #: seconds without a heartbeat before a worker is removed (None: never); the server
     #: sets it from ``scheduler.worker-ttl`` for transports that need heartbeats
-    worker_ttl: float | None = setting(None, key=None)
+    worker_ttl: float | None = setting(None, key=None, unit="seconds")
     #: seconds between a worker's heartbeats in a small cluster; it grows with the
     #: cluster, within the TTL (:mod:`.liveness`)
-    heartbeat_interval: float = setting(1.0, key="worker.heartbeat-interval")
+    heartbeat_interval: float = setting(1.0, key="worker.heartbeat-interval", unit="seconds")
     #: seconds a graceful retirement (or a rebalance) may take before it is forced
-    retire_timeout: float = setting(120.0, key=None)
+    retire_timeout: float = setting(120.0, key=None, unit="seconds")
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``
     transition_log_length: int = setting(1000, key=None)
     seed: int = setting(0, key=None)

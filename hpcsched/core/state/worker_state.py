@@ -36,6 +36,12 @@ nbytes)`` method is given each result's size, measured once). ``PauseWorker``
 starts and no dependency is fetched until it is resumed; tasks already running
 go on; the scheduler is told (``worker-status-change``) so that it sends no new
 work meanwhile.
+
+Devices: a resource may be made of devices with ids (``devices={"GPU": ["0", "1"]}``,
+the GPUs the worker found). A task restricted to ``k`` of it (a whole number) is given
+``k`` distinct free ids as it starts (``Execute.devices``), the lowest first, and gives
+them back when its thread ends, as it gives back the count; a fraction of a device
+(``{"GPU": 0.5}``) is counted, and names no device.
 """
 
 from __future__ import annotations
@@ -79,7 +85,8 @@ LEGAL_TRANSITIONS: dict[str, frozenset[str]] = {
 class WTask:
     __slots__ = ("key", "state", "priority", "run_spec", "dependencies", "dependents",
                  "waiting_for_data", "who_has", "nbytes", "resource_restrictions", "duration",
-                 "coming_from", "release_after", "keep", "report_replica", "seq", "gang")
+                 "coming_from", "release_after", "keep", "report_replica", "seq", "gang",
+                 "devices")
 
     def __init__(self, key: Key):
         self.key = key
@@ -99,6 +106,7 @@ class WTask:
         self.report_replica = False  # acquire-replicas: tell the scheduler once it is here
         self.seq = 0
         self.gang: tuple = ()  # a task holding many slots: every member's address
+        self.devices: dict | None = None  # resource -> ids of the devices it holds, running
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -112,11 +120,19 @@ class WorkerState:
 
     def __init__(self, address: str, nthreads: int, resources: dict | None = None,
                  transfer_incoming_count_limit: int = 4,
-                 transfer_message_bytes: int = 50_000_000, data: MutableMapping | None = None):
+                 transfer_message_bytes: int = 50_000_000, data: MutableMapping | None = None,
+                 devices: dict | None = None):
         self.address = address
         self.nthreads = max(int(nthreads), 1)
         self.total_resources = dict(resources or {})
         self.available_resources = dict(self.total_resources)
+        #: resource -> the ids of its devices (their order is the worker's); and the free ones
+        self.devices = {r: tuple(ids) for r, ids in (devices or {}).items()}
+        self.free_devices = {r: list(ids) for r, ids in self.devices.items()}
+        for r, ids in self.devices.items():
+            if len(ids) < self.total_resources.get(r, 0):
+                raise ValueError(f"resource {r}={self.total_resources[r]:g} but only "
+                                 f"{len(ids)} devices: {', '.join(ids)}")
         self.transfer_limit = transfer_incoming_count_limit
         self.transfer_message_bytes = transfer_message_bytes
         self.tasks: dict[Key, WTask] = {}
@@ -433,6 +449,24 @@ class WorkerState:
         if ts.resource_restrictions:
             for r, q in ts.resource_restrictions.items():
                 self.available_resources[r] = self.available_resources.get(r, 0) + q
+        if ts.devices:
+            for r, ids in ts.devices.items():
+                order = self.devices[r]
+                self.free_devices[r] = sorted([*self.free_devices[r], *ids], key=order.index)
+            ts.devices = None
+
+    def _take_devices(self, ts: WTask) -> dict | None:
+        """The devices ``ts`` is given as it starts: for each of its resources made of
+        devices, as many free ids as it asks for (a whole number), the lowest first."""
+        out = None
+        for r, q in (ts.resource_restrictions or {}).items():
+            free = self.free_devices.get(r)
+            if free is None or q != int(q) or q < 1:
+                continue
+            n = int(q)
+            out = out or {}
+            out[r], self.free_devices[r] = tuple(free[:n]), free[n:]
+        return out
 
     @handlers.on(ev.GatherDepSuccess)
     def _gather_dep_success(self, e: ev.GatherDepSuccess) -> None:
@@ -568,6 +602,7 @@ class WorkerState:
                 _, _, ts = heapq.heappop(self.constrained)
                 for r, q in (ts.resource_restrictions or {}).items():  # in this heap: a dict
                     self.available_resources[r] = self.available_resources.get(r, 0) - q
+                ts.devices = self._take_devices(ts) if self.free_devices else None
             else:
                 _, _, ts = heapq.heappop(self.ready)
             self._set_state(ts, "executing")
@@ -577,7 +612,8 @@ class WorkerState:
                 # lets the scheduler blame exactly this task if the worker dies now; for
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
-            self._out.append(ev.Execute(ts.key, ts.run_spec, announced, ts.gang))
+            self._out.append(ev.Execute(ts.key, ts.run_spec, announced, ts.gang,
+                                        ts.devices))
         # ready tasks go first: a thread of ranges gives its slot up between two ranges
         # when a task waits, and its ranges wait for the next free slot
         while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \
@@ -649,6 +685,11 @@ class WorkerState:
         for ts in self.long_running:
             assert ts.state in ("long-running", "rejoining"), ts
         assert len(self.executing) + self.range_threads <= self.nthreads
+        # each device is free or held by one running task
+        for r, ids in self.devices.items():
+            held = [i for ts in self.executing | self.long_running if ts.devices
+                    for i in ts.devices.get(r, ())]
+            assert sorted(held + self.free_devices[r]) == sorted(ids), (r, held)
         for w, tasks in self.in_flight_workers.items():
             for ts in tasks:
                 assert ts.coming_from == w

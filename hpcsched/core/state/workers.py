@@ -58,6 +58,8 @@ class WorkerEvents:
             return
         ws = WorkerInfo(e.address, e.nthreads, e.memory_limit, e.name, e.host, e.resources,
                         e.pid, e.now)
+        ws.end = e.lifetime_end
+        ws.gpus = tuple(e.gpus)
         self.registry.add(ws)
         if e.paused:
             self.registry.set_status(ws, "paused")

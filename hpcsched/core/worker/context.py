@@ -30,11 +30,12 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol
 
 from hpcsched.core import seams
 from hpcsched.core.comm.base import Security
+from hpcsched.core.worker.tasks.gpus import Gpus
 
 
 class TaskNeedsThread(BaseException):
@@ -52,6 +53,7 @@ class TaskWorker(Protocol):
     scheduler_address: str
     security: Security | None
     name: Any
+    gpus: Gpus | None
 
     def secede_task(self, key: Any, compute_duration: float) -> None:
         """The task ``key`` leaves the worker's thread pool."""
@@ -65,13 +67,15 @@ class TaskWorker(Protocol):
 
 class Running(NamedTuple):
     """The task a thread runs: its worker, its key, when it started, whether it runs
-    on the worker's loop thread, and (a task holding many slots) its members' addresses."""
+    on the worker's loop thread, (a task holding many slots) its members' addresses, and
+    the ids of the devices it holds, by resource (``{"GPU": ("1",)}``)."""
 
     worker: TaskWorker
     key: Any
     start: float
     on_loop: bool
     gang: tuple = ()
+    devices: dict | None = None
 
 
 _local = threading.local()  # .task: Running or None; .seceded: bool; .cleanups: list
@@ -80,14 +84,15 @@ _running = tuple.__new__  # Running without its __new__'s call: this runs for ev
 
 # ---------------------------------------------------------------- for the worker
 def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float,
-               gang: tuple = ()) -> Running | None:
+               gang: tuple = (), devices: dict | None = None) -> Running | None:
     """Mark this thread as running ``key`` for ``worker`` since ``start`` (``gang``: as a
-    member of a task holding many slots, every member's address in order).
+    member of a task holding many slots, every member's address in order; ``devices``:
+    the ids of the devices it holds).
 
     Returns what to pass to :func:`leave_task`.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _running(Running, (worker, key, start, on_loop, gang))
+    _local.task = _running(Running, (worker, key, start, on_loop, gang, devices))
     _local.seceded = False
     return previous
 
@@ -170,6 +175,43 @@ def get_worker() -> Any:
         raise ValueError("No worker found: get_worker() works only inside a task running on "
                          "an hpcsched worker")
     return running.worker
+
+
+def get_task_gpus() -> list[str]:
+    """The ids of the GPUs the current task holds (``resources={"GPU": k}``: ``k`` of them,
+    no other task's), in the worker's order; ``[]`` for a task that asked for none.
+
+    Code in the task uses these devices alone; a library in this process numbers them
+    ``get_worker().gpus.ordinal(id)``, a program the task starts sees them alone when
+    started with :func:`task_env`. Raises ``ValueError`` outside a task.
+    """
+    running = current()
+    if running is None:
+        raise ValueError("get_task_gpus() works only inside a task running on an hpcsched "
+                         "worker")
+    return list((running.devices or {}).get("GPU", ()))
+
+
+def task_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start a program with from inside a task, so that it sees the
+    task's devices alone: ``subprocess.run(cmd, env=hpcsched.task_env())``.
+
+    ``environ`` (default ``os.environ``) with the vendor's variable
+    (``CUDA_VISIBLE_DEVICES``, ``ROCR_VISIBLE_DEVICES``, ``ZE_AFFINITY_MASK``: the one the
+    worker found its GPUs by) set to the task's GPUs; a task that holds none on a worker
+    with GPUs is shown none. The process's own environment is left alone: it is every
+    running task's.
+    """
+    import os
+
+    running = current()
+    if running is None:
+        raise ValueError("task_env() works only inside a task running on an hpcsched worker")
+    env = dict(os.environ if environ is None else environ)
+    gpus = running.worker.gpus
+    if gpus is not None:
+        env.update(gpus.env(tuple((running.devices or {}).get("GPU", ()))))
+    return env
 
 
 def secede() -> None:

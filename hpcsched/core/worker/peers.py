@@ -141,7 +141,7 @@ class PeerTransfers:
         self.worker = worker
         # settings read once: a worker opens a comm for nearly every fetch in a large cluster
         settings = config.read(WorkerSettings)
-        self._connect_timeout = float(config.get("comm.timeouts.connect"))
+        self._connect_timeout = config.seconds("comm.timeouts.connect")
         self._max_peers = max(1, int(settings.peer_connections))
         self._threads = int(settings.transfer_incoming_count_limit)
         self.fetcher = fetchers

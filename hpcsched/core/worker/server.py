@@ -84,6 +84,7 @@ from hpcsched.core.protocol.worker import (
 from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.units import parse_interval
 from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
 from hpcsched.core.worker.control import WorkerControl
 from hpcsched.core.worker.execution import pack_exception, run_spec_call
@@ -95,6 +96,7 @@ from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.reconnect import Reconnect
 from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 from hpcsched.core.worker.task_pool import TaskPool
+from hpcsched.core.worker.tasks.gpus import Gpus, offer_gpus
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
@@ -128,9 +130,9 @@ class Worker:
         resources: dict | None = None,
         security: Security | None = None,
         listen_address: str | None = None,
-        death_timeout: float | None = None,
-        lifetime: float | None = None,
-        lifetime_stagger: float = 0.0,
+        death_timeout: float | str | None = None,
+        lifetime: float | str | None = None,
+        lifetime_stagger: float | str = 0.0,
         heartbeat_interval: float | None = None,
         host: str | None = None,
         on_close: Any = None,
@@ -144,6 +146,8 @@ class Worker:
         scheduler_file: str | None = None,
         scheduler_reconnect_timeout: float | None = None,
         preload: str | list[str] | None = None,
+        gpus: Gpus | None = None,
+        walltime_end: float | None = None,
     ):
         self.scheduler_address = scheduler_address
         #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
@@ -159,6 +163,8 @@ class Worker:
         self.memory_limit = memory_limit or 0
         self.name = name
         self.resources = dict(resources or {})
+        #: the GPUs this worker gives its tasks as devices (tasks/gpus.py), None: none known
+        self.gpus = offer_gpus(gpus, self.resources, name)
         self.security = security
         #: the ``worker.*`` configuration, keyword arguments winning
         self.settings = settings = config.read(
@@ -175,7 +181,12 @@ class Worker:
         # the scheduler notices this worker died only by missing heartbeats (TCP): send them
         self._uses_heartbeat = backend.needs_heartbeat
         self.death_timeout = settings.death_timeout
-        self.lifetime = lifetime
+        # durations as dask writes them ("55m", "4m") or seconds
+        self.lifetime = lifetime = None if lifetime is None else parse_interval(lifetime,
+                                                                                "lifetime")
+        lifetime_stagger = parse_interval(lifetime_stagger, "lifetime_stagger", zero=True)
+        #: when its batch job's walltime ends (epoch seconds), if it runs in one
+        self.walltime_end = walltime_end
         if lifetime and lifetime_stagger:
             import random  # here: a worker without a lifetime (every MPI rank) never needs it
 
@@ -245,7 +256,8 @@ class Worker:
                               f"{local_directory(self.local_directory)!r}: {e}") from e
         self.state = WorkerState(self.address, self.nthreads, self.resources,
                                  self.settings.transfer_incoming_count_limit,
-                                 data=self.spill_buffer)
+                                 data=self.spill_buffer,
+                                 devices={"GPU": self.gpus.ids} if self.gpus else None)
         try:  # before any connection to the scheduler, as dask's: no task runs before it
             self.preloads.setup(self)
         except PreloadError:
@@ -277,7 +289,8 @@ class Worker:
         or did not answer)."""
         comm.send([encode(RegisterWorker(
             self.address, self.nthreads, self.memory_limit, self.name or self.address,
-            self.host, self.resources, keys, os.getpid(), running or None))])
+            self.host, self.resources, keys, os.getpid(), running or None,
+            self.lifetime_end(), list(self.gpus.ids) if self.gpus else None))])
         try:
             reply = comm.recv(timeout=timeout)
         except (CommClosedError, TimeoutError) as e:
@@ -592,9 +605,10 @@ class Worker:
                     elif cmd.announced:
                         self._start_after_flush.append(
                             (self.executor.submit, self._execute, cmd.key, cmd.run_spec,
-                             cmd.gang))
+                             cmd.gang, cmd.devices))
                     else:
-                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang)
+                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang,
+                                             cmd.devices)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
@@ -607,10 +621,11 @@ class Worker:
                 # known to take well under a millisecond: run here, and handle the result
                 # at once (its "task-finished" leaves with this batch): a thread hand-off
                 # each way would cost more than the task itself
-                result = self._run(cmd.key, cmd.run_spec, on_loop=True)
+                result = self._run(cmd.key, cmd.run_spec, on_loop=True, devices=cmd.devices)
                 if result is None:  # it asked for a client or seceded: it needs a thread
                     self._threaded_groups.add(key_split(cmd.key))
-                    self.executor.submit(self._execute, cmd.key, cmd.run_spec)
+                    self.executor.submit(self._execute, cmd.key, cmd.run_spec, (),
+                                         cmd.devices)
                 else:
                     work.append(state.handle(result))
 
@@ -675,17 +690,20 @@ class Worker:
         return m
 
     # ================================================================ execution
-    def _execute(self, key: Any, run_spec: Any, gang: tuple = ()) -> None:
+    def _execute(self, key: Any, run_spec: Any, gang: tuple = (),
+                 devices: dict | None = None) -> None:
         """In an executor thread: run the task, hand the result to the loop."""
-        self.loop.put((None, self._run(key, run_spec, gang=gang)))
+        self.loop.put((None, self._run(key, run_spec, gang=gang, devices=devices)))
 
-    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = ()) -> Any:
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = (),
+             devices: dict | None = None) -> Any:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
         thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
-        ``gang``: the members' addresses of a task holding many slots."""
+        ``gang``: the members' addresses of a task holding many slots; ``devices``: the
+        ids of the devices it holds."""
         start = time.time()
         assert self.state is not None
-        outer = enter_task(self, key, on_loop, start, gang)
+        outer = enter_task(self, key, on_loop, start, gang, devices)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
@@ -703,6 +721,16 @@ class Worker:
         except Exception:
             nbytes = 64
         return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
+
+    def lifetime_end(self) -> float | None:
+        """When this worker will leave (epoch seconds): its lifetime's end, or its job's
+        walltime's, whichever comes first; None: not known. The scheduler keeps tasks that
+        would outlast it off it."""
+        ends = [] if self.walltime_end is None else [self.walltime_end]
+        if self.lifetime:
+            elapsed = time.monotonic() - self._started if self._started else 0.0
+            ends.append(time.time() + self.lifetime - elapsed)
+        return min(ends) if ends else None
 
     # ================================================================ tasks' API
     def task_client(self, make: Callable[[], Any]) -> Any:

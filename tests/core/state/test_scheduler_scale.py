@@ -37,14 +37,16 @@ class CountingWorkerInfo(WorkerInfo):
 class Cluster:
     """A SchedulerState and ``n`` simulated one-thread workers running what they are sent."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int, leaving: bool = False):
         self.s = SchedulerState(work_stealing=False)
         self.queues: dict[str, deque] = {}
         self.now = 0.0
         for i in range(n):
             addr = f"sim://{i}"
             self.queues[addr] = deque()
-            self.handle(ev.AddWorker(addr, 1, name=f"w{i}"))
+            # ``leaving``: every other worker leaves in a minute (its walltime)
+            end = 60.0 if leaving and i % 2 else None
+            self.handle(ev.AddWorker(addr, 1, name=f"w{i}", lifetime_end=end))
         self.handle(ev.AddClient("client"))
 
     def handle(self, event: object) -> None:
@@ -119,9 +121,25 @@ def small_groups(c: Cluster) -> None:
         c.run()
 
 
-def reads_per_task(workload, n_workers: int, monkeypatch: pytest.MonkeyPatch) -> float:
+def long_tasks_beside_leaving_workers(c: Cluster) -> None:
+    """Tasks said to take 10 minutes, some with an input, submitted one per graph, on a
+    cluster where every other worker leaves in a minute: a decision that meets one chooses
+    among a sample of those that stay (placement.py), never among them all."""
+    for i in range(N_TASKS):
+        deps = [f"long-{i - 1}"] if i % 3 else []
+        c.handle(ev.UpdateGraph("client", {f"long-{i}": {"run_spec": "f", "deps": deps}},
+                                [f"long-{i}"], annotations={"duration": {f"long-{i}": 600}},
+                                now=c.now))
+        if i % 64 == 63:
+            c.run()
+    c.run()
+    assert not any(ts.processing_on for ts in c.s.tasks.values())
+
+
+def reads_per_task(workload, n_workers: int, monkeypatch: pytest.MonkeyPatch,
+                   leaving: bool = False) -> float:
     monkeypatch.setattr(worker_events, "WorkerInfo", CountingWorkerInfo)
-    c = Cluster(n_workers)
+    c = Cluster(n_workers, leaving)
     CountingWorkerInfo.reads[0] = 0  # the workers joining are not counted
     workload(c)
     reads = CountingWorkerInfo.reads[0]
@@ -140,6 +158,13 @@ def test_worker_objects_read_per_task_do_not_grow_with_the_workers(workload, mon
     # each) where the small cluster has 10, and fewer tasks are root-ish; one scan of the
     # cluster per task would read thousands
     assert large <= 1.5 * small + 4 * policies.SAMPLE_LIMIT, (workload.__name__, small, large)
+
+
+def test_placing_long_tasks_beside_leaving_workers_does_not_grow_with_the_workers(
+        monkeypatch):
+    small = reads_per_task(long_tasks_beside_leaving_workers, 10, monkeypatch, leaving=True)
+    large = reads_per_task(long_tasks_beside_leaving_workers, 1_000, monkeypatch, leaving=True)
+    assert large <= 1.5 * small + 4 * policies.SAMPLE_LIMIT, (small, large)
 
 
 def test_a_tick_over_idle_workers_reads_none_of_them(monkeypatch):

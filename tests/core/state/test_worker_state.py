@@ -249,6 +249,51 @@ def test_resource_restrictions_limit_concurrency():
     assert s.available_resources == {"GPU": 1}
 
 
+def devices_of(out: list) -> dict:
+    return {c.key: c.devices for c in out if type(c) is ev.Execute}
+
+
+def test_a_task_is_given_distinct_devices_and_gives_them_back_however_it_ends():
+    """Four GPUs: four one-GPU tasks run at once, each on its own device; a two-GPU task
+    waits for two, and gets the two freed first (lowest ids first); a failed task's
+    device is free again, as is a cancelled one's once its thread ends."""
+    s = new_worker(nthreads=8, resources={"GPU": 4}, devices={"GPU": ["0", "1", "2", "3"]})
+    out = []
+    for k in ("a", "b", "c", "d"):
+        out += step(s, compute(k, resource_restrictions={"GPU": 1}))
+    assert devices_of(out) == {"a": {"GPU": ("0",)}, "b": {"GPU": ("1",)},
+                               "c": {"GPU": ("2",)}, "d": {"GPU": ("3",)}}
+    out = step(s, compute("pair", resource_restrictions={"GPU": 2}))
+    out += step(s, compute("cpu"))
+    assert devices_of(out) == {"cpu": None}  # the pair waits for two devices
+    out = step(s, success("c"))
+    assert executes(out) == []
+    out = step(s, ev.ExecuteFailure("a", b"", "", "boom", 1.0, 2.0))
+    assert devices_of(out) == {"pair": {"GPU": ("0", "2")}}
+    assert s.free_devices == {"GPU": []}
+    step(s, ev.FreeKeys(["b"]))  # cancelled while it runs: its device is held until it ends
+    assert s.free_devices == {"GPU": []}
+    step(s, success("b"))
+    assert s.free_devices == {"GPU": ["1"]}
+    for k in ("d", "pair"):
+        step(s, success(k))
+    assert s.free_devices == {"GPU": ["0", "1", "2", "3"]}
+    assert s.available_resources == {"GPU": 4}
+
+
+def test_a_fraction_of_a_device_is_counted_and_names_none():
+    s = new_worker(nthreads=4, resources={"GPU": 1}, devices={"GPU": ["7"]})
+    out = step(s, compute("h1", resource_restrictions={"GPU": 0.5}))
+    out += step(s, compute("h2", resource_restrictions={"GPU": 0.5}))
+    assert devices_of(out) == {"h1": None, "h2": None}
+    assert s.free_devices == {"GPU": ["7"]}
+
+
+def test_more_devices_claimed_than_found_is_refused():
+    with pytest.raises(ValueError, match="GPU=4 but only 2 devices"):
+        new_worker(resources={"GPU": 4}, devices={"GPU": ["0", "1"]})
+
+
 # ---------------------------------------------------------------- stealing, replicas, scatter
 def test_steal_request_for_a_ready_task_gives_it_up():
     s = new_worker(nthreads=1)
