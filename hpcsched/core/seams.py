@@ -46,6 +46,9 @@ SEAMS: dict[str, str] = {
     "dask-scheduler": "hpcsched.core.client.collections:become_dask_scheduler",
     "dashboard": "hpcsched.diagnostics.extension:attach",
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
+    # command tasks (Client.submit_command / map_command): the functions their workers run
+    "run-command": "hpcsched.commands.run:run_command",
+    "run-command-entry": "hpcsched.commands.run:run_command_entry",
 }
 
 _resolved: dict[str, Any] = {}
