@@ -110,6 +110,10 @@ def tail(data: bytes, lines: int = TAIL_LINES) -> str:
     return "\n".join(text.split("\n")[-lines:])
 
 
+def _under(cwd: str | None, path: str) -> str:
+    return os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+
+
 def _file_tail(path: str) -> str:
     try:
         with open(path, "rb") as f:
@@ -204,8 +208,9 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
             full_env["HPCSCHED_" + name] = value
     host = socket.gethostname()
     key = _current_key()
-    out_path = substitute(stdout, fields) if stdout else None
-    err_path = substitute(stderr, fields) if stderr else None
+    # relative output paths are the command's own: under its cwd, as its shell would see them
+    out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
+    err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
     handles: list[Any] = []
     try:
         out: Any = subprocess.PIPE

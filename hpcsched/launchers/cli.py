@@ -393,6 +393,8 @@ def scheduler_main(argv: list[str]) -> int:
 
 USAGE = """usage: hpcsched scheduler [options]
        hpcsched worker ADDRESS|--scheduler-file F [options]
+       hpcsched submit --scheduler-file F [--array 1-100|--each-line FILE|--from-json FILE] -- COMMAND...
+       hpcsched job list|info J|wait J|cancel J|cat J [--task I] [stdout|stderr] --scheduler-file F
        python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]   (under mpiexec)
        hpcsched --version
 """
