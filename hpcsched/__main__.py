@@ -14,10 +14,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("submit", "job"):
-        from hpcsched.commands.cli import job_main, submit_main
+    if argv and argv[0] in ("submit", "job", "history"):
+        from hpcsched.commands import cli as commands_cli
 
-        return (submit_main if argv[0] == "submit" else job_main)(argv[1:])
+        return {"submit": commands_cli.submit_main, "job": commands_cli.job_main,
+                "history": commands_cli.history_main}[argv[0]](argv[1:])
     if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
         # a script under mpiexec: every rank starts here, so it imports the MPI mode only,
         # with the garbage collector paused until the rank has started (bootstrap._started)

@@ -220,3 +220,47 @@ def _cat(job: jobs_mod.Job, task: Any, stream: str) -> int:
             status = 1
     sys.stdout.flush()
     return status
+
+
+def history_main(argv: list[str]) -> int:
+    """``hpcsched history FILE | --journal J [filters] [--csv]``: the task history."""
+    import csv
+
+    from hpcsched.diagnostics import history
+
+    p = argparse.ArgumentParser(prog="hpcsched history",
+                                description="Every task a scheduler ran, from its history file.")
+    p.add_argument("file", nargs="?", help="the history file (scheduler --history FILE)")
+    p.add_argument("--journal", help="the scheduler's journal: its history lies beside it")
+    p.add_argument("--job", help="the tasks of this job (hpcsched submit)")
+    p.add_argument("--group", help="the tasks of this group")
+    p.add_argument("--outcome", choices=("memory", "erred"))
+    p.add_argument("--worker", help="the tasks this worker (address) ran")
+    p.add_argument("--limit", type=int, default=None, help="at most this many rows")
+    p.add_argument("--csv", action="store_true", help="CSV on stdout, with a header")
+    args = p.parse_args(argv)
+    path = args.file or history.default_path(args.journal)
+    if not path:
+        p.error("name the history file, or the scheduler's --journal")
+    try:
+        columns, rows = history.read(path, job=args.job, group=args.group,
+                                     outcome=args.outcome, worker=args.worker,
+                                     limit=args.limit)
+    except FileNotFoundError as e:
+        print(f"hpcsched history: {e}", file=sys.stderr)
+        return 2
+    if args.csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(columns)
+        w.writerows(rows)
+        return 0
+    shown = ("key", "worker", "start", "stop", "outcome")
+    idx = [columns.index(c) for c in shown]
+    print(f"{'KEY':<44} {'WORKER':<24} {'START':<19} {'SECONDS':>9} {'OUTCOME':<7}")
+    for r in rows:
+        key, worker, start, stop, outcome = (r[i] for i in idx)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+        print(f"{str(key)[:44]:<44} {str(worker)[:24]:<24} {when:<19} {stop - start:>9.3f} "
+              f"{outcome:<7}")
+    print(f"{len(rows)} tasks", file=sys.stderr)
+    return 0

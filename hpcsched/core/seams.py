@@ -47,6 +47,7 @@ SEAMS: dict[str, str] = {
     "dashboard": "hpcsched.diagnostics.extension:attach",
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
     # command tasks (Client.submit_command / map_command): the functions their workers run
+    "history": "hpcsched.diagnostics.history:client_history",
     "run-command": "hpcsched.commands.run:run_command",
     "run-command-entry": "hpcsched.commands.run:run_command_entry",
 }

@@ -412,6 +412,19 @@ class Client:
             priority=priority, retries=retries, resources=resources, workers=workers,
             allow_other_workers=allow_other_workers, ranks=ranks)
 
+    def history(self, *, job: Any = None, group: str | None = None,
+                outcome: str | None = None, worker: str | None = None,
+                limit: int | None = None) -> Any:
+        """Every task the scheduler ran, from its history file (``scheduler.history``).
+
+        Columns: key, group, job, worker, host, start, stop, outcome, result size, run. A pandas
+        DataFrame when pandas is installed, else a list of dicts. Filters: ``job`` (of
+        ``hpcsched submit``), ``group``, ``outcome`` (``"memory"``, ``"erred"``),
+        ``worker``, at most ``limit`` rows (the oldest first)."""
+        return seams.resolve("history")(self, job=None if job is None else str(job),
+                                        group=group, outcome=outcome, worker=worker,
+                                        limit=limit)
+
     # ================================================================ commands
     def submit_command(self, args: Any, *, cwd: str | None = None, env: dict | None = None,
                        stdout: str | None = None, stderr: str | None = None,
