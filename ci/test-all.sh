@@ -17,6 +17,10 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 echo "== installing hpcsched[mpi,test,lint,docs]"
 $PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test,lint,docs]' || exit 1
+# the Snakemake executor plugin kept in this repository (a package of its own); not
+# editable, so that Snakemake's plugin registry finds it among the installed packages
+$PY -m pip install --quiet --disable-pip-version-check --no-deps \
+    ./plugins/snakemake-executor-plugin-hpcsched || exit 1
 # the mpich wheel's mpiexec lives beside this interpreter's scripts (pyenv shims may not
 # know it yet): put that directory first, and make the MPI tests fail rather than skip
 scripts=$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')

@@ -1,7 +1,8 @@
 """The ``hpcsched`` command and ``python -m hpcsched``: the one entry point above the layers.
 
 ``hpcsched scheduler`` / ``hpcsched worker`` start servers
-(:mod:`hpcsched.launchers.cli`); anything else is a script to run in MPI mode
+(:mod:`hpcsched.launchers.cli`); ``hpcsched submit`` / ``hpcsched job`` submit and
+follow jobs of command tasks (:mod:`hpcsched.commands.cli`); anything else is a script to run in MPI mode
 under mpiexec (:mod:`hpcsched.hpc.bootstrap`): ``python -m hpcsched script.py``.
 It lives here, not in a layer, so that the launchers never import the MPI mode.
 """
@@ -13,6 +14,11 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("submit", "job", "history"):
+        from hpcsched.commands import cli as commands_cli
+
+        return {"submit": commands_cli.submit_main, "job": commands_cli.job_main,
+                "history": commands_cli.history_main}[argv[0]](argv[1:])
     if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
         # a script under mpiexec: every rank starts here, so it imports the MPI mode only,
         # with the garbage collector paused until the rank has started (bootstrap._started)

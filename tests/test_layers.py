@@ -38,7 +38,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "hpcsched"
 ROOT = PACKAGE.parent
 
 #: package -> layer, lowest first
-LAYER = {"core": 0, "diagnostics": 1, "launchers": 2, "jobqueue": 3, "hpc": 3}
+LAYER = {"core": 0, "diagnostics": 1, "launchers": 2, "commands": 3, "jobqueue": 3, "hpc": 3}
 #: folder of the core -> layer, lowest first; "base" is the core's loose modules (config,
 #: units, seams), which read the state's defaults (its settings) and serve everything above
 CORE_LAYER = {"protocol": 0, "graph": 0, "state": 1, "base": 2, "comm": 3, "scheduler": 4,

@@ -52,6 +52,10 @@ SEAMS: dict[str, str] = {
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
     # what a batch job tells the processes inside it: each batch system's module knows
     "batch-job": "hpcsched.jobqueue.systems:detect_job",
+    # command tasks (Client.submit_command / map_command): the functions their workers run
+    "history": "hpcsched.diagnostics.history:client_history",
+    "run-command": "hpcsched.commands.run:run_command",
+    "run-command-entry": "hpcsched.commands.run:run_command_entry",
 }
 
 _resolved: dict[str, Any] = {}

@@ -53,6 +53,9 @@ class SchedulerServerSettings:
     #: where results of tasks annotated checkpoint=True are kept (None: <journal>.checkpoints
     #: when there is a journal, else nowhere); see hpcsched/core/scheduler/checkpoints.py
     checkpoint_directory: str | None = None
+    #: the SQLite file every task's run is appended to (None: <journal>.history.sqlite
+    #: when there is a journal, else no history); see hpcsched/diagnostics/history.py
+    history: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

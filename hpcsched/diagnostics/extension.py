@@ -24,6 +24,7 @@ import logging
 import os
 import select
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core.comm.registry import backend_for
+from hpcsched.diagnostics import history as history_mod
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
 
@@ -83,6 +85,27 @@ def listen(host: str, port: int, asked: bool = True) -> socket.socket:
     return sock
 
 
+def _open_history(scheduler: Any) -> Any:
+    """The scheduler's task history (``scheduler.history``, else beside its journal)."""
+    settings = getattr(scheduler, "settings", None)
+    path = getattr(settings, "history", None)
+    if path is None:
+        journal = getattr(scheduler, "journal", None)
+        path = history_mod.default_path(None if journal is None else journal.path)
+    if not path:
+        return None
+    workers = scheduler.state.workers
+
+    def hosts() -> dict:
+        return {a: ws.host for a, ws in list(workers.items())}
+
+    try:
+        return history_mod.History(str(path), hosts)
+    except (OSError, sqlite3.Error) as e:
+        logger.warning("no task history: %s cannot be written (%s)", path, e)
+        return None
+
+
 def attach(scheduler: Any) -> Diagnostics:
     return Diagnostics(scheduler)
 
@@ -94,6 +117,8 @@ class Diagnostics:
         self.scheduler = scheduler
         self.recorder = Recorder()
         scheduler.state.recorder = self.recorder
+        self.history = _open_history(scheduler)
+        self.recorder.history = self.history
         self.refresh = config.seconds("diagnostics.dashboard.refresh")
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
@@ -196,6 +221,8 @@ class Diagnostics:
         elif self._listener is not None:
             self._listener.close()  # not served yet: its thread will not serve it
         self.scheduler.services.pop("dashboard", None)
+        if self.history is not None:
+            self.history.close()
 
     # ------------------------------------------------------------ snapshots
     def cached(self, what: str, fn: Any, max_age: float | None = None) -> Any:
@@ -254,6 +281,12 @@ class Diagnostics:
             stop = msg.get("stop")
             limit = int(msg.get("limit") or 100_000)
             return snapshot.task_stream(rec, start, None if stop is None else float(stop), limit)
+        if what == "history":
+            if self.history is None:
+                raise ValueError("this scheduler keeps no task history: start it with "
+                                 "--history FILE (or a --journal), or set scheduler.history")
+            self.history.flush()
+            return {"path": self.history.path}
         if what == "worker-logs":
             return {"logs": snapshot.worker_logs(rec, msg.get("workers"))}
         if what == "report":

@@ -73,6 +73,7 @@ class Recorder:
         self.last_sample = 0.0
         self.rate_marks: deque = deque(maxlen=256)  # (time, n_finished) of recent snapshots
         self._lanes: dict[str, list[float]] = {}  # worker -> end time of each thread's last task
+        self.history: Any = None  # a History (hpcsched.diagnostics.history) keeps them too
 
     # ------------------------------------------------------------ called by the scheduler
     def _lane(self, worker: str, nthreads: int, start: float, stop: float) -> int:
@@ -119,6 +120,8 @@ class Recorder:
             g.last_stop = stop
         self.n_finished += 1
         self.compute_seconds += duration
+        if self.history is not None:
+            self.history.task(e.key, group, ws.address, start, stop, "memory", e.nbytes)
 
     def elements_finished(self, group: str, ws: Any, keys: list, starts: list, stops: list,
                           nbytes: list) -> None:
@@ -158,6 +161,8 @@ class Recorder:
         self.stream_count += len(keys)
         self.n_finished += len(keys)
         self.compute_seconds += seconds
+        if self.history is not None:
+            self.history.elements(group, address, keys, starts, stops, nbytes)
 
     def task_erred(self, e: Any, ts: Any, ws: Any) -> None:
         group = ts.group.name if ts is not None else key_split(e.key)
@@ -167,6 +172,8 @@ class Recorder:
             self.stream_count += 1
         self._group(group).erred += 1
         self.n_erred += 1
+        if self.history is not None:
+            self.history.task(e.key, group, ws.address, e.start, e.stop, "erred", 0)
         self.events.append((e.now, "task-erred", (e.key, ws.address, e.exception_text)))
 
     def worker_added(self, ws: Any, now: float) -> None:

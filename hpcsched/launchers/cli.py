@@ -402,6 +402,10 @@ def scheduler_main(argv: list[str]) -> int:
     p.add_argument("--interface", default=None,
                    help="listen on, and name, this network interface's address (e.g. ib0)")
     p.add_argument("--scheduler-file", default=None)
+    p.add_argument("--history", default=None,
+                   help="SQLite file every task's run is appended to (default: "
+                        "JOURNAL.history.sqlite with --journal, else none); read it with "
+                        "`hpcsched history`")
     p.add_argument("--journal", default=None,
                    help="journal file: restarted with it, the scheduler takes up its graphs, "
                         "clients and address again (default: scheduler.journal)")
@@ -425,7 +429,7 @@ def scheduler_main(argv: list[str]) -> int:
     host = host or "0.0.0.0"
     security = Security.from_environment() or Security.generate()
     sched = Scheduler(f"tcp://{format_hostport(host, args.port)}", security,
-                      journal=args.journal).start()
+                      journal=args.journal, history=args.history).start()
     if args.scheduler_file:  # the journal's secret, when it had one
         write_scheduler_file(args.scheduler_file, sched.address, sched.security)
     print(f"hpcsched scheduler at {sched.address}", file=sys.stderr, flush=True)
@@ -449,6 +453,8 @@ def scheduler_main(argv: list[str]) -> int:
 
 USAGE = """usage: hpcsched scheduler [options]
        hpcsched worker ADDRESS|--scheduler-file F [options]
+       hpcsched submit --scheduler-file F [--array 1-100|--each-line FILE|--from-json FILE] -- COMMAND...
+       hpcsched job list|info J|wait J|cancel J|cat J [--task I] [stdout|stderr] --scheduler-file F
        python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]   (under mpiexec)
        hpcsched --version
 """

@@ -213,8 +213,8 @@ class Primitives:
         self.scheduler.handle_event(event, "primitive")
 
     def _check_keys(self, stored: dict) -> None:
-        tasks = self.scheduler.state.tasks
-        missing = [k for k in stored["keys"] if k not in tasks]
+        knows = self.scheduler.state.knows  # a bulk map's elements are futures too
+        missing = [k for k in stored["keys"] if not knows(k)]
         if missing:
             raise ValueError(f"futures {missing[:5]} are not known to the scheduler "
                              "(released or cancelled)")

@@ -124,12 +124,14 @@ class Scheduler:
     def __init__(self, address: str = "inproc://", security: Security | None = None, *,
                  worker_ttl: float | None = None, tick_interval: float | None = None,
                  dashboard_address: Any = ..., journal: str | None = None,
-                 checkpoint_directory: str | None = None, **state_kwargs: Any):
+                 checkpoint_directory: str | None = None, history: str | None = None,
+                 **state_kwargs: Any):
         self.listen_address = address
         self.security = security
         #: what the server does beside its state (``scheduler.*``)
         self.settings = server = config.read(SchedulerServerSettings, journal=journal,
-                                             checkpoint_directory=checkpoint_directory)
+                                             checkpoint_directory=checkpoint_directory,
+                                             history=history)
         #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
         self.journal = open_journal(server)
         # results of tasks annotated checkpoint=True (see .checkpoints): next to the journal

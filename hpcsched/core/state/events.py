@@ -159,6 +159,15 @@ class Resume:
 
 
 @record
+class Interrupt:
+    """The results of ``keys`` are no longer wanted (released, cancelled): a task among
+    them still running may stop early, if it asked to be told (a command task's program,
+    :func:`hpcsched.core.worker.context.on_interrupt`)."""
+
+    keys: list
+
+
+@record
 class RunRanges:
     """Start a thread on the worker's waiting ranges of bulk maps: it holds one of the
     ``nthreads`` slots until it ends (``RangeThreadDone``). It starts once this batch's

@@ -238,6 +238,10 @@ class SchedulerState:
         """The task ``key``, an element of a bulk map made one (:meth:`.tasks.TaskGraph.promote`)."""
         return self.graph.promote(key)
 
+    def knows(self, key: Key) -> bool:
+        """Whether ``key`` is a task or an element of a bulk map the scheduler holds."""
+        return key in self.tasks or self.elements.element(key) is not None
+
     def who_has(self, keys: Iterable[Key] | None = None) -> dict[Key, list[str]]:
         """The addresses of the workers holding each of ``keys`` (None: every result held)."""
         if keys is None:

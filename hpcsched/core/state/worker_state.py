@@ -277,6 +277,8 @@ class WorkerState:
     @handlers.on(ev.FreeKeys)
     def _free_keys(self, e: ev.FreeKeys) -> None:
         elements = []  # of bulk maps: their results are held without a task
+        if e.keys:  # one record per message: the server tells only tasks that asked
+            self._out.append(ev.Interrupt(e.keys))
         for key in e.keys:
             ts = self.tasks.get(key)
             if ts is None:

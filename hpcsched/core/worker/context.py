@@ -119,6 +119,47 @@ def at_task_end(cleanup: Callable[[], Any]) -> None:
     _local.cleanups.append(cleanup)
 
 
+_interrupts: dict[Any, Callable[[], Any]] = {}  # running task's key -> what stops it
+
+
+def on_interrupt(stop: Callable[[], Any]) -> None:
+    """Inside a task: call ``stop()`` (from the worker's loop thread: it must not block)
+    if the task's result stops being wanted while it runs (cancelled, released), until
+    the task ends. A command task kills its program's process group so."""
+    running = current()
+    if running is None:
+        return
+    key = running.key
+    _interrupts[key] = stop
+    at_task_end(lambda: _interrupts.pop(key, None))
+
+
+def still_wanted() -> bool:
+    """Inside a task: False once its result is no longer wanted (its key was released or
+    cancelled while it waited for a thread or ran). Call :func:`on_interrupt` first: then
+    a release either shows here or reaches the callback."""
+    running = current()
+    if running is None:
+        return True
+    state = getattr(running.worker, "state", None)
+    ts = None if state is None else state.tasks.get(running.key)
+    return ts is None or not ts.release_after
+
+
+def interrupt(keys: Any) -> None:
+    """For the worker: the results of ``keys`` are no longer wanted; stop those of them
+    running that asked to be told (:func:`on_interrupt`)."""
+    if not _interrupts:
+        return
+    for key in keys:
+        stop = _interrupts.pop(key, None)
+        if stop is not None:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the task's own outcome is what counts
+                pass
+
+
 _dask_hooked = [False]
 
 

@@ -88,6 +88,9 @@ class RangeRunner:
         self._active: list[Range] = []  # running on a thread
         self._threads = 0  # threads that take waiting ranges (each holds a slot)
         self._local = threading.local()  # .seceded: this range thread gave its slot up
+        # prefix -> indices of elements given here whose results are no longer wanted
+        # (cancelled, released) before they started: skipped, not run
+        self._dropped: dict[str, set[int]] = {}
 
     def _wanted(self) -> int:
         """Under the lock: more threads the waiting ranges want (``RangesWaiting``)."""
@@ -124,6 +127,20 @@ class RangeRunner:
             if out:
                 self._ranges = deque(r for r in self._ranges if r.next < r.end)
         return out
+
+    def drop(self, keys: list) -> None:
+        """On the loop: of ``keys`` (freed by the scheduler), the elements of ranges given
+        here that have not started will not run: their results are no longer wanted."""
+        with self._lock:
+            if not self._ranges and not self._active:
+                return
+            prefixes = {r.record.prefix for r in (*self._ranges, *self._active)}
+            for key in keys:
+                if type(key) is not str:
+                    continue
+                head, _, tail = key.rpartition("-")
+                if head + "-" in prefixes and tail.isdigit():
+                    self._dropped.setdefault(head + "-", set()).add(int(tail))
 
     def answer_release(self, count: int) -> ev.RangesWaiting:
         """On the loop: ``release-range``, answered; what to tell the state machine."""
@@ -228,6 +245,7 @@ class RangeRunner:
         clock = time.time
         due = clock() + REPORT_SECONDS
         indices, all_args, lock, local = record.indices, record.args, self._lock, self._local
+        dropped = self._dropped
         while True:
             if local.seceded:  # the last element seceded: the slot is given up
                 break
@@ -237,6 +255,8 @@ class RangeRunner:
                     break
                 r.next = j + 1
             i, blob = indices[j], all_args[j]
+            if dropped and i in dropped.get(prefix, ()):
+                continue
             key = prefix + str(i)
             start = clock()
             outer = enter_task(w, key, False, start)
@@ -272,6 +292,11 @@ class RangeRunner:
                 due = stop + REPORT_SECONDS
         if batch.indices or batch.failures:
             put(("ranges", batch))
+        if dropped:
+            with lock:
+                if not any(o.record.prefix == prefix and o.next < o.end
+                           for o in (*self._ranges, *self._active)):
+                    dropped.pop(prefix, None)
 
     def deliver(self, batch: Batch) -> None:
         """On the loop: hold a batch's results, tell the scheduler."""

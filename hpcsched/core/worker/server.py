@@ -85,7 +85,7 @@ from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.units import parse_interval
-from hpcsched.core.worker.context import TaskNeedsThread, enter_task, leave_task
+from hpcsched.core.worker.context import TaskNeedsThread, enter_task, interrupt, leave_task
 from hpcsched.core.worker.control import WorkerControl
 from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
@@ -617,6 +617,9 @@ class Worker:
                     event = self._resume.pop(cmd.key, None)
                     if event is not None:
                         event.set()
+                elif t is ev.Interrupt:
+                    interrupt(cmd.keys)
+                    self.ranges.drop(cmd.keys)
             for cmd in inline:
                 # known to take well under a millisecond: run here, and handle the result
                 # at once (its "task-finished" leaves with this batch): a thread hand-off

@@ -1,0 +1,176 @@
+"""Jobs of command tasks, kept by the scheduler: what ``hpcsched submit`` makes and
+``hpcsched job ...`` reads.
+
+A job is an array of one command run once per entry (``--array 1-1000``, the lines of a
+file, the items of a JSON list) or a set of named tasks with dependencies (a TOML job
+file). It is published on the scheduler as the dataset ``hpcsched-job-<id>`` (the
+futures and a description), so that it outlives the command that submitted it, is seen
+by every client, and survives a restart of a scheduler with a journal as every dataset
+does. Each task's stdout and stderr go to files named by templates (default
+``hpcsched-jobs/%{JOB_ID}/%{TASK_ID}.stdout`` / ``.stderr`` under the submitting
+directory, which the workers must see: a shared file system, as on every cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcsched.commands.run import run_command
+
+PREFIX = "hpcsched-job-"
+DEFAULT_OUTPUT = os.path.join("hpcsched-jobs", "%{JOB_ID}", "%{TASK_ID}")
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How each task of a job runs its command (the same for every task of an array)."""
+
+    args: tuple[str, ...] | str
+    job_id: int
+    cwd: str
+    stdout: str
+    stderr: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def run_entry(spec: Spec, task_id: Any, entry: Any = None, *after: Any) -> Any:
+    """One task of a job: its command, for ``task_id`` / ``entry``. ``after`` are the
+    results of the tasks it depends on (a TOML job file's ``after``): waited for, unused."""
+    return run_command(spec.args, cwd=spec.cwd, env=dict(spec.env), stdout=spec.stdout,
+                       stderr=spec.stderr, task_id=task_id, entry=entry, job_id=spec.job_id)
+
+
+@dataclass
+class Job:
+    """A job as the scheduler keeps it (the published dataset's value)."""
+
+    id: int
+    name: str
+    args: Any
+    cwd: str
+    stdout: str
+    stderr: str
+    submitted: float
+    ids: list = field(default_factory=list)
+    futures: list = field(default_factory=list)
+
+    def output_path(self, task_id: Any, stream: str) -> str:
+        template = self.stdout if stream == "stdout" else self.stderr
+        path = template.replace("%{JOB_ID}", str(self.id)).replace("%{TASK_ID}", str(task_id))
+        return path if os.path.isabs(path) else os.path.join(self.cwd, path)
+
+    def future(self, task_id: Any) -> Any:
+        for i, f in zip(self.ids, self.futures, strict=True):
+            if str(i) == str(task_id):
+                return f
+        raise KeyError(f"job {self.id} has no task {task_id!r} (its ids: {_span(self.ids)})")
+
+
+def _span(ids: Sequence) -> str:
+    if not ids:
+        return "none"
+    return f"{ids[0]} .. {ids[-1]}" if len(ids) > 3 else ", ".join(map(str, ids))
+
+
+def parse_array(text: str) -> list[int]:
+    """HyperQueue's ``--array`` ranges: ``1-1000``, ``1,5,9``, ``0-100:10`` (a step).
+
+    >>> parse_array("1-3,7,10-20:5")
+    [1, 2, 3, 7, 10, 15, 20]
+    """
+    out: list[int] = []
+    for part in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*(\d+)(?::(\d+))?)?\s*", part)
+        if not m:
+            raise ValueError(f"--array {text!r}: {part!r} is not N, N-M or N-M:STEP")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) else lo
+        step = int(m.group(3) or 1)
+        if hi < lo or step < 1:
+            raise ValueError(f"--array {text!r}: {part!r} is an empty range")
+        out.extend(range(lo, hi + 1, step))
+    return out
+
+
+def entries_of_lines(path: str) -> list[str]:
+    """``--each-line FILE``: one task per line that is not blank; the entry is the line."""
+    with open(path) as f:
+        return [line.rstrip("\n") for line in f if line.strip()]
+
+
+def entries_of_json(path: str) -> list[Any]:
+    """``--from-json FILE``: one task per item of the JSON list; the entry is the item's
+    JSON text (what ``$HPCSCHED_ENTRY`` holds)."""
+    with open(path) as f:
+        items = json.load(f)
+    if not isinstance(items, list):
+        raise ValueError(f"--from-json {path}: expected a JSON list, got {type(items).__name__}")
+    return [json.dumps(x) for x in items]
+
+
+def next_id(client: Any) -> int:
+    taken = [int(n[len(PREFIX):]) for n in client.list_datasets()
+             if n.startswith(PREFIX) and n[len(PREFIX):].isdigit()]
+    return max(taken, default=0) + 1
+
+
+def submit(client: Any, args: Sequence[str] | str, *, ids: Sequence[Any],
+           entries: Sequence[Any] | None = None, name: str | None = None,
+           cwd: str | None = None, stdout: str | None = None, stderr: str | None = None,
+           env: dict[str, str] | None = None, resources: dict | None = None,
+           retries: int | None = None) -> Job:
+    """Submit an array job: ``args`` once per id (and entry); returns the published job."""
+    from hpcsched.core.client.coordination import Lock
+
+    cwd = os.path.abspath(cwd or os.getcwd())
+    with Lock("hpcsched-job-ids", client=client):
+        job_id = next_id(client)
+        spec = Spec(args if isinstance(args, str) else tuple(args), job_id, cwd,
+                    stdout or DEFAULT_OUTPUT + ".stdout", stderr or DEFAULT_OUTPUT + ".stderr",
+                    tuple(sorted((env or {}).items())))
+        n = len(ids)
+        entry_list = list(entries) if entries is not None else [None] * n
+        # a key prefix, not a key per task: a plain map of many elements takes the bulk
+        # road (hpcsched.core.state.bulk), at a task farm's speed
+        futures = client.map(run_entry, [spec] * n, list(ids), entry_list,
+                             key=f"{PREFIX}{job_id}", pure=False, resources=resources,
+                             retries=retries or 0)
+        job = Job(job_id, name or _default_name(args), spec.args, cwd, spec.stdout,
+                  spec.stderr, time.time(), list(ids), futures)
+        client.publish_dataset(**{f"{PREFIX}{job_id}": job})
+    return job
+
+
+def _default_name(args: Any) -> str:
+    first = args.split()[0] if isinstance(args, str) and args.split() else (
+        args[0] if args else "job")
+    return os.path.basename(str(first))
+
+
+def jobs(client: Any) -> list[Job]:
+    names = sorted((n for n in client.list_datasets() if n.startswith(PREFIX)),
+                   key=lambda n: int(n[len(PREFIX):]) if n[len(PREFIX):].isdigit() else 0)
+    return [client.get_dataset(n) for n in names]
+
+
+def job(client: Any, job_id: Any) -> Job:
+    try:
+        return client.get_dataset(f"{PREFIX}{int(job_id)}")
+    except (KeyError, ValueError):
+        raise KeyError(f"no job {job_id!r} on this scheduler") from None
+
+
+def counts(futures: Iterable[Any]) -> dict[str, int]:
+    out = {"finished": 0, "error": 0, "cancelled": 0, "waiting": 0}
+    for f in futures:
+        status = f.status
+        key = ("finished" if status == "finished" else "error" if status == "error"
+               else "cancelled" if status == "cancelled" else "waiting")
+        out[key] += 1
+    return out

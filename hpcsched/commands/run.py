@@ -1,0 +1,262 @@
+"""One command run as a task: where its output goes, what its result is, how it ends.
+
+:func:`run_command` is the function a command task runs on its worker. The command
+starts in a process group of its own, with ``HPCSCHED_TASK_ID`` / ``HPCSCHED_ENTRY`` /
+``HPCSCHED_JOB_ID`` in its environment (the names of HyperQueue's ``HQ_TASK_ID`` and
+``HQ_ENTRY``, in our words), ``%{TASK_ID}``, ``%{ENTRY}`` and ``%{JOB_ID}`` replaced in
+its arguments and output paths. Its stdout and stderr go to files when paths are given
+(the command line's jobs always give them), else they are captured and kept with the
+result, the last :data:`KEEP_BYTES` of each.
+
+The group is killed (SIGTERM, then SIGKILL after :data:`KILL_GRACE` seconds) when the
+task is cancelled or released while it runs, and by the worker's sentinel
+(:mod:`hpcsched.commands.sentinel`) when the worker dies.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcsched.commands.sentinel import SENTINEL
+
+#: bytes of a captured stream kept with the result, and of stderr quoted in an error
+KEEP_BYTES = 1 << 20
+TAIL_LINES = 20
+KILL_GRACE = 3.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command that exited 0 left: its status, where its output went, and the
+    output itself when it was captured rather than written to files."""
+
+    args: tuple[str, ...]
+    returncode: int
+    duration: float
+    host: str
+    stdout_path: str | None = None
+    stderr_path: str | None = None
+    stdout: bytes | None = field(default=None, repr=False)
+    stderr: bytes | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        return f"{' '.join(self.args)}: exit {self.returncode} on {self.host} in {self.duration:.3g} s"
+
+
+class CommandFailed(Exception):
+    """A command task's program exited non-zero, or could not start."""
+
+    def __init__(self, args: Sequence[str], returncode: int | None, stderr_tail: str,
+                 stderr_path: str | None = None, host: str = "") -> None:
+        super().__init__(args, returncode, stderr_tail, stderr_path, host)
+        self.command = tuple(args)
+        self.returncode = returncode
+        self.stderr_tail = stderr_tail
+        self.stderr_path = stderr_path
+        self.host = host
+
+    def __str__(self) -> str:
+        what = ("could not start" if self.returncode is None
+                else f"exited with status {self.returncode}" if self.returncode >= 0
+                else f"was killed by signal {-self.returncode}")
+        where = f" ({self.stderr_path})" if self.stderr_path else ""
+        head = f"command {list(self.command)!r} {what}" + (f" on {self.host}" if self.host else "")
+        if self.returncode is None:
+            return f"{head}: {self.stderr_tail}"
+        if not self.stderr_tail:
+            return head + f"; its stderr{where} was empty"
+        return head + f"; the end of its stderr{where}:\n{self.stderr_tail}"
+
+
+class CommandCancelled(Exception):
+    """A command task whose result was no longer wanted before its program started."""
+
+    def __init__(self, args: Sequence[str]) -> None:
+        super().__init__(args)
+        self.command = tuple(args)
+
+    def __str__(self) -> str:
+        return f"command {list(self.command)!r} not started: its task was cancelled"
+
+
+def substitute(text: str, fields: Mapping[str, str]) -> str:
+    """``%{TASK_ID}`` and the like replaced by their values.
+
+    >>> substitute("out/%{JOB_ID}/%{TASK_ID}.txt", {"JOB_ID": "3", "TASK_ID": "17"})
+    'out/3/17.txt'
+    """
+    if "%{" not in text:
+        return text
+    for name, value in fields.items():
+        text = text.replace("%{" + name + "}", value)
+    return text
+
+
+def tail(data: bytes, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of ``data``, decoded leniently.
+
+    >>> tail(b"a\\nb\\nc\\n", 2)
+    'b\\nc'
+    """
+    text = data.decode(errors="replace").rstrip("\n")
+    return "\n".join(text.split("\n")[-lines:])
+
+
+def _under(cwd: str | None, path: str) -> str:
+    return os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+
+
+def _file_tail(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            return tail(f.read())
+    except OSError:
+        return ""
+
+
+def _terminate(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except OSError:
+            return
+        if wait is not None:
+            try:
+                proc.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                pass
+
+
+class _Stopper:
+    """Registered before the program starts (a release may come at any time): stops the
+    program once it exists, or at once if the release came first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self.stopped = False
+
+    def stop(self) -> None:  # the worker's loop thread: must not block
+        with self._lock:
+            self.stopped = True
+            proc = self._proc
+        if proc is not None:
+            threading.Thread(target=_terminate, args=(proc,), daemon=True,
+                             name="hpcsched-command-stop").start()
+
+    def attach(self, proc: subprocess.Popen) -> None:
+        with self._lock:
+            self._proc = proc
+            stopped = self.stopped
+        if stopped:
+            _terminate(proc, grace=0.0)
+
+
+def _stopper(key: Any) -> _Stopper | None:
+    """Cancelling the task (or releasing its key) kills the program's group; None: the
+    task's result is no longer wanted already, do not start it."""
+    if key is None:
+        return _Stopper()
+    from hpcsched.core.worker import context
+
+    stopper = _Stopper()
+    context.on_interrupt(stopper.stop)
+    return stopper if context.still_wanted() else None
+
+
+def _current_key() -> Any:
+    """The key of the task running this command, moved off the worker's loop thread
+    first (a command blocks); None outside a task."""
+    from hpcsched.core.worker import context
+
+    running = context.current()
+    if running is None:
+        return None
+    context.off_loop(running, "running a command")
+    return running.key
+
+
+def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
+                env: Mapping[str, str] | None = None, stdout: str | None = None,
+                stderr: str | None = None, task_id: Any = None, entry: Any = None,
+                job_id: Any = None) -> CommandResult:
+    """Run ``args`` (a list, or a string for ``sh -c``) and wait for it; the task's body.
+
+    Raises :class:`CommandFailed` when it exits non-zero or cannot start.
+    """
+    fields = {"TASK_ID": "" if task_id is None else str(task_id),
+              "ENTRY": "" if entry is None else str(entry),
+              "JOB_ID": "" if job_id is None else str(job_id)}
+    argv = (["/bin/sh", "-c", substitute(args, fields)] if isinstance(args, str)
+            else [substitute(str(a), fields) for a in args])
+    full_env = dict(os.environ)
+    if env:
+        full_env.update({str(k): substitute(str(v), fields) for k, v in env.items()})
+    for name, value in fields.items():
+        if value:
+            full_env["HPCSCHED_" + name] = value
+    host = socket.gethostname()
+    key = _current_key()
+    # relative output paths are the command's own: under its cwd, as its shell would see them
+    out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
+    err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
+    handles: list[Any] = []
+    try:
+        out: Any = subprocess.PIPE
+        err: Any = subprocess.PIPE
+        for path in (out_path, err_path):
+            if path:
+                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if out_path:
+            out = open(out_path, "wb")  # noqa: SIM115 - closed in finally
+            handles.append(out)
+        if err_path:
+            err = out if err_path == out_path else open(err_path, "wb")  # noqa: SIM115
+            if err is not out:
+                handles.append(err)
+        start = time.monotonic()
+        stopper = _stopper(key)
+        if stopper is None or stopper.stopped:
+            raise CommandCancelled(argv)
+        try:
+            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=err, start_new_session=True)
+        except OSError as e:
+            raise CommandFailed(argv, None, f"{type(e).__name__}: {e}", None, host) from None
+        stopper.attach(proc)
+        SENTINEL.started(proc.pid)
+        try:
+            captured_out, captured_err = proc.communicate()
+        finally:
+            SENTINEL.ended(proc.pid)
+        duration = time.monotonic() - start
+    finally:
+        for h in handles:
+            h.close()
+    if proc.returncode != 0:
+        stderr_tail = (tail(captured_err) if captured_err is not None
+                       else _file_tail(err_path) if err_path else "")
+        raise CommandFailed(argv, proc.returncode, stderr_tail, err_path, host)
+    return CommandResult(tuple(argv), proc.returncode, duration, host, out_path, err_path,
+                         None if captured_out is None else captured_out[-KEEP_BYTES:],
+                         None if captured_err is None else captured_err[-KEEP_BYTES:])
+
+
+def run_command_entry(spec: tuple, task_id: int, entry: str) -> CommandResult:
+    """One element of ``Client.map_command``: ``spec`` is (args, cwd, env items, stdout,
+    stderr), the same for every element."""
+    args, cwd, env, stdout, stderr = spec
+    return run_command(args, cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr,
+                       task_id=task_id, entry=entry)
+

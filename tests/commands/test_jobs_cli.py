@@ -1,0 +1,124 @@
+"""``hpcsched submit`` and ``hpcsched job ...`` as a user runs them: a scheduler and two
+one-thread workers started from a shell, jobs submitted and followed by other commands."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.launchers.procs import WORKER_OPTS, Procs, hpcsched_cmd, start_scheduler
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def hs(*args: str, sfile: Path, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    head = 2 if args[0] == "job" else 1  # the option goes after `submit` / `job WHAT`
+    return subprocess.run([*hpcsched_cmd(), *args[:head], "--scheduler-file", str(sfile),
+                           *args[head:]],
+                          cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def start_workers(procs: Procs, sfile: Path, n: int = 2, name: str = "workers") -> None:
+    procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile), *WORKER_OPTS,
+                 "--nworkers", str(n)], name)
+
+
+@pytest.fixture
+def cluster(procs: Procs, tmp_path: Path) -> Path:
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    start_workers(procs, sfile)
+    return sfile
+
+
+def job_id(submitted: subprocess.CompletedProcess) -> str:
+    assert submitted.returncode == 0, submitted.stderr
+    return submitted.stdout.strip().rsplit(" ", 1)[-1]
+
+
+def test_an_array_job_runs_every_task_and_keeps_each_output(cluster, tmp_path):
+    j = job_id(hs("submit", "--array", "1-200", "--", "sh", "-c", "echo $HPCSCHED_TASK_ID",
+                  sfile=cluster, cwd=tmp_path))
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert "200/200 finished" in waited.stderr
+    cat = hs("job", "cat", j, "--task", "123", "stdout", sfile=cluster, cwd=tmp_path)
+    assert cat.returncode == 0 and cat.stdout == "123\n"
+    assert (tmp_path / "hpcsched-jobs" / j / "200.stdout").read_text() == "200\n"
+    listed = hs("job", "list", sfile=cluster, cwd=tmp_path)
+    assert listed.returncode == 0
+    row = next(line.split() for line in listed.stdout.splitlines() if line.split()[:1] == [j])
+    assert row[2:5] == ["200", "200", "0"]
+
+
+def test_a_failing_task_makes_wait_fail_and_info_name_it(cluster, tmp_path):
+    j = job_id(hs("submit", "--array", "1-40", "--", "sh", "-c",
+                  'echo "no input $HPCSCHED_TASK_ID" >&2; [ $HPCSCHED_TASK_ID != 17 ]',
+                  sfile=cluster, cwd=tmp_path))
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
+    assert waited.returncode == 1
+    assert "39/40 finished, 1 failed" in waited.stderr
+    info = hs("job", "info", j, sfile=cluster, cwd=tmp_path)
+    assert "task 17 failed" in info.stdout and "status 1" in info.stdout
+    err = hs("job", "cat", j, "stderr", "--task", "17", sfile=cluster, cwd=tmp_path)
+    assert err.stdout == "no input 17\n"
+
+
+def test_each_line_and_json_entries_reach_the_tasks(cluster, tmp_path):
+    lines = tmp_path / "inputs.txt"
+    lines.write_text("alpha\n\nbeta gamma\n")
+    j = job_id(hs("submit", "--each-line", str(lines), "--", "sh", "-c", 'echo "[$HPCSCHED_ENTRY]"',
+                  sfile=cluster, cwd=tmp_path))
+    assert hs("job", "wait", j, sfile=cluster, cwd=tmp_path).returncode == 0
+    assert hs("job", "cat", j, sfile=cluster, cwd=tmp_path).stdout == "[alpha]\n[beta gamma]\n"
+    items = tmp_path / "items.json"
+    items.write_text(json.dumps([{"seed": 1}, {"seed": 2}]))
+    j = job_id(hs("submit", "--from-json", str(items), "--", "echo", "%{TASK_ID}=%{ENTRY}",
+                  sfile=cluster, cwd=tmp_path))
+    assert hs("job", "wait", j, sfile=cluster, cwd=tmp_path).returncode == 0
+    assert hs("job", "cat", j, sfile=cluster, cwd=tmp_path).stdout == \
+        '0={"seed": 1}\n1={"seed": 2}\n'
+
+
+def test_cancel_stops_a_job(cluster, tmp_path):
+    j = job_id(hs("submit", "--array", "1-50", "--", "sh", "-c", "sleep 300",
+                  sfile=cluster, cwd=tmp_path))
+    assert hs("job", "cancel", j, sfile=cluster, cwd=tmp_path).returncode == 0
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path, timeout=60)
+    assert waited.returncode == 1 and "50 cancelled" in waited.stderr
+    wait_until(lambda: subprocess.run(["pgrep", "-f", "^sleep 300$"]).returncode == 1,
+               timeout=30, what="the cancelled job's programs to end")
+
+
+def test_bad_input_gets_a_clear_error(cluster, tmp_path):
+    r = hs("submit", "--array", "5-1", "--", "true", sfile=cluster, cwd=tmp_path)
+    assert r.returncode != 0 and "empty range" in r.stderr
+    r = hs("submit", "--array", "1-3", sfile=cluster, cwd=tmp_path)
+    assert r.returncode != 0 and "no command" in r.stderr
+    r = hs("job", "info", "99", sfile=cluster, cwd=tmp_path)
+    assert r.returncode == 2 and "no job '99'" in r.stderr
+
+
+def test_a_job_survives_a_restart_of_a_journaled_scheduler(procs, tmp_path):
+    sfile, journal = tmp_path / "scheduler.json", tmp_path / "journal"
+    sched = start_scheduler(procs, sfile, "--journal", str(journal))
+    start_workers(procs, sfile)
+    j = job_id(hs("submit", "--array", "1-60", "--", "sh", "-c",
+                  "sleep 0.2; echo $HPCSCHED_TASK_ID", sfile=sfile, cwd=tmp_path))
+    wait_until(lambda: len(list((tmp_path / "hpcsched-jobs" / j).glob("*.stdout"))) >= 5,
+               timeout=60, what="some tasks to run")
+    os.kill(sched.pid, signal.SIGKILL)
+    sched.wait(10)
+    procs.start([*hpcsched_cmd(), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                 "--scheduler-file", str(sfile), "--journal", str(journal)], "scheduler2")
+    waited = hs("job", "wait", j, sfile=sfile, cwd=tmp_path, timeout=180)
+    assert waited.returncode == 0, waited.stderr
+    out = hs("job", "cat", j, sfile=sfile, cwd=tmp_path).stdout.split()
+    assert out == [str(i) for i in range(1, 61)]

@@ -1,0 +1,98 @@
+"""The task history (hpcsched/diagnostics/history.py): every task's run in SQLite, read
+by ``Client.history()`` and ``hpcsched history``, on both roads."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+
+from hpcsched import LocalCluster
+from hpcsched.core import config
+from hpcsched.diagnostics.history import History, read
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+def fail(x: int) -> int:
+    raise ValueError(f"bad input {x}")
+
+
+def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
+    path = tmp_path / "h.sqlite"
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        n = 40
+        futures = road.calls(client, inc, n)
+        assert client.gather(futures) == list(range(1, n + 1))
+        bad = client.submit(fail, 7)
+        with pytest.raises(ValueError):
+            bad.result(60)
+        frame = client.history()
+        keys = list(frame["key"])
+        assert sorted(keys) == sorted([str(f.key) for f in futures] + [str(bad.key)])
+        assert len(set(keys)) == len(keys)
+        workers = set(cluster.scheduler.state.workers)
+        assert set(frame["worker"]) <= workers
+        assert (frame["stop"] >= frame["start"]).all()
+        assert list(frame[frame["outcome"] == "erred"]["key"]) == [str(bad.key)]
+        assert set(frame["host"].dropna()) and len(set(frame["run"])) == 1
+        # filters
+        assert len(client.history(outcome="erred")) == 1
+        assert len(client.history(limit=5)) == 5
+
+
+def test_no_history_unless_asked_and_a_clear_error(tmp_path):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as cluster, cluster.get_client() as client:
+        with pytest.raises(RuntimeError, match="keeps no task history"):
+            client.history()
+
+
+def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
+    path = str(tmp_path / "h.sqlite")
+    for run in range(2):
+        h = History(path, lambda: {"tcp://a:1": "node1"})
+        h.task(f"t-{run}", "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+        h.elements("m", "tcp://a:1", [f"m-{run}-0", f"m-{run}-1"], [1.0, 2.0], [3.0, 4.0],
+                   [8, 8])
+        h.task(f"hpcsched-job-3-abc-{run}", "hpcsched-job-3", "tcp://a:1", 1.0, 2.0, "erred", 0)
+        h.close()
+    columns, rows = read(path)
+    assert len(rows) == 8 and len({r[columns.index("run")] for r in rows}) == 2
+    assert {r[columns.index("host")] for r in rows} == {"node1"}
+    _, jobs = read(path, job="3")
+    assert [r[0] for r in jobs] == ["hpcsched-job-3-abc-0", "hpcsched-job-3-abc-1"]
+    with pytest.raises(FileNotFoundError):
+        read(str(tmp_path / "missing.sqlite"))
+    with sqlite3.connect(path) as db:  # an ordinary SQLite file
+        assert db.execute("select count(*) from tasks where grp = 'm'").fetchone() == (4,)
+
+
+def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
+    path = str(tmp_path / "h.sqlite")
+    h = History(path)
+    h.task("a-1", "a", "tcp://w:1", 1.0, 2.5, "memory", 1)
+    h.task("b-1", "b", "tcp://w:2", 1.0, 2.0, "erred", 0)
+    h.close()
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hpcsched", "history", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    table = run(path)
+    assert table.returncode == 0 and "a-1" in table.stdout and "b-1" in table.stdout
+    assert "2 tasks" in table.stderr
+    erred = run(path, "--outcome", "erred", "--csv")
+    lines = erred.stdout.splitlines()
+    assert lines[0].startswith("key,grp,job,worker") and len(lines) == 2
+    assert lines[1].startswith("b-1,b,")
+    missing = run(str(tmp_path / "nope.sqlite"))
+    assert missing.returncode == 2 and "no task history" in missing.stderr
