@@ -139,6 +139,7 @@ class Execute:
     run_spec: Any
     announced: bool = False
     gang: tuple = ()  # a member of a task holding many slots: every member's address
+    comm: tuple = ()  # and (its communicator's number, the numbers to free first)
 
 
 @record

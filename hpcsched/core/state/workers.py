@@ -89,10 +89,10 @@ class WorkerEvents:
             ts = graph.promote(key)
             if ts is not None and ts.state in ("queued", "no-worker") and not ts.waiting_on:
                 graph.add_to_processing(ts, ws)
-        # rootish status depends on total threads: recompute lazily
-        for ts in list(placement.unrunnable):
-            recs.append((ts, "processing"))
         graph.transitions(recs)
+        # tasks no worker could take may run here (and whether a task is root-ish depends
+        # on the total of threads): placed again
+        graph.retry_no_worker()
         placement.open_slots(ws, push=False)  # pushed above, before the transitions
         if self.out.recorder is not None:
             self.out.recorder.worker_added(ws, e.now)

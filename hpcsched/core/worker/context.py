@@ -65,13 +65,15 @@ class TaskWorker(Protocol):
 
 class Running(NamedTuple):
     """The task a thread runs: its worker, its key, when it started, whether it runs
-    on the worker's loop thread, and (a task holding many slots) its members' addresses."""
+    on the worker's loop thread, and (a task holding many slots) its members' addresses
+    and ``(its communicator's number, the numbers of those to free first)``."""
 
     worker: TaskWorker
     key: Any
     start: float
     on_loop: bool
     gang: tuple = ()
+    comm: tuple = ()
 
 
 _local = threading.local()  # .task: Running or None; .seceded: bool; .cleanups: list
@@ -80,14 +82,14 @@ _running = tuple.__new__  # Running without its __new__'s call: this runs for ev
 
 # ---------------------------------------------------------------- for the worker
 def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float,
-               gang: tuple = ()) -> Running | None:
+               gang: tuple = (), comm: tuple = ()) -> Running | None:
     """Mark this thread as running ``key`` for ``worker`` since ``start`` (``gang``: as a
     member of a task holding many slots, every member's address in order).
 
     Returns what to pass to :func:`leave_task`.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _running(Running, (worker, key, start, on_loop, gang))
+    _local.task = _running(Running, (worker, key, start, on_loop, gang, comm))
     _local.seceded = False
     return previous
 

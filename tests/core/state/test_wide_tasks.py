@@ -285,3 +285,64 @@ def test_a_member_that_finished_before_another_raised_is_not_paused():
     assert sim.state("g") == "erred"
     assert [sim.s.workers[address(n)].status for n in members] == \
         ["running", "paused", "running"]
+
+
+def comm(sim: SimCluster, key: str, name: str) -> tuple:
+    """``(communicator number, numbers to free first)`` that worker ``name`` runs ``key`` with."""
+    return sim.workers[name].tasks[key].comm
+
+
+def busy(sim: SimCluster, key: str, name: str) -> None:
+    """A narrow task ``key`` runs on worker ``name`` (restricted to it)."""
+    sim.submit({key: []}, [key], annotations={"workers": {key: [address(name)]}})
+    sim.settle()
+    assert sim.where(key) == name
+
+
+def test_a_gang_on_the_same_members_uses_their_communicator_again():
+    """Two workers of two threads. g1 runs on a and b and names a communicator; g2 runs
+    there at the same time and gets another (two tasks never share one); g3, after g1
+    ended, is given g1's again, so no member makes a new one."""
+    sim = SimCluster(seed=7)
+    for name in "ab":
+        sim.add_worker(name, 2)
+    gang(sim, "g1", 2)
+    gang(sim, "g2", 2)
+    assert lease(sim, "g1") == lease(sim, "g2") == ["a", "b"]
+    first, second = comm(sim, "g1", "a"), comm(sim, "g2", "a")
+    assert comm(sim, "g1", "b") == first and comm(sim, "g2", "b") == second
+    assert first[0] != second[0] and first[0] > 0 and second[0] > 0
+    sim.finish("g1", "b")
+    sim.finish("g1")
+    gang(sim, "g3", 2)
+    assert lease(sim, "g3") == ["a", "b"]
+    assert comm(sim, "g3", "a") == comm(sim, "g3", "b") == (first[0], ())
+
+
+def test_a_worker_keeps_a_bounded_number_of_communicators():
+    """One communicator per worker at most. g1 on (a, b) names c1; with a busy, g2 runs
+    on (b, c) and names c2, evicting c1, which b frees now; with c busy, g3 on (a, b)
+    needs one more for a and b: it evicts c2 (idle), and its members free c1 (a still
+    holds it) and c2 (b holds it; c is told with its next gang)."""
+    sim = SimCluster(seed=8, scheduler_kw={"gang_comms_per_worker": 1})
+    for name in "abc":
+        sim.add_worker(name, 1)
+    gang(sim, "g1", 2)
+    assert lease(sim, "g1") == ["a", "b"]
+    c1 = comm(sim, "g1", "a")[0]
+    sim.finish("g1", "b")
+    sim.finish("g1")
+    busy(sim, "x", "a")
+    gang(sim, "g2", 2)
+    assert lease(sim, "g2") == ["b", "c"]
+    sim.finish("x")
+    c2, frees = comm(sim, "g2", "b")
+    assert c2 != c1 and frees == (c1,)
+    sim.finish("g2", "c")
+    sim.finish("g2")
+    busy(sim, "y", "c")
+    gang(sim, "g3", 2)
+    assert lease(sim, "g3") == ["a", "b"]
+    c3, frees = comm(sim, "g3", "a")
+    assert c3 not in (c1, c2) and sorted(frees) == sorted([c1, c2])
+    assert sim.s.graph.comms.take_frees([address("c")]) == [c2]
