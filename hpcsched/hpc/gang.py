@@ -29,8 +29,9 @@ inside it :func:`get_task_comm` makes the members' communicator:
 
 A member that raises fails the task at once with its traceback; members blocked in a
 collective waiting for it stay blocked, as MPI cannot interrupt them: the scheduler
-gives their workers no new work until their part ends (see
-:class:`~hpcsched.core.state.workers.WorkerEvents`), and the end of the user's script
+counts each such thread lost, a worker with none left ``blocked`` (no new work) until
+their part ends (see :meth:`~hpcsched.core.state.registry.WorkerRegistry.block_slot`),
+and the end of the user's script
 ends every rank (:mod:`hpcsched.hpc.bootstrap`): a rank with a member still inside MPI
 (:func:`members_in_mpi`) leaves without ``MPI_Finalize``, which would free what that
 thread is using under it (measured: heap corruption, the job aborted).

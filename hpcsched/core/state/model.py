@@ -191,7 +191,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block", "heartbeat_interval")
+                 "root_block", "heartbeat_interval", "blocked")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -215,7 +215,11 @@ class WorkerInfo:
         # starts here meanwhile
         self.reserved: TaskState | None = None
         self.occupancy = 0.0
-        self.status = "running"  # running | paused | closing_gracefully
+        self.status = "running"  # running | paused | blocked | closing_gracefully
+        # failed gangs whose part still holds a thread here, perhaps forever (blocked in a
+        # collective MPI cannot interrupt) -> whether that thread is counted off
+        # ``nthreads`` (its last thread is not: the worker is "blocked" instead)
+        self.blocked: dict[Any, bool] = {}
         self.last_seen = now
         self.heartbeat_interval = 0.0  # the interval the worker was told (liveness.py)
         self.metrics: dict = {}
@@ -235,6 +239,6 @@ class WorkerInfo:
             "processing": len(self.processing), "executing": len(self.executing),
             "long_running": len(self.long_running),
             "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
-            "status": self.status,
+            "status": self.status, "blocked": len(self.blocked),
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
         }

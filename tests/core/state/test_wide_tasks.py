@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import KilledWorker
 from tests.core.state.sim import SimCluster, address
 
@@ -250,8 +251,9 @@ def test_a_wide_task_wider_than_the_cluster_does_not_block_a_narrower_one():
 def test_a_member_that_raises_fails_the_task_and_the_others_take_no_work_until_they_end():
     """A gang of three on four workers; its second member raises. The task errs at once
     with that member's exception; the other members, which may be blocked forever in a
-    collective waiting for it, are told to drop the task and paused: a narrow task
-    submitted next goes to the fourth worker, never to them. A member that says its part
+    collective waiting for it, are told to drop the task and are ``blocked``: a narrow
+    task submitted next goes to the fourth worker, never to them, and their memory
+    monitors saying "running" (after a pause) changes nothing. A member that says its part
     ended (it returned, or raised too) takes work again."""
     sim = SimCluster(seed=11)
     for name in "abcd":
@@ -262,19 +264,45 @@ def test_a_member_that_raises_fails_the_task_and_the_others_take_no_work_until_t
     sim.fail("g", ZeroDivisionError("rank 1"), members[1])
     assert sim.state("g") == "erred" and not sim.s.graph.leases
     assert "rank 1" in str(sim.s.tasks["g"].exception)
-    assert [sim.s.workers[address(n)].status for n in members] == \
-        ["paused", "running", "paused"]
+    assert status(sim, members) == ["blocked", "running", "blocked"]
+    info = sim.s.workers_info()
+    assert info[address(members[0])]["blocked"] == 1 and info[address(members[1])]["blocked"] == 0
+    for status_said in ("paused", "running"):  # the memory monitor cannot unblock it
+        sim.scheduler(ev.WorkerStatusChange(address(members[0]), status_said))
+    assert status(sim, members) == ["blocked", "running", "blocked"]
     spare = ({"a", "b", "c", "d"} - set(members)).pop()
-    sim.submit({"after": []}, ["after"])
-    sim.settle()
-    assert sim.where("after") in (spare, members[1])
+    for i in range(4):
+        sim.submit({f"after{i}": []}, [f"after{i}"])
+        sim.settle()
+        assert sim.where(f"after{i}") in (spare, members[1])
+        sim.finish(f"after{i}")
     sim.finish("g", members[2], value="dropped")  # its collective ended after all
-    assert sim.s.workers[address(members[2])].status == "running"
+    assert status(sim, members)[1:] == ["running", "running"]
     assert sim.state("g") == "erred"
-    assert sim.s.workers[address(members[0])].status == "paused"
+    assert status(sim, members)[0] == "blocked"
 
 
-def test_a_member_that_finished_before_another_raised_is_not_paused():
+def test_a_blocked_member_of_two_threads_loses_one():
+    """Workers of two threads: a member left in a failed gang offers one thread fewer
+    (and stays running), and has it back when its part ends."""
+    sim = SimCluster(seed=13)
+    for name in "ab":
+        sim.add_worker(name, 2)
+    gang(sim, "g", 2)
+    first, other = lease(sim, "g")
+    sim.fail("g", ValueError("rank 0"), first)
+    ws = sim.s.workers[address(other)]
+    assert (ws.status, ws.nthreads, sim.s.total_nthreads) == ("running", 1, 3)
+    sim.submit({"x": [], "y": []}, ["x", "y"])
+    sim.settle()
+    sim.submit({"z": []}, ["z"])
+    sim.settle()
+    assert len([k for k in sim.running(other) if k != "g"]) <= 1  # its one thread left
+    sim.finish("g", other, value="dropped")
+    assert (ws.status, ws.nthreads, sim.s.total_nthreads) == ("running", 2, 4)
+
+
+def test_a_member_that_finished_before_another_raised_is_not_blocked():
     sim = SimCluster(seed=12)
     for name in "abc":
         sim.add_worker(name, 1)
@@ -283,8 +311,11 @@ def test_a_member_that_finished_before_another_raised_is_not_paused():
     sim.finish("g", members[2], value="dropped")
     sim.fail("g", ValueError("first rank"), members[0])
     assert sim.state("g") == "erred"
-    assert [sim.s.workers[address(n)].status for n in members] == \
-        ["running", "paused", "running"]
+    assert status(sim, members) == ["running", "blocked", "running"]
+
+
+def status(sim: SimCluster, names: list[str]) -> list[str]:
+    return [sim.s.workers[address(n)].status for n in names]
 
 
 def comm(sim: SimCluster, key: str, name: str) -> tuple:
