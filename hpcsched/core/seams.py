@@ -46,6 +46,8 @@ SEAMS: dict[str, str] = {
     "dask-scheduler": "hpcsched.core.client.collections:become_dask_scheduler",
     "dashboard": "hpcsched.diagnostics.extension:attach",
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
+    # a task holding many slots: the environment that starts an MPI program on them
+    "gang-environment": "hpcsched.hpc.gang:enter_environment",
 }
 
 _resolved: dict[str, Any] = {}

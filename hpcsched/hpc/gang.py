@@ -35,10 +35,29 @@ and the end of the user's script
 ends every rank (:mod:`hpcsched.hpc.bootstrap`): a rank with a member still inside MPI
 (:func:`members_in_mpi`) leaves without ``MPI_Finalize``, which would free what that
 thread is using under it (measured: heap corruption, the job aborted).
+
+**MPI programs on the task's slots.** While a task with ``ranks=N`` runs, each member's
+environment says how to start an MPI executable on exactly the hosts of its slots
+(:func:`enter_environment`): ``HPCSCHED_MPI_PREFIX`` is the launcher's command line
+(:func:`launcher_prefix`: ``srun`` inside a SLURM allocation, MPICH's ``mpiexec``
+elsewhere), ``HPCSCHED_HOSTFILE`` a file naming each slot's host, one a line,
+``HPCSCHED_NRANKS`` and ``HPCSCHED_GANG_MEMBER`` (this member's place, 0 the first)::
+
+    def simulate(params):
+        if os.environ["HPCSCHED_GANG_MEMBER"] == "0":
+            cmd = shlex.split(os.environ["HPCSCHED_MPI_PREFIX"]) + ["./sim", params]
+            return subprocess.run(cmd, check=True).returncode
+
+    client.map(simulate, ensemble, ranks=4, ranks_per_node=2)
+
+The variables are the process's: a worker of one thread (the usual for gangs) runs one
+task at a time; with more threads, tasks running beside a gang see them too.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import threading
 import zlib
 from typing import Any
@@ -116,7 +135,8 @@ def get_task_comm() -> Any:
     if getattr(_made, "task", None) is running:
         return _made.comm
     off_loop(running, "get_task_comm()")
-    number, to_free = running.comm or (0, ())
+    number, to_free = (running.lease.comm, running.lease.free_comms) if running.lease \
+        else (0, ())
     _kept.free(to_free)
     comm = _kept.get(number)
     _count(1)
@@ -215,3 +235,61 @@ def free_all() -> None:
     """Free the communicators this rank keeps for gangs and no task uses (before
     ``MPI_Finalize``, which would otherwise find them still allocated)."""
     _kept.free_all()
+
+
+def launcher_prefix(hosts: list[str], environ: Any, hostfile: str) -> str:
+    """The command line that starts one process on each of ``hosts`` (one entry a slot,
+    repeated for several slots of one host): ``srun`` inside a SLURM allocation (placing
+    each task on its slot's host through ``hostfile``, and sharing the cores the workers'
+    own step holds: ``--overlap``), MPICH's ``mpiexec`` elsewhere.
+
+    >>> launcher_prefix(["n1", "n1", "n2"], {}, "/tmp/h")
+    'mpiexec -n 3 -hosts n1:2,n2:1'
+    >>> launcher_prefix(["n1", "n2", "n1"], {"SLURM_JOB_ID": "7"}, "/tmp/h")
+    'srun --overlap -N 2 -n 3 --nodelist=n1,n2 --distribution=arbitrary'
+    """
+    counts: dict[str, int] = {}
+    for host in hosts:
+        counts[host] = counts.get(host, 0) + 1
+    if environ.get("SLURM_JOB_ID"):
+        return (f"srun --overlap -N {len(counts)} -n {len(hosts)} "
+                f"--nodelist={','.join(counts)} --distribution=arbitrary")
+    return f"mpiexec -n {len(hosts)} -hosts " + ",".join(f"{h}:{n}" for h, n in counts.items())
+
+
+_env_lock = threading.Lock()
+
+
+def enter_environment(gang: tuple, lease: Any) -> None:
+    """The current task holds ``gang``'s slots (``lease.hosts`` their hosts): set its
+    launcher environment (see the module's docstring) until it ends on this thread."""
+    hosts = list(lease.hosts)
+    if len(hosts) != len(gang):
+        return  # a scheduler that did not say where the members are
+    fd, hostfile = tempfile.mkstemp(prefix="hpcsched-hosts-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{h}\n" for h in hosts))
+    running = current()
+    address = getattr(running.worker, "address", None) if running is not None else None
+    env = {"HPCSCHED_HOSTFILE": hostfile, "HPCSCHED_NRANKS": str(len(hosts)),
+           "HPCSCHED_MPI_PREFIX": launcher_prefix(hosts, os.environ, hostfile),
+           "HPCSCHED_GANG_MEMBER": str(gang.index(address) if address in gang else -1)}
+    if os.environ.get("SLURM_JOB_ID"):
+        env["SLURM_HOSTFILE"] = hostfile  # srun --distribution=arbitrary reads it
+    with _env_lock:
+        saved = {name: os.environ.get(name) for name in env}
+        os.environ.update(env)
+
+    def restore() -> None:
+        with _env_lock:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        try:
+            os.unlink(hostfile)
+        except OSError:
+            pass
+
+    at_task_end(restore)

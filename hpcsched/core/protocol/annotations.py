@@ -44,6 +44,7 @@ ANNOTATIONS: dict[str, Check] = {
     "allow_other_workers": boolean,
     "checkpoint": boolean,  # keep the result in the scheduler's checkpoint directory
     "ranks": int_in(1, 1 << 20),  # worker slots it holds at once, on as many workers
+    "ranks_per_node": int_in(1, 1 << 20),  # of those, at most this many on one host
 }
 
 

@@ -289,6 +289,9 @@ class ComputeTask(Stimulus):
     free_comms: list = wire(fc.list_of(fc.count), factory=list, sparse=True,
                             doc="communicators of earlier tasks holding many slots that the "
                                 "worker frees before this one starts")
+    hosts: list = wire(fc.list_of(fc.string), factory=list, sparse=True,
+                       doc="a task holding many slots: each member's host, in member order "
+                           "(its MPI launcher's host list)")
 
 
 @message("compute-range", S2W)

@@ -242,6 +242,7 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
     workers = annotations.get("workers") or {}
     loose = annotations.get("allow_other_workers") or {}
     ranks = annotations.get("ranks") or {}
+    per_node = annotations.get("ranks_per_node") or {}
     for ts in new:
         k = ts.key
         if k in retries:
@@ -254,6 +255,8 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
             ts.loose_restrictions = bool(loose[k])
         if k in ranks:
             ts.width = int(ranks[k])
+        if k in per_node:
+            ts.per_node = int(per_node[k])
 
 
 def _number(x: Any) -> bool:

@@ -141,7 +141,7 @@ class TaskState:
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
         "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
         "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
-        "queued_seq", "stealing", "rootish_cache", "block", "width",
+        "queued_seq", "stealing", "rootish_cache", "block", "width", "per_node",
     )
 
     def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
@@ -176,6 +176,7 @@ class TaskState:
         # the worker slots it holds while it runs, one on each of ``width`` workers (a gang:
         # the workers are in TaskGraph.leases, processing_on the first of them)
         self.width = 1
+        self.per_node = 0  # of those, at most this many on one host (0: packed)
 
     def __repr__(self) -> str:
         return f"<TaskState {self.key!r} {self.state}>"

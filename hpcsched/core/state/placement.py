@@ -131,7 +131,9 @@ class Placement:
             heapq.heappush(self.gang_heaps.setdefault(ts.width, []), (ts.priority, seq, ts))
         registry = self.registry
         capacity = self._gang_capacity()
-        if ts.width > capacity:  # it waits for the cluster to grow, keeping nothing
+        if ts.width > capacity or (ts.per_node and _packed(
+                [*registry.running(), *self.reserved], ts.width, ts.per_node) is None):
+            # it waits for the cluster to grow (to more hosts, if spread), keeping nothing
             if self.reserving is ts:
                 self._unreserve_all()
             return None
@@ -155,7 +157,9 @@ class Placement:
                 registry.reserve(ws, None)
         if len(self.reserved) < ts.width:
             return None
-        members = _packed(list(self.reserved), ts.width)
+        members = _packed(list(self.reserved), ts.width, ts.per_node)
+        if members is None:  # enough workers kept, on too few hosts (ranks_per_node)
+            return None
         self._unreserve_all()
         del self.gangs[ts]
         return members
@@ -477,17 +481,27 @@ class Placement:
             assert self.registry.is_current(ws), ("a worker that left is a victim", ws)
 
 
-def _packed(workers: list[WorkerInfo], n: int) -> list[WorkerInfo]:
+def _packed(workers: list[WorkerInfo], n: int, per_node: int = 0) -> list[WorkerInfo] | None:
     """``n`` of ``workers``, on as few hosts as they can be: hosts with the most of them
-    first (a gang's ranks then talk through shared memory where they can).
+    first (a gang's ranks then talk through shared memory where they can); ``per_node``:
+    at most that many on one host (None: too few hosts for it). Members of one host come
+    together, in the order of the hosts taken.
 
     >>> class W:
     ...     def __init__(self, a, h): self.address, self.host = a, h
-    >>> [w.address for w in _packed([W("a", "x"), W("b", "y"), W("c", "y")], 2)]
+    >>> ws = [W("a", "x"), W("b", "y"), W("c", "y"), W("d", "z")]
+    >>> [w.address for w in _packed(ws, 2)]
     ['b', 'c']
+    >>> [w.address for w in _packed(ws, 3, per_node=1)]
+    ['b', 'a', 'd']
+    >>> _packed(ws, 4, per_node=1) is None
+    True
     """
     by_host: dict[str, list[WorkerInfo]] = {}
     for ws in workers:
         by_host.setdefault(ws.host, []).append(ws)
     ordered = sorted(by_host.values(), key=lambda group: (-len(group), group[0].address))
-    return [ws for group in ordered for ws in group][:n]
+    if per_node:
+        ordered = [group[:per_node] for group in ordered]
+    members = [ws for group in ordered for ws in group][:n]
+    return members if len(members) == n else None

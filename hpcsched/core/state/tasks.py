@@ -485,7 +485,8 @@ class TaskGraph:
             ts.resource_restrictions or None,
             # a suspect says when it starts: a death while it runs is then its alone
             est if not ts.suspicious else max(est, SHORT_TASK), gang,
-            *((comm, self.comms.take_frees(gang)) if members is not None else ()))
+            *((comm, self.comms.take_frees(gang), [w.host for w in members])
+              if members is not None else ()))
         for address in gang or (ws.address,):
             self.out.send(address, msg)
 

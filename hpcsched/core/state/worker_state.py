@@ -80,7 +80,7 @@ class WTask:
     __slots__ = ("key", "state", "priority", "run_spec", "dependencies", "dependents",
                  "waiting_for_data", "who_has", "nbytes", "resource_restrictions", "duration",
                  "coming_from", "release_after", "keep", "report_replica", "seq", "gang",
-                 "comm")
+                 "lease")
 
     def __init__(self, key: Key):
         self.key = key
@@ -100,7 +100,7 @@ class WTask:
         self.report_replica = False  # acquire-replicas: tell the scheduler once it is here
         self.seq = 0
         self.gang: tuple = ()  # a task holding many slots: every member's address
-        self.comm: tuple = ()  # and its communicator's number, the numbers to free first
+        self.lease: ev.GangLease | None = None  # and what its members share
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -226,7 +226,7 @@ class WorkerState:
         ts.release_after = False
         ts.resource_restrictions = e.resource_restrictions
         ts.gang = tuple(e.gang)
-        ts.comm = (e.comm, tuple(e.free_comms)) if e.gang else ()
+        ts.lease = ev.GangLease(e.comm, tuple(e.free_comms), tuple(e.hosts)) if e.gang else None
         ts.waiting_for_data = set()
         for dep_key, holders in (e.who_has or {}).items():
             dts = self._ensure_task(dep_key)
@@ -581,7 +581,7 @@ class WorkerState:
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
             self._out.append(ev.Execute(ts.key, ts.run_spec, announced, ts.gang,
-                                        ts.comm))
+                                        ts.lease))
         # ready tasks go first: a thread of ranges gives its slot up between two ranges
         # when a task waits, and its ranges wait for the next free slot
         while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \

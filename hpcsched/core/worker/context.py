@@ -66,14 +66,14 @@ class TaskWorker(Protocol):
 class Running(NamedTuple):
     """The task a thread runs: its worker, its key, when it started, whether it runs
     on the worker's loop thread, and (a task holding many slots) its members' addresses
-    and ``(its communicator's number, the numbers of those to free first)``."""
+    and what they share (:class:`~hpcsched.core.state.events.GangLease`)."""
 
     worker: TaskWorker
     key: Any
     start: float
     on_loop: bool
     gang: tuple = ()
-    comm: tuple = ()
+    lease: Any = None
 
 
 _local = threading.local()  # .task: Running or None; .seceded: bool; .cleanups: list
@@ -82,15 +82,18 @@ _running = tuple.__new__  # Running without its __new__'s call: this runs for ev
 
 # ---------------------------------------------------------------- for the worker
 def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float,
-               gang: tuple = (), comm: tuple = ()) -> Running | None:
+               gang: tuple = (), lease: Any = None) -> Running | None:
     """Mark this thread as running ``key`` for ``worker`` since ``start`` (``gang``: as a
-    member of a task holding many slots, every member's address in order).
+    member of a task holding many slots, every member's address in order; ``lease``:
+    what they share, which also sets the task's MPI launcher environment).
 
     Returns what to pass to :func:`leave_task`.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _running(Running, (worker, key, start, on_loop, gang, comm))
+    _local.task = _running(Running, (worker, key, start, on_loop, gang, lease))
     _local.seceded = False
+    if lease is not None:  # its launcher's environment, undone when it ends
+        seams.resolve("gang-environment")(gang, lease)
     return previous
 
 

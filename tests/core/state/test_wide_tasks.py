@@ -320,7 +320,8 @@ def status(sim: SimCluster, names: list[str]) -> list[str]:
 
 def comm(sim: SimCluster, key: str, name: str) -> tuple:
     """``(communicator number, numbers to free first)`` that worker ``name`` runs ``key`` with."""
-    return sim.workers[name].tasks[key].comm
+    lease = sim.workers[name].tasks[key].lease
+    return lease.comm, lease.free_comms
 
 
 def busy(sim: SimCluster, key: str, name: str) -> None:
@@ -377,3 +378,34 @@ def test_a_worker_keeps_a_bounded_number_of_communicators():
     c3, frees = comm(sim, "g3", "a")
     assert c3 not in (c1, c2) and sorted(frees) == sorted([c1, c2])
     assert sim.s.graph.comms.take_frees([address("c")]) == [c2]
+
+
+def test_ranks_per_node_spreads_a_gang_over_hosts():
+    """Six free workers, three on h1, two on h2, one on h3. A gang of three packed takes
+    h1's three; spread (``ranks_per_node=1``) it takes one worker of each host; with two a
+    host, h1's two and h2's... and one of three a host it cannot have at all (four hosts
+    needed) keeps no worker from the narrow tasks."""
+    sim = SimCluster(seed=14)
+    hosts = {"a": "h1", "b": "h1", "c": "h1", "d": "h2", "e": "h2", "f": "h3"}
+    for name, host in hosts.items():
+        sim.add_worker(name, 1, host=host)
+    gang(sim, "packed", 3)
+    assert sorted(hosts[n] for n in lease(sim, "packed")) == ["h1", "h1", "h1"]
+    sim.finish("packed")
+    sim.submit({"spread": []}, ["spread"], annotations={"ranks": {"spread": 3},
+                                                        "ranks_per_node": {"spread": 1}})
+    sim.settle()
+    assert sorted(hosts[n] for n in lease(sim, "spread")) == ["h1", "h2", "h3"]
+    sim.finish("spread")
+    sim.submit({"two": []}, ["two"], annotations={"ranks": {"two": 4},
+                                                  "ranks_per_node": {"two": 2}})
+    sim.settle()
+    assert sorted(hosts[n] for n in lease(sim, "two")) == ["h1", "h1", "h2", "h2"]
+    sim.finish("two")
+    sim.submit({"never": []}, ["never"], annotations={"ranks": {"never": 4},
+                                                      "ranks_per_node": {"never": 1}})
+    sim.settle()
+    assert sim.state("never") == "no-worker" and not sim.s.placement.reserved
+    sim.submit({"narrow": []}, ["narrow"])
+    sim.settle()
+    assert sim.state("narrow") == "processing"
