@@ -34,8 +34,9 @@ import sys
 import time
 
 HERE = os.path.abspath(__file__)
-SLURM_CONF = os.path.join(os.environ.get("BATCH_STATE_DIR", "/var/tmp/hpcsched-batch"),
-                          "slurm-nodes", "slurm.conf")
+SLURM_CONF = os.path.join(
+    os.environ.get("BATCH_STATE_DIR", "/var/tmp/hpcsched-batch"), "slurm-nodes", "slurm.conf"
+)
 
 
 # ---------------------------------------------------------------- the MPI programs
@@ -109,8 +110,7 @@ def inner_formation(ns: argparse.Namespace) -> None:
     with Client() as client:
         client.submit(gang_noop, -1, ranks=ns.ranks).result(timeout=60)  # warm-up
         t0 = time.perf_counter()
-        sizes = client.gather(client.map(gang_noop, range(ns.gangs), ranks=ns.ranks),
-                              timeout=600)
+        sizes = client.gather(client.map(gang_noop, range(ns.gangs), ranks=ns.ranks), timeout=600)
         took = time.perf_counter() - t0
         assert sizes == [ns.ranks] * ns.gangs
         print("RESULT " + json.dumps({"gangs_per_s": ns.gangs / took}), flush=True)
@@ -136,8 +136,20 @@ def run(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> list[
 
 
 def hpcsched_job(nprocs: int, *args: str) -> list[dict]:
-    return run(["mpiexec", "-n", str(nprocs), sys.executable, "-m", "hpcsched", "--nthreads",
-                "1", HERE, *args])
+    return run(
+        [
+            "mpiexec",
+            "-n",
+            str(nprocs),
+            sys.executable,
+            "-m",
+            "hpcsched",
+            "--nthreads",
+            "1",
+            HERE,
+            *args,
+        ]
+    )
 
 
 def per_second(count: int, cmd: list[str], env: dict | None = None) -> float:
@@ -162,8 +174,12 @@ def main() -> None:
     p.add_argument("--parts", default="formation,ensemble,efficiency")
     ns = p.parse_args()
     if ns.inner is not None:
-        {"member": inner_member, "noop": inner_noop, "formation": inner_formation,
-         "ensemble": inner_ensemble}[ns.inner](ns)
+        {
+            "member": inner_member,
+            "noop": inner_noop,
+            "formation": inner_formation,
+            "ensemble": inner_ensemble,
+        }[ns.inner](ns)
         return
     sys.path.insert(0, os.path.dirname(HERE))
     from _launch import compile_package
@@ -175,17 +191,42 @@ def main() -> None:
     report: dict = {"formation": {}, "ensemble": {}, "efficiency": {}}
     parts = ns.parts.split(",")
     for r in (2, 4, 8) if "formation" in parts else ():
-        gangs = hpcsched_job(9, "--inner", "formation", "--ranks", str(r), "--gangs",
-                             str(ns.gangs if r == 2 else ns.gangs // 2))[0]["gangs_per_s"]
-        direct = per_second(ns.mpiexec_runs, ["mpiexec", "-n", str(r), sys.executable, HERE,
-                                              "--inner", "noop"])
+        gangs = hpcsched_job(
+            9,
+            "--inner",
+            "formation",
+            "--ranks",
+            str(r),
+            "--gangs",
+            str(ns.gangs if r == 2 else ns.gangs // 2),
+        )[0]["gangs_per_s"]
+        direct = per_second(
+            ns.mpiexec_runs, ["mpiexec", "-n", str(r), sys.executable, HERE, "--inner", "noop"]
+        )
         row = {"gangs_per_s": round(gangs, 1), "mpiexec_per_s": round(direct, 2)}
         if slurm:
             env = {**os.environ, "SLURM_CONF": SLURM_CONF}
-            row["srun_steps_per_s"] = round(per_second(
-                ns.srun_steps, ["srun", "-p", "multi", "-n", str(r), "--overcommit",
-                                "--mpi=pmi2", "--time=5", sys.executable, HERE,
-                                "--inner", "noop"], env), 2)
+            row["srun_steps_per_s"] = round(
+                per_second(
+                    ns.srun_steps,
+                    [
+                        "srun",
+                        "-p",
+                        "multi",
+                        "-n",
+                        str(r),
+                        "--overcommit",
+                        "--mpi=pmi2",
+                        "--time=5",
+                        sys.executable,
+                        HERE,
+                        "--inner",
+                        "noop",
+                    ],
+                    env,
+                ),
+                2,
+            )
         report["formation"][r] = row
         print(f"formation ranks={r}: {row}", file=sys.stderr, flush=True)
     if "ensemble" in parts:
@@ -198,21 +239,27 @@ def main() -> None:
 def ensemble(ns: argparse.Namespace) -> dict:
     """The members as gangs in one job, by mpiexec one after another, by a shell loop."""
     member = [sys.executable, HERE, "--inner", "member", "--work", str(ns.work)]
-    res = hpcsched_job(9, "--inner", "ensemble", "--members", str(ns.members), "--work",
-                       str(ns.work))[0]
+    res = hpcsched_job(
+        9, "--inner", "ensemble", "--members", str(ns.members), "--work", str(ns.work)
+    )[0]
     t0 = time.perf_counter()
     for _ in range(ns.members):
         run(["mpiexec", "-n", "4", *member])
     one_by_one = time.perf_counter() - t0
-    loop = (f"for i in $(seq {ns.members}); do mpiexec -n 4 {' '.join(member)} >/dev/null & "
-            "if (( i % 2 == 0 )); then wait; fi; done; wait")
+    loop = (
+        f"for i in $(seq {ns.members}); do mpiexec -n 4 {' '.join(member)} >/dev/null & "
+        "if (( i % 2 == 0 )); then wait; fi; done; wait"
+    )
     t0 = time.perf_counter()
     subprocess.run(["bash", "-c", loop], check=True, timeout=3600)
     shell_loop = time.perf_counter() - t0
-    out = {"members": ns.members, "work_per_round_s": ns.work,
-           "gangs_s": round(res["seconds"], 2),
-           "mpiexec_one_after_another_s": round(one_by_one, 2),
-           "shell_loop_two_at_a_time_s": round(shell_loop, 2)}
+    out = {
+        "members": ns.members,
+        "work_per_round_s": ns.work,
+        "gangs_s": round(res["seconds"], 2),
+        "mpiexec_one_after_another_s": round(one_by_one, 2),
+        "shell_loop_two_at_a_time_s": round(shell_loop, 2),
+    }
     print(f"ensemble: {out}", file=sys.stderr, flush=True)
     return out
 
@@ -224,13 +271,31 @@ def efficiency(ns: argparse.Namespace) -> dict:
     os.environ["BENCH_LOOP"] = str(_loop_size(ns.efficiency_work))
     gangs, directs = [], []
     for _ in range(ns.repeat):
-        gangs.append(hpcsched_job(5, "--inner", "ensemble", "--members", "1", "--work",
-                                  str(ns.efficiency_work))[0]["rounds_s"][0])
-        directs.append(run(["mpiexec", "-n", "4", sys.executable, HERE, "--inner", "member",
-                            "--work", str(ns.efficiency_work)])[0]["rounds_s"])
-    out = {"gang_rounds_s": [round(g, 3) for g in gangs],
-           "mpiexec_rounds_s": [round(d, 3) for d in directs],
-           "efficiency_of_best": round(min(directs) / min(gangs), 3)}
+        gangs.append(
+            hpcsched_job(
+                5, "--inner", "ensemble", "--members", "1", "--work", str(ns.efficiency_work)
+            )[0]["rounds_s"][0]
+        )
+        directs.append(
+            run(
+                [
+                    "mpiexec",
+                    "-n",
+                    "4",
+                    sys.executable,
+                    HERE,
+                    "--inner",
+                    "member",
+                    "--work",
+                    str(ns.efficiency_work),
+                ]
+            )[0]["rounds_s"]
+        )
+    out = {
+        "gang_rounds_s": [round(g, 3) for g in gangs],
+        "mpiexec_rounds_s": [round(d, 3) for d in directs],
+        "efficiency_of_best": round(min(directs) / min(gangs), 3),
+    }
     print(f"efficiency: {out}", file=sys.stderr, flush=True)
     return out
 

@@ -20,14 +20,19 @@ def launch(i):
     with open(os.environ["HPCSCHED_HOSTFILE"]) as f:
         hosts = f.read().split()
     prefix = os.environ["HPCSCHED_MPI_PREFIX"]
-    r = subprocess.run(shlex.split(prefix) + [PROGRAM], capture_output=True, text=True,
-                       timeout=120)
-    return {"i": i, "code": r.returncode, "out": r.stdout, "err": r.stderr[-2000:],
-            "hosts": hosts, "prefix": prefix, "nranks": os.environ["HPCSCHED_NRANKS"]}
+    r = subprocess.run(shlex.split(prefix) + [PROGRAM], capture_output=True, text=True, timeout=120)
+    return {
+        "i": i,
+        "code": r.returncode,
+        "out": r.stdout,
+        "err": r.stderr[-2000:],
+        "hosts": hosts,
+        "prefix": prefix,
+        "nranks": os.environ["HPCSCHED_NRANKS"],
+    }
 
 
 with Client() as client:
-    futures = client.map(launch, range(TASKS), ranks=N, ranks_per_node=PER_NODE or None,
-                         pure=False)
+    futures = client.map(launch, range(TASKS), ranks=N, ranks_per_node=PER_NODE or None, pure=False)
     results = client.gather(futures, timeout=300)
     print("LAUNCHED " + json.dumps(results), flush=True)
