@@ -63,11 +63,11 @@ class Placement:
         self.seq = itertools.count()
         # wide tasks (a slot on each of ``width`` workers) waiting for their slots: each is
         # no-worker; the one of best priority keeps the workers that become free for itself.
-        # A heap by priority for each width (lazily cleaned: an entry counts while its
-        # task maps to its sequence number here), so that finding the best one costs the
-        # few widths in use, not the number of wide tasks waiting
+        # A heap by priority for each shape, (width, ranks per node) (lazily cleaned: an
+        # entry counts while its task maps to its sequence number here), so that finding
+        # the best one costs the few shapes in use, not the number of wide tasks waiting
         self.gangs: dict[TaskState, int] = {}
-        self.gang_heaps: dict[int, list[tuple[tuple, int, TaskState]]] = {}
+        self.gang_heaps: dict[tuple[int, int], list[tuple[tuple, int, TaskState]]] = {}
         self.reserving: TaskState | None = None
         self.reserved: dict[WorkerInfo, None] = {}  # the workers kept free for it
         # narrow tasks of worse priority made ready while it gathers: they wait (no-worker)
@@ -128,7 +128,8 @@ class Placement:
         the number of wide tasks waiting."""
         if ts not in self.gangs:
             seq = self.gangs[ts] = next(self.seq)
-            heapq.heappush(self.gang_heaps.setdefault(ts.width, []), (ts.priority, seq, ts))
+            heapq.heappush(self.gang_heaps.setdefault((ts.width, ts.per_node), []),
+                           (ts.priority, seq, ts))
         registry = self.registry
         capacity = self._gang_capacity()
         if ts.width > capacity or (ts.per_node and _packed(
@@ -169,14 +170,18 @@ class Placement:
         return len(self.registry.running()) + len(self.reserved)
 
     def _best_gang(self, capacity: int) -> TaskState | None:
-        """The waiting wide task of best priority among those at most ``capacity`` wide."""
+        """The waiting wide task of best priority among those the cluster can hold: at
+        most ``capacity`` wide, and, spread (``ranks_per_node``), over its hosts."""
         best: tuple | None = None
         gangs = self.gangs
-        for width, heap in self.gang_heaps.items():
+        for (width, per_node), heap in self.gang_heaps.items():
             if width > capacity:
                 continue
             while heap and gangs.get(heap[0][2]) != heap[0][1]:
                 heapq.heappop(heap)  # started, gone, or waiting under a newer entry
+            if heap and per_node and _packed([*self.registry.running(), *self.reserved],
+                                             width, per_node) is None:
+                continue  # too few hosts for this shape: it must not block the others
             if heap and (best is None or heap[0] < best):
                 best = heap[0]
         return None if best is None else best[2]
@@ -467,7 +472,7 @@ class Placement:
         # one wide task at most keeps workers, the best waiting one, and only free ones
         for ts, seq in self.gangs.items():
             assert ts.state == "no-worker" and ts.width > 1 and ts not in self.unrunnable, ts
-            assert (ts.priority, seq, ts) in self.gang_heaps[ts.width], ts
+            assert (ts.priority, seq, ts) in self.gang_heaps[ts.width, ts.per_node], ts
         assert self.reserving is None or self.reserving in self.gangs, self.reserving
         for ws in self.registry.workers.values():
             assert ws.reserved is None or (ws.reserved is self.reserving

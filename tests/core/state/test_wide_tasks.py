@@ -380,28 +380,36 @@ def test_a_worker_keeps_a_bounded_number_of_communicators():
     assert sim.s.graph.comms.take_frees([address("c")]) == [c2]
 
 
+def finish_all(sim: SimCluster, key: str) -> None:
+    """Every member of the wide task ``key`` ends its part, the first one last."""
+    members = lease(sim, key)
+    for other in members[1:]:
+        sim.finish(key, other, value="dropped")
+    sim.finish(key, members[0])
+
+
 def test_ranks_per_node_spreads_a_gang_over_hosts():
     """Six free workers, three on h1, two on h2, one on h3. A gang of three packed takes
     h1's three; spread (``ranks_per_node=1``) it takes one worker of each host; with two a
-    host, h1's two and h2's... and one of three a host it cannot have at all (four hosts
-    needed) keeps no worker from the narrow tasks."""
+    host, h1's two and h2's two; and one of four, one a host, which the three hosts cannot
+    hold, keeps no worker from the narrow tasks nor from a gang submitted after it."""
     sim = SimCluster(seed=14)
     hosts = {"a": "h1", "b": "h1", "c": "h1", "d": "h2", "e": "h2", "f": "h3"}
     for name, host in hosts.items():
         sim.add_worker(name, 1, host=host)
     gang(sim, "packed", 3)
     assert sorted(hosts[n] for n in lease(sim, "packed")) == ["h1", "h1", "h1"]
-    sim.finish("packed")
+    finish_all(sim, "packed")
     sim.submit({"spread": []}, ["spread"], annotations={"ranks": {"spread": 3},
                                                         "ranks_per_node": {"spread": 1}})
     sim.settle()
     assert sorted(hosts[n] for n in lease(sim, "spread")) == ["h1", "h2", "h3"]
-    sim.finish("spread")
+    finish_all(sim, "spread")
     sim.submit({"two": []}, ["two"], annotations={"ranks": {"two": 4},
                                                   "ranks_per_node": {"two": 2}})
     sim.settle()
     assert sorted(hosts[n] for n in lease(sim, "two")) == ["h1", "h1", "h2", "h2"]
-    sim.finish("two")
+    finish_all(sim, "two")
     sim.submit({"never": []}, ["never"], annotations={"ranks": {"never": 4},
                                                       "ranks_per_node": {"never": 1}})
     sim.settle()
@@ -409,3 +417,5 @@ def test_ranks_per_node_spreads_a_gang_over_hosts():
     sim.submit({"narrow": []}, ["narrow"])
     sim.settle()
     assert sim.state("narrow") == "processing"
+    gang(sim, "after", 3)  # a gang the cluster can hold runs: never blocks it
+    assert sim.state("after") == "processing" and sim.state("never") == "no-worker"
