@@ -27,7 +27,7 @@ exist is the :class:`~.registry.WorkerRegistry`'s; what is sent goes to the shar
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -521,7 +521,8 @@ class TaskGraph:
         self.members_done.pop(ts, None)
         comm = self.comm_of.pop(ts, None)
         if comm is not None:
-            self.comms.give_back(comm)
+            self.comms.give_back(comm, gone={ws.address for ws in self.leases.get(ts, ())
+                                             if workers.get(ws.address) is not ws})
         for ws in self.leases.pop(ts, ())[1:]:
             if notify and workers.get(ws.address) is ws:
                 self.out.send(ws.address, FreeKeys([ts.key]))
@@ -699,12 +700,32 @@ class GangComms:
             self.held[m] = self.held.get(m, 0) + 1
         return comm
 
-    def give_back(self, comm: int) -> None:
-        """The task using ``comm`` left processing: the next one on its members may."""
+    def give_back(self, comm: int, gone: Collection[str] = ()) -> None:
+        """The task using ``comm`` left processing: the next one on its members may (or,
+        a member ``gone``, none will: the others free it)."""
         members = self.members[comm]
+        if gone:
+            del self.members[comm]
+            for m in members:
+                self.held[m] -= 1
+                if m not in gone:
+                    self.to_free.setdefault(m, []).append(comm)
+                elif not self.held[m]:
+                    del self.held[m]
+            return
         self.idle.setdefault(members, []).append(comm)
         for m in members:
             self.lru.setdefault(m, {})[comm] = None
+
+    def worker_left(self, address: str) -> None:
+        """The worker at ``address`` left: its idle communicators are freed by the other
+        members, and nothing of it is kept (those in use go when their task ends)."""
+        for comm in list(self.lru.get(address, ())):
+            self._evict(comm)
+        self.lru.pop(address, None)
+        self.to_free.pop(address, None)
+        if not self.held.get(address):
+            self.held.pop(address, None)
 
     def take_frees(self, workers: Iterable[str]) -> list[int]:
         """The communicators evicted that ``workers`` still hold (they free them now)."""

@@ -113,6 +113,7 @@ class WorkerEvents:
             self.blocked.pop((ws.address, key), None)
         self.registry.remove(ws, e.stimulus_id or self.out.stimulus_id)
         self.placement.worker_left(ws)
+        self.graph.comms.worker_left(ws.address)
         if self.out.recorder is not None:
             self.out.recorder.worker_removed(ws.address, e.reason, e.now)
         self.maintenance.worker_left(ws.address)

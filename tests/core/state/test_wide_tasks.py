@@ -419,3 +419,31 @@ def test_ranks_per_node_spreads_a_gang_over_hosts():
     assert sim.state("narrow") == "processing"
     gang(sim, "after", 3)  # a gang the cluster can hold runs: never blocks it
     assert sim.state("after") == "processing" and sim.state("never") == "no-worker"
+
+
+def test_a_worker_that_leaves_leaves_no_communicator_behind():
+    """g1 ran on a and b and left its communicator idle; g2 runs on c and d. b leaves: a is
+    told to free g1's with its next gang. d leaves while g2 runs: the task runs again, and
+    c frees g2's. Nothing of b or d is kept."""
+    sim = SimCluster(seed=15)
+    for name in "abcd":
+        sim.add_worker(name, 1)
+    gang(sim, "g1", 2)
+    assert lease(sim, "g1") == ["a", "b"]
+    c1 = comm(sim, "g1", "a")[0]
+    finish_all(sim, "g1")
+    busy(sim, "x", "a")
+    busy(sim, "y", "b")
+    gang(sim, "g2", 2)
+    assert lease(sim, "g2") == ["c", "d"]
+    c2 = comm(sim, "g2", "c")[0]
+    comms = sim.s.graph.comms
+    sim.remove_worker("b")
+    sim.settle()
+    sim.remove_worker("d")
+    sim.settle()
+    gone = {address("b"), address("d")}
+    assert not gone & (comms.held.keys() | comms.lru.keys() | comms.to_free.keys())
+    assert all(not gone & set(members) for members in comms.members.values())
+    assert sorted(comms.to_free[address("a")]) == [c1]
+    assert comms.to_free[address("c")] == [c2] and c2 not in comms.members
