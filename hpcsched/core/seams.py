@@ -56,6 +56,8 @@ SEAMS: dict[str, str] = {
     "history": "hpcsched.diagnostics.history:client_history",
     "run-command": "hpcsched.commands.run:run_command",
     "run-command-entry": "hpcsched.commands.run:run_command_entry",
+    # a task holding many slots: the environment that starts an MPI program on them
+    "gang-environment": "hpcsched.hpc.gang:enter_environment",
 }
 
 _resolved: dict[str, Any] = {}

@@ -394,6 +394,7 @@ def _exit_rank(code: int) -> None:
                       f"({code})", file=sys.stderr, flush=True)
                 time.sleep(_ABORT_GRACE)  # for the launcher to pass the line on (_abort)
                 job.MPI.COMM_WORLD.Abort(code)
+            _free_gang_comms()
             job.MPI.Finalize()
         import ctypes
 
@@ -409,6 +410,13 @@ def _gang_member_in_mpi() -> bool:
     """
     gang = sys.modules.get("hpcsched.hpc.gang")
     return gang is not None and gang.members_in_mpi() > 0
+
+
+def _free_gang_comms() -> None:
+    """Free the communicators the rank kept for gangs (:mod:`hpcsched.hpc.gang`)."""
+    gang = sys.modules.get("hpcsched.hpc.gang")
+    if gang is not None:
+        gang.free_all()
 
 
 # ------------------------------------------------------------------ ending

@@ -338,8 +338,9 @@ class Client:
     def submit(self, func: Callable, *args: Any, key: Any = None, workers: Any = None,
                resources: dict | None = None, retries: int = 0, priority: int = 0,
                allow_other_workers: bool = False, pure: bool = True,
-               ranks: int | None = None, duration: float | str | None = None,
-               time_limit: float | str | None = None, **kwargs: Any) -> Future:
+               ranks: int | None = None, ranks_per_node: int | None = None,
+               duration: float | str | None = None, time_limit: float | str | None = None,
+               **kwargs: Any) -> Future:
         """Run ``func(*args, **kwargs)`` on a worker; a :class:`Future` of its result.
 
         ``duration`` (seconds, or as dask writes it: ``"20m"``): how long the task is
@@ -353,7 +354,10 @@ class Client:
 
         ``ranks=N``: the task holds a slot on each of N distinct workers at once and runs
         on every one of them (in MPI mode, N ranks: :func:`hpcsched.get_task_comm` inside
-        it is their communicator); its result is what the first of them returned.
+        it is their communicator); its result is what the first of them returned. Its
+        slots are packed on as few hosts as can be, unless ``ranks_per_node=M`` spreads
+        them: at most M on one host. Its environment names them for an MPI launcher
+        (``HPCSCHED_MPI_PREFIX``, ``HPCSCHED_HOSTFILE``: :mod:`hpcsched.hpc.gang`).
 
         Futures among the arguments (also inside lists, tuples, dicts and sets) are waited
         for and replaced by their results.
@@ -367,8 +371,8 @@ class Client:
         """
         if not callable(func):
             raise TypeError(f"submit expects a callable as its first argument, not {func!r}")
-        if ranks is not None:
-            call_annotations(("",), ranks)  # a bad value is an error here, before any work
+        if ranks is not None or ranks_per_node is not None:
+            call_annotations(("",), ranks, ranks_per_node)  # an error here, before any work
         func, seconds = timed(func, duration, time_limit)
         # ``held`` keeps the futures found in the arguments alive until the graph that needs
         # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
@@ -386,15 +390,16 @@ class Client:
         self.scheduler_comm.send(pc.UpdateGraph(
             self.id, {key: task}, [key], priority, {key: retries} if retries else {},
             resources, as_list(workers), allow_other_workers, {key: 0},
-            call_annotations((key,), ranks, seconds)))
+            call_annotations((key,), ranks, ranks_per_node, seconds)))
         del held
         return fut
 
     def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
             resources: dict | None = None, retries: int = 0, priority: int = 0,
             allow_other_workers: bool = False, batch_size: int | None = None,
-            pure: bool = True, ranks: int | None = None, duration: float | str | None = None,
-            time_limit: float | str | None = None, **kwargs: Any) -> list[Future]:
+            pure: bool = True, ranks: int | None = None, ranks_per_node: int | None = None,
+            duration: float | str | None = None, time_limit: float | str | None = None,
+            **kwargs: Any) -> list[Future]:
         """``[submit(func, *args) for args in zip(*iterables)]`` as one submission.
 
         Large maps go in batches of ``batch_size``; ``key`` is a prefix, or one key per
@@ -403,8 +408,8 @@ class Client:
         and ranges, at a task farm's speed (:mod:`hpcsched.core.state.bulk`), every
         element still its own future; with ``pure``, the same map again (while its
         futures are held) gives the same futures. ``ranks=N``: each element is a task
-        holding N slots; ``duration`` and ``time_limit`` are each element's, as with
-        :meth:`submit` (on both roads)."""
+        holding N slots, as with :meth:`submit` (and ``ranks_per_node``); ``duration`` and
+        ``time_limit`` are each element's, as with :meth:`submit` (on both roads)."""
         if not callable(func):
             raise TypeError(f"map expects a callable as its first argument, not {func!r}")
         if not iterables:
@@ -417,15 +422,16 @@ class Client:
                 raise ValueError(f"map got {len(keys)} keys for {len(items)} items")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
-        if ranks is not None:
-            call_annotations(("",), ranks)  # a bad value is an error here, before any work
+        if ranks is not None or ranks_per_node is not None:
+            call_annotations(("",), ranks, ranks_per_node)  # an error here, before any work
         func, seconds = timed(func, duration, time_limit)
         return self._submitter.map(
             func, items, kwargs, keys=keys,
             base=key if isinstance(key, str) else funcname(func),
             token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
             priority=priority, retries=retries, resources=resources, workers=workers,
-            allow_other_workers=allow_other_workers, ranks=ranks, duration=seconds)
+            allow_other_workers=allow_other_workers, ranks=ranks, ranks_per_node=ranks_per_node,
+            duration=seconds)
 
     def history(self, *, job: Any = None, group: str | None = None,
                 outcome: str | None = None, worker: str | None = None,

@@ -45,9 +45,9 @@ Annotations = dict[str, dict[Key, Any]]  # annotation name -> key -> value
 
 #: the annotations hpcsched acts on (others are accepted and kept for plugins)
 KNOWN_ANNOTATIONS = ("retries", "resources", "priority", "workers", "allow_other_workers",
-                     "checkpoint", "ranks", "duration")
+                     "checkpoint", "ranks", "ranks_per_node", "duration")
 #: the annotations of an enclosing ``dask.annotate`` that ``submit`` and ``map`` take
-CALL_ANNOTATIONS = ("checkpoint", "ranks")
+CALL_ANNOTATIONS = ("checkpoint", "ranks", "ranks_per_node")
 #: annotations that are durations: seconds, or as dask writes them ("20m", "1h30m")
 DURATIONS = ("duration", "time_limit")
 
@@ -81,19 +81,23 @@ def timed(func: Callable, duration: Any, time_limit: Any) -> tuple[Callable, flo
 
 
 def call_annotations(keys: Collection[Key], ranks: int | None = None,
+                     ranks_per_node: int | None = None,
                      duration: float | None = None) -> Annotations | None:
     """The per-key annotations that the enclosing ``dask.annotate`` block (if dask is
-    imported) gives ``submit``/``map`` calls of ``keys`` (None: none); ``ranks``, the
-    call's own, wins over the block's; ``duration``: the call's expected seconds
-    (:func:`call_duration`)."""
+    imported) gives ``submit``/``map`` calls of ``keys`` (None: none); ``ranks`` and
+    ``ranks_per_node``, the call's own, win over the block's; ``duration``: the call's
+    expected seconds (:func:`call_duration`)."""
     out: Annotations = {}
     if duration is not None:
         out["duration"] = dict.fromkeys(keys, duration)
-    if ranks is not None:
-        if annotation_problem("ranks", ranks) is not None or isinstance(ranks, bool):
-            raise ValueError(f"ranks={ranks!r} is not valid: a task holds ranks=N worker "
-                             "slots at once, N an integer >= 1")
-        out["ranks"] = dict.fromkeys(keys, ranks)
+    for name, value in (("ranks", ranks), ("ranks_per_node", ranks_per_node)):
+        if value is None:
+            continue
+        if annotation_problem(name, value) is not None or isinstance(value, bool):
+            raise ValueError(f"{name}={value!r} is not valid: a task holds ranks=N worker "
+                             "slots at once, at most ranks_per_node=M of them on one host, "
+                             "N and M integers >= 1")
+        out[name] = dict.fromkeys(keys, value)
     dask = sys.modules.get("dask")
     if dask is None or not keys:
         return out or None

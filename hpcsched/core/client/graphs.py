@@ -170,7 +170,8 @@ class Submitter:
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, ranks: int | None = None,
-            duration: float | None = None, **opts: Any) -> list[Future]:
+            duration: float | None = None, ranks_per_node: int | None = None,
+            **opts: Any) -> list[Future]:
         """``Client.map``'s work: a bulk map (:meth:`bulk_map`) when it is large and plain
         (no ``dask.annotate`` of calls around it either: ``checkpoint``; no ``ranks``), else one task per item of ``items`` (argument tuples), sent in batches
         (:func:`map_batches`); keys from ``keys``, or ``base`` and a token (pure: of the
@@ -178,7 +179,7 @@ class Submitter:
         if self.bulk_maps and keys is None and len(items) >= BULK_MAP_MIN \
                 and not opts.get("resources") \
                 and not opts.get("workers") and not opts.get("allow_other_workers") \
-                and call_annotations((base,), ranks) is None:  # (per-call annotations: per task)
+                and call_annotations((base,), ranks, ranks_per_node) is None:  # (per-call annotations: per task)
             bulk = self.bulk_map(func, items, kwargs, base=base, token=token, pure=pure,
                                  batch_size=batch_size, priority=opts.get("priority", 0),
                                  retries=opts.get("retries", 0), duration=duration)
@@ -214,7 +215,8 @@ class Submitter:
                     send(update_graph(self.conn.client_id, tasks, list(tasks),
                                       static_priorities={k: start + i
                                                          for i, k in enumerate(tasks)},
-                                      annotations=call_annotations(tasks, ranks, duration),
+                                      annotations=call_annotations(tasks, ranks, ranks_per_node,
+                                                                   duration),
                                       **opts))
                 del held
         return futures

@@ -47,6 +47,7 @@ ANNOTATIONS: dict[str, Check] = {
     "ranks": int_in(1, 1 << 20),  # worker slots it holds at once, on as many workers
     # seconds it is expected to run: kept off workers that leave sooner (placement.py)
     "duration": positive_number,
+    "ranks_per_node": int_in(1, 1 << 20),  # of those, at most this many on one host
 }
 
 

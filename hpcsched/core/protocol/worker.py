@@ -287,6 +287,16 @@ class ComputeTask(Stimulus):
                       doc="a task holding many slots (`ranks`): every member's address, in "
                           "order; each member is sent the task, the first one's result is "
                           "the task's")
+    comm: int = wire(fc.count, 0, sparse=True,
+                     doc="a task holding many slots: the number of its members' communicator "
+                         "(made by a member that has none of that number, kept for the next "
+                         "task on the same members)")
+    free_comms: list = wire(fc.list_of(fc.count), factory=list, sparse=True,
+                            doc="communicators of earlier tasks holding many slots that the "
+                                "worker frees before this one starts")
+    hosts: list = wire(fc.list_of(fc.string), factory=list, sparse=True,
+                       doc="a task holding many slots: each member's host, in member order "
+                           "(its MPI launcher's host list)")
 
 
 @message("compute-range", S2W)

@@ -670,7 +670,7 @@ class Scheduler:
             "started": self.started, "workers": self.state.workers_info(),
             "n_tasks": sum(counts.values()), "task_counts": counts,
             "clients": sorted(self.state.clients), "queued": self.state.n_queued,
-            "unrunnable": len(self.state.unrunnable), "services": dict(self.services),
+            "unrunnable": self.state.n_unrunnable, "services": dict(self.services),
         }
 
     def handle_event(self, event: Any, op: str = "") -> None:

@@ -243,6 +243,7 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
     loose = annotations.get("allow_other_workers") or {}
     ranks = annotations.get("ranks") or {}
     duration = annotations.get("duration") or {}
+    per_node = annotations.get("ranks_per_node") or {}
     for ts in new:
         k = ts.key
         if k in retries:
@@ -257,6 +258,8 @@ def _annotate(new: list[TaskState], annotations: dict) -> None:
             ts.width = int(ranks[k])
         if k in duration:
             ts.duration = float(duration[k])
+        if k in per_node:
+            ts.per_node = int(per_node[k])
 
 
 def _number(x: Any) -> bool:

@@ -33,7 +33,7 @@ slot again).
 from __future__ import annotations
 
 from dataclasses import KW_ONLY, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hpcsched.core.protocol.wire import MalformedMessage, encode, record
 from hpcsched.core.protocol.worker import (
@@ -130,6 +130,16 @@ class InvalidTransition(AssertionError):
     (the scheduler's or a worker's): a bug in that machine, never the peer's fault."""
 
 
+class GangLease(NamedTuple):
+    """What the members of a task holding many slots share, as the scheduler sent it:
+    their communicator's number (:class:`~.tasks.GangComms`), the numbers of those to free
+    first, and each member's host, in member order."""
+
+    comm: int
+    free_comms: tuple
+    hosts: tuple
+
+
 @record
 class Execute:
     """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool; ``announced``:
@@ -141,6 +151,7 @@ class Execute:
     gang: tuple = ()  # a member of a task holding many slots: every member's address
     #: resource name -> the ids of the devices of it the task holds while it runs ("GPU")
     devices: dict | None = None
+    lease: GangLease | None = None  # and what its members share
 
 
 @record

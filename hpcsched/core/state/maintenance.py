@@ -239,9 +239,7 @@ class Maintenance:
         if e.status == "running":
             self.placement.open_slots(ws)
             # tasks that found no running worker (all were paused) may run here now
-            if self.placement.unrunnable:
-                self.graph.transitions([(ts, "processing")
-                                        for ts in list(self.placement.unrunnable)])
+            self.graph.retry_no_worker()
 
     # ================================================================ retirement
     @handlers.on(ev.RetireWorkers)

@@ -141,7 +141,7 @@ class TaskState:
         "waiting_on", "waiters", "who_wants", "who_has", "processing_on", "nbytes", "typename",
         "retries", "suspicious", "erred_on", "exception", "traceback", "exception_text",
         "exception_blame", "resource_restrictions", "worker_restrictions", "loose_restrictions",
-        "queued_seq", "stealing", "rootish_cache", "block", "width", "duration",
+        "queued_seq", "stealing", "rootish_cache", "block", "width", "per_node", "duration",
     )
 
     def __init__(self, key: Key, run_spec: Any, group: TaskGroup):
@@ -176,6 +176,7 @@ class TaskState:
         # the worker slots it holds while it runs, one on each of ``width`` workers (a gang:
         # the workers are in TaskGraph.leases, processing_on the first of them)
         self.width = 1
+        self.per_node = 0  # of those, at most this many on one host (0: packed)
         # seconds it is expected to run, as its submitter said (else its group's measure)
         self.duration: float | None = None
 
@@ -193,7 +194,7 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block", "heartbeat_interval", "end", "gpus")
+                 "root_block", "heartbeat_interval", "end", "gpus", "blocked")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -217,7 +218,11 @@ class WorkerInfo:
         # starts here meanwhile
         self.reserved: TaskState | None = None
         self.occupancy = 0.0
-        self.status = "running"  # running | paused | closing_gracefully
+        self.status = "running"  # running | paused | blocked | closing_gracefully
+        # failed gangs whose part still holds a thread here, perhaps forever (blocked in a
+        # collective MPI cannot interrupt) -> whether that thread is counted off
+        # ``nthreads`` (its last thread is not: the worker is "blocked" instead)
+        self.blocked: dict[Any, bool] = {}
         self.last_seen = now
         self.heartbeat_interval = 0.0  # the interval the worker was told (liveness.py)
         self.metrics: dict = {}
@@ -240,7 +245,7 @@ class WorkerInfo:
             "processing": len(self.processing), "executing": len(self.executing),
             "long_running": len(self.long_running),
             "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
-            "status": self.status,
+            "status": self.status, "blocked": len(self.blocked),
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
             "lifetime_end": self.end, "gpus": list(self.gpus),
         }

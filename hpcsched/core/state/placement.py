@@ -65,7 +65,7 @@ class Placement:
         self.queued: list[tuple[tuple, int, TaskState]] = []  # heap, lazily cleaned
         self.n_queued = 0
         self.blocks = RootBlocks(settings.queue_block_size, settings.queue_block_bytes)
-        self.unrunnable: dict[TaskState, None] = {}  # the no-worker tasks
+        self.unrunnable: dict[TaskState, None] = {}  # the narrow no-worker tasks
         self.free_heap: list[tuple[float, int, int, WorkerInfo]] = []  # not-full workers
         self.slots_opened: dict[WorkerInfo, None] = {}
         # workers given more tasks than they have threads since the last tick: the only
@@ -77,8 +77,12 @@ class Placement:
         self.mars_assignment: dict[Key, str] = {}
         self.seq = itertools.count()
         # wide tasks (a slot on each of ``width`` workers) waiting for their slots: each is
-        # no-worker; the one of best priority keeps the workers that become free for itself
-        self.gangs: dict[TaskState, None] = {}
+        # no-worker; the one of best priority keeps the workers that become free for itself.
+        # A heap by priority for each shape, (width, ranks per node) (lazily cleaned: an
+        # entry counts while its task maps to its sequence number here), so that finding
+        # the best one costs the few shapes in use, not the number of wide tasks waiting
+        self.gangs: dict[TaskState, int] = {}
+        self.gang_heaps: dict[tuple[int, int], list[tuple[tuple, int, TaskState]]] = {}
         self.reserving: TaskState | None = None
         self.reserved: dict[WorkerInfo, None] = {}  # the workers kept free for it
         # narrow tasks of worse priority made ready while it gathers: they wait (no-worker)
@@ -220,16 +224,22 @@ class Placement:
         they need (a better one arriving takes over what was kept). A wide task wider
         than the running workers keeps none: it waits for the cluster to grow. Of more
         free workers than it needs, it takes those on the fewest hosts. The cost is in
-        the free workers looked at, the idle ones, not in the size of the cluster."""
-        self.gangs[ts] = None
+        the free workers looked at, the idle ones, not in the size of the cluster, nor in
+        the number of wide tasks waiting."""
+        if ts not in self.gangs:
+            seq = self.gangs[ts] = next(self.seq)
+            heapq.heappush(self.gang_heaps.setdefault((ts.width, ts.per_node), []),
+                           (ts.priority, seq, ts))
         registry = self.registry
-        capacity = len(registry.running()) + len(self.reserved)
-        if ts.width > capacity:  # it waits for the cluster to grow, keeping nothing
+        capacity = self._gang_capacity()
+        if ts.width > capacity or (ts.per_node and _packed(
+                [*registry.running(), *self.reserved], ts.width, ts.per_node) is None):
+            # it waits for the cluster to grow (to more hosts, if spread), keeping nothing
             if self.reserving is ts:
                 self._unreserve_all()
             return None
         # the best of those the cluster can hold (a wider one must not block them)
-        head = min((t for t in self.gangs if t.width <= capacity), key=lambda t: t.priority)
+        head = self._best_gang(capacity)
         queued = self.queue_head()
         if head is not ts or (queued is not None and queued.priority < ts.priority):
             if self.reserving is ts:
@@ -248,10 +258,39 @@ class Placement:
                 registry.reserve(ws, None)
         if len(self.reserved) < ts.width:
             return None
-        members = _packed(list(self.reserved), ts.width)
+        members = _packed(list(self.reserved), ts.width, ts.per_node)
+        if members is None:  # enough workers kept, on too few hosts (ranks_per_node)
+            return None
         self._unreserve_all()
         del self.gangs[ts]
         return members
+
+    def _gang_capacity(self) -> int:
+        """How many workers a wide task could gather now: the running ones and those kept."""
+        return len(self.registry.running()) + len(self.reserved)
+
+    def _best_gang(self, capacity: int) -> TaskState | None:
+        """The waiting wide task of best priority among those the cluster can hold: at
+        most ``capacity`` wide, and, spread (``ranks_per_node``), over its hosts."""
+        best: tuple | None = None
+        gangs = self.gangs
+        for (width, per_node), heap in self.gang_heaps.items():
+            if width > capacity:
+                continue
+            while heap and gangs.get(heap[0][2]) != heap[0][1]:
+                heapq.heappop(heap)  # started, gone, or waiting under a newer entry
+            if heap and per_node and _packed([*self.registry.running(), *self.reserved],
+                                             width, per_node) is None:
+                continue  # too few hosts for this shape: it must not block the others
+            if heap and (best is None or heap[0] < best):
+                best = heap[0]
+        return None if best is None else best[2]
+
+    def next_gang(self) -> TaskState | None:
+        """The waiting wide task that may gather workers now (the best the cluster can
+        hold; :meth:`decide_gang` says whether it may yet), or None. The others wait
+        behind it, so trying them when slots open would find nothing."""
+        return self._best_gang(self._gang_capacity()) if self.gangs else None
 
     def _free_for_gang(self, ws: WorkerInfo) -> bool:
         """``ws`` has a slot free (tasks and elements of bulk maps counted)."""
@@ -503,8 +542,10 @@ class Placement:
 
     # ================================================================ no-worker
     def add_unrunnable(self, ts: TaskState) -> None:
-        """``ts`` (just moved to no-worker) waits for a worker that can run it."""
-        self.unrunnable[ts] = None
+        """``ts`` (just moved to no-worker) waits for a worker that can run it (a wide
+        task waits among :attr:`gangs`, where :meth:`decide_gang` put it)."""
+        if ts.width == 1:
+            self.unrunnable[ts] = None
 
     def leave_unrunnable(self, ts: TaskState) -> None:
         """``ts`` left no-worker (a wide task: it keeps no workers any more)."""
@@ -527,9 +568,11 @@ class Placement:
             else:
                 assert ts.block is None, ("in a block of the queue, not queued", ts)
             if st == "no-worker":
-                assert (ts in self.unrunnable) != (ts in self.behind), ts
+                assert (ts in self.unrunnable) + (ts in self.behind) + (ts in self.gangs) \
+                    == 1, ts
             else:
                 assert ts not in self.unrunnable and ts not in self.behind, ts
+                assert ts not in self.gangs, ts
         assert n_queued == self.n_queued, (n_queued, self.n_queued)
         if not n_queued:
             assert not self.blocks.free and not self.blocks.owned, "blocks of an empty queue"
@@ -541,8 +584,9 @@ class Placement:
         for ws in self.idle:
             assert self.registry.is_current(ws), ("a worker that left is a thief", ws)
         # one wide task at most keeps workers, the best waiting one, and only free ones
-        for ts in self.gangs:
-            assert ts.state == "no-worker" and ts.width > 1 and ts in self.unrunnable, ts
+        for ts, seq in self.gangs.items():
+            assert ts.state == "no-worker" and ts.width > 1 and ts not in self.unrunnable, ts
+            assert (ts.priority, seq, ts) in self.gang_heaps[ts.width, ts.per_node], ts
         assert self.reserving is None or self.reserving in self.gangs, self.reserving
         for ws in self.registry.workers.values():
             assert ws.reserved is None or (ws.reserved is self.reserving
@@ -556,17 +600,27 @@ class Placement:
             assert self.registry.is_current(ws), ("a worker that left is a victim", ws)
 
 
-def _packed(workers: list[WorkerInfo], n: int) -> list[WorkerInfo]:
+def _packed(workers: list[WorkerInfo], n: int, per_node: int = 0) -> list[WorkerInfo] | None:
     """``n`` of ``workers``, on as few hosts as they can be: hosts with the most of them
-    first (a gang's ranks then talk through shared memory where they can).
+    first (a gang's ranks then talk through shared memory where they can); ``per_node``:
+    at most that many on one host (None: too few hosts for it). Members of one host come
+    together, in the order of the hosts taken.
 
     >>> class W:
     ...     def __init__(self, a, h): self.address, self.host = a, h
-    >>> [w.address for w in _packed([W("a", "x"), W("b", "y"), W("c", "y")], 2)]
+    >>> ws = [W("a", "x"), W("b", "y"), W("c", "y"), W("d", "z")]
+    >>> [w.address for w in _packed(ws, 2)]
     ['b', 'c']
+    >>> [w.address for w in _packed(ws, 3, per_node=1)]
+    ['b', 'a', 'd']
+    >>> _packed(ws, 4, per_node=1) is None
+    True
     """
     by_host: dict[str, list[WorkerInfo]] = {}
     for ws in workers:
         by_host.setdefault(ws.host, []).append(ws)
     ordered = sorted(by_host.values(), key=lambda group: (-len(group), group[0].address))
-    return [ws for group in ordered for ws in group][:n]
+    if per_node:
+        ordered = [group[:per_node] for group in ordered]
+    members = [ws for group in ordered for ws in group][:n]
+    return members if len(members) == n else None

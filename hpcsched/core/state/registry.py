@@ -67,6 +67,41 @@ class WorkerRegistry:
         ws.status = status
         self._running = None
 
+    def block_slot(self, ws: WorkerInfo, key: Any) -> None:
+        """A thread of ``ws`` is lost to its part of the failed gang ``key``, which may wait
+        forever in a collective: ``ws`` offers one thread fewer (its last: it is
+        ``blocked``, given no work, whatever its memory monitor says)."""
+        if key not in ws.blocked:
+            full = ws.nthreads + sum(ws.blocked.values())
+            ws.blocked[key] = False
+            self._count_blocked(ws, full)
+
+    def unblock_slot(self, ws: WorkerInfo, key: Any) -> bool:
+        """``ws``'s part of the failed gang ``key`` ended after all: its thread is back.
+        Whether it was blocked there."""
+        if key not in ws.blocked:
+            return False
+        full = ws.nthreads + sum(ws.blocked.values())
+        del ws.blocked[key]
+        self._count_blocked(ws, full)
+        return True
+
+    def _count_blocked(self, ws: WorkerInfo, full: int) -> None:
+        """``ws`` of ``full`` threads offers those its blocked parts leave (at least one
+        counted: with none left it is ``blocked``)."""
+        usable = full - len(ws.blocked)
+        nthreads = max(usable, 1)
+        taken = full - nthreads
+        for i, key in enumerate(ws.blocked):
+            ws.blocked[key] = i < taken
+        self.total_nthreads += nthreads - ws.nthreads
+        ws.nthreads = nthreads
+        if usable <= 0 and ws.status in ("running", "paused"):
+            ws.status = "blocked"
+        elif usable > 0 and ws.status == "blocked":
+            ws.status = "running"
+        self._running = None
+
     def running(self) -> list[WorkerInfo]:
         """Running workers that take new work: not those kept free for a wide task
         (:meth:`reserve`). Cached; callers must not modify the list."""
@@ -154,6 +189,9 @@ class WorkerRegistry:
         for addr, ws in self.workers.items():
             assert ws.address == addr, (ws, addr)
             total += ws.nthreads
+            # a thread off nthreads for each blocked part, but the last: then it is blocked
+            usable = ws.nthreads - len(ws.blocked) + sum(ws.blocked.values())
+            assert ws.nthreads >= 1 and (ws.status != "blocked" or usable <= 0), ws
         assert self._by_last_seen.keys() == self.workers.keys(), "stale last_seen order"
         for name, ws in self._names.items():  # (the server refuses a second worker's name)
             assert self.workers.get(ws.address) is ws and ws.name == name, ("stale name", ws)

@@ -208,8 +208,7 @@ class SchedulerState:
         """Slots opened (or tasks were queued while some were free): the no-worker tasks
         may run now, and queued tasks go to the free slots."""
         placement = self.placement
-        if placement.unrunnable:
-            self.graph.transitions([(ts, "processing") for ts in list(placement.unrunnable)])
+        self.graph.retry_no_worker()
         if placement.n_queued:
             placement.fill_slots(opened, self.graph.add_to_processing)
         else:
@@ -354,6 +353,11 @@ class SchedulerState:
     @property
     def n_queued(self) -> int:
         return self.placement.n_queued
+
+    @property
+    def n_unrunnable(self) -> int:
+        """How many tasks wait for workers that can run them (no-worker), wide ones too."""
+        return len(self.placement.unrunnable) + len(self.placement.gangs)
 
     @property
     def generation(self) -> int:

@@ -95,6 +95,9 @@ class SchedulerSettings:
     retire_timeout: float = setting(120.0, key=None, unit="seconds")
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``
     transition_log_length: int = setting(1000, key=None)
+    #: communicators a worker keeps for the member sets of gangs (``ranks=N``) that may
+    #: run again (:class:`~.tasks.GangComms`); MPI has a few thousand context ids per rank
+    gang_comms_per_worker: int = setting(16)
     seed: int = setting(0, key=None)
 
     def __post_init__(self) -> None:

@@ -27,7 +27,7 @@ exist is the :class:`~.registry.WorkerRegistry`'s; what is sent goes to the shar
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from operator import attrgetter
 from typing import Any
 
@@ -115,6 +115,9 @@ class TaskGraph:
         # wide task -> the members other than the first that said their part finished
         # (their value is dropped: the task's result is the first member's)
         self.members_done: dict[TaskState, set[WorkerInfo]] = {}
+        # wide task -> the communicator its members use (made once per member set)
+        self.comms = GangComms(settings.gang_comms_per_worker)
+        self.comm_of: dict[TaskState, int] = {}
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
         # (BulkMaps.resolve), never placed here
         self.held: set[TaskState] = set()
@@ -202,6 +205,18 @@ class TaskGraph:
             if len(ready) > 1:
                 ready.sort(key=_priority)
             self._run([(ts, "processing") for ts in ready])
+
+    def retry_no_worker(self) -> None:
+        """Slots opened, or a worker joined or resumed: the no-worker tasks may run now.
+        Each narrow one is tried again; wide ones only while the best one waiting starts
+        (the others wait behind it), so the cost is in the tasks that may start."""
+        placement = self.placement
+        if placement.unrunnable:
+            self.transitions([(ts, "processing") for ts in list(placement.unrunnable)])
+        tried = None
+        while (ts := placement.next_gang()) is not None and ts is not tried:
+            tried = ts
+            self.transitions([(ts, "processing")])
 
     def _run(self, recs: list[Rec]) -> None:
         """:meth:`transitions`' walk: ready tasks go to :attr:`deferred_ready` while it is set."""
@@ -446,6 +461,7 @@ class TaskGraph:
         ws.occupancy += est
         if members is not None:
             self.leases[ts] = tuple(members)
+            self.comm_of[ts] = comm = self.comms.take(tuple(w.address for w in members))
             for other in members[1:]:
                 other.processing[ts] = est
                 other.occupancy += est
@@ -468,7 +484,9 @@ class TaskGraph:
             {d.key: d.nbytes for d in deps} if deps else {},
             ts.resource_restrictions or None,
             # a suspect says when it starts: a death while it runs is then its alone
-            est if not ts.suspicious else max(est, SHORT_TASK), gang)
+            est if not ts.suspicious else max(est, SHORT_TASK), gang,
+            *((comm, self.comms.take_frees(gang), [w.host for w in members])
+              if members is not None else ()))
         for address in gang or (ws.address,):
             self.out.send(address, msg)
 
@@ -501,6 +519,10 @@ class TaskGraph:
         workers = self.registry.workers
         self.placement.gang_moved = True
         self.members_done.pop(ts, None)
+        comm = self.comm_of.pop(ts, None)
+        if comm is not None:
+            self.comms.give_back(comm, gone={ws.address for ws in self.leases.get(ts, ())
+                                             if workers.get(ws.address) is not ws})
         for ws in self.leases.pop(ts, ())[1:]:
             if notify and workers.get(ws.address) is ws:
                 self.out.send(ws.address, FreeKeys([ts.key]))
@@ -623,3 +645,102 @@ class TaskGraph:
 
 #: every finish a recommendation may name
 _FINISHES = frozenset(finish for _, finish in _TRANSITIONS)
+
+
+class GangComms:
+    """Which communicator the members of each wide task use: made once for a set of
+    members (``Comm.Create_group`` costs messages among them), used again by the next
+    task on the same members, in the same order.
+
+    A communicator is named by a number that is never used again: a member makes it
+    when it has none of that number, so the members agree without asking each other.
+    The scheduler hands one to a single running task at a time (two tasks on the same
+    members at once get two). Each worker keeps at most ``per_worker`` of them: making
+    one more evicts that worker's least recently used idle one, and the members of an
+    evicted one are told to free it with the next task they are given
+    (:meth:`take_frees`). Costs are in the members of one task, not in the cluster.
+
+    >>> comms = GangComms(per_worker=1)
+    >>> a = comms.take(("w1", "w2")); comms.give_back(a)
+    >>> comms.take(("w1", "w2")) == a  # used again
+    True
+    >>> comms.give_back(a); b = comms.take(("w2", "w3"))  # w2 holds one at most
+    >>> b != a, comms.take_frees(("w1",)), comms.take_frees(("w2", "w3"))
+    (True, [1], [1])
+    """
+
+    def __init__(self, per_worker: int):
+        self.per_worker = max(int(per_worker), 1)
+        self.next_id = 1
+        self.members: dict[int, tuple[str, ...]] = {}  # every communicator kept
+        self.idle: dict[tuple[str, ...], list[int]] = {}  # member set -> those not in use
+        # worker -> its communicators not in use, least recently used first
+        self.lru: dict[str, dict[int, None]] = {}
+        self.held: dict[str, int] = {}  # worker -> how many communicators it keeps
+        self.to_free: dict[str, list[int]] = {}  # worker -> evicted, still to free
+
+    def take(self, members: tuple[str, ...]) -> int:
+        """The communicator for a task that runs on ``members`` (in order), now in use."""
+        free = self.idle.get(members)
+        if free:
+            comm = free.pop()
+            if not free:
+                del self.idle[members]
+            for m in members:
+                del self.lru[m][comm]
+            return comm
+        for m in members:
+            lru = self.lru.get(m)
+            if self.held.get(m, 0) >= self.per_worker and lru:
+                self._evict(next(iter(lru)))
+        comm = self.next_id
+        self.next_id += 1
+        self.members[comm] = members
+        for m in members:
+            self.held[m] = self.held.get(m, 0) + 1
+        return comm
+
+    def give_back(self, comm: int, gone: Collection[str] = ()) -> None:
+        """The task using ``comm`` left processing: the next one on its members may (or,
+        a member ``gone``, none will: the others free it)."""
+        members = self.members[comm]
+        if gone:
+            del self.members[comm]
+            for m in members:
+                self.held[m] -= 1
+                if m not in gone:
+                    self.to_free.setdefault(m, []).append(comm)
+                elif not self.held[m]:
+                    del self.held[m]
+            return
+        self.idle.setdefault(members, []).append(comm)
+        for m in members:
+            self.lru.setdefault(m, {})[comm] = None
+
+    def worker_left(self, address: str) -> None:
+        """The worker at ``address`` left: its idle communicators are freed by the other
+        members, and nothing of it is kept (those in use go when their task ends)."""
+        for comm in list(self.lru.get(address, ())):
+            self._evict(comm)
+        self.lru.pop(address, None)
+        self.to_free.pop(address, None)
+        if not self.held.get(address):
+            self.held.pop(address, None)
+
+    def take_frees(self, workers: Iterable[str]) -> list[int]:
+        """The communicators evicted that ``workers`` still hold (they free them now)."""
+        out: list[int] = []
+        for w in workers:
+            out += self.to_free.pop(w, ())
+        return out
+
+    def _evict(self, comm: int) -> None:
+        members = self.members.pop(comm)
+        free = self.idle[members]
+        free.remove(comm)
+        if not free:
+            del self.idle[members]
+        for m in members:
+            del self.lru[m][comm]
+            self.held[m] -= 1
+            self.to_free.setdefault(m, []).append(comm)

@@ -86,7 +86,7 @@ class WTask:
     __slots__ = ("key", "state", "priority", "run_spec", "dependencies", "dependents",
                  "waiting_for_data", "who_has", "nbytes", "resource_restrictions", "duration",
                  "coming_from", "release_after", "keep", "report_replica", "seq", "gang",
-                 "devices")
+                 "devices", "lease")
 
     def __init__(self, key: Key):
         self.key = key
@@ -107,6 +107,7 @@ class WTask:
         self.seq = 0
         self.gang: tuple = ()  # a task holding many slots: every member's address
         self.devices: dict | None = None  # resource -> ids of the devices it holds, running
+        self.lease: ev.GangLease | None = None  # and what its members share
 
     def __repr__(self) -> str:
         return f"<WTask {self.key!r} {self.state}>"
@@ -240,6 +241,7 @@ class WorkerState:
         ts.release_after = False
         ts.resource_restrictions = e.resource_restrictions
         ts.gang = tuple(e.gang)
+        ts.lease = ev.GangLease(e.comm, tuple(e.free_comms), tuple(e.hosts)) if e.gang else None
         ts.waiting_for_data = set()
         for dep_key, holders in (e.who_has or {}).items():
             dts = self._ensure_task(dep_key)
@@ -615,7 +617,7 @@ class WorkerState:
                 # tasks known to be short, one message fewer per task matters more
                 self._to_scheduler(ev.TaskStarted(self.address, ts.key))
             self._out.append(ev.Execute(ts.key, ts.run_spec, announced, ts.gang,
-                                        ts.devices))
+                                        ts.devices, ts.lease))
         # ready tasks go first: a thread of ranges gives its slot up between two ranges
         # when a task waits, and its ranges wait for the next free slot
         while self.ranges_wanted > 0 and len(self.executing) + self.range_threads \

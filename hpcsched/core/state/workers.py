@@ -36,10 +36,10 @@ class WorkerEvents:
         self.base_interval = settings.heartbeat_interval
         self.worker_ttl = settings.worker_ttl
         self._interval = (-1, 0.0)  # (number of workers, their heartbeat interval)
-        # worker -> the key of the failed gang whose part it may still be running, blocked
-        # in a collective that MPI cannot interrupt: it is kept paused (given no new work)
-        # until it says that part ended
-        self.blocked: dict[str, object] = {}
+        # (worker, key of a failed gang) whose part it may still be running, blocked in a
+        # collective that MPI cannot interrupt: that thread is lost to the worker
+        # (WorkerRegistry.block_slot) until it says that part ended
+        self.blocked: dict[tuple[str, object], None] = {}
 
     def heartbeat_interval(self) -> float:
         """Seconds between each worker's heartbeats in this cluster (:mod:`.liveness`)."""
@@ -91,10 +91,10 @@ class WorkerEvents:
             ts = graph.promote(key)
             if ts is not None and ts.state in ("queued", "no-worker") and not ts.waiting_on:
                 graph.add_to_processing(ts, ws)
-        # rootish status depends on total threads: recompute lazily
-        for ts in list(placement.unrunnable):
-            recs.append((ts, "processing"))
         graph.transitions(recs)
+        # tasks no worker could take may run here (and whether a task is root-ish depends
+        # on the total of threads): placed again
+        graph.retry_no_worker()
         placement.open_slots(ws, push=False)  # pushed above, before the transitions
         if self.out.recorder is not None:
             self.out.recorder.worker_added(ws, e.now)
@@ -111,9 +111,11 @@ class WorkerEvents:
         if ws is None:
             return
         graceful = ws.status == "closing_gracefully"
-        self.blocked.pop(e.address, None)
+        for key in ws.blocked:
+            self.blocked.pop((ws.address, key), None)
         self.registry.remove(ws, e.stimulus_id or self.out.stimulus_id)
         self.placement.worker_left(ws)
+        self.graph.comms.worker_left(ws.address)
         if self.out.recorder is not None:
             self.out.recorder.worker_removed(ws.address, e.reason, e.now)
         self.maintenance.worker_left(ws.address)
@@ -257,14 +259,14 @@ class WorkerEvents:
         if self.out.recorder is not None:
             self.out.recorder.task_erred(e, ts, ws)
         # any member of a gang that raises fails it: the others may wait forever in a
-        # collective for it, and are given no new work until they say their part ended
+        # collective for it, and the thread of each is lost until it says its part ended
         blocked = [m for m in graph.leases[ts] if m is not ws
                    and m not in graph.members_done.get(ts, ())] if ts.width > 1 else []
         graph.transition(ts, "released", notify=ts.width > 1)
         for m in blocked:
-            if m.status == "running":
-                self.blocked[m.address] = ts.key
-                self.registry.set_status(m, "paused")
+            self.blocked[(m.address, ts.key)] = None
+            self.registry.block_slot(m, ts.key)
+            self.placement.push_free(m)
         if ts.retries > 0:
             ts.retries -= 1
             graph.transitions([(ts, "waiting")])
@@ -272,11 +274,12 @@ class WorkerEvents:
         graph.transitions(graph.set_erred(ts, e.exception, e.traceback, e.exception_text))
 
     def _member_ended(self, ws: WorkerInfo, e: ev.TaskFinished | ev.TaskErred) -> None:
-        """``ws`` ended its part of a failed gang it was left running: it takes work again."""
-        if self.blocked.get(ws.address, self) == e.key:
-            del self.blocked[ws.address]
-            self.maintenance.worker_status_change(ev.WorkerStatusChange(
-                ws.address, "running", now=e.now, stimulus_id=e.stimulus_id))
+        """``ws`` ended its part of a failed gang it was left running: its thread takes
+        work again."""
+        if self.blocked.pop((ws.address, e.key), self) is None \
+                and self.registry.unblock_slot(ws, e.key):
+            self.placement.open_slots(ws)
+            self.graph.retry_no_worker()
 
     @handlers.on(ev.ResultErred)
     def result_erred(self, e: ev.ResultErred) -> None:

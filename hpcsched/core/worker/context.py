@@ -67,8 +67,9 @@ class TaskWorker(Protocol):
 
 class Running(NamedTuple):
     """The task a thread runs: its worker, its key, when it started, whether it runs
-    on the worker's loop thread, (a task holding many slots) its members' addresses, and
-    the ids of the devices it holds, by resource (``{"GPU": ("1",)}``)."""
+    on the worker's loop thread, (a task holding many slots) its members' addresses and
+    what they share (:class:`~hpcsched.core.state.events.GangLease`), and the ids of the
+    devices it holds, by resource (``{"GPU": ("1",)}``)."""
 
     worker: TaskWorker
     key: Any
@@ -76,6 +77,7 @@ class Running(NamedTuple):
     on_loop: bool
     gang: tuple = ()
     devices: dict | None = None
+    lease: Any = None
 
 
 _local = threading.local()  # .task: Running or None; .seceded: bool; .cleanups: list
@@ -84,16 +86,20 @@ _running = tuple.__new__  # Running without its __new__'s call: this runs for ev
 
 # ---------------------------------------------------------------- for the worker
 def enter_task(worker: TaskWorker, key: Any, on_loop: bool, start: float,
-               gang: tuple = (), devices: dict | None = None) -> Running | None:
+               gang: tuple = (), devices: dict | None = None,
+               lease: Any = None) -> Running | None:
     """Mark this thread as running ``key`` for ``worker`` since ``start`` (``gang``: as a
-    member of a task holding many slots, every member's address in order; ``devices``:
+    member of a task holding many slots, every member's address in order; ``lease``:
+    what they share, which also sets the task's MPI launcher environment; ``devices``:
     the ids of the devices it holds).
 
     Returns what to pass to :func:`leave_task`.
     """
     previous = getattr(_local, "task", None)
-    _local.task = _running(Running, (worker, key, start, on_loop, gang, devices))
+    _local.task = _running(Running, (worker, key, start, on_loop, gang, devices, lease))
     _local.seceded = False
+    if lease is not None:  # its launcher's environment, undone when it ends
+        seams.resolve("gang-environment")(gang, lease)
     return previous
 
 

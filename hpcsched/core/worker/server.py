@@ -605,10 +605,10 @@ class Worker:
                     elif cmd.announced:
                         self._start_after_flush.append(
                             (self.executor.submit, self._execute, cmd.key, cmd.run_spec,
-                             cmd.gang, cmd.devices))
+                             cmd.gang, cmd.devices, cmd.lease))
                     else:
                         self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang,
-                                             cmd.devices)
+                                             cmd.devices, cmd.lease)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
@@ -694,19 +694,21 @@ class Worker:
 
     # ================================================================ execution
     def _execute(self, key: Any, run_spec: Any, gang: tuple = (),
-                 devices: dict | None = None) -> None:
+                 devices: dict | None = None, lease: Any = None) -> None:
         """In an executor thread: run the task, hand the result to the loop."""
-        self.loop.put((None, self._run(key, run_spec, gang=gang, devices=devices)))
+        self.loop.put((None, self._run(key, run_spec, gang=gang, devices=devices,
+                                       lease=lease)))
 
     def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = (),
-             devices: dict | None = None) -> Any:
+             devices: dict | None = None, lease: Any = None) -> Any:
         """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
         thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
-        ``gang``: the members' addresses of a task holding many slots; ``devices``: the
-        ids of the devices it holds."""
+        ``gang``: the members' addresses of a task holding many slots (``lease``: what
+        they share, :class:`~hpcsched.core.state.events.GangLease`); ``devices``: the ids
+        of the devices it holds."""
         start = time.time()
         assert self.state is not None
-        outer = enter_task(self, key, on_loop, start, gang, devices)
+        outer = enter_task(self, key, on_loop, start, gang, devices, lease)
         try:
             value = run_spec_call(run_spec, self.state.data)
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler

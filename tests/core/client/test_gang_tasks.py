@@ -25,6 +25,21 @@ def comm_or_error():
     return "no error", ""
 
 
+def launcher_env(_=None):
+    import os
+
+    names = ("HPCSCHED_MPI_PREFIX", "HPCSCHED_NRANKS", "HPCSCHED_GANG_MEMBER")
+    with open(os.environ["HPCSCHED_HOSTFILE"]) as f:
+        hosts = f.read().split()
+    return {n: os.environ[n] for n in names}, hosts, os.environ["HPCSCHED_HOSTFILE"]
+
+
+def left_behind(path):
+    import os
+
+    return "HPCSCHED_HOSTFILE" in os.environ, os.path.exists(path)
+
+
 @pytest.fixture
 def c(shared_client):
     if len(shared_client.scheduler_info()["workers"]) < 2:
@@ -38,6 +53,28 @@ def test_a_bad_ranks_value_is_refused_in_the_caller(c, bad):
         c.submit(members, ranks=bad)
     with pytest.raises(ValueError, match="ranks="):
         c.map(members, [[1]], ranks=bad)
+    with pytest.raises(ValueError, match="ranks_per_node="):
+        c.submit(members, ranks=2, ranks_per_node=bad)
+
+
+@pytest.mark.parametrize("calls", [1, 40])  # a map above the bulk threshold too
+def test_a_gang_task_names_its_slots_for_an_mpi_launcher(c, calls):
+    """Each member's environment: the launcher line over the hosts of the task's slots,
+    a host file naming each, the member's place; all gone when the task ends."""
+    if calls == 1:
+        results = [c.submit(launcher_env, ranks=2, pure=False).result(timeout=30)]
+    else:
+        results = c.gather(c.map(launcher_env, range(calls), ranks=2, pure=False), timeout=120)
+    workers = c.scheduler_info()["workers"]
+    for env, hosts, _path in results:
+        assert len(hosts) == 2 and set(hosts) <= {w["host"] for w in workers.values()}
+        counts = ",".join(f"{h}:{hosts.count(h)}" for h in dict.fromkeys(hosts))
+        assert env == {"HPCSCHED_MPI_PREFIX": f"mpiexec -n 2 -hosts {counts}",
+                       "HPCSCHED_NRANKS": "2", "HPCSCHED_GANG_MEMBER": "0"}
+    # the same worker, later, in a task of its own: no variable, no file left
+    first = c.submit(members, ranks=2, pure=False).result(timeout=30)[0]
+    assert c.submit(left_behind, results[-1][2], workers=[first],
+                    pure=False).result(timeout=30) == (False, False)
 
 
 def test_every_member_runs_it_and_the_first_ones_value_is_the_result(c):

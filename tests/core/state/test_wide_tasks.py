@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from hpcsched.core.state import events as ev
 from hpcsched.core.state.model import KilledWorker
 from tests.core.state.sim import SimCluster, address
 
@@ -250,8 +251,9 @@ def test_a_wide_task_wider_than_the_cluster_does_not_block_a_narrower_one():
 def test_a_member_that_raises_fails_the_task_and_the_others_take_no_work_until_they_end():
     """A gang of three on four workers; its second member raises. The task errs at once
     with that member's exception; the other members, which may be blocked forever in a
-    collective waiting for it, are told to drop the task and paused: a narrow task
-    submitted next goes to the fourth worker, never to them. A member that says its part
+    collective waiting for it, are told to drop the task and are ``blocked``: a narrow
+    task submitted next goes to the fourth worker, never to them, and their memory
+    monitors saying "running" (after a pause) changes nothing. A member that says its part
     ended (it returned, or raised too) takes work again."""
     sim = SimCluster(seed=11)
     for name in "abcd":
@@ -262,19 +264,45 @@ def test_a_member_that_raises_fails_the_task_and_the_others_take_no_work_until_t
     sim.fail("g", ZeroDivisionError("rank 1"), members[1])
     assert sim.state("g") == "erred" and not sim.s.graph.leases
     assert "rank 1" in str(sim.s.tasks["g"].exception)
-    assert [sim.s.workers[address(n)].status for n in members] == \
-        ["paused", "running", "paused"]
+    assert status(sim, members) == ["blocked", "running", "blocked"]
+    info = sim.s.workers_info()
+    assert info[address(members[0])]["blocked"] == 1 and info[address(members[1])]["blocked"] == 0
+    for status_said in ("paused", "running"):  # the memory monitor cannot unblock it
+        sim.scheduler(ev.WorkerStatusChange(address(members[0]), status_said))
+    assert status(sim, members) == ["blocked", "running", "blocked"]
     spare = ({"a", "b", "c", "d"} - set(members)).pop()
-    sim.submit({"after": []}, ["after"])
-    sim.settle()
-    assert sim.where("after") in (spare, members[1])
+    for i in range(4):
+        sim.submit({f"after{i}": []}, [f"after{i}"])
+        sim.settle()
+        assert sim.where(f"after{i}") in (spare, members[1])
+        sim.finish(f"after{i}")
     sim.finish("g", members[2], value="dropped")  # its collective ended after all
-    assert sim.s.workers[address(members[2])].status == "running"
+    assert status(sim, members)[1:] == ["running", "running"]
     assert sim.state("g") == "erred"
-    assert sim.s.workers[address(members[0])].status == "paused"
+    assert status(sim, members)[0] == "blocked"
 
 
-def test_a_member_that_finished_before_another_raised_is_not_paused():
+def test_a_blocked_member_of_two_threads_loses_one():
+    """Workers of two threads: a member left in a failed gang offers one thread fewer
+    (and stays running), and has it back when its part ends."""
+    sim = SimCluster(seed=13)
+    for name in "ab":
+        sim.add_worker(name, 2)
+    gang(sim, "g", 2)
+    first, other = lease(sim, "g")
+    sim.fail("g", ValueError("rank 0"), first)
+    ws = sim.s.workers[address(other)]
+    assert (ws.status, ws.nthreads, sim.s.total_nthreads) == ("running", 1, 3)
+    sim.submit({"x": [], "y": []}, ["x", "y"])
+    sim.settle()
+    sim.submit({"z": []}, ["z"])
+    sim.settle()
+    assert len([k for k in sim.running(other) if k != "g"]) <= 1  # its one thread left
+    sim.finish("g", other, value="dropped")
+    assert (ws.status, ws.nthreads, sim.s.total_nthreads) == ("running", 2, 4)
+
+
+def test_a_member_that_finished_before_another_raised_is_not_blocked():
     sim = SimCluster(seed=12)
     for name in "abc":
         sim.add_worker(name, 1)
@@ -283,5 +311,139 @@ def test_a_member_that_finished_before_another_raised_is_not_paused():
     sim.finish("g", members[2], value="dropped")
     sim.fail("g", ValueError("first rank"), members[0])
     assert sim.state("g") == "erred"
-    assert [sim.s.workers[address(n)].status for n in members] == \
-        ["running", "paused", "running"]
+    assert status(sim, members) == ["running", "blocked", "running"]
+
+
+def status(sim: SimCluster, names: list[str]) -> list[str]:
+    return [sim.s.workers[address(n)].status for n in names]
+
+
+def comm(sim: SimCluster, key: str, name: str) -> tuple:
+    """``(communicator number, numbers to free first)`` that worker ``name`` runs ``key`` with."""
+    lease = sim.workers[name].tasks[key].lease
+    return lease.comm, lease.free_comms
+
+
+def busy(sim: SimCluster, key: str, name: str) -> None:
+    """A narrow task ``key`` runs on worker ``name`` (restricted to it)."""
+    sim.submit({key: []}, [key], annotations={"workers": {key: [address(name)]}})
+    sim.settle()
+    assert sim.where(key) == name
+
+
+def test_a_gang_on_the_same_members_uses_their_communicator_again():
+    """Two workers of two threads. g1 runs on a and b and names a communicator; g2 runs
+    there at the same time and gets another (two tasks never share one); g3, after g1
+    ended, is given g1's again, so no member makes a new one."""
+    sim = SimCluster(seed=7)
+    for name in "ab":
+        sim.add_worker(name, 2)
+    gang(sim, "g1", 2)
+    gang(sim, "g2", 2)
+    assert lease(sim, "g1") == lease(sim, "g2") == ["a", "b"]
+    first, second = comm(sim, "g1", "a"), comm(sim, "g2", "a")
+    assert comm(sim, "g1", "b") == first and comm(sim, "g2", "b") == second
+    assert first[0] != second[0] and first[0] > 0 and second[0] > 0
+    sim.finish("g1", "b")
+    sim.finish("g1")
+    gang(sim, "g3", 2)
+    assert lease(sim, "g3") == ["a", "b"]
+    assert comm(sim, "g3", "a") == comm(sim, "g3", "b") == (first[0], ())
+
+
+def test_a_worker_keeps_a_bounded_number_of_communicators():
+    """One communicator per worker at most. g1 on (a, b) names c1; with a busy, g2 runs
+    on (b, c) and names c2, evicting c1, which b frees now; with c busy, g3 on (a, b)
+    needs one more for a and b: it evicts c2 (idle), and its members free c1 (a still
+    holds it) and c2 (b holds it; c is told with its next gang)."""
+    sim = SimCluster(seed=8, scheduler_kw={"gang_comms_per_worker": 1})
+    for name in "abc":
+        sim.add_worker(name, 1)
+    gang(sim, "g1", 2)
+    assert lease(sim, "g1") == ["a", "b"]
+    c1 = comm(sim, "g1", "a")[0]
+    sim.finish("g1", "b")
+    sim.finish("g1")
+    busy(sim, "x", "a")
+    gang(sim, "g2", 2)
+    assert lease(sim, "g2") == ["b", "c"]
+    sim.finish("x")
+    c2, frees = comm(sim, "g2", "b")
+    assert c2 != c1 and frees == (c1,)
+    sim.finish("g2", "c")
+    sim.finish("g2")
+    busy(sim, "y", "c")
+    gang(sim, "g3", 2)
+    assert lease(sim, "g3") == ["a", "b"]
+    c3, frees = comm(sim, "g3", "a")
+    assert c3 not in (c1, c2) and sorted(frees) == sorted([c1, c2])
+    assert sim.s.graph.comms.take_frees([address("c")]) == [c2]
+
+
+def finish_all(sim: SimCluster, key: str) -> None:
+    """Every member of the wide task ``key`` ends its part, the first one last."""
+    members = lease(sim, key)
+    for other in members[1:]:
+        sim.finish(key, other, value="dropped")
+    sim.finish(key, members[0])
+
+
+def test_ranks_per_node_spreads_a_gang_over_hosts():
+    """Six free workers, three on h1, two on h2, one on h3. A gang of three packed takes
+    h1's three; spread (``ranks_per_node=1``) it takes one worker of each host; with two a
+    host, h1's two and h2's two; and one of four, one a host, which the three hosts cannot
+    hold, keeps no worker from the narrow tasks nor from a gang submitted after it."""
+    sim = SimCluster(seed=14)
+    hosts = {"a": "h1", "b": "h1", "c": "h1", "d": "h2", "e": "h2", "f": "h3"}
+    for name, host in hosts.items():
+        sim.add_worker(name, 1, host=host)
+    gang(sim, "packed", 3)
+    assert sorted(hosts[n] for n in lease(sim, "packed")) == ["h1", "h1", "h1"]
+    finish_all(sim, "packed")
+    sim.submit({"spread": []}, ["spread"], annotations={"ranks": {"spread": 3},
+                                                        "ranks_per_node": {"spread": 1}})
+    sim.settle()
+    assert sorted(hosts[n] for n in lease(sim, "spread")) == ["h1", "h2", "h3"]
+    finish_all(sim, "spread")
+    sim.submit({"two": []}, ["two"], annotations={"ranks": {"two": 4},
+                                                  "ranks_per_node": {"two": 2}})
+    sim.settle()
+    assert sorted(hosts[n] for n in lease(sim, "two")) == ["h1", "h1", "h2", "h2"]
+    finish_all(sim, "two")
+    sim.submit({"never": []}, ["never"], annotations={"ranks": {"never": 4},
+                                                      "ranks_per_node": {"never": 1}})
+    sim.settle()
+    assert sim.state("never") == "no-worker" and not sim.s.placement.reserved
+    sim.submit({"narrow": []}, ["narrow"])
+    sim.settle()
+    assert sim.state("narrow") == "processing"
+    gang(sim, "after", 3)  # a gang the cluster can hold runs: never blocks it
+    assert sim.state("after") == "processing" and sim.state("never") == "no-worker"
+
+
+def test_a_worker_that_leaves_leaves_no_communicator_behind():
+    """g1 ran on a and b and left its communicator idle; g2 runs on c and d. b leaves: a is
+    told to free g1's with its next gang. d leaves while g2 runs: the task runs again, and
+    c frees g2's. Nothing of b or d is kept."""
+    sim = SimCluster(seed=15)
+    for name in "abcd":
+        sim.add_worker(name, 1)
+    gang(sim, "g1", 2)
+    assert lease(sim, "g1") == ["a", "b"]
+    c1 = comm(sim, "g1", "a")[0]
+    finish_all(sim, "g1")
+    busy(sim, "x", "a")
+    busy(sim, "y", "b")
+    gang(sim, "g2", 2)
+    assert lease(sim, "g2") == ["c", "d"]
+    c2 = comm(sim, "g2", "c")[0]
+    comms = sim.s.graph.comms
+    sim.remove_worker("b")
+    sim.settle()
+    sim.remove_worker("d")
+    sim.settle()
+    gone = {address("b"), address("d")}
+    assert not gone & (comms.held.keys() | comms.lru.keys() | comms.to_free.keys())
+    assert all(not gone & set(members) for members in comms.members.values())
+    assert sorted(comms.to_free[address("a")]) == [c1]
+    assert comms.to_free[address("c")] == [c2] and c2 not in comms.members
