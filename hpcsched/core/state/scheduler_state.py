@@ -91,8 +91,7 @@ class SchedulerState:
                              self.worker_events.task_finished, st)
         self.elements = self.bulk.store  # the elements of bulk maps, asked by the views
         self.placement.elements_on = self.bulk.elements_on
-        self.bulk.slots_freed = self.placement.worker_freed
-        self.bulk.held_back = self.placement.holds_back
+        self.bulk.wait_on(self.placement.worker_freed, self.placement.holds_back)
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
@@ -276,7 +275,7 @@ class SchedulerState:
         """``({worker address: those of keys whose result it holds}, keys held nowhere)``:
         :meth:`holders` of many keys, one holder each (of several, chosen by the key's
         hash, so that repeated gathers spread over replicas); bulk maps' elements
-        found in one pass (:meth:`.bulk.BulkMaps.holders_of`)."""
+        found in one pass (:meth:`.bulk.elements.ElementStore.holders_of`)."""
         rest: list = []
         if self.bulk.maps:
             per_worker, missing = self.elements.holders_of(keys, rest)

@@ -116,7 +116,7 @@ class TaskGraph:
         # (their value is dropped: the task's result is the first member's)
         self.members_done: dict[TaskState, set[WorkerInfo]] = {}
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
-        # (BulkMaps.resolve), never placed here
+        # (Promotions.resolve, bulk/promotion.py), never placed here
         self.held: set[TaskState] = set()
         # the thief planned for each task being stolen (Maintenance.steal): one entry per
         # task whose ``stealing`` is set, dropped when it leaves processing however it does
