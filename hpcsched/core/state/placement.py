@@ -22,7 +22,7 @@ import heapq
 import itertools
 import math
 import random
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any
 
 from hpcsched.core.state import policies
@@ -32,6 +32,74 @@ from hpcsched.core.state.registry import WorkerRegistry
 from hpcsched.core.state.settings import SchedulerSettings
 
 Key = Any
+
+
+class WaitingGangs:
+    """The wide tasks waiting for their slots, by width and priority: :meth:`best` finds
+    the one of best priority that ``capacity`` workers can hold in a time that does not
+    grow with how many wait -- a heap per width, looked at for each width waiting (a
+    handful: the widths a program asks for), not a pass over the tasks. A task leaves
+    its heap lazily: an entry counts while its sequence number is the task's.
+
+    >>> class T:
+    ...     def __init__(self, p, w): self.priority, self.width = p, w
+    >>> a, b, c = T((1,), 4), T((2,), 2), T((0,), 8)
+    >>> g = WaitingGangs()
+    >>> for t in (a, b, c): g.add(t)
+    >>> g.best(4) is a, g.best(8) is c, g.best(3) is b, g.best(1)
+    (True, True, True, None)
+    >>> g.discard(a); g.best(4) is b, len(g)
+    (True, 2)
+    """
+
+    def __init__(self) -> None:
+        self._seq: dict[TaskState, int] = {}  # the waiting tasks, each with its entry's number
+        self._heaps: dict[int, list[tuple[tuple, int, TaskState]]] = {}  # width -> entries
+        self._entries = 0  # in the heaps, stale ones included
+        self._counter = itertools.count()
+
+    def add(self, ts: TaskState) -> None:
+        """``ts`` waits (again: no change if it waits already)."""
+        if ts in self._seq:
+            return
+        n = self._seq[ts] = next(self._counter)
+        heapq.heappush(self._heaps.setdefault(ts.width, []), (ts.priority, n, ts))
+        self._entries += 1
+
+    def discard(self, ts: TaskState) -> None:
+        """``ts`` waits no more; its entries are dropped once the heaps hold twice the
+        tasks waiting (amortized, one push per add)."""
+        if self._seq.pop(ts, None) is not None and self._entries > 2 * len(self._seq) + 64:
+            self._heaps = {}
+            for t, n in self._seq.items():
+                self._heaps.setdefault(t.width, []).append((t.priority, n, t))
+            for heap in self._heaps.values():
+                heapq.heapify(heap)
+            self._entries = len(self._seq)
+
+    def best(self, capacity: int) -> TaskState | None:
+        """The waiting task of best priority no wider than ``capacity``, or None."""
+        seq, out = self._seq, None
+        for width, heap in list(self._heaps.items()):
+            if width > capacity:
+                continue
+            while heap and seq.get(heap[0][2]) != heap[0][1]:
+                heapq.heappop(heap)
+                self._entries -= 1
+            if not heap:
+                del self._heaps[width]
+            elif out is None or heap[0][0] < out[0]:
+                out = heap[0]
+        return out[2] if out is not None else None
+
+    def __contains__(self, ts: object) -> bool:
+        return ts in self._seq
+
+    def __iter__(self) -> Iterator[TaskState]:
+        return iter(self._seq)
+
+    def __len__(self) -> int:
+        return len(self._seq)
 
 
 class Placement:
@@ -63,7 +131,7 @@ class Placement:
         self.seq = itertools.count()
         # wide tasks (a slot on each of ``width`` workers) waiting for their slots: each is
         # no-worker; the one of best priority keeps the workers that become free for itself
-        self.gangs: dict[TaskState, None] = {}
+        self.gangs = WaitingGangs()
         self.reserving: TaskState | None = None
         self.reserved: dict[WorkerInfo, None] = {}  # the workers kept free for it
         # narrow tasks of worse priority made ready while it gathers: they wait (no-worker)
@@ -120,8 +188,9 @@ class Placement:
         they need (a better one arriving takes over what was kept). A wide task wider
         than the running workers keeps none: it waits for the cluster to grow. Of more
         free workers than it needs, it takes those on the fewest hosts. The cost is in
-        the free workers looked at, the idle ones, not in the size of the cluster."""
-        self.gangs[ts] = None
+        the free workers looked at, the idle ones, not in the size of the cluster, nor in
+        the wide tasks waiting (:class:`WaitingGangs`)."""
+        self.gangs.add(ts)
         registry = self.registry
         capacity = len(registry.running()) + len(self.reserved)
         if ts.width > capacity:  # it waits for the cluster to grow, keeping nothing
@@ -129,7 +198,7 @@ class Placement:
                 self._unreserve_all()
             return None
         # the best of those the cluster can hold (a wider one must not block them)
-        head = min((t for t in self.gangs if t.width <= capacity), key=lambda t: t.priority)
+        head = self.gangs.best(capacity)
         queued = self.queue_head()
         if head is not ts or (queued is not None and queued.priority < ts.priority):
             if self.reserving is ts:
@@ -150,7 +219,7 @@ class Placement:
             return None
         members = _packed(list(self.reserved), ts.width)
         self._unreserve_all()
-        del self.gangs[ts]
+        self.gangs.discard(ts)
         return members
 
     def _free_for_gang(self, ws: WorkerInfo) -> bool:
@@ -397,7 +466,7 @@ class Placement:
         self.unrunnable.pop(ts, None)
         self.behind.pop(ts, None)
         if ts.width > 1:
-            self.gangs.pop(ts, None)
+            self.gangs.discard(ts)
             if self.reserving is ts:
                 self._unreserve_all()
 

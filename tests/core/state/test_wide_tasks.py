@@ -7,9 +7,14 @@ narrow tasks never starve it; two wide tasks never deadlock; the scheduler's
 
 from __future__ import annotations
 
+import doctest
+import random
+
 import pytest
 
+from hpcsched.core.state import placement
 from hpcsched.core.state.model import KilledWorker
+from hpcsched.core.state.placement import WaitingGangs
 from tests.core.state.sim import SimCluster, address
 
 
@@ -285,3 +290,59 @@ def test_a_member_that_finished_before_another_raised_is_not_paused():
     assert sim.state("g") == "erred"
     assert [sim.s.workers[address(n)].status for n in members] == \
         ["running", "paused", "running"]
+
+
+def test_many_wide_tasks_waiting_run_one_at_a_time_in_order_of_priority():
+    """Two one-thread workers, busy; twenty tasks of two slots each wait. As the workers
+    free, the wide tasks run one after the other, each once the one before finished, in
+    the order they were submitted (their priority), and none keeps a worker meanwhile."""
+    sim = SimCluster(seed=14)
+    for name in "ab":
+        sim.add_worker(name, 1)
+    sim.submit({"x": [], "y": []}, ["x", "y"])
+    sim.settle()
+    for i in range(20):
+        gang(sim, f"g{i:02d}", 2)
+    assert all(sim.state(f"g{i:02d}") == "no-worker" for i in range(20))
+    sim.finish("x")
+    sim.finish("y")
+    ran = []
+    for _ in range(20):
+        running = [k for k in sim.s.tasks if k.startswith("g") and sim.state(k) == "processing"]
+        assert len(running) == 1, running
+        ran.append(running[0])
+        sim.finish(running[0], lease(sim, running[0])[0])
+        sim.settle()
+    assert ran == [f"g{i:02d}" for i in range(20)]
+    assert not sim.s.placement.gangs and not sim.s.placement.reserved
+
+
+class _Wide:
+    def __init__(self, priority: tuple, width: int):
+        self.priority, self.width = priority, width
+
+
+def test_the_waiting_gangs_give_the_best_that_fits_as_a_pass_over_them_would():
+    """Against the plain answer (the best priority among those no wider than the
+    capacity), over a seeded run of arrivals, departures and capacities: the heaps'
+    lazy removals and their compaction never lose or resurrect a task."""
+    rng = random.Random(15)
+    gangs, waiting = WaitingGangs(), []
+    for step in range(3000):
+        if waiting and rng.random() < 0.45:
+            t = waiting.pop(rng.randrange(len(waiting)))
+            gangs.discard(t)
+        else:
+            t = _Wide((rng.random(), step), rng.choice((2, 3, 4, 8, 16)))
+            waiting.append(t)
+            gangs.add(t)
+            gangs.add(t)  # again: no second entry
+        capacity = rng.randrange(1, 20)
+        fits = [t for t in waiting if t.width <= capacity]
+        expected = min(fits, key=lambda t: t.priority) if fits else None
+        assert gangs.best(capacity) is expected
+        assert len(gangs) == len(waiting) and set(gangs) == set(waiting)
+
+
+def test_the_placement_module_examples_hold():
+    assert doctest.testmod(placement).failed == 0
