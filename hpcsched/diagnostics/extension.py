@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core.comm.registry import backend_for
+from hpcsched.core.settings import DashboardSettings
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
 
@@ -94,7 +95,7 @@ class Diagnostics:
         self.scheduler = scheduler
         self.recorder = Recorder()
         scheduler.state.recorder = self.recorder
-        self.refresh = float(config.get("diagnostics.dashboard.refresh"))
+        self.refresh = float(config.read(DashboardSettings).refresh)
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
         self.server: DashboardServer | None = None
@@ -130,7 +131,7 @@ class Diagnostics:
         if not host:
             host = self._default_host()
         try:
-            asked = address != config.DEFAULTS["diagnostics.dashboard.address"]
+            asked = address != DashboardSettings().address
             listener = listen(host, port, asked)
         except OSError as e:
             logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)

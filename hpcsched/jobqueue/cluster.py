@@ -64,6 +64,7 @@ from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import describe_interfaces, routable_addresses
 from hpcsched.core.comm.scheduler_file import write_secret_file
+from hpcsched.core.settings import JobQueueSettings
 from hpcsched.jobqueue.adoption import (
     ClusterJournal,
     adoptable,
@@ -161,7 +162,7 @@ class JobQueueCluster(Cluster):
                             "subclass (dask-jobqueue's Job classes do not apply)")
         self.system = system_class(**kwargs)
         self.backoff = SubmissionBackoff.from_config()
-        self._connect_timeout = float(config.get("jobqueue.connect-timeout"))
+        self._connect_timeout = float(config.read(JobQueueSettings).connect_timeout)
         #: why the workers cannot reach the scheduler ("" while nothing says so)
         self.unreachable = ""
         p = self.system.params
@@ -888,7 +889,7 @@ def _weak_callback(cluster: JobQueueCluster) -> Any:
 
 def _poll_loop(ref: weakref.ref, stop: threading.Event) -> None:
     """The polling thread: holds the cluster only weakly, so that it can be collected."""
-    interval = float(config.get("jobqueue.poll-interval"))
+    interval = float(config.read(JobQueueSettings).poll_interval)
     while not stop.wait(interval):
         cluster = ref()
         if cluster is None:
