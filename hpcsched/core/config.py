@@ -2,10 +2,10 @@
 
 Keys are dotted and hyphenated, as in ``scheduler.worker-saturation``.
 
-* Defaults live in :data:`DEFAULTS` below: the one place that lists every knob. Those
-  of the scheduler, the worker, the client and MPI mode are the fields of their settings
-  classes (:mod:`hpcsched.core.settings`), each field naming its key; :func:`read` builds
-  such a class from the configuration.
+* Defaults: :data:`DEFAULTS` lists every knob; each is a field of a settings class
+  (:mod:`hpcsched.core.settings`, one per section), which names its key and holds its
+  default and description. A component reads its class with :func:`read`, which builds
+  it from the configuration.
 * YAML files: every ``*.yaml`` / ``*.yml`` in ``~/.config/hpcsched/`` (sorted by
   name), then the file or directory named by ``HPCSCHED_CONFIG``. Nested
   mappings are flattened: ``{"scheduler": {"worker-saturation": 1.0}}``.
@@ -13,8 +13,9 @@ Keys are dotted and hyphenated, as in ``scheduler.worker-saturation``.
   ``scheduler.worker-saturation`` (``__`` separates levels, ``_`` stands for
   ``-``, case-insensitive). Values are parsed as YAML scalars (``inf``,
   ``true``, ``1.5``, ``[1, 2]``).
-* Keyword arguments win: components call ``config.read(SettingsClass, **overrides)`` or
-  ``config.get(key, override)``, where an override that is not ``None`` is taken as is.
+* Keyword arguments win: components call ``config.read(SettingsClass, **overrides)``,
+  where an override that is not ``None`` is taken as is (``config.get(key, override)``
+  reads one key the same way).
 
 Example::
 
@@ -43,66 +44,23 @@ S = TypeVar("S")
 
 
 def _settings_defaults(classes: tuple[type, ...]) -> dict[str, Any]:
-    """``{key: default}`` of the settings classes' fields.
-
-    A key two fields name (the worker's heartbeat interval, read by the worker and by the
-    scheduler state) must have one default.
-    """
+    """``{key: default}`` of the settings classes' fields: each key is one field's."""
     out: dict[str, Any] = {}
+    owner: dict[str, str] = {}
     for cls in classes:
         defaults = cls()
         for name, key in config_keys(cls).items():
-            value = getattr(defaults, name)
-            if key in out and out[key] != value:
-                raise TypeError(f"{cls.__name__}.{name} gives {key} the default {value!r}, "
-                                f"another class {out[key]!r}")
-            out[key] = value
+            if key in owner:
+                raise TypeError(f"{cls.__name__}.{name} names {key}, which is "
+                                f"{owner[key]}'s already: a key has one home")
+            owner[key] = f"{cls.__name__}.{name}"
+            out[key] = getattr(defaults, name)
     return out
 
 
-DEFAULTS: dict[str, Any] = {
-    # the scheduler's, the workers', the clients' and MPI mode's: the defaults of the
-    # settings classes (hpcsched.core.settings, where each is described)
-    **_settings_defaults(SETTINGS),
-    # diagnostics: dashboard and /metrics (host:port, ":8787" all interfaces, None: off)
-    "diagnostics.dashboard.address": ":8787",
-    "diagnostics.dashboard.refresh": 0.5,  # seconds: pages see snapshots at most this fresh
-    # CPython's cyclic garbage collector in processes that run a scheduler or a worker:
-    # the young generation's threshold (allocations between collections; CPython's own
-    # is 700) is raised to at least this. None leaves the collector as it is.
-    "admin.gc-threshold": 20_000,
-    # transport
-    "comm.timeouts.connect": 30.0,
-    "comm.timeouts.handshake": 5.0,  # seconds an accepted peer has to authenticate
-    "comm.timeouts.message": 300.0,  # seconds a message that started arriving has to finish
-    "comm.max-pending-handshakes": 256,  # unauthenticated peers held; the oldest go first
-    # connections the kernel queues before they are accepted (capped by the system's
-    # net.core.somaxconn): thousands of workers may connect at once
-    "comm.socket-backlog": 4096,
-    "comm.max-frame-bytes": 2**32,  # 4 GiB: larger frames are refused (sending and receiving)
-    "comm.max-frames": 100_000,
-    "comm.max-send-queue-bytes": 2**31,  # queued for a peer that does not read: then closed
-    "comm.tls.cert": None,
-    "comm.tls.key": None,
-    "comm.tls.ca": None,
-    # adaptive
-    "adaptive.interval": 1.0,
-    "adaptive.wait-count": 3,
-    "adaptive.target-duration": 5.0,
-    "adaptive.scale-factor": 2.0,
-    "adaptive.memory-high": 0.8,
-    "adaptive.history": 100,
-    # batch systems
-    "jobqueue.command-timeout": 30.0,
-    "jobqueue.poll-interval": 2.0,
-    # seconds jobs may run with no worker connected before the cluster says why
-    "jobqueue.connect-timeout": 20.0,
-    # after the n-th failed submission (or job dead before a worker connected) in a row,
-    # wait the n-th delay (the last repeats); pause after so many (jobqueue/submissions.py)
-    "jobqueue.submit-retry-delays": ["60s", "15m", "30m"],
-    "jobqueue.submit-pause-after": 10,
-    "jobqueue.dead-jobs-pause-after": 3,
-}
+#: every key and its default: the fields of the settings classes (hpcsched.core.settings,
+#: where each is described)
+DEFAULTS: dict[str, Any] = _settings_defaults(SETTINGS)
 
 _lock = threading.RLock()
 _overrides: list[dict[str, Any]] = []  # config.set() stack, innermost last
@@ -260,14 +218,15 @@ def read(cls: type[S], **overrides: Any) -> S:
     >>> read(SchedulerSettings).worker_saturation
     1.1
     """
-    keys = config_keys(cls)
+    keys = _keys_of(cls)
+    given = {name: overrides.pop(name, None) for name in cls.__dataclass_fields__}  # type: ignore[attr-defined]
+    found = _lookup([key for name, key in keys.items() if given[name] is None])
     values: dict[str, Any] = {}
-    for name in cls.__dataclass_fields__:  # type: ignore[attr-defined]
-        value = overrides.pop(name, None)
+    for name, value in given.items():
         if value is None:
             if name not in keys:
                 continue  # not configured: the class's default
-            value = get(keys[name])
+            value = found[keys[name]]
         unit = unit_of(cls, name) if value is not None else None
         if unit == "bytes":
             value = parse_bytes(value)
@@ -289,6 +248,38 @@ def seconds(key: str, override: Any = None) -> float:
     120.0
     """
     return parse_interval(get(key, override), key, zero=True)
+
+
+_KEYS: dict[type, dict[str, str]] = {}
+
+
+def _keys_of(cls: type) -> dict[str, str]:
+    keys = _KEYS.get(cls)
+    if keys is None:
+        keys = _KEYS[cls] = config_keys(cls)
+    return keys
+
+
+def _lookup(keys: list[str]) -> dict[str, Any]:
+    """What :func:`get` reads for each of ``keys``, its layers gathered once.
+
+    A class of a dozen keys costs one pass over the environment, not a dozen.
+    """
+    if not keys:
+        return {}
+    with _lock:
+        layers = list(reversed(_overrides))
+    env = _from_env(os.path.commonprefix(keys))
+    files = _files()
+    out: dict[str, Any] = {}
+    for key in keys:
+        for layer in (*layers, env, files, DEFAULTS):
+            if key in layer:
+                out[key] = layer[key]
+                break
+        else:
+            raise KeyError(f"unknown hpcsched configuration key {key!r}")
+    return out
 
 
 def get_prefix(prefix: str) -> dict[str, Any]:

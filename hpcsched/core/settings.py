@@ -1,4 +1,9 @@
-"""The settings of the scheduler server, the worker, the client and MPI mode.
+"""Every setting of the configuration, in one settings class per section.
+
+The scheduler server, the worker, the client, MPI mode, the transport (``comm.*``), the
+diagnostics, the processes' garbage collector (``admin.*``), adaptive scaling and the batch
+systems (``jobqueue.*``; a batch system's own section, ``jobqueue.slurm.*`` and the like,
+holds its cluster's keyword arguments and is read with their names instead).
 
 Each class is a frozen dataclass whose fields name their configuration keys, by the
 rule of :mod:`hpcsched.core.state.settings` (the field ``death_timeout`` of
@@ -19,8 +24,9 @@ from typing import ClassVar
 
 from hpcsched.core.state.settings import SchedulerSettings, setting
 
-__all__ = ["ClientSettings", "MPISettings", "SchedulerServerSettings", "SchedulerSettings",
-           "WorkerSettings"]
+__all__ = ["AdaptiveSettings", "AdminSettings", "ClientSettings", "CommSettings",
+           "DashboardSettings", "JobQueueSettings", "MPISettings", "SchedulerServerSettings",
+           "SchedulerSettings", "WorkerSettings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +71,9 @@ class WorkerSettings:
     SECTION: ClassVar[str] = "worker"
 
     #: seconds between heartbeats until the scheduler says otherwise (it lengthens the
-    #: interval as its cluster grows): the scheduler state's key and default
-    heartbeat_interval: float = setting(SchedulerSettings().heartbeat_interval,
-                                        key="worker.heartbeat-interval", unit="seconds")
+    #: interval as its cluster grows); the scheduler server gives it to its state, whose
+    #: default it is
+    heartbeat_interval: float = setting(SchedulerSettings().heartbeat_interval, unit="seconds")
     #: threads of numerical libraries (OpenMP, OpenBLAS, MKL) per worker process that
     #: LocalCluster starts, unless the environment sets them: a worker already runs one
     #: task per thread, and each library otherwise starts one thread per core (dask's nanny
@@ -152,6 +158,101 @@ class MPISettings:
     rank_timeout: float = setting(6.0, unit="seconds")
 
 
+@dataclass(frozen=True, slots=True)
+class CommSettings:
+    """The transport's settings (``comm.*``): timeouts, limits, TLS files."""
+
+    SECTION: ClassVar[str] = "comm"
+
+    #: seconds to connect to a peer
+    connect_timeout: float = setting(30.0, key="comm.timeouts.connect", unit="seconds")
+    #: seconds an accepted peer has to authenticate
+    handshake_timeout: float = setting(5.0, key="comm.timeouts.handshake", unit="seconds")
+    #: seconds a message that started arriving has to finish
+    message_timeout: float = setting(300.0, key="comm.timeouts.message", unit="seconds")
+    #: unauthenticated peers held; the oldest go first
+    max_pending_handshakes: int = 256
+    #: connections the kernel queues before they are accepted (capped by the system's
+    #: net.core.somaxconn): thousands of workers may connect at once
+    socket_backlog: int = 4096
+    #: larger frames are refused, sending and receiving (4 GiB)
+    max_frame_bytes: int = setting(2**32, unit="bytes")
+    #: frames of one message at most
+    max_frames: int = 100_000
+    #: bytes queued for a peer that does not read, past which its comm is closed
+    max_send_queue_bytes: int = setting(2**31, unit="bytes")
+    #: TLS certificate, key and certificate authority files (tls:// addresses)
+    tls_cert: str | None = setting(None, key="comm.tls.cert")
+    tls_key: str | None = setting(None, key="comm.tls.key")
+    tls_ca: str | None = setting(None, key="comm.tls.ca")
+
+
+@dataclass(frozen=True, slots=True)
+class DashboardSettings:
+    """The dashboard and its /metrics (``diagnostics.dashboard.*``)."""
+
+    SECTION: ClassVar[str] = "diagnostics.dashboard"
+
+    #: host:port it serves on (":8787": every interface; None: no dashboard)
+    address: str | None = ":8787"
+    #: seconds: pages see snapshots at most this fresh
+    refresh: float = setting(0.5, unit="seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminSettings:
+    """The processes that run a scheduler or a worker (``admin.*``)."""
+
+    SECTION: ClassVar[str] = "admin"
+
+    #: CPython's cyclic garbage collector: the young generation's threshold (allocations
+    #: between collections; CPython's own is 700) is raised to at least this. None leaves
+    #: the collector as it is
+    gc_threshold: int | None = 20_000
+
+
+@dataclass(frozen=True, slots=True)
+class AdaptiveSettings:
+    """Adaptive scaling (``adaptive.*``; hpcsched/launchers/adaptive.py)."""
+
+    SECTION: ClassVar[str] = "adaptive"
+
+    #: seconds between decisions (or text: "1s")
+    interval: float = setting(1.0, unit="seconds")
+    #: decisions in a row that must agree to retire a worker
+    wait_count: int = 3
+    #: seconds the work waiting should take on the cluster asked for (or text: "5s")
+    target_duration: float = setting(5.0, unit="seconds")
+    #: growth at most per decision
+    scale_factor: float = 2.0
+    #: a worker's share of its memory limit above which the cluster grows
+    memory_high: float = 0.8
+    #: decisions remembered (Adaptive.log)
+    history: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class JobQueueSettings:
+    """What batch clusters share (``jobqueue.*``; hpcsched/jobqueue/)."""
+
+    SECTION: ClassVar[str] = "jobqueue"
+
+    #: seconds a batch command (sbatch, squeue, ...) may take
+    command_timeout: float = setting(30.0, unit="seconds")
+    #: seconds between polls of the jobs' states
+    poll_interval: float = setting(2.0, unit="seconds")
+    #: seconds jobs may run with no worker connected before the cluster says why
+    connect_timeout: float = setting(20.0, unit="seconds")
+    #: after the n-th failed submission (or job dead before a worker connected) in a row,
+    #: wait the n-th delay (the last repeats; jobqueue/submissions.py) ...
+    submit_retry_delays: list = setting(default_factory=lambda: ["60s", "15m", "30m"])
+    #: ... and pause after so many failed submissions ...
+    submit_pause_after: int = 10
+    #: ... or so many jobs dead before a worker connected
+    dead_jobs_pause_after: int = 3
+
+
 #: every settings class, whose fields are the keys of their sections in the configuration
 SETTINGS: tuple[type, ...] = (SchedulerSettings, SchedulerServerSettings, WorkerSettings,
-                              ClientSettings, MPISettings)
+                              ClientSettings, MPISettings, CommSettings, DashboardSettings,
+                              AdminSettings, AdaptiveSettings, JobQueueSettings)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpcsched.core import config
 from hpcsched.core.comm.registry import backend_for
+from hpcsched.core.settings import DashboardSettings
 from hpcsched.diagnostics import history as history_mod
 from hpcsched.diagnostics import snapshot
 from hpcsched.diagnostics.recorder import Recorder
@@ -119,7 +120,7 @@ class Diagnostics:
         scheduler.state.recorder = self.recorder
         self.history = _open_history(scheduler)
         self.recorder.history = self.history
-        self.refresh = config.seconds("diagnostics.dashboard.refresh")
+        self.refresh = float(config.read(DashboardSettings).refresh)
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
         self.server: DashboardServer | None = None
@@ -155,7 +156,7 @@ class Diagnostics:
         if not host:
             host = self._default_host()
         try:
-            asked = address != config.DEFAULTS["diagnostics.dashboard.address"]
+            asked = address != DashboardSettings().address
             listener = listen(host, port, asked)
         except OSError as e:
             logger.warning("could not serve the dashboard on %s:%s: %s", host, port, e)

@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpcsched.core import config
-from hpcsched.core.settings import MPISettings
+from hpcsched.core.settings import CommSettings, DashboardSettings, MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 from hpcsched.launchers.resources import launcher_size
@@ -195,7 +195,7 @@ def _set_up_world(options: InitOptions) -> _Job:
     from hpcsched.hpc.backoff import Backoff
     from hpcsched.hpc.mpi import init_endpoint
 
-    timeout = config.seconds("comm.timeouts.connect")
+    timeout = float(config.read(CommSettings).connect_timeout)
     job.endpoint = init_endpoint(job.comm, timeout=timeout)
     # the fence gets a communicator of its own: the endpoint's is freed at its shutdown
     dup, req = job.comm.Idup()
@@ -615,7 +615,7 @@ def _run(ns: argparse.Namespace) -> int:
     """Set MPI mode up and run the script on rank 0 (serve on the others)."""
     try:
         job = _setup(InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
-                                 dashboard_address=config.get("diagnostics.dashboard.address")))
+                                 dashboard_address=config.read(DashboardSettings).address))
     except RuntimeError as e:
         print(e, file=sys.stderr, flush=True)
         return 1

@@ -97,7 +97,7 @@ from hpcsched.core.comm.base import (
     parse_address,
 )
 from hpcsched.core.protocol import serialize
-from hpcsched.core.settings import MPISettings
+from hpcsched.core.settings import CommSettings, MPISettings
 from hpcsched.hpc.backoff import Backoff
 from hpcsched.hpc.doorbell import Doorbell
 from hpcsched.hpc.mpi_comm import (
@@ -683,7 +683,7 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
             return _endpoint
         MPI = mpi_module()
         base = MPI.COMM_WORLD if comm is None else comm
-        timeout = config.seconds("comm.timeouts.connect", timeout)
+        timeout = float(config.read(CommSettings, connect_timeout=timeout).connect_timeout)
         dup, request = base.Idup()
         deadline = time.monotonic() + timeout
         wait = Backoff()

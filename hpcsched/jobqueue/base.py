@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 import hpcsched.jobqueue.params as params
 import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
-from hpcsched.core.settings import WorkerSettings
+from hpcsched.core.settings import JobQueueSettings, WorkerSettings
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -350,8 +350,8 @@ class BatchSystem:
     def _run(self, cmd: list[str], input: str | None = None,  # noqa: A002
              timeout: float | None = None) -> str:
         run = self.run_command or runner.run_command
-        return run(cmd, timeout=float(config.get("jobqueue.command-timeout", timeout)),
-                   input=input)
+        timeout = config.read(JobQueueSettings, command_timeout=timeout).command_timeout
+        return run(cmd, timeout=float(timeout), input=input)
 
     def has_command(self, executable: str) -> bool:
         """Is an (optional) command such as ``sacct`` available? (Always, for a test runner.)"""

@@ -68,6 +68,7 @@ from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import routable_addresses
 from hpcsched.core.comm.scheduler_file import write_secret_file
+from hpcsched.core.settings import JobQueueSettings
 from hpcsched.jobqueue.adoption import (
     ClusterJournal,
     adoptable,
@@ -710,7 +711,7 @@ def _weak_callback(cluster: JobQueueCluster) -> Any:
 
 def _poll_loop(ref: weakref.ref, stop: threading.Event) -> None:
     """The polling thread: holds the cluster only weakly, so that it can be collected."""
-    interval = float(config.get("jobqueue.poll-interval"))
+    interval = float(config.read(JobQueueSettings).poll_interval)
     while not stop.wait(interval):
         cluster = ref()
         if cluster is None:

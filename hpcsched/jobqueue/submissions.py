@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.core.settings import JobQueueSettings
 from hpcsched.core.units import parse_interval
 
 
@@ -65,13 +66,14 @@ class SubmissionBackoff:
     @classmethod
     def from_config(cls) -> SubmissionBackoff:
         """The schedule the configuration sets (``jobqueue.submit-*``)."""
-        raw: Any = config.get("jobqueue.submit-retry-delays")
+        settings = config.read(JobQueueSettings)
+        raw: Any = settings.submit_retry_delays
         items = raw.split(",") if isinstance(raw, str) else list(raw)
         delays = tuple(parse_interval(d.strip() if isinstance(d, str) else d,
                                       "jobqueue.submit-retry-delays") for d in items)
         return cls(delays=delays,
-                   pause_after_failures=int(config.get("jobqueue.submit-pause-after")),
-                   pause_after_dead_jobs=int(config.get("jobqueue.dead-jobs-pause-after")))
+                   pause_after_failures=int(settings.submit_pause_after),
+                   pause_after_dead_jobs=int(settings.dead_jobs_pause_after))
 
     @property
     def paused(self) -> bool:

@@ -64,6 +64,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hpcsched.core import config
+from hpcsched.core.settings import AdaptiveSettings
 from hpcsched.core.units import parse_interval
 from hpcsched.launchers.adaptive_policy import (
     Policy,
@@ -123,20 +124,22 @@ class Adaptive:
                                 f"{type(cluster).__name__} has none")
         self.scheduler = scheduler
         self.cluster = cluster
-        self.interval = parse_interval(config.get("adaptive.interval", interval))
+        settings = config.read(AdaptiveSettings, interval=interval, wait_count=wait_count,
+                               target_duration=target_duration, scale_factor=scale_factor,
+                               memory_high=memory_high, history=history)
+        self.interval = parse_interval(settings.interval)
         wpu = workers_per_unit if workers_per_unit is not None else \
             getattr(cluster, "workers_per_unit", 1)
         self.policy = Policy(
             minimum=minimum, maximum=maximum,
-            target_duration=parse_interval(config.get("adaptive.target-duration",
-                                                      target_duration), "target_duration"),
-            scale_factor=float(config.get("adaptive.scale-factor", scale_factor)),
-            memory_high=float(config.get("adaptive.memory-high", memory_high)),
-            wait_count=config.get("adaptive.wait-count", wait_count),
+            target_duration=parse_interval(settings.target_duration, "target_duration"),
+            scale_factor=float(settings.scale_factor),
+            memory_high=float(settings.memory_high),
+            wait_count=settings.wait_count,
             workers_per_unit=wpu)
         self.close_counts: dict[str, int] = {}
         self.log: collections.deque[Decision] = collections.deque(
-            maxlen=int(config.get("adaptive.history", history)))
+            maxlen=int(settings.history))
         self.last_snapshot: Snapshot | None = None
         self.last_recommendation: Recommendation | None = None
         self._last_logged: tuple | None = None

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcsched.core.config import DEFAULTS
+from hpcsched.core.settings import AdaptiveSettings
 
 
 # ====================================================================== snapshot
@@ -270,17 +270,20 @@ def _resource_waiting(ws: Any, duration: Any) -> dict[str, tuple[int, float]]:
 
 
 # ====================================================================== policy
+_DEFAULT = AdaptiveSettings()
+
+
 @dataclass(frozen=True)
 class Policy:
     """Parameters of :func:`recommend`; ``minimum`` / ``maximum`` count workers; the rest
-    default to the ``adaptive.*`` defaults of :mod:`hpcsched.core.config`."""
+    default to those of :class:`~hpcsched.core.settings.AdaptiveSettings`."""
 
     minimum: int = 0
     maximum: float = math.inf
-    target_duration: float = DEFAULTS["adaptive.target-duration"]
-    scale_factor: float = DEFAULTS["adaptive.scale-factor"]
-    memory_high: float = DEFAULTS["adaptive.memory-high"]
-    wait_count: int = DEFAULTS["adaptive.wait-count"]
+    target_duration: float = _DEFAULT.target_duration
+    scale_factor: float = _DEFAULT.scale_factor
+    memory_high: float = _DEFAULT.memory_high
+    wait_count: int = _DEFAULT.wait_count
     workers_per_unit: int = 1
 
     def __post_init__(self) -> None:

@@ -1,14 +1,17 @@
 """The settings classes are the configuration's keys (:mod:`hpcsched.core.settings`).
 
 Each field names its key, and its default is that key's in ``config.DEFAULTS``; every
-key of the scheduler's, the worker's, the client's and MPI mode's sections is a field.
-A value reaches the component that decides with it by each road, each winning over the
-one before: a YAML file < an ``HPCSCHED_*`` variable < a keyword argument.
+key of ``config.DEFAULTS`` is exactly one field, and every key the package reads by its
+text is one of them. A value reaches the component that decides with it by each road,
+each winning over the one before: a YAML file < an ``HPCSCHED_*`` variable < a keyword
+argument.
 """
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +21,12 @@ from hpcsched.core.client.heartbeat import SchedulerWatch
 from hpcsched.core.scheduler.server import Scheduler
 from hpcsched.core.settings import (
     SETTINGS,
+    AdaptiveSettings,
+    AdminSettings,
     ClientSettings,
+    CommSettings,
+    DashboardSettings,
+    JobQueueSettings,
     MPISettings,
     SchedulerServerSettings,
     SchedulerSettings,
@@ -30,8 +38,7 @@ from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.server import Worker
 from hpcsched.hpc.backoff import Backoff
 
-#: the sections whose every key is a field of a settings class
-SECTIONS = ("scheduler.", "worker.", "client.", "mpi.")
+PACKAGE = Path(__file__).resolve().parents[2] / "hpcsched"
 
 
 def write_yaml(directory: Any, text: str) -> None:
@@ -52,9 +59,46 @@ def test_every_field_has_its_key_and_default_in_the_defaults():
             assert config.DEFAULTS[key] == getattr(defaults, name), f"{cls.__name__}.{name}"
 
 
-def test_every_key_of_the_settings_sections_is_a_field():
-    fields = {key for cls in SETTINGS for key in config_keys(cls).values()}
-    assert {k for k in config.DEFAULTS if k.startswith(SECTIONS)} == fields
+def test_every_key_of_the_defaults_is_exactly_one_field():
+    owners: dict[str, list[str]] = {}
+    for cls in SETTINGS:
+        for name, key in config_keys(cls).items():
+            owners.setdefault(key, []).append(f"{cls.__name__}.{name}")
+    assert set(owners) == set(config.DEFAULTS)
+    assert {k: v for k, v in owners.items() if len(v) > 1} == {}
+
+
+def _literal_keys_read() -> dict[str, list[str]]:
+    """``{key: [file:line, ...]}`` of every ``config.get("...")`` and
+    ``config.get_prefix("...")`` in the package whose key is written as text."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "config" \
+                    and node.func.attr == "get" and node.args \
+                    and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str):
+                where = f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+                out.setdefault(node.args[0].value, []).append(where)
+    return out
+
+
+def test_every_key_the_package_reads_by_its_text_is_a_key_of_the_defaults():
+    read = _literal_keys_read()
+    assert {k: v for k, v in read.items() if k not in config.DEFAULTS} == {}
+
+
+def test_the_scan_of_the_keys_read_by_text_finds_a_call(tmp_path: Any, monkeypatch: Any):
+    """The scan above sees a ``config.get`` of a key written as text (it would pass on a
+    package with none)."""
+    package = tmp_path / "hpcsched"
+    package.mkdir()
+    (package / "m.py").write_text('from hpcsched.core import config\n'
+                                  'x = config.get("no.such-key")\n'
+                                  'import dask\ny = dask.config.get("scheduler")\n')
+    monkeypatch.setattr(f"{__name__}.PACKAGE", package)
+    assert _literal_keys_read() == {"no.such-key": ["hpcsched/m.py:2"]}
 
 
 def test_a_field_names_its_key_by_the_rule_unless_it_says_otherwise():
@@ -70,12 +114,34 @@ def test_a_field_names_its_key_by_the_rule_unless_it_says_otherwise():
     assert {"seed", "worker_ttl", "retire_timeout"}.isdisjoint(config_keys(SchedulerSettings))
 
 
-def test_two_fields_of_one_key_share_its_value():
-    """The worker sends heartbeats at ``worker.heartbeat-interval``; the scheduler state
-    starts its workers' interval there."""
-    assert config_keys(WorkerSettings)["heartbeat_interval"] == \
-        config_keys(SchedulerSettings)["heartbeat_interval"]
+def test_a_key_read_by_two_components_is_one_field_whose_default_the_other_shares():
+    """The worker sends heartbeats at ``worker.heartbeat-interval``; the scheduler server
+    starts its state's interval for its workers there (:func:`test_the_heartbeat_...`)."""
+    assert config_keys(WorkerSettings)["heartbeat_interval"] == "worker.heartbeat-interval"
+    assert "heartbeat_interval" not in config_keys(SchedulerSettings)
     assert WorkerSettings().heartbeat_interval == SchedulerSettings().heartbeat_interval
+
+
+def test_the_sections_beside_the_components_are_read_as_classes(
+        clean_config: Any, monkeypatch: pytest.MonkeyPatch):
+    """The transport's, the dashboard's, the garbage collector's, adaptive scaling's and
+    the batch systems' keys are fields too, read by YAML, environment and keyword."""
+    write_yaml(clean_config,
+               "comm:\n  timeouts:\n    connect: 12\n  max-frame-bytes: 1 MiB\n"
+               "diagnostics:\n  dashboard:\n    address: null\n"
+               "adaptive:\n  interval: 2s\njobqueue:\n  submit-retry-delays: [1s, 2s]\n")
+    monkeypatch.setenv("HPCSCHED_ADMIN__GC_THRESHOLD", "null")
+    monkeypatch.setenv("HPCSCHED_JOBQUEUE__POLL_INTERVAL", "3")
+    comm = config.read(CommSettings)
+    assert (comm.connect_timeout, comm.max_frame_bytes, comm.handshake_timeout) == \
+        (12, 2**20, 5.0)
+    assert config.read(CommSettings, connect_timeout=1.5).connect_timeout == 1.5
+    assert config.read(DashboardSettings).address is None
+    assert config.read(DashboardSettings).refresh == 0.5
+    assert config.read(AdminSettings).gc_threshold is None
+    assert config.read(AdaptiveSettings).interval == "2s"
+    jobs = config.read(JobQueueSettings)
+    assert (jobs.submit_retry_delays, jobs.poll_interval) == (["1s", "2s"], 3)
 
 
 def test_read_gives_what_get_gives_for_every_key(clean_config: Any):

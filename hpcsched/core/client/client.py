@@ -102,7 +102,7 @@ from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
-from hpcsched.core.settings import ClientSettings
+from hpcsched.core.settings import ClientSettings, CommSettings
 
 logger = logging.getLogger("hpcsched.client")
 
@@ -144,7 +144,7 @@ class Client:
         self.cluster: Any = None
         self._owns_cluster = False
         self._dask_config: DaskClaim | None = None
-        timeout = config.seconds("comm.timeouts.connect", timeout)
+        timeout = config.read(CommSettings, connect_timeout=timeout).connect_timeout
         where = locate_scheduler(address, scheduler_file, security, timeout, cluster_kwargs,
                                  (default_scheduler_address, default_security))
         self.cluster, self._owns_cluster = where.cluster, where.owns_cluster

@@ -30,6 +30,7 @@ from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import Inbox
+from hpcsched.core.settings import AdminSettings
 
 logger = logging.getLogger("hpcsched.loop")
 
@@ -57,7 +58,7 @@ def raise_gc_threshold() -> None:
     if _gc_tuned:
         return
     _gc_tuned = True
-    wanted = config.get("admin.gc-threshold")
+    wanted = config.read(AdminSettings).gc_threshold
     if wanted is None or wanted is False or str(wanted).lower() == "none":
         return
     if isinstance(wanted, bool) or not isinstance(wanted, (int, float, str)):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 from hpcsched.core import config, seams
 from hpcsched.core.comm.base import Backend, Comm, Listener, Security, parse_address
+from hpcsched.core.settings import CommSettings
 
 #: the core's own schemes; each backend's module is imported at its scheme's first use (an
 #: MPI job's ranks, for one, never load the TCP stack)
@@ -60,7 +61,7 @@ def backend_for(address: str) -> Backend:
 def connect(address: str, timeout: float | None = None, security: Security | None = None) -> Comm:
     """Open a comm to ``address``, retrying until ``timeout`` (config comm.timeouts.connect)."""
     scheme, _ = parse_address(address)
-    timeout = config.seconds("comm.timeouts.connect", timeout)
+    timeout = config.read(CommSettings, connect_timeout=timeout).connect_timeout
     return get_backend(scheme).connect(address, timeout, security)
 
 
@@ -73,8 +74,8 @@ def connect_soon(address: str, done: Callable[[Comm | None, BaseException | None
     backend = get_backend(parse_address(address)[0])
     if backend.connect_soon is None:
         return False
-    return backend.connect_soon(address, config.seconds("comm.timeouts.connect", timeout),
-                                security, done)
+    timeout = config.read(CommSettings, connect_timeout=timeout).connect_timeout
+    return backend.connect_soon(address, timeout, security, done)
 
 
 def listen(

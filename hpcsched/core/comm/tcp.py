@@ -78,6 +78,7 @@ from hpcsched.core.comm.tcp_security import (
     client_handshake,
     tune,
 )
+from hpcsched.core.settings import CommSettings
 
 __all__ = ["TCPComm", "TCPListener"]
 
@@ -85,8 +86,8 @@ __all__ = ["TCPComm", "TCPListener"]
 def _connect(address: str, timeout: float | None, security: Security | None) -> Comm:
     scheme, loc = parse_address(address)
     host, port = parse_host_port(loc)
-    timeout = config.seconds("comm.timeouts.connect", timeout)
-    handshake_timeout = config.seconds("comm.timeouts.handshake")
+    settings = config.read(CommSettings, connect_timeout=timeout)
+    timeout, handshake_timeout = float(settings.connect_timeout), float(settings.handshake_timeout)
     ctx = client_context(security, force=scheme == "tls")
     deadline = time.monotonic() + timeout
     delay = 0.01
@@ -140,10 +141,11 @@ def _connect_soon(address: str, timeout: float | None, security: Security | None
     except socket.gaierror:
         return False
     family, _, _, _, sockaddr = infos[0]
+    settings = config.read(CommSettings, connect_timeout=timeout)
     attempt = _Connecting(tcp_io.acquire(), address, host, family, sockaddr,
                           client_context(security, force=scheme == "tls"), security,
-                          config.seconds("comm.timeouts.connect", timeout),
-                          config.seconds("comm.timeouts.handshake"), done)
+                          float(settings.connect_timeout), float(settings.handshake_timeout),
+                          done)
     attempt.io.call_soon(attempt.start)
     return True
 

@@ -23,6 +23,7 @@ from hpcsched.core.comm.tcp_frames import FrameDecoder, FrameError, encode_heade
 from hpcsched.core.comm.tcp_io import READ, WRITE
 from hpcsched.core.comm.tcp_security import WIRE_CHUNK, TLSCodec
 from hpcsched.core.protocol import serialize
+from hpcsched.core.settings import CommSettings
 
 logger = logging.getLogger("hpcsched.comm")
 
@@ -48,10 +49,11 @@ class TCPComm(Comm):
         self._tls = tls
         self.local_address = local
         self.peer_address = peer
-        self._max_frames = int(config.get("comm.max-frames"))
-        self._max_frame_bytes = int(config.get("comm.max-frame-bytes"))
-        self._max_queued = int(config.get("comm.max-send-queue-bytes"))
-        self._message_timeout = config.seconds("comm.timeouts.message")
+        settings = config.read(CommSettings)
+        self._max_frames = int(settings.max_frames)
+        self._max_frame_bytes = int(settings.max_frame_bytes)
+        self._max_queued = int(settings.max_send_queue_bytes)
+        self._message_timeout = float(settings.message_timeout)
         self._decoder = FrameDecoder(self._max_frames, self._max_frame_bytes)
         self._leftover = leftover
         # sending, under _send_lock: plain -> wire bytes; TLS -> plaintext to encrypt

@@ -46,6 +46,7 @@ from hpcsched.core.comm.tcp_security import (
     server_context,
     tune,
 )
+from hpcsched.core.settings import CommSettings
 
 logger = logging.getLogger("hpcsched.comm")
 
@@ -133,8 +134,9 @@ class TCPListener(Listener):
         self._ctx = server_context(security)
         if scheme == "tls" and self._ctx is None:
             raise ValueError(f"{address}: a tls:// listener needs security.tls_cert (and tls_key)")
-        self._handshake_timeout = config.seconds("comm.timeouts.handshake")
-        self._max_pending = max(1, int(config.get("comm.max-pending-handshakes")))
+        settings = config.read(CommSettings)
+        self._handshake_timeout = float(settings.handshake_timeout)
+        self._max_pending = max(1, int(settings.max_pending_handshakes))
         raise_descriptor_limit()
         sockaddr: tuple[Any, ...]  # (host, port), or IPv6's (host, port, flowinfo, scope)
         if host in ("", "0.0.0.0"):
@@ -146,7 +148,7 @@ class TCPListener(Listener):
         try:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self._sock.bind(sockaddr)
-            self._sock.listen(int(config.get("comm.socket-backlog")))
+            self._sock.listen(int(settings.socket_backlog))
         except OSError as e:
             self._sock.close()
             raise OSError(e.errno, f"cannot listen on {address}: {e.strerror}") from e

@@ -39,6 +39,7 @@ from typing import cast
 
 from hpcsched.core import config
 from hpcsched.core.comm.base import HandshakeError, Security
+from hpcsched.core.settings import CommSettings
 
 HELLO_MAGIC = b"HPCS"
 PROTOCOL_VERSION = 1
@@ -121,8 +122,8 @@ class TLSCodec:
 # ---------------------------------------------------------------- TLS contexts
 def _tls_files(security: Security | None) -> tuple[str | None, str | None, str | None]:
     s = security or Security()
-    return (s.tls_cert or config.get("comm.tls.cert"), s.tls_key or config.get("comm.tls.key"),
-            s.tls_ca or config.get("comm.tls.ca"))
+    c = config.read(CommSettings)
+    return s.tls_cert or c.tls_cert, s.tls_key or c.tls_key, s.tls_ca or c.tls_ca
 
 
 def server_context(security: Security | None) -> ssl.SSLContext | None:

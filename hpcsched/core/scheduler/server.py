@@ -65,7 +65,13 @@ from hpcsched.core.scheduler.registration import (
     refuse,
     worker_name,
 )
-from hpcsched.core.settings import SchedulerServerSettings, SchedulerSettings
+from hpcsched.core.settings import (
+    CommSettings,
+    DashboardSettings,
+    SchedulerServerSettings,
+    SchedulerSettings,
+    WorkerSettings,
+)
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
 
@@ -154,6 +160,8 @@ class Scheduler:
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = server.worker_ttl
+        if state_kwargs.get("heartbeat_interval") is None:  # the workers' key
+            state_kwargs["heartbeat_interval"] = config.read(WorkerSettings).heartbeat_interval
         self.state = SchedulerState(config.read(SchedulerSettings, worker_ttl=worker_ttl,
                                                 **state_kwargs))
         if tick_interval is None:
@@ -169,7 +177,7 @@ class Scheduler:
         self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
         # connected peers yet to introduce themselves, oldest first (loop thread only)
         self._newcomers: dict[Newcomer, None] = {}
-        self._introduction_timeout = config.seconds("comm.timeouts.handshake")
+        self._introduction_timeout = float(config.read(CommSettings).handshake_timeout)
         self._outbox: dict[str, list] = {}
         # per worker: messages that may wait for the next one to it or the tick (free-keys)
         self._held: dict[str, list] = {}
@@ -184,7 +192,7 @@ class Scheduler:
         self._workers_changed = threading.Condition()
         self.started = time.time()
         # ``host:port`` of the dashboard (None: none); read by the diagnostics extension
-        self.dashboard_address = config.get("diagnostics.dashboard.address") \
+        self.dashboard_address = config.read(DashboardSettings).address \
             if dashboard_address is ... else dashboard_address
         # extensions (config scheduler.extensions) by name, and the links they serve
         self.extensions: dict[str, Any] = {}

@@ -93,9 +93,8 @@ class SchedulerState:
         self.placement.elements_on = self.bulk.elements_on
         self.placement.now = lambda: self.out.now
         self.placement.recorder = lambda: self.out.recorder
-        self.bulk.lifetime_allows = self.placement.lifetime_allows
-        self.bulk.slots_freed = self.placement.worker_freed
-        self.bulk.held_back = self.placement.holds_back
+        self.bulk.wait_on(self.placement.worker_freed, self.placement.holds_back,
+                          self.placement.lifetime_allows)
         self._table: dict[type, Callable[[Any], None]] = {
             **WorkerEvents.handlers.bind(self.worker_events),
             **ClientRequests.handlers.bind(self.client_requests),
@@ -282,7 +281,7 @@ class SchedulerState:
         """``({worker address: those of keys whose result it holds}, keys held nowhere)``:
         :meth:`holders` of many keys, one holder each (of several, chosen by the key's
         hash, so that repeated gathers spread over replicas); bulk maps' elements
-        found in one pass (:meth:`.bulk.BulkMaps.holders_of`)."""
+        found in one pass (:meth:`.bulk.elements.ElementStore.holders_of`)."""
         rest: list = []
         if self.bulk.maps:
             per_worker, missing = self.elements.holders_of(keys, rest)

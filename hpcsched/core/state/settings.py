@@ -89,8 +89,9 @@ class SchedulerSettings:
     #: sets it from ``scheduler.worker-ttl`` for transports that need heartbeats
     worker_ttl: float | None = setting(None, key=None, unit="seconds")
     #: seconds between a worker's heartbeats in a small cluster; it grows with the
-    #: cluster, within the TTL (:mod:`.liveness`)
-    heartbeat_interval: float = setting(1.0, key="worker.heartbeat-interval", unit="seconds")
+    #: cluster, within the TTL (:mod:`.liveness`). The server sets it from the worker's
+    #: key, ``worker.heartbeat-interval``, whose default this is
+    heartbeat_interval: float = setting(1.0, key=None)
     #: seconds a graceful retirement (or a rebalance) may take before it is forced
     retire_timeout: float = setting(120.0, key=None, unit="seconds")
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``

@@ -119,7 +119,7 @@ class TaskGraph:
         self.comms = GangComms(settings.gang_comms_per_worker)
         self.comm_of: dict[TaskState, int] = {}
         # tasks of queued bulk-map elements: they wait until their range goes to a worker
-        # (BulkMaps.resolve), never placed here
+        # (Promotions.resolve, bulk/promotion.py), never placed here
         self.held: set[TaskState] = set()
         # the thief planned for each task being stolen (Maintenance.steal): one entry per
         # task whose ``stealing`` is set, dropped when it leaves processing however it does

@@ -104,7 +104,7 @@ class WorkerEvents:
                       spared: set[TaskState] | frozenset = frozenset()) -> None:
         """A worker left: its tasks run elsewhere, data only it held is recomputed.
         ``elements_unfinished``: elements of bulk maps it held unfinished (they count its
-        death themselves: :meth:`.bulk.BulkMaps.worker_left`); ``spared``: tasks its ranges
+        death themselves: :meth:`.bulk.reports.Reports.worker_left`); ``spared``: tasks its ranges
         ran, which count it as those elements do (none is blamed)."""
         graph = self.graph
         ws = self.registry.workers.get(e.address)

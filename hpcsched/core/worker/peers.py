@@ -50,7 +50,7 @@ from hpcsched.core.protocol.directions import WORKER_TO_WORKER
 from hpcsched.core.protocol.serialize import SerializationError, serialize, sizeof
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import DataReply, GetData
-from hpcsched.core.settings import WorkerSettings
+from hpcsched.core.settings import CommSettings, WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.worker.execution import serialization_errors
 
@@ -141,7 +141,7 @@ class PeerTransfers:
         self.worker = worker
         # settings read once: a worker opens a comm for nearly every fetch in a large cluster
         settings = config.read(WorkerSettings)
-        self._connect_timeout = config.seconds("comm.timeouts.connect")
+        self._connect_timeout = float(config.read(CommSettings).connect_timeout)
         self._max_peers = max(1, int(settings.peer_connections))
         self._threads = int(settings.transfer_incoming_count_limit)
         self.fetcher = fetchers

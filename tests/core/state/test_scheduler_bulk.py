@@ -18,12 +18,13 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis.stateful import initialize, rule
 
-import hpcsched.core.state.bulk as bulk_module
-import hpcsched.core.state.elements as elements_module
+import hpcsched.core.state.bulk.book as book_module
+import hpcsched.core.state.bulk.elements as elements_module
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
-from hpcsched.core.state.elements import PROCESSING
+from hpcsched.core.state.bulk.elements import PROCESSING
 from hpcsched.core.state.events import Send
+from hpcsched.core.state.policies import FIRST_WAVE_WORKERS
 from hpcsched.core.state.scheduler_state import SchedulerState
 from tests.core.state.harness import step
 from tests.core.state.stories import WORKERS, SchedulerStory
@@ -533,7 +534,7 @@ def test_the_prefixes_of_dropped_maps_are_let_go_once_their_tasks_are(monkeypatc
     """A client that runs maps all day, each with an element made a task, does not grow
     the scheduler's record of the prefixes that may not be reused: a prefix is let go
     once its tasks are all forgotten, and kept while one lives."""
-    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 8)  # a map of one element weighs 2
+    monkeypatch.setattr(book_module, "SPENT_PRUNE", 8)  # a map of one element weighs 2
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
     sizes = []
@@ -557,7 +558,7 @@ def test_the_prefixes_of_dropped_maps_are_let_go_once_their_tasks_are(monkeypatc
 def test_the_record_of_dropped_maps_is_bounded_in_elements_not_in_maps(monkeypatch):
     """Maps all of whose elements are made tasks (their futures passed on) weigh by their
     elements: the record stays near its bound however large the maps are."""
-    monkeypatch.setattr(bulk_module, "SPENT_PRUNE", 64)
+    monkeypatch.setattr(book_module, "SPENT_PRUNE", 64)
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
     sizes = []
@@ -909,7 +910,7 @@ def _run_map_on_many(seconds: float, n: int = 5000, n_workers: int = 1000) -> se
     for w in range(n_workers):
         s.handle(ev.AddWorker(f"tcp://w{w}", 1))
     out = s.handle(ev.UpdateMap("c", prefix="m-a-", function=b"f", args=[b"a"] * n))
-    assert len({w for w, _ in ranges(out)}) <= bulk_module.FIRST_WAVE_WORKERS
+    assert len({w for w, _ in ranges(out)}) <= FIRST_WAVE_WORKERS
     held: dict[str, list[int]] = {}  # given and not reported yet, per worker
     while True:
         for w, idx in ranges(out):
@@ -936,7 +937,7 @@ def test_a_map_of_short_elements_goes_to_a_few_of_many_workers():
     """1,000 workers, 5,000 elements of 2 us: the first wave goes to 16 workers, whose
     first report measures the elements; from then on a range holds 5 ms of work, so that
     a few workers run the map instead of a thousand each running five elements."""
-    assert len(_run_map_on_many(2e-6)) <= 2 * bulk_module.FIRST_WAVE_WORKERS
+    assert len(_run_map_on_many(2e-6)) <= 2 * FIRST_WAVE_WORKERS
 
 
 def test_a_map_of_long_elements_still_reaches_every_worker():

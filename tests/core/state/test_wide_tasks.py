@@ -7,9 +7,12 @@ narrow tasks never starve it; two wide tasks never deadlock; the scheduler's
 
 from __future__ import annotations
 
+import doctest
+
 import pytest
 
 from hpcsched.core.state import events as ev
+from hpcsched.core.state import placement
 from hpcsched.core.state.model import KilledWorker
 from tests.core.state.sim import SimCluster, address
 
@@ -447,3 +450,37 @@ def test_a_worker_that_leaves_leaves_no_communicator_behind():
     assert all(not gone & set(members) for members in comms.members.values())
     assert sorted(comms.to_free[address("a")]) == [c1]
     assert comms.to_free[address("c")] == [c2] and c2 not in comms.members
+
+
+def test_many_wide_tasks_waiting_run_one_at_a_time_in_order_of_priority():
+    """Two one-thread workers, busy; twenty tasks of two slots each wait. As the workers
+    free, the wide tasks run one after the other, each once the one before finished, in
+    the order they were submitted (their priority), and none keeps a worker meanwhile."""
+    sim = SimCluster(seed=14)
+    for name in "ab":
+        sim.add_worker(name, 1)
+    sim.submit({"x": [], "y": []}, ["x", "y"])
+    sim.settle()
+    for i in range(20):
+        gang(sim, f"g{i:02d}", 2)
+    assert all(sim.state(f"g{i:02d}") == "no-worker" for i in range(20))
+    sim.finish("x")
+    sim.finish("y")
+    ran = []
+    for _ in range(20):
+        running = [k for k in sim.s.tasks if k.startswith("g") and sim.state(k) == "processing"]
+        assert len(running) == 1, running
+        ran.append(running[0])
+        sim.finish(running[0], lease(sim, running[0])[0])
+        sim.settle()
+    assert ran == [f"g{i:02d}" for i in range(20)]
+    assert not sim.s.placement.gangs and not sim.s.placement.reserved
+
+
+class _Wide:
+    def __init__(self, priority: tuple, width: int):
+        self.priority, self.width = priority, width
+
+
+def test_the_placement_module_examples_hold():
+    assert doctest.testmod(placement).failed == 0

@@ -9,7 +9,7 @@ map. :class:`ElementStore` holds the maps by prefix and the workers' slots, and 
 the questions asked of elements by key without making a task of any: which element a key
 names, which workers hold a run of them (a gather), what a worker holds or runs, how many
 are in each state. How elements are handed out, reported, given back and made tasks is
-:mod:`.bulk`'s.
+the work of the other modules of this package (:mod:`hpcsched.core.state.bulk`).
 """
 
 from __future__ import annotations
