@@ -139,7 +139,7 @@ def test_the_sections_beside_the_components_are_read_as_classes(
     assert config.read(DashboardSettings).address is None
     assert config.read(DashboardSettings).refresh == 0.5
     assert config.read(AdminSettings).gc_threshold is None
-    assert config.read(AdaptiveSettings).interval == "2s"
+    assert config.read(AdaptiveSettings).interval == 2.0  # durations read as dask writes them
     jobs = config.read(JobQueueSettings)
     assert (jobs.submit_retry_delays, jobs.poll_interval) == (["1s", "2s"], 3)
 
