@@ -1,0 +1,117 @@
+"""What a worker's loop handles: one small frozen record per kind of item.
+
+Every item put on a worker's :class:`~hpcsched.core.comm.loop.Loop` is a record, and
+the worker handles each by its type through one :class:`~hpcsched.core.protocol.dispatch.
+Handlers` table, as it handles the scheduler's messages:
+
+* the scheduler's batches (:class:`FromScheduler`) and the end of its comm
+  (:class:`SchedulerGone`); a peer's batches (:class:`FromPeer`) and the end of a peer's
+  comm (:class:`PeerGone`): what the transports deliver, wrapped by :class:`Tagged`;
+* a reply made off the loop for the scheduler (:class:`ToScheduler`: ``Client.run``'s);
+* a batch of finished elements of bulk maps (:class:`RangesDone`);
+* the worker's own events for its state machine (a task's result, a transfer's, a
+  secede), records of :mod:`hpcsched.core.state.events`, each made with a
+  ``stimulus_id`` from :func:`stimulus`, as distributed's worker names its own
+  stimuli ("Worker State Machine" in its documentation).
+
+A transport hands a comm's messages over as ``(source, message)`` tuples
+(:meth:`~hpcsched.core.comm.base.Comm.deliver_to`); :class:`Tagged` is the inbox the
+worker gives it (:meth:`Tagged.take_from`), which puts the record of each on the loop
+instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hpcsched.core.comm.base import Comm, Inbox
+from hpcsched.core.comm.loop import CLOSED, Loop
+
+
+@dataclass(frozen=True, slots=True)
+class FromScheduler:
+    """A batch of the scheduler's messages, not decoded yet."""
+
+    msgs: list
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerGone:
+    """The comm to the scheduler closed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FromPeer:
+    """Messages from the peer at the other end of ``comm``, not decoded yet."""
+
+    comm: Comm
+    msgs: Any  # a list, or one message
+
+
+@dataclass(frozen=True, slots=True)
+class PeerGone:
+    """A comm to a peer closed."""
+
+    comm: Comm
+
+
+@dataclass(frozen=True, slots=True)
+class ToScheduler:
+    """A protocol record made off the loop, to leave with the next batch to the scheduler."""
+
+    record: Any
+
+
+@dataclass(frozen=True, slots=True)
+class RangesDone:
+    """A batch of finished elements of a bulk map (a ``ranges.Batch``), to store and
+    report."""
+
+    batch: Any
+
+
+SCHEDULER_GONE = SchedulerGone()
+
+_stimuli = itertools.count(1)
+
+
+def stimulus(kind: str) -> str:
+    """A ``stimulus_id`` for an event the worker makes itself, unique in the process:
+
+    >>> stimulus("execute-success").startswith("execute-success-")
+    True
+    """
+    return f"{kind}-{next(_stimuli)}"
+
+
+class Tagged(Inbox):
+    """The inbox a comm delivers to: each ``(source, message)`` the transport hands over
+    goes on ``loop`` as ``make(message)``, and the comm's end as ``gone``. It hands items
+    over as the transport does (``put``, ``offer``, ``offer_batch``), so an idle loop may
+    still run them on the transport's thread."""
+
+    __slots__ = ("loop", "make", "gone", "any_thread")
+
+    def __init__(self, loop: Loop, make: Callable[[Any], Any], gone: Any):
+        self.loop, self.make, self.gone = loop, make, gone
+        self.any_thread = loop.any_thread
+
+    def take_from(self, comm: Comm) -> None:
+        """Have ``comm`` deliver its messages, then its end, here."""
+        comm.deliver_to(self, None, CLOSED)
+
+    def _record(self, item: tuple) -> Any:
+        msg = item[1]
+        return self.gone if msg is CLOSED else self.make(msg)
+
+    def put(self, item: Any) -> None:
+        self.loop.put(self._record(item))
+
+    def offer(self, item: Any) -> None:
+        self.loop.offer(self._record(item))
+
+    def offer_batch(self, items: list) -> None:
+        self.loop.offer_batch([self._record(i) for i in items])
