@@ -55,7 +55,7 @@ from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.execution import serialization_errors
-from hpcsched.core.worker.parts.inbox import FromPeer, PeerGone, Tagged, stimulus
+from hpcsched.core.worker.parts.inbox import CommInbox, FromPeer, PeerGone, stimulus
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
@@ -143,6 +143,7 @@ class PeerHost(Protocol):
     address: str
     security: Security | None
     loop: Loop
+    comms: CommInbox  # where its comms deliver
     state: WorkerState | None
     telemetry: WorkerTelemetry
 
@@ -176,7 +177,7 @@ class PeerTransfers:
     # ---------------------------------------------------------------- comms
     def on_connect(self, comm: Comm) -> None:
         """A comm a peer opened to us, or one we opened: its messages go to the loop."""
-        Tagged(self.worker.loop, partial(FromPeer, comm), PeerGone(comm)).take_from(comm)
+        self.worker.comms.take_from(comm, partial(FromPeer, comm), PeerGone(comm))
 
     def _open_comm(self, address: str) -> Comm | None:
         """The open comm to ``address``, if any, now the most recently used (under the lock)."""

@@ -94,6 +94,7 @@ from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.parts.heartbeats import Heartbeats
 from hpcsched.core.worker.parts.inbox import (
+    CommInbox,
     FromPeer,
     FromScheduler,
     PeerGone,
@@ -215,6 +216,7 @@ class Worker:
         self.loop = Loop(
             "hpcsched-worker", self._process, lambda: self.link.flush(), self._tick, tick
         )
+        self.comms = CommInbox(self.loop)  # where its comms deliver, as typed records
         self._closed = threading.Event()
         #: the connection to the scheduler and what waits to leave on it
         self.link = SchedulerLink(
@@ -225,6 +227,7 @@ class Worker:
             float(settings.scheduler_reconnect_timeout) if backend.reconnectable else 0.0,
             LinkOwner(
                 self.loop,
+                self.comms,
                 lambda: inventory(self.state),
                 self._heartbeat_interval,
                 lambda why: self.close(why, EXIT_SCHEDULER_LOST),

@@ -15,7 +15,7 @@ from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Inbox
 from hpcsched.core.state import events as ev
-from hpcsched.core.worker.parts.inbox import FromPeer, PeerGone
+from hpcsched.core.worker.parts.inbox import CommInbox, FromPeer, PeerGone
 from hpcsched.core.worker.peers import FetchThreads, PeerTransfers
 from tests.conftest import wait_until
 
@@ -40,7 +40,7 @@ def peers():
     events: list = []
     inbox = FakeLoop(events)
     worker = SimpleNamespace(
-        address="inproc://me", security=None, loop=inbox,
+        address="inproc://me", security=None, loop=inbox, comms=CommInbox(inbox),
         telemetry=SimpleNamespace(transfer=lambda *a: None),
         state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
     accepted: queue.Queue = queue.Queue()
@@ -142,7 +142,8 @@ def test_a_cannot_connect_fails_the_fetch():
 def stand_in(events: list) -> SimpleNamespace:
     """What PeerTransfers reads of its worker."""
     return SimpleNamespace(
-        address="inproc://me", security=None, loop=FakeLoop(events),
+        address="inproc://me", security=None, loop=(loop := FakeLoop(events)),
+        comms=CommInbox(loop),
         telemetry=SimpleNamespace(transfer=lambda *a: None),
         state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
 

@@ -6,7 +6,7 @@ Handlers` table, as it handles the scheduler's messages:
 
 * the scheduler's batches (:class:`FromScheduler`) and the end of its comm
   (:class:`SchedulerGone`); a peer's batches (:class:`FromPeer`) and the end of a peer's
-  comm (:class:`PeerGone`): what the transports deliver, wrapped by :class:`Tagged`;
+  comm (:class:`PeerGone`): what the transports deliver, made by :class:`CommInbox`;
 * a reply made off the loop for the scheduler (:class:`ToScheduler`: ``Client.run``'s);
 * a batch of finished elements of bulk maps (:class:`RangesDone`);
 * the worker's own events for its state machine (a task's result, a transfer's, a
@@ -15,9 +15,9 @@ Handlers` table, as it handles the scheduler's messages:
   stimuli ("Worker State Machine" in its documentation).
 
 A transport hands a comm's messages over as ``(source, message)`` tuples
-(:meth:`~hpcsched.core.comm.base.Comm.deliver_to`); :class:`Tagged` is the inbox the
-worker gives it (:meth:`Tagged.take_from`), which puts the record of each on the loop
-instead.
+(:meth:`~hpcsched.core.comm.base.Comm.deliver_to`); :class:`CommInbox` is the inbox the
+worker gives its comms (:meth:`CommInbox.take_from`), which puts the record of each on
+the loop instead.
 """
 
 from __future__ import annotations
@@ -87,31 +87,41 @@ def stimulus(kind: str) -> str:
     return f"{kind}-{next(_stimuli)}"
 
 
-class Tagged(Inbox):
-    """The inbox a comm delivers to: each ``(source, message)`` the transport hands over
-    goes on ``loop`` as ``make(message)``, and the comm's end as ``gone``. It hands items
-    over as the transport does (``put``, ``offer``, ``offer_batch``), so an idle loop may
-    still run them on the transport's thread."""
+class CommInbox(Inbox):
+    """The inbox the worker's comms deliver to (:meth:`take_from`), one per worker: each
+    ``(source, message)`` a transport hands over goes on ``loop`` as the source's record of
+    the message, and the comm's end as the source's record of it. One inbox for every comm,
+    as the loop itself was: a transport that gathers what one round brought for an inbox
+    (TCP's I/O thread) still hands the loop the messages of all its peers at once, and an
+    idle loop may still run them on the transport's thread."""
 
-    __slots__ = ("loop", "make", "gone", "any_thread")
+    __slots__ = ("loop", "any_thread")
 
-    def __init__(self, loop: Loop, make: Callable[[Any], Any], gone: Any):
-        self.loop, self.make, self.gone = loop, make, gone
+    def __init__(self, loop: Loop):
+        self.loop = loop
         self.any_thread = loop.any_thread
 
-    def take_from(self, comm: Comm) -> None:
-        """Have ``comm`` deliver its messages, then its end, here."""
-        comm.deliver_to(self, None, CLOSED)
-
-    def _record(self, item: tuple) -> Any:
-        msg = item[1]
-        return self.gone if msg is CLOSED else self.make(msg)
+    def take_from(self, comm: Comm, make: Callable[[Any], Any], gone: Any) -> None:
+        """Have ``comm`` deliver here: each message as ``make(message)``, its end as
+        ``gone``."""
+        comm.deliver_to(self, _Source(make, gone), CLOSED)
 
     def put(self, item: Any) -> None:
-        self.loop.put(self._record(item))
+        source, msg = item
+        self.loop.put(source.gone if msg is CLOSED else source.make(msg))
 
     def offer(self, item: Any) -> None:
-        self.loop.offer(self._record(item))
+        source, msg = item
+        self.loop.offer(source.gone if msg is CLOSED else source.make(msg))
 
     def offer_batch(self, items: list) -> None:
-        self.loop.offer_batch([self._record(i) for i in items])
+        self.loop.offer_batch([s.gone if m is CLOSED else s.make(m) for s, m in items])
+
+
+class _Source:
+    """What a comm's deliveries become: ``make(message)``, and ``gone`` at its end."""
+
+    __slots__ = ("make", "gone")
+
+    def __init__(self, make: Callable[[Any], Any], gone: Any):
+        self.make, self.gone = make, gone

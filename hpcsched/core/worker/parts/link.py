@@ -39,7 +39,7 @@ from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import HeartbeatInterval, Registered, RegisterWorker
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
-from hpcsched.core.worker.parts.inbox import SCHEDULER_GONE, FromScheduler, Tagged
+from hpcsched.core.worker.parts.inbox import SCHEDULER_GONE, CommInbox, FromScheduler
 from hpcsched.core.worker.reconnect import Reconnect
 
 logger = logging.getLogger("hpcsched.worker")
@@ -51,13 +51,15 @@ CONNECT_ATTEMPT = 10.0  # seconds: one attempt to reach the scheduler, then a wa
 class LinkOwner:
     """What the link uses of its worker.
 
-    ``inventory()``: on the loop, the results it holds (key -> nbytes) and the tasks it
+    ``comms``: the inbox its comms deliver to; ``inventory()``: on the loop, the results it
+    holds (key -> nbytes) and the tasks it
     runs; ``heartbeat_interval(record)``: the interval the scheduler's registration
     answer asks for; ``give_up(reason)``: the scheduler is lost for good, close;
     ``closed``: set once the worker closes.
     """
 
     loop: Loop
+    comms: CommInbox
     inventory: Callable[[], tuple[dict, list]]
     heartbeat_interval: Callable[[HeartbeatInterval], Any]
     give_up: Callable[[str], None]
@@ -172,7 +174,7 @@ class SchedulerLink:
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"
             loop.put(FromScheduler(reply[1:]))
-        Tagged(loop, FromScheduler, SCHEDULER_GONE).take_from(comm)
+        self._owner.comms.take_from(comm, FromScheduler, SCHEDULER_GONE)
 
     # ---------------------------------------------------------------- losing it
     def reconnects(self) -> bool:

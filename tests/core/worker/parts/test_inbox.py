@@ -12,7 +12,14 @@ import pytest
 
 from hpcsched.core.comm import inproc
 from hpcsched.core.comm.loop import Loop
-from hpcsched.core.worker.parts.inbox import FromPeer, PeerGone, Tagged, stimulus
+from hpcsched.core.worker.parts.inbox import (
+    SCHEDULER_GONE,
+    CommInbox,
+    FromPeer,
+    FromScheduler,
+    PeerGone,
+    stimulus,
+)
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,9 +38,9 @@ def test_a_comms_messages_and_its_end_reach_the_loop_as_records(any_thread):
     loop.start()
     a, b = inproc.pipe()
     try:
-        inbox = Tagged(loop, partial(FromPeer, b), PeerGone(b))
+        inbox = CommInbox(loop)
         assert inbox.any_thread is any_thread  # the transport sees the loop's choice
-        inbox.take_from(b)
+        inbox.take_from(b, partial(FromPeer, b), PeerGone(b))
         a.send({"op": "one"})
         a.send({"op": "two"})
         a.close()
@@ -57,3 +64,39 @@ def test_each_stimulus_of_the_worker_is_named_and_unique():
     ids = [stimulus("execute-success") for _ in range(1000)]
     assert all(i.startswith("execute-success-") for i in ids)
     assert len(set(ids)) == len(ids)
+
+
+def test_one_inbox_takes_every_comm_each_message_named_by_its_own():
+    """The scheduler's comm and a peer's deliver to the worker's one inbox (so a transport
+    that gathers a round's messages per inbox hands them all over at once); each message
+    becomes the record of the comm it came on."""
+    got: list = []
+    loop = Loop("test-inbox", got.extend, lambda: None, raise_gc=False)
+    loop.start()
+    s_end, s = inproc.pipe()
+    p_end, p = inproc.pipe()
+    try:
+        inbox = CommInbox(loop)
+        inbox.take_from(s, FromScheduler, SCHEDULER_GONE)
+        inbox.take_from(p, partial(FromPeer, p), PeerGone(p))
+        s_end.send([{"op": "free-keys"}])
+        p_end.send({"op": "get-data"})
+        p_end.close()
+        s_end.close()
+        wait_until(lambda: len(got) == 4, timeout=30, what="two messages and two ends")
+        assert sorted(map(repr, got)) == sorted(
+            map(
+                repr,
+                [
+                    FromScheduler([{"op": "free-keys"}]),
+                    FromPeer(p, {"op": "get-data"}),
+                    PeerGone(p),
+                    SCHEDULER_GONE,
+                ],
+            )
+        )
+        assert got.index(PeerGone(p)) > got.index(FromPeer(p, {"op": "get-data"}))
+    finally:
+        for c in (s_end, s, p_end, p):
+            c.close()
+        loop.stop()
