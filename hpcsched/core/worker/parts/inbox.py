@@ -24,26 +24,26 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core.comm.base import Comm, Inbox
 from hpcsched.core.comm.loop import CLOSED, Loop
+from hpcsched.core.protocol.wire import record
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class FromScheduler:
     """A batch of the scheduler's messages, not decoded yet."""
 
     msgs: list
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class SchedulerGone:
     """The comm to the scheduler closed."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class FromPeer:
     """Messages from the peer at the other end of ``comm``, not decoded yet."""
 
@@ -51,21 +51,21 @@ class FromPeer:
     msgs: Any  # a list, or one message
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class PeerGone:
     """A comm to a peer closed."""
 
     comm: Comm
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class ToScheduler:
     """A protocol record made off the loop, to leave with the next batch to the scheduler."""
 
     record: Any
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True)
 class RangesDone:
     """A batch of finished elements of a bulk map (a ``ranges.Batch``), to store and
     report."""
