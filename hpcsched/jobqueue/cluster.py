@@ -95,7 +95,7 @@ class SchedulerUnreachableError(ConnectionError):
     """Jobs run, but their workers' logs say they cannot reach the scheduler."""
 
 
-#: what a worker logs when it cannot connect (core/worker/server.py, _connect_scheduler)
+#: what a worker logs when it cannot connect (core/worker/parts/link.py, SchedulerLink._connect)
 UNREACHABLE = re.compile(r"(?:cannot|could not) reach the scheduler at .*")
 
 
