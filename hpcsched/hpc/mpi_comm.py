@@ -120,9 +120,9 @@ class MPIComm(Comm):
         self._ep.forget(self)
         self._queue.put(CLOSE_ITEM)
         with self._target_lock:
-            # nothing is delivered any more: let go of the source, which names this comm as
-            # a rule (a worker's is (PEER, comm)); kept, the cycle would hold every closed
-            # comm until the collector's next full pass
+            # nothing is delivered any more: let go of the inbox and the source, which name
+            # this comm as a rule (a worker's inbox for a peer does); kept, the cycle would
+            # hold every closed comm until the collector's next full pass
             self._target = None
 
     @property

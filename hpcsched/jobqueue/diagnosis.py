@@ -28,7 +28,7 @@ from hpcsched.jobqueue.job import Job, JobState
 logger = logging.getLogger("hpcsched.jobqueue.cluster")
 LOG_TAIL_LINES = 20
 
-#: what a worker logs when it cannot connect (core/worker/server.py, _connect_scheduler)
+#: what a worker logs when it cannot connect (core/worker/parts/link.py, SchedulerLink._connect)
 UNREACHABLE = re.compile(r"(?:cannot|could not) reach the scheduler at .*")
 
 

@@ -45,8 +45,8 @@ class _Inbox(Inbox):
 
 @pytest.mark.parametrize("closed_by", ["peer", "us", "peer-before-deliver_to"])
 def test_a_closed_comm_goes_with_its_last_user_not_with_the_collector(closed_by):
-    """A worker receives a peer comm's messages with the comm in the source (``(PEER,
-    comm)``) and closes peer comms all the time: once closed, the comm is freed with its
+    """A worker receives a peer comm's messages with the comm named where it
+    delivers) and closes peer comms all the time: once closed, the comm is freed with its
     last user, not kept by a reference cycle through its own source until the cyclic
     collector's next full pass (rare in a server: admin.gc-threshold)."""
     comm = MPIComm(_Endpoint(), 1, (1, 0, 7, True))

@@ -103,10 +103,11 @@ class TCPComm(Comm):
             if target is None or self._marker_sent:
                 return True
             self._marker_sent = True
-            # nothing is delivered after the marker: let go of the source, which names this
-            # comm as a rule (a worker's is (PEER, comm)); kept, the cycle would hold every
-            # closed comm, its buffers and its socket object, until the collector's next
-            # full pass, and a worker of a large cluster closes peer comms all the time
+            # nothing is delivered after the marker: let go of the inbox and the source,
+            # which name this comm as a rule (a worker's inbox for a peer does); kept, the
+            # cycle would hold every closed comm, its buffers and its socket object, until
+            # the collector's next full pass, and a worker of a large cluster closes peer
+            # comms all the time
             self._target = None
         if self._io.on_thread():  # after the messages handed over in this round
             self._io.deliver(target[0], (target[1], target[2]))

@@ -50,10 +50,13 @@ class TaskWorker(Protocol):
     """What the code here uses of the worker running a task (the
     :class:`~hpcsched.core.worker.server.Worker`, which imports this module)."""
 
-    scheduler_address: str
     security: Security | None
     name: Any
     gpus: Gpus | None
+
+    @property
+    def scheduler_address(self) -> str:
+        """The address of the worker's scheduler."""
 
     def secede_task(self, key: Any, compute_duration: float) -> None:
         """The task ``key`` leaves the worker's thread pool."""

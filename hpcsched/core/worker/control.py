@@ -31,8 +31,9 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
+from hpcsched.core.comm.loop import Loop
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
@@ -44,6 +45,7 @@ from hpcsched.core.protocol.worker import (
     RunReply,
     UploadFile,
 )
+from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.plugins import WorkerPlugin
 
 logger = logging.getLogger("hpcsched.worker")
@@ -53,13 +55,24 @@ logger = logging.getLogger("hpcsched.worker")
 Request = RunOnWorker | UploadFile | PluginAdd | PluginRemove | PluginsReset
 
 
+class ControlledWorker(Protocol):
+    """What cluster control uses of its worker (the
+    :class:`~hpcsched.core.worker.server.Worker`, which imports this module); the worker
+    itself is what ``Client.run``'s functions get as ``dask_worker`` and plugins as
+    ``worker``, as in dask."""
+
+    state: WorkerState | None
+    loop: Loop
+    local_directory: str | None
+
+
 class WorkerControl:
     """``handle(request)`` on the loop thread; ``send(reply)`` queues a ``RunReply`` to the
     scheduler from any thread."""
 
     handlers = Handlers("worker control")
 
-    def __init__(self, worker: Any, send: Callable[[RunReply], None]):
+    def __init__(self, worker: ControlledWorker, send: Callable[[RunReply], None]):
         self.worker = worker
         self.send = send
         self._lock = threading.Lock()
@@ -166,6 +179,7 @@ class WorkerControl:
 
         def install() -> None:  # on the loop: the state machine is the loop's alone
             self._watching = watching
+            assert self.worker.state is not None  # the worker started: plugins come after
             self.worker.state.watch_transitions(self._transitions if watching else None)
 
         self.worker.loop.call(install)

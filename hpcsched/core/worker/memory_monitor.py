@@ -1,4 +1,5 @@
-"""A worker's memory monitor: samples process memory and carries out the plan.
+"""A worker's memory: its limits, its spill buffer, and the monitor that samples process
+memory and carries out the plan.
 
 Called on the worker's loop thread every ``worker.memory.monitor-interval``
 seconds (its tick), never per task. It sizes the spill buffer's share of memory
@@ -16,20 +17,42 @@ import time
 from collections.abc import Callable
 
 from hpcsched.core.worker.memory import MemoryLimits, format_bytes, plan, process_memory
-from hpcsched.core.worker.spill import SpillBuffer
+from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 
 logger = logging.getLogger("hpcsched.worker")
 
 
 class MemoryMonitor:
+    """A worker's memory part: ``limits``, the :class:`SpillBuffer` its results live in
+    when they are managed (:meth:`open`), and one :meth:`sample` per tick."""
+
     def __init__(self, limits: MemoryLimits, on_terminate: Callable[[str], None] | None = None,
                  restartable: bool = False):
         self.limits = limits
         self.on_terminate = on_terminate
         self.restartable = restartable
-        self.spill_buffer: SpillBuffer | None = None  # set by the worker once it has one
+        self.spill_buffer: SpillBuffer | None = None  # made by open()
         self.last_sample = (0.0, 0)  # (monotonic time, rss)
         self._terminating = False
+
+    def open(self, directory: str | None) -> SpillBuffer | None:
+        """The data store of the worker's results: a spill buffer under ``directory``
+        (the worker's ``local_directory``) when a target or spill fraction manages them,
+        else None (a plain dict will do). ``OSError`` names the directory it cannot use."""
+        limits = self.limits
+        if limits.managed and (limits.target or limits.spill):
+            try:
+                self.spill_buffer = SpillBuffer(configured_directory(directory),
+                                                limits.bytes_at("target"))
+            except OSError as e:
+                raise OSError(f"worker cannot spill to local_directory "
+                              f"{local_directory(directory)!r}: {e}") from e
+        return self.spill_buffer
+
+    def close(self) -> None:
+        """The worker closed: so does its spill buffer (its files go)."""
+        if self.spill_buffer is not None:
+            self.spill_buffer.close()
 
     def sample(self, who: str, paused: bool) -> bool | None:
         """Take one sample; True: pause, False: resume, None: no change."""

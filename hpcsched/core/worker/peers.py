@@ -40,23 +40,26 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, Protocol
 
 from hpcsched.core import config
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError
-from hpcsched.core.comm.loop import CLOSED
+from hpcsched.core.comm.base import Comm, CommClosedError, Security
+from hpcsched.core.comm.loop import Loop
 from hpcsched.core.protocol.directions import WORKER_TO_WORKER
 from hpcsched.core.protocol.serialize import SerializationError, serialize, sizeof
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import DataReply, GetData
 from hpcsched.core.settings import CommSettings, WorkerSettings
 from hpcsched.core.state import events as ev
+from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.execution import serialization_errors
+from hpcsched.core.worker.parts.inbox import CommInbox, FromPeer, PeerGone, stimulus
+from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
 
-PEER = "peer"  # first item of the inbox source of a peer comm: (PEER, comm)
 SMALL_TRANSFER = 1_000_000  # bytes: below, a transfer measures latency rather than bandwidth
 MAX_FETCH_THREADS = 64  # per process, whatever the number of its workers
 FETCH_THREAD_IDLE = 10.0  # seconds a fetch thread waits for work before it ends
@@ -133,11 +136,26 @@ class FetchThreads:
 FETCH_THREADS = FetchThreads()
 
 
+class PeerHost(Protocol):
+    """What the peer side uses of its worker (the
+    :class:`~hpcsched.core.worker.server.Worker`, which imports this module)."""
+
+    address: str
+    security: Security | None
+    loop: Loop
+    comms: CommInbox  # where its comms deliver
+    state: WorkerState | None
+    telemetry: WorkerTelemetry
+
+    def send_to_scheduler(self, record: Any) -> None:
+        """On the loop: ``record`` leaves with this iteration's batch to the scheduler."""
+
+
 class PeerTransfers:
     """The peer side of a :class:`~hpcsched.core.worker.server.Worker`; every method but
     :meth:`on_connect` and :meth:`close` runs on the worker's loop."""
 
-    def __init__(self, worker: Any, fetchers: FetchThreads = FETCH_THREADS):
+    def __init__(self, worker: PeerHost, fetchers: FetchThreads = FETCH_THREADS):
         self.worker = worker
         # settings read once: a worker opens a comm for nearly every fetch in a large cluster
         settings = config.read(WorkerSettings)
@@ -159,7 +177,7 @@ class PeerTransfers:
     # ---------------------------------------------------------------- comms
     def on_connect(self, comm: Comm) -> None:
         """A comm a peer opened to us, or one we opened: its messages go to the loop."""
-        comm.deliver_to(self.worker.loop, (PEER, comm), CLOSED)
+        self.worker.comms.take_from(comm, partial(FromPeer, comm), PeerGone(comm))
 
     def _open_comm(self, address: str) -> Comm | None:
         """The open comm to ``address``, if any, now the most recently used (under the lock)."""
@@ -238,8 +256,7 @@ class PeerTransfers:
                 self._request(comm, worker, keys)
                 return
         if not self._closed:
-            self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(error),
-                                                            now=time.time())))
+            self.worker.loop.put(_failed(worker, keys, str(error)))
 
     def _connect_then_request(self, worker: str, keys: list) -> None:
         if self._closed:
@@ -247,7 +264,7 @@ class PeerTransfers:
         try:
             comm = self._connect(worker)
         except (CommClosedError, OSError, TimeoutError) as e:
-            self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e), now=time.time())))
+            self.worker.loop.put(_failed(worker, keys, str(e)))
             return
         self._request(comm, worker, keys)
 
@@ -260,13 +277,12 @@ class PeerTransfers:
             comm.send([encode(GetData(keys, rid))])
         except (CommClosedError, OSError) as e:
             if self._fetches.pop(rid, None) is not None:
-                self.worker.loop.put((None, ev.GatherDepFailure(worker, keys, str(e),
-                                                                now=time.time())))
+                self.worker.loop.put(_failed(worker, keys, str(e)))
 
     def expire(self, mono: float, now: float) -> list:
         """Fetches without an answer for four connect timeouts fail: ``GatherDepFailure``s."""
         limit = self._connect_timeout * 4
-        return [ev.GatherDepFailure(worker, keys, f"no answer within {limit:.0f}s", now=now)
+        return [_failed(worker, keys, f"no answer within {limit:.0f}s", now)
                 for rid, (worker, keys, _, started) in list(self._fetches.items())
                 if mono - started > limit and self._fetches.pop(rid, None) is not None]
 
@@ -279,24 +295,26 @@ class PeerTransfers:
         return bandwidth
 
     # ---------------------------------------------------------------- messages
-    def handle(self, comm: Comm, payload: Any) -> list:
-        """Messages from a peer comm (or its ``CLOSED`` marker); returns state-machine events."""
-        if payload is CLOSED:
+    def handle(self, item: FromPeer | PeerGone) -> list:
+        """Messages from a peer comm, or its end; returns state-machine events."""
+        comm = item.comm
+        if isinstance(item, PeerGone):
             with self._lock:
                 for a, c in list(self._peers.items()):
                     if c is comm:
                         del self._peers[a]
             now = time.time()
-            return [ev.GatherDepFailure(worker, keys, "connection lost", now=now)
+            return [_failed(worker, keys, "connection lost", now)
                     for rid, (worker, keys, c, _) in list(self._fetches.items())
                     if c is comm and self._fetches.pop(rid, None) is not None]
+        payload = item.msgs
         out: list = []
         for msg in payload if type(payload) is list else [payload]:
             try:
                 record = decode(WORKER_TO_WORKER, msg)
             except MalformedMessage as e:
                 # a peer that speaks nonsense is dropped; its fetches fail when the comm's
-                # CLOSED arrives, and are asked of another holder
+                # end arrives (PeerGone), and are asked of another holder
                 logger.warning("dropping peer %s: %s", comm.peer_address, e)
                 comm.close()
                 break
@@ -316,18 +334,20 @@ class PeerTransfers:
         self._seconds += time.monotonic() - started
         self.worker.telemetry.transfer(worker, started, nbytes)
         return ev.GatherDepSuccess(worker, data, reply.missing or [], dict(reply.errors),
-                                   time.time())
+                                   time.time(), stimulus("gather-dep-success"))
 
     # ---------------------------------------------------------------- serving
     def serve(self, comm: Comm | None, request: GetData) -> None:
         """Answer ``get-data``: to ``comm``, or, with ``None`` (the scheduler asked: a
         gather relayed for a client), in the loop's next batch to the scheduler."""
         w = self.worker
+        assert w.state is not None
         data = w.state.data
         out: dict = {}
         missing: list = []
-        if w.spill_buffer is not None:
-            data.peek_many(request.keys, out, missing)
+        peek_many = getattr(data, "peek_many", None)
+        if peek_many is not None:  # a spill buffer: values read back from disk are not kept
+            peek_many(request.keys, out, missing)
         else:
             for key in request.keys:
                 try:
@@ -362,4 +382,12 @@ class PeerTransfers:
                 pass
         for key, (packed, tb_text, text) in errors.items():
             logger.warning("the result of %r cannot leave worker %s: %s", key, w.address, text)
-            w.loop.put((None, ev.ServeFailed(key, packed, tb_text, text, now=time.time())))
+            w.loop.put(ev.ServeFailed(key, packed, tb_text, text, now=time.time(),
+                                      stimulus_id=stimulus("serve-failed")))
+
+
+def _failed(worker: str, keys: list, error: str, now: float | None = None
+            ) -> ev.GatherDepFailure:
+    """The fetch of ``keys`` from ``worker`` failed with ``error``: the event saying so."""
+    return ev.GatherDepFailure(worker, keys, error, now=time.time() if now is None else now,
+                               stimulus_id=stimulus("gather-dep-failure"))

@@ -31,13 +31,23 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Protocol
 
+from hpcsched.core.comm.base import Inbox
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
-from hpcsched.core.protocol.worker import ComputeRange, RangeFinished, RangeReleased, TaskErred
+from hpcsched.core.protocol.worker import (
+    ComputeRange,
+    RangeFinished,
+    RangeReleased,
+    ReleaseRange,
+    TaskErred,
+)
 from hpcsched.core.state import events as ev
-from hpcsched.core.worker.context import enter_task, hook_dask, leave_task
+from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.context import TaskWorker, enter_task, hook_dask, leave_task
 from hpcsched.core.worker.execution import pack_exception
+from hpcsched.core.worker.parts.inbox import RangesDone, stimulus
+from hpcsched.core.worker.task_pool import TaskPool
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -77,11 +87,27 @@ class Range:
         self.end = len(record.indices)
 
 
+class RangeHost(TaskWorker, Protocol):
+    """What the runner uses of its worker (the :class:`~hpcsched.core.worker.server.
+    Worker`, which imports this module)."""
+
+    address: str
+    nthreads: int
+    executor: TaskPool
+    state: WorkerState | None
+
+    @property
+    def loop(self) -> Inbox:
+        """Where range threads put their batches and events."""
+
+    def send_to_scheduler(self, record: Any) -> None:
+        """On the loop: ``record`` leaves with this iteration's batch to the scheduler."""
+
+
 class RangeRunner:
     """The ranges a worker was given (module docstring)."""
 
-    def __init__(self, worker: Any):
-        # the Worker (it imports this module): its loop, executor, nthreads, state, address
+    def __init__(self, worker: RangeHost):
         self.worker = worker
         self._lock = threading.Lock()
         self._ranges: deque[Range] = deque()  # waiting for a thread
@@ -100,7 +126,8 @@ class RangeRunner:
         """On the loop: queue ``record``'s elements; what to tell the state machine."""
         with self._lock:
             self._ranges.append(Range(record))
-            return ev.RangesWaiting(self._wanted())
+            return ev.RangesWaiting(self._wanted(), now=record.now,
+                                    stimulus_id=record.stimulus_id)
 
     def start_thread(self) -> None:
         """On the loop: the state machine gave the ranges a slot (``RunRanges``)."""
@@ -142,12 +169,13 @@ class RangeRunner:
                 if head + "-" in prefixes and tail.isdigit():
                     self._dropped.setdefault(head + "-", set()).add(int(tail))
 
-    def answer_release(self, count: int) -> ev.RangesWaiting:
+    def answer_release(self, record: ReleaseRange) -> ev.RangesWaiting:
         """On the loop: ``release-range``, answered; what to tell the state machine."""
         w = self.worker
-        w.send_to_scheduler(RangeReleased(w.address, released=self.release(count)))
+        w.send_to_scheduler(RangeReleased(w.address, released=self.release(record.count)))
         with self._lock:
-            return ev.RangesWaiting(self._wanted())
+            return ev.RangesWaiting(self._wanted(), now=record.now,
+                                    stimulus_id=record.stimulus_id)
 
     def as_of_now(self, e: ev.RangesWaiting | ev.RangeThreadDone
                   ) -> ev.RangesWaiting | ev.RangeThreadDone:
@@ -175,7 +203,7 @@ class RangeRunner:
             self._threads -= 1
             wanted = self._wanted()
         self._local.seceded = True
-        self.worker.loop.put((None, ev.RangeThreadDone(wanted, now=time.time())))
+        self.worker.loop.put(_thread_done(wanted))
 
     def _run(self) -> None:
         lock = self._lock
@@ -207,9 +235,10 @@ class RangeRunner:
                             self._ranges.appendleft(r)  # the rest waits for a slot
                         wanted = self._wanted()
                 if local.seceded:  # the slot is given up already
-                    self.worker.loop.put((None, ev.RangesWaiting(wanted, now=time.time())))
+                    self.worker.loop.put(ev.RangesWaiting(
+                        wanted, now=time.time(), stimulus_id=stimulus("ranges-waiting")))
                     return
-            self.worker.loop.put((None, ev.RangeThreadDone(wanted, now=time.time())))
+            self.worker.loop.put(_thread_done(wanted))
         finally:
             local.seceded = None
 
@@ -239,7 +268,7 @@ class RangeRunner:
             batch.failures = [TaskErred(w.address, key=prefix + str(i), exception=packed, traceback=tb_text,
                                         exception_text=text, start=now, stop=now)
                               for i in failed]
-            put(("ranges", batch))
+            put(RangesDone(batch))
             return
         hook_dask()
         clock = time.time
@@ -287,11 +316,11 @@ class RangeRunner:
             batch.starts.append(start)
             batch.stops.append(stop)
             if len(batch.indices) >= REPORT_EVERY or stop >= due or batch.failures:
-                put(("ranges", batch))
+                put(RangesDone(batch))
                 batch = Batch(prefix)
                 due = stop + REPORT_SECONDS
         if batch.indices or batch.failures:
-            put(("ranges", batch))
+            put(RangesDone(batch))
         if dropped:
             with lock:
                 if not any(o.record.prefix == prefix and o.next < o.end
@@ -318,3 +347,8 @@ class RangeRunner:
                                               starts=batch.starts, stops=batch.stops))
         for failure in batch.failures:
             w.send_to_scheduler(failure)
+
+
+def _thread_done(wanted: int) -> ev.RangeThreadDone:
+    """A thread of ranges ended (or seceded), ``wanted`` more threads wanted."""
+    return ev.RangeThreadDone(wanted, now=time.time(), stimulus_id=stimulus("range-thread-done"))

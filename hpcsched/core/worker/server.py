@@ -13,6 +13,15 @@ Threads of a worker:
   elsewhere the fetch threads the process's workers share, which only open comms
   to peers (:mod:`hpcsched.core.worker.peers`).
 
+The server is a thin shell over parts that own their data, each reached through its
+own interface: the link to the scheduler (:mod:`.parts.link`: connection,
+registration, the outgoing batch, reconnecting), the running tasks
+(:mod:`.parts.running`), the heartbeats (:mod:`.parts.heartbeats`), memory
+(:mod:`.memory_monitor`), the peers (:mod:`.peers`), the ranges of bulk maps
+(:mod:`.ranges`) and cluster control (:mod:`.control`). What the loop handles is
+one typed record per item (:mod:`.parts.inbox`), dispatched through the table
+:attr:`Worker.inbox`; the worker's own events carry a ``stimulus_id`` of their own.
+
 Messages are the records of :mod:`hpcsched.core.protocol.messages`: each one the
 scheduler sends is decoded (``SCHEDULER_TO_WORKER``; the state machine's events
 get ``now`` and a ``stimulus_id`` then) and handed to its handler in one table,
@@ -50,7 +59,6 @@ is left to spill.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 import socket
@@ -61,54 +69,66 @@ from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
-from hpcsched.core.comm.loop import CLOSED, Loop
-from hpcsched.core.graph.dsk import key_split
+from hpcsched.core.comm.base import Listener, Security
+from hpcsched.core.comm.loop import Loop
 from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.serialize import deserialize, sizeof
-from hpcsched.core.protocol.wire import MalformedMessage, decode, encode, receive
+from hpcsched.core.protocol.serialize import deserialize
+from hpcsched.core.protocol.wire import MalformedMessage, receive
 from hpcsched.core.protocol.worker import (
     Close,
     ComputeRange,
     GetData,
-    Heartbeat,
     HeartbeatInterval,
     Registered,
     RegisterError,
     RegisterWorker,
     ReleaseRange,
-    RetireMe,
     UpdateData,
 )
 from hpcsched.core.settings import WorkerSettings
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.units import parse_interval
-from hpcsched.core.worker.context import TaskNeedsThread, enter_task, interrupt, leave_task
+from hpcsched.core.worker.context import interrupt
 from hpcsched.core.worker.control import WorkerControl
-from hpcsched.core.worker.execution import pack_exception, run_spec_call
 from hpcsched.core.worker.memory import MemoryLimits
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
+from hpcsched.core.worker.parts.heartbeats import Heartbeats
+from hpcsched.core.worker.parts.inbox import (
+    CommInbox,
+    FromPeer,
+    FromScheduler,
+    PeerGone,
+    RangesDone,
+    SchedulerGone,
+    ToScheduler,
+    stimulus,
+)
+from hpcsched.core.worker.parts.link import LinkOwner, SchedulerLink, inventory
+from hpcsched.core.worker.parts.running import TaskRunner
 from hpcsched.core.worker.peers import PeerTransfers
-from hpcsched.core.worker.preload import PreloadError, Preloads
+from hpcsched.core.worker.preload import Preloads
 from hpcsched.core.worker.ranges import RangeRunner
-from hpcsched.core.worker.reconnect import Reconnect
-from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
-from hpcsched.core.worker.task_pool import TaskPool
 from hpcsched.core.worker.tasks.gpus import Gpus, offer_gpus
 from hpcsched.core.worker.telemetry import WorkerTelemetry
 
 logger = logging.getLogger("hpcsched.worker")
 
-#: the events a thread of ranges puts on the loop (RangeRunner.as_of_now)
-_FROM_RANGE_THREADS = (ev.RangeThreadDone, ev.RangesWaiting)
-
-INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
-IDLE_REPORT_EVERY = 10  # heartbeat intervals between reports of a worker without news
 EXIT_SCHEDULER_LOST = 1  # exit status of a worker whose scheduler went away unannounced
-CONNECT_ATTEMPT = 10.0  # seconds: one attempt to reach the scheduler, then a warning
 CLOSE_WAIT = 15.0  # seconds: each step of close() is bounded; the whole is waited for so long
+
+#: the worker's own events, made on its threads and handed to its state machine as they
+#: are (those of the ranges' threads are brought up to date first: RangeRunner.as_of_now)
+OWN_EVENTS = (
+    ev.ExecuteSuccess,
+    ev.ExecuteFailure,
+    ev.GatherDepSuccess,
+    ev.GatherDepFailure,
+    ev.ServeFailed,
+    ev.Secede,
+    ev.Rejoin,
+)
 
 
 class Worker:
@@ -119,6 +139,9 @@ class Worker:
     #: record type -> handler(record) returning state-machine commands: every record the
     #: scheduler sends
     handlers = Handlers("worker")
+    #: item type -> handler(item) returning state-machine commands: every item of the
+    #: worker's inbox (:mod:`hpcsched.core.worker.parts.inbox`)
+    inbox = Handlers("worker inbox")
 
     def __init__(
         self,
@@ -149,12 +172,8 @@ class Worker:
         gpus: Gpus | None = None,
         walltime_end: float | None = None,
     ):
-        self.scheduler_address = scheduler_address
         #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
         self.preloads = Preloads(preload)
-        #: where a restarted scheduler may write its new address (re-read to reconnect)
-        self.scheduler_file = scheduler_file
-        self._sent_inventory: dict = {}  # the keys our last registration said we hold
         # this worker's own directory for files (dask's local_directory); made on demand
         self.local_directory = local_directory
         if local_directory is not None:
@@ -168,226 +187,135 @@ class Worker:
         self.security = security
         #: the ``worker.*`` configuration, keyword arguments winning
         self.settings = settings = config.read(
-            WorkerSettings, death_timeout=death_timeout, heartbeat_interval=heartbeat_interval,
+            WorkerSettings,
+            death_timeout=death_timeout,
+            heartbeat_interval=heartbeat_interval,
             scheduler_reconnect_timeout=scheduler_reconnect_timeout,
-            memory_target=memory_target_fraction, memory_spill=memory_spill_fraction,
-            memory_pause=memory_pause_fraction, memory_terminate=memory_terminate_fraction)
+            memory_target=memory_target_fraction,
+            memory_spill=memory_spill_fraction,
+            memory_pause=memory_pause_fraction,
+            memory_terminate=memory_terminate_fraction,
+        )
         backend = registry.backend_for(scheduler_address)
-        self.reconnect_timeout = float(settings.scheduler_reconnect_timeout) \
-            if backend.reconnectable else 0.0
-        self.scheduler_journaled = False  # from the scheduler's answer to our registration
         self.listen_address = listen_address or backend.worker_listen_address(
-            scheduler_address, host)
-        # the scheduler notices this worker died only by missing heartbeats (TCP): send them
-        self._uses_heartbeat = backend.needs_heartbeat
-        self.death_timeout = settings.death_timeout
+            scheduler_address, host
+        )
         # durations as dask writes them ("55m", "4m") or seconds
-        self.lifetime = lifetime = None if lifetime is None else parse_interval(lifetime,
-                                                                                "lifetime")
+        lifetime = None if lifetime is None else parse_interval(lifetime, "lifetime")
         lifetime_stagger = parse_interval(lifetime_stagger, "lifetime_stagger", zero=True)
         #: when its batch job's walltime ends (epoch seconds), if it runs in one
         self.walltime_end = walltime_end
         if lifetime and lifetime_stagger:
             import random  # here: a worker without a lifetime (every MPI rank) never needs it
 
-            self.lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger),
-                                1.0)
-        # until the scheduler says otherwise (it lengthens the interval as its cluster grows)
-        self.heartbeat_interval = settings.heartbeat_interval
+            lifetime = max(lifetime + random.uniform(-lifetime_stagger, lifetime_stagger), 1.0)
         self.host = host or socket.gethostname()
         self.address = ""
         self.state: WorkerState | None = None
-        self.memory = MemoryLimits.from_settings(int(self.memory_limit), settings)
-        self.spill_buffer: SpillBuffer | None = None
-        self.memory_monitor = MemoryMonitor(self.memory, on_memory_terminate, restartable)
-        self._close_asked = False  # the scheduler said "close" (its exit code stands)
-        tick = self.heartbeat_interval
-        if self.memory.managed:
+        #: memory limits, the spill buffer, the monitor sampling process memory
+        self.memory = MemoryMonitor(
+            MemoryLimits.from_settings(int(self.memory_limit), settings),
+            on_memory_terminate,
+            restartable,
+        )
+        # the scheduler notices this worker died only by missing heartbeats (TCP): send them
+        self.heartbeats = Heartbeats(
+            settings.heartbeat_interval, needs_heartbeat=backend.needs_heartbeat, lifetime=lifetime
+        )
+        tick = self.heartbeats.interval
+        if self.memory.limits.managed:
             tick = min(tick, float(settings.memory_monitor_interval))
-        self._next_heartbeat = 0.0
-        self.loop = Loop("hpcsched-worker", self._process, self._flush, self._tick, tick)
-        self.executor = TaskPool(self.nthreads, "hpcsched-task")
+        self.loop = Loop(
+            "hpcsched-worker", self._process, lambda: self.link.flush(), self._tick, tick
+        )
+        self.comms = CommInbox(self.loop)  # where its comms deliver, as typed records
+        self._closed = threading.Event()
+        #: the connection to the scheduler and what waits to leave on it
+        self.link = SchedulerLink(
+            scheduler_address,
+            security,
+            scheduler_file,
+            settings.death_timeout,
+            float(settings.scheduler_reconnect_timeout) if backend.reconnectable else 0.0,
+            LinkOwner(
+                self.loop,
+                self.comms,
+                lambda: inventory(self.state),
+                self._heartbeat_interval,
+                lambda why: self.close(why, EXIT_SCHEDULER_LOST),
+                self._closed,
+            ),
+        )
+        #: on the loop: a protocol record leaves with this iteration's batch to the scheduler
+        self.send_to_scheduler: Callable[[Any], None] = self.link.send
+        self.tasks = TaskRunner(self, self.nthreads, self.loop, self.link.after_flush, self._closed)
+        self.executor = self.tasks.executor  # the runner's task threads, which ranges share
         self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
         self.ranges = RangeRunner(self)  # the elements of bulk maps given to this worker
-        self._scheduler_comm: Comm | None = None
-        self._outbox: list = []  # protocol records for the scheduler, encoded when flushed
-        # (function, *args) that start threads once the outbox has left: tasks that
-        # announce their start, and ranges, so that should they kill the process, the
-        # scheduler knows what started and what finished before them
-        self._start_after_flush: list[tuple] = []
         self._listener: Listener | None = None
-        self._closed = threading.Event()
         self._close_done = threading.Event()
         self._close_lock = threading.Lock()
         self._closer = 0  # the thread running close()
+        self._halted = False  # the scheduler closed us, or is gone: nothing more is done
         self.close_reason = ""
         self.exit_code = 0  # what the scheduler asked us to exit with (MPI jobs)
-        self._started = 0.0
-        self._retire_asked = False
         self._on_close = on_close
-        self._quiet_ticks = IDLE_REPORT_EVERY  # intervals without a report: the first is due
         self._client: Any = None  # the tasks' client (task_client), closed with the worker
         self._client_lock = threading.Lock()
-        self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
-        # task groups that must not run on the loop thread: one of theirs asked for a client
-        self._threaded_groups: set[str] = set()
         self.telemetry = WorkerTelemetry()  # CPU, job id, transfers, logs: sent with heartbeats
         # Client.run and upload_file; replies reach the scheduler through the loop
-        self.control = WorkerControl(self, lambda reply: self.loop.put(("control", reply)))
+        self.control = WorkerControl(self, lambda reply: self.loop.put(ToScheduler(reply)))
         self._table = self.handlers.bind(self)
-        # The scheduler sends no stimulus ids; each event decoded here is given one
-        # ("<op>-<n>") so that a state change, and the transition a worker plugin sees, can
-        # be traced to the message that caused it.
-        self._stimuli = itertools.count(1)
+        self._inbox = self.inbox.bind(self)
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler's address (a restarted one's, once the worker found it again)."""
+        return self.link.address
 
     # ================================================================ lifecycle
     def start(self) -> Worker:
-        self._listener = registry.listen(self.listen_address, self.peers.on_connect,
-                                         self.security)
+        self._listener = registry.listen(self.listen_address, self.peers.on_connect, self.security)
         self.address = self._listener.address
-        if self.memory.managed and (self.memory.target or self.memory.spill):
-            try:
-                self.spill_buffer = SpillBuffer(configured_directory(self.local_directory),
-                                                self.memory.bytes_at("target"))
-                self.memory_monitor.spill_buffer = self.spill_buffer
-            except OSError as e:
-                self._listener.stop()
-                raise OSError(f"worker cannot spill to local_directory "
-                              f"{local_directory(self.local_directory)!r}: {e}") from e
-        self.state = WorkerState(self.address, self.nthreads, self.resources,
-                                 self.settings.transfer_incoming_count_limit,
-                                 data=self.spill_buffer,
-                                 devices={"GPU": self.gpus.ids} if self.gpus else None)
-        try:  # before any connection to the scheduler, as dask's: no task runs before it
+        try:
+            data = self.memory.open(self.local_directory)
+            self.state = WorkerState(
+                self.address,
+                self.nthreads,
+                self.resources,
+                self.settings.transfer_incoming_count_limit,
+                data=data,
+                devices={"GPU": self.gpus.ids} if self.gpus else None,
+            )
+            self.tasks.use(self.state)
+            # before any connection to the scheduler, as dask's: no task runs before it
             self.preloads.setup(self)
-        except PreloadError:
+            self.link.open(
+                RegisterWorker(
+                    self.address,
+                    self.nthreads,
+                    self.memory_limit,
+                    self.name or self.address,
+                    self.host,
+                    self.resources,
+                    {},
+                    os.getpid(),
+                    None,
+                    # when it leaves: the scheduler keeps tasks that would outlast it off it
+                    leaving_at(self.heartbeats.lifetime, self.walltime_end),
+                    list(self.gpus.ids) if self.gpus else None,
+                )
+            )
+        except BaseException:  # spill directory, preloads, scheduler: nothing is left open
             self._listener.stop()
-            if self.spill_buffer is not None:
-                self.spill_buffer.close()
+            self.memory.close()
             raise
-        comm = self._connect_scheduler()
-        try:
-            reply = self._register(comm, self.death_timeout, {})
-        except ConnectionError:
-            comm.close()
-            self._listener.stop()
-            raise
-        self._started = time.monotonic()
-        # registering said it is alive: the first heartbeat is one interval away (nothing
-        # it would measure is worth delaying the first task for)
-        self._next_heartbeat = self._started + self.heartbeat_interval * 0.95
-        self._attach(comm, reply)
+        self.heartbeats.start(time.monotonic())
         self.loop.start()
-        logger.info("worker %s (%s) connected to %s", self.address, self.name,
-                    self.scheduler_address)
+        logger.info(
+            "worker %s (%s) connected to %s", self.address, self.name, self.scheduler_address
+        )
         return self
-
-    def _register(self, comm: Comm, timeout: float, keys: dict, running: list | None = None
-                  ) -> Any:
-        """Introduce this worker over ``comm``, holding ``keys`` (key -> nbytes) and
-        running ``running``; the scheduler's answer (``ConnectionError`` if it refused us
-        or did not answer)."""
-        comm.send([encode(RegisterWorker(
-            self.address, self.nthreads, self.memory_limit, self.name or self.address,
-            self.host, self.resources, keys, os.getpid(), running or None,
-            self.lifetime_end(), list(self.gpus.ids) if self.gpus else None))])
-        try:
-            reply = comm.recv(timeout=timeout)
-        except (CommClosedError, TimeoutError) as e:
-            raise ConnectionError(f"scheduler at {self.scheduler_address} did not answer our "
-                                  f"registration: {e}") from e
-        first = reply[0] if isinstance(reply, list) and reply else reply
-        try:
-            answer = decode(SCHEDULER_TO_WORKER, first)
-        except MalformedMessage as e:
-            answer = e
-        if type(answer) is not Registered:
-            why = getattr(answer, "message", answer)  # RegisterError's, or what was wrong
-            raise ConnectionError(f"scheduler at {self.scheduler_address} refused us: {why}")
-        return reply
-
-    def _attach(self, comm: Comm, reply: Any) -> None:
-        """Talk to the scheduler over ``comm``, which registered us (``reply``: its
-        answer, ``registered`` first)."""
-        self._scheduler_comm = comm
-        answer = decode(SCHEDULER_TO_WORKER, reply[0] if isinstance(reply, list) else reply)
-        if answer.heartbeat_interval:
-            self._set_heartbeat_interval(answer.heartbeat_interval)
-        # only a scheduler with a journal comes back with what it knew: waiting for any
-        # other would keep this worker (and its batch job) alive for nothing
-        self.scheduler_journaled = answer.journaled
-        if isinstance(reply, list) and len(reply) > 1:
-            # tasks assigned at registration travel in the same batch as "registered"
-            self.loop.put(("scheduler", reply[1:]))
-        comm.deliver_to(self.loop, "scheduler", CLOSED)
-
-    # ================================================================ losing the scheduler
-    def _lose_scheduler(self) -> None:
-        """On the loop: the scheduler vanished; keep everything and look for it again."""
-        comm, self._scheduler_comm = self._scheduler_comm, None
-        if comm is not None:
-            comm.close()
-        logger.warning("worker %s lost its scheduler at %s: keeping its tasks and results, "
-                       "reconnecting for up to %ss", self.address, self.scheduler_address,
-                       self.reconnect_timeout)
-        Reconnect(self.scheduler_address, self.security, self.scheduler_file,
-                  self.reconnect_timeout, self._register_again, self._reattach,
-                  lambda why: self.close(why, EXIT_SCHEDULER_LOST), self._closed).start()
-
-    def _inventory(self) -> tuple[dict, list]:
-        """On the loop: the results this worker holds (key -> nbytes), the tasks it runs."""
-        state = self.state
-        assert state is not None
-        held = {k: max(ts.nbytes, 0) for k, ts in state.tasks.items() if ts.state == "memory"}
-        return held, [ts.key for ts in state.executing | state.long_running]
-
-    def _register_again(self, comm: Comm, timeout: float) -> Any:
-        keys, running = self.loop.call(self._inventory)
-        self._sent_inventory = keys
-        return self._register(comm, timeout, keys, running)
-
-    def _reattach(self, comm: Comm, address: str, reply: Any) -> None:
-        def attach() -> None:
-            if self._closed.is_set():
-                comm.close()
-                return
-            self.scheduler_address = address
-            # what waited for the scheduler: only the results that finished after the
-            # registration's inventory are news to it (that inventory said the rest)
-            sent = self._sent_inventory
-            self._outbox = [m for m in self._outbox
-                            if type(m) is ev.TaskFinished and m.key not in sent]
-            self._attach(comm, reply)
-
-        self.loop.call(attach)
-
-    def _connect_scheduler(self) -> Comm:
-        assert self._listener is not None  # start() opened it
-        deadline = time.monotonic() + self.death_timeout
-        last: Exception | None = None
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._listener.stop()
-                raise TimeoutError(
-                    f"worker could not reach the scheduler at {self.scheduler_address} within "
-                    f"death_timeout={self.death_timeout}s: {last}")
-            try:
-                # attempts of at most CONNECT_ATTEMPT seconds, so that the log says early
-                # why the scheduler is out of reach (a batch job's log is what users read)
-                return registry.connect(self.scheduler_address,
-                                        timeout=min(left, CONNECT_ATTEMPT),
-                                        security=self.security)
-            except (TimeoutError, OSError) as e:
-                if isinstance(e, ConnectionError) and "refused our credentials" in str(e):
-                    self._listener.stop()
-                    raise
-                if last is None:
-                    logger.warning("worker %s cannot reach the scheduler at %s yet: %s; "
-                                   "trying until death_timeout=%gs", self.address,
-                                   self.scheduler_address, e, self.death_timeout)
-                last = e
-                time.sleep(min(0.2, max(left, 0)))
 
     def run(self) -> None:
         """Start and block until closed, and the close is over (the CLI's main loop)."""
@@ -396,8 +324,9 @@ class Worker:
         while not self._closed.wait(1.0):
             pass
         if not self._close_done.wait(CLOSE_WAIT):
-            logger.warning("worker %s: closing took over %ss; leaving anyway", self.address,
-                           CLOSE_WAIT)
+            logger.warning(
+                "worker %s: closing took over %ss; leaving anyway", self.address, CLOSE_WAIT
+            )
 
     def wait_closed(self, timeout: float | None = None) -> bool:
         return self._closed.wait(timeout)
@@ -426,20 +355,16 @@ class Worker:
         self.telemetry.close()
         if self.state is not None:
             self.state.closing = True
-        self.executor.shutdown()
-        if self._scheduler_comm is not None:
-            self._scheduler_comm.close()
+        self.tasks.close()
+        self.link.close()
         self.peers.close()
-        for event in list(self._resume.values()):  # seceded tasks waiting to rejoin go on
-            event.set()
         with self._client_lock:
             client, self._client = self._client, None
         if client is not None:
             client.close(timeout=2.0)
         self.control.cleanup()  # a temporary directory it made for uploads
         self.preloads.teardown(self)
-        if self.spill_buffer is not None:
-            self.spill_buffer.close()
+        self.memory.close()
         self._close_done.set()
         if self._on_close is not None:
             self._on_close(self)
@@ -452,70 +377,88 @@ class Worker:
 
     # ================================================================ the loop
     def _process(self, items: list) -> None:
-        state = self.state
-        assert state is not None  # the loop runs once start() made it
-        now = time.time()
+        """One iteration's items, each handed to its handler (:attr:`inbox`); then the
+        commands they caused are carried out, unless the scheduler closed us meanwhile."""
         out: list = []
-        for source, payload in items:
-            if source == "scheduler":
-                if payload is CLOSED and not self._close_asked and self.reconnect_timeout > 0 \
-                        and self.scheduler_journaled and not self._closed.is_set():
-                    self._lose_scheduler()
-                    continue
-                if payload is CLOSED:
-                    # after a "close" it asked for, the scheduler's exit code stands
-                    code = None if self._close_asked else EXIT_SCHEDULER_LOST
-                    if code is not None:
-                        logger.warning(
-                            "worker %s: the connection to the scheduler at %s is gone (the "
-                            "scheduler ended, or dropped this worker after hearing nothing "
-                            "from it for scheduler.worker-ttl, as across a network outage); "
-                            "exiting with status %d", self.address, self.scheduler_address,
-                            code)
-                    threading.Thread(target=self.close, args=("scheduler connection lost",
-                                                              code), daemon=True).start()
-                    return
-                out += self._from_scheduler(payload, now)
-                if self._close_asked:
-                    return
-            elif source == "control":  # a Client.run / upload_file reply
-                self._outbox.append(payload)
-            elif source == "ranges":  # finished elements of bulk maps
-                self.ranges.deliver(payload)
-            elif type(source) is tuple:  # (PEER, comm): a peer's messages
-                out += self._handle_all(self.peers.handle(source[1], payload))
-            else:  # our own events: task results, transfers
-                if type(payload) in _FROM_RANGE_THREADS:  # counted there: stale by now
-                    payload = self.ranges.as_of_now(payload)
-                out += state.handle(payload)
+        table = self._inbox
+        for item in items:
+            out += table[type(item)](item)
+            if self._halted:
+                return
         self._carry_out(out)
 
-    def _from_scheduler(self, msgs: list, now: float) -> list:
+    @inbox.on(FromScheduler)
+    def _from_scheduler(self, item: FromScheduler) -> list:
         """The scheduler's messages, each decoded to its record and given to its handler
         (:attr:`handlers`); the commands they cause. A message that is not a known op
         with the right fields is logged and skipped: the one error path."""
         out: list = []
-        table, stimulus = self._table, self._stimulus
-        for msg in msgs:
+        table, now = self._table, time.time()
+        for msg in item.msgs:
             try:
+                # the scheduler sends no stimulus ids; each event decoded here is given one
+                # ("<op>-<n>"), so that a state change can be traced to its message
                 record = receive(SCHEDULER_TO_WORKER, msg, stimulus, now=now)
                 handler = table.get(type(record))
                 if handler is None:
-                    raise MalformedMessage(f"{type(record).__name__}: the worker has no "
-                                           "handler for it")
+                    raise MalformedMessage(
+                        f"{type(record).__name__}: the worker has no handler for it"
+                    )
             except MalformedMessage as e:
-                logger.error("worker %s ignores a message from the scheduler: %s",
-                             self.address, e)
+                logger.error("worker %s ignores a message from the scheduler: %s", self.address, e)
                 continue
             out += handler(record)
         return out
 
-    def _stimulus(self, op: str) -> str:
-        return f"{op}-{next(self._stimuli)}"
+    @inbox.on(SchedulerGone)
+    def _scheduler_gone(self, item: SchedulerGone) -> tuple:
+        if self.link.reconnects():
+            self.link.lose(self.address)
+            return ()
+        self._halted = True
+        # after a "close" it asked for, the scheduler's exit code stands
+        code = None if self.link.close_asked else EXIT_SCHEDULER_LOST
+        if code is not None:
+            logger.warning(
+                "worker %s: the connection to the scheduler at %s is gone (the scheduler "
+                "ended, or dropped this worker after hearing nothing from it for "
+                "scheduler.worker-ttl, as across a network outage); exiting with status %d",
+                self.address,
+                self.scheduler_address,
+                code,
+            )
+        threading.Thread(
+            target=self.close, args=("scheduler connection lost", code), daemon=True
+        ).start()
+        return ()
 
-    # the scheduler's records (see handlers), on the loop
-    @handlers.on(*sorted((WorkerState.handlers.table.keys() & SCHEDULER_TO_WORKER.values())
-                         - {UpdateData}, key=lambda t: t.__name__))
+    @inbox.on(FromPeer, PeerGone)
+    def _peer(self, item: FromPeer | PeerGone) -> list:
+        return self._handle_all(self.peers.handle(item))
+
+    @inbox.on(ToScheduler)
+    def _to_scheduler(self, item: ToScheduler) -> tuple:
+        self.link.send(item.record)
+        return ()
+
+    @inbox.on(RangesDone)
+    def _ranges_done(self, item: RangesDone) -> tuple:
+        self.ranges.deliver(item.batch)
+        return ()
+
+    @inbox.on(ev.RangeThreadDone, ev.RangesWaiting)
+    def _range_thread_event(self, event: ev.RangeThreadDone | ev.RangesWaiting) -> list:
+        assert self.state is not None
+        return self.state.handle(self.ranges.as_of_now(event))  # counted there: stale now
+
+    # the scheduler's records (see handlers) and the worker's own events, on the loop
+    @inbox.on(*OWN_EVENTS)
+    @handlers.on(
+        *sorted(
+            (WorkerState.handlers.table.keys() & SCHEDULER_TO_WORKER.values()) - {UpdateData},
+            key=lambda t: t.__name__,
+        )
+    )
     def _state_event(self, event: Any) -> list:
         assert self.state is not None
         return self.state.handle(event)
@@ -525,8 +468,9 @@ class Worker:
         # the values travel serialized (each its own blob, so that one bad value errs alone);
         # the state machine's event holds them deserialized
         assert self.state is not None
-        return self.state.handle(dataclasses.replace(
-            record, data={k: deserialize(v) for k, v in record.data.items()}))
+        return self.state.handle(
+            dataclasses.replace(record, data={k: deserialize(v) for k, v in record.data.items()})
+        )
 
     @handlers.on(ComputeRange)
     def _compute_range(self, record: ComputeRange) -> list:
@@ -536,7 +480,7 @@ class Worker:
     @handlers.on(ReleaseRange)
     def _release_range(self, record: ReleaseRange) -> list:
         assert self.state is not None
-        return self.state.handle(self.ranges.answer_release(record.count))
+        return self.state.handle(self.ranges.answer_release(record))
 
     @handlers.on(GetData)
     def _get_data(self, request: GetData) -> tuple:
@@ -545,7 +489,8 @@ class Worker:
 
     @handlers.on(Close)
     def _scheduler_closes(self, request: Close) -> tuple:
-        self._close_asked = True  # _process carries out nothing from here on
+        self.link.close_asked = True
+        self._halted = True  # _process carries out nothing from here on
         self.exit_code = int(request.exit_code or 0)
         threading.Thread(target=self.close, args=(request.reason,), daemon=True).start()
         return ()
@@ -557,17 +502,11 @@ class Worker:
 
     @handlers.on(HeartbeatInterval)
     def _heartbeat_interval(self, record: HeartbeatInterval) -> tuple:
-        self._set_heartbeat_interval(record.interval)
+        """Heartbeat as often as the scheduler asks (its registration's answer says it
+        first), the loop ticking at least that often."""
+        self.heartbeats.set_interval(record.interval, time.monotonic())
+        self.loop.tick_interval = min(self.loop.tick_interval, self.heartbeats.interval)
         return ()
-
-    def _set_heartbeat_interval(self, interval: float) -> None:
-        """Heartbeat every ``interval`` seconds, as the scheduler asks: the next one at most
-        that far away (the scheduler's TTL counts from the last one it had)."""
-        if not interval > 0:
-            return
-        self.heartbeat_interval = interval
-        self._next_heartbeat = min(self._next_heartbeat, time.monotonic() + interval * 0.95)
-        self.loop.tick_interval = min(self.loop.tick_interval, interval)
 
     @handlers.on(Registered, RegisterError)
     def _nothing(self, record: Any) -> tuple:
@@ -581,161 +520,67 @@ class Worker:
             out += self.state.handle(e)
         return out
 
-    def send_to_scheduler(self, record: Any) -> None:
-        """On the loop: protocol ``record`` leaves with this iteration's batch to the
-        scheduler."""
-        self._outbox.append(record)
-
     def _carry_out(self, commands: list) -> None:
         state = self.state
         assert state is not None
+        send, tasks = self.link.send, self.tasks
         work = [commands]
         while work:
             inline = []
             for cmd in work.pop():
                 t = type(cmd)
                 if t is ev.Send:
-                    self._outbox.append(cmd.msg)
+                    send(cmd.msg)
                 elif t is ev.Execute:
-                    ts = state.tasks.get(cmd.key)
-                    # a gang's member waits for the others in a collective: never on the loop
-                    if ts is not None and ts.duration < INLINE_TASK and not cmd.gang and not (
-                            self._threaded_groups and key_split(cmd.key) in self._threaded_groups):
+                    if tasks.place(cmd):
                         inline.append(cmd)
-                    elif cmd.announced:
-                        self._start_after_flush.append(
-                            (self.executor.submit, self._execute, cmd.key, cmd.run_spec,
-                             cmd.gang, cmd.devices, cmd.lease))
-                    else:
-                        self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang,
-                                             cmd.devices, cmd.lease)
                 elif t is ev.GatherDep:
                     self.peers.gather(cmd.worker, cmd.keys)
                 elif t is ev.RunRanges:
-                    self._start_after_flush.append((self.ranges.start_thread,))
+                    self.link.after_flush((self.ranges.start_thread,))
                 elif t is ev.Resume:
-                    event = self._resume.pop(cmd.key, None)
-                    if event is not None:
-                        event.set()
+                    tasks.resume(cmd.key)
                 elif t is ev.Interrupt:
                     interrupt(cmd.keys)
                     self.ranges.drop(cmd.keys)
             for cmd in inline:
                 # known to take well under a millisecond: run here, and handle the result
-                # at once (its "task-finished" leaves with this batch): a thread hand-off
-                # each way would cost more than the task itself
-                result = self._run(cmd.key, cmd.run_spec, on_loop=True, devices=cmd.devices)
-                if result is None:  # it asked for a client or seceded: it needs a thread
-                    self._threaded_groups.add(key_split(cmd.key))
-                    self.executor.submit(self._execute, cmd.key, cmd.run_spec, (),
-                                         cmd.devices)
-                else:
+                # at once (its "task-finished" leaves with this batch)
+                result = tasks.run_inline(cmd)
+                if result is not None:
                     work.append(state.handle(result))
 
-    def _flush(self) -> None:
-        if self._outbox and self._scheduler_comm is not None:
-            msgs, self._outbox = self._outbox, []
-            try:  # encoded once, here: records until they leave
-                self._scheduler_comm.send([encode(m) for m in msgs])
-            except (CommClosedError, OSError):
-                pass
-        if self._start_after_flush:
-            starts, self._start_after_flush = self._start_after_flush, []
-            for fn, *args in starts:
-                fn(*args)
-
     def _tick(self, now: float) -> None:
-        if self.memory.managed:
-            self._monitor_memory(now)
+        state = self.state
+        assert state is not None
+        if self.memory.limits.managed:  # one sample; a pause or resume is the state's
+            change = self.memory.sample(self.address, state.status == "paused")
+            if change is not None:
+                self._carry_out(
+                    state.handle(
+                        ev.PauseWorker(change, now=now, stimulus_id=stimulus("pause-worker"))
+                    )
+                )
         mono = time.monotonic()
-        if mono < self._next_heartbeat:
+        if not self.heartbeats.due(mono):
             return
-        self._next_heartbeat = mono + self.heartbeat_interval * 0.95
         self._carry_out(self._handle_all(self.peers.expire(mono, now)))
-        # Where the transport needs heartbeats (TCP), they are how the scheduler detects
-        # lost workers. Other transports (an MPI rank that dies ends the job) report when
-        # there is news (a measured bandwidth, transfers, logs), and otherwise only every
-        # IDLE_REPORT_EVERY intervals:
-        # idle ranks stay nearly silent, yet the dashboard's workers table keeps their CPU
-        # and memory current
-        m = self.metrics()
-        self._quiet_ticks += 1
-        if self._uses_heartbeat or "bandwidth" in m or "transfers" in m or "logs" in m \
-                or self._quiet_ticks >= IDLE_REPORT_EVERY:
-            self._quiet_ticks = 0
-            self._outbox.append(Heartbeat(self.address, m))
-        if self.lifetime and not self._retire_asked and mono - self._started > self.lifetime:
-            self._retire_asked = True
-            logger.info("worker %s: lifetime of %.0fs is up, retiring", self.address,
-                        self.lifetime)
-            self._outbox.append(RetireMe())
-
-    # ================================================================ memory
-    def _monitor_memory(self, now: float) -> None:
-        """One sample of process memory; a pause or resume goes through the state machine."""
-        assert self.state is not None
-        change = self.memory_monitor.sample(self.address, self.state.status == "paused")
-        if change is not None:
-            self._carry_out(self.state.handle(ev.PauseWorker(change, now=now)))
-
-    def metrics(self) -> dict:
-        """What the heartbeat reports: task counts, status, bandwidth, CPU, memory, logs."""
-        st = self.state
-        assert st is not None
-        m: dict[str, Any] = {"executing": len(st.executing), "ready": len(st.ready), "in_memory": len(st.data),
-             "in_flight": len(st.in_flight_workers), "time": time.time(),
-             "status": st.status}
+        # what the heartbeat reports: task counts, status, bandwidth, CPU, memory, logs
+        m: dict[str, Any] = {
+            "executing": len(state.executing),
+            "ready": len(state.ready),
+            "in_memory": len(state.data),
+            "in_flight": len(state.in_flight_workers),
+            "time": time.time(),
+            "status": state.status,
+        }
         bandwidth = self.peers.take_bandwidth()
         if bandwidth is not None:
             m["bandwidth"] = bandwidth
         self.telemetry.add_to(m)
-        m.update(self.memory_monitor.metrics())
-        return m
-
-    # ================================================================ execution
-    def _execute(self, key: Any, run_spec: Any, gang: tuple = (),
-                 devices: dict | None = None, lease: Any = None) -> None:
-        """In an executor thread: run the task, hand the result to the loop."""
-        self.loop.put((None, self._run(key, run_spec, gang=gang, devices=devices,
-                                       lease=lease)))
-
-    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = (),
-             devices: dict | None = None, lease: Any = None) -> Any:
-        """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
-        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
-        ``gang``: the members' addresses of a task holding many slots (``lease``: what
-        they share, :class:`~hpcsched.core.state.events.GangLease`); ``devices``: the ids
-        of the devices it holds."""
-        start = time.time()
-        assert self.state is not None
-        outer = enter_task(self, key, on_loop, start, gang, devices, lease)
-        try:
-            value = run_spec_call(run_spec, self.state.data)
-        except BaseException as e:  # noqa: BLE001 - reported to the scheduler
-            if on_loop and type(e) is TaskNeedsThread:
-                return None
-            stop = time.time()
-            packed, tb_text, text = pack_exception(e, e.__traceback__)
-            logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
-            return ev.ExecuteFailure(key, packed, tb_text, text, start, stop, now=stop)
-        finally:
-            leave_task(outer)
-        stop = time.time()
-        try:
-            nbytes = sizeof(value)
-        except Exception:
-            nbytes = 64
-        return ev.ExecuteSuccess(key, value, nbytes, type(value).__name__, start, stop, stop)
-
-    def lifetime_end(self) -> float | None:
-        """When this worker will leave (epoch seconds): its lifetime's end, or its job's
-        walltime's, whichever comes first; None: not known. The scheduler keeps tasks that
-        would outlast it off it."""
-        ends = [] if self.walltime_end is None else [self.walltime_end]
-        if self.lifetime:
-            elapsed = time.monotonic() - self._started if self._started else 0.0
-            ends.append(time.time() + self.lifetime - elapsed)
-        return min(ends) if ends else None
+        m.update(self.memory.metrics())
+        for record in self.heartbeats.reports(self.address, m, mono):
+            self.link.send(record)
 
     # ================================================================ tasks' API
     def task_client(self, make: Callable[[], Any]) -> Any:
@@ -757,15 +602,23 @@ class Worker:
         if self.ranges.on_range_thread():  # an element of a bulk map
             self.ranges.secede()
             return
-        self.loop.put((None, ev.Secede(key, compute_duration, now=time.time())))
+        self.tasks.secede(key, compute_duration)
 
     def rejoin_task(self, key: Any) -> None:
         """Block until the seceded task ``key`` has a thread slot again (or the worker
         closes): see ``hpcsched.rejoin``."""
-        event = self._resume[key] = threading.Event()
-        self.loop.put((None, ev.Rejoin(key, now=time.time())))
-        while not event.wait(1.0):
-            if self._closed.is_set():
-                break
-        self._resume.pop(key, None)
+        self.tasks.rejoin(key)
+
+
+def leaving_at(lifetime: float | None, walltime_end: float | None) -> float | None:
+    """When a worker starting now will leave (epoch seconds): its lifetime's end, or its
+    job's walltime's, whichever comes first; None: not known.
+
+    >>> leaving_at(None, None), leaving_at(None, 5.0)
+    (None, 5.0)
+    """
+    ends = [] if walltime_end is None else [walltime_end]
+    if lifetime:
+        ends.append(time.time() + lifetime)
+    return min(ends) if ends else None
 

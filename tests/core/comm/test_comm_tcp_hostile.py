@@ -196,8 +196,8 @@ def test_an_undecodable_message_queued_before_deliver_to_closes_that_comm_only(n
 
 @pytest.mark.parametrize("closed_by", ["peer", "us", "peer-before-deliver_to"])
 def test_a_closed_comm_goes_with_its_last_user_not_with_the_collector(net, closed_by):
-    """A worker hands a peer comm's messages to its loop with the comm in the source
-    (``(PEER, comm)``) and, in a large cluster, closes peer comms all the time. Once the
+    """A worker hands a peer comm's messages to its loop with the comm named where it
+    delivers and, in a large cluster, closes peer comms all the time. Once the
     closed marker is handed over and the receiver lets go, the comm (its receive buffer,
     its socket object) is freed at once: not kept by a reference cycle through its own
     source until the cyclic collector's next full pass, which a server runs rarely

@@ -51,7 +51,7 @@ def test_the_interval_grows_with_the_cluster_and_a_hung_worker_goes_within_its_t
             grown = liveness.heartbeat_interval(4, 0.1, ttl)
             assert grown == pytest.approx(0.4)
             # the last to join was told at registration, the first ones after a heartbeat
-            wait_until(lambda: all(w.heartbeat_interval == grown for w in workers),
+            wait_until(lambda: all(w.heartbeats.interval == grown for w in workers),
                        timeout=20, what="every worker heartbeating at the grown interval")
             assert all(ws["status"] == "running" for ws in s.workers_info().values())
             victim = workers[0]

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from hpcsched.core.protocol.messages import ComputeRange
+from hpcsched.core.protocol.messages import ComputeRange, ReleaseRange
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.parts.inbox import RangesDone
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.task_pool import TaskPool
 
@@ -39,7 +40,10 @@ class Loop:
         self.events: queue.Queue = queue.Queue()  # events for the state machine
 
     def put(self, item: Any) -> None:
-        (self.q if item[0] == "ranges" else self.events).put(item[1])
+        if type(item) is RangesDone:
+            self.q.put(item.batch)
+        else:
+            self.events.put(item)
 
 
 class Worker:
@@ -95,7 +99,7 @@ def test_a_release_gives_up_the_tails_not_started_and_they_never_run():
         assert r.release(6) == {"m-b-": [7, 8, 9], "m-a-": [2, 3, 4]}
         assert r.release(10) == {"m-a-": [1]}  # all that has not started
         assert r.release(10) == {}
-        r.answer_release(1)
+        r.answer_release(ReleaseRange(1))
         assert w.sent[-1].released == {}
         GATE.set()
         assert ran(w, 1) == [0]

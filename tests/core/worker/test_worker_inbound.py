@@ -12,6 +12,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.worker.parts.inbox import FromScheduler
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,7 +48,7 @@ def test_a_malformed_message_from_the_scheduler_is_logged_and_skipped(cluster_cl
            {"op": "no-such-op"}, "not a dict", {"op": "free-keys"}, {"op": ["unhashable"]}]
 
     def inject(dask_worker):  # as the transport delivers the scheduler's batches
-        dask_worker.loop.put(("scheduler", bad))
+        dask_worker.loop.put(FromScheduler(bad))
 
     def logged() -> list[str]:
         return [r.getMessage() for r in caplog.records

@@ -14,25 +14,25 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import CommClosedError, Inbox
-from hpcsched.core.comm.loop import CLOSED
 from hpcsched.core.state import events as ev
-from hpcsched.core.worker.peers import PEER, FetchThreads, PeerTransfers
+from hpcsched.core.worker.parts.inbox import CommInbox, FromPeer, PeerGone
+from hpcsched.core.worker.peers import FetchThreads, PeerTransfers
 from tests.conftest import wait_until
 
 
 class FakeLoop(Inbox):
-    """The worker's loop: what a peer's comm delivers is queued in ``items``; what the
-    transfers put themselves (``(None, event)``) is recorded in ``events``."""
+    """The worker's loop: what a peer's comm delivers (``FromPeer``, ``PeerGone``) is queued
+    in ``items``; the events the transfers put themselves are recorded in ``events``."""
 
     def __init__(self, events: list) -> None:
         self.items: queue.Queue = queue.Queue()
         self.events = events
 
     def put(self, item: Any) -> None:
-        if item[0] is None:
-            self.events.append(item[1])
-        else:
+        if type(item) in (FromPeer, PeerGone):
             self.items.put(item)
+        else:
+            self.events.append(item)
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def peers():
     events: list = []
     inbox = FakeLoop(events)
     worker = SimpleNamespace(
-        address="inproc://me", security=None, spill_buffer=None, loop=inbox,
+        address="inproc://me", security=None, loop=inbox, comms=CommInbox(inbox),
         telemetry=SimpleNamespace(transfer=lambda *a: None),
         state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
     accepted: queue.Queue = queue.Queue()
@@ -62,9 +62,9 @@ def requested(p: PeerTransfers) -> tuple[Any, dict]:
 
 def from_inbox(p: PeerTransfers) -> list:
     """What the loop would do with the next inbox item: the events it yields."""
-    source, payload = p.inbox.items.get(timeout=10)
-    assert source[0] == PEER
-    return p.handle(source[1], payload)
+    item = p.inbox.items.get(timeout=10)
+    assert type(item) is FromPeer
+    return p.handle(item)
 
 
 def test_a_fetch_is_answered_through_the_inbox_and_reuses_the_comm(peers):
@@ -93,10 +93,11 @@ def test_the_holder_going_away_fails_its_fetches(peers):
     peers.gather(peers.holder, ["x"])
     comm, _ = requested(peers)
     comm.close()
-    source, payload = peers.inbox.items.get(timeout=10)
-    assert payload is CLOSED
-    (failed,) = peers.handle(source[1], payload)
+    gone = peers.inbox.items.get(timeout=10)
+    assert type(gone) is PeerGone
+    (failed,) = peers.handle(gone)
     assert type(failed) is ev.GatherDepFailure and failed.keys == ["x"]
+    assert failed.stimulus_id.startswith("gather-dep-failure-")  # the worker's own event
     peers.gather(peers.holder, ["x"])  # the closed comm is forgotten: a new one is opened
     requested(peers)
 
@@ -141,7 +142,8 @@ def test_a_cannot_connect_fails_the_fetch():
 def stand_in(events: list) -> SimpleNamespace:
     """What PeerTransfers reads of its worker."""
     return SimpleNamespace(
-        address="inproc://me", security=None, spill_buffer=None, loop=FakeLoop(events),
+        address="inproc://me", security=None, loop=(loop := FakeLoop(events)),
+        comms=CommInbox(loop),
         telemetry=SimpleNamespace(transfer=lambda *a: None),
         state=SimpleNamespace(data={"mine": 7}), send_to_scheduler=events.append)
 
@@ -152,8 +154,7 @@ def answer(p: PeerTransfers, holder_end: Any) -> None:
     holder_end.send([{"op": "data-reply", "request_id": req["request_id"], "data": {}}])
     events: list = []
     while not events:  # a comm closed meanwhile delivers its marker first: no event
-        source, payload = p.worker.loop.items.get(timeout=10)
-        events = p.handle(source[1], payload)
+        events = p.handle(p.worker.loop.items.get(timeout=10))
     assert [type(e) for e in events] == [ev.GatherDepSuccess]
 
 

@@ -23,7 +23,7 @@ def first(x):
 
 def memory_figures():
     w = get_worker()
-    buf = w.spill_buffer
+    buf = w.memory.spill_buffer
     return {"spilled": buf.disk_bytes if buf is not None else 0,
             "rss": psutil.Process().memory_info().rss, "limit": w.memory_limit}
 

@@ -1,0 +1,175 @@
+"""A worker's running tasks: where each runs, running it, and seceded tasks.
+
+The state machine says which task to start (an ``Execute`` command); :class:`TaskRunner`
+decides where: on a task thread of its :class:`~hpcsched.core.worker.task_pool.TaskPool`,
+or, for a task of a group known to take well under :data:`INLINE_TASK` seconds, on the
+loop's thread itself, whose result is handled at once (a thread hand-off each way would
+cost more than the task). A task that must not run there (it asks for a client, or
+secedes: :class:`~hpcsched.core.worker.context.TaskNeedsThread`) runs again on a thread,
+as every task of its group does from then on. A gang member (a task holding many slots)
+waits for the others in a collective, so it never runs on the loop.
+
+Each run marks its thread with the task (:mod:`hpcsched.core.worker.context`) and puts
+its result, an ``ExecuteSuccess`` or ``ExecuteFailure`` with a ``stimulus_id`` of its
+own, on the loop. A seceded task that rejoins waits here for the state machine's
+``Resume``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from hpcsched.core.comm.loop import Loop
+from hpcsched.core.graph.dsk import key_split
+from hpcsched.core.protocol.serialize import sizeof
+from hpcsched.core.state import events as ev
+from hpcsched.core.state.worker_state import WorkerState
+from hpcsched.core.worker.context import TaskNeedsThread, TaskWorker, enter_task, leave_task
+from hpcsched.core.worker.execution import pack_exception, run_spec_call
+from hpcsched.core.worker.parts.inbox import stimulus
+from hpcsched.core.worker.task_pool import TaskPool
+
+logger = logging.getLogger("hpcsched.worker")
+
+INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+
+
+class TaskRunner:
+    """The tasks of ``worker`` (what its tasks see of it, :class:`~hpcsched.core.worker.
+    context.TaskWorker`): run on ``nthreads`` task threads (more while tasks have seceded),
+    results put on ``loop``; ``after_flush((function, *args))`` starts a task that announces
+    its start once the loop's batch left; ``closed``: set when the worker closes."""
+
+    def __init__(
+        self,
+        worker: TaskWorker,
+        nthreads: int,
+        loop: Loop,
+        after_flush: Callable[[tuple], None],
+        closed: threading.Event,
+    ):
+        self.worker = worker
+        self.loop = loop
+        #: the task threads (the ranges of bulk maps run on them too)
+        self.executor = TaskPool(nthreads, "hpcsched-task")
+        self._after_flush = after_flush
+        self._closed = closed
+        self._state: WorkerState | None = None
+        self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
+        # task groups that must not run on the loop thread: one of theirs asked for a client
+        self._threaded_groups: set[str] = set()
+
+    def use(self, state: WorkerState) -> None:
+        """Tasks read their dependencies from ``state``'s data, and their group's duration."""
+        self._state = state
+
+    # ---------------------------------------------------------------- on the loop
+    def place(self, cmd: ev.Execute) -> bool:
+        """Start ``cmd``'s task on a thread; True: it is short, run it here
+        (:meth:`run_inline`) once the other commands are carried out."""
+        state = self._state
+        assert state is not None
+        ts = state.tasks.get(cmd.key)
+        if (
+            ts is not None
+            and ts.duration < INLINE_TASK
+            and not cmd.gang
+            and not (self._threaded_groups and key_split(cmd.key) in self._threaded_groups)
+        ):
+            return True
+        if cmd.announced:
+            self._after_flush(
+                (self.executor.submit, self._execute, cmd.key, cmd.run_spec, cmd.gang,
+                 cmd.devices, cmd.lease)
+            )
+        else:
+            self.executor.submit(self._execute, cmd.key, cmd.run_spec, cmd.gang, cmd.devices,
+                                 cmd.lease)
+        return False
+
+    def run_inline(self, cmd: ev.Execute) -> Any:
+        """Run ``cmd``'s task on the loop thread: its result event, or None if it needs a
+        thread (then it, and its group from now on, runs on one)."""
+        result = self._run(cmd.key, cmd.run_spec, on_loop=True, devices=cmd.devices)
+        if result is None:
+            self._threaded_groups.add(key_split(cmd.key))
+            self.executor.submit(self._execute, cmd.key, cmd.run_spec, (), cmd.devices)
+        return result
+
+    def resume(self, key: Any) -> None:
+        """The seceded task ``key`` has a slot again (a ``Resume`` command)."""
+        event = self._resume.pop(key, None)
+        if event is not None:
+            event.set()
+
+    # ---------------------------------------------------------------- on task threads
+    def _execute(self, key: Any, run_spec: Any, gang: tuple = (),
+                 devices: dict | None = None, lease: Any = None) -> None:
+        """In a task thread: run the task, hand the result to the loop."""
+        self.loop.put(self._run(key, run_spec, gang=gang, devices=devices, lease=lease))
+
+    def _run(self, key: Any, run_spec: Any, on_loop: bool = False, gang: tuple = (),
+             devices: dict | None = None, lease: Any = None) -> Any:
+        """Run a task; its ExecuteSuccess / ExecuteFailure, or None if it ran on the loop
+        thread and needs a task thread instead (see :mod:`~hpcsched.core.worker.context`).
+        ``gang``: the members' addresses of a task holding many slots (``lease``: what
+        they share, :class:`~hpcsched.core.state.events.GangLease`); ``devices``: the ids
+        of the devices it holds."""
+        start = time.time()
+        state = self._state
+        assert state is not None
+        outer = enter_task(self.worker, key, on_loop, start, gang, devices, lease)
+        try:
+            value = run_spec_call(run_spec, state.data)
+        except BaseException as e:  # noqa: BLE001 - reported to the scheduler
+            if on_loop and type(e) is TaskNeedsThread:
+                return None
+            stop = time.time()
+            packed, tb_text, text = pack_exception(e, e.__traceback__)
+            logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
+            return ev.ExecuteFailure(
+                key,
+                packed,
+                tb_text,
+                text,
+                start,
+                stop,
+                now=stop,
+                stimulus_id=stimulus("execute-failure"),
+            )
+        finally:
+            leave_task(outer)
+        stop = time.time()
+        try:
+            nbytes = sizeof(value)
+        except Exception:
+            nbytes = 64
+        return ev.ExecuteSuccess(
+            key, value, nbytes, type(value).__name__, start, stop, stop, stimulus("execute-success")
+        )
+
+    def secede(self, key: Any, compute_duration: float) -> None:
+        """The task ``key`` (on the calling thread) leaves the pool."""
+        self.loop.put(
+            ev.Secede(key, compute_duration, now=time.time(), stimulus_id=stimulus("secede"))
+        )
+
+    def rejoin(self, key: Any) -> None:
+        """Block until the seceded task ``key`` has a thread slot again (or the worker
+        closes)."""
+        event = self._resume[key] = threading.Event()
+        self.loop.put(ev.Rejoin(key, now=time.time(), stimulus_id=stimulus("rejoin")))
+        while not event.wait(1.0):
+            if self._closed.is_set():
+                break
+        self._resume.pop(key, None)
+
+    def close(self) -> None:
+        """Start no more tasks; seceded tasks waiting to rejoin go on."""
+        self.executor.shutdown()
+        for event in list(self._resume.values()):
+            event.set()
