@@ -27,12 +27,12 @@ fourth element, ``(path, key, load)``, which the worker carries out
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
 
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol import records
 
 logger = logging.getLogger("hpcsched.scheduler")
 
@@ -84,4 +84,4 @@ class Checkpoints:
             self.loaded += loaded
             logger.info("%d of %d checkpointed tasks read from %s instead of running", loaded,
                         len(keys), self.directory)
-        return dataclasses.replace(graph, tasks=tasks)
+        return records.replace(graph, tasks=tasks)

@@ -49,7 +49,6 @@ is left to spill.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -64,6 +63,7 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Listener, Security
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.graph.dsk import key_split
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import deserialize, sizeof
@@ -512,7 +512,7 @@ class Worker:
         # the values travel serialized (each its own blob, so that one bad value errs alone);
         # the state machine's event holds them deserialized
         assert self.state is not None
-        return self.state.handle(dataclasses.replace(
+        return self.state.handle(records.replace(
             record, data={k: deserialize(v) for k, v in record.data.items()}))
 
     @handlers.on(ComputeRange)

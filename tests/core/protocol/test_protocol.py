@@ -13,7 +13,7 @@ import pytest
 
 from hpcsched.core.protocol import annotations as message_checks
 from hpcsched.core.protocol import checks as field_checks
-from hpcsched.core.protocol import dispatch, wire
+from hpcsched.core.protocol import dispatch, records, wire
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
 from hpcsched.core.state import events as ev
@@ -222,10 +222,11 @@ def test_the_state_machines_events_are_the_protocols_records():
 def test_every_event_has_a_stimulus_id():
     commands = {ev.Send, ev.Execute, ev.GatherDep, ev.Resume, ev.RunRanges}
     events = [obj for obj in vars(ev).values()
-              if dataclasses.is_dataclass(obj) and obj not in commands]
+              if isinstance(obj, type) and issubclass(obj, records.Record)
+              and obj not in commands and obj is not records.Record]
     assert len(events) > 30
     for cls in events:
-        f = {f.name: f for f in dataclasses.fields(cls)}.get("stimulus_id")
+        f = {f.name: f for f in records.fields(cls)}.get("stimulus_id")
         assert f is not None and f.default == "", cls.__name__
 
 
@@ -256,18 +257,23 @@ def test_the_scheduler_decodes_every_inbound_op_with_its_checks():
 def test_a_record_must_say_what_each_field_is():
     table = wire.Direction("a", "b")
 
-    @dataclasses.dataclass(slots=True)
-    class Vague:
+    class Vague(records.Record):
         x: int = 0
+
+    @dataclasses.dataclass(slots=True)
+    class NotARecord:
+        x: int = wire.wire()
 
     with pytest.raises(TypeError, match="wire"):
         wire.message("vague", table)(Vague)
+    with pytest.raises(TypeError, match="must be a Record"):
+        wire.message("not-a-record", table)(NotARecord)
     with pytest.raises(ValueError, match="already the record"):
         wire.message("another-name", table)(protocol.FreeKeys)
-    assert "vague" not in table
+    assert "vague" not in table and "not-a-record" not in table
 
 
-@pytest.mark.parametrize("module", [wire, field_checks, message_checks, dispatch])
+@pytest.mark.parametrize("module", [records, wire, field_checks, message_checks, dispatch])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
