@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
+from hpcsched.core.protocol import run_spec
 from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, Stimulus
 from hpcsched.core.protocol.records import Record, context, extra, wire
 from hpcsched.core.protocol.wire import message
@@ -39,7 +40,7 @@ class RegisterClient(Record):
 class UpdateGraph(FromClient):
     """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
 
-    tasks: dict = wire(fc.dict_of(fc.task), doc="key -> {run_spec, deps}")
+    tasks: dict = wire(fc.dict_of(run_spec.task), doc="key -> {run_spec, deps}")
     keys: list = wire(fc.keys, doc="keys the client holds futures to")
     priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
     retries: dict = wire(fc.dict_of(fc.count), factory=dict, doc="key -> times to retry")

@@ -16,6 +16,7 @@ from typing import Any
 from hpcsched.core.protocol import checks as fc
 from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, S2W, W2S, W2W, Stimulus
 from hpcsched.core.protocol.records import Record, context, wire
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.wire import message
 
 Key = Any
@@ -247,7 +248,7 @@ class ComputeTask(Stimulus):
     """Run ``key`` (after fetching its dependencies from the workers holding them)."""
 
     key: Key = wire(fc.key)
-    run_spec: Any = wire(fc.anything, doc="what to run, as the client serialized it")
+    run_spec: RunSpec = wire(fc.anything, doc="what to run, as the client serialized it")
     priority: tuple = wire(fc.list_of(fc.number), (), doc="lower runs first")
     who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)), factory=dict, sparse=True,
                          doc="dependency key -> workers holding it")

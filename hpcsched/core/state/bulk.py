@@ -75,6 +75,7 @@ from hpcsched.core.protocol.messages import (
     MapInMemory,
     ReleaseRange,
 )
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.elements import (
     FORGOTTEN,
@@ -347,7 +348,7 @@ class BulkMaps:
         if st >= PROMOTED:
             return None
         graph = self.graph
-        ts = graph.new_task(key, (m.function, m.args[i], False), m.group)
+        ts = graph.new_task(key, RunSpec(m.function, m.args[i]), m.group)
         ts.priority = (*m.priority, i)
         ts.retries = m.retries
         ts.who_wants.add(m.client)

@@ -13,9 +13,10 @@ import pytest
 
 from hpcsched.core.protocol import annotations as message_checks
 from hpcsched.core.protocol import checks as field_checks
-from hpcsched.core.protocol import dispatch, records, wire
+from hpcsched.core.protocol import dispatch, records, run_spec, wire
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.state import events as ev
 from tests.core.protocol.examples import example
 
@@ -254,6 +255,18 @@ def test_the_scheduler_decodes_every_inbound_op_with_its_checks():
                                               "nbytes": -1}, worker="w")
 
 
+def test_an_update_graph_whose_run_spec_is_not_a_run_spec_is_refused_naming_it():
+    good = RunSpec(b"f", None)
+    msg = {"op": "update-graph", "tasks": {"x": {"run_spec": good, "deps": []}}, "keys": ["x"]}
+    assert decode(protocol.CLIENT_TO_SCHEDULER, msg, client="c").tasks["x"]["run_spec"] is good
+    for bad in [(b"f", None, False), (b"f", None, False, ("/tmp/x", "x", True)), b"spec"]:
+        msg["tasks"] = {"x": {"run_spec": bad, "deps": []}}
+        with pytest.raises(MalformedMessage,
+                           match=r"op 'update-graph', field 'tasks': entry 'x': run_spec must "
+                                 r"be a RunSpec, got " + type(bad).__name__):
+            decode(protocol.CLIENT_TO_SCHEDULER, msg, client="c")
+
+
 def test_a_record_must_say_what_each_field_is():
     table = wire.Direction("a", "b")
 
@@ -273,7 +286,8 @@ def test_a_record_must_say_what_each_field_is():
     assert "vague" not in table and "not-a-record" not in table
 
 
-@pytest.mark.parametrize("module", [records, wire, field_checks, message_checks, dispatch])
+@pytest.mark.parametrize("module", [records, run_spec, wire, field_checks, message_checks,
+                                    dispatch])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -12,6 +12,7 @@ import pytest
 from hpcsched.core.comm import registry
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol import records
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_function
 from hpcsched.core.scheduler.server import Scheduler
 from hpcsched.core.state import events as ev
@@ -76,7 +77,7 @@ def test_remove_worker_hooks_get_the_stimulus_id_of_the_removal():
         join({"op": "register-worker", "address": "inproc://retired", "nthreads": 1})
         client = join({"op": "register-client", "client": "c"})
         client.send([{"op": "update-graph", "keys": ["x"], "tasks": {
-            "x": {"run_spec": (dumps_function(inc), (1,), False), "deps": []}}}])
+            "x": {"run_spec": RunSpec(dumps_function(inc), None), "deps": []}}}])
         lost.close()  # its connection closes: a remove-worker event of the server's
         assert log.changed.wait(10)
         assert log.removed[0][0] == "inproc://lost"
