@@ -74,12 +74,13 @@ def journal_alone(leaves: int, repeat: int = 5) -> float:
     from operator import add
 
     from hpcsched.core.protocol import messages as pr
+    from hpcsched.core.protocol.run_spec import RunSpec
     from hpcsched.core.protocol.serialize import dumps_function, dumps_object
     from hpcsched.core.scheduler.journal import Journal
 
     fblob = dumps_function(add)
-    tasks = {("add", i): {"run_spec": (fblob, dumps_object((("leaf", i), ("leaf", i + 1))),
-                                       True), "deps": [("leaf", i), ("leaf", i + 1)]}
+    tasks = {("add", i): {"run_spec": RunSpec(fblob, dumps_object((("leaf", i), ("leaf", i + 1))),
+                                              True), "deps": [("leaf", i), ("leaf", i + 1)]}
              for i in range(2 * leaves - 1)}
     wire = {**pr.encode(pr.UpdateGraph("c", tasks, [("add", 0)]))}
     best = float("inf")

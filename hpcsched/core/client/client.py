@@ -101,6 +101,7 @@ from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
 from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
 from hpcsched.core.settings import ClientSettings, CommSettings
 
@@ -386,7 +387,7 @@ class Client:
         if self.future_table.known(key):
             return Future(key, self)
         fut = Future(key, self)
-        task = {"run_spec": (fblob, ablob, bool(held)), "deps": list(held)}
+        task = {"run_spec": RunSpec(fblob, ablob, bool(held)), "deps": list(held)}
         self.scheduler_comm.send(pc.UpdateGraph(
             self.id, {key: task}, [key], priority, {key: retries} if retries else {},
             resources, as_list(workers), allow_other_workers, {key: 0},

@@ -34,7 +34,6 @@ keys it wants). Only past the timeout is the scheduler lost.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import os
@@ -55,6 +54,7 @@ from hpcsched.core.comm.scheduler_file import (
     read_scheduler_file,
     wait_for_scheduler_file,
 )
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.messages import (
     ClientReleasesKeys,
     RegisterClient,
@@ -297,13 +297,13 @@ class SchedulerConnection:
     def send_request(self, msg: Any) -> PendingReply:
         """:meth:`request` in two steps: ``msg`` is sent now, the reply is awaited with the
         returned :class:`PendingReply` (several requests may then be in flight at once)."""
-        if not dataclasses.is_dataclass(msg) or isinstance(msg, type):
+        if not isinstance(msg, records.Record):
             raise TypeError(f"a request is a protocol record, not {type(msg).__name__}")
         if hasattr(msg, "request_id"):
             rid = msg.request_id
             if not rid:
                 rid = self.new_id(type(msg).__name__)
-                msg = dataclasses.replace(msg, request_id=rid)
+                msg = records.replace(msg, request_id=rid)
         elif hasattr(msg, "scatter_id"):
             rid = msg.scatter_id
         else:  # close-client: one per client, its reply carries no id

@@ -43,6 +43,7 @@ from hpcsched.core.client.submission import (
 )
 from hpcsched.core.graph.dsk import Ref, gc_paused, normalize
 from hpcsched.core.protocol.messages import UpdateGraph, UpdateMap
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 from hpcsched.core.settings import ClientSettings
 
@@ -209,7 +210,7 @@ class Submitter:
                     if deps:
                         held.append(deps)
                     if not known(k):
-                        tasks[k] = {"run_spec": (fblob, ablob, bool(deps)), "deps": list(deps)}
+                        tasks[k] = {"run_spec": RunSpec(fblob, ablob, bool(deps)), "deps": list(deps)}
                 futures += [new_future(k) for k in batch]
                 if tasks:
                     send(update_graph(self.conn.client_id, tasks, list(tasks),

@@ -17,6 +17,7 @@ except ImportError:  # a Python built without its own hashes
     from hashlib import blake2b
 
 from hpcsched.core.graph.dsk import Call, Task
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_function, dumps_object
 
 SCALARS = frozenset({int, float, str, bytes, bool, type(None), complex})
@@ -38,12 +39,13 @@ def pure_token(func_blob: bytes, args_blob: bytes | None) -> str:
     return h.hexdigest()
 
 
-def task_run_spec(task: Task) -> tuple:
-    """The wire form of a normalized graph task: (function blob, args blob, needs evaluation)."""
+def task_run_spec(task: Task) -> RunSpec:
+    """The wire form of a normalized graph task."""
     expr = task.expr
     if type(expr) is Call:
-        return (dumps_function(expr.func), dumps_object((expr.args, dict(expr.kwargs))), True)
-    return (None, dumps_object(((expr,), {})), True)
+        return RunSpec(dumps_function(expr.func), dumps_object((expr.args, dict(expr.kwargs))),
+                       True)
+    return RunSpec(None, dumps_object(((expr,), {})), True)
 
 
 def as_list(x: Any) -> list | None:

@@ -13,12 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from hpcsched.core.protocol import checks as fc
+from hpcsched.core.protocol import run_spec
 from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, Stimulus
-from hpcsched.core.protocol.wire import context, extra, message, record, wire
+from hpcsched.core.protocol.records import Record, context, extra, wire
+from hpcsched.core.protocol.wire import message
 
 Key = Any
 
-@record
 class FromClient(Stimulus):
     """Base of a client's requests to the scheduler's state machine: the scheduler fills in
     which client sent it."""
@@ -29,19 +30,17 @@ class FromClient(Stimulus):
 # ====================================================================== client -> scheduler
 
 @message("register-client", C2S, INTRODUCTION)
-@record
-class RegisterClient:
+class RegisterClient(Record):
     """A client introduces itself (its first message)."""
 
     client: str = wire(fc.string, doc="the client's id, unique in the cluster")
 
 
 @message("update-graph", C2S)
-@record
 class UpdateGraph(FromClient):
     """A client submits tasks: ``tasks[key] = {"run_spec": ..., "deps": [...]}``."""
 
-    tasks: dict = wire(fc.dict_of(fc.task), doc="key -> {run_spec, deps}")
+    tasks: dict = wire(fc.dict_of(run_spec.task), doc="key -> {run_spec, deps}")
     keys: list = wire(fc.keys, doc="keys the client holds futures to")
     priority: int = wire(fc.number, 0, doc="user priority: higher runs earlier")
     retries: dict = wire(fc.dict_of(fc.count), factory=dict, doc="key -> times to retry")
@@ -59,7 +58,6 @@ class UpdateGraph(FromClient):
 
 
 @message("update-map", C2S)
-@record
 class UpdateMap(FromClient):
     """A block of a bulk map: one function over many argument tuples. Element ``i`` of the
     map is the task ``f"{prefix}{i}"``; this block holds elements ``offset`` to
@@ -76,7 +74,6 @@ class UpdateMap(FromClient):
 
 
 @message("client-desires-keys", C2S)
-@record
 class ClientDesiresKeys(FromClient):
     """The client wants the results of ``keys`` (it holds futures to them)."""
 
@@ -86,7 +83,6 @@ class ClientDesiresKeys(FromClient):
 
 
 @message("retry-keys", C2S)
-@record
 class RetryKeys(FromClient):
     """Run erred tasks again, with the erred tasks they depend on."""
 
@@ -94,7 +90,6 @@ class RetryKeys(FromClient):
 
 
 @message("client-releases-keys", C2S)
-@record
 class ClientReleasesKeys(FromClient):
     """The client dropped its futures to ``keys``."""
 
@@ -102,7 +97,6 @@ class ClientReleasesKeys(FromClient):
 
 
 @message("cancel-keys", C2S)
-@record
 class CancelKeys(FromClient):
     """Cancel ``keys`` and what depends on them, for every client."""
 
@@ -110,7 +104,6 @@ class CancelKeys(FromClient):
 
 
 @message("scatter", C2S)
-@record
 class ScatterData(FromClient):
     """A client moves its own data onto workers (``Client.scatter``); answered by
     ``scatter-reply``."""
@@ -123,8 +116,7 @@ class ScatterData(FromClient):
 
 
 @message("gather", C2S)
-@record
-class Gather:
+class Gather(Record):
     """Send me the values of ``keys``; answered by ``gather-reply``."""
 
     request_id: str = wire(fc.string)
@@ -132,16 +124,14 @@ class Gather:
 
 
 @message("scheduler-info", C2S)
-@record
-class SchedulerInfo:
+class SchedulerInfo(Record):
     """Describe the cluster; answered by ``scheduler-info-reply`` (also the client's ping)."""
 
     request_id: str = wire(fc.string)
 
 
 @message("retire-workers", C2S)
-@record
-class RetireWorkersRequest:
+class RetireWorkersRequest(Record):
     """Retire workers gracefully (their data moves to others first); answered by
     ``retire-workers-reply``."""
 
@@ -153,14 +143,12 @@ class RetireWorkersRequest:
 
 
 @message("close-client", C2S)
-@record
-class CloseClient:
+class CloseClient(Record):
     """The client leaves; answered by ``close-client-reply``."""
 
 
 @message("extension", C2S)
-@record
-class Extension:
+class Extension(Record):
     """A request to a scheduler extension (e.g. ``diagnostics``); answered by
     ``extension-reply``."""
 
@@ -170,8 +158,7 @@ class Extension:
 
 
 @message("run", C2S)
-@record
-class Run:
+class Run(Record):
     """``Client.run``: run a function on workers now (not as a task); answered by one
     ``control-reply`` once each has answered or left."""
 
@@ -184,8 +171,7 @@ class Run:
 
 
 @message("run-on-scheduler", C2S)
-@record
-class RunOnScheduler:
+class RunOnScheduler(Record):
     """``Client.run_on_scheduler``; answered by ``control-reply``."""
 
     request_id: str = wire(fc.string)
@@ -195,8 +181,7 @@ class RunOnScheduler:
 
 
 @message("who-has", C2S)
-@record
-class WhoHas:
+class WhoHas(Record):
     """``Client.who_has``: which workers hold ``keys`` (None: all); answered by
     ``control-reply``."""
 
@@ -205,8 +190,7 @@ class WhoHas:
 
 
 @message("has-what", C2S)
-@record
-class HasWhat:
+class HasWhat(Record):
     """``Client.has_what``: the keys each worker holds; answered by ``control-reply``."""
 
     request_id: str = wire(fc.string)
@@ -214,8 +198,7 @@ class HasWhat:
 
 
 @message("processing", C2S)
-@record
-class Processing:
+class Processing(Record):
     """``Client.processing``: the keys each worker runs or was given to run; answered by
     ``control-reply``."""
 
@@ -224,8 +207,7 @@ class Processing:
 
 
 @message("nthreads", C2S)
-@record
-class NThreads:
+class NThreads(Record):
     """``Client.nthreads``: each worker's threads; answered by ``control-reply``."""
 
     request_id: str = wire(fc.string)
@@ -233,8 +215,7 @@ class NThreads:
 
 
 @message("replicate", C2S)
-@record
-class Replicate:
+class Replicate(Record):
     """``Client.replicate``: copy ``keys`` onto ``n`` workers; answered by
     ``control-reply``."""
 
@@ -245,8 +226,7 @@ class Replicate:
 
 
 @message("rebalance", C2S)
-@record
-class Rebalance:
+class Rebalance(Record):
     """``Client.rebalance``: move ``keys`` (all if None) from workers holding more bytes than
     the mean to those holding less, among ``workers`` (all if None); answered by
     ``control-reply``."""
@@ -257,8 +237,7 @@ class Rebalance:
 
 
 @message("restart", C2S)
-@record
-class Restart:
+class Restart(Record):
     """``Client.restart``: cancel every task, set every worker plugin up again; answered by
     ``control-reply``."""
 
@@ -266,8 +245,7 @@ class Restart:
 
 
 @message("register-plugin", C2S)
-@record
-class RegisterPlugin:
+class RegisterPlugin(Record):
     """Register a worker or scheduler plugin; answered by ``control-reply``."""
 
     request_id: str = wire(fc.string)
@@ -278,8 +256,7 @@ class RegisterPlugin:
 
 
 @message("unregister-plugin", C2S)
-@record
-class UnregisterPlugin:
+class UnregisterPlugin(Record):
     """Tear a worker plugin down on every worker; answered by ``control-reply``."""
 
     request_id: str = wire(fc.string)
@@ -289,8 +266,7 @@ class UnregisterPlugin:
 # ====================================================================== scheduler -> client
 
 @message("key-in-memory", S2C)
-@record
-class KeyInMemory:
+class KeyInMemory(Record):
     """The result of ``key`` is ready."""
 
     key: Key = wire(fc.key)
@@ -298,8 +274,7 @@ class KeyInMemory:
 
 
 @message("map-in-memory", S2C)
-@record
-class MapInMemory:
+class MapInMemory(Record):
     """The results of the elements ``indices`` of the bulk map ``prefix`` are ready (the
     keys ``f"{prefix}{i}"``; ``types`` their results' type names)."""
 
@@ -309,8 +284,7 @@ class MapInMemory:
 
 
 @message("task-erred", S2C)
-@record
-class TaskErredReport:
+class TaskErredReport(Record):
     """``key`` erred (itself or through a dependency: ``origin``)."""
 
     key: Key = wire(fc.key)
@@ -321,24 +295,21 @@ class TaskErredReport:
 
 
 @message("cancelled-keys", S2C)
-@record
-class CancelledKeys:
+class CancelledKeys(Record):
     """``keys`` were cancelled (or are unknown to the scheduler)."""
 
     keys: list = wire(fc.keys)
 
 
 @message("lost-data", S2C)
-@record
-class LostData:
+class LostData(Record):
     """The result of ``key`` was lost (its workers left): it is computed again."""
 
     key: Key = wire(fc.key)
 
 
 @message("gather-reply", S2C)
-@record
-class GatherReply:
+class GatherReply(Record):
     """The answer to ``gather``: the values the workers sent, relayed unopened."""
 
     request_id: str = wire(fc.string)
@@ -348,8 +319,7 @@ class GatherReply:
 
 
 @message("scatter-reply", S2C)
-@record
-class ScatterReply:
+class ScatterReply(Record):
     """The answer to ``scatter``: the data is on the workers, or why not."""
 
     scatter_id: str = wire(fc.string)
@@ -357,8 +327,7 @@ class ScatterReply:
 
 
 @message("scheduler-info-reply", S2C)
-@record
-class SchedulerInfoReply:
+class SchedulerInfoReply(Record):
     """The answer to ``scheduler-info``."""
 
     request_id: str = wire(fc.string)
@@ -366,8 +335,7 @@ class SchedulerInfoReply:
 
 
 @message("retire-workers-reply", S2C)
-@record
-class RetireWorkersReply:
+class RetireWorkersReply(Record):
     """The answer to ``retire-workers``."""
 
     request_id: str = wire(fc.string)
@@ -377,14 +345,12 @@ class RetireWorkersReply:
 
 
 @message("close-client-reply", S2C)
-@record
-class CloseClientReply:
+class CloseClientReply(Record):
     """The answer to ``close-client``: the scheduler forgot the client."""
 
 
 @message("extension-reply", S2C)
-@record
-class ExtensionReply:
+class ExtensionReply(Record):
     """The answer to ``extension``."""
 
     request_id: str | None = wire(fc.optional(fc.string), None)
@@ -392,8 +358,7 @@ class ExtensionReply:
 
 
 @message("control-reply", S2C)
-@record
-class ControlReply:
+class ControlReply(Record):
     """The answer to a cluster-control request or a primitive."""
 
     request_id: str = wire(fc.string)
@@ -412,14 +377,12 @@ class ControlReply:
 
 
 @message("scheduler-closing", S2C)
-@record
-class SchedulerClosing:
+class SchedulerClosing(Record):
     """The scheduler is closing."""
 
 
 @message("error", S2C)
-@record
-class Error:
+class Error(Record):
     """The scheduler refused a message of the client's and disconnects it."""
 
     message: str = wire(fc.string, doc="why")

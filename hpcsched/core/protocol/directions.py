@@ -10,9 +10,8 @@ primitives' hundred-odd records are no use to it until a task makes a client.
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY
-
-from hpcsched.core.protocol.wire import Direction, context, record
+from hpcsched.core.protocol.records import Record, context
+from hpcsched.core.protocol.wire import Direction
 
 CLIENT_TO_SCHEDULER = Direction("client", "scheduler", doc=(
     "Every field is checked on arrival: a client whose message is malformed gets an "
@@ -31,12 +30,10 @@ W2S, S2W, W2W = WORKER_TO_SCHEDULER, SCHEDULER_TO_WORKER, WORKER_TO_WORKER
 INTRODUCTION = Direction("newcomer", "scheduler")
 
 
-@record
-class Stimulus:
+class Stimulus(Record, kw_only=True):
     """Base of the records that reach a state machine: the receiver notes when each
     arrived and names the event (``stimulus_id``, as distributed's state machines do), so
     that every state change can be traced to the message that caused it."""
 
-    _: KW_ONLY  # a subclass's required fields may follow these two
     now: float = context(0.0)
     stimulus_id: str = context("")

@@ -3,7 +3,7 @@
 Peers are the scheduler, its workers and its clients (a client talks to the
 scheduler only, as in distributed; workers also talk to each other to fetch
 data). Each message is a dict ``{"op": ..., **fields}``; each op is one record
-(a slots dataclass), registered in the table of every direction it travels:
+(a frozen ``msgspec.Struct``), registered in the table of every direction it travels:
 ``CLIENT_TO_SCHEDULER``, ``SCHEDULER_TO_CLIENT``, ``WORKER_TO_SCHEDULER``,
 ``SCHEDULER_TO_WORKER``, ``WORKER_TO_WORKER`` (op -> record class). A peer's
 first message introduces it (``register-worker`` / ``register-client``); the
@@ -19,8 +19,8 @@ are their events too, importable from ``hpcsched.core.state.events``.
 
 The records are defined in :mod:`hpcsched.core.protocol.client`,
 :mod:`hpcsched.core.protocol.primitives` and :mod:`hpcsched.core.protocol.worker`,
-the directions in :mod:`hpcsched.core.protocol.directions`, the machinery in
-:mod:`hpcsched.core.protocol.wire`; this module gathers them (a worker imports the
+the directions in :mod:`hpcsched.core.protocol.directions`, the record type in
+:mod:`hpcsched.core.protocol.records`, the codec in :mod:`hpcsched.core.protocol.wire`; this module gathers them (a worker imports the
 worker's records alone). Its reference,
 ``docs/protocol.md``, is generated: ``python -m hpcsched.core.protocol.messages > docs/protocol.md``.
 """
@@ -100,12 +100,12 @@ from hpcsched.core.protocol.primitives import (
     VariableGet,
     VariableSet,
 )
+from hpcsched.core.protocol.reference import markdown
 from hpcsched.core.protocol.wire import (
     Direction,
     MalformedMessage,
     decode,
     encode,
-    markdown,
     receive,
     spec,
 )

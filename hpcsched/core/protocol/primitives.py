@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from hpcsched.core.protocol import checks as fc
 from hpcsched.core.protocol.directions import C2S
-from hpcsched.core.protocol.wire import message, record, wire
+from hpcsched.core.protocol.records import Record, wire
+from hpcsched.core.protocol.wire import message
 
 MAX_NAME = 1024  # characters of a name, a lease id or a request id
 MAX_VALUE = 256 * 2**20  # bytes of one stored value
@@ -34,8 +35,7 @@ VALUE = fc.sized(fc.blob, MAX_VALUE)
 KEYS = fc.sized(fc.keys, MAX_KEYS)
 
 
-@record
-class PrimitiveRequest:
+class PrimitiveRequest(Record):
     """Base of the requests to a named primitive."""
 
     request_id: str = wire(NAME)
@@ -45,7 +45,6 @@ class PrimitiveRequest:
 # ====================================================================== Lock
 
 @message("lock-acquire", C2S)
-@record
 class LockAcquire(PrimitiveRequest):
     """``Lock.acquire``: take the lock as ``lease``; answered ``result=True`` once held,
     ``False`` if ``timeout`` passed first."""
@@ -55,7 +54,6 @@ class LockAcquire(PrimitiveRequest):
 
 
 @message("lock-release", C2S)
-@record
 class LockRelease(PrimitiveRequest):
     """``Lock.release``: give ``lease`` back; ``result`` says whether it was held."""
 
@@ -63,7 +61,6 @@ class LockRelease(PrimitiveRequest):
 
 
 @message("lock-locked", C2S)
-@record
 class LockLocked(PrimitiveRequest):
     """``Lock.locked``: ``result`` says whether anyone holds the lock."""
 
@@ -71,7 +68,6 @@ class LockLocked(PrimitiveRequest):
 # ====================================================================== Semaphore
 
 @message("semaphore-acquire", C2S)
-@record
 class SemaphoreAcquire(PrimitiveRequest):
     """``Semaphore.acquire``: take a lease (at most ``max_leases`` are held at a time);
     answered ``result=True`` once taken, ``False`` if ``timeout`` passed first."""
@@ -82,7 +78,6 @@ class SemaphoreAcquire(PrimitiveRequest):
 
 
 @message("semaphore-release", C2S)
-@record
 class SemaphoreRelease(PrimitiveRequest):
     """``Semaphore.release``: give ``lease`` back; ``result`` says whether it was held."""
 
@@ -90,7 +85,6 @@ class SemaphoreRelease(PrimitiveRequest):
 
 
 @message("semaphore-value", C2S)
-@record
 class SemaphoreValue(PrimitiveRequest):
     """``Semaphore.get_value``: ``result`` is how many leases are held."""
 
@@ -98,19 +92,16 @@ class SemaphoreValue(PrimitiveRequest):
 # ====================================================================== Event
 
 @message("event-set", C2S)
-@record
 class EventSet(PrimitiveRequest):
     """``Event.set``: every waiter wakes up."""
 
 
 @message("event-clear", C2S)
-@record
 class EventClear(PrimitiveRequest):
     """``Event.clear``: later waiters wait."""
 
 
 @message("event-wait", C2S)
-@record
 class EventWait(PrimitiveRequest):
     """``Event.wait``: answered ``result=True`` once the event is set, ``False`` if
     ``timeout`` passed first."""
@@ -119,7 +110,6 @@ class EventWait(PrimitiveRequest):
 
 
 @message("event-is-set", C2S)
-@record
 class EventIsSet(PrimitiveRequest):
     """``Event.is_set``: ``result`` says whether the event is set."""
 
@@ -127,7 +117,6 @@ class EventIsSet(PrimitiveRequest):
 # ====================================================================== Variable
 
 @message("variable-set", C2S)
-@record
 class VariableSet(PrimitiveRequest):
     """``Variable.set``: store a value (its futures are kept alive while it is stored)."""
 
@@ -136,7 +125,6 @@ class VariableSet(PrimitiveRequest):
 
 
 @message("variable-get", C2S)
-@record
 class VariableGet(PrimitiveRequest):
     """``Variable.get``: answered with the value (``blob``, ``keys``) once set,
     ``status="timeout"`` if ``timeout`` passed first."""
@@ -145,7 +133,6 @@ class VariableGet(PrimitiveRequest):
 
 
 @message("variable-delete", C2S)
-@record
 class VariableDelete(PrimitiveRequest):
     """``Variable.delete``: forget the value."""
 
@@ -153,7 +140,6 @@ class VariableDelete(PrimitiveRequest):
 # ====================================================================== Queue
 
 @message("queue-put", C2S)
-@record
 class QueuePut(PrimitiveRequest):
     """``Queue.put``: append a value, waiting while the queue is full; ``status="timeout"``
     if ``timeout`` passed first."""
@@ -165,7 +151,6 @@ class QueuePut(PrimitiveRequest):
 
 
 @message("queue-get", C2S)
-@record
 class QueueGet(PrimitiveRequest):
     """``Queue.get``: the oldest item (``blob``, ``keys``), or a batch of them (``items``);
     ``status="timeout"`` if ``timeout`` passed first."""
@@ -177,7 +162,6 @@ class QueueGet(PrimitiveRequest):
 
 
 @message("queue-qsize", C2S)
-@record
 class QueueSize(PrimitiveRequest):
     """``Queue.qsize``: ``result`` is how many items are in the queue."""
 
@@ -187,7 +171,6 @@ class QueueSize(PrimitiveRequest):
 # ====================================================================== MultiLock
 
 @message("multilock-acquire", C2S)
-@record
 class MultiLockAcquire(PrimitiveRequest):
     """``MultiLock.acquire``: acquisition ``name`` waits in line for each lock of ``names``
     and holds ``num_locks`` of them (all: None) once first in line for that many; answered
@@ -200,7 +183,6 @@ class MultiLockAcquire(PrimitiveRequest):
 
 
 @message("multilock-release", C2S)
-@record
 class MultiLockRelease(PrimitiveRequest):
     """``MultiLock.release``: acquisition ``name`` gives its locks back."""
 
@@ -208,7 +190,6 @@ class MultiLockRelease(PrimitiveRequest):
 # ====================================================================== datasets
 
 @message("dataset-publish", C2S)
-@record
 class DatasetPublish(PrimitiveRequest):
     """``Client.publish_dataset``: store a value under ``name`` until it is unpublished."""
 
@@ -219,21 +200,18 @@ class DatasetPublish(PrimitiveRequest):
 
 
 @message("dataset-get", C2S)
-@record
 class DatasetGet(PrimitiveRequest):
     """``Client.get_dataset``: answered with the value (``blob``, ``keys``), or a
     ``KeyError``."""
 
 
 @message("dataset-unpublish", C2S)
-@record
 class DatasetUnpublish(PrimitiveRequest):
     """``Client.unpublish_dataset``: forget the dataset."""
 
 
 @message("dataset-list", C2S)
-@record
-class DatasetList:
+class DatasetList(Record):
     """``Client.list_datasets``: ``result`` is the datasets' names."""
 
     request_id: str = wire(NAME)

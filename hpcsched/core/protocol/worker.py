@@ -15,12 +15,13 @@ from typing import Any
 
 from hpcsched.core.protocol import checks as fc
 from hpcsched.core.protocol.directions import C2S, INTRODUCTION, S2C, S2W, W2S, W2W, Stimulus
-from hpcsched.core.protocol.wire import context, message, record, wire
+from hpcsched.core.protocol.records import Record, context, wire
+from hpcsched.core.protocol.run_spec import RunSpec
+from hpcsched.core.protocol.wire import message
 
 Key = Any
 
 
-@record
 class FromWorker(Stimulus):
     """Base of a worker's reports to the scheduler's state machine: the scheduler fills in
     which worker sent it."""
@@ -31,8 +32,7 @@ class FromWorker(Stimulus):
 # ====================================================================== registration
 
 @message("register-worker", W2S, INTRODUCTION)
-@record
-class RegisterWorker:
+class RegisterWorker(Record):
     """A worker introduces itself (its first message)."""
 
     address: str = wire(fc.string, doc="the address it listens on for its peers")
@@ -56,8 +56,7 @@ class RegisterWorker:
 
 
 @message("registered", S2W, S2C)
-@record
-class Registered:
+class Registered(Record):
     """The scheduler accepts a worker or a client."""
 
     address: str = wire(fc.string, doc="the scheduler's address")
@@ -71,8 +70,7 @@ class Registered:
 
 
 @message("heartbeat-interval", S2W)
-@record
-class HeartbeatInterval:
+class HeartbeatInterval(Record):
     """The cluster grew or shrank: heartbeat every ``interval`` seconds from now on (sent to
     every worker when the cluster outgrows its interval; when it shrank, the answer to a
     heartbeat)."""
@@ -81,8 +79,7 @@ class HeartbeatInterval:
 
 
 @message("register-error", S2W)
-@record
-class RegisterError:
+class RegisterError(Record):
     """The scheduler refuses a worker (a malformed introduction, a name already taken)."""
 
     message: str = wire(fc.string, doc="why")
@@ -91,7 +88,6 @@ class RegisterError:
 # ====================================================================== worker -> scheduler
 
 @message("task-started", W2S)
-@record
 class TaskStarted(FromWorker):
     """``key`` started running on the worker."""
 
@@ -99,7 +95,6 @@ class TaskStarted(FromWorker):
 
 
 @message("task-finished", W2S)
-@record
 class TaskFinished(FromWorker):
     """``key`` ran on the worker, which holds its result."""
 
@@ -111,7 +106,6 @@ class TaskFinished(FromWorker):
 
 
 @message("task-erred", W2S)
-@record
 class TaskErred(FromWorker):
     """``key`` raised on the worker."""
 
@@ -124,7 +118,6 @@ class TaskErred(FromWorker):
 
 
 @message("range-finished", W2S)
-@record
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
     results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
@@ -139,7 +132,6 @@ class RangeFinished(FromWorker):
 
 
 @message("range-released", W2S)
-@record
 class RangeReleased(FromWorker):
     """The answer to ``release-range``: the elements the worker gave up, none of which it
     started or will start, by bulk map prefix (it may give up none)."""
@@ -149,7 +141,6 @@ class RangeReleased(FromWorker):
 
 
 @message("missing-data", W2S)
-@record
 class MissingData(FromWorker):
     """The worker could not get ``key`` from ``errant_worker``."""
 
@@ -158,7 +149,6 @@ class MissingData(FromWorker):
 
 
 @message("long-running", W2S)
-@record
 class LongRunning(FromWorker):
     """A task seceded from the worker's thread pool: it no longer occupies a slot."""
 
@@ -167,7 +157,6 @@ class LongRunning(FromWorker):
 
 
 @message("result-erred", W2S)
-@record
 class ResultErred(FromWorker):
     """The result of ``key``, held by the worker, could not be serialized to leave it."""
 
@@ -178,7 +167,6 @@ class ResultErred(FromWorker):
 
 
 @message("add-keys", W2S)
-@record
 class AddKeys(FromWorker):
     """The worker now holds ``keys`` (replicas acquired, scattered data stored)."""
 
@@ -187,7 +175,6 @@ class AddKeys(FromWorker):
 
 
 @message("release-worker-data", W2S)
-@record
 class ReleaseWorkerData(FromWorker):
     """The worker dropped its copy of ``keys``."""
 
@@ -195,7 +182,6 @@ class ReleaseWorkerData(FromWorker):
 
 
 @message("steal-response", W2S)
-@record
 class StealResponse(FromWorker):
     """The answer to ``steal-request``: the task's state on the worker (a task not yet
     running is given up)."""
@@ -205,7 +191,6 @@ class StealResponse(FromWorker):
 
 
 @message("heartbeat", W2S)
-@record
 class Heartbeat(FromWorker):
     """The worker is alive; its metrics (memory, CPU, bandwidth, transfers, logs)."""
 
@@ -213,7 +198,6 @@ class Heartbeat(FromWorker):
 
 
 @message("worker-status-change", W2S)
-@record
 class WorkerStatusChange(FromWorker):
     """The worker paused (its memory is past the pause fraction: it starts nothing) or runs
     again; a paused worker is given no new task."""
@@ -222,8 +206,7 @@ class WorkerStatusChange(FromWorker):
 
 
 @message("run-reply", W2S)
-@record
-class RunReply:
+class RunReply(Record):
     """A worker's answer to ``run``, ``upload-file`` or a plugin op."""
 
     request_id: str | None = wire(fc.optional(fc.string), None)
@@ -234,8 +217,7 @@ class RunReply:
 
 
 @message("data-reply", W2S, W2W)
-@record
-class DataReply:
+class DataReply(Record):
     """The answer to ``get-data``: the values the worker holds, the keys it does not."""
 
     request_id: str = wire(fc.string)
@@ -249,16 +231,14 @@ class DataReply:
 
 
 @message("retire-me", W2S)
-@record
-class RetireMe:
+class RetireMe(Record):
     """The worker's lifetime is up: retire it gracefully."""
 
 
 # ====================================================================== scheduler -> worker
 
 @message("upload-file", C2S, S2W)
-@record
-class UploadFile:
+class UploadFile(Record):
     """``Client.upload_file``: a file for every worker, also those that join later (the
     scheduler relays it to each; they answer ``run-reply``, the client ``control-reply``)."""
 
@@ -269,12 +249,11 @@ class UploadFile:
 
 
 @message("compute-task", S2W)
-@record
 class ComputeTask(Stimulus):
     """Run ``key`` (after fetching its dependencies from the workers holding them)."""
 
     key: Key = wire(fc.key)
-    run_spec: Any = wire(fc.anything, doc="what to run, as the client serialized it")
+    run_spec: RunSpec = wire(fc.anything, doc="what to run, as the client serialized it")
     priority: tuple = wire(fc.list_of(fc.number), (), doc="lower runs first")
     who_has: dict = wire(fc.dict_of(fc.list_of(fc.string)), factory=dict, sparse=True,
                          doc="dependency key -> workers holding it")
@@ -300,7 +279,6 @@ class ComputeTask(Stimulus):
 
 
 @message("compute-range", S2W)
-@record
 class ComputeRange(Stimulus):
     """Run elements ``indices`` of the bulk map ``prefix``, one after the other, each
     ``function(*args, **kwargs)`` with its ``args`` blob; hold each result under its key
@@ -314,7 +292,6 @@ class ComputeRange(Stimulus):
 
 
 @message("release-range", S2W)
-@record
 class ReleaseRange(Stimulus):
     """Give up at most ``count`` elements of the ranges given (``compute-range``) that have
     not started, the last given first (work stealing of a range's tail; a paused or
@@ -324,7 +301,6 @@ class ReleaseRange(Stimulus):
 
 
 @message("free-keys", S2W)
-@record
 class FreeKeys(Stimulus):
     """Forget ``keys``: drop their data, cancel them if not done."""
 
@@ -332,7 +308,6 @@ class FreeKeys(Stimulus):
 
 
 @message("steal-request", S2W)
-@record
 class StealRequest(Stimulus):
     """Give ``key`` up unless it runs already (work stealing); answered by
     ``steal-response``."""
@@ -341,7 +316,6 @@ class StealRequest(Stimulus):
 
 
 @message("acquire-replicas", S2W)
-@record
 class AcquireReplicas(Stimulus):
     """Fetch a copy of these keys from the workers holding them (replicate, retire)."""
 
@@ -350,7 +324,6 @@ class AcquireReplicas(Stimulus):
 
 
 @message("refresh-who-has", S2W)
-@record
 class RefreshWhoHas(Stimulus):
     """Where these keys are now (a fetch found a worker without them)."""
 
@@ -358,7 +331,6 @@ class RefreshWhoHas(Stimulus):
 
 
 @message("update-data", S2W)
-@record
 class UpdateData(Stimulus):
     """Store this scattered data; answered by ``add-keys``."""
 
@@ -368,8 +340,7 @@ class UpdateData(Stimulus):
 
 
 @message("get-data", S2W, W2W)
-@record
-class GetData:
+class GetData(Record):
     """Send me the values of ``keys`` you hold; answered by ``data-reply``."""
 
     keys: list = wire(fc.keys)
@@ -379,8 +350,7 @@ class GetData:
 
 
 @message("close", S2W)
-@record
-class Close:
+class Close(Record):
     """Close the worker (retired, or the scheduler closes or drops it)."""
 
     reason: str = wire(fc.string, "closed")
@@ -389,8 +359,7 @@ class Close:
 
 
 @message("run", S2W)
-@record
-class RunOnWorker:
+class RunOnWorker(Record):
     """Run a function now, for ``Client.run``; answered by ``run-reply``."""
 
     request_id: str = wire(fc.string)
@@ -401,8 +370,7 @@ class RunOnWorker:
 
 
 @message("plugin-add", S2W)
-@record
-class PluginAdd:
+class PluginAdd(Record):
     """Set a worker plugin up (one of the same name is torn down first); answered by
     ``run-reply``."""
 
@@ -412,8 +380,7 @@ class PluginAdd:
 
 
 @message("plugin-remove", S2W)
-@record
-class PluginRemove:
+class PluginRemove(Record):
     """Tear a worker plugin down; answered by ``run-reply``."""
 
     name: str = wire(fc.string)
@@ -421,8 +388,7 @@ class PluginRemove:
 
 
 @message("plugins-reset", S2W)
-@record
-class PluginsReset:
+class PluginsReset(Record):
     """Tear every worker plugin down and set it up again (``Client.restart``); answered by
     ``run-reply``."""
 

@@ -27,12 +27,13 @@ fourth element, ``(path, key, load)``, which the worker carries out
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from typing import Any
 
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol import records
+from hpcsched.core.protocol.run_spec import Checkpoint, RunSpec
 
 logger = logging.getLogger("hpcsched.scheduler")
 
@@ -73,15 +74,15 @@ class Checkpoints:
         for key in keys:
             path, spec = self.path(key), tasks[key]
             run_spec = spec["run_spec"]
-            if not isinstance(run_spec, (tuple, list)) or len(run_spec) != 3:
-                continue  # not a spec this scheduler's workers run (a hostile one errs there)
             if os.path.exists(path):
-                tasks[key] = {"run_spec": (None, None, False, (path, key, True)), "deps": []}
+                tasks[key] = {"run_spec": RunSpec(None, None, checkpoint=Checkpoint(path, key, True)),
+                              "deps": []}
                 loaded += 1
             else:
-                tasks[key] = {**spec, "run_spec": (*run_spec, (path, key, False))}
+                tasks[key] = {**spec, "run_spec": records.replace(
+                    run_spec, checkpoint=Checkpoint(path, key))}
         if loaded:
             self.loaded += loaded
             logger.info("%d of %d checkpointed tasks read from %s instead of running", loaded,
                         len(keys), self.directory)
-        return dataclasses.replace(graph, tasks=tasks)
+        return records.replace(graph, tasks=tasks)

@@ -59,6 +59,7 @@ from typing import Any
 
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol.primitives import DatasetPublish, DatasetUnpublish
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_object, loads_object
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -299,7 +300,7 @@ class Journal:
         elif cls is pr.UpdateMap:
             # a bulk map's elements come back as tasks of their own (same keys, run specs)
             function, prefix = record.function, record.prefix
-            elements = {f"{prefix}{i}": {"run_spec": (function, blob, False), "deps": []}
+            elements = {f"{prefix}{i}": {"run_spec": RunSpec(function, blob), "deps": []}
                         for i, blob in enumerate(record.args, record.offset)}
             self.tasks.update(elements)
             call_wide = {"retries": record.retries} if record.retries else {}

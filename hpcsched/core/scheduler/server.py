@@ -48,6 +48,7 @@ from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol import records
 from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.checkpoints import ANNOTATION as CHECKPOINT
 from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
@@ -427,7 +428,7 @@ class Scheduler:
         self._comms[peer] = comm
         self._worker_peers.add(peer)
         if self._hold_until:  # no work until the others are back with what they hold
-            event = dataclasses.replace(event, paused=True)
+            event = records.replace(event, paused=True)
             self._held_workers.append(peer)
         self.handle_event(event)
         if self.journal is not None:
@@ -686,7 +687,7 @@ class Scheduler:
         an event without a stimulus id is given one named after ``op`` (events are frozen:
         a copy carries it)."""
         if not event.stimulus_id:
-            event = dataclasses.replace(
+            event = records.replace(
                 event, stimulus_id=self._stimulus(op or type(event).__name__))
         self._route(self.state.handle(event))
 

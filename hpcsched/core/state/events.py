@@ -13,16 +13,9 @@ Servers turn each received message into its record with
 ``stimulus_id`` as it builds it (unknown ops or wrong fields raise
 :class:`MalformedMessage`), and carry out the commands the state machine returns.
 
-Events are immutable once built, as in distributed's worker state machine, with
-one exception made for speed: the records that arrive by the thousand (every
-``task-finished``, ``compute-task``, ...) and the worker's ``ExecuteSuccess`` and
-``GatherDepSuccess`` (one per task run, one per fetch) are plain slots
-dataclasses, because a frozen dataclass's ``__init__`` sets each field through
-``object.__setattr__``, which makes building a ``TaskFinished`` or a
-``ComputeTask`` several times slower: more than the rest of the scheduler's
-per-message cost can spare. Nothing
-assigns to an event's fields after building it; the others are frozen so that
-nothing can.
+Events and commands are frozen records (:mod:`hpcsched.core.protocol.records`), as in
+distributed's worker state machine: nothing can assign to one once it is built, and a
+server that must change one (a stimulus id it lacks) makes a changed copy.
 
 Commands are few: ``Send`` (a message to a peer: a worker address, a client id
 or ``"scheduler"``; a wire dict or a protocol record), and on the worker side
@@ -32,10 +25,10 @@ slot again).
 
 from __future__ import annotations
 
-from dataclasses import KW_ONLY, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from hpcsched.core.protocol.wire import MalformedMessage, encode, record
+from hpcsched.core.protocol.records import Record, field
+from hpcsched.core.protocol.wire import MalformedMessage, encode
 from hpcsched.core.protocol.worker import (
     AcquireReplicas,
     AddKeys,
@@ -104,8 +97,7 @@ SHORT_TASK = 0.01
 
 
 # ============================================================ commands
-@record
-class Send:
+class Send(Record):
     """Send ``msg`` -- a wire dict or a protocol record -- to peer ``to``."""
 
     to: str
@@ -140,8 +132,7 @@ class GangLease(NamedTuple):
     hosts: tuple
 
 
-@record
-class Execute:
+class Execute(Record):
     """Run task ``key`` (its ``run_spec``) on a thread of the worker's pool; ``announced``:
     its ``task-started`` is among the messages this batch sends, and must leave first."""
 
@@ -154,23 +145,20 @@ class Execute:
     lease: GangLease | None = None  # and what its members share
 
 
-@record
-class GatherDep:
+class GatherDep(Record):
     """Fetch ``keys`` from peer ``worker``."""
 
     worker: str
     keys: list
 
 
-@record
-class Resume:
+class Resume(Record):
     """A seceded task that asked to rejoin has a thread slot again: let it go on."""
 
     key: Key
 
 
-@record
-class Interrupt:
+class Interrupt(Record):
     """The results of ``keys`` are no longer wanted (released, cancelled): a task among
     them still running may stop early, if it asked to be told (a command task's program,
     :func:`hpcsched.core.worker.context.on_interrupt`)."""
@@ -178,8 +166,7 @@ class Interrupt:
     keys: list
 
 
-@record
-class RunRanges:
+class RunRanges(Record):
     """Start a thread on the worker's waiting ranges of bulk maps: it holds one of the
     ``nthreads`` slots until it ends (``RangeThreadDone``). It starts once this batch's
     messages have left: should an element kill the worker, the scheduler knows what
@@ -187,19 +174,16 @@ class RunRanges:
 
 
 # ============================================================ events the servers make
-@record(frozen=True)
-class Internal:
+class Internal(Record, kw_only=True):
     """Base of the events a server makes itself (not read off a message): frozen, with
     when it happened and the ``stimulus_id`` that names it, as the records have."""
 
-    _: KW_ONLY  # a subclass's required fields may follow these two
     now: float = 0.0
     stimulus_id: str = ""
 
 
 # ============================================================ scheduler events
 # (those a worker or a client sends are protocol records, imported above)
-@record(frozen=True)
 class AddWorker(Internal):
     """A worker registered (the scheduler's reading of its ``register-worker``)."""
 
@@ -208,16 +192,15 @@ class AddWorker(Internal):
     memory_limit: int = 0
     name: str | int = ""  # dask-mpi names workers by their rank
     host: str = ""
-    resources: dict = field(default_factory=dict)
-    keys: dict = field(default_factory=dict)  # key -> nbytes already held
+    resources: dict = field(factory=dict)
+    keys: dict = field(factory=dict)  # key -> nbytes already held
     pid: int = 0
-    running: list = field(default_factory=list)  # tasks it is running (it registers again)
+    running: list = field(factory=list)  # tasks it is running (it registers again)
     paused: bool = False  # given no new task until it runs (WorkerStatusChange)
     lifetime_end: float | None = None  # when it will leave (its lifetime, its walltime)
-    gpus: list = field(default_factory=list)  # the ids of the GPUs behind its GPU resource
+    gpus: list = field(factory=list)  # the ids of the GPUs behind its GPU resource
 
 
-@record(frozen=True)
 class RemoveWorker(Internal):
     """A worker left (its connection closed, it timed out, it was retired)."""
 
@@ -225,21 +208,18 @@ class RemoveWorker(Internal):
     reason: str = ""
 
 
-@record(frozen=True)
 class AddClient(Internal):
     """A client registered."""
 
     client: str
 
 
-@record(frozen=True)
 class RemoveClient(Internal):
     """A client left (it closed, or its connection did)."""
 
     client: str
 
 
-@record(frozen=True)
 class RetireWorkers(Internal):
     """Retire ``workers`` (addresses, resolved from a ``retire-workers`` request or a
     worker's ``retire-me``); ``requester`` hears the reply."""
@@ -250,7 +230,6 @@ class RetireWorkers(Internal):
     close: bool = True
 
 
-@record(frozen=True)
 class RebalanceKeys(Internal):
     """``Client.rebalance``: spread ``keys`` (all if None) over ``workers`` (all if None)."""
 
@@ -260,20 +239,17 @@ class RebalanceKeys(Internal):
     workers: list | None = None
 
 
-@record(frozen=True)
 class FillQueue(Internal):
     """Queued tasks still wait for free workers that the last event left unfilled
     (:attr:`~hpcsched.core.state.scheduler_state.SchedulerState.fill_pending`): the
     server sends it once that event's messages are out, and it hands the next ones."""
 
 
-@record(frozen=True)
 class Tick(Internal):
     """The server's periodic tick: timeouts, work stealing, retirements in progress."""
 
 
 # ============================================================ worker events
-@record(frozen=True)
 class PauseWorker(Internal):
     """The worker's memory monitor: stop starting tasks and fetching (``paused=True``), or
     go on again."""
@@ -281,7 +257,6 @@ class PauseWorker(Internal):
     paused: bool
 
 
-@record(frozen=True)
 class RangesWaiting(Internal):
     """The worker's ranges of bulk maps (:mod:`hpcsched.core.worker.ranges`) want
     ``threads`` more threads than they have: ranges wait that no running thread will take
@@ -291,7 +266,6 @@ class RangesWaiting(Internal):
     threads: int
 
 
-@record(frozen=True)
 class RangeThreadDone(Internal):
     """A thread of the ranges ended (no range waited, or a task waited for its slot):
     its slot is free; the ranges want ``threads`` more threads (as ``RangesWaiting``)."""
@@ -299,8 +273,7 @@ class RangeThreadDone(Internal):
     threads: int
 
 
-@record
-class ExecuteSuccess:
+class ExecuteSuccess(Record):
     """Task ``key`` ran and returned ``value`` (``nbytes`` in memory)."""
 
     key: Key
@@ -313,7 +286,6 @@ class ExecuteSuccess:
     stimulus_id: str = ""
 
 
-@record(frozen=True)
 class ExecuteFailure(Internal):
     """Task ``key`` raised ``exception``."""
 
@@ -325,20 +297,18 @@ class ExecuteFailure(Internal):
     stop: float = 0.0
 
 
-@record
-class GatherDepSuccess:
+class GatherDepSuccess(Record):
     """Peer ``worker`` answered a fetch with ``data``."""
 
     worker: str
     data: dict  # key -> value
-    missing: list = field(default_factory=list)  # asked for but not held by the peer
+    missing: list = field(factory=list)  # asked for but not held by the peer
     # key -> text: held by the peer but could not be serialized (the peer reports it)
-    errors: dict = field(default_factory=dict)
+    errors: dict = field(factory=dict)
     now: float = 0.0
     stimulus_id: str = ""
 
 
-@record(frozen=True)
 class Secede(Internal):
     """The task ``key`` gave its thread back to the pool (``hpcsched.secede()``)."""
 
@@ -346,14 +316,12 @@ class Secede(Internal):
     compute_duration: float = 0.0
 
 
-@record(frozen=True)
 class Rejoin(Internal):
     """The seceded task ``key`` waits for a thread slot (``hpcsched.rejoin()``)."""
 
     key: Key
 
 
-@record(frozen=True)
 class ServeFailed(Internal):
     """The result of ``key`` could not be serialized for a peer or a client."""
 
@@ -363,7 +331,6 @@ class ServeFailed(Internal):
     exception_text: str = ""
 
 
-@record(frozen=True)
 class GatherDepFailure(Internal):
     """The peer could not be reached (or died while sending)."""
 

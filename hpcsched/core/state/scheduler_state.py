@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.dispatch import Unhandled
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import BulkMaps
@@ -168,7 +169,7 @@ class SchedulerState:
             keys = bulk.release(e.keys, e.client)
             bulk.flush_frees()
             if len(keys) != len(e.keys):
-                e = replace(e, keys=keys)
+                e = records.replace(e, keys=keys)
         self.client_requests.client_releases(e)
 
     # ================================================================ dispatch

@@ -2,8 +2,8 @@
 result a run before kept.
 
 A scheduler that keeps checkpoints (:mod:`hpcsched.core.scheduler.checkpoints`) gives
-each task annotated ``checkpoint=True`` a run spec with a fourth element, ``(path, key,
-load)``: :func:`~hpcsched.core.worker.execution.run_spec_call` runs the task and
+each task annotated ``checkpoint=True`` a run spec with a ``Checkpoint`` (``path``,
+``key``, ``load``): :func:`~hpcsched.core.worker.execution.run_spec_call` runs the task and
 :func:`save` its result at ``path``, or, with ``load``, returns what :func:`load` reads
 there instead of running anything. The tasks run on workers, so the directory must be
 one the workers can write and the scheduler can read: a shared file system for workers

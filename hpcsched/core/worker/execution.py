@@ -1,7 +1,7 @@
 """Running a task, and what travels when it fails.
 
-* :func:`run_spec_call` runs a task's ``(function blob, arguments blob, needs
-  evaluation)`` spec against the worker's data (keeping its result in a checkpoint
+* :func:`run_spec_call` runs a task's :class:`~hpcsched.core.protocol.run_spec.RunSpec`
+  against the worker's data (keeping its result in a checkpoint
   file, or reading it from one, when the spec says so: :mod:`.checkpoint`);
 * :func:`pack_exception` turns an exception into (serialized exception,
   traceback text, one-line description): what ``task-erred`` carries, and what
@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hpcsched.core.graph.dsk import evaluate
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import (
     SerializationError,
     dumps,
@@ -38,25 +39,28 @@ class RemoteError(Exception):
         self.typename = typename
 
 
-def run_spec_call(run_spec: Any, data: Mapping) -> Any:
-    """Run a task's ``(function blob, arguments blob, needs evaluation)`` spec; a fourth
-    element ``(path, key, load)`` is a checkpoint (:mod:`.checkpoint`): the result is kept
-    at ``path``, or, with ``load``, read from there instead of running."""
-    if len(run_spec) == 4:
-        path, key, load = run_spec[3]
-        if load:
-            return checkpoint.load(path, key)
-        value = run_spec_call(run_spec[:3], data)
-        checkpoint.save(path, key, value)
-        return value
-    func_blob, args_blob, needs_eval = run_spec
+def run_spec_call(run_spec: RunSpec, data: Mapping) -> Any:
+    """Run a task's spec; with a checkpoint (:mod:`.checkpoint`) the result is kept in its
+    file, or, with ``load``, read from there instead of running."""
+    kept = run_spec.checkpoint
+    if kept is None:
+        return _call(run_spec, data)
+    if kept.load:
+        return checkpoint.load(kept.path, kept.key)
+    value = _call(run_spec, data)
+    checkpoint.save(kept.path, kept.key, value)
+    return value
+
+
+def _call(run_spec: RunSpec, data: Mapping) -> Any:
+    func_blob, args_blob = run_spec.function, run_spec.args
     args: Any
     kwargs: Any
     if args_blob is None:
         args, kwargs = (), {}
     else:
         args, kwargs = loads_object(args_blob)
-    if needs_eval:
+    if run_spec.evaluate:
         args = evaluate(args, data)
         kwargs = evaluate(kwargs, data) if kwargs else kwargs
     if func_blob is None:  # a literal value or an alias

@@ -47,6 +47,7 @@ from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security
 from hpcsched.core.comm.loop import Loop
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.directions import WORKER_TO_WORKER
 from hpcsched.core.protocol.serialize import SerializationError, serialize, sizeof
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
@@ -354,17 +355,16 @@ class PeerTransfers:
                     out[key] = data[key]
                 except KeyError:
                     missing.append(key)
-        reply = DataReply(request.request_id, missing)
         errors: dict = {}
         if request.serialized:  # for a relay (the scheduler): one opaque blob for all
             try:
-                reply.blob = serialize(out)
+                blob = serialize(out)
             except SerializationError:
                 errors = serialization_errors(out, w.address)
-                reply.blob = serialize({k: v for k, v in out.items() if k not in errors})
+                blob = serialize({k: v for k, v in out.items() if k not in errors})
+            reply = DataReply(request.request_id, missing, blob=blob, errors=errors)
         else:
-            reply.data = out
-        reply.errors = errors
+            reply = DataReply(request.request_id, missing, data=out, errors=errors)
         if comm is None:
             w.send_to_scheduler(reply)
         else:
@@ -372,8 +372,8 @@ class PeerTransfers:
                 comm.send([encode(reply)])
             except SerializationError:  # a value the transport must pickle refuses to be
                 errors = serialization_errors(out, w.address)
-                reply.data = {k: v for k, v in out.items() if k not in errors}
-                reply.errors = errors
+                reply = records.replace(reply, errors=errors,
+                                        data={k: v for k, v in out.items() if k not in errors})
                 try:
                     comm.send([encode(reply)])
                 except (CommClosedError, OSError, SerializationError):

@@ -58,7 +58,6 @@ is left to spill.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -71,6 +70,7 @@ from hpcsched.core import config
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Listener, Security
 from hpcsched.core.comm.loop import Loop
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import deserialize
@@ -469,7 +469,7 @@ class Worker:
         # the state machine's event holds them deserialized
         assert self.state is not None
         return self.state.handle(
-            dataclasses.replace(record, data={k: deserialize(v) for k, v in record.data.items()})
+            records.replace(record, data={k: deserialize(v) for k, v in record.data.items()})
         )
 
     @handlers.on(ComputeRange)

@@ -4,12 +4,13 @@ value that passes its check and differs from its default, and the receiver's con
 from __future__ import annotations
 
 from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import serialize
 
 # values to build example records from: for each field, the first that passes its check
 # and differs from its default
 CANDIDATES = [("x", 1), ["x", ("y", 0)], "text", 3, 2.5, True, False, {"x": 4},
-              {"x": ["tcp://w:1"]}, {"GPU": 1.0}, {"x": {"run_spec": b"r", "deps": ["y"]}},
+              {"x": ["tcp://w:1"]}, {"GPU": 1.0}, {"x": {"run_spec": RunSpec(b"r", None), "deps": ["y"]}},
               {"a": {"x": 1}}, b"blob", serialize({"x": 1}), [serialize({"x": 1})],
               {"x": serialize(1)}, [2, "w-1"], ["tcp://w:1"], [1, 2], [{"blob": b"v", "keys": []}], [b"blob"],
               {"m-a-": [1, 2]}]

@@ -13,9 +13,10 @@ import pytest
 
 from hpcsched.core.protocol import annotations as message_checks
 from hpcsched.core.protocol import checks as field_checks
-from hpcsched.core.protocol import dispatch, wire
+from hpcsched.core.protocol import dispatch, records, run_spec, wire
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.state import events as ev
 from tests.core.protocol.examples import example
 
@@ -222,10 +223,11 @@ def test_the_state_machines_events_are_the_protocols_records():
 def test_every_event_has_a_stimulus_id():
     commands = {ev.Send, ev.Execute, ev.GatherDep, ev.Resume, ev.RunRanges}
     events = [obj for obj in vars(ev).values()
-              if dataclasses.is_dataclass(obj) and obj not in commands]
+              if isinstance(obj, type) and issubclass(obj, records.Record)
+              and obj not in commands and obj is not records.Record]
     assert len(events) > 30
     for cls in events:
-        f = {f.name: f for f in dataclasses.fields(cls)}.get("stimulus_id")
+        f = {f.name: f for f in records.fields(cls)}.get("stimulus_id")
         assert f is not None and f.default == "", cls.__name__
 
 
@@ -253,21 +255,39 @@ def test_the_scheduler_decodes_every_inbound_op_with_its_checks():
                                               "nbytes": -1}, worker="w")
 
 
+def test_an_update_graph_whose_run_spec_is_not_a_run_spec_is_refused_naming_it():
+    good = RunSpec(b"f", None)
+    msg = {"op": "update-graph", "tasks": {"x": {"run_spec": good, "deps": []}}, "keys": ["x"]}
+    assert decode(protocol.CLIENT_TO_SCHEDULER, msg, client="c").tasks["x"]["run_spec"] is good
+    for bad in [(b"f", None, False), (b"f", None, False, ("/tmp/x", "x", True)), b"spec"]:
+        msg["tasks"] = {"x": {"run_spec": bad, "deps": []}}
+        with pytest.raises(MalformedMessage,
+                           match=r"op 'update-graph', field 'tasks': entry 'x': run_spec must "
+                                 r"be a RunSpec, got " + type(bad).__name__):
+            decode(protocol.CLIENT_TO_SCHEDULER, msg, client="c")
+
+
 def test_a_record_must_say_what_each_field_is():
     table = wire.Direction("a", "b")
 
-    @dataclasses.dataclass(slots=True)
-    class Vague:
+    class Vague(records.Record):
         x: int = 0
+
+    @dataclasses.dataclass(slots=True)
+    class NotARecord:
+        x: int = wire.wire()
 
     with pytest.raises(TypeError, match="wire"):
         wire.message("vague", table)(Vague)
+    with pytest.raises(TypeError, match="must be a Record"):
+        wire.message("not-a-record", table)(NotARecord)
     with pytest.raises(ValueError, match="already the record"):
         wire.message("another-name", table)(protocol.FreeKeys)
-    assert "vague" not in table
+    assert "vague" not in table and "not-a-record" not in table
 
 
-@pytest.mark.parametrize("module", [wire, field_checks, message_checks, dispatch])
+@pytest.mark.parametrize("module", [records, run_spec, wire, field_checks, message_checks,
+                                    dispatch])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

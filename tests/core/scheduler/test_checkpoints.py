@@ -12,6 +12,7 @@ import pytest
 from hpcsched import Client, LocalCluster
 from hpcsched.core import config
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol.run_spec import Checkpoint, RunSpec
 from hpcsched.core.scheduler.checkpoints import Checkpoints
 from hpcsched.core.worker import checkpoint
 from hpcsched.core.worker.execution import run_spec_call
@@ -20,7 +21,7 @@ from tests.launchers.counting import counted, runs
 
 def graph(annotated: dict) -> pr.UpdateGraph:
     """a -> b (b depends on a), c alone."""
-    spec = (b"f", b"args", True)
+    spec = RunSpec(b"f", b"args", True)
     return pr.UpdateGraph("c1", {"a": {"run_spec": spec, "deps": []},
                                  "b": {"run_spec": spec, "deps": ["a"]},
                                  "c": {"run_spec": spec, "deps": []}},
@@ -33,14 +34,16 @@ def test_an_annotated_task_keeps_its_result_or_reads_it(tmp_path):
     plain = graph({})
     assert store.rewrite(plain) is plain  # nothing annotated: the record as it came
     first = store.rewrite(graph({"b": True, "c": False}))
-    *spec, (path, key, load) = first.tasks["b"]["run_spec"]
-    assert (tuple(spec), key, load) == ((b"f", b"args", True), "b", False)  # run, then keep
+    kept = first.tasks["b"]["run_spec"]
+    path = kept.checkpoint.path
+    assert kept == RunSpec(b"f", b"args", True, Checkpoint(path, "b"))  # run, then keep
     assert first.tasks["b"]["deps"] == ["a"]
     assert first.tasks["a"] == graph({}).tasks["a"] and first.tasks["c"] == graph({}).tasks["c"]
-    assert graph({}).tasks["b"]["run_spec"] == (b"f", b"args", True)  # the received record
+    assert graph({}).tasks["b"]["run_spec"] == RunSpec(b"f", b"args", True)  # as received
     checkpoint.save(path, "b", 42)  # the task ran and kept its result
     again = store.rewrite(graph({"b": True}))
-    assert again.tasks["b"] == {"run_spec": (None, None, False, (path, "b", True)), "deps": []}
+    assert again.tasks["b"] == {"run_spec": RunSpec(None, None, checkpoint=Checkpoint(path, "b", True)),
+                                "deps": []}
     assert run_spec_call(again.tasks["b"]["run_spec"], {}) == 42  # read, not run
     assert store.loaded == 1
 

@@ -16,6 +16,7 @@ import pytest
 from hpcsched import Client, LocalCluster
 from hpcsched.core import config
 from hpcsched.core.protocol import messages as pr
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.scheduler.journal import (
     HEADER,
     MAGIC,
@@ -30,7 +31,7 @@ from tests.conftest import wait_until, worker_env
 
 def graph(*keys: str, deps: dict | None = None, client: str = "c") -> pr.UpdateGraph:
     deps = deps or {}
-    return pr.UpdateGraph(client, {k: {"run_spec": (b"f" * 20, b"args", False),
+    return pr.UpdateGraph(client, {k: {"run_spec": RunSpec(b"f" * 20, b"args"),
                                        "deps": deps.get(k, [])} for k in keys}, list(keys))
 
 
@@ -77,7 +78,7 @@ def test_a_bulk_map_comes_back_as_tasks_of_the_same_keys(tmp_path):
     msgs = list(again.restore_messages())
     update = msgs[0][1]
     assert set(update.tasks) == {f"f-tok-{i}" for i in (0, 1, 2, 3, 5)}
-    assert update.tasks["f-tok-5"]["run_spec"] == (b"fn", b"a5", False)
+    assert update.tasks["f-tok-5"]["run_spec"] == RunSpec(b"fn", b"a5")
     assert update.annotations["retries"]["f-tok-0"] == 2
     desire = next(r for c, r in msgs if c == "c1")
     assert "f-tok-4" not in desire.keys and "f-tok-5" in desire.keys

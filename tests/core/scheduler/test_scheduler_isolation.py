@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from hpcsched.core.comm import CommClosedError, registry
+from hpcsched.core.protocol.run_spec import RunSpec
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -213,8 +214,8 @@ def test_a_batch_keeps_other_peers_messages_after_a_bad_one():
                        "nthreads": 1})
         good = join({"op": "register-client", "client": "good"})
         bad = join({"op": "register-client", "client": "bad"})
-        good.send([{"op": "update-graph", "tasks": {"x": {"run_spec": (dumps_function(inc),
-                                                                        None, False),
+        good.send([{"op": "update-graph", "tasks": {"x": {"run_spec": RunSpec(dumps_function(inc),
+                                                                            None),
                                                           "deps": []}},
                     "keys": ["x"]}])
         assert any(m["op"] == "compute-task" for m in worker.recv(timeout=10))

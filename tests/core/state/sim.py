@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.messages import (
     SCHEDULER_TO_CLIENT,
     SCHEDULER_TO_WORKER,
@@ -230,6 +231,4 @@ class SimCluster:
 
 
 def _replace(event: Any, **kw: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(event, **kw)
+    return records.replace(event, **kw)

@@ -12,13 +12,13 @@ ranges, by test_scheduler_bulk.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from hpcsched.core.protocol import records
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.scheduler_state import SchedulerState
 
@@ -83,7 +83,7 @@ class SchedulerStory(RuleBasedStateMachine):
         before = _snapshot(self.s)
         self.n += 1
         sid = f"{type(event).__name__}-{self.n}"
-        event = dataclasses.replace(event, stimulus_id=sid)  # events are frozen
+        event = records.replace(event, stimulus_id=sid)  # events are frozen
         self.s.transition_listener = entries = []
         try:
             out = self.s.handle(event)

@@ -20,6 +20,7 @@ from hypothesis.stateful import initialize, rule
 
 import hpcsched.core.state.bulk.book as book_module
 import hpcsched.core.state.bulk.elements as elements_module
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.bulk import MAX_RANGE
 from hpcsched.core.state.bulk.elements import PROCESSING
@@ -195,7 +196,7 @@ def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     ts = s.tasks["m-a-3"]
     assert ts.state == "processing" and ts.retries == 0  # retried: sent as a task
     (compute,) = [m for m in out if m.msg.op == "compute-task"]
-    assert compute.msg.run_spec == (b"f", b"a3", False)
+    assert compute.msg.run_spec == RunSpec(b"f", b"a3")
     out = step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))
     (erred,) = [m for m in out if m.msg.op == "task-erred"]
     assert erred.to == "c" and erred.msg.key == "m-a-3"

@@ -4,7 +4,6 @@ of scheduler plugins name the event that removed the worker."""
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from typing import Any
 
@@ -12,6 +11,8 @@ import pytest
 
 from hpcsched.core.comm import registry
 from hpcsched.core.protocol import messages as protocol
+from hpcsched.core.protocol import records
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.protocol.serialize import dumps_function
 from hpcsched.core.scheduler.server import Scheduler
 from hpcsched.core.state import events as ev
@@ -39,9 +40,9 @@ def test_the_state_machine_emits_records():
     ev.Tick(now=1.0), ev.PauseWorker(True), ev.Secede("x"), ev.Rejoin("x"), ev.ServeFailed("x"),
     ev.GatherDepFailure("tcp://a:1", ["x"]), ev.ExecuteFailure("x", None)])
 def test_internal_events_are_frozen(event: Any):
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         event.stimulus_id = "changed"  # type: ignore[misc]
-    assert dataclasses.replace(event, stimulus_id="s").stimulus_id == "s"
+    assert records.replace(event, stimulus_id="s").stimulus_id == "s"
 
 
 class RemovalLog:
@@ -76,7 +77,7 @@ def test_remove_worker_hooks_get_the_stimulus_id_of_the_removal():
         join({"op": "register-worker", "address": "inproc://retired", "nthreads": 1})
         client = join({"op": "register-client", "client": "c"})
         client.send([{"op": "update-graph", "keys": ["x"], "tasks": {
-            "x": {"run_spec": (dumps_function(inc), (1,), False), "deps": []}}}])
+            "x": {"run_spec": RunSpec(dumps_function(inc), None), "deps": []}}}])
         lost.close()  # its connection closes: a remove-worker event of the server's
         assert log.changed.wait(10)
         assert log.removed[0][0] == "inproc://lost"

@@ -10,12 +10,12 @@ and its blocks), and replayed from seeds: the same events give the same messages
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 import pytest
 
+from hpcsched.core.protocol import records
 from hpcsched.core.state.scheduler_state import SchedulerState
 from tests.core.state.stories import CLIENTS, KEYS, WORKERS, SchedulerStory
 
@@ -43,8 +43,8 @@ test_queue_and_blocks_under_random_events = pytest.mark.timeout(300)(
 def _canonical(x: Any) -> str:
     """Text of a command or message in which the order of mappings and of lists of
     strings (who holds a key) does not show."""
-    if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        x = (type(x).__name__, {f.name: getattr(x, f.name) for f in dataclasses.fields(x)})
+    if isinstance(x, records.Record):
+        x = (type(x).__name__, {f.name: getattr(x, f.name) for f in records.fields(x)})
     if isinstance(x, dict):
         return "{" + ", ".join(sorted(f"{k!r}: {_canonical(v)}" for k, v in x.items())) + "}"
     if isinstance(x, (list, tuple)):

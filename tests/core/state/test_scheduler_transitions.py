@@ -10,11 +10,11 @@ retirement and retries.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import pytest
 
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.messages import ControlReply
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.events import InvalidTransition
@@ -36,7 +36,7 @@ class Story:
     def step(self, event: Any) -> list:
         self.n += 1
         sid = f"{type(event).__name__}-{self.n}"
-        event = dataclasses.replace(event, stimulus_id=sid)  # events are frozen
+        event = records.replace(event, stimulus_id=sid)  # events are frozen
         before = self.states()
         self.s.transition_listener = entries = []
         out = self.s.handle(event)

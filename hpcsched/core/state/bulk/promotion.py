@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.state.bulk.book import MapBook
 from hpcsched.core.state.bulk.elements import MEMORY, PROCESSING, PROMOTED, QUEUED, BulkMap, holds
 from hpcsched.core.state.model import TaskState, WorkerInfo
@@ -51,7 +52,7 @@ class Promotions:
         if st >= PROMOTED:
             return None
         graph = self.graph
-        ts = graph.new_task(key, (m.function, m.args[i], False), m.group)
+        ts = graph.new_task(key, RunSpec(m.function, m.args[i]), m.group)
         ts.priority = (*m.priority, i)
         ts.retries = m.retries
         ts.who_wants.add(m.client)

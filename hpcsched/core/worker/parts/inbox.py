@@ -28,45 +28,39 @@ from typing import Any
 
 from hpcsched.core.comm.base import Comm, Inbox
 from hpcsched.core.comm.loop import CLOSED, Loop
-from hpcsched.core.protocol.wire import record
+from hpcsched.core.protocol.records import Record
 
 
-@record(frozen=True)
-class FromScheduler:
+class FromScheduler(Record):
     """A batch of the scheduler's messages, not decoded yet."""
 
     msgs: list
 
 
-@record(frozen=True)
-class SchedulerGone:
+class SchedulerGone(Record):
     """The comm to the scheduler closed."""
 
 
-@record(frozen=True)
-class FromPeer:
+class FromPeer(Record):
     """Messages from the peer at the other end of ``comm``, not decoded yet."""
 
     comm: Comm
     msgs: Any  # a list, or one message
 
 
-@record(frozen=True)
-class PeerGone:
+class PeerGone(Record):
     """A comm to a peer closed."""
 
     comm: Comm
 
 
-@record(frozen=True)
-class ToScheduler:
+class ToScheduler(Record):
     """A protocol record made off the loop, to leave with the next batch to the scheduler."""
 
     record: Any
 
 
-@record(frozen=True)
-class RangesDone:
+class RangesDone(Record):
     """A batch of finished elements of a bulk map (a ``ranges.Batch``), to store and
     report."""
 

@@ -23,7 +23,6 @@ worker itself.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any
 from hpcsched.core.comm import registry
 from hpcsched.core.comm.base import Comm, CommClosedError, Security
 from hpcsched.core.comm.loop import Loop
+from hpcsched.core.protocol import records
 from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import HeartbeatInterval, Registered, RegisterWorker
@@ -142,7 +142,7 @@ class SchedulerLink:
         if it refused us or did not answer)."""
         assert self._registration is not None  # open() set it
         comm.send(
-            [encode(dataclasses.replace(self._registration, keys=keys, running=running or None))]
+            [encode(records.replace(self._registration, keys=keys, running=running or None))]
         )
         try:
             reply = comm.recv(timeout=timeout)
