@@ -26,6 +26,9 @@ class FakeScheduler:
         class State:
             tasks: dict = {"k": object()}
 
+            def knows(self, key: Any) -> bool:  # a task, or an element of a bulk map
+                return key in self.tasks
+
         self.state = State()
 
     def send(self, to: str, msg: Any) -> None:

@@ -221,7 +221,7 @@ def test_the_state_machines_events_are_the_protocols_records():
 
 
 def test_every_event_has_a_stimulus_id():
-    commands = {ev.Send, ev.Execute, ev.GatherDep, ev.Resume, ev.RunRanges}
+    commands = {ev.Send, ev.Execute, ev.GatherDep, ev.Resume, ev.RunRanges, ev.Interrupt}
     events = [obj for obj in vars(ev).values()
               if isinstance(obj, type) and issubclass(obj, records.Record)
               and obj not in commands and obj is not records.Record]
