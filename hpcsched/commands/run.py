@@ -260,3 +260,46 @@ def run_command_entry(spec: tuple, task_id: int, entry: str) -> CommandResult:
     return run_command(args, cwd=cwd, env=dict(env), stdout=stdout, stderr=stderr,
                        task_id=task_id, entry=entry)
 
+
+def _program(args: Any) -> str:
+    """The name a command's tasks are grouped under: its program's.
+
+    >>> _program(["/opt/sim/simulate", "--seed", "17"]), _program("echo hi")
+    ('simulate', 'echo')
+    """
+    words = args.split() if isinstance(args, str) else [str(a) for a in args]
+    return os.path.basename(words[0]) if words else "command"
+
+
+def submit_command(client: Any, args: Sequence[str] | str, *, cwd: str | None = None,
+                   env: Mapping[str, str] | None = None, stdout: str | None = None,
+                   stderr: str | None = None, key: Any = None, **options: Any) -> Any:
+    """``Client.submit_command``: a future of :func:`run_command`'s
+    :class:`CommandResult`.
+
+    Its stdout and stderr go to the files ``stdout`` / ``stderr`` name (``%{TASK_ID}``
+    and the like replaced; relative to ``cwd``), else are captured and kept in the
+    result. ``options`` are ``Client.submit``'s (``resources=``, ``retries=``,
+    ``workers=``, ``priority=``); each call runs the program anew (never ``pure``)."""
+    import uuid
+
+    if key is None:
+        key = f"{_program(args)}-{uuid.uuid4().hex}"
+    return client.submit(run_command, args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                         key=key, pure=False, **options)
+
+
+def map_command(client: Any, args: Sequence[str] | str, entries: Any, *,
+                cwd: str | None = None, env: Mapping[str, str] | None = None,
+                stdout: str | None = None, stderr: str | None = None,
+                **options: Any) -> list:
+    """``Client.map_command``: :func:`submit_command` once per entry, as one map (the bulk
+    road above its threshold). Each run sees its index as ``HPCSCHED_TASK_ID`` and its
+    entry as ``HPCSCHED_ENTRY``; ``%{TASK_ID}`` / ``%{ENTRY}`` in ``args``, ``env`` and
+    the output paths are replaced by them."""
+    items = [str(e) for e in entries]
+    spec = (args if isinstance(args, str) else tuple(args), cwd,
+            tuple(sorted((env or {}).items())), stdout, stderr)
+    return client.map(run_command_entry, [spec] * len(items), range(len(items)), items,
+                      key=options.pop("key", _program(args)), pure=False, **options)
+

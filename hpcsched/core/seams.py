@@ -54,8 +54,8 @@ SEAMS: dict[str, str] = {
     "batch-job": "hpcsched.jobqueue.systems:detect_job",
     # command tasks (Client.submit_command / map_command): the functions their workers run
     "history": "hpcsched.diagnostics.history:client_history",
-    "run-command": "hpcsched.commands.run:run_command",
-    "run-command-entry": "hpcsched.commands.run:run_command_entry",
+    "submit-command": "hpcsched.commands.run:submit_command",
+    "map-command": "hpcsched.commands.run:map_command",
     # a task holding many slots: the environment that starts an MPI program on them
     "gang-environment": "hpcsched.hpc.gang:enter_environment",
 }

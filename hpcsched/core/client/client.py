@@ -448,43 +448,26 @@ class Client:
                                         limit=limit)
 
     # ================================================================ commands
-    def submit_command(self, args: Any, *, cwd: str | None = None, env: dict | None = None,
-                       stdout: str | None = None, stderr: str | None = None,
-                       key: Any = None, **options: Any) -> Future:
+    def submit_command(self, args: Any, **options: Any) -> Future:
         """Run a program on a worker: a future of its exit status and output.
 
-        The result is a :class:`~hpcsched.commands.run.CommandResult` (exit status, where
-        its output went). ``args``: a list (run as it is) or a string (run by ``/bin/sh -c``). Its stdout and
-        stderr go to the files ``stdout`` / ``stderr`` name (``%{TASK_ID}``-style fields
-        replaced), else are captured and kept in the result. A non-zero exit fails the
-        future with :class:`~hpcsched.commands.run.CommandFailed`, naming the command,
-        the status and the tail of its stderr; cancelling the future kills the program's
-        process group, and so does the death of its worker. ``options`` are
-        :meth:`submit`'s (``resources=``, ``retries=``, ``workers=``, ``priority=``).
+        ``args``: a list, or a string run by ``/bin/sh -c``; ``cwd=``, ``env=``, and
+        ``stdout=`` / ``stderr=`` files (else the output is kept with the result); other
+        ``options`` are :meth:`submit`'s. A non-zero exit fails the future naming the
+        command, its status and its stderr's tail; cancelling kills its process group.
+        See :func:`hpcsched.commands.run.submit_command`.
 
         >>> client.submit_command(["./simulate", "--seed", "17"]).result().returncode  # doctest: +SKIP
         0
         """
-        run = seams.resolve("run-command")
-        if key is None:
-            key = f"{_program(args)}-{uuid.uuid4().hex}"
-        return self.submit(run, args, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
-                           key=key, pure=False, **options)
+        return seams.resolve("submit-command")(self, args, **options)
 
-    def map_command(self, args: Any, entries: Iterable, *, cwd: str | None = None,
-                    env: dict | None = None, stdout: str | None = None,
-                    stderr: str | None = None, **options: Any) -> list[Future]:
+    def map_command(self, args: Any, entries: Iterable, **options: Any) -> list[Future]:
         """:meth:`submit_command` once per entry, as one map.
 
-        Each run sees its index as ``HPCSCHED_TASK_ID`` and its entry as
-        ``HPCSCHED_ENTRY``, and ``%{TASK_ID}`` / ``%{ENTRY}`` in ``args``, ``env`` and the
-        output paths are replaced by them."""
-        run = seams.resolve("run-command-entry")
-        items = [str(e) for e in entries]
-        spec = (args if isinstance(args, str) else tuple(args), cwd,
-                tuple(sorted((env or {}).items())), stdout, stderr)
-        return self.map(run, [spec] * len(items), range(len(items)), items,
-                        key=options.pop("key", _program(args)), pure=False, **options)
+        Each run sees ``HPCSCHED_TASK_ID`` and ``HPCSCHED_ENTRY``; see
+        :func:`hpcsched.commands.run.map_command`."""
+        return seams.resolve("map-command")(self, args, entries, **options)
 
     # ================================================================ graphs
     def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,
@@ -803,12 +786,3 @@ def default_client() -> Client | None:
 
 __all__ = ["Client", "Future", "wait", "as_completed", "progress", "GraphError",
            "CancelledError", "write_scheduler_file", "read_scheduler_file"]
-
-
-def _program(args: Any) -> str:
-    """The name a command's tasks are grouped under: its program's."""
-    import os.path
-
-    words = args.split() if isinstance(args, str) else [str(a) for a in args]
-    return os.path.basename(words[0]) if words else "command"
-
