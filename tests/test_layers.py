@@ -24,6 +24,9 @@ The rules, each named in its failure message with the ``file:line`` breaking it:
   No other module of the core names a higher layer's module in a string.
 * **no cycles**: no chain of imports leads from a module back to itself.
 * **small folders**: no folder holds more than 16 modules (``__init__`` aside).
+* **small modules, thin shells**: no module is over 800 lines, and the servers and the
+  bulk maps' state (:data:`SHELLS`) are shells of at most 30 methods over parts that own
+  their data.
 * **private names**: no module imports a ``_name`` of another.
 """
 
@@ -47,6 +50,12 @@ CORE_LAYER = {"protocol": 0, "graph": 0, "state": 1, "base": 2, "comm": 3, "sche
 STATE_MAY_IMPORT = {"state", "graph", "protocol"}
 SEAMS = "hpcsched.core.seams"
 MAX_MODULES_PER_FOLDER = 16
+MAX_MODULE_LINES = 800
+#: class -> its module: shells over parts with declared interfaces, at most MAX_METHODS
+SHELLS = {"Worker": "hpcsched.core.worker.server", "Scheduler": "hpcsched.core.scheduler.server",
+          "JobQueueCluster": "hpcsched.jobqueue.cluster",
+          "BulkMaps": "hpcsched.core.state.bulk.maps"}
+MAX_METHODS = 30
 
 
 def _modules() -> dict[str, Path]:
@@ -300,6 +309,24 @@ def test_no_folder_holds_more_than_16_modules():
     wrong = [f"{folder.relative_to(ROOT)}/: {n} modules (at most {MAX_MODULES_PER_FOLDER} "
              "a folder: split it by concern)"
              for folder, n in sorted(folders.items()) if n > MAX_MODULES_PER_FOLDER]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_is_over_800_lines():
+    wrong = [f"{path.relative_to(ROOT)}: {n} lines (at most {MAX_MODULE_LINES}: split it "
+             "along an interface)" for path in MODULES.values()
+             if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_servers_are_thin_shells():
+    wrong = []
+    for cls, module in SHELLS.items():
+        (node,) = [n for n in _tree(module).body if isinstance(n, ast.ClassDef) and n.name == cls]
+        n = sum(isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) for d in node.body)
+        if n > MAX_METHODS:
+            wrong.append(f"{MODULES[module].relative_to(ROOT)}: {cls} has {n} methods "
+                         f"(at most {MAX_METHODS}: give a part its own data and interface)")
     assert not wrong, "\n".join(wrong)
 
 
