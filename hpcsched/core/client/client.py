@@ -69,6 +69,7 @@ from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the publ
     ClientExecutor,
     DoneAndNotDoneFutures,
     Future,
+    FutureGroup,
     FutureState,
     RemoteTraceback,
     as_completed,
@@ -178,10 +179,13 @@ class Client:
             else 0.0,
             security=self.security, scheduler_file=sfile, on_reconnected=self._reconnected)
         #: this client's futures: states, reference counts, done callbacks
-        self.future_table = FutureTable(self.scheduler_comm.post)
+        settings = config.read(ClientSettings)
+        self.future_table = FutureTable(self.scheduler_comm.post,
+                                        held_limit=settings.prefetch_held_bytes)
         self.futures: dict[Any, FutureState] = self.future_table.states
         self._control = ClusterRequests(self.scheduler_comm, self.future_table, self.cluster)
-        self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
+        self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future,
+                                    settings.prefetch_bytes, settings.prefetch_result_bytes)
         self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
                                     self.gather, lambda keys: Future.of_keys(keys, self))
         # a journaled scheduler restarts with tasks, not with the ranges of a bulk map
@@ -405,12 +409,16 @@ class Client:
             raise ValueError(f"map: batch_size must be >= 1, got {batch_size}")
         if ranks is not None:
             call_annotations(("",), ranks)  # a bad value is an error here, before any work
-        return self._submitter.map(
+        futures = self._submitter.map(
             func, items, kwargs, keys=keys,
             base=key if isinstance(key, str) else funcname(func),
             token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
             priority=priority, retries=retries, resources=resources, workers=workers,
             allow_other_workers=allow_other_workers, ranks=ranks)
+        group = FutureGroup(futures)  # their results are fetched together (futures.py)
+        for f in futures:
+            f.group = group
+        return futures
 
     # ================================================================ graphs
     def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,
@@ -474,6 +482,13 @@ class Client:
 
         ``errors="skip"`` leaves out erred and cancelled ones."""
         return self._transfers.gather(futures, errors, timeout)
+
+    def result_of(self, future: Future, timeout: float | None = None) -> Any:
+        """The result of ``future`` (``Future.result``).
+
+        The small finished results this client is about to ask for come along
+        (:mod:`hpcsched.core.client.futures`)."""
+        return self._transfers.result(future, timeout)
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
                 timeout: float | None = 60.0) -> Any:
