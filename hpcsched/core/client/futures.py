@@ -636,18 +636,11 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         self._tables: set[int] = set()  # ids of the future tables told of this iterator
         self.with_results = with_results
         self.raise_errors = raise_errors
-        for f in futures:
-            self.add(f)
+        self.update(futures)
 
     def add(self, future: Future) -> None:
         """Yield ``future`` too when it is done."""
-        table = future.client.future_table
-        with self._cond:
-            self._count += 1
-            if id(table) not in self._tables:
-                self._tables.add(id(table))
-                table.sources.add(self)
-        future.add_done_callback(self._put)
+        self.update([future])
 
     def _put(self, future: Future) -> None:
         with self._cond:
@@ -656,8 +649,31 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
 
     def update(self, futures: Iterable[Future]) -> None:
         """``add`` each of ``futures``."""
-        for f in futures:
-            self.add(f)
+        futures = list(futures)
+        tables = {id(f.client.future_table): f.client.future_table for f in futures}
+        with self._cond:
+            self._count += len(futures)
+            for key, table in tables.items():
+                if key not in self._tables:
+                    self._tables.add(key)
+                    table.sources.add(self)
+        # add_done_callback of each, under one lock: a map's futures come by the thousand
+        done = []
+        put = self._put
+        ref = weakref.ref
+        with _lock:
+            for f in futures:
+                st = f.state
+                if st._is_done:
+                    done.append(f)
+                else:
+                    if st.callbacks is None:
+                        st.callbacks = []
+                    st.callbacks.append((ref(f), put, f))
+        if done:
+            with self._cond:
+                self._done.extend(done)
+                self._cond.notify()
 
     def count(self) -> int:
         """How many futures are still to be yielded."""
