@@ -129,6 +129,14 @@ class ClientSettings:
     scheduler_reconnect_timeout: float = setting(300.0, unit="seconds")
     #: linear-chain fusion of graphs given to get/compute
     fuse: bool = setting(True, key="scheduler.fuse")
+    #: ``Future.result()`` brings along the small finished results the client is about to
+    #: ask for (the rest of a map, an ``as_completed``, a ``wait``, done callbacks):
+    #: at most this many bytes of them per request ...
+    prefetch_bytes: int = setting(16 * 2**20, unit="bytes")
+    #: ... none larger than this (larger ones stay on the workers until asked for) ...
+    prefetch_result_bytes: int = setting(2**20, unit="bytes")
+    #: ... and at most this many bytes held here, fetched and not yet asked for
+    prefetch_held_bytes: int = setting(64 * 2**20, unit="bytes")
 
 
 @dataclass(frozen=True, slots=True)

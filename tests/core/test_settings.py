@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from hpcsched.core import config
-from hpcsched.core.client.heartbeat import SchedulerWatch
+from hpcsched.core.client.connection import SchedulerWatch
 from hpcsched.core.scheduler.server import Scheduler
 from hpcsched.core.settings import (
     SETTINGS,
@@ -198,7 +198,7 @@ def test_a_duration_is_read_in_seconds_by_every_road(clean_config: Any,
                                                     monkeypatch: pytest.MonkeyPatch):
     """dask's strings ("2m", "1h30m", "00:30:00") wherever seconds are asked for."""
     def death_timeout(**kw: Any) -> float:
-        return Worker("inproc://nowhere", **kw).death_timeout
+        return Worker("inproc://nowhere", **kw).settings.death_timeout
 
     assert death_timeout() == 60.0
     write_yaml(clean_config, "worker:\n  death-timeout: 2m\n")
@@ -218,11 +218,11 @@ def test_a_duration_is_read_in_seconds_by_every_road(clean_config: Any,
 
 def test_a_worker_lifetime_as_dask_jobqueue_writes_it():
     """``--lifetime 55m --lifetime-stagger 4m``: retire between 51 and 59 minutes."""
-    lives = {Worker("inproc://nowhere", lifetime="55m", lifetime_stagger="4m").lifetime
+    lives = {Worker("inproc://nowhere", lifetime="55m", lifetime_stagger="4m").heartbeats.lifetime
              for _ in range(20)}
     assert all(51 * 60 <= life <= 59 * 60 for life in lives)
     assert len(lives) > 1  # staggered
-    assert Worker("inproc://nowhere", lifetime="00:30:00").lifetime == 1800.0
+    assert Worker("inproc://nowhere", lifetime="00:30:00").heartbeats.lifetime == 1800.0
 
 
 def test_the_heartbeat_interval_reaches_the_scheduler_state_and_the_worker(

@@ -64,12 +64,13 @@ from hpcsched.core.client.connection import (
 )
 from hpcsched.core.client.control import ClusterRequests
 from hpcsched.core.client.data import Transfers
+from hpcsched.core.client.executor import ClientExecutor
 from hpcsched.core.client.future_state import FutureTable
 from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the public names live here too
     CancelledError,
-    ClientExecutor,
     DoneAndNotDoneFutures,
     Future,
+    FutureGroup,
     FutureState,
     RemoteTraceback,
     as_completed,
@@ -180,10 +181,13 @@ class Client:
             else 0.0,
             security=self.security, scheduler_file=sfile, on_reconnected=self._reconnected)
         #: this client's futures: states, reference counts, done callbacks
-        self.future_table = FutureTable(self.scheduler_comm.post)
+        settings = config.read(ClientSettings)
+        self.future_table = FutureTable(self.scheduler_comm.post,
+                                        held_limit=settings.prefetch_held_bytes)
         self.futures: dict[Any, FutureState] = self.future_table.states
         self._control = ClusterRequests(self.scheduler_comm, self.future_table, self.cluster)
-        self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future)
+        self._transfers = Transfers(self.scheduler_comm, self.future_table, self._new_future,
+                                    settings.prefetch_bytes, settings.prefetch_result_bytes)
         self._submitter = Submitter(self.scheduler_comm, self.future_table, self._new_future,
                                     self.gather, lambda keys: Future.of_keys(keys, self))
         # a journaled scheduler restarts with tasks, not with the ranges of a bulk map
@@ -426,26 +430,26 @@ class Client:
         if ranks is not None or ranks_per_node is not None:
             call_annotations(("",), ranks, ranks_per_node)  # an error here, before any work
         func, seconds = timed(func, duration, time_limit)
-        return self._submitter.map(
+        futures = self._submitter.map(
             func, items, kwargs, keys=keys,
             base=key if isinstance(key, str) else funcname(func),
             token=f"{self._token}{next(self._keys):08x}", pure=pure, batch_size=batch_size,
             priority=priority, retries=retries, resources=resources, workers=workers,
             allow_other_workers=allow_other_workers, ranks=ranks, ranks_per_node=ranks_per_node,
             duration=seconds)
+        group = FutureGroup(futures)  # their results are fetched together (futures.py)
+        for f in futures:
+            f.group = group
+        return futures
 
     def history(self, *, job: Any = None, group: str | None = None,
                 outcome: str | None = None, worker: str | None = None,
                 limit: int | None = None) -> Any:
         """Every task the scheduler ran, from its history file (``scheduler.history``).
 
-        Columns: key, group, job, worker, host, start, stop, outcome, result size, run. A pandas
-        DataFrame when pandas is installed, else a list of dicts. Filters: ``job`` (of
-        ``hpcsched submit``), ``group``, ``outcome`` (``"memory"``, ``"erred"``),
-        ``worker``, at most ``limit`` rows (the oldest first)."""
-        return seams.resolve("history")(self, job=None if job is None else str(job),
-                                        group=group, outcome=outcome, worker=worker,
-                                        limit=limit)
+        A pandas DataFrame (else dicts), filtered; see :mod:`hpcsched.diagnostics.history`."""
+        return seams.resolve("history")(self, job=None if job is None else str(job), group=group,
+                                        outcome=outcome, worker=worker, limit=limit)
 
     # ================================================================ commands
     def submit_command(self, args: Any, **options: Any) -> Future:
@@ -531,6 +535,13 @@ class Client:
 
         ``errors="skip"`` leaves out erred and cancelled ones."""
         return self._transfers.gather(futures, errors, timeout)
+
+    def result_of(self, future: Future, timeout: float | None = None) -> Any:
+        """The result of ``future`` (``Future.result``).
+
+        The small finished results this client is about to ask for come along
+        (:mod:`hpcsched.core.client.futures`)."""
+        return self._transfers.result(future, timeout)
 
     def scatter(self, data: Any, workers: Any = None, broadcast: bool = False,
                 timeout: float | None = 60.0) -> Any:

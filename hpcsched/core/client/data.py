@@ -9,6 +9,10 @@ A gather waits for the futures to be done (woken once, by the batch of
 scheduler messages that finishes the last of them), then asks the scheduler for the
 data of those still wanted; a key the scheduler lost after reporting it done
 is waited for again while it is recomputed.
+
+``Future.result()`` is :meth:`Transfers.result`: a value fetched ahead is taken at
+once; else one request asks for the future's value and, if small, for those of the
+futures the table names as asked for next (``Gather.extra``), which the table holds.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.core.client.futures import (
+    TAKEN,
+    UNFETCHED,
     CancelledError,
     Future,
     collect_futures,
@@ -37,6 +43,7 @@ if TYPE_CHECKING:
 
 
 GATHER_PART = 10_000  # futures a gather waits for and asks for at once
+PREFETCH_COUNT = 4096  # results a result() brings along at most
 _key, _state, _status = attrgetter("key"), attrgetter("state"), attrgetter("state.status")
 _done = attrgetter("state._is_done")
 
@@ -45,10 +52,46 @@ class Transfers:
     """Results from the cluster and local data to it, for one client (module docstring)."""
 
     def __init__(self, conn: SchedulerConnection, table: FutureTable,
-                 new_future: Callable[[Any], Future]):
+                 new_future: Callable[[Any], Future], prefetch_bytes: int = 16 * 2**20,
+                 prefetch_result_bytes: int = 2**20):
         self.conn = conn
         self.table = table
         self.new_future = new_future
+        self.prefetch_bytes = prefetch_bytes
+        self.prefetch_result_bytes = prefetch_result_bytes
+
+    def result(self, future: Future, timeout: float | None = None) -> Any:
+        """The result of ``future``, with those the client asks for next (module
+        docstring): the task's exception if it erred, ``CancelledError`` if cancelled."""
+        table = self.table
+        st = future.state
+        value = table.take(st)
+        if value is not UNFETCHED:
+            return value
+        deadline = None if timeout is None else time.monotonic() + timeout
+        table.wait([st], deadline, timeout)
+        value = table.take(st)  # fetched by another thread meanwhile
+        if value is not UNFETCHED:
+            return value
+        budget = min(self.prefetch_bytes, table.room())
+        extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
+        pending = {future.key: future}
+        values: dict = {}
+        sizes: dict = {}
+        request = self._ask(pending, "raise", deadline, timeout, list(extra), budget)
+        try:
+            while request is not None:
+                self._take(pending, request, values, deadline, timeout, sizes)
+                request.forget()
+                request = self._ask(pending, "raise", deadline, timeout) if pending else None
+        finally:
+            if request is not None:
+                request.forget()
+        if extra:
+            table.hold(extra, values, sizes)
+        if st.value is UNFETCHED:
+            st.value = TAKEN  # asked for: not to be fetched ahead again
+        return values[future.key]
 
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
         """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;
@@ -94,10 +137,12 @@ class Transfers:
         return pack_futures(futures, values, errors)
 
     def _ask(self, pending: dict, errors: str, deadline: float | None,
-             timeout: float | None) -> PendingReply | None:
+             timeout: float | None, extra: list | None = None,
+             extra_bytes: int = 0) -> PendingReply | None:
         """Once ``pending`` (key -> future) are done: ask for the values of those that
-        finished (the erred and cancelled raise, or are left out with ``errors="skip"``);
-        None if none is left."""
+        finished (the erred and cancelled raise, or are left out with ``errors="skip"``),
+        and for those of ``extra`` that are small enough (``Gather.extra``); None if none
+        is left."""
         self.table.wait(list(map(_state, pending.values())), deadline, timeout)
         if set(map(_status, pending.values())) == {"finished"}:  # a look at each, in C
             flagged = []
@@ -115,17 +160,25 @@ class Transfers:
                 del pending[f.key]
         if not pending:
             return None
+        if extra:
+            return self.conn.send_request(Gather("", list(pending), extra, extra_bytes,
+                                                 self.prefetch_result_bytes))
         return self.conn.send_request(Gather("", list(pending)))
 
     def _take(self, pending: dict, request: PendingReply, values: dict,
-              deadline: float | None, timeout: float | None) -> None:
+              deadline: float | None, timeout: float | None,
+              sizes: dict | None = None) -> None:
         """The reply to ``request``: its values go to ``values`` and leave ``pending``; a
-        key the scheduler lost after reporting it done is waited for again."""
+        key the scheduler lost after reporting it done is waited for again. ``sizes``
+        gets each value's share of the bytes that brought it."""
         conn = self.conn
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         reply = request.reply(left)
         for blob in reply.blobs:
-            values.update(deserialize(blob))
+            part = deserialize(blob)
+            values.update(part)
+            if sizes is not None and part:
+                sizes.update(dict.fromkeys(part, getattr(blob, "nbytes", 0) // len(part)))
         if pending.keys() <= values.keys():  # the common case: every value came
             pending.clear()
         else:

@@ -6,17 +6,31 @@ client's handling of scheduler messages moves the states along through it (``key
 ``task-erred``, ``cancelled-keys``), and ``gather`` waits until all its futures are done.
 A key's last Future released tells the scheduler, as dask.distributed's client
 does (https://distributed.dask.org/en/stable/memory.html).
+
+The table also holds the results fetched ahead of their ``result()`` (see
+:mod:`hpcsched.core.client.futures`): which finished futures the client is about to
+ask for (:meth:`FutureTable.candidates`), their values until taken, and their bytes,
+kept under ``client.prefetch-held-bytes``; a released or lost future's value goes.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from hpcsched.core.client.futures import FutureState, run_callback
+from hpcsched.core.client.futures import (
+    TAKEN,
+    UNFETCHED,
+    Future,
+    FutureGroup,
+    FutureState,
+    fetchable,
+    run_callback,
+)
 from hpcsched.core.protocol.messages import ClientReleasesKeys
 
 
@@ -32,7 +46,7 @@ class FutureTable:
     messages) must not block that handling.
     """
 
-    def __init__(self, post: Callable[[Any], Any]):
+    def __init__(self, post: Callable[[Any], Any], held_limit: int = 64 * 2**20):
         self.states: dict[Any, FutureState] = {}
         self.changed = threading.Condition()  # guards _waits
         self._waits: list[_Wait] = []  # gather calls blocked in wait()
@@ -40,8 +54,15 @@ class FutureTable:
         self._lock = threading.Lock()
         self._post = post
         self.client_id = ""  # the client's id, set by start()
-        self._callback_q: queue.SimpleQueue = queue.SimpleQueue()
+        self._callbacks = _Callbacks()
         self._thread: threading.Thread | None = None
+        #: where the futures whose results are asked for next are (``ready(out, limit)``):
+        #: the live ``as_completed`` iterators
+        self.sources: weakref.WeakSet = weakref.WeakSet()
+        self._waited: deque[FutureGroup] = deque(maxlen=4)  # the latest waits' futures
+        self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
+        self.held_bytes = 0
+        self.held_limit = held_limit
 
     def acquire(self, key: Any, state: FutureState | None = None) -> FutureState:
         """Count one more Future of ``key``; its state (``state`` if given, else the key's,
@@ -85,6 +106,9 @@ class FutureTable:
                 return
             if self.states.get(key) is state:
                 del self.states[key]
+            if self._held:  # its value goes (also one dropped since: lost, cancelled)
+                self.held_bytes -= self._held.pop(state, 0)
+            state.value = UNFETCHED
         if not self.closed:
             self._post(ClientReleasesKeys(self.client_id, [key]))
 
@@ -151,22 +175,89 @@ class FutureTable:
             with self.changed:
                 self._waits.remove(w)
 
+    # ------------------------------------------------------------ results fetched ahead
+    def waited(self, group: FutureGroup) -> None:
+        """``group``'s futures were waited for: their results are likely asked for next."""
+        self._waited.append(group)
+
+    def candidates(self, future: Future, limit: int) -> dict:
+        """Up to ``limit`` finished futures (key -> state), ``future`` left out, whose
+        results the client is about to ask for: the rest of ``future``'s map, the done
+        futures of the live ``as_completed`` iterators, the latest waits' futures, and
+        those whose done callbacks are queued."""
+        out: dict = {}
+        if future.group is not None:
+            future.group.ready(out, limit + 1)
+        for group in list(self._waited):
+            if len(out) > limit:
+                break
+            group.ready(out, limit + 1)
+        for source in list(self.sources):
+            if len(out) > limit:
+                break
+            source.ready(out, limit + 1)
+        if len(out) <= limit:
+            self._callbacks.ready(out, limit + 1)
+        out.pop(future.key, None)
+        while len(out) > limit:
+            out.popitem()
+        return out
+
+    def room(self) -> int:
+        """Bytes that results fetched ahead may still take here."""
+        left = self.held_limit - self.held_bytes
+        if left <= 0 and self._held:
+            with self._lock:  # forget the values dropped since (lost, cancelled, erred)
+                for st, n in list(self._held.items()):
+                    if st.value is UNFETCHED or st.value is TAKEN or st.refs <= 0:
+                        del self._held[st]
+                        self.held_bytes -= n
+            left = self.held_limit - self.held_bytes
+        return max(left, 0)
+
+    def hold(self, states: dict, values: dict, sizes: dict) -> None:
+        """Keep ``values[key]`` (``sizes[key]`` bytes) for each of ``states`` (key ->
+        state) still finished, held and not fetched, until :meth:`take`; those past
+        ``held_limit`` are dropped."""
+        held = self._held
+        with self._lock:
+            for key, st in states.items():
+                n = sizes.get(key, 0)
+                if key in values and fetchable(st) and st not in held \
+                        and self.held_bytes + n <= self.held_limit:
+                    st.value = values[key]
+                    held[st] = n
+                    self.held_bytes += n
+
+    def take(self, st: FutureState) -> Any:
+        """The value of ``st`` fetched ahead (it is then dropped here), else UNFETCHED."""
+        if st.value is UNFETCHED or st.value is TAKEN:  # the common case, with no lock
+            return UNFETCHED
+        with self._lock:
+            value = st.value
+            if value is UNFETCHED or value is TAKEN or st.status != "finished":
+                return UNFETCHED
+            st.value = TAKEN
+            self.held_bytes -= self._held.pop(st, 0)
+        return value
+
+    # ------------------------------------------------------------ done callbacks
     def run_callbacks(self, cbs: list) -> None:
         """Queue the done callbacks a state change returned (see ``FutureState.finish``)."""
         if cbs:
-            self._callback_q.put(cbs)
+            self._callbacks.put(cbs)
 
     def start(self, name: str) -> None:
         """Start the thread that runs done callbacks (named after the client ``name``)."""
         self.client_id = name
-        self._thread = threading.Thread(target=_callback_loop, args=(self._callback_q,),
+        self._thread = threading.Thread(target=self._callbacks.run,
                                         name=f"{name}-callbacks", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         """No more release messages; the callback thread ends after what is queued."""
         self.closed = True
-        self._callback_q.put(None)
+        self._callbacks.put(None)
 
 
 class _Wait:
@@ -188,14 +279,54 @@ class _Wait:
         return i == n
 
 
-def _callback_loop(q: queue.SimpleQueue) -> None:
-    while True:
-        cbs = q.get()
-        if cbs is None:
-            return
-        fut = _strong = None
-        for ref, fn, _strong in cbs:
-            fut = ref()
-            if fut is not None:
-                run_callback(fn, fut)
-        del cbs, fut, _strong  # or the last future stays alive while we wait
+class _Callbacks:
+    """The done callbacks to run, in order, on one thread: lists of ``(weakref of the
+    future, fn, future)``. Which futures they are is visible (:meth:`ready`), so that the
+    results a callback's ``result()`` asks for come with those of the callbacks after it."""
+
+    def __init__(self) -> None:
+        self._queue: deque = deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._current: list = []  # the list being run, and the index of its entry running
+        self._at = 0
+
+    def put(self, cbs: list | None) -> None:
+        """Queue ``cbs`` (None: stop after what is queued)."""
+        with self._cond:
+            self._queue.append(cbs)
+            self._cond.notify()
+
+    def ready(self, out: dict, limit: int) -> None:
+        """Add to ``out`` (key -> state, up to ``limit`` entries) the futures of the
+        callbacks to run whose results may be fetched ahead."""
+        with self._cond:
+            current, at = self._current, self._at
+            for cbs in (current[at + 1:], *self._queue):
+                for entry in cbs or ():
+                    if len(out) >= limit:
+                        return
+                    st = entry[2].state
+                    if fetchable(st):
+                        out[entry[2].key] = st
+
+    def run(self) -> None:
+        """Run the callbacks as they are queued, until None."""
+        cond, q = self._cond, self._queue
+        while True:
+            with cond:
+                while not q:
+                    cond.wait()
+                cbs = q.popleft()
+                if cbs is None:
+                    self._current = []
+                    return
+                self._current, self._at = cbs, 0
+            fut = _strong = None
+            for i, (ref, fn, _strong) in enumerate(cbs):
+                self._at = i
+                fut = ref()
+                if fut is not None:
+                    run_callback(fn, fut)
+            with cond:
+                self._current = []
+            del cbs, fut, _strong  # or the last future stays alive while we wait

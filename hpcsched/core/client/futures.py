@@ -14,6 +14,15 @@ waiter in its ``_waiters``, which the future's state calls when it is done
 the :class:`FutureState`, and the waiters live in the state only while someone
 waits. The methods keep dask's behaviour (``cancel()`` returns None,
 ``result()`` is a gather).
+
+Results come back at a gather's speed in every idiom, not one round trip per
+``result()``: a ``result()`` that must ask the scheduler asks, besides its own key,
+for the small finished results this client is about to ask for -- the rest of the
+map the future came from, the futures an :class:`as_completed` holds done, those of
+the latest :func:`wait`, those whose done callbacks are queued -- and the
+:class:`~hpcsched.core.client.future_state.FutureTable` holds them until their own
+``result()`` takes them (bounded in bytes, each result at most once; large ones stay
+on the workers; a client that never asks for a result receives none).
 """
 
 from __future__ import annotations
@@ -21,10 +30,10 @@ from __future__ import annotations
 import concurrent.futures as cf
 import concurrent.futures._base as _cf_base
 import logging
-import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -105,6 +114,9 @@ class FutureOwner(Protocol):
                timeout: float | None = None) -> Any:
         """The results of ``futures``, in their structure."""
 
+    def result_of(self, future: Future, timeout: float | None = None) -> Any:
+        """The result of ``future`` (``Future.result``)."""
+
     def cancel(self, futures: Any) -> None:
         """Cancel ``futures``."""
 
@@ -115,14 +127,21 @@ class FutureOwner(Protocol):
         """The scheduler's reply record to the request record ``msg``."""
 
 
+#: a state's ``value`` when its result was never fetched here ...
+UNFETCHED: Any = type("Unfetched", (), {"__repr__": lambda self: "UNFETCHED"})()
+#: ... and once the value fetched ahead was taken by ``result()`` (asked anew after)
+TAKEN: Any = type("Taken", (), {"__repr__": lambda self: "TAKEN"})()
+
+
 class FutureState:
     """Where a key stands for this client.
 
     Events and callback lists are made only when someone waits or registers a callback:
-    a ``map`` of 10,000 items creates none."""
+    a ``map`` of 10,000 items creates none. ``value`` is the result when it was fetched
+    ahead (module docstring), else :data:`UNFETCHED` or :data:`TAKEN`."""
 
     __slots__ = ("status", "_event", "exception", "traceback", "typename", "callbacks",
-                 "exception_text", "_is_done", "refs", "waiters")
+                 "exception_text", "_is_done", "refs", "waiters", "value")
 
     def __init__(self, refs: int = 0) -> None:
         self.refs = refs  # the client's Future objects of it (its FutureTable counts them)
@@ -136,6 +155,7 @@ class FutureState:
         self._is_done = False
         #: ``(future, waiter)`` of the concurrent.futures waits on it, while they wait
         self.waiters: list | None = None
+        self.value: Any = UNFETCHED
 
     def _done(self) -> list:
         with _lock:
@@ -157,6 +177,7 @@ class FutureState:
     def error(self, exception: Any, traceback: str, text: str) -> list:
         """The task erred (``exception`` serialized); returns the callbacks to run."""
         self.status = "error"
+        self.value = UNFETCHED
         self.exception = exception
         self.traceback = traceback
         self.exception_text = text
@@ -165,6 +186,7 @@ class FutureState:
     def cancel(self) -> list:
         """The key was cancelled; returns the callbacks to run."""
         self.status = "cancelled"
+        self.value = UNFETCHED  # its data is dropped
         return self._done()
 
     def lose(self, status: str = "lost") -> None:
@@ -174,6 +196,7 @@ class FutureState:
         with _lock:
             self._is_done = False
             self.status = status
+            self.value = UNFETCHED
             if self._event is not None:
                 self._event.clear()
 
@@ -202,6 +225,46 @@ class FutureState:
                 self.callbacks = []
             self.callbacks.append(entry)
             return True
+
+
+def fetchable(st: FutureState) -> bool:
+    """Whether the result of ``st`` may be fetched ahead: finished, never fetched, held."""
+    return st.value is UNFETCHED and st.status == "finished" and st.refs > 0
+
+
+class FutureGroup:
+    """Futures whose results are asked for in order (a map's, a :func:`wait`'s).
+
+    Their keys and states, and how far from the start every one is done and fetched."""
+
+    __slots__ = ("keys", "states", "cursor")
+
+    def __init__(self, futures: list[Future]):
+        self.keys = [f.key for f in futures]
+        self.states = [f.state for f in futures]
+        self.cursor = 0  # states before it are done, and fetched or not to be fetched
+
+    def ready(self, out: dict, limit: int) -> None:
+        """Add the :func:`fetchable` states of the next ``limit`` to ``out``.
+
+        ``out`` maps key -> state and is filled up to ``limit`` entries; the cursor moves
+        past the states done and fetched."""
+        states = self.states
+        n = len(states)
+        i = self.cursor
+        while i < n:
+            st = states[i]
+            if not st._is_done or fetchable(st):
+                break
+            i += 1
+        self.cursor = i
+        keys = self.keys
+        for j in range(i, min(n, i + limit)):
+            st = states[j]
+            if st._is_done and fetchable(st):
+                out[keys[j]] = st
+                if len(out) >= limit:
+                    return
 
 
 def finish_all(states: list[FutureState | None], types: list[str]) -> list:
@@ -303,13 +366,15 @@ class Future(_FutureBase, cf.Future):
     True
     """
 
-    __slots__ = ("client", "state", "_released")
+    __slots__ = ("client", "state", "_released", "group")
 
     def __init__(self, key: Any, client: FutureOwner, state: FutureState | None = None):
         self.key = key
         self.client = client
         self.state = client.future_table.acquire(key, state)
         self._released = False
+        #: the :class:`FutureGroup` (a map's) whose results are fetched with this one's
+        self.group: FutureGroup | None = None
 
     @classmethod
     def of_keys(cls, keys: list, client: FutureOwner) -> list[Future]:
@@ -322,6 +387,7 @@ class Future(_FutureBase, cf.Future):
             f.client = client
             f.state = state
             f._released = False
+            f.group = None
             out.append(f)
         return out
 
@@ -338,8 +404,9 @@ class Future(_FutureBase, cf.Future):
         """Wait for the result and return it.
 
         Raises the task's exception if it erred, :class:`CancelledError` if it was
-        cancelled, ``TimeoutError`` after ``timeout``."""
-        return self.client.gather([self], timeout=timeout)[0]
+        cancelled, ``TimeoutError`` after ``timeout``. The small finished results the
+        client is about to ask for come along (module docstring)."""
+        return self.client.result_of(self, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The exception of an erred task (None if it succeeded); waits until done."""
@@ -447,75 +514,6 @@ def run_callback(fn: Callable, fut: Future) -> None:
         logger.exception("done callback %r of %r failed", fn, fut)
 
 
-class ClientExecutor(cf.Executor):
-    """``concurrent.futures`` on top of a Client."""
-
-    def __init__(self, client: FutureOwner, **submit_kwargs: Any):
-        self.client = client
-        self.kwargs = submit_kwargs
-        self._futures: set[Future] = set()
-        self._lock = threading.Lock()
-        self._shutdown = False
-
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
-        """``fn(*args, **kwargs)`` as a task: its :class:`Future`.
-
-        A ``concurrent.futures.Future`` that ``submit`` also takes as an argument (a
-        dependency), as dask's executor returns the client's futures."""
-        if self._shutdown:
-            raise RuntimeError("cannot submit after shutdown")
-        fut = self.client.submit(fn, *args, **self.kwargs, **kwargs)
-        with self._lock:
-            self._futures.add(fut)
-        fut.add_done_callback(self._forget)
-        return fut
-
-    def _forget(self, fut: Future) -> None:
-        with self._lock:
-            self._futures.discard(fut)
-
-    def map(self, fn: Callable, *iterables: Any, timeout: float | None = None,
-            chunksize: int = 1, **ignored: Any) -> Iterator[Any]:
-        """``fn`` over ``iterables`` as one ``Client.map`` (a bulk map when large).
-
-        The results in order, as ``concurrent.futures.Executor.map``; ``chunksize`` is
-        accepted and not needed (the scheduler sizes the ranges it gives each worker)."""
-        if self._shutdown:
-            raise RuntimeError("cannot submit after shutdown")
-        if chunksize < 1:
-            raise ValueError("chunksize must be >= 1")
-        futures = self.client.map(fn, *iterables, **self.kwargs)
-        with self._lock:
-            self._futures.update(futures)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        return self._results(futures, deadline)
-
-    def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:
-        futures.reverse()  # popped from the end: each is dropped once its result is given
-        try:
-            while futures:
-                fut = futures.pop()
-                left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-                with self._lock:
-                    self._futures.discard(fut)
-                yield fut.result(timeout=left)
-        finally:
-            with self._lock:
-                self._futures.difference_update(futures)
-            if futures:
-                self.client.cancel(futures)
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """No more submissions; wait for (or cancel) the tasks submitted."""
-        self._shutdown = True
-        with self._lock:
-            fs = list(self._futures)
-        if cancel_futures and fs:
-            self.client.cancel(fs)
-        elif wait:
-            wait_futures(fs)
-
-
 class DoneAndNotDoneFutures(NamedTuple):
     """What ``wait`` returns: the futures done and those not done."""
 
@@ -532,11 +530,14 @@ def wait_futures(fs: Any, timeout: float | None = None,
     flat: list[Future] = []
     collect_futures(fs, flat)
     deadline = None if timeout is None else time.monotonic() + timeout
+    clients = {id(f.client): f.client for f in flat}
+    for client in clients.values():  # their results are likely asked for next
+        mine = flat if len(clients) == 1 else [f for f in flat if f.client is client]
+        client.future_table.waited(FutureGroup(mine))
     if return_when == "ALL_COMPLETED":
-        for f in flat:
-            left = None if deadline is None else max(deadline - time.monotonic(), 0)
-            if not f.state.wait(left):
-                raise TimeoutError(f"futures not done within {timeout}s")
+        for client in clients.values():  # woken once, as a gather is
+            mine = flat if len(clients) == 1 else [f for f in flat if f.client is client]
+            client.future_table.wait([f.state for f in mine], deadline, timeout)
     elif return_when in ("FIRST_COMPLETED", "FIRST_EXCEPTION"):
         done_event = threading.Event()
         for f in flat:
@@ -553,28 +554,57 @@ wait = wait_futures
 
 
 class as_completed(Iterator):  # noqa: N801 - dask's name
-    """Iterate over futures in the order they finish; ``add`` more while iterating."""
+    """Iterate over futures in the order they finish; ``add`` more while iterating.
+
+    The futures done and not yet yielded are the next whose results are fetched along
+    with one that is asked for (module docstring)."""
 
     def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
                  raise_errors: bool = True):
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: deque[Future] = deque()  # done, not yet yielded
+        self._cond = threading.Condition(threading.Lock())
         self._count = 0
-        self._lock = threading.Lock()
+        self._tables: set[int] = set()  # ids of the future tables told of this iterator
         self.with_results = with_results
         self.raise_errors = raise_errors
-        for f in futures:
-            self.add(f)
+        self.update(futures)
 
     def add(self, future: Future) -> None:
         """Yield ``future`` too when it is done."""
-        with self._lock:
-            self._count += 1
-        future.add_done_callback(self._queue.put)
+        self.update([future])
+
+    def _put(self, future: Future) -> None:
+        with self._cond:
+            self._done.append(future)
+            self._cond.notify()
 
     def update(self, futures: Iterable[Future]) -> None:
         """``add`` each of ``futures``."""
-        for f in futures:
-            self.add(f)
+        futures = list(futures)
+        tables = {id(f.client.future_table): f.client.future_table for f in futures}
+        with self._cond:
+            self._count += len(futures)
+            for key, table in tables.items():
+                if key not in self._tables:
+                    self._tables.add(key)
+                    table.sources.add(self)
+        # add_done_callback of each, under one lock: a map's futures come by the thousand
+        done = []
+        put = self._put
+        ref = weakref.ref
+        with _lock:
+            for f in futures:
+                st = f.state
+                if st._is_done:
+                    done.append(f)
+                else:
+                    if st.callbacks is None:
+                        st.callbacks = []
+                    st.callbacks.append((ref(f), put, f))
+        if done:
+            with self._cond:
+                self._done.extend(done)
+                self._cond.notify()
 
     def count(self) -> int:
         """How many futures are still to be yielded."""
@@ -584,23 +614,47 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         """Whether every future was yielded."""
         return self._count == 0
 
+    def ready(self, out: dict, limit: int) -> None:
+        """Add the done futures not yet yielded to ``out`` (key -> state, ``limit`` at most).
+
+        Those whose results may be fetched ahead only."""
+        with self._cond:
+            for f in self._done:
+                if len(out) >= limit:
+                    return
+                st = f.state
+                if fetchable(st):
+                    out[f.key] = st
+
     def __iter__(self) -> as_completed:
         return self
 
-    def __next__(self) -> Any:
-        with self._lock:
+    def _next_future(self, block: bool) -> Future | None:
+        with self._cond:
             if self._count == 0:
-                raise StopIteration
+                return None
+            while not self._done:
+                if not block:
+                    return None
+                self._cond.wait()
             self._count -= 1
-        f = self._queue.get()
-        if self.with_results:
-            try:
-                return f, f.result()
-            except Exception as e:
-                if self.raise_errors:
-                    raise
-                return f, e
-        return f
+            return self._done.popleft()
+
+    def _item(self, f: Future) -> Any:
+        if not self.with_results:
+            return f
+        try:
+            return f, f.result()
+        except Exception as e:
+            if self.raise_errors:
+                raise
+            return f, e
+
+    def __next__(self) -> Any:
+        f = self._next_future(block=True)
+        if f is None:
+            raise StopIteration
+        return self._item(f)
 
     def batches(self) -> Iterator[list]:
         """Lists of what finished since the last one (at least one item each).
@@ -611,15 +665,12 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
 
     def next_batch(self, block: bool = True) -> list:
         """What is done now (waiting for at least one if ``block``)."""
-        out = [next(self)] if block and self._count else []
-        while True:
-            try:
-                f = self._queue.get_nowait()
-            except queue.Empty:
-                return out
-            with self._lock:
-                self._count -= 1
-            out.append((f, f.result()) if self.with_results else f)
+        out = []
+        f = self._next_future(block)
+        while f is not None:
+            out.append(f)
+            f = self._next_future(block=False)
+        return [self._item(f) for f in out]
 
 
 def progress(*futures: Any, **kwargs: Any) -> Any:

@@ -117,10 +117,17 @@ class ScatterData(FromClient):
 
 @message("gather", C2S)
 class Gather(Record):
-    """Send me the values of ``keys``; answered by ``gather-reply``."""
+    """Send me the values of ``keys``; answered by ``gather-reply``.
+
+    ``extra`` are finished keys whose values the client expects to be asked for soon:
+    those whose results weigh at most ``extra_each`` bytes come along, in order, while
+    they add up to at most ``extra_bytes``; the others stay on their workers."""
 
     request_id: str = wire(fc.string)
     keys: list = wire(fc.keys)
+    extra: list = wire(fc.keys, factory=list, doc="keys whose small values may come along")
+    extra_bytes: int = wire(fc.count, 0, doc="bytes of ``extra`` values at most, in all")
+    extra_each: int = wire(fc.count, 0, doc="bytes of one ``extra`` value at most")
 
 
 @message("scheduler-info", C2S)

@@ -32,8 +32,12 @@ handlers = Handlers("scheduler")
 
 @handlers.on(pr.Gather)
 def gather(s: Any, source: str, msg: pr.Gather) -> None:
-    """Relay the values of ``msg.keys`` from their holders (:mod:`.gather`)."""
-    s.gathers.start(msg.request_id, source, list(msg.keys))
+    """Relay the values of ``msg.keys`` from their holders (:mod:`.gather`), with those
+    of ``msg.extra`` that are small enough to come along."""
+    keys = list(msg.keys)
+    if msg.extra:
+        keys += s.state.small_results(msg.extra, msg.extra_bytes, msg.extra_each)
+    s.gathers.start(msg.request_id, source, keys)
 
 
 @handlers.on(pr.DataReply)

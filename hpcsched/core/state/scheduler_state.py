@@ -304,6 +304,29 @@ class SchedulerState:
             got.append(key)
         return per_worker, missing
 
+    def small_results(self, keys: list, budget: int, each: int) -> list:
+        """Those of ``keys`` in memory whose result weighs at most ``each`` bytes, in
+        order, while they add up to at most ``budget`` bytes (the values a gather may
+        carry along unasked: large ones stay on their workers)."""
+        rest: list = []
+        sizes = self.elements.result_sizes(keys, rest) if self.bulk.maps else {}
+        if not self.bulk.maps:
+            rest = keys
+        tasks = self.tasks
+        for key in rest:
+            ts = tasks.get(key)
+            if ts is not None and ts.state == "memory":
+                sizes[key] = ts.nbytes
+        out = []
+        total = 0
+        for key in keys:
+            b = sizes.get(key)
+            if b is None or b < 0 or b > each or total + b > budget:
+                continue
+            total += b
+            out.append(key)
+        return out
+
     def holders(self, key: Key) -> list[WorkerInfo]:
         """The workers holding ``key``'s result (none unless it is in memory); an element
         of a bulk map stays one (:mod:`.bulk`)."""

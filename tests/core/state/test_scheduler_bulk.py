@@ -151,6 +151,26 @@ def test_one_release_sorts_elements_tasks_and_keys_that_name_no_element():
     assert not [m for m in out if m.msg.op == "map-in-memory"]
 
 
+def test_small_results_are_those_in_memory_that_fit_in_order():
+    """What a gather may carry along unasked (``Gather.extra``): elements and tasks in
+    memory whose result weighs at most ``each`` bytes, in the order asked, while they
+    add up to at most ``budget``; a running element, a promoted one that erred, an
+    unknown key and a large result are passed over."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    new_map(s, 10)
+    step(s, ev.TaskErred(A, "m-a-3", exception="boom", exception_text="boom"))  # promoted
+    finish(s, A, [0, 1, 2], nbytes=100)
+    finish(s, A, [4], nbytes=5000)  # large
+    finish(s, A, [5, 6], nbytes=100)
+    asked = [f"m-a-{i}" for i in (6, 0, 1, 2, 3, 4, 5, 7)] + ["x-1"]
+
+    assert s.small_results(asked, budget=10_000, each=1000) == \
+        ["m-a-6", "m-a-0", "m-a-1", "m-a-2", "m-a-5"]
+    assert s.small_results(asked, budget=250, each=1000) == ["m-a-6", "m-a-0"]
+    assert s.small_results(asked, budget=10_000, each=99) == []
+
+
 @pytest.mark.timeout(30)
 def test_a_run_of_elements_is_gathered_and_released_as_a_run():
     """A gather's part and a dropped list of futures name a run of one map's elements

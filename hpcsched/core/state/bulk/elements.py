@@ -320,6 +320,20 @@ class ElementStore:
         ws = self.slot_ws[m.where[i]]
         return [ws] if ws is not None else []
 
+    def result_sizes(self, keys: list, rest: list) -> dict[Key, int]:
+        """The bytes of the results of the elements among ``keys`` that are in memory;
+        promoted elements and other keys are appended to ``rest``."""
+        out: dict[Key, int] = {}
+        for m, found in self.split(keys, rest).items():
+            state, nbytes = m.state, m.nbytes
+            for key, i in found:
+                st = state[i]
+                if st == MEMORY:
+                    out[key] = nbytes[i]
+                elif st == PROMOTED:
+                    rest.append(key)
+        return out
+
     def holders_of(self, keys: list, rest: list) -> tuple[dict[str, list], list]:
         """The elements held here among ``keys``: ``({worker address: keys whose result it
         holds}, keys of elements whose result no worker holds)``; other keys (tasks,

@@ -1,0 +1,348 @@
+"""Results at a gather's speed in every idiom: ``result()`` brings along the small
+finished results the client is about to ask for, and only those.
+
+The first tests need no process: futures whose states are moved along by hand, as the
+client's reader thread moves them, and the table that names, holds and hands out the
+results fetched ahead. The others run on a LocalCluster, each on both roads (a bulk
+map of at least 32 calls, and single submits): every idiom of dask's documentation gives
+every result right, errors and cancellations behave as they did, and a client that
+never asks for a result receives none.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+
+import pytest
+
+from hpcsched.core import config
+from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
+from hpcsched.core.client.future_state import FutureTable
+from hpcsched.core.client.futures import TAKEN, UNFETCHED, Future, FutureGroup
+
+N = 40  # calls per test: above the bulk threshold (32) on the bulk road
+WAIT = 30.0
+
+
+def inc(x):
+    return x + 1
+
+
+def fails_on(x, bad):
+    if x == bad:
+        raise ValueError(f"element {x} is bad")
+    return x + 1
+
+
+def payload(x, size):
+    return bytes([x % 256]) * size
+
+
+def wait_for_file(path, timeout=WAIT):
+    """Returns once ``path`` exists (a task the test releases), at most ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return 1
+
+
+class _Owner:
+    """The part of a Client a Future uses, with no scheduler behind it."""
+
+    id = "test-client"
+    scheduler_comm = None
+
+    def __init__(self) -> None:
+        self.future_table = FutureTable(lambda msg: None, held_limit=1000)
+
+
+def _held(futures) -> list:
+    """The futures among ``futures`` whose value is held here, fetched ahead."""
+    return [f for f in futures if f.state.value is not UNFETCHED and f.state.value is not TAKEN]
+
+
+# --- no process: which results are named, held and handed out -----------------------------
+
+
+def test_a_maps_group_names_the_finished_results_after_the_cursor():
+    owner = _Owner()
+    fs = [Future(f"inc-{i}", owner) for i in range(6)]
+    group = FutureGroup(fs)
+    for i in (0, 1, 3, 4):
+        fs[i].state.finish("int")
+    fs[4].state.error(b"", "", "boom")  # done, but nothing to fetch
+
+    out: dict = {}
+    group.ready(out, limit=10)
+    assert list(out) == ["inc-0", "inc-1", "inc-3"]
+
+    fs[0].state.value = TAKEN  # its result() took it: the cursor moves past it
+    fs[1].state.value = 2
+    out = {}
+    group.ready(out, limit=2)  # looks at the next 2 from the cursor
+    assert group.cursor == 2 and list(out) == ["inc-3"]
+
+
+def test_the_table_holds_what_fits_and_hands_each_value_out_once():
+    owner = _Owner()  # held_limit=1000
+    table = owner.future_table
+    a, b, c = (Future(k, owner) for k in "abc")
+    for f in (a, b, c):
+        f.state.finish("int")
+    c.state.cancel()  # cancelled after it finished: not to be held
+
+    table.hold({"a": a.state, "b": b.state, "c": c.state}, {"a": 1, "b": 2, "c": 3},
+               {"a": 600, "b": 600, "c": 1})
+    assert table.held_bytes == 600 and table.room() == 400  # b did not fit: dropped
+    assert table.take(b.state) is UNFETCHED and table.take(c.state) is UNFETCHED
+    assert table.take(a.state) == 1 and table.take(a.state) is UNFETCHED
+    assert table.room() == 1000
+
+    table.hold({"b": b.state}, {"b": 2}, {"b": 1000})
+    assert table.room() == 0
+    b.state.lose()  # recomputed: the value held is stale, and its bytes are counted back
+    assert table.take(b.state) is UNFETCHED
+    assert table.room() == 1000
+
+
+def test_a_released_futures_value_is_dropped():
+    owner = _Owner()
+    table = owner.future_table
+    f = Future("a", owner)
+    f.state.finish("int")
+    state = f.state
+    table.hold({"a": state}, {"a": "x" * 100}, {"a": 100})
+    assert table.held_bytes == 100
+
+    del f
+    assert table.held_bytes == 0 and state.value is UNFETCHED
+
+
+def test_the_candidates_come_from_as_completed_waits_and_queued_callbacks():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(5)]
+    ac = as_completed(fs[:2])
+    table.waited(FutureGroup(fs[2:3]))
+    for f in fs:  # their callbacks are not queued: no callback thread runs them here
+        f.state.finish("int")
+    assert set(table.candidates(fs[4], limit=10)) == {"k2"}  # fs[4]: nobody waits for it
+
+    ac._put(fs[0])  # what the callback thread does as they finish
+    ac._put(fs[1])
+    assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2"}
+
+    table.run_callbacks([(weakref.ref(fs[3]), lambda f: None, fs[3])])  # queued, not run
+    assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2", "k3"}
+    assert set(table.candidates(fs[0], limit=10)) == {"k1", "k2", "k3"}  # not the one asked
+    assert len(table.candidates(fs[4], limit=2)) == 2
+
+
+# --- on a cluster: every idiom, both roads ---------------------------------------------
+
+
+def _as_completed(client, fs):
+    return [f.result() for f in as_completed(fs)]
+
+
+def _with_results(client, fs):
+    return [r for _, r in as_completed(fs, with_results=True)]
+
+
+def _batches(client, fs):
+    return [f.result() for batch in as_completed(fs).batches() for f in batch]
+
+
+def _result_loop(client, fs):
+    return [f.result(timeout=WAIT) for f in fs]
+
+
+def _wait_then_result(client, fs):
+    wait(fs, timeout=WAIT)
+    return [f.result() for f in fs]
+
+
+def _callbacks(client, fs):
+    out: list = []
+    errors: list = []
+    lock = threading.Lock()
+    done = threading.Event()
+
+    def cb(f):
+        try:
+            v = f.result()
+        except Exception as e:
+            v = None
+            errors.append(e)
+        with lock:
+            out.append(v)
+            if len(out) == len(fs):
+                done.set()
+
+    for f in fs:
+        f.add_done_callback(cb)
+    assert done.wait(WAIT), f"{len(out)} of {len(fs)} callbacks ran"
+    if errors:
+        raise errors[0]
+    return out
+
+
+IDIOMS = {
+    "as_completed": _as_completed,
+    "with_results": _with_results,
+    "batches": _batches,
+    "result_loop": _result_loop,
+    "wait_then_result": _wait_then_result,
+    "callbacks": _callbacks,
+}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("idiom", list(IDIOMS))
+def test_every_idiom_gives_every_result(shared_client, road, idiom):
+    fs = road.calls(shared_client, inc, N)
+
+    got = IDIOMS[idiom](shared_client, fs)
+
+    assert sorted(got) == list(range(1, N + 1))
+    assert [f.result() for f in fs] == list(range(1, N + 1))  # asked again: asked anew
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])  # a bulk map, and a map of tasks
+def test_the_executors_map_gives_every_result_in_order(shared_client, n):
+    with shared_client.get_executor(pure=False) as ex:
+        assert list(ex.map(inc, range(n), timeout=WAIT)) == list(range(1, n + 1))
+
+
+@pytest.mark.timeout(90)
+def test_one_request_brings_the_finished_results_along(shared_client, road):
+    fs = road.calls(shared_client, inc, N)
+    wait(fs, timeout=WAIT)
+
+    assert fs[0].result() == 1
+
+    assert _held(fs) == fs[1:]  # the wait's futures, all finished, came with it
+    assert [f.result() for f in fs[1:]] == list(range(2, N + 1))
+    assert _held(fs) == [] and shared_client.future_table.held_bytes == 0
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("idiom", ["as_completed", "with_results", "batches", "callbacks"])
+def test_an_erred_task_raises_its_exception_at_result(shared_client, road, idiom):
+    fs = road.map(shared_client, fails_on, range(N), [7] * N, pure=False)
+
+    with pytest.raises(ValueError, match="element 7 is bad"):
+        IDIOMS[idiom](shared_client, fs)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("first_wait", [False, True])
+def test_an_erred_task_in_a_result_loop(shared_client, road, first_wait):
+    fs = road.map(shared_client, fails_on, range(N), [7] * N, pure=False)
+    if first_wait:
+        wait(fs, timeout=WAIT)
+
+    for i, f in enumerate(fs):
+        if i == 7:
+            with pytest.raises(ValueError, match="element 7 is bad"):
+                f.result()
+        else:
+            assert f.result() == i + 1
+    assert fs[7].state.value is UNFETCHED  # an erred one is never fetched ahead
+
+
+@pytest.mark.timeout(90)
+def test_with_results_can_hand_back_the_exception(shared_client, road):
+    fs = road.map(shared_client, fails_on, range(N), [3] * N, pure=False)
+
+    got = dict(as_completed(fs, with_results=True, raise_errors=False))
+
+    assert isinstance(got[fs[3]], ValueError)
+    assert sorted(v for f, v in got.items() if f is not fs[3]) == \
+        [i + 1 for i in range(N) if i != 3]
+
+
+@pytest.mark.timeout(90)
+def test_a_cancelled_future_raises_even_when_its_result_was_fetched_ahead(shared_client, road):
+    fs = road.calls(shared_client, inc, N)
+    wait(fs, timeout=WAIT)
+    assert fs[0].result() == 1
+    assert fs[5] in _held(fs)
+
+    shared_client.cancel([fs[5]])
+
+    with pytest.raises(CancelledError):
+        fs[5].result()
+    assert fs[5] not in _held(fs)
+    assert [f.result() for f in fs[6:]] == list(range(7, N + 1))
+
+
+@pytest.mark.timeout(90)
+def test_as_completed_yields_a_future_cancelled_before_it_finished(shared_client, road,
+                                                                   tmp_path):
+    release = tmp_path / "release"
+    blocked = shared_client.submit(wait_for_file, str(release), pure=False)
+    try:
+        fs = road.calls(shared_client, inc, N)
+        shared_client.cancel([blocked])
+
+        seen = list(as_completed([*fs, blocked]))
+
+        assert blocked in seen and blocked.cancelled()
+        with pytest.raises(CancelledError):
+            blocked.result()
+        assert sorted(f.result() for f in seen if f is not blocked) == list(range(1, N + 1))
+    finally:
+        release.touch()  # the task, if it started, ends
+
+
+@pytest.fixture
+def own_client(shared_cluster):
+    """A client of its own on the shared cluster: its table holds this test's futures only."""
+    client = Client(shared_cluster, set_as_default=False)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(90)
+def test_a_client_that_never_asks_for_results_receives_none(own_client, road):
+    fs = road.calls(own_client, payload, N, size=10_000)
+    wait(fs, timeout=WAIT)
+    assert len(list(as_completed(fs))) == N
+    ran = threading.Semaphore(0)
+    for f in fs:
+        f.add_done_callback(lambda f: ran.release())
+    for _ in fs:
+        assert ran.acquire(timeout=WAIT)
+
+    assert own_client.future_table.held_bytes == 0
+    assert all(f.state.value is UNFETCHED for f in fs)
+
+
+@pytest.mark.timeout(120)
+def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cluster, road):
+    settings = {"client.prefetch-result-bytes": 50_000, "client.prefetch-held-bytes": 200_000}
+    with config.set(settings):
+        client = Client(shared_cluster, set_as_default=False)
+    try:
+        large = road.calls(client, payload, N, size=100_000)
+        wait(large, timeout=WAIT)
+        assert large[0].result() == bytes([0]) * 100_000
+        assert _held(large) == []  # each larger than prefetch-result-bytes
+
+        small = road.calls(client, payload, N, size=10_000)
+        wait(small, timeout=WAIT)
+        assert small[0].result() == bytes([0]) * 10_000
+        held = _held(small)
+        assert 0 < len(held) < N - 1  # some 20 of 10 kB fit in 200 kB, not 39
+        assert client.future_table.held_bytes <= 200_000
+        assert [f.result() for f in small] == [bytes([i]) * 10_000 for i in range(N)]
+        assert client.future_table.held_bytes == 0
+    finally:
+        client.close()
