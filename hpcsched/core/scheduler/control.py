@@ -29,6 +29,7 @@ from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
+from hpcsched.core.scheduler.interfaces import ControlHost
 from hpcsched.core.state import events as ev
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -50,7 +51,7 @@ class ClusterControl:
 
     handlers = Handlers("cluster control")
 
-    def __init__(self, scheduler: Any):
+    def __init__(self, scheduler: ControlHost):
         self.scheduler = scheduler
         self.files: dict[str, bytes] = {}  # uploaded: replayed to workers that join later
         self.worker_plugins: dict[str, bytes] = {}  # name -> pickled plugin: replayed too
