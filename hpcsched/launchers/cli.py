@@ -380,7 +380,8 @@ def scheduler_main(argv: list[str]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     signal.signal(signal.SIGINT, lambda *a: stop.set())
-    while not stop.wait(1.0):
+    # until Ctrl-C, SIGTERM, or a client's shutdown()
+    while not (stop.wait(1.0) or sched.control.shutdown_requested.is_set()):
         pass
     sched.close()
     if args.scheduler_file:

@@ -263,6 +263,15 @@ class Restart:
     request_id: str = wire(fc.string)
 
 
+@message("shutdown", C2S)
+@record
+class Shutdown:
+    """``Client.shutdown``: end the cluster, its scheduler and workers, as dask's does;
+    answered by ``control-reply`` once the process running the scheduler has been asked."""
+
+    request_id: str = wire(fc.string)
+
+
 @message("register-plugin", C2S)
 @record
 class RegisterPlugin:
