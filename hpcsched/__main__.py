@@ -2,7 +2,8 @@
 
 ``hpcsched scheduler`` / ``hpcsched worker`` start servers
 (:mod:`hpcsched.launchers.cli`); anything else is a script to run in MPI mode
-under mpiexec (:mod:`hpcsched.hpc.command`): ``python -m hpcsched script.py``.
+under mpiexec (:mod:`hpcsched.hpc.command`): ``python -m hpcsched script.py``, or
+``python -m hpcsched --scheduler-file F`` to serve clients.
 It lives here, not in a layer, so that the launchers never import the MPI mode.
 """
 

@@ -143,14 +143,15 @@ class MPIMode:
 
             resume_collector()
 
-    def setup(self, options: InitOptions) -> _Job:
+    def setup(self, options: InitOptions, security: Any = None) -> _Job:
         """Collective start-up on every rank of ``options.comm``.
 
-        Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler, and
-        has started once it returns (or fails); a worker rank once its worker has joined.
+        Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler (with
+        ``security``: what peers connecting over TCP must prove), and has started once it
+        returns (or fails); a worker rank once its worker has joined.
         """
         try:
-            return _set_up_world(self, options)
+            return _set_up_world(self, options, security)
         finally:
             if self.job is None or self.job.rank == 0:
                 self.started()
@@ -233,7 +234,7 @@ def _world(comm: Any = None) -> _Job:
     return _Job(MPI, rank, size, comm=world)
 
 
-def _set_up_world(mode: MPIMode, options: InitOptions) -> _Job:
+def _set_up_world(mode: MPIMode, options: InitOptions, security: Any) -> _Job:
     job = _world(options.comm)
     if job.size == 1:
         mode.job = job
@@ -268,7 +269,7 @@ def _set_up_world(mode: MPIMode, options: InitOptions) -> _Job:
         # a worker rank watches rank 0 as soon as it has joined, while rank 0 may wait
         # for the others: beat to them from the start
         _watch(job, report=False)
-        mode.scheduler = _start_scheduler(job, timeout, options.dashboard_address)
+        mode.scheduler = _start_scheduler(job, timeout, options.dashboard_address, security)
         _watch(job)
     return job
 
@@ -298,15 +299,16 @@ def _watch(job: _Job, report: bool = True) -> None:
                        lost if report else None)
 
 
-def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
+def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...,
+                     security: Any = None) -> Any:
     from hpcsched.core.scheduler.server import Scheduler
 
-    sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
+    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address).start()
     # the workers register meanwhile: the client's modules are imported once it listens
     from hpcsched.core.client import client as client_mod
 
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
-    client_mod.default_security = None
+    client_mod.default_security = security
     # waiting goes on while ranks keep joining: a wide job on few cores (or importing from
     # a slow shared file system) takes longer than `timeout` to start, but not between joins
     joined = 0

@@ -1,8 +1,20 @@
-"""``python -m hpcsched script.py [args...]`` under a launcher: the command line of MPI mode.
+"""``python -m hpcsched`` under a launcher: run a script on the job, or serve clients.
 
-Rank 0 runs the scheduler and the script as ``__main__``, the other ranks are
-workers; the job's set-up, its end and its failure model are
-:mod:`hpcsched.hpc.bootstrap`'s.
+``mpiexec -n N python -m hpcsched script.py [args...]``: rank 0 runs the scheduler
+and the script as ``__main__``, the other ranks are workers (the failure model:
+:mod:`hpcsched.hpc.bootstrap`).
+
+``mpiexec -n N python -m hpcsched --scheduler-file F`` (no script), dask-mpi's
+``dask-mpi --scheduler-file F``: rank 0 runs the scheduler and also listens on TCP,
+with a secret it writes to ``F`` beside its address (mode 0600), and the other
+ranks are workers that talk MPI among themselves and to it. A client elsewhere --
+a notebook on the login node -- connects with ``Client(scheduler_file="F")`` or
+``Client("F")``; the results it gathers come through the scheduler, as in
+distributed, so it never needs to reach a worker rank. The job ends, every rank
+exiting 0, when a client calls ``client.shutdown()``, or ``--walltime-margin``
+seconds before the batch job's end (``SLURM_JOB_END_TIME``, if set), so that the
+ranks leave before the batch system kills them; Ctrl-C ends it with 130. ``F`` is
+removed at the end.
 """
 
 from __future__ import annotations
@@ -12,12 +24,17 @@ import logging
 import os
 import runpy
 import sys
+import time
 import traceback
 
 from hpcsched.core import config
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.bootstrap import EXIT_INTERRUPTED, MODE, exit_rank, serve_rank
 from hpcsched.hpc.initialize_options import InitOptions
+
+logger = logging.getLogger("hpcsched.bootstrap")
+
+WALLTIME_MARGIN = 30.0  # seconds: a serving job ends this long before its batch job does
 
 
 # ------------------------------------------------------------------ the script
@@ -82,8 +99,14 @@ class _HelpFormatter(argparse.HelpFormatter):
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m hpcsched", formatter_class=_HelpFormatter,
-        description="Run SCRIPT under mpiexec: rank 0 runs the scheduler and the script, "
-                    "the other ranks are workers; Client() in the script connects to them.")
+        usage="mpiexec -n N python -m hpcsched [options] (SCRIPT [ARGS...] | "
+              "--scheduler-file F)",
+        description="Run SCRIPT under mpiexec (or srun): rank 0 runs the scheduler and the "
+                    "script, the other ranks are workers; Client() in the script connects to "
+                    "them. Without a script, with --scheduler-file F: rank 0 runs the "
+                    "scheduler, reachable over TCP by clients elsewhere (a notebook: "
+                    "Client(scheduler_file='F')), the other ranks are workers talking MPI; "
+                    "the job ends on a client's shutdown() or at the batch job's walltime.")
     p.add_argument("--nthreads", type=int, default=None,
                    help="threads per worker rank (default: the CPUs the job gives each rank)")
     p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
@@ -99,13 +122,36 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--preload", action="append", default=None, metavar="MODULE",
                    help="a module to import, or a .py file to run, on each worker rank as it "
                         "starts (its dask_setup(worker) called); may be given several times")
-    p.add_argument("script", help="the Python script to run on rank 0")
+    serve = p.add_argument_group(
+        "serving clients (no SCRIPT)",
+        "rank 0 writes F (address and secret, mode 0600) once every worker rank has joined, "
+        "and removes it when the job ends")
+    serve.add_argument("--scheduler-file", default=None, metavar="F",
+                       help="serve clients that read F instead of running a script")
+    serve.add_argument("--scheduler-port", type=int, default=0,
+                       help="TCP port of the scheduler (default: any free port; F names it)")
+    serve.add_argument("--interface", default=None,
+                       help="listen on, and name, this network interface's address (e.g. "
+                            "ib0; default: every interface, naming the one the default "
+                            "route leaves by)")
+    serve.add_argument("--walltime-margin", type=float, default=WALLTIME_MARGIN,
+                       metavar="SECONDS",
+                       help="end this long before the batch job does (SLURM_JOB_END_TIME), "
+                            f"so that every rank leaves in time (default {WALLTIME_MARGIN:g})")
+    p.add_argument("script", nargs="?", default=None,
+                   help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
     ns = p.parse_args(argv)
     if ns.nthreads is not None and ns.nthreads < 1:
         p.error(f"--nthreads must be >= 1, got {ns.nthreads}")
     ns.memory_limit = _memory(ns.memory_limit, p)
-    if not os.path.isfile(ns.script):
+    if ns.script is None:
+        if ns.scheduler_file is None:
+            p.error("give a SCRIPT to run, or --scheduler-file F to serve clients")
+    elif ns.scheduler_file is not None:
+        p.error("--scheduler-file serves clients instead of running a script: give one or "
+                "the other")
+    elif not os.path.isfile(ns.script):
         p.error(f"no such script: {ns.script}")
     return ns
 
@@ -121,7 +167,7 @@ def _memory(text: str, p: argparse.ArgumentParser) -> MemoryLimit:
 
 
 def main(argv: list[str], collector_paused: bool = False) -> int:
-    """``python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]``.
+    """``python -m hpcsched [options] (script.py [args...] | --scheduler-file F)``.
 
     ``collector_paused``: the caller paused the garbage collector for this rank's start
     (:meth:`~hpcsched.hpc.bootstrap.MPIMode.pause_collector`), as ``python -m hpcsched``
@@ -132,9 +178,11 @@ def main(argv: list[str], collector_paused: bool = False) -> int:
     logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s",
                         stream=sys.stderr)
-    script = os.path.abspath(ns.script)
-    # as `python script.py` does, and on the workers too: modules next to the script import
-    sys.path[0] = os.path.dirname(script)
+    if ns.script is not None:
+        script = os.path.abspath(ns.script)
+        # as `python script.py` does, and on the workers too: modules next to the script
+        # import
+        sys.path[0] = os.path.dirname(script)
     if ns.journal is None:
         return _run(ns)
     # rank 0's scheduler (or a world of one's LocalCluster) keeps the checkpoints
@@ -146,15 +194,25 @@ def main(argv: list[str], collector_paused: bool = False) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    """Set MPI mode up and run the script on rank 0 (serve on the others)."""
+    """Set MPI mode up; rank 0 runs the script or serves clients, the others are workers."""
+    security = None
+    if ns.script is None:
+        from hpcsched.core.comm.base import Security
+
+        security = Security.from_environment() or Security.generate()
     try:
         job = MODE.setup(InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
                                      dashboard_address=config.get(
-                                         "diagnostics.dashboard.address")))
+                                         "diagnostics.dashboard.address")), security)
     except RuntimeError as e:
         print(e, file=sys.stderr, flush=True)
         return 1
     if job.size == 1:
+        if ns.script is None:
+            print("hpcsched: serving clients needs an MPI job of at least 2 ranks (rank 0 "
+                  "the scheduler, the others workers): start it with mpiexec -n N or srun",
+                  file=sys.stderr, flush=True)
+            return 1
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
         return run_script(ns.script, ns.args)
@@ -164,7 +222,62 @@ def _run(ns: argparse.Namespace) -> int:
                                               worker_kwargs={"preload": ns.preload})))
     code = EXIT_INTERRUPTED
     try:
-        code = run_script(ns.script, ns.args)
+        code = run_script(ns.script, ns.args) if ns.script is not None else \
+            serve_clients(ns.scheduler_file, ns.scheduler_port, ns.interface,
+                          end_time(ns.walltime_margin))
     finally:
         MODE.close_cluster(code)
+    return code
+
+
+# ------------------------------------------------------------------ serving clients
+def end_time(margin: float, environ: dict | None = None) -> float | None:
+    """When a serving job ends by itself (``time.time()``), ``margin`` seconds before its
+    batch job does; None: no end is known.
+
+    >>> end_time(30, {"SLURM_JOB_END_TIME": "1700000600"})
+    1700000570.0
+    >>> end_time(30, {}) is None
+    True
+    """
+    text = (os.environ if environ is None else environ).get("SLURM_JOB_END_TIME", "")
+    try:
+        return float(text) - margin if text else None
+    except ValueError:
+        logger.warning("SLURM_JOB_END_TIME=%r is not a time: no walltime is watched", text)
+        return None
+
+
+def serve_clients(scheduler_file: str, port: int, interface: str | None,
+                  end: float | None) -> int:
+    """Rank 0: serve the clients that read ``scheduler_file`` until one asks for the
+    cluster to end (``Client.shutdown``), or until ``end``; the job's exit status."""
+    from hpcsched.core.comm.scheduler_file import write_scheduler_file
+    from hpcsched.core.comm.tcp_comm import format_hostport
+
+    sched = MODE.scheduler
+    host = "0.0.0.0"  # every interface: the listener names the routable address
+    if interface:
+        from hpcsched.launchers.address import interface_address
+
+        host = interface_address(interface)
+    address = sched.add_listener(f"tcp://{format_hostport(host, port)}")
+    path = os.path.abspath(os.path.expanduser(scheduler_file))
+    write_scheduler_file(path, address, sched.security)
+    print(f"hpcsched: serving clients at {address} with {len(sched.state.workers)} worker "
+          f"ranks; scheduler file {path}", file=sys.stderr, flush=True)
+    code, why = 0, "a client asked for shutdown"
+    try:
+        while not sched.control.shutdown_requested.wait(1.0):
+            if end is not None and time.time() >= end:
+                why = "the job's walltime is near (SLURM_JOB_END_TIME)"
+                break
+    except KeyboardInterrupt:
+        code, why = EXIT_INTERRUPTED, "interrupted"
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    print(f"hpcsched: ending the job: {why}", file=sys.stderr, flush=True)
     return code

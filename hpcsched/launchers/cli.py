@@ -18,8 +18,10 @@
   (``Client.register_plugin(NannyPlugin)``) run in this process, one
   :class:`~hpcsched.core.worker.nanny.Nanny` per worker process; a plain ``hpcsched
   worker`` has no nanny and refuses them.
-* anything else is a script: ``python -m hpcsched script.py [args]`` under
-  mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
+* anything else is MPI mode (:mod:`hpcsched.hpc.command`): ``python -m hpcsched
+  script.py [args]`` under mpiexec runs the scheduler and the script on rank 0 and
+  workers elsewhere; ``python -m hpcsched --scheduler-file F`` runs no script: rank 0
+  serves clients that read ``F`` until one calls ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -395,6 +397,8 @@ def scheduler_main(argv: list[str]) -> int:
 USAGE = """usage: hpcsched scheduler [options]
        hpcsched worker ADDRESS|--scheduler-file F [options]
        python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]   (under mpiexec)
+       python -m hpcsched [--nthreads N] [--memory-limit M] --scheduler-file F    (under mpiexec:
+           rank 0 serves clients that read F, until client.shutdown() or the walltime)
        hpcsched --version
 """
 
