@@ -129,11 +129,6 @@ class Recovery:
                         len(server.state.tasks), len(self._awaited_clients), journal.path)
 
     # ------------------------------------------------------------ peers coming back
-    @property
-    def holding(self) -> bool:
-        """Whether workers that join are held (paused) until the others are back."""
-        return bool(self._hold_until)
-
     def client_joined(self, client: str) -> None:
         """``client`` registered (a restored client came back)."""
         self._awaited_clients.pop(client, None)

@@ -73,7 +73,6 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
-ComputeTask = pr.ComputeTask
 
 #: the records a worker or a client sends that the state machine handles itself
 STATE_EVENTS = tuple(sorted(
