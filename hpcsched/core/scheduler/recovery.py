@@ -194,7 +194,8 @@ class Recovery:
     # ------------------------------------------------------------ each loop turn
     def sync(self, primitives: Primitives) -> None:
         """Write what this loop turn changed (before its messages go out: what clients are
-        told is in the journal first)."""
+        told is in the journal first). The server calls it only when there is a journal:
+        it runs every loop turn."""
         if self.journal is not None:
             if primitives.changed:
                 primitives.write_journal(self.journal)

@@ -134,6 +134,7 @@ class Scheduler:
         self._extra_listeners: list = []
         self.connections = Connections(self.loop, float(config.get("comm.timeouts.handshake")))
         self.outbox = Outbox()
+        self._send_failed = self.connections.lost  # bound once: the outbox's every flush
         self._fill_asked = False  # a FILL_QUEUE item waits in the loop's inbox
         self.gathers = Gathers(self)
         self._stimuli = itertools.count()
@@ -407,13 +408,14 @@ class Scheduler:
     def _flush(self) -> None:
         """The loop turn is over: journal what it changed, then send each peer its batch
         (:class:`~.outbox.Outbox`)."""
-        self.recovery.sync(self.primitives)  # what clients are told is in the journal first
+        if self.journal is not None:  # what clients are told is in the journal first
+            self.recovery.sync(self.primitives)
         if self.state.fill_pending and not self._fill_asked:
             # the next iteration, once these messages are out, hands the next workers
             # their queued tasks (see SchedulerState.fill_pending)
             self._fill_asked = True
             self.loop.put((FILL_QUEUE, None))
-        self.outbox.flush(self.connections.comms, self.connections.lost)
+        self.outbox.flush(self.connections.comms, self._send_failed)
 
     # ================================================================ inbound records
     #: record type -> handler(sender, record), for every record a registered worker or
