@@ -18,13 +18,13 @@ No processes: a scheduler is started in this process and fed the events of
 
 from __future__ import annotations
 
-import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
-
 import argparse
 import statistics
 import tempfile
 import time
 import urllib.request
+
+import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
 
 
 def build(n_workers: int, n_tasks: int, n_groups: int):
@@ -46,7 +46,7 @@ def build(n_workers: int, n_tasks: int, n_groups: int):
         keys = [f"group{g}-{i}" for i in range(n_tasks // n_groups) for g in range(n_groups)]
         tasks = {k: {"run_spec": "opaque", "deps": []} for k in keys}  # never run
         state.handle(ev.UpdateGraph("bench", tasks, keys, now=now - 60))
-        s._outbox.clear()  # messages to the simulated workers go nowhere
+        s.outbox.clear()  # messages to the simulated workers go nowhere
         done = 0
         for ws in list(state.workers.values()):
             for ts in list(ws.processing):
@@ -68,7 +68,7 @@ def build(n_workers: int, n_tasks: int, n_groups: int):
                     progressed = True
             if not progressed:
                 break
-        s._outbox.clear()
+        s.outbox.clear()
 
     sched.call(feed, timeout=600)
     return sched

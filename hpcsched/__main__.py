@@ -2,8 +2,9 @@
 
 ``hpcsched scheduler`` / ``hpcsched worker`` start servers
 (:mod:`hpcsched.launchers.cli`); ``hpcsched submit`` / ``hpcsched job`` submit and
-follow jobs of command tasks (:mod:`hpcsched.commands.cli`); anything else is a script to run in MPI mode
-under mpiexec (:mod:`hpcsched.hpc.bootstrap`): ``python -m hpcsched script.py``.
+follow jobs of command tasks (:mod:`hpcsched.commands.cli`); anything else is a script
+to run in MPI mode under mpiexec (:mod:`hpcsched.hpc.command`): ``python -m hpcsched
+script.py``, or ``python -m hpcsched --scheduler-file F`` to serve clients.
 It lives here, not in a layer, so that the launchers never import the MPI mode.
 """
 
@@ -21,12 +22,12 @@ def main(argv: list[str] | None = None) -> int:
                 "history": commands_cli.history_main}[argv[0]](argv[1:])
     if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
         # a script under mpiexec: every rank starts here, so it imports the MPI mode only,
-        # with the garbage collector paused until the rank has started (bootstrap._started)
+        # with the garbage collector paused until the rank has started (MPIMode.started)
         import gc
 
         paused = gc.isenabled()
         gc.disable()
-        from hpcsched.hpc.bootstrap import main as run_script
+        from hpcsched.hpc.command import main as run_script
 
         return run_script(argv, collector_paused=paused)
     from hpcsched.launchers.cli import USAGE, scheduler_main, version_text, worker_main

@@ -1,5 +1,8 @@
 """MPI mode: ``mpiexec -n N python -m hpcsched script.py [args...]`` and :func:`initialize`.
 
+Its state in this process is one :class:`MPIMode` object, :data:`MODE`, shared by
+:func:`initialize` and the command line (:mod:`hpcsched.hpc.command`).
+
 Roles: rank 0 runs the scheduler (over ``mpi://0``, plus an ``inproc://``
 listener for the client in its own process) and the user's script as
 ``__main__``; ranks 1..N-1 are workers reached over ``mpi://<rank>``. Inside
@@ -60,22 +63,19 @@ goodbye.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import importlib.util
 import logging
 import os
-import runpy
 import socket
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpcsched.core import config
-from hpcsched.core.settings import CommSettings, DashboardSettings, MPISettings
+from hpcsched.core.settings import CommSettings, MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
 from hpcsched.hpc.initialize_options import InitOptions, log_ignored, resolve
 from hpcsched.launchers.resources import launcher_size
@@ -101,41 +101,105 @@ class _Job:
     hosts: list[str] = field(default_factory=list)  # every rank's host name, by rank
 
 
-_job: _Job | None = None  # set once MPI mode is set up in this process
-_collector_paused = False  # this rank starts with the garbage collector paused (_started)
-_scheduler: Any = None  # rank 0's Scheduler
-_exit_status: int | None = None  # what the script's sys.exit asked for (initialize())
+class MPIMode:
+    """MPI mode's state in this process.
 
-
-# ------------------------------------------------------------------ starting
-def _pause_collector() -> None:
-    """Pause the cyclic garbage collector until this rank has started (:func:`_started`).
-
-    A rank's start (the imports, the endpoint, the scheduler or the worker) makes tens of
-    thousands of objects that live as long as the process, and no garbage: the collector
-    ran ~40 times meanwhile, freeing nothing, for ~10 ms of each rank's start (more where
-    ranks outnumber cores). Where the program paused it itself, it is left alone.
+    The one object (:data:`MODE`) that ``python -m hpcsched`` (:func:`main`) and
+    :func:`initialize` share: whichever sets MPI mode up first, the other finds it set up.
     """
-    global _collector_paused
-    import gc
 
-    if gc.isenabled():
-        gc.disable()
-        _collector_paused = True
+    def __init__(self) -> None:
+        #: this process's place in the MPI job, once MPI mode is set up
+        self.job: _Job | None = None
+        #: rank 0's Scheduler, until the cluster closes
+        self.scheduler: Any = None
+        #: what the script's ``sys.exit`` asked for (:func:`initialize`'s rank 0)
+        self.exit_status: int | None = None
+        # this rank starts with the garbage collector paused (started())
+        self.collector_paused = False
+
+    # ------------------------------------------------------------ starting
+    def pause_collector(self) -> None:
+        """Pause the cyclic garbage collector until this rank has started (:meth:`started`).
+
+        A rank's start (the imports, the endpoint, the scheduler or the worker) makes tens
+        of thousands of objects that live as long as the process, and no garbage: the
+        collector ran ~40 times meanwhile, freeing nothing, for ~10 ms of each rank's start
+        (more where ranks outnumber cores). Where the program paused it itself, it is left
+        alone.
+        """
+        import gc
+
+        if gc.isenabled():
+            gc.disable()
+            self.collector_paused = True
+
+    def started(self) -> None:
+        """This rank has started (or failed to): the collector runs again if paused.
+
+        What was made meanwhile is moved to the oldest generation: the collector's next
+        passes would find it all alive.
+        """
+        if self.collector_paused:
+            self.collector_paused = False
+            from hpcsched.core.graph.dsk import resume_collector
+
+            resume_collector()
+
+    def setup(self, options: InitOptions, security: Any = None) -> _Job:
+        """Collective start-up on every rank of ``options.comm``.
+
+        Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler (with
+        ``security``: what peers connecting over TCP must prove), and has started once it
+        returns (or fails); a worker rank once its worker has joined.
+        """
+        try:
+            return _set_up_world(self, options, security)
+        finally:
+            if self.job is None or self.job.rank == 0:
+                self.started()
+
+    # ------------------------------------------------------------ ending
+    def close_cluster(self, code: int) -> None:
+        """Rank 0: close the workers with ``code``, wait for every rank at the fence."""
+        job = self.job
+        if job is None or job.size == 1 or job.rank != 0 or job.fence_comm is None:
+            return
+        from hpcsched.core.client import client as client_mod
+
+        sched, self.scheduler = self.scheduler, None
+        job.endpoint.unwatch()  # worker ranks now leave, each in its own time
+        if sched is not None:
+            sched.close(timeout=5.0, exit_code=code)
+        client_mod.default_scheduler_address = None
+        _leave(job, code)
+        job.fence_comm = None
+
+    def record_exit_status(self) -> None:
+        """Remember the script's exit status for the workers: sys.exit(n), or 1 on an error.
+
+        For :func:`initialize`, whose script rank 0 does not run itself."""
+        previous_hook, previous_exit = sys.excepthook, sys.exit
+
+        def excepthook(tp: type, value: BaseException, tb: Any) -> None:
+            self.exit_status = EXIT_INTERRUPTED if issubclass(tp, KeyboardInterrupt) else 1
+            previous_hook(tp, value, tb)
+
+        def recording_exit(status: Any = None) -> NoReturn:
+            code = status if status is None or isinstance(status, int) else 1
+            self.exit_status = 0 if code is None else code & 0xFF
+            previous_exit(status)
+
+        sys.excepthook = excepthook
+        sys.exit = recording_exit
+
+    def close_at_exit(self) -> None:
+        """Rank 0 of :func:`initialize` at exit: the cluster ends with the script's status."""
+        self.close_cluster(self.exit_status or 0)
 
 
-def _started() -> None:
-    """This rank has started (or failed to): the collector runs again if start-up paused it.
-
-    What was made meanwhile is moved to the oldest generation: the collector's next passes
-    would find it all alive.
-    """
-    global _collector_paused
-    if _collector_paused:
-        _collector_paused = False
-        from hpcsched.core.graph.dsk import resume_collector
-
-        resume_collector()
+#: MPI mode in this process
+MODE = MPIMode()
 
 
 # ------------------------------------------------------------------ the world
@@ -173,24 +237,10 @@ def _world(comm: Any = None) -> _Job:
     return _Job(MPI, rank, size, comm=world)
 
 
-def _setup(options: InitOptions) -> _Job:
-    """Collective start-up on every rank of ``options.comm``.
-
-    Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler, and
-    has started once it returns (or fails); a worker rank once its worker has joined.
-    """
-    try:
-        return _set_up_world(options)
-    finally:
-        if _job is None or _job.rank == 0:
-            _started()
-
-
-def _set_up_world(options: InitOptions) -> _Job:
-    global _job, _scheduler
+def _set_up_world(mode: MPIMode, options: InitOptions, security: Any) -> _Job:
     job = _world(options.comm)
     if job.size == 1:
-        _job = job
+        mode.job = job
         return job
     from hpcsched.hpc.backoff import Backoff
     from hpcsched.hpc.mpi import init_endpoint
@@ -217,17 +267,17 @@ def _set_up_world(options: InitOptions) -> _Job:
     wait_for(dup.Iallgather([mine, job.MPI.BYTE], [every, job.MPI.BYTE]))
     job.hosts = [every[r * _HOST_BYTES:(r + 1) * _HOST_BYTES].rstrip(b"\0").decode(
         errors="replace") for r in range(job.size)]
-    _job = job
+    mode.job = job
     if job.rank == 0:
         # a worker rank watches rank 0 as soon as it has joined, while rank 0 may wait
         # for the others: beat to them from the start
         _watch(job, report=False)
-        _scheduler = _start_scheduler(job, timeout, options.dashboard_address)
+        mode.scheduler = _start_scheduler(job, timeout, options.dashboard_address, security)
         _watch(job)
     return job
 
 
-_HOST_BYTES = 64  # of a host name, in the exchange of _setup
+_HOST_BYTES = 64  # of a host name, in the exchange of _set_up_world
 
 
 def _watch(job: _Job, report: bool = True) -> None:
@@ -252,15 +302,16 @@ def _watch(job: _Job, report: bool = True) -> None:
                        lost if report else None)
 
 
-def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...) -> Any:
+def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...,
+                     security: Any = None) -> Any:
     from hpcsched.core.scheduler.server import Scheduler
 
-    sched = Scheduler("mpi://0", dashboard_address=dashboard_address).start()
+    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address).start()
     # the workers register meanwhile: the client's modules are imported once it listens
     from hpcsched.core.client import client as client_mod
 
     client_mod.default_scheduler_address = sched.add_listener("inproc://")
-    client_mod.default_security = None
+    client_mod.default_security = security
     # waiting goes on while ranks keep joining: a wide job on few cores (or importing from
     # a slow shared file system) takes longer than `timeout` to start, but not between joins
     joined = 0
@@ -322,7 +373,7 @@ def rank_gpus(one_per_rank: bool, rank: int) -> Gpus | None:
     return mine
 
 
-def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
+def serve_rank(job: _Job, options: InitOptions, name: Any = None) -> int:
     """Run a worker until the scheduler closes it; its exit code."""
     from hpcsched.core.worker.server import Worker
 
@@ -356,7 +407,7 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
         _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
-    _started()
+    MODE.started()
     _watch(job)
     try:
         while not worker.wait_closed(1.0):
@@ -371,14 +422,14 @@ def _serve(job: _Job, options: InitOptions, name: Any = None) -> int:
     return code
 
 
-def _exit_rank(code: int) -> None:
+def exit_rank(code: int) -> None:
     """Finalize MPI and leave now, whatever threads remain (a worker rank's end).
 
     C ``exit()``, not ``os._exit``: the MPI library's own exit handlers must run
     (hydra reports a rank that skips them as killed, measured), but Python's
     shutdown must not wait for a task thread that ignores the close.
     """
-    job = _job
+    job = MODE.job
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -403,6 +454,13 @@ def _exit_rank(code: int) -> None:
         os._exit(code)
 
 
+def _free_gang_comms() -> None:
+    """Free the communicators the rank kept for gangs (:mod:`hpcsched.hpc.gang`)."""
+    gang = sys.modules.get("hpcsched.hpc.gang")
+    if gang is not None:
+        gang.free_all()
+
+
 def _gang_member_in_mpi() -> bool:
     """Whether a task thread is still inside a gang's MPI call.
 
@@ -410,13 +468,6 @@ def _gang_member_in_mpi() -> bool:
     """
     gang = sys.modules.get("hpcsched.hpc.gang")
     return gang is not None and gang.members_in_mpi() > 0
-
-
-def _free_gang_comms() -> None:
-    """Free the communicators the rank kept for gangs (:mod:`hpcsched.hpc.gang`)."""
-    gang = sys.modules.get("hpcsched.hpc.gang")
-    if gang is not None:
-        gang.free_all()
 
 
 # ------------------------------------------------------------------ ending
@@ -466,175 +517,6 @@ def _leave(job: _Job, code: int) -> None:
     # fence_comm is not freed: MPI_Finalize follows, and a free could wait on peers
 
 
-def _close_cluster(code: int) -> None:
-    """Rank 0: close the workers with ``code``, wait for every rank at the fence."""
-    global _scheduler
-    job = _job
-    if job is None or job.size == 1 or job.rank != 0 or job.fence_comm is None:
-        return
-    from hpcsched.core.client import client as client_mod
-
-    sched, _scheduler = _scheduler, None
-    job.endpoint.unwatch()  # worker ranks now leave, each in its own time
-    if sched is not None:
-        sched.close(timeout=5.0, exit_code=code)
-    client_mod.default_scheduler_address = None
-    _leave(job, code)
-    job.fence_comm = None
-
-
-# ------------------------------------------------------------------ the script
-def _exit_code(e: SystemExit) -> int:
-    """What Python itself would exit with for ``SystemExit(e.code)`` (printing a message)."""
-    code = e.code
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF if code >= 0 else code % 256
-    print(code, file=sys.stderr, flush=True)
-    return 1
-
-
-def _print_traceback(e: BaseException) -> None:
-    """The traceback as ``python script.py`` would show it (without our frames)."""
-    tb = e.__traceback__
-    ours = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
-    while tb is not None and (tb.tb_frame.f_code.co_filename in ours or
-                              os.path.abspath(tb.tb_frame.f_code.co_filename) in ours):
-        tb = tb.tb_next
-    traceback.print_exception(type(e), e, tb, file=sys.stderr)
-    sys.stderr.flush()
-
-
-def run_script(path: str, args: list[str]) -> int:
-    """Run ``path`` as ``__main__`` with ``sys.argv = [path, *args]``; its exit status."""
-    sys.argv = [path, *args]
-    try:
-        runpy.run_path(path, run_name="__main__")
-    except SystemExit as e:
-        return _exit_code(e)
-    except KeyboardInterrupt as e:
-        _print_traceback(e)
-        return EXIT_INTERRUPTED
-    except BaseException as e:  # noqa: BLE001 - the user's error: reported, job ends with 1
-        _print_traceback(e)
-        return 1
-    return 0
-
-
-class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's own, as wide as the terminal, found as :func:`shutil.get_terminal_size` does.
-
-    argparse imports :mod:`shutil` (and with it bz2, lzma and fnmatch, ~3 ms) to ask, for
-    every argument it adds, on every rank.
-    """
-
-    def __init__(self, prog: str) -> None:
-        try:
-            columns = int(os.environ.get("COLUMNS", 0))
-        except ValueError:
-            columns = 0
-        if columns <= 0:
-            try:
-                columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-            except (AttributeError, ValueError, OSError):
-                columns = 0
-        super().__init__(prog, width=(columns or 80) - 2)
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m hpcsched", formatter_class=_HelpFormatter,
-        description="Run SCRIPT under mpiexec: rank 0 runs the scheduler and the script, "
-                    "the other ranks are workers; Client() in the script connects to them.")
-    p.add_argument("--nthreads", type=int, default=None,
-                   help="threads per worker rank (default: the CPUs the job gives each rank)")
-    p.add_argument("--memory-limit", default=DEFAULT_MEMORY_LIMIT,
-                   help="memory per worker rank: bytes, a size (4GB), a fraction of the "
-                        "machine's memory (0.5), none, or auto: the job's share per rank "
-                        "(default)")
-    p.add_argument("--log-level", default=os.environ.get("HPCSCHED_LOG_LEVEL", "warning"))
-    p.add_argument("--journal", default=None,
-                   help="the job's journal: results of tasks annotated checkpoint=True are "
-                        "kept in JOURNAL.checkpoints/, and a job run again with the same "
-                        "journal reads them instead of running those tasks (needs a file "
-                        "system every rank shares)")
-    p.add_argument("--preload", action="append", default=None, metavar="MODULE",
-                   help="a module to import, or a .py file to run, on each worker rank as it "
-                        "starts (its dask_setup(worker) called); may be given several times")
-    p.add_argument("--worker-per-gpu", action="store_true",
-                   help="each worker rank takes one GPU of its node (the one of index its "
-                        "local rank modulo their number) and sees it alone")
-    p.add_argument("script", help="the Python script to run on rank 0")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
-    ns = p.parse_args(argv)
-    if ns.nthreads is not None and ns.nthreads < 1:
-        p.error(f"--nthreads must be >= 1, got {ns.nthreads}")
-    ns.memory_limit = _memory(ns.memory_limit, p)
-    if not os.path.isfile(ns.script):
-        p.error(f"no such script: {ns.script}")
-    return ns
-
-
-def _memory(text: str, p: argparse.ArgumentParser) -> MemoryLimit:
-    from hpcsched.core.units import parse_memory_limit
-
-    try:
-        return parse_memory_limit(text)
-    except ValueError as e:
-        p.error(f"--memory-limit: {e}")
-        raise  # unreachable: p.error exits
-
-
-def main(argv: list[str], collector_paused: bool = False) -> int:
-    """``python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]``.
-
-    ``collector_paused``: the caller paused the garbage collector for this rank's start
-    (:func:`_pause_collector`), as ``python -m hpcsched`` does before importing this module.
-    """
-    global _collector_paused
-    _collector_paused = collector_paused
-    ns = _parse(argv)
-    logging.basicConfig(level=getattr(logging, ns.log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-                        stream=sys.stderr)
-    script = os.path.abspath(ns.script)
-    # as `python script.py` does, and on the workers too: modules next to the script import
-    sys.path[0] = os.path.dirname(script)
-    if ns.journal is None:
-        return _run(ns)
-    # rank 0's scheduler (or a world of one's LocalCluster) keeps the checkpoints
-    from hpcsched.core.scheduler.checkpoints import next_to_journal
-
-    with config.set({"scheduler.checkpoint-directory":
-                     next_to_journal(os.path.abspath(os.path.expanduser(ns.journal)))}):
-        return _run(ns)
-
-
-def _run(ns: argparse.Namespace) -> int:
-    """Set MPI mode up and run the script on rank 0 (serve on the others)."""
-    try:
-        job = _setup(InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
-                                 dashboard_address=config.read(DashboardSettings).address))
-    except RuntimeError as e:
-        print(e, file=sys.stderr, flush=True)
-        return 1
-    if job.size == 1:
-        print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
-              file=sys.stderr, flush=True)
-        return run_script(ns.script, ns.args)
-    if job.rank != 0:
-        _exit_rank(_serve(job, InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit,
-                                           worker_kwargs={"preload": ns.preload},
-                                           worker_per_gpu=ns.worker_per_gpu)))
-    code = EXIT_INTERRUPTED
-    try:
-        code = run_script(ns.script, ns.args)
-    finally:
-        _close_cluster(code)
-    return code
-
-
 # ------------------------------------------------------------------ initialize()
 def initialize(interface: str | None = None, nthreads: int | None = None,
                local_directory: str | None = None,
@@ -672,22 +554,22 @@ def initialize(interface: str | None = None, nthreads: int | None = None,
                       dashboard_address=dashboard_address, protocol=protocol,
                       worker_class=worker_class, worker_options=worker_options, comm=comm,
                       scheduler_port=scheduler_port, exit=exit)
-    if _job is not None:  # python -m hpcsched already did it, or a second call
-        return _job.rank == 0
-    _pause_collector()
-    job = _setup(options)
+    if MODE.job is not None:  # python -m hpcsched already did it, or a second call
+        return MODE.job.rank == 0
+    MODE.pause_collector()
+    job = MODE.setup(options)
     if job.size == 1:
         print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
               file=sys.stderr, flush=True)
         return True
     if job.rank == 0:
         log_ignored(options)
-        _record_exit_status()
-        atexit.register(_close_at_exit)
+        MODE.record_exit_status()
+        atexit.register(MODE.close_at_exit)
         return True
-    code = _serve(job, options, name=job.rank)
+    code = serve_rank(job, options, name=job.rank)
     if options.exit:
-        _exit_rank(code)
+        exit_rank(code)
     return False
 
 
@@ -698,27 +580,4 @@ def send_close_signal() -> None:
     ``initialize`` and the script goes on on every rank. Idempotent; without it
     the cluster closes when rank 0's script ends.
     """
-    _close_cluster(_exit_status or 0)
-
-
-def _record_exit_status() -> None:
-    """Remember the script's exit status for the workers: sys.exit(n), or 1 on an error."""
-    previous_hook, previous_exit = sys.excepthook, sys.exit
-
-    def excepthook(tp: type, value: BaseException, tb: Any) -> None:
-        global _exit_status
-        _exit_status = EXIT_INTERRUPTED if issubclass(tp, KeyboardInterrupt) else 1
-        previous_hook(tp, value, tb)
-
-    def recording_exit(status: Any = None) -> NoReturn:
-        global _exit_status
-        code = status if status is None or isinstance(status, int) else 1
-        _exit_status = 0 if code is None else code & 0xFF
-        previous_exit(status)
-
-    sys.excepthook = excepthook
-    sys.exit = recording_exit
-
-
-def _close_at_exit() -> None:
-    _close_cluster(_exit_status or 0)
+    MODE.close_cluster(MODE.exit_status or 0)

@@ -18,8 +18,10 @@
   (``Client.register_plugin(NannyPlugin)``) run in this process, one
   :class:`~hpcsched.core.worker.nanny.Nanny` per worker process; a plain ``hpcsched
   worker`` has no nanny and refuses them.
-* anything else is a script: ``python -m hpcsched script.py [args]`` under
-  mpiexec runs the scheduler and the script on rank 0 and workers elsewhere.
+* anything else is MPI mode (:mod:`hpcsched.hpc.command`): ``python -m hpcsched
+  script.py [args]`` under mpiexec runs the scheduler and the script on rank 0 and
+  workers elsewhere; ``python -m hpcsched --scheduler-file F`` runs no script: rank 0
+  serves clients that read ``F`` until one calls ``shutdown()``.
 """
 
 from __future__ import annotations
@@ -440,7 +442,8 @@ def scheduler_main(argv: list[str]) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     signal.signal(signal.SIGINT, lambda *a: stop.set())
-    while not stop.wait(1.0):
+    # until Ctrl-C, SIGTERM, or a client's shutdown()
+    while not (stop.wait(1.0) or sched.control.shutdown_requested.is_set()):
         pass
     sched.close()
     if args.scheduler_file:
@@ -456,6 +459,8 @@ USAGE = """usage: hpcsched scheduler [options]
        hpcsched submit --scheduler-file F [--array 1-100|--each-line FILE|--from-json FILE] -- COMMAND...
        hpcsched job list|info J|wait J|cancel J|cat J [--task I] [stdout|stderr] --scheduler-file F
        python -m hpcsched [--nthreads N] [--memory-limit M] script.py [args...]   (under mpiexec)
+       python -m hpcsched [--nthreads N] [--memory-limit M] --scheduler-file F    (under mpiexec:
+           rank 0 serves clients that read F, until client.shutdown() or the walltime)
        hpcsched --version
 """
 

@@ -247,3 +247,86 @@ def test_srun_ends_the_job_within_10_s_naming_ranks_killed_on_a_node(multi, tmp_
     assert took <= 10, (took, text[-5000:])
     assert "node3: tasks 4-5: Killed" in text, text[-5000:]
     assert "rank 0 lost worker ranks 4, 5 on node3" in text, text[-5000:]
+
+
+SERVE = """#!/bin/bash
+#SBATCH -p multi -N 3 -n 6 -J {name} --time=5 -o {log}
+cd {repo}
+srun --mpi=pmi2 {python} -m hpcsched --scheduler-file {sfile} --nthreads 1 --memory-limit 1GB
+"""
+
+
+def job_state(job_id: str) -> str:
+    """``JobState`` and ``ExitCode`` of a job SLURM still remembers, from scontrol."""
+    out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                         env=SRUN_ENV, timeout=30).stdout
+    found = re.findall(r"(?:JobState|ExitCode)=(\S+)", out)
+    return " ".join(found)
+
+
+def inc(x: int) -> int:
+    return x + 1
+
+
+@pytest.mark.timeout(400)
+def test_an_sbatch_job_serves_a_client_on_the_login_side_until_its_shutdown(multi, tmp_path):
+    """``srun python -m hpcsched --scheduler-file F`` in an sbatch script over the three
+    nodes: a client on the login side reads F, computes (single tasks, a bulk map, a dask
+    array, blocks moved between workers on different nodes over MPI), and its shutdown()
+    ends the job with every rank. (Each rank's share of a node's memory, what the worker
+    ranks would take by themselves, is below what numpy and dask take in a rank: the
+    test names a limit.)"""
+    import dask
+    import dask.array as da
+
+    sfile, log = tmp_path / "sched.json", tmp_path / "serve.out"
+    name = f"hpcsched-test-{uuid.uuid4().hex[:8]}"
+    script = tmp_path / "serve.sh"
+    script.write_text(SERVE.format(name=name, log=log, repo=REPO, python=sys.executable,
+                                   sfile=sfile))
+    submitted = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True,
+                               text=True, env=SRUN_ENV, timeout=30)
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    try:
+        # (the job may wait for the nodes while other jobs hold them)
+        with Client(scheduler_file=str(sfile), timeout=240, set_as_default=False) as client:
+            # the scheduler on node1, reached over the cluster network
+            assert client.scheduler_comm.address.startswith("tcp://10.77.0.11:"), \
+                client.scheduler_comm.address
+            hosts = client.run(socket.gethostname)
+            assert all(a.startswith("mpi://") for a in hosts), hosts
+            assert sorted(set(hosts.values())) == ["node1", "node2", "node3"], hosts
+            assert client.gather([client.submit(inc, i) for i in range(10)]) == \
+                list(range(1, 11))
+            assert sum(client.gather(client.map(inc, range(200)), timeout=60)) == \
+                sum(range(1, 201))
+            # one block on a worker of each node, then each sums all three: two come over
+            # MPI from the other nodes
+            by_host = {h: a for a, h in sorted(hosts.items())}
+            pinned = [by_host[f"node{i + 1}"] for i in range(NODES)]
+            parts = [client.submit(block, i, workers=[w], pure=False)
+                     for i, w in enumerate(pinned)]
+            sums = [client.submit(total, *parts, workers=[w], pure=False) for w in pinned]
+            expected = float(sum(block(i).sum() for i in range(NODES)))
+            results = client.gather(sums, timeout=60)
+            assert [h for h, _ in results] == ["node1", "node2", "node3"]
+            assert all(s == pytest.approx(expected) for _, s in results)
+            x = da.random.RandomState(1).random((300, 300), chunks=100)
+            arr = (x @ x.T).mean(axis=0)
+            np.testing.assert_allclose(client.compute(arr).result(timeout=60),
+                                       dask.compute(arr, scheduler="sync")[0])
+            client.shutdown()
+        wait_until(lambda: job_id not in unfinished(), timeout=60,
+                   what=f"job {job_id} to end after the client's shutdown()")
+        assert job_state(job_id) in ("COMPLETED 0:0", ""), job_state(job_id)
+        # no rank left on any node (the nodes' processes are this host's)
+        left = [p.pid for p in psutil.process_iter(["cmdline"])
+                if str(sfile) in " ".join(p.info["cmdline"] or [])]
+        assert left == [], left
+        assert not sfile.exists()
+        text = log.read_text(errors="replace")
+        assert "ending the job: a client asked for shutdown" in text, text[-5000:]
+        assert "Traceback" not in text and not LIBRARY_WARNING.search(text), text[-5000:]
+    finally:
+        subprocess.run(["scancel", job_id], env=SRUN_ENV, timeout=30, capture_output=True)

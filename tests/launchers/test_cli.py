@@ -175,6 +175,31 @@ def test_dask_jobqueues_lifetime_idiom_reaches_the_worker_as_in_dask_jobqueue():
     assert (args.lifetime, args.lifetime_stagger) == (3300.0, 240.0)
 
 
+@pytest.mark.timeout(90)
+def test_a_clients_shutdown_ends_the_scheduler_and_its_workers(procs, tmp_path):
+    """``Client.shutdown()``, as distributed's: the scheduler closes its workers and exits."""
+    sfile = tmp_path / "scheduler.json"
+    sched = start_scheduler(procs, sfile)
+    workers = [procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                            str(sfile), *WORKER_OPTS], f"w{i}") for i in range(2)]
+    bystander = Client(str(sfile), set_as_default=False)
+    try:
+        with Client(str(sfile), set_as_default=False) as client:
+            client.wait_for_workers(2, timeout=30)
+            assert client.submit(inc, 1).result(timeout=30) == 2
+            client.shutdown()
+            assert client.status == "closed"
+        assert sched.wait(20) == 0
+        for w in workers:
+            w.wait(20)
+        assert not sfile.exists()
+        # another client of the cluster hears that it ended
+        wait_until(lambda: bystander.status != "running", timeout=10,
+                   what="the other client to notice the scheduler left")
+    finally:
+        bystander.close()
+
+
 def test_help_and_usage_errors(procs):
     out = subprocess.run([*hpcsched_cmd(), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "hpcsched scheduler" in out.stdout

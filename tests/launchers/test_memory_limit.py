@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcsched.hpc import bootstrap
+from hpcsched.hpc import bootstrap, command
 from hpcsched.hpc.initialize_options import InitOptions, resolve
 from hpcsched.jobqueue.clusters import SLURMCluster
 from hpcsched.launchers import cli
@@ -73,7 +73,7 @@ def mpi_command_line(value: object, tmp: Path) -> int:
     """``python -m hpcsched --memory-limit VALUE script.py``: what a worker rank starts."""
     script = tmp / "script.py"
     script.write_text("")
-    ns = bootstrap._parse(["--nthreads", "1", "--memory-limit", str(value), str(script)])
+    ns = command._parse(["--nthreads", "1", "--memory-limit", str(value), str(script)])
     options = InitOptions(nthreads=ns.nthreads, memory_limit=ns.memory_limit)
     return bootstrap.rank_resources(options)[1]
 
@@ -125,7 +125,7 @@ def test_auto_splits_the_machine_among_the_workers_of_one_command(monkeypatch):
 def test_a_bad_memory_limit_is_refused_by_every_entry_point(tmp_path):
     script = tmp_path / "script.py"
     script.write_text("")
-    for parse in (lambda v: bootstrap._parse(["--memory-limit", v, str(script)]),
+    for parse in (lambda v: command._parse(["--memory-limit", v, str(script)]),
                   lambda v: cli.worker_main(["tcp://h:1", "--memory-limit", v])):
         with pytest.raises(SystemExit):
             parse("lots")

@@ -780,7 +780,16 @@ class Client:
             self._dask_config = None
         self._close_owned_cluster()
 
-    shutdown = close
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """End the cluster -- its scheduler and workers -- then close this client.
+
+        As distributed's ``Client.shutdown``: the process running the scheduler
+        (``hpcsched scheduler``, an MPI job serving clients, a cluster this client
+        started) ends it, whoever else is connected."""
+        if not self._closed and self.status == "running":
+            with contextlib.suppress(Exception):  # the scheduler may be gone already
+                self._control.shutdown(timeout)
+        self.close(timeout)
 
 
 def _close_at_exit(ref: weakref.ref) -> None:

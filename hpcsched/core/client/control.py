@@ -1,7 +1,7 @@
 """The client's side of cluster control: requests to the scheduler and their answers.
 
 ``Client.run``, ``run_on_scheduler``, ``who_has``, ``has_what``, ``processing``, ``nthreads``,
-``upload_file``, ``replicate``, ``rebalance``, ``restart`` and
+``upload_file``, ``replicate``, ``rebalance``, ``restart``, ``shutdown`` and
 ``wait_for_workers`` are thin methods over a :class:`ClusterRequests`, with
 distributed's signatures and results
 (https://distributed.dask.org/en/stable/api.html#client). It needs the
@@ -169,6 +169,10 @@ class ClusterRequests:
                 raise value
         if wait_for_workers:
             self.wait_for_workers(n, timeout=timeout)
+
+    def shutdown(self, timeout: float | None) -> None:
+        """Ask the process running the scheduler to end the cluster (``Client.shutdown``)."""
+        self.conn.request(pc.Shutdown(""), timeout)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | str | None = None) -> None:
         """Poll the scheduler until ``n_workers`` workers have joined; a cluster that can tell

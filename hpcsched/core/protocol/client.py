@@ -251,6 +251,14 @@ class Restart(Record):
     request_id: str = wire(fc.string)
 
 
+@message("shutdown", C2S)
+class Shutdown(Record):
+    """``Client.shutdown``: end the cluster, its scheduler and workers, as dask's does;
+    answered by ``control-reply`` once the process running the scheduler has been asked."""
+
+    request_id: str = wire(fc.string)
+
+
 @message("register-plugin", C2S)
 class RegisterPlugin(Record):
     """Register a worker or scheduler plugin; answered by ``control-reply``."""

@@ -14,6 +14,11 @@ whose tasks run on the workers). Uploaded files are kept and sent to every
 worker that joins later, as distributed does with its upload-file plugin
 (https://distributed.dask.org/en/stable/api.html#distributed.Client.upload_file).
 
+``shutdown`` (``Client.shutdown``: end the scheduler and its workers, as
+distributed's does) is answered here and sets :attr:`ClusterControl.shutdown_requested`;
+the process that runs the scheduler (``hpcsched scheduler``, an MPI job serving
+clients) watches it and ends the cluster.
+
 Runs on the scheduler's loop thread, like every server op.
 """
 
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +35,7 @@ from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol.calls import call_hook, call_with, check_filename, error_reply
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.serialize import dumps_object, loads_function, loads_object
+from hpcsched.core.scheduler.interfaces import ControlHost
 from hpcsched.core.state import events as ev
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -50,13 +57,15 @@ class ClusterControl:
 
     handlers = Handlers("cluster control")
 
-    def __init__(self, scheduler: Any):
+    def __init__(self, scheduler: ControlHost):
         self.scheduler = scheduler
         self.files: dict[str, bytes] = {}  # uploaded: replayed to workers that join later
         self.worker_plugins: dict[str, bytes] = {}  # name -> pickled plugin: replayed too
         self.scheduler_plugins: dict[str, Any] = {}  # name -> plugin object, started here
         self._pending: dict[str, dict] = {}  # sub-request id -> fan-out in progress
         self._ids = itertools.count()
+        #: a client asked for the cluster to end (``Client.shutdown``): set once
+        self.shutdown_requested = threading.Event()
         scheduler.add_worker_callback(self._on_worker)
         self._table = self.handlers.bind(self)
 
@@ -112,6 +121,12 @@ class ClusterControl:
         self.scheduler.handle_event(ev.CancelKeys(source, list(state.tasks), now=time.time(),
                                                   stimulus_id=self.scheduler.stimulus("restart")))
         self._fan_out(source, msg.request_id, list(state.workers), pr.PluginsReset)
+
+    @handlers.on(pr.Shutdown)
+    def _shutdown(self, source: str, msg: pr.Shutdown) -> None:
+        logger.info("client %s asks the cluster to shut down", source)
+        self._reply(source, msg.request_id, status="OK")
+        self.shutdown_requested.set()
 
     @handlers.on(pr.Rebalance)
     def _rebalance(self, source: str, msg: pr.Rebalance) -> None:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from hpcsched.core.protocol.messages import DataReply, GatherReply, GetData
+from hpcsched.core.scheduler.interfaces import ServerOps
 from hpcsched.core.state import events as ev
 
 
@@ -35,7 +35,7 @@ class Gather:
 class Gathers:
     """Gathers in flight; ``scheduler`` provides ``state``, ``send`` and ``handle_event``."""
 
-    def __init__(self, scheduler: Any):
+    def __init__(self, scheduler: ServerOps):
         self.scheduler = scheduler
         self.pending: dict[str, Gather] = {}  # request_id -> gather
         self.subs: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)

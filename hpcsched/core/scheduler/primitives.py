@@ -45,6 +45,7 @@ from hpcsched.core.protocol import primitives as pp
 from hpcsched.core.protocol.calls import error_reply
 from hpcsched.core.protocol.dispatch import Handlers
 from hpcsched.core.protocol.messages import ControlReply
+from hpcsched.core.scheduler.interfaces import ServerOps
 from hpcsched.core.state import events as ev
 
 logger = logging.getLogger("hpcsched.scheduler")
@@ -82,7 +83,7 @@ class Primitives:
 
     handlers = Handlers("the scheduler's primitives")
 
-    def __init__(self, scheduler: Any):
+    def __init__(self, scheduler: ServerOps):
         self.scheduler = scheduler
         # lock and semaphore: name -> {"max": n, "leases": {lease: peer}, "waiters": deque}
         self.semaphores: dict[str, dict[str, dict]] = {"lock": {}, "semaphore": {}}

@@ -1,5 +1,11 @@
 """The scheduler server: runs :class:`SchedulerState` over any transport.
 
+The server is a shell over parts that own their data, each reached through its
+own methods: the peers' connections (:mod:`.connections`), the outgoing batches
+(:mod:`.outbox`), recovery after a restart (:mod:`.recovery`), and the state
+machine. Parts that need the server back are handed it as a protocol of
+:mod:`.interfaces`.
+
 Peers connect and introduce themselves with one message, ``register-worker``
 or ``register-client`` (:mod:`.registration`); their transport delivers their
 messages to the server's :class:`~hpcsched.core.comm.loop.Loop`
@@ -33,10 +39,8 @@ too; each is encoded once, when its batch is sent.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import os
 import threading
 import time
 import uuid
@@ -45,24 +49,24 @@ from typing import Any
 
 from hpcsched.core import config
 from hpcsched.core.comm import registry
-from hpcsched.core.comm.base import Comm, CommClosedError, Security, parse_address
+from hpcsched.core.comm.base import Security, parse_address
 from hpcsched.core.comm.loop import CLOSED, Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol import records
 from hpcsched.core.scheduler import ops as scheduler_ops
 from hpcsched.core.scheduler.checkpoints import ANNOTATION as CHECKPOINT
 from hpcsched.core.scheduler.checkpoints import Checkpoints, next_to_journal
+from hpcsched.core.scheduler.connections import Connections
 from hpcsched.core.scheduler.control import ClusterControl
 from hpcsched.core.scheduler.extensions import close_extensions, start_extensions
 from hpcsched.core.scheduler.gather import Gathers
-from hpcsched.core.scheduler.journal import JOURNALED, RESTORE_CLIENT, Journal
-from hpcsched.core.scheduler.ops import INTERNAL
-from hpcsched.core.scheduler.primitives import SECTION as PRIMITIVES
+from hpcsched.core.scheduler.journal import JOURNALED
+from hpcsched.core.scheduler.outbox import INTERNAL, Outbox
 from hpcsched.core.scheduler.primitives import Primitives
+from hpcsched.core.scheduler.recovery import Recovery
 from hpcsched.core.scheduler.registration import (
     Newcomer,
     add_worker_event,
-    read_introduction,
     refuse,
     worker_name,
 )
@@ -80,38 +84,12 @@ logger = logging.getLogger("hpcsched.scheduler")
 
 # public address -> (inproc address, secret) of the schedulers running in this process
 LOCAL_SCHEDULERS: dict[str, tuple[str, bytes | None]] = {}
-ComputeTask, FreeKeys, encode = pr.ComputeTask, pr.FreeKeys, pr.encode
-ARRIVED = object()  # payload of a newcomer's first item: it connected
 
-
-#: the records that are the state machine's events, as they arrive
 #: the records a worker or a client sends that the state machine handles itself
 STATE_EVENTS = tuple(sorted(
     SchedulerState.event_types()
     & (set(pr.WORKER_TO_SCHEDULER.values()) | set(pr.CLIENT_TO_SCHEDULER.values())),
     key=lambda t: t.__name__))
-
-
-def _wire(msgs: list) -> list:
-    return [m if m.__class__ is dict else encode(m) for m in msgs]
-
-
-def _merge_frees(msgs: list) -> list:
-    """``msgs`` with each run of consecutive ``free-keys`` made one (a tree reduction frees
-    a key per task, and the worker decodes and handles each message on its own). Only
-    neighbours merge: a ``compute-task`` between two frees keeps its place between them."""
-    out: list = []
-    merged = None  # the copy made for the current run (the records themselves stay as sent)
-    for m in msgs:
-        if m.__class__ is FreeKeys and out and out[-1].__class__ is FreeKeys:
-            head = out[-1]
-            if head is not merged:
-                head = out[-1] = merged = FreeKeys(list(head.keys))
-            head.keys.extend(m.keys)
-        else:
-            out.append(m)
-    return out
-
 
 #: the loop inbox item that asks for the next workers' share of the queue
 FILL_QUEUE = object()
@@ -119,6 +97,11 @@ FILL_QUEUE = object()
 
 class Scheduler:
     """A scheduler listening on ``address`` (``tcp://host:port``, ``inproc://``, ``mpi://0``).
+
+    A shell over parts that own their data: :attr:`connections` (the peers),
+    :attr:`outbox` (batching and flushing), :attr:`recovery` (the journal, and the
+    peers a restarted scheduler awaits), :attr:`state` (the state machine) and the
+    requests it serves (:attr:`gathers`, :attr:`control`, :attr:`primitives`).
 
     Example::
 
@@ -134,30 +117,20 @@ class Scheduler:
                  checkpoint_directory: str | None = None, history: str | None = None,
                  **state_kwargs: Any):
         self.listen_address = address
-        self.security = security
         #: what the server does beside its state (``scheduler.*``)
         self.settings = server = config.read(SchedulerServerSettings, journal=journal,
                                              checkpoint_directory=checkpoint_directory,
                                              history=history)
+        self.recovery = Recovery(server, self)
         #: what a restart needs (``scheduler.journal``): see :mod:`.journal`
-        self.journal = open_journal(server)
+        self.journal = self.recovery.journal
+        self.security = self.recovery.security(security)
         # results of tasks annotated checkpoint=True (see .checkpoints): next to the journal
         checkpoint_directory = server.checkpoint_directory
         if checkpoint_directory is None and self.journal is not None:
             checkpoint_directory = next_to_journal(self.journal.path)
         self.checkpoints = Checkpoints(checkpoint_directory) if checkpoint_directory else None
         self._said_no_checkpoints = False
-        if self.journal is not None and self.journal.meta.get("secret"):
-            # peers that outlived the scheduler prove the secret they had
-            self.security = dataclasses.replace(
-                security or Security(), secret=bytes.fromhex(self.journal.meta["secret"]))
-        # restored clients (by id) that have until then (monotonic) to come back
-        self._awaited_clients: dict[str, float] = {}
-        # after a restore: the workers the journal knew, not back yet; those back, given no
-        # work until all are (or until _hold_until, monotonic; 0: not holding)
-        self._awaited_workers: set[str] = set()
-        self._held_workers: list[str] = []
-        self._hold_until = 0.0
         parse_address(address)  # a malformed address is named here, before anything starts
         if worker_ttl is None and registry.backend_for(address).needs_heartbeat:
             worker_ttl = server.worker_ttl
@@ -174,19 +147,13 @@ class Scheduler:
         self.id = f"scheduler-{uuid.uuid4().hex[:8]}"
         self._listener: Any = None
         self._extra_listeners: list = []
-        self._comms: dict[str, Comm] = {}  # peer id (worker address / client id) -> comm
-        self._worker_peers: set[str] = set()  # the peer ids of _comms that are workers
-        # connected peers yet to introduce themselves, oldest first (loop thread only)
-        self._newcomers: dict[Newcomer, None] = {}
-        self._introduction_timeout = float(config.read(CommSettings).handshake_timeout)
-        self._outbox: dict[str, list] = {}
-        # per worker: messages that may wait for the next one to it or the tick (free-keys)
-        self._held: dict[str, list] = {}
-        self._release_held = False
+        self.connections = Connections(self.loop,
+                                       float(config.read(CommSettings).handshake_timeout))
+        self.outbox = Outbox()
+        self._send_failed = self.connections.lost  # bound once: the outbox's every flush
         self._fill_asked = False  # a FILL_QUEUE item waits in the loop's inbox
         self.gathers = Gathers(self)
         self._stimuli = itertools.count()
-        self._internal: dict[str, Future] = {}
         self._worker_callbacks: list = []
         self.removal_stimulus = ""  # of the worker removal being announced to callbacks
         self._closed = False
@@ -209,13 +176,12 @@ class Scheduler:
         """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
         if self.journal is not None:
-            self.loop.call(self._restore)
-        self._listener = self._listen()
+            self.loop.call(lambda: self.recovery.restore(self._table, self.primitives,
+                                                         self.outbox))
+        self._listener = self.recovery.listen(self.listen_address,
+                                              self.connections.on_connect, self.security)
         self.address = self._listener.address
-        if self.journal is not None:
-            self.journal.set_meta({"address": self.address,
-                                   "secret": self.security.secret_hex() if self.security else ""})
-            self.journal.sync()
+        self.recovery.listening(self.address, self.security)
         # a client in this process (a notebook's, rank 0's) talks to us without sockets
         same_process = registry.backend_for(self.address).same_process
         self.inproc_address = self.address if same_process else self.add_listener("inproc://")
@@ -225,80 +191,6 @@ class Scheduler:
         self.extensions.update(start_extensions(self))
         return self
 
-    def _listen(self) -> Any:
-        """Listen where the journal says this scheduler listened (its workers and clients
-        come back there), else (or if that address is taken) at ``listen_address``."""
-        journaled = self.journal.meta.get("address") if self.journal is not None else None
-        if journaled:
-            try:
-                return registry.listen(journaled, self._on_connect, self.security)
-            except OSError as e:
-                logger.warning("cannot listen at %s again (%s): listening at %s; peers find "
-                               "it in the scheduler file", journaled, e, self.listen_address)
-        return registry.listen(self.listen_address, self._on_connect, self.security)
-
-    def _restore(self) -> None:
-        """Rebuild the journal's graphs, clients and datasets (on the loop, before anyone
-        connects): its messages are handled as they were when they arrived."""
-        assert self.journal is not None
-        now = time.time()
-        grace = float(self.settings.journal_client_grace)
-        for client in self.journal.clients:
-            self.handle_event(ev.AddClient(client, now=now,
-                                           stimulus_id=self._stimulus("restore-client")))
-            self._awaited_clients[client] = time.monotonic() + grace
-        records = list(self.journal.restore_messages())
-        # the restore's last record lets go of the keys it held: after the primitives
-        # hold theirs (the futures stored in variables and queues)
-        release = records.pop() if records and records[-1][0] == RESTORE_CLIENT and \
-            records[-1][1].__class__ is pr.ClientReleasesKeys else None
-        for client, record in records:
-            self._table[type(record)](client, record)
-        for holder in self.primitives.restore(self.journal.sections.get(PRIMITIVES)):
-            self._awaited_clients.setdefault(holder, time.monotonic() + grace)
-        if release is not None:
-            self._table[pr.ClientReleasesKeys](*release)
-        self._outbox.clear()  # answers to clients not connected yet
-        self.journal.compact()
-        self._awaited_workers = set(self.journal.workers)
-        if self._awaited_workers:
-            self._hold_until = time.monotonic() + float(self.settings.journal_worker_grace)
-        if self._awaited_clients:
-            logger.info("restored %d tasks of %d clients from the journal %s",
-                        len(self.state.tasks), len(self._awaited_clients), self.journal.path)
-
-    def _release_workers(self) -> None:
-        """The workers the journal knew are back (or the grace is over): work goes out."""
-        self._hold_until = 0.0
-        now = time.time()
-        for peer in self._held_workers:
-            if peer in self.state.workers:
-                self.handle_event(ev.WorkerStatusChange(
-                    status="running", worker=peer, now=now,
-                    stimulus_id=self._stimulus("workers-back")))
-        logger.info("%d workers came back%s: giving out work", len(self._held_workers),
-                    f", {len(self._awaited_workers)} did not: {sorted(self._awaited_workers)}"
-                    if self._awaited_workers else "")
-        for address in self._awaited_workers:
-            if self.journal is not None:
-                self.journal.worker_left(address)
-        self._held_workers, self._awaited_workers = [], set()
-
-    def _expire_awaited_clients(self, now: float) -> None:
-        """Restored clients that did not come back in time want nothing any more."""
-        mono = time.monotonic()
-        for client, deadline in list(self._awaited_clients.items()):
-            if deadline <= mono:
-                del self._awaited_clients[client]
-                if client not in self._comms:
-                    logger.info("client %s did not come back: releasing its keys and leases",
-                                client)
-                    self.primitives.peer_left(client)
-                    self.handle_event(ev.RemoveClient(
-                        client, now=now, stimulus_id=self._stimulus("remove-client")))
-                    if self.journal is not None:
-                        self.journal.client_gone(client)
-
     @property
     def dashboard_link(self) -> str | None:
         """The dashboard's URL, if the diagnostics extension serves one."""
@@ -307,7 +199,7 @@ class Scheduler:
     def add_listener(self, address: str) -> str:
         """Also accept peers on ``address`` (e.g. ``inproc://`` for a client in this process
         while workers come over ``mpi://``); returns the contactable address."""
-        lst = registry.listen(address, self._on_connect, self.security)
+        lst = registry.listen(address, self.connections.on_connect, self.security)
         self._extra_listeners.append(lst)
         return lst.address
 
@@ -334,9 +226,9 @@ class Scheduler:
 
         def shutdown() -> None:
             for addr in list(self.state.workers):
-                self._queue(addr, pr.Close("scheduler closing", exit_code))
+                self.outbox.queue(addr, pr.Close("scheduler closing", exit_code))
             for cid in list(self.state.clients):
-                self._queue(cid, pr.SchedulerClosing())
+                self.outbox.queue(cid, pr.SchedulerClosing())
 
         try:
             if not detach:
@@ -344,125 +236,77 @@ class Scheduler:
         except Exception:
             pass
         self.loop.stop(timeout=timeout)
-        if self.journal is not None:
-            self.journal.close()
-        for comm in list(self._comms.values()):
-            try:
-                comm.close()
-            except Exception:
-                pass
-        self._comms.clear()
+        self.recovery.close()
+        self.connections.close()
         if self.loop.stopped.is_set():
             # a closed cluster may be kept (a notebook's output history holds what a cell
             # showed): not the tasks of its clients, their arguments, its workers
             self.state = SchedulerState(self.state.settings)
-            self._outbox.clear()
-            self._held.clear()
+            self.outbox.clear()
 
-    # ================================================================ connections
-    def _on_connect(self, comm: Comm) -> None:
-        """Runs on the transport's thread for each accepted peer, and must not block: its
-        messages go to the loop, where the first is read as its introduction."""
-        newcomer = Newcomer(comm, self._introduction_timeout)
-        self.loop.put((newcomer, ARRIVED))
-        comm.deliver_to(self.loop, newcomer, CLOSED)
-
+    # ================================================================ peers
     def _newcomer(self, nc: Newcomer, payload: Any, now: float) -> None:
         """An item from a peer that had not introduced itself when it was sent."""
         if nc.peer is not None:  # accepted since: the rest is the peer's
             if payload is CLOSED:
                 self._disconnect(nc.peer, "connection closed")
-            elif self._comms.get(nc.peer) is nc.comm:
+            elif self.connections.comms.get(nc.peer) is nc.comm:
                 self._handle_messages(nc.peer, payload, now)
             return
-        if payload is ARRIVED:
-            self._newcomers[nc] = None
-            return
-        if self._newcomers.pop(nc, ARRIVED) is ARRIVED:
-            return  # dropped already (it took too long): what it sent after goes too
-        if payload is CLOSED:
-            logger.info("peer %s left before introducing itself", nc.comm.peer_address)
-            return
-        intro = read_introduction(nc.comm, payload)
-        if intro is None:
-            return
-        peer, msg = intro
-        if self._register(peer, nc.comm, msg):
-            nc.peer = peer
-            if isinstance(payload, list) and len(payload) > 1:
-                self._handle_messages(peer, payload[1:], now)
+        intro = self.connections.introduction(nc, payload)
+        if intro is not None and self._register(intro[0], nc.comm, intro[1]):
+            nc.peer = intro[0]
+            if intro[2]:
+                self._handle_messages(nc.peer, intro[2], now)
 
-    def _expire_newcomers(self, mono: float) -> None:
-        """Drop the peers that connected but did not introduce themselves in time."""
-        for nc in list(self._newcomers):  # oldest first: all share one timeout
-            if nc.deadline > mono:
-                return
-            del self._newcomers[nc]
-            logger.warning("peer %s did not introduce itself within %ss", nc.comm.peer_address,
-                           self._introduction_timeout)
-            nc.comm.close()
-
-    def _register(self, peer: str, comm: Comm, msg: pr.RegisterClient | pr.RegisterWorker
+    def _register(self, peer: str, comm: Any, msg: pr.RegisterClient | pr.RegisterWorker
                   ) -> bool:
         """Accept a peer whose introduction ``msg`` passed its checks (False: refused)."""
         now = time.time()
         if isinstance(msg, pr.RegisterClient):
-            self._comms[peer] = comm
-            self._awaited_clients.pop(peer, None)  # a restored client came back
-            self.handle_event(ev.AddClient(peer, now=now, stimulus_id=self._stimulus("register-client")))
-            self._queue(peer, pr.Registered(self.address, self.id,
-                                            journaled=self.journal is not None))
-            comm.deliver_to(self.loop, peer, CLOSED)
+            self.connections.accept(peer, comm, worker=False)
+            self.recovery.client_joined(peer)
+            self.handle_event(ev.AddClient(peer, now=now,
+                                           stimulus_id=self.stimulus("register-client")))
+            self.outbox.queue(peer, pr.Registered(self.address, self.id,
+                                                  journaled=self.journal is not None))
             return True
         name = msg.name or peer
         if peer in self.state.workers or self.state.registry.named(worker_name(name)) is not None:
             refuse(comm, peer, f"a worker named {name!r} is already registered")
             return False
         try:
-            event = add_worker_event(peer, msg, name, now,
-                                     self._stimulus("register-worker"))
+            event = add_worker_event(peer, msg, name, now, self.stimulus("register-worker"))
         except (TypeError, ValueError) as e:
             logger.warning("dropping worker %s: malformed registration: %s", peer, e)
             comm.close()
             return False
-        self._comms[peer] = comm
-        self._worker_peers.add(peer)
-        if self._hold_until:  # no work until the others are back with what they hold
-            event = records.replace(event, paused=True)
-            self._held_workers.append(peer)
+        self.connections.accept(peer, comm, worker=True)
+        # no work until the others a restarted scheduler awaits are back with what they hold
+        event = self.recovery.worker_joining(event)
         self.handle_event(event)
-        if self.journal is not None:
-            self.journal.worker_joined(peer)
-        if self._hold_until:
-            self._awaited_workers.discard(peer)
-            if not self._awaited_workers:
-                self._release_workers()
+        self.recovery.worker_joined(peer)
         ws = self.state.workers[peer]
         # first in its batch, before the tasks the event gave it: the worker reads it first
-        self._outbox.setdefault(peer, []).insert(0, pr.Registered(
+        self.outbox.queue_first(peer, pr.Registered(
             self.address, self.id, ws.heartbeat_interval, self.journal is not None))
-        comm.deliver_to(self.loop, peer, CLOSED)
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, ws.info())
         return True
 
     def _disconnect(self, peer: str, reason: str) -> None:
-        comm = self._comms.pop(peer, None)
-        if comm is not None:
-            comm.close()
-        self._outbox.pop(peer, None)
-        self._held.pop(peer, None)
+        """``peer`` is gone (or is dropped): the state forgets it, and what it held."""
+        was_worker = self.connections.drop(peer)
+        self.outbox.drop(peer)
         now = time.time()
-        if peer in self._worker_peers:
-            self._worker_peers.discard(peer)
+        if was_worker:
             info = None
             if peer in self.state.workers:  # not already removed by the state (retired, ttl)
                 logger.info("worker %s left: %s", peer, reason)
                 info = self.state.workers[peer].info()
                 self.handle_event(ev.RemoveWorker(peer, reason, now=now,
-                                                  stimulus_id=self._stimulus("remove-worker")))
-            if self.journal is not None:
-                self.journal.worker_left(peer)
+                                                  stimulus_id=self.stimulus("remove-worker")))
+            self.recovery.worker_left(peer)
             self.gathers.worker_left(peer)
             # the remove_worker hooks name the event that removed it (this one, or the
             # state's own: a retirement, a missed heartbeat)
@@ -470,9 +314,9 @@ class Scheduler:
             self._notify_workers("remove", peer, info)
         elif peer in self.state.clients:
             self.primitives.peer_left(peer)
-            self.handle_event(ev.RemoveClient(peer, now=now, stimulus_id=self._stimulus("remove-client")))
-            if self.journal is not None:
-                self.journal.client_gone(peer)
+            self.handle_event(ev.RemoveClient(peer, now=now,
+                                              stimulus_id=self.stimulus("remove-client")))
+            self.recovery.client_left(peer)
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
         """Wake ``wait_for_workers``; call ``fn(event, address, info)`` callbacks (on the loop
@@ -492,6 +336,7 @@ class Scheduler:
         error message and is disconnected, and everyone else's messages are handled."""
         now = time.time()
         fill = False
+        comms = self.connections.comms
         for source, payload in items:
             if source is FILL_QUEUE:
                 fill = True
@@ -501,19 +346,19 @@ class Scheduler:
                     self._newcomer(source, payload, now)
                 elif payload is CLOSED:
                     self._disconnect(source, "connection closed")
-                elif source in self._comms:  # else a late message from a peer we dropped
+                elif source in comms:  # else a late message from a peer we dropped
                     self._handle_messages(source, payload, now)
             except Exception:  # a bug, not the peer's fault: log it, serve the rest
                 logger.exception("error while handling a message from %s", source)
         if fill:  # after what arrived with it: the first results of the tasks handed out
             self._fill_asked = False
             if self.state.fill_pending:
-                self.handle_event(ev.FillQueue(now=now, stimulus_id=self._stimulus("fill")))
+                self.handle_event(ev.FillQueue(now=now, stimulus_id=self.stimulus("fill")))
 
     def _handle_messages(self, source: str, payload: Any, now: float) -> None:
-        receive, table, stimulus = pr.receive, self._table, self._stimulus
+        receive, table, stimulus = pr.receive, self._table, self.stimulus
         journal = None
-        if source in self._worker_peers:
+        if source in self.connections.workers:
             direction, context = pr.WORKER_TO_SCHEDULER, {"worker": source, "now": now}
         else:
             direction, context = pr.CLIENT_TO_SCHEDULER, {"client": source, "now": now}
@@ -543,40 +388,28 @@ class Scheduler:
         else:
             reason = f"handling {type(record).__name__} failed: {type(error).__name__}: {error}"
             logger.error("dropping %s: %s", peer, reason, exc_info=error)
-        notice = pr.Close(reason, 1) if peer in self._worker_peers else pr.Error(reason)
-        self._say_close(peer, notice)
+        conns = self.connections
+        notice = pr.Close(reason, 1) if peer in conns.workers else pr.Error(reason)
+        self.outbox.send_now(peer, conns.comms.get(peer), notice)
         self._disconnect(peer, reason)
 
-    def _say_close(self, peer: str, notice: Any) -> None:
-        """Send ``peer`` what is queued for it and ``notice``, now (it is disconnected next)."""
-        comm = self._comms.get(peer)
-        if comm is not None:
-            try:
-                comm.send(_wire(self._outbox.pop(peer, []) + [notice]))
-            except (CommClosedError, OSError):
-                pass
-
     def _tick(self, now: float) -> None:
-        if self._newcomers:
-            self._expire_newcomers(time.monotonic())
-        self._release_held = True  # this iteration's flush sends what waited
-        self.handle_event(ev.Tick(now=now, stimulus_id=self._stimulus("tick")))
+        self.connections.expire()
+        self.outbox.release_held()  # this iteration's flush sends what waited
+        self.handle_event(ev.Tick(now=now, stimulus_id=self.stimulus("tick")))
         self.primitives.tick(now)
-        if self._awaited_clients:
-            self._expire_awaited_clients(now)
-        if self._hold_until and time.monotonic() >= self._hold_until:
-            self._release_workers()
+        for client in self.recovery.tick(self.connections.comms):
+            self._disconnect(client, "did not come back")
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for
-        if len(self._worker_peers) != len(self.state.workers):
-            for peer in [p for p in self._worker_peers if p not in self.state.workers]:
+        workers = self.connections.workers
+        if len(workers) != len(self.state.workers):
+            for peer in [p for p in workers if p not in self.state.workers]:
                 # told so, it exits (a worker that only lost its connection reconnects)
-                self._say_close(peer, pr.Close("removed by the scheduler", 1))
+                self.outbox.send_now(peer, self.connections.comms.get(peer),
+                                     pr.Close("removed by the scheduler", 1))
                 self._disconnect(peer, "removed")
-
-    def _stimulus(self, op: str) -> str:
-        return f"{op}-{next(self._stimuli)}"
 
     def _route(self, commands: list) -> None:
         """Queue the state's commands; tell scheduler plugins of the new transitions."""
@@ -584,63 +417,21 @@ class Scheduler:
         if entries:
             self.state.transition_listener = [] if self.control.scheduler_plugins else None
             self.control.transitions(entries)
+        queue = self.outbox.queue
         for cmd in commands:
-            self._queue(cmd.to, cmd.msg)
-
-    def _queue(self, to: str, msg: Any) -> None:
-        """Queue ``msg`` (a protocol record, or a wire dict) for peer ``to``."""
-        if to == INTERNAL:
-            rid = msg.get("request_id") if isinstance(msg, dict) else \
-                getattr(msg, "request_id", None)
-            fut = self._internal.pop(str(rid), None)
-            if fut is not None and not fut.done():
-                fut.set_result(msg)
-            return
-        box = self._outbox.get(to)
-        if box is None:
-            box = self._outbox[to] = []
-        box.append(msg)
+            queue(cmd.to, cmd.msg)
 
     def _flush(self) -> None:
-        """Send each destination its batch. A batch of only ``free-keys`` waits (up to
-        a tick) to ride along with the next message to that worker: releasing memory is
-        not urgent, and on a busy node every message costs both ends a wake-up (a
-        tree reduction sends one free-keys per task)."""
-        if self.journal is not None:
-            if self.primitives.changed:
-                self.primitives.write_journal(self.journal)
-            self.journal.sync()  # what clients are told below is in the journal first
-        held = self._held
-        release, self._release_held = self._release_held, False
-        if release and held:
-            for to, msgs in held.items():
-                self._outbox[to] = msgs + self._outbox.get(to, [])
-            held.clear()
+        """The loop turn is over: journal what it changed, then send each peer its batch
+        (:class:`~.outbox.Outbox`)."""
+        if self.journal is not None:  # what clients are told is in the journal first
+            self.recovery.sync(self.primitives)
         if self.state.fill_pending and not self._fill_asked:
             # the next iteration, once these messages are out, hands the next workers
             # their queued tasks (see SchedulerState.fill_pending)
             self._fill_asked = True
             self.loop.put((FILL_QUEUE, None))
-        if not self._outbox:
-            return
-        outbox, self._outbox = self._outbox, {}
-        for to, msgs in outbox.items():
-            waiting = held.pop(to, None)
-            if waiting is not None:
-                msgs = waiting + msgs
-            if not release and all(m.__class__ is FreeKeys for m in msgs):
-                held[to] = msgs
-                continue
-            comm = self._comms.get(to)
-            if comm is None:
-                continue
-            if len(msgs) > 1:
-                msgs = _merge_frees(msgs)
-            try:
-                comm.send(_wire(msgs))
-            except (CommClosedError, OSError) as e:
-                self.loop.put((to, CLOSED))
-                logger.info("send to %s failed: %s", to, e)
+        self.outbox.flush(self.connections.comms, self._send_failed)
 
     # ================================================================ inbound records
     #: record type -> handler(sender, record), for every record a registered worker or
@@ -651,7 +442,7 @@ class Scheduler:
     @handlers.on(*STATE_EVENTS)
     def _state_event(self, source: str, event: Any) -> None:
         """A record the state machine handles: the decoded record is its event."""
-        if source in self._worker_peers and source not in self.state.workers:
+        if source in self.connections.workers and source not in self.state.workers:
             return  # news from a worker already removed (retired, timed out)
         if event.__class__ is pr.UpdateGraph and event.annotations and \
                 CHECKPOINT in event.annotations:
@@ -666,7 +457,7 @@ class Scheduler:
 
     @handlers.on(pr.CloseClient)
     def _close_client(self, source: str, msg: pr.CloseClient) -> None:
-        self._queue(source, pr.CloseClientReply())
+        self.outbox.queue(source, pr.CloseClientReply())
         self._flush()
         self._disconnect(source, "client closed")
 
@@ -688,24 +479,21 @@ class Scheduler:
         a copy carries it)."""
         if not event.stimulus_id:
             event = records.replace(
-                event, stimulus_id=self._stimulus(op or type(event).__name__))
+                event, stimulus_id=self.stimulus(op or type(event).__name__))
         self._route(self.state.handle(event))
 
     def stimulus(self, op: str) -> str:
         """A new stimulus id, ``"<op>-<n>"``, for an event this server builds."""
-        return self._stimulus(op)
+        return f"{op}-{next(self._stimuli)}"
 
     def send(self, to: str, msg: Any, before_tasks: bool = False) -> None:
         """Queue ``msg`` for peer ``to`` (on the loop thread: served ops answer so);
         ``before_tasks``: ahead of the tasks already queued for it (what a worker that just
         joined must have first: uploaded files, plugins)."""
-        box = self._outbox.get(to)
-        if before_tasks and box:
-            at = next((i for i, m in enumerate(box) if m.__class__ is ComputeTask),
-                      len(box))
-            box.insert(at, msg)
-            return
-        self._queue(to, msg)
+        if before_tasks:
+            self.outbox.queue_before_tasks(to, msg)
+        else:
+            self.outbox.queue(to, msg)
 
     def workers_info(self) -> dict[str, dict]:
         """Each worker's description, by address (from any thread)."""
@@ -727,10 +515,10 @@ class Scheduler:
         fut: Future = Future()
 
         def start() -> None:
-            self._internal[rid] = fut
+            self.outbox.expect(rid, fut)
             addrs = self.state.workers_to_retire(workers, names, n)
             self.handle_event(ev.RetireWorkers(rid, INTERNAL, addrs, close, now=time.time(),
-                                               stimulus_id=self._stimulus("retire-workers")))
+                                               stimulus_id=self.stimulus("retire-workers")))
 
         self.loop.call(start)
         reply: pr.RetireWorkersReply = fut.result(timeout)
@@ -756,11 +544,3 @@ class Scheduler:
         """Stop calling ``fn`` (see :meth:`add_worker_callback`)."""
         if fn in self._worker_callbacks:
             self._worker_callbacks.remove(fn)
-
-
-def open_journal(settings: SchedulerServerSettings) -> Journal | None:
-    """The journal ``settings`` name (None: none), with their fsync and compaction."""
-    if not settings.journal:
-        return None
-    return Journal(os.path.expanduser(str(settings.journal)), bool(settings.journal_fsync),
-                   settings.journal_compact_bytes)

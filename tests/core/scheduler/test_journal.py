@@ -262,7 +262,7 @@ def test_a_client_hears_of_its_submission_only_once_the_journal_holds_it(tmp_pat
             Client(cluster, set_as_default=False) as second:
         scheduler = cluster.scheduler
         fsync = os.fsync
-        comms = scheduler.loop.call(lambda: {c: scheduler._comms[c]
+        comms = scheduler.loop.call(lambda: {c: scheduler.connections.comms[c]
                                              for c in (first.id, second.id)})
         sends = {c: comm.send for c, comm in comms.items()}
 
