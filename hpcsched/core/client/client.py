@@ -84,7 +84,7 @@ from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the publ
     wait,
     wait_futures,
 )
-from hpcsched.core.client.graphs import Submitter, unpack_futures
+from hpcsched.core.client.graphs import Submitter
 from hpcsched.core.client.submission import (  # noqa: F401 - funcname/task_run_spec re-exported
     as_list,
     funcname,
@@ -102,8 +102,7 @@ from hpcsched.core.comm.scheduler_file import (  # noqa: F401 - re-exported
 from hpcsched.core.graph.dsk import GraphError
 from hpcsched.core.protocol import messages as pc
 from hpcsched.core.protocol.dispatch import Handlers
-from hpcsched.core.protocol.run_spec import RunSpec
-from hpcsched.core.protocol.serialize import dumps_function, dumps_object, serialize
+from hpcsched.core.protocol.serialize import serialize
 from hpcsched.core.settings import ClientSettings, CommSettings
 
 logger = logging.getLogger("hpcsched.client")
@@ -379,25 +378,11 @@ class Client:
         if ranks is not None or ranks_per_node is not None:
             call_annotations(("",), ranks, ranks_per_node)  # an error here, before any work
         func, seconds = timed(func, duration, time_limit)
-        # ``held`` keeps the futures found in the arguments alive until the graph that needs
-        # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
-        # released, and the scheduler told so, before the task that depends on it arrives
-        (args, kwargs), held = unpack_futures((args, kwargs), self.future_table)
-        fblob = dumps_function(func)
-        ablob = dumps_object((args, kwargs)) if (args or kwargs) else None
-        if key is None:
-            key = f"{funcname(func)}-" + (pure_token(fblob, ablob) if pure else
-                                          f"{self._token}{next(self._keys):08x}")
-        if self.future_table.known(key):
-            return Future(key, self)
-        fut = Future(key, self)
-        task = {"run_spec": RunSpec(fblob, ablob, bool(held)), "deps": list(held)}
-        self.scheduler_comm.send(pc.UpdateGraph(
-            self.id, {key: task}, [key], priority, {key: retries} if retries else {},
-            resources, as_list(workers), allow_other_workers, {key: 0},
-            call_annotations((key,), ranks, ranks_per_node, seconds)))
-        del held
-        return fut
+        return self._submitter.submit(
+            func, args, kwargs, key=key, pure=pure,
+            token=f"{self._token}{next(self._keys):08x}", priority=priority, retries=retries,
+            resources=resources, workers=workers, allow_other_workers=allow_other_workers,
+            annotate=lambda k: call_annotations((k,), ranks, ranks_per_node, seconds))
 
     def map(self, func: Callable, *iterables: Iterable, key: Any = None, workers: Any = None,
             resources: dict | None = None, retries: int = 0, priority: int = 0,

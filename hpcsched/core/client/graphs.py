@@ -37,6 +37,7 @@ from hpcsched.core.client.submission import (
     as_list,
     blake2b,
     flatten_keys,
+    funcname,
     pack_keys,
     pure_token,
     task_run_spec,
@@ -168,6 +169,29 @@ class Submitter:
         # a pure bulk map's prefix (a hash of it) -> the prefix it was last sent under: a
         # prefix is sent once, so the same map sent again once partly released needs another
         self.pure_maps: dict[str, str] = {}
+
+    def submit(self, func: Callable, args: tuple, kwargs: dict, *, key: Any, pure: bool,
+               token: str, priority: int, retries: int, resources: dict | None, workers: Any,
+               allow_other_workers: bool, annotate: Callable[[Any], Any]) -> Future:
+        """``Client.submit``'s work: one task's ``update-graph``; ``annotate(key)`` gives its
+        per-call annotations."""
+        # ``held`` keeps the futures found in the arguments alive until the graph that needs
+        # them is queued: a future passed inline (``submit(f, submit(g, 1))``) is otherwise
+        # released, and the scheduler told so, before the task that depends on it arrives
+        (args, kwargs), held = unpack_futures((args, kwargs), self.table)
+        fblob = dumps_function(func)
+        ablob = dumps_object((args, kwargs)) if (args or kwargs) else None
+        if key is None:
+            key = f"{funcname(func)}-" + (pure_token(fblob, ablob) if pure else token)
+        if self.table.known(key):
+            return self.new_future(key)
+        fut = self.new_future(key)
+        task = {"run_spec": RunSpec(fblob, ablob, bool(held)), "deps": list(held)}
+        self.conn.send(UpdateGraph(
+            self.conn.client_id, {key: task}, [key], priority, {key: retries} if retries else {},
+            resources, as_list(workers), allow_other_workers, {key: 0}, annotate(key)))
+        del held
+        return fut
 
     def map(self, func: Callable, items: list, kwargs: dict, *, keys: list | None, base: str,
             token: str, pure: bool, batch_size: int | None, ranks: int | None = None,

@@ -18,7 +18,8 @@ class Scheduler:
     """What the primitives use of a scheduler: the tasks it knows, sends, events."""
 
     def __init__(self, tasks: Any = ()):
-        self.state = SimpleNamespace(tasks=dict.fromkeys(tasks))
+        known = dict.fromkeys(tasks)
+        self.state = SimpleNamespace(tasks=known, knows=known.__contains__)
         self.sent: list = []
         self.events: list = []
 
