@@ -8,8 +8,10 @@ import sys
 #: libraries no start-up needs
 LIBRARIES = ("dask", "distributed", "pandas", "numpy", "yaml", "jinja2", "tornado", "bokeh",
              "zict", "joblib", "sklearn")
-#: hpcsched's modules no start-up needs (the dashboard's server: once a browser connects)
-OURS = ("hpcsched.jobqueue", "hpcsched.diagnostics.server")
+#: hpcsched's modules no start-up needs (the dashboard's server: once a browser connects;
+#: the batch clusters: a worker reads its job's identity through the batch systems' own
+#: small modules, hpcsched.jobqueue.systems, never the cluster's)
+OURS = ("hpcsched.jobqueue.cluster", "hpcsched.diagnostics.server")
 
 
 def heavy_loaded() -> list[str]:

@@ -132,8 +132,9 @@ def _load_files() -> dict[str, Any]:
             for k, v in out.items()}
 
 
-def _from_env(prefix: str = "") -> dict[str, Any]:
-    """The environment's settings whose key starts with ``prefix``, parsed.
+def _from_env(prefix: str = "", only: Any = None) -> dict[str, Any]:
+    """The environment's settings whose key starts with ``prefix`` (and is one of
+    ``only``, if given), parsed.
 
     Only those: parsing a value takes the YAML parser, which nothing else at start-up needs.
     The environment is read on every call (a program may change it), but only the names
@@ -148,7 +149,7 @@ def _from_env(prefix: str = "") -> dict[str, Any]:
         key = _ENV_KEYS.get(name)
         if key is None:
             key = _ENV_KEYS[name] = ".".join(_norm(p) for p in name[len("HPCSCHED_"):].split("__"))
-        if key.startswith(prefix):
+        if key.startswith(prefix) and (only is None or key in only):
             value = environ.get(name)
             if value is None:  # removed meanwhile by another thread
                 continue
@@ -269,7 +270,7 @@ def _lookup(keys: list[str]) -> dict[str, Any]:
         return {}
     with _lock:
         layers = list(reversed(_overrides))
-    env = _from_env(os.path.commonprefix(keys))
+    env = _from_env(os.path.commonprefix(keys), only=frozenset(keys))
     files = _files()
     out: dict[str, Any] = {}
     for key in keys:
