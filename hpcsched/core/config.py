@@ -133,8 +133,9 @@ def _load_files() -> dict[str, Any]:
 
 
 def _from_env(prefix: str = "", only: Any = None) -> dict[str, Any]:
-    """The environment's settings whose key starts with ``prefix`` (and is one of
-    ``only``, if given), parsed.
+    """The environment's settings whose key starts with ``prefix``, parsed.
+
+    With ``only``, those of its keys alone.
 
     Only those: parsing a value takes the YAML parser, which nothing else at start-up needs.
     The environment is read on every call (a program may change it), but only the names
