@@ -23,6 +23,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -122,6 +123,19 @@ def _local_cluster(**kw: Any) -> Any:
     kw.setdefault("timeout", 60)
     kw.setdefault("worker_env", worker_env())
     return LocalCluster(**kw)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Any]:
+    """Real ``hpcsched`` processes a test starts, each with its output in a file; whatever
+    is left is killed at the end (tests/launchers/procs.py)."""
+    from tests.launchers.procs import Procs
+
+    ps = Procs(tmp_path)
+    try:
+        yield ps
+    finally:
+        ps.kill_all()
 
 
 @pytest.fixture
