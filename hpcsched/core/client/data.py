@@ -68,6 +68,8 @@ class Transfers:
         value = table.take(st)
         if value is not UNFETCHED:
             return value
+        if timeout is not None:  # seconds, or as dask writes it ("30s", "2m")
+            timeout = parse_interval(timeout, "timeout", zero=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         table.wait([st], deadline, timeout)
         value = table.take(st)  # fetched by another thread meanwhile

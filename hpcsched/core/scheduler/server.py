@@ -399,7 +399,11 @@ class Scheduler:
         self.handle_event(ev.Tick(now=now, stimulus_id=self.stimulus("tick")))
         self.primitives.tick(now)
         for client in self.recovery.tick(self.connections.comms):
-            self._disconnect(client, "did not come back")
+            if client in self.state.clients:
+                self._disconnect(client, "did not come back")
+            else:  # a holder of a lease the journal named, with no task of its own
+                self.primitives.peer_left(client)
+                self.recovery.client_left(client)
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for
