@@ -36,6 +36,16 @@ ends every rank (:mod:`hpcsched.hpc.bootstrap`): a rank with a member still insi
 (:func:`members_in_mpi`) leaves without ``MPI_Finalize``, which would free what that
 thread is using under it (measured: heap corruption, the job aborted).
 
+**A member computes undisturbed.** In a gang the slowest rank sets the pace of every
+collective, so a delay on any one rank delays them all (the noise amplification of
+Petrini et al., "The Case of the Missing Supercomputer Performance", SC'03). Each time
+another thread of a worker rank wakes (the MPI progress thread's fallback poll, the
+worker's loop sampling memory) it takes Python's lock from the member's thread for a
+switch, which on a loaded node waits for the OS to run it. So while a member holds its
+communicator the progress thread polls only every ``mpi.gang-poll`` when every peer
+rings its doorbell (messages wake it at once all the same), and while a worker runs a
+member its loop samples memory every ``worker.memory.gang-monitor-interval``.
+
 **MPI programs on the task's slots.** While a task with ``ranks=N`` runs, each member's
 environment says how to start an MPI executable on exactly the hosts of its slots
 (:func:`enter_environment`): ``HPCSCHED_MPI_PREFIX`` is the launcher's command line
@@ -79,6 +89,9 @@ def members_in_mpi() -> int:
 def _count(delta: int) -> None:
     with _live_lock:
         _live[0] += delta
+    from hpcsched.hpc import mpi
+
+    mpi.quiet(delta)  # the progress thread polls rarely while a member computes
 
 
 def gang_tag(key: Any, tag_ub: int) -> int:
