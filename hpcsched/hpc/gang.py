@@ -254,19 +254,20 @@ def launcher_prefix(hosts: list[str], environ: Any, hostfile: str) -> str:
     """The command line that starts one process on each of ``hosts`` (one entry a slot,
     repeated for several slots of one host): ``srun`` inside a SLURM allocation (placing
     each task on its slot's host through ``hostfile``, and sharing the cores the workers'
-    own step holds: ``--overlap``), MPICH's ``mpiexec`` elsewhere.
+    own step holds: ``--overlap``; the node list names each task's node in order, as
+    ``--distribution=arbitrary`` wants one entry a task), MPICH's ``mpiexec`` elsewhere.
 
     >>> launcher_prefix(["n1", "n1", "n2"], {}, "/tmp/h")
     'mpiexec -n 3 -hosts n1:2,n2:1'
     >>> launcher_prefix(["n1", "n2", "n1"], {"SLURM_JOB_ID": "7"}, "/tmp/h")
-    'srun --overlap -N 2 -n 3 --nodelist=n1,n2 --distribution=arbitrary'
+    'srun --overlap -N 2 -n 3 --nodelist=n1,n2,n1 --distribution=arbitrary'
     """
     counts: dict[str, int] = {}
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
     if environ.get("SLURM_JOB_ID"):
         return (f"srun --overlap -N {len(counts)} -n {len(hosts)} "
-                f"--nodelist={','.join(counts)} --distribution=arbitrary")
+                f"--nodelist={','.join(hosts)} --distribution=arbitrary")
     return f"mpiexec -n {len(hosts)} -hosts " + ",".join(f"{h}:{n}" for h, n in counts.items())
 
 

@@ -110,6 +110,36 @@ def test_three_jobs_on_three_nodes_reach_the_scheduler_on_the_cluster_network(mu
     wait_until(lambda: not (unfinished() & ids), timeout=30, what="the jobs to leave the queue")
 
 
+@pytest.mark.timeout(300)
+def test_a_multi_node_job_runs_an_mpi_command_on_the_hosts_of_its_slots(multi, hello,
+                                                                         tmp_path):
+    # one job over the three nodes, a worker a core (two a node); a command task holding
+    # six slots starts its MPI program once, through the launcher prefix (srun inside the
+    # job), one rank on each slot. The nodes' SLURM has no MPI plugin by default
+    # (MpiDefault=none): the command names MPICH's, as a site's default would.
+    c = multi(cores=6, processes=6, memory="600MB", launcher="srun",
+              job_extra_directives=["-N 3"])
+    c.scale(jobs=1)
+    with Client(c, set_as_default=False) as client:
+        c.wait_for_workers(6, timeout=150)
+        hosts = client.run(socket.gethostname)
+        assert sorted(hosts.values()) == ["node1", "node1", "node2", "node2", "node3", "node3"]
+        assert len(set(client.run(lambda: os.environ["SLURM_JOB_ID"]).values())) == 1
+        starts = tmp_path / "starts"  # the file system is shared, as on a cluster
+        res = client.submit_command(f'echo x >> {starts}; cat "$HPCSCHED_HOSTFILE"; '
+                                    f'$HPCSCHED_MPI_PREFIX {hello}',
+                                    ranks=6, env={"SLURM_MPI_TYPE": "pmi2"}).result(timeout=120)
+    assert starts.read_text() == "x\n"  # started once, by one member, for all six slots
+    lines = res.stdout.decode().split("\n")[:-1]
+    slots, hellos = lines[:6], sorted((line.split() for line in lines[6:]),
+                                      key=lambda w: int(w[1]))
+    assert sorted(slots) == sorted(hosts.values()), lines
+    assert [w[:3] for w in hellos] == [["HELLO", str(r), "6"] for r in range(6)], lines
+    assert {w[4] for w in hellos} == {"15"}, lines  # the allreduce over all six ranks
+    assert [w[3] for w in hellos] == slots, lines  # rank r on the host of slot r
+    assert res.host == slots[0]  # run by the task's first member
+
+
 @pytest.mark.timeout(120)
 def test_a_network_the_nodes_cannot_reach_is_a_clear_error_within_30_s(multi):
     c = multi(scheduler_options={"interface": "hsbr1"})
