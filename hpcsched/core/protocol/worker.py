@@ -53,6 +53,9 @@ class RegisterWorker(Record):
                                           "`--lifetime` or its job's walltime")
     gpus: list | None = wire(fc.optional(fc.list_of(fc.string)), None, sparse=True,
                              doc="the ids of the GPUs behind its `GPU` resource")
+    job: str | None = wire(fc.optional(fc.string), None, sparse=True,
+                           doc="the batch job it runs in, by its id: the slots of a task "
+                               "with `ranks` come from one job")
 
 
 @message("registered", S2W, S2C)

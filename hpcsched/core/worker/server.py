@@ -111,7 +111,7 @@ from hpcsched.core.worker.peers import PeerTransfers
 from hpcsched.core.worker.preload import Preloads
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.tasks.gpus import Gpus, offer_gpus
-from hpcsched.core.worker.telemetry import WorkerTelemetry
+from hpcsched.core.worker.telemetry import WorkerTelemetry, batch_job_id
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -311,6 +311,7 @@ class Worker:
                     # when it leaves: the scheduler keeps tasks that would outlast it off it
                     leaving_at(self.heartbeats.lifetime, self.walltime_end),
                     list(self.gpus.ids) if self.gpus else None,
+                    batch_job_id(),  # a gang's slots come from one job
                 )
             )
         except BaseException:  # spill directory, preloads, scheduler: nothing is left open
