@@ -140,6 +140,37 @@ def test_a_multi_node_job_runs_an_mpi_command_on_the_hosts_of_its_slots(multi, h
     assert res.host == slots[0]  # run by the task's first member
 
 
+def note_job(log: str, i: int) -> None:
+    """A gang member's line: its task and the batch job it runs in; then it holds its
+    slot a while (the task ends with its first member: a member that had not started by
+    then would not run)."""
+    with open(log, "a") as f:
+        f.write(f"{i} {os.environ['SLURM_JOB_ID']}\n")
+    time.sleep(2)
+
+
+@pytest.mark.timeout(300)
+def test_with_two_multi_node_jobs_each_gang_takes_its_slots_from_one(multi, tmp_path):
+    # two jobs over the same three nodes, a worker a node each: six workers, three of
+    # each job. Gangs of three may run two at a time, each on one job's workers
+    c = multi(cores=3, processes=3, memory="300MB", launcher="srun",
+              job_extra_directives=["-N 3"])
+    c.scale(jobs=2)
+    log = tmp_path / "members"
+    with Client(c, set_as_default=False) as client:
+        c.wait_for_workers(6, timeout=150)
+        jobs = client.run(lambda: os.environ["SLURM_JOB_ID"])
+        assert len(set(jobs.values())) == 2, jobs
+        client.gather(client.map(note_job, [str(log)] * 6, range(6), ranks=3, pure=False),
+                      timeout=120)
+    by_task: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        i, job = line.split()
+        by_task.setdefault(i, []).append(job)
+    assert sorted(by_task) == [str(i) for i in range(6)], by_task
+    assert all(len(js) == 3 and len(set(js)) == 1 for js in by_task.values()), by_task
+
+
 @pytest.mark.timeout(120)
 def test_a_network_the_nodes_cannot_reach_is_a_clear_error_within_30_s(multi):
     c = multi(scheduler_options={"interface": "hsbr1"})
