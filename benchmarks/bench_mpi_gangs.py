@@ -140,17 +140,20 @@ def run(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> list[
 
 def hpcsched_job(nprocs: int, *args: str, checkout: str | None = None) -> list[dict]:
     """``args`` run under ``mpiexec -n nprocs python -m hpcsched``: this checkout's, or the
-    one in ``checkout`` (its package first on the path, its copy of this file)."""
-    here, env = HERE, None
+    one in ``checkout`` (its package first on the path, its copy of this file; ``-P``:
+    not the working directory's, which ``-m`` would put first)."""
+    here, env, isolate = HERE, None, []
     if checkout is not None:
         here = os.path.join(checkout, "benchmarks", os.path.basename(HERE))
         env = {**os.environ, "PYTHONPATH": checkout}
+        isolate = ["-P"]
     return run(
         [
             "mpiexec",
             "-n",
             str(nprocs),
             sys.executable,
+            *isolate,
             "-m",
             "hpcsched",
             "--nthreads",
