@@ -52,6 +52,7 @@ class Job:
     end_time: float | None = None
     running_since: float | None = None  # when a poll first saw it running
     silence_reported: bool = False  # its workers' silence was logged once
+    template: str = "default"  # the job template it was submitted from
 
     @property
     def ended(self) -> bool:
@@ -73,6 +74,7 @@ class Job:
 
     def __repr__(self) -> str:
         return (f"<Job {self.job_id} {self.name} {self.state.value}"
+                f"{'' if self.template == 'default' else ' ' + self.template}"
                 f"{' gone' if self.gone else ''} workers={len(self.workers)}/{self.expected_workers}>")
 
 
