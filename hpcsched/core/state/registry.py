@@ -103,12 +103,15 @@ class WorkerRegistry:
         self._running = None
 
     def running(self) -> list[WorkerInfo]:
-        """Running workers that take new work: not those kept free for a wide task
-        (:meth:`reserve`). Cached; callers must not modify the list."""
+        """Running workers that take any new work: not those kept free for a wide task
+        (:meth:`reserve`), nor those kept for tasks that ask for their resources
+        (``resources_only``, found through ``valid_workers``). Cached; callers must not
+        modify the list."""
         r = self._running
         if r is None:
             r = self._running = [ws for ws in self.workers.values()
-                                 if ws.status == "running" and ws.reserved is None]
+                                 if ws.status == "running" and ws.reserved is None
+                                 and not ws.resources_only]
             self._by_end = None
         return r
 
@@ -198,4 +201,5 @@ class WorkerRegistry:
         assert total == self.total_nthreads, (total, self.total_nthreads)
         if self._running is not None:
             assert self._running == [ws for ws in self.workers.values() if ws.status == "running"
-                                     and ws.reserved is None], "stale running workers"
+                                     and ws.reserved is None and not ws.resources_only], \
+                "stale running workers"
