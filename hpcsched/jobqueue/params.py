@@ -65,6 +65,7 @@ COMMON: dict[str, Any] = {
     "protocol": None,
     "worker_command": None,  # the module the job runs: see worker_program
     "resources": None,  # abstract resources of a job ({"GPU": 4}), shared by its workers
+    "resources_only": None,  # its workers run only tasks asking for those (templates.py)
     # dask-jobqueue parameters hpcsched accepts and does not use (see IGNORED)
     "nanny": True,
     # dask-jobqueue's old names (see DEPRECATED)

@@ -16,6 +16,10 @@ Rules this module keeps:
   those parameters with its own on top (any job parameter, and ``resources``, the
   abstract resources of each job, shared evenly by its worker processes, each told its
   share with ``hpcsched worker --resources``);
+* the workers of a template with ``resources`` run only the tasks that ask for one of
+  them (``resources_only``, true unless the template says otherwise): the CPU stages of
+  a pipeline do not land on a GPU job, whose adaptive scaling then follows the GPU tasks
+  alone. ``resources_only=False`` lets its idle workers take any task;
 * a template's jobs are named ``<job_name>-<template>-<cluster id>-<n>`` unless it
   names its own ``job_name``, so that its jobs are told apart in the queue and its
   workers map back to it;
@@ -39,6 +43,7 @@ from hpcsched.jobqueue.base import BatchSystem
 
 if TYPE_CHECKING:
     from hpcsched.jobqueue.book import JobBook
+    from hpcsched.launchers.adaptive_policy import WorkerSnapshot
 
 DEFAULT = "default"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -82,6 +87,8 @@ class JobTemplates:
                                  "the cluster, not in a template")
             merged = {**kwargs, **overrides}
             merged.setdefault("job_name", f"{base['job_name']}-{name}")
+            if overrides.get("resources") and overrides.get("resources_only") is None:
+                merged["resources_only"] = True
             if "processes" not in overrides and "cores" in overrides:
                 merged.pop("processes", None)  # recomputed from the template's cores
             merged["log_directory"] = base["log_directory"]
@@ -149,10 +156,13 @@ class TemplatePools:
     def workers_per_unit(self, pool: str) -> int:
         return self.templates.workers_per_job(pool)
 
-    def pool_of(self, worker_name: str) -> str:
-        """The template of the job a worker belongs to (the default for one of no job)."""
+    def pool_of(self, worker: WorkerSnapshot) -> str:
+        """The template of the job a worker belongs to (the default for one of no job):
+        its unit is its job's id (``JobQueueCluster.unit_of``), found at once."""
         with self.lock:
-            job = self.book.job_of_worker(worker_name)
+            job = self.book.jobs.get(worker.unit) if worker.unit else None
+            if job is None:
+                job = self.book.job_of_worker(worker.name)
         return job.template if job is not None else DEFAULT
 
     def requested(self, pool: str) -> int:

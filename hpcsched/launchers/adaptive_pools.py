@@ -36,6 +36,7 @@ from hpcsched.launchers.adaptive_policy import (
     Recommendation,
     Snapshot,
     TaskDemand,
+    WorkerSnapshot,
     recommend,
 )
 
@@ -65,7 +66,7 @@ class PoolView(Protocol):
     def names(self) -> list[str]: ...
     def resources(self, pool: str) -> dict[str, float]: ...
     def workers_per_unit(self, pool: str) -> int: ...
-    def pool_of(self, worker_name: str) -> str: ...
+    def pool_of(self, worker: WorkerSnapshot) -> str: ...
     def requested(self, pool: str) -> int: ...
 
 
@@ -113,7 +114,16 @@ def recommend_pools(snap: Snapshot, pools: Sequence[Pool], pool_of: Mapping[str,
     ``snap``; ``close_counts``: pool -> that pool's hysteresis counts."""
     counts = close_counts or {}
     parts = split(snap, pools, pool_of)
-    return {p.name: recommend(parts[p.name], p.policy, counts.get(p.name)) for p in pools}
+    out: dict[str, Recommendation] = {}
+    retiring: set[str] = set()
+    for p in pools:
+        # a pool's workers retire with their results moved to any pool's survivors, not
+        # to those a pool before it retires now
+        elsewhere = [w for q in pools if q.name != p.name for w in parts[q.name].running
+                     if w.address not in retiring]
+        rec = out[p.name] = recommend(parts[p.name], p.policy, counts.get(p.name), elsewhere)
+        retiring.update(rec.retire)
+    return out
 
 
 def pool_policies(default: Policy, view: PoolView,
@@ -184,7 +194,7 @@ class PooledAdaptive(Adaptive):
     def pool_recommendations(self, snap: Snapshot | None = None) -> dict[str, Recommendation]:
         """What the policy recommends for each pool now (does not act)."""
         snap = snap or self.snapshot()
-        pool_of = {w.address: self.view.pool_of(w.name) for w in snap.workers}
+        pool_of = {w.address: self.view.pool_of(w) for w in snap.workers}
         return recommend_pools(snap, self.pools(), pool_of, self.pool_counts)
 
     def adapt(self) -> Recommendation:

@@ -115,7 +115,7 @@ class View:
     def workers_per_unit(self, pool):
         return {"default": 2, "gpu": 4}[pool]
 
-    def pool_of(self, worker_name):
+    def pool_of(self, worker):
         return "default"
 
     def requested(self, pool):
@@ -141,3 +141,20 @@ def test_each_pool_takes_its_own_bounds_or_as_many_jobs_as_the_default_pool():
 def test_bad_pool_bounds_are_named(bounds, error):
     with pytest.raises(ValueError, match=error):
         pool_policies(Policy(workers_per_unit=2), View(), bounds)
+
+
+def test_an_idle_gpu_worker_holding_results_retires_onto_the_cpu_workers():
+    """The GPU stage's results are on the GPU worker; a CPU worker survives to take them,
+    so the GPU job is retired. Alone, it would be kept (its results have nowhere to go),
+    and so it is when the CPU pool retires its idle worker in the same step."""
+    g1 = gpu_worker("g1", nbytes=10 * 2**20, n_keys=40)
+    p = pools(1, 1, wait_count=1)
+    keep_cpu = [Pool("default", Policy(minimum=1, maximum=8, wait_count=1), {}, 1), p[1]]
+    with_cpu = Snapshot(workers=(W("c1", memory_limit=2**30), g1), requested=2)
+    recs = recommend_pools(with_cpu, keep_cpu, {"c1": "default", "g1": "gpu"})
+    assert (recs["gpu"].action, recs["gpu"].retire) == ("down", ("g1",))
+    assert recs["default"].action == "none"
+    recs = recommend_pools(with_cpu, p, {"c1": "default", "g1": "gpu"})
+    assert recs["default"].retire == ("c1",) and recs["gpu"].action == "none"
+    alone = Snapshot(workers=(g1,), requested=1)
+    assert recommend_pools(alone, p, {"g1": "gpu"})["gpu"].action == "none"
