@@ -174,3 +174,16 @@ def test_a_journal_keeps_each_jobs_template():
     # a record written before templates existed reads as the default template's
     old = {k: v for k, v in job_record(job).items() if k != "template"}
     assert job_from_record(old).template == "default"
+
+
+def test_a_templates_workers_keep_to_its_resources_unless_it_says_otherwise():
+    t = JobTemplates(SLURMSystem, dict(cores=2, memory="4GB", log_directory="/l"),
+                     {"gpu": dict(resources={"GPU": 2}),
+                      "shared": dict(resources={"GPU": 2}, resources_only=False)})
+    render = {n: t.system(n).render(f"w-{n}-0", ADDRESS, SECRET) for n in t.names}
+    assert "--resources GPU=1 --resources-only" in render["gpu"]
+    assert "--resources GPU=1" in render["shared"] and "--resources-only" not in render["shared"]
+    assert "--resources" not in render["default"]
+    with pytest.raises(TypeError, match="resources_only must be True or False"):
+        JobTemplates(SLURMSystem, dict(cores=2, memory="4GB", log_directory="/l"),
+                     {"gpu": dict(resources={"GPU": 2}, resources_only="yes")})
