@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hpcsched.jobqueue.job import Job
+from hpcsched.jobqueue.job import DEFAULT_TEMPLATE, Job
 
 if TYPE_CHECKING:
     from hpcsched.core.scheduler.server import Scheduler
@@ -52,7 +52,7 @@ def job_from_record(rec: dict[str, Any]) -> Job:
     job = Job(str(rec["job_id"]), str(rec["name"]), str(rec["log_file"]),
               int(rec["expected_workers"]), submit_time=float(rec["submit_time"]),
               cancel_requested=bool(rec["cancel_requested"]),
-              template=str(rec.get("template", "default")))
+              template=str(rec.get("template", DEFAULT_TEMPLATE)))
     if rec.get("served"):
         # it served the scheduler before the restart: not a job whose workers never came
         job.workers_seen.update(job.worker_names())

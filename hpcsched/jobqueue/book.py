@@ -31,9 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpcsched.jobqueue.base import JobStatus
+from hpcsched.jobqueue.job import DEFAULT_TEMPLATE as DEFAULT
 from hpcsched.jobqueue.job import Job, JobState
-
-DEFAULT = "default"  # the template of the cluster's own parameters
 
 GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
 MISSING_POLLS = 3  # polls without a status (not a race right after submission)

@@ -40,12 +40,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hpcsched.jobqueue.base import BatchSystem
+from hpcsched.jobqueue.job import DEFAULT_TEMPLATE as DEFAULT
 
 if TYPE_CHECKING:
     from hpcsched.jobqueue.book import JobBook
     from hpcsched.launchers.adaptive_policy import WorkerSnapshot
 
-DEFAULT = "default"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: parameters of the cluster as a whole: one scheduler, one secret, one log directory
 CLUSTER_WIDE = ("scheduler_options", "log_directory", "shared_temp_directory", "interface",
