@@ -160,8 +160,9 @@ class Placement:
                           if h.status == "running" and h.reserved is None
                           and not h.resources_only and stays(h)})
             if not valid:
-                valid = order[:k] if k <= policies.SAMPLE_LIMIT else \
+                sample = order[:k] if k <= policies.SAMPLE_LIMIT else \
                     [order[i] for i in self.rng.sample(range(k), policies.SAMPLE_LIMIT)]
+                valid = [w for w in sample if not w.resources_only]
         choice = policies.decide_worker(ts, valid, valid, self.registry.bandwidth, self.rng)
         return ws if choice is None else choice
 

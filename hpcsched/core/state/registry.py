@@ -116,13 +116,16 @@ class WorkerRegistry:
         return r
 
     def by_end(self) -> tuple[list[WorkerInfo], list[float]]:
-        """The running workers, the one that stays longest first (no end: first of all),
-        and their ends negated, ascending (``bisect`` finds those that stay past a time).
-        Cached with :meth:`running`: sorted when a worker joins, leaves or changes status."""
-        running = self.running()
+        """The running workers, those kept for their resources included, the one that stays
+        longest first (no end: first of all), and their ends negated, ascending (``bisect``
+        finds those that stay past a time). Cached with :meth:`running`: sorted when a
+        worker joins, leaves or changes status."""
+        self.running()  # drops the cache when the running workers changed
         cached = self._by_end
         if cached is None:
-            order = sorted(running, key=lambda ws: -math.inf if ws.end is None else -ws.end)
+            taking = [ws for ws in self.workers.values()
+                      if ws.status == "running" and ws.reserved is None]
+            order = sorted(taking, key=lambda ws: -math.inf if ws.end is None else -ws.end)
             cached = self._by_end = (order, [-math.inf if ws.end is None else -ws.end
                                              for ws in order])
         return cached

@@ -78,3 +78,21 @@ def test_the_worker_says_so_in_its_info():
     assert s.workers[G].info()["resources_only"] is True
     assert s.workers[A].info()["resources_only"] is False
     assert [ws.address for ws in s.registry.running()] == [A]
+
+
+def test_a_long_gpu_task_goes_to_the_gpu_worker_that_stays():
+    """Two GPU workers kept for GPU tasks: g1 leaves in 2 minutes, g2 in an hour; a CPU
+    worker stays two hours. A GPU task expected to run 10 minutes goes to g2 (the CPU
+    worker staying longest of all is no place for it), and a CPU task of 10 minutes to
+    the CPU worker."""
+    s = new_scheduler()
+    gpu = {"resources": {"GPU": 1}, "resources_only": True}
+    step(s, ev.AddWorker("tcp://g1", 1, lifetime_end=120, **gpu))
+    step(s, ev.AddWorker("tcp://g2", 1, lifetime_end=3600, **gpu))
+    step(s, ev.AddWorker(A, 4, lifetime_end=7200))
+    out = submit(s, graph(x=[]), keys=["x"], resources={"GPU": 1},
+                 annotations={"duration": {"x": 600}})
+    assert [m.to for m in sent(out, "compute-task", key="x")] == ["tcp://g2"]
+    out = submit(s, graph(y=[]), keys=["y"], annotations={"duration": {"y": 600}})
+    assert [m.to for m in sent(out, "compute-task", key="y")] == [A]
+    s.validate()
