@@ -398,6 +398,7 @@ class JobQueueCluster(Cluster):
         if count <= 0 or self._closed:
             return
         s = self.templates.system(template)
+        s.run_command = self.system.run_command  # one runner: a replacement serves every template
         arrays = [count] if s.params["job_array"] and count > 1 else [None] * count
         for array in arrays:
             name = self.book.take_name(template)
