@@ -171,7 +171,7 @@ class PooledAdaptive(Adaptive):
 
     def __init__(self, scheduler: Any, cluster: Any, view: PoolView, minimum: int = 0,
                  maximum: float = math.inf, pools: Mapping[str, Any] | None = None,
-                 pool_keyword: str = "pool", **kwargs: Any) -> None:
+                 pool_keyword: str = "pool", start: bool = True, **kwargs: Any) -> None:
         super().__init__(scheduler, cluster, minimum=minimum, maximum=maximum,
                          workers_per_unit=view.workers_per_unit(view.names()[0]),
                          start=False, **kwargs)
@@ -181,7 +181,8 @@ class PooledAdaptive(Adaptive):
         self.pool_counts: dict[str, dict[str, int]] = {}
         self.last_recommendations: dict[str, Recommendation] = {}
         self._pool_logged: dict[str, tuple | None] = {}
-        self._thread.start()
+        if start:
+            self._thread.start()
 
     def pools(self) -> list[Pool]:
         return [Pool(n, self.policies[n], self.view.resources(n), self.view.requested(n))

@@ -62,6 +62,7 @@ def test_job_script_shows_each_template(batch, tmp_path):
     assert "#SBATCH --comment=gpu" in gpu and "--comment" not in cpu
     assert f"#SBATCH -J hpcsched-{c.cluster_id}-0" in cpu and "--resources" not in cpu
     assert repr(c).endswith("jobs: default: none; gpu: none>")
+    assert "default: none; gpu: none" in c._repr_html_()  # the notebook widget
     with pytest.raises(ValueError, match="no job template 'gpus'"):
         c.scale(jobs=1, template="gpus")
 

@@ -158,3 +158,67 @@ def test_an_idle_gpu_worker_holding_results_retires_onto_the_cpu_workers():
     assert recs["default"].retire == ("c1",) and recs["gpu"].action == "none"
     alone = Snapshot(workers=(g1,), requested=1)
     assert recommend_pools(alone, p, {"g1": "gpu"})["gpu"].action == "none"
+
+
+# ---------------------------------------------------------------- PooledAdaptive acting
+class PoolCluster:
+    """Records what adaptive asks of each pool; its workers never connect."""
+
+    def __init__(self):
+        self.calls: list = []
+        self.requested = {"default": 0, "gpu": 0}
+
+    def scale_up(self, n, pool=None):
+        self.calls.append(("up", pool, n))
+        self.requested[pool] = max(self.requested[pool], n)
+
+    def scale_down(self, workers):
+        self.calls.append(("down", list(workers)))
+
+    def scale(self, n, pool=None):
+        self.calls.append(("scale", pool, n))
+        self.requested[pool] = n
+
+
+class PoolClusterView(View):
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def workers_per_unit(self, pool):
+        return 1
+
+    def requested(self, pool):
+        return self.cluster.requested[pool]
+
+
+class StateScheduler:
+    """``scheduler.call(fn)`` over a SchedulerState driven by the test."""
+
+    def __init__(self, state):
+        self.state = state
+
+    def call(self, fn, timeout=None):
+        return fn(self)
+
+
+def test_gpu_tasks_ask_the_gpu_pool_for_a_job_and_its_pending_job_goes_when_they_do():
+    from hpcsched.core.state import events as ev
+    from hpcsched.core.state.scheduler_state import SchedulerState
+    from hpcsched.launchers.adaptive_pools import PooledAdaptive
+
+    state = SchedulerState()
+    state.handle(ev.AddClient("c"))
+    tasks = {f"train-{i}": {"run_spec": "s", "deps": []} for i in range(3)}
+    state.handle(ev.UpdateGraph("c", tasks, list(tasks), resources={"GPU": 1}))
+    cluster = PoolCluster()
+    a = PooledAdaptive(StateScheduler(state), cluster, PoolClusterView(cluster), maximum=4,
+                       wait_count=2, pool_keyword="pool", start=False)
+    a.adapt()
+    assert cluster.calls == [("up", "gpu", 1)]  # nothing for the CPU pool
+    assert any(str(d).count("gpu: no workers and 3 tasks waiting") for d in a.log)
+    state.handle(ev.ClientReleasesKeys("c", list(tasks)))  # the GPU tasks were cancelled
+    a.adapt()
+    assert len(cluster.calls) == 1  # one interval of hysteresis: nothing yet
+    a.adapt()
+    assert cluster.calls[1:] == [("scale", "gpu", 0)]  # the pending GPU job is not held
+    assert cluster.requested == {"default": 0, "gpu": 0}
