@@ -60,6 +60,7 @@ class WorkerEvents:
                         e.pid, e.now)
         ws.end = e.lifetime_end
         ws.gpus = tuple(e.gpus)
+        ws.resources_only = e.resources_only
         self.registry.add(ws)
         if e.paused:
             self.registry.set_status(ws, "paused")
