@@ -41,6 +41,9 @@ def worker_row(ws: Any, state: Any) -> dict:
         "n_keys": len(ws.has_what) + ws.n_elements, "last_seen": ws.last_seen, "status": ws.status,
         "rank": rank, "job_id": str(m["job_id"]) if m.get("job_id") else None,
         "bandwidth": _num(m.get("bandwidth")), "pid": ws.pid,
+        # the kind of worker (a job template's: "GPU=1 only" runs only tasks asking for it)
+        "resources": " ".join(f"{r}={q:g}" for r, q in sorted(ws.resources.items()))
+        + (" only" if ws.resources_only else ""),
     }
 
 

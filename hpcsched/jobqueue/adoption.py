@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from hpcsched.jobqueue.job import Job
+from hpcsched.jobqueue.job import DEFAULT_TEMPLATE, Job
 
 if TYPE_CHECKING:
     from hpcsched.core.scheduler.server import Scheduler
@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 #: the journal section a batch cluster keeps
 SECTION = "jobqueue"
 #: what is recorded of each job (besides its id)
-_JOB_FIELDS = ("name", "log_file", "expected_workers", "submit_time", "cancel_requested")
+_JOB_FIELDS = ("name", "log_file", "expected_workers", "submit_time", "cancel_requested",
+               "template")
 
 
 def job_record(job: Job) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def job_from_record(rec: dict[str, Any]) -> Job:
     """The :class:`Job` a journal's record describes (its state comes from the next poll)."""
     job = Job(str(rec["job_id"]), str(rec["name"]), str(rec["log_file"]),
               int(rec["expected_workers"]), submit_time=float(rec["submit_time"]),
-              cancel_requested=bool(rec["cancel_requested"]))
+              cancel_requested=bool(rec["cancel_requested"]),
+              template=str(rec.get("template", DEFAULT_TEMPLATE)))
     if rec.get("served"):
         # it served the scheduler before the restart: not a job whose workers never came
         job.workers_seen.update(job.worker_names())
@@ -58,11 +60,13 @@ def job_from_record(rec: dict[str, Any]) -> Job:
 
 
 def cluster_section(system: str, cluster_id: str, next_index: int, target_jobs: int,
-                    jobs: list[Job], adapt: dict[str, Any] | None) -> dict[str, Any]:
-    """The section of a cluster with these fields; ``jobs``: those not ended."""
+                    jobs: list[Job], adapt: dict[str, Any] | None,
+                    targets: dict[str, int] | None = None) -> dict[str, Any]:
+    """The section of a cluster with these fields; ``jobs``: those not ended;
+    ``targets``: the job templates' own targets (besides the default's ``target_jobs``)."""
     return {"system": system, "cluster_id": cluster_id, "next_index": next_index,
             "target_jobs": target_jobs, "jobs": [job_record(j) for j in jobs],
-            "adapt": adapt}
+            "adapt": adapt, "targets": dict(targets or {})}
 
 
 def check_section(saved: Any, system: str, cluster: str) -> dict[str, Any]:

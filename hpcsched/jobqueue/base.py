@@ -187,6 +187,11 @@ class BatchSystem:
         if not isinstance(p["shebang"], str) or not p["shebang"].startswith("#!"):
             raise ValueError(f"shebang={p['shebang']!r} must start with '#!'")
         self.worker_program = params.worker_program(p["worker_command"])
+        p["resources"] = params.check_resources(p["resources"])
+        self.worker_resources = params.split_resources(p["resources"], p["processes"])
+        if not isinstance(p["resources_only"], (bool, type(None))):
+            raise TypeError(f"resources_only must be True or False, got {p['resources_only']!r}")
+        p["resources_only"] = bool(p["resources_only"])
         p["scheduler_options"] = check_scheduler_options(p["scheduler_options"])
         if p["protocol"] not in (None, "tcp", "tcp://"):
             raise ValueError(f"protocol={p['protocol']!r}: hpcsched's batch clusters speak tcp:// "
@@ -308,6 +313,11 @@ class BatchSystem:
             life, stagger = worker_lifetime(self.walltime_seconds, worker.walltime_margin,
                                             worker.walltime_stagger)
             cmd += ["--lifetime", str(life), "--lifetime-stagger", str(stagger)]
+        if self.worker_resources:
+            cmd += ["--resources", ",".join(f"{k}={v:g}"
+                                            for k, v in self.worker_resources.items())]
+            if p["resources_only"]:
+                cmd.append("--resources-only")
         if p["local_directory"]:
             cmd += ["--local-directory", p["local_directory"]]
         if p["interface"]:  # as dask-jobqueue: workers listen on the same interface

@@ -19,7 +19,9 @@ Rules the book keeps:
 * excess jobs are cancelled pending and newest first, then running ones with the
   fewest connected workers;
 * a job that ends before any of its workers connected, and that we did not cancel, is
-  a failure (:attr:`JobBook.failed_jobs`).
+  a failure (:attr:`JobBook.failed_jobs`);
+* each job template (:mod:`hpcsched.jobqueue.templates`) has a target of its own, met by
+  jobs of that template only; names share one counter, so no two jobs share a name.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpcsched.jobqueue.base import JobStatus
+from hpcsched.jobqueue.job import DEFAULT_TEMPLATE as DEFAULT
 from hpcsched.jobqueue.job import Job, JobState
 
 GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
@@ -41,6 +44,7 @@ class Adjustment:
 
     submit: int = 0
     cancel: tuple[Job, ...] = ()
+    template: str = DEFAULT
 
 
 class Ending(enum.Enum):
@@ -58,9 +62,16 @@ class JobBook:
     >>> book.set_target(2)
     True
     >>> book.adjustment()
-    Adjustment(submit=2, cancel=())
+    Adjustment(submit=2, cancel=(), template='default')
     >>> book.take_name()
     'hpcsched-ab12-0'
+    >>> book.add_template("gpu", "hpcsched-gpu")
+    >>> book.set_target(1, "gpu")
+    True
+    >>> [(a.template, a.submit) for a in book.adjustments()]
+    [('default', 2), ('gpu', 1)]
+    >>> book.take_name("gpu")
+    'hpcsched-gpu-ab12-1'
     """
 
     def __init__(self, workers_per_job: int, job_name: str, cluster_id: str) -> None:
@@ -69,20 +80,43 @@ class JobBook:
         self.cluster_id = cluster_id
         self.jobs: dict[str, Job] = {}
         self.failed_jobs: list[Job] = []
-        self.target_jobs = 0
+        #: template -> jobs aimed for; the default template's is :attr:`target_jobs`
+        self.targets: dict[str, int] = {DEFAULT: 0}
+        #: template -> the job name its jobs start with
+        self.job_names: dict[str, str] = {DEFAULT: job_name}
         self.next_index = 0
         #: failures since the last scale(): wait_for_workers counts only newer ones
         self.failed_since_scale = 0
         #: ids submitted and not known to be cancelled: what must be cancelled at exit
         self.live_ids: set[str] = set()
 
-    # ------------------------------------------------------------ names
-    def next_name(self) -> str:
-        """The name the next job will take: ``<job_name>-<cluster id>-<index>``."""
-        return f"{self.job_name}-{self.cluster_id}-{self.next_index}"
+    @property
+    def target_jobs(self) -> int:
+        """Jobs aimed for of the default template."""
+        return self.targets[DEFAULT]
 
-    def take_name(self) -> str:
-        name = self.next_name()
+    @target_jobs.setter
+    def target_jobs(self, jobs: int) -> None:
+        self.targets[DEFAULT] = jobs
+
+    def add_template(self, template: str, job_name: str) -> None:
+        """A job template whose jobs take names starting with ``job_name``."""
+        self.job_names[template] = job_name
+        self.targets.setdefault(template, 0)
+
+    def _known(self, template: str) -> str:
+        if template not in self.targets:
+            raise ValueError(f"no job template {template!r} (known: "
+                             f"{', '.join(self.targets)})")
+        return template
+
+    # ------------------------------------------------------------ names
+    def next_name(self, template: str = DEFAULT) -> str:
+        """The name the next job will take: ``<job_name>-<cluster id>-<index>``."""
+        return f"{self.job_names[self._known(template)]}-{self.cluster_id}-{self.next_index}"
+
+    def take_name(self, template: str = DEFAULT) -> str:
+        name = self.next_name(template)
         self.next_index += 1
         return name
 
@@ -92,8 +126,10 @@ class JobBook:
             self.jobs[job.job_id] = job
             self.live_ids.add(job.job_id)
 
-    def active(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.active]
+    def active(self, template: str | None = None) -> list[Job]:
+        """Jobs counted in the target (of ``template`` only, if given)."""
+        return [j for j in self.jobs.values()
+                if j.active and (template is None or j.template == template)]
 
     def live(self) -> list[Job]:
         """Jobs not ended (those being cancelled included)."""
@@ -109,21 +145,28 @@ class JobBook:
 
     def summary(self) -> str:
         """The jobs counted by state, e.g. ``"2 running, 1 pending"`` (``"none"``)."""
+        if len(self.targets) > 1:  # per template: "default: 2 running; gpu: 1 pending"
+            return "; ".join(f"{t}: {self._count(t)}" for t in self.targets)
+        return self._count(None)
+
+    def _count(self, template: str | None) -> str:
         counts: dict[str, int] = {}
         for j in self.jobs.values():
+            if template is not None and j.template != template:
+                continue
             key = "gone" if j.gone and not j.state.terminal else j.state.value
             counts[key] = counts.get(key, 0) + 1
         return ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
 
     # ------------------------------------------------------------ targets
-    def set_target(self, jobs: int) -> bool:
+    def set_target(self, jobs: int, template: str = DEFAULT) -> bool:
         """The user's own ``scale()``; True when it asks for more jobs than are active."""
-        self.target_jobs = jobs
+        self.targets[self._known(template)] = jobs
         self.failed_since_scale = 0
-        return jobs > len(self.active())
+        return jobs > len(self.active(template))
 
-    def raise_target(self, jobs: int) -> None:
-        self.target_jobs = max(jobs, self.target_jobs)
+    def raise_target(self, jobs: int, template: str = DEFAULT) -> None:
+        self.targets[self._known(template)] = max(jobs, self.targets[template])
 
     def add_target(self, jobs: int) -> None:
         self.target_jobs += jobs
@@ -141,23 +184,30 @@ class JobBook:
         ]
         for job in jobs:
             job.cancel_requested = True
-        self.target_jobs = max(0, self.target_jobs - len(jobs))
+            if job.template in self.targets:
+                self.targets[job.template] = max(0, self.targets[job.template] - 1)
         return jobs
 
     def stop_all(self) -> None:
         """Closing: no target, every live job to be cancelled."""
-        self.target_jobs = 0
+        self.targets = dict.fromkeys(self.targets, 0)
         for job in self.live():
             job.cancel_requested = True
 
-    def adjustment(self) -> Adjustment:
-        """Jobs to submit or to cancel to meet the target; those to cancel are marked."""
-        active = self.active()
-        deficit = self.target_jobs - len(active)
+    def adjustments(self) -> list[Adjustment]:
+        """What meets each template's target, for the templates whose target is not met."""
+        out = [self.adjustment(t) for t in self.targets]
+        return [a for a in out if a.submit or a.cancel]
+
+    def adjustment(self, template: str = DEFAULT) -> Adjustment:
+        """Jobs of ``template`` to submit or to cancel to meet its target; those to cancel
+        are marked."""
+        active = self.active(template)
+        deficit = self.targets[self._known(template)] - len(active)
         if deficit > 0:
-            return Adjustment(submit=deficit)
+            return Adjustment(submit=deficit, template=template)
         if deficit == 0:
-            return Adjustment()
+            return Adjustment(template=template)
         # newest first among the pending, then running ones with the fewest workers
         order = sorted(
             active,
@@ -170,7 +220,7 @@ class JobBook:
         victims = tuple(order[:-deficit])
         for job in victims:
             job.cancel_requested = True
-        return Adjustment(cancel=victims)
+        return Adjustment(cancel=victims, template=template)
 
     # ------------------------------------------------------------ workers
     def job_of_worker(self, name: str) -> Job | None:

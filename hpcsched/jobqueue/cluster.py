@@ -47,6 +47,11 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
   process that ends without ``close()`` (killed, a kernel restart, interpreter exit)
   leaves them running, their workers waiting for the scheduler, and a cluster made again
   with the same journal adopts those still queued or running. ``close()`` cancels them.
+* **Job templates** (``job_templates={"gpu": dict(queue="gpu", resources={"GPU": 4})}``,
+  :mod:`hpcsched.jobqueue.templates`): several kinds of jobs behind the one scheduler,
+  each with its own target (``scale(jobs=n, template="gpu")``), its own script
+  (``job_script(template="gpu")``) and, under ``adapt()``, grown from the tasks only its
+  workers can run (:mod:`hpcsched.launchers.adaptive_pools`).
 """
 
 from __future__ import annotations
@@ -86,6 +91,7 @@ from hpcsched.jobqueue.diagnosis import (
 )
 from hpcsched.jobqueue.job import Job, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
+from hpcsched.jobqueue.templates import DEFAULT, JobTemplates, TemplatePools
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
@@ -157,6 +163,7 @@ class JobQueueCluster(Cluster):
                  loop: Any = None, scheduler_cls: Any = None,
                  job_cls: type[BatchSystem] | None = None, dashboard_address: Any = None,
                  host: str | None = None, scheduler_journal: str | None = None,
+                 job_templates: dict[str, dict[str, Any]] | None = None,
                  **kwargs: Any) -> None:
         """Take dask-jobqueue's cluster keywords, then the job parameters.
 
@@ -166,14 +173,18 @@ class JobQueueCluster(Cluster):
         ``scheduler_journal``: the scheduler keeps a journal there (``scheduler.journal``);
         made again with the same journal after its process died, the cluster takes up its
         graphs, its address and the jobs still queued or running
-        (:mod:`hpcsched.jobqueue.adoption`).
+        (:mod:`hpcsched.jobqueue.adoption`). ``job_templates``: name -> job parameters
+        that differ from the cluster's, one kind of job each
+        (:mod:`hpcsched.jobqueue.templates`).
         """
         # every check that can fail runs before anything is started or submitted
         cls = type(self).__name__
         _check_cluster_keywords(cls, asynchronous, {"loop": loop, "scheduler_cls": scheduler_cls,
                                                     "silence_logs": silence_logs},
                                 {"host": host, "dashboard_address": dashboard_address})
-        self.system = _system_class(type(self), job_cls)(**kwargs)
+        system_class = _system_class(type(self), job_cls)
+        self.system = system_class(**kwargs)
+        self.templates = JobTemplates(system_class, kwargs, job_templates, default=self.system)
         self.backoff = SubmissionBackoff.from_config()
         p = self.system.params
         self.name = name or cls
@@ -201,6 +212,8 @@ class JobQueueCluster(Cluster):
                             "hpcsched.core.comm.base.Security (the cluster's secret, optional "
                             "TLS via comm.tls.*), not dask.distributed's Security")
         self.book = JobBook(p["processes"], p["job_name"], secrets.token_hex(3))
+        for t in self.templates.names[1:]:
+            self.book.add_template(t, self.templates.system(t).params["job_name"])
         self.jobs: dict[str, Job] = self.book.jobs  # the book's own dict and list
         self.failed_jobs: list[Job] = self.book.failed_jobs
         self.diagnosis = Diagnosis(
@@ -225,6 +238,9 @@ class JobQueueCluster(Cluster):
                 self.book.cluster_id = str(saved["cluster_id"])
                 self.book.next_index = int(saved["next_index"])
                 self.book.target_jobs = int(saved["target_jobs"])
+                for t, n in (saved.get("targets") or {}).items():
+                    if t in self.book.targets:
+                        self.book.targets[t] = int(n)
             # the scheduler's secret: a restored one when the journal had it
             self.cluster_id = self.book.cluster_id
             self._secret = _write_secret(p, self.cluster_id, self.security, cls)
@@ -273,6 +289,11 @@ class JobQueueCluster(Cluster):
                 logger.warning("cannot ask the batch system about the journal's jobs (%s): "
                                "adopting all of them; the next polls tell which still run", e)
         keep, ended = adoptable(jobs, states)
+        for job in keep:
+            if job.template not in self.book.targets:  # a template this cluster lacks now
+                self.diagnosis.note(logging.WARNING, "job %s of template %r, which this "
+                                    "cluster has not: cancelling it", job.job_id, job.template)
+                job.cancel_requested = True
         with self._lock:
             self.book.add(keep)
         journal = self.scheduler.journal
@@ -302,13 +323,20 @@ class JobQueueCluster(Cluster):
                 and self.adaptive.running else None
             self._journal.save(cluster_section(
                 self.system.system, self.cluster_id, self.book.next_index,
-                self.book.target_jobs, self.book.live(), adapt))
+                self.book.target_jobs, self.book.live(), adapt,
+                {t: n for t, n in self.book.targets.items() if t != DEFAULT}))
 
     # ------------------------------------------------------------ scripts
-    def job_script(self, array: int | None = None) -> str:
-        """The script the next submission will use (``array=N``: an N-element job array)."""
-        return self.system.render(self.book.next_name(), self.scheduler_address,
-                                  self.secret_file, array=array)
+    def job_script(self, array: int | None = None, template: str | None = None) -> str:
+        """The script the next submission will use.
+
+        ``array=N``: an N-element job array; ``template``: of that job template, else of
+        the cluster's own parameters.
+        """
+        name = self.templates.check(template)
+        return self.templates.system(name).render(self.book.next_name(name),
+                                                  self.scheduler_address, self.secret_file,
+                                                  array=array)
 
     @property
     def job_header(self) -> str:
@@ -362,14 +390,18 @@ class JobQueueCluster(Cluster):
         return logs
 
     # ------------------------------------------------------------ submit / cancel
-    def _submit(self, count: int) -> None:
-        """Submit ``count`` jobs (one array if ``job_array``); caller holds the lock."""
+    def _submit(self, count: int, template: str = DEFAULT) -> None:
+        """Submit ``count`` jobs of ``template`` (one array if ``job_array``).
+
+        The caller holds the lock.
+        """
         if count <= 0 or self._closed:
             return
-        s = self.system
+        s = self.templates.system(template)
+        s.run_command = self.system.run_command  # one runner: a replacement serves every template
         arrays = [count] if s.params["job_array"] and count > 1 else [None] * count
         for array in arrays:
-            name = self.book.take_name()
+            name = self.book.take_name(template)
             script = s.render(name, self.scheduler_address, self.secret_file, array)
             path = os.path.join(s.params["log_directory"], f"{name}.{s.script_suffix}")
             with open(path, "w") as f:
@@ -379,10 +411,12 @@ class JobQueueCluster(Cluster):
             if array:
                 first = s.array_first_index
                 self.book.add(Job(i, s.element_name(name, first + k),
-                                  s.element_log_file(name, first + k), s.params["processes"])
+                                  s.element_log_file(name, first + k), s.params["processes"],
+                                  template=template)
                               for k, i in enumerate(s.array_element_ids(job_id, array)))
             else:
-                self.book.add([Job(job_id, name, s.log_file(name), s.params["processes"])])
+                self.book.add([Job(job_id, name, s.log_file(name), s.params["processes"],
+                                   template=template)])
             self.diagnosis.note(logging.INFO, "submitted %s %s (%s)", type(self).__name__,
                                 job_id, name)
 
@@ -412,18 +446,21 @@ class JobQueueCluster(Cluster):
 
     # ------------------------------------------------------------ scaling
     def scale(self, n: int | None = None, jobs: int | None = None, memory: Any = None,
-              cores: int | None = None) -> None:
+              cores: int | None = None, template: str | None = None) -> None:
         """Ask for ``n`` workers, or ``jobs`` jobs, or enough jobs for ``memory``/``cores``.
 
+        They are jobs of job template ``template``, else of the cluster's own parameters.
         Asking for more than are queued submits at once, whatever the backoff of failed
         submissions said, and raises the batch system's error if that submission fails.
         """
-        p = self.system.params
+        template = self.templates.check(template)
+        system = self.templates.system(template)
+        p = system.params
         if jobs is None:
             if n is not None:
                 jobs = math.ceil(n / p["processes"]) if n > 0 else 0
             elif memory is not None:
-                jobs = math.ceil(parse_memory(memory, "memory") / self.system.memory_bytes)
+                jobs = math.ceil(parse_memory(memory, "memory") / system.memory_bytes)
             elif cores is not None:
                 jobs = math.ceil(cores / p["cores"])
             else:
@@ -433,40 +470,65 @@ class JobQueueCluster(Cluster):
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{type(self).__name__} is closed")
-            if self.book.set_target(jobs):  # asked for more: try at once
+            if self.book.set_target(jobs, template):  # asked for more: try at once
                 was = self.backoff.reset(time.time())
                 if was:
                     self.diagnosis.note(logging.INFO, "scale(): submitting again after %s", was)
         self._adjust(raise_errors=True)
 
-    def scale_up(self, n: int, **kwargs: Any) -> None:
-        """Bring the number of workers up to ``n`` (whole jobs); never lowers the target.
+    def scale_up(self, n: int, template: str | None = None, **kwargs: Any) -> None:
+        """Bring the number of workers (of ``template``) up to ``n`` (whole jobs).
 
-        Adaptive calls this every second: unlike :meth:`scale`, it keeps to the backoff
+        It never lowers the target. Adaptive calls this every second: unlike :meth:`scale`, it keeps to the backoff
         of failing submissions.
         """
+        template = self.templates.check(template)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"{type(self).__name__} is closed")
-            self.book.raise_target(math.ceil(n / self.system.params["processes"]))
+            self.book.raise_target(math.ceil(n / self.templates.workers_per_job(template)),
+                                   template)
         self._adjust()
 
     def adapt(self, minimum: int = 0, maximum: float = math.inf,
               minimum_jobs: int | None = None, maximum_jobs: int | None = None,
+              templates: dict[str, dict[str, Any]] | None = None,
               **kwargs: Any) -> Adaptive:
         """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
 
         As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
         :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
-        submissions: the user asks again.
+        submissions: the user asks again. With job templates, the bounds are the default
+        template's and each template grows from the waiting tasks only its workers can run
+        (:mod:`hpcsched.launchers.adaptive_pools`), between its own bounds of
+        ``templates`` (``{"gpu": dict(maximum_jobs=2)}``; else none and as many jobs as
+        the default template's maximum).
         """
         with self._lock:
             was = self.backoff.reset(time.time())
         if was:
             self.diagnosis.note(logging.INFO, "adapt(): submitting again after %s", was)
-        adaptive = super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
+        adaptive: Adaptive
+        if self.templates.named:
+            from hpcsched.launchers.adaptive_pools import PooledAdaptive
+
+            if minimum_jobs is not None:
+                minimum = minimum_jobs * self.workers_per_unit
+            if maximum_jobs is not None:
+                maximum = maximum_jobs * self.workers_per_unit
+            if self.adaptive is not None:
+                self.adaptive.stop()
+            adaptive = PooledAdaptive(
+                self.scheduler, self, TemplatePools(self.templates, self.book, self._lock),
+                minimum, maximum, pools=templates, pool_keyword="template", **kwargs)
+            self.adaptive = adaptive
+        elif templates:
+            raise ValueError(f"adapt(templates={templates!r}): this cluster has no "
+                             "job_templates")
+        else:
+            adaptive = super().adapt(minimum, maximum, minimum_jobs, maximum_jobs, **kwargs)
         settings = {"minimum": minimum, "maximum": maximum, "minimum_jobs": minimum_jobs,
-                    "maximum_jobs": maximum_jobs, **kwargs}
+                    "maximum_jobs": maximum_jobs, "templates": templates, **kwargs}
         self._adapt_settings = {k: v for k, v in settings.items() if v is not None}
         self._journal_jobs()
         return adaptive
@@ -478,7 +540,7 @@ class JobQueueCluster(Cluster):
     # the Cluster base's hooks, in jobs
     def _requested(self) -> int:
         with self._lock:
-            return len(self.book.active()) * self.workers_per_unit
+            return sum(j.expected_workers for j in self.book.active())
 
     def _start_workers(self, count: int, **kwargs: Any) -> None:
         with self._lock:
@@ -517,11 +579,13 @@ class JobQueueCluster(Cluster):
                 if self._closed:
                     return
                 self._take_events()
-                todo = self.book.adjustment()
+                todos = self.book.adjustments()
+                submit = [t for t in todos if t.submit]
                 now = time.time()
-                if todo.submit and self.backoff.may_submit(now):  # else: wait (submissions.py)
+                if submit and self.backoff.may_submit(now):  # else: wait (submissions.py)
                     try:
-                        self._submit(todo.submit)
+                        for todo in submit:
+                            self._submit(todo.submit, todo.template)
                     except runner.BatchCommandError as e:
                         self.backoff.failed(now, str(e))
                         why = f"submission failed: {self.backoff.describe(now)}"
@@ -535,7 +599,7 @@ class JobQueueCluster(Cluster):
                                             "failed", self.backoff.failures)
                         self.diagnosis.event("submission succeeded: submitting as usual again")
                     self.backoff.submitted(now)
-            self._cancel(list(todo.cancel), retire=True)
+            self._cancel([j for t in todos for j in t.cancel], retire=True)
         finally:
             self._journal_jobs()
 

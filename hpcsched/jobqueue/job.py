@@ -17,6 +17,9 @@ from datetime import timedelta
 
 from hpcsched.core.units import parse_bytes, parse_interval
 
+#: the job template of the cluster's own parameters (:mod:`hpcsched.jobqueue.templates`)
+DEFAULT_TEMPLATE = "default"
+
 
 class JobState(enum.Enum):
     PENDING = "pending"
@@ -52,6 +55,7 @@ class Job:
     end_time: float | None = None
     running_since: float | None = None  # when a poll first saw it running
     silence_reported: bool = False  # its workers' silence was logged once
+    template: str = DEFAULT_TEMPLATE  # the job template it was submitted from
 
     @property
     def ended(self) -> bool:
@@ -73,6 +77,7 @@ class Job:
 
     def __repr__(self) -> str:
         return (f"<Job {self.job_id} {self.name} {self.state.value}"
+                f"{'' if self.template == DEFAULT_TEMPLATE else ' ' + self.template}"
                 f"{' gone' if self.gone else ''} workers={len(self.workers)}/{self.expected_workers}>")
 
 

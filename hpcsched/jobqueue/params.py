@@ -64,6 +64,8 @@ COMMON: dict[str, Any] = {
     "shared_temp_directory": None,  # where the cluster's secret file goes (else log_directory)
     "protocol": None,
     "worker_command": None,  # the module the job runs: see worker_program
+    "resources": None,  # abstract resources of a job ({"GPU": 4}), shared by its workers
+    "resources_only": None,  # its workers run only tasks asking for those (templates.py)
     # dask-jobqueue parameters hpcsched accepts and does not use (see IGNORED)
     "nanny": True,
     # dask-jobqueue's old names (see DEPRECATED)
@@ -233,3 +235,49 @@ def _apply_deprecated(p: dict[str, Any], deprecated_project: bool) -> None:
         if not p.get(new):
             p[new] = p[old]
         p[old] = None
+
+
+_RESOURCE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+
+
+def check_resources(resources: Any) -> dict[str, float]:
+    """``resources`` (a job's abstract resources, shared by its workers, each told its
+    share with ``hpcsched worker --resources``) as a dict of names to positive numbers, or an error naming the entry.
+
+    >>> check_resources({"GPU": 4})
+    {'GPU': 4.0}
+    >>> check_resources(None)
+    {}
+    """
+    if resources is None:
+        return {}
+    if not isinstance(resources, Mapping):
+        raise TypeError(f"resources must be a dict such as {{'GPU': 4}}, got {resources!r}")
+    out: dict[str, float] = {}
+    for name, amount in resources.items():
+        if not isinstance(name, str) or not _RESOURCE_NAME.match(name):
+            raise ValueError(f"resources: {name!r} is not a resource name (letters, digits, "
+                             "'_', '.', '-')")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) \
+                or not math.isfinite(amount) or amount <= 0:
+            raise ValueError(f"resources[{name!r}]={amount!r}: give a positive number")
+        out[name] = float(amount)
+    return out
+
+
+def split_resources(resources: Mapping[str, float], processes: int) -> dict[str, float]:
+    """Each worker's share of a job's ``resources``: a job of 4 GPUs and 4 worker
+    processes gives each worker one; a whole number that does not split evenly is refused.
+
+    >>> split_resources({"GPU": 4.0}, 2)
+    {'GPU': 2.0}
+    """
+    out = {}
+    for name, amount in resources.items():
+        share = amount / processes
+        if amount == int(amount) and share != int(share):
+            raise ValueError(f"resources[{name!r}]={amount:g} does not split evenly among "
+                             f"the job's {processes} worker processes: set processes to a "
+                             "divisor of it")
+        out[name] = share
+    return out

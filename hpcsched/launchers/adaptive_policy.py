@@ -358,8 +358,12 @@ def fits_in_memory(survivors: list[WorkerSnapshot], total_nbytes: int, memory_hi
 
 
 def recommend(snap: Snapshot, policy: Policy,
-              close_counts: Mapping[str, int] | None = None) -> Recommendation:
-    """The adaptive policy: a pure function (see the module docstring for the rules)."""
+              close_counts: Mapping[str, int] | None = None,
+              elsewhere: Iterable[WorkerSnapshot] = ()) -> Recommendation:
+    """The adaptive policy: a pure function (see the module docstring for the rules).
+
+    ``elsewhere``: running workers outside ``snap`` (another pool's) that can take the
+    data of the workers it retires."""
     counts = dict(close_counts or {})
     running = snap.running
     n = len(running)
@@ -445,8 +449,9 @@ def recommend(snap: Snapshot, policy: Policy,
         if cancel:
             candidates.append("<pending>")
             remaining -= cancel
-    total_nbytes = sum(w.nbytes for w in running)
-    survivors = list(running)
+    others = list(elsewhere)
+    total_nbytes = sum(w.nbytes for w in running) + sum(w.nbytes for w in others)
+    survivors = list(running) + others
     for u in retire_order(units, idle):
         ws = units[u]
         if remaining - len(ws) < lo:

@@ -122,6 +122,9 @@ def worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--resources", default=None,
                    help="abstract resources, e.g. GPU=2,MEM=1e9 (the GPUs found are "
                         "advertised as GPU=<their number>, with their ids, unless given here)")
+    p.add_argument("--resources-only", action="store_true",
+                   help="run only tasks that ask for one of --resources (a GPU job's "
+                        "workers): the scheduler places no other task here")
     p.add_argument("--worker-per-gpu", action="store_true",
                    help="one worker process per GPU found, each seeing its own alone "
                         "(CUDA_VISIBLE_DEVICES or the vendor's variable set for it)")
@@ -194,6 +197,7 @@ def worker_main(argv: list[str]) -> int:
 
     worker = Worker(address, nthreads=nthreads, memory_limit=memory, name=name,
                     resources=parse_resources(args.resources), security=security,
+                    resources_only=args.resources_only,
                     death_timeout=args.death_timeout, lifetime=args.lifetime,
                     lifetime_stagger=args.lifetime_stagger, host=host,
                     local_directory=args.local_directory,

@@ -166,3 +166,18 @@ def test_adaptive_decisions_are_among_the_scheduler_events():
 
         found = wait_until(adaptive_events, timeout=30, what="an adaptive event")
         assert any("up" in text and "target=1" in text for text in found), found
+
+
+def test_the_workers_table_tells_a_job_templates_workers_by_their_resources():
+    """A GPU template's worker (resources GPU=1, kept for GPU tasks) and a CPU worker, as
+    the workers page lists them."""
+    from hpcsched.core.state import events as ev
+    from hpcsched.core.state.scheduler_state import SchedulerState
+    from hpcsched.diagnostics.snapshot import worker_row
+
+    s = SchedulerState()
+    s.handle(ev.AddWorker("tcp://g:1", 1, resources={"GPU": 1}, resources_only=True))
+    s.handle(ev.AddWorker("tcp://c:1", 1))
+    rows = {a: worker_row(ws, s) for a, ws in s.workers.items()}
+    assert rows["tcp://g:1"]["resources"] == "GPU=1 only"
+    assert rows["tcp://c:1"]["resources"] == ""

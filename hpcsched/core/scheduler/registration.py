@@ -88,7 +88,8 @@ def add_worker_event(peer: str, msg: RegisterWorker, name: Any, now: float,
         address=peer, nthreads=msg.nthreads, memory_limit=msg.memory_limit or 0,
         name=worker_name(name), host=msg.host, resources=dict(msg.resources or {}),
         keys=dict(msg.keys or {}), pid=msg.pid or 0, running=list(msg.running or ()),
-        lifetime_end=msg.lifetime_end, gpus=list(msg.gpus or ()), job=msg.job, now=now,
+        lifetime_end=msg.lifetime_end, gpus=list(msg.gpus or ()),
+        resources_only=bool(msg.resources_only and msg.resources), job=msg.job, now=now,
         stimulus_id=stimulus_id)
 
 

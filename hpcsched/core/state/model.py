@@ -194,7 +194,8 @@ class WorkerInfo:
                  "used_resources", "processing", "executing", "has_what", "nbytes", "occupancy",
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
-                 "root_block", "heartbeat_interval", "end", "gpus", "blocked", "job")
+                 "root_block", "heartbeat_interval", "end", "gpus", "blocked",
+                 "resources_only", "job")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -232,6 +233,10 @@ class WorkerInfo:
         #: when it will leave (its lifetime, its job's walltime; the events' clock), or None
         self.end: float | None = None
         self.gpus: tuple[str, ...] = ()  # the ids of the GPUs behind its GPU resource
+        #: kept for tasks that ask for one of its resources (a GPU job's workers): the
+        #: paths that place unrestricted work (WorkerRegistry.running(), the free heap,
+        #: thieves, bulk ranges) pass it by
+        self.resources_only = False
         self.job: str | None = None  # the batch job it runs in: a gang's slots share one
 
     def __repr__(self) -> str:
@@ -248,5 +253,6 @@ class WorkerInfo:
             "n_keys": len(self.has_what) + self.n_elements, "occupancy": self.occupancy,
             "status": self.status, "blocked": len(self.blocked),
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
-            "lifetime_end": self.end, "gpus": list(self.gpus), "job": self.job,
+            "lifetime_end": self.end, "gpus": list(self.gpus),
+            "resources_only": self.resources_only, "job": self.job,
         }

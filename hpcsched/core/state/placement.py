@@ -157,10 +157,12 @@ class Placement:
             # a holder of its inputs that stays, else a bounded sample of those that stay:
             # a decision costs the same on any number of workers
             valid = list({h for dts in ts.dependencies for h in dts.who_has
-                          if h.status == "running" and h.reserved is None and stays(h)})
+                          if h.status == "running" and h.reserved is None
+                          and not h.resources_only and stays(h)})
             if not valid:
-                valid = order[:k] if k <= policies.SAMPLE_LIMIT else \
+                sample = order[:k] if k <= policies.SAMPLE_LIMIT else \
                     [order[i] for i in self.rng.sample(range(k), policies.SAMPLE_LIMIT)]
+                valid = [w for w in sample if not w.resources_only]
         choice = policies.decide_worker(ts, valid, valid, self.registry.bandwidth, self.rng)
         return ws if choice is None else choice
 
@@ -401,7 +403,7 @@ class Placement:
             _, _, version, ws = heap[0]
             if version != ws.heap_version or workers.get(ws.address) is not ws \
                     or ws.status != "running" or ws.reserved is not None \
-                    or policies.worker_full(ws, self.worker_saturation):
+                    or ws.resources_only or policies.worker_full(ws, self.worker_saturation):
                 heapq.heappop(heap)
                 continue
             return ws
@@ -418,8 +420,8 @@ class Placement:
                     or policies.busy_slots(ws) >= ws.nthreads:
                 stale.append(ws)
                 continue
-            if ws.reserved is not None:  # kept free for a wide task: it steals nothing
-                continue
+            if ws.reserved is not None or ws.resources_only:
+                continue  # kept free for a wide task, or for its resources: it steals nothing
             out.append(ws)
             if len(out) >= limit:
                 break

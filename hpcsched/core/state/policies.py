@@ -180,6 +180,8 @@ def decide_worker(
                    if ws.status == "running" and ws.reserved is None}
         if valid is not None:
             holders &= set(valid)
+        else:  # an unrestricted task: not on a worker kept for tasks needing its resources
+            holders = {ws for ws in holders if not ws.resources_only}
     if holders:
         candidates: list[WorkerInfo] = list(holders)
     elif len(pool) > SAMPLE_LIMIT:
@@ -201,7 +203,7 @@ def co_assign_worker(
     until its batch (its share of threads, in tasks) is used up, then the least-busy worker."""
     last = tg.last_worker
     if last is not None and tg.last_worker_tasks_left > 0 and last.status == "running" \
-            and last.reserved is None:
+            and last.reserved is None and not last.resources_only:
         tg.last_worker_tasks_left -= 1
         return last
     ws = least_busy

@@ -104,12 +104,15 @@ class WorkerRegistry:
         self._running = None
 
     def running(self) -> list[WorkerInfo]:
-        """Running workers that take new work: not those kept free for a wide task
-        (:meth:`reserve`). Cached; callers must not modify the list."""
+        """Running workers that take any new work: not those kept free for a wide task
+        (:meth:`reserve`), nor those kept for tasks that ask for their resources
+        (``resources_only``, found through ``valid_workers``). Cached; callers must not
+        modify the list."""
         r = self._running
         if r is None:
             r = self._running = [ws for ws in self.workers.values()
-                                 if ws.status == "running" and ws.reserved is None]
+                                 if ws.status == "running" and ws.reserved is None
+                                 and not ws.resources_only]
             self._by_end = None
             self._widest_job = None
         return r
@@ -130,13 +133,16 @@ class WorkerRegistry:
         return cached[0]
 
     def by_end(self) -> tuple[list[WorkerInfo], list[float]]:
-        """The running workers, the one that stays longest first (no end: first of all),
-        and their ends negated, ascending (``bisect`` finds those that stay past a time).
-        Cached with :meth:`running`: sorted when a worker joins, leaves or changes status."""
-        running = self.running()
+        """The running workers, those kept for their resources included, the one that stays
+        longest first (no end: first of all), and their ends negated, ascending (``bisect``
+        finds those that stay past a time). Cached with :meth:`running`: sorted when a
+        worker joins, leaves or changes status."""
+        self.running()  # drops the cache when the running workers changed
         cached = self._by_end
         if cached is None:
-            order = sorted(running, key=lambda ws: -math.inf if ws.end is None else -ws.end)
+            taking = [ws for ws in self.workers.values()
+                      if ws.status == "running" and ws.reserved is None]
+            order = sorted(taking, key=lambda ws: -math.inf if ws.end is None else -ws.end)
             cached = self._by_end = (order, [-math.inf if ws.end is None else -ws.end
                                              for ws in order])
         return cached
@@ -215,4 +221,5 @@ class WorkerRegistry:
         assert total == self.total_nthreads, (total, self.total_nthreads)
         if self._running is not None:
             assert self._running == [ws for ws in self.workers.values() if ws.status == "running"
-                                     and ws.reserved is None], "stale running workers"
+                                     and ws.reserved is None and not ws.resources_only], \
+                "stale running workers"

@@ -60,6 +60,7 @@ class WorkerEvents:
                         e.pid, e.now)
         ws.end = e.lifetime_end
         ws.gpus = tuple(e.gpus)
+        ws.resources_only = e.resources_only
         ws.job = e.job
         self.registry.add(ws)
         if e.paused:

@@ -171,6 +171,7 @@ class Worker:
         preload: str | list[str] | None = None,
         gpus: Gpus | None = None,
         walltime_end: float | None = None,
+        resources_only: bool = False,
     ):
         #: modules or ``.py`` files loaded at start, their ``dask_setup(worker)`` called
         self.preloads = Preloads(preload)
@@ -182,6 +183,8 @@ class Worker:
         self.memory_limit = memory_limit or 0
         self.name = name
         self.resources = dict(resources or {})
+        #: only tasks that ask for one of its resources are placed here (a GPU job's)
+        self.resources_only = resources_only
         #: the GPUs this worker gives its tasks as devices (tasks/gpus.py), None: none known
         self.gpus = offer_gpus(gpus, self.resources, name)
         self.security = security
@@ -311,6 +314,7 @@ class Worker:
                     # when it leaves: the scheduler keeps tasks that would outlast it off it
                     leaving_at(self.heartbeats.lifetime, self.walltime_end),
                     list(self.gpus.ids) if self.gpus else None,
+                    self.resources_only,
                     batch_job_id(),  # a gang's slots come from one job
                 )
             )

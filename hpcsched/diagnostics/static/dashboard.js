@@ -279,7 +279,8 @@
   // ------------------------------------------------------------ live pages
   const state = { sort: null };
   const WORKER_COLUMNS = [["address", "address"], ["name", "name"], ["host", "host"],
-    ["MPI rank", "rank"], ["job id", "job_id"], ["threads", "nthreads", num],
+    ["MPI rank", "rank"], ["job id", "job_id"], ["resources", "resources"],
+    ["threads", "nthreads", num],
     ["cpu %", "cpu", v => v === null ? "-" : v.toFixed(0)],
     ["memory", "memory", bytes], ["managed", "managed", bytes], ["limit", "memory_limit", bytes],
     ["processing", "processing", num], ["executing", "executing", num], ["keys", "n_keys", num],

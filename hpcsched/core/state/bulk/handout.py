@@ -192,7 +192,8 @@ class Handout:
         none while it is kept free for a wide task, or the maps come after the wide task
         gathering its workers (it waits hungry, and a wide task waiting may take it)."""
         address, pending = ws.address, self.book.pending
-        if ws.status != "running" or self.registry.workers.get(address) is not ws:
+        if ws.status != "running" or self.registry.workers.get(address) is not ws \
+                or ws.resources_only:  # kept for tasks that ask for its resources
             self.hungry.pop(address, None)
             return
         if ws.reserved is not None or (pending and self.held_back(pending[0].priority)):
