@@ -18,7 +18,10 @@ One run measures, on this machine (each sub-run a process tree of its own, ended
   of the gang job).
 * **Compute efficiency** of one gang of 4 against the same program under its own
   ``mpiexec -n 4``: the time of the program's rounds (between two barriers) in each;
-  efficiency = direct / gang.
+  efficiency = direct / gang, of the best and of the median runs. The gang's job has a
+  fifth process (rank 0: scheduler and script, idle meanwhile) on the same cores.
+  ``--baseline DIR`` also runs the gang on the hpcsched checkout in ``DIR`` (its own
+  copy of this file), alternating with the others: a change's effect in the same run.
 
 The inner modes (``--inner ...``) are what the sub-runs execute.
 """
@@ -135,20 +138,30 @@ def run(cmd: list[str], env: dict | None = None, timeout: float = 3600) -> list[
     return launch(cmd, timeout, env=env)[0]
 
 
-def hpcsched_job(nprocs: int, *args: str) -> list[dict]:
+def hpcsched_job(nprocs: int, *args: str, checkout: str | None = None) -> list[dict]:
+    """``args`` run under ``mpiexec -n nprocs python -m hpcsched``: this checkout's, or the
+    one in ``checkout`` (its package first on the path, its copy of this file; ``-P``:
+    not the working directory's, which ``-m`` would put first)."""
+    here, env, isolate = HERE, None, []
+    if checkout is not None:
+        here = os.path.join(checkout, "benchmarks", os.path.basename(HERE))
+        env = {**os.environ, "PYTHONPATH": checkout}
+        isolate = ["-P"]
     return run(
         [
             "mpiexec",
             "-n",
             str(nprocs),
             sys.executable,
+            *isolate,
             "-m",
             "hpcsched",
             "--nthreads",
             "1",
-            HERE,
+            here,
             *args,
-        ]
+        ],
+        env=env,
     )
 
 
@@ -172,6 +185,8 @@ def main() -> None:
     p.add_argument("--srun-steps", type=int, default=20)
     p.add_argument("--repeat", type=int, default=3, help="efficiency: best of, alternating")
     p.add_argument("--parts", default="formation,ensemble,efficiency")
+    p.add_argument("--baseline", default=None,
+                   help="efficiency: also run the gang on the hpcsched checkout in this dir")
     ns = p.parse_args()
     if ns.inner is not None:
         {
@@ -266,17 +281,18 @@ def ensemble(ns: argparse.Namespace) -> dict:
 
 def efficiency(ns: argparse.Namespace) -> dict:
     """One gang of 4 (in a job of 4 worker ranks) against the same program under its own
-    mpiexec -n 4, alternating, the fastest of ``ns.repeat`` runs of each."""
+    mpiexec -n 4 (and the gang on ``ns.baseline``'s checkout), alternating, ``ns.repeat``
+    runs of each: efficiency of the fastest and of the median runs."""
+    import statistics
+
     os.environ.pop("BENCH_LOOP", None)  # measured for this work, not the ensemble's
     os.environ["BENCH_LOOP"] = str(_loop_size(ns.efficiency_work))
-    gangs, directs = [], []
+    job = ("--inner", "ensemble", "--members", "1", "--work", str(ns.efficiency_work))
+    runs: dict[str, list[float]] = {"mpiexec": [], "gang": []}
+    if ns.baseline:
+        runs["baseline_gang"] = []
     for _ in range(ns.repeat):
-        gangs.append(
-            hpcsched_job(
-                5, "--inner", "ensemble", "--members", "1", "--work", str(ns.efficiency_work)
-            )[0]["rounds_s"][0]
-        )
-        directs.append(
+        runs["mpiexec"].append(
             run(
                 [
                     "mpiexec",
@@ -291,11 +307,17 @@ def efficiency(ns: argparse.Namespace) -> dict:
                 ]
             )[0]["rounds_s"]
         )
-    out = {
-        "gang_rounds_s": [round(g, 3) for g in gangs],
-        "mpiexec_rounds_s": [round(d, 3) for d in directs],
-        "efficiency_of_best": round(min(directs) / min(gangs), 3),
-    }
+        runs["gang"].append(hpcsched_job(5, *job)[0]["rounds_s"][0])
+        if ns.baseline:
+            runs["baseline_gang"].append(
+                hpcsched_job(5, *job, checkout=ns.baseline)[0]["rounds_s"][0])
+    direct = runs["mpiexec"]
+    out: dict = {f"{name}_rounds_s": [round(x, 3) for x in xs] for name, xs in runs.items()}
+    for name, xs in runs.items():
+        if name != "mpiexec":
+            out[f"{name}_efficiency_of_best"] = round(min(direct) / min(xs), 3)
+            out[f"{name}_efficiency_of_median"] = round(
+                statistics.median(direct) / statistics.median(xs), 3)
     print(f"efficiency: {out}", file=sys.stderr, flush=True)
     return out
 

@@ -20,6 +20,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -211,6 +213,31 @@ class Road:
 
         assert client.run_on_scheduler(held) == (self.name == "bulk"), (self, prefix)
         return futures
+
+
+HELLO_C = Path(__file__).parent / "hpc" / "programs" / "hello_mpi.c"
+HELLO_PY = """#!{python}
+from mpi4py import MPI
+c = MPI.COMM_WORLD
+print("HELLO", c.rank, c.size, MPI.Get_processor_name(), c.allreduce(c.rank), flush=True)
+"""
+
+
+@pytest.fixture
+def hello(tmp_path: Path) -> str:
+    """The path of an MPI hello world executable: each rank prints ``HELLO rank size host
+    sum-of-ranks``; compiled with the ``mpicc`` beside ``mpiexec``, else an mpi4py script."""
+    mpiexec = shutil.which("mpiexec")
+    mpicc = Path(mpiexec).with_name("mpicc") if mpiexec else None
+    exe = tmp_path / "hello_mpi"
+    if mpicc is not None and mpicc.exists():
+        subprocess.run(
+            [str(mpicc), "-o", str(exe), str(HELLO_C)], check=True, timeout=120, capture_output=True
+        )
+    else:
+        exe.write_text(HELLO_PY.format(python=sys.executable))
+        exe.chmod(0o755)
+    return str(exe)
 
 
 @pytest.fixture(params=["bulk", "tasks"])

@@ -11,6 +11,12 @@ result, the last :data:`KEEP_BYTES` of each.
 The group is killed (SIGTERM, then SIGKILL after :data:`KILL_GRACE` seconds) when the
 task is cancelled or released while it runs, and by the worker's sentinel
 (:mod:`hpcsched.commands.sentinel`) when the worker dies.
+
+A command task with ``ranks=N`` (``client.submit_command("$HPCSCHED_MPI_PREFIX ./sim",
+ranks=6)``) holds a slot on each of N workers, and its program runs once, from the
+first of them: the others hold their slots and run nothing, so that the program can
+start its processes on every slot (an MPI program through the launcher prefix its
+environment gives, :mod:`hpcsched.hpc.gang`).
 """
 
 from __future__ import annotations
@@ -187,14 +193,27 @@ def _current_key() -> Any:
     return running.key
 
 
+def _first_member() -> bool:
+    """Whether this task runs the program: any task but a gang's members after the first."""
+    from hpcsched.core.worker import context
+
+    running = context.current()
+    if running is None or not running.gang:
+        return True
+    return getattr(running.worker, "address", None) == running.gang[0]
+
+
 def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, stdout: str | None = None,
                 stderr: str | None = None, task_id: Any = None, entry: Any = None,
-                job_id: Any = None) -> CommandResult:
+                job_id: Any = None) -> CommandResult | None:
     """Run ``args`` (a list, or a string for ``sh -c``) and wait for it; the task's body.
 
-    Raises :class:`CommandFailed` when it exits non-zero or cannot start.
+    Raises :class:`CommandFailed` when it exits non-zero or cannot start. Returns None
+    on a member of a task with ``ranks=N`` other than its first (module docstring).
     """
+    if not _first_member():
+        return None  # a gang member's value is dropped: the task's is the first's
     fields = {"TASK_ID": "" if task_id is None else str(task_id),
               "ENTRY": "" if entry is None else str(entry),
               "JOB_ID": "" if job_id is None else str(job_id)}
@@ -253,7 +272,7 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
                          None if captured_err is None else captured_err[-KEEP_BYTES:])
 
 
-def run_command_entry(spec: tuple, task_id: int, entry: str) -> CommandResult:
+def run_command_entry(spec: tuple, task_id: int, entry: str) -> CommandResult | None:
     """One element of ``Client.map_command``: ``spec`` is (args, cwd, env items, stdout,
     stderr), the same for every element."""
     args, cwd, env, stdout, stderr = spec

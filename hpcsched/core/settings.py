@@ -110,6 +110,10 @@ class WorkerSettings:
     #: seconds between samples of process memory
     memory_monitor_interval: float = setting(0.1, key="worker.memory.monitor-interval",
                                              unit="seconds")
+    #: seconds between those samples while the worker runs a member of a gang (a task
+    #: with ranks=N), whose ranks compute in step (hpcsched/hpc/gang.py)
+    memory_gang_monitor_interval: float = setting(
+        1.0, key="worker.memory.gang-monitor-interval", unit="seconds")
     #: where results spill: the node's local disk (None: $TMPDIR, else the system's temp dir)
     local_directory: str | None = None
 
@@ -157,6 +161,9 @@ class MPISettings:
     doorbell: bool = True
     #: seconds: first fallback poll when every peer rings (to poll-max)
     doorbell_poll: float = setting(0.002, unit="seconds")
+    #: seconds: the fallback poll when every peer rings while a gang's member computes on
+    #: the rank (each poll takes Python's lock from it; hpcsched/hpc/gang.py)
+    gang_poll: float = setting(1.0, unit="seconds")
     #: frames of this many bytes or more travel as separate MPI messages
     data_threshold: int = 65536
     #: seconds rank 0 waits for the others at exit before MPI_Abort

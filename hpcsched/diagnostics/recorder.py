@@ -22,6 +22,11 @@ first thread free at its start gives a valid thread assignment without the
 worker reporting thread ids); ``kind`` is ``"compute"``, ``"erred"`` or
 ``"transfer"`` (then ``group`` names the peer the data came from and ``key``
 is the number of bytes).
+
+A task that held many slots (``ranks=N``, a gang) is one task on N workers: an entry
+on each member's lane, with the key and the times its first member reported, one task
+in its group's count, and N times its duration in the compute seconds (the slots it
+held, as a batch system charges core-hours).
 """
 
 from __future__ import annotations
@@ -99,18 +104,29 @@ class Recorder:
             g = self.groups[name] = GroupTotals()
         return g
 
-    def task_finished(self, e: Any, ts: Any, ws: Any) -> None:
+    def _entries(self, key: Any, group: str, start: float, stop: float, kind: str,
+                 ws: Any, members: Any) -> int:
+        """Stream entries for a task run by ``ws`` (and the other ``members`` of a task
+        holding many slots); how many workers it held."""
+        n = 0
+        for m in members or (ws,):
+            lane = self._lane(m.address, m.nthreads, start, stop)
+            self.stream.append((m.address, lane, group, key, start, stop, kind))
+            n += 1
+        self.stream_count += n
+        return n
+
+    def task_finished(self, e: Any, ts: Any, ws: Any, members: Any = ()) -> None:
         """``e``: the TaskFinished event; ``ts`` its TaskState (None when already forgotten);
-        ``ws`` the WorkerInfo that ran it."""
+        ``ws`` the WorkerInfo that ran it; ``members``: the workers of a task that held
+        many slots, ``ws`` the first."""
         start, stop = e.start, e.stop
         if stop <= 0.0:  # a result that was already there (no run to show)
             return
         group = ts.group.name if ts is not None else key_split(e.key)
-        lane = self._lane(ws.address, ws.nthreads, start, stop)
-        self.stream.append((ws.address, lane, group, e.key, start, stop, "compute"))
-        self.stream_count += 1
+        held = self._entries(e.key, group, start, stop, "compute", ws, members)
         g = self._group(group)
-        duration = stop - start if stop > start else 0.0
+        duration = (stop - start) * held if stop > start else 0.0
         g.done += 1
         g.seconds += duration
         g.nbytes += e.nbytes if e.nbytes > 0 else 0
@@ -164,12 +180,12 @@ class Recorder:
         if self.history is not None:
             self.history.elements(group, address, keys, starts, stops, nbytes)
 
-    def task_erred(self, e: Any, ts: Any, ws: Any) -> None:
+    def task_erred(self, e: Any, ts: Any, ws: Any, members: Any = ()) -> None:
+        """As :meth:`task_finished`, for a task that raised (``ws``: the worker it raised
+        on; ``members``: all the workers of a task that held many slots)."""
         group = ts.group.name if ts is not None else key_split(e.key)
         if e.stop > 0.0:
-            lane = self._lane(ws.address, ws.nthreads, e.start, e.stop)
-            self.stream.append((ws.address, lane, group, e.key, e.start, e.stop, "erred"))
-            self.stream_count += 1
+            self._entries(e.key, group, e.start, e.stop, "erred", ws, members)
         self._group(group).erred += 1
         self.n_erred += 1
         if self.history is not None:

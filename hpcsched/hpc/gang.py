@@ -36,6 +36,16 @@ ends every rank (:mod:`hpcsched.hpc.bootstrap`): a rank with a member still insi
 (:func:`members_in_mpi`) leaves without ``MPI_Finalize``, which would free what that
 thread is using under it (measured: heap corruption, the job aborted).
 
+**A member computes undisturbed.** In a gang the slowest rank sets the pace of every
+collective, so a delay on any one rank delays them all (the noise amplification of
+Petrini et al., "The Case of the Missing Supercomputer Performance", SC'03). Each time
+another thread of a worker rank wakes (the MPI progress thread's fallback poll, the
+worker's loop sampling memory) it takes Python's lock from the member's thread for a
+switch, which on a loaded node waits for the OS to run it. So while a member holds its
+communicator the progress thread polls only every ``mpi.gang-poll`` when every peer
+rings its doorbell (messages wake it at once all the same), and while a worker runs a
+member its loop samples memory every ``worker.memory.gang-monitor-interval``.
+
 **MPI programs on the task's slots.** While a task with ``ranks=N`` runs, each member's
 environment says how to start an MPI executable on exactly the hosts of its slots
 (:func:`enter_environment`): ``HPCSCHED_MPI_PREFIX`` is the launcher's command line
@@ -79,6 +89,9 @@ def members_in_mpi() -> int:
 def _count(delta: int) -> None:
     with _live_lock:
         _live[0] += delta
+    from hpcsched.hpc import mpi
+
+    mpi.quiet(delta)  # the progress thread polls rarely while a member computes
 
 
 def gang_tag(key: Any, tag_ub: int) -> int:
@@ -241,19 +254,20 @@ def launcher_prefix(hosts: list[str], environ: Any, hostfile: str) -> str:
     """The command line that starts one process on each of ``hosts`` (one entry a slot,
     repeated for several slots of one host): ``srun`` inside a SLURM allocation (placing
     each task on its slot's host through ``hostfile``, and sharing the cores the workers'
-    own step holds: ``--overlap``), MPICH's ``mpiexec`` elsewhere.
+    own step holds: ``--overlap``; the node list names each task's node in order, as
+    ``--distribution=arbitrary`` wants one entry a task), MPICH's ``mpiexec`` elsewhere.
 
     >>> launcher_prefix(["n1", "n1", "n2"], {}, "/tmp/h")
     'mpiexec -n 3 -hosts n1:2,n2:1'
     >>> launcher_prefix(["n1", "n2", "n1"], {"SLURM_JOB_ID": "7"}, "/tmp/h")
-    'srun --overlap -N 2 -n 3 --nodelist=n1,n2 --distribution=arbitrary'
+    'srun --overlap -N 2 -n 3 --nodelist=n1,n2,n1 --distribution=arbitrary'
     """
     counts: dict[str, int] = {}
     for host in hosts:
         counts[host] = counts.get(host, 0) + 1
     if environ.get("SLURM_JOB_ID"):
         return (f"srun --overlap -N {len(counts)} -n {len(hosts)} "
-                f"--nodelist={','.join(counts)} --distribution=arbitrary")
+                f"--nodelist={','.join(hosts)} --distribution=arbitrary")
     return f"mpiexec -n {len(hosts)} -hosts " + ",".join(f"{h}:{n}" for h, n in counts.items())
 
 

@@ -194,6 +194,8 @@ class Endpoint:
         self._wake = threading.Event()  # set by senders: a reply is likely soon, poll now
         self._poked = False
         self._rung = False  # the last nap ended with a ring
+        self._quiet = 0  # gang members computing on this rank (quiet())
+        self._gang_poll = float(config.read(MPISettings).gang_poll)
         self._shut = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -507,7 +509,11 @@ class Endpoint:
                         backoff.reset()
                     if busy or self._rung:
                         rung.reset()
-                    rung.sleep()
+                        rung.sleep()
+                    elif self._quiet:
+                        self._nap(self._quiet_nap())
+                    else:
+                        rung.sleep()
                 elif busy or self._poked:
                     self._poked = False
                     backoff.reset()
@@ -522,6 +528,21 @@ class Endpoint:
                 comms = list(self._channels.values()) + list(self._unaccepted)
             for comm in comms:
                 comm.on_peer_closed(f"MPI endpoint failed: {e!r}")
+
+    def quiet(self, delta: int) -> None:
+        """One gang member more (``+1``) or fewer (``-1``) computing on this rank: while
+        one does and every peer rings, the fallback poll comes every ``mpi.gang-poll`` (or
+        at the next beat), not every ``mpi.poll-max`` (why: :mod:`hpcsched.hpc.gang`)."""
+        with self._lock:
+            self._quiet = max(0, self._quiet + delta)
+
+    def _quiet_nap(self) -> float:
+        """The fallback poll's delay while a gang member computes: ``mpi.gang-poll``, or
+        less when a beat is due sooner."""
+        nap = self._gang_poll
+        if self._beat_to:
+            nap = min(nap, max(self._next_beat - time.monotonic(), 1e-3))
+        return nap
 
     def _poke(self) -> None:
         """Wake the progress thread now (from another thread)."""
@@ -710,6 +731,13 @@ def init_endpoint(comm: Any = None, timeout: float | None = None) -> Endpoint:
 def get_endpoint(timeout: float | None = None) -> Endpoint:
     """The endpoint, created (collectively, see :func:`init_endpoint`) if need be."""
     return _endpoint if _endpoint is not None else init_endpoint(timeout=timeout)
+
+
+def quiet(delta: int) -> None:
+    """:meth:`Endpoint.quiet` on this process's endpoint, if it has one."""
+    ep = _endpoint
+    if ep is not None:
+        ep.quiet(delta)
 
 
 def shutdown_endpoint(timeout: float = 5.0, free: bool = True) -> Endpoint | None:

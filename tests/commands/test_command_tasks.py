@@ -66,6 +66,23 @@ def test_map_command_gives_each_element_its_id_and_entry(client, road):
     assert [r.stdout.decode() for r in results] == [f"{i}:e{i}\n" for i in range(n)]
 
 
+@pytest.mark.parametrize("calls", [1, BULK_MAP_MIN + 8])  # a map above the bulk threshold too
+def test_a_command_holding_many_slots_runs_once_from_its_first_member(client, tmp_path, calls):
+    # the program starts its processes on every slot itself (HPCSCHED_MPI_PREFIX): the
+    # other members hold their slots and run nothing
+    if len(client.scheduler_info()["workers"]) < 2:
+        pytest.skip("needs two workers")
+    log = tmp_path / "runs"
+    cmd = f'echo "$HPCSCHED_GANG_MEMBER $HPCSCHED_NRANKS %{{ENTRY}}" >> {log}'
+    if calls == 1:
+        futures = [client.submit_command(cmd.replace("%{ENTRY}", "e0"), ranks=2)]
+    else:
+        futures = client.map_command(cmd, [f"e{i}" for i in range(calls)], ranks=2)
+    results = client.gather(futures, timeout=60)
+    assert all(isinstance(r, CommandResult) and r.returncode == 0 for r in results), results
+    assert sorted(log.read_text().splitlines()) == sorted(f"0 2 e{i}" for i in range(calls))
+
+
 def _pid_in(path) -> int | None:
     try:
         text = path.read_text().strip()

@@ -112,6 +112,46 @@ def test_erred_task_shows_in_stream_events_and_group_totals():
     assert "boom-1" in text and "ValueError: no" in text and A in text
 
 
+def gang(s: SchedulerState, key: str) -> list[str]:
+    """Submit ``key`` holding two workers' slots (``ranks=2``); its members, first first."""
+    s.handle(ev.UpdateGraph("c", {key: {"run_spec": f"spec-{key}", "deps": []}}, [key],
+                            now=1.0, annotations={"ranks": {key: 2}}))
+    members = [m.address for m in s.graph.leases[s.tasks[key]]]
+    for m in members:
+        s.handle(ev.TaskStarted(m, key, now=2.0))
+    return members
+
+
+@pytest.mark.parametrize("second_first", [False, True])
+def test_a_gang_is_one_task_on_each_of_its_members_lanes(second_first):
+    # the members' parts end in either order; the first member's times are the task's
+    s, rec = recorded_state((A, 1), (B, 1))
+    first, second = gang(s, "mpi-1")
+    done = [(first, 2.0, 5.0), (second, 2.1, 4.9)]
+    for m, t0, t1 in reversed(done) if second_first else done:
+        s.handle(ev.TaskFinished(m, "mpi-1", nbytes=8, typename="int", start=t0, stop=t1,
+                                 now=t1))
+        s.validate()
+    assert s.tasks["mpi-1"].state == "memory"
+    assert sorted(rec.stream) == [(A, 0, "mpi", "mpi-1", 2.0, 5.0, "compute"),
+                                  (B, 0, "mpi", "mpi-1", 2.0, 5.0, "compute")]
+    g = rec.groups["mpi"]
+    assert (g.done, g.seconds) == (1, 6.0)  # one task that held two slots for 3 s
+    assert rec.n_finished == 1 and rec.compute_seconds == 6.0
+    stream = snapshot.task_stream(rec)["tasks"]
+    assert sorted(t[0] for t in stream) == [A, B] and {t[3] for t in stream} == {"mpi-1"}
+
+
+def test_a_gang_that_raises_shows_erred_on_every_member():
+    s, rec = recorded_state((A, 1), (B, 1))
+    _, second = gang(s, "mpi-1")
+    s.handle(ev.TaskErred(second, "mpi-1", exception=None, exception_text="ValueError: no",
+                          start=2.0, stop=2.5, now=2.5))
+    assert sorted(rec.stream) == [(A, 0, "mpi", "mpi-1", 2.0, 2.5, "erred"),
+                                  (B, 0, "mpi", "mpi-1", 2.0, 2.5, "erred")]
+    assert rec.groups["mpi"].erred == 1 and rec.n_erred == 1
+
+
 def test_workers_joining_leaving_and_retiring_are_events():
     s, rec = recorded_state((A, 1), (B, 1))
     s.handle(ev.RetireWorkers("r1", "c", [B], True, now=3.0))

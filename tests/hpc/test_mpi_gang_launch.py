@@ -11,11 +11,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -24,28 +22,6 @@ from tests.hpc.mpirun import REPO, needs_mpiexec, run_mpi
 from tests.nodes import SLURM_CONF, missing_nodes, missing_slurm, require
 
 NSSSH = str(REPO / "ci" / "nodes" / "nsssh")
-HELLO_C = REPO / "tests" / "hpc" / "programs" / "hello_mpi.c"
-HELLO_PY = """#!{python}
-from mpi4py import MPI
-c = MPI.COMM_WORLD
-print("HELLO", c.rank, c.size, MPI.Get_processor_name(), c.allreduce(c.rank), flush=True)
-"""
-
-
-@pytest.fixture
-def hello(tmp_path: Path) -> str:
-    """The path of an MPI hello world executable."""
-    mpiexec = shutil.which("mpiexec")
-    mpicc = Path(mpiexec).with_name("mpicc") if mpiexec else None
-    exe = tmp_path / "hello_mpi"
-    if mpicc is not None and mpicc.exists():
-        subprocess.run(
-            [str(mpicc), "-o", str(exe), str(HELLO_C)], check=True, timeout=120, capture_output=True
-        )
-    else:
-        exe.write_text(HELLO_PY.format(python=sys.executable))
-        exe.chmod(0o755)
-    return str(exe)
 
 
 def launched(out: str) -> list[dict]:

@@ -75,3 +75,22 @@ def test_a_rank_that_raises_fails_the_gang_and_the_job_still_ends_with_the_scrip
         and "ZeroDivisionError" in caught["traceback"], caught
     assert printed("LATER", r.out) == {"later": [4, 8], "plain": 55}
     assert "still blocked in a failed gang's MPI call" in r.err, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+def test_while_a_gang_computes_the_other_threads_of_its_ranks_stay_asleep():
+    # each wake-up of a rank's progress thread or loop takes Python's lock from the
+    # member, and the slowest member sets the gang's pace: they poll and sample seldom
+    r = run(["--nthreads", "1", script("gang_quiet.py")], nprocs=3, env=REPO_ON_PATH,
+            timeout=90)
+    assert r.code == 0, r
+    got = printed("WAKES", r.out)
+    assert len(got["gang"]) == 2, got
+    for rates in got["gang"]:
+        assert set(rates) == {"mpi", "worker"}, got
+        # a fallback poll a second, a memory sample a second, a beat and a heartbeat or
+        # two, each maybe twice for Python's lock; an ordinary task's rank polls and
+        # samples every 0.05 and 0.1 s
+        assert rates["mpi"] < 12 and rates["worker"] < 12, got
+    assert got["plain"][0]["worker"] > 2 * max(r["worker"] for r in got["gang"]), got

@@ -110,6 +110,67 @@ def test_three_jobs_on_three_nodes_reach_the_scheduler_on_the_cluster_network(mu
     wait_until(lambda: not (unfinished() & ids), timeout=30, what="the jobs to leave the queue")
 
 
+@pytest.mark.timeout(300)
+def test_a_multi_node_job_runs_an_mpi_command_on_the_hosts_of_its_slots(multi, hello,
+                                                                         tmp_path):
+    # one job over the three nodes, a worker a core (two a node); a command task holding
+    # six slots starts its MPI program once, through the launcher prefix (srun inside the
+    # job), one rank on each slot. The nodes' SLURM has no MPI plugin by default
+    # (MpiDefault=none): the command names MPICH's, as a site's default would.
+    c = multi(cores=6, processes=6, memory="600MB", launcher="srun",
+              job_extra_directives=["-N 3"])
+    c.scale(jobs=1)
+    with Client(c, set_as_default=False) as client:
+        c.wait_for_workers(6, timeout=150)
+        hosts = client.run(socket.gethostname)
+        assert sorted(hosts.values()) == ["node1", "node1", "node2", "node2", "node3", "node3"]
+        assert len(set(client.run(lambda: os.environ["SLURM_JOB_ID"]).values())) == 1
+        starts = tmp_path / "starts"  # the file system is shared, as on a cluster
+        res = client.submit_command(f'echo x >> {starts}; cat "$HPCSCHED_HOSTFILE"; '
+                                    f'$HPCSCHED_MPI_PREFIX {hello}',
+                                    ranks=6, env={"SLURM_MPI_TYPE": "pmi2"}).result(timeout=120)
+    assert starts.read_text() == "x\n"  # started once, by one member, for all six slots
+    lines = res.stdout.decode().split("\n")[:-1]
+    slots, hellos = lines[:6], sorted((line.split() for line in lines[6:]),
+                                      key=lambda w: int(w[1]))
+    assert sorted(slots) == sorted(hosts.values()), lines
+    assert [w[:3] for w in hellos] == [["HELLO", str(r), "6"] for r in range(6)], lines
+    assert {w[4] for w in hellos} == {"15"}, lines  # the allreduce over all six ranks
+    assert [w[3] for w in hellos] == slots, lines  # rank r on the host of slot r
+    assert res.host == slots[0]  # run by the task's first member
+
+
+def note_job(log: str, i: int) -> None:
+    """A gang member's line: its task and the batch job it runs in; then it holds its
+    slot a while (the task ends with its first member: a member that had not started by
+    then would not run)."""
+    with open(log, "a") as f:
+        f.write(f"{i} {os.environ['SLURM_JOB_ID']}\n")
+    time.sleep(2)
+
+
+@pytest.mark.timeout(300)
+def test_with_two_multi_node_jobs_each_gang_takes_its_slots_from_one(multi, tmp_path):
+    # two jobs over the same three nodes, a worker a node each: six workers, three of
+    # each job. Gangs of three may run two at a time, each on one job's workers
+    c = multi(cores=3, processes=3, memory="300MB", launcher="srun",
+              job_extra_directives=["-N 3"])
+    c.scale(jobs=2)
+    log = tmp_path / "members"
+    with Client(c, set_as_default=False) as client:
+        c.wait_for_workers(6, timeout=150)
+        jobs = client.run(lambda: os.environ["SLURM_JOB_ID"])
+        assert len(set(jobs.values())) == 2, jobs
+        client.gather(client.map(note_job, [str(log)] * 6, range(6), ranks=3, pure=False),
+                      timeout=120)
+    by_task: dict[str, list[str]] = {}
+    for line in log.read_text().splitlines():
+        i, job = line.split()
+        by_task.setdefault(i, []).append(job)
+    assert sorted(by_task) == [str(i) for i in range(6)], by_task
+    assert all(len(js) == 3 and len(set(js)) == 1 for js in by_task.values()), by_task
+
+
 @pytest.mark.timeout(120)
 def test_a_network_the_nodes_cannot_reach_is_a_clear_error_within_30_s(multi):
     c = multi(scheduler_options={"interface": "hsbr1"})

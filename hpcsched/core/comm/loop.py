@@ -110,6 +110,7 @@ class Loop(Inbox):
         self._flush = flush
         self._tick = tick
         self.tick_interval = tick_interval
+        self._quiet_interval = 0.0  # quiet_ticks()
         self._thread: threading.Thread | None = None
         self._stop = False
         self.stopped = threading.Event()
@@ -165,6 +166,15 @@ class Loop(Inbox):
                 if self._items or self._stop:
                     self._wakeup.notify()
 
+    def quiet_ticks(self, interval: float | None) -> None:
+        """Tick no more often than every ``interval`` seconds from the next tick on, or
+        every ``tick_interval`` again (None): while a thread of this process must not be
+        disturbed, as each tick takes Python's lock from it."""
+        self._quiet_interval = interval or 0.0
+
+    def _interval(self) -> float:
+        return max(self.tick_interval, self._quiet_interval)
+
     def on_loop(self) -> bool:
         """Is the calling thread the one running the loop's code right now?"""
         return self._owner == threading.get_ident() or threading.current_thread() is self._thread
@@ -187,7 +197,7 @@ class Loop(Inbox):
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        next_tick = time.monotonic() + self.tick_interval
+        next_tick = time.monotonic() + self._interval()
         items = self._items
         me = threading.get_ident()
         try:
@@ -208,7 +218,7 @@ class Loop(Inbox):
                     self._owner = me
                 try:
                     if self._tick is not None and time.monotonic() >= next_tick:
-                        next_tick = time.monotonic() + self.tick_interval
+                        next_tick = time.monotonic() + self._interval()
                         self._iteration(batch, tick=True)
                     else:
                         self._iteration(batch)

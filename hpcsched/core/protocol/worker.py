@@ -56,6 +56,9 @@ class RegisterWorker(Record):
     resources_only: bool = wire(fc.boolean, False, sparse=True,
                                 doc="it runs only tasks that ask for one of its resources "
                                     "(a GPU job's workers): no other task is placed there")
+    job: str | None = wire(fc.optional(fc.string), None, sparse=True,
+                           doc="the batch job it runs in, by its id: the slots of a task "
+                               "with `ranks` come from one job")
 
 
 @message("registered", S2W, S2C)

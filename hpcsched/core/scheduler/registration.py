@@ -89,7 +89,7 @@ def add_worker_event(peer: str, msg: RegisterWorker, name: Any, now: float,
         name=worker_name(name), host=msg.host, resources=dict(msg.resources or {}),
         keys=dict(msg.keys or {}), pid=msg.pid or 0, running=list(msg.running or ()),
         lifetime_end=msg.lifetime_end, gpus=list(msg.gpus or ()),
-        resources_only=bool(msg.resources_only and msg.resources), now=now,
+        resources_only=bool(msg.resources_only and msg.resources), job=msg.job, now=now,
         stimulus_id=stimulus_id)
 
 

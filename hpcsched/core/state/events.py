@@ -200,6 +200,7 @@ class AddWorker(Internal):
     lifetime_end: float | None = None  # when it will leave (its lifetime, its walltime)
     gpus: list = field(factory=list)  # the ids of the GPUs behind its GPU resource
     resources_only: bool = False  # only tasks asking for one of its resources run there
+    job: str | None = None  # the batch job it runs in (a gang's slots come from one)
 
 
 class RemoveWorker(Internal):

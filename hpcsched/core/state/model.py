@@ -195,7 +195,7 @@ class WorkerInfo:
                  "n_elements", "element_nbytes", "reserved",
                  "status", "last_seen", "metrics", "pid", "heap_version", "long_running",
                  "root_block", "heartbeat_interval", "end", "gpus", "blocked",
-                 "resources_only")
+                 "resources_only", "job")
 
     def __init__(self, address: str, nthreads: int, memory_limit: int = 0, name: str | int = "",
                  host: str = "", resources: dict | None = None, pid: int = 0, now: float = 0.0):
@@ -237,6 +237,7 @@ class WorkerInfo:
         #: paths that place unrestricted work (WorkerRegistry.running(), the free heap,
         #: thieves, bulk ranges) pass it by
         self.resources_only = False
+        self.job: str | None = None  # the batch job it runs in: a gang's slots share one
 
     def __repr__(self) -> str:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
@@ -253,5 +254,5 @@ class WorkerInfo:
             "status": self.status, "blocked": len(self.blocked),
             "pid": self.pid, "metrics": dict(self.metrics), "last_seen": self.last_seen,
             "lifetime_end": self.end, "gpus": list(self.gpus),
-            "resources_only": self.resources_only,
+            "resources_only": self.resources_only, "job": self.job,
         }

@@ -268,8 +268,11 @@ class Placement:
         return members
 
     def _gang_capacity(self) -> int:
-        """How many workers a wide task could gather now: the running ones and those kept."""
-        return len(self.registry.running()) + len(self.reserved)
+        """How many workers a wide task could gather now: the running ones and those kept,
+        of one batch job when they come from several."""
+        n = len(self.registry.running()) + len(self.reserved)
+        widest = self.registry.widest_job()
+        return n if widest is None else min(n, widest)
 
     def _best_gang(self, capacity: int) -> TaskState | None:
         """The waiting wide task of best priority among those the cluster can hold: at
@@ -603,13 +606,15 @@ class Placement:
 
 
 def _packed(workers: list[WorkerInfo], n: int, per_node: int = 0) -> list[WorkerInfo] | None:
-    """``n`` of ``workers``, on as few hosts as they can be: hosts with the most of them
-    first (a gang's ranks then talk through shared memory where they can); ``per_node``:
-    at most that many on one host (None: too few hosts for it). Members of one host come
-    together, in the order of the hosts taken.
+    """``n`` of ``workers``, all of one batch job (its launcher reaches only its own
+    nodes: the job with the most of them that can hold them), on as few hosts as they can
+    be: hosts with the most of them first (a gang's ranks then talk through shared memory
+    where they can); ``per_node``: at most that many on one host (None: too few hosts, or
+    jobs too small, for it). Members of one host come together, in the order of the hosts
+    taken.
 
     >>> class W:
-    ...     def __init__(self, a, h): self.address, self.host = a, h
+    ...     def __init__(self, a, h, job=None): self.address, self.host, self.job = a, h, job
     >>> ws = [W("a", "x"), W("b", "y"), W("c", "y"), W("d", "z")]
     >>> [w.address for w in _packed(ws, 2)]
     ['b', 'c']
@@ -617,7 +622,19 @@ def _packed(workers: list[WorkerInfo], n: int, per_node: int = 0) -> list[Worker
     ['b', 'a', 'd']
     >>> _packed(ws, 4, per_node=1) is None
     True
+    >>> jobs = [W("a", "x", "7"), W("b", "y", "8"), W("c", "y", "8"), W("d", "z", "7")]
+    >>> [w.address for w in _packed(jobs, 2, per_node=1)], _packed(jobs, 3) is None
+    (['a', 'd'], True)
     """
+    by_job: dict[str | None, list[WorkerInfo]] = {}
+    for ws in workers:
+        by_job.setdefault(ws.job, []).append(ws)
+    if len(by_job) > 1:
+        for group in sorted(by_job.values(), key=lambda g: (-len(g), g[0].address)):
+            members = _packed(group, n, per_node) if len(group) >= n else None
+            if members is not None:
+                return members
+        return None
     by_host: dict[str, list[WorkerInfo]] = {}
     for ws in workers:
         by_host.setdefault(ws.host, []).append(ws)

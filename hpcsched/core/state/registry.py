@@ -20,7 +20,7 @@ class WorkerRegistry:
     """The scheduler's workers by address (see the module's docstring)."""
 
     __slots__ = ("workers", "total_nthreads", "bandwidth", "removed_by", "_running", "_names",
-                 "_by_last_seen", "_by_end")
+                 "_by_last_seen", "_by_end", "_widest_job")
 
     def __init__(self, bandwidth: float):
         self.workers: dict[str, WorkerInfo] = {}
@@ -33,6 +33,7 @@ class WorkerRegistry:
         self._running: list[WorkerInfo] | None = None
         # the running workers, latest end first, and their ends negated (for bisect)
         self._by_end: tuple[list[WorkerInfo], list[float]] | None = None
+        self._widest_job: tuple[int | None] | None = None  # cached with running()
         self._names: dict[Any, WorkerInfo] = {}  # name -> worker (the last one to take it)
         # the workers, least recently heard from first: the TTL check reads only the
         # silent ones, a heartbeat moves one to the end (both constant time). The order is
@@ -113,7 +114,23 @@ class WorkerRegistry:
                                  if ws.status == "running" and ws.reserved is None
                                  and not ws.resources_only]
             self._by_end = None
+            self._widest_job = None
         return r
+
+    def widest_job(self) -> int | None:
+        """When the workers come from several batch jobs: how many running ones (kept for a
+        wide task or not) the job with the most has, which a wide task's slots, all of
+        one job, cannot outnumber. None when they are of one job or none. Cached with
+        :meth:`running`."""
+        self.running()
+        cached = self._widest_job
+        if cached is None:
+            counts: dict[str | None, int] = {}
+            for ws in self.workers.values():
+                if ws.status == "running":
+                    counts[ws.job] = counts.get(ws.job, 0) + 1
+            cached = self._widest_job = (max(counts.values()) if len(counts) > 1 else None,)
+        return cached[0]
 
     def by_end(self) -> tuple[list[WorkerInfo], list[float]]:
         """The running workers, those kept for their resources included, the one that stays

@@ -61,6 +61,7 @@ class WorkerEvents:
         ws.end = e.lifetime_end
         ws.gpus = tuple(e.gpus)
         ws.resources_only = e.resources_only
+        ws.job = e.job
         self.registry.add(ws)
         if e.paused:
             self.registry.set_status(ws, "paused")
@@ -216,8 +217,9 @@ class WorkerEvents:
             if ts.state == "processing" and ws in graph.leases[ts]:
                 graph.members_done.setdefault(ts, set()).add(ws)
             return
-        if self.out.recorder is not None:
-            self.out.recorder.task_finished(e, ts, ws)
+        if self.out.recorder is not None:  # a gang: one task on each of its members
+            self.out.recorder.task_finished(
+                e, ts, ws, graph.leases.get(ts, ()) if ts is not None and ts.width > 1 else ())
         if ts is None or ts.state in ("released", "erred", "waiting", "no-worker", "queued"):
             # a result nobody asked for any more (released, cancelled, or recomputed elsewhere)
             if ts is None or not graph.wanted(ts) or ts.state == "erred":
@@ -258,7 +260,8 @@ class WorkerEvents:
                 ts.processing_on is not ws and ws not in graph.leases.get(ts, ())):
             return
         if self.out.recorder is not None:
-            self.out.recorder.task_erred(e, ts, ws)
+            self.out.recorder.task_erred(e, ts, ws, graph.leases.get(ts, ()) if ts.width > 1
+                                         else ())
         # any member of a gang that raises fails it: the others may wait forever in a
         # collective for it, and the thread of each is lost until it says its part ended
         blocked = [m for m in graph.leases[ts] if m is not ws

@@ -111,7 +111,7 @@ from hpcsched.core.worker.peers import PeerTransfers
 from hpcsched.core.worker.preload import Preloads
 from hpcsched.core.worker.ranges import RangeRunner
 from hpcsched.core.worker.tasks.gpus import Gpus, offer_gpus
-from hpcsched.core.worker.telemetry import WorkerTelemetry
+from hpcsched.core.worker.telemetry import WorkerTelemetry, batch_job_id
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -251,7 +251,14 @@ class Worker:
         )
         #: on the loop: a protocol record leaves with this iteration's batch to the scheduler
         self.send_to_scheduler: Callable[[Any], None] = self.link.send
-        self.tasks = TaskRunner(self, self.nthreads, self.loop, self.link.after_flush, self._closed)
+        # while a gang member runs here, memory is sampled seldom: each of the loop's ticks
+        # takes Python's lock from the member (hpcsched/hpc/gang.py says why that counts)
+        gang_tick = float(settings.memory_gang_monitor_interval)
+        self.tasks = TaskRunner(
+            self, self.nthreads, self.loop, self.link.after_flush, self._closed,
+            on_gang=lambda on: self.loop.quiet_ticks(
+                min(gang_tick, self.heartbeats.interval) if on else None),
+        )
         self.executor = self.tasks.executor  # the runner's task threads, which ranges share
         self.peers = PeerTransfers(self)  # get-data served, dependencies fetched
         self.ranges = RangeRunner(self)  # the elements of bulk maps given to this worker
@@ -308,6 +315,7 @@ class Worker:
                     leaving_at(self.heartbeats.lifetime, self.walltime_end),
                     list(self.gpus.ids) if self.gpus else None,
                     self.resources_only,
+                    batch_job_id(),  # a gang's slots come from one job
                 )
             )
         except BaseException:  # spill directory, preloads, scheduler: nothing is left open

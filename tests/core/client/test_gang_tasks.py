@@ -9,7 +9,10 @@ import pytest
 
 import hpcsched
 from hpcsched import get_worker
+from hpcsched.core.client.client import Client
 from hpcsched.core.worker.context import current
+from tests.conftest import _local_cluster, worker_env
+from tests.launchers.procs import hpcsched_cmd
 
 
 def members():
@@ -102,3 +105,17 @@ def test_get_task_comm_needs_mpi_workers_and_a_gang(c):
     assert kind == "ValueError" and "ranks=N" in why
     with pytest.raises(ValueError, match="ranks=N"):
         hpcsched.get_task_comm()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_in_a_batch_job_names_its_job_to_the_scheduler(procs):
+    # a gang's slots come from one job (tests/core/state/test_wide_tasks.py)
+    with _local_cluster(n_workers=0) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        procs.start([*hpcsched_cmd(), "worker", cluster.scheduler_address, "--name", "in-job",
+                     "--nthreads", "1", "--memory-limit", "0"], "in-job",
+                    env={**worker_env(), "HPCSCHED_SECRET": cluster.security.secret_hex(),
+                         "SLURM_JOB_ID": "4242"})
+        client.wait_for_workers(1, timeout=60)
+        (info,) = client.scheduler_info()["workers"].values()
+        assert info["job"] == "4242"

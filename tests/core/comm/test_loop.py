@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 
@@ -163,6 +164,29 @@ def _call(loop: Loop):
         return loop.call(lambda: "never", timeout=10)
     except Exception as e:  # noqa: BLE001 - the test inspects it
         return e
+
+
+def test_quiet_ticks_space_the_ticks_out_until_lifted():
+    # a worker running a gang member: its loop ticks (memory samples) seldom meanwhile
+    rec = Recorder()
+    ticks: list[float] = []
+    loop = Loop("ticking", rec.process, rec.flush,
+                tick=lambda now: ticks.append(time.monotonic()), tick_interval=0.02)
+    loop.start()
+    try:
+        wait_until(lambda: len(ticks) >= 2, timeout=5)
+        loop.quiet_ticks(0.4)
+        n = len(ticks)
+        # the tick already due may come; those after it are 0.4 s apart, not 0.02
+        wait_until(lambda: len(ticks) >= n + 3, timeout=10)
+        gaps = [b - a for a, b in pairwise(ticks[n:])]
+        assert min(gaps[1:]) >= 0.35, gaps
+        loop.quiet_ticks(None)
+        wait_until(lambda: len(ticks) >= n + 3 + 10, timeout=10)
+        gaps = [b - a for a, b in pairwise(ticks[-6:])]
+        assert max(gaps) < 0.35, gaps
+    finally:
+        loop.stop()
 
 
 def test_ticks_run_on_the_loop_thread_when_idle():

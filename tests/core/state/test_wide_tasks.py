@@ -424,6 +424,40 @@ def test_ranks_per_node_spreads_a_gang_over_hosts():
     assert sim.state("after") == "processing" and sim.state("never") == "no-worker"
 
 
+def test_a_gangs_slots_come_from_one_batch_job():
+    """Two jobs: job 7 with a, b, c (on n1, n2, n3), job 8 with d, e (on n1, n2): the
+    launcher of a job reaches only its own nodes. A gang of three takes job 7's three, a
+    gang of two then job 8's two. With a and d busy, a gang of three, which only job 7
+    could hold, waits (though b, c and e are free) until a frees; one of four, wider
+    than any job though not than the cluster, keeps no worker and blocks no other."""
+    sim = SimCluster(seed=15)
+    jobs = {"a": "7", "b": "7", "c": "7", "d": "8", "e": "8"}
+    hosts = {"a": "n1", "b": "n2", "c": "n3", "d": "n1", "e": "n2"}
+    for name, job in jobs.items():
+        sim.add_worker(name, 1, host=hosts[name], job=job)
+    gang(sim, "three", 3)
+    assert sorted(lease(sim, "three")) == ["a", "b", "c"]
+    gang(sim, "two", 2)
+    assert sorted(lease(sim, "two")) == ["d", "e"]
+    finish_all(sim, "three")
+    finish_all(sim, "two")
+    sim.submit({"x": []}, ["x"], workers=[address("a")])
+    sim.submit({"y": []}, ["y"], workers=[address("d")])
+    sim.settle()
+    assert sim.running("a") == ["x"] and sim.running("d") == ["y"]
+    gang(sim, "again", 3)
+    assert sim.state("again") == "no-worker"
+    sim.finish("y")  # d frees: job 8 still cannot hold three
+    assert sim.state("again") == "no-worker"
+    sim.finish("x")
+    assert sorted(lease(sim, "again")) == ["a", "b", "c"]
+    finish_all(sim, "again")
+    gang(sim, "wide", 4)
+    assert sim.state("wide") == "no-worker" and not sim.s.placement.reserved
+    gang(sim, "after", 2)
+    assert sim.state("after") == "processing"
+
+
 def test_a_worker_that_leaves_leaves_no_communicator_behind():
     """g1 ran on a and b and left its communicator idle; g2 runs on c and d. b leaves: a is
     told to free g1's with its next gang. d leaves while g2 runs: the task runs again, and

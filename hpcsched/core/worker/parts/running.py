@@ -42,7 +42,9 @@ class TaskRunner:
     """The tasks of ``worker`` (what its tasks see of it, :class:`~hpcsched.core.worker.
     context.TaskWorker`): run on ``nthreads`` task threads (more while tasks have seceded),
     results put on ``loop``; ``after_flush((function, *args))`` starts a task that announces
-    its start once the loop's batch left; ``closed``: set when the worker closes."""
+    its start once the loop's batch left; ``closed``: set when the worker closes;
+    ``on_gang(True)`` when a gang member starts running here and none was,
+    ``on_gang(False)`` when the last one ends."""
 
     def __init__(
         self,
@@ -51,6 +53,7 @@ class TaskRunner:
         loop: Loop,
         after_flush: Callable[[tuple], None],
         closed: threading.Event,
+        on_gang: Callable[[bool], None] | None = None,
     ):
         self.worker = worker
         self.loop = loop
@@ -62,6 +65,9 @@ class TaskRunner:
         self._resume: dict[Any, threading.Event] = {}  # seceded tasks waiting to rejoin
         # task groups that must not run on the loop thread: one of theirs asked for a client
         self._threaded_groups: set[str] = set()
+        self._on_gang = on_gang
+        self._gang_lock = threading.Lock()
+        self._gang_members = 0  # gang members running on this worker's threads
 
     def use(self, state: WorkerState) -> None:
         """Tasks read their dependencies from ``state``'s data, and their group's duration."""
@@ -122,6 +128,8 @@ class TaskRunner:
         start = time.time()
         state = self._state
         assert state is not None
+        if gang:
+            self._gang_running(1)
         outer = enter_task(self.worker, key, on_loop, start, gang, devices, lease)
         try:
             value = run_spec_call(run_spec, state.data)
@@ -143,6 +151,8 @@ class TaskRunner:
             )
         finally:
             leave_task(outer)
+            if gang:
+                self._gang_running(-1)
         stop = time.time()
         try:
             nbytes = sizeof(value)
@@ -151,6 +161,14 @@ class TaskRunner:
         return ev.ExecuteSuccess(
             key, value, nbytes, type(value).__name__, start, stop, stop, stimulus("execute-success")
         )
+
+    def _gang_running(self, delta: int) -> None:
+        with self._gang_lock:
+            before = self._gang_members
+            self._gang_members += delta
+            now = self._gang_members
+        if self._on_gang is not None and (before == 0) != (now == 0):
+            self._on_gang(now > 0)
 
     def secede(self, key: Any, compute_duration: float) -> None:
         """The task ``key`` (on the calling thread) leaves the pool."""
