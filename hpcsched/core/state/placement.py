@@ -298,10 +298,13 @@ class Placement:
         return self._best_gang(self._gang_capacity()) if self.gangs else None
 
     def _free_for_gang(self, ws: WorkerInfo) -> bool:
-        """``ws`` has a slot free (tasks and elements of bulk maps counted)."""
+        """``ws`` has a slot free (tasks and elements of bulk maps counted), and is not a
+        worker kept for tasks asking for its resources while the gang asks for none."""
+        gang = self.reserving
         return self.registry.workers.get(ws.address) is ws and ws.status == "running" \
             and policies.busy_slots(ws) + self.elements_on(ws) < ws.nthreads \
-            and ws.reserved in (None, self.reserving)
+            and ws.reserved in (None, gang) \
+            and not (ws.resources_only and (gang is None or not gang.resource_restrictions))
 
     def holds_back(self, priority: tuple) -> bool:
         """Whether narrow work of ``priority`` (a task, a bulk map's elements), ready,

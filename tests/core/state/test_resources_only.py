@@ -96,3 +96,19 @@ def test_a_long_gpu_task_goes_to_the_gpu_worker_that_stays():
     out = submit(s, graph(y=[]), keys=["y"], annotations={"duration": {"y": 600}})
     assert [m.to for m in sent(out, "compute-task", key="y")] == [A]
     s.validate()
+
+
+def test_a_gang_asking_for_no_resource_gathers_cpu_workers_only():
+    """A gang of two (``ranks=2``) with one CPU worker and the GPU worker idle: it does
+    not keep ``G`` for itself; it waits, holding ``A`` alone, and starts once a second
+    CPU worker ``B`` joins."""
+    s = cpu_and_gpu(nthreads=1)
+    out = submit(s, graph(g=[]), keys=["g"], annotations={"ranks": {"g": 2}})
+    assert not sent(out, "compute-task")
+    assert s.workers[G].reserved is None
+    s.validate()
+    out = step(s, ev.AddWorker("tcp://b", 1))
+    assert {m.to for m in sent(out, "compute-task", key="g")} <= {A, "tcp://b"}
+    assert sent(out, "compute-task", key="g")
+    assert s.workers[G].reserved is None and s.workers[G].processing == {}
+    s.validate()
