@@ -89,7 +89,7 @@ def configuration_reference() -> str:
         top = key.split(".")[0]
         if top != section:
             section = top
-            out += ["", f"### `{section}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
+            out += ["", f"## `{section}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
         unit_text = f" ({unit})" if unit else ""
         out.append(f"| `{key}`<br>`{env}` | `{_cell(default)}`{unit_text} | {_cell(meaning)} |")
     return "\n".join(out) + "\n"
