@@ -1,4 +1,4 @@
-"""Every code example of the documentation site, run as a reader runs it.
+"""Every code example of the documentation site and the README, run as a reader runs it.
 
 The pages are scanned for fenced blocks; a block runs as a script of its own in a fresh
 interpreter, in a temporary directory, with a timeout, its whole process group ended
@@ -37,7 +37,8 @@ import pytest
 from tests.conftest import REPO
 
 ROOT = Path(REPO)
-PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
+PAGES = sorted([ROOT / "README.md", *(p for p in (ROOT / "docs").rglob("*.md")
+                                      if "_build" not in p.parts)])
 FENCE = re.compile(r"(?:<!-- example: (?P<mode>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<code>.*?)```",
                    re.DOTALL)
 TIMEOUT = 240  # seconds a block may take on a loaded machine (a LocalCluster starts in it)
