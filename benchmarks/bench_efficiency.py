@@ -8,9 +8,9 @@ process pool, side by side in one run, on the same number of workers.
 
 For each duration d, each system runs a map of n calls of ``time.sleep(d)`` on
 ``--workers`` one-thread workers, and its efficiency is the ideal time over the measured
-one: ``n x c / workers / wall``, where c is what one call costs where it runs, measured in
-the same sub-run (``time.sleep`` oversleeps by tens of microseconds: that is the task's,
-not the scheduler's). n makes the ideal time about ``--budget`` seconds (at least two
+one: ``n x c / workers / wall``, where c is what one call costs where it runs, measured on
+the workers just before the map (``time.sleep`` oversleeps by tens of microseconds, more on
+a loaded machine: that is the task's, not the scheduler's). n makes the ideal time about ``--budget`` seconds (at least two
 calls a worker, at most ``--max-tasks``). Efficiency near 1 means the system adds nothing
 to tasks of that length; the duration where it falls below 0.9 is the shortest task worth
 sending it. Sleeping tasks leave the cores to the systems' own processes, so on a machine
@@ -35,6 +35,7 @@ import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it s
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -61,12 +62,13 @@ def plan(d: float, cost: float, args: argparse.Namespace) -> int:
     return max(2 * args.workers, min(args.max_tasks, n))
 
 
-def sweep(run_map, args: argparse.Namespace, label: str) -> list[dict]:
-    """``run_map(d, n)`` for each duration: rows of duration, n, wall, efficiency."""
+def sweep(run_map, cost_on_workers, args: argparse.Namespace, label: str) -> list[dict]:
+    """``run_map(d, n)`` for each duration: rows of duration, n, wall, efficiency;
+    ``cost_on_workers(d)``: what one call costs on the workers (the mean of theirs)."""
     rows = []
     run_map(1e-5, 4 * args.workers)  # warm-up: every worker started and serving
     for d in (float(x) for x in args.durations.split(",")):
-        cost = cost_of(d)
+        cost = cost_on_workers(d)
         n = plan(d, cost, args)
         t0 = time.perf_counter()
         run_map(d, n)
@@ -90,7 +92,11 @@ def role_hpcsched(args: argparse.Namespace) -> list[dict]:
         def run_map(d: float, n: int) -> None:
             assert len(client.gather(client.map(nap, [d] * n, pure=False))) == n
 
-        return sweep(run_map, args, "hpcsched")
+        def cost(d: float) -> float:
+            return statistics.mean(client.gather(
+                [client.submit(cost_of, d, pure=False) for _ in range(args.workers)]))
+
+        return sweep(run_map, cost, args, "hpcsched")
 
 
 def role_dask(args: argparse.Namespace) -> list[dict]:
@@ -101,7 +107,11 @@ def role_dask(args: argparse.Namespace) -> list[dict]:
         def run_map(d: float, n: int) -> None:
             assert len(client.gather(client.map(nap, [d] * n, pure=False))) == n
 
-        return sweep(run_map, args, "dask")
+        def cost(d: float) -> float:
+            return statistics.mean(client.gather(
+                [client.submit(cost_of, d, pure=False) for _ in range(args.workers)]))
+
+        return sweep(run_map, cost, args, "dask")
 
 
 def role_mpi4py(args: argparse.Namespace) -> list[dict]:
@@ -114,8 +124,11 @@ def role_mpi4py(args: argparse.Namespace) -> list[dict]:
                 size = chunk_of(n, args) if chunked else 1
                 assert len(list(ex.map(nap, [d] * n, chunksize=size))) == n
 
+            def cost(d: float) -> float:
+                return statistics.mean(ex.map(cost_of, [d] * args.workers))
+
             label = "mpi4py.futures chunksize=n/4W" if chunked else "mpi4py.futures"
-            rows += sweep(run_map, args, label)
+            rows += sweep(run_map, cost, args, label)
     return rows
 
 
@@ -126,7 +139,10 @@ def role_pool(args: argparse.Namespace) -> list[dict]:
         def run_map(d: float, n: int) -> None:
             assert len(list(ex.map(nap, [d] * n, chunksize=chunk_of(n, args)))) == n
 
-        return sweep(run_map, args, "ProcessPoolExecutor chunksize=n/4W")
+        def cost(d: float) -> float:
+            return statistics.mean(ex.map(cost_of, [d] * args.workers))
+
+        return sweep(run_map, cost, args, "ProcessPoolExecutor chunksize=n/4W")
 
 
 ROLES = {"hpcsched": role_hpcsched, "dask": role_dask, "mpi4py.futures": role_mpi4py,

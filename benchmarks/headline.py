@@ -51,7 +51,7 @@ RUNS: dict[str, tuple[list[str], list[str]]] = {
                "--workers", "10,200,1000,2000", "--repeat", "1", "--tasks", "1000",
                "--idle", "2"]),
     "efficiency": (["bench_efficiency.py"],
-                   ["bench_efficiency.py", "--budget", "1", "--max-tasks", "20000"]),
+                   ["bench_efficiency.py", "--budget", "2", "--max-tasks", "20000"]),
     "mpi": (["bench_mpi.py", "--only", "throughput,transfer", "--sizes", "1,16,128,512"],
             ["bench_mpi.py", "--only", "throughput,transfer", "--repeat", "1",
              "--tasks", "3000", "--leaves", "1024", "--sizes", "1,16,128",
@@ -76,11 +76,12 @@ def run(name: str, quick: bool) -> None:
     cmd = [sys.executable, os.path.join(HERE, args[0]), *args[1:], "--json", path]
     shown = "python benchmarks/" + " ".join(args)
     load0 = os.getloadavg()[0]
+    measured = commit()  # the code measured: as the run starts
     t0 = time.time()
     print(f"== {shown}", file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=REPO, check=True)
     meta = {"command": shown, "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime(t0)) + " UTC",
-            "minutes": round((time.time() - t0) / 60, 1), "commit": commit(),
+            "minutes": round((time.time() - t0) / 60, 1), "commit": measured,
             "load": [round(load0, 1), round(os.getloadavg()[0], 1)], "quick": quick,
             "cpus": os.cpu_count()}
     with open(os.path.join(OUT, f"{name}.meta.json"), "w") as f:
