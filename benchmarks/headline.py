@@ -259,7 +259,7 @@ def write_results(figures: dict, made: list[tuple[str, str]], quick: bool) -> No
         head += [f"![{caption}](headline/{name})", ""]
     head += ["Run them again, and remake this table and the plots: `python "
              "benchmarks/headline.py` (about an hour), or `--quick` (minutes). "
-             "The dated runs before these are in [HISTORY.md](HISTORY.md).", "", END]
+             "The dated runs before these are in `benchmarks/HISTORY.md`.", "", END]
     with open(RESULTS) as f:
         text = f.read()
     if BEGIN in text and END in text:
