@@ -3,7 +3,7 @@
 # systems the tests use (SLURM and Grid Engine on localhost, when run as root
 # on Debian), Debian's Open MPI beside the mpich wheel (root on Debian) and three
 # emulated compute nodes (network namespaces, ci/nodes/, as root on Linux), check the code
-# (ruff, mypy, the Sphinx API reference with warnings as errors, the sdist and the wheel in
+# (ruff, mypy, the documentation site with warnings as errors, the sdist and the wheel in
 # a clean virtual environment), run the whole test suite, and stop the daemons and remove
 # the nodes it started.
 #
@@ -141,7 +141,7 @@ check() {
 check "ruff check (lint and the public API's docstrings)" $PY -m ruff check hpcsched tests docs
 check "mypy hpcsched (types; settings in pyproject.toml)" $PY -m mypy hpcsched
 rm -rf docs/_build
-check "sphinx-build (API reference, warnings are errors)" \
+check "sphinx-build (the documentation site, warnings are errors)" \
     $PY -m sphinx -W --keep-going -q -b html docs docs/_build/html
 check "the sdist and the wheel (ci/check-wheel.sh: twine check, a clean venv without MPI)" \
     env PYTHON="$PY" bash ci/check-wheel.sh

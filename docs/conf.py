@@ -1,4 +1,6 @@
-"""Sphinx configuration: the API reference is built from the docstrings.
+"""Sphinx configuration: the pages are MyST Markdown, the API reference is built from the
+docstrings, and the configuration and command-line reference from the code
+(``_ext/hpcsched_reference.py``).
 
 Build it as CI does, warnings as errors::
 
@@ -11,10 +13,9 @@ from __future__ import annotations
 import os
 import sys
 
-from sphinx.application import Sphinx
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # document this checkout, not an installed copy
+sys.path.insert(0, os.path.join(HERE, "_ext"))
 
 project = "hpcsched"
 author = "hpcsched developers"
@@ -24,10 +25,12 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",  # Google-style "Args:" / "Returns:" sections (ruff's convention)
     "sphinx.ext.viewcode",
-    "myst_parser",  # Markdown pages: the generated protocol reference
+    "myst_parser",  # Markdown pages, as every page but the API reference is written
+    "hpcsched_reference",  # the configuration and command-line reference, from the code
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+exclude_patterns = ["_build", "_ext"]
+myst_heading_anchors = 3  # [text](page.md#a-heading) links, as GitHub makes them
 
 # hpcsched's names are documented where users import them (``hpcsched.Client``), in
 # source order; the signature keeps the annotations, resolved against the package
@@ -41,26 +44,3 @@ napoleon_numpy_docstring = False
 
 html_theme = "alabaster"
 html_static_path: list[str] = []
-
-
-def _list_protocol_page(app: Sphinx, docname: str, source: list[str]) -> None:
-    """Add docs/protocol.md to the index's table of contents when it exists.
-
-    The page is generated from the protocol records (``python -m hpcsched.core.protocol.messages``);
-    the reference builds without it too, and a toctree entry naming a missing page would be
-    a warning, so an error here.
-    """
-    if docname == "index" and os.path.exists(os.path.join(HERE, "protocol.md")):
-        source[0] = source[0].replace("\n   api\n", "\n   api\n   protocol\n", 1)
-
-
-def _reread_index(app: Sphinx, env: object, added: set[str], changed: set[str],
-                  removed: set[str]) -> list[str]:
-    """Read the index again in an incremental build when the protocol page came or went."""
-    return ["index"] if "protocol" in added | removed else []
-
-
-def setup(app: Sphinx) -> None:
-    """Sphinx's hook for conf.py: list the protocol page when it exists."""
-    app.connect("source-read", _list_protocol_page)
-    app.connect("env-get-outdated", _reread_index)

@@ -69,7 +69,7 @@ def submit_main(argv: list[str]) -> int:
     p.add_argument("--name", help="the job's name (default: the program's)")
     p.add_argument("--cwd", help="the tasks' directory (default: this one)")
     p.add_argument("--stdout", help="path template of each task's stdout "
-                   f"(default {jobs_mod.DEFAULT_OUTPUT}.stdout, under --cwd)")
+                   f"(default {jobs_mod.DEFAULT_OUTPUT}.stdout, under --cwd)".replace("%", "%%"))
     p.add_argument("--stderr", help="path template of each task's stderr")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--resources", help="what each task holds, e.g. GPU=1 (workers' --resources)")

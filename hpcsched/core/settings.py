@@ -196,9 +196,11 @@ class CommSettings:
     max_frames: int = 100_000
     #: bytes queued for a peer that does not read, past which its comm is closed
     max_send_queue_bytes: int = setting(2**31, unit="bytes")
-    #: TLS certificate, key and certificate authority files (tls:// addresses)
+    #: TLS certificate file (PEM) of this process, for tls:// addresses
     tls_cert: str | None = setting(None, key="comm.tls.cert")
+    #: TLS private key file (PEM) of that certificate
     tls_key: str | None = setting(None, key="comm.tls.key")
+    #: TLS certificate authority file (PEM) that peers' certificates are checked against
     tls_ca: str | None = setting(None, key="comm.tls.ca")
 
 

@@ -32,10 +32,12 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--window-size=1400,1000")
 
 
-def artifacts_dir() -> Path:
-    """Where screenshots go: $HPCSCHED_ARTIFACTS or test-artifacts/ in the repository."""
-    path = Path(os.environ.get("HPCSCHED_ARTIFACTS") or Path(REPO) / "test-artifacts") / \
-        "browser"
+def screenshots_dir() -> Path:
+    """Where the pages' screenshots go: docs/images/ of this checkout, which the
+    documentation site and the README show, so that the pictures there are of today's
+    pages; $HPCSCHED_SCREENSHOTS names another directory (a CI run that must leave the
+    checkout as it was)."""
+    path = Path(os.environ.get("HPCSCHED_SCREENSHOTS") or Path(REPO) / "docs" / "images")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

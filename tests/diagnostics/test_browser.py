@@ -3,7 +3,8 @@
 While a computation runs on a LocalCluster, the pages are opened as a user
 opens them, from the printed link: they must show the workers, progress and a
 task stream that advance, and refuse a visit without the token. Screenshots of
-every page are saved as test artifacts (see tests/diagnostics/browser.py).
+every page are saved where the documentation shows them (docs/images/, see
+tests/diagnostics/browser.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pytest
 
 from hpcsched import Client, LocalCluster, performance_report
 from tests.conftest import wait_until, worker_env
-from tests.diagnostics.browser import artifacts_dir, canvas_ink, chromium
+from tests.diagnostics.browser import canvas_ink, chromium, screenshots_dir
 from tests.diagnostics.conftest import split_link
 
 pytestmark = pytest.mark.timeout(180)
@@ -50,7 +51,7 @@ def no_browser_left(before: set[int]) -> bool:
 
 
 def test_dashboard_pages_while_a_computation_runs():
-    shots = artifacts_dir()
+    shots = screenshots_dir()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address="127.0.0.1:0",
                       worker_env=worker_env()) as cluster, \
@@ -113,7 +114,7 @@ def test_dashboard_pages_while_a_computation_runs():
 
 
 def test_performance_report_opened_from_disk(tmp_path):
-    shots = artifacts_dir()
+    shots = screenshots_dir()
     path = tmp_path / "report.html"
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
                       worker_env=worker_env()) as cluster, Client(cluster) as client:

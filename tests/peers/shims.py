@@ -3,7 +3,7 @@
 dask-jobqueue's and dask-mpi's wheels ship their test suites (``dask_jobqueue/tests/``,
 ``dask_mpi/tests/``). A user moving over changes one line: ``from dask_jobqueue import
 SLURMCluster`` and ``from dask.distributed import Client`` become imports from hpcsched
-(the README's "Moving from dask-jobqueue"). :func:`install` makes that change for code
+(the site's "Moving from dask-jobqueue", docs/moving/dask-jobqueue.md). :func:`install` makes that change for code
 that cannot be edited: ``dask_jobqueue`` and ``dask_mpi`` become modules handing on
 hpcsched's names, and dask.distributed's ``Client`` is hpcsched's. Their ``tests``
 subpackages still load from the installed wheels, unchanged.

@@ -84,6 +84,7 @@ class SchedulerSettings:
     unknown_task_duration: float = setting(0.5, unit="seconds")
     #: bytes/s between workers, before anything is measured
     bandwidth: float = setting(100e6, key="scheduler.default-bandwidth")
+    #: idle workers take queued work from busy ones when it is worth more than a round trip
     work_stealing: bool = True
     #: seconds without a heartbeat before a worker is removed (None: never); the server
     #: sets it from ``scheduler.worker-ttl`` for transports that need heartbeats

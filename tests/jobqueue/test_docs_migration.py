@@ -1,5 +1,6 @@
-"""The README's "Moving from dask-jobqueue" example, run as written against the real
-SLURM on localhost: its ``jobqueue.yaml`` in ``~/.config/dask`` and its script."""
+"""The site's "Moving from dask-jobqueue" example (docs/moving/dask-jobqueue.md), run as
+written against the real SLURM on localhost: its ``jobqueue.yaml`` in ``~/.config/dask``
+and its script."""
 
 from __future__ import annotations
 
@@ -15,19 +16,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def readme_blocks() -> tuple[str, str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Moving from dask-jobqueue", 1)[1].split("\n### ", 1)[0]
+def page_blocks() -> tuple[str, str]:
+    section = (ROOT / "docs" / "moving" / "dask-jobqueue.md").read_text()
     yaml_block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
     python_block = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert yaml_block and python_block, "the README's migration section lost its example"
+    assert yaml_block and python_block, "the migration page lost its example"
     return yaml_block.group(1), python_block.group(1)
 
 
 @pytest.mark.slurm
 @pytest.mark.timeout(180)
-def test_readme_migration_example_runs_unchanged(slurm, tmp_path):
-    yaml_text, script = readme_blocks()
+def test_migration_example_runs_unchanged(slurm, tmp_path):
+    yaml_text, script = page_blocks()
     home = tmp_path / "home"
     (home / ".config" / "dask").mkdir(parents=True)
     (home / ".config" / "dask" / "jobqueue.yaml").write_text(yaml_text)
