@@ -258,6 +258,10 @@ class JobQueueSettings:
     submit_pause_after: int = 10
     #: ... or so many jobs dead before a worker connected
     dead_jobs_pause_after: int = 3
+    #: a job's replacement is submitted ahead of its workers' retirement by the queue's
+    #: measured wait, at most this long ahead; 0: only once the job has ended
+    #: (hpcsched/jobqueue/succession.py)
+    replace_ahead_max: float = setting(3600.0, unit="seconds")
 
 
 #: every settings class, whose fields are the keys of their sections in the configuration

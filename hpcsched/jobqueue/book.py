@@ -19,7 +19,10 @@ Rules the book keeps:
 * excess jobs are cancelled pending and newest first, then running ones with the
   fewest connected workers;
 * a job that ends before any of its workers connected, and that we did not cancel, is
-  a failure (:attr:`JobBook.failed_jobs`).
+  a failure (:attr:`JobBook.failed_jobs`);
+* a job is *replaced* ahead of its end (:meth:`JobBook.replace_ahead`, the rule of
+  :mod:`hpcsched.jobqueue.succession`): it stops counting towards the target, so the
+  next adjustment submits its replacement, and its workers retire at their lifetime.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 from hpcsched.jobqueue.base import JobStatus
 from hpcsched.jobqueue.job import Job, JobState
+from hpcsched.jobqueue.succession import QueueWait, Succession
 
 GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
 MISSING_POLLS = 3  # polls without a status (not a race right after submission)
@@ -75,6 +79,8 @@ class JobBook:
         self.failed_since_scale = 0
         #: ids submitted and not known to be cancelled: what must be cancelled at exit
         self.live_ids: set[str] = set()
+        #: the queue's measured wait, submission to first worker (succession.py)
+        self.waits = QueueWait()
 
     # ------------------------------------------------------------ names
     def next_name(self) -> str:
@@ -141,7 +147,8 @@ class JobBook:
         ]
         for job in jobs:
             job.cancel_requested = True
-        self.target_jobs = max(0, self.target_jobs - len(jobs))
+        # a replaced job no longer counted: its replacement stays
+        self.target_jobs = max(0, self.target_jobs - sum(not j.replaced for j in jobs))
         return jobs
 
     def stop_all(self) -> None:
@@ -180,12 +187,18 @@ class JobBook:
                 return job
         return None
 
-    def worker_joined(self, address: str, name: str) -> Job | None:
-        """A worker connected; its job, if it is one of ours."""
+    def worker_joined(self, address: str, name: str, now: float | None = None) -> Job | None:
+        """A worker connected (at ``now``, if known); its job, if it is one of ours.
+
+        The first worker of a job measures the queue's wait.
+        """
         job = self.job_of_worker(name)
         if job is not None:
             job.workers[address] = name
             job.workers_seen.add(name)
+            if now is not None and job.connected_at is None:
+                job.connected_at = now
+                self.waits.observe(now - job.submit_time)
         return job
 
     def worker_left(self, address: str) -> None:
@@ -205,6 +218,40 @@ class JobBook:
 
     def connected(self) -> int:
         return sum(len(j.workers) for j in self.jobs.values())
+
+    # ------------------------------------------------------------ succession
+    def replace_ahead(self, now: float, succession: Succession) -> list[Job]:
+        """Mark the jobs whose replacement is due now (:mod:`.succession`) as replaced
+        and return them: the next :meth:`adjustment` submits as many new jobs.
+
+        Only jobs counted towards the target, each once, oldest first, and never beyond :meth:`Succession.max_unconnected` jobs still waiting for their
+        first worker.
+        """
+        active = self.active()
+        if not active or self.target_jobs <= 0:
+            return []
+        live = self.live()
+        waiting = [j for j in live if j.connected_at is None and not j.cancel_requested]
+        wait = self.waits.estimate(now - j.submit_time for j in waiting)
+        if wait is None:
+            return []
+        room = succession.max_unconnected(self.target_jobs) - len(waiting)
+        due = []
+        # oldest first: they end first
+        for job in sorted(active, key=lambda j: j.submit_time):
+            if room <= 0:
+                break
+            if succession.due(now, job.submit_time, job.connected_at, wait):
+                job.replaced = True
+                due.append(job)
+                room -= 1  # its replacement waits for its first worker
+        return due
+
+    def leaving(self) -> set[str]:
+        """Names of the connected workers of replaced jobs: on their way out, covered by
+        a replacement (adaptive scaling counts neither)."""
+        return {n for j in self.jobs.values() if j.replaced and not j.ended
+                for n in j.workers.values()}
 
     # ------------------------------------------------------------ status
     def apply_status(

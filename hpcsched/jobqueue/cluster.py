@@ -39,8 +39,10 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
   error is in the cluster's repr and the scheduler's events (topic ``jobqueue``).
 * **Scaling** counts whole jobs: ``scale(n=workers)`` asks for ``ceil(n /
   processes)`` jobs. Extra jobs are cancelled pending ones first; running ones
-  have their workers retired gracefully first. Jobs whose workers retired at
-  walltime are replaced while the target asks for them.
+  have their workers retired gracefully first. A job is replaced ahead of its
+  walltime, by the queue's measured wait (:mod:`hpcsched.jobqueue.succession`), so
+  that a fixed target does not drop to no workers between allocations; the
+  retiring workers' results move to the others.
 * **Nothing leaks** (:mod:`hpcsched.jobqueue.cleanup`).
 * **A journaled scheduler outlives its process** (``scheduler_journal=J``,
   :mod:`hpcsched.jobqueue.adoption`): the jobs the cluster owns are in the journal; a
@@ -52,6 +54,7 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import os
@@ -86,6 +89,7 @@ from hpcsched.jobqueue.diagnosis import (
 )
 from hpcsched.jobqueue.job import Job, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
+from hpcsched.jobqueue.succession import Succession
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
@@ -211,12 +215,17 @@ class JobQueueCluster(Cluster):
         self._scripts: list[str] = []
         self.security = security
         self._adapt_settings: dict[str, Any] | None = None  # what adapt() was called with
+        self._succession = Succession.for_jobs(self.system.walltime_seconds,
+                                               p["worker_extra_args"])
         os.makedirs(p["log_directory"], exist_ok=True)
         if scheduler_journal is not None:
             scheduler_kwargs["journal"] = scheduler_journal
         super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security,
                          scheduler_kwargs)
         self.diagnosis.scheduler_address = self.scheduler_address
+        #: names of workers on their way out whose jobs a replacement covers: Adaptive
+        #: counts neither them nor their jobs
+        self.leaving_workers = functools.partial(_locked, self._lock, self.book.leaving)
         self._journal = ClusterJournal(self.scheduler)
         try:
             saved = self._journal.load()
@@ -517,8 +526,14 @@ class JobQueueCluster(Cluster):
                 if self._closed:
                     return
                 self._take_events()
-                todo = self.book.adjustment()
                 now = time.time()
+                if self._succession is not None:
+                    for job in self.book.replace_ahead(now, self._succession):
+                        self.diagnosis.note(logging.INFO, "job %s (%s) ends in about %.0f s: "
+                                            "submitting its replacement", job.job_id, job.name,
+                                            self._succession.life - now + (
+                                                job.connected_at or now))
+                todo = self.book.adjustment()
                 if todo.submit and self.backoff.may_submit(now):  # else: wait (submissions.py)
                     try:
                         self._submit(todo.submit)
@@ -551,7 +566,7 @@ class JobQueueCluster(Cluster):
                 ws = getattr(getattr(self.scheduler, "state", None), "workers", {}).get(address)
                 info = {"name": getattr(ws, "name", "")}
             name = str(info.get("name", ""))
-        self._events.append((event, address, name))
+        self._events.append((event, address, name, time.time()))
         self._wake.set()
 
     def _take_events(self, connected: dict[str, str] | None = None) -> None:
@@ -561,10 +576,10 @@ class JobQueueCluster(Cluster):
         """
         joined: list[str] = []
         while self._events:
-            event, address, name = self._events.popleft()
+            event, address, name, when = self._events.popleft()
             if event != "add":
                 self.book.worker_left(address)
-            elif self.book.worker_joined(address, name) is not None:
+            elif self.book.worker_joined(address, name, when) is not None:
                 joined.append(name)
         if connected is not None:
             joined += self.book.sync_workers(connected)
@@ -696,6 +711,11 @@ class JobQueueCluster(Cluster):
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _locked(lock: Any, fn: Any) -> Any:
+    with lock:
+        return fn()
 
 
 def _weak_callback(cluster: JobQueueCluster) -> Any:
