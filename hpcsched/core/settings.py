@@ -164,6 +164,9 @@ class MPISettings:
     #: seconds without a word from a rank before the job is ended as having lost it (rank 0
     #: watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
     rank_timeout: float = setting(6.0, unit="seconds")
+    #: a script stopped at its job's walltime queues its own continuation (``python -m
+    #: hpcsched --requeue``; hpcsched/hpc/walltime.py)
+    requeue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
