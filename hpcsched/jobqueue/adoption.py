@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 #: the journal section a batch cluster keeps
 SECTION = "jobqueue"
 #: what is recorded of each job (besides its id)
-_JOB_FIELDS = ("name", "log_file", "expected_workers", "submit_time", "cancel_requested")
+_JOB_FIELDS = ("name", "log_file", "expected_workers", "submit_time", "cancel_requested",
+               "replaced")
 
 
 def job_record(job: Job) -> dict[str, Any]:
@@ -50,7 +51,8 @@ def job_from_record(rec: dict[str, Any]) -> Job:
     """The :class:`Job` a journal's record describes (its state comes from the next poll)."""
     job = Job(str(rec["job_id"]), str(rec["name"]), str(rec["log_file"]),
               int(rec["expected_workers"]), submit_time=float(rec["submit_time"]),
-              cancel_requested=bool(rec["cancel_requested"]))
+              cancel_requested=bool(rec["cancel_requested"]),
+              replaced=bool(rec.get("replaced", False)))  # its replacement was submitted
     if rec.get("served"):
         # it served the scheduler before the restart: not a job whose workers never came
         job.workers_seen.update(job.worker_names())
