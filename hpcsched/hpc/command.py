@@ -43,7 +43,8 @@ from hpcsched.hpc.walltime import (
     checkpoints_kept,
     drain_time,
     ignore_drain_signal,
-    queue_continuation,
+    plan_continuation,
+    run_continuation,
     say,
 )
 from hpcsched.launchers.cli import duration
@@ -249,7 +250,12 @@ def _run(ns: argparse.Namespace) -> int:
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
         kept = checkpoints_kept(_checkpoints(ns))
-        return _continue(ns, kept, _run_until_walltime(ns))
+        stop_at = drain_time(ns.walltime_margin)
+        code = _run_until_walltime(ns, stop_at)
+        requeue = _continue(ns, kept, code, stop_at)
+        if requeue:
+            say(run_continuation(requeue))
+        return code
     if job.rank != 0:
         exit_rank(serve_rank(job, InitOptions(nthreads=ns.nthreads,
                                               memory_limit=ns.memory_limit,
@@ -257,13 +263,27 @@ def _run(ns: argparse.Namespace) -> int:
                                               worker_per_gpu=ns.worker_per_gpu)))
     code = EXIT_INTERRUPTED
     kept = checkpoints_kept(_checkpoints(ns))
+    stop_at = drain_time(ns.walltime_margin) if ns.script is not None else None
     try:
-        code = _run_until_walltime(ns) if ns.script is not None else \
+        code = _run_until_walltime(ns, stop_at) if ns.script is not None else \
             serve_clients(ns.scheduler_file, ns.scheduler_port, ns.interface,
                           end_time(ns.walltime_margin))
     finally:
-        MODE.close_cluster(code)
-    return _continue(ns, kept, code)
+        try:
+            requeue = _continue(ns, kept, code, stop_at)
+        except Exception as e:  # noqa: BLE001 - never in the way of the cluster's close
+            requeue = None
+            say(f"no continuation: {type(e).__name__}: {e}")
+        exit_timeout = float(config.read(MPISettings).exit_timeout)
+        if code == EXIT_NOT_FINISHED and stop_at is not None:
+            # stopped for the walltime: the ranks may take what is left of the margin to
+            # leave (a loaded node is slow), rather than end in MPI_Abort
+            exit_timeout = max(exit_timeout, stop_at + ns.walltime_margin - time.time() - 2)
+        with config.set({"mpi.exit-timeout": exit_timeout}):
+            MODE.close_cluster(code)
+    if requeue:
+        say(run_continuation(requeue))
+    return code
 
 
 # ------------------------------------------------------------------ the walltime
@@ -274,10 +294,10 @@ def _checkpoints(ns: argparse.Namespace) -> str | None:
         next_to_journal(os.path.abspath(os.path.expanduser(ns.journal)))
 
 
-def _run_until_walltime(ns: argparse.Namespace) -> int:
-    """Rank 0: the script, stopped ``--walltime-margin`` before the job's end or on
-    SIGUSR1 (:mod:`hpcsched.hpc.walltime`)."""
-    drain = Drain(drain_time(ns.walltime_margin))
+def _run_until_walltime(ns: argparse.Namespace, stop_at: float | None) -> int:
+    """Rank 0: the script, stopped at ``stop_at`` (``--walltime-margin`` before the
+    job's end) or on SIGUSR1 (:mod:`hpcsched.hpc.walltime`)."""
+    drain = Drain(stop_at)
     drain.arm()
     try:
         return run_script(ns.script, ns.args)
@@ -285,22 +305,28 @@ def _run_until_walltime(ns: argparse.Namespace) -> int:
         drain.disarm()
 
 
-def _continue(ns: argparse.Namespace, kept_before: int, code: int) -> int:
-    """Rank 0, the cluster closed: a script stopped at its walltime queues its
-    continuation if asked to and if it made progress; the exit status stays."""
+def _continue(ns: argparse.Namespace, kept_before: int, code: int,
+              stop_at: float | None) -> list[str] | None:
+    """Rank 0, its script stopped at the walltime (``code``): the continuation, if asked
+    for and if the run made progress. An ``sbatch`` is submitted now, to start once this
+    job is over; a ``scontrol requeue`` (which ends this job) is returned, for after the
+    ranks have left."""
     requeue = ns.requeue if ns.requeue is not None else config.read(MPISettings).requeue
     if code != EXIT_NOT_FINISHED or not requeue:
-        return code
+        return None
     kept = checkpoints_kept(_checkpoints(ns))
     if ns.journal is None:
         say("no continuation: --requeue resumes from --journal, and none was given")
-    elif kept <= kept_before:
+        return None
+    if kept <= kept_before:
         say(f"no continuation: this run kept no new checkpoint ({kept} in all), a "
             "continuation would not get further")
-    else:
-        say(f"{kept - kept_before} more task results kept ({kept} in all); "
-            f"{queue_continuation()}")
-    return code
+        return None
+    end = None if stop_at is None else stop_at + ns.walltime_margin
+    cmd, what = plan_continuation(0.0 if end is None else end - time.time())
+    say(f"{kept - kept_before} more task results kept ({kept} in all); "
+        f"{what if cmd is None or cmd[0] != 'sbatch' else run_continuation(cmd)}")
+    return cmd if cmd is not None and cmd[0] != "sbatch" else None
 
 
 # ------------------------------------------------------------------ serving clients

@@ -13,19 +13,22 @@ passes it on to ``mpiexec``; with ``srun`` ranks, ``--signal=USR1@60``):
 * rank 0 interrupts the script (:class:`WalltimeReached`, raised in its main thread
   wherever it waits); its client closes, so no task is started any more, and the
   cluster closes as after any end of the script;
-* the results of the tasks annotated ``checkpoint=True`` that finished are on disk
+* the tasks running end (within ``mpi.exit-timeout``) and the results of the tasks
+  annotated ``checkpoint=True`` that finished are on disk
   (``JOURNAL.checkpoints/``, :mod:`hpcsched.core.scheduler.checkpoints`): a run with the
   same journal reads them instead of running those tasks again; a task cut off in the
   middle never wrote one and runs again;
 * every rank exits with :data:`EXIT_NOT_FINISHED` (75, ``EX_TEMPFAIL`` of BSD's
   ``sysexits.h``: "a temporary failure ... the user is invited to retry"), after rank 0
   said why on stderr;
-* with ``--requeue`` (or ``mpi.requeue: true``), rank 0 then queues the job's
-  continuation (:func:`continuation_command`): ``scontrol requeue`` of its own job when
-  SLURM may requeue it (SLURM starts a requeued job no sooner than about two minutes
-  later), else ``sbatch`` of the same batch script with the same arguments and the job's
-  limits. The continuation is the same command: it resumes from the journal and the
-  checkpoints. A run that kept no new checkpoint is not continued (it would loop).
+* with ``--requeue`` (or ``mpi.requeue: true``), rank 0 queues the job's continuation
+  (:func:`continuation_command`): ``scontrol requeue`` of its own job when SLURM may
+  requeue it, once the ranks have left (SLURM starts a requeued job no sooner than about
+  two minutes later), else, before the ranks leave (an ``MPI_Abort`` at the end then
+  loses nothing), ``sbatch`` of the same batch script with the same arguments, the job's
+  limits and ``--begin`` at its end, so that the two never share the journal. The
+  continuation is the same command: it resumes from the journal and the checkpoints. A
+  run that kept no new checkpoint is not continued (it would loop).
 
 Worker ranks ignore ``SIGUSR1``: rank 0 decides, and ends them.
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import _thread
 import logging
+import math
 import os
 import shlex
 import signal
@@ -44,10 +48,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpcsched.hpc.bootstrap import EXIT_NOT_FINISHED
+
 logger = logging.getLogger("hpcsched.bootstrap")
 
-#: the exit status of a job stopped at its walltime with work left: sysexits.h EX_TEMPFAIL
-EXIT_NOT_FINISHED = 75
+__all__ = ["EXIT_NOT_FINISHED", "Drain", "WalltimeReached", "continuation_command",
+           "drain_time", "plan_continuation", "run_continuation"]
+
 #: the signal that asks a job to stop now, as at its walltime
 DRAIN_SIGNAL = signal.SIGUSR1
 
@@ -198,20 +205,35 @@ def _batch_args(job_id: str) -> list[str] | None:
     return None
 
 
-def queue_continuation(env: Mapping[str, str] | None = None) -> str:
-    """Queue this job's continuation; what was done, or why nothing could be, in a line."""
+def plan_continuation(begin_in: float,
+                      env: Mapping[str, str] | None = None) -> tuple[list[str] | None, str]:
+    """The command that queues this job's continuation, and what it does or why there is
+    none, in a line. An ``sbatch`` asks for a start ``begin_in`` seconds from now at the
+    earliest (when this job is over: the two never share the journal).
+    """
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID", "")
     if not job_id:
-        return "no continuation: --requeue needs a SLURM job (no SLURM_JOB_ID)"
+        return None, "no continuation: --requeue needs a SLURM job (no SLURM_JOB_ID)"
     try:
         fields = _slurm_job(job_id)
-        script = fields.get("Command", "")
-        args = _batch_args(job_id) if os.path.isfile(script) else None
-        cmd = continuation_command(job_id, fields, args)
-        if cmd is None:
-            return (f"no continuation: job {job_id} is not requeueable and its batch script "
-                    "or its arguments are unknown (sbatch --requeue makes it requeueable)")
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"no continuation: {e}"
+    script = fields.get("Command", "")
+    args = _batch_args(job_id) if os.path.isfile(script) else None
+    cmd = continuation_command(job_id, fields, args)
+    if cmd is None:
+        return None, (f"no continuation: job {job_id} is not requeueable and its batch "
+                      "script or its arguments are unknown (sbatch --requeue makes it "
+                      "requeueable)")
+    if cmd[0] == "sbatch":
+        cmd.insert(1, f"--begin=now+{max(0, math.ceil(begin_in))}")
+    return cmd, shlex.join(cmd)
+
+
+def run_continuation(cmd: list[str]) -> str:
+    """Run a command of :func:`plan_continuation`; what happened, in a line."""
+    try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:
         return f"no continuation: {e}"

@@ -69,4 +69,4 @@ def test_sigusr1_stops_the_job_with_75_and_a_run_again_resumes(tmp_path, road):
     assert code == 0, out[-3000:]
     assert f"RESULT {sum(2 * i for i in range(n))}" in out
     assert set(runs(done)) == set(range(n))
-    assert max(runs(done).values()) == 1, {i: k for i, k in runs(done).items() if k > 1}
+    assert max(runs(done).values()) == 1, ({i: k for i, k in runs(done).items() if k > 1}, first)

@@ -99,3 +99,17 @@ def test_progress_is_counted_in_whole_checkpoints(tmp_path):
     (tmp_path / "b.pkl.tmp-1").write_bytes(b"")  # a write cut short
     assert checkpoints_kept(str(tmp_path)) == 1
     assert checkpoints_kept(str(tmp_path / "none")) == checkpoints_kept(None) == 0
+
+
+def test_an_sbatch_continuation_starts_once_the_job_is_over(monkeypatch, tmp_path):
+    script = tmp_path / "campaign.sh"
+    script.write_text("#!/bin/bash\n")
+    monkeypatch.setattr(walltime, "_slurm_job", lambda job_id: {**JOB, "Command": str(script)})
+    monkeypatch.setattr(walltime, "_batch_args", lambda job_id: ["x"])
+    cmd, what = walltime.plan_continuation(12.2, {"SLURM_JOB_ID": "42"})
+    assert cmd is not None and cmd[:2] == ["sbatch", "--begin=now+13"]
+    assert cmd[-2:] == [str(script), "x"] and what.startswith("sbatch --begin=now+13")
+    monkeypatch.setattr(walltime, "_slurm_job", lambda job_id: {**JOB, "Requeue": "1"})
+    assert walltime.plan_continuation(12.2, {"SLURM_JOB_ID": "42"})[0] == \
+        ["scontrol", "requeue", "42"]
+    assert walltime.plan_continuation(12.2, {})[0] is None  # not a SLURM job
