@@ -163,7 +163,7 @@ def continuation_command(job_id: str, fields: Mapping[str, str],
     ...     "run", "WorkDir": "/h", "StdOut": "/h/run.out"}, ["a b"])  # doctest: +NORMALIZE_WHITESPACE
     ['sbatch', '--time=00:01:00', '--nodes=1', '--ntasks=3', '--partition=debug',
      '--job-name=run', '--chdir=/h', '--output=/h/run.out', '--open-mode=append',
-     '/h/job.sh', 'a b']
+     '--no-requeue', '/h/job.sh', 'a b']
     """
     if fields.get("Requeue") == "1":
         return ["scontrol", "requeue", job_id]
@@ -179,7 +179,8 @@ def continuation_command(job_id: str, fields: Mapping[str, str],
         if value and value not in ("(null)", "N/A", "UNLIMITED") and not (
                 option == "error" and value == fields.get("StdOut")):
             cmd.append(f"--{option}={value}")
-    return [*cmd, "--open-mode=append", script, *batch_args]
+    # as this job: SLURM may not requeue it, so its continuation goes on by sbatch too
+    return [*cmd, "--open-mode=append", "--no-requeue", script, *batch_args]
 
 
 def _slurm_job(job_id: str) -> dict[str, str]:

@@ -86,7 +86,7 @@ def test_another_is_submitted_again_with_its_script_arguments_and_limits():
     assert continuation_command("42", JOB, ["--steps", "a b"]) == [
         "sbatch", "--time=04:00:00", "--nodes=2", "--ntasks=64", "--partition=cpu",
         "--job-name=campaign", "--chdir=/home/u", "--output=/home/u/campaign.out",
-        "--open-mode=append", "/home/u/campaign.sh", "--steps", "a b"]
+        "--open-mode=append", "--no-requeue", "/home/u/campaign.sh", "--steps", "a b"]
 
 
 def test_no_continuation_without_a_script_or_its_arguments():
