@@ -29,6 +29,9 @@ How a job ends (the failure model; the README quotes it):
   close, a script that never returns from ``Client.close``...) makes rank 0
   call ``MPI_Abort`` with the job's exit code, after saying why on stderr:
   the job ends instead of hanging.
+* The job's walltime is near (``python -m hpcsched``, :mod:`hpcsched.hpc.walltime`):
+  the script is stopped, the tasks running end (within ``mpi.exit-timeout``) and every
+  rank exits 75.
 * A rank that dies (killed, segfault, out of memory) ends the whole MPI job:
   that is MPI's own semantics (the launcher kills the other ranks and reports
   which one died). There is no recovery of a lost rank in MPI mode; rank 0,
@@ -86,6 +89,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.bootstrap")
 
 EXIT_INTERRUPTED = 130
+#: a job stopped at its walltime with work left (EX_TEMPFAIL; hpcsched/hpc/walltime.py)
+EXIT_NOT_FINISHED = 75
 
 
 @dataclass
@@ -418,8 +423,22 @@ def serve_rank(job: _Job, options: InitOptions, name: Any = None) -> int:
         worker.close("interrupted")
     if not closed.wait(10.0):
         logger.warning("worker rank %d: closing took over 10s; leaving anyway", job.rank)
+    if code == EXIT_NOT_FINISHED:
+        _let_tasks_end(worker)
     _leave(job, code)
     return code
+
+
+def _let_tasks_end(worker: Any) -> None:
+    """Let the tasks running on this rank end before it leaves (within the exit timeout).
+
+    The job stopped at its walltime (:mod:`hpcsched.hpc.walltime`): a checkpointed task
+    that ends keeps its result rather than run again in the job's continuation.
+    """
+    pool = worker.tasks.executor  # shut down with the worker: only running calls remain
+    deadline = time.monotonic() + max(1.0, float(config.read(MPISettings).exit_timeout) - 1)
+    while pool.nthreads and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def exit_rank(code: int) -> None:

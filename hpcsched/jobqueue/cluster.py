@@ -39,8 +39,10 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
   error is in the cluster's repr and the scheduler's events (topic ``jobqueue``).
 * **Scaling** counts whole jobs: ``scale(n=workers)`` asks for ``ceil(n /
   processes)`` jobs. Extra jobs are cancelled pending ones first; running ones
-  have their workers retired gracefully first. Jobs whose workers retired at
-  walltime are replaced while the target asks for them.
+  have their workers retired gracefully first. A job is replaced ahead of its
+  walltime, by the queue's measured wait (:mod:`hpcsched.jobqueue.succession`), so
+  that a fixed target does not drop to no workers between allocations; the
+  retiring workers' results move to the others.
 * **Nothing leaks** (:mod:`hpcsched.jobqueue.cleanup`).
 * **A journaled scheduler outlives its process** (``scheduler_journal=J``,
   :mod:`hpcsched.jobqueue.adoption`): the jobs the cluster owns are in the journal; a
@@ -57,6 +59,7 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import os
@@ -92,6 +95,7 @@ from hpcsched.jobqueue.diagnosis import (
 from hpcsched.jobqueue.job import Job, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
 from hpcsched.jobqueue.templates import DEFAULT, JobTemplates, TemplatePools
+from hpcsched.jobqueue.succession import Succession
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
@@ -224,12 +228,17 @@ class JobQueueCluster(Cluster):
         self._scripts: list[str] = []
         self.security = security
         self._adapt_settings: dict[str, Any] | None = None  # what adapt() was called with
+        self._succession = Succession.for_jobs(self.system.walltime_seconds,
+                                               p["worker_extra_args"])
         os.makedirs(p["log_directory"], exist_ok=True)
         if scheduler_journal is not None:
             scheduler_kwargs["journal"] = scheduler_journal
         super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security,
                          scheduler_kwargs)
         self.diagnosis.scheduler_address = self.scheduler_address
+        #: names of workers on their way out whose jobs a replacement covers: Adaptive
+        #: counts neither them nor their jobs
+        self.leaving_workers = functools.partial(_locked, self._lock, self.book.leaving)
         self._journal = ClusterJournal(self.scheduler)
         try:
             saved = self._journal.load()
@@ -579,9 +588,15 @@ class JobQueueCluster(Cluster):
                 if self._closed:
                     return
                 self._take_events()
+                now = time.time()
+                if self._succession is not None:
+                    for job in self.book.replace_ahead(now, self._succession):
+                        self.diagnosis.note(logging.INFO, "job %s (%s) ends in about %.0f s: "
+                                            "submitting its replacement", job.job_id, job.name,
+                                            self._succession.life - now + (
+                                                job.connected_at or now))
                 todos = self.book.adjustments()
                 submit = [t for t in todos if t.submit]
-                now = time.time()
                 if submit and self.backoff.may_submit(now):  # else: wait (submissions.py)
                     try:
                         for todo in submit:
@@ -615,7 +630,7 @@ class JobQueueCluster(Cluster):
                 ws = getattr(getattr(self.scheduler, "state", None), "workers", {}).get(address)
                 info = {"name": getattr(ws, "name", "")}
             name = str(info.get("name", ""))
-        self._events.append((event, address, name))
+        self._events.append((event, address, name, time.time()))
         self._wake.set()
 
     def _take_events(self, connected: dict[str, str] | None = None) -> None:
@@ -625,10 +640,10 @@ class JobQueueCluster(Cluster):
         """
         joined: list[str] = []
         while self._events:
-            event, address, name = self._events.popleft()
+            event, address, name, when = self._events.popleft()
             if event != "add":
                 self.book.worker_left(address)
-            elif self.book.worker_joined(address, name) is not None:
+            elif self.book.worker_joined(address, name, when) is not None:
                 joined.append(name)
         if connected is not None:
             joined += self.book.sync_workers(connected)
@@ -760,6 +775,11 @@ class JobQueueCluster(Cluster):
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _locked(lock: Any, fn: Any) -> Any:
+    with lock:
+        return fn()
 
 
 def _weak_callback(cluster: JobQueueCluster) -> Any:

@@ -56,6 +56,8 @@ class Job:
     running_since: float | None = None  # when a poll first saw it running
     silence_reported: bool = False  # its workers' silence was logged once
     template: str = DEFAULT_TEMPLATE  # the job template it was submitted from
+    connected_at: float | None = None  # when its first worker connected
+    replaced: bool = False  # a replacement was submitted ahead of its end (succession.py)
 
     @property
     def ended(self) -> bool:
@@ -63,8 +65,9 @@ class Job:
 
     @property
     def active(self) -> bool:
-        """Counts towards the cluster's target: not ended and not being cancelled."""
-        return not self.ended and not self.cancel_requested
+        """Counts towards the cluster's target: not ended, not being cancelled, not
+        replaced by a job submitted ahead of its end."""
+        return not self.ended and not self.cancel_requested and not self.replaced
 
     def worker_names(self) -> list[str]:
         """The names its workers take: the job's name, or name-0 .. name-(P-1)."""
