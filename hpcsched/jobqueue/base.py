@@ -120,8 +120,8 @@ class BatchSystem:
     job_id_variables: ClassVar[tuple[str, ...]] = ()
     #: the file name's ending of the script (or description) written for each submission
     script_suffix: ClassVar[str] = "sh"
-    #: read a walltime "HH:MM" as hours:minutes (LSF's -W); elsewhere it is refused
-    walltime_hh_mm: ClassVar[bool] = False
+    #: how the system reads a walltime of two fields: "hh:mm", "mm:ss", or None (refused)
+    walltime_two_fields: ClassVar[str | None] = None
 
     #: dask-jobqueue deprecated ``project`` in favour of ``account`` here (SLURM, PBS);
     #: elsewhere (SGE, LSF) ``project`` is the system's own word and ``account`` its alias
@@ -171,8 +171,15 @@ class BatchSystem:
                 f"memory={p['memory']!r} is {self.memory_bytes} bytes, less than 1 MiB: a number "
                 "means bytes (as dask's parse_bytes reads it); did you mean "
                 f"'{p['memory']}GB'?")
-        self.walltime_seconds = (parse_walltime(p["walltime"], hh_mm=self.walltime_hh_mm)
+        self.walltime_seconds = (parse_walltime(p["walltime"],
+                                                two_fields=self.walltime_two_fields)
                                  if p["walltime"] not in (None, "") else None)
+        if self.walltime_two_fields == "mm:ss" and isinstance(p["walltime"], str) \
+                and p["walltime"].count(":") == 1 and self.walltime_seconds is not None \
+                and self.walltime_seconds < 60:  # "00:02" meant as 2 minutes, most likely
+            logger.warning("walltime=%r is %d seconds as %s reads it (minutes:seconds): "
+                           "write %r for %s minutes", p["walltime"], self.walltime_seconds,
+                           self.system, f"{p['walltime']}:00", p["walltime"].split(":")[1])
         if not self.project_is_deprecated:
             if p["account"] and p["project"] and p["account"] != p["project"]:
                 raise ValueError(f"account={p['account']!r} and project={p['project']!r} "

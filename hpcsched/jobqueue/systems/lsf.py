@@ -83,7 +83,7 @@ class LSFSystem(BatchSystem):
     states = STATES
     array_index_var = "LSB_JOBINDEX"
     array_first_index = 1
-    walltime_hh_mm = True
+    walltime_two_fields = "hh:mm"  # -W [hour:]minute
     #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
     extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
     job_id_variables = ("LSB_JOBID",)
