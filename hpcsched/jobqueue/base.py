@@ -128,6 +128,11 @@ class BatchSystem:
     project_is_deprecated: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
+        if not self.system:  # its configuration section would be "jobqueue."
+            raise ValueError(
+                f"{type(self).__name__} has no 'system' class variable (dask-jobqueue's "
+                f"config_name): name the section jobqueue.<system> its settings come from, "
+                f"as in: class {type(self).__name__}(...): system = 'slurm'")
         self.run_command: Callable[..., str] | None = None  # tests may replace
         self.params = params.resolve(type(self).__name__, self.system, self.param_defaults(),
                                      kwargs, deprecated_project=self.project_is_deprecated)
@@ -352,6 +357,23 @@ class BatchSystem:
         worker_name = self.array_worker_name(job_name) if array else job_name
         return self.job_file(self.header(job_name, array),
                              self.commands(scheduler_address, worker_name, secret_file), array)
+
+    #: what :meth:`job_script` names in place of the scheduler's address
+    SCHEDULER_PLACEHOLDER: ClassVar[str] = "SCHEDULER_ADDRESS"
+
+    def job_script(self) -> str:
+        """The script of one job of these parameters, before any cluster exists: the
+        scheduler's address is :attr:`SCHEDULER_PLACEHOLDER` and the job's name its
+        ``job_name`` (a cluster's ``job_script()`` shows what it submits).
+
+        >>> from hpcsched.jobqueue.systems.slurm import SLURMSystem
+        >>> print(SLURMSystem(cores=2, memory="4GB").job_script())  # doctest: +ELLIPSIS
+        #!/usr/bin/env bash
+        <BLANKLINE>
+        #SBATCH -J hpcsched
+        ...
+        """
+        return self.render(self.params["job_name"], self.SCHEDULER_PLACEHOLDER, None)
 
     # ------------------------------------------------------------ commands
     def _run(self, cmd: list[str], input: str | None = None,  # noqa: A002

@@ -119,13 +119,20 @@ def _check_cluster_keywords(cls: str, asynchronous: bool, ignored: dict[str, Any
 
 
 def _system_class(cls: type, job_cls: Any) -> type[BatchSystem]:
-    system_class = getattr(cls, "system_class", None) if job_cls is None else job_cls
+    """The batch system: ``job_cls=``, else the nearest ``job_cls`` or ``system_class``."""
+    system_class = job_cls
+    for klass in cls.__mro__ if job_cls is None else ():  # the nearest class naming one
+        system_class = klass.__dict__.get("job_cls") or klass.__dict__.get("system_class")
+        if system_class is not None:
+            break
     if system_class is None:
-        raise ValueError("JobQueueCluster needs a batch system: use one of its subclasses "
-                         "(SLURMCluster, PBSCluster, ...), or pass job_cls=<a BatchSystem "
-                         "subclass>")
+        raise ValueError(
+            "You need to specify a Job type (the batch system): a 'job_cls' class variable "
+            f"of {cls.__name__}, a BatchSystem subclass such as "
+            "hpcsched.jobqueue.systems.slurm.SLURMSystem, or job_cls=... when making it; or "
+            "use one of the clusters (SLURMCluster, PBSCluster, ...)")
     if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
-        raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
+        raise TypeError(f"job_cls={system_class!r}: hpcsched's clusters take a BatchSystem "
                         "subclass (dask-jobqueue's Job classes do not apply)")
     return system_class
 
