@@ -302,11 +302,37 @@ def _watch(job: _Job, report: bool = True) -> None:
                        lost if report else None)
 
 
+#: seconds a task may wait with no worker able to run it, in a cluster of fixed size: MPI
+#: mode's workers are the ranks for the job's whole life, and a world of one's LocalCluster
+#: does not grow either, so a task none of them can run (``workers=7`` of four ranks) fails
+#: with NoValidWorkerError instead of holding the job until its walltime.
+#: ``scheduler.no-workers-timeout``, when configured, wins.
+FIXED_CLUSTER_NO_WORKERS_TIMEOUT = 60.0
+_NO_WORKERS_TIMEOUT_VARIABLE = "HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"
+
+
+def _fixed_cluster_no_workers_timeout() -> dict[str, Any]:
+    """The scheduler's ``no_workers_timeout`` for a cluster of fixed size, unless configured."""
+    if config.get("scheduler.no-workers-timeout", default=None) is not None:
+        return {}
+    return {"no_workers_timeout": FIXED_CLUSTER_NO_WORKERS_TIMEOUT}
+
+
+def world_of_one_fixed_size() -> None:
+    """Give the LocalCluster of a world of one :data:`FIXED_CLUSTER_NO_WORKERS_TIMEOUT`.
+
+    This process's ``Client()`` starts it, and its scheduler reads the environment.
+    """
+    if _fixed_cluster_no_workers_timeout():
+        os.environ[_NO_WORKERS_TIMEOUT_VARIABLE] = f"{FIXED_CLUSTER_NO_WORKERS_TIMEOUT:g}"
+
+
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...,
                      security: Any = None) -> Any:
     from hpcsched.core.scheduler.server import Scheduler
 
-    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address).start()
+    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address,
+                      **_fixed_cluster_no_workers_timeout()).start()
     # the workers register meanwhile: the client's modules are imported once it listens
     from hpcsched.core.client import client as client_mod
 
@@ -561,6 +587,7 @@ def initialize(interface: str | None = None, nthreads: int | None = None,
     if job.size == 1:
         print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
               file=sys.stderr, flush=True)
+        world_of_one_fixed_size()
         return True
     if job.rank == 0:
         log_ignored(options)

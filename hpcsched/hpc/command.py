@@ -30,7 +30,13 @@ import traceback
 from hpcsched.core import config
 from hpcsched.core.settings import DashboardSettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
-from hpcsched.hpc.bootstrap import EXIT_INTERRUPTED, MODE, exit_rank, serve_rank
+from hpcsched.hpc.bootstrap import (
+    EXIT_INTERRUPTED,
+    MODE,
+    exit_rank,
+    serve_rank,
+    world_of_one_fixed_size,
+)
 from hpcsched.hpc.initialize_options import InitOptions
 
 logger = logging.getLogger("hpcsched.bootstrap")
@@ -219,6 +225,7 @@ def _run(ns: argparse.Namespace) -> int:
             return 1
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
+        world_of_one_fixed_size()
         return run_script(ns.script, ns.args)
     if job.rank != 0:
         exit_rank(serve_rank(job, InitOptions(nthreads=ns.nthreads,

@@ -11,6 +11,7 @@ of failing. Every run is bounded and checked to leave no process behind
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -102,3 +103,41 @@ def test_resolve_translates_dask_names():
 def test_resolve_rejects_bad_input_clearly(kwargs, error):
     with pytest.raises((ValueError, TypeError), match=error.replace("[", r"\[")):
         resolve(**kwargs)
+
+
+RESTRICTED_TO_A_MISSING_RANK = (
+    "import hpcsched, sys; hpcsched.initialize(); c = hpcsched.Client({client}); "
+    "f = c.submit(int, '7', workers={rank}); print('ok', c.submit(int, '8').result()); "
+    "f.result()")
+
+
+@needs_mpiexec
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("nprocs,client,rank", [(1, "n_workers=1, threads_per_worker=1", 2),
+                                                (3, "", 7)])
+def test_a_task_no_rank_can_run_fails_instead_of_hanging(nprocs, client, rank):
+    """A task restricted to a worker the job does not have (``workers=7`` of ranks 1-2,
+    or rank 2 in a world of one, whose LocalCluster does not grow either) fails with
+    NoValidWorkerError after scheduler.no-workers-timeout, here configured short; the job
+    ends with the script's error rather than waiting until its walltime."""
+    r = run(["-c", RESTRICTED_TO_A_MISSING_RANK.format(client=client, rank=rank)],
+            nprocs=nprocs, module=False, timeout=120,
+            env={"HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT": "2"})
+    assert r.code == 1, r
+    assert "ok 8" in r.out, r
+    assert "NoValidWorkerError" in r.err and f"workers=['{rank}']" in r.err, r
+
+
+def test_fixed_clusters_fail_unrunnable_tasks_unless_configured_otherwise(monkeypatch):
+    from hpcsched.hpc import bootstrap
+
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT", "")  # restored after
+    monkeypatch.delenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT")
+    assert bootstrap._fixed_cluster_no_workers_timeout() == {
+        "no_workers_timeout": bootstrap.FIXED_CLUSTER_NO_WORKERS_TIMEOUT}
+    bootstrap.world_of_one_fixed_size()
+    assert os.environ["HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"] == "60"
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT", "5s")
+    assert bootstrap._fixed_cluster_no_workers_timeout() == {}
+    bootstrap.world_of_one_fixed_size()
+    assert os.environ["HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"] == "5s"

@@ -45,6 +45,10 @@ class KilledWorker(RuntimeError):
     """A task was running on workers that died, ``allowed-failures`` times."""
 
 
+class NoValidWorkerError(RuntimeError):
+    """No worker could run a task for ``scheduler.no-workers-timeout`` (dask's name)."""
+
+
 class LostData(RuntimeError):
     """Data that cannot be recomputed (scattered) was lost with its worker."""
 
