@@ -608,3 +608,65 @@ def send_close_signal() -> None:
     the cluster closes when rank 0's script ends.
     """
     MODE.close_cluster(MODE.exit_status or 0)
+
+
+def execute(client_function: Any = None, client_args: Any = (), client_kwargs: Any = None,
+            client_rank: int = 1, scheduler: bool = True, scheduler_rank: int = 0,
+            scheduler_address: str | None = None, scheduler_port: int | None = None,
+            scheduler_file: str | None = None, interface: str | None = None,
+            nthreads: int | None = None, local_directory: str | None = None,
+            memory_limit: MemoryLimit | str | None = DEFAULT_MEMORY_LIMIT, nanny: bool = False,
+            dashboard: bool = True, dashboard_address: str | None = ":8787",
+            protocol: str | None = None, exclusive_workers: bool = True,
+            worker_class: Any = None, worker_options: dict | None = None,
+            worker_name: str | None = None, comm: Any = None) -> None:
+    """Run ``client_function`` on a cluster of ``comm``'s ranks (dask-mpi's ``execute``).
+
+    ``client_function(*client_args, **client_kwargs)`` runs, then ``execute`` returns
+    on every rank. As :func:`initialize`, rank 0 runs the scheduler and the function, every other rank
+    is a worker named by its rank; once the function returns (or raises, which rank 0
+    then raises) the workers are closed and every rank goes on after ``execute``.
+    dask-mpi's defaults ``client_rank=1``, ``scheduler_rank=0`` mean this layout; other
+    ranks, ``scheduler=False`` (workers joining a scheduler started elsewhere),
+    ``scheduler_file`` and ``worker_name`` are refused with what to use instead. The
+    other parameters are :func:`initialize`'s. Example::
+
+        from hpcsched import Client, execute
+
+        def main():
+            with Client() as client:
+                print(client.submit(sum, [1, 2]).result())
+
+        execute(main)
+    """
+    refused = {
+        "client_rank": (client_rank, 1), "scheduler_rank": (scheduler_rank, 0),
+        "scheduler": (scheduler, True), "scheduler_address": (scheduler_address, None),
+        "scheduler_file": (scheduler_file, None), "worker_name": (worker_name, None)}
+    bad = [f"{k}={v!r}" for k, (v, default) in refused.items() if v != default]
+    if bad:
+        raise ValueError(
+            f"execute({', '.join(bad)}): hpcsched runs the scheduler and the client function "
+            "on rank 0 of comm and a worker, named by its rank, on every other rank. For a "
+            "scheduler that serves clients started elsewhere use mpiexec -n N python -m "
+            "hpcsched --scheduler-file F")
+    if client_function is not None and not callable(client_function):
+        raise TypeError(f"execute(client_function={client_function!r}): not callable")
+    if not exclusive_workers:
+        logger.info("execute(exclusive_workers=False) is ignored: rank 0 runs the scheduler "
+                    "and the client function, every other rank a worker")
+    is_client = initialize(interface=interface, nthreads=nthreads,
+                           local_directory=local_directory, memory_limit=memory_limit,
+                           nanny=nanny, dashboard=dashboard,
+                           dashboard_address=dashboard_address, protocol=protocol,
+                           worker_class=worker_class, worker_options=worker_options,
+                           comm=comm, exit=False, scheduler_port=scheduler_port)
+    if not is_client:
+        return
+    try:
+        if client_function is not None:
+            client_function(*client_args, **(client_kwargs or {}))
+    except BaseException:
+        MODE.close_cluster(1)  # the workers end with the failure's status
+        raise
+    send_close_signal()

@@ -141,3 +141,36 @@ def test_fixed_clusters_fail_unrunnable_tasks_unless_configured_otherwise(monkey
     assert bootstrap._fixed_cluster_no_workers_timeout() == {}
     bootstrap.world_of_one_fixed_size()
     assert os.environ["HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"] == "5s"
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+def test_execute_runs_the_client_function_and_every_rank_goes_on():
+    """dask-mpi test_execute's test_no_exit: execute(f, comm=<ranks 0-2>) runs f on rank 0
+    (a single task pinned to a rank, and a map of 40 calls, above the bulk threshold);
+    then every rank, rank 3 included, goes on after it."""
+    r = run([script("execute_no_exit.py")], module=False)
+    assert r.code == 0, r
+    assert r.out.count("execute client ran") == 1, r
+    assert sorted(re.findall(r"execute_no_exit ok on rank (\d)", r.out)) == ["0", "1", "2", "3"], r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+def test_execute_ends_the_job_with_the_client_functions_failure():
+    r = run(["-c", "import hpcsched\n"
+                   "def f(): raise RuntimeError('client function failed')\n"
+                   "hpcsched.execute(f)\n"
+                   "print('after execute')"], nprocs=3, module=False)
+    assert r.code == 1, r
+    assert "client function failed" in r.err, r
+
+
+@pytest.mark.parametrize("kwargs", [dict(client_rank=2), dict(scheduler_rank=1),
+                                    dict(scheduler=False, scheduler_address="tcp://a:1"),
+                                    dict(scheduler_file="f.json"), dict(worker_name="w")])
+def test_execute_refuses_a_layout_it_does_not_have(kwargs):
+    import hpcsched
+
+    with pytest.raises(ValueError, match="rank 0 of comm.+--scheduler-file"):
+        hpcsched.execute(print, **kwargs)

@@ -67,7 +67,7 @@ MPI = {
     "dask_mpi": {
         "initialize": "hpcsched:initialize",
         "send_close_signal": "hpcsched:send_close_signal",
-        "execute": "hpcsched.hpc.bootstrap:execute",
+        "execute": "hpcsched:execute",
     },
 }
 
