@@ -71,6 +71,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -624,8 +625,9 @@ def execute(client_function: Any = None, client_args: Any = (), client_kwargs: A
 
     ``client_function(*client_args, **client_kwargs)`` runs, then ``execute`` returns
     on every rank. As :func:`initialize`, rank 0 runs the scheduler and the function, every other rank
-    is a worker named by its rank; once the function returns (or raises, which rank 0
-    then raises) the workers are closed and every rank goes on after ``execute``.
+    is a worker named by its rank; once the function returns the workers are closed and
+    every rank goes on after ``execute``. If it raises, the job ends (``MPI_Abort``, after
+    the traceback), since the other ranks have gone on without rank 0.
     dask-mpi's defaults ``client_rank=1``, ``scheduler_rank=0`` mean this layout; other
     ranks, ``scheduler=False`` (workers joining a scheduler started elsewhere),
     ``scheduler_file`` and ``worker_name`` are refused with what to use instead. The
@@ -666,7 +668,14 @@ def execute(client_function: Any = None, client_args: Any = (), client_kwargs: A
     try:
         if client_function is not None:
             client_function(*client_args, **(client_kwargs or {}))
-    except BaseException:
-        MODE.close_cluster(1)  # the workers end with the failure's status
+    except BaseException as exc:
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        MODE.close_cluster(code)  # the workers end with the failure's status
+        job = MODE.job
+        if code and job is not None and job.size > 1:
+            # the other ranks went on past execute(): a rank 0 that ends with this error
+            # would leave them waiting for it in their next collective, for good
+            traceback.print_exc()
+            _abort(job, code, "execute()'s client function failed (above)")
         raise
     send_close_signal()
