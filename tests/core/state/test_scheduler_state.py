@@ -1031,3 +1031,11 @@ def test_a_task_no_worker_can_run_fails_after_the_no_workers_timeout():
     step(waits, ev.Tick(now=0.0))
     step(waits, ev.Tick(now=10_000.0))
     assert waits.tasks["x"].state == "no-worker"
+
+
+def test_a_workers_description_names_it_as_dask_does():
+    """``scheduler_info()['workers'][address]``: its ``name``, and dask's ``id`` (the same)."""
+    s = with_workers(A)
+    info = s.workers[A].info()
+    assert info["name"] == info["id"] == "a"
+    assert info["address"] == A and info["nthreads"] == 1
