@@ -11,10 +11,10 @@ shows this list, and ``tests/peers/test_differences.py`` keeps the two equal.
 from __future__ import annotations
 
 DIFFERENCES: dict[tuple[str, ...], str] = {
-    ("test_runner.py",):
-        "dask-jobqueue's runner base, tested in one process under asyncio (AsyncCommWorld, "
-        "AsyncRunner). hpcsched's scheduler, client and workers inside one batch job are its "
-        "MPI mode: srun / mpiexec python -m hpcsched script.py, or --scheduler-file F.",
+    ("test_runner.py", "test_slurm.py::test_slurm_runner"):
+        "dask-jobqueue's runners (SLURMRunner, and their base tested in one process under "
+        "asyncio). hpcsched's scheduler, client and workers inside one batch job are its MPI "
+        "mode: srun / mpiexec python -m hpcsched script.py, or --scheduler-file F.",
     ("test_job.py::test_basic[[]*", "test_job.py::test_job[[]*",
      "test_jobqueue_core.py::test_job_id_*", "test_jobqueue_core.py::test_command_template*",
      "test_lsf.py::test_config", "test_lsf.py::test_use_stdin*",
@@ -40,7 +40,8 @@ DIFFERENCES: dict[tuple[str, ...], str] = {
         "listens on this host's routable address, not socket.gethostbyname('').",
     ("test_slurm.py::test_header", "test_pbs.py::test_header[[]*", "test_lsf.py::test_header",
      "test_oar.py::test_header", "test_job.py::test_header_lines_*",
-     "test_job.py::test_deprecation_header_skip*"):
+     "test_job.py::test_deprecation_header_skip*",
+     "test_slurm.py::test_worker_name_uses_cluster_name"):
         "Job names: each job is named <job_name>-<cluster id>-<n>, which also names its log "
         "file and its workers, so that every worker maps to its job (job_directives_skip=['-N'] "
         "drops the directive, not the name); the default job_name is 'hpcsched', not "
@@ -51,26 +52,56 @@ DIFFERENCES: dict[tuple[str, ...], str] = {
         "The job runs python -m hpcsched worker (an hpcsched scheduler speaks to hpcsched "
         "workers, not distributed.cli.dask_worker), under the job names above, with "
         "--memory-limit written exactly (6GB) where dask's format_bytes rounds (5.59GiB).",
-    ("test_jobqueue_core.py::test_wrong_parameter_error*",):
-        "An unknown keyword raises TypeError, Python's error for it, naming the keyword and "
-        "the known parameters; dask-jobqueue raises ValueError.",
     ("test_jobqueue_core.py::test_security*",):
         "dask.distributed's Security (TLS certificates, protocol='tls'): hpcsched's clusters "
         "authenticate every peer with the cluster's secret and take TLS from comm.tls.cert / "
         "comm.tls.key / comm.tls.ca.",
-    ("test_job.py::test_docstring_cluster*",):
-        "The cluster classes' docstrings name dask-jobqueue's parameters rather than "
-        "repeating each one's numpydoc entry ('cores : int').",
     tuple(f"test_job.py::test_deprecation_job_extra[[]{system}]"
           for system in ("pbs", "moab", "slurm", "sge", "lsf", "oar")):
         "job_extra / job_extra_directives must be a list of strings (a dict only on "
         "HTCondor): a dict elsewhere is an error, where dask-jobqueue takes it silently.",
-    ("test_oar.py::test_memory_per_core_property_name_none_warning",):
-        "Wording: the warning about OAR's memory_per_core_property_name says what to set "
-        "('memcore', or 'not_applicable') rather than dask-jobqueue's sentence.",
+    ("test_cli.py",):
+        "dask-mpi's command line, dask-mpi --scheduler-file F (its options --nanny, "
+        "--worker-class, --scheduler-rank, --no-scheduler). hpcsched's is mpiexec -n N "
+        "python -m hpcsched --scheduler-file F: rank 0 the scheduler, the other ranks "
+        "workers, served until a client calls shutdown() or the walltime.",
+    ("test_initialize.py::test_basic", "test_execute.py::test_basic[[]*-0]",
+     "test_execute.py::test_no_exit"):
+        "dask-mpi's layout: hpcsched's rank 0 runs the scheduler and the client, so every "
+        "other rank is a worker (N-1 workers, where dask-mpi has N-2) and execute() takes "
+        "no other client_rank / scheduler_rank; a world of one runs on a LocalCluster "
+        "instead of failing.",
+    ("test_slurm.py::test_different_interfaces_on_scheduler_and_workers",):
+        "It needs the interface aliases eth0:worker and eth0:scheduler of dask-jobqueue's "
+        "docker CI; here eth0 has none, and an interface that is not there is an error "
+        "naming the host's interfaces.",
+    ("test_jobqueue_core.py::test_wrong_parameter_error*", "test_job.py::test_docstring_cluster*",
+     "test_oar.py::test_memory_per_core_property_name_none_warning"):
+        "Wordings: an unknown keyword raises TypeError (Python's error for it) naming the "
+        "known parameters, where dask-jobqueue raises ValueError; the cluster classes' "
+        "docstrings name dask-jobqueue's parameters rather than repeat each numpydoc entry "
+        "('cores : int'); the warning about OAR's memory_per_core_property_name says what to "
+        "set ('memcore', or 'not_applicable') in its own sentence.",
 }
 
 
 def patterns() -> list[tuple[str, str]]:
     """(pattern, reason) for every pattern, in the list's order."""
     return [(pattern, reason) for key, reason in DIFFERENCES.items() for pattern in key]
+
+
+BEGIN = "<!-- differences: generated from tests/peers/differences.py -->"
+END = "<!-- differences: end -->"
+
+
+def markdown() -> str:
+    """The list as docs/guides/moving-from-dask-jobqueue.md shows it, between its markers."""
+    lines = [BEGIN, ""]
+    for number, (key, reason) in enumerate(DIFFERENCES.items(), 1):
+        tests = ", ".join(f"`{pattern}`" for pattern in key)
+        lines += [f"{number}. {reason}", f"   (the peers' tests: {tests})", ""]
+    return "\n".join([*lines, END])
+
+
+if __name__ == "__main__":  # python -m tests.peers.differences: the page's block
+    print(markdown())
