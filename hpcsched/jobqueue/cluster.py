@@ -69,6 +69,7 @@ from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import routable_addresses
 from hpcsched.core.comm.scheduler_file import write_secret_file
 from hpcsched.core.settings import JobQueueSettings
+from hpcsched.jobqueue import params
 from hpcsched.jobqueue.adoption import (
     ClusterJournal,
     adoptable,
@@ -429,8 +430,9 @@ class JobQueueCluster(Cluster):
         if jobs is None:
             if n is not None:
                 jobs = math.ceil(n / p["processes"]) if n > 0 else 0
-            elif memory is not None:
-                jobs = math.ceil(parse_memory(memory, "memory") / self.system.memory_bytes)
+            elif memory is not None:  # "0GB" is none, as in dask's SpecCluster.scale
+                nbytes = parse_memory(memory, "memory", zero=True)
+                jobs = math.ceil(nbytes / self.system.memory_bytes)
             elif cores is not None:
                 jobs = math.ceil(cores / p["cores"])
             else:
@@ -463,10 +465,14 @@ class JobQueueCluster(Cluster):
               **kwargs: Any) -> Adaptive:
         """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
 
-        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
-        :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
-        submissions: the user asks again.
+        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs; dask's
+        ``minimum_cores``, ``maximum_cores``, ``minimum_memory``, ``maximum_memory`` bound
+        the workers' threads and memory); the keywords of :class:`~hpcsched.Adaptive` pass
+        through. It also ends a pause of failing submissions: the user asks again.
         """
+        minimum, maximum = params.adapt_bounds(
+            minimum, maximum, kwargs, self.system.params["nthreads"],
+            self.system.memory_bytes // self.system.params["processes"])
         with self._lock:
             was = self.backoff.reset(time.time())
         if was:

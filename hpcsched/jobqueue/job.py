@@ -78,12 +78,12 @@ class Job:
 
 # ---------------------------------------------------------------- memory
 
-def parse_memory(value: str | int | float, what: str = "memory") -> int:
+def parse_memory(value: str | int | float, what: str = "memory", zero: bool = False) -> int:
     """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; errors name ``what``.
 
     The units are those of :func:`hpcsched.core.units.parse_bytes` (the project's one
     size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
-    GiB, which the per-system renderers handle.
+    GiB, which the per-system renderers handle. ``zero``: 0 is allowed (a scale to none).
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} "
@@ -92,7 +92,7 @@ def parse_memory(value: str | int | float, what: str = "memory") -> int:
         n = parse_bytes(value)
     except ValueError as e:
         raise ValueError(f"{what}={value!r} is not a size: {e}") from None
-    if n <= 0:
+    if n < 0 or (n == 0 and not zero):
         raise ValueError(f"{what}={value!r} must be positive")
     return n
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import hpcsched.jobqueue.dask_config as dask_config
 from hpcsched.core import config
+from hpcsched.core.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -233,3 +234,25 @@ def _apply_deprecated(p: dict[str, Any], deprecated_project: bool) -> None:
         if not p.get(new):
             p[new] = p[old]
         p[old] = None
+
+
+def adapt_bounds(minimum: int, maximum: float, kwargs: dict[str, Any], threads: int,
+                 memory: int) -> tuple[int, float]:
+    """``adapt``'s bounds in workers, narrowed by dask's resource bounds.
+
+    ``minimum_cores``, ``maximum_cores``, ``minimum_memory`` and ``maximum_memory`` are
+    taken out of ``kwargs`` and counted as ``distributed.SpecCluster.adapt`` counts them,
+    for workers of ``threads`` threads and ``memory`` bytes each.
+
+    >>> adapt_bounds(0, math.inf, {"maximum_memory": "4GB", "minimum_cores": 3}, 2, 2 * 10**9)
+    (2, 2)
+    """
+    if (v := kwargs.pop("minimum_cores", None)) is not None:
+        minimum = max(minimum or 0, math.ceil(v / threads))
+    if (v := kwargs.pop("maximum_cores", None)) is not None:
+        maximum = min(maximum, math.floor(v / threads))
+    if (v := kwargs.pop("minimum_memory", None)) is not None:
+        minimum = max(minimum or 0, math.ceil(parse_bytes(v) / memory))
+    if (v := kwargs.pop("maximum_memory", None)) is not None:
+        maximum = min(maximum, math.floor(parse_bytes(v) / memory))
+    return minimum, maximum

@@ -434,3 +434,17 @@ def test_bad_dask_configuration_file_is_named(tmp_path, monkeypatch, reread_dask
     reread_dask_config()
     with pytest.raises(ValueError, match=re.escape(f"{bad}: 'jobqueue' must be a mapping")):
         SLURMCluster(cores=1, memory="1GB")
+
+
+def test_scale_by_memory_to_none_and_adapt_by_cores_and_memory():
+    """dask's ``scale(memory="0GB")`` asks for no job; ``adapt(minimum_cores=,
+    maximum_memory=)`` bounds the workers by their threads and memory, as
+    distributed's SpecCluster.adapt counts them (nothing is submitted here: no task)."""
+    with SLURMCluster(cores=2, processes=1, memory="2GB") as cluster:
+        cluster.scale(memory="0GB")
+        assert cluster.book.target_jobs == 0
+        with pytest.raises(ValueError, match="memory"):
+            cluster.scale(memory="lots")
+        adaptive = cluster.adapt(minimum_cores=3, maximum_memory="4GB")
+        assert (adaptive.minimum, adaptive.maximum) == (2, 2)
+        adaptive.stop()
