@@ -59,9 +59,16 @@ def _batch_system(name: str | None) -> None:
         _emulated.append(state)
 
 
+_scratch: list = []  # (directory, the working directory before it)
+
+
 def pytest_unconfigure(config):
     from tests.jobqueue import emulators
 
+    while _scratch:
+        directory, before = _scratch.pop()
+        os.chdir(before)
+        shutil.rmtree(directory, ignore_errors=True)
     while _emulated:
         state = _emulated.pop()
         emulators.cleanup(state)
@@ -76,6 +83,15 @@ def pytest_configure(config):
     # the subprocesses the tests start (scripts under mpirun) get the same import change
     path = [SITE, ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(path)
+    # the tests run in a scratch directory: what their jobs leave in the working directory
+    # (the Torque wrappers' .o/.e files, relative log directories) goes with it
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    import tempfile
+
+    scratch = tempfile.mkdtemp(prefix="peers-run-")
+    _scratch.append((scratch, os.getcwd()))
+    os.chdir(scratch)
 
 
 def _envs(item) -> list:
