@@ -34,7 +34,13 @@ import traceback
 from hpcsched.core import config
 from hpcsched.core.settings import DashboardSettings, MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
-from hpcsched.hpc.bootstrap import EXIT_INTERRUPTED, MODE, exit_rank, serve_rank
+from hpcsched.hpc.bootstrap import (
+    EXIT_INTERRUPTED,
+    MODE,
+    exit_rank,
+    serve_rank,
+    world_of_one_fixed_size,
+)
 from hpcsched.hpc.initialize_options import InitOptions
 from hpcsched.hpc.walltime import (
     EXIT_NOT_FINISHED,
@@ -249,6 +255,7 @@ def _run(ns: argparse.Namespace) -> int:
             return 1
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
+        world_of_one_fixed_size()
         kept = checkpoints_kept(_checkpoints(ns))
         stop_at = drain_time(ns.walltime_margin)
         code = _run_until_walltime(ns, stop_at)

@@ -75,8 +75,8 @@ import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import routable_addresses
-from hpcsched.core.comm.scheduler_file import write_secret_file
 from hpcsched.core.settings import JobQueueSettings
+from hpcsched.jobqueue import params
 from hpcsched.jobqueue.adoption import (
     ClusterJournal,
     adoptable,
@@ -84,7 +84,7 @@ from hpcsched.jobqueue.adoption import (
     cluster_section,
     job_from_record,
 )
-from hpcsched.jobqueue.base import BatchSystem
+from hpcsched.jobqueue.base import BatchSystem, system_class_of
 from hpcsched.jobqueue.book import Ending, JobBook
 from hpcsched.jobqueue.diagnosis import (
     Diagnosis,
@@ -94,8 +94,8 @@ from hpcsched.jobqueue.diagnosis import (
 )
 from hpcsched.jobqueue.job import Job, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
-from hpcsched.jobqueue.templates import DEFAULT, JobTemplates, TemplatePools
 from hpcsched.jobqueue.succession import Succession
+from hpcsched.jobqueue.templates import DEFAULT, JobTemplates, TemplatePools
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
 
@@ -106,55 +106,6 @@ __all__ = ["JobFailedError", "JobQueueCluster", "SchedulerUnreachableError", "re
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
-
-
-def _check_cluster_keywords(cls: str, asynchronous: bool, ignored: dict[str, Any],
-                            moved: dict[str, Any]) -> None:
-    """dask-jobqueue's cluster keywords: refused with a way out, or logged as ignored."""
-    for what, value in moved.items():
-        if value is not None:
-            raise ValueError(f"Please pass {what!r} through 'scheduler_options': use "
-                             f"{cls}(..., scheduler_options={{{what!r}: {value!r}}})")
-    if asynchronous:
-        raise ValueError(f"{cls}(asynchronous=True): hpcsched's clusters are synchronous "
-                         "objects (no 'await cluster'); run them from a thread with "
-                         "loop.run_in_executor if an event loop needs one")
-    why = {"loop": "the scheduler runs its own event loop thread",
-           "scheduler_cls": "an hpcsched scheduler is always started",
-           "silence_logs": "hpcsched leaves logging to the application "
-                           "(logging.getLogger('hpcsched').setLevel(...))"}
-    for what, value in ignored.items():
-        if value is not None:
-            logger.info("%s: %s=%r is ignored: %s", cls, what, value, why[what])
-
-
-def _system_class(cls: type, job_cls: Any) -> type[BatchSystem]:
-    system_class = getattr(cls, "system_class", None) if job_cls is None else job_cls
-    if system_class is None:
-        raise ValueError("JobQueueCluster needs a batch system: use one of its subclasses "
-                         "(SLURMCluster, PBSCluster, ...), or pass job_cls=<a BatchSystem "
-                         "subclass>")
-    if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
-        raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
-                        "subclass (dask-jobqueue's Job classes do not apply)")
-    return system_class
-
-
-def _write_secret(params: dict[str, Any], cluster_id: str, security: Security,
-                  cls: str) -> Any:
-    """The cluster's secret in a 0600 file the workers read (a shared file system)."""
-    directory = params["log_directory"]
-    if params["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
-        directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
-            params["shared_temp_directory"])))
-        os.makedirs(directory, exist_ok=True)
-    try:
-        return write_secret_file(directory, cluster_id, security)
-    except FileExistsError:
-        raise RuntimeError(
-            f"{cls}: the secret file of cluster {cluster_id} in {directory} is held by a live "
-            "process: another cluster runs on this journal; close it first (one journal "
-            "serves one cluster at a time)") from None
 
 
 class JobQueueCluster(Cluster):
@@ -183,10 +134,11 @@ class JobQueueCluster(Cluster):
         """
         # every check that can fail runs before anything is started or submitted
         cls = type(self).__name__
-        _check_cluster_keywords(cls, asynchronous, {"loop": loop, "scheduler_cls": scheduler_cls,
-                                                    "silence_logs": silence_logs},
-                                {"host": host, "dashboard_address": dashboard_address})
-        system_class = _system_class(type(self), job_cls)
+        params.check_cluster_keywords(
+            cls, asynchronous,
+            {"loop": loop, "scheduler_cls": scheduler_cls, "silence_logs": silence_logs},
+            {"host": host, "dashboard_address": dashboard_address})
+        system_class = system_class_of(type(self), job_cls)
         self.system = system_class(**kwargs)
         self.templates = JobTemplates(system_class, kwargs, job_templates, default=self.system)
         self.backoff = SubmissionBackoff.from_config()
@@ -252,7 +204,7 @@ class JobQueueCluster(Cluster):
                         self.book.targets[t] = int(n)
             # the scheduler's secret: a restored one when the journal had it
             self.cluster_id = self.book.cluster_id
-            self._secret = _write_secret(p, self.cluster_id, self.security, cls)
+            self._secret = cleanup.write_secret(p, self.cluster_id, self.security, cls)
             self.secret_file = self._secret.path
         except BaseException:
             # a journaled scheduler stops without closing the workers that came back to
@@ -468,8 +420,9 @@ class JobQueueCluster(Cluster):
         if jobs is None:
             if n is not None:
                 jobs = math.ceil(n / p["processes"]) if n > 0 else 0
-            elif memory is not None:
-                jobs = math.ceil(parse_memory(memory, "memory") / system.memory_bytes)
+            elif memory is not None:  # "0GB" is none, as in dask's SpecCluster.scale
+                nbytes = parse_memory(memory, "memory", zero=True)
+                jobs = math.ceil(nbytes / system.memory_bytes)
             elif cores is not None:
                 jobs = math.ceil(cores / p["cores"])
             else:
@@ -505,14 +458,18 @@ class JobQueueCluster(Cluster):
               **kwargs: Any) -> Adaptive:
         """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
 
-        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
-        :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
-        submissions: the user asks again. With job templates, the bounds are the default
-        template's and each template grows from the waiting tasks only its workers can run
-        (:mod:`hpcsched.launchers.adaptive_pools`), between its own bounds of
-        ``templates`` (``{"gpu": dict(maximum_jobs=2)}``; else none and as many jobs as
-        the default template's maximum).
+        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs; dask's
+        ``minimum_cores``, ``maximum_cores``, ``minimum_memory``, ``maximum_memory`` bound
+        the workers' threads and memory); the keywords of :class:`~hpcsched.Adaptive` pass
+        through. It also ends a pause of failing submissions: the user asks again. With job
+        templates, the bounds are the default template's and each template grows from the
+        waiting tasks only its workers can run (:mod:`hpcsched.launchers.adaptive_pools`),
+        between its own bounds of ``templates`` (``{"gpu": dict(maximum_jobs=2)}``; else none
+        and as many jobs as the default template's maximum).
         """
+        minimum, maximum = params.adapt_bounds(
+            minimum, maximum, kwargs, self.system.params["nthreads"],
+            self.system.memory_bytes // self.system.params["processes"])
         with self._lock:
             was = self.backoff.reset(time.time())
         if was:
