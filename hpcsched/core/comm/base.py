@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.core.protocol.records import Record
+
 
 class CommClosedError(ConnectionError):
     """The comm, or the peer behind it, is closed."""
@@ -183,8 +185,7 @@ def _no_rank(address: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(Record):
     """A transport, and what servers must do for it (so that they never test a scheme)."""
 
     connect: Callable[[str, float, Security | None], Comm]
