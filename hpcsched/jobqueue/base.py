@@ -438,7 +438,13 @@ class BatchSystem:
         return False
 
     def to_state(self, native: str, exit_code: int | None) -> JobState:
-        return self.states.get(native, JobState.UNKNOWN)
+        """The job's state from its native one; a job done with a non-zero exit code failed
+        (the systems whose "done" says nothing of the exit: Flux, HTCondor, OAR, PBS; a job
+        PBS's qdel ended exits with 256+signal: see Job.cancel_requested)."""
+        state = self.states.get(native, JobState.UNKNOWN)
+        if state is JobState.DONE and exit_code not in (None, 0):
+            return JobState.FAILED
+        return state
 
     def job_output(self, log_text: str) -> str:
         """Hook: the job's own output in its log file, without what the system added."""

@@ -185,9 +185,3 @@ class OARSystem(BatchSystem):
             )
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED
-        return state

@@ -230,10 +230,4 @@ class PBSSystem(BatchSystem):
                 out[parts[0]] = (parts[-2], None)
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED  # qdel'ed jobs end with 256+signal: see Job.cancel_requested
-        return state
 
