@@ -21,7 +21,6 @@ Runs on the scheduler's loop thread.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -73,7 +72,7 @@ class Recovery:
         """``given``, with the secret the journal kept: peers that outlived the scheduler
         prove the secret they had."""
         if self.journal is not None and self.journal.meta.get("secret"):
-            return dataclasses.replace(given or Security(),
+            return records.replace(given or Security(),
                                        secret=bytes.fromhex(self.journal.meta["secret"]))
         return given
 
