@@ -14,15 +14,20 @@ https://distributed.dask.org/en/stable/api.html#distributed.as_completed):
 * ``submit`` rows start from ``[client.submit(inc, i) for i in range(n)]`` and are
   compared with ``client.gather([...])``.
 
-Made to hold on a loaded machine: a round runs every idiom once, in an order rotated
-from round to round (no idiom always follows the same one), hpcsched's rounds and
-dask's alternate, and each idiom's figure is the median of its rounds with their
-spread. "of gather" is the median over rounds of the idiom's rate over its road's
+Made to hold on a loaded machine: a round runs every idiom, in an order rotated from
+round to round (no idiom always follows the same one), hpcsched's rounds and dask's
+alternate, and each idiom's figure is the median of its rounds with their spread. In
+hpcsched's rounds an idiom runs ``--best`` times in a row and the fastest counts (a run
+lasts 0.02-1 s, a burst of the machine's load as long); dask's runs last seconds, once
+a round. "of gather" is the median over rounds of the idiom's rate over its road's
 gather *in the same round*, so that a load that comes and goes between rounds cancels
 out; its min-max is given too.
 
 Columns: calls/s of hpcsched (median, and min-max), its rate over its road's gather
-(median, and min-max), calls/s of dask.distributed (median), hpcsched over dask. Needs
+(median, and min-max), the CPU microseconds per call of its whole process tree (client,
+scheduler, workers: a figure the machine's other load hardly moves) and that over its
+road's gather (median), calls/s of dask.distributed (median), hpcsched over dask, dask's
+CPU per call. Needs
 ``pip install 'dask[distributed]'``.
 """
 
@@ -151,15 +156,33 @@ def idioms(mod) -> dict[str, tuple[str, Callable]]:
     }
 
 
-class Rounds:
-    """The rounds of one system on its client: each runs every idiom once, the order
-    rotated by one from round to round; the seconds each idiom took in each round."""
+def tree_cpu() -> float:
+    """CPU seconds used so far by this process (client, and hpcsched's scheduler, which
+    runs in it) and its live descendants (the workers, dask's scheduler and nannies): a
+    figure other users of the machine hardly move, beside the wall clock they do."""
+    import psutil
 
-    def __init__(self, client, mod, n: int, only: list[str] | None):
-        self.client, self.mod, self.n = client, mod, n
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for p in me.children(recursive=True):
+        try:
+            total += sum(p.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return total
+
+
+class Rounds:
+    """The rounds of one system on its client: each runs every idiom ``best`` times in a
+    row (the fastest counts), the order rotated by one from round to round; the seconds
+    each idiom took in each round."""
+
+    def __init__(self, client, mod, n: int, only: list[str] | None, best: int = 1):
+        self.client, self.mod, self.n, self.best = client, mod, n, best
         self.rows = {name: fn for name, (kind, fn) in idioms(mod).items()
                      if not only or kind in only}
         self.seconds: dict[str, list[float]] = {name: [] for name in self.rows}
+        self.cpu: dict[str, list[float]] = {name: [] for name in self.rows}
         self.done = 0
         client.gather(client.map(inc, range(200), pure=False))  # warm: functions, connections
 
@@ -174,7 +197,13 @@ class Rounds:
                 got = fn(self.client, self.n)
                 assert sorted(got) == expected, f"{name}: wrong results"
 
-            self.seconds[name].append(timed(1, once)[0])
+            wall, cpu = float("inf"), float("inf")
+            for _ in range(self.best):
+                c0 = tree_cpu()
+                wall = min(wall, timed(1, once)[0])
+                cpu = min(cpu, tree_cpu() - c0)
+            self.seconds[name].append(wall)
+            self.cpu[name].append(cpu)
         self.done += 1
         print(f"{self.mod.__name__}: round {self.done} done", file=sys.stderr, flush=True)
 
@@ -188,7 +217,12 @@ class Rounds:
             rates = [self.n / t for t in secs]
             base = self.seconds.get(ref[kinds[name]])
             of_gather = [b / t for b, t in zip(base, secs, strict=True)] if base else []
-            out[name] = {"rates": rates, "of_gather": of_gather}
+            cpu = self.cpu[name]
+            base = self.cpu.get(ref[kinds[name]])
+            cpu_of_gather = [t / b for b, t in zip(base, cpu, strict=True)] if base else []
+            out[name] = {"rates": rates, "of_gather": of_gather,
+                         "cpu_us_per_call": [1e6 * t / self.n for t in cpu],
+                         "cpu_of_gather": cpu_of_gather}
         return out
 
 
@@ -199,7 +233,7 @@ def hpcsched_rounds(args):
 
     with LocalCluster(n_workers=2, threads_per_worker=1) as cluster, \
             Client(cluster, set_as_default=False) as client:
-        yield Rounds(client, hpcsched, args.calls, args.only)
+        yield Rounds(client, hpcsched, args.calls, args.only, args.best)
 
 
 @contextlib.contextmanager
@@ -223,6 +257,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=7, help="rounds of hpcsched")
+    p.add_argument("--best", type=int, default=3,
+                   help="hpcsched's runs of an idiom in a round, the fastest counted")
     p.add_argument("--dask-repeat", type=int, default=3,
                    help="rounds of dask.distributed (each takes minutes), alternating "
                         "with hpcsched's")
@@ -231,8 +267,8 @@ def main() -> None:
                    help="only the rows of this kind (repeatable)")
     p.add_argument("--json", help="also write the figures to this file")
     args = p.parse_args()
-    if args.repeat < 1 or args.dask_repeat < 1:
-        p.error("--repeat and --dask-repeat must be at least 1")
+    if min(args.repeat, args.dask_repeat, args.best) < 1:
+        p.error("--repeat, --dask-repeat and --best must be at least 1")
     with contextlib.ExitStack() as stack:
         # dask's first: its nannies start their processes with a copy of dask's settings
         d = None if args.no_dask else stack.enter_context(dask_rounds(args))
@@ -245,19 +281,22 @@ def main() -> None:
         hf = h.figures()
         df = d.figures() if d is not None else {}
     print(f"{args.calls} calls of inc; LocalCluster of 2 workers x 1 thread "
-          f"({os.cpu_count()} cores); calls/s, median of {args.repeat} rounds (dask: "
-          f"{args.dask_repeat}) and min-max; 'of gather': hpcsched over its road's gather "
+          f"({os.cpu_count()} cores); calls/s, median of {args.repeat} rounds (each the best "
+          f"of {args.best}; dask: {args.dask_repeat} rounds of 1) and min-max; 'of gather': hpcsched over its road's gather "
           f"in the same round, median and min-max")
     print(f"{'idiom':50}{'hpcsched':>9}{'min-max':>16}{'of gather':>10}{'min-max':>12}"
-          f"{'dask':>7}{'ratio':>8}")
+          f"{'CPU us':>8}{'of gather':>10}{'dask':>7}{'ratio':>7}{'CPU us':>8}")
     for name, f in hf.items():
         rate, og = statistics.median(f["rates"]), statistics.median(f["of_gather"])
         tail = ""
         if name in df:
             dask_rate = statistics.median(df[name]["rates"])
-            tail = f"{dask_rate:7.0f}{rate / dask_rate:7.0f}x"
+            tail = (f"{dask_rate:7.0f}{rate / dask_rate:6.0f}x"
+                    f"{statistics.median(df[name]['cpu_us_per_call']):8.0f}")
         print(f"{name:50}{rate:9.0f}{_spread(f['rates'], '.0f'):>16}{og:9.2f}x"
-              f"{_spread(f['of_gather'], '.2f'):>12}{tail}")
+              f"{_spread(f['of_gather'], '.2f'):>12}"
+              f"{statistics.median(f['cpu_us_per_call']):8.1f}"
+              f"{statistics.median(f['cpu_of_gather']):9.2f}x{tail}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"calls": args.calls, "hpcsched": hf, "dask": df}, out, indent=1)
