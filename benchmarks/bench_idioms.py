@@ -204,6 +204,8 @@ class Rounds:
                 cpu = min(cpu, tree_cpu() - c0)
             self.seconds[name].append(wall)
             self.cpu[name].append(cpu)
+            print(f"{self.mod.__name__}: round {self.done + 1}: {name}: {self.n / wall:.0f}/s",
+                  file=sys.stderr, flush=True)
         self.done += 1
         print(f"{self.mod.__name__}: round {self.done} done", file=sys.stderr, flush=True)
 
