@@ -1,7 +1,7 @@
 """The idioms of getting results back, hpcsched vs dask.distributed, in one run.
 
-    python benchmarks/bench_idioms.py [--calls 3000] [--repeat 7] [--dask-repeat 3]
-        [--json FILE]
+    python benchmarks/bench_idioms.py [--calls 3000] [--repeat 7] [--best 3]
+        [--dask-repeat 3] [--dask-calls N] [--json FILE]
 
 Both on a local cluster of 2 worker processes x 1 thread, both clusters up for the
 whole run; ``inc`` called ``--calls`` times (``pure=False``: new tasks each run), timed
@@ -248,7 +248,7 @@ def dask_rounds(args):
     with dask.config.set({"distributed.worker.daemon": False}), \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                          dashboard_address=None) as cluster, Client(cluster) as client:
-        yield Rounds(client, distributed, args.calls, args.only)
+        yield Rounds(client, distributed, args.dask_calls or args.calls, args.only)
 
 
 def _spread(xs: list[float], fmt: str) -> str:
@@ -264,6 +264,9 @@ def main() -> None:
     p.add_argument("--dask-repeat", type=int, default=3,
                    help="rounds of dask.distributed (each takes minutes), alternating "
                         "with hpcsched's")
+    p.add_argument("--dask-calls", type=int, default=None,
+                   help="calls of dask's idioms (default: --calls); its rate per call hardly "
+                        "depends on it, and on a loaded machine 3,000 take minutes an idiom")
     p.add_argument("--no-dask", action="store_true", help="hpcsched alone")
     p.add_argument("--only", action="append", choices=("map", "submit"),
                    help="only the rows of this kind (repeatable)")
@@ -284,7 +287,8 @@ def main() -> None:
         df = d.figures() if d is not None else {}
     print(f"{args.calls} calls of inc; LocalCluster of 2 workers x 1 thread "
           f"({os.cpu_count()} cores); calls/s, median of {args.repeat} rounds (each the best "
-          f"of {args.best}; dask: {args.dask_repeat} rounds of 1) and min-max; 'of gather': hpcsched over its road's gather "
+          f"of {args.best}; dask: {args.dask_repeat} rounds of 1, "
+          f"{args.dask_calls or args.calls} calls) and min-max; 'of gather': hpcsched over its road's gather "
           f"in the same round, median and min-max")
     print(f"{'idiom':50}{'hpcsched':>9}{'min-max':>16}{'of gather':>10}{'min-max':>12}"
           f"{'CPU us':>8}{'of gather':>10}{'dask':>7}{'ratio':>7}{'CPU us':>8}")
