@@ -287,9 +287,11 @@ def main() -> None:
         df = d.figures() if d is not None else {}
     print(f"{args.calls} calls of inc; LocalCluster of 2 workers x 1 thread "
           f"({os.cpu_count()} cores); calls/s, median of {args.repeat} rounds (each the best "
-          f"of {args.best}; dask: {args.dask_repeat} rounds of 1, "
-          f"{args.dask_calls or args.calls} calls) and min-max; 'of gather': hpcsched over its road's gather "
-          f"in the same round, median and min-max")
+          f"of {args.best}"
+          + ("" if d is None else f"; dask: {args.dask_repeat} rounds of 1, "
+             f"{args.dask_calls or args.calls} calls")
+          + ") and min-max; 'of gather': hpcsched over its road's gather in the same round, "
+          "median and min-max")
     print(f"{'idiom':50}{'hpcsched':>9}{'min-max':>16}{'of gather':>10}{'min-max':>12}"
           f"{'CPU us':>8}{'of gather':>10}{'dask':>7}{'ratio':>7}{'CPU us':>8}")
     for name, f in hf.items():
