@@ -132,7 +132,8 @@ class ClientSettings(Record):
     #: linear-chain fusion of graphs given to get/compute
     fuse: bool = setting(True, key="scheduler.fuse")
     #: ``Future.result()`` brings along the small finished results the client is about to
-    #: ask for (the rest of a map, an ``as_completed``, a ``wait``, done callbacks):
+    #: ask for (the rest of a map or of single submits, an ``as_completed``, a ``wait``,
+    #: done callbacks):
     #: at most this many bytes of them per request ...
     prefetch_bytes: int = setting(16 * 2**20, unit="bytes")
     #: ... none larger than this (larger ones stay on the workers until asked for) ...

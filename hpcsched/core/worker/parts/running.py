@@ -29,7 +29,7 @@ from hpcsched.core.protocol.serialize import sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, TaskWorker, enter_task, leave_task
-from hpcsched.core.worker.execution import pack_exception, run_spec_call
+from hpcsched.core.worker.execution import load_call, pack_exception
 from hpcsched.core.worker.parts.inbox import stimulus
 from hpcsched.core.worker.task_pool import TaskPool
 
@@ -132,7 +132,9 @@ class TaskRunner:
             self._gang_running(1)
         outer = enter_task(self.worker, key, on_loop, start, gang, devices, lease)
         try:
-            value = run_spec_call(run_spec, state.data)
+            call = load_call(run_spec, state.data)
+            start = time.time()  # the run, not the unpickling (execution.py)
+            value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             if on_loop and type(e) is TaskNeedsThread:
                 return None
