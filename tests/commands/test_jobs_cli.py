@@ -44,31 +44,44 @@ def job_id(submitted: subprocess.CompletedProcess) -> str:
 
 
 def test_an_array_job_runs_every_task_and_keeps_each_output(cluster, tmp_path):
-    j = job_id(hs("submit", "--array", "1-200", "--", "sh", "-c", "echo $HPCSCHED_TASK_ID",
+    j = job_id(hs("submit", "--array", "1-2000", "--", "sh", "-c", "echo $HPCSCHED_TASK_ID",
                   sfile=cluster, cwd=tmp_path))
     waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
     assert waited.returncode == 0, waited.stderr
-    assert "200/200 finished" in waited.stderr
-    cat = hs("job", "cat", j, "--task", "123", "stdout", sfile=cluster, cwd=tmp_path)
-    assert cat.returncode == 0 and cat.stdout == "123\n"
-    assert (tmp_path / "hpcsched-jobs" / j / "200.stdout").read_text() == "200\n"
+    assert "2000/2000 finished" in waited.stderr
+    cat = hs("job", "cat", j, "--task", "1234", "stdout", sfile=cluster, cwd=tmp_path)
+    assert cat.returncode == 0 and cat.stdout == "1234\n"
+    assert (tmp_path / "hpcsched-jobs" / j / "2000.stdout").read_text() == "2000\n"
+    assert (tmp_path / "hpcsched-jobs" / j / "2000.stderr").read_text() == ""
     listed = hs("job", "list", sfile=cluster, cwd=tmp_path)
     assert listed.returncode == 0
     row = next(line.split() for line in listed.stdout.splitlines() if line.split()[:1] == [j])
-    assert row[2:5] == ["200", "200", "0"]
+    assert row[2:5] == ["2000", "2000", "0"]
 
 
 def test_a_failing_task_makes_wait_fail_and_info_name_it(cluster, tmp_path):
     j = job_id(hs("submit", "--array", "1-40", "--", "sh", "-c",
-                  'echo "no input $HPCSCHED_TASK_ID" >&2; [ $HPCSCHED_TASK_ID != 17 ]',
+                  'echo "no input $HPCSCHED_TASK_ID" >&2; [ $HPCSCHED_TASK_ID != 17 ] || exit 3',
                   sfile=cluster, cwd=tmp_path))
     waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
     assert waited.returncode == 1
     assert "39/40 finished, 1 failed" in waited.stderr
     info = hs("job", "info", j, sfile=cluster, cwd=tmp_path)
-    assert "task 17 failed" in info.stdout and "status 1" in info.stdout
+    assert "task 17 failed" in info.stdout and "status 3" in info.stdout
+    assert info.stdout.count("failed:") == 1
     err = hs("job", "cat", j, "stderr", "--task", "17", sfile=cluster, cwd=tmp_path)
     assert err.stdout == "no input 17\n"
+
+
+def test_a_single_failing_task_fails_its_job(cluster, tmp_path):
+    """One task: the task road rather than a bulk map's."""
+    j = job_id(hs("submit", "--", "sh", "-c", "echo oops >&2; exit 3",
+                  sfile=cluster, cwd=tmp_path))
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
+    assert waited.returncode == 1 and "0/1 finished, 1 failed" in waited.stderr
+    info = hs("job", "info", j, sfile=cluster, cwd=tmp_path)
+    assert "task 0 failed" in info.stdout and "status 3" in info.stdout
+    assert hs("job", "cat", j, "stderr", sfile=cluster, cwd=tmp_path).stdout == "oops\n"
 
 
 def test_each_line_and_json_entries_reach_the_tasks(cluster, tmp_path):
