@@ -135,3 +135,94 @@ def test_a_job_survives_a_restart_of_a_journaled_scheduler(procs, tmp_path):
     assert waited.returncode == 0, waited.stderr
     out = hs("job", "cat", j, sfile=sfile, cwd=tmp_path).stdout.split()
     assert out == [str(i) for i in range(1, 61)]
+
+
+DIAMOND = """
+name = "diamond"
+
+[[task]]
+id = 0
+command = ["sh", "-c", "echo base > base.txt"]
+
+[[task]]
+id = 1
+command = "echo left-$(cat base.txt)"
+deps = [0]
+
+[[task]]
+id = 2
+command = "echo right-$(cat base.txt) >&2"
+env = { SIDE = "right" }
+stderr = "own/%{TASK_ID}.err"
+deps = [0]
+
+[[task]]
+id = 3
+command = "cat hpcsched-jobs/$HPCSCHED_JOB_ID/1.stdout own/2.err"
+deps = [1, 2]
+"""
+
+
+def test_a_job_file_runs_its_tasks_after_their_dependencies(cluster, tmp_path):
+    (tmp_path / "diamond.toml").write_text(DIAMOND)
+    j = job_id(hs("submit", "--file", "diamond.toml", sfile=cluster, cwd=tmp_path))
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
+    assert waited.returncode == 0, waited.stderr
+    assert "4/4 finished" in waited.stderr
+    assert hs("job", "cat", j, "--task", "3", sfile=cluster, cwd=tmp_path).stdout == \
+        "left-base\nright-base\n"
+    # a task's own output template is what `job cat` reads
+    assert hs("job", "cat", j, "stderr", "--task", "2", sfile=cluster,
+              cwd=tmp_path).stdout == "right-base\n"
+    listed = hs("job", "list", sfile=cluster, cwd=tmp_path).stdout
+    assert any(line.split()[:2] == [j, "diamond"] for line in listed.splitlines())
+
+
+def test_a_failed_dependency_fails_its_dependents_without_running_them(cluster, tmp_path):
+    (tmp_path / "chain.toml").write_text("""
+[[task]]
+command = "echo broken >&2; exit 3"
+
+[[task]]
+command = "touch ran.txt"
+deps = [0]
+
+[[task]]
+command = "echo independent"
+""")
+    j = job_id(hs("submit", "--file", "chain.toml", sfile=cluster, cwd=tmp_path))
+    waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path)
+    assert waited.returncode == 1 and "1/3 finished, 2 failed" in waited.stderr
+    info = hs("job", "info", j, sfile=cluster, cwd=tmp_path).stdout
+    assert "task 0 failed" in info and "status 3" in info and "task 1 failed" in info
+    assert not (tmp_path / "ran.txt").exists()
+    assert hs("job", "cat", j, "--task", "2", sfile=cluster, cwd=tmp_path).stdout == \
+        "independent\n"
+
+
+def test_a_job_file_array(cluster, tmp_path):
+    (tmp_path / "array.toml").write_text("""
+[array]
+ids = "1-40"
+command = ["sh", "-c", "echo $((HPCSCHED_TASK_ID * 2))"]
+""")
+    j = job_id(hs("submit", "--file", "array.toml", "--wait", sfile=cluster, cwd=tmp_path))
+    assert hs("job", "cat", j, "--task", "21", sfile=cluster, cwd=tmp_path).stdout == "42\n"
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[[task]]\ncommand = ['true']\nnice = 3\n", "unknown key(s) 'nice'"),
+    ("[[task]]\ncommand = ['true']\ndeps = [1]\n", "task 0 depends on [1], not in the file"),
+    ("[[task]]\ncommand = 'true'\ndeps = [1]\n[[task]]\ncommand = 'true'\ndeps = [0]\n",
+     "the dependencies make a cycle: 0 -> 1 -> 0"),
+    ("[[task]]\nid = 4\ncommand = 'true'\n[[task]]\nid = 4\ncommand = 'true'\n",
+     "two tasks have id 4"),
+    ("[[task]]\ncommand = []\n", "'command' must be a non-empty list"),
+    ("[[task]\ncommand = 'true'\n", "not valid TOML"),
+])
+def test_a_bad_job_file_is_named_and_nothing_is_submitted(cluster, tmp_path, text, message):
+    (tmp_path / "bad.toml").write_text(text)
+    r = hs("submit", "--file", "bad.toml", sfile=cluster, cwd=tmp_path)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    listed = hs("job", "list", sfile=cluster, cwd=tmp_path)
+    assert len(listed.stdout.strip().splitlines()) == 1  # the header alone
