@@ -61,9 +61,17 @@ create table if not exists tasks (
     nbytes integer,         -- its result's size
     run text not null       -- which scheduler run wrote the row (a restart: a new run)
 );
-create index if not exists tasks_grp on tasks (grp);
-create index if not exists tasks_job on tasks (job);
+create table if not exists hosts (worker text primary key, host text);
 """
+# Each row goes to SQLite as the scheduler made it: its job and its worker's host are
+# computed by SQLite, in C, rather than per row in Python on a thread that shares the GIL
+# with the scheduler (no index either: a filtered read scans, once, what inserts would pay
+# for on every row).
+_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, job, host, run)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+        case when substr(?1, 1, 13) = 'hpcsched-job-'
+             then substr(?1, 14, instr(substr(?1, 14) || '-', '-') - 1) end,
+        (select host from hosts where worker = ?3), '{run}')"""
 JOB_PREFIX = "hpcsched-job-"
 
 
@@ -168,6 +176,9 @@ class History:
         db = sqlite3.connect(self.path, check_same_thread=False)
         try:
             db.execute("pragma journal_mode=wal")
+            # no fsync per transaction: a killed process loses no committed row (the spool
+            # holds those not yet written); a crash of the machine may lose the last ones
+            db.execute("pragma synchronous=normal")
             while True:
                 self._wake.wait(FLUSH_SECONDS)
                 self._wake.clear()
@@ -192,12 +203,14 @@ class History:
             for _ in range(min(len(rows), FLUSH_ROWS)):
                 batch.append(pop())
             hosts = self._hosts() if self._hosts is not None else {}
-            run = self.run
-            with db:
-                db.executemany(
-                    "insert into tasks values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(str(k), g, _job_of(k), w, hosts.get(w), a, b, o, n, run)
-                     for k, g, w, a, b, o, n in batch])
+            insert = _INSERT.format(run=self.run)  # a hex id of our own: no quoting needed
+            try:
+                with db:
+                    db.executemany("insert or replace into hosts values (?, ?)", hosts.items())
+                    db.executemany(insert, batch)
+            except (sqlite3.ProgrammingError, sqlite3.InterfaceError):  # a key not a string
+                with db:
+                    db.executemany(insert, [(str(r[0]), *r[1:]) for r in batch])
             self.written += len(batch)
 
     def flush(self, timeout: float = 10.0) -> bool:
