@@ -101,12 +101,13 @@ def test_each_line_and_json_entries_reach_the_tasks(cluster, tmp_path):
 
 
 def test_cancel_stops_a_job(cluster, tmp_path):
-    j = job_id(hs("submit", "--array", "1-50", "--", "sh", "-c", "sleep 300",
+    nap = f"sleep 300.{os.getpid()}"  # this test's programs alone, on a shared machine
+    j = job_id(hs("submit", "--array", "1-50", "--", "sh", "-c", nap,
                   sfile=cluster, cwd=tmp_path))
     assert hs("job", "cancel", j, sfile=cluster, cwd=tmp_path).returncode == 0
     waited = hs("job", "wait", j, sfile=cluster, cwd=tmp_path, timeout=60)
     assert waited.returncode == 1 and "50 cancelled" in waited.stderr
-    wait_until(lambda: subprocess.run(["pgrep", "-f", "^sleep 300$"]).returncode == 1,
+    wait_until(lambda: subprocess.run(["pgrep", "-f", f"^{nap}$"]).returncode == 1,
                timeout=30, what="the cancelled job's programs to end")
 
 
