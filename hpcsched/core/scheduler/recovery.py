@@ -66,6 +66,9 @@ class Recovery:
         self._awaited_workers: set[str] = set()
         self._held_workers: list[str] = []
         self._hold_until = 0.0
+        #: called each loop turn before the journal is written, by what must be in the
+        #: operating system's hands no later than it (a task history's rows)
+        self.before_sync: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ starting again
     def security(self, given: Security | None) -> Security | None:
@@ -197,6 +200,8 @@ class Recovery:
         told is in the journal first). The server calls it only when there is a journal:
         it runs every loop turn."""
         if self.journal is not None:
+            for hook in self.before_sync:
+                hook()
             if primitives.changed:
                 primitives.write_journal(self.journal)
             self.journal.sync()

@@ -11,7 +11,8 @@
   (https://distributed.dask.org/en/stable/worker-state.html);
 * :func:`pack_exception` turns an exception into (serialized exception,
   traceback text, one-line description): what ``task-erred`` carries, and what
-  a client's ``result()`` raises again, with the worker's traceback;
+  a client's ``result()`` raises again, with the worker's traceback and the last
+  lines the task printed (:mod:`.tasks.output`);
 * :func:`serialization_errors` finds which results cannot be serialized to
   leave their worker, packed the same way: the exception pickling raised
   (e.g. by a ``__reduce__``), not a wrapper, so that the client sees the
@@ -35,7 +36,8 @@ from hpcsched.core.protocol.serialize import (
     serialize,
 )
 from hpcsched.core.worker import checkpoint
-from hpcsched.core.worker.context import hook_dask
+from hpcsched.core.worker.context import current, hook_dask
+from hpcsched.core.worker.tasks import output
 
 
 class RemoteError(Exception):
@@ -93,7 +95,11 @@ def _identity(value: Any) -> Any:
 
 
 def pack_exception(exc: BaseException, tb: Any) -> tuple[Any, str, str]:
-    """(Serialized exception, traceback text, one-line description)."""
+    """(Serialized exception, traceback text, one-line description); raised by a task
+    this thread runs, the exception carries the last lines the task printed as a note."""
+    running = current()
+    if running is not None:
+        output.annotate(exc, running.key)
     text = f"{type(exc).__name__}: {exc}"
     tb_text = "".join(tb_mod.format_exception(type(exc), exc, tb))
     try:

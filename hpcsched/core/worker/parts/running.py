@@ -32,6 +32,7 @@ from hpcsched.core.worker.context import TaskNeedsThread, TaskWorker, enter_task
 from hpcsched.core.worker.execution import load_call, pack_exception
 from hpcsched.core.worker.parts.inbox import stimulus
 from hpcsched.core.worker.task_pool import TaskPool
+from hpcsched.core.worker.tasks import output
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -57,6 +58,7 @@ class TaskRunner:
     ):
         self.worker = worker
         self.loop = loop
+        output.install()  # what tasks print is kept with them (and forwarded if asked)
         #: the task threads (the ranges of bulk maps run on them too)
         self.executor = TaskPool(nthreads, "hpcsched-task")
         self._after_flush = after_flush
