@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,9 +49,70 @@ def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
         assert (frame["stop"] >= frame["start"]).all()
         assert list(frame[frame["outcome"] == "erred"]["key"]) == [str(bad.key)]
         assert set(frame["host"].dropna()) and len(set(frame["run"])) == 1
+        # what each used: this process's RSS (in-process workers), its thread's CPU time
+        assert (frame["memory"] > 0).all() and (frame["cpu"] >= 0).all()
+        assert (frame["retries"] == 0).all()
         # filters
         assert len(client.history(outcome="erred")) == 1
         assert len(client.history(limit=5)) == 5
+
+
+def burn(x: int) -> int:
+    """About 0.1 s of CPU time on the calling thread."""
+    t = time.thread_time()
+    while time.thread_time() - t < 0.1:
+        pass
+    return x
+
+
+def test_cpu_seconds_are_the_task_threads_on_both_roads(tmp_path, road):
+    """A task busy 0.1 s of CPU is charged that much; on the bulk road the rows of a
+    report share its CPU time, so the sum over them is what counts."""
+    path = tmp_path / "h.sqlite"
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        futures = road.calls(client, burn, 40)
+        client.gather(futures)
+        frame = client.history()
+    assert len(frame) == 40
+    # two threads of one process on a loaded machine: each task's CPU time is its own
+    # thread's, never the other thread's as well (process CPU time would count both)
+    assert 40 * 0.1 <= frame["cpu"].sum() < 40 * 0.1 * 1.5
+
+
+def test_a_retried_task_has_a_row_per_attempt_counting_its_retries(tmp_path):
+    path = tmp_path / "h.sqlite"
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        bad = client.submit(fail, 3, retries=2)
+        with pytest.raises(ValueError):
+            bad.result(60)
+        frame = client.history()
+        assert list(frame["key"]) == [str(bad.key)] * 3
+        assert list(frame["retries"]) == [0, 1, 2]
+        assert list(client.history(outcome="erred")["retries"]) == [0, 1, 2]
+
+
+def test_a_command_task_reports_its_process_cpu_and_peak_memory(tmp_path, road):
+    """A command's CPU seconds and peak memory are its process's (os.wait4), not the
+    worker's: each allocates and touches 300 MiB and burns CPU; on the bulk road a row
+    holds its report's largest peak and its share of the report's CPU time."""
+    path = tmp_path / "h.sqlite"
+    program = ("import time; b = bytearray(300 << 20); t = time.process_time()\n"
+               "while time.process_time() - t < 0.05: pass")
+    n = 40 if road.name == "bulk" else 4
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        futures = client.map_command([sys.executable, "-c", program], range(n))
+        client.gather(futures)
+        frame = client.history()
+    assert len(frame) == n
+    assert (frame["memory"] >= 300 << 20).all()
+    # the worker's threads only wait for the processes: what is counted is theirs
+    assert frame["cpu"].sum() >= n * 0.05
 
 
 def test_no_history_unless_asked_and_a_clear_error(tmp_path):
@@ -173,4 +235,7 @@ def test_a_killed_journaled_scheduler_loses_no_history_row(procs, tmp_path):
     assert len(listed) == len(set(listed)), "a task listed twice"
     assert set(listed) == keys, f"{len(keys - set(listed))} tasks missing"
     assert all(row["worker"].startswith("tcp://") and float(row["stop"]) >= float(row["start"])
+               for row in rows)
+    # peak memory: the worker's RSS as sampled (Python tasks); CPU seconds and retries
+    assert all(int(row["memory"]) > 0 and float(row["cpu"]) >= 0.0 and row["retries"] == "0"
                for row in rows)
