@@ -27,7 +27,8 @@ element holds the mean CPU time of its worker's report and the report's memory
 a task that raised and was retried has a row per attempt, numbered from 0.
 
 Read it with ``hpcsched history`` (a table, filters, CSV), ``Client.history()`` (a
-pandas DataFrame when pandas is there), or any SQLite client::
+pandas DataFrame when pandas is there), or any SQLite client (where a row's ``job`` and
+``host`` are NULL: the writer leaves them to :func:`read`, which fills them in)::
 
     sqlite3 -header -column journal.history.sqlite \\
         "select grp, count(*), avg(stop - start) from tasks group by grp"
@@ -74,16 +75,24 @@ create table if not exists tasks (
 );
 create table if not exists hosts (worker text primary key, host text);
 """
-# Each row goes to SQLite as the scheduler made it: its job and its worker's host are
-# computed by SQLite, in C, rather than per row in Python on a thread that shares the GIL
-# with the scheduler (no index either: a filtered read scans, once, what inserts would pay
-# for on every row).
-_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, cpu, memory,
-                   job, host, run)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9,
-        case when substr(?1, 1, 13) = 'hpcsched-job-'
-             then substr(?1, 14, instr(substr(?1, 14) || '-', '-') - 1) end,
-        (select host from hosts where worker = ?3), '{run}')"""
+# Each row goes to SQLite as the scheduler made it, and no more: its job (from its key) and
+# its worker's host (from the hosts table, written with each batch) are left NULL and
+# computed as the history is read (_SELECT), rather than per row on a thread that shares
+# the GIL with the scheduler (no index either: a filtered read scans, once, what inserts
+# would pay for on every row).
+_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, cpu, memory, run)
+values (?, ?, ?, ?, ?, ?, ?, ?, ?, '{run}')"""
+# what a reader sees: the stored columns, job and host filled in where a row left them out,
+# retries counted (the attempts of the same key before this one in the same run: a task
+# that raised and was retried has a row per attempt) over the whole table, before filters
+_SELECT = """select {columns} from (
+    select key, grp, worker, start, stop, outcome, nbytes, run, {usage}, rowid as rid,
+           coalesce(job, case when substr(key, 1, 13) = 'hpcsched-job-'
+                              then substr(key, 14, instr(substr(key, 14) || '-', '-') - 1)
+                         end) as job,
+           coalesce(host, (select h.host from hosts h where h.worker = tasks.worker)) as host,
+           count(*) over (partition by run, key order by rowid) - 1 as retries
+    from tasks)"""
 JOB_PREFIX = "hpcsched-job-"
 
 
@@ -330,15 +339,11 @@ def read(path: str, *, job: str | None = None, group: str | None = None,
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
-    # retries: the attempts of the same key before this one in the same run (a task
-    # that raised and was retried has a row per attempt), counted over the whole table
-    # before the filters, as they are read rather than on every write
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         have = {row[1] for row in db.execute("pragma table_info(tasks)")}
-        shown = [c if c in have or c == "retries" else f"null as {c}" for c in COLUMNS]
-        sql = (f"select {', '.join(shown)} from (select *, rowid as rid, count(*) over "
-               "(partition by run, key order by rowid) - 1 as retries from tasks)")
+        usage = ", ".join(c if c in have else f"null as {c}" for c in ("cpu", "memory"))
+        sql = _SELECT.format(columns=", ".join(COLUMNS), usage=usage)
         if where:
             sql += " where " + " and ".join(where)
         sql += " order by rid"
