@@ -90,7 +90,7 @@ _SELECT = """select {columns} from (
            coalesce(job, case when substr(key, 1, 13) = 'hpcsched-job-'
                               then substr(key, 14, instr(substr(key, 14) || '-', '-') - 1)
                          end) as job,
-           coalesce(host, (select h.host from hosts h where h.worker = tasks.worker)) as host,
+           {host} as host,
            count(*) over (partition by run, key order by rowid) - 1 as retries
     from tasks)"""
 JOB_PREFIX = "hpcsched-job-"
@@ -343,7 +343,10 @@ def read(path: str, *, job: str | None = None, group: str | None = None,
     try:
         have = {row[1] for row in db.execute("pragma table_info(tasks)")}
         usage = ", ".join(c if c in have else f"null as {c}" for c in ("cpu", "memory"))
-        sql = _SELECT.format(columns=", ".join(COLUMNS), usage=usage)
+        hosts = db.execute("select 1 from sqlite_master where name = 'hosts'").fetchone()
+        host = ("coalesce(host, (select h.host from hosts h where h.worker = tasks.worker))"
+                if hosts else "host")
+        sql = _SELECT.format(columns=", ".join(COLUMNS), usage=usage, host=host)
         if where:
             sql += " where " + " and ".join(where)
         sql += " order by rid"

@@ -145,7 +145,7 @@ def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
 def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     path = str(tmp_path / "h.sqlite")
     h = History(path)
-    h.task("a-1", "a", "tcp://w:1", 1.0, 2.5, "memory", 1)
+    h.task("a-1", "a", "tcp://w:1", 1.0, 2.5, "memory", 1, 0.25, 3 << 20)
     h.task("b-1", "b", "tcp://w:2", 1.0, 2.0, "erred", 0)
     h.close()
 
@@ -155,6 +155,9 @@ def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
 
     table = run(path)
     assert table.returncode == 0 and "a-1" in table.stdout and "b-1" in table.stdout
+    header, a_row = table.stdout.splitlines()[:2]
+    assert header.split()[4:] == ["CPU", "PEAK", "MiB", "RETRIES", "OUTCOME"]
+    assert a_row.split()[-5:] == ["1.500", "0.250", "3.0", "0", "memory"]
     assert "2 tasks" in table.stderr
     erred = run(path, "--outcome", "erred", "--csv")
     lines = erred.stdout.splitlines()
@@ -162,6 +165,28 @@ def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     assert lines[1].startswith("b-1,b,")
     missing = run(str(tmp_path / "nope.sqlite"))
     assert missing.returncode == 2 and "no task history" in missing.stderr
+
+
+def test_a_file_of_an_older_version_gains_the_usage_columns(tmp_path):
+    """A history written before rows had CPU and memory: read as it is (NULL there), and
+    a scheduler appending to it adds the columns."""
+    path = str(tmp_path / "h.sqlite")
+    with sqlite3.connect(path) as db:
+        db.execute("create table tasks (key text not null, grp text not null, job text, "
+                   "worker text not null, host text, start real not null, stop real not null, "
+                   "outcome text not null, nbytes integer, run text not null)")
+        db.execute("insert into tasks values ('old-1', 'old', null, 'tcp://a:1', 'n1', 1.0, "
+                   "2.0, 'memory', 8, 'r0')")
+    db.close()
+    columns, rows = read(path)
+    assert rows == [("old-1", "old", None, "tcp://a:1", "n1", 1.0, 2.0, None, None, 0,
+                     "memory", 8, "r0")] and columns[7:9] == ["cpu", "memory"]
+    h = History(path, lambda: {"tcp://a:1": "n1"})
+    h.task("new-1", "new", "tcp://a:1", 3.0, 4.0, "memory", 8, 0.5, 1 << 20)
+    h.close()
+    _, rows = read(path)
+    assert [(r[0], r[4], r[7], r[8]) for r in rows] == [("old-1", "n1", None, None),
+                                                        ("new-1", "n1", 0.5, 1 << 20)]
 
 
 def test_spooled_rows_reach_sqlite_once_after_the_writer_died(tmp_path, monkeypatch):
