@@ -48,13 +48,18 @@ def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
         assert set(frame["worker"]) <= workers
         assert (frame["stop"] >= frame["start"]).all()
         assert list(frame[frame["outcome"] == "erred"]["key"]) == [str(bad.key)]
-        assert set(frame["host"].dropna()) and len(set(frame["run"])) == 1
         # what each used: this process's RSS (in-process workers), its thread's CPU time
         assert (frame["memory"] > 0).all() and (frame["cpu"] >= 0).all()
         assert (frame["retries"] == 0).all()
+        assert set(frame["host"].dropna()) and len(set(frame["run"])) == 1
         # filters
         assert len(client.history(outcome="erred")) == 1
         assert len(client.history(limit=5)) == 5
+        if road.name == "bulk":  # an element that raises: a row with its report's memory
+            elements = road.map(client, fail, range(40), pure=False)
+            client.gather(elements, errors="skip")
+            erred = client.history(outcome="erred")
+            assert len(erred) == 41 and (erred["memory"] > 0).all()
 
 
 def burn(x: int) -> int:

@@ -39,6 +39,7 @@ from time import thread_time
 from typing import Any, Protocol
 
 from hpcsched.core.comm.base import Inbox
+from hpcsched.core.protocol.records import replace
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
 from hpcsched.core.protocol.worker import (
     ComputeRange,
@@ -372,14 +373,15 @@ class RangeRunner:
             store_many(keys, batch.values, batch.nbytes)
         else:
             data.update(zip(keys, batch.values, strict=True))
+        memory = batch.memory or w.memory.latest_rss()
         if batch.indices:
             w.send_to_scheduler(RangeFinished(w.address, prefix=prefix, indices=batch.indices,
                                               nbytes=batch.nbytes, types=batch.types,
                                               starts=batch.starts, stops=batch.stops,
                                               cpu=batch.cpu,
-                                              memory=batch.memory or w.memory.latest_rss()))
-        for failure in batch.failures:
-            w.send_to_scheduler(failure)
+                                              memory=memory))
+        for failure in batch.failures:  # their CPU time is in the report's; memory as its
+            w.send_to_scheduler(replace(failure, memory=memory))
 
 
 def _thread_done(wanted: int) -> ev.RangeThreadDone:
