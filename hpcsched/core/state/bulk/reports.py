@@ -134,6 +134,8 @@ class Reports:
             typename=e.types[j],
             start=e.starts[j],
             stop=e.stops[j],
+            cpu=e.cpu / len(e.indices),
+            memory=e.memory,
             worker=e.worker,
             now=e.now,
             stimulus_id=e.stimulus_id,
@@ -159,8 +161,11 @@ class Reports:
         if recorder is not None:
             prefix = m.prefix
             nbytes = e.nbytes if len(done) == len(e.nbytes) else [e.nbytes[j] for j in done]
+            # the report's CPU time shared by the elements it counts here
+            cpu = e.cpu * len(done) / len(e.indices) if e.cpu else 0.0
             recorder.elements_finished(
-                m.group, ws, [prefix + str(i) for i in indices], starts, stops, nbytes
+                m.group, ws, [prefix + str(i) for i in indices], starts, stops, nbytes,
+                cpu, e.memory,
             )
         return spent / len(done)
 
