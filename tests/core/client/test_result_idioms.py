@@ -131,8 +131,8 @@ def test_the_candidates_come_from_as_completed_waits_and_queued_callbacks():
         f.state.finish("int")
     assert set(table.candidates(fs[4], limit=10)) == {"k2"}  # fs[4]: nobody waits for it
 
-    ac._put(fs[0])  # what the callback thread does as they finish
-    ac._put(fs[1])
+    ac._arrivals(fs[0])  # what the callback thread does as they finish
+    ac._arrivals.many([fs[1]])
     assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2"}
 
     table.run_callbacks([(weakref.ref(fs[3]), lambda f: None, fs[3])])  # queued, not run
