@@ -21,7 +21,14 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
 from hpcsched.core.client.future_state import FutureTable
-from hpcsched.core.client.futures import TAKEN, UNFETCHED, Future, FutureGroup
+from hpcsched.core.client.futures import (
+    TAKEN,
+    UNFETCHED,
+    Arrivals,
+    Future,
+    FutureGroup,
+    finish_all,
+)
 
 N = 40  # calls per test: above the bulk threshold (32) on the bulk road
 WAIT = 30.0
@@ -139,6 +146,63 @@ def test_the_candidates_come_from_as_completed_waits_and_queued_callbacks():
     assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2", "k3"}
     assert set(table.candidates(fs[0], limit=10)) == {"k1", "k2", "k3"}  # not the one asked
     assert len(table.candidates(fs[4], limit=2)) == 2
+
+
+def test_as_completed_takes_every_future_done_so_far_at_once():
+    owner = _Owner()
+    fs = [Future(f"k{i}", owner) for i in range(5)]
+    ac = as_completed(fs)
+    for i in (3, 0, 1):  # finished in this order, reported together
+        fs[i].state.finish("int")
+    ac._arrivals.many([fs[3], fs[0], fs[1]])
+
+    assert ac.next_batch(block=False) == [fs[3], fs[0], fs[1]]  # in the order they finished
+    assert ac.next_batch(block=False) == [] and ac.count() == 2
+
+    fs[4].state.finish("int")
+    ac._arrivals(fs[4])
+    assert next(ac) is fs[4] and ac.count() == 1 and not ac.is_empty()
+
+
+@pytest.mark.timeout(30)
+def test_the_callback_thread_hands_a_run_of_futures_to_their_as_completed_at_once(
+        monkeypatch):
+    calls: list = []
+    many = Arrivals.many
+    monkeypatch.setattr(Arrivals, "many", lambda self, fs: (calls.append(list(fs)),
+                                                             many(self, fs)))
+    owner = _Owner()
+    table = owner.future_table
+    table.start("test-client")
+    try:
+        fs = [Future(f"k{i}", owner) for i in range(6)]
+        ac = as_completed(fs)
+        ran: list = []
+        fs[2].add_done_callback(ran.append)  # another callback amid the run
+
+        table.run_callbacks(finish_all([f.state for f in fs], ["int"] * 6))
+
+        assert list(ac) == fs  # each once, in the order they finished
+        # one call per run of them in a row: one lock and one wake-up for each, and the
+        # other callback in its place, after fs[2]'s arrival
+        assert calls == [fs[:3], fs[3:]]
+        assert ran == [fs[2]]
+    finally:
+        table.close()
+
+
+def test_with_results_takes_the_values_fetched_ahead_together():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(3)]
+    for f in fs:
+        f.state.finish("int")
+    table.hold({f.key: f.state for f in fs}, {"k0": 10, "k1": 11, "k2": 12},
+               {"k0": 100, "k1": 100, "k2": 100})
+
+    assert list(as_completed(fs, with_results=True)) == [(fs[0], 10), (fs[1], 11),
+                                                          (fs[2], 12)]
+    assert table.held_bytes == 0 and all(f.state.value is TAKEN for f in fs)
 
 
 def test_single_submissions_name_the_finished_ones_in_the_order_they_were_made():
@@ -397,3 +461,4 @@ def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cl
         assert client.future_table.held_bytes == 0
     finally:
         client.close()
+
