@@ -68,6 +68,8 @@ class FutureTable:
         self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
         self.held_bytes = 0
         self.held_limit = held_limit
+        #: the request for results fetched ahead still in flight, and its keys -> states
+        self._ahead: tuple[dict, Any] | None = None
 
     def acquire(self, key: Any, state: FutureState | None = None) -> FutureState:
         """Count one more Future of ``key``; its state (``state`` if given, else the key's,
@@ -211,9 +213,35 @@ class FutureTable:
         if len(out) <= limit:
             self._callbacks.ready(out, limit + 1)
         out.pop(future.key, None)
+        ahead = self._ahead
+        if ahead is not None:  # on their way already
+            for key in ahead[0]:
+                out.pop(key, None)
         while len(out) > limit:
             out.popitem()
         return out
+
+    def send_ahead(self, states: dict, request: Any) -> bool:
+        """Keep ``request`` (a reply to come) for the results of ``states`` (key ->
+        state); False, keeping nothing, if one is in flight already."""
+        with self._lock:
+            if self._ahead is not None:
+                return False
+            self._ahead = (states, request)
+            return True
+
+    def on_its_way(self, key: Any = None) -> bool:
+        """Whether the request in flight asked for the result of ``key`` (None: whether
+        one is in flight)."""
+        ahead = self._ahead
+        return ahead is not None and (key is None or key in ahead[0])
+
+    def ahead_in_flight(self) -> tuple[dict, Any] | None:
+        """The request in flight and its states (key -> state), given up here: the
+        caller awaits its reply and holds its values."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        return ahead
 
     def room(self) -> int:
         """Bytes that results fetched ahead may still take here."""

@@ -462,3 +462,24 @@ def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cl
     finally:
         client.close()
 
+
+@pytest.mark.timeout(120)
+def test_a_result_loop_asks_for_the_next_results_before_it_needs_them(shared_cluster, road):
+    with config.set({"client.prefetch-bytes": 50_000}):
+        client = Client(shared_cluster, set_as_default=False)
+    try:
+        table = client.future_table
+        fs = road.calls(client, payload, N, size=10_000)
+        wait(fs, timeout=WAIT)
+
+        assert fs[0].result() == bytes([0]) * 10_000
+
+        held = _held(fs)
+        assert 0 < len(held) < N - 1  # some 5 of 10 kB came along in 50 kB, not 39
+        on_its_way = [f for f in fs if table.on_its_way(f.key)]
+        assert on_its_way  # the next ones, asked for before a result() needs them
+        assert not set(on_its_way) & set(held) and fs[0] not in on_its_way
+        assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
+        assert table.held_bytes == 0 and not table.on_its_way()
+    finally:
+        client.close()
