@@ -75,7 +75,7 @@ class Transfers:
         value = table.take(st)  # fetched by another thread meanwhile
         if value is not UNFETCHED:
             return value
-        if table.on_its_way(future.key):  # asked for ahead: its reply brings it
+        if table.on_its_way():  # its reply may bring it; else taken before asking anew
             self._take_ahead(deadline, timeout)
             value = table.take(st)
             if value is not UNFETCHED:

@@ -48,8 +48,6 @@ logger = logging.getLogger("hpcsched.client")
 class CancelledError(cf.CancelledError):
     """The future's task was cancelled (``result()``, ``gather``)."""
 
-    pass
-
 
 class RemoteTraceback(Exception):
     """The traceback of a task's exception on its worker.
@@ -508,8 +506,8 @@ class Future(_FutureBase, cf.Future):
         return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
 
 
-
 when_imported("dask._task_spec", _become_task_refs)
+
 
 def run_callback(fn: Callable, fut: Any) -> None:
     """Call a done callback (of a future, or of a run of them); its exception is logged."""
@@ -620,10 +618,8 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                 st = f.state
                 if st._is_done:
                     done.append(f)
-                else:
-                    if st.callbacks is None:
-                        st.callbacks = []
-                    st.callbacks.append((ref(f), put, f))
+                else:  # st.callbacks: a list made on first use
+                    st.callbacks = [*(st.callbacks or ()), (ref(f), put, f)]
         if done:
             put.many(done)
 
@@ -645,17 +641,14 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         for f in waiting:
             if len(out) >= limit:
                 return
-            st = f.state
-            if fetchable(st):
-                out[f.key] = st
+            if fetchable(f.state):
+                out[f.key] = f.state
 
     def __iter__(self) -> as_completed:
         return self
 
     def _refill(self, block: bool) -> bool:
-        """Move every future done so far to ``_out``, waiting for one if ``block``.
-
-        False if there is none (or none left at all)."""
+        """Move the futures done so far to ``_out`` (waiting for one if ``block``): any?"""
         with self._cond:
             if self._count == 0:
                 return False
@@ -663,17 +656,16 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                 if not block:
                     return False
                 self._cond.wait()
-            n = len(self._done)
+            self._count -= len(self._done)
             self._out.extend(self._done)
             self._done.clear()
-            self._count -= n
         if self.with_results:
             self._take_ahead()
         return True
 
     def _take_ahead(self) -> None:
         """Take the results fetched ahead for the futures of ``_out``, under one lock."""
-        fs = [f for f in self._out if f not in self._values]
+        fs = [f for f in list(self._out) if f not in self._values]  # copied in one C call
         tables = {id(f.client.future_table): f.client.future_table for f in fs}
         for table in tables.values():
             mine = fs if len(tables) == 1 else [f for f in fs if f.client.future_table is table]
@@ -698,22 +690,31 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         return f, value
 
     def __next__(self) -> Any:
-        if not self._out and not self._refill(block=True):
-            raise StopIteration
-        return self._item(self._out.popleft())
+        while True:  # another thread iterating may take the last one first
+            try:
+                f = self._out.popleft()
+            except IndexError:
+                if self._refill(block=True):
+                    continue
+                raise StopIteration from None
+            return self._item(f)
 
     def batches(self) -> Iterator[list]:
-        """Lists of what finished since the last one (at least one item each).
-
-        Until all are done."""
+        """Lists of what finished since the last one (one item at least), until all done."""
         while self.count():
             yield self.next_batch(block=True)
 
     def next_batch(self, block: bool = True) -> list:
         """What is done now (waiting for at least one if ``block``)."""
         self._refill(block=block and not self._out)
-        out = self._out  # taken one by one: an error raised leaves the rest to yield
-        return [self._item(out.popleft()) for _ in range(len(out))]
+        out, got = self._out, []  # one by one: an error raised leaves the rest to yield
+        while out:
+            try:
+                got.append(out.popleft())
+            except IndexError:  # another thread took it
+                break
+            got[-1] = self._item(got[-1])
+        return got
 
 
 def progress(*futures: Any, **kwargs: Any) -> Any:
