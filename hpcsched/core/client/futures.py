@@ -650,15 +650,15 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
     def _refill(self, block: bool) -> bool:
         """Move the futures done so far to ``_out`` (waiting for one if ``block``): any?"""
         with self._cond:
-            if self._count == 0:
-                return False
             while not self._done:
-                if not block:
+                if not block or self._count == 0:
                     return False
                 self._cond.wait()
             self._count -= len(self._done)
             self._out.extend(self._done)
             self._done.clear()
+            if self._count == 0:  # another thread's wait is over too
+                self._cond.notify_all()
         if self.with_results:
             self._take_ahead()
         return True

@@ -191,6 +191,33 @@ def test_the_callback_thread_hands_a_run_of_futures_to_their_as_completed_at_onc
         table.close()
 
 
+@pytest.mark.timeout(30)
+def test_threads_iterating_one_as_completed_get_each_future_once():
+    owner = _Owner()
+    fs = [Future(f"k{i}", owner) for i in range(2000)]
+    ac = as_completed(fs)
+    got: list[list] = [[], []]
+    errors: list = []
+
+    def drain(mine):
+        try:
+            mine.extend(ac)
+        except Exception as e:  # what the test reports, not a thread's traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=drain, args=(got[i],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(0, 2000, 50):  # finished in runs, as a map's are reported
+        for f in fs[i:i + 50]:
+            f.state.finish("int")
+        ac._arrivals.many(fs[i:i + 50])
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    assert sorted(got[0] + got[1], key=fs.index) == fs and ac.is_empty()
+
+
 def test_with_results_takes_the_values_fetched_ahead_together():
     owner = _Owner()
     table = owner.future_table
