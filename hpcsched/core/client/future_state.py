@@ -373,9 +373,8 @@ class _Callbacks:
     results a callback's ``result()`` asks for come with those of the callbacks after it.
 
     An ``as_completed``'s callback (:class:`~hpcsched.core.client.futures.Arrivals`) is
-    called once for a run of
-    entries in a row that name it, with their futures: a map's futures finished together
-    reach their iterator with one lock and one wake-up."""
+    called once for a run of entries in a row that name it, with their futures: a map's
+    futures finished together reach their iterator with one lock and one wake-up."""
 
     def __init__(self) -> None:
         self._queue: deque = deque()
