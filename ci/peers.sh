@@ -3,40 +3,40 @@
 # run against hpcsched through tests/peers/ (the import line a user changes, and the
 # fixtures their repositories' top-level conftest.py gives them). Each test hpcsched fails
 # on purpose is listed with its reason in tests/peers/differences.py (strict expected
-# failures: a listed test that passes fails too); any other failure fails this step.
+# failures: a listed test that passes fails too), and the list is printed; any other
+# failure fails this step.
 #
-# In a virtual environment of its own (.venv-peers, made anew), since the peers bring
-# dask.distributed, which the main suite runs without. Needs the batch systems that
-# ci/test-all.sh starts (SLURM, Grid Engine, the Torque wrappers); the systems Debian does
-# not have run on the emulators of tests/jobqueue/emulators/.
+# The peers are hpcsched's extra "peers" of pyproject.toml (pinned), installed into the
+# interpreter's environment (PYTHON=..., default python3): ci/test-all.sh runs this step
+# last, in its own virtual environment, since the peers bring dask.distributed, which the
+# main suite runs without. Needs the batch systems ci/test-all.sh starts (SLURM, Grid
+# Engine, the Torque wrappers for PBS); LSF runs on the emulator of tests/jobqueue/emulators/.
+# PEERS_BATCH_SYSTEMS="slurm sge pbs lsf" chooses them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-JOBQUEUE=0.9.0        # dask-jobqueue's latest release
-DASK_MPI=2026.3.0
-
-rm -rf .venv-peers
-$PY -m venv .venv-peers || exit 1
-V=.venv-peers/bin
-$V/python -m pip install --quiet --disable-pip-version-check -e '.[mpi,test]' \
-    "dask-jobqueue==$JOBQUEUE" "dask-mpi==$DASK_MPI" pytest-asyncio || exit 1
-# the peers' tests call mpirun and dask-mpi by name: the venv's first
-export PATH="$PWD/$V:$PATH"
+$PY -m pip install --quiet --disable-pip-version-check -e '.[mpi,test,peers]' || exit 1
+# the peers' tests call mpirun by name: this interpreter's scripts first
+scripts=$($PY -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+export PATH="$scripts:$PATH"
+# a task no rank can run fails after this long in MPI mode (scheduler.no-workers-timeout):
+# dask-mpi's test of a world of one pins a task to rank 2 and expects the script to fail
+export HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT=${HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT:-10}
 
 rc=0
 run() {  # run LABEL PYTEST-ARGS...
     local label=$1; shift
     echo "== peers: $label"
-    $V/python -m pytest -p tests.peers.plugin -p no:cacheprovider -q -rfE --timeout 300 \
+    local t0=$SECONDS
+    $PY -m pytest -p tests.peers.plugin -p no:cacheprovider -q -rfE --timeout 300 \
         -o asyncio_default_fixture_loop_scope=function --continue-on-collection-errors "$@"
     local r=$?
-    echo "== peers: $label: exit $r"
+    echo "== peers: $label: exit $r after $((SECONDS - t0)) s"
     [ "$r" = 0 ] || rc=1
 }
-run "dask-jobqueue $JOBQUEUE, no batch system" --pyargs dask_jobqueue.tests
+run "dask-jobqueue 0.9.0, no batch system" --pyargs dask_jobqueue.tests
 for system in ${PEERS_BATCH_SYSTEMS:-slurm sge pbs lsf}; do
-    run "dask-jobqueue $JOBQUEUE, -E $system" -E "$system" -m "env" --pyargs dask_jobqueue.tests
+    run "dask-jobqueue 0.9.0, -E $system" -E "$system" -m env --pyargs dask_jobqueue.tests
 done
-run "dask-mpi $DASK_MPI" --pyargs dask_mpi.tests
-rm -rf .venv-peers
+run "dask-mpi 2026.3.0" --pyargs dask_mpi.tests
 exit "$rc"

@@ -4,8 +4,9 @@
 # on Debian), Debian's Open MPI beside the mpich wheel (root on Debian) and three
 # emulated compute nodes (network namespaces, ci/nodes/, as root on Linux), check the code
 # (ruff, mypy, the documentation site with warnings as errors, the sdist and the wheel in
-# a clean virtual environment), run the whole test suite, and stop the daemons and remove
-# the nodes it started.
+# a clean virtual environment), run the whole test suite, then dask-jobqueue's and dask-mpi's
+# own suites against hpcsched (ci/peers.sh), and stop the daemons and remove the nodes it
+# started.
 #
 # This is the README Quickstart's last command; .ci/run runs it as the Quickstart does, in
 # a fresh virtual environment (run with another interpreter: PYTHON=... bash ci/test-all.sh).
@@ -155,6 +156,10 @@ if [ "$rc" = 5 ]; then
     echo "!! pytest collected no tests: failing" >&2
     rc=1
 fi
+# dask-jobqueue's and dask-mpi's own test suites against hpcsched, with the batch systems
+# started above; last, since installing the peers brings dask.distributed into this venv
+check "the peers' own test suites (ci/peers.sh; differences: tests/peers/differences.py)" \
+    env PYTHON="$PY" bash ci/peers.sh
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "!! failed checks: $(IFS=';'; echo "${failed[*]}")" >&2
     [ "$rc" = 0 ] && rc=1

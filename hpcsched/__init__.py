@@ -45,6 +45,7 @@ _exports = {
     "NannyPlugin": "hpcsched.core.worker.nanny",
     "LocalCluster": "hpcsched.launchers.local_cluster",
     "initialize": "hpcsched.hpc.bootstrap",
+    "execute": "hpcsched.hpc.bootstrap",
     "send_close_signal": "hpcsched.hpc.bootstrap",
     "get_task_comm": "hpcsched.hpc.gang",
     "SLURMCluster": "hpcsched.jobqueue.clusters",
@@ -88,6 +89,7 @@ __all__ = [
     "as_completed",
     "config",
     "default_client",
+    "execute",
     "fire_and_forget",
     "futures_of",
     "get",
@@ -138,7 +140,7 @@ if TYPE_CHECKING:
     from hpcsched.core.worker.nanny import NannyPlugin
     from hpcsched.diagnostics.progress import progress
     from hpcsched.diagnostics.report import get_task_stream, performance_report
-    from hpcsched.hpc.bootstrap import initialize, send_close_signal
+    from hpcsched.hpc.bootstrap import execute, initialize, send_close_signal
     from hpcsched.hpc.gang import get_task_comm
     from hpcsched.jobqueue.clusters import (
         FluxCluster,

@@ -243,3 +243,18 @@ def hello(tmp_path: Path) -> str:
 @pytest.fixture(params=["bulk", "tasks"])
 def road(request: pytest.FixtureRequest) -> Road:
     return Road(request.param)
+
+
+# ---------------------------------------------------------------- slow tests
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``slow`` wait minutes on a batch system's own clock (SLURM's
+    one-minute walltimes, its two-minute requeue delay): they run when
+    ``HPCSCHED_RUN_SLOW=1``, as ``HPCSCHED_RUN_SLOW=1 python -m pytest -m slow``, and are
+    skipped, saying so, in the suite's default run."""
+    if os.environ.get("HPCSCHED_RUN_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow (minutes of a batch system's clock): "
+                                   "run with HPCSCHED_RUN_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

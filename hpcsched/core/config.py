@@ -127,9 +127,49 @@ def _load_files() -> dict[str, Any]:
             raise ValueError(f"hpcsched configuration file {path} is not valid YAML: {e}") from e
         if not isinstance(data, Mapping):
             raise ValueError(f"hpcsched configuration file {path} must hold a mapping")
+        before = frozenset(out)  # (``set`` here is this module's, as dask.config.set)
         _flatten("", data, out)
+        warn_unknown([k for k in out if k not in before], f"hpcsched configuration file {path}")
     return {k: (_parse_scalar(v) if isinstance(v, str) and v.lower() in ("inf", "-inf") else v)
             for k, v in out.items()}
+
+
+def unknown_keys(keys: Any) -> list[str]:
+    """Those of ``keys`` that name no setting.
+
+    A batch system's own section (``jobqueue.<system>.<parameter>``) is its cluster's
+    keyword arguments, checked by the cluster against its parameters: left out here."""
+    return sorted(k for k in keys if k not in DEFAULTS
+                  and not (k.startswith("jobqueue.") and k.count(".") >= 2))
+
+
+_warned: dict[str, None] = {}  # the keys warned of
+
+
+def warn_unknown(keys: Any, where: str) -> None:
+    """Warn, once a key, of ``keys`` hpcsched does not know, with the closest known key.
+
+    A typo does nothing otherwise."""
+    for key in unknown_keys(keys):
+        if key in _warned:
+            continue
+        _warned[key] = None
+        import difflib
+        import warnings
+
+        close = difflib.get_close_matches(key, DEFAULTS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        warnings.warn(f"{where}: unknown configuration key {key!r}{hint}; it is ignored",
+                      UserWarning, stacklevel=3)
+
+
+def _check_environment() -> None:
+    """Warn of ``HPCSCHED_SECTION__KEY`` variables that name no setting.
+
+    The variables with no ``__``, such as ``HPCSCHED_SECRET``, are no settings."""
+    for name in [n for n in os.environ if n.startswith("HPCSCHED_") and "__" in n]:
+        key = ".".join(_norm(p) for p in name[len("HPCSCHED_"):].split("__"))
+        warn_unknown([key], f"environment variable {name}")
 
 
 def _from_env(prefix: str = "", only: Any = None) -> dict[str, Any]:
@@ -175,6 +215,7 @@ def refresh() -> None:
     global _file_cache
     with _lock:
         _file_cache = None
+        _warned.clear()
 
 
 def _files() -> dict[str, Any]:
@@ -182,6 +223,7 @@ def _files() -> dict[str, Any]:
     with _lock:
         if _file_cache is None:
             _file_cache = _load_files()
+            _check_environment()
         return _file_cache
 
 

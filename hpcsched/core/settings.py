@@ -171,6 +171,9 @@ class MPISettings:
     #: seconds without a word from a rank before the job is ended as having lost it (rank 0
     #: watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
     rank_timeout: float = setting(6.0, unit="seconds")
+    #: a script stopped at its job's walltime queues its own continuation (``python -m
+    #: hpcsched --requeue``; hpcsched/hpc/walltime.py)
+    requeue: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,6 +270,10 @@ class JobQueueSettings:
     submit_pause_after: int = 10
     #: ... or so many jobs dead before a worker connected
     dead_jobs_pause_after: int = 3
+    #: a job's replacement is submitted ahead of its workers' retirement by the queue's
+    #: measured wait, at most this long ahead; 0: only once the job has ended
+    #: (hpcsched/jobqueue/succession.py)
+    replace_ahead_max: float = setting(3600.0, unit="seconds")
 
 
 #: every settings class, whose fields are the keys of their sections in the configuration

@@ -170,13 +170,14 @@ _CLOCK = re.compile(r"(?:(\d+)-)?(\d+(?::\d+)+)")
 
 
 def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False,
-                   zero: bool = False) -> float:
+                   mm_ss: bool = False, zero: bool = False) -> float:
     """Seconds (> 0; >= 0 with ``zero``) from a number, a ``timedelta`` or a string.
 
     Strings: ``"500ms"``, ``"2s"``, ``"1m"``, ``"1.5h"``, ``"1d"``, parts added up
     (``"1h30m"``), a bare number is seconds; or a batch system's clock ``"HH:MM:SS"``
-    and ``"D-HH:MM:SS"``. Two fields (``"01:30"``) are refused as ambiguous (SLURM,
-    PBS and Grid Engine read them as minutes:seconds) unless ``hh_mm`` (LSF's ``-W``).
+    and ``"D-HH:MM:SS"``. Two fields (``"01:30"``) are refused as ambiguous unless the
+    caller says how its batch system reads them: ``hh_mm`` (LSF's ``-W``, OAR) or ``mm_ss``
+    (SLURM, PBS, Grid Engine, Moab).
     Errors name ``what``. These are dask's strings (``dask.utils.parse_timedelta``:
     ``"55m"``, ``"300s"``) and the walltimes of batch systems, so that a value written for
     dask or for ``sbatch`` means the same here. ``zero`` lets a setting whose 0 means
@@ -194,7 +195,7 @@ def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False,
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
         seconds = float(value)
     elif isinstance(value, str):
-        seconds = _duration_text(value, what, hh_mm)
+        seconds = _duration_text(value, what, hh_mm, mm_ss)
     else:
         raise ValueError(f"{what}={value!r} is not a duration (e.g. 1.5, '500ms', '2s', "
                          "'01:00:00')")
@@ -204,7 +205,7 @@ def parse_interval(value: Any, what: str = "interval", *, hh_mm: bool = False,
     return seconds
 
 
-def _duration_text(value: str, what: str, hh_mm: bool) -> float:
+def _duration_text(value: str, what: str, hh_mm: bool, mm_ss: bool) -> float:
     text = "".join(value.split()).lower()
     clock = _CLOCK.fullmatch(text)
     if clock:
@@ -212,6 +213,8 @@ def _duration_text(value: str, what: str, hh_mm: bool) -> float:
         days = int(clock.group(1) or 0)
         if len(fields) == 2 and hh_mm and not clock.group(1):
             fields.append(0)
+        elif len(fields) == 2 and mm_ss and not clock.group(1):
+            fields = [*divmod(fields[0], 60), fields[1]]  # "90:00": 90 minutes
         elif len(fields) == 2:
             raise ValueError(f"{what}={value!r} is ambiguous (HH:MM or MM:SS?): write "
                              "HH:MM:SS, e.g. '01:30:00'")

@@ -29,6 +29,9 @@ How a job ends (the failure model; the README quotes it):
   close, a script that never returns from ``Client.close``...) makes rank 0
   call ``MPI_Abort`` with the job's exit code, after saying why on stderr:
   the job ends instead of hanging.
+* The job's walltime is near (``python -m hpcsched``, :mod:`hpcsched.hpc.walltime`):
+  the script is stopped, the tasks running end (within ``mpi.exit-timeout``) and every
+  rank exits 75.
 * A rank that dies (killed, segfault, out of memory) ends the whole MPI job:
   that is MPI's own semantics (the launcher kills the other ranks and reports
   which one died). There is no recovery of a lost rank in MPI mode; rank 0,
@@ -71,6 +74,7 @@ import socket
 import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -86,6 +90,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("hpcsched.bootstrap")
 
 EXIT_INTERRUPTED = 130
+#: a job stopped at its walltime with work left (EX_TEMPFAIL; hpcsched/hpc/walltime.py)
+EXIT_NOT_FINISHED = 75
 
 
 @dataclass
@@ -302,11 +308,37 @@ def _watch(job: _Job, report: bool = True) -> None:
                        lost if report else None)
 
 
+#: seconds a task may wait with no worker able to run it, in a cluster of fixed size: MPI
+#: mode's workers are the ranks for the job's whole life, and a world of one's LocalCluster
+#: does not grow either, so a task none of them can run (``workers=7`` of four ranks) fails
+#: with NoValidWorkerError instead of holding the job until its walltime.
+#: ``scheduler.no-workers-timeout``, when configured, wins.
+FIXED_CLUSTER_NO_WORKERS_TIMEOUT = 60.0
+_NO_WORKERS_TIMEOUT_VARIABLE = "HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"
+
+
+def _fixed_cluster_no_workers_timeout() -> dict[str, Any]:
+    """The scheduler's ``no_workers_timeout`` for a cluster of fixed size, unless configured."""
+    if config.get("scheduler.no-workers-timeout", default=None) is not None:
+        return {}
+    return {"no_workers_timeout": FIXED_CLUSTER_NO_WORKERS_TIMEOUT}
+
+
+def world_of_one_fixed_size() -> None:
+    """Give the LocalCluster of a world of one :data:`FIXED_CLUSTER_NO_WORKERS_TIMEOUT`.
+
+    This process's ``Client()`` starts it, and its scheduler reads the environment.
+    """
+    if _fixed_cluster_no_workers_timeout():
+        os.environ[_NO_WORKERS_TIMEOUT_VARIABLE] = f"{FIXED_CLUSTER_NO_WORKERS_TIMEOUT:g}"
+
+
 def _start_scheduler(job: _Job, timeout: float, dashboard_address: Any = ...,
                      security: Any = None) -> Any:
     from hpcsched.core.scheduler.server import Scheduler
 
-    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address).start()
+    sched = Scheduler("mpi://0", security, dashboard_address=dashboard_address,
+                      **_fixed_cluster_no_workers_timeout()).start()
     # the workers register meanwhile: the client's modules are imported once it listens
     from hpcsched.core.client import client as client_mod
 
@@ -418,8 +450,22 @@ def serve_rank(job: _Job, options: InitOptions, name: Any = None) -> int:
         worker.close("interrupted")
     if not closed.wait(10.0):
         logger.warning("worker rank %d: closing took over 10s; leaving anyway", job.rank)
+    if code == EXIT_NOT_FINISHED:
+        _let_tasks_end(worker)
     _leave(job, code)
     return code
+
+
+def _let_tasks_end(worker: Any) -> None:
+    """Let the tasks running on this rank end before it leaves (within the exit timeout).
+
+    The job stopped at its walltime (:mod:`hpcsched.hpc.walltime`): a checkpointed task
+    that ends keeps its result rather than run again in the job's continuation.
+    """
+    pool = worker.tasks.executor  # shut down with the worker: only running calls remain
+    deadline = time.monotonic() + max(1.0, float(config.read(MPISettings).exit_timeout) - 1)
+    while pool.nthreads and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 def exit_rank(code: int) -> None:
@@ -561,6 +607,7 @@ def initialize(interface: str | None = None, nthreads: int | None = None,
     if job.size == 1:
         print("hpcsched.initialize: world size 1: Client() will start a LocalCluster",
               file=sys.stderr, flush=True)
+        world_of_one_fixed_size()
         return True
     if job.rank == 0:
         log_ignored(options)
@@ -581,3 +628,73 @@ def send_close_signal() -> None:
     the cluster closes when rank 0's script ends.
     """
     MODE.close_cluster(MODE.exit_status or 0)
+
+
+def execute(client_function: Any = None, client_args: Any = (), client_kwargs: Any = None,
+            client_rank: int = 1, scheduler: bool = True, scheduler_rank: int = 0,
+            scheduler_address: str | None = None, scheduler_port: int | None = None,
+            scheduler_file: str | None = None, interface: str | None = None,
+            nthreads: int | None = None, local_directory: str | None = None,
+            memory_limit: MemoryLimit | str | None = DEFAULT_MEMORY_LIMIT, nanny: bool = False,
+            dashboard: bool = True, dashboard_address: str | None = ":8787",
+            protocol: str | None = None, exclusive_workers: bool = True,
+            worker_class: Any = None, worker_options: dict | None = None,
+            worker_name: str | None = None, comm: Any = None) -> None:
+    """Run ``client_function`` on a cluster of ``comm``'s ranks (dask-mpi's ``execute``).
+
+    ``client_function(*client_args, **client_kwargs)`` runs, then ``execute`` returns
+    on every rank. As :func:`initialize`, rank 0 runs the scheduler and the function, every other rank
+    is a worker named by its rank; once the function returns the workers are closed and
+    every rank goes on after ``execute``. If it raises, the job ends (``MPI_Abort``, after
+    the traceback), since the other ranks have gone on without rank 0.
+    dask-mpi's defaults ``client_rank=1``, ``scheduler_rank=0`` mean this layout; other
+    ranks, ``scheduler=False`` (workers joining a scheduler started elsewhere),
+    ``scheduler_file`` and ``worker_name`` are refused with what to use instead. The
+    other parameters are :func:`initialize`'s. Example::
+
+        from hpcsched import Client, execute
+
+        def main():
+            with Client() as client:
+                print(client.submit(sum, [1, 2]).result())
+
+        execute(main)
+    """
+    refused = {
+        "client_rank": (client_rank, 1), "scheduler_rank": (scheduler_rank, 0),
+        "scheduler": (scheduler, True), "scheduler_address": (scheduler_address, None),
+        "scheduler_file": (scheduler_file, None), "worker_name": (worker_name, None)}
+    bad = [f"{k}={v!r}" for k, (v, default) in refused.items() if v != default]
+    if bad:
+        raise ValueError(
+            f"execute({', '.join(bad)}): hpcsched runs the scheduler and the client function "
+            "on rank 0 of comm and a worker, named by its rank, on every other rank. For a "
+            "scheduler that serves clients started elsewhere use mpiexec -n N python -m "
+            "hpcsched --scheduler-file F")
+    if client_function is not None and not callable(client_function):
+        raise TypeError(f"execute(client_function={client_function!r}): not callable")
+    if not exclusive_workers:
+        logger.info("execute(exclusive_workers=False) is ignored: rank 0 runs the scheduler "
+                    "and the client function, every other rank a worker")
+    is_client = initialize(interface=interface, nthreads=nthreads,
+                           local_directory=local_directory, memory_limit=memory_limit,
+                           nanny=nanny, dashboard=dashboard,
+                           dashboard_address=dashboard_address, protocol=protocol,
+                           worker_class=worker_class, worker_options=worker_options,
+                           comm=comm, exit=False, scheduler_port=scheduler_port)
+    if not is_client:
+        return
+    try:
+        if client_function is not None:
+            client_function(*client_args, **(client_kwargs or {}))
+    except BaseException as exc:
+        code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) else 1
+        MODE.close_cluster(code)  # the workers end with the failure's status
+        job = MODE.job
+        if code and job is not None and job.size > 1:
+            # the other ranks went on past execute(): a rank 0 that ends with this error
+            # would leave them waiting for it in their next collective, for good
+            traceback.print_exc()
+            _abort(job, code, "execute()'s client function failed (above)")
+        raise
+    send_close_signal()

@@ -15,6 +15,10 @@ exiting 0, when a client calls ``client.shutdown()``, or ``--walltime-margin``
 seconds before the batch job's end (``SLURM_JOB_END_TIME``, if set), so that the
 ranks leave before the batch system kills them; Ctrl-C ends it with 130. ``F`` is
 removed at the end.
+
+A script is stopped ``--walltime-margin`` seconds before its batch job's end, or on
+``SIGUSR1``, and every rank exits 75 ("not finished"); with ``--requeue`` the job queues
+its continuation, which resumes from ``--journal`` (:mod:`hpcsched.hpc.walltime`).
 """
 
 from __future__ import annotations
@@ -28,10 +32,28 @@ import time
 import traceback
 
 from hpcsched.core import config
-from hpcsched.core.settings import DashboardSettings
+from hpcsched.core.settings import DashboardSettings, MPISettings
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit
-from hpcsched.hpc.bootstrap import EXIT_INTERRUPTED, MODE, exit_rank, serve_rank
+from hpcsched.hpc.bootstrap import (
+    EXIT_INTERRUPTED,
+    MODE,
+    exit_rank,
+    serve_rank,
+    world_of_one_fixed_size,
+)
 from hpcsched.hpc.initialize_options import InitOptions
+from hpcsched.hpc.walltime import (
+    EXIT_NOT_FINISHED,
+    Drain,
+    WalltimeReached,
+    checkpoints_kept,
+    drain_time,
+    ignore_drain_signal,
+    plan_continuation,
+    run_continuation,
+    say,
+)
+from hpcsched.launchers.cli import duration
 
 logger = logging.getLogger("hpcsched.bootstrap")
 
@@ -68,6 +90,11 @@ def run_script(path: str, args: list[str]) -> int:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as e:
         return _exit_code(e)
+    except WalltimeReached as e:
+        say(f"stopped {path} before its job's end ({e}): no task is started any more; the "
+            "results of the finished tasks annotated checkpoint=True are kept for a run with "
+            f"the same --journal. Not finished: exit status {EXIT_NOT_FINISHED}")
+        return EXIT_NOT_FINISHED
     except KeyboardInterrupt as e:
         _print_traceback(e)
         return EXIT_INTERRUPTED
@@ -120,6 +147,11 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         "kept in JOURNAL.checkpoints/, and a job run again with the same "
                         "journal reads them instead of running those tasks (needs a file "
                         "system every rank shares)")
+    p.add_argument("--requeue", action="store_true", default=None,
+                   help="stopped before its job's walltime, queue the job's continuation "
+                        "(scontrol requeue if SLURM may requeue it, else sbatch of the same "
+                        "batch script), which resumes from --journal (default: the setting "
+                        "mpi.requeue)")
     p.add_argument("--preload", action="append", default=None, metavar="MODULE",
                    help="a module to import, or a .py file to run, on each worker rank as it "
                         "starts (its dask_setup(worker) called); may be given several times")
@@ -138,10 +170,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                        help="listen on, and name, this network interface's address (e.g. "
                             "ib0; default: every interface, naming the one the default "
                             "route leaves by)")
-    serve.add_argument("--walltime-margin", type=float, default=WALLTIME_MARGIN,
-                       metavar="SECONDS",
-                       help="end this long before the batch job does (SLURM_JOB_END_TIME), "
-                            f"so that every rank leaves in time (default {WALLTIME_MARGIN:g})")
+    p.add_argument("--walltime-margin", type=duration(zero=True), default=WALLTIME_MARGIN,
+                   metavar="SECONDS",
+                   help="end this long before the batch job does (SLURM_JOB_END_TIME, "
+                        "PBS_WALLTIME), so that every rank leaves in time: a script stops "
+                        f"with exit status {EXIT_NOT_FINISHED} (default {WALLTIME_MARGIN:g}; "
+                        "a duration: 90s, 2m, ...)")
     p.add_argument("script", nargs="?", default=None,
                    help="the Python script to run on rank 0")
     p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the script")
@@ -200,6 +234,8 @@ def main(argv: list[str], collector_paused: bool = False) -> int:
 def _run(ns: argparse.Namespace) -> int:
     """Set MPI mode up; rank 0 runs the script or serves clients, the others are workers."""
     security = None
+    if ns.script is not None:
+        ignore_drain_signal()  # until rank 0 watches for it: the others never act on it
     if ns.script is None:
         from hpcsched.core.comm.base import Security
 
@@ -219,20 +255,85 @@ def _run(ns: argparse.Namespace) -> int:
             return 1
         print(f"hpcsched: world size 1: running {ns.script} on a LocalCluster",
               file=sys.stderr, flush=True)
-        return run_script(ns.script, ns.args)
+        world_of_one_fixed_size()
+        kept = checkpoints_kept(_checkpoints(ns))
+        stop_at = drain_time(ns.walltime_margin)
+        code = _run_until_walltime(ns, stop_at)
+        requeue = _continue(ns, kept, code, stop_at)
+        if requeue:
+            say(run_continuation(requeue))
+        return code
     if job.rank != 0:
         exit_rank(serve_rank(job, InitOptions(nthreads=ns.nthreads,
                                               memory_limit=ns.memory_limit,
                                               worker_kwargs={"preload": ns.preload},
                                               worker_per_gpu=ns.worker_per_gpu)))
     code = EXIT_INTERRUPTED
+    kept = checkpoints_kept(_checkpoints(ns))
+    stop_at = drain_time(ns.walltime_margin) if ns.script is not None else None
     try:
-        code = run_script(ns.script, ns.args) if ns.script is not None else \
+        code = _run_until_walltime(ns, stop_at) if ns.script is not None else \
             serve_clients(ns.scheduler_file, ns.scheduler_port, ns.interface,
                           end_time(ns.walltime_margin))
     finally:
-        MODE.close_cluster(code)
+        try:
+            requeue = _continue(ns, kept, code, stop_at)
+        except Exception as e:  # noqa: BLE001 - never in the way of the cluster's close
+            requeue = None
+            say(f"no continuation: {type(e).__name__}: {e}")
+        exit_timeout = float(config.read(MPISettings).exit_timeout)
+        if code == EXIT_NOT_FINISHED and stop_at is not None:
+            # stopped for the walltime: the ranks may take what is left of the margin to
+            # leave (a loaded node is slow), rather than end in MPI_Abort
+            exit_timeout = max(exit_timeout, stop_at + ns.walltime_margin - time.time() - 2)
+        with config.set({"mpi.exit-timeout": exit_timeout}):
+            MODE.close_cluster(code)
+    if requeue:
+        say(run_continuation(requeue))
     return code
+
+
+# ------------------------------------------------------------------ the walltime
+def _checkpoints(ns: argparse.Namespace) -> str | None:
+    from hpcsched.core.scheduler.checkpoints import next_to_journal
+
+    return None if ns.journal is None else \
+        next_to_journal(os.path.abspath(os.path.expanduser(ns.journal)))
+
+
+def _run_until_walltime(ns: argparse.Namespace, stop_at: float | None) -> int:
+    """Rank 0: the script, stopped at ``stop_at`` (``--walltime-margin`` before the
+    job's end) or on SIGUSR1 (:mod:`hpcsched.hpc.walltime`)."""
+    drain = Drain(stop_at)
+    drain.arm()
+    try:
+        return run_script(ns.script, ns.args)
+    finally:
+        drain.disarm()
+
+
+def _continue(ns: argparse.Namespace, kept_before: int, code: int,
+              stop_at: float | None) -> list[str] | None:
+    """Rank 0, its script stopped at the walltime (``code``): the continuation, if asked
+    for and if the run made progress. An ``sbatch`` is submitted now, to start once this
+    job is over; a ``scontrol requeue`` (which ends this job) is returned, for after the
+    ranks have left."""
+    requeue = ns.requeue if ns.requeue is not None else config.read(MPISettings).requeue
+    if code != EXIT_NOT_FINISHED or not requeue:
+        return None
+    kept = checkpoints_kept(_checkpoints(ns))
+    if ns.journal is None:
+        say("no continuation: --requeue resumes from --journal, and none was given")
+        return None
+    if kept <= kept_before:
+        say(f"no continuation: this run kept no new checkpoint ({kept} in all), a "
+            "continuation would not get further")
+        return None
+    end = None if stop_at is None else stop_at + ns.walltime_margin
+    cmd, what = plan_continuation(0.0 if end is None else end - time.time())
+    say(f"{kept - kept_before} more task results kept ({kept} in all); "
+        f"{what if cmd is None or cmd[0] != 'sbatch' else run_continuation(cmd)}")
+    return cmd if cmd is not None and cmd[0] != "sbatch" else None
 
 
 # ------------------------------------------------------------------ serving clients

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 SECTION = "jobqueue"
 #: what is recorded of each job (besides its id)
 _JOB_FIELDS = ("name", "log_file", "expected_workers", "submit_time", "cancel_requested",
-               "template")
+               "template", "replaced")
 
 
 def job_record(job: Job) -> dict[str, Any]:
@@ -52,7 +52,8 @@ def job_from_record(rec: dict[str, Any]) -> Job:
     job = Job(str(rec["job_id"]), str(rec["name"]), str(rec["log_file"]),
               int(rec["expected_workers"]), submit_time=float(rec["submit_time"]),
               cancel_requested=bool(rec["cancel_requested"]),
-              template=str(rec.get("template", DEFAULT_TEMPLATE)))
+              template=str(rec.get("template", DEFAULT_TEMPLATE)),
+              replaced=bool(rec.get("replaced", False)))  # its replacement was submitted
     if rec.get("served"):
         # it served the scheduler before the restart: not a job whose workers never came
         job.workers_seen.update(job.worker_names())

@@ -120,14 +120,19 @@ class BatchSystem:
     job_id_variables: ClassVar[tuple[str, ...]] = ()
     #: the file name's ending of the script (or description) written for each submission
     script_suffix: ClassVar[str] = "sh"
-    #: read a walltime "HH:MM" as hours:minutes (LSF's -W); elsewhere it is refused
-    walltime_hh_mm: ClassVar[bool] = False
+    #: how the system reads a walltime of two fields: "hh:mm", "mm:ss", or None (refused)
+    walltime_two_fields: ClassVar[str | None] = None
 
     #: dask-jobqueue deprecated ``project`` in favour of ``account`` here (SLURM, PBS);
     #: elsewhere (SGE, LSF) ``project`` is the system's own word and ``account`` its alias
     project_is_deprecated: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
+        if not self.system:  # its configuration section would be "jobqueue."
+            raise ValueError(
+                f"{type(self).__name__} has no 'system' class variable (dask-jobqueue's "
+                f"config_name): name the section jobqueue.<system> its settings come from, "
+                f"as in: class {type(self).__name__}(...): system = 'slurm'")
         self.run_command: Callable[..., str] | None = None  # tests may replace
         self.params = params.resolve(type(self).__name__, self.system, self.param_defaults(),
                                      kwargs, deprecated_project=self.project_is_deprecated)
@@ -171,8 +176,15 @@ class BatchSystem:
                 f"memory={p['memory']!r} is {self.memory_bytes} bytes, less than 1 MiB: a number "
                 "means bytes (as dask's parse_bytes reads it); did you mean "
                 f"'{p['memory']}GB'?")
-        self.walltime_seconds = (parse_walltime(p["walltime"], hh_mm=self.walltime_hh_mm)
+        self.walltime_seconds = (parse_walltime(p["walltime"],
+                                                two_fields=self.walltime_two_fields)
                                  if p["walltime"] not in (None, "") else None)
+        if self.walltime_two_fields == "mm:ss" and isinstance(p["walltime"], str) \
+                and p["walltime"].count(":") == 1 and self.walltime_seconds is not None \
+                and self.walltime_seconds < 60:  # "00:02" meant as 2 minutes, most likely
+            logger.warning("walltime=%r is %d seconds as %s reads it (minutes:seconds): "
+                           "write %r for %s minutes", p["walltime"], self.walltime_seconds,
+                           self.system, f"{p['walltime']}:00", p["walltime"].split(":")[1])
         if not self.project_is_deprecated:
             if p["account"] and p["project"] and p["account"] != p["project"]:
                 raise ValueError(f"account={p['account']!r} and project={p['project']!r} "
@@ -356,6 +368,23 @@ class BatchSystem:
         return self.job_file(self.header(job_name, array),
                              self.commands(scheduler_address, worker_name, secret_file), array)
 
+    #: what :meth:`job_script` names in place of the scheduler's address
+    SCHEDULER_PLACEHOLDER: ClassVar[str] = "SCHEDULER_ADDRESS"
+
+    def job_script(self) -> str:
+        """The script of one job of these parameters, before any cluster exists: the
+        scheduler's address is :attr:`SCHEDULER_PLACEHOLDER` and the job's name its
+        ``job_name`` (a cluster's ``job_script()`` shows what it submits).
+
+        >>> from hpcsched.jobqueue.systems.slurm import SLURMSystem
+        >>> print(SLURMSystem(cores=2, memory="4GB").job_script())  # doctest: +ELLIPSIS
+        #!/usr/bin/env bash
+        <BLANKLINE>
+        #SBATCH -J hpcsched
+        ...
+        """
+        return self.render(self.params["job_name"], self.SCHEDULER_PLACEHOLDER, None)
+
     # ------------------------------------------------------------ commands
     def _run(self, cmd: list[str], input: str | None = None,  # noqa: A002
              timeout: float | None = None) -> str:
@@ -491,3 +520,24 @@ class BatchSystem:
 def mib(nbytes: int) -> int:
     """Whole MiB, rounded up (batch systems' ``M``/``mb`` are binary)."""
     return ceil_div(nbytes, 2**20)
+
+
+def system_class_of(cls: type, job_cls: Any) -> type[BatchSystem]:
+    """The batch system of cluster class ``cls``: ``job_cls=`` (dask-jobqueue's keyword),
+    else the nearest class's ``job_cls`` or ``system_class``; an error unless it is a
+    :class:`BatchSystem` subclass."""
+    system_class = job_cls
+    for klass in cls.__mro__ if job_cls is None else ():  # the nearest class naming one
+        system_class = klass.__dict__.get("job_cls") or klass.__dict__.get("system_class")
+        if system_class is not None:
+            break
+    if system_class is None:
+        raise ValueError(
+            "You need to specify a Job type (the batch system): a 'job_cls' class variable "
+            f"of {cls.__name__}, a BatchSystem subclass such as "
+            "hpcsched.jobqueue.systems.slurm.SLURMSystem, or job_cls=... when making it; or "
+            "use one of the clusters (SLURMCluster, PBSCluster, ...)")
+    if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
+        raise TypeError(f"job_cls={system_class!r}: hpcsched's clusters take a BatchSystem "
+                        "subclass (dask-jobqueue's Job classes do not apply)")
+    return system_class

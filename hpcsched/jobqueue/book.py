@@ -22,6 +22,9 @@ Rules the book keeps:
   a failure (:attr:`JobBook.failed_jobs`);
 * each job template (:mod:`hpcsched.jobqueue.templates`) has a target of its own, met by
   jobs of that template only; names share one counter, so no two jobs share a name.
+* a job is *replaced* ahead of its end (:meth:`JobBook.replace_ahead`, the rule of
+  :mod:`hpcsched.jobqueue.succession`): it stops counting towards the target, so the
+  next adjustment submits its replacement, and its workers retire at their lifetime.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from hpcsched.jobqueue.base import JobStatus
 from hpcsched.jobqueue.job import DEFAULT_TEMPLATE as DEFAULT
 from hpcsched.jobqueue.job import Job, JobState
+from hpcsched.jobqueue.succession import QueueWait, Succession
 
 GONE_AFTER = 5.0  # seconds without status or accounting record before a job counts as gone
 MISSING_POLLS = 3  # polls without a status (not a race right after submission)
@@ -89,6 +93,8 @@ class JobBook:
         self.failed_since_scale = 0
         #: ids submitted and not known to be cancelled: what must be cancelled at exit
         self.live_ids: set[str] = set()
+        #: the queue's measured wait, submission to first worker (succession.py)
+        self.waits = QueueWait()
 
     @property
     def target_jobs(self) -> int:
@@ -184,7 +190,8 @@ class JobBook:
         ]
         for job in jobs:
             job.cancel_requested = True
-            if job.template in self.targets:
+            if job.template in self.targets and not job.replaced:
+                # a replaced job no longer counted: its replacement stays
                 self.targets[job.template] = max(0, self.targets[job.template] - 1)
         return jobs
 
@@ -230,12 +237,18 @@ class JobBook:
                 return job
         return None
 
-    def worker_joined(self, address: str, name: str) -> Job | None:
-        """A worker connected; its job, if it is one of ours."""
+    def worker_joined(self, address: str, name: str, now: float | None = None) -> Job | None:
+        """A worker connected (at ``now``, if known); its job, if it is one of ours.
+
+        The first worker of a job measures the queue's wait.
+        """
         job = self.job_of_worker(name)
         if job is not None:
             job.workers[address] = name
             job.workers_seen.add(name)
+            if now is not None and job.connected_at is None:
+                job.connected_at = now
+                self.waits.observe(now - job.submit_time)
         return job
 
     def worker_left(self, address: str) -> None:
@@ -255,6 +268,44 @@ class JobBook:
 
     def connected(self) -> int:
         return sum(len(j.workers) for j in self.jobs.values())
+
+    # ------------------------------------------------------------ succession
+    def replace_ahead(self, now: float, succession: Succession) -> list[Job]:
+        """Mark the jobs whose replacement is due now (:mod:`.succession`) as replaced
+        and return them: the next :meth:`adjustments` submit as many new jobs, each of
+        the template of the job it replaces.
+
+        Only jobs counted towards their template's target, each once, oldest first, and
+        never beyond :meth:`Succession.max_unconnected` jobs of a template still waiting
+        for their first worker. The queue's wait is measured over every template's jobs.
+        """
+        live = self.live()
+        waiting = [j for j in live if j.connected_at is None and not j.cancel_requested]
+        wait = self.waits.estimate(now - j.submit_time for j in waiting)
+        if wait is None:
+            return []
+        due = []
+        for template, target in self.targets.items():
+            active = self.active(template)
+            if not active or target <= 0:
+                continue
+            room = succession.max_unconnected(target) - sum(
+                j.template == template for j in waiting)
+            # oldest first: they end first
+            for job in sorted(active, key=lambda j: j.submit_time):
+                if room <= 0:
+                    break
+                if succession.due(now, job.submit_time, job.connected_at, wait):
+                    job.replaced = True
+                    due.append(job)
+                    room -= 1  # its replacement waits for its first worker
+        return due
+
+    def leaving(self) -> set[str]:
+        """Names of the connected workers of replaced jobs: on their way out, covered by
+        a replacement (adaptive scaling counts neither)."""
+        return {n for j in self.jobs.values() if j.replaced and not j.ended
+                for n in j.workers.values()}
 
     # ------------------------------------------------------------ status
     def apply_status(

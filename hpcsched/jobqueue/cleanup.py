@@ -31,6 +31,9 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from hpcsched.core.comm.base import Security
+from hpcsched.core.comm.scheduler_file import write_secret_file
+
 logger = logging.getLogger(__name__)
 
 _finalizers: set[weakref.finalize] = set()
@@ -135,3 +138,20 @@ def install_signal_handlers() -> None:
             continue  # the program chose to ignore it: so do we
         _previous[signum] = current if current is not None else signal.SIG_DFL
         signal.signal(signum, _handler)
+
+
+def write_secret(params: dict[str, Any], cluster_id: str, security: Security,
+                  cls: str) -> Any:
+    """The cluster's secret in a 0600 file the workers read (a shared file system)."""
+    directory = params["log_directory"]
+    if params["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
+        directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
+            params["shared_temp_directory"])))
+        os.makedirs(directory, exist_ok=True)
+    try:
+        return write_secret_file(directory, cluster_id, security)
+    except FileExistsError:
+        raise RuntimeError(
+            f"{cls}: the secret file of cluster {cluster_id} in {directory} is held by a live "
+            "process: another cluster runs on this journal; close it first (one journal "
+            "serves one cluster at a time)") from None

@@ -39,8 +39,10 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
   error is in the cluster's repr and the scheduler's events (topic ``jobqueue``).
 * **Scaling** counts whole jobs: ``scale(n=workers)`` asks for ``ceil(n /
   processes)`` jobs. Extra jobs are cancelled pending ones first; running ones
-  have their workers retired gracefully first. Jobs whose workers retired at
-  walltime are replaced while the target asks for them.
+  have their workers retired gracefully first. A job is replaced ahead of its
+  walltime, by the queue's measured wait (:mod:`hpcsched.jobqueue.succession`), so
+  that a fixed target does not drop to no workers between allocations; the
+  retiring workers' results move to the others.
 * **Nothing leaks** (:mod:`hpcsched.jobqueue.cleanup`).
 * **A journaled scheduler outlives its process** (``scheduler_journal=J``,
   :mod:`hpcsched.jobqueue.adoption`): the jobs the cluster owns are in the journal; a
@@ -57,6 +59,7 @@ runs the batch commands, polls, and carries worker events from the scheduler's t
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 import os
@@ -72,8 +75,8 @@ import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
 from hpcsched.core.comm.base import Security
 from hpcsched.core.comm.hosts import routable_addresses
-from hpcsched.core.comm.scheduler_file import write_secret_file
 from hpcsched.core.settings import JobQueueSettings
+from hpcsched.jobqueue import params
 from hpcsched.jobqueue.adoption import (
     ClusterJournal,
     adoptable,
@@ -81,7 +84,7 @@ from hpcsched.jobqueue.adoption import (
     cluster_section,
     job_from_record,
 )
-from hpcsched.jobqueue.base import BatchSystem
+from hpcsched.jobqueue.base import BatchSystem, system_class_of
 from hpcsched.jobqueue.book import Ending, JobBook
 from hpcsched.jobqueue.diagnosis import (
     Diagnosis,
@@ -91,6 +94,7 @@ from hpcsched.jobqueue.diagnosis import (
 )
 from hpcsched.jobqueue.job import Job, parse_memory
 from hpcsched.jobqueue.submissions import SubmissionBackoff
+from hpcsched.jobqueue.succession import Succession
 from hpcsched.jobqueue.templates import DEFAULT, JobTemplates, TemplatePools
 from hpcsched.launchers.address import choose_scheduler_host
 from hpcsched.launchers.cluster import Cluster
@@ -102,55 +106,6 @@ __all__ = ["JobFailedError", "JobQueueCluster", "SchedulerUnreachableError", "re
 
 logger = logging.getLogger(__name__)
 WAIT_REPORT_EVERY = 5.0  # seconds: wait_for_workers prints the jobs' states this often
-
-
-def _check_cluster_keywords(cls: str, asynchronous: bool, ignored: dict[str, Any],
-                            moved: dict[str, Any]) -> None:
-    """dask-jobqueue's cluster keywords: refused with a way out, or logged as ignored."""
-    for what, value in moved.items():
-        if value is not None:
-            raise ValueError(f"Please pass {what!r} through 'scheduler_options': use "
-                             f"{cls}(..., scheduler_options={{{what!r}: {value!r}}})")
-    if asynchronous:
-        raise ValueError(f"{cls}(asynchronous=True): hpcsched's clusters are synchronous "
-                         "objects (no 'await cluster'); run them from a thread with "
-                         "loop.run_in_executor if an event loop needs one")
-    why = {"loop": "the scheduler runs its own event loop thread",
-           "scheduler_cls": "an hpcsched scheduler is always started",
-           "silence_logs": "hpcsched leaves logging to the application "
-                           "(logging.getLogger('hpcsched').setLevel(...))"}
-    for what, value in ignored.items():
-        if value is not None:
-            logger.info("%s: %s=%r is ignored: %s", cls, what, value, why[what])
-
-
-def _system_class(cls: type, job_cls: Any) -> type[BatchSystem]:
-    system_class = getattr(cls, "system_class", None) if job_cls is None else job_cls
-    if system_class is None:
-        raise ValueError("JobQueueCluster needs a batch system: use one of its subclasses "
-                         "(SLURMCluster, PBSCluster, ...), or pass job_cls=<a BatchSystem "
-                         "subclass>")
-    if not (isinstance(system_class, type) and issubclass(system_class, BatchSystem)):
-        raise TypeError(f"job_cls={job_cls!r}: hpcsched's clusters take a BatchSystem "
-                        "subclass (dask-jobqueue's Job classes do not apply)")
-    return system_class
-
-
-def _write_secret(params: dict[str, Any], cluster_id: str, security: Security,
-                  cls: str) -> Any:
-    """The cluster's secret in a 0600 file the workers read (a shared file system)."""
-    directory = params["log_directory"]
-    if params["shared_temp_directory"]:  # dask-jobqueue's place for files workers must read
-        directory = os.path.abspath(os.path.expanduser(os.path.expandvars(
-            params["shared_temp_directory"])))
-        os.makedirs(directory, exist_ok=True)
-    try:
-        return write_secret_file(directory, cluster_id, security)
-    except FileExistsError:
-        raise RuntimeError(
-            f"{cls}: the secret file of cluster {cluster_id} in {directory} is held by a live "
-            "process: another cluster runs on this journal; close it first (one journal "
-            "serves one cluster at a time)") from None
 
 
 class JobQueueCluster(Cluster):
@@ -179,10 +134,11 @@ class JobQueueCluster(Cluster):
         """
         # every check that can fail runs before anything is started or submitted
         cls = type(self).__name__
-        _check_cluster_keywords(cls, asynchronous, {"loop": loop, "scheduler_cls": scheduler_cls,
-                                                    "silence_logs": silence_logs},
-                                {"host": host, "dashboard_address": dashboard_address})
-        system_class = _system_class(type(self), job_cls)
+        params.check_cluster_keywords(
+            cls, asynchronous,
+            {"loop": loop, "scheduler_cls": scheduler_cls, "silence_logs": silence_logs},
+            {"host": host, "dashboard_address": dashboard_address})
+        system_class = system_class_of(type(self), job_cls)
         self.system = system_class(**kwargs)
         self.templates = JobTemplates(system_class, kwargs, job_templates, default=self.system)
         self.backoff = SubmissionBackoff.from_config()
@@ -224,12 +180,17 @@ class JobQueueCluster(Cluster):
         self._scripts: list[str] = []
         self.security = security
         self._adapt_settings: dict[str, Any] | None = None  # what adapt() was called with
+        self._succession = Succession.for_jobs(self.system.walltime_seconds,
+                                               p["worker_extra_args"])
         os.makedirs(p["log_directory"], exist_ok=True)
         if scheduler_journal is not None:
             scheduler_kwargs["journal"] = scheduler_journal
         super().__init__(f"tcp://{host}:{int(opts.get('port') or 0)}", security,
                          scheduler_kwargs)
         self.diagnosis.scheduler_address = self.scheduler_address
+        #: names of workers on their way out whose jobs a replacement covers: Adaptive
+        #: counts neither them nor their jobs
+        self.leaving_workers = functools.partial(_locked, self._lock, self.book.leaving)
         self._journal = ClusterJournal(self.scheduler)
         try:
             saved = self._journal.load()
@@ -243,7 +204,7 @@ class JobQueueCluster(Cluster):
                         self.book.targets[t] = int(n)
             # the scheduler's secret: a restored one when the journal had it
             self.cluster_id = self.book.cluster_id
-            self._secret = _write_secret(p, self.cluster_id, self.security, cls)
+            self._secret = cleanup.write_secret(p, self.cluster_id, self.security, cls)
             self.secret_file = self._secret.path
         except BaseException:
             # a journaled scheduler stops without closing the workers that came back to
@@ -459,8 +420,9 @@ class JobQueueCluster(Cluster):
         if jobs is None:
             if n is not None:
                 jobs = math.ceil(n / p["processes"]) if n > 0 else 0
-            elif memory is not None:
-                jobs = math.ceil(parse_memory(memory, "memory") / system.memory_bytes)
+            elif memory is not None:  # "0GB" is none, as in dask's SpecCluster.scale
+                nbytes = parse_memory(memory, "memory", zero=True)
+                jobs = math.ceil(nbytes / system.memory_bytes)
             elif cores is not None:
                 jobs = math.ceil(cores / p["cores"])
             else:
@@ -496,14 +458,18 @@ class JobQueueCluster(Cluster):
               **kwargs: Any) -> Adaptive:
         """Scale with the load from now on, between ``minimum`` and ``maximum`` workers.
 
-        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs); the keywords of
-        :class:`~hpcsched.Adaptive` pass through. It also ends a pause of failing
-        submissions: the user asks again. With job templates, the bounds are the default
-        template's and each template grows from the waiting tasks only its workers can run
-        (:mod:`hpcsched.launchers.adaptive_pools`), between its own bounds of
-        ``templates`` (``{"gpu": dict(maximum_jobs=2)}``; else none and as many jobs as
-        the default template's maximum).
+        As dask-jobqueue's (``minimum_jobs``/``maximum_jobs`` count jobs; dask's
+        ``minimum_cores``, ``maximum_cores``, ``minimum_memory``, ``maximum_memory`` bound
+        the workers' threads and memory); the keywords of :class:`~hpcsched.Adaptive` pass
+        through. It also ends a pause of failing submissions: the user asks again. With job
+        templates, the bounds are the default template's and each template grows from the
+        waiting tasks only its workers can run (:mod:`hpcsched.launchers.adaptive_pools`),
+        between its own bounds of ``templates`` (``{"gpu": dict(maximum_jobs=2)}``; else none
+        and as many jobs as the default template's maximum).
         """
+        minimum, maximum = params.adapt_bounds(
+            minimum, maximum, kwargs, self.system.params["nthreads"],
+            self.system.memory_bytes // self.system.params["processes"])
         with self._lock:
             was = self.backoff.reset(time.time())
         if was:
@@ -579,9 +545,15 @@ class JobQueueCluster(Cluster):
                 if self._closed:
                     return
                 self._take_events()
+                now = time.time()
+                if self._succession is not None:
+                    for job in self.book.replace_ahead(now, self._succession):
+                        self.diagnosis.note(logging.INFO, "job %s (%s) ends in about %.0f s: "
+                                            "submitting its replacement", job.job_id, job.name,
+                                            self._succession.life - now + (
+                                                job.connected_at or now))
                 todos = self.book.adjustments()
                 submit = [t for t in todos if t.submit]
-                now = time.time()
                 if submit and self.backoff.may_submit(now):  # else: wait (submissions.py)
                     try:
                         for todo in submit:
@@ -615,7 +587,7 @@ class JobQueueCluster(Cluster):
                 ws = getattr(getattr(self.scheduler, "state", None), "workers", {}).get(address)
                 info = {"name": getattr(ws, "name", "")}
             name = str(info.get("name", ""))
-        self._events.append((event, address, name))
+        self._events.append((event, address, name, time.time()))
         self._wake.set()
 
     def _take_events(self, connected: dict[str, str] | None = None) -> None:
@@ -625,10 +597,10 @@ class JobQueueCluster(Cluster):
         """
         joined: list[str] = []
         while self._events:
-            event, address, name = self._events.popleft()
+            event, address, name, when = self._events.popleft()
             if event != "add":
                 self.book.worker_left(address)
-            elif self.book.worker_joined(address, name) is not None:
+            elif self.book.worker_joined(address, name, when) is not None:
                 joined.append(name)
         if connected is not None:
             joined += self.book.sync_workers(connected)
@@ -760,6 +732,11 @@ class JobQueueCluster(Cluster):
                 os.unlink(path)
             except OSError:
                 pass
+
+
+def _locked(lock: Any, fn: Any) -> Any:
+    with lock:
+        return fn()
 
 
 def _weak_callback(cluster: JobQueueCluster) -> Any:

@@ -56,6 +56,8 @@ class Job:
     running_since: float | None = None  # when a poll first saw it running
     silence_reported: bool = False  # its workers' silence was logged once
     template: str = DEFAULT_TEMPLATE  # the job template it was submitted from
+    connected_at: float | None = None  # when its first worker connected
+    replaced: bool = False  # a replacement was submitted ahead of its end (succession.py)
 
     @property
     def ended(self) -> bool:
@@ -63,8 +65,9 @@ class Job:
 
     @property
     def active(self) -> bool:
-        """Counts towards the cluster's target: not ended and not being cancelled."""
-        return not self.ended and not self.cancel_requested
+        """Counts towards the cluster's target: not ended, not being cancelled, not
+        replaced by a job submitted ahead of its end."""
+        return not self.ended and not self.cancel_requested and not self.replaced
 
     def worker_names(self) -> list[str]:
         """The names its workers take: the job's name, or name-0 .. name-(P-1)."""
@@ -83,12 +86,12 @@ class Job:
 
 # ---------------------------------------------------------------- memory
 
-def parse_memory(value: str | int | float, what: str = "memory") -> int:
+def parse_memory(value: str | int | float, what: str = "memory", zero: bool = False) -> int:
     """Bytes in ``"16GB"``, ``"1.5 GiB"``, ``"500MB"``, ``2**30``; errors name ``what``.
 
     The units are those of :func:`hpcsched.core.units.parse_bytes` (the project's one
     size parser: decimal kB/MB/GB, binary KiB/MiB/GiB); batch systems' own ``G`` means
-    GiB, which the per-system renderers handle.
+    GiB, which the per-system renderers handle. ``zero``: 0 is allowed (a scale to none).
     """
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise TypeError(f"{what} must be a size such as '16GB', got {type(value).__name__} "
@@ -97,7 +100,7 @@ def parse_memory(value: str | int | float, what: str = "memory") -> int:
         n = parse_bytes(value)
     except ValueError as e:
         raise ValueError(f"{what}={value!r} is not a size: {e}") from None
-    if n <= 0:
+    if n < 0 or (n == 0 and not zero):
         raise ValueError(f"{what}={value!r} must be positive")
     return n
 
@@ -118,19 +121,27 @@ def ceil_div(a: int, b: int) -> int:
 # ---------------------------------------------------------------- walltime
 
 def parse_walltime(value: str | int | float | timedelta, what: str = "walltime",
-                   hh_mm: bool = False) -> int:
+                   two_fields: str | None = None) -> int:
     """Whole seconds (rounded up) in ``"01:30:00"``, ``"2-00:00:00"``, ``"90m"``, ``5400``.
 
-    Read by :func:`hpcsched.core.units.parse_interval`: ``"HH:MM"`` is refused unless
-    ``hh_mm`` (LSF, whose ``-W`` is hours:minutes), since SLURM, PBS and Grid Engine read
-    two fields as minutes:seconds, a common surprise.
+    Read by :func:`hpcsched.core.units.parse_interval`. Two fields are read as the batch
+    system reads them, since dask-jobqueue hands the walltime on as written:
+    ``two_fields="hh:mm"`` (LSF's ``-W``, OAR's ``walltime=``) or ``"mm:ss"`` (SLURM's
+    ``--time``, PBS's and Moab's ``walltime``, Grid Engine's ``h_rt``); ``None`` refuses
+    them as ambiguous (a system with no clock format of its own).
+
+    >>> parse_walltime("00:02", two_fields="hh:mm"), parse_walltime("00:02", two_fields="mm:ss")
+    (120, 2)
     """
     if isinstance(value, bool):
         raise TypeError(f"{what} must be a duration such as '01:00:00', got {value!r}")
     if not isinstance(value, (str, int, float, timedelta)):
         raise TypeError(f"{what} must be a duration such as '01:00:00', got "
                         f"{type(value).__name__} {value!r}")
-    return int(math.ceil(parse_interval(value, what, hh_mm=hh_mm)))
+    if two_fields not in (None, "hh:mm", "mm:ss"):
+        raise ValueError(f"two_fields={two_fields!r}: 'hh:mm', 'mm:ss' or None")
+    return int(math.ceil(parse_interval(value, what, hh_mm=two_fields == "hh:mm",
+                                        mm_ss=two_fields == "mm:ss")))
 
 
 def format_hms(seconds: int) -> str:

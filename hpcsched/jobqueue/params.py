@@ -31,6 +31,7 @@ from typing import Any
 
 import hpcsched.jobqueue.dask_config as dask_config
 from hpcsched.core import config
+from hpcsched.core.units import parse_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -281,3 +282,45 @@ def split_resources(resources: Mapping[str, float], processes: int) -> dict[str,
                              "divisor of it")
         out[name] = share
     return out
+
+
+def adapt_bounds(minimum: int, maximum: float, kwargs: dict[str, Any], threads: int,
+                 memory: int) -> tuple[int, float]:
+    """``adapt``'s bounds in workers, narrowed by dask's resource bounds.
+
+    ``minimum_cores``, ``maximum_cores``, ``minimum_memory`` and ``maximum_memory`` are
+    taken out of ``kwargs`` and counted as ``distributed.SpecCluster.adapt`` counts them,
+    for workers of ``threads`` threads and ``memory`` bytes each.
+
+    >>> adapt_bounds(0, math.inf, {"maximum_memory": "4GB", "minimum_cores": 3}, 2, 2 * 10**9)
+    (2, 2)
+    """
+    if (v := kwargs.pop("minimum_cores", None)) is not None:
+        minimum = max(minimum or 0, math.ceil(v / threads))
+    if (v := kwargs.pop("maximum_cores", None)) is not None:
+        maximum = min(maximum, math.floor(v / threads))
+    if (v := kwargs.pop("minimum_memory", None)) is not None:
+        minimum = max(minimum or 0, math.ceil(parse_bytes(v) / memory))
+    if (v := kwargs.pop("maximum_memory", None)) is not None:
+        maximum = min(maximum, math.floor(parse_bytes(v) / memory))
+    return minimum, maximum
+
+
+def check_cluster_keywords(cls: str, asynchronous: bool, ignored: dict[str, Any],
+                            moved: dict[str, Any]) -> None:
+    """dask-jobqueue's cluster keywords: refused with a way out, or logged as ignored."""
+    for what, value in moved.items():
+        if value is not None:
+            raise ValueError(f"Please pass {what!r} through 'scheduler_options': use "
+                             f"{cls}(..., scheduler_options={{{what!r}: {value!r}}})")
+    if asynchronous:
+        raise ValueError(f"{cls}(asynchronous=True): hpcsched's clusters are synchronous "
+                         "objects (no 'await cluster'); run them from a thread with "
+                         "loop.run_in_executor if an event loop needs one")
+    why = {"loop": "the scheduler runs its own event loop thread",
+           "scheduler_cls": "an hpcsched scheduler is always started",
+           "silence_logs": "hpcsched leaves logging to the application "
+                           "(logging.getLogger('hpcsched').setLevel(...))"}
+    for what, value in ignored.items():
+        if value is not None:
+            logger.info("%s: %s=%r is ignored: %s", cls, what, value, why[what])

@@ -197,6 +197,13 @@ class Adaptive:
             except NotImplementedError:
                 requested = None
         snap = self.scheduler.call(lambda s: snapshot_state(s.state, requested, time.time()))
+        # workers a replacement already covers retire by themselves: neither capacity to
+        # count nor excess to retire (jobqueue/succession.py)
+        leaving_fn = getattr(self.cluster, "leaving_workers", None)
+        leaving = leaving_fn() if callable(leaving_fn) else ()
+        if leaving:
+            snap = replace(snap, workers=tuple(w for w in snap.workers
+                                               if w.name not in leaving))
         if self.policy.workers_per_unit > 1 or callable(getattr(self.cluster, "unit_of", None)):
             snap = replace(snap, workers=tuple(replace(w, unit=self.unit_of(w.name))
                                                for w in snap.workers))

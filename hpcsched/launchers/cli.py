@@ -165,13 +165,23 @@ def worker_main(argv: list[str]) -> int:
     if args.nworkers > 1 or args.nanny or args.worker_per_gpu:
         return _spawn_workers(argv, args, memory, gpus if args.worker_per_gpu else None)
 
-    from hpcsched.core.client.client import read_scheduler_file
+    from hpcsched.core import config
     from hpcsched.core.comm.base import Security
+    from hpcsched.core.comm.scheduler_file import wait_for_scheduler_file
+    from hpcsched.core.settings import WorkerSettings
     from hpcsched.core.worker.server import Worker
 
     security = Security.from_environment()
     if args.scheduler_file:
-        address, security = read_scheduler_file(args.scheduler_file, security)
+        # as dask-worker does: the scheduler (a batch job of its own) may write the file
+        # after the worker starts; wait for it as long as the worker tries to reach it
+        timeout = args.death_timeout
+        if timeout is None:
+            timeout = config.read(WorkerSettings).death_timeout
+        try:
+            address, security = wait_for_scheduler_file(args.scheduler_file, timeout, security)
+        except (OSError, ValueError) as e:
+            sys.exit(f"hpcsched worker: {e}")
     elif args.address:
         address = args.address if "://" in args.address else f"tcp://{args.address}"
     else:

@@ -264,3 +264,25 @@ def test_a_bad_value_from_the_configuration_is_named_as_before(
         MemoryLimits.from_config(1000)
     with pytest.raises(TypeError):
         config.read(SchedulerSettings, no_such_knob=1)
+
+
+def test_a_key_hpcsched_does_not_know_is_named_with_the_closest_known_one(
+        clean_config: Any, monkeypatch: pytest.MonkeyPatch):
+    """A typo in a YAML file or an ``HPCSCHED_*__*`` variable would do nothing: it is
+    warned of, once, naming where it was and the key meant; known keys, a batch system's
+    own section (its cluster's parameters, checked by the cluster) and the variables that
+    are no settings (``HPCSCHED_SECRET``) are not."""
+    write_yaml(clean_config, "scheduler:\n  worker-saturatoin: 2.0\n"
+                             "jobqueue:\n  slurm:\n    cores: 4\n")
+    monkeypatch.setenv("HPCSCHED_WORKER__DEATH_TIMEOUTT", "5")
+    monkeypatch.setenv("HPCSCHED_CLIENT__PREFETCH_HELD_BYTES", "1000")
+    monkeypatch.setenv("HPCSCHED_SECRET", "00")
+    with pytest.warns(UserWarning) as record:
+        assert saturation() == 1.1
+        saturation()  # read again: no second warning
+    said = sorted(str(w.message) for w in record)
+    assert len(said) == 2, said
+    assert "'scheduler.worker-saturatoin' (did you mean 'scheduler.worker-saturation'?)" \
+        in said[1] and ".yaml" in said[1]
+    assert said[0].startswith("environment variable HPCSCHED_WORKER__DEATH_TIMEOUTT") \
+        and "'worker.death-timeout'" in said[0]

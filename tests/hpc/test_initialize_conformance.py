@@ -11,6 +11,7 @@ of failing. Every run is bounded and checked to leave no process behind
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -102,3 +103,74 @@ def test_resolve_translates_dask_names():
 def test_resolve_rejects_bad_input_clearly(kwargs, error):
     with pytest.raises((ValueError, TypeError), match=error.replace("[", r"\[")):
         resolve(**kwargs)
+
+
+RESTRICTED_TO_A_MISSING_RANK = (
+    "import hpcsched, sys; hpcsched.initialize(); c = hpcsched.Client({client}); "
+    "f = c.submit(int, '7', workers={rank}); print('ok', c.submit(int, '8').result()); "
+    "f.result()")
+
+
+@needs_mpiexec
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("nprocs,client,rank", [(1, "n_workers=1, threads_per_worker=1", 2),
+                                                (3, "", 7)])
+def test_a_task_no_rank_can_run_fails_instead_of_hanging(nprocs, client, rank):
+    """A task restricted to a worker the job does not have (``workers=7`` of ranks 1-2,
+    or rank 2 in a world of one, whose LocalCluster does not grow either) fails with
+    NoValidWorkerError after scheduler.no-workers-timeout, here configured short; the job
+    ends with the script's error rather than waiting until its walltime."""
+    r = run(["-c", RESTRICTED_TO_A_MISSING_RANK.format(client=client, rank=rank)],
+            nprocs=nprocs, module=False, timeout=120,
+            env={"HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT": "2"})
+    assert r.code == 1, r
+    assert "ok 8" in r.out, r
+    assert "NoValidWorkerError" in r.err and f"workers=['{rank}']" in r.err, r
+
+
+def test_fixed_clusters_fail_unrunnable_tasks_unless_configured_otherwise(monkeypatch):
+    from hpcsched.hpc import bootstrap
+
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT", "")  # restored after
+    monkeypatch.delenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT")
+    assert bootstrap._fixed_cluster_no_workers_timeout() == {
+        "no_workers_timeout": bootstrap.FIXED_CLUSTER_NO_WORKERS_TIMEOUT}
+    bootstrap.world_of_one_fixed_size()
+    assert os.environ["HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"] == "60"
+    monkeypatch.setenv("HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT", "5s")
+    assert bootstrap._fixed_cluster_no_workers_timeout() == {}
+    bootstrap.world_of_one_fixed_size()
+    assert os.environ["HPCSCHED_SCHEDULER__NO_WORKERS_TIMEOUT"] == "5s"
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+def test_execute_runs_the_client_function_and_every_rank_goes_on():
+    """dask-mpi test_execute's test_no_exit: execute(f, comm=<ranks 0-2>) runs f on rank 0
+    (a single task pinned to a rank, and a map of 40 calls, above the bulk threshold);
+    then every rank, rank 3 included, goes on after it."""
+    r = run([script("execute_no_exit.py")], module=False)
+    assert r.code == 0, r
+    assert r.out.count("execute client ran") == 1, r
+    assert sorted(re.findall(r"execute_no_exit ok on rank (\d)", r.out)) == ["0", "1", "2", "3"], r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(120)
+def test_execute_ends_the_job_with_the_client_functions_failure():
+    r = run(["-c", "import hpcsched\n"
+                   "def f(): raise RuntimeError('client function failed')\n"
+                   "hpcsched.execute(f)\n"
+                   "print('after execute')"], nprocs=3, module=False)
+    assert r.code == 1, r
+    assert "client function failed" in r.err, r
+
+
+@pytest.mark.parametrize("kwargs", [dict(client_rank=2), dict(scheduler_rank=1),
+                                    dict(scheduler=False, scheduler_address="tcp://a:1"),
+                                    dict(scheduler_file="f.json"), dict(worker_name="w")])
+def test_execute_refuses_a_layout_it_does_not_have(kwargs):
+    import hpcsched
+
+    with pytest.raises(ValueError, match="rank 0 of comm.+--scheduler-file"):
+        hpcsched.execute(print, **kwargs)

@@ -267,6 +267,9 @@ def test_what_the_journal_keeps_of_a_job_and_which_jobs_are_adopted():
         [("41", "w-abc-0", "/logs/w-abc-0.out", 2), ("42", "w-abc-1", "/logs/w-abc-1.out", 2)]
     # a job whose workers had connected is not taken for one that never started them
     assert back[0].workers_seen == {"w-abc-0-0", "w-abc-0-1"} and not back[1].workers_seen
+    # a job replaced ahead of its end stays out of the target after a restart
+    served.replaced = True
+    assert job_from_record(job_record(served)).replaced and not back[1].replaced
     gone = Job("43", "w-abc-2", "/logs/w-abc-2.out", 1)
     keep, ended = adoptable([*back, gone], {
         "41": JobStatus(JobState.RUNNING, "R"), "42": JobStatus(JobState.PENDING, "PD")})

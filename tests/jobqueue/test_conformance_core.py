@@ -207,8 +207,51 @@ def test_log_directory_is_created(Cluster, tmp_path):
 
 
 def test_cluster_without_batch_system():
-    with pytest.raises(ValueError, match="needs a batch system"):
+    with pytest.raises(ValueError, match="specify a Job type.+'job_cls' class variable of "
+                                         "JobQueueCluster"):
         JobQueueCluster(cores=4, memory="1GB")
+
+
+def test_job_cls_as_a_class_variable_or_keyword():
+    """dask-jobqueue's way to bring a batch system of one's own: a ``job_cls`` class
+    variable of a JobQueueCluster subclass, or ``job_cls=``; a subclass of a cluster that
+    names its own wins over the class it derives from."""
+    from hpcsched.jobqueue.systems.slurm import SLURMSystem
+
+    class PartitionedSLURM(SLURMSystem):
+        def queue_account_directives(self):
+            return ["-p fast"]
+
+    class MyCluster(JobQueueCluster):
+        job_cls = PartitionedSLURM
+
+    class MySLURMCluster(SLURMCluster):
+        system_class = PartitionedSLURM
+
+    for made in (lambda: MyCluster(cores=1, memory="1GB"),
+                 lambda: MySLURMCluster(cores=1, memory="1GB"),
+                 lambda: JobQueueCluster(cores=1, memory="1GB", job_cls=PartitionedSLURM)):
+        with made() as cluster:
+            assert "#SBATCH -p fast" in cluster.job_header
+    assert SLURMCluster.job_cls is SLURMSystem
+
+
+def test_a_batch_system_without_a_configuration_section_is_named():
+    from hpcsched.jobqueue.base import BatchSystem
+
+    class MyJob(BatchSystem):
+        pass
+
+    with pytest.raises(ValueError, match="MyJob has no 'system' class variable"):
+        MyJob(cores=1, memory="1GB")
+
+
+def test_a_batch_system_shows_its_script_before_any_cluster():
+    from hpcsched.jobqueue.systems.pbs import PBSSystem
+
+    script = PBSSystem(cores=1, memory="1GB", job_name="foobar").job_script()
+    assert "#PBS -N foobar" in script
+    assert "-m hpcsched worker SCHEDULER_ADDRESS --name foobar" in script
 
 
 def test_deprecated_aliases_warn_and_the_new_name_wins(Cluster):
@@ -391,3 +434,17 @@ def test_bad_dask_configuration_file_is_named(tmp_path, monkeypatch, reread_dask
     reread_dask_config()
     with pytest.raises(ValueError, match=re.escape(f"{bad}: 'jobqueue' must be a mapping")):
         SLURMCluster(cores=1, memory="1GB")
+
+
+def test_scale_by_memory_to_none_and_adapt_by_cores_and_memory():
+    """dask's ``scale(memory="0GB")`` asks for no job; ``adapt(minimum_cores=,
+    maximum_memory=)`` bounds the workers by their threads and memory, as
+    distributed's SpecCluster.adapt counts them (nothing is submitted here: no task)."""
+    with SLURMCluster(cores=2, processes=1, memory="2GB") as cluster:
+        cluster.scale(memory="0GB")
+        assert cluster.book.target_jobs == 0
+        with pytest.raises(ValueError, match="memory"):
+            cluster.scale(memory="lots")
+        adaptive = cluster.adapt(minimum_cores=3, maximum_memory="4GB")
+        assert (adaptive.minimum, adaptive.maximum) == (2, 2)
+        adaptive.stop()

@@ -17,12 +17,19 @@ says why. Differences common to every system:
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
 
 from hpcsched.core import config
-from hpcsched.jobqueue.clusters import LSFCluster, PBSCluster, SGECluster, SLURMCluster
+from hpcsched.jobqueue.clusters import (
+    LSFCluster,
+    OARCluster,
+    PBSCluster,
+    SGECluster,
+    SLURMCluster,
+)
 
 pytestmark = pytest.mark.usefixtures("isolated_config")
 
@@ -83,11 +90,23 @@ def test_slurm_custom_config_section():
             assert "--local-directory /foo" in cluster.job_script()
 
 
-def test_slurm_differs_on_two_field_walltimes():
-    """dask-jobqueue passes ``walltime="00:02"`` through; SLURM reads it as 2 *seconds*
-    (minutes:seconds), rarely what was meant: hpcsched asks for HH:MM:SS instead."""
-    with pytest.raises(ValueError, match="ambiguous"):
-        SLURMCluster(cores=1, memory="1GB", walltime="00:02")
+@pytest.mark.parametrize("cls,line", [
+    (SLURMCluster, "#SBATCH -t 00:00:02"), (PBSCluster, "#PBS -l walltime=00:00:02"),
+    (SGECluster, "#$ -l h_rt=00:00:02"), (LSFCluster, "#BSUB -W 00:02"),
+    (OARCluster, "walltime=00:02:00")])
+def test_two_field_walltimes_are_read_as_each_system_reads_them(cls, line, caplog):
+    """dask-jobqueue hands ``walltime="00:02"`` on as written: SLURM, PBS and Grid Engine
+    read it as minutes:seconds (2 s), LSF and OAR as hours:minutes (2 min); the same here,
+    with a warning where it is a job of seconds."""
+    extra = {"memory_per_core_property_name": "not_applicable"} if cls is OARCluster else {}
+    with caplog.at_level(logging.WARNING, logger="hpcsched.jobqueue"):
+        assert line in header(cls, cores=1, memory="1GB", walltime="00:02", **extra)
+    warned = "is 2 seconds" in caplog.text
+    assert warned == (cls not in (LSFCluster, OARCluster))
+
+
+def test_two_field_walltime_of_long_minutes():
+    assert "#SBATCH -t 01:30:00" in header(SLURMCluster, cores=1, memory="1GB", walltime="90:00")
 
 
 @pytest.mark.parametrize("cls,flag", [(SLURMCluster, "#SBATCH -A"), (PBSCluster, "#PBS -A")])

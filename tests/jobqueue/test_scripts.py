@@ -134,7 +134,7 @@ def test_unknown_config_key_is_named(monkeypatch):
     (dict(cores=2, memory="1GB", processes=3), ValueError, r"processes=3 > cores=2"),
     (dict(cores=2, memory="lots"), ValueError, "memory='lots' is not a size"),
     (dict(cores=2, memory="1GB", walltime="1 hour"), ValueError, "walltime='1 hour'"),
-    (dict(cores=2, memory="1GB", walltime="01:30"), ValueError, "ambiguous"),
+    (dict(cores=2, memory="1GB", walltime="1-01:30"), ValueError, "ambiguous"),
     (dict(cores=0, memory="1GB"), ValueError, "cores must be a positive integer"),
     (dict(cores="8", memory="1GB"), ValueError, "cores must be a positive integer"),
     (dict(cores=2, memory="1GB", job_extra_directives="--exclusive"), TypeError,

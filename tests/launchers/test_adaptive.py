@@ -33,3 +33,24 @@ def test_one_worker_grows_for_waiting_calls_and_shrinks_back_keeping_results(roa
     finally:
         cluster.close()
     assert not adaptive.running
+
+
+@pytest.mark.timeout(120)
+def test_workers_a_replacement_covers_are_neither_capacity_nor_excess():
+    """A batch cluster names the workers of jobs already replaced (they retire by
+    themselves, hpcsched/jobqueue/succession.py): at maximum 1 with 2 workers connected,
+    one of them leaving, adaptive retires nothing and counts 1 worker."""
+    from hpcsched.launchers.adaptive import Adaptive
+    from tests.conftest import _local_cluster
+
+    with _local_cluster(n_workers=2) as cluster:
+        cluster.wait_for_workers(2, timeout=60)
+        names = sorted(str(w["name"]) for w in cluster.scheduler_info_workers().values())
+        adaptive = Adaptive(cluster.scheduler, cluster, minimum=1, maximum=1, start=False)
+        assert adaptive.recommendations().action == "down"  # 2 workers above maximum 1
+        # as a JobQueueCluster does: the leaving worker's job is no longer requested
+        cluster.leaving_workers = lambda: {names[0]}  # type: ignore[attr-defined]
+        cluster._requested = lambda: 1  # type: ignore[method-assign]
+        snap = adaptive.snapshot()
+        assert [w.name for w in snap.running] == names[1:]
+        assert adaptive.recommendations(snap).action == "none"

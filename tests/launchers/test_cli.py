@@ -95,6 +95,26 @@ def test_without_host_the_scheduler_listens_everywhere_and_names_a_routable_addr
         assert sum(client.gather(client.map(inc, range(50)), timeout=30)) == 1275
 
 
+@pytest.mark.timeout(90)
+def test_a_worker_started_before_its_scheduler_waits_for_the_scheduler_file(procs, tmp_path):
+    """As dask-worker: a worker job may start before the scheduler's job writes the file;
+    it waits for it (up to --death-timeout), and one whose file never comes says which."""
+    sfile = tmp_path / "scheduler.json"
+    worker = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                          str(sfile), "--name", "early", *WORKER_OPTS], "worker")
+    never = procs.start([sys.executable, "-m", "hpcsched", "worker", "--scheduler-file",
+                         str(tmp_path / "never.json"), "--death-timeout", "1s", *WORKER_OPTS],
+                        "never")
+    assert never.wait(timeout=60) != 0
+    assert "never.json did not appear" in procs.log("never")
+    assert worker.poll() is None, procs.log("worker")  # still waiting for its file
+    start_scheduler(procs, sfile)
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=30)
+        assert [w["name"] for w in client.scheduler_info()["workers"].values()] == ["early"]
+        assert client.submit(inc, 1).result(timeout=30) == 2
+
+
 @pytest.mark.timeout(60)
 def test_worker_to_an_address_where_nothing_listens_exits_with_the_address(procs):
     address = f"tcp://127.0.0.1:{free_port()}"

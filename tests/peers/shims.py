@@ -19,7 +19,11 @@ import importlib.util
 import sys
 import types
 
-#: module -> {name: "hpcsched.module:attribute"}; what each peer module hands on
+#: module -> {name: "module:attribute"}; what each peer module hands on. dask-jobqueue's
+#: ``Job`` classes (``job_cls``: what one job asks for and how it is submitted) are
+#: hpcsched's ``BatchSystem`` classes; its test cluster ``dask_jobqueue.local`` is
+#: :mod:`tests.peers.local`.
+_SYSTEMS = "hpcsched.jobqueue.systems"
 JOBQUEUE = {
     "dask_jobqueue": {
         "SLURMCluster": "hpcsched.jobqueue:SLURMCluster",
@@ -33,17 +37,29 @@ JOBQUEUE = {
     },
     "dask_jobqueue.core": {
         "JobQueueCluster": "hpcsched.jobqueue:JobQueueCluster",
-        "Job": "hpcsched.jobqueue:Job",
+        "Job": "hpcsched.jobqueue.base:BatchSystem",
     },
-    "dask_jobqueue.slurm": {"SLURMCluster": "hpcsched.jobqueue:SLURMCluster"},
-    "dask_jobqueue.sge": {"SGECluster": "hpcsched.jobqueue:SGECluster"},
-    "dask_jobqueue.pbs": {"PBSCluster": "hpcsched.jobqueue:PBSCluster"},
-    "dask_jobqueue.moab": {"MoabCluster": "hpcsched.jobqueue:MoabCluster"},
-    "dask_jobqueue.oar": {"OARCluster": "hpcsched.jobqueue:OARCluster"},
-    "dask_jobqueue.htcondor": {"HTCondorCluster": "hpcsched.jobqueue:HTCondorCluster"},
+    "dask_jobqueue.local": {
+        "LocalCluster": "tests.peers.local:LocalCluster",
+        "LocalJob": "tests.peers.local:LocalSystem",
+    },
+    "dask_jobqueue.slurm": {"SLURMCluster": "hpcsched.jobqueue:SLURMCluster",
+                            "SLURMJob": f"{_SYSTEMS}.slurm:SLURMSystem"},
+    "dask_jobqueue.sge": {"SGECluster": "hpcsched.jobqueue:SGECluster",
+                          "SGEJob": f"{_SYSTEMS}.sge:SGESystem"},
+    "dask_jobqueue.pbs": {"PBSCluster": "hpcsched.jobqueue:PBSCluster",
+                          "PBSJob": f"{_SYSTEMS}.pbs:PBSSystem"},
+    "dask_jobqueue.moab": {"MoabCluster": "hpcsched.jobqueue:MoabCluster",
+                           "MoabJob": f"{_SYSTEMS}.moab:MoabSystem"},
+    "dask_jobqueue.oar": {"OARCluster": "hpcsched.jobqueue:OARCluster",
+                          "OARJob": f"{_SYSTEMS}.oar:OARSystem"},
+    "dask_jobqueue.htcondor": {"HTCondorCluster": "hpcsched.jobqueue:HTCondorCluster",
+                               "HTCondorJob": f"{_SYSTEMS}.htcondor:HTCondorSystem"},
     "dask_jobqueue.lsf": {
         "LSFCluster": "hpcsched.jobqueue:LSFCluster",
-        "lsf_detect_units": "hpcsched.jobqueue.systems.lsf:lsf_units",
+        "LSFJob": f"{_SYSTEMS}.lsf:LSFSystem",
+        "lsf_detect_units": f"{_SYSTEMS}.lsf:lsf_units",
+        "lsf_format_bytes_ceil": f"{_SYSTEMS}.lsf:lsf_format_bytes_ceil",
     },
 }
 
@@ -51,7 +67,7 @@ MPI = {
     "dask_mpi": {
         "initialize": "hpcsched:initialize",
         "send_close_signal": "hpcsched:send_close_signal",
-        "execute": "hpcsched.hpc.bootstrap:execute",
+        "execute": "hpcsched:execute",
     },
 }
 

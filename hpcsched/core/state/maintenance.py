@@ -39,6 +39,7 @@ from hpcsched.core.protocol.messages import (
 from hpcsched.core.state import events as ev
 from hpcsched.core.state import policies
 from hpcsched.core.state.model import (
+    NoValidWorkerError,
     Outbox,
     Rebalance,
     Rec,
@@ -74,6 +75,8 @@ class Maintenance:
         self.work_stealing = settings.work_stealing
         self.worker_ttl = settings.worker_ttl
         self.retire_timeout = settings.retire_timeout
+        self.no_workers_timeout = settings.no_workers_timeout
+        self.unrunnable_since: dict[TaskState, float] = {}  # no-worker tasks, seen since
         self.elements_on = elements_on  # elements of bulk maps a worker runs (a retirement waits)
         self.retiring: dict[str, Retirement] = {}  # by worker address
         self.scatters: dict[str, Scatter] = {}  # by scatter id
@@ -198,6 +201,31 @@ class Maintenance:
                 self._finish_rebalance(r)
         if self.work_stealing and len(workers) > 1 and self.placement.backlogged:
             self.steal()
+        if self.no_workers_timeout is not None:
+            self.fail_unrunnable(e.now, self.no_workers_timeout)
+
+    def fail_unrunnable(self, now: float, timeout: float) -> None:
+        """Tasks no worker could run (no-worker) for ``timeout`` s fail with
+        :class:`NoValidWorkerError` rather than wait for good: in a cluster that does not
+        grow (MPI mode) a task restricted to ``workers=7`` of four ranks would. Costs the
+        no-worker tasks, never the workers."""
+        since = {ts: self.unrunnable_since.get(ts, now) for ts in self.placement.unrunnable}
+        self.unrunnable_since = since
+        recs: list = []
+        for ts in [ts for ts, t in since.items() if now - t > timeout]:
+            asked = []
+            if ts.worker_restrictions:
+                asked.append(f"workers={sorted(map(str, ts.worker_restrictions))}")
+            if ts.resource_restrictions:
+                asked.append(f"resources={dict(ts.resource_restrictions)}")
+            exc = NoValidWorkerError(
+                f"no worker could run task {ts.key!r} ({', '.join(asked) or 'no workers'}) "
+                f"for {timeout:g} s (scheduler.no-workers-timeout); the cluster has "
+                f"{len(self.registry.workers)} worker(s)")
+            del since[ts]
+            recs += self.graph.set_erred(ts, exc, "", str(exc))
+        if recs:
+            self.graph.transitions(recs)
 
     def steal(self) -> None:
         """Plan a round of stealing (``steal-request`` to the victims): the backlogged

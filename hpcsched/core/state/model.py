@@ -45,6 +45,10 @@ class KilledWorker(RuntimeError):
     """A task was running on workers that died, ``allowed-failures`` times."""
 
 
+class NoValidWorkerError(RuntimeError):
+    """No worker could run a task for ``scheduler.no-workers-timeout`` (dask's name)."""
+
+
 class LostData(RuntimeError):
     """Data that cannot be recomputed (scattered) was lost with its worker."""
 
@@ -243,9 +247,10 @@ class WorkerInfo:
         return f"<WorkerInfo {self.address} {self.status} processing={len(self.processing)}>"
 
     def info(self) -> dict:
-        """A plain description of the worker (``scheduler_info()['workers']``)."""
+        """A plain description of the worker (``scheduler_info()['workers']``); ``id`` is
+        its name, as dask.distributed's worker identity has it."""
         return {
-            "address": self.address, "name": self.name, "host": self.host,
+            "address": self.address, "name": self.name, "id": self.name, "host": self.host,
             "nthreads": self.nthreads, "memory_limit": self.memory_limit,
             "resources": dict(self.resources), "nbytes": self.nbytes,
             "processing": len(self.processing), "executing": len(self.executing),

@@ -93,6 +93,10 @@ class SchedulerSettings:
     #: cluster, within the TTL (:mod:`.liveness`). The server sets it from the worker's
     #: key, ``worker.heartbeat-interval``, whose default this is
     heartbeat_interval: float = setting(1.0, key=None)
+    #: seconds a task may wait with no worker able to run it (its restrictions meet none)
+    #: before it fails with NoValidWorkerError (None: it waits for one), as
+    #: distributed.scheduler.no-workers-timeout; MPI mode, whose workers are fixed, sets it
+    no_workers_timeout: float | None = setting(None, unit="seconds")
     #: seconds a graceful retirement (or a rebalance) may take before it is forced
     retire_timeout: float = setting(120.0, key=None, unit="seconds")
     #: transitions kept in ``transition_log``, as distributed's ``low-level-log-length``

@@ -226,8 +226,13 @@ class WorkerEvents:
                 self.out.send(ws.address, FreeKeys([e.key]))
                 return
         tg = ts.group
-        tg.duration_total += max(e.stop - e.start, 0.0)
-        tg.n_durations += 1
+        kept = getattr(ts.run_spec, "checkpoint", None)
+        if kept is None or not kept.load:
+            # a result read from its checkpoint says nothing of how long the task runs: the
+            # group's measure (placement, adaptive, running "very short" tasks inline on a
+            # worker's loop) stays that of the runs
+            tg.duration_total += max(e.stop - e.start, 0.0)
+            tg.n_durations += 1
         ts.typename = e.typename
         if ts.state == "memory":
             graph.add_replica(ts, ws, e.nbytes)

@@ -51,6 +51,21 @@ def lsf_units(envdir: str | None = None) -> str:
     return "KB"
 
 
+def lsf_format_bytes_ceil(nbytes: int, lsf_units: str = "mb") -> str:
+    """``nbytes`` in ``lsf_units`` (``"kb"`` .. ``"eb"``), rounded up, as ``-M`` takes it.
+
+    dask-jobqueue's helper of the same name, counting 1000s; a unit's first letter will do.
+
+    >>> lsf_format_bytes_ceil(1234567890), lsf_format_bytes_ceil(13 * 10**9, "G")
+    ('1235', '13')
+    """
+    unit = str(lsf_units).upper()
+    unit = unit if unit.endswith("B") else unit + "B"
+    if unit not in _UNIT_BYTES:
+        raise ValueError(f"lsf_units={lsf_units!r}: use one of {', '.join(_UNIT_BYTES)}")
+    return str(ceil_div(int(nbytes), _UNIT_BYTES[unit]))
+
+
 def host_slots(env: Mapping[str, str], hostname: str) -> int | None:
     """Slots of this host in ``LSB_MCPU_HOSTS="hostA 4 hostB 2"``.
 
@@ -83,7 +98,7 @@ class LSFSystem(BatchSystem):
     states = STATES
     array_index_var = "LSB_JOBINDEX"
     array_first_index = 1
-    walltime_hh_mm = True
+    walltime_two_fields = "hh:mm"  # -W [hour:]minute
     #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
     extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
     job_id_variables = ("LSB_JOBID",)
@@ -148,7 +163,7 @@ class LSFSystem(BatchSystem):
             out.append('-R "span[hosts=1]"')
         if p["resource_spec"]:
             out.append(f'-R "{p["resource_spec"]}"')
-        out.append(f"-M {ceil_div(self.booked_memory, _UNIT_BYTES[p['lsf_units']])}")
+        out.append(f"-M {lsf_format_bytes_ceil(self.booked_memory, p['lsf_units'])}")
         if self.walltime_seconds:
             minutes = ceil_div(self.walltime_seconds, 60)
             out.append(f"-W {minutes // 60:02d}:{minutes % 60:02d}")

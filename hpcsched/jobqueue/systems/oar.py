@@ -70,6 +70,7 @@ class OARSystem(BatchSystem):
     """OAR as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
 
     system = "oar"
+    walltime_two_fields = "hh:mm"  # oarsub's walltime=[hour:mn:sec|hour:mn|hour]
     directive_prefix = "#OAR"
     account_flag = "--project"
     submit_command = ["oarsub", "-S"]

@@ -66,6 +66,7 @@ class PBSSystem(BatchSystem):
     """PBS Pro, OpenPBS or Torque as a :class:`~hpcsched.jobqueue.base.BatchSystem`."""
 
     system = "pbs"
+    walltime_two_fields = "mm:ss"  # walltime=[[hours:]minutes:]seconds (Moab's too)
     directive_prefix = "#PBS"
     submit_command = ["qsub"]
     cancel_command = ["qdel"]

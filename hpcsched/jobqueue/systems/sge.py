@@ -54,6 +54,7 @@ class SGESystem(BatchSystem):
     """Grid Engine as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
 
     system = "sge"
+    walltime_two_fields = "mm:ss"  # h_rt=[[hours:]minutes:]seconds
     directive_prefix = "#$"
     account_flag = "-P"
     submit_command = ["qsub", "-terse"]

@@ -103,6 +103,7 @@ class SLURMSystem(BatchSystem):
     """SLURM as a :class:`~hpcsched.jobqueue.base.BatchSystem`: its hooks."""
 
     system = "slurm"
+    walltime_two_fields = "mm:ss"  # --time: minutes:seconds
     directive_prefix = "#SBATCH"
     queue_flag = "-p"
     submit_command = ["sbatch", "--parsable"]

@@ -1004,3 +1004,38 @@ def test_a_rejected_update_graph_changes_nothing(bad):
     # and the state still works
     submit(s, graph(z=["held"]), ["z"])
     assert s.tasks["z"].state == "processing"
+
+
+# ---------------------------------------------------------------- no-workers-timeout
+def test_a_task_no_worker_can_run_fails_after_the_no_workers_timeout():
+    """``workers=`` naming a worker the cluster does not have: with
+    ``no_workers_timeout`` (dask's ``no-workers-timeout``) the task waits that long, then
+    fails naming what it asked for; a task that can run is not touched, and without the
+    setting the task waits for a worker that can run it."""
+    s = with_workers(A, no_workers_timeout=30.0)
+    out = submit(s, graph(x=[], y=[]), keys=["x", "y"],
+                 annotations={"workers": {"x": ["tcp://nowhere"]}})
+    assert s.tasks["x"].state == "no-worker"
+    one(out, "compute-task", key="y")
+    assert not sent(step(s, ev.Tick(now=100.0)), "task-erred")  # seen no-worker from now
+    assert not sent(step(s, ev.Tick(now=129.0)), "task-erred")
+    out = step(s, ev.Tick(now=131.0))
+    erred = one(out, "task-erred", key="x")
+    assert erred.to == "c"
+    assert "workers=['tcp://nowhere']" in s.tasks["x"].exception_text
+    assert "scheduler.no-workers-timeout" in s.tasks["x"].exception_text
+    assert s.tasks["y"].state == "processing"
+
+    waits = with_workers(A)
+    submit(waits, graph(x=[]), keys=["x"], annotations={"workers": {"x": ["tcp://nowhere"]}})
+    step(waits, ev.Tick(now=0.0))
+    step(waits, ev.Tick(now=10_000.0))
+    assert waits.tasks["x"].state == "no-worker"
+
+
+def test_a_workers_description_names_it_as_dask_does():
+    """``scheduler_info()['workers'][address]``: its ``name``, and dask's ``id`` (the same)."""
+    s = with_workers(A)
+    info = s.workers[A].info()
+    assert info["name"] == info["id"] == "a"
+    assert info["address"] == A and info["nthreads"] == 1

@@ -1,0 +1,37 @@
+"""The list of deliberate differences from the peers stays short, reasoned, and the same as
+the documentation's (docs/guides/moving-from-dask-jobqueue.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.peers import differences
+
+PAGE = Path(__file__).parents[2] / "docs" / "guides" / "moving-from-dask-jobqueue.md"
+
+
+@pytest.mark.timeout(30)
+def test_the_guide_shows_the_list_as_it_is():
+    text = PAGE.read_text()
+    begin, end = text.find(differences.BEGIN), text.find(differences.END)
+    assert 0 <= begin < end, f"{PAGE} lost its markers {differences.BEGIN!r} ... {differences.END!r}"
+    shown = text[begin:end + len(differences.END)]
+    assert shown == differences.markdown(), (
+        f"{PAGE} and tests/peers/differences.py differ: put the output of "
+        "'python -m tests.peers.differences' between the page's markers")
+
+
+@pytest.mark.timeout(30)
+def test_the_list_is_short_and_every_difference_says_why():
+    assert 0 < len(differences.DIFFERENCES) < 15
+    seen: set[str] = set()
+    for key, reason in differences.DIFFERENCES.items():
+        assert isinstance(key, tuple) and key, key
+        assert len(reason.split()) >= 8, f"{key}: say why, in a sentence: {reason!r}"
+        for pattern in key:
+            assert re.fullmatch(r"test_\w+\.py(::\S+)?", pattern), pattern
+            assert pattern not in seen, f"{pattern} listed twice"
+            seen.add(pattern)
