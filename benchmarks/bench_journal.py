@@ -2,7 +2,7 @@
 in one run.
 
     python benchmarks/bench_journal.py [--tasks 10000] [--leaves 8192] [--rounds 5] [--fsync]
-                                       [--control] [--instructions]
+                                       [--control] [--instructions] [--history]
 
 Each measurement is a process of its own: a LocalCluster (2 worker processes x 1 thread, no
 dashboard), with ``scheduler_journal`` set or not, a small map and tree to warm it up, then
@@ -23,11 +23,15 @@ of the counts, per task and in per cent of the whole process's (its start includ
 figure other processes on the machine do not move (the runs take some fifty times longer;
 their throughputs mean nothing).
 
+``--history``: the same for the task history (hpcsched/diagnostics/history.py): both modes
+keep a journal and run the diagnostics extension without a dashboard server; "on" writes
+the history (its SQLite thread, and each loop turn's rows spooled before the journal).
+
 First, the journal alone: what recording one tree's ``update-graph`` (the tasks' specs as a
 client sends them) and writing it costs the scheduler's loop, per task.
 """
 
-from __future__ import annotations
+from __future__ import annotations  # noqa: I001 - _checkout first: it sets the path
 
 import _checkout  # noqa: F401 - this checkout's hpcsched, here and in what it starts
 
@@ -52,13 +56,22 @@ def warm_up(args: argparse.Namespace) -> tuple[int, int]:
     return max(args.tasks // 10, 1), max(args.leaves // 8, 2)
 
 
-def measure(args: argparse.Namespace, journal: str | None) -> dict:
-    """One measurement, in this process: tasks/s of the map and the tree, CPU per task."""
+def measure(args: argparse.Namespace, journal: str | None, history: str | None = None) -> dict:
+    """One measurement, in this process: tasks/s of the map and the tree, CPU per task.
+
+    ``history``: the task history's file ("": none), with the diagnostics extension (its
+    owner; no dashboard server) in both modes; None: no extension at all."""
     from hpcsched import Client, LocalCluster
     from hpcsched.core import config
 
-    with config.set({"scheduler.extensions": [], "scheduler.journal-fsync": args.fsync}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, scheduler_journal=journal) as cluster, \
+    settings = {"scheduler.journal-fsync": args.fsync}
+    if history is None:
+        settings["scheduler.extensions"] = []
+    else:
+        settings["scheduler.history"] = history
+    with config.set(settings), \
+            LocalCluster(n_workers=2, threads_per_worker=1, scheduler_journal=journal,
+                         dashboard_address=None) as cluster, \
             Client(cluster) as client:
         run(client, *warm_up(args), 1)
         c0 = time.process_time()
@@ -99,6 +112,11 @@ def journal_alone(leaves: int, repeat: int = 5) -> float:
 def one(args: argparse.Namespace) -> None:
     """``--one MODE``: a single measurement, printed as a RESULT line."""
     with tempfile.TemporaryDirectory() as tmp:
+        if args.history:  # journaled both ways: the history's rows are spooled too
+            history = os.path.join(tmp, "history.sqlite") if args.one == "on" else ""
+            print("RESULT " + json.dumps(measure(args, os.path.join(tmp, "journal"), history)),
+                  flush=True)
+            return
         journal = os.path.join(tmp, "journal") if args.one == "on" else None
         print("RESULT " + json.dumps(measure(args, journal)), flush=True)
 
@@ -113,6 +131,9 @@ def main() -> None:
                    help="the journal column without a journal (the benchmark's own spread)")
     p.add_argument("--instructions", action="store_true",
                    help="count the measuring process's instructions under valgrind")
+    p.add_argument("--history", action="store_true",
+                   help="measure the task history instead: journaled both ways, with and "
+                        "without scheduler.history")
     p.add_argument("--one", choices=("off", "on"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -124,16 +145,18 @@ def main() -> None:
             p.error("--instructions needs valgrind on the PATH")
         valgrind = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"]
     compile_package()
-    per_task = journal_alone(args.leaves)
-    print(f"journal alone: {per_task * 1e6:.2f} us per task of a {2 * args.leaves - 1}-task "
-          "update-graph", flush=True)
+    if not args.history:
+        per_task = journal_alone(args.leaves)
+        print(f"journal alone: {per_task * 1e6:.2f} us per task of a {2 * args.leaves - 1}-task "
+              "update-graph", flush=True)
     runs: dict[str, list[dict]] = {"off": [], "on": []}
     size = 0
     for r in range(args.rounds):
         for mode in ("off", "on") if r % 2 == 0 else ("on", "off"):
             cmd = valgrind + [sys.executable, os.path.abspath(__file__), "--one",
                    "off" if args.control else mode, "--tasks", str(args.tasks),
-                   "--leaves", str(args.leaves)] + (["--fsync"] if args.fsync else [])
+                   "--leaves", str(args.leaves)] + (["--fsync"] if args.fsync else []) \
+                + (["--history"] if args.history else [])
             t0 = time.perf_counter()
             results, err, _, _ = launch(cmd, timeout=3600 if valgrind else 600)
             out = results[0]
@@ -146,7 +169,8 @@ def main() -> None:
             runs[mode].append(out)
             print(f"round {r} {mode}: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items())
                   + f" ({time.perf_counter() - t0:.1f}s)", flush=True)
-    print(f"{'':40}{'no journal':>12}{'journal':>12}{'cost':>8}")
+    what = "history" if args.history else "journal"
+    print(f"{'':40}{'no ' + what:>12}{what:>12}{'cost':>8}")
     for k, label in (("map_tasks_per_s", f"map {args.tasks} no-ops (tasks/s)"),
                      ("tree_tasks_per_s", f"tree {args.leaves} leaves (tasks/s)")):
         for how, pick in (("best", max), ("median", statistics.median)):
@@ -163,7 +187,7 @@ def main() -> None:
         on = statistics.median(o["instructions"] for o in runs["on"])
         print(f"{'instructions, median (millions)':40}{off / 1e6:12.0f}{on / 1e6:12.0f}"
               f"{100 * (on / off - 1):7.1f}%")
-        print(f"{'the journal, instructions per task':40}{(on - off) / tasks:24.0f}")
+        print(f"{'the ' + what + ', instructions per task':40}{(on - off) / tasks:24.0f}")
     print(f"(best and median of {args.rounds} rounds, a process each; fsync "
           f"{'on' if args.fsync else 'off'}; largest journal {size / 2**20:.1f} MiB; "
           f"{os.cpu_count()} cores{'; control: no journal in either column' if args.control else ''})")

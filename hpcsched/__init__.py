@@ -60,6 +60,8 @@ _exports = {
     "Security": "hpcsched.core.comm.base",
     "performance_report": "hpcsched.diagnostics.report",
     "get_task_stream": "hpcsched.diagnostics.report",
+    "print": "hpcsched.diagnostics.forwarding",
+    "warn": "hpcsched.diagnostics.forwarding",
     "config": "hpcsched.core.config",
 }
 
@@ -100,12 +102,14 @@ __all__ = [
     "get_worker",
     "initialize",
     "performance_report",
+    "print",
     "progress",
     "rejoin",
     "secede",
     "send_close_signal",
     "task_env",
     "wait",
+    "warn",
     "worker_client",
 ]
 
@@ -138,6 +142,7 @@ if TYPE_CHECKING:
     )
     from hpcsched.core.comm.base import Security
     from hpcsched.core.worker.nanny import NannyPlugin
+    from hpcsched.diagnostics.forwarding import print, warn  # noqa: A004 - dask's names
     from hpcsched.diagnostics.progress import progress
     from hpcsched.diagnostics.report import get_task_stream, performance_report
     from hpcsched.hpc.bootstrap import execute, initialize, send_close_signal

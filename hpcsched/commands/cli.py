@@ -1,7 +1,7 @@
 """``hpcsched submit`` and ``hpcsched job ...``: jobs of command tasks from a shell.
 
     hpcsched submit [--scheduler-file F | --address A] [--array 1-1000 | --each-line FILE
-                    | --from-json FILE] [--name N] [--cwd DIR] [--stdout T] [--stderr T]
+                    | --from-json FILE | --file JOB.toml] [--name N] [--cwd DIR] [--stdout T] [--stderr T]
                     [--env K=V ...] [--resources GPU=1,...] [--retries N] [--wait]
                     -- COMMAND [ARG ...]
     hpcsched job list | info J | wait J | cancel J | cat J [--task I] [stdout|stderr]
@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from hpcsched.commands import jobs as jobs_mod
+from hpcsched.commands.jobfile import parse_array
 
 
 def _connect(args: argparse.Namespace) -> Any:
@@ -66,6 +67,8 @@ def submit_main(argv: list[str]) -> int:
     src.add_argument("--array", help="task ids: 1-1000, 1,5,9, 0-100:10")
     src.add_argument("--each-line", metavar="FILE", help="a task per non-blank line of FILE")
     src.add_argument("--from-json", metavar="FILE", help="a task per item of a JSON list")
+    src.add_argument("--file", metavar="JOB.toml",
+                     help="a job file: tasks with dependencies (HyperQueue's job file format)")
     p.add_argument("--name", help="the job's name (default: the program's)")
     p.add_argument("--cwd", help="the tasks' directory (default: this one)")
     p.add_argument("--stdout", help="path template of each task's stdout "
@@ -76,12 +79,14 @@ def submit_main(argv: list[str]) -> int:
     p.add_argument("--retries", type=int, default=0)
     p.add_argument("--wait", action="store_true", help="then wait for it, as `job wait`")
     args = p.parse_args(argv)
+    if args.file:
+        return _submit_file(p, args, command)
     if not command:
         p.error("no command: put it after --, e.g. hpcsched submit --array 1-10 -- ./sim")
     from hpcsched.launchers.cli import parse_resources
 
     if args.array:
-        ids: list[Any] = jobs_mod.parse_array(args.array)
+        ids: list[Any] = parse_array(args.array)
         entries = None
     elif args.each_line or args.from_json:
         entries = (jobs_mod.entries_of_lines(args.each_line) if args.each_line
@@ -101,6 +106,31 @@ def submit_main(argv: list[str]) -> int:
         if args.wait:
             return _wait(client, job)
         return 0
+    finally:
+        client.close()
+
+
+def _submit_file(p: argparse.ArgumentParser, args: argparse.Namespace, command: list) -> int:
+    from hpcsched.commands import jobfile
+
+    if command:
+        p.error("--file: the commands are in the job file; nothing goes after --")
+    given = [opt for opt, value in (("--stdout", args.stdout), ("--stderr", args.stderr),
+                                    ("--env", args.env), ("--resources", args.resources),
+                                    ("--retries", args.retries)) if value]
+    if given:
+        p.error(f"--file: set {', '.join(given)} in the job file, per task")
+    try:
+        jf = jobfile.load(args.file)
+    except (OSError, jobfile.JobFileError) as e:
+        print(f"hpcsched submit: {e}", file=sys.stderr)
+        return 2
+    client = _connect(args)
+    try:
+        job = jobs_mod.submit_file(client, jf, args.file, name=args.name, cwd=args.cwd)
+        print(f"Job submitted successfully, job ID: {job.id}")
+        sys.stdout.flush()
+        return _wait(client, job) if args.wait else 0
     finally:
         client.close()
 

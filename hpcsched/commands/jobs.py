@@ -2,8 +2,8 @@
 ``hpcsched job ...`` reads.
 
 A job is an array of one command run once per entry (``--array 1-1000``, the lines of a
-file, the items of a JSON list) or a set of named tasks with dependencies (a TOML job
-file). It is published on the scheduler as the dataset ``hpcsched-job-<id>`` (the
+file, the items of a JSON list) or a set of numbered tasks with dependencies (a TOML job
+file, :mod:`hpcsched.commands.jobfile`). It is published on the scheduler as the dataset ``hpcsched-job-<id>`` (the
 futures and a description), so that it outlives the command that submitted it, is seen
 by every client, and survives a restart of a scheduler with a journal as every dataset
 does. Each task's stdout and stderr go to files named by templates (default
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcsched.commands.jobfile import JobFile
 from hpcsched.commands.run import run_command
 
 PREFIX = "hpcsched-job-"
@@ -59,9 +59,12 @@ class Job:
     submitted: float
     ids: list = field(default_factory=list)
     futures: list = field(default_factory=list)
+    #: a job file's tasks with output templates of their own: str(task id) -> (stdout, stderr)
+    outputs: dict = field(default_factory=dict)
 
     def output_path(self, task_id: Any, stream: str) -> str:
-        template = self.stdout if stream == "stdout" else self.stderr
+        own = self.outputs.get(str(task_id)) if self.outputs else None
+        template = (own or (self.stdout, self.stderr))[0 if stream == "stdout" else 1]
         path = template.replace("%{JOB_ID}", str(self.id)).replace("%{TASK_ID}", str(task_id))
         return path if os.path.isabs(path) else os.path.join(self.cwd, path)
 
@@ -76,26 +79,6 @@ def _span(ids: Sequence) -> str:
     if not ids:
         return "none"
     return f"{ids[0]} .. {ids[-1]}" if len(ids) > 3 else ", ".join(map(str, ids))
-
-
-def parse_array(text: str) -> list[int]:
-    """HyperQueue's ``--array`` ranges: ``1-1000``, ``1,5,9``, ``0-100:10`` (a step).
-
-    >>> parse_array("1-3,7,10-20:5")
-    [1, 2, 3, 7, 10, 15, 20]
-    """
-    out: list[int] = []
-    for part in text.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\s*-\s*(\d+)(?::(\d+))?)?\s*", part)
-        if not m:
-            raise ValueError(f"--array {text!r}: {part!r} is not N, N-M or N-M:STEP")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) else lo
-        step = int(m.group(3) or 1)
-        if hi < lo or step < 1:
-            raise ValueError(f"--array {text!r}: {part!r} is an empty range")
-        out.extend(range(lo, hi + 1, step))
-    return out
 
 
 def entries_of_lines(path: str) -> list[str]:
@@ -123,8 +106,8 @@ def next_id(client: Any) -> int:
 def submit(client: Any, args: Sequence[str] | str, *, ids: Sequence[Any],
            entries: Sequence[Any] | None = None, name: str | None = None,
            cwd: str | None = None, stdout: str | None = None, stderr: str | None = None,
-           env: dict[str, str] | None = None, resources: dict | None = None,
-           retries: int | None = None) -> Job:
+           env: dict[str, str] | None = None, resources: Mapping[str, float] | None = None,
+           retries: int | None = None, priority: int = 0) -> Job:
     """Submit an array job: ``args`` once per id (and entry); returns the published job."""
     from hpcsched.core.client.coordination import Lock
 
@@ -140,9 +123,44 @@ def submit(client: Any, args: Sequence[str] | str, *, ids: Sequence[Any],
         # road (hpcsched.core.state.bulk), at a task farm's speed
         futures = client.map(run_entry, [spec] * n, list(ids), entry_list,
                              key=f"{PREFIX}{job_id}", pure=False, resources=resources,
-                             retries=retries or 0)
+                             retries=retries or 0, priority=priority)
         job = Job(job_id, name or _default_name(args), spec.args, cwd, spec.stdout,
                   spec.stderr, time.time(), list(ids), futures)
+        client.publish_dataset(**{f"{PREFIX}{job_id}": job})
+    return job
+
+
+def submit_file(client: Any, jf: JobFile, path: str, *, name: str | None = None,
+                cwd: str | None = None) -> Job:
+    """Submit a job file's job (:mod:`hpcsched.commands.jobfile`): its ``[array]`` as
+    :func:`submit` does, or each ``[[task]]`` as a task depending on the tasks of its
+    ``deps``; returns the published job."""
+    from hpcsched.core.client.coordination import Lock
+
+    if jf.array is not None:
+        a = jf.array
+        return submit(client, a.command, ids=a.ids, entries=a.entries, name=name or jf.name,
+                      cwd=cwd or jf.cwd, stdout=a.stdout, stderr=a.stderr, env=dict(a.env),
+                      resources=a.resources, retries=a.retries, priority=a.priority)
+    cwd = os.path.abspath(cwd or jf.cwd or os.getcwd())
+    out_default, err_default = DEFAULT_OUTPUT + ".stdout", DEFAULT_OUTPUT + ".stderr"
+    with Lock("hpcsched-job-ids", client=client):
+        job_id = next_id(client)
+        futures: dict[int, Any] = {}
+        outputs = {}
+        for t in jf.tasks:  # dependencies first: their futures are the dependents' arguments
+            spec = Spec(t.command, job_id, cwd, t.stdout or out_default, t.stderr or err_default,
+                        t.env)
+            futures[t.id] = client.submit(
+                run_entry, spec, t.id, None, *(futures[d] for d in t.deps),
+                key=f"{PREFIX}{job_id}-{t.id}", pure=False, resources=t.resources,
+                retries=t.retries, priority=t.priority)
+            if t.stdout or t.stderr:
+                outputs[str(t.id)] = (spec.stdout, spec.stderr)
+        ids = sorted(futures)
+        job = Job(job_id, name or jf.name or os.path.splitext(os.path.basename(path))[0],
+                  f"{len(ids)} tasks of {os.path.abspath(path)}", cwd, out_default, err_default,
+                  time.time(), ids, [futures[i] for i in ids], outputs)
         client.publish_dataset(**{f"{PREFIX}{job_id}": job})
     return job
 

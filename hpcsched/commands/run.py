@@ -203,6 +203,43 @@ def _first_member() -> bool:
     return getattr(running.worker, "address", None) == running.gang[0]
 
 
+def _environment(env: Mapping[str, str] | None, fields: Mapping[str, str]) -> dict:
+    """The program's environment: the worker's, ``env`` on top, then ``HPCSCHED_*``.
+
+    Built as bytes from ``os.environ``'s own store where CPython keeps one (the mapping
+    behind ``os.environb``): copying through the ``os.environ`` view decodes every entry
+    and ``Popen`` encodes them back, the largest cost of starting a short command."""
+    data = getattr(os.environ, "_data", None)
+    out = dict(data) if isinstance(data, dict) else dict(os.environb)
+    for k, v in (env or {}).items():
+        out[os.fsencode(str(k))] = os.fsencode(substitute(str(v), fields))
+    for name, value in fields.items():
+        if value:
+            out[b"HPCSCHED_" + name.encode()] = os.fsencode(value)
+    return out
+
+
+def _open_output(path: str) -> int:
+    """A descriptor of ``path`` truncated for writing, its directory made if missing
+    (tried after the open fails: a job's directory exists for all but its first task)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return os.open(path, flags, 0o666)
+
+
+_host: str | None = None
+
+
+def _hostname() -> str:
+    global _host
+    if _host is None:
+        _host = socket.gethostname()
+    return _host
+
+
 def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, stdout: str | None = None,
                 stderr: str | None = None, task_id: Any = None, entry: Any = None,
@@ -219,31 +256,23 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
               "JOB_ID": "" if job_id is None else str(job_id)}
     argv = (["/bin/sh", "-c", substitute(args, fields)] if isinstance(args, str)
             else [substitute(str(a), fields) for a in args])
-    full_env = dict(os.environ)
-    if env:
-        full_env.update({str(k): substitute(str(v), fields) for k, v in env.items()})
-    for name, value in fields.items():
-        if value:
-            full_env["HPCSCHED_" + name] = value
-    host = socket.gethostname()
+    full_env = _environment(env, fields)
+    host = _hostname()
     key = _current_key()
     # relative output paths are the command's own: under its cwd, as its shell would see them
     out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
     err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
-    handles: list[Any] = []
+    fds: list[int] = []
     try:
         out: Any = subprocess.PIPE
         err: Any = subprocess.PIPE
-        for path in (out_path, err_path):
-            if path:
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         if out_path:
-            out = open(out_path, "wb")  # noqa: SIM115 - closed in finally
-            handles.append(out)
+            out = _open_output(out_path)
+            fds.append(out)
         if err_path:
-            err = out if err_path == out_path else open(err_path, "wb")  # noqa: SIM115
+            err = out if err_path == out_path else _open_output(err_path)
             if err is not out:
-                handles.append(err)
+                fds.append(err)
         start = time.monotonic()
         stopper = _stopper(key)
         if stopper is None or stopper.stopped:
@@ -261,8 +290,8 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
             SENTINEL.ended(proc.pid)
         duration = time.monotonic() - start
     finally:
-        for h in handles:
-            h.close()
+        for fd in fds:
+            os.close(fd)
     if proc.returncode != 0:
         stderr_tail = (tail(captured_err) if captured_err is not None
                        else _file_tail(err_path) if err_path else "")

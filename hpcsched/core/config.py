@@ -263,7 +263,7 @@ def read(cls: type[S], **overrides: Any) -> S:
     1.1
     """
     keys = _keys_of(cls)
-    given = {name: overrides.pop(name, None) for name in cls.__dataclass_fields__}  # type: ignore[attr-defined]
+    given = {name: overrides.pop(name, None) for name in cls.__struct_fields__}  # type: ignore[attr-defined]
     found = _lookup([key for name, key in keys.items() if given[name] is None])
     values: dict[str, Any] = {}
     for name, value in given.items():

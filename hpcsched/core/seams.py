@@ -56,6 +56,7 @@ SEAMS: dict[str, str] = {
     "history": "hpcsched.diagnostics.history:client_history",
     "submit-command": "hpcsched.commands.run:submit_command",
     "map-command": "hpcsched.commands.run:map_command",
+    "forward-output": "hpcsched.diagnostics.forwarding:forward",
     # a task holding many slots: the environment that starts an MPI program on them
     "gang-environment": "hpcsched.hpc.gang:enter_environment",
 }

@@ -5,7 +5,8 @@ diagnostics, the processes' garbage collector (``admin.*``), adaptive scaling an
 systems (``jobqueue.*``; a batch system's own section, ``jobqueue.slurm.*`` and the like,
 holds its cluster's keyword arguments and is read with their names instead).
 
-Each class is a frozen dataclass whose fields name their configuration keys, by the
+Each class is a frozen record (cheap to define, see :mod:`hpcsched.core.state.settings`)
+whose fields name their configuration keys, by the
 rule of :mod:`hpcsched.core.state.settings` (the field ``death_timeout`` of
 :class:`WorkerSettings` is ``worker.death-timeout``; :func:`~.state.settings.setting`
 names the others). Their defaults are those of :data:`hpcsched.core.config.DEFAULTS`,
@@ -19,9 +20,9 @@ reads its settings as one object, never a key by its text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
+from hpcsched.core.protocol.records import Record
 from hpcsched.core.state.settings import SchedulerSettings, setting
 
 __all__ = ["AdaptiveSettings", "AdminSettings", "ClientSettings", "CommSettings",
@@ -29,8 +30,7 @@ __all__ = ["AdaptiveSettings", "AdminSettings", "ClientSettings", "CommSettings"
            "SchedulerSettings", "WorkerSettings"]
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerServerSettings:
+class SchedulerServerSettings(Record):
     """What the scheduler server does beside its state (``scheduler.*``; the state's own
     numbers are :class:`~hpcsched.core.state.settings.SchedulerSettings`)."""
 
@@ -64,8 +64,7 @@ class SchedulerServerSettings:
     history: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerSettings:
+class WorkerSettings(Record):
     """A worker's settings (``worker.*``)."""
 
     SECTION: ClassVar[str] = "worker"
@@ -118,8 +117,7 @@ class WorkerSettings:
     local_directory: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ClientSettings:
+class ClientSettings(Record):
     """A client's settings (``client.*``, and the fusion of the graphs it submits)."""
 
     SECTION: ClassVar[str] = "client"
@@ -134,7 +132,8 @@ class ClientSettings:
     #: linear-chain fusion of graphs given to get/compute
     fuse: bool = setting(True, key="scheduler.fuse")
     #: ``Future.result()`` brings along the small finished results the client is about to
-    #: ask for (the rest of a map, an ``as_completed``, a ``wait``, done callbacks):
+    #: ask for (the rest of a map or of single submits, an ``as_completed``, a ``wait``,
+    #: done callbacks):
     #: at most this many bytes of them per request ...
     prefetch_bytes: int = setting(16 * 2**20, unit="bytes")
     #: ... none larger than this (larger ones stay on the workers until asked for) ...
@@ -143,8 +142,7 @@ class ClientSettings:
     prefetch_held_bytes: int = setting(64 * 2**20, unit="bytes")
 
 
-@dataclass(frozen=True, slots=True)
-class MPISettings:
+class MPISettings(Record):
     """MPI mode's settings (``mpi.*``): the ranks' polling and their failure model."""
 
     SECTION: ClassVar[str] = "mpi"
@@ -176,8 +174,7 @@ class MPISettings:
     requeue: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class CommSettings:
+class CommSettings(Record):
     """The transport's settings (``comm.*``): timeouts, limits, TLS files."""
 
     SECTION: ClassVar[str] = "comm"
@@ -207,8 +204,7 @@ class CommSettings:
     tls_ca: str | None = setting(None, key="comm.tls.ca")
 
 
-@dataclass(frozen=True, slots=True)
-class DashboardSettings:
+class DashboardSettings(Record):
     """The dashboard and its /metrics (``diagnostics.dashboard.*``)."""
 
     SECTION: ClassVar[str] = "diagnostics.dashboard"
@@ -219,8 +215,7 @@ class DashboardSettings:
     refresh: float = setting(0.5, unit="seconds")
 
 
-@dataclass(frozen=True, slots=True)
-class AdminSettings:
+class AdminSettings(Record):
     """The processes that run a scheduler or a worker (``admin.*``)."""
 
     SECTION: ClassVar[str] = "admin"
@@ -231,8 +226,7 @@ class AdminSettings:
     gc_threshold: int | None = 20_000
 
 
-@dataclass(frozen=True, slots=True)
-class AdaptiveSettings:
+class AdaptiveSettings(Record):
     """Adaptive scaling (``adaptive.*``; hpcsched/launchers/adaptive.py)."""
 
     SECTION: ClassVar[str] = "adaptive"
@@ -251,8 +245,7 @@ class AdaptiveSettings:
     history: int = 100
 
 
-@dataclass(frozen=True, slots=True)
-class JobQueueSettings:
+class JobQueueSettings(Record):
     """What batch clusters share (``jobqueue.*``; hpcsched/jobqueue/)."""
 
     SECTION: ClassVar[str] = "jobqueue"

@@ -120,6 +120,10 @@ class Diagnostics:
         scheduler.state.recorder = self.recorder
         self.history = _open_history(scheduler)
         self.recorder.history = self.history
+        recovery = getattr(scheduler, "recovery", None)
+        if self.history is not None and recovery is not None and recovery.journal is not None:
+            self.history.spool()  # its rows no later than the journal: a SIGKILL loses none
+            recovery.before_sync.append(self.history.sync)
         self.refresh = float(config.read(DashboardSettings).refresh)
         self._cache: dict[Any, tuple[float, Any, float]] = {}  # what -> (time, value, cost)
         self._cache_lock = threading.Lock()
@@ -223,6 +227,9 @@ class Diagnostics:
             self._listener.close()  # not served yet: its thread will not serve it
         self.scheduler.services.pop("dashboard", None)
         if self.history is not None:
+            recovery = getattr(self.scheduler, "recovery", None)
+            if recovery is not None and self.history.sync in recovery.before_sync:
+                recovery.before_sync.remove(self.history.sync)
             self.history.close()
 
     # ------------------------------------------------------------ snapshots

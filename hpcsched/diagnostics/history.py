@@ -9,6 +9,14 @@ file in batches (one transaction every :data:`FLUSH_SECONDS` or :data:`FLUSH_ROW
 the scheduler never waits on the disk. The table is append-only; a scheduler restarted
 with the same file goes on appending (its runs told apart by ``run``).
 
+A journaled scheduler loses nothing to a ``SIGKILL``: each loop turn, before the journal
+is written and the turn's messages go out, :meth:`History.sync` appends the rows the turn
+made to a spool file beside the history (one ``write`` of one record, checksummed as the
+journal's; :data:`SPOOL_BYTES` per file, a full one replaced by a new one and deleted
+once the writer thread has put all it holds in SQLite). So a row is in the operating
+system's hands no later than the journal that a restart reads; a History opened on the
+file of a killed run puts the spooled rows that did not reach SQLite there, once each.
+
 Read it with ``hpcsched history`` (a table, filters, CSV), ``Client.history()`` (a
 pandas DataFrame when pandas is there), or any SQLite client::
 
@@ -18,11 +26,15 @@ pandas DataFrame when pandas is there), or any SQLite client::
 
 from __future__ import annotations
 
+import glob
 import logging
+import marshal
 import os
 import sqlite3
+import struct
 import threading
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Iterable
 from itertools import repeat
@@ -32,6 +44,8 @@ logger = logging.getLogger("hpcsched.diagnostics")
 
 FLUSH_SECONDS = 0.5
 FLUSH_ROWS = 50_000
+SPOOL_BYTES = 16 * 2**20
+_FRAME = struct.Struct("<II")  # length, crc32 of the marshalled (run, rows)
 COLUMNS = ("key", "grp", "job", "worker", "host", "start", "stop", "outcome", "nbytes",
            "run")
 SCHEMA = """
@@ -47,9 +61,17 @@ create table if not exists tasks (
     nbytes integer,         -- its result's size
     run text not null       -- which scheduler run wrote the row (a restart: a new run)
 );
-create index if not exists tasks_grp on tasks (grp);
-create index if not exists tasks_job on tasks (job);
+create table if not exists hosts (worker text primary key, host text);
 """
+# Each row goes to SQLite as the scheduler made it: its job and its worker's host are
+# computed by SQLite, in C, rather than per row in Python on a thread that shares the GIL
+# with the scheduler (no index either: a filtered read scans, once, what inserts would pay
+# for on every row).
+_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, job, host, run)
+values (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+        case when substr(?1, 1, 13) = 'hpcsched-job-'
+             then substr(?1, 14, instr(substr(?1, 14) || '-', '-') - 1) end,
+        (select host from hosts where worker = ?3), '{run}')"""
 JOB_PREFIX = "hpcsched-job-"
 
 
@@ -76,10 +98,20 @@ class History:
         self._wake = threading.Event()
         self._waiters: list[threading.Event] = []  # flush() calls waiting for a pass
         self._closed = False
-        self.written = 0
+        self.written = 0  # rows in SQLite (the writer thread counts)
+        self.appended = 0  # rows handed to it (the scheduler's thread counts)
+        self._turn: list | None = None  # this loop turn's rows, when spooling
+        self._spool_fd = -1
+        self._spool_n = 0
+        self._spool_size = 0
+        self._retired: list[tuple[str, int]] = []  # full spools: (path, rows up to its end)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with sqlite3.connect(path) as db:  # fail now, in the caller, if it cannot be made
             db.executescript(SCHEMA)
+            self.recovered = _recover_spools(db, path)
+        if self.recovered:
+            logger.info("task history %s: %d rows of a run that ended abruptly put back from "
+                        "its spool", path, self.recovered)
         self._thread = threading.Thread(target=self._write_loop, daemon=True,
                                         name="hpcsched-history")
         self._thread.start()
@@ -87,19 +119,66 @@ class History:
     # ------------------------------------------------------------ scheduler's thread
     def task(self, key: Any, group: str, worker: str, start: float, stop: float,
              outcome: str, nbytes: int) -> None:
-        self._rows.append((key, group, worker, start, stop, outcome, nbytes))
+        row = (key, group, worker, start, stop, outcome, nbytes)
+        self._rows.append(row)
+        self.appended += 1
+        if self._turn is not None:
+            self._turn.append(row)
 
     def elements(self, group: str, worker: str, keys: list, starts: list, stops: list,
                  nbytes: list) -> None:
         n = len(keys)
-        self._rows.extend(zip(keys, repeat(group, n), repeat(worker, n), starts, stops,
-                              repeat("memory", n), nbytes, strict=True))
+        rows = list(zip(keys, repeat(group, n), repeat(worker, n), starts, stops,
+                        repeat("memory", n), nbytes, strict=True))
+        self._rows.extend(rows)
+        self.appended += n
+        if self._turn is not None:
+            self._turn.extend(rows)
+
+    def spool(self) -> None:
+        """From now on, :meth:`sync` spools each loop turn's rows (a journaled scheduler)."""
+        if self._turn is None:
+            self._turn = []
+            self._next_spool()
+
+    def sync(self) -> None:
+        """The scheduler's thread, each loop turn, before the journal: this turn's rows
+        appended to the spool; spools whose rows are all in SQLite deleted."""
+        rows = self._turn
+        if not rows:
+            return
+        self._turn = []
+        try:
+            payload = marshal.dumps((self.run, rows))
+        except ValueError:  # a key marshal cannot write: as the table stores it
+            payload = marshal.dumps((self.run, [(str(r[0]), *r[1:]) for r in rows]))
+        frame = _FRAME.pack(len(payload), zlib.crc32(payload)) + payload
+        os.write(self._spool_fd, frame)
+        self._spool_size += len(frame)
+        if self._spool_size >= SPOOL_BYTES:
+            self._retired.append((self._spool_path(self._spool_n), self.appended))
+            os.close(self._spool_fd)
+            self._next_spool()
+        while self._retired and self._retired[0][1] <= self.written:
+            _unlink(self._retired.pop(0)[0])
+
+    def _spool_path(self, n: int) -> str:
+        return f"{self.path}.spool.{self.run}.{n}"
+
+    def _next_spool(self) -> None:
+        self._spool_n += 1
+        self._spool_fd = os.open(self._spool_path(self._spool_n),
+                                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        self._spool_size = 0
 
     # ------------------------------------------------------------ its own thread
     def _write_loop(self) -> None:
         db = sqlite3.connect(self.path, check_same_thread=False)
         try:
             db.execute("pragma journal_mode=wal")
+            # no fsync per transaction: a killed process loses no committed row (the spool
+            # holds those not yet written); a crash of the machine may lose the last ones
+            db.execute("pragma synchronous=normal")
             while True:
                 self._wake.wait(FLUSH_SECONDS)
                 self._wake.clear()
@@ -124,12 +203,14 @@ class History:
             for _ in range(min(len(rows), FLUSH_ROWS)):
                 batch.append(pop())
             hosts = self._hosts() if self._hosts is not None else {}
-            run = self.run
-            with db:
-                db.executemany(
-                    "insert into tasks values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(str(k), g, _job_of(k), w, hosts.get(w), a, b, o, n, run)
-                     for k, g, w, a, b, o, n in batch])
+            insert = _INSERT.format(run=self.run)  # a hex id of our own: no quoting needed
+            try:
+                with db:
+                    db.executemany("insert or replace into hosts values (?, ?)", hosts.items())
+                    db.executemany(insert, batch)
+            except (sqlite3.ProgrammingError, sqlite3.InterfaceError):  # a key not a string
+                with db:
+                    db.executemany(insert, [(str(r[0]), *r[1:]) for r in batch])
             self.written += len(batch)
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -145,6 +226,67 @@ class History:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout)
+        if self._spool_fd >= 0:
+            os.close(self._spool_fd)
+            self._spool_fd = -1
+            if not self._thread.is_alive() and self.written >= self.appended:
+                for path, _ in self._retired:
+                    _unlink(path)
+                _unlink(self._spool_path(self._spool_n))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _spooled(path: str) -> list[tuple]:
+    """The rows of one spool file, up to a torn or damaged last record."""
+    with open(path, "rb") as f:
+        data = f.read()
+    rows: list[tuple] = []
+    at = 0
+    while at + _FRAME.size <= len(data):
+        length, crc = _FRAME.unpack_from(data, at)
+        payload = data[at + _FRAME.size:at + _FRAME.size + length]
+        if len(payload) < length or zlib.crc32(payload) != crc:
+            break
+        run, batch = marshal.loads(payload)
+        rows.extend((run, *r) for r in batch)
+        at += _FRAME.size + length
+    return rows
+
+
+def _recover_spools(db: sqlite3.Connection, path: str) -> int:
+    """Put the spooled rows of earlier runs that SQLite lacks in it, then delete the
+    spools; returns how many rows were added."""
+    spools = sorted(glob.glob(glob.escape(path) + ".spool.*"),
+                    key=lambda p: (p.rsplit(".", 2)[-2], int(p.rsplit(".", 1)[-1])
+                                   if p.rsplit(".", 1)[-1].isdigit() else 0))
+    if not spools:
+        return 0
+    rows = [r for p in spools for r in _spooled(p)]
+    have: dict[str, set] = {}
+    added = []
+    hosts: dict[str, Any] = {}
+    for run, k, g, w, a, b, o, n in rows:
+        if run not in have:
+            have[run] = {(key, start) for key, start in
+                         db.execute("select key, start from tasks where run = ?", (run,))}
+            hosts.update(db.execute("select worker, host from tasks where run = ? and "
+                                    "host is not null group by worker", (run,)).fetchall())
+        ident = (str(k), a)
+        if ident in have[run]:
+            continue
+        have[run].add(ident)
+        added.append((str(k), g, _job_of(k), w, hosts.get(w), a, b, o, n, run))
+    with db:
+        db.executemany("insert into tasks values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", added)
+    for p in spools:
+        _unlink(p)
+    return len(added)
 
 
 def read(path: str, *, job: str | None = None, group: str | None = None,

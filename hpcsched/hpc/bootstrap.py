@@ -75,7 +75,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from hpcsched.core import config
@@ -94,17 +93,17 @@ EXIT_INTERRUPTED = 130
 EXIT_NOT_FINISHED = 75
 
 
-@dataclass
 class _Job:
     """This process's place in the MPI job (``MPI`` is None for a world of one)."""
 
-    MPI: Any
-    rank: int
-    size: int
-    fence_comm: Any = None
-    comm: Any = None  # the communicator the cluster runs on (None: COMM_WORLD)
-    endpoint: Any = None  # this rank's hpcsched.hpc.mpi.Endpoint
-    hosts: list[str] = field(default_factory=list)  # every rank's host name, by rank
+    __slots__ = ("MPI", "rank", "size", "fence_comm", "comm", "endpoint", "hosts")
+
+    def __init__(self, MPI: Any, rank: int, size: int, *, comm: Any = None) -> None:
+        self.MPI, self.rank, self.size = MPI, rank, size
+        self.fence_comm: Any = None
+        self.comm = comm  # the communicator the cluster runs on (None: COMM_WORLD)
+        self.endpoint: Any = None  # this rank's hpcsched.hpc.mpi.Endpoint
+        self.hosts: list[str] = []  # every rank's host name, by rank
 
 
 class MPIMode:

@@ -35,10 +35,10 @@ import importlib
 import inspect
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.core.comm.base import parse_host_port
+from hpcsched.core.protocol.records import Record, field
 from hpcsched.core.units import DEFAULT_MEMORY_LIMIT, MemoryLimit, parse_memory_limit
 
 logger = logging.getLogger("hpcsched.initialize")
@@ -64,8 +64,7 @@ IGNORED_WORKER_OPTIONS = {
 }
 
 
-@dataclass(frozen=True)
-class InitOptions:
+class InitOptions(Record):
     """What MPI mode does with :func:`~hpcsched.hpc.bootstrap.initialize`'s arguments."""
 
     comm: Any = None  # None: COMM_WORLD
@@ -74,7 +73,7 @@ class InitOptions:
     local_directory: str | None = None
     dashboard_address: str | None = ":8787"  # None: no dashboard
     worker_class: type | None = None  # None: hpcsched's Worker
-    worker_kwargs: dict = field(default_factory=dict)
+    worker_kwargs: dict = field(factory=dict)
     exit: bool = True
     #: each worker rank takes one GPU of its node, by local rank (``--worker-per-gpu``)
     worker_per_gpu: bool = False

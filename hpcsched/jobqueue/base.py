@@ -37,6 +37,7 @@ import hpcsched.jobqueue.params as params
 import hpcsched.jobqueue.runner as runner
 from hpcsched.core import config
 from hpcsched.core.settings import JobQueueSettings, WorkerSettings
+from hpcsched.core.units import parse_interval
 from hpcsched.jobqueue.job import (
     JobState,
     ceil_div,
@@ -46,7 +47,8 @@ from hpcsched.jobqueue.job import (
     worker_lifetime,
 )
 from hpcsched.jobqueue.launch import LAUNCHERS, launch_command, shell_literal
-from hpcsched.launchers.resources import JobEnvironment, worker_memory_limit
+from hpcsched.launchers import resources
+from hpcsched.launchers.resources import JobEnvironment, first_env_int, worker_memory_limit
 
 logger = logging.getLogger(__name__)
 
@@ -228,15 +230,37 @@ class BatchSystem:
         raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     # ------------------------------------------------------------ inside a job
+    #: what a job's environment says as whole numbers: a field of
+    #: :class:`~hpcsched.launchers.resources.JobEnvironment` -> the variables that may hold
+    #: it, the first one set winning (``{"node_cpus": ("PBS_NUM_PPN", "NCPUS")}``)
+    job_counts: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: the variable holding the job's walltime as a duration, counted from about when this
+    #: process started (workers start with their job); None: the system does not say
+    walltime_variable: ClassVar[str | None] = None
+
     @classmethod
     def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        """What a job of this system tells the processes inside it, or None outside one.
-
-        The base reads only the job's id (:attr:`job_id_variables`); a system adds its
-        cores, memory and walltime's end.
-        """
+        """What a job of this system tells the processes inside it, or None outside one:
+        its id (:attr:`job_id_variables`), the numbers of :attr:`job_counts`, the end of
+        :attr:`walltime_variable`'s walltime, and what :meth:`job_details` adds."""
         job_id = next((env[v] for v in cls.job_id_variables if env.get(v, "").strip()), None)
-        return None if job_id is None else JobEnvironment(cls.system, job_id.strip())
+        if job_id is None:
+            return None
+        said: dict[str, Any] = {field: first_env_int(env, variables)
+                                for field, variables in cls.job_counts.items()}
+        walltime = env.get(cls.walltime_variable, "").strip() if cls.walltime_variable else ""
+        if walltime:
+            said["walltime_end"] = resources.process_start() + parse_interval(
+                walltime, f"walltime {cls.walltime_variable}")
+        said.update((k, v) for k, v in cls.job_details(env, hostname).items() if v is not None)
+        return JobEnvironment(cls.system, job_id.strip(), **said)
+
+    @classmethod
+    def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
+        """Hook: the fields of :class:`~hpcsched.launchers.resources.JobEnvironment` a job's
+        environment gives otherwise than as a number of :attr:`job_counts` (a None is not
+        said: a count of the same field stands)."""
+        return {}
 
     # ------------------------------------------------------------ rendering
     #: the system's flags for the queue (partition) and the account (project) to charge
@@ -477,7 +501,13 @@ class BatchSystem:
         return False
 
     def to_state(self, native: str, exit_code: int | None) -> JobState:
-        return self.states.get(native, JobState.UNKNOWN)
+        """The job's state from its native one; a job done with a non-zero exit code failed
+        (the systems whose "done" says nothing of the exit: Flux, HTCondor, OAR, PBS; a job
+        PBS's qdel ended exits with 256+signal: see Job.cancel_requested)."""
+        state = self.states.get(native, JobState.UNKNOWN)
+        if state is JobState.DONE and exit_code not in (None, 0):
+            return JobState.FAILED
+        return state
 
     def job_output(self, log_text: str) -> str:
         """Hook: the job's own output in its log file, without what the system added."""

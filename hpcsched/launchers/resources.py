@@ -36,10 +36,10 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core import seams
+from hpcsched.core.protocol.records import Record
 from hpcsched.core.units import memory_limit_bytes, parse_memory_limit
 from hpcsched.core.worker.tasks.gpus import Gpus, find
 
@@ -47,8 +47,7 @@ from hpcsched.core.worker.tasks.gpus import Gpus, find
 NVIDIA_SMI_TIMEOUT = 20.0
 
 
-@dataclass(frozen=True)
-class Resources:
+class Resources(Record):
     """What one rank (process) may use, and what is known of its job."""
 
     nthreads: int
@@ -64,8 +63,7 @@ class Resources:
     node_memory: int | None = None  # bytes of the node given to the job
 
 
-@dataclass(frozen=True)
-class JobEnvironment:
+class JobEnvironment(Record):
     """What a batch job tells the processes inside it through their environment.
 
     Each batch system's module reads its own variables into one

@@ -3,6 +3,10 @@ by ``Client.history()`` and ``hpcsched history``, on both roads."""
 
 from __future__ import annotations
 
+import csv
+import io
+import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -96,3 +100,77 @@ def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     assert lines[1].startswith("b-1,b,")
     missing = run(str(tmp_path / "nope.sqlite"))
     assert missing.returncode == 2 and "no task history" in missing.stderr
+
+
+def test_spooled_rows_reach_sqlite_once_after_the_writer_died(tmp_path, monkeypatch):
+    """A scheduler killed between the spool and the writer's next flush: the next History
+    on the file puts the rows that SQLite lacks there, once each, and drops a torn record."""
+    from hpcsched.diagnostics import history
+
+    path = str(tmp_path / "h.sqlite")
+    monkeypatch.setattr(history, "FLUSH_SECONDS", 3600.0)  # the writer never gets to them
+    dead = History(path, lambda: {})
+    dead.spool()
+    dead.task("t-0", "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+    dead.elements("m", "tcp://a:1", ["m-0", "m-1"], [1.0, 2.0], [3.0, 4.0], [8, 8])
+    dead.sync()
+    assert dead.flush(10)  # these three reach SQLite as well as the spool
+    dead.task("t-1", "t", "tcp://a:1", 5.0, 6.0, "erred", 0)
+    dead.sync()  # spooled, never written by the writer
+    (spool,) = (tmp_path).glob("h.sqlite.spool.*")
+    with open(spool, "ab") as f:
+        f.write(b"\x40\x00\x00\x00torn")  # a record cut short by the kill
+    dead._rows.clear()  # the process is gone: its writer thread never writes them
+    dead._spool_fd, fd = -1, dead._spool_fd
+    os.close(fd)
+
+    monkeypatch.setattr(history, "FLUSH_SECONDS", 0.5)
+    again = History(path, lambda: {})
+    assert again.recovered == 1
+    again.close()
+    dead.close()
+    _, rows = read(path)
+    assert sorted(r[0] for r in rows) == ["m-0", "m-1", "t-0", "t-1"]
+    assert not list(tmp_path.glob("h.sqlite.spool.*"))
+
+
+def test_a_killed_journaled_scheduler_loses_no_history_row(procs, tmp_path):
+    """100,000 elements of a map and 200 single tasks, the scheduler SIGKILLed as soon as
+    the client hears of the last ones, restarted on its journal: every task once."""
+    from hpcsched import Client, wait
+    from tests.conftest import wait_until
+    from tests.launchers.procs import WORKER_OPTS, hpcsched_cmd, start_scheduler
+
+    sfile, journal = tmp_path / "scheduler.json", tmp_path / "journal"
+    sched = start_scheduler(procs, sfile, "--journal", str(journal))
+    procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile), *WORKER_OPTS,
+                 "--nworkers", "2"], "workers")
+    with Client(scheduler_file=str(sfile), set_as_default=False, timeout=60) as client:
+        client.wait_for_workers(2, timeout=60)
+        futures = [client.submit(inc, i, pure=False) for i in range(100)]
+        futures += client.map(inc, range(100_000), pure=False)
+        wait(futures, timeout=600)
+        assert {f.status for f in futures} == {"finished"}
+        keys = {str(f.key) for f in futures}
+    with Client(scheduler_file=str(sfile), set_as_default=False, timeout=60) as client:
+        last = [client.submit(inc, i, pure=False, key=f"last-{i}") for i in range(100)]
+        # their rows are made as the client hears of them: killed right after, well within
+        # the history writer's flush period, they are in the spool alone
+        wait(last, timeout=120)
+        os.kill(sched.pid, signal.SIGKILL)
+        assert {f.status for f in last} == {"finished"}
+        keys |= {str(f.key) for f in last}
+    sched.wait(30)
+    sfile.unlink()
+    procs.start([*hpcsched_cmd(), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                 "--scheduler-file", str(sfile), "--journal", str(journal)], "scheduler2")
+    wait_until(sfile.exists, timeout=60, what="the restarted scheduler")
+    r = subprocess.run([*hpcsched_cmd(), "history", "--journal", str(journal), "--csv"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    listed = [row["key"] for row in rows]
+    assert len(listed) == len(set(listed)), "a task listed twice"
+    assert set(listed) == keys, f"{len(keys - set(listed))} tasks missing"
+    assert all(row["worker"].startswith("tcp://") and float(row["stop"]) >= float(row["start"])
+               for row in rows)

@@ -25,7 +25,12 @@ pytestmark = pytest.mark.skipif(shutil.which("mpiexec") is None, reason="mpiexec
 SCRIPT = "tests/hpc/scripts/checkpointed.py"
 # the script and the workers import the tasks from this project's tests
 ON_PATH = {"PYTHONPATH": os.pathsep.join(
-    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    # what is tested is the checkpoints, not the watch of lost ranks (tests/hpc has its
+    # own): on a shared machine under load a rank's progress thread can go without the
+    # CPU for the default 6 s, and the job would end as having lost it
+    "HPCSCHED_MPI__RANK_TIMEOUT": "60"}
+RUN = 240.0  # seconds one run of the job may take: a hang detector
 
 
 def kept(directory: str) -> int:
@@ -33,7 +38,7 @@ def kept(directory: str) -> int:
     return sum(1 for name in os.listdir(directory) if name.endswith(".pkl"))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("how,n", [("error", 200), ("kill", 2000)])
 def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path, how, n):
     journal, done = tmp_path / "campaign.journal", tmp_path / "runs"
@@ -42,7 +47,7 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     args = ["-m", "hpcsched", "--journal", str(journal), SCRIPT, str(done), str(n)]
 
     if how == "error":
-        code, out = run_mpi(3, [*args, str(n // 2)], timeout=120, env=ON_PATH)
+        code, out = run_mpi(3, [*args, str(n // 2)], timeout=RUN, env=ON_PATH)
         assert code == 1, out[-3000:]
         assert "stopping after" in out
     else:  # the allocation ends: every rank killed at once, some in the middle of a write
@@ -51,10 +56,10 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, **ON_PATH})
         try:
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + RUN
             while len(os.listdir(done)) < n // 2:
                 assert proc.poll() is None, "the job ended before it was killed"
-                assert time.monotonic() < deadline, "half the tasks did not run in 120 s"
+                assert time.monotonic() < deadline, f"half the tasks did not run in {RUN} s"
                 time.sleep(0.02)
         finally:
             kill_tree(proc)
@@ -63,7 +68,7 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     assert n // 4 <= saved < n, saved
     assert sum(first.values()) >= saved
 
-    code, out = run_mpi(3, [*args, "0"], timeout=120, env=ON_PATH)
+    code, out = run_mpi(3, [*args, "0"], timeout=RUN, env=ON_PATH)
     assert code == 0, out[-3000:]
     assert f"RESULT {sum(2 * i for i in range(n))}" in out
     second = runs(done)
@@ -73,6 +78,6 @@ def test_a_job_run_again_with_its_journal_skips_the_checkpointed_tasks(tmp_path,
     assert all(k <= 1 for k in ran_again.values())
     assert kept(checkpoints) == n
 
-    code, out = run_mpi(3, [*args, "0"], timeout=120, env=ON_PATH)  # everything is kept: nothing runs
+    code, out = run_mpi(3, [*args, "0"], timeout=RUN, env=ON_PATH)  # everything is kept: nothing runs
     assert code == 0, out[-3000:]
     assert runs(done) == second

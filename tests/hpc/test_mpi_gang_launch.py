@@ -61,6 +61,13 @@ def test_tasks_start_an_mpi_program_on_their_slots_on_this_machine(hello):
         assert res["prefix"].startswith("mpiexec -n 2 -hosts "), res
 
 
+def three_node_gang(hello: str) -> list[str]:
+    """Every rank's command for the three-node tests: MPI mode, one thread a worker, and
+    one task of ``ranks=3``, at most one rank a node, that starts ``hello`` (gang_launch.py)."""
+    return [sys.executable, "-m", "hpcsched", "--nthreads", "1",
+            script("gang_launch.py"), hello, "3", "1", "1"]
+
+
 @pytest.mark.timeout(300)
 def test_a_gang_spread_over_three_nodes_starts_its_program_there_under_mpiexec(hello):
     require(missing_nodes(3), "sudo bash ci/nodes/start-nodes.sh 3")
@@ -79,16 +86,7 @@ def test_a_gang_spread_over_three_nodes_starts_its_program_there_under_mpiexec(h
         "10.77.0.11,10.77.0.12,10.77.0.13",
         "-n",
         "4",
-        sys.executable,
-        "-m",
-        "hpcsched",
-        "--nthreads",
-        "1",
-        str(REPO / "tests/hpc/scripts/gang_launch.py"),
-        hello,
-        "3",
-        "1",
-        "1",
+        *three_node_gang(hello),
     ]
     code, out = run_mpi(
         4,
@@ -125,16 +123,7 @@ def test_a_gang_spread_over_three_nodes_starts_its_program_there_under_srun(hell
         "-J",
         name,
         "--time=5",
-        sys.executable,
-        "-m",
-        "hpcsched",
-        "--nthreads",
-        "1",
-        str(REPO / "tests/hpc/scripts/gang_launch.py"),
-        hello,
-        "3",
-        "1",
-        "1",
+        *three_node_gang(hello),
     ]
     try:
         r = subprocess.run(

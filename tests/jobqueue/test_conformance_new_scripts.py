@@ -370,3 +370,33 @@ def test_each_system_reads_its_own_jobs_environment(tmp_path, monkeypatch):
     job = detect_job({"FLUX_JOB_ID": "ƒ2Tc8nHw", "SLURM_JOB_ID": "5"}, "n")
     assert (job.system, job.job_id) == ("flux", "ƒ2Tc8nHw")  # Flux started under SLURM
     assert detect_job({}, "n") is None
+
+
+def test_each_system_is_asked_only_where_its_job_variables_are_set():
+    # detect_job imports a system's module only where one of JOB_VARIABLES[module] is set:
+    # a system whose in_job could answer without them would never be asked
+    from hpcsched.jobqueue.systems import JOB_VARIABLES, SYSTEMS, system_class
+
+    assert list(JOB_VARIABLES) == list(SYSTEMS)
+    everything = {v: "7" for variables in JOB_VARIABLES.values() for v in variables}
+    everything.update(NSLOTS="4", SGE_ROOT="/sge", PBS_NUM_PPN="2", FLUX_URI="")
+    for module, variables in JOB_VARIABLES.items():
+        cls = system_class(module)
+        if cls.job_id_variables:
+            assert variables == cls.job_id_variables, module
+        others = {k: v for k, v in everything.items() if k not in variables}
+        assert cls.in_job(others, "n") is None, module
+
+
+def test_outside_a_job_no_batch_system_is_imported(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from hpcsched.launchers.resources import batch_job\n"
+            "assert batch_job({'HOME': '/home/me'}, 'n') is None\n"
+            "print(sorted(m for m in sys.modules if m.startswith('hpcsched.jobqueue.')))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['hpcsched.jobqueue.systems']"]

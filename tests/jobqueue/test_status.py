@@ -299,3 +299,18 @@ def test_lsf_log_keeps_the_jobs_output_not_the_report():
               "Traceback: boom\n")
     assert s.job_output(before).strip() == "Traceback: boom"
     assert s.job_output("plain\n") == "plain\n"
+
+
+def test_every_system_reads_a_done_job_with_a_non_zero_exit_as_failed():
+    from hpcsched.jobqueue.job import JobState
+    from hpcsched.jobqueue.systems import SYSTEMS, system_class
+
+    for module in SYSTEMS:
+        kw = {"disk": "1GB"} if module == "htcondor" else {}
+        system = system_class(module)(cores=1, memory="1GB", **kw)
+        done = [native for native, state in system.states.items() if state is JobState.DONE]
+        for native in done:
+            assert system.to_state(native, None) is JobState.DONE, module
+            assert system.to_state(native, 0) is JobState.DONE, module
+            if module != "sge":  # qacct's exit code is read apart (sge_state)
+                assert system.to_state(native, 3) is JobState.FAILED, (module, native)

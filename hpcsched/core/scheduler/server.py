@@ -312,10 +312,13 @@ class Scheduler:
             # state's own: a retirement, a missed heartbeat)
             self.removal_stimulus = self.state.removed_by.pop(peer, "")
             self._notify_workers("remove", peer, info)
-        elif peer in self.state.clients:
+        else:
+            # a client; or a peer the state does not know, such as a holder of leases the
+            # journal named that has no task of its own: its waits and leases end all the same
             self.primitives.peer_left(peer)
-            self.handle_event(ev.RemoveClient(peer, now=now,
-                                              stimulus_id=self.stimulus("remove-client")))
+            if peer in self.state.clients:
+                self.handle_event(ev.RemoveClient(peer, now=now,
+                                                  stimulus_id=self.stimulus("remove-client")))
             self.recovery.client_left(peer)
 
     def _notify_workers(self, what: str, address: str, info: dict | None = None) -> None:
@@ -399,11 +402,7 @@ class Scheduler:
         self.handle_event(ev.Tick(now=now, stimulus_id=self.stimulus("tick")))
         self.primitives.tick(now)
         for client in self.recovery.tick(self.connections.comms):
-            if client in self.state.clients:
-                self._disconnect(client, "did not come back")
-            else:  # a holder of a lease the journal named, with no task of its own
-                self.primitives.peer_left(client)
-                self.recovery.client_left(client)
+            self._disconnect(client, "did not come back")
         # workers the state removed (no heartbeat, retired) lose their comms too; the
         # state's workers are worker peers (only a registration adds them), so equal
         # counts mean there is none to look for

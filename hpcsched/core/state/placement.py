@@ -505,7 +505,8 @@ class Placement:
         workers = self.registry.workers
         while self.n_queued:
             head = self.queue_head()
-            if head is not None and self.holds_back(head.priority):
+            if self.reserving is not None and head is not None \
+                    and self.holds_back(head.priority):
                 break  # it waits behind a wide task gathering its workers
             if ws.end is not None and head is not None and not self.lifetime_allows(
                     ws, self.expected_seconds(head), head.group.name):

@@ -38,7 +38,6 @@ one ("first-come-first-served, coarsely", as distributed's priorities).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from typing import Any
 
 from hpcsched.core.protocol import records
@@ -75,7 +74,7 @@ class SchedulerState:
     def __init__(self, settings: SchedulerSettings | None = None, **overrides: Any):
         st = settings or SchedulerSettings()
         if overrides:
-            st = replace(st, **overrides)
+            st = records.replace(st, **overrides)
         self.settings = st
         self.out = Outbox()
         self.registry = WorkerRegistry(st.bandwidth)

@@ -1,6 +1,8 @@
 """The state machines' settings and their defaults, written once; how a field names its key.
 
-A settings class is a frozen dataclass whose fields are configuration keys: the field
+A settings class is a frozen record (:class:`~hpcsched.core.protocol.records.Record`,
+whose class costs microseconds to define where a dataclass compiles its methods: every
+process reads settings at its start) whose fields are configuration keys: the field
 ``worker_saturation`` of a class whose ``SECTION`` is ``"scheduler"`` is the key
 ``scheduler.worker-saturation`` (``_`` becomes ``-``), unless :func:`setting` names
 another key, or none (``key=None``: a value only code gives, such as a seed). The defaults
@@ -25,28 +27,39 @@ configuration is read (:mod:`hpcsched.core.units`).
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, ClassVar
+
+from hpcsched.core.protocol.records import NODEFAULT, Field, Record, fields
 
 ROOTISH_POLICIES = ("queue", "co-assign", "mars")
 
 _NAMED = "named"  # the key follows the naming rule
 
 
-def setting(default: Any = MISSING, *, key: str | None = _NAMED, unit: str | None = None,
-            default_factory: Any = MISSING) -> Any:
+class Setting(Field):
+    """A declared field of a settings class: a record's field with its configuration
+    ``key`` and ``unit`` (see :func:`setting`)."""
+
+    __slots__ = ("key", "unit")
+
+    def __init__(self, default: Any, factory: Any, key: str | None, unit: str | None):
+        super().__init__("plain", default=default, factory=factory)
+        self.key, self.unit = key, unit
+
+
+def setting(default: Any = NODEFAULT, *, key: str | None = _NAMED, unit: str | None = None,
+            default_factory: Any = NODEFAULT) -> Any:
     """A field of a settings class: its ``key`` (by default ``SECTION.field-name``; None:
     not a configuration key) and the ``unit`` its text is read in (``"bytes"``, or
     ``"seconds"``: a duration, 0 allowed)."""
-    return field(default=default, default_factory=default_factory,
-                 metadata={"key": key, "unit": unit})
+    return Setting(default, default_factory, key, unit)
 
 
 def config_keys(cls: type) -> dict[str, str]:
     """``{field name: configuration key}`` of a settings class's configured fields."""
     out = {}
     for f in fields(cls):
-        key = f.metadata.get("key", _NAMED)
+        key = getattr(f, "key", _NAMED)
         if key == _NAMED:
             key = f"{cls.SECTION}.{f.name.replace('_', '-')}"  # type: ignore[attr-defined]
         if key is not None:
@@ -57,11 +70,10 @@ def config_keys(cls: type) -> dict[str, str]:
 def unit_of(cls: type, name: str) -> str | None:
     """The unit the field ``name`` of ``cls`` is written in, if any (``"bytes"``,
     ``"seconds"``)."""
-    return next(f.metadata.get("unit") for f in fields(cls) if f.name == name)
+    return next(getattr(f, "unit", None) for f in fields(cls) if f.name == name)
 
 
-@dataclass(frozen=True, slots=True)
-class SchedulerSettings:
+class SchedulerSettings(Record):
     """What the scheduler state decides with (see ``scheduler.*`` in the configuration)."""
 
     SECTION: ClassVar[str] = "scheduler"

@@ -214,7 +214,8 @@ class TaskGraph:
         if placement.unrunnable:
             self.transitions([(ts, "processing") for ts in list(placement.unrunnable)])
         tried = None
-        while (ts := placement.next_gang()) is not None and ts is not tried:
+        while placement.gangs and (ts := placement.next_gang()) is not None \
+                and ts is not tried:  # (no wide task waiting: no call, the common case)
             tried = ts
             self.transitions([(ts, "processing")])
 

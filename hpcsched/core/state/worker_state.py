@@ -279,16 +279,21 @@ class WorkerState:
     @handlers.on(ev.FreeKeys)
     def _free_keys(self, e: ev.FreeKeys) -> None:
         elements = []  # of bulk maps: their results are held without a task
-        if e.keys:  # one record per message: the server tells only tasks that asked
-            self._out.append(ev.Interrupt(e.keys))
+        running = []  # tasks a thread runs here: one may stop early (Interrupt)
         for key in e.keys:
             ts = self.tasks.get(key)
             if ts is None:
                 elements.append(key)
                 continue
+            if ts.state in RUNNING:
+                running.append(key)
             ts.keep = False
             ts.report_replica = False
             self._release(ts)
+        if running or elements:
+            # the elements too: one of a range not started yet will not run (RangeRunner);
+            # a task held in memory, the common case, makes no command at all
+            self._out.append(ev.Interrupt(running + elements))
         if elements:
             discard = getattr(self.data, "discard_many", None)  # a spill buffer: one lock
             if discard is not None:

@@ -3,9 +3,16 @@
 * :func:`run_spec_call` runs a task's :class:`~hpcsched.core.protocol.run_spec.RunSpec`
   against the worker's data (keeping its result in a checkpoint
   file, or reading it from one, when the spec says so: :mod:`.checkpoint`);
+  :func:`load_call` is its first half, the function and arguments unpickled, so that
+  a task's measured run leaves out what unpickling costs (the first task of a function
+  imports its module: seconds on a loaded machine, which the mean duration of its group,
+  and thus how many of them a worker is given at once, would remember for thousands of
+  tasks), as dask.distributed times only the call
+  (https://distributed.dask.org/en/stable/worker-state.html);
 * :func:`pack_exception` turns an exception into (serialized exception,
   traceback text, one-line description): what ``task-erred`` carries, and what
-  a client's ``result()`` raises again, with the worker's traceback;
+  a client's ``result()`` raises again, with the worker's traceback and the last
+  lines the task printed (:mod:`.tasks.output`);
 * :func:`serialization_errors` finds which results cannot be serialized to
   leave their worker, packed the same way: the exception pickling raised
   (e.g. by a ``__reduce__``), not a wrapper, so that the client sees the
@@ -15,7 +22,8 @@
 from __future__ import annotations
 
 import traceback as tb_mod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 from hpcsched.core.graph.dsk import evaluate
@@ -28,7 +36,8 @@ from hpcsched.core.protocol.serialize import (
     serialize,
 )
 from hpcsched.core.worker import checkpoint
-from hpcsched.core.worker.context import hook_dask
+from hpcsched.core.worker.context import current, hook_dask
+from hpcsched.core.worker.tasks import output
 
 
 class RemoteError(Exception):
@@ -42,17 +51,28 @@ class RemoteError(Exception):
 def run_spec_call(run_spec: RunSpec, data: Mapping) -> Any:
     """Run a task's spec; with a checkpoint (:mod:`.checkpoint`) the result is kept in its
     file, or, with ``load``, read from there instead of running."""
+    return load_call(run_spec, data)()
+
+
+def load_call(run_spec: RunSpec, data: Mapping) -> Callable[[], Any]:
+    """The task's run, its function and arguments unpickled: call it to run the task
+    (:func:`run_spec_call`)."""
     kept = run_spec.checkpoint
     if kept is None:
-        return _call(run_spec, data)
+        return _load(run_spec, data)
     if kept.load:
-        return checkpoint.load(kept.path, kept.key)
-    value = _call(run_spec, data)
-    checkpoint.save(kept.path, kept.key, value)
-    return value
+        return partial(checkpoint.load, kept.path, kept.key)
+    call = _load(run_spec, data)
+
+    def run_and_keep() -> Any:
+        value = call()
+        checkpoint.save(kept.path, kept.key, value)
+        return value
+
+    return run_and_keep
 
 
-def _call(run_spec: RunSpec, data: Mapping) -> Any:
+def _load(run_spec: RunSpec, data: Mapping) -> Callable[[], Any]:
     func_blob, args_blob = run_spec.function, run_spec.args
     args: Any
     kwargs: Any
@@ -64,14 +84,22 @@ def _call(run_spec: RunSpec, data: Mapping) -> Any:
         args = evaluate(args, data)
         kwargs = evaluate(kwargs, data) if kwargs else kwargs
     if func_blob is None:  # a literal value or an alias
-        return args[0]
+        return partial(_identity, args[0])
     func = loads_function(func_blob)
     hook_dask()  # the function may have brought dask in: its .compute() goes to the cluster
-    return func(*args, **kwargs)
+    return partial(func, *args, **kwargs)
+
+
+def _identity(value: Any) -> Any:
+    return value
 
 
 def pack_exception(exc: BaseException, tb: Any) -> tuple[Any, str, str]:
-    """(Serialized exception, traceback text, one-line description)."""
+    """(Serialized exception, traceback text, one-line description); raised by a task
+    this thread runs, the exception carries the last lines the task printed as a note."""
+    running = current()
+    if running is not None:
+        output.annotate(exc, running.key)
     text = f"{type(exc).__name__}: {exc}"
     tb_text = "".join(tb_mod.format_exception(type(exc), exc, tb))
     try:

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from typing import Any
 
+from msgspec.structs import force_setattr
+
 from hpcsched.core import config
+from hpcsched.core.protocol.records import Record
 from hpcsched.core.settings import WorkerSettings
 
 #: exit status of a worker process that passed the terminate fraction: EX_TEMPFAIL of
@@ -67,8 +69,7 @@ def _fraction(name: str, value: Any) -> float | None:
     return f
 
 
-@dataclass(frozen=True)
-class MemoryLimits:
+class MemoryLimits(Record):
     """A worker's ``memory_limit`` (bytes; 0: unmanaged) and its four fractions."""
 
     limit: int
@@ -81,7 +82,8 @@ class MemoryLimits:
         if not isinstance(self.limit, int) or self.limit < 0:
             raise ValueError(f"memory_limit must be a number of bytes >= 0, not {self.limit!r}")
         for name in FRACTIONS:
-            object.__setattr__(self, name, _fraction(name, getattr(self, name)))
+            # as it is built (msgspec's documented use of force_setattr), never after
+            force_setattr(self, name, _fraction(name, getattr(self, name)))
 
     @classmethod
     def from_config(cls, limit: int, **overrides: Any) -> MemoryLimits:
@@ -110,8 +112,7 @@ class MemoryLimits:
         return math.inf if f is None or not self.limit else f * self.limit
 
 
-@dataclass(frozen=True)
-class MemoryPlan:
+class MemoryPlan(Record):
     evict_bytes: int = 0  # spill this many bytes of results (least recently used first)
     pause: bool | None = None  # True: pause; False: resume; None: no change
     terminate: bool = False  # past the terminate fraction with nothing left to spill

@@ -25,13 +25,13 @@ import logging
 import shutil
 import subprocess
 from collections.abc import Mapping
+from typing import Any
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import JobState
-from hpcsched.launchers.resources import JobEnvironment
 
 logger = logging.getLogger(__name__)
 INSTANCE_QUERY_TIMEOUT = 10.0  # seconds: asking the job's own Flux instance, once
@@ -80,10 +80,9 @@ class FluxSystem(BatchSystem):
 
     @classmethod
     @override
-    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        job = super().in_job(env, hostname)
-        if job is None or not env.get("FLUX_URI"):
-            return job
+    def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
+        if not env.get("FLUX_URI"):
+            return {}
         cores = _ask_instance(["resource", "list", "-s", "up", "-n", "-o", "{ncores}"], env)
         end = None
         r_text = _ask_instance(["kvs", "get", "resource.R"], env)
@@ -94,7 +93,7 @@ class FluxSystem(BatchSystem):
                 expiration = 0.0
             end = expiration or None
         total = sum(int(x) for x in (cores or "").split() if x.isdigit())
-        return JobEnvironment(cls.system, job.job_id, node_cpus=total or None, walltime_end=end)
+        return {"node_cpus": total or None, "walltime_end": end}
 
     @override
     def validate_system(self) -> None:
@@ -148,9 +147,3 @@ class FluxSystem(BatchSystem):
                 out[parts[0]] = (parts[1], int(code) if code.lstrip("-").isdigit() else None)
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED
-        return state

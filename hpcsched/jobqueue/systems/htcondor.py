@@ -241,12 +241,6 @@ class HTCondorSystem(BatchSystem):
                 out[parts[0]] = (parts[1], int(code) if code.lstrip("-").isdigit() else None)
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED
-        return state
 
     @override
     def stuck_in_queue(self, native: str) -> bool:

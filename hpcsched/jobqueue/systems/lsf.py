@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import JobState, ceil_div, parse_memory
-from hpcsched.launchers.resources import JobEnvironment, env_int
 
 STATES: dict[str, JobState] = {
     **dict.fromkeys(["PEND", "PSUSP", "USUSP", "SSUSP", "WAIT", "PROV"], JobState.PENDING),
@@ -102,16 +102,12 @@ class LSFSystem(BatchSystem):
     #: dask-jobqueue's: ncpus / mem (bytes) to book when they differ from cores / memory
     extra_params = {"use_stdin": True, "lsf_units": None, "ncpus": None, "mem": None}
     job_id_variables = ("LSB_JOBID",)
+    job_counts = {"node_cpus": ("LSB_DJOB_NUMPROC",)}  # unless LSB_MCPU_HOSTS names this host
 
     @classmethod
     @override
-    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        job = super().in_job(env, hostname)
-        if job is None:
-            return None
-        cpus = host_slots(env, hostname)
-        return JobEnvironment(cls.system, job.job_id, node_cpus=cpus if cpus is not None
-                              else env_int(env, "LSB_DJOB_NUMPROC"))
+    def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
+        return {"node_cpus": host_slots(env, hostname)}
 
     @override
     def validate_system(self) -> None:

@@ -33,7 +33,7 @@ import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
 from hpcsched.launchers import resources
-from hpcsched.launchers.resources import JobEnvironment, env_int
+from hpcsched.launchers.resources import env_int
 
 P, R = JobState.PENDING, JobState.RUNNING
 
@@ -84,10 +84,7 @@ class OARSystem(BatchSystem):
 
     @classmethod
     @override
-    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        job = super().in_job(env, hostname)
-        if job is None:
-            return None
+    def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
         cores = None
         nodefile = env.get("OAR_NODEFILE", "")
         if nodefile:
@@ -100,7 +97,7 @@ class OARSystem(BatchSystem):
             cores = sum(1 for h in hosts if h == hostname or h.split(".")[0] == short) or None
         seconds = env_int(env, "OAR_JOB_WALLTIME_SECONDS")
         end = resources.process_start() + seconds if seconds else None
-        return JobEnvironment(cls.system, job.job_id, node_cpus=cores, walltime_end=end)
+        return {"node_cpus": cores, "walltime_end": end}
 
     @override
     def validate_system(self) -> None:
@@ -186,9 +183,3 @@ class OARSystem(BatchSystem):
             )
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED
-        return state

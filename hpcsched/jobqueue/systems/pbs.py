@@ -25,16 +25,12 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
 
 from typing_extensions import override
 
 import hpcsched.jobqueue.runner as runner
-from hpcsched.core.units import parse_interval
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
-from hpcsched.launchers import resources
-from hpcsched.launchers.resources import JobEnvironment, first_env_int
 
 logger = logging.getLogger(__name__)
 
@@ -76,22 +72,9 @@ class PBSSystem(BatchSystem):
     array_first_index = 0
     project_is_deprecated = True
     job_id_variables = ("PBS_JOBID",)
-
-    @classmethod
-    @override
-    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        # PBS_NUM_PPN: Torque; NCPUS: PBS Pro's ncpus of this node's chunk (pbs_environment)
-        job = super().in_job(env, hostname)
-        if job is None:
-            return None
-        walltime_end = None
-        if env.get("PBS_WALLTIME", "").strip():
-            # the job started about when this process did (workers start with the job)
-            walltime_end = resources.process_start() + parse_interval(
-                env["PBS_WALLTIME"], "walltime PBS_WALLTIME")
-        return JobEnvironment(cls.system, job.job_id,
-                              node_cpus=first_env_int(env, ("PBS_NUM_PPN", "NCPUS")),
-                              walltime_end=walltime_end)
+    # PBS_NUM_PPN: Torque; NCPUS: PBS Pro's ncpus of this node's chunk (pbs_environment)
+    job_counts = {"node_cpus": ("PBS_NUM_PPN", "NCPUS")}
+    walltime_variable = "PBS_WALLTIME"
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)
@@ -231,10 +214,4 @@ class PBSSystem(BatchSystem):
                 out[parts[0]] = (parts[-2], None)
         return out
 
-    @override
-    def to_state(self, native: str, exit_code: int | None) -> JobState:
-        state = self.states.get(native, JobState.UNKNOWN)
-        if state is JobState.DONE and exit_code not in (None, 0):
-            return JobState.FAILED  # qdel'ed jobs end with 256+signal: see Job.cancel_requested
-        return state
 

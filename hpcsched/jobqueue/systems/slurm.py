@@ -24,7 +24,6 @@ from typing_extensions import override
 import hpcsched.jobqueue.runner as runner
 from hpcsched.jobqueue.base import BatchSystem, JobStatus
 from hpcsched.jobqueue.job import JobState, ceil_div, format_hms
-from hpcsched.launchers.resources import JobEnvironment, env_int
 
 logger = logging.getLogger(__name__)
 NODE_QUERY_TIMEOUT = 5.0  # seconds: an optional question, asked before the cluster starts
@@ -117,23 +116,20 @@ class SLURMSystem(BatchSystem):
     #: dask-jobqueue's: CPUs and memory to book when they differ from cores and memory
     extra_params = {"job_cpu": None, "job_mem": None}
 
+    # sbatch's output environment variables (man sbatch): SLURM_JOB_END_TIME since 22.05
+    job_counts = {"node_cpus": ("SLURM_CPUS_ON_NODE",), "cpus_per_rank": ("SLURM_CPUS_PER_TASK",)}
+
     @classmethod
     @override
-    def in_job(cls, env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
-        # sbatch's output environment variables (man sbatch): SLURM_JOB_END_TIME since 22.05
-        job = super().in_job(env, hostname)
-        if job is None:
-            return None
+    def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
         end = env.get("SLURM_JOB_END_TIME", "").strip()
         try:
             walltime_end = float(end) if end else None
         except ValueError:
             raise ValueError(f"SLURM_JOB_END_TIME={end!r} is not epoch seconds") from None
-        return JobEnvironment(
-            cls.system, job.job_id, node_cpus=env_int(env, "SLURM_CPUS_ON_NODE"),
-            node_memory=slurm_megabytes(env, "SLURM_MEM_PER_NODE"),
-            cpus_per_rank=env_int(env, "SLURM_CPUS_PER_TASK"),
-            memory_per_cpu=slurm_megabytes(env, "SLURM_MEM_PER_CPU"), walltime_end=walltime_end)
+        return {"node_memory": slurm_megabytes(env, "SLURM_MEM_PER_NODE"),
+                "memory_per_cpu": slurm_megabytes(env, "SLURM_MEM_PER_CPU"),
+                "walltime_end": walltime_end}
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -30,7 +30,9 @@ from hpcsched.core.client.futures import futures_of
 from hpcsched.core.client.plugins import SchedulerPlugin
 from tests.conftest import _local_cluster
 
-pytestmark = pytest.mark.timeout(180)
+# a hang detector: on a shared, loaded machine the cluster runs some 50 of these tasks a
+# second, and the bag's 8,000 tasks and the cluster's start take minutes
+pytestmark = pytest.mark.timeout(600)
 
 SLOTS = 2  # ceil(1.1 x 1 thread): what a worker holds of queued tasks as in dask
 

@@ -141,6 +141,42 @@ def test_the_candidates_come_from_as_completed_waits_and_queued_callbacks():
     assert len(table.candidates(fs[4], limit=2)) == 2
 
 
+def test_single_submissions_name_the_finished_ones_in_the_order_they_were_made():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(6)]
+    for f in fs:
+        table.submitted(f.key, f.state)
+    for i in (0, 1, 2, 4, 5):
+        fs[i].state.finish("int")
+    fs[1].state.error(b"", "", "boom")  # done, but nothing to fetch
+    fs[0].state.value = TAKEN  # its result() took it
+
+    assert list(table.candidates(fs[2], limit=10)) == ["k4", "k5"]  # k3 runs still
+    assert list(table.candidates(fs[4], limit=1)) == ["k2"]
+
+    fs[2].state.value = TAKEN
+    fs[3].release()  # let go before it finished: never waited for at the front
+    assert list(table.candidates(fs[0], limit=10)) == ["k4", "k5"]
+    assert len(table._submitted._items) == 2  # the settled front is gone
+
+    m = [Future(f"m{i}", owner) for i in range(3)]  # a map's futures ask their map only
+    group = FutureGroup(m)
+    for f in m:
+        f.group = group
+        f.state.finish("int")
+    assert list(table.candidates(m[0], limit=10)) == ["m1", "m2"]
+
+
+def test_what_single_submissions_keep_is_bounded():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(20_000)]
+    for f in fs:
+        table.submitted(f.key, f.state)  # none asked for, none done
+    assert len(table._submitted._items) == 16_384
+
+
 # --- on a cluster: every idiom, both roads ---------------------------------------------
 
 
@@ -226,6 +262,21 @@ def test_one_request_brings_the_finished_results_along(shared_client, road):
     assert fs[0].result() == 1
 
     assert _held(fs) == fs[1:]  # the wait's futures, all finished, came with it
+    assert [f.result() for f in fs[1:]] == list(range(2, N + 1))
+    assert _held(fs) == [] and shared_client.future_table.held_bytes == 0
+
+
+@pytest.mark.timeout(90)
+def test_a_result_loop_brings_the_finished_results_along(shared_client, road):
+    import concurrent.futures
+
+    fs = road.calls(shared_client, inc, N)
+    # the standard library's wait: none of hpcsched's own hints of what comes next
+    concurrent.futures.wait(fs, timeout=WAIT)
+
+    assert fs[0].result() == 1
+
+    assert _held(fs) == fs[1:]  # the map's, or the submissions made after it
     assert [f.result() for f in fs[1:]] == list(range(2, N + 1))
     assert _held(fs) == [] and shared_client.future_table.held_bytes == 0
 

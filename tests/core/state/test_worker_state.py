@@ -147,6 +147,19 @@ def test_free_keys_while_executing_drops_the_result():
     assert executes(step(s, compute("z"))) == ["z"]
 
 
+def test_free_keys_interrupts_only_what_runs_here_or_has_no_task():
+    # a freed result held in memory makes no command: no lock, no parse of its key on the
+    # server; a running task and a key with no task here (a bulk map's element, whose
+    # range may not have reached it) are named
+    s = new_worker()
+    step(s, compute("held"))
+    step(s, success("held", 1))
+    step(s, compute("running"))
+    assert step(s, ev.FreeKeys(["held"])) == []
+    assert s.data == {}
+    assert step(s, ev.FreeKeys(["running", "map-7"])) == [ev.Interrupt(["running", "map-7"])]
+
+
 def test_free_keys_while_in_flight_drops_the_transfer():
     s = new_worker()
     step(s, compute("y", {"a": [P1]}))

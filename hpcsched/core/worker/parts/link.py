@@ -27,7 +27,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from hpcsched.core.comm import registry
@@ -35,6 +34,7 @@ from hpcsched.core.comm.base import Comm, CommClosedError, Security
 from hpcsched.core.comm.loop import Loop
 from hpcsched.core.protocol import records
 from hpcsched.core.protocol.directions import SCHEDULER_TO_WORKER
+from hpcsched.core.protocol.records import Record
 from hpcsched.core.protocol.wire import MalformedMessage, decode, encode
 from hpcsched.core.protocol.worker import HeartbeatInterval, Registered, RegisterWorker
 from hpcsched.core.state import events as ev
@@ -47,8 +47,7 @@ logger = logging.getLogger("hpcsched.worker")
 CONNECT_ATTEMPT = 10.0  # seconds: one attempt to reach the scheduler, then a warning
 
 
-@dataclass(frozen=True)
-class LinkOwner:
+class LinkOwner(Record):
     """What the link uses of its worker.
 
     ``comms``: the inbox its comms deliver to; ``inventory()``: on the loop, the results it

@@ -29,9 +29,10 @@ from hpcsched.core.protocol.serialize import sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
 from hpcsched.core.worker.context import TaskNeedsThread, TaskWorker, enter_task, leave_task
-from hpcsched.core.worker.execution import pack_exception, run_spec_call
+from hpcsched.core.worker.execution import load_call, pack_exception
 from hpcsched.core.worker.parts.inbox import stimulus
 from hpcsched.core.worker.task_pool import TaskPool
+from hpcsched.core.worker.tasks import output
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -57,6 +58,7 @@ class TaskRunner:
     ):
         self.worker = worker
         self.loop = loop
+        output.install()  # what tasks print is kept with them (and forwarded if asked)
         #: the task threads (the ranges of bulk maps run on them too)
         self.executor = TaskPool(nthreads, "hpcsched-task")
         self._after_flush = after_flush
@@ -132,7 +134,9 @@ class TaskRunner:
             self._gang_running(1)
         outer = enter_task(self.worker, key, on_loop, start, gang, devices, lease)
         try:
-            value = run_spec_call(run_spec, state.data)
+            call = load_call(run_spec, state.data)
+            start = time.time()  # the run, not the unpickling (execution.py)
+            value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             if on_loop and type(e) is TaskNeedsThread:
                 return None

@@ -35,8 +35,9 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from hpcsched.core.protocol.records import Record
 
 logger = logging.getLogger("hpcsched.worker")
 
@@ -49,8 +50,7 @@ _NONE = ("", "nodevfiles", "none", "void")
 _SMI_LINE = re.compile(r"^GPU (\d+):")
 
 
-@dataclass(frozen=True)
-class Gpus:
+class Gpus(Record):
     """The GPUs a worker has: their ``ids``, the environment ``variable`` that tells a
     process which it sees, and where they were found (``source``, for the logs)."""
 
