@@ -284,13 +284,16 @@ def history_main(argv: list[str]) -> int:
         w.writerow(columns)
         w.writerows(rows)
         return 0
-    shown = ("key", "worker", "start", "stop", "outcome")
+    shown = ("key", "worker", "start", "stop", "cpu", "memory", "retries", "outcome")
     idx = [columns.index(c) for c in shown]
-    print(f"{'KEY':<44} {'WORKER':<24} {'START':<19} {'SECONDS':>9} {'OUTCOME':<7}")
+    print(f"{'KEY':<44} {'WORKER':<24} {'START':<19} {'SECONDS':>9} {'CPU':>8} "
+          f"{'PEAK MiB':>9} {'RETRIES':>7} {'OUTCOME':<7}")
     for r in rows:
-        key, worker, start, stop, outcome = (r[i] for i in idx)
+        key, worker, start, stop, cpu, memory, retries, outcome = (r[i] for i in idx)
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+        cpu_text = "-" if cpu is None else f"{cpu:.3f}"
+        mem_text = "-" if not memory else f"{memory / 2**20:.1f}"
         print(f"{str(key)[:44]:<44} {str(worker)[:24]:<24} {when:<19} {stop - start:>9.3f} "
-              f"{outcome:<7}")
+              f"{cpu_text:>8} {mem_text:>9} {retries:>7} {outcome:<7}")
     print(f"{len(rows)} tasks", file=sys.stderr)
     return 0

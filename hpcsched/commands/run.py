@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.commands.sentinel import SENTINEL
+from hpcsched.core.worker.context import report_usage
 
 #: bytes of a captured stream kept with the result, and of stderr quoted in an error
 KEEP_BYTES = 1 << 20
@@ -240,6 +241,25 @@ def _hostname() -> str:
     return _host
 
 
+class _Process(subprocess.Popen):
+    """A ``Popen`` that reaps its child with ``os.wait4`` rather than ``os.waitpid``: the
+    same one system call, which also gives the child's resource usage (its CPU time and
+    maximum RSS, getrusage(2)) for the task's history. It overrides ``_try_wait``, the
+    one place CPython's ``Popen.wait`` reaps on POSIX (Lib/subprocess.py); if another
+    path reaps the child (``poll`` during a cancel), ``rusage`` stays None."""
+
+    rusage: Any = None
+
+    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
+        try:
+            pid, sts, rusage = os.wait4(self.pid, wait_flags)
+        except ChildProcessError:  # as CPython's: SIGCHLD ignored, no status to get
+            return self.pid, 0
+        if pid == self.pid:
+            self.rusage = rusage
+        return pid, sts
+
+
 def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, stdout: str | None = None,
                 stderr: str | None = None, task_id: Any = None, entry: Any = None,
@@ -278,7 +298,7 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
         if stopper is None or stopper.stopped:
             raise CommandCancelled(argv)
         try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+            proc = _Process(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True)
         except OSError as e:
             raise CommandFailed(argv, None, f"{type(e).__name__}: {e}", None, host) from None
@@ -292,6 +312,9 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
     finally:
         for fd in fds:
             os.close(fd)
+    rusage = proc.rusage
+    if rusage is not None:  # ru_maxrss is in kilobytes on Linux (getrusage(2))
+        report_usage(rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss * 1024)
     if proc.returncode != 0:
         stderr_tail = (tail(captured_err) if captured_err is not None
                        else _file_tail(err_path) if err_path else "")

@@ -17,8 +17,18 @@ once the writer thread has put all it holds in SQLite). So a row is in the opera
 system's hands no later than the journal that a restart reads; a History opened on the
 file of a killed run puts the spooled rows that did not reach SQLite there, once each.
 
+What a row holds of a task's use of the machine is what its worker reported: ``cpu``,
+the CPU seconds of its call (the task thread's ``time.thread_time()``; a command task:
+its process's user + system time); ``memory``, its peak in bytes (a command task: its
+process's maximum RSS; a Python task: the worker process's RSS as its memory monitor
+last sampled it at the task's end, shared with whatever else ran there). A bulk map's
+element holds the mean CPU time of its worker's report and the report's memory
+(:mod:`hpcsched.core.worker.ranges`). ``retries`` is counted when the history is read:
+a task that raised and was retried has a row per attempt, numbered from 0.
+
 Read it with ``hpcsched history`` (a table, filters, CSV), ``Client.history()`` (a
-pandas DataFrame when pandas is there), or any SQLite client::
+pandas DataFrame when pandas is there), or any SQLite client (where a row's ``job`` and
+``host`` are NULL: the writer leaves them to :func:`read`, which fills them in)::
 
     sqlite3 -header -column journal.history.sqlite \\
         "select grp, count(*), avg(stop - start) from tasks group by grp"
@@ -46,8 +56,8 @@ FLUSH_SECONDS = 0.5
 FLUSH_ROWS = 50_000
 SPOOL_BYTES = 16 * 2**20
 _FRAME = struct.Struct("<II")  # length, crc32 of the marshalled (run, rows)
-COLUMNS = ("key", "grp", "job", "worker", "host", "start", "stop", "outcome", "nbytes",
-           "run")
+COLUMNS = ("key", "grp", "job", "worker", "host", "start", "stop", "cpu", "memory",
+           "retries", "outcome", "nbytes", "run")
 SCHEMA = """
 create table if not exists tasks (
     key text not null,      -- the task's key (a bulk map's element: its own key too)
@@ -59,19 +69,30 @@ create table if not exists tasks (
     stop real not null,
     outcome text not null,  -- 'memory' (finished) or 'erred'
     nbytes integer,         -- its result's size
-    run text not null       -- which scheduler run wrote the row (a restart: a new run)
+    run text not null,      -- which scheduler run wrote the row (a restart: a new run)
+    cpu real,               -- CPU seconds (a bulk map's element: its report's mean)
+    memory integer          -- peak memory in bytes (see the module docstring)
 );
 create table if not exists hosts (worker text primary key, host text);
 """
-# Each row goes to SQLite as the scheduler made it: its job and its worker's host are
-# computed by SQLite, in C, rather than per row in Python on a thread that shares the GIL
-# with the scheduler (no index either: a filtered read scans, once, what inserts would pay
-# for on every row).
-_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, job, host, run)
-values (?1, ?2, ?3, ?4, ?5, ?6, ?7,
-        case when substr(?1, 1, 13) = 'hpcsched-job-'
-             then substr(?1, 14, instr(substr(?1, 14) || '-', '-') - 1) end,
-        (select host from hosts where worker = ?3), '{run}')"""
+# Each row goes to SQLite as the scheduler made it, and no more: its job (from its key) and
+# its worker's host (from the hosts table, written with each batch) are left NULL and
+# computed as the history is read (_SELECT), rather than per row on a thread that shares
+# the GIL with the scheduler (no index either: a filtered read scans, once, what inserts
+# would pay for on every row).
+_INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, cpu, memory, run)
+values (?, ?, ?, ?, ?, ?, ?, ?, ?, '{run}')"""
+# what a reader sees: the stored columns, job and host filled in where a row left them out,
+# retries counted (the attempts of the same key before this one in the same run: a task
+# that raised and was retried has a row per attempt) over the whole table, before filters
+_SELECT = """select {columns} from (
+    select key, grp, worker, start, stop, outcome, nbytes, run, {usage}, rowid as rid,
+           coalesce(job, case when substr(key, 1, 13) = 'hpcsched-job-'
+                              then substr(key, 14, instr(substr(key, 14) || '-', '-') - 1)
+                         end) as job,
+           {host} as host,
+           count(*) over (partition by run, key order by rowid) - 1 as retries
+    from tasks)"""
 JOB_PREFIX = "hpcsched-job-"
 
 
@@ -93,7 +114,8 @@ class History:
     def __init__(self, path: str, hosts: Any = None) -> None:
         self.path = path
         self.run = uuid.uuid4().hex[:12]
-        self._rows: deque = deque()  # (key, grp, worker, start, stop, outcome, nbytes)
+        # (key, grp, worker, start, stop, outcome, nbytes, cpu, memory)
+        self._rows: deque = deque()
         self._hosts = hosts  # worker address -> host, read when a batch is written
         self._wake = threading.Event()
         self._waiters: list[threading.Event] = []  # flush() calls waiting for a pass
@@ -108,6 +130,7 @@ class History:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with sqlite3.connect(path) as db:  # fail now, in the caller, if it cannot be made
             db.executescript(SCHEMA)
+            _add_usage_columns(db)
             self.recovered = _recover_spools(db, path)
         if self.recovered:
             logger.info("task history %s: %d rows of a run that ended abruptly put back from "
@@ -118,18 +141,21 @@ class History:
 
     # ------------------------------------------------------------ scheduler's thread
     def task(self, key: Any, group: str, worker: str, start: float, stop: float,
-             outcome: str, nbytes: int) -> None:
-        row = (key, group, worker, start, stop, outcome, nbytes)
+             outcome: str, nbytes: int, cpu: float = 0.0, memory: int = 0) -> None:
+        row = (key, group, worker, start, stop, outcome, nbytes, cpu, memory)
         self._rows.append(row)
         self.appended += 1
         if self._turn is not None:
             self._turn.append(row)
 
     def elements(self, group: str, worker: str, keys: list, starts: list, stops: list,
-                 nbytes: list) -> None:
+                 nbytes: list, cpu: float = 0.0, memory: int = 0) -> None:
+        """Elements of a bulk map from one report of ``worker``: ``cpu`` the CPU seconds
+        of the whole report (each row holds their mean), ``memory`` its peak."""
         n = len(keys)
         rows = list(zip(keys, repeat(group, n), repeat(worker, n), starts, stops,
-                        repeat("memory", n), nbytes, strict=True))
+                        repeat("memory", n), nbytes, repeat(cpu / n if n else 0.0, n),
+                        repeat(memory, n), strict=True))
         self._rows.extend(rows)
         self.appended += n
         if self._turn is not None:
@@ -271,7 +297,8 @@ def _recover_spools(db: sqlite3.Connection, path: str) -> int:
     have: dict[str, set] = {}
     added = []
     hosts: dict[str, Any] = {}
-    for run, k, g, w, a, b, o, n in rows:
+    for run, k, g, w, a, b, o, n, *usage in rows:  # no usage: a spool of an older version
+        cpu, memory = usage if usage else (None, None)
         if run not in have:
             have[run] = {(key, start) for key, start in
                          db.execute("select key, start from tasks where run = ?", (run,))}
@@ -281,12 +308,23 @@ def _recover_spools(db: sqlite3.Connection, path: str) -> int:
         if ident in have[run]:
             continue
         have[run].add(ident)
-        added.append((str(k), g, _job_of(k), w, hosts.get(w), a, b, o, n, run))
+        added.append((str(k), g, _job_of(k), w, hosts.get(w), a, b, o, n, run, cpu, memory))
     with db:
-        db.executemany("insert into tasks values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", added)
+        db.executemany("insert into tasks (key, grp, job, worker, host, start, stop, outcome, "
+                       "nbytes, run, cpu, memory) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       added)
     for p in spools:
         _unlink(p)
     return len(added)
+
+
+def _add_usage_columns(db: sqlite3.Connection) -> None:
+    """A history file made before tasks had CPU and memory columns gets them (its old
+    rows hold NULL there)."""
+    have = {row[1] for row in db.execute("pragma table_info(tasks)")}
+    for column, kind in (("cpu", "real"), ("memory", "integer")):
+        if column not in have:
+            db.execute(f"alter table tasks add column {column} {kind}")
 
 
 def read(path: str, *, job: str | None = None, group: str | None = None,
@@ -301,14 +339,19 @@ def read(path: str, *, job: str | None = None, group: str | None = None,
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
-    sql = f"select {', '.join(COLUMNS)} from tasks"
-    if where:
-        sql += " where " + " and ".join(where)
-    sql += " order by rowid"
-    if limit:
-        sql += f" limit {int(limit)}"
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        have = {row[1] for row in db.execute("pragma table_info(tasks)")}
+        usage = ", ".join(c if c in have else f"null as {c}" for c in ("cpu", "memory"))
+        hosts = db.execute("select 1 from sqlite_master where name = 'hosts'").fetchone()
+        host = ("coalesce(host, (select h.host from hosts h where h.worker = tasks.worker))"
+                if hosts else "host")
+        sql = _SELECT.format(columns=", ".join(COLUMNS), usage=usage, host=host)
+        if where:
+            sql += " where " + " and ".join(where)
+        sql += " order by rid"
+        if limit:
+            sql += f" limit {int(limit)}"
         return list(COLUMNS), db.execute(sql, args).fetchall()
     finally:
         db.close()

@@ -137,12 +137,14 @@ class Recorder:
         self.n_finished += 1
         self.compute_seconds += duration
         if self.history is not None:
-            self.history.task(e.key, group, ws.address, start, stop, "memory", e.nbytes)
+            self.history.task(e.key, group, ws.address, start, stop, "memory", e.nbytes,
+                              e.cpu, e.memory)
 
     def elements_finished(self, group: str, ws: Any, keys: list, starts: list, stops: list,
-                          nbytes: list) -> None:
+                          nbytes: list, cpu: float = 0.0, memory: int = 0) -> None:
         """Elements of a bulk map ran on ``ws`` (one report of its worker): as many
-        :meth:`task_finished` of the group ``group``, in one call."""
+        :meth:`task_finished` of the group ``group``, in one call (``cpu``, ``memory``:
+        the report's, as ``range-finished`` carries them)."""
         n = len(keys)
         if not len(starts) == len(stops) == len(nbytes) == n:
             raise ValueError("elements_finished: keys, starts, stops and nbytes differ in length")
@@ -178,7 +180,7 @@ class Recorder:
         self.n_finished += len(keys)
         self.compute_seconds += seconds
         if self.history is not None:
-            self.history.elements(group, address, keys, starts, stops, nbytes)
+            self.history.elements(group, address, keys, starts, stops, nbytes, cpu, memory)
 
     def task_erred(self, e: Any, ts: Any, ws: Any, members: Any = ()) -> None:
         """As :meth:`task_finished`, for a task that raised (``ws``: the worker it raised
@@ -189,7 +191,8 @@ class Recorder:
         self._group(group).erred += 1
         self.n_erred += 1
         if self.history is not None:
-            self.history.task(e.key, group, ws.address, e.start, e.stop, "erred", 0)
+            self.history.task(e.key, group, ws.address, e.start, e.stop, "erred", 0, e.cpu,
+                              e.memory)
         self.events.append((e.now, "task-erred", (e.key, ws.address, e.exception_text)))
 
     def worker_added(self, ws: Any, now: float) -> None:

@@ -10,6 +10,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -47,10 +48,76 @@ def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
         assert set(frame["worker"]) <= workers
         assert (frame["stop"] >= frame["start"]).all()
         assert list(frame[frame["outcome"] == "erred"]["key"]) == [str(bad.key)]
+        # what each used: this process's RSS (in-process workers), its thread's CPU time
+        assert (frame["memory"] > 0).all() and (frame["cpu"] >= 0).all()
+        assert (frame["retries"] == 0).all()
         assert set(frame["host"].dropna()) and len(set(frame["run"])) == 1
         # filters
         assert len(client.history(outcome="erred")) == 1
         assert len(client.history(limit=5)) == 5
+        if road.name == "bulk":  # an element that raises: a row with its report's memory
+            elements = road.map(client, fail, range(40), pure=False)
+            client.gather(elements, errors="skip")
+            erred = client.history(outcome="erred")
+            assert len(erred) == 41 and (erred["memory"] > 0).all()
+
+
+def burn(x: int) -> int:
+    """About 0.1 s of CPU time on the calling thread."""
+    t = time.thread_time()
+    while time.thread_time() - t < 0.1:
+        pass
+    return x
+
+
+def test_cpu_seconds_are_the_task_threads_on_both_roads(tmp_path, road):
+    """A task busy 0.1 s of CPU is charged that much; on the bulk road the rows of a
+    report share its CPU time, so the sum over them is what counts."""
+    path = tmp_path / "h.sqlite"
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        futures = road.calls(client, burn, 40)
+        client.gather(futures)
+        frame = client.history()
+    assert len(frame) == 40
+    # two threads of one process on a loaded machine: each task's CPU time is its own
+    # thread's, never the other thread's as well (process CPU time would count both)
+    assert 40 * 0.1 <= frame["cpu"].sum() < 40 * 0.1 * 1.5
+
+
+def test_a_retried_task_has_a_row_per_attempt_counting_its_retries(tmp_path):
+    path = tmp_path / "h.sqlite"
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        bad = client.submit(fail, 3, retries=2)
+        with pytest.raises(ValueError):
+            bad.result(60)
+        frame = client.history()
+        assert list(frame["key"]) == [str(bad.key)] * 3
+        assert list(frame["retries"]) == [0, 1, 2]
+        assert list(client.history(outcome="erred")["retries"]) == [0, 1, 2]
+
+
+def test_a_command_task_reports_its_process_cpu_and_peak_memory(tmp_path, road):
+    """A command's CPU seconds and peak memory are its process's (os.wait4), not the
+    worker's: each allocates and touches 300 MiB and burns CPU; on the bulk road a row
+    holds its report's largest peak and its share of the report's CPU time."""
+    path = tmp_path / "h.sqlite"
+    program = ("import time; b = bytearray(300 << 20); t = time.process_time()\n"
+               "while time.process_time() - t < 0.05: pass")
+    n = 40 if road.name == "bulk" else 4
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        futures = client.map_command([sys.executable, "-c", program], range(n))
+        client.gather(futures)
+        frame = client.history()
+    assert len(frame) == n
+    assert (frame["memory"] >= 300 << 20).all()
+    # the worker's threads only wait for the processes: what is counted is theirs
+    assert frame["cpu"].sum() >= n * 0.05
 
 
 def test_no_history_unless_asked_and_a_clear_error(tmp_path):
@@ -83,7 +150,7 @@ def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
 def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     path = str(tmp_path / "h.sqlite")
     h = History(path)
-    h.task("a-1", "a", "tcp://w:1", 1.0, 2.5, "memory", 1)
+    h.task("a-1", "a", "tcp://w:1", 1.0, 2.5, "memory", 1, 0.25, 3 << 20)
     h.task("b-1", "b", "tcp://w:2", 1.0, 2.0, "erred", 0)
     h.close()
 
@@ -93,6 +160,9 @@ def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
 
     table = run(path)
     assert table.returncode == 0 and "a-1" in table.stdout and "b-1" in table.stdout
+    header, a_row = table.stdout.splitlines()[:2]
+    assert header.split()[4:] == ["CPU", "PEAK", "MiB", "RETRIES", "OUTCOME"]
+    assert a_row.split()[-5:] == ["1.500", "0.250", "3.0", "0", "memory"]
     assert "2 tasks" in table.stderr
     erred = run(path, "--outcome", "erred", "--csv")
     lines = erred.stdout.splitlines()
@@ -100,6 +170,28 @@ def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     assert lines[1].startswith("b-1,b,")
     missing = run(str(tmp_path / "nope.sqlite"))
     assert missing.returncode == 2 and "no task history" in missing.stderr
+
+
+def test_a_file_of_an_older_version_gains_the_usage_columns(tmp_path):
+    """A history written before rows had CPU and memory: read as it is (NULL there), and
+    a scheduler appending to it adds the columns."""
+    path = str(tmp_path / "h.sqlite")
+    with sqlite3.connect(path) as db:
+        db.execute("create table tasks (key text not null, grp text not null, job text, "
+                   "worker text not null, host text, start real not null, stop real not null, "
+                   "outcome text not null, nbytes integer, run text not null)")
+        db.execute("insert into tasks values ('old-1', 'old', null, 'tcp://a:1', 'n1', 1.0, "
+                   "2.0, 'memory', 8, 'r0')")
+    db.close()
+    columns, rows = read(path)
+    assert rows == [("old-1", "old", None, "tcp://a:1", "n1", 1.0, 2.0, None, None, 0,
+                     "memory", 8, "r0")] and columns[7:9] == ["cpu", "memory"]
+    h = History(path, lambda: {"tcp://a:1": "n1"})
+    h.task("new-1", "new", "tcp://a:1", 3.0, 4.0, "memory", 8, 0.5, 1 << 20)
+    h.close()
+    _, rows = read(path)
+    assert [(r[0], r[4], r[7], r[8]) for r in rows] == [("old-1", "n1", None, None),
+                                                        ("new-1", "n1", 0.5, 1 << 20)]
 
 
 def test_spooled_rows_reach_sqlite_once_after_the_writer_died(tmp_path, monkeypatch):
@@ -173,4 +265,7 @@ def test_a_killed_journaled_scheduler_loses_no_history_row(procs, tmp_path):
     assert len(listed) == len(set(listed)), "a task listed twice"
     assert set(listed) == keys, f"{len(keys - set(listed))} tasks missing"
     assert all(row["worker"].startswith("tcp://") and float(row["stop"]) >= float(row["start"])
+               for row in rows)
+    # peak memory: the worker's RSS as sampled (Python tasks); CPU seconds and retries
+    assert all(int(row["memory"]) > 0 and float(row["cpu"]) >= 0.0 and row["retries"] == "0"
                for row in rows)

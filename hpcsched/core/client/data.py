@@ -75,6 +75,11 @@ class Transfers:
         value = table.take(st)  # fetched by another thread meanwhile
         if value is not UNFETCHED:
             return value
+        if table.on_its_way():  # its reply may bring it; else taken before asking anew
+            self._take_ahead(deadline, timeout)
+            value = table.take(st)
+            if value is not UNFETCHED:
+                return value
         budget = min(self.prefetch_bytes, table.room())
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
         pending = {future.key: future}
@@ -93,7 +98,42 @@ class Transfers:
             table.hold(extra, values, sizes)
         if st.value is UNFETCHED:
             st.value = TAKEN  # asked for: not to be fetched ahead again
+        if extra:
+            self._send_ahead(future)
         return values[future.key]
+
+    def _send_ahead(self, future: Future) -> None:
+        """Ask now, without waiting, for the results that finished while the last request
+        travelled, which the client asks for next: the ``result()`` that needs one of
+        them finds it on its way rather than starting a round trip then (a result loop
+        over a map still computing would otherwise pay one per batch, one after
+        another)."""
+        table = self.table
+        if table.on_its_way():
+            return
+        budget = min(self.prefetch_bytes, table.room())
+        extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
+        if not extra:
+            return
+        request = self.conn.send_request(Gather("", [], list(extra), budget,
+                                                self.prefetch_result_bytes))
+        if not table.send_ahead(extra, request):
+            request.forget()  # another thread's is in flight
+
+    def _take_ahead(self, deadline: float | None, timeout: float | None) -> None:
+        """Await the request for results fetched ahead (if still in flight) and hold
+        its values."""
+        ahead = self.table.ahead_in_flight()
+        if ahead is None:
+            return
+        extra, request = ahead
+        values: dict = {}
+        sizes: dict = {}
+        try:
+            self._take({}, request, values, deadline, timeout, sizes)
+        finally:
+            request.forget()
+        self.table.hold(extra, values, sizes)
 
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
         """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;

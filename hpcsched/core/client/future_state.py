@@ -28,6 +28,7 @@ from typing import Any
 from hpcsched.core.client.futures import (
     TAKEN,
     UNFETCHED,
+    Arrivals,
     Future,
     FutureGroup,
     FutureState,
@@ -67,6 +68,8 @@ class FutureTable:
         self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
         self.held_bytes = 0
         self.held_limit = held_limit
+        #: the request for results fetched ahead still in flight, and its keys -> states
+        self._ahead: tuple[dict, Any] | None = None
 
     def acquire(self, key: Any, state: FutureState | None = None) -> FutureState:
         """Count one more Future of ``key``; its state (``state`` if given, else the key's,
@@ -210,9 +213,35 @@ class FutureTable:
         if len(out) <= limit:
             self._callbacks.ready(out, limit + 1)
         out.pop(future.key, None)
+        ahead = self._ahead
+        if ahead is not None:  # on their way already
+            for key in ahead[0]:
+                out.pop(key, None)
         while len(out) > limit:
             out.popitem()
         return out
+
+    def send_ahead(self, states: dict, request: Any) -> bool:
+        """Keep ``request`` (a reply to come) for the results of ``states`` (key ->
+        state); False, keeping nothing, if one is in flight already."""
+        with self._lock:
+            if self._ahead is not None:
+                return False
+            self._ahead = (states, request)
+            return True
+
+    def on_its_way(self, key: Any = None) -> bool:
+        """Whether the request in flight asked for the result of ``key`` (None: whether
+        one is in flight)."""
+        ahead = self._ahead
+        return ahead is not None and (key is None or key in ahead[0])
+
+    def ahead_in_flight(self) -> tuple[dict, Any] | None:
+        """The request in flight and its states (key -> state), given up here: the
+        caller awaits its reply and holds its values."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        return ahead
 
     def room(self) -> int:
         """Bytes that results fetched ahead may still take here."""
@@ -251,6 +280,22 @@ class FutureTable:
             st.value = TAKEN
             self.held_bytes -= self._held.pop(st, 0)
         return value
+
+    def take_many(self, states: list[FutureState]) -> list:
+        """:meth:`take` of each of ``states``, under one lock (an ``as_completed`` takes
+        the results fetched ahead for the futures it is about to yield)."""
+        out = []
+        held = self._held
+        with self._lock:
+            for st in states:
+                value = st.value
+                if value is UNFETCHED or value is TAKEN or st.status != "finished":
+                    out.append(UNFETCHED)
+                else:
+                    st.value = TAKEN
+                    self.held_bytes -= held.pop(st, 0)
+                    out.append(value)
+        return out
 
     # ------------------------------------------------------------ done callbacks
     def run_callbacks(self, cbs: list) -> None:
@@ -325,7 +370,11 @@ class _Submitted:
 class _Callbacks:
     """The done callbacks to run, in order, on one thread: lists of ``(weakref of the
     future, fn, future)``. Which futures they are is visible (:meth:`ready`), so that the
-    results a callback's ``result()`` asks for come with those of the callbacks after it."""
+    results a callback's ``result()`` asks for come with those of the callbacks after it.
+
+    An ``as_completed``'s callback (:class:`~hpcsched.core.client.futures.Arrivals`) is
+    called once for a run of entries in a row that name it, with their futures: a map's
+    futures finished together reach their iterator with one lock and one wake-up."""
 
     def __init__(self) -> None:
         self._queue: deque = deque()
@@ -365,11 +414,22 @@ class _Callbacks:
                     return
                 self._current, self._at = cbs, 0
             fut = _strong = None
-            for i, (ref, fn, _strong) in enumerate(cbs):
+            i, n = 0, len(cbs)
+            while i < n:
+                ref, fn, _strong = cbs[i]
                 self._at = i
+                if type(fn) is Arrivals:  # the run of entries of fn, at once
+                    j = i + 1
+                    while j < n and cbs[j][1] is fn:
+                        j += 1
+                    self._at = j - 1
+                    run_callback(fn.many, [entry[2] for entry in cbs[i:j]])
+                    i = j
+                    continue
                 fut = ref()
                 if fut is not None:
                     run_callback(fn, fut)
+                i += 1
             with cond:
                 self._current = []
             del cbs, fut, _strong  # or the last future stays alive while we wait

@@ -48,8 +48,6 @@ logger = logging.getLogger("hpcsched.client")
 class CancelledError(cf.CancelledError):
     """The future's task was cancelled (``result()``, ``gather``)."""
 
-    pass
-
 
 class RemoteTraceback(Exception):
     """The traceback of a task's exception on its worker.
@@ -406,6 +404,11 @@ class Future(_FutureBase, cf.Future):
         Raises the task's exception if it erred, :class:`CancelledError` if it was
         cancelled, ``TimeoutError`` after ``timeout``. The small finished results the
         client is about to ask for come along (module docstring)."""
+        value = self.state.value
+        if value is not UNFETCHED and value is not TAKEN:  # fetched ahead: no call chain
+            value = self.client.future_table.take(self.state)
+            if value is not UNFETCHED:
+                return value
         return self.client.result_of(self, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -503,11 +506,11 @@ class Future(_FutureBase, cf.Future):
         return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
 
 
-
 when_imported("dask._task_spec", _become_task_refs)
 
-def run_callback(fn: Callable, fut: Future) -> None:
-    """Call a done callback; its exception is logged, not raised."""
+
+def run_callback(fn: Callable, fut: Any) -> None:
+    """Call a done callback (of a future, or of a run of them); its exception is logged."""
     try:
         fn(fut)
     except Exception:
@@ -553,17 +556,40 @@ def wait_futures(fs: Any, timeout: float | None = None,
 wait = wait_futures
 
 
+class Arrivals:
+    """The done callback of an :class:`as_completed`'s futures, called with a run at once."""
+
+    __slots__ = ("done", "cond")
+
+    def __init__(self) -> None:
+        self.done: deque[Future] = deque()  # done, not yet taken by the iterator
+        self.cond = threading.Condition(threading.Lock())
+
+    def __call__(self, future: Future) -> None:
+        """``future`` is done."""
+        self.many((future,))
+
+    def many(self, futures: Iterable[Future]) -> None:
+        """``futures`` are done, in this order."""
+        with self.cond:
+            self.done.extend(futures)
+            self.cond.notify()
+
+
 class as_completed(Iterator):  # noqa: N801 - dask's name
     """Iterate over futures in the order they finish; ``add`` more while iterating.
 
     The futures done and not yet yielded are the next whose results are fetched along
-    with one that is asked for (module docstring)."""
+    with one that is asked for (module docstring). All those done so far are taken at
+    once (one lock, not one per future), with ``with_results`` their results too."""
 
     def __init__(self, futures: Iterable[Future] = (), with_results: bool = False,
                  raise_errors: bool = True):
-        self._done: deque[Future] = deque()  # done, not yet yielded
-        self._cond = threading.Condition(threading.Lock())
-        self._count = 0
+        self._arrivals = Arrivals()
+        self._done, self._cond = self._arrivals.done, self._arrivals.cond
+        self._count = 0  # added, not yet moved to _out (under _cond)
+        self._out: deque[Future] = deque()  # taken from _done, to be yielded in order
+        self._values: dict[Future, Any] = {}  # results of _out's futures, taken ahead
         self._tables: set[int] = set()  # ids of the future tables told of this iterator
         self.with_results = with_results
         self.raise_errors = raise_errors
@@ -572,11 +598,6 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
     def add(self, future: Future) -> None:
         """Yield ``future`` too when it is done."""
         self.update([future])
-
-    def _put(self, future: Future) -> None:
-        with self._cond:
-            self._done.append(future)
-            self._cond.notify()
 
     def update(self, futures: Iterable[Future]) -> None:
         """``add`` each of ``futures``."""
@@ -590,87 +611,110 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                     table.sources.add(self)
         # add_done_callback of each, under one lock: a map's futures come by the thousand
         done = []
-        put = self._put
+        put = self._arrivals
         ref = weakref.ref
         with _lock:
             for f in futures:
                 st = f.state
                 if st._is_done:
                     done.append(f)
-                else:
-                    if st.callbacks is None:
-                        st.callbacks = []
-                    st.callbacks.append((ref(f), put, f))
+                else:  # st.callbacks: a list made on first use
+                    st.callbacks = [*(st.callbacks or ()), (ref(f), put, f)]
         if done:
-            with self._cond:
-                self._done.extend(done)
-                self._cond.notify()
+            put.many(done)
 
     def count(self) -> int:
         """How many futures are still to be yielded."""
-        return self._count
+        with self._cond:
+            return self._count + len(self._out)
 
     def is_empty(self) -> bool:
         """Whether every future was yielded."""
-        return self._count == 0
+        return self.count() == 0
 
     def ready(self, out: dict, limit: int) -> None:
         """Add the done futures not yet yielded to ``out`` (key -> state, ``limit`` at most).
 
         Those whose results may be fetched ahead only."""
         with self._cond:
-            for f in self._done:
-                if len(out) >= limit:
-                    return
-                st = f.state
-                if fetchable(st):
-                    out[f.key] = st
+            waiting = [*self._out, *self._done]  # _out: copied in one C call
+        for f in waiting:
+            if len(out) >= limit:
+                return
+            if fetchable(f.state):
+                out[f.key] = f.state
 
     def __iter__(self) -> as_completed:
         return self
 
-    def _next_future(self, block: bool) -> Future | None:
+    def _refill(self, block: bool) -> bool:
+        """Move the futures done so far to ``_out`` (waiting for one if ``block``): any?"""
         with self._cond:
-            if self._count == 0:
-                return None
             while not self._done:
-                if not block:
-                    return None
+                if not block or self._count == 0:
+                    return False
                 self._cond.wait()
-            self._count -= 1
-            return self._done.popleft()
+            self._count -= len(self._done)
+            self._out.extend(self._done)
+            self._done.clear()
+            if self._count == 0:  # another thread's wait is over too
+                self._cond.notify_all()
+        if self.with_results:
+            self._take_ahead()
+        return True
+
+    def _take_ahead(self) -> None:
+        """Take the results fetched ahead for the futures of ``_out``, under one lock."""
+        fs = [f for f in list(self._out) if f not in self._values]  # copied in one C call
+        tables = {id(f.client.future_table): f.client.future_table for f in fs}
+        for table in tables.values():
+            mine = fs if len(tables) == 1 else [f for f in fs if f.client.future_table is table]
+            for f, value in zip(mine, table.take_many([f.state for f in mine]), strict=True):
+                if value is not UNFETCHED:
+                    self._values[f] = value
 
     def _item(self, f: Future) -> Any:
         if not self.with_results:
             return f
+        value = self._values.pop(f, UNFETCHED) if self._values else UNFETCHED
+        if value is not UNFETCHED:
+            return f, value
         try:
-            return f, f.result()
+            value = f.result()
         except Exception as e:
             if self.raise_errors:
                 raise
             return f, e
+        if self._out:  # the results that came along with it
+            self._take_ahead()
+        return f, value
 
     def __next__(self) -> Any:
-        f = self._next_future(block=True)
-        if f is None:
-            raise StopIteration
-        return self._item(f)
+        while True:  # another thread iterating may take the last one first
+            try:
+                f = self._out.popleft()
+            except IndexError:
+                if self._refill(block=True):
+                    continue
+                raise StopIteration from None
+            return self._item(f)
 
     def batches(self) -> Iterator[list]:
-        """Lists of what finished since the last one (at least one item each).
-
-        Until all are done."""
-        while self._count:
+        """Lists of what finished since the last one (one item at least), until all done."""
+        while self.count():
             yield self.next_batch(block=True)
 
     def next_batch(self, block: bool = True) -> list:
         """What is done now (waiting for at least one if ``block``)."""
-        out = []
-        f = self._next_future(block)
-        while f is not None:
-            out.append(f)
-            f = self._next_future(block=False)
-        return [self._item(f) for f in out]
+        self._refill(block=block and not self._out)
+        out, got = self._out, []  # one by one: an error raised leaves the rest to yield
+        while out:
+            try:
+                got.append(out.popleft())
+            except IndexError:  # another thread took it
+                break
+            got[-1] = self._item(got[-1])
+        return got
 
 
 def progress(*futures: Any, **kwargs: Any) -> Any:

@@ -109,6 +109,11 @@ class TaskFinished(FromWorker):
     typename: str = wire(fc.string, "", doc="the result's type name")
     start: float = wire(fc.number, 0.0)
     stop: float = wire(fc.number, 0.0)
+    cpu: float = wire(fc.number, 0.0, sparse=True,
+                      doc="CPU seconds it used (a command: its process's user + system)")
+    memory: int = wire(fc.count, 0, sparse=True,
+                       doc="peak memory in bytes (a command: its process's maximum RSS; a "
+                           "Python task: the worker's RSS as last sampled at its end)")
 
 
 @message("task-erred", W2S)
@@ -121,13 +126,18 @@ class TaskErred(FromWorker):
     exception_text: str = wire(fc.string, "")
     start: float = wire(fc.number, 0.0)
     stop: float = wire(fc.number, 0.0)
+    cpu: float = wire(fc.number, 0.0, sparse=True,
+                      doc="CPU seconds it used (a command: its process's user + system)")
+    memory: int = wire(fc.count, 0, sparse=True,
+                       doc="peak memory in bytes (a command: its process's maximum RSS; a "
+                           "Python task: the worker's RSS as last sampled at its end)")
 
 
 @message("range-finished", W2S)
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
     results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
-    when it ran)."""
+    when it ran; ``cpu`` and ``memory`` for the report as a whole, not per element)."""
 
     prefix: str = wire(fc.string)
     indices: list = wire(fc.list_of(fc.count))
@@ -135,6 +145,11 @@ class RangeFinished(FromWorker):
     types: list = wire(fc.list_of(fc.string))
     starts: list = wire(fc.list_of(fc.number))
     stops: list = wire(fc.list_of(fc.number))
+    cpu: float = wire(fc.number, 0.0, sparse=True,
+                      doc="CPU seconds the report's elements used, together")
+    memory: int = wire(fc.count, 0, sparse=True,
+                       doc="the largest peak RSS of its elements' processes (commands), "
+                           "else the worker's RSS in bytes as last sampled when it reported")
 
 
 @message("range-released", W2S)

@@ -286,6 +286,8 @@ class ExecuteSuccess(Record):
     stop: float = 0.0
     now: float = 0.0
     stimulus_id: str = ""
+    cpu: float = 0.0  # CPU seconds of the call (a command: its process's)
+    memory: int = 0  # peak memory in bytes, as TaskFinished.memory
 
 
 class ExecuteFailure(Internal):
@@ -297,6 +299,8 @@ class ExecuteFailure(Internal):
     exception_text: str = ""
     start: float = 0.0
     stop: float = 0.0
+    cpu: float = 0.0
+    memory: int = 0
 
 
 class GatherDepSuccess(Record):

@@ -422,7 +422,7 @@ class WorkerState:
         self._put(ts, e.value, e.nbytes)
         self._done_with_dependencies(ts)
         self._to_scheduler(ev.TaskFinished(self.address, ts.key, e.nbytes, e.typename,
-                                           e.start, e.stop))
+                                           e.start, e.stop, e.cpu, e.memory))
 
     @handlers.on(ev.ExecuteFailure)
     def _execute_failure(self, e: ev.ExecuteFailure) -> None:
@@ -439,7 +439,7 @@ class WorkerState:
         self._set_state(ts, "error")
         ts.keep = False
         self._to_scheduler(ev.TaskErred(self.address, ts.key, e.exception, e.traceback,
-                                        e.exception_text, e.start, e.stop))
+                                        e.exception_text, e.start, e.stop, e.cpu, e.memory))
         self._forget(ts)
 
     def _gang_part_ended(self, ts: WTask, e: ev.ExecuteSuccess | ev.ExecuteFailure) -> None:

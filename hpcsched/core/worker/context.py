@@ -120,6 +120,27 @@ def leave_task(previous: Running | None) -> None:
                 pass
 
 
+def report_usage(cpu: float, memory: int) -> None:
+    """The current task ran its work in a child process that used ``cpu`` seconds (user +
+    system) and ``memory`` bytes at its peak (a command task, from ``os.wait4``'s
+    resource usage): what its report carries, instead of the worker thread's own CPU time
+    and the worker's RSS. Several children (the elements of a bulk map's report) add
+    their CPU time, and the largest peak counts."""
+    usage = getattr(_local, "usage", None)
+    if usage is not None:
+        cpu, memory = cpu + usage[0], max(memory, usage[1])
+    _local.usage = (cpu, memory)
+
+
+def take_usage() -> tuple[float, int] | None:
+    """What :func:`report_usage` said on this thread since the last call, then forget it
+    (the runner of a task takes it when the task ends, a bulk map's range per report)."""
+    usage = getattr(_local, "usage", None)
+    if usage is not None:
+        _local.usage = None
+    return usage
+
+
 def at_task_end(cleanup: Callable[[], Any]) -> None:
     """Call ``cleanup`` on this thread once the current task ends (freeing what the task
     made for itself alone, such as a gang's communicator)."""

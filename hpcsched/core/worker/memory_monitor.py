@@ -93,10 +93,24 @@ class MemoryMonitor:
             self._terminating = False
         return p.pause
 
+    def latest_rss(self) -> int:
+        """The process's RSS in bytes as last sampled (each tick when memory is managed,
+        else each heartbeat; sampled here the first time): read per task, it costs no
+        system call (but the first)."""
+        rss = self.last_sample[1]
+        if not rss:
+            rss = process_memory()
+            self.last_sample = (time.monotonic(), rss)
+        return rss
+
     def metrics(self) -> dict:
         """Memory figures for the heartbeat: process memory, results in memory and on disk."""
         sampled, rss = self.last_sample
-        m = {"memory": rss if time.monotonic() - sampled < 1.0 else process_memory()}
+        now = time.monotonic()
+        if now - sampled >= 1.0:
+            rss = process_memory()
+            self.last_sample = (now, rss)
+        m = {"memory": rss}
         if self.spill_buffer is not None:
             m["managed"] = self.spill_buffer.memory_bytes
             m["spilled"] = self.spill_buffer.disk_bytes

@@ -14,7 +14,11 @@ element. The results go to the loop in batches (every
 :data:`REPORT_EVERY` elements or :data:`REPORT_SECONDS`, whichever comes first), where
 each is stored under its own key, as a task's result is, and one ``range-finished``
 tells the scheduler of the batch; an element that raises is reported alone, with a
-``task-erred`` for its key, and the range goes on. A range's elements are not tasks of
+``task-erred`` for its key, and the range goes on. A report carries what its elements
+used together, not each one's (a clock read per element would cost a sweep of tiny
+elements more than the element): the thread's CPU time between two reports plus its
+command elements' processes', and as memory the largest peak of those processes, else
+the worker's RSS as last sampled. A range's elements are not tasks of
 the worker's state machine: their results are plain entries of its data, which
 ``free-keys`` drops and peers fetch as any other.
 
@@ -31,9 +35,11 @@ import sys
 import threading
 import time
 from collections import deque
+from time import thread_time
 from typing import Any, Protocol
 
 from hpcsched.core.comm.base import Inbox
+from hpcsched.core.protocol.records import replace
 from hpcsched.core.protocol.serialize import loads_function, loads_object, sizeof
 from hpcsched.core.protocol.worker import (
     ComputeRange,
@@ -44,8 +50,15 @@ from hpcsched.core.protocol.worker import (
 )
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
-from hpcsched.core.worker.context import TaskWorker, enter_task, hook_dask, leave_task
+from hpcsched.core.worker.context import (
+    TaskWorker,
+    enter_task,
+    hook_dask,
+    leave_task,
+    take_usage,
+)
 from hpcsched.core.worker.execution import pack_exception
+from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.parts.inbox import RangesDone, stimulus
 from hpcsched.core.worker.task_pool import TaskPool
 
@@ -61,7 +74,7 @@ class Batch:
     """Finished elements of one map, on their way to the loop."""
 
     __slots__ = ("prefix", "indices", "values", "nbytes", "types", "starts", "stops",
-                 "failures")
+                 "failures", "cpu", "memory")
 
     def __init__(self, prefix: str):
         self.prefix = prefix
@@ -72,6 +85,21 @@ class Batch:
         self.starts: list[float] = []
         self.stops: list[float] = []
         self.failures: list[TaskErred] = []
+        self.cpu = 0.0  # CPU seconds its elements used together (thread and children)
+        self.memory = 0  # the largest peak of its elements' child processes (commands)
+
+
+def _charge(batch: Batch, cpu_mark: float) -> float:
+    """``batch`` used the thread's CPU time since ``cpu_mark`` and what its elements'
+    child processes reported (command elements); the new mark."""
+    now = thread_time()
+    usage = take_usage()
+    if usage is not None:
+        batch.cpu = now - cpu_mark + usage[0]
+        batch.memory = usage[1]
+    else:
+        batch.cpu = now - cpu_mark
+    return now
 
 
 class Range:
@@ -95,6 +123,7 @@ class RangeHost(TaskWorker, Protocol):
     nthreads: int
     executor: TaskPool
     state: WorkerState | None
+    memory: MemoryMonitor
 
     @property
     def loop(self) -> Inbox:
@@ -273,6 +302,7 @@ class RangeRunner:
         hook_dask()
         clock = time.time
         due = clock() + REPORT_SECONDS
+        cpu_mark = thread_time()  # a report's CPU time: two clock reads a report, not one an element
         indices, all_args, lock, local = record.indices, record.args, self._lock, self._local
         dropped = self._dropped
         while True:
@@ -316,10 +346,12 @@ class RangeRunner:
             batch.starts.append(start)
             batch.stops.append(stop)
             if len(batch.indices) >= REPORT_EVERY or stop >= due or batch.failures:
+                cpu_mark = _charge(batch, cpu_mark)
                 put(RangesDone(batch))
                 batch = Batch(prefix)
                 due = stop + REPORT_SECONDS
         if batch.indices or batch.failures:
+            _charge(batch, cpu_mark)
             put(RangesDone(batch))
         if dropped:
             with lock:
@@ -341,12 +373,15 @@ class RangeRunner:
             store_many(keys, batch.values, batch.nbytes)
         else:
             data.update(zip(keys, batch.values, strict=True))
+        memory = batch.memory or w.memory.latest_rss()
         if batch.indices:
             w.send_to_scheduler(RangeFinished(w.address, prefix=prefix, indices=batch.indices,
                                               nbytes=batch.nbytes, types=batch.types,
-                                              starts=batch.starts, stops=batch.stops))
-        for failure in batch.failures:
-            w.send_to_scheduler(failure)
+                                              starts=batch.starts, stops=batch.stops,
+                                              cpu=batch.cpu,
+                                              memory=memory))
+        for failure in batch.failures:  # their CPU time is in the report's; memory as its
+            w.send_to_scheduler(replace(failure, memory=memory))
 
 
 def _thread_done(wanted: int) -> ev.RangeThreadDone:

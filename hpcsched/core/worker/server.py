@@ -258,6 +258,7 @@ class Worker:
             self, self.nthreads, self.loop, self.link.after_flush, self._closed,
             on_gang=lambda on: self.loop.quiet_ticks(
                 min(gang_tick, self.heartbeats.interval) if on else None),
+            rss=self.memory.latest_rss,
         )
         self.executor = self.tasks.executor  # the runner's task threads, which ranges share
         self.peers = PeerTransfers(self)  # get-data served, dependencies fetched

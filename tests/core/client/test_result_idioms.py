@@ -21,7 +21,14 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.client.client import CancelledError, Client, as_completed, wait
 from hpcsched.core.client.future_state import FutureTable
-from hpcsched.core.client.futures import TAKEN, UNFETCHED, Future, FutureGroup
+from hpcsched.core.client.futures import (
+    TAKEN,
+    UNFETCHED,
+    Arrivals,
+    Future,
+    FutureGroup,
+    finish_all,
+)
 
 N = 40  # calls per test: above the bulk threshold (32) on the bulk road
 WAIT = 30.0
@@ -131,14 +138,98 @@ def test_the_candidates_come_from_as_completed_waits_and_queued_callbacks():
         f.state.finish("int")
     assert set(table.candidates(fs[4], limit=10)) == {"k2"}  # fs[4]: nobody waits for it
 
-    ac._put(fs[0])  # what the callback thread does as they finish
-    ac._put(fs[1])
+    ac._arrivals(fs[0])  # what the callback thread does as they finish
+    ac._arrivals.many([fs[1]])
     assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2"}
 
     table.run_callbacks([(weakref.ref(fs[3]), lambda f: None, fs[3])])  # queued, not run
     assert set(table.candidates(fs[4], limit=10)) == {"k0", "k1", "k2", "k3"}
     assert set(table.candidates(fs[0], limit=10)) == {"k1", "k2", "k3"}  # not the one asked
     assert len(table.candidates(fs[4], limit=2)) == 2
+
+
+def test_as_completed_takes_every_future_done_so_far_at_once():
+    owner = _Owner()
+    fs = [Future(f"k{i}", owner) for i in range(5)]
+    ac = as_completed(fs)
+    for i in (3, 0, 1):  # finished in this order, reported together
+        fs[i].state.finish("int")
+    ac._arrivals.many([fs[3], fs[0], fs[1]])
+
+    assert ac.next_batch(block=False) == [fs[3], fs[0], fs[1]]  # in the order they finished
+    assert ac.next_batch(block=False) == [] and ac.count() == 2
+
+    fs[4].state.finish("int")
+    ac._arrivals(fs[4])
+    assert next(ac) is fs[4] and ac.count() == 1 and not ac.is_empty()
+
+
+@pytest.mark.timeout(30)
+def test_the_callback_thread_hands_a_run_of_futures_to_their_as_completed_at_once(
+        monkeypatch):
+    calls: list = []
+    many = Arrivals.many
+    monkeypatch.setattr(Arrivals, "many", lambda self, fs: (calls.append(list(fs)),
+                                                             many(self, fs)))
+    owner = _Owner()
+    table = owner.future_table
+    table.start("test-client")
+    try:
+        fs = [Future(f"k{i}", owner) for i in range(6)]
+        ac = as_completed(fs)
+        ran: list = []
+        fs[2].add_done_callback(ran.append)  # another callback amid the run
+
+        table.run_callbacks(finish_all([f.state for f in fs], ["int"] * 6))
+
+        assert list(ac) == fs  # each once, in the order they finished
+        # one call per run of them in a row: one lock and one wake-up for each, and the
+        # other callback in its place, after fs[2]'s arrival
+        assert calls == [fs[:3], fs[3:]]
+        assert ran == [fs[2]]
+    finally:
+        table.close()
+
+
+@pytest.mark.timeout(30)
+def test_threads_iterating_one_as_completed_get_each_future_once():
+    owner = _Owner()
+    fs = [Future(f"k{i}", owner) for i in range(2000)]
+    ac = as_completed(fs)
+    got: list[list] = [[], []]
+    errors: list = []
+
+    def drain(mine):
+        try:
+            mine.extend(ac)
+        except Exception as e:  # what the test reports, not a thread's traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=drain, args=(got[i],)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for i in range(0, 2000, 50):  # finished in runs, as a map's are reported
+        for f in fs[i:i + 50]:
+            f.state.finish("int")
+        ac._arrivals.many(fs[i:i + 50])
+    for t in threads:
+        t.join(WAIT)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    assert sorted(got[0] + got[1], key=fs.index) == fs and ac.is_empty()
+
+
+def test_with_results_takes_the_values_fetched_ahead_together():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(3)]
+    for f in fs:
+        f.state.finish("int")
+    table.hold({f.key: f.state for f in fs}, {"k0": 10, "k1": 11, "k2": 12},
+               {"k0": 100, "k1": 100, "k2": 100})
+
+    assert list(as_completed(fs, with_results=True)) == [(fs[0], 10), (fs[1], 11),
+                                                          (fs[2], 12)]
+    assert table.held_bytes == 0 and all(f.state.value is TAKEN for f in fs)
 
 
 def test_single_submissions_name_the_finished_ones_in_the_order_they_were_made():
@@ -395,5 +486,27 @@ def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cl
         assert client.future_table.held_bytes <= 200_000
         assert [f.result() for f in small] == [bytes([i]) * 10_000 for i in range(N)]
         assert client.future_table.held_bytes == 0
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_result_loop_asks_for_the_next_results_before_it_needs_them(shared_cluster, road):
+    with config.set({"client.prefetch-bytes": 50_000}):
+        client = Client(shared_cluster, set_as_default=False)
+    try:
+        table = client.future_table
+        fs = road.calls(client, payload, N, size=10_000)
+        wait(fs, timeout=WAIT)
+
+        assert fs[0].result() == bytes([0]) * 10_000
+
+        held = _held(fs)
+        assert 0 < len(held) < N - 1  # some 5 of 10 kB came along in 50 kB, not 39
+        on_its_way = [f for f in fs if table.on_its_way(f.key)]
+        assert on_its_way  # the next ones, asked for before a result() needs them
+        assert not set(on_its_way) & set(held) and fs[0] not in on_its_way
+        assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
+        assert table.held_bytes == 0 and not table.on_its_way()
     finally:
         client.close()

@@ -1315,3 +1315,23 @@ def _waits_for_growth(ts: Any, n_workers: int) -> bool:
             return True
         stack.extend(t.waiting_on)
     return False
+
+
+def test_a_report_counts_the_bytes_of_only_the_elements_it_puts_in_memory():
+    """A report that holds, beside the worker's own elements, one given to another worker
+    (a copy nobody asked for, freed): the worker's bytes count each of its own results at
+    its own size, and not the copy's."""
+    s = SchedulerState()
+    out, on_a = map_on_a_and_b(s)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    indices = [*on_a, on_b[0]]
+    sizes = [10 * (j + 1) for j in range(len(on_a))] + [7000]
+    n = len(indices)
+    out = step(s, ev.RangeFinished(A, prefix="m-a-", indices=indices, nbytes=sizes,
+                                   types=["int"] * n, starts=[1.0] * n, stops=[1.5] * n))
+    wa = s.workers[A]
+    assert (wa.nbytes, wa.n_elements) == (sum(sizes[:-1]), len(on_a))
+    assert [m.msg.keys for m in out if m.to == A and m.msg.op == "free-keys"] == [
+        [f"m-a-{on_b[0]}"]]
+    assert s.bulk.maps["m-a-"].nbytes[on_a[-1]] == sizes[len(on_a) - 1]
+    s.validate()

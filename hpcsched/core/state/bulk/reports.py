@@ -83,7 +83,6 @@ class Reports:
         else:
             state, where, nbytes, sizes = m.state, m.where, m.nbytes, e.nbytes
             size = len(state)
-            held = 0  # bytes of the results now in memory
             for j, i in enumerate(e.indices):
                 if i >= size:
                     stray.append(j)
@@ -91,12 +90,7 @@ class Reports:
                 st = state[i]
                 if st == PROCESSING and where[i] == slot:
                     state[i] = MEMORY
-                    b = sizes[j]
-                    if b > 0:
-                        nbytes[i] = b
-                        held += b
-                    else:
-                        nbytes[i] = 0
+                    nbytes[i] = sizes[j]  # a count >= 0 (checked as it is decoded)
                     done.append(j)
                     finished += 1
                 elif st == FORGOTTEN and where[i] == slot:
@@ -112,6 +106,9 @@ class Reports:
                 else:  # a copy nobody asked for (its element is queued again)
                     free.append(m.prefix + str(i))
             if done:
+                # summed apart from the loop above: one C loop over the report, not an
+                # addition of Python ints per element
+                held = sum(sizes) if len(done) == n else sum([sizes[j] for j in done])
                 holds(ws, len(done), held)
                 mean = self._in_memory(m, ws, e, done)
                 if ws.status == "closing_gracefully":
@@ -134,6 +131,8 @@ class Reports:
             typename=e.types[j],
             start=e.starts[j],
             stop=e.stops[j],
+            cpu=e.cpu / len(e.indices),
+            memory=e.memory,
             worker=e.worker,
             now=e.now,
             stimulus_id=e.stimulus_id,
@@ -159,8 +158,11 @@ class Reports:
         if recorder is not None:
             prefix = m.prefix
             nbytes = e.nbytes if len(done) == len(e.nbytes) else [e.nbytes[j] for j in done]
+            # the report's CPU time shared by the elements it counts here
+            cpu = e.cpu * len(done) / len(e.indices) if e.cpu else 0.0
             recorder.elements_finished(
-                m.group, ws, [prefix + str(i) for i in indices], starts, stops, nbytes
+                m.group, ws, [prefix + str(i) for i in indices], starts, stops, nbytes,
+                cpu, e.memory,
             )
         return spent / len(done)
 

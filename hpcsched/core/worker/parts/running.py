@@ -13,6 +13,14 @@ Each run marks its thread with the task (:mod:`hpcsched.core.worker.context`) an
 its result, an ``ExecuteSuccess`` or ``ExecuteFailure`` with a ``stimulus_id`` of its
 own, on the loop. A seceded task that rejoins waits here for the state machine's
 ``Resume``.
+
+What a run used travels with its result: CPU seconds from ``time.thread_time()`` read
+around the call, on the task's own thread (one clock read more per task), and as its
+peak memory the worker process's RSS as the memory monitor last sampled it (``rss()``;
+threads share one address space, so a threaded worker cannot tell one task's memory
+from another's). A command task runs its program in a child process and reports that
+process's own user + system time and maximum RSS instead
+(:func:`~hpcsched.core.worker.context.report_usage`).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from time import thread_time
 from typing import Any
 
 from hpcsched.core.comm.loop import Loop
@@ -28,7 +37,13 @@ from hpcsched.core.graph.dsk import key_split
 from hpcsched.core.protocol.serialize import sizeof
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
-from hpcsched.core.worker.context import TaskNeedsThread, TaskWorker, enter_task, leave_task
+from hpcsched.core.worker.context import (
+    TaskNeedsThread,
+    TaskWorker,
+    enter_task,
+    leave_task,
+    take_usage,
+)
 from hpcsched.core.worker.execution import load_call, pack_exception
 from hpcsched.core.worker.parts.inbox import stimulus
 from hpcsched.core.worker.task_pool import TaskPool
@@ -45,7 +60,8 @@ class TaskRunner:
     results put on ``loop``; ``after_flush((function, *args))`` starts a task that announces
     its start once the loop's batch left; ``closed``: set when the worker closes;
     ``on_gang(True)`` when a gang member starts running here and none was,
-    ``on_gang(False)`` when the last one ends."""
+    ``on_gang(False)`` when the last one ends; ``rss()``: the worker's RSS in bytes as
+    last sampled, each task's memory in its report."""
 
     def __init__(
         self,
@@ -55,6 +71,7 @@ class TaskRunner:
         after_flush: Callable[[tuple], None],
         closed: threading.Event,
         on_gang: Callable[[bool], None] | None = None,
+        rss: Callable[[], int] | None = None,
     ):
         self.worker = worker
         self.loop = loop
@@ -68,6 +85,7 @@ class TaskRunner:
         # task groups that must not run on the loop thread: one of theirs asked for a client
         self._threaded_groups: set[str] = set()
         self._on_gang = on_gang
+        self._rss = rss
         self._gang_lock = threading.Lock()
         self._gang_members = 0  # gang members running on this worker's threads
 
@@ -133,14 +151,18 @@ class TaskRunner:
         if gang:
             self._gang_running(1)
         outer = enter_task(self.worker, key, on_loop, start, gang, devices, lease)
+        cpu = 0.0
         try:
             call = load_call(run_spec, state.data)
             start = time.time()  # the run, not the unpickling (execution.py)
+            cpu = thread_time()
             value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             if on_loop and type(e) is TaskNeedsThread:
+                take_usage()
                 return None
             stop = time.time()
+            cpu, memory = self._usage(cpu)
             packed, tb_text, text = pack_exception(e, e.__traceback__)
             logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
             return ev.ExecuteFailure(
@@ -150,6 +172,8 @@ class TaskRunner:
                 text,
                 start,
                 stop,
+                cpu,
+                memory,
                 now=stop,
                 stimulus_id=stimulus("execute-failure"),
             )
@@ -158,13 +182,24 @@ class TaskRunner:
             if gang:
                 self._gang_running(-1)
         stop = time.time()
+        cpu, memory = self._usage(cpu)
         try:
             nbytes = sizeof(value)
         except Exception:
             nbytes = 64
         return ev.ExecuteSuccess(
-            key, value, nbytes, type(value).__name__, start, stop, stop, stimulus("execute-success")
+            key, value, nbytes, type(value).__name__, start, stop, stop,
+            stimulus("execute-success"), cpu, memory,
         )
+
+    def _usage(self, cpu_start: float) -> tuple[float, int]:
+        """(CPU seconds, peak memory) of the run that began at thread time ``cpu_start``
+        (0.0: it never began)."""
+        usage = take_usage()
+        if usage is not None:  # a command: its process's own
+            return usage
+        cpu = thread_time() - cpu_start if cpu_start else 0.0
+        return cpu, self._rss() if self._rss is not None else 0
 
     def _gang_running(self, delta: int) -> None:
         with self._gang_lock:
