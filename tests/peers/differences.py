@@ -4,7 +4,7 @@ Each key is one difference: the pytest node ids of its tests as ``fnmatch`` patt
 (``test_slurm.py::test_header``; a file name alone skips a whole module, which is then not
 imported). ``tests/peers/plugin.py`` marks the tests strict expected failures, so a listed
 test that starts passing fails the run and the list is kept true; the first difference
-whose pattern matches a test is its reason. ``docs/guides/moving-from-dask-jobqueue.md``
+whose pattern matches a test is its reason. ``docs/moving/differences.md``
 shows this list, and ``tests/peers/test_differences.py`` keeps the two equal.
 """
 
@@ -99,7 +99,7 @@ END = "<!-- differences: end -->"
 
 
 def markdown() -> str:
-    """The list as docs/guides/moving-from-dask-jobqueue.md shows it, between its markers."""
+    """The list as docs/moving/differences.md shows it, between its markers."""
     lines = [BEGIN, ""]
     for number, (key, reason) in enumerate(DIFFERENCES.items(), 1):
         tests = ", ".join(f"`{pattern}`" for pattern in key)

@@ -1,5 +1,5 @@
 """The list of deliberate differences from the peers stays short, reasoned, and the same as
-the documentation's (docs/guides/moving-from-dask-jobqueue.md)."""
+the documentation's (docs/moving/differences.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.peers import differences
 
-PAGE = Path(__file__).parents[2] / "docs" / "guides" / "moving-from-dask-jobqueue.md"
+PAGE = Path(__file__).parents[2] / "docs" / "moving" / "differences.md"
 
 
 @pytest.mark.timeout(30)
