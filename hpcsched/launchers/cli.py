@@ -163,7 +163,15 @@ def worker_main(argv: list[str]) -> int:
     except ValueError as e:
         p.error(f"--memory-limit: {e}")
     if args.nworkers > 1 or args.nanny or args.worker_per_gpu:
-        return _spawn_workers(argv, args, memory, gpus if args.worker_per_gpu else None)
+        shares: list[tuple[str, ...]] | None = None
+        if args.worker_per_gpu:
+            shares = [(i,) for i in gpus.ids] if gpus is not None else None
+        else:
+            try:
+                shares = gpu_shares(gpus, args.nworkers, parse_resources(args.resources))
+            except ValueError as e:
+                p.error(f"--resources: {e}")
+        return _spawn_workers(argv, args, memory, gpus, shares)
 
     from hpcsched.core import config
     from hpcsched.core.comm.base import Security
@@ -292,14 +300,47 @@ def _without(argv: list[str], option: str) -> list[str]:
     return out
 
 
+def gpu_shares(gpus: Gpus | None, nworkers: int, resources: dict[str, float]
+               ) -> list[tuple[str, ...]] | None:
+    """Each of ``nworkers`` worker processes' own GPUs, or None (all see every device).
+
+    The processes of one job (``--nworkers P``) would otherwise each find every device
+    and offer the first ones, the same for all: the devices are split evenly among them,
+    ``--resources GPU=k`` devices each when given, else as many as divide evenly.
+
+    >>> from hpcsched.core.worker.tasks.gpus import Gpus
+    >>> gpu_shares(Gpus(("0", "1", "2", "3")), 2, {})
+    [('0', '1'), ('2', '3')]
+    >>> gpu_shares(Gpus(("0", "1", "2", "3")), 4, {"GPU": 1})
+    [('0',), ('1',), ('2',), ('3',)]
+    """
+    if gpus is None or not gpus.ids or nworkers < 2:
+        return None
+    asked = resources.get("GPU")
+    if asked is None:
+        per = len(gpus.ids) // nworkers
+    elif asked != int(asked) or asked < 1:
+        return None  # a fraction of a device each: the processes share them, as asked
+    else:
+        per = int(asked)
+        if per * nworkers > len(gpus.ids):
+            raise ValueError(f"GPU={per} for each of {nworkers} worker processes, but "
+                             f"{len(gpus.ids)} GPU(s) were found "
+                             f"({gpus.source or gpus.variable})")
+    if per < 1:
+        return None
+    return [gpus.ids[k * per:(k + 1) * per] for k in range(nworkers)]
+
+
 def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int,
-                   gpus: Gpus | None = None) -> int:
+                   gpus: Gpus | None = None,
+                   shares: list[tuple[str, ...]] | None = None) -> int:
     """``--nworkers P``: P worker processes named NAME-0..NAME-(P-1); signals forwarded.
 
     Each gets its memory limit in bytes, resolved here (``memory``), where ``auto`` knows
-    how many workers share the machine. ``gpus`` (``--worker-per-gpu``): worker ``k`` is
-    started with the vendor's variable naming the ``k``-th device alone, before any
-    library in it could look.
+    how many workers share the machine. ``shares`` (of ``gpus``; ``--worker-per-gpu``,
+    or :func:`gpu_shares`): worker ``k`` is started with the vendor's variable naming its
+    own devices alone, before any library in it could look.
     """
     base = list(argv)
     for option in ("--nworkers", "--name", "--memory-limit"):
@@ -319,8 +360,8 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int,
 
     def start(k: int) -> subprocess.Popen:
         env = dict(os.environ)
-        if gpus is not None:
-            env.update(gpus.env([gpus.ids[k]]))
+        if gpus is not None and shares is not None:
+            env.update(gpus.env(shares[k]))
         return nannies[k].popen([sys.executable, "-m", "hpcsched", "worker", *base,
                                  "--name", names[k]], env=env)
 

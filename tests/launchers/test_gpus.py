@@ -161,6 +161,32 @@ def test_a_worker_per_gpu_sees_its_own_device_alone(tmp_path: Path, procs: Any,
             assert s["ordinals"] == [0]  # the process sees its one device as device 0
 
 
+@pytest.mark.timeout(120)
+def test_the_worker_processes_of_one_job_split_its_gpus(tmp_path: Path, procs: Any,
+                                                        no_gpu_variables: None):
+    """A GPU job's template of two worker processes (``--nworkers 2 --resources GPU=1``)
+    on a node of two GPUs: each process is shown its own device, so that two one-GPU tasks
+    never both run on device 0."""
+    sfile = tmp_path / "scheduler.json"
+    start_scheduler(procs, sfile)
+    procs.start([*hpcsched_cmd(), "worker", "--scheduler-file", str(sfile), "--nworkers", "2",
+                 "--resources", "GPU=1", "--nthreads", "1", "--memory-limit", "0",
+                 "--name", "job"], "workers", env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    with Client(str(sfile), set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=60)
+        workers = client.scheduler_info()["workers"]
+        assert sorted(w["gpus"] for w in workers.values()) == [["0"], ["1"]]
+        seen = client.gather([client.submit(what_i_see, a, resources={"GPU": 1}, workers=[a],
+                                            pure=False) for a in workers], timeout=60)
+        assert sorted(s["process"] for s in seen) == ["0", "1"]
+        for s in seen:
+            assert s["ids"] == [s["process"]] and s["child"] == s["process"]
+    out = subprocess.run([*hpcsched_cmd(), "worker", "tcp://127.0.0.1:1", "--nworkers", "2",
+                          "--resources", "GPU=2"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert out.returncode != 0 and "GPU=2 for each of 2 worker processes" in out.stderr
+
+
 def test_detection_reads_the_environment_before_nvidia_smi(tmp_path: Path):
     env = fake_machine(tmp_path, 2)
     assert detect_gpus(env).ids == ("0", "1")
