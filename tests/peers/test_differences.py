@@ -1,5 +1,6 @@
 """The list of deliberate differences from the peers stays short, reasoned, and the same as
-the documentation's (docs/moving/differences.md)."""
+the documentation's (docs/moving/differences.md) and the README's ("Moving from
+dask-jobqueue")."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 
 from tests.peers import differences
 
-PAGE = Path(__file__).parents[2] / "docs" / "moving" / "differences.md"
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.mark.timeout(30)
-def test_the_guide_shows_the_list_as_it_is():
+@pytest.mark.parametrize("PAGE", [ROOT / "docs" / "moving" / "differences.md",
+                                  ROOT / "README.md"], ids=["docs", "README"])
+def test_the_guide_shows_the_list_as_it_is(PAGE: Path):
     text = PAGE.read_text()
     begin, end = text.find(differences.BEGIN), text.find(differences.END)
     assert 0 <= begin < end, f"{PAGE} lost its markers {differences.BEGIN!r} ... {differences.END!r}"
