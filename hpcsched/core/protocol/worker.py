@@ -368,6 +368,9 @@ class GetData(Record):
     request_id: str = wire(fc.string)
     serialized: bool = wire(fc.boolean, False, sparse=True,
                             doc="as one serialized blob (the scheduler relays it unopened)")
+    optional: list = wire(fc.keys, factory=list,
+                          doc="those of ``keys`` a client did not ask for (fetched ahead): "
+                              "one that cannot be serialized is left out, not reported")
 
 
 @message("close", S2W)

@@ -41,15 +41,22 @@ class Gathers:
         self.subs: dict[str, tuple[str, str, list]] = {}  # sub id -> (request, worker, keys)
         self._ids = itertools.count()
 
-    def start(self, request_id: str, requester: str, keys: list) -> None:
-        """Ask the holders of ``keys`` for their values; ``requester`` hears one reply."""
+    def start(self, request_id: str, requester: str, keys: list,
+              extra: list | tuple = ()) -> None:
+        """Ask the holders of ``keys`` for their values; ``requester`` hears one reply.
+
+        ``extra``: those of ``keys`` fetched ahead, not asked for: one whose value cannot
+        be serialized is left out of the reply, and its task is not erred for it (the
+        client hears of it if it asks)."""
         per_worker, missing = self.scheduler.state.holders_of(keys)
         g = self.pending[request_id] = Gather(requester, missing=missing)
+        ahead = set(extra)
         for worker, wkeys in per_worker.items():
             sub = f"{request_id}/{next(self._ids)}"
             g.subs.add(sub)
             self.subs[sub] = (request_id, worker, wkeys)
-            self.scheduler.send(worker, GetData(wkeys, sub, serialized=True))
+            optional = [k for k in wkeys if k in ahead] if ahead else []
+            self.scheduler.send(worker, GetData(wkeys, sub, serialized=True, optional=optional))
         self._maybe_finish(request_id)
 
     def data_reply(self, msg: DataReply) -> None:

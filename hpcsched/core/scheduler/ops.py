@@ -50,9 +50,9 @@ def gather(s: OpsHost, source: str, msg: pr.Gather) -> None:
     """Relay the values of ``msg.keys`` from their holders (:mod:`.gather`), with those
     of ``msg.extra`` that are small enough to come along."""
     keys = list(msg.keys)
-    if msg.extra:
-        keys += s.state.small_results(msg.extra, msg.extra_bytes, msg.extra_each)
-    s.gathers.start(msg.request_id, source, keys)
+    extra = s.state.small_results(msg.extra, msg.extra_bytes, msg.extra_each) \
+        if msg.extra else []
+    s.gathers.start(msg.request_id, source, keys + extra, extra)
 
 
 @handlers.on(pr.DataReply)

@@ -362,6 +362,8 @@ class PeerTransfers:
             except SerializationError:
                 errors = serialization_errors(out, w.address)
                 blob = serialize({k: v for k, v in out.items() if k not in errors})
+                for key in request.optional:  # fetched ahead: left out, not reported
+                    errors.pop(key, None)
             reply = DataReply(request.request_id, missing, blob=blob, errors=errors)
         else:
             reply = DataReply(request.request_id, missing, data=out, errors=errors)
