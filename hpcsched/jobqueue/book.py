@@ -240,12 +240,15 @@ class JobBook:
     def worker_joined(self, address: str, name: str, now: float | None = None) -> Job | None:
         """A worker connected (at ``now``, if known); its job, if it is one of ours.
 
-        The first worker of a job measures the queue's wait.
+        The first worker of a job measures the queue's wait, and the job is running from
+        then on, whatever the batch system's last poll said.
         """
         job = self.job_of_worker(name)
         if job is not None:
             job.workers[address] = name
             job.workers_seen.add(name)
+            if job.state in (JobState.PENDING, JobState.UNKNOWN):
+                job.state = JobState.RUNNING  # its worker runs: the poll may not know yet
             if now is not None and job.connected_at is None:
                 job.connected_at = now
                 self.waits.observe(now - job.submit_time)

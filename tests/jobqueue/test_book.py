@@ -97,7 +97,10 @@ def test_workers_map_to_their_job_and_a_finished_job_is_no_failure() -> None:
     book = JobBook(workers_per_job=2, job_name="w", cluster_id="c0")
     book.set_target(1)
     (job,) = submit(book, 1)
+    assert job.state is JobState.PENDING  # as the last poll said
     assert book.worker_joined("tcp://a:1", "w-c0-0-1") is job
+    assert job.state is JobState.RUNNING  # its worker runs, before the next poll says so
+    assert book.summary() == "1 running"
     assert book.worker_joined("tcp://a:2", "someone-else") is None
     assert book.connected() == 1
     assert book.sync_workers({"tcp://a:3": "w-c0-0-0"}) == ["w-c0-0-0"]  # a:1 left meanwhile
