@@ -478,16 +478,12 @@ class JobQueueCluster(Cluster):
         if self.templates.named:
             from hpcsched.launchers.adaptive_pools import PooledAdaptive
 
-            if minimum_jobs is not None:
-                minimum = minimum_jobs * self.workers_per_unit
-            if maximum_jobs is not None:
-                maximum = maximum_jobs * self.workers_per_unit
-            if self.adaptive is not None:
-                self.adaptive.stop()
-            adaptive = PooledAdaptive(
-                self.scheduler, self, TemplatePools(self.templates, self.book, self._lock),
-                minimum, maximum, pools=templates, pool_keyword="template", **kwargs)
-            self.adaptive = adaptive
+            pools = TemplatePools(self.templates, self.book, self._lock)
+            adaptive = self._replace_adaptive(
+                lambda lo, hi: PooledAdaptive(self.scheduler, self, pools, lo, hi,
+                                              pools=templates, pool_keyword="template",
+                                              **kwargs),
+                minimum, maximum, minimum_jobs, maximum_jobs)
         elif templates:
             raise ValueError(f"adapt(templates={templates!r}): this cluster has no "
                              "job_templates")

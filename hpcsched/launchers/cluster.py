@@ -154,14 +154,22 @@ class Cluster:
         """
         from hpcsched.launchers.adaptive import Adaptive
 
+        return self._replace_adaptive(
+            lambda lo, hi: Adaptive(self.scheduler, self, minimum=lo, maximum=hi, **kwargs),
+            minimum, maximum, minimum_jobs, maximum_jobs)
+
+    def _replace_adaptive(self, make: Any, minimum: int, maximum: float,
+                          minimum_jobs: int | None, maximum_jobs: int | None) -> Any:
+        """Stop the running adaptive scaling and start ``make(minimum, maximum)``.
+
+        Its bounds are in workers; ``minimum_jobs`` / ``maximum_jobs``, when given, in jobs."""
         if minimum_jobs is not None:
             minimum = minimum_jobs * self.workers_per_unit
         if maximum_jobs is not None:
             maximum = maximum_jobs * self.workers_per_unit
         if self.adaptive is not None:
             self.adaptive.stop()
-        self.adaptive = Adaptive(self.scheduler, self, minimum=minimum, maximum=maximum,
-                                 **kwargs)
+        self.adaptive = make(minimum, maximum)
         return self.adaptive
 
     @property
