@@ -5,7 +5,8 @@ its batch jobs are gone, hpcsched against dask-jobqueue, in one run.
         [--dask-python /path/to/venv/bin/python] [--systems hpcsched,dask-jobqueue]
 
 Each round starts the script a user writes (the cluster, ``scale(jobs=N)``, a client, a map
-of 2,000 half-second sleeps that keeps every worker busy), waits until its jobs' workers
+of 2,000 half-second sleeps that keeps every worker busy; their arguments differ by a
+nanosecond, as dask's map is pure by default and makes one task of equal calls), waits until its jobs' workers
 have connected and the map runs, sends SIGINT (what Ctrl-C in the terminal sends), and
 reports the seconds from the signal to the script's exit and to the moment ``squeue``
 no longer lists its jobs (by job name). A job still listed after ``--timeout`` seconds
