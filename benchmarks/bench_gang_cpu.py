@@ -11,14 +11,15 @@ the two barriers around the gang's rounds (``bench_mpi_gangs.rounds``: ten round
 
 * **per rank** of ``mpiexec -n NPROCS python -m hpcsched --nthreads 1`` (rank 0 the
   scheduler with the script, four gang members, the other worker ranks idle): CPU seconds
-  (time on a CPU, from ``/proc/<pid>/task/*/schedstat``, in nanoseconds) and voluntary context switches per
-  second (wake-ups, from ``/proc/<pid>/task/*/status``), and the same per thread (named
-  by the rank's Python threads, asked before the gang starts);
+  (time on a CPU, ``/proc/<pid>/task/*/schedstat``, counted in nanoseconds) and voluntary
+  context switches per second (wake-ups, ``/proc/<pid>/task/*/status``), and the same per
+  thread (named by the rank's Python threads, asked before the gang starts);
 * the same program under its own ``mpiexec -n 4`` (no scheduler, no idle ranks).
 
-The figure to compare between two commits is ``others_cpu_s``: the CPU seconds of every
-process but the members, and the members' ``overhead_cpu_s`` (their threads other than
-the one computing). Both are counted by the kernel, not timed.
+The figures to compare between two commits are ``others_cpu_per_s``: the CPU seconds of
+every process but the members per second of the rounds, and the members'
+``members_overhead_cpu_per_s`` (their threads other than the one computing), with the
+others' wake-ups per second. All are counted by the kernel, not timed.
 """
 
 from __future__ import annotations
@@ -155,8 +156,10 @@ def summary(res: dict, member_pids: set[int] | None) -> dict:
     for p in member_pids:
         cpus = sorted((c for c, _ in procs[p]["threads"].values()), reverse=True)
         overhead += sum(cpus[1:])
+    seconds = res["seconds"]
     return {"rounds_s": round(res["rounds_s"], 3), "others_cpu_s": round(others, 4),
-            "members_overhead_cpu_s": round(overhead, 4),
+            "others_cpu_per_s": round(others / seconds, 5),
+            "members_overhead_cpu_per_s": round(overhead / seconds, 5),
             "members_cpu_s": round(sum(procs[p]["cpu_s"] for p in member_pids), 3),
             "others_wakeups_per_s": round(sum(v["wakeups_per_s"] for p, v in procs.items()
                                               if p not in member_pids), 1)}
