@@ -10,9 +10,10 @@ of the thread found; the endpoint owns the polling and the nap itself (a doorbel
   (:class:`~hpcsched.hpc.backoff.Backoff`'s share), so a reply is seen at most
   :data:`LATE_SHARE` of its wait late, up to ``mpi.poll-max``.
 * **Every peer rings** (all on this node): between messages the rank polls only as a
-  fallback, every ``mpi.doorbell-poll`` at first, up to ``mpi.poll-max`` as idleness
-  lasts: with many ranks per core (a wide job), idle ranks polling every few
-  milliseconds would take the cores from the busy ones. A ring that finds nothing (MPI
+  fallback, every ``mpi.doorbell-poll`` at first, up to ``mpi.poll-max`` during its
+  first second of idleness, then up to ``mpi.doorbell-poll-max``: what no ring announces
+  is a beat (seen in time if polled once a second; the nap ends at the next one due)
+  and a lost ring, which correctness must not depend on. A ring that finds nothing (MPI
   does not show its message yet) is followed by a poll after ``mpi.doorbell-poll``.
 * **A gang's member computes here** (:meth:`Pace.quiet`) and every peer rings: the
   fallback nap is ``mpi.gang-poll`` (or to the next beat), since the slowest member sets
@@ -56,8 +57,9 @@ class Pace:
         if rung_by_all:
             every = float(settings.doorbell_poll)
             cap = max(every, self.backoff.max)
-            self.rung = Backoff(min=every, fast_max=cap, max=cap, hold=0, clock=clock,
-                                sleep=nap)
+            self.rung = Backoff(min=every, fast_max=cap,
+                                max=max(cap, float(settings.doorbell_poll_max)), hold=0,
+                                clock=clock, sleep=lambda s: nap(until_beat(s)))
         self.gang_poll = float(settings.gang_poll)
         self._lock = threading.Lock()
         self._quiet = 0  # gang members computing on this rank

@@ -94,3 +94,6 @@ def test_while_a_gang_computes_the_other_threads_of_its_ranks_stay_asleep():
         # samples every 0.05 and 0.1 s
         assert rates["mpi"] < 12 and rates["worker"] < 12, got
     assert got["plain"][0]["worker"] > 2 * max(r["worker"] for r in got["gang"]), got
+    # rank 0, idle meanwhile and rung by every peer that sends, polls once a second once
+    # idle for one (20 times a second at mpi.poll-max): its wake-ups are the gang's messages
+    assert got["rank0"]["mpi"] < 12, got

@@ -3,13 +3,15 @@ each turn tells the pace what polling found, and the naps it takes are recorded.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import pytest
 
 from hpcsched.core.settings import MPISettings
 from hpcsched.hpc.pace import Pace
 
 SETTINGS = MPISettings(poll_min=1e-5, poll_fast_max=1e-3, poll_max=0.05, poll_hold=0.0,
-                       doorbell_poll=0.002, gang_poll=1.0)
+                       doorbell_poll=0.002, doorbell_poll_max=1.0, gang_poll=1.0)
 
 
 class Clock:
@@ -34,11 +36,21 @@ def idle(p: Pace, turns: int) -> None:
         assert p.turn(busy=False, moving=False, poked=False, rung=False) is False
 
 
-def test_an_idle_rank_every_peer_rings_falls_back_to_polls_every_poll_max():
+def test_an_idle_rank_every_peer_rings_polls_once_a_second_after_its_first():
     p, clock = pace(rung_by_all=True)
-    idle(p, 100)
+    idle(p, 40)
     assert clock.naps[0] == 0.002
-    assert max(clock.naps) == pytest.approx(0.05)
+    # the first second's naps reach mpi.poll-max and no more
+    first = [n for n, t in zip(clock.naps, accumulate(clock.naps), strict=True)
+             if t <= 1.0]
+    assert max(first) == pytest.approx(0.05)
+    assert clock.naps[-1] == pytest.approx(1.0)
+
+
+def test_the_fallback_nap_ends_at_the_next_beat():
+    p, clock = pace(rung_by_all=True, beat_in=0.3)
+    idle(p, 40)
+    assert max(clock.naps) == pytest.approx(0.3)
 
 
 def test_a_ring_or_traffic_brings_the_fast_poll_back():
