@@ -500,8 +500,8 @@ class Endpoint:
 
     def quiet(self, delta: int) -> None:
         """One gang member more (``+1``) or fewer (``-1``) computing on this rank: while
-        one does and every peer rings, the progress thread's fallback poll comes every
-        ``mpi.gang-poll`` (:mod:`hpcsched.hpc.pace`; why: :mod:`hpcsched.hpc.gang`)."""
+        one does, the progress thread naps ``mpi.gang-poll`` between polls
+        (:mod:`hpcsched.hpc.pace`; why: :mod:`hpcsched.hpc.gang`)."""
         self._pace.quiet(delta)
 
     def _until_beat(self, nap: float) -> float:

@@ -15,9 +15,9 @@ of the thread found; the endpoint owns the polling and the nap itself (a doorbel
   is a beat (seen in time if polled once a second; the nap ends at the next one due)
   and a lost ring, which correctness must not depend on. A ring that finds nothing (MPI
   does not show its message yet) is followed by a poll after ``mpi.doorbell-poll``.
-* **A gang's member computes here** (:meth:`Pace.quiet`) and every peer rings: the
-  fallback nap is ``mpi.gang-poll`` (or to the next beat), since the slowest member sets
-  the gang's pace (:mod:`hpcsched.hpc.gang`).
+* **A gang's member computes here** (:meth:`Pace.quiet`): the nap is ``mpi.gang-poll``
+  (or to the next beat) on either road, since the slowest member sets the gang's pace
+  (:mod:`hpcsched.hpc.gang`); a message from another node is then seen that late.
 * Whatever the road, a message half received, a send pending or a poke (a thread of this
   rank sent a request and waits for the reply) makes the thread poll again at once.
 
@@ -76,7 +76,7 @@ class Pace:
         once for traffic or a poke (the poke is then taken).
 
         >>> naps = []
-        >>> pace = Pace(naps.append, lambda s: s, rung_by_all=True)
+        >>> pace = Pace(naps.append, lambda s: s, rung_by_all=False)
         >>> pace.quiet(1)
         >>> pace.turn(busy=False, moving=False, poked=False, rung=False), naps
         (False, [1.0])
@@ -100,5 +100,8 @@ class Pace:
             if every is not None:
                 every.reset()
             return True
-        self.backoff.sleep()
+        if self._quiet and not moving:
+            self._nap(self._until_beat(self.gang_poll))
+        else:
+            self.backoff.sleep()
         return False

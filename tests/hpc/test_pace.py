@@ -63,8 +63,10 @@ def test_a_ring_or_traffic_brings_the_fast_poll_back():
     assert clock.naps[-1] == 0.002
 
 
-def test_while_a_gang_member_computes_a_rank_every_peer_rings_naps_gang_poll():
-    p, clock = pace(rung_by_all=True)
+@pytest.mark.parametrize("rung_by_all", [True, False])
+def test_while_a_gang_member_computes_the_rank_naps_gang_poll_on_either_road(rung_by_all):
+    # every peer ringing (one node) or not (peers on other nodes): the same naps
+    p, clock = pace(rung_by_all)
     p.quiet(1)
     idle(p, 5)
     assert clock.naps == [1.0] * 5
