@@ -159,8 +159,11 @@ class MPISettings(Record):
     doorbell: bool = True
     #: seconds: first fallback poll when every peer rings (to poll-max)
     doorbell_poll: float = setting(0.002, unit="seconds")
-    #: seconds: the fallback poll when every peer rings while a gang's member computes on
-    #: the rank (each poll takes Python's lock from it; hpcsched/hpc/gang.py)
+    #: seconds: the fallback poll when every peer rings and the rank has been idle for a
+    #: second (messages wake it at once; hpcsched/hpc/pace.py)
+    doorbell_poll_max: float = setting(1.0, unit="seconds")
+    #: seconds: the poll while a gang's member computes on the rank (each takes Python's
+    #: lock from it; hpcsched/hpc/gang.py): a message from another node is seen this late
     gang_poll: float = setting(1.0, unit="seconds")
     #: frames of this many bytes or more travel as separate MPI messages
     data_threshold: int = 65536
