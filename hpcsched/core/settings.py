@@ -170,8 +170,12 @@ class MPISettings(Record):
     #: seconds rank 0 waits for the others at exit before MPI_Abort
     exit_timeout: float = setting(5.0, unit="seconds")
     #: seconds without a word from a rank before the job is ended as having lost it (rank 0
-    #: watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
-    rank_timeout: float = setting(6.0, unit="seconds")
+    #: watches the worker ranks, they watch rank 0; beats every quarter of it, so a rank is
+    #: lost after four beats missed); 0: never. As long as ``scheduler.worker-ttl`` bounds a
+    #: worker's silence: a live rank on an oversubscribed node may get no CPU for seconds,
+    #: and a rank taken for lost ends the whole job (dask's ``distributed.scheduler.
+    #: worker-ttl`` is 5 minutes for the same reason)
+    rank_timeout: float = setting(30.0, unit="seconds")
     #: a script stopped at its job's walltime queues its own continuation (``python -m
     #: hpcsched --requeue``; hpcsched/hpc/walltime.py)
     requeue: bool = False

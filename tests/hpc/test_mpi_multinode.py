@@ -13,6 +13,7 @@ within 10 s, never hang.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -144,13 +145,15 @@ def test_pi_and_a_16383_task_tree_over_three_nodes(three_nodes):
 def start_busy(tmp_path: Path, nodes: tuple[int, int] = (1, 3)
                ) -> tuple[subprocess.Popen, Path]:
     """Ranks 0 and 2 on the first of ``nodes``, ranks 1 and 3 on the second, every worker
-    rank in a long task."""
+    rank in a long task; ``mpi.rank-timeout`` 6 s (the watch of lost ranks is what these
+    tests time, and a short bound keeps them short)."""
     script, log = tmp_path / "busy.py", tmp_path / "out.log"
     script.write_text(BUSY)
     with open(log, "wb") as out:
         proc = subprocess.Popen(mpiexec_cmd(script, nodes=nodes), cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True,
+                                env={**os.environ, "HPCSCHED_MPI__RANK_TIMEOUT": "6"})
     try:
         wait_until(lambda: log.read_text().count("busy on") == 3 or proc.poll() is not None,
                    timeout=60, what="every worker rank busy")
