@@ -20,9 +20,10 @@ file of a killed run puts the spooled rows that did not reach SQLite there, once
 What a row holds of a task's use of the machine is what its worker reported: ``cpu``,
 the CPU seconds of its call (the task thread's ``time.thread_time()``; a command task:
 its process's user + system time); ``memory``, its peak in bytes (a command task: its
-process's maximum RSS; a Python task: the worker process's RSS as its memory monitor
-last sampled it at the task's end, shared with whatever else ran there). A bulk map's
-element holds the mean CPU time of its worker's report and the report's memory
+process's maximum RSS; a Python task: the worker process's peak RSS from the task's
+start to its end, its own on a worker of one thread:
+:class:`~hpcsched.core.worker.memory.PeakMemory`). A bulk map's element holds the mean
+CPU time of its worker's report and the report's memory
 (:mod:`hpcsched.core.worker.ranges`). ``retries`` is counted when the history is read:
 a task that raised and was retried has a row per attempt, numbered from 0.
 

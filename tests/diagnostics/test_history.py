@@ -120,6 +120,33 @@ def test_a_command_task_reports_its_process_cpu_and_peak_memory(tmp_path, road):
     assert frame["cpu"].sum() >= n * 0.05
 
 
+def touch_200mb_at_0(x: int) -> int:
+    """Element 0 holds 200 MiB of touched memory for its run (freed as it returns)."""
+    return len(b"\1" * (200 << 20)) if x == 0 else x
+
+
+def test_a_python_tasks_memory_is_its_own_peak_not_the_workers_last_one(tmp_path, road):
+    """One task thread: a task's peak memory is the worker's peak from the task's start
+    to its end (the worker's own memory included). A task that touched 200 MiB shows
+    them; the tasks that run after it on the same worker, long after that memory went
+    back, show much less (on the bulk road: the peak of the element's report)."""
+    path = tmp_path / "h.sqlite"
+    n = 40
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        big = road.calls(client, touch_200mb_at_0, n)
+        assert client.gather(big)[0] == 200 << 20
+        small = road.calls(client, inc, n)
+        assert client.gather(small) == list(range(1, n + 1))
+        frame = client.history()
+    memory = dict(zip(frame["key"], frame["memory"], strict=True))
+    peak = memory[str(big[0].key)]
+    assert peak >= 200 << 20
+    after = [memory[str(f.key)] for f in small]
+    assert 0 < max(after) < peak - (150 << 20), (peak, max(after))
+
+
 def test_no_history_unless_asked_and_a_clear_error(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, cluster.get_client() as client:
