@@ -174,6 +174,29 @@ def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
         assert db.execute("select count(*) from tasks where grp = 'm'").fetchone() == (4,)
 
 
+def test_rows_written_many_to_a_statement_keep_their_order_and_values(tmp_path):
+    """Batches of several statements' worth of rows and a remainder, one with a key that
+    is not a string: every row once, in order, as handed."""
+    from hpcsched.diagnostics.history import INSERT_ROWS
+
+    path = str(tmp_path / "h.sqlite")
+    h = History(path)
+    n = 2 * INSERT_ROWS + 7
+    keys = [f"m-{i}" for i in range(n)]
+    h.elements("m", "tcp://a:1", keys, [float(i) for i in range(n)],
+               [i + 0.5 for i in range(n)], list(range(n)), cpu=n * 0.25, memory=7 << 20)
+    h.task(("x", 1), "x", "tcp://a:1", 1.0, 2.0, "erred", 0, 0.5, 1 << 20)
+    assert h.flush()
+    h.close()
+    columns, rows = read(path)
+    got = [dict(zip(columns, r, strict=True)) for r in rows]
+    assert [g["key"] for g in got] == [*keys, str(("x", 1))]
+    assert [(g["start"], g["stop"], g["nbytes"]) for g in got[:n]] == \
+        [(float(i), i + 0.5, i) for i in range(n)]
+    assert {(g["cpu"], g["memory"], g["outcome"]) for g in got[:n]} == {(0.25, 7 << 20, "memory")}
+    assert (got[-1]["grp"], got[-1]["outcome"], got[-1]["memory"]) == ("x", "erred", 1 << 20)
+
+
 def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
     path = str(tmp_path / "h.sqlite")
     h = History(path)
