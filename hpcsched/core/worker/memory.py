@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 from msgspec.structs import force_setattr
@@ -198,6 +199,8 @@ class PeakMemory:
         self._fd = -1
         self._status = -1
         self._pid = 0
+        #: (monotonic time, RSS in bytes) as the last :meth:`peak` read it
+        self.sample: tuple[float, int] = (0.0, 0)
 
     def _open(self) -> int:
         self._pid = os.getpid()  # a forked child opens its own
@@ -217,15 +220,19 @@ class PeakMemory:
                 self._fd = -1
 
     def peak(self) -> int:
-        """Bytes at the peak since the last reset; 0 when this cannot be told."""
+        """Bytes at the peak since the last reset; 0 when this cannot be told. The
+        current RSS, read with it, is kept as :attr:`sample` (monotonic time, bytes)."""
         if self._fd < 0 or self._pid != os.getpid():
             return 0
         try:
             status = os.pread(self._status, 4096, 0)
             at = status.index(b"VmHWM:") + 6
-            return int(status[at:status.index(b"kB", at)]) * 1024
+            peak = int(status[at:status.index(b"kB", at)]) * 1024
+            at = status.index(b"VmRSS:", at) + 6
+            self.sample = (time.monotonic(), int(status[at:status.index(b"kB", at)]) * 1024)
         except (OSError, ValueError):
             return 0
+        return peak
 
 
 #: the worker process's (tasks reset it as they start, module docstring of ``running``)

@@ -246,6 +246,8 @@ def test_the_peak_since_a_reset_counts_what_was_touched_then_and_no_earlier_peak
     held = b"\1" * (64 << 20)  # touched: resident
     high = peak.peak()
     assert high >= process_memory() >= len(held)
+    seen, rss = peak.sample  # the current RSS, read with the peak: a fresh sample
+    assert seen > 0 and len(held) <= rss <= high
     del held
     peak.reset()  # the earlier peak is gone; what is left is the current RSS
     assert 0 < peak.peak() < high - (48 << 20)
