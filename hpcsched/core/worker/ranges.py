@@ -18,7 +18,8 @@ tells the scheduler of the batch; an element that raises is reported alone, with
 used together, not each one's (a clock read per element would cost a sweep of tiny
 elements more than the element): the thread's CPU time between two reports plus its
 command elements' processes', and as memory the largest peak of those processes, else
-the worker's RSS as last sampled. A range's elements are not tasks of
+the worker's peak since the report began (:class:`~hpcsched.core.worker.memory.PeakMemory`;
+its RSS as last sampled where that cannot be read). A range's elements are not tasks of
 the worker's state machine: their results are plain entries of its data, which
 ``free-keys`` drops and peers fetch as any other.
 
@@ -58,6 +59,7 @@ from hpcsched.core.worker.context import (
     take_usage,
 )
 from hpcsched.core.worker.execution import pack_exception
+from hpcsched.core.worker.memory import PEAK
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.parts.inbox import RangesDone, stimulus
 from hpcsched.core.worker.task_pool import TaskPool
@@ -91,7 +93,8 @@ class Batch:
 
 def _charge(batch: Batch, cpu_mark: float) -> float:
     """``batch`` used the thread's CPU time since ``cpu_mark`` and what its elements'
-    child processes reported (command elements); the new mark."""
+    child processes reported (command elements), else the worker's peak memory since the
+    report began; the new mark, and the peak reset for the next report."""
     now = thread_time()
     usage = take_usage()
     if usage is not None:
@@ -99,6 +102,8 @@ def _charge(batch: Batch, cpu_mark: float) -> float:
         batch.memory = usage[1]
     else:
         batch.cpu = now - cpu_mark
+        batch.memory = PEAK.peak()
+    PEAK.reset()
     return now
 
 
@@ -303,6 +308,7 @@ class RangeRunner:
         clock = time.time
         due = clock() + REPORT_SECONDS
         cpu_mark = thread_time()  # a report's CPU time: two clock reads a report, not one an element
+        PEAK.reset()  # and its peak memory (memory.PeakMemory)
         indices, all_args, lock, local = record.indices, record.args, self._lock, self._local
         dropped = self._dropped
         while True:
