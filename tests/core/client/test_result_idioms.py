@@ -345,6 +345,68 @@ def test_the_executors_map_gives_every_result_in_order(shared_client, n):
         assert list(ex.map(inc, range(n), timeout=WAIT)) == list(range(1, n + 1))
 
 
+def _gathers(client, monkeypatch) -> list:
+    """The ``Gather`` requests ``client`` sends from now on (the test's own client)."""
+    from hpcsched.core.protocol.messages import Gather
+
+    conn = client.scheduler_comm
+    sent: list = []
+    send_request = conn.send_request
+
+    def counting(msg, *args, **kwargs):
+        if isinstance(msg, Gather):
+            sent.append(msg)
+        return send_request(msg, *args, **kwargs)
+
+    monkeypatch.setattr(conn, "send_request", counting)
+    return sent
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])  # a bulk map, and a map of tasks
+def test_the_executors_map_gathers_the_finished_results_at_once(own_client, n, monkeypatch):
+    with own_client.get_executor(pure=False) as ex:
+        it = ex.map(inc, range(n), timeout=WAIT)
+        wait(list(ex._futures), timeout=WAIT)  # the map's futures, all done before the loop
+        sent = _gathers(own_client, monkeypatch)
+
+        assert list(it) == list(range(1, n + 1))
+
+    assert len(sent) == 1 and len(sent[0].keys) == n  # one request, not one per element
+    assert not ex._futures
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])
+def test_the_executors_map_yields_up_to_an_erred_element_then_raises(shared_client, n):
+    with shared_client.get_executor(pure=False) as ex:
+        it = ex.map(fails_on, range(n), [7] * n, timeout=WAIT)
+        wait(list(ex._futures), timeout=WAIT)  # element 7 erred in the batch of all
+
+        assert [next(it) for _ in range(7)] == list(range(1, 8))
+        with pytest.raises(ValueError, match="element 7 is bad"):
+            next(it)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])
+def test_the_executors_map_times_out_and_cancels_the_rest(shared_client, n, tmp_path):
+    release = tmp_path / "release"
+    try:
+        with shared_client.get_executor(pure=False) as ex:
+            it = ex.map(wait_for_file, [str(release)] * n, timeout=0.5)
+            fs = list(ex._futures)
+            with pytest.raises(TimeoutError):
+                next(it)
+            it.close()  # as a for loop left by the exception does, when collected
+
+            assert not ex._futures
+            wait(fs, timeout=WAIT)
+            assert all(f.cancelled() for f in fs)
+    finally:
+        release.touch()
+
+
 @pytest.mark.timeout(90)
 def test_one_request_brings_the_finished_results_along(shared_client, road):
     fs = road.calls(shared_client, inc, N)
