@@ -80,13 +80,17 @@ class Transfers:
             value = table.take(st)
             if value is not UNFETCHED:
                 return value
-        budget = min(self.prefetch_bytes, table.room())
+        budget = table.reserve(self.prefetch_bytes)  # counted until the reply is held
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
+        if budget and not extra:
+            table.unreserve(budget)
+            budget = 0
         pending = {future.key: future}
         values: dict = {}
         sizes: dict = {}
-        request = self._ask(pending, "raise", deadline, timeout, list(extra), budget)
+        request = None
         try:
+            request = self._ask(pending, "raise", deadline, timeout, list(extra), budget)
             while request is not None:
                 self._take(pending, request, values, deadline, timeout, sizes)
                 request.forget()
@@ -94,8 +98,7 @@ class Transfers:
         finally:
             if request is not None:
                 request.forget()
-        if extra:
-            table.hold(extra, values, sizes)
+            table.hold(extra, values, sizes, budget)  # what came; the reservation ends
         if st.value is UNFETCHED:
             st.value = TAKEN  # asked for: not to be fetched ahead again
         if extra:
@@ -111,14 +114,16 @@ class Transfers:
         table = self.table
         if table.on_its_way():
             return
-        budget = min(self.prefetch_bytes, table.room())
+        budget = table.reserve(self.prefetch_bytes)  # counted until the reply is held
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
         if not extra:
+            table.unreserve(budget)
             return
         request = self.conn.send_request(Gather("", [], list(extra), budget,
                                                 self.prefetch_result_bytes))
-        if not table.send_ahead(extra, request):
+        if not table.send_ahead(extra, request, budget):
             request.forget()  # another thread's is in flight
+            table.unreserve(budget)
 
     def _take_ahead(self, deadline: float | None, timeout: float | None) -> None:
         """Await the request for results fetched ahead (if still in flight) and hold
@@ -126,14 +131,14 @@ class Transfers:
         ahead = self.table.ahead_in_flight()
         if ahead is None:
             return
-        extra, request = ahead
+        extra, request, reserved = ahead
         values: dict = {}
         sizes: dict = {}
         try:
             self._take({}, request, values, deadline, timeout, sizes)
         finally:
             request.forget()
-        self.table.hold(extra, values, sizes)
+            self.table.hold(extra, values, sizes, reserved)  # the reservation ends
 
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
         """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;

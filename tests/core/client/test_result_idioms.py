@@ -115,6 +115,27 @@ def test_the_table_holds_what_fits_and_hands_each_value_out_once():
     assert table.room() == 1000
 
 
+def test_the_bytes_a_reply_in_flight_may_bring_are_counted_until_it_is_held():
+    owner = _Owner()  # held_limit=1000
+    table = owner.future_table
+    a, b = Future("a", owner), Future("b", owner)
+    for f in (a, b):
+        f.state.finish("int")
+    table.hold({"a": a.state}, {"a": 1}, {"a": 300})
+
+    assert table.reserve(600) == 600  # a request's budget, counted while it travels
+    assert table.room() == 100 and table.in_flight_bytes == 600
+    assert table.reserve(600) == 100  # a second request gets what is left, not 600 more
+    assert table.reserve(600) == 0
+    table.unreserve(100)  # that one was not sent
+
+    table.hold({"b": b.state}, {"b": 2}, {"b": 200}, reserved=600)  # its reply came
+
+    assert table.in_flight_bytes == 0 and table.held_bytes == 500 and table.room() == 500
+    assert table.take(b.state) == 2 and table.take(a.state) == 1
+    assert table.room() == 1000
+
+
 def test_a_released_futures_value_is_dropped():
     owner = _Owner()
     table = owner.future_table
@@ -515,7 +536,8 @@ def own_client(shared_cluster):
 
 
 @pytest.mark.timeout(90)
-def test_a_client_that_never_asks_for_results_receives_none(own_client, road):
+def test_a_client_that_never_asks_for_results_receives_none(own_client, road, monkeypatch):
+    sent = _gathers(own_client, monkeypatch)
     fs = road.calls(own_client, payload, N, size=10_000)
     wait(fs, timeout=WAIT)
     assert len(list(as_completed(fs))) == N
@@ -525,7 +547,9 @@ def test_a_client_that_never_asks_for_results_receives_none(own_client, road):
     for _ in fs:
         assert ran.acquire(timeout=WAIT)
 
-    assert own_client.future_table.held_bytes == 0
+    assert sent == []  # no request for a result, and none in flight
+    table = own_client.future_table
+    assert table.held_bytes == 0 and table.in_flight_bytes == 0 and not table.on_its_way()
     assert all(f.state.value is UNFETCHED for f in fs)
 
 
@@ -545,7 +569,8 @@ def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cl
         assert small[0].result() == bytes([0]) * 10_000
         held = _held(small)
         assert 0 < len(held) < N - 1  # some 20 of 10 kB fit in 200 kB, not 39
-        assert client.future_table.held_bytes <= 200_000
+        # what is held and what the reply in flight may bring, together
+        assert client.future_table.held_bytes + client.future_table.in_flight_bytes <= 200_000
         assert [f.result() for f in small] == [bytes([i]) * 10_000 for i in range(N)]
         assert client.future_table.held_bytes == 0
     finally:
@@ -565,10 +590,13 @@ def test_a_result_loop_asks_for_the_next_results_before_it_needs_them(shared_clu
 
         held = _held(fs)
         assert 0 < len(held) < N - 1  # some 5 of 10 kB came along in 50 kB, not 39
+        assert table.in_flight_bytes > 0  # the reply on its way is counted ...
+        assert table.room() == table.held_limit - table.held_bytes - table.in_flight_bytes
         on_its_way = [f for f in fs if table.on_its_way(f.key)]
         assert on_its_way  # the next ones, asked for before a result() needs them
         assert not set(on_its_way) & set(held) and fs[0] not in on_its_way
         assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
         assert table.held_bytes == 0 and not table.on_its_way()
+        assert table.in_flight_bytes == 0  # ... until its values are held
     finally:
         client.close()
