@@ -30,7 +30,6 @@ from hpcsched.core.client.futures import (
     Future,
     collect_futures,
     exception_of,
-    pack_futures,
 )
 from hpcsched.core.client.submission import as_list
 from hpcsched.core.protocol.messages import ClientDesiresKeys, Gather, ScatterData
@@ -46,6 +45,28 @@ GATHER_PART = 10_000  # futures a gather waits for and asks for at once
 PREFETCH_COUNT = 4096  # results a result() brings along at most
 _key, _state, _status = attrgetter("key"), attrgetter("state"), attrgetter("state.status")
 _done = attrgetter("state._is_done")
+
+
+def pack_futures(x: Any, values: dict, errors: str) -> Any:
+    """``x`` with its futures replaced by ``values[key]``.
+
+    With ``errors="skip"``, futures without a value are left out of lists."""
+    if isinstance(x, Future):
+        return values.get(x.key)
+    if isinstance(x, list):
+        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+            keys = map(attrgetter("key"), x)
+            return list(map(values.get, keys)) if errors == "raise" else \
+                [values[k] for k in keys if k in values]
+        return [pack_futures(i, values, errors) for i in x
+                if errors == "raise" or not isinstance(i, Future) or i.key in values]
+    if isinstance(x, tuple):
+        return tuple(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, (set, frozenset)):
+        return type(x)(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, dict):
+        return {k: pack_futures(v, values, errors) for k, v in x.items()}
+    return x
 
 
 class Transfers:

@@ -35,7 +35,6 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from hpcsched._lazy import when_imported
@@ -775,25 +774,3 @@ def collect_futures(x: Any, out: list) -> None:
     elif isinstance(x, dict):
         for v in x.values():
             collect_futures(v, out)
-
-
-def pack_futures(x: Any, values: dict, errors: str) -> Any:
-    """``x`` with its futures replaced by ``values[key]``.
-
-    With ``errors="skip"``, futures without a value are left out of lists."""
-    if isinstance(x, Future):
-        return values.get(x.key)
-    if isinstance(x, list):
-        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
-            keys = map(attrgetter("key"), x)
-            return list(map(values.get, keys)) if errors == "raise" else \
-                [values[k] for k in keys if k in values]
-        return [pack_futures(i, values, errors) for i in x
-                if errors == "raise" or not isinstance(i, Future) or i.key in values]
-    if isinstance(x, tuple):
-        return tuple(pack_futures(i, values, errors) for i in x)
-    if isinstance(x, (set, frozenset)):
-        return type(x)(pack_futures(i, values, errors) for i in x)
-    if isinstance(x, dict):
-        return {k: pack_futures(v, values, errors) for k, v in x.items()}
-    return x
