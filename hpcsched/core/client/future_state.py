@@ -19,6 +19,7 @@ Single submissions count as one sequence in the order they were made
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -37,6 +38,8 @@ from hpcsched.core.client.futures import (
     run_callback,
 )
 from hpcsched.core.protocol.messages import ClientReleasesKeys
+
+logger = logging.getLogger("hpcsched.client")
 
 
 class FutureTable:
@@ -210,7 +213,8 @@ class FutureTable:
         for group in list(self._waited):
             if len(out) > limit:
                 break
-            group.ready(out, limit + 1)
+            if group is not future.group:  # walked above
+                group.ready(out, limit + 1)
         for source in list(self.sources):
             if len(out) > limit:
                 break
@@ -291,7 +295,9 @@ class FutureTable:
             self.in_flight_bytes -= reserved
             for key, st in states.items():
                 n = sizes.get(key, 0)
-                if key in values and fetchable(st) and st not in held \
+                # fetchable(st), inline: a look at each of a map's values
+                if key in values and st.value is UNFETCHED and st.status == "finished" \
+                        and st.refs > 0 and st not in held \
                         and self.held_bytes + n <= self.held_limit:
                     st.value = values[key]
                     held[st] = n
@@ -309,20 +315,20 @@ class FutureTable:
             self.held_bytes -= self._held.pop(st, 0)
         return value
 
-    def take_many(self, states: list[FutureState]) -> list:
-        """:meth:`take` of each of ``states``, under one lock (an ``as_completed`` takes
-        the results fetched ahead for the futures it is about to yield)."""
-        out = []
+    def take_many(self, futures: list[Future]) -> dict:
+        """:meth:`take` of the state of each of ``futures``, under one lock (an
+        ``as_completed`` takes the results fetched ahead for the futures it is about to
+        yield): future -> value, of those that had one."""
+        out = {}
         held = self._held
         with self._lock:
-            for st in states:
+            for f in futures:
+                st = f.state
                 value = st.value
-                if value is UNFETCHED or value is TAKEN or st.status != "finished":
-                    out.append(UNFETCHED)
-                else:
+                if value is not UNFETCHED and value is not TAKEN and st.status == "finished":
                     st.value = TAKEN
                     self.held_bytes -= held.pop(st, 0)
-                    out.append(value)
+                    out[f] = value
         return out
 
     # ------------------------------------------------------------ done callbacks
@@ -425,8 +431,8 @@ class _Callbacks:
                 for entry in cbs or ():
                     if len(out) >= limit:
                         return
-                    st = entry[2].state
-                    if fetchable(st):
+                    st = entry[2].state  # fetchable(st), inline
+                    if st.value is UNFETCHED and st.status == "finished" and st.refs > 0:
                         out[entry[2].key] = st
 
     def run(self) -> None:
@@ -456,7 +462,10 @@ class _Callbacks:
                     continue
                 fut = ref()
                 if fut is not None:
-                    run_callback(fn, fut)
+                    try:  # run_callback(), inline: one call less per future
+                        fn(fut)
+                    except Exception:
+                        logger.exception("done callback %r of %r failed", fn, fut)
                 i += 1
             with cond:
                 self._current = []
