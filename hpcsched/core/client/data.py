@@ -100,6 +100,7 @@ class Transfers:
             self._take_ahead(deadline, timeout)
             value = table.take(st)
             if value is not UNFETCHED:
+                self._send_ahead(future)  # the next: one request stays on its way
                 return value
         budget = table.reserve(self.prefetch_bytes)  # counted until the reply is held
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}

@@ -600,3 +600,26 @@ def test_a_result_loop_asks_for_the_next_results_before_it_needs_them(shared_clu
         assert table.in_flight_bytes == 0  # ... until its values are held
     finally:
         client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_result_the_reply_on_its_way_brought_sends_the_next_request(shared_cluster, road):
+    with config.set({"client.prefetch-bytes": 50_000}):
+        client = Client(shared_cluster, set_as_default=False)
+    try:
+        table = client.future_table
+        fs = road.calls(client, payload, N, size=10_000)
+        wait(fs, timeout=WAIT)
+        assert fs[0].result() == bytes([0]) * 10_000
+        first = next(i for i, f in enumerate(fs) if table.on_its_way(f.key))
+        assert [f.result() for f in fs[1:first]] == [bytes([i]) * 10_000
+                                                      for i in range(1, first)]  # held
+
+        assert fs[first].result() == bytes([first]) * 10_000  # the reply on its way's
+
+        # and the next results are asked for at once: one request stays on its way
+        assert [i for i, f in enumerate(fs) if table.on_its_way(f.key)][0] > first
+        assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
+        assert table.held_bytes == 0 and table.in_flight_bytes == 0
+    finally:
+        client.close()
