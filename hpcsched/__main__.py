@@ -18,8 +18,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in ("submit", "job", "history"):
         from hpcsched.commands import cli as commands_cli
 
-        return {"submit": commands_cli.submit_main, "job": commands_cli.job_main,
-                "history": commands_cli.history_main}[argv[0]](argv[1:])
+        command = {"submit": commands_cli.submit_main, "job": commands_cli.job_main,
+                   "history": commands_cli.history_main}[argv[0]]
+        try:
+            return command(argv[1:])
+        except BrokenPipeError:
+            # a reader that stopped early (`hpcsched history h.sqlite | head`): no traceback,
+            # and no second error when the interpreter flushes stdout at exit, as Python's
+            # note on SIGPIPE advises (docs.python.org/3/library/signal.html#note-on-sigpipe)
+            import os
+
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     if argv and argv[0] not in ("-h", "--help", "--version", "-V", "worker", "scheduler"):
         # a script under mpiexec: every rank starts here, so it imports the MPI mode only,
         # with the garbage collector paused until the rank has started (MPIMode.started)

@@ -14,10 +14,11 @@ handlers found there):
 * SIGTERM: cancel every live cluster's jobs, then do what the previous handler
   did (call it; or, for the default action, restore it and re-raise the signal
   so the process still dies of SIGTERM);
-* SIGINT: when the previous handler is Python's (``KeyboardInterrupt``), the jobs
-  are cancelled at interpreter exit if the interrupt ends the program; an
-  interrupt the program survives (a notebook cell interrupted) keeps the cluster.
-  When SIGINT would kill the process outright (``SIG_DFL``), cancel first.
+* SIGINT: when the handler is Python's (``KeyboardInterrupt``) or the program's
+  own, it is left in place: the jobs are cancelled at interpreter exit if the
+  interrupt ends the program, and an interrupt the program survives (a notebook cell
+  interrupted) keeps the cluster. When SIGINT would kill the process outright
+  (``SIG_DFL``), a handler of ours cancels first.
 """
 
 from __future__ import annotations
@@ -115,9 +116,6 @@ def run_all() -> None:
 
 def _handler(signum: int, frame: Any) -> None:
     previous = _previous.get(signum, signal.SIG_DFL)
-    if signum == signal.SIGINT and callable(previous):
-        previous(signum, frame)  # KeyboardInterrupt: cleanup at exit if it ends the program
-        return
     run_all()
     if callable(previous):
         previous(signum, frame)
@@ -136,6 +134,11 @@ def install_signal_handlers() -> None:
             continue
         if current == signal.SIG_IGN:
             continue  # the program chose to ignore it: so do we
+        if signum == signal.SIGINT and callable(current):
+            # Python's KeyboardInterrupt (or the program's own handler) already ends the
+            # program through the interpreter's exit, where the cleanups run; a handler of
+            # ours would only forward it and put its own frame at the end of the traceback
+            continue
         _previous[signum] = current if current is not None else signal.SIG_DFL
         signal.signal(signum, _handler)
 

@@ -227,3 +227,19 @@ def test_a_bad_job_file_is_named_and_nothing_is_submitted(cluster, tmp_path, tex
     assert r.returncode == 2 and message in r.stderr, r.stderr
     listed = hs("job", "list", sfile=cluster, cwd=tmp_path)
     assert len(listed.stdout.strip().splitlines()) == 1  # the header alone
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(cluster, tmp_path):
+    """``hpcsched job list | head -0``: the pipe's reader is gone before the first line."""
+    job_id(hs("submit", "--array", "1-3", "--", "true", sfile=cluster, cwd=tmp_path))
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        listed = subprocess.run([*hpcsched_cmd(), "job", "list", "--scheduler-file",
+                                 str(cluster)], cwd=tmp_path, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True, timeout=120,
+                                stdin=subprocess.DEVNULL)
+    finally:
+        os.close(write_end)
+    assert listed.returncode == 1
+    assert "Traceback" not in listed.stderr and "BrokenPipe" not in listed.stderr, listed.stderr

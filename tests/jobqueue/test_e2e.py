@@ -100,6 +100,22 @@ def test_job_failing_at_start_is_reported_with_its_log(batch, caplog):
 
 
 @pytest.mark.timeout(90)
+def test_the_client_waiting_for_workers_hears_why_the_job_died(batch):
+    """``Client(cluster).wait_for_workers``, as dask-jobqueue's docs write it, raises the
+    cluster's error naming the job's log, not a bare timeout at its end."""
+    from hpcsched.core.client.client import Client
+
+    c = batch.cluster(python="/nonexistent/bin/python3")
+    c.scale(jobs=1)
+    batch.record(c)
+    with Client(c) as client:
+        t0 = time.monotonic()
+        with pytest.raises(JobFailedError, match="/nonexistent/bin/python3"):
+            client.wait_for_workers(1, timeout=60)
+        assert time.monotonic() - t0 < 45
+
+
+@pytest.mark.timeout(90)
 def test_worker_that_cannot_reach_the_scheduler_exits_naming_the_address(batch):
     c = batch.cluster(death_timeout=3)
     c.scheduler_address = "tcp://127.0.0.1:9"  # nothing listens there
@@ -166,7 +182,9 @@ def test_client_process_ending_leaves_no_job(batch, how):
         elif how == "sigint":  # KeyboardInterrupt ends the script: cancelled at exit
             proc.send_signal(signal.SIGINT)
             assert proc.wait(60) == -signal.SIGINT  # Python re-raises it after finalizing
-            assert "KeyboardInterrupt" in proc.stderr.read()
+            said = proc.stderr.read()
+            assert "KeyboardInterrupt" in said
+            assert "cleanup.py" not in said  # the traceback ends in the script, not in ours
         elif how == "gc":
             assert proc.stdout.readline().strip() == "collected"
             batch.assert_queue_empty(ids)  # before the process exits

@@ -175,18 +175,20 @@ class ClusterRequests:
         self.conn.request(pc.Shutdown(""), timeout)
 
     def wait_for_workers(self, n_workers: int = 1, timeout: float | str | None = None) -> None:
-        """Poll the scheduler until ``n_workers`` workers have joined; a cluster that can tell
-        (``check_failures``) raises early when its workers failed to start."""
+        """Wait until ``n_workers`` workers have joined. A client made from a cluster asks the
+        cluster, as dask.distributed's ``Client.wait_for_workers`` does: a batch cluster
+        raises early, naming why, when its jobs die before a worker connects."""
         if timeout is not None:  # seconds, or as dask writes it ("30s", "2m")
             timeout = parse_interval(timeout, "timeout", zero=True)
+        if self.cluster is not None and hasattr(self.cluster, "wait_for_workers"):
+            self.cluster.wait_for_workers(n_workers, timeout)
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
         while True:
             n = len(self.scheduler_info()["workers"])
             if n >= n_workers:
                 return
-            if self.cluster is not None and hasattr(self.cluster, "check_failures"):
-                self.cluster.check_failures()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"only {n} of {n_workers} workers joined within {timeout}s")
             time.sleep(delay)
