@@ -107,6 +107,12 @@ class Executor(RemoteExecutor):
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=str(future.key),
                                                     aux={"future": future, "log": log}))
 
+    def additional_general_args(self) -> str:
+        """A job's Snakemake picks among the one job (or the jobs of one group) it runs:
+        the greedy scheduler does that at once, where the ILP scheduler, Snakemake's
+        default, writes the problem out and starts a solver for it."""
+        return "--scheduler greedy"  # joined as text: a list here breaks format_job_exec
+
     def _snakemake_args(self, command: str) -> list[str] | None:
         """The arguments of ``python -m snakemake`` in the job's command, as its shell
         would split them; None when something else runs before it (a precommand)."""
