@@ -1,14 +1,19 @@
-"""Snakemake's executor for hpcsched: each job of a workflow is a command task.
+"""Snakemake's executor for hpcsched: each job of a workflow is a task of the cluster.
 
-Snakemake hands each job to :meth:`Executor.run_job`; the job's command (``python -m
-snakemake`` for that one job, as every remote executor runs it) becomes a command task
-of the cluster's (``Client.submit_command``), and :meth:`Executor.check_active_jobs`
-reads the futures' states, which the client already knows (no polling of a batch
-system: one status query per job per interval there, none here).
+Snakemake hands each job to :meth:`Executor.run_job`. Every remote executor runs a job
+as ``python -m snakemake`` for that one job; here, by default, the job runs instead in a
+fork of a Python on the worker that has Snakemake loaded already
+(:mod:`.preloaded`: a short rule's job then costs what the rule costs, not Snakemake's
+start-up), with the same arguments and environment. With ``--hpcsched-fresh-process``,
+or a ``--precommand`` (which needs a shell), the command itself becomes a command task
+(``Client.submit_command``). :meth:`Executor.check_active_jobs` reads the futures'
+states, which the client already knows (no polling of a batch system: one status query
+per job per interval there, none here).
 """
 
 import asyncio
 import os
+import shlex
 import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -34,6 +39,11 @@ class ExecutorSettings(ExecutorSettingsBase):
         default=None,
         metadata={"help": "the scheduler's address, when not from a file (its secret "
                           "from $HPCSCHED_SECRET_FILE)", "env_var": True})
+    fresh_process: bool = field(
+        default=False,
+        metadata={"help": "run each job as its own `python -m snakemake` command rather "
+                          "than in a fork of a Python with Snakemake loaded (for workers "
+                          "that cannot import this plugin)"})
 
 
 common_settings = CommonSettings(
@@ -73,6 +83,7 @@ class Executor(RemoteExecutor):
             raise WorkflowError(f"cannot reach the hpcsched scheduler: {e}") from e
         self.logdir = os.path.abspath(os.path.join(".snakemake", "hpcsched"))
         self._has_cpus = "cpus" in _resource_names(self.client)
+        self._fork = not getattr(settings, "fresh_process", False)
 
     def run_job(self, job: JobExecutorInterface) -> None:
         command = self.format_job_exec(job)
@@ -81,12 +92,37 @@ class Executor(RemoteExecutor):
         options = {}
         if self._has_cpus and job.threads > 1:
             options["resources"] = {"cpus": job.threads}
-        future = self.client.submit_command(command, cwd=os.getcwd(), stdout=log,
-                                            stderr=log, key=f"snakemake-{job.name}-{job.jobid}"
-                                            if not job.is_group() else None, **options)
+        key = f"snakemake-{job.name}-{job.jobid}" if not job.is_group() else None
+        argv = self._snakemake_args(command) if self._fork else None
+        if argv is not None:
+            from snakemake_executor_plugin_hpcsched.preloaded import run_job
+
+            future = self.client.submit(run_job, argv, os.getcwd(), self.envvars(), log,
+                                        key=key or f"snakemake-group-{job.jobid}",
+                                        pure=False, **options)
+        else:
+            future = self.client.submit_command(command, cwd=os.getcwd(), stdout=log,
+                                                stderr=log, key=key, **options)
         future.add_done_callback(lambda _f: self._changed.set())
         self.report_job_submission(SubmittedJobInfo(job, external_jobid=str(future.key),
                                                     aux={"future": future, "log": log}))
+
+    def additional_general_args(self) -> str:
+        """A job's Snakemake picks among the one job (or the jobs of one group) it runs:
+        the greedy scheduler does that at once, where the ILP scheduler, Snakemake's
+        default, writes the problem out and starts a solver for it."""
+        return "--scheduler greedy"  # joined as text: a list here breaks format_job_exec
+
+    def _snakemake_args(self, command: str) -> list[str] | None:
+        """The arguments of ``python -m snakemake`` in the job's command, as its shell
+        would split them; None when something else runs before it (a precommand)."""
+        head, found, args = command.partition(" -m snakemake ")
+        if not found or self.get_python_executable() not in head:
+            return None
+        head = head.replace(self.get_envvar_declarations(), "", 1)
+        if head.strip() != self.get_python_executable():
+            return None
+        return shlex.split(args)
 
     async def check_active_jobs(
             self, active_jobs: list[SubmittedJobInfo]) -> AsyncGenerator[SubmittedJobInfo, None]:
