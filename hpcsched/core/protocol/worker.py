@@ -73,6 +73,9 @@ class Registered(Record):
     journaled: bool = wire(fc.boolean, False, sparse=True,
                            doc="the scheduler keeps a journal: if it vanishes, it may come "
                                "back (wait for it) rather than be gone (exit)")
+    usage: bool = wire(fc.boolean, False, sparse=True,
+                       doc="send each task's `cpu` and `memory` (the scheduler keeps a task "
+                           "history); without it they are left out")
 
 
 @message("heartbeat-interval", S2W)
@@ -102,7 +105,8 @@ class TaskStarted(FromWorker):
 
 @message("task-finished", W2S)
 class TaskFinished(FromWorker):
-    """``key`` ran on the worker, which holds its result."""
+    """``key`` ran on the worker, which holds its result (``cpu`` and ``memory`` only if
+    the answer to its registration asked for them: ``registered``'s ``usage``)."""
 
     key: Key = wire(fc.key)
     nbytes: int = wire(fc.count, 0, doc="the result's size in bytes")
@@ -118,7 +122,7 @@ class TaskFinished(FromWorker):
 
 @message("task-erred", W2S)
 class TaskErred(FromWorker):
-    """``key`` raised on the worker."""
+    """``key`` raised on the worker (``cpu`` and ``memory`` as ``task-finished``'s)."""
 
     key: Key = wire(fc.key)
     exception: Any = wire(fc.anything, None)
@@ -137,7 +141,8 @@ class TaskErred(FromWorker):
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
     results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
-    when it ran; ``cpu`` and ``memory`` for the report as a whole, not per element)."""
+    when it ran; ``cpu`` and ``memory`` for the report as a whole, not per element, and
+    as ``task-finished``'s, only if asked for)."""
 
     prefix: str = wire(fc.string)
     indices: list = wire(fc.list_of(fc.count))

@@ -14,8 +14,10 @@ its result, an ``ExecuteSuccess`` or ``ExecuteFailure`` with a ``stimulus_id`` o
 own, on the loop. A seceded task that rejoins waits here for the state machine's
 ``Resume``.
 
-What a run used travels with its result: CPU seconds from ``time.thread_time()`` read
-around the call, on the task's own thread (one clock read more per task), and as its
+What a run used travels with its result when the scheduler asked for it at
+registration (it keeps a task history; :meth:`TaskRunner.want_usage`; else a result
+carries neither figure and costs the scheduler nothing more to read): CPU seconds from
+``time.thread_time()`` read around the call, on the task's own thread, and as its
 peak memory the worker process's RSS as the memory monitor last sampled it (``rss()``;
 threads share one address space, so a threaded worker cannot tell one task's memory
 from another's). A command task runs its program in a child process and reports that
@@ -86,8 +88,15 @@ class TaskRunner:
         self._threaded_groups: set[str] = set()
         self._on_gang = on_gang
         self._rss = rss
+        #: each run's CPU seconds and peak memory go with its result (:meth:`want_usage`)
+        self.usage_wanted = False
         self._gang_lock = threading.Lock()
         self._gang_members = 0  # gang members running on this worker's threads
+
+    def want_usage(self, wanted: bool) -> None:
+        """Whether each run's CPU seconds and peak memory go with its result, as the
+        scheduler's answer to the worker's registration says (its ranges' reports too)."""
+        self.usage_wanted = wanted
 
     def use(self, state: WorkerState) -> None:
         """Tasks read their dependencies from ``state``'s data, and their group's duration."""
@@ -155,7 +164,8 @@ class TaskRunner:
         try:
             call = load_call(run_spec, state.data)
             start = time.time()  # the run, not the unpickling (execution.py)
-            cpu = thread_time()
+            if self.usage_wanted:
+                cpu = thread_time()
             value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             if on_loop and type(e) is TaskNeedsThread:
@@ -194,8 +204,10 @@ class TaskRunner:
 
     def _usage(self, cpu_start: float) -> tuple[float, int]:
         """(CPU seconds, peak memory) of the run that began at thread time ``cpu_start``
-        (0.0: it never began)."""
-        usage = take_usage()
+        (0.0: it never began, or none is wanted: (0.0, 0), which the report leaves out)."""
+        usage = take_usage()  # taken either way: the next run on this thread starts afresh
+        if not self.usage_wanted:
+            return 0.0, 0
         if usage is not None:  # a command: its process's own
             return usage
         cpu = thread_time() - cpu_start if cpu_start else 0.0
