@@ -476,19 +476,23 @@ class TaskGraph:
         if not send:
             return
         deps = ts.dependencies
+        who_has = {d.key: [w.address for w in d.who_has] for d in deps} if deps else {}
+        nbytes = {d.key: d.nbytes for d in deps} if deps else {}
+        # a suspect says when it starts: a death while it runs is then its alone
+        duration = est if not ts.suspicious else max(est, SHORT_TASK)
+        if members is None:  # one slot, nearly every task: no gang's fields to fill in
+            self.out.send(ws.address, ComputeTask(
+                ts.key, ts.run_spec, ts.priority, who_has, nbytes,
+                ts.resource_restrictions or None, duration))
+            return
         # every member of a gang runs the task (MPI programs: one rank each); the first
         # one's result is the task's
-        gang = [w.address for w in members] if members is not None else []
+        gang = [w.address for w in members]
         msg = ComputeTask(
-            ts.key, ts.run_spec, ts.priority,
-            {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
-            {d.key: d.nbytes for d in deps} if deps else {},
-            ts.resource_restrictions or None,
-            # a suspect says when it starts: a death while it runs is then its alone
-            est if not ts.suspicious else max(est, SHORT_TASK), gang,
-            *((comm, self.comms.take_frees(gang), [w.host for w in members])
-              if members is not None else ()))
-        for address in gang or (ws.address,):
+            ts.key, ts.run_spec, ts.priority, who_has, nbytes,
+            ts.resource_restrictions or None, duration, gang,
+            comm, self.comms.take_frees(gang), [w.host for w in members])
+        for address in gang:
             self.out.send(address, msg)
 
     def _exit_processing(self, ts: TaskState, notify: bool) -> None:
