@@ -201,10 +201,11 @@ class TaskGraph:
             self._run(recs)
         finally:
             self.deferred_ready = None
-        if ready:
-            if len(ready) > 1:
-                ready.sort(key=_priority)
+        if len(ready) > 1:
+            ready.sort(key=_priority)
             self._run([(ts, "processing") for ts in ready])
+        elif ready:  # one, the common case of an event
+            self._run([(ready[0], "processing")])
 
     def retry_no_worker(self) -> None:
         """Slots opened, or a worker joined or resumed: the no-worker tasks may run now.
@@ -310,7 +311,8 @@ class TaskGraph:
         for ws in list(ts.who_has):
             self.out.send(ws.address, FreeKeys([ts.key]))
             self.remove_replica(ts, ws)
-        for dts in by_priority(ts.dependents):
+        dependents = ts.dependents  # by_priority() inline: each result released comes here
+        for dts in sorted(dependents, key=_priority) if len(dependents) > 1 else dependents:
             if dts.state in _PENDING:
                 dts.waiting_on.add(ts)
                 if dts.state != "waiting":
