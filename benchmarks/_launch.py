@@ -111,8 +111,9 @@ def launch(cmd: list[str], timeout: float,
     """
     end_on_sigterm()
     mark = uuid.uuid4().hex
-    full_env = {**os.environ, **(env or {}), MARK: mark,
-                "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # this checkout first on the path, unless ``env`` names the one to measure (a baseline)
+    path = (env or {}).get("PYTHONPATH") or REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
+    full_env = {**os.environ, **(env or {}), MARK: mark, "PYTHONPATH": path}
     t_start = time.time()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True,

@@ -1,7 +1,7 @@
 """Gangs (tasks holding ``ranks=N`` worker ranks) against starting each MPI program alone.
 
     python benchmarks/bench_mpi_gangs.py [--gangs 500] [--members 100] [--work 0.05]
-        [--efficiency-work 2.0] [--srun-steps 20]
+        [--efficiency-work 2.0] [--repeat 5] [--srun-steps 20] [--baseline DIR]
 
 One run measures, on this machine (each sub-run a process tree of its own, ended with it):
 
@@ -17,11 +17,18 @@ One run measures, on this machine (each sub-run a process tree of its own, ended
   and by a shell loop of background ``mpiexec -n 4`` (two at a time: the 8 worker slots
   of the gang job).
 * **Compute efficiency** of one gang of 4 against the same program under its own
-  ``mpiexec -n 4``: the time of the program's rounds (between two barriers) in each;
-  efficiency = direct / gang, of the best and of the median runs. The gang's job has a
-  fifth process (rank 0: scheduler and script, idle meanwhile) on the same cores.
+  ``mpiexec -n 4``: the time of the program's rounds (between two barriers, the same
+  loop count in both) in each. ``--repeat`` rounds, each running the direct program and
+  the gang once, back to back, first one then the other by turns (a load that rises or
+  falls steadily favours neither). Each round gives one ratio, direct / gang; the
+  figure is the median of the ratios, with their smallest and largest (and quartiles from
+  four rounds on), and the machine's 1-minute load at each round. A ratio pairs two runs
+  close in time, so a load that changes between rounds cancels out (the smallest time of
+  one kind over the smallest of the other would pair runs far apart and mostly measure
+  which got the quietest moment). The gang's job has a fifth process (rank 0: scheduler
+  and script, idle meanwhile) on the same cores.
   ``--baseline DIR`` also runs the gang on the hpcsched checkout in ``DIR`` (its own
-  copy of this file), alternating with the others: a change's effect in the same run.
+  copy of this file) in each round: a change's effect in the same run.
 
 The inner modes (``--inner ...``) are what the sub-runs execute.
 """
@@ -183,7 +190,8 @@ def main() -> None:
     p.add_argument("--efficiency-work", type=float, default=2.0)
     p.add_argument("--mpiexec-runs", type=int, default=20)
     p.add_argument("--srun-steps", type=int, default=20)
-    p.add_argument("--repeat", type=int, default=3, help="efficiency: best of, alternating")
+    p.add_argument("--repeat", type=int, default=5,
+                   help="efficiency: rounds, each one run of every kind (median ratio)")
     p.add_argument("--parts", default="formation,ensemble,efficiency")
     p.add_argument("--baseline", default=None,
                    help="efficiency: also run the gang on the hpcsched checkout in this dir")
@@ -281,46 +289,44 @@ def ensemble(ns: argparse.Namespace) -> dict:
 
 def efficiency(ns: argparse.Namespace) -> dict:
     """One gang of 4 (in a job of 4 worker ranks) against the same program under its own
-    mpiexec -n 4 (and the gang on ``ns.baseline``'s checkout), alternating, ``ns.repeat``
-    runs of each: efficiency of the fastest and of the median runs."""
+    mpiexec -n 4 (and the gang on ``ns.baseline``'s checkout): ``ns.repeat`` rounds, each
+    running every kind once, back to back, in an order that turns each round (so that a
+    load rising or falling through a round favours none); each round's ratio direct /
+    gang, whose median and spread are the figures (module docstring)."""
     import statistics
 
     os.environ.pop("BENCH_LOOP", None)  # measured for this work, not the ensemble's
     os.environ["BENCH_LOOP"] = str(_loop_size(ns.efficiency_work))
-    job = ("--inner", "ensemble", "--members", "1", "--work", str(ns.efficiency_work))
-    runs: dict[str, list[float]] = {"mpiexec": [], "gang": []}
+    work = str(ns.efficiency_work)
+    job = ("--inner", "ensemble", "--members", "1", "--work", work)
+    kinds = {
+        "mpiexec": lambda: run(["mpiexec", "-n", "4", sys.executable, HERE, "--inner",
+                                "member", "--work", work])[0]["rounds_s"],
+        "gang": lambda: hpcsched_job(5, *job)[0]["rounds_s"][0],
+    }
     if ns.baseline:
-        runs["baseline_gang"] = []
-    for _ in range(ns.repeat):
-        runs["mpiexec"].append(
-            run(
-                [
-                    "mpiexec",
-                    "-n",
-                    "4",
-                    sys.executable,
-                    HERE,
-                    "--inner",
-                    "member",
-                    "--work",
-                    str(ns.efficiency_work),
-                ]
-            )[0]["rounds_s"]
-        )
-        runs["gang"].append(hpcsched_job(5, *job)[0]["rounds_s"][0])
-        if ns.baseline:
-            runs["baseline_gang"].append(
-                hpcsched_job(5, *job, checkout=ns.baseline)[0]["rounds_s"][0])
-    direct = runs["mpiexec"]
+        kinds["baseline_gang"] = lambda: hpcsched_job(
+            5, *job, checkout=ns.baseline)[0]["rounds_s"][0]
+    runs: dict[str, list[float]] = {name: [] for name in kinds}
+    loads = []
+    for i in range(ns.repeat):
+        order = list(kinds) if i % 2 == 0 else list(reversed(kinds))
+        loads.append(round(os.getloadavg()[0], 2))
+        for name in order:
+            runs[name].append(kinds[name]())
     out: dict = {f"{name}_rounds_s": [round(x, 3) for x in xs] for name, xs in runs.items()}
+    out["load_1min_at_each_round"] = loads
     for name, xs in runs.items():
-        if name != "mpiexec":
-            out[f"{name}_efficiency_of_best"] = round(min(direct) / min(xs), 3)
-            out[f"{name}_efficiency_of_median"] = round(
-                statistics.median(direct) / statistics.median(xs), 3)
+        if name == "mpiexec":
+            continue
+        ratios = sorted(d / g for d, g in zip(runs["mpiexec"], xs, strict=True))
+        out[f"{name}_efficiency_median"] = round(statistics.median(ratios), 3)
+        out[f"{name}_efficiency_min_max"] = [round(ratios[0], 3), round(ratios[-1], 3)]
+        if len(ratios) >= 4:
+            q = statistics.quantiles(ratios, n=4)
+            out[f"{name}_efficiency_quartiles"] = [round(q[0], 3), round(q[2], 3)]
     print(f"efficiency: {out}", file=sys.stderr, flush=True)
     return out
-
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,9 @@
   scheduler -- one ``Client.map`` of at least ``BULK_MAP_MIN`` calls (a bulk map, whose
   elements are no tasks until they must be) and the same calls as single ``submit``s --
   so that a feature tested with it is tested on both.
+* Under ``CI=true`` a run that leaves a file of the checkout changed or new (``git status``
+  at its end against its start) fails, naming the files: tests write into their
+  temporary directories, so that a clean clone stays clean.
 """
 
 from __future__ import annotations
@@ -258,3 +261,43 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# ---------------------------------------------------------- a clean checkout
+_STATUS_AT_START = pytest.StashKey[set[str] | None]()
+
+
+def _checkout_status() -> set[str] | None:
+    """The lines of ``git status --porcelain`` of this checkout (ignored files left out),
+    or None where it is no git checkout or git is missing."""
+    try:
+        out = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=all"],
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return set(out.stdout.splitlines()) if out.returncode == 0 else None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if os.environ.get("CI") == "true":
+        session.config.stash[_STATUS_AT_START] = _checkout_status()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Under ``CI=true``: fail the run when it changed or added a file of the checkout."""
+    before = session.config.stash.get(_STATUS_AT_START, None)
+    if before is None:
+        return
+    after = _checkout_status()
+    changed = sorted((after or set()) - before)
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = ("the tests changed the checkout (write into tmp_path instead):\n  "
+                   + "\n  ".join(changed))
+        if reporter is not None:
+            reporter.write_sep("=", "checkout left dirty", red=True)
+            reporter.write_line(message)
+        else:
+            print(message, file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+

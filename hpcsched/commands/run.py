@@ -5,11 +5,14 @@ starts in a process group of its own, with ``HPCSCHED_TASK_ID`` / ``HPCSCHED_ENT
 ``HPCSCHED_JOB_ID`` in its environment (the names of HyperQueue's ``HQ_TASK_ID`` and
 ``HQ_ENTRY``, in our words), ``%{TASK_ID}``, ``%{ENTRY}`` and ``%{JOB_ID}`` replaced in
 its arguments and output paths. Its stdout and stderr go to files when paths are given
-(the command line's jobs always give them), else they are captured and kept with the
-result, the last :data:`KEEP_BYTES` of each.
+(the command line's jobs always give them), else they are captured (in temporary files,
+so that a program writing much holds no memory of the worker) and kept with the result,
+the last :data:`KEEP_BYTES` of each.
 
-The group is killed (SIGTERM, then SIGKILL after :data:`KILL_GRACE` seconds) when the
-task is cancelled or released while it runs, and by the worker's sentinel
+The thread that runs the task is the only one to wait for the program (:func:`_reap`,
+``os.wait4``: its status and resource usage in one call). The group is killed (SIGTERM,
+then SIGKILL after :data:`KILL_GRACE` seconds unless that thread reaped the program by
+then) when the task is cancelled or released while it runs, and by the worker's sentinel
 (:mod:`hpcsched.commands.sentinel`) when the worker dies.
 
 A command task with ``ranks=N`` (``client.submit_command("$HPCSCHED_MPI_PREFIX ./sim",
@@ -25,6 +28,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -131,18 +135,19 @@ def _file_tail(path: str) -> str:
         return ""
 
 
-def _terminate(proc: subprocess.Popen, grace: float = KILL_GRACE) -> None:
+def _terminate(pid: int, reaped: threading.Event, grace: float = KILL_GRACE) -> None:
+    """SIGTERM to the group of ``pid``, SIGKILL after ``grace`` seconds unless its program
+    was reaped by then (by the thread that runs it: :func:`_reap` is the only reaper, so a
+    status is never taken from under it)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, None)):
+        if reaped.is_set():
+            return
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(pid, sig)
         except OSError:
             return
-        if wait is not None:
-            try:
-                proc.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                pass
+        if wait is not None and reaped.wait(wait):
+            return
 
 
 class _Stopper:
@@ -151,23 +156,24 @@ class _Stopper:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
+        self._pid = 0
+        self.reaped = threading.Event()  # set by the running thread once it reaped the program
         self.stopped = False
 
     def stop(self) -> None:  # the worker's loop thread: must not block
         with self._lock:
             self.stopped = True
-            proc = self._proc
-        if proc is not None:
-            threading.Thread(target=_terminate, args=(proc,), daemon=True,
+            pid = self._pid
+        if pid:
+            threading.Thread(target=_terminate, args=(pid, self.reaped), daemon=True,
                              name="hpcsched-command-stop").start()
 
-    def attach(self, proc: subprocess.Popen) -> None:
+    def attach(self, pid: int) -> None:
         with self._lock:
-            self._proc = proc
+            self._pid = pid
             stopped = self.stopped
         if stopped:
-            _terminate(proc, grace=0.0)
+            _terminate(pid, self.reaped, grace=0.0)
 
 
 def _stopper(key: Any) -> _Stopper | None:
@@ -241,23 +247,25 @@ def _hostname() -> str:
     return _host
 
 
-class _Process(subprocess.Popen):
-    """A ``Popen`` that reaps its child with ``os.wait4`` rather than ``os.waitpid``: the
-    same one system call, which also gives the child's resource usage (its CPU time and
-    maximum RSS, getrusage(2)) for the task's history. It overrides ``_try_wait``, the
-    one place CPython's ``Popen.wait`` reaps on POSIX (Lib/subprocess.py); if another
-    path reaps the child (``poll`` during a cancel), ``rusage`` stays None."""
+def _reap(proc: subprocess.Popen) -> Any:
+    """Wait for ``proc``'s program with ``os.wait4``, which also gives its resource usage
+    (user and system time, maximum RSS: getrusage(2)) for the task's history, and set its
+    ``returncode``; the usage, or None if there is none to get (SIGCHLD ignored: the
+    kernel reaped the child itself, and as ``Popen.wait`` does then, its status is 0)."""
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except ChildProcessError:
+        proc.returncode = 0
+        return None
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage
 
-    rusage: Any = None
 
-    def _try_wait(self, wait_flags: int) -> tuple[int, int]:
-        try:
-            pid, sts, rusage = os.wait4(self.pid, wait_flags)
-        except ChildProcessError:  # as CPython's: SIGCHLD ignored, no status to get
-            return self.pid, 0
-        if pid == self.pid:
-            self.rusage = rusage
-        return pid, sts
+def _captured(f: Any) -> bytes:
+    """The last :data:`KEEP_BYTES` of a capture file."""
+    f.seek(0, os.SEEK_END)
+    f.seek(max(0, f.tell() - KEEP_BYTES))
+    return f.read()
 
 
 def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
@@ -283,45 +291,56 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
     out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
     err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
     fds: list[int] = []
+    captures: list[Any] = []  # temporary files holding a stream that no path was given for
     try:
-        out: Any = subprocess.PIPE
-        err: Any = subprocess.PIPE
+        out: Any
+        err: Any
         if out_path:
             out = _open_output(out_path)
             fds.append(out)
-        if err_path:
-            err = out if err_path == out_path else _open_output(err_path)
-            if err is not out:
-                fds.append(err)
+        else:
+            out = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+            captures.append(out)
+        if err_path == out_path and out_path:
+            err = out
+        elif err_path:
+            err = _open_output(err_path)
+            fds.append(err)
+        else:
+            err = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
+            captures.append(err)
         start = time.monotonic()
         stopper = _stopper(key)
         if stopper is None or stopper.stopped:
             raise CommandCancelled(argv)
         try:
-            proc = _Process(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
+            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=err, start_new_session=True)
         except OSError as e:
             raise CommandFailed(argv, None, f"{type(e).__name__}: {e}", None, host) from None
-        stopper.attach(proc)
         SENTINEL.started(proc.pid)
+        stopper.attach(proc.pid)
         try:
-            captured_out, captured_err = proc.communicate()
+            usage = _reap(proc)
         finally:
+            stopper.reaped.set()
             SENTINEL.ended(proc.pid)
         duration = time.monotonic() - start
+        captured_out = None if out_path else _captured(out)
+        captured_err = None if err_path else _captured(err)
     finally:
         for fd in fds:
             os.close(fd)
-    rusage = proc.rusage
-    if rusage is not None:  # ru_maxrss is in kilobytes on Linux (getrusage(2))
-        report_usage(rusage.ru_utime + rusage.ru_stime, rusage.ru_maxrss * 1024)
+        for f in captures:
+            f.close()
+    if usage is not None:  # ru_maxrss is in kilobytes on Linux (getrusage(2))
+        report_usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
     if proc.returncode != 0:
         stderr_tail = (tail(captured_err) if captured_err is not None
                        else _file_tail(err_path) if err_path else "")
         raise CommandFailed(argv, proc.returncode, stderr_tail, err_path, host)
     return CommandResult(tuple(argv), proc.returncode, duration, host, out_path, err_path,
-                         None if captured_out is None else captured_out[-KEEP_BYTES:],
-                         None if captured_err is None else captured_err[-KEEP_BYTES:])
+                         captured_out, captured_err)
 
 
 def run_command_entry(spec: tuple, task_id: int, entry: str) -> CommandResult | None:

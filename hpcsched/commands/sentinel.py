@@ -7,7 +7,8 @@ commands starts one *sentinel* (``python -m hpcsched.commands.sentinel``, once, 
 first command): the worker holds the write end of a pipe to it and writes ``+PGID`` when
 a command's group starts and ``-PGID`` when it ends. When the worker dies, however it
 dies, the kernel closes the pipe; the sentinel reads end-of-file and sends SIGKILL to
-every group still listed, then exits. Per command this costs two short writes, where
+every group still listed, then exits. Per command this costs two short writes (which
+wake the sentinel at most once every :data:`NAP` seconds: :func:`watch`), where
 ``prctl(PR_SET_PDEATHSIG)`` would need a ``preexec_fn`` and so a full ``fork()`` of the
 worker (several times slower than the ``vfork()`` CPython uses otherwise).
 
@@ -23,6 +24,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+
+#: seconds the sentinel sleeps between reads (:func:`watch`)
+NAP = 0.1
 
 
 class Sentinel:
@@ -70,21 +75,44 @@ class Sentinel:
 SENTINEL = Sentinel()
 
 
-def watch(stream) -> set[int]:
-    """Read ``+PGID`` / ``-PGID`` lines until end-of-file; the groups still listed."""
+def apply(data: bytes, live: set[int]) -> bytes:
+    """The complete ``+PGID`` / ``-PGID`` lines of ``data`` applied to ``live``; the
+    incomplete last line, to be completed by the next read.
+
+    >>> live = set()
+    >>> apply(b"+12\\n+13\\n-12\\n+1", live), live
+    (b'+1', {13})
+    """
+    *lines, rest = data.split(b"\n")
+    for line in lines:
+        sign, digits = line[:1], line[1:].strip()
+        if digits.isdigit():
+            if sign == b"+":
+                live.add(int(digits))
+            elif sign == b"-":
+                live.discard(int(digits))
+    return rest
+
+
+def watch(fd: int, nap: float = NAP) -> set[int]:
+    """Read ``+PGID`` / ``-PGID`` lines from ``fd`` until end-of-file; the groups still
+    listed. After each read it sleeps ``nap`` seconds: what the worker writes meanwhile
+    waits in the pipe and wakes no one, so the sentinel wakes at most once a nap rather
+    than twice a command, and a dead worker's groups are killed at most ``nap`` seconds
+    late."""
     live: set[int] = set()
-    for line in stream:
-        line = line.strip()
-        if line[:1] == "+" and line[1:].isdigit():
-            live.add(int(line[1:]))
-        elif line[:1] == "-" and line[1:].isdigit():
-            live.discard(int(line[1:]))
-    return live
+    rest = b""
+    while True:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return live
+        rest = apply(rest + data, live)
+        time.sleep(nap)
 
 
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the job is the worker's
-    for pgid in watch(sys.stdin):
+    for pgid in watch(sys.stdin.fileno()):
         try:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:

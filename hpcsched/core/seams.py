@@ -52,6 +52,8 @@ SEAMS: dict[str, str] = {
     "transport:mpi": "hpcsched.hpc.mpi:BACKEND",
     # what a batch job tells the processes inside it: each batch system's module knows
     "batch-job": "hpcsched.jobqueue.systems:detect_job",
+    # ... and when its walltime ends, asked of the batch system if the environment did not say
+    "batch-job-end": "hpcsched.jobqueue.systems:job_end",
     # command tasks (Client.submit_command / map_command): the functions their workers run
     "history": "hpcsched.diagnostics.history:client_history",
     "submit-command": "hpcsched.commands.run:submit_command",

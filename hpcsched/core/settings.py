@@ -159,16 +159,23 @@ class MPISettings(Record):
     doorbell: bool = True
     #: seconds: first fallback poll when every peer rings (to poll-max)
     doorbell_poll: float = setting(0.002, unit="seconds")
-    #: seconds: the fallback poll when every peer rings while a gang's member computes on
-    #: the rank (each poll takes Python's lock from it; hpcsched/hpc/gang.py)
+    #: seconds: the fallback poll when every peer rings and the rank has been idle for a
+    #: second (messages wake it at once; hpcsched/hpc/pace.py)
+    doorbell_poll_max: float = setting(1.0, unit="seconds")
+    #: seconds: the poll while a gang's member computes on the rank (each takes Python's
+    #: lock from it; hpcsched/hpc/gang.py): a message from another node is seen this late
     gang_poll: float = setting(1.0, unit="seconds")
     #: frames of this many bytes or more travel as separate MPI messages
     data_threshold: int = 65536
     #: seconds rank 0 waits for the others at exit before MPI_Abort
     exit_timeout: float = setting(5.0, unit="seconds")
     #: seconds without a word from a rank before the job is ended as having lost it (rank 0
-    #: watches the worker ranks, they watch rank 0; beats every quarter of it); 0: never
-    rank_timeout: float = setting(6.0, unit="seconds")
+    #: watches the worker ranks, they watch rank 0; beats every quarter of it, so a rank is
+    #: lost after four beats missed); 0: never. As long as ``scheduler.worker-ttl`` bounds a
+    #: worker's silence: a live rank on an oversubscribed node may get no CPU for seconds,
+    #: and a rank taken for lost ends the whole job (dask's ``distributed.scheduler.
+    #: worker-ttl`` is 5 minutes for the same reason)
+    rank_timeout: float = setting(30.0, unit="seconds")
     #: a script stopped at its job's walltime queues its own continuation (``python -m
     #: hpcsched --requeue``; hpcsched/hpc/walltime.py)
     requeue: bool = False

@@ -5,9 +5,10 @@ memory. With a history file (``scheduler.history``; a journaled scheduler keeps 
 beside its journal by default), the recorder also hands each finished or failed task,
 and each report of a bulk map's elements, to :class:`History`: one tuple appended to a
 deque on the scheduler's thread, nothing else. A thread of its own writes them to the
-file in batches (one transaction every :data:`FLUSH_SECONDS` or :data:`FLUSH_ROWS`), so
-the scheduler never waits on the disk. The table is append-only; a scheduler restarted
-with the same file goes on appending (its runs told apart by ``run``).
+file in batches (one transaction every :data:`FLUSH_SECONDS` or :data:`FLUSH_ROWS`, rows
+inserted :data:`INSERT_ROWS` to a statement), so the scheduler never waits on the disk.
+The table is append-only; a scheduler restarted with the same file goes on appending
+(its runs told apart by ``run``).
 
 A journaled scheduler loses nothing to a ``SIGKILL``: each loop turn, before the journal
 is written and the turn's messages go out, :meth:`History.sync` appends the rows the turn
@@ -20,9 +21,10 @@ file of a killed run puts the spooled rows that did not reach SQLite there, once
 What a row holds of a task's use of the machine is what its worker reported: ``cpu``,
 the CPU seconds of its call (the task thread's ``time.thread_time()``; a command task:
 its process's user + system time); ``memory``, its peak in bytes (a command task: its
-process's maximum RSS; a Python task: the worker process's RSS as its memory monitor
-last sampled it at the task's end, shared with whatever else ran there). A bulk map's
-element holds the mean CPU time of its worker's report and the report's memory
+process's maximum RSS; a Python task: the worker process's peak RSS from the task's
+start to its end, its own on a worker of one thread:
+:class:`~hpcsched.core.worker.memory.PeakMemory`). A bulk map's element holds the mean
+CPU time of its worker's report and the report's memory
 (:mod:`hpcsched.core.worker.ranges`). ``retries`` is counted when the history is read:
 a task that raised and was retried has a row per attempt, numbered from 0.
 
@@ -47,7 +49,7 @@ import uuid
 import zlib
 from collections import deque
 from collections.abc import Iterable
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 logger = logging.getLogger("hpcsched.diagnostics")
@@ -81,7 +83,13 @@ create table if not exists hosts (worker text primary key, host text);
 # the GIL with the scheduler (no index either: a filtered read scans, once, what inserts
 # would pay for on every row).
 _INSERT = """insert into tasks (key, grp, worker, start, stop, outcome, nbytes, cpu, memory, run)
-values (?, ?, ?, ?, ?, ?, ?, ?, ?, '{run}')"""
+values {values}"""
+_VALUES = "(?, ?, ?, ?, ?, ?, ?, ?, ?, '{run}')"
+# Rows go in INSERT_ROWS to a statement: each statement is one sqlite3_step, and Python's
+# sqlite3 releases and takes back the GIL around each (Modules/_sqlite), with the
+# scheduler's thread waiting for it; 100 rows of 9 parameters stay under the 999 bound
+# on parameters of SQLite builds before 3.32 (SQLITE_MAX_VARIABLE_NUMBER).
+INSERT_ROWS = 100
 # what a reader sees: the stored columns, job and host filled in where a row left them out,
 # retries counted (the attempts of the same key before this one in the same run: a task
 # that raised and was retried has a row per attempt) over the whole table, before filters
@@ -229,15 +237,25 @@ class History:
             for _ in range(min(len(rows), FLUSH_ROWS)):
                 batch.append(pop())
             hosts = self._hosts() if self._hosts is not None else {}
-            insert = _INSERT.format(run=self.run)  # a hex id of our own: no quoting needed
             try:
                 with db:
                     db.executemany("insert or replace into hosts values (?, ?)", hosts.items())
-                    db.executemany(insert, batch)
+                    self._insert(db, batch)
             except (sqlite3.ProgrammingError, sqlite3.InterfaceError):  # a key not a string
                 with db:
-                    db.executemany(insert, [(str(r[0]), *r[1:]) for r in batch])
+                    self._insert(db, [(str(r[0]), *r[1:]) for r in batch])
             self.written += len(batch)
+
+    def _insert(self, db: sqlite3.Connection, batch: list) -> None:
+        """``batch`` in statements of :data:`INSERT_ROWS` rows each, the rest one by one."""
+        one = _VALUES.format(run=self.run)  # a hex id of our own: no quoting needed
+        full = len(batch) - len(batch) % INSERT_ROWS
+        if full:
+            many = _INSERT.format(values=", ".join([one] * INSERT_ROWS))
+            db.executemany(many, [tuple(chain.from_iterable(batch[i:i + INSERT_ROWS]))
+                                  for i in range(0, full, INSERT_ROWS)])
+        if full < len(batch):
+            db.executemany(_INSERT.format(values=one), batch[full:])
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until what was handed so far is in the file (a reader is about to look)."""

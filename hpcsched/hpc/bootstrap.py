@@ -44,7 +44,7 @@ How a job ends (the failure model; the README quotes it):
   without ``--kill-on-bad-exit`` -- is missed by the others: rank 0 watches
   the worker ranks, and they rank 0 (beats over the transport,
   :meth:`hpcsched.hpc.mpi.Endpoint.watch`); one silent for
-  ``mpi.rank-timeout`` seconds (6) makes the rank that missed it call
+  ``mpi.rank-timeout`` seconds (30) makes the rank that missed it call
   ``MPI_Abort`` after naming the ranks lost and their hosts on stderr. A rank
   whose own process stalls that long (a C call holding the GIL) would be taken
   for lost: raise the setting for such work, or set it to 0 to never watch.

@@ -42,9 +42,14 @@ Petrini et al., "The Case of the Missing Supercomputer Performance", SC'03). Eac
 another thread of a worker rank wakes (the MPI progress thread's fallback poll, the
 worker's loop sampling memory) it takes Python's lock from the member's thread for a
 switch, which on a loaded node waits for the OS to run it. So while a member holds its
-communicator the progress thread polls only every ``mpi.gang-poll`` when every peer
-rings its doorbell (messages wake it at once all the same), and while a worker runs a
-member its loop samples memory every ``worker.memory.gang-monitor-interval``.
+communicator the progress thread polls only every ``mpi.gang-poll`` and while a worker
+runs a member its loop samples memory every ``worker.memory.gang-monitor-interval``.
+A message from a peer on the same node still wakes the progress thread at once (its
+doorbell); one from another node, which rings no doorbell, is seen up to
+``mpi.gang-poll`` late: the scheduler's next word to a busy member, or a peer's request
+for data this worker holds (lower ``mpi.gang-poll`` if gangs over several nodes hold
+data that others wait for). A pending send or a message half received is polled for
+at once, as always.
 
 **MPI programs on the task's slots.** While a task with ``ranks=N`` runs, each member's
 environment says how to start an MPI executable on exactly the hosts of its slots

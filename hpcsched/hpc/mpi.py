@@ -20,8 +20,8 @@ and ONE progress thread. Everything else is plain Python:
   :class:`~hpcsched.hpc.doorbell.Doorbell` after each send, so the progress
   thread sleeps until something arrives instead of polling every few
   microseconds for a reply; when every rank is on this node it then polls
-  only as a fallback while idle, every ``mpi.doorbell-poll`` at first, less
-  often as idleness lasts (up to ``mpi.poll-max``).
+  only as a fallback while idle, less often as idleness lasts (how long it
+  naps between polls: :mod:`hpcsched.hpc.pace`).
   It puts each complete message on its channel's ``queue.SimpleQueue``;
   ``MPIComm.recv(timeout)`` waits on that queue, and unpickles there.
 * **Wire format.** ``frames = serialize.dumps(msg)``. One control message
@@ -109,6 +109,7 @@ from hpcsched.hpc.mpi_comm import (
     MPIListener,
 )
 from hpcsched.hpc.mpi_init import mpi_module
+from hpcsched.hpc.pace import Pace
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,6 @@ WIRE_VERSION = 1
 _HEAD = struct.Struct("<BBBiQI")
 _FRAME = struct.Struct("<QB")  # frame length, 1 if the frame is inside the control message
 _SEND_BUSY_WINDOW = 2.0  # seconds; see Endpoint._test_sends
-_LATE_SHARE = 1 / 32  # of its wait, at most, a message is seen late (Endpoint._run)
 _MAX_CONTROL_PER_POLL = 256  # let data and send completion interleave with a flood of small messages
 
 
@@ -194,8 +194,8 @@ class Endpoint:
         self._wake = threading.Event()  # set by senders: a reply is likely soon, poll now
         self._poked = False
         self._rung = False  # the last nap ended with a ring
-        self._quiet = 0  # gang members computing on this rank (quiet())
-        self._gang_poll = float(config.read(MPISettings).gang_poll)
+        self._pace = Pace(self._nap, self._until_beat,
+                          rung_by_all=bell is not None and bell.all_local)
         self._shut = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -476,21 +476,7 @@ class Endpoint:
 
     # ------------------------------------------------------------ receiving
     def _run(self) -> None:
-        # Polling for what no doorbell announces (a peer on another node), the delay grows
-        # with idleness (Backoff's share): a reply is seen at most _LATE_SHARE of its wait
-        # late, and a rank that waits for nothing stops polling fast within a few dozen polls
-        backoff = Backoff(sleep=self._nap, share=_LATE_SHARE)
-        # Every peer rings us when it sends: between messages poll only as a fallback.
-        # Partial receives and pending sends still need MPI progress: poll for them fast.
-        # The fallback grows from mpi.doorbell-poll to mpi.poll-max as the rank stays idle:
-        # with many ranks per core (a wide job), idle ranks polling every few milliseconds
-        # would take the cores from the busy ones. A ring that finds nothing (MPI does not
-        # show its message yet) is followed by a poll after mpi.doorbell-poll again.
-        rung = None
-        if self.bell is not None and self.bell.all_local:
-            every = float(config.read(MPISettings).doorbell_poll)
-            rung = Backoff(min=every, fast_max=max(every, backoff.max),
-                           max=max(every, backoff.max), hold=0, sleep=self._nap)
+        pace = self._pace
         try:
             while not self._stop.is_set():
                 if self._beat_to:
@@ -502,25 +488,8 @@ class Endpoint:
                     partial = True
                 sending = self._test_sends()
                 busy |= sending
-                if rung is not None and not (partial or sending or self._poked):
-                    # Got everything that had arrived: nap at once (releasing the GIL
-                    # to the thread we just handed messages to); the next ring wakes us.
-                    if busy:
-                        backoff.reset()
-                    if busy or self._rung:
-                        rung.reset()
-                        rung.sleep()
-                    elif self._quiet:
-                        self._nap(self._quiet_nap())
-                    else:
-                        rung.sleep()
-                elif busy or self._poked:
+                if pace.turn(busy, partial or sending, self._poked, self._rung):
                     self._poked = False
-                    backoff.reset()
-                    if rung is not None:
-                        rung.reset()
-                else:
-                    backoff.sleep()
         except BaseException as e:  # never die silently: fail every channel loudly
             logger.exception("MPI progress thread of rank %d failed", self.rank)
             self.error = e
@@ -531,15 +500,12 @@ class Endpoint:
 
     def quiet(self, delta: int) -> None:
         """One gang member more (``+1``) or fewer (``-1``) computing on this rank: while
-        one does and every peer rings, the fallback poll comes every ``mpi.gang-poll`` (or
-        at the next beat), not every ``mpi.poll-max`` (why: :mod:`hpcsched.hpc.gang`)."""
-        with self._lock:
-            self._quiet = max(0, self._quiet + delta)
+        one does, the progress thread naps ``mpi.gang-poll`` between polls
+        (:mod:`hpcsched.hpc.pace`; why: :mod:`hpcsched.hpc.gang`)."""
+        self._pace.quiet(delta)
 
-    def _quiet_nap(self) -> float:
-        """The fallback poll's delay while a gang member computes: ``mpi.gang-poll``, or
-        less when a beat is due sooner."""
-        nap = self._gang_poll
+    def _until_beat(self, nap: float) -> float:
+        """``nap`` seconds, or less when a beat is due sooner."""
         if self._beat_to:
             nap = min(nap, max(self._next_beat - time.monotonic(), 1e-3))
         return nap

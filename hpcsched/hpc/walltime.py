@@ -6,7 +6,7 @@ dies at once and the work of the tasks then running is lost. ``python -m hpcsche
 script.py`` instead ends on its own terms, ``--walltime-margin`` seconds before the job's
 end (``SLURM_JOB_END_TIME``, else ``scontrol show job``'s ``EndTime``; ``PBS_WALLTIME``
 from the job's start; read by the batch system's module,
-:func:`hpcsched.launchers.resources.batch_job`), or as soon as rank 0
+:func:`hpcsched.launchers.resources.job_end`, as a batch worker reads it), or as soon as rank 0
 receives ``SIGUSR1`` (SLURM's ``--signal=B:USR1@60`` sends it to the batch shell, which
 passes it on to ``mpiexec``; with ``srun`` ranks, ``--signal=USR1@60``):
 
@@ -73,39 +73,10 @@ def drain_time(margin: float, env: Mapping[str, str] | None = None) -> float | N
     >>> drain_time(30, {}) is None
     True
     """
-    from hpcsched.launchers.resources import batch_job
+    from hpcsched.launchers.resources import batch_job, job_end
 
-    job = batch_job(os.environ if env is None else env)
-    if job is None:
-        return None
-    end = job.walltime_end
-    if end is None and job.system == "slurm":
-        end = slurm_end_time(job.job_id)
+    end = job_end(batch_job(os.environ if env is None else env))
     return None if end is None else end - margin
-
-
-def slurm_end_time(job_id: str) -> float | None:
-    """When SLURM ends job ``job_id`` (epoch seconds), asked of ``scontrol``: SLURM sets
-    ``SLURM_JOB_END_TIME`` in a job's environment only from its 23.02 release on."""
-    try:
-        text = _slurm_job(job_id).get("EndTime", "")
-        return parse_slurm_time(text)
-    except (OSError, subprocess.SubprocessError, ValueError) as e:
-        logger.warning("cannot read the end of SLURM job %s (%s): no walltime is watched",
-                       job_id, e)
-        return None
-
-
-def parse_slurm_time(text: str) -> float | None:
-    """SLURM's local ``2026-11-29T09:18:28`` as epoch seconds; None for ``Unknown``.
-
-    >>> import time
-    >>> parse_slurm_time("2026-11-29T09:18:28") == time.mktime((2026, 11, 29, 9, 18, 28, 0, 0, -1))
-    True
-    """
-    if not text or text in ("Unknown", "None", "N/A"):
-        return None
-    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
 
 
 class Drain:

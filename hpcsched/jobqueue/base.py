@@ -256,6 +256,14 @@ class BatchSystem:
         return JobEnvironment(cls.system, job_id.strip(), **said)
 
     @classmethod
+    def ask_walltime_end(cls, job_id: str, timeout: float) -> float | None:
+        """Hook: when job ``job_id`` ends (epoch seconds), asked of the system's commands
+        (with ``timeout``) when its environment did not say; None: the system cannot say.
+        Raises :class:`~hpcsched.jobqueue.runner.BatchCommandError` when the command
+        fails."""
+        return None
+
+    @classmethod
     def job_details(cls, env: Mapping[str, str], hostname: str) -> dict[str, Any]:
         """Hook: the fields of :class:`~hpcsched.launchers.resources.JobEnvironment` a job's
         environment gives otherwise than as a number of :attr:`job_counts` (a None is not

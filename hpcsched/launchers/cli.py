@@ -147,7 +147,7 @@ def worker_main(argv: list[str]) -> int:
     _setup_logging(args.log_level)
     if args.nworkers < 1:
         p.error(f"--nworkers must be at least 1, not {args.nworkers}")
-    from hpcsched.launchers.resources import detect, detect_gpus
+    from hpcsched.launchers.resources import detect_gpus
 
     gpus = detect_gpus()
     if args.worker_per_gpu:
@@ -222,7 +222,7 @@ def worker_main(argv: list[str]) -> int:
                     scheduler_file=os.path.abspath(args.scheduler_file)
                     if args.scheduler_file else None,
                     scheduler_reconnect_timeout=args.scheduler_reconnect_timeout,
-                    preload=args.preload, gpus=gpus, walltime_end=_walltime_end(detect),
+                    preload=args.preload, gpus=gpus, walltime_end=_walltime_end(),
                     # a process of its own: past the terminate fraction it leaves at once
                     # (its connection drops, the scheduler reschedules its tasks) for its
                     # supervisor to start it anew
@@ -248,11 +248,15 @@ def worker_main(argv: list[str]) -> int:
     return worker.exit_code
 
 
-def _walltime_end(detect: Callable[[], Any]) -> float | None:
-    """When this process's batch job ends (epoch seconds), if its environment says; a
-    value that cannot be read is logged, and the worker starts without it."""
+def _walltime_end() -> float | None:
+    """When this process's batch job ends (epoch seconds): what its environment says, else
+    what its batch system's commands say, asked once here (SLURM before 23.02 has
+    ``scontrol`` say it); a value that cannot be read is logged, and the worker starts
+    without it."""
+    from hpcsched.launchers.resources import batch_job, job_end
+
     try:
-        return detect().walltime_end
+        return job_end(batch_job())
     except (ValueError, KeyError, RuntimeError) as e:
         logger.warning("hpcsched worker: the job's walltime is unknown: %s", e)
         return None

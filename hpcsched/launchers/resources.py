@@ -87,6 +87,15 @@ def batch_job(env: Mapping[str, str] | None = None,
     return detect_job(env, hostname or socket.gethostname())
 
 
+def job_end(job: JobEnvironment | None) -> float | None:
+    """When ``job``'s walltime ends (epoch seconds), None when unknown (or no job): what its
+    environment says, else what its batch system's commands say (the seam
+    ``batch-job-end``, :func:`hpcsched.jobqueue.systems.job_end`), asked once at a start."""
+    if job is None or job.walltime_end is not None:
+        return None if job is None else job.walltime_end
+    return seams.resolve("batch-job-end")(job)
+
+
 # ------------------------------------------------------------------ env readers
 def env_int(env: Mapping[str, str], name: str, minimum: int = 1) -> int | None:
     value = env.get(name)

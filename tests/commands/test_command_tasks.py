@@ -27,6 +27,18 @@ def test_a_command_gives_its_status_and_its_output(client):
     assert client.submit_command("echo $((6 * 7))").result(60).stdout == b"42\n"
 
 
+def test_captured_output_keeps_its_last_bytes_and_a_killed_program_its_signal(client):
+    from hpcsched.commands.run import KEEP_BYTES
+
+    big = KEEP_BYTES + 4096
+    script = f"import sys; sys.stdout.write('x' * {big} + 'END'); sys.stdout.flush()"
+    r = client.submit_command([sys.executable, "-c", script]).result(60)
+    assert len(r.stdout) == KEEP_BYTES and r.stdout.endswith(b"xEND")
+    with pytest.raises(CommandFailed) as info:  # the status os.wait4 gave: killed by a signal
+        client.submit_command("echo bye >&2; kill -9 $$").result(60)
+    assert info.value.returncode == -signal.SIGKILL and "bye" in info.value.stderr_tail
+
+
 def test_output_goes_to_the_files_named(client, tmp_path):
     out, err = tmp_path / "o" / "%{TASK_ID}.out", tmp_path / "o" / "x.err"
     r = client.submit_command("echo hi; echo oops >&2", stdout=str(out), stderr=str(err),

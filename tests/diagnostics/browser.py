@@ -23,8 +23,6 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -32,12 +30,12 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
          "--window-size=1400,1000")
 
 
-def screenshots_dir() -> Path:
-    """Where the pages' screenshots go: docs/images/ of this checkout, which the
-    documentation site and the README show, so that the pictures there are of today's
-    pages; $HPCSCHED_SCREENSHOTS names another directory (a CI run that must leave the
-    checkout as it was)."""
-    path = Path(os.environ.get("HPCSCHED_SCREENSHOTS") or Path(REPO) / "docs" / "images")
+def screenshots_dir(default: Path) -> Path:
+    """Where the pages' screenshots go: ``default`` (a test's temporary directory), so
+    that a run leaves the checkout as it was; ``$HPCSCHED_SCREENSHOTS`` names another
+    directory, and ``HPCSCHED_SCREENSHOTS=docs/images`` (from the checkout's root)
+    regenerates the pictures the documentation site and the README show."""
+    path = Path(os.environ.get("HPCSCHED_SCREENSHOTS") or default)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -3,20 +3,22 @@
 While a computation runs on a LocalCluster, the pages are opened as a user
 opens them, from the printed link: they must show the workers, progress and a
 task stream that advance, and refuse a visit without the token. Screenshots of
-every page are saved where the documentation shows them (docs/images/, see
-tests/diagnostics/browser.py).
+every page are saved in the test's temporary directory, or where
+$HPCSCHED_SCREENSHOTS says (``HPCSCHED_SCREENSHOTS=docs/images`` regenerates the
+documentation's pictures; see tests/diagnostics/browser.py).
 """
 
 from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from hpcsched import Client, LocalCluster, performance_report
-from tests.conftest import wait_until, worker_env
+from tests.conftest import REPO, wait_until, worker_env
 from tests.diagnostics.browser import canvas_ink, chromium, screenshots_dir
 from tests.diagnostics.conftest import split_link
 
@@ -50,8 +52,17 @@ def no_browser_left(before: set[int]) -> bool:
                 and "chrom" in p.name()]
 
 
-def test_dashboard_pages_while_a_computation_runs():
-    shots = screenshots_dir()
+def test_screenshots_leave_the_checkout_alone_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.delenv("HPCSCHED_SCREENSHOTS", raising=False)
+    shots = screenshots_dir(tmp_path / "shots")
+    assert shots == tmp_path / "shots" and shots.is_dir()
+    assert Path(REPO) not in shots.resolve().parents
+    monkeypatch.setenv("HPCSCHED_SCREENSHOTS", str(tmp_path / "asked"))
+    assert screenshots_dir(tmp_path / "shots") == tmp_path / "asked"
+
+
+def test_dashboard_pages_while_a_computation_runs(tmp_path):
+    shots = screenshots_dir(tmp_path)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address="127.0.0.1:0",
                       worker_env=worker_env()) as cluster, \
@@ -114,7 +125,7 @@ def test_dashboard_pages_while_a_computation_runs():
 
 
 def test_performance_report_opened_from_disk(tmp_path):
-    shots = screenshots_dir()
+    shots = screenshots_dir(tmp_path / "shots")
     path = tmp_path / "report.html"
     with LocalCluster(n_workers=2, threads_per_worker=2, dashboard_address=None,
                       worker_env=worker_env()) as cluster, Client(cluster) as client:

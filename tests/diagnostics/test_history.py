@@ -120,6 +120,33 @@ def test_a_command_task_reports_its_process_cpu_and_peak_memory(tmp_path, road):
     assert frame["cpu"].sum() >= n * 0.05
 
 
+def touch_200mb_at_0(x: int) -> int:
+    """Element 0 holds 200 MiB of touched memory for its run (freed as it returns)."""
+    return len(b"\1" * (200 << 20)) if x == 0 else x
+
+
+def test_a_python_tasks_memory_is_its_own_peak_not_the_workers_last_one(tmp_path, road):
+    """One task thread: a task's peak memory is the worker's peak from the task's start
+    to its end (the worker's own memory included). A task that touched 200 MiB shows
+    them; the tasks that run after it on the same worker, long after that memory went
+    back, show much less (on the bulk road: the peak of the element's report)."""
+    path = tmp_path / "h.sqlite"
+    n = 40
+    with config.set({"scheduler.history": str(path)}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                         dashboard_address=None) as cluster, cluster.get_client() as client:
+        big = road.calls(client, touch_200mb_at_0, n)
+        assert client.gather(big)[0] == 200 << 20
+        small = road.calls(client, inc, n)
+        assert client.gather(small) == list(range(1, n + 1))
+        frame = client.history()
+    memory = dict(zip(frame["key"], frame["memory"], strict=True))
+    peak = memory[str(big[0].key)]
+    assert peak >= 200 << 20
+    after = [memory[str(f.key)] for f in small]
+    assert 0 < max(after) < peak - (150 << 20), (peak, max(after))
+
+
 def test_no_history_unless_asked_and_a_clear_error(tmp_path):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, cluster.get_client() as client:
@@ -184,6 +211,29 @@ def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
         read(str(tmp_path / "missing.sqlite"))
     with sqlite3.connect(path) as db:  # an ordinary SQLite file
         assert db.execute("select count(*) from tasks where grp = 'm'").fetchone() == (4,)
+
+
+def test_rows_written_many_to_a_statement_keep_their_order_and_values(tmp_path):
+    """Batches of several statements' worth of rows and a remainder, one with a key that
+    is not a string: every row once, in order, as handed."""
+    from hpcsched.diagnostics.history import INSERT_ROWS
+
+    path = str(tmp_path / "h.sqlite")
+    h = History(path)
+    n = 2 * INSERT_ROWS + 7
+    keys = [f"m-{i}" for i in range(n)]
+    h.elements("m", "tcp://a:1", keys, [float(i) for i in range(n)],
+               [i + 0.5 for i in range(n)], list(range(n)), cpu=n * 0.25, memory=7 << 20)
+    h.task(("x", 1), "x", "tcp://a:1", 1.0, 2.0, "erred", 0, 0.5, 1 << 20)
+    assert h.flush()
+    h.close()
+    columns, rows = read(path)
+    got = [dict(zip(columns, r, strict=True)) for r in rows]
+    assert [g["key"] for g in got] == [*keys, str(("x", 1))]
+    assert [(g["start"], g["stop"], g["nbytes"]) for g in got[:n]] == \
+        [(float(i), i + 0.5, i) for i in range(n)]
+    assert {(g["cpu"], g["memory"], g["outcome"]) for g in got[:n]} == {(0.25, 7 << 20, "memory")}
+    assert (got[-1]["grp"], got[-1]["outcome"], got[-1]["memory"]) == ("x", "erred", 1 << 20)
 
 
 def test_the_command_line_prints_filters_and_writes_csv(tmp_path):

@@ -8,14 +8,17 @@ tests/hpc/scripts/ and examples/.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import subprocess
 import threading
 import time
 
 import pytest
 
 from hpcsched.launchers.resources import launcher_rank, launcher_size
+from tests.conftest import wait_until
 from tests.hpc.mpi_scripts import Run, assert_all_gone, kill_run, run, run_members, script, start
 from tests.hpc.mpirun import REPO, needs_mpiexec
 
@@ -235,3 +238,44 @@ def test_tasks_submit_tasks_over_mpi_and_bad_results_err():
            "pickled" in r.out, r
     assert "dependent on another rank raised ValueError" in r.out, r
     assert "workers at the end: 3" in r.out, r
+
+
+@needs_mpiexec
+@pytest.mark.timeout(180)
+def test_a_worker_rank_stalled_for_seconds_is_not_taken_for_lost(tmp_path):
+    """On a loaded, oversubscribed node a live rank may get no CPU for seconds. A worker
+    rank stopped for 12 s (twice a bound that lost such ranks) and resumed is still part of
+    the job under the default ``mpi.rank-timeout``: the job goes on and ends well."""
+    pids_file, resumed = tmp_path / "pids", tmp_path / "resumed"
+    proc, mark = start([script("stalled_rank.py"), str(pids_file), str(resumed)], nprocs=3)
+    stopped: list[int] = []
+    try:
+        wait_until(lambda: pids_file.exists() or proc.poll() is not None, timeout=90,
+                   what="the worker ranks' pids")
+        assert proc.poll() is None, proc.communicate()
+        pid = int(pids_file.read_text().split()[0])
+        os.kill(pid, signal.SIGSTOP)
+        stopped.append(pid)
+        # the stall itself is what is tested: the rank gets no CPU for 12 s
+        assert _still_running(proc, 12.0), proc.communicate()
+        os.kill(pid, signal.SIGCONT)
+        stopped.clear()
+        resumed.touch()
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 0, (out, err[-5000:])
+        assert "all 2 worker ranks back" in out, (out, err[-5000:])
+        assert "lost" not in err, err[-5000:]
+        assert_all_gone(mark, proc)
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+        kill_run(proc, mark)
+
+
+def _still_running(proc, seconds: float) -> bool:
+    """Whether ``proc`` is still running after ``seconds`` (it returns early if it ends)."""
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return True
+    return False

@@ -79,11 +79,13 @@ def test_a_rank_that_raises_fails_the_gang_and_the_job_still_ends_with_the_scrip
 
 @needs_mpiexec
 @pytest.mark.timeout(120)
-def test_while_a_gang_computes_the_other_threads_of_its_ranks_stay_asleep():
+@pytest.mark.parametrize("doorbells", ["on", "off"])
+def test_while_a_gang_computes_the_other_threads_of_its_ranks_stay_asleep(doorbells):
     # each wake-up of a rank's progress thread or loop takes Python's lock from the
-    # member, and the slowest member sets the gang's pace: they poll and sample seldom
-    r = run(["--nthreads", "1", script("gang_quiet.py")], nprocs=3, env=REPO_ON_PATH,
-            timeout=90)
+    # member, and the slowest member sets the gang's pace: they poll and sample seldom.
+    # Without doorbells no peer rings (as on ranks spread over several nodes)
+    env = {**REPO_ON_PATH, "HPCSCHED_MPI__DOORBELL": "true" if doorbells == "on" else "false"}
+    r = run(["--nthreads", "1", script("gang_quiet.py")], nprocs=3, env=env, timeout=90)
     assert r.code == 0, r
     got = printed("WAKES", r.out)
     assert len(got["gang"]) == 2, got
@@ -94,3 +96,7 @@ def test_while_a_gang_computes_the_other_threads_of_its_ranks_stay_asleep():
         # samples every 0.05 and 0.1 s
         assert rates["mpi"] < 12 and rates["worker"] < 12, got
     assert got["plain"][0]["worker"] > 2 * max(r["worker"] for r in got["gang"]), got
+    if doorbells == "on":
+        # rank 0, idle meanwhile and rung by every peer that sends, polls once a second
+        # once idle for one (20 times at mpi.poll-max): its wake-ups are the gang's messages
+        assert got["rank0"]["mpi"] < 12, got

@@ -12,6 +12,8 @@ within 10 s, never hang.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -143,13 +145,15 @@ def test_pi_and_a_16383_task_tree_over_three_nodes(three_nodes):
 def start_busy(tmp_path: Path, nodes: tuple[int, int] = (1, 3)
                ) -> tuple[subprocess.Popen, Path]:
     """Ranks 0 and 2 on the first of ``nodes``, ranks 1 and 3 on the second, every worker
-    rank in a long task."""
+    rank in a long task; ``mpi.rank-timeout`` 6 s (the watch of lost ranks is what these
+    tests time, and a short bound keeps them short)."""
     script, log = tmp_path / "busy.py", tmp_path / "out.log"
     script.write_text(BUSY)
     with open(log, "wb") as out:
         proc = subprocess.Popen(mpiexec_cmd(script, nodes=nodes), cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True,
+                                env={**os.environ, "HPCSCHED_MPI__RANK_TIMEOUT": "6"})
     try:
         wait_until(lambda: log.read_text().count("busy on") == 3 or proc.poll() is not None,
                    timeout=60, what="every worker rank busy")
@@ -302,3 +306,24 @@ def test_idle_ranks_on_three_nodes_take_at_most_2_percent_of_a_core(three_nodes,
     percent = [100 * u / elapsed for u in used]
     print("idle CPU per rank (% of a core):", " ".join(f"{x:.2f}" for x in percent))
     assert max(percent) <= 2.0, percent
+
+
+@pytest.mark.timeout(200)
+def test_a_gang_over_two_nodes_leaves_its_ranks_threads_asleep(three_nodes):
+    """A gang's members on different nodes ring no doorbell of each other's: their MPI
+    progress threads still poll only every ``mpi.gang-poll`` while the gang computes, as
+    on one node (hpcsched/hpc/gang.py), not every ``mpi.poll-max`` (20 times a second,
+    and more while messages come)."""
+    # rank 0 on node1, one worker on each node: a gang of 2 spans two of them
+    cmd = ["mpiexec", "-launcher", "ssh", "-launcher-exec", NSSSH, "-iface", "hsbr0",
+           "-hosts", "10.77.0.11,10.77.0.12,10.77.0.13", "-n", "4", sys.executable, "-m",
+           "hpcsched", "--nthreads", "1", str(REPO / "tests" / "hpc" / "scripts" /
+                                              "gang_quiet.py")]
+    code, out = run_mpi(4, [], timeout=150, cmd=cmd)
+    assert code == 0, out[-5000:]
+    m = re.search(r"^WAKES (.*)$", out, re.M)
+    assert m, out[-5000:]
+    got = json.loads(m.group(1))
+    assert len(got["gang"]) == 2, got
+    for rates in got["gang"]:
+        assert rates["mpi"] < 12 and rates["worker"] < 12, got

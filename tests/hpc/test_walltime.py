@@ -11,6 +11,7 @@ import time
 import pytest
 
 import hpcsched.hpc.walltime as walltime
+import hpcsched.jobqueue.runner as runner
 from hpcsched.hpc.walltime import (
     DRAIN_SIGNAL,
     Drain,
@@ -19,6 +20,7 @@ from hpcsched.hpc.walltime import (
     continuation_command,
     drain_time,
 )
+from hpcsched.jobqueue.systems import JOB_END_QUERY_TIMEOUT
 from hpcsched.launchers.resources import process_start
 
 
@@ -31,12 +33,26 @@ def test_the_stop_comes_the_margin_before_the_end_the_batch_system_gives():
 def test_a_slurm_job_that_does_not_say_its_end_is_asked_for_it(monkeypatch):
     """SLURM before 23.02 sets no SLURM_JOB_END_TIME: scontrol show job has it."""
     asked = []
-    monkeypatch.setattr(walltime, "_slurm_job", lambda job_id: asked.append(job_id) or
-                        {"EndTime": "2026-11-29T09:18:28"})
+
+    def scontrol(cmd, timeout):
+        asked.append((cmd, timeout))
+        return "JobId=7 JobName=x EndTime=2026-11-29T09:18:28 Partition=debug\n"
+
+    monkeypatch.setattr(runner, "run_command", scontrol)
     end = time.mktime((2026, 11, 29, 9, 18, 28, 0, 0, -1))
-    assert drain_time(15, {"SLURM_JOB_ID": "7"}) == end - 15 and asked == ["7"]
-    monkeypatch.setattr(walltime, "_slurm_job", lambda job_id: {"EndTime": "Unknown"})
+    assert drain_time(15, {"SLURM_JOB_ID": "7"}) == end - 15
+    assert asked == [(["scontrol", "-o", "show", "job", "7"], JOB_END_QUERY_TIMEOUT)]
+    monkeypatch.setattr(runner, "run_command", lambda cmd, timeout: "JobId=7 EndTime=Unknown")
     assert drain_time(15, {"SLURM_JOB_ID": "7"}) is None
+
+
+def test_a_slurm_job_whose_end_cannot_be_read_has_no_walltime(monkeypatch, caplog):
+    def failing(cmd, timeout):
+        raise runner.BatchCommandTimeout("scontrol -o show job 7 did not finish in 10s", cmd)
+
+    monkeypatch.setattr(runner, "run_command", failing)
+    assert drain_time(15, {"SLURM_JOB_ID": "7"}) is None
+    assert "cannot read the end of slurm job 7" in caplog.text
 
 
 def test_a_pbs_job_ends_its_walltime_after_it_started():

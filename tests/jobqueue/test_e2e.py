@@ -562,3 +562,28 @@ def test_workers_that_cannot_connect_are_reported_within_the_connect_timeout(bat
     assert "scheduler_options={'interface': '<name>'}" in msg
     assert "(chosen as " in msg
     assert "cannot reach the scheduler" in repr(c)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("batch", [pytest.param("slurm", marks=pytest.mark.slurm)],
+                         indirect=True)
+def test_a_slurm_worker_knows_its_jobs_end_from_scontrol_when_the_environment_is_silent(batch):
+    """SLURM before 23.02 (22.05 here) puts no SLURM_JOB_END_TIME in a job's environment:
+    the worker asks ``scontrol show job`` once as it starts, and its end (which the
+    scheduler's placement reads) is the job's EndTime. (No walltime margin: the workers'
+    ``--lifetime`` is then the whole walltime, counted from their later start, and the
+    job's end comes first.)"""
+    with config.set({"worker.walltime-margin": 0, "worker.walltime-stagger": 0}):
+        c = batch.cluster(walltime="00:07:00")
+        assert "--lifetime 420 " in c.job_script()
+        c.scale(jobs=1)
+        (job_id,) = batch.record(c)
+        c.wait_for_workers(1, timeout=90)
+        (info,) = c.workers.values()
+        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        end = time.mktime(time.strptime(fields["EndTime"], "%Y-%m-%dT%H:%M:%S"))
+        assert info.get("lifetime_end") == end, (info, fields["EndTime"])
+        start = time.mktime(time.strptime(fields["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+        assert end - start == 7 * 60

@@ -27,7 +27,6 @@ BATCH_SCRIPT = """#!/bin/bash
 #SBATCH -t 1
 cd {repo}
 export PYTHONPATH={repo}
-export HPCSCHED_MPI__RANK_TIMEOUT=60  # a loaded machine may stall a rank for seconds
 mpiexec -n 3 {python} -m hpcsched --journal {journal} --requeue --walltime-margin 15 \\
     {script} {done} {n} {seconds} bulk
 """

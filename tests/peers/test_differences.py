@@ -38,3 +38,21 @@ def test_the_list_is_short_and_every_difference_says_why():
             assert re.fullmatch(r"test_\w+\.py(::\S+)?", pattern), pattern
             assert pattern not in seen, f"{pattern} listed twice"
             seen.add(pattern)
+
+
+@pytest.mark.timeout(30)
+def test_the_dask_jobqueue_page_includes_the_list_instead_of_keeping_one_of_its_own():
+    """docs/moving/dask-jobqueue.md shows the differences by including the generated list
+    (between its markers) under "What differs, and why", and lists none of its own there."""
+    text = (ROOT / "docs" / "moving" / "dask-jobqueue.md").read_text()
+    heading = text.find("\n## What differs, and why\n")
+    assert heading >= 0, "the page lost its section 'What differs, and why'"
+    section = text[heading + 1:]
+    following = section.find("\n## ", 1)
+    section = section if following < 0 else section[:following]
+    include = re.search(r"^```\{include\} differences\.md\n:start-after: (.+)\n"
+                        r":end-before: (.+)\n```$", section, re.M)
+    assert include, "the section does not include docs/moving/differences.md"
+    assert include.groups() == (differences.BEGIN, differences.END)
+    assert not re.search(r"^(\*|-|\d+\.) ", section, re.M), \
+        "the section keeps a list of its own beside the included one"

@@ -63,7 +63,7 @@ from hpcsched.core.client.connection import (
     open_comm,
 )
 from hpcsched.core.client.control import ClusterRequests
-from hpcsched.core.client.data import Transfers
+from hpcsched.core.client.data import Transfers, pack_futures  # noqa: F401 - re-exported
 from hpcsched.core.client.executor import ClientExecutor
 from hpcsched.core.client.future_state import FutureTable
 from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the public names live here too
@@ -78,7 +78,6 @@ from hpcsched.core.client.futures import (  # noqa: F401 - re-exported: the publ
     finish_all,
     fire_and_forget,
     futures_of,
-    pack_futures,
     progress,
     run_callback,
     wait,

@@ -30,7 +30,6 @@ from hpcsched.core.client.futures import (
     Future,
     collect_futures,
     exception_of,
-    pack_futures,
 )
 from hpcsched.core.client.submission import as_list
 from hpcsched.core.protocol.messages import ClientDesiresKeys, Gather, ScatterData
@@ -46,6 +45,28 @@ GATHER_PART = 10_000  # futures a gather waits for and asks for at once
 PREFETCH_COUNT = 4096  # results a result() brings along at most
 _key, _state, _status = attrgetter("key"), attrgetter("state"), attrgetter("state.status")
 _done = attrgetter("state._is_done")
+
+
+def pack_futures(x: Any, values: dict, errors: str) -> Any:
+    """``x`` with its futures replaced by ``values[key]``.
+
+    With ``errors="skip"``, futures without a value are left out of lists."""
+    if isinstance(x, Future):
+        return values.get(x.key)
+    if isinstance(x, list):
+        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
+            keys = map(attrgetter("key"), x)
+            return list(map(values.get, keys)) if errors == "raise" else \
+                [values[k] for k in keys if k in values]
+        return [pack_futures(i, values, errors) for i in x
+                if errors == "raise" or not isinstance(i, Future) or i.key in values]
+    if isinstance(x, tuple):
+        return tuple(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, (set, frozenset)):
+        return type(x)(pack_futures(i, values, errors) for i in x)
+    if isinstance(x, dict):
+        return {k: pack_futures(v, values, errors) for k, v in x.items()}
+    return x
 
 
 class Transfers:
@@ -79,14 +100,19 @@ class Transfers:
             self._take_ahead(deadline, timeout)
             value = table.take(st)
             if value is not UNFETCHED:
+                self._send_ahead(future)  # the next: one request stays on its way
                 return value
-        budget = min(self.prefetch_bytes, table.room())
+        budget = table.reserve(self.prefetch_bytes)  # counted until the reply is held
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
+        if budget and not extra:
+            table.unreserve(budget)
+            budget = 0
         pending = {future.key: future}
         values: dict = {}
         sizes: dict = {}
-        request = self._ask(pending, "raise", deadline, timeout, list(extra), budget)
+        request = None
         try:
+            request = self._ask(pending, "raise", deadline, timeout, list(extra), budget)
             while request is not None:
                 self._take(pending, request, values, deadline, timeout, sizes)
                 request.forget()
@@ -94,8 +120,7 @@ class Transfers:
         finally:
             if request is not None:
                 request.forget()
-        if extra:
-            table.hold(extra, values, sizes)
+            table.hold(extra, values, sizes, budget)  # what came; the reservation ends
         if st.value is UNFETCHED:
             st.value = TAKEN  # asked for: not to be fetched ahead again
         if extra:
@@ -111,14 +136,16 @@ class Transfers:
         table = self.table
         if table.on_its_way():
             return
-        budget = min(self.prefetch_bytes, table.room())
+        budget = table.reserve(self.prefetch_bytes)  # counted until the reply is held
         extra = table.candidates(future, PREFETCH_COUNT) if budget else {}
         if not extra:
+            table.unreserve(budget)
             return
         request = self.conn.send_request(Gather("", [], list(extra), budget,
                                                 self.prefetch_result_bytes))
-        if not table.send_ahead(extra, request):
+        if not table.send_ahead(extra, request, budget):
             request.forget()  # another thread's is in flight
+            table.unreserve(budget)
 
     def _take_ahead(self, deadline: float | None, timeout: float | None) -> None:
         """Await the request for results fetched ahead (if still in flight) and hold
@@ -126,14 +153,14 @@ class Transfers:
         ahead = self.table.ahead_in_flight()
         if ahead is None:
             return
-        extra, request = ahead
+        extra, request, reserved = ahead
         values: dict = {}
         sizes: dict = {}
         try:
             self._take({}, request, values, deadline, timeout, sizes)
         finally:
             request.forget()
-        self.table.hold(extra, values, sizes)
+            self.table.hold(extra, values, sizes, reserved)  # the reservation ends
 
     def gather(self, futures: Any, errors: str = "raise", timeout: float | None = None) -> Any:
         """Results of ``futures`` (a future, or lists/dicts/tuples of them), same structure;

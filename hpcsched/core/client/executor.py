@@ -12,9 +12,14 @@ import concurrent.futures as cf
 import threading
 import time
 from collections.abc import Callable, Iterator
+from itertools import islice, takewhile
+from operator import attrgetter
 from typing import Any
 
-from hpcsched.core.client.futures import Future, FutureOwner, wait_futures
+from hpcsched.core.client.futures import CancelledError, Future, FutureOwner, wait_futures
+
+BATCH = 10_000  # results of Executor.map gathered at once at most
+_done, _status = attrgetter("state._is_done"), attrgetter("state.status")
 
 
 class ClientExecutor(cf.Executor):
@@ -58,17 +63,40 @@ class ClientExecutor(cf.Executor):
         with self._lock:
             self._futures.update(futures)
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._results(futures, deadline)
+        return self._results(futures, deadline, timeout)
 
-    def _results(self, futures: list[Future], deadline: float | None) -> Iterator[Any]:
-        futures.reverse()  # popped from the end: each is dropped once its result is given
+    def _results(self, futures: list[Future], deadline: float | None,
+                 timeout: float | None) -> Iterator[Any]:
+        """The results of ``futures`` in order, a batch at a time: once the next future is
+        done, the run of those after it done too is gathered with it (one request, no
+        call per element), as ``client.gather`` does; the batch's results are yielded and
+        its futures dropped. A batch with an erred or cancelled future gives its results
+        one by one, so that the error is raised at its element, as the standard library's
+        ``Executor.map`` raises it."""
+        futures.reverse()  # taken from the end: each batch is dropped once it is given
+        table = self.client.future_table
         try:
             while futures:
-                fut = futures.pop()
                 left = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                table.wait([futures[-1].state], deadline, timeout)
+                n = len(futures)
+                run = len(list(takewhile(_done, islice(reversed(futures), BATCH))))
+                batch = futures[n - run:]
+                batch.reverse()
+                del futures[n - run:]
                 with self._lock:
-                    self._futures.discard(fut)
-                yield fut.result(timeout=left)
+                    self._futures.difference_update(batch)
+                if set(map(_status, batch)) == {"finished"}:  # a look at each, in C
+                    try:
+                        values = self.client.gather(batch, timeout=left)
+                    except CancelledError:  # cancelled since: raised at its element below
+                        values = None
+                    if values is not None:
+                        del batch
+                        yield from values
+                        continue
+                for fut in batch:
+                    yield fut.result(timeout=left)
         finally:
             with self._lock:
                 self._futures.difference_update(futures)

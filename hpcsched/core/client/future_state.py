@@ -10,7 +10,8 @@ does (https://distributed.dask.org/en/stable/memory.html).
 The table also holds the results fetched ahead of their ``result()`` (see
 :mod:`hpcsched.core.client.futures`): which finished futures the client is about to
 ask for (:meth:`FutureTable.candidates`), their values until taken, and their bytes,
-kept under ``client.prefetch-held-bytes``; a released or lost future's value goes.
+kept under ``client.prefetch-held-bytes`` together with the bytes the requests in flight
+may bring (:meth:`FutureTable.reserve`); a released or lost future's value goes.
 Single submissions count as one sequence in the order they were made
 (:class:`_Submitted`), as ``[f.result() for f in [submit(...) ...]]`` asks for them.
 """
@@ -18,6 +19,7 @@ Single submissions count as one sequence in the order they were made
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import weakref
@@ -36,6 +38,8 @@ from hpcsched.core.client.futures import (
     run_callback,
 )
 from hpcsched.core.protocol.messages import ClientReleasesKeys
+
+logger = logging.getLogger("hpcsched.client")
 
 
 class FutureTable:
@@ -67,9 +71,13 @@ class FutureTable:
         self._submitted = _Submitted()  # the latest single submissions, in order
         self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
         self.held_bytes = 0
+        #: bytes the requests in flight may bring ahead (their budgets), counted against
+        #: ``held_limit`` from the request to its reply, with ``held_bytes``
+        self.in_flight_bytes = 0
         self.held_limit = held_limit
-        #: the request for results fetched ahead still in flight, and its keys -> states
-        self._ahead: tuple[dict, Any] | None = None
+        #: the request for results fetched ahead still in flight, its keys -> states, and
+        #: the bytes reserved for it
+        self._ahead: tuple[dict, Any, int] | None = None
 
     def acquire(self, key: Any, state: FutureState | None = None) -> FutureState:
         """Count one more Future of ``key``; its state (``state`` if given, else the key's,
@@ -205,7 +213,8 @@ class FutureTable:
         for group in list(self._waited):
             if len(out) > limit:
                 break
-            group.ready(out, limit + 1)
+            if group is not future.group:  # walked above
+                group.ready(out, limit + 1)
         for source in list(self.sources):
             if len(out) > limit:
                 break
@@ -221,13 +230,14 @@ class FutureTable:
             out.popitem()
         return out
 
-    def send_ahead(self, states: dict, request: Any) -> bool:
-        """Keep ``request`` (a reply to come) for the results of ``states`` (key ->
-        state); False, keeping nothing, if one is in flight already."""
+    def send_ahead(self, states: dict, request: Any, reserved: int) -> bool:
+        """Keep ``request`` (a reply to come, ``reserved`` bytes counted for it) for the
+        results of ``states`` (key -> state); False, keeping nothing, if one is in flight
+        already."""
         with self._lock:
             if self._ahead is not None:
                 return False
-            self._ahead = (states, request)
+            self._ahead = (states, request, reserved)
             return True
 
     def on_its_way(self, key: Any = None) -> bool:
@@ -236,34 +246,58 @@ class FutureTable:
         ahead = self._ahead
         return ahead is not None and (key is None or key in ahead[0])
 
-    def ahead_in_flight(self) -> tuple[dict, Any] | None:
-        """The request in flight and its states (key -> state), given up here: the
-        caller awaits its reply and holds its values."""
+    def ahead_in_flight(self) -> tuple[dict, Any, int] | None:
+        """The request in flight, its states (key -> state) and the bytes reserved for
+        it, given up here: the caller awaits its reply and holds its values (which ends
+        the reservation)."""
         with self._lock:
             ahead, self._ahead = self._ahead, None
         return ahead
 
     def room(self) -> int:
-        """Bytes that results fetched ahead may still take here."""
-        left = self.held_limit - self.held_bytes
-        if left <= 0 and self._held:
-            with self._lock:  # forget the values dropped since (lost, cancelled, erred)
-                for st, n in list(self._held.items()):
-                    if st.value is UNFETCHED or st.value is TAKEN or st.refs <= 0:
-                        del self._held[st]
-                        self.held_bytes -= n
-            left = self.held_limit - self.held_bytes
+        """Bytes that results fetched ahead may still take here: neither held nor
+        reserved for a reply in flight."""
+        with self._lock:
+            return self._room()
+
+    def _room(self) -> int:
+        left = self.held_limit - self.held_bytes - self.in_flight_bytes
+        if left <= 0 and self._held:  # forget the values dropped since (lost, cancelled)
+            for st, n in list(self._held.items()):
+                if st.value is UNFETCHED or st.value is TAKEN or st.refs <= 0:
+                    del self._held[st]
+                    self.held_bytes -= n
+            left = self.held_limit - self.held_bytes - self.in_flight_bytes
         return max(left, 0)
 
-    def hold(self, states: dict, values: dict, sizes: dict) -> None:
+    def reserve(self, budget: int) -> int:
+        """Count up to ``budget`` bytes for a request that brings results ahead, from
+        its sending to its reply (:meth:`hold`, or :meth:`unreserve`): the bytes granted,
+        0 when nothing is left under ``held_limit``. So a reply in flight is counted as
+        the values held are, and requests of several threads together stay within it."""
+        with self._lock:
+            granted = min(budget, self._room())
+            self.in_flight_bytes += granted
+        return granted
+
+    def unreserve(self, reserved: int) -> None:
+        """Give back ``reserved`` bytes of :meth:`reserve` (no request was sent)."""
+        with self._lock:
+            self.in_flight_bytes -= reserved
+
+    def hold(self, states: dict, values: dict, sizes: dict, reserved: int = 0) -> None:
         """Keep ``values[key]`` (``sizes[key]`` bytes) for each of ``states`` (key ->
         state) still finished, held and not fetched, until :meth:`take`; those past
-        ``held_limit`` are dropped."""
+        ``held_limit`` are dropped. The reply that brought them ends the reservation of
+        ``reserved`` bytes made for it."""
         held = self._held
         with self._lock:
+            self.in_flight_bytes -= reserved
             for key, st in states.items():
                 n = sizes.get(key, 0)
-                if key in values and fetchable(st) and st not in held \
+                # fetchable(st), inline: a look at each of a map's values
+                if key in values and st.value is UNFETCHED and st.status == "finished" \
+                        and st.refs > 0 and st not in held \
                         and self.held_bytes + n <= self.held_limit:
                     st.value = values[key]
                     held[st] = n
@@ -281,20 +315,20 @@ class FutureTable:
             self.held_bytes -= self._held.pop(st, 0)
         return value
 
-    def take_many(self, states: list[FutureState]) -> list:
-        """:meth:`take` of each of ``states``, under one lock (an ``as_completed`` takes
-        the results fetched ahead for the futures it is about to yield)."""
-        out = []
+    def take_many(self, futures: list[Future]) -> dict:
+        """:meth:`take` of the state of each of ``futures``, under one lock (an
+        ``as_completed`` takes the results fetched ahead for the futures it is about to
+        yield): future -> value, of those that had one."""
+        out = {}
         held = self._held
         with self._lock:
-            for st in states:
+            for f in futures:
+                st = f.state
                 value = st.value
-                if value is UNFETCHED or value is TAKEN or st.status != "finished":
-                    out.append(UNFETCHED)
-                else:
+                if value is not UNFETCHED and value is not TAKEN and st.status == "finished":
                     st.value = TAKEN
                     self.held_bytes -= held.pop(st, 0)
-                    out.append(value)
+                    out[f] = value
         return out
 
     # ------------------------------------------------------------ done callbacks
@@ -397,8 +431,8 @@ class _Callbacks:
                 for entry in cbs or ():
                     if len(out) >= limit:
                         return
-                    st = entry[2].state
-                    if fetchable(st):
+                    st = entry[2].state  # fetchable(st), inline
+                    if st.value is UNFETCHED and st.status == "finished" and st.refs > 0:
                         out[entry[2].key] = st
 
     def run(self) -> None:
@@ -428,7 +462,10 @@ class _Callbacks:
                     continue
                 fut = ref()
                 if fut is not None:
-                    run_callback(fn, fut)
+                    try:  # run_callback(), inline: one call less per future
+                        fn(fut)
+                    except Exception:
+                        logger.exception("done callback %r of %r failed", fn, fut)
                 i += 1
             with cond:
                 self._current = []

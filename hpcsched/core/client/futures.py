@@ -250,16 +250,18 @@ class FutureGroup:
         states = self.states
         n = len(states)
         i = self.cursor
-        while i < n:
+        while i < n:  # fetchable(), inline: a look at each state of a map
             st = states[i]
-            if not st._is_done or fetchable(st):
+            if not st._is_done or (st.value is UNFETCHED and st.status == "finished"
+                                   and st.refs > 0):
                 break
             i += 1
         self.cursor = i
         keys = self.keys
         for j in range(i, min(n, i + limit)):
             st = states[j]
-            if st._is_done and fetchable(st):
+            if st._is_done and st.value is UNFETCHED and st.status == "finished" \
+                    and st.refs > 0:
                 out[keys[j]] = st
                 if len(out) >= limit:
                     return
@@ -536,7 +538,13 @@ def wait_futures(fs: Any, timeout: float | None = None,
     clients = {id(f.client): f.client for f in flat}
     for client in clients.values():  # their results are likely asked for next
         mine = flat if len(clients) == 1 else [f for f in flat if f.client is client]
-        client.future_table.waited(FutureGroup(mine))
+        group = mine[0].group
+        # a map's futures, waited for as a whole: its own group (whose place is kept),
+        # not a copy of it to walk again
+        if group is None or len(group.keys) != len(mine) or \
+                set(map(_group, mine)) != {group}:  # a look at each, in C
+            group = FutureGroup(mine)
+        client.future_table.waited(group)
     if return_when == "ALL_COMPLETED":
         for client in clients.values():  # woken once, as a gather is
             mine = flat if len(clients) == 1 else [f for f in flat if f.client is client]
@@ -549,11 +557,15 @@ def wait_futures(fs: Any, timeout: float | None = None,
             done_event.wait(timeout)
     else:
         raise ValueError(f"unknown return_when {return_when!r}")
+    if all(map(_is_done, flat)):  # the common case, with no call per future
+        return DoneAndNotDoneFutures(set(flat), set())
     done = {f for f in flat if f.done()}
     return DoneAndNotDoneFutures(done, set(flat) - done)
 
 
 wait = wait_futures
+_group, _is_done = attrgetter("group"), attrgetter("state._is_done")
+_table = attrgetter("client.future_table")
 
 
 class Arrivals:
@@ -602,12 +614,12 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
     def update(self, futures: Iterable[Future]) -> None:
         """``add`` each of ``futures``."""
         futures = list(futures)
-        tables = {id(f.client.future_table): f.client.future_table for f in futures}
+        tables = set(map(_table, futures))  # a look at each, in C
         with self._cond:
             self._count += len(futures)
-            for key, table in tables.items():
-                if key not in self._tables:
-                    self._tables.add(key)
+            for table in tables:
+                if id(table) not in self._tables:
+                    self._tables.add(id(table))
                     table.sources.add(self)
         # add_done_callback of each, under one lock: a map's futures come by the thousand
         done = []
@@ -641,8 +653,9 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         for f in waiting:
             if len(out) >= limit:
                 return
-            if fetchable(f.state):
-                out[f.key] = f.state
+            st = f.state  # fetchable(st), inline: a look at each future done
+            if st.value is UNFETCHED and st.status == "finished" and st.refs > 0:
+                out[f.key] = st
 
     def __iter__(self) -> as_completed:
         return self
@@ -665,13 +678,13 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
 
     def _take_ahead(self) -> None:
         """Take the results fetched ahead for the futures of ``_out``, under one lock."""
-        fs = [f for f in list(self._out) if f not in self._values]  # copied in one C call
-        tables = {id(f.client.future_table): f.client.future_table for f in fs}
-        for table in tables.values():
+        fs = list(self._out)  # copied in one C call
+        if self._values:
+            fs = [f for f in fs if f not in self._values]
+        tables = set(map(_table, fs))  # a look at each, in C
+        for table in tables:
             mine = fs if len(tables) == 1 else [f for f in fs if f.client.future_table is table]
-            for f, value in zip(mine, table.take_many([f.state for f in mine]), strict=True):
-                if value is not UNFETCHED:
-                    self._values[f] = value
+            self._values.update(table.take_many(mine))
 
     def _item(self, f: Future) -> Any:
         if not self.with_results:
@@ -775,25 +788,3 @@ def collect_futures(x: Any, out: list) -> None:
     elif isinstance(x, dict):
         for v in x.values():
             collect_futures(v, out)
-
-
-def pack_futures(x: Any, values: dict, errors: str) -> Any:
-    """``x`` with its futures replaced by ``values[key]``.
-
-    With ``errors="skip"``, futures without a value are left out of lists."""
-    if isinstance(x, Future):
-        return values.get(x.key)
-    if isinstance(x, list):
-        if type(x) is list and set(map(type, x)) == {Future}:  # a map's: no call per item
-            keys = map(attrgetter("key"), x)
-            return list(map(values.get, keys)) if errors == "raise" else \
-                [values[k] for k in keys if k in values]
-        return [pack_futures(i, values, errors) for i in x
-                if errors == "raise" or not isinstance(i, Future) or i.key in values]
-    if isinstance(x, tuple):
-        return tuple(pack_futures(i, values, errors) for i in x)
-    if isinstance(x, (set, frozenset)):
-        return type(x)(pack_futures(i, values, errors) for i in x)
-    if isinstance(x, dict):
-        return {k: pack_futures(v, values, errors) for k, v in x.items()}
-    return x

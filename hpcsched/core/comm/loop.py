@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from hpcsched.core import config
@@ -36,6 +37,7 @@ logger = logging.getLogger("hpcsched.loop")
 
 CLOSED = object()  # payload a reader puts when its comm closes
 MAX_BATCH = 5000  # items per iteration, to keep flushing regularly under load
+_LIVENESS_CHECK = 1.0  # seconds between two looks at the loop's thread in an unbounded call
 
 
 _gc_tuned = False
@@ -180,14 +182,29 @@ class Loop(Inbox):
         return self._owner == threading.get_ident() or threading.current_thread() is self._thread
 
     def call(self, fn: Callable[[], Any], timeout: float | None = 30.0) -> Any:
-        """Run ``fn()`` on the loop thread and return its result (raises its exception)."""
+        """Run ``fn()`` on the loop thread and return its result (raises its exception).
+
+        ``timeout`` bounds code that is brief by nature (a lookup, a handler). Code whose
+        duration grows with the state it works on (a journal's restore) passes None: the
+        call then waits as long as the loop runs it, and ends with a RuntimeError if the
+        loop's thread ends first, so that a dead loop never leaves its caller waiting."""
         if self.on_loop():
             return fn()
         if self.stopped.is_set():
             raise RuntimeError(f"{self.name} is closed")
         fut: Future = Future()
         self.put(_Call(fn, fut))
-        return fut.result(timeout)
+        if timeout is not None:
+            return fut.result(timeout)
+        while True:
+            try:
+                return fut.result(_LIVENESS_CHECK)
+            except FutureTimeout:
+                thread = self._thread
+                if self.stopped.is_set() or thread is None or not thread.is_alive():
+                    if fut.done():  # its answer came with the loop's last turn
+                        return fut.result()
+                    raise RuntimeError(f"{self.name} ended before running the call") from None
 
     def stop(self, join: bool = True, timeout: float = 5.0) -> None:
         with self._lock:

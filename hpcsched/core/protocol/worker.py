@@ -117,7 +117,8 @@ class TaskFinished(FromWorker):
                       doc="CPU seconds it used (a command: its process's user + system)")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="peak memory in bytes (a command: its process's maximum RSS; a "
-                           "Python task: the worker's RSS as last sampled at its end)")
+                           "Python task: the worker's peak RSS from its start to its end, "
+                           "or under a millisecond its RSS as last sampled)")
 
 
 @message("task-erred", W2S)
@@ -134,7 +135,8 @@ class TaskErred(FromWorker):
                       doc="CPU seconds it used (a command: its process's user + system)")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="peak memory in bytes (a command: its process's maximum RSS; a "
-                           "Python task: the worker's RSS as last sampled at its end)")
+                           "Python task: the worker's peak RSS from its start to its end, "
+                           "or under a millisecond its RSS as last sampled)")
 
 
 @message("range-finished", W2S)
@@ -154,7 +156,7 @@ class RangeFinished(FromWorker):
                       doc="CPU seconds the report's elements used, together")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="the largest peak RSS of its elements' processes (commands), "
-                           "else the worker's RSS in bytes as last sampled when it reported")
+                           "else the worker's peak RSS in bytes over the report's elements")
 
 
 @message("range-released", W2S)

@@ -180,8 +180,10 @@ class Scheduler:
         """Listen, start the loop and the configured extensions; returns the scheduler."""
         self.loop.start()
         if self.journal is not None:
+            # no fixed bound: a restore takes as long as its journal is large (and the node
+            # busy); the wait ends when the loop's thread does
             self.loop.call(lambda: self.recovery.restore(self._table, self.primitives,
-                                                         self.outbox))
+                                                         self.outbox), timeout=None)
         self._listener = self.recovery.listen(self.listen_address,
                                               self.connections.on_connect, self.security)
         self.address = self._listener.address

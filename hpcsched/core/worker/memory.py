@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any
 
 from msgspec.structs import force_setattr
@@ -174,6 +175,68 @@ def process_memory() -> int:
         return int(psutil.Process().memory_info().rss)
     except Exception:  # noqa: BLE001 - an unsupported platform: process memory unmanaged
         return 0
+
+
+class PeakMemory:
+    """The process's peak resident set size since the last :meth:`reset`, on Linux.
+
+    Writing ``5`` to ``/proc/self/clear_refs`` resets the process's peak RSS to its
+    current RSS, which ``/proc/self/status`` shows as ``VmHWM`` (proc(5), ``clear_refs``
+    and ``status``). ``getrusage``'s ``ru_maxrss`` cannot serve: it never drops below the
+    peak of the process image the worker was executed from (its parent's, for a process
+    started by ``fork`` and ``exec``; kernel/sys.c). A reset is a write (under a
+    microsecond); a read has the kernel format the whole status file (several
+    microseconds), so a caller reads only where the figure can differ from what it knows
+    (:mod:`hpcsched.core.worker.parts.running`: not after a task under a millisecond).
+
+    Threads share one address space: a task resets the peak as it starts, so with
+    several task threads a task's figure is the worker's peak since the latest task
+    start, never less than its RSS at the task's end. Without ``clear_refs`` (another
+    system, or no right to write it) :meth:`peak` is 0 and the caller uses its last RSS
+    sample."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._status = -1
+        self._pid = 0
+        #: (monotonic time, RSS in bytes) as the last :meth:`peak` read it
+        self.sample: tuple[float, int] = (0.0, 0)
+
+    def _open(self) -> int:
+        self._pid = os.getpid()  # a forked child opens its own
+        try:
+            self._status = os.open("/proc/self/status", os.O_RDONLY | os.O_CLOEXEC)
+            self._fd = os.open("/proc/self/clear_refs", os.O_WRONLY | os.O_CLOEXEC)
+        except OSError:
+            self._fd = -1
+        return self._fd
+
+    def reset(self) -> None:
+        fd = self._fd if self._pid == os.getpid() else self._open()
+        if fd >= 0:
+            try:
+                os.write(fd, b"5")
+            except OSError:
+                self._fd = -1
+
+    def peak(self) -> int:
+        """Bytes at the peak since the last reset; 0 when this cannot be told. The
+        current RSS, read with it, is kept as :attr:`sample` (monotonic time, bytes)."""
+        if self._fd < 0 or self._pid != os.getpid():
+            return 0
+        try:
+            status = os.pread(self._status, 4096, 0)
+            at = status.index(b"VmHWM:") + 6
+            peak = int(status[at:status.index(b"kB", at)]) * 1024
+            at = status.index(b"VmRSS:", at) + 6
+            self.sample = (time.monotonic(), int(status[at:status.index(b"kB", at)]) * 1024)
+        except (OSError, ValueError):
+            return 0
+        return peak
+
+
+#: the worker process's (tasks reset it as they start, module docstring of ``running``)
+PEAK = PeakMemory()
 
 
 def format_bytes(n: float) -> str:

@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from hpcsched.core.worker.memory import MemoryLimits, format_bytes, plan, process_memory
+from hpcsched.core.worker.memory import PEAK, MemoryLimits, format_bytes, plan, process_memory
 from hpcsched.core.worker.spill import SpillBuffer, configured_directory, local_directory
 
 logger = logging.getLogger("hpcsched.worker")
@@ -95,9 +95,13 @@ class MemoryMonitor:
 
     def latest_rss(self) -> int:
         """The process's RSS in bytes as last sampled (each tick when memory is managed,
-        else each heartbeat; sampled here the first time): read per task, it costs no
-        system call (but the first)."""
-        rss = self.last_sample[1]
+        else each heartbeat, and as the last task of a millisecond or more ended:
+        :class:`~hpcsched.core.worker.memory.PeakMemory`; sampled here the first time):
+        read per task, it costs no system call (but the first)."""
+        sampled, rss = self.last_sample
+        if PEAK.sample[0] > sampled:  # read with the last task's peak: a newer sample
+            self.last_sample = PEAK.sample
+            return PEAK.sample[1]
         if not rss:
             rss = process_memory()
             self.last_sample = (time.monotonic(), rss)

@@ -18,8 +18,9 @@ tells the scheduler of the batch; an element that raises is reported alone, with
 used together, not each one's (a clock read per element would cost a sweep of tiny
 elements more than the element): the thread's CPU time between two reports plus its
 command elements' processes', and as memory the largest peak of those processes, else
-the worker's RSS as last sampled, when the scheduler asked for them as the worker's
-tasks' (``TaskRunner.usage_wanted``). A range's elements are not tasks of
+the worker's peak since the report began (:class:`~hpcsched.core.worker.memory.PeakMemory`;
+its RSS as last sampled where that cannot be read), when the scheduler asked for them as
+the worker's tasks' (``TaskRunner.usage_wanted``). A range's elements are not tasks of
 the worker's state machine: their results are plain entries of its data, which
 ``free-keys`` drops and peers fetch as any other.
 
@@ -59,6 +60,7 @@ from hpcsched.core.worker.context import (
     take_usage,
 )
 from hpcsched.core.worker.execution import pack_exception
+from hpcsched.core.worker.memory import PEAK
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.parts.inbox import RangesDone, stimulus
 from hpcsched.core.worker.parts.running import TaskRunner
@@ -93,7 +95,8 @@ class Batch:
 
 def _charge(batch: Batch, cpu_mark: float) -> float:
     """``batch`` used the thread's CPU time since ``cpu_mark`` and what its elements'
-    child processes reported (command elements); the new mark."""
+    child processes reported (command elements), else the worker's peak memory since the
+    report began; the new mark, and the peak reset for the next report."""
     now = thread_time()
     usage = take_usage()
     if usage is not None:
@@ -101,6 +104,8 @@ def _charge(batch: Batch, cpu_mark: float) -> float:
         batch.memory = usage[1]
     else:
         batch.cpu = now - cpu_mark
+        batch.memory = PEAK.peak()
+    PEAK.reset()
     return now
 
 
@@ -306,6 +311,7 @@ class RangeRunner:
         clock = time.time
         due = clock() + REPORT_SECONDS
         cpu_mark = thread_time()  # a report's CPU time: two clock reads a report, not one an element
+        PEAK.reset()  # and its peak memory (memory.PeakMemory)
         indices, all_args, lock, local = record.indices, record.args, self._lock, self._local
         dropped = self._dropped
         while True:

@@ -13,12 +13,18 @@ binds each system to its cluster class.
 from __future__ import annotations
 
 import importlib
+import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcsched.jobqueue.base import BatchSystem
     from hpcsched.launchers.resources import JobEnvironment
+
+logger = logging.getLogger(__name__)
+
+#: seconds a batch system's command may take to say when a job ends (:func:`job_end`)
+JOB_END_QUERY_TIMEOUT = 10.0
 
 #: module -> BatchSystem class, in the order a job's environment is recognised (a Moab
 #: job under Torque also has PBS_JOBID, and Flux may run under SLURM: the more specific first)
@@ -72,3 +78,24 @@ def detect_job(env: Mapping[str, str], hostname: str) -> JobEnvironment | None:
             if job is not None:
                 return job
     return None
+
+
+def job_end(job: JobEnvironment, timeout: float = JOB_END_QUERY_TIMEOUT) -> float | None:
+    """When ``job`` ends (epoch seconds): what its environment said, else what its batch
+    system's commands say (:meth:`~hpcsched.jobqueue.base.BatchSystem.ask_walltime_end`:
+    SLURM before 23.02 says it only through ``scontrol``); None when neither says. Asked
+    once, as a worker starts (the seam ``batch-job-end``): a command that fails or takes
+    longer than ``timeout`` seconds is logged, and the job's end taken for unknown.
+    """
+    if job.walltime_end is not None:
+        return job.walltime_end
+    if job.system not in SYSTEMS:
+        return None
+    from hpcsched.jobqueue.runner import BatchCommandError
+
+    try:
+        return system_class(job.system).ask_walltime_end(job.job_id, timeout)
+    except (BatchCommandError, ValueError) as e:
+        logger.warning("cannot read the end of %s job %s (%s): its walltime is unknown",
+                       job.system, job.job_id, e)
+        return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,6 +90,23 @@ def slurm_megabytes(env: Mapping[str, str], name: str) -> int | None:
     return int(float(m.group(1)) * scale)
 
 
+def parse_slurm_time(text: str) -> float | None:
+    """SLURM's local ``2026-11-29T09:18:28`` as epoch seconds; None for ``Unknown``.
+
+    >>> parse_slurm_time("2026-11-29T09:18:28") == time.mktime((2026, 11, 29, 9, 18, 28, 0, 0, -1))
+    True
+    >>> parse_slurm_time("Unknown") is None
+    True
+    """
+    text = text.strip()
+    if not text or text in ("Unknown", "None", "N/A"):
+        return None
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a SLURM time (YYYY-MM-DDTHH:MM:SS)") from None
+
+
 def parse_exit_code(text: str) -> int | None:
     """SLURM's ``"3:0"`` (status:signal) -> 3; a signal gives 128 + signal."""
     m = re.match(r"^(\d+):(\d+)$", text.strip())
@@ -116,7 +134,7 @@ class SLURMSystem(BatchSystem):
     #: dask-jobqueue's: CPUs and memory to book when they differ from cores and memory
     extra_params = {"job_cpu": None, "job_mem": None}
 
-    # sbatch's output environment variables (man sbatch): SLURM_JOB_END_TIME since 22.05
+    # sbatch's output environment variables (man sbatch); SLURM_JOB_END_TIME since 23.02
     job_counts = {"node_cpus": ("SLURM_CPUS_ON_NODE",), "cpus_per_rank": ("SLURM_CPUS_PER_TASK",)}
 
     @classmethod
@@ -130,6 +148,15 @@ class SLURMSystem(BatchSystem):
         return {"node_memory": slurm_megabytes(env, "SLURM_MEM_PER_NODE"),
                 "memory_per_cpu": slurm_megabytes(env, "SLURM_MEM_PER_CPU"),
                 "walltime_end": walltime_end}
+
+    @classmethod
+    @override
+    def ask_walltime_end(cls, job_id: str, timeout: float) -> float | None:
+        # SLURM sets SLURM_JOB_END_TIME in a job's environment only from its 23.02 release
+        # on; before, the job's EndTime is in what scontrol says of it
+        out = runner.run_command(["scontrol", "-o", "show", "job", job_id], timeout=timeout)
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return parse_slurm_time(fields.get("EndTime", ""))
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

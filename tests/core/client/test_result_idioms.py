@@ -115,6 +115,27 @@ def test_the_table_holds_what_fits_and_hands_each_value_out_once():
     assert table.room() == 1000
 
 
+def test_the_bytes_a_reply_in_flight_may_bring_are_counted_until_it_is_held():
+    owner = _Owner()  # held_limit=1000
+    table = owner.future_table
+    a, b = Future("a", owner), Future("b", owner)
+    for f in (a, b):
+        f.state.finish("int")
+    table.hold({"a": a.state}, {"a": 1}, {"a": 300})
+
+    assert table.reserve(600) == 600  # a request's budget, counted while it travels
+    assert table.room() == 100 and table.in_flight_bytes == 600
+    assert table.reserve(600) == 100  # a second request gets what is left, not 600 more
+    assert table.reserve(600) == 0
+    table.unreserve(100)  # that one was not sent
+
+    table.hold({"b": b.state}, {"b": 2}, {"b": 200}, reserved=600)  # its reply came
+
+    assert table.in_flight_bytes == 0 and table.held_bytes == 500 and table.room() == 500
+    assert table.take(b.state) == 2 and table.take(a.state) == 1
+    assert table.room() == 1000
+
+
 def test_a_released_futures_value_is_dropped():
     owner = _Owner()
     table = owner.future_table
@@ -345,6 +366,68 @@ def test_the_executors_map_gives_every_result_in_order(shared_client, n):
         assert list(ex.map(inc, range(n), timeout=WAIT)) == list(range(1, n + 1))
 
 
+def _gathers(client, monkeypatch) -> list:
+    """The ``Gather`` requests ``client`` sends from now on (the test's own client)."""
+    from hpcsched.core.protocol.messages import Gather
+
+    conn = client.scheduler_comm
+    sent: list = []
+    send_request = conn.send_request
+
+    def counting(msg, *args, **kwargs):
+        if isinstance(msg, Gather):
+            sent.append(msg)
+        return send_request(msg, *args, **kwargs)
+
+    monkeypatch.setattr(conn, "send_request", counting)
+    return sent
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])  # a bulk map, and a map of tasks
+def test_the_executors_map_gathers_the_finished_results_at_once(own_client, n, monkeypatch):
+    with own_client.get_executor(pure=False) as ex:
+        it = ex.map(inc, range(n), timeout=WAIT)
+        wait(list(ex._futures), timeout=WAIT)  # the map's futures, all done before the loop
+        sent = _gathers(own_client, monkeypatch)
+
+        assert list(it) == list(range(1, n + 1))
+
+    assert len(sent) == 1 and len(sent[0].keys) == n  # one request, not one per element
+    assert not ex._futures
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])
+def test_the_executors_map_yields_up_to_an_erred_element_then_raises(shared_client, n):
+    with shared_client.get_executor(pure=False) as ex:
+        it = ex.map(fails_on, range(n), [7] * n, timeout=WAIT)
+        wait(list(ex._futures), timeout=WAIT)  # element 7 erred in the batch of all
+
+        assert [next(it) for _ in range(7)] == list(range(1, 8))
+        with pytest.raises(ValueError, match="element 7 is bad"):
+            next(it)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [N, 20])
+def test_the_executors_map_times_out_and_cancels_the_rest(shared_client, n, tmp_path):
+    release = tmp_path / "release"
+    try:
+        with shared_client.get_executor(pure=False) as ex:
+            it = ex.map(wait_for_file, [str(release)] * n, timeout=0.5)
+            fs = list(ex._futures)
+            with pytest.raises(TimeoutError):
+                next(it)
+            it.close()  # as a for loop left by the exception does, when collected
+
+            assert not ex._futures
+            wait(fs, timeout=WAIT)
+            assert all(f.cancelled() for f in fs)
+    finally:
+        release.touch()
+
+
 @pytest.mark.timeout(90)
 def test_one_request_brings_the_finished_results_along(shared_client, road):
     fs = road.calls(shared_client, inc, N)
@@ -453,7 +536,8 @@ def own_client(shared_cluster):
 
 
 @pytest.mark.timeout(90)
-def test_a_client_that_never_asks_for_results_receives_none(own_client, road):
+def test_a_client_that_never_asks_for_results_receives_none(own_client, road, monkeypatch):
+    sent = _gathers(own_client, monkeypatch)
     fs = road.calls(own_client, payload, N, size=10_000)
     wait(fs, timeout=WAIT)
     assert len(list(as_completed(fs))) == N
@@ -463,7 +547,9 @@ def test_a_client_that_never_asks_for_results_receives_none(own_client, road):
     for _ in fs:
         assert ran.acquire(timeout=WAIT)
 
-    assert own_client.future_table.held_bytes == 0
+    assert sent == []  # no request for a result, and none in flight
+    table = own_client.future_table
+    assert table.held_bytes == 0 and table.in_flight_bytes == 0 and not table.on_its_way()
     assert all(f.state.value is UNFETCHED for f in fs)
 
 
@@ -483,7 +569,8 @@ def test_large_results_stay_on_the_workers_and_what_is_held_is_bounded(shared_cl
         assert small[0].result() == bytes([0]) * 10_000
         held = _held(small)
         assert 0 < len(held) < N - 1  # some 20 of 10 kB fit in 200 kB, not 39
-        assert client.future_table.held_bytes <= 200_000
+        # what is held and what the reply in flight may bring, together
+        assert client.future_table.held_bytes + client.future_table.in_flight_bytes <= 200_000
         assert [f.result() for f in small] == [bytes([i]) * 10_000 for i in range(N)]
         assert client.future_table.held_bytes == 0
     finally:
@@ -503,10 +590,36 @@ def test_a_result_loop_asks_for_the_next_results_before_it_needs_them(shared_clu
 
         held = _held(fs)
         assert 0 < len(held) < N - 1  # some 5 of 10 kB came along in 50 kB, not 39
+        assert table.in_flight_bytes > 0  # the reply on its way is counted ...
+        assert table.room() == table.held_limit - table.held_bytes - table.in_flight_bytes
         on_its_way = [f for f in fs if table.on_its_way(f.key)]
         assert on_its_way  # the next ones, asked for before a result() needs them
         assert not set(on_its_way) & set(held) and fs[0] not in on_its_way
         assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
         assert table.held_bytes == 0 and not table.on_its_way()
+        assert table.in_flight_bytes == 0  # ... until its values are held
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_result_the_reply_on_its_way_brought_sends_the_next_request(shared_cluster, road):
+    with config.set({"client.prefetch-bytes": 50_000}):
+        client = Client(shared_cluster, set_as_default=False)
+    try:
+        table = client.future_table
+        fs = road.calls(client, payload, N, size=10_000)
+        wait(fs, timeout=WAIT)
+        assert fs[0].result() == bytes([0]) * 10_000
+        first = next(i for i, f in enumerate(fs) if table.on_its_way(f.key))
+        assert [f.result() for f in fs[1:first]] == [bytes([i]) * 10_000
+                                                      for i in range(1, first)]  # held
+
+        assert fs[first].result() == bytes([first]) * 10_000  # the reply on its way's
+
+        # and the next results are asked for at once: one request stays on its way
+        assert [i for i, f in enumerate(fs) if table.on_its_way(f.key)][0] > first
+        assert [f.result(timeout=WAIT) for f in fs] == [bytes([i]) * 10_000 for i in range(N)]
+        assert table.held_bytes == 0 and table.in_flight_bytes == 0
     finally:
         client.close()

@@ -159,6 +159,39 @@ def test_calls_pending_at_stop_fail_instead_of_hanging():
     assert loop.stopped.wait(5)
 
 
+def test_an_unbounded_call_ends_when_the_loop_thread_ends_before_running_it(monkeypatch):
+    """A call without a timeout (a journal's restore) waits as long as the loop runs it;
+    if the loop's thread ends first -- here between the caller's look at the loop and its
+    put, so that no one fails the call -- the caller hears so instead of waiting forever."""
+    rec = Recorder()
+    loop = Loop("ending", rec.process, rec.flush)
+    loop.start()
+    put = loop.put
+
+    def put_after_the_end(item):
+        loop.stop()
+        assert loop.stopped.wait(5)
+        put(item)
+
+    monkeypatch.setattr(loop, "put", put_after_the_end)
+    monkeypatch.setattr("hpcsched.core.comm.loop._LIVENESS_CHECK", 0.05)
+    with pytest.raises(RuntimeError, match="ending ended before running the call"):
+        loop.call(lambda: "never", timeout=None)
+
+
+def test_an_unbounded_call_returns_the_result_or_raises_the_error():
+    rec = Recorder()
+    loop = Loop("unbounded", rec.process, rec.flush)
+    loop.start()
+    try:
+        assert loop.call(lambda: 42, timeout=None) == 42
+        with pytest.raises(ZeroDivisionError):
+            loop.call(lambda: 1 / 0, timeout=None)
+    finally:
+        loop.stop()
+    assert loop.stopped.wait(5)
+
+
 def _call(loop: Loop):
     try:
         return loop.call(lambda: "never", timeout=10)

@@ -15,6 +15,8 @@ import pytest
 
 from hpcsched import Client, LocalCluster
 from hpcsched.core import config
+from hpcsched.core.comm.base import Security
+from hpcsched.core.comm.loop import Loop
 from hpcsched.core.protocol import messages as pr
 from hpcsched.core.protocol.run_spec import RunSpec
 from hpcsched.core.scheduler.journal import (
@@ -26,6 +28,7 @@ from hpcsched.core.scheduler.journal import (
     JournalError,
     read_records,
 )
+from hpcsched.core.scheduler.server import Scheduler
 from tests.conftest import wait_until, worker_env
 
 
@@ -297,3 +300,37 @@ def test_a_client_hears_of_its_submission_only_once_the_journal_holds_it(tmp_pat
             for client_id, comm in comms.items():
                 comm.send = sends[client_id]
     assert all(in_file and was_synced for _, _, in_file, was_synced in seen), seen
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("road,n", [("bulk", 100_000), ("tasks", 20_000)])
+def test_a_restore_longer_than_the_bound_of_brief_calls_still_starts_the_scheduler(
+        tmp_path, monkeypatch, road, n):
+    """A restore lasts as long as its journal is large (and the node busy): the scheduler's
+    start waits for it without the bound that brief calls on its loop have. That bound is
+    set far below the restore's duration here, as a large journal on a loaded node makes
+    it; the restore of a bulk map (made tasks again) and of single tasks both succeed."""
+    path = str(tmp_path / "j")
+    j = Journal(path)
+    if road == "bulk":
+        block = 10_000
+        for offset in range(0, n, block):
+            j.append("c1", pr.UpdateMap("c1", prefix="f-tok-", function=b"fn",
+                                        args=[b"a%d" % i for i in range(offset, offset + block)],
+                                        offset=offset))
+    else:
+        j.append("c1", graph(*(f"inc-{i}" for i in range(n)), client="c1"))
+    j.sync()
+    j.close()
+    brief = 0.01  # seconds: far below what restoring n tasks takes
+    monkeypatch.setattr(Loop.call, "__defaults__", (brief,))
+    with config.set({"scheduler.extensions": []}):
+        scheduler = Scheduler("tcp://127.0.0.1:0", Security.generate(), journal=path,
+                              dashboard_address=None)
+        try:
+            scheduler.start()
+            monkeypatch.undo()
+            assert scheduler.call(lambda s: len(s.state.tasks), timeout=60) == n
+        finally:
+            monkeypatch.undo()
+            scheduler.close()

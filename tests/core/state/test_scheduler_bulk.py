@@ -171,6 +171,26 @@ def test_small_results_are_those_in_memory_that_fit_in_order():
     assert s.small_results(asked, budget=10_000, each=99) == []
 
 
+def test_small_results_of_a_run_of_elements_in_memory():
+    """The rest of a map asked along in order (a run, looked at with no call per key):
+    all of them when they fit, else those that fit in order; a large one passed over."""
+    s = SchedulerState()
+    step(s, ev.AddWorker(A, 1))
+    out = new_map(s, 100)
+    while given := [i for w, idx in ranges(out) if w == A for i in idx]:  # all run on A
+        out = finish(s, A, [i for i in given if i != 7], nbytes=100)
+        if 7 in given:
+            out += finish(s, A, [7], nbytes=5000)  # large
+    run = [f"m-a-{i}" for i in range(1, 100)]
+    small = [k for k in run if k != "m-a-7"]
+
+    assert s.small_results(run, budget=100_000, each=5000) == run
+    assert s.small_results(run, budget=100_000, each=1000) == small
+    assert s.small_results(run, budget=250, each=1000) == run[:2]
+    assert s.small_results(run[::-1], budget=250, each=1000) == run[::-1][:2]
+    assert s.small_results(run, budget=100_000, each=99) == []
+
+
 @pytest.mark.timeout(30)
 def test_a_run_of_elements_is_gathered_and_released_as_a_run():
     """A gather's part and a dropped list of futures name a run of one map's elements

@@ -13,7 +13,7 @@ import pytest
 from hpcsched.core import config
 from hpcsched.core.state import events as ev
 from hpcsched.core.state.worker_state import WorkerState
-from hpcsched.core.worker.memory import MemoryLimits, MemoryPlan, plan
+from hpcsched.core.worker.memory import MemoryLimits, MemoryPlan, PeakMemory, plan, process_memory
 from hpcsched.core.worker.spill import SpillBuffer, local_directory
 from tests.core.state.harness import (
     compute,
@@ -237,3 +237,17 @@ def test_a_retiring_worker_stays_retiring_whatever_its_memory_says():
         assert s.workers[A].status == "closing_gracefully"
     step(s, ev.WorkerStatusChange(B, "bogus"))  # unknown statuses are ignored
     assert s.workers[B].status == "running"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+def test_the_peak_since_a_reset_counts_what_was_touched_then_and_no_earlier_peak():
+    peak = PeakMemory()
+    peak.reset()
+    held = b"\1" * (64 << 20)  # touched: resident
+    high = peak.peak()
+    assert high >= process_memory() >= len(held)
+    seen, rss = peak.sample  # the current RSS, read with the peak: a fresh sample
+    assert seen > 0 and len(held) <= rss <= high
+    del held
+    peak.reset()  # the earlier peak is gone; what is left is the current RSS
+    assert 0 < peak.peak() < high - (48 << 20)

@@ -323,6 +323,11 @@ class ElementStore:
     def result_sizes(self, keys: list, rest: list) -> dict[Key, int]:
         """The bytes of the results of the elements among ``keys`` that are in memory;
         promoted elements and other keys are appended to ``rest``."""
+        run = self.run_of(keys)  # the common case: the rest of a map, all in memory
+        if run is not None:
+            m, lo, hi, ordered = run
+            if m.state.count(MEMORY, lo, hi) == hi - lo:
+                return dict(zip(ordered, m.nbytes[lo:hi], strict=True))
         out: dict[Key, int] = {}
         for m, found in self.split(keys, rest).items():
             state, nbytes = m.state, m.nbytes

@@ -16,13 +16,19 @@ own, on the loop. A seceded task that rejoins waits here for the state machine's
 
 What a run used travels with its result when the scheduler asked for it at
 registration (it keeps a task history; :meth:`TaskRunner.want_usage`; else a result
-carries neither figure and costs the scheduler nothing more to read): CPU seconds from
-``time.thread_time()`` read around the call, on the task's own thread, and as its
-peak memory the worker process's RSS as the memory monitor last sampled it (``rss()``;
-threads share one address space, so a threaded worker cannot tell one task's memory
-from another's). A command task runs its program in a child process and reports that
-process's own user + system time and maximum RSS instead
-(:func:`~hpcsched.core.worker.context.report_usage`).
+carries neither figure, no clock or peak is read, and the scheduler has nothing more to
+read): CPU seconds from ``time.thread_time()`` read around the call, on the task's own
+thread, and as its peak memory the worker process's peak RSS from the task's start to
+its end (:class:`~hpcsched.core.worker.memory.PeakMemory`: reset as the task starts, read
+as it ends). With one task thread that is the task's own peak, the worker's own memory
+included; threads share one address space, so with several it is the worker's peak
+since the latest task start, never less than its RSS at the task's end. A task shorter
+than :data:`PEAK_READ_AFTER`, one run on the loop's thread (neither reset nor read), or
+where the peak cannot be read, reports the worker's RSS as the memory monitor last
+sampled it (``rss()``): reading the peak costs several microseconds, a task that short
+cannot fault in much memory, and no-op tasks are where a few microseconds count. A
+command task runs its program in a child process and reports that process's own user +
+system time and maximum RSS instead (:func:`~hpcsched.core.worker.context.report_usage`).
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from hpcsched.core.worker.context import (
     take_usage,
 )
 from hpcsched.core.worker.execution import load_call, pack_exception
+from hpcsched.core.worker.memory import PEAK
 from hpcsched.core.worker.parts.inbox import stimulus
 from hpcsched.core.worker.task_pool import TaskPool
 from hpcsched.core.worker.tasks import output
@@ -54,6 +61,7 @@ from hpcsched.core.worker.tasks import output
 logger = logging.getLogger("hpcsched.worker")
 
 INLINE_TASK = 0.0005  # seconds: tasks of a group averaging less run on the loop thread
+PEAK_READ_AFTER = 0.001  # seconds: a shorter task's memory is the worker's last RSS sample
 
 
 class TaskRunner:
@@ -165,6 +173,8 @@ class TaskRunner:
             call = load_call(run_spec, state.data)
             start = time.time()  # the run, not the unpickling (execution.py)
             if self.usage_wanted:
+                if not on_loop:  # a task of a group averaging well under PEAK_READ_AFTER
+                    PEAK.reset()
                 cpu = thread_time()
             value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
@@ -172,7 +182,7 @@ class TaskRunner:
                 take_usage()
                 return None
             stop = time.time()
-            cpu, memory = self._usage(cpu)
+            cpu, memory = self._usage(cpu, start, on_loop)
             packed, tb_text, text = pack_exception(e, e.__traceback__)
             logger.warning("task %r failed: %s", key, text)  # as dask's "Compute Failed"
             return ev.ExecuteFailure(
@@ -192,7 +202,7 @@ class TaskRunner:
             if gang:
                 self._gang_running(-1)
         stop = time.time()
-        cpu, memory = self._usage(cpu)
+        cpu, memory = self._usage(cpu, start, on_loop)
         try:
             nbytes = sizeof(value)
         except Exception:
@@ -202,16 +212,21 @@ class TaskRunner:
             stimulus("execute-success"), cpu, memory,
         )
 
-    def _usage(self, cpu_start: float) -> tuple[float, int]:
+    def _usage(self, cpu_start: float, start: float, on_loop: bool) -> tuple[float, int]:
         """(CPU seconds, peak memory) of the run that began at thread time ``cpu_start``
-        (0.0: it never began, or none is wanted: (0.0, 0), which the report leaves out)."""
+        (0.0: it never began, or none is wanted: (0.0, 0), which the report leaves out) and
+        wall time ``start``, on the loop's thread or not."""
         usage = take_usage()  # taken either way: the next run on this thread starts afresh
         if not self.usage_wanted:
             return 0.0, 0
         if usage is not None:  # a command: its process's own
             return usage
         cpu = thread_time() - cpu_start if cpu_start else 0.0
-        return cpu, self._rss() if self._rss is not None else 0
+        # a task this short cannot have raised the worker's memory much above its last
+        # sample (each page it touched is a fault of its thread): no read of the peak
+        timed = cpu_start and not on_loop and time.time() - start >= PEAK_READ_AFTER
+        peak = PEAK.peak() if timed else 0
+        return cpu, peak or (self._rss() if self._rss is not None else 0)
 
     def _gang_running(self, delta: int) -> None:
         with self._gang_lock:
