@@ -4,6 +4,7 @@ checkouts.
 Usage::
 
     python benchmarks/bench_local_bytecodes.py --checkout /tmp/base --checkout . --sweep 20000
+    python benchmarks/bench_local_bytecodes.py --checkout /tmp/base --checkout . --workload map:2000
 
 Where callgrind's count of a workload (``bench_local_instructions.py``) moves by a few per
 cent between runs of one checkout (the batching of messages follows the timing), this
@@ -11,7 +12,9 @@ says in which of the package's files the Python code of the workload grew: each 
 (its root on ``PYTHONPATH``) runs, in a process of its own, a ``LocalCluster`` of 2 worker
 processes of 1 thread with the client in it, a warm-up, then a map of ``--sweep`` no-ops
 with ``pure=False`` (a bulk map), and counts each bytecode its threads execute during that
-map (``sys.settrace`` with ``f_trace_opcodes``, see
+map (or, with ``--workload``, bench_local_instructions.py's ``map:N``, N tasks with a key
+each, or ``tree:N``, a binary tree of N leaves as one graph; ``sys.settrace`` with
+``f_trace_opcodes``, see
 https://docs.python.org/3/library/sys.html#sys.settrace; the workers run untraced).
 Code in C (msgspec, pickle, the collector) is not counted: that is callgrind's part.
 """
@@ -31,8 +34,9 @@ import threading
 from typing import Any
 
 
-def one(n: int) -> dict[str, int]:
-    """``--one``: the bytecodes of a bulk map of ``n`` elements in this process, by file."""
+def one(n: int, what: str = "sweep") -> dict[str, int]:
+    """``--one``: the bytecodes of a bulk map of ``n`` elements (``what``: or a map of
+    ``n`` tasks, a tree of ``n`` leaves) in this process, by file."""
     import bench_local
     from hpcsched import Client, LocalCluster
 
@@ -57,7 +61,14 @@ def one(n: int) -> dict[str, int]:
         assert client.get(dsk, root) == 64 * 63 // 2
         assert client.gather(client.map(bench_local.noop, range(64)))[-1] == 63
         on = True
-        assert client.gather(client.map(bench_local.noop, range(n), pure=False))[-1] == n - 1
+        if what == "map":
+            keys = [f"noop-{i}" for i in range(n)]
+            assert client.gather(client.map(bench_local.noop, range(n), key=keys))[-1] == n - 1
+        elif what == "tree":
+            dsk, root = bench_local.tree_graph(n, "t-")
+            assert client.get(dsk, root) == n * (n - 1) // 2
+        else:
+            assert client.gather(client.map(bench_local.noop, range(n), pure=False))[-1] == n - 1
         on = False
     sys.settrace(None)
     threading.settrace(None)  # type: ignore[arg-type]
@@ -70,26 +81,34 @@ def main() -> None:
     p.add_argument("--checkout", action="append", required=True,
                    help="a checkout's root (repeat; the first is the base)")
     p.add_argument("--sweep", type=int, default=20000, help="elements of the bulk map")
+    p.add_argument("--workload", help="map:N or tree:N instead of the sweep")
     p.add_argument("--top", type=int, default=12, help="files shown, by largest change")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--what", default="sweep", help=argparse.SUPPRESS)
     args = p.parse_args()
+    what, n = "sweep", args.sweep
+    if args.workload:
+        what, _, count = args.workload.partition(":")
+        if what not in ("map", "tree") or not count.isdigit() or int(count) < 1:
+            p.error(f"--workload must be map:N or tree:N, not {args.workload!r}")
+        n = int(count)
     if args.one is not None:
         checkout = os.path.abspath(args.checkout[0])
         sys.path[:0] = [os.path.join(checkout, "benchmarks"), checkout]
         os.environ["PYTHONPATH"] = checkout
-        print(json.dumps(one(args.one)))
+        print(json.dumps(one(args.one, args.what)))
         return
-    if args.sweep < 64:
+    if what == "sweep" and n < 64:
         p.error(f"--sweep must be at least 64 (a bulk map), not {args.sweep}")
     runs = {}
     for c in map(os.path.abspath, args.checkout):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one",
-                               str(args.sweep), "--checkout", c],
+                               str(n), "--what", what, "--checkout", c],
                               env=dict(os.environ, PYTHONPATH=c), cwd=c, capture_output=True,
                               text=True, timeout=args.timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"sweep at {c} failed:\n{done.stderr[-3000:]}")
+            raise RuntimeError(f"{what} at {c} failed:\n{done.stderr[-3000:]}")
         runs[c] = collections.Counter(json.loads(done.stdout.splitlines()[-1]))
     first = runs[next(iter(runs))]
     print("total: " + ", ".join(

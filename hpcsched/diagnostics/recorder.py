@@ -124,7 +124,14 @@ class Recorder:
         if stop <= 0.0:  # a result that was already there (no run to show)
             return
         group = ts.group.name if ts is not None else key_split(e.key)
-        held = self._entries(e.key, group, start, stop, "compute", ws, members)
+        if members:
+            held = self._entries(e.key, group, start, stop, "compute", ws, members)
+        else:  # one slot, nearly every task: no loop over members
+            held = 1
+            address = ws.address
+            lane = self._lane(address, ws.nthreads, start, stop)
+            self.stream.append((address, lane, group, e.key, start, stop, "compute"))
+            self.stream_count += 1
         g = self._group(group)
         duration = (stop - start) * held if stop > start else 0.0
         g.done += 1

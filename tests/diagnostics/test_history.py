@@ -154,6 +154,45 @@ def test_no_history_unless_asked_and_a_clear_error(tmp_path):
             client.history()
 
 
+def test_without_a_history_no_result_carries_cpu_or_memory_on_both_roads(road, monkeypatch):
+    """Each task's CPU seconds and peak memory cost every task-finished a little: a
+    scheduler that keeps no history does not ask its workers for them, and what reaches
+    its state (decoded from worker processes' messages) carries neither, for tasks,
+    failures, commands and a bulk map's reports."""
+    seen: list = []
+    with LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as cluster, \
+            cluster.get_client() as client:
+        scheduler = cluster.scheduler
+        assert scheduler.usage_wanted is False
+        recorder = scheduler.state.recorder
+        task_finished, task_erred = recorder.task_finished, recorder.task_erred
+        elements_finished = recorder.elements_finished
+
+        def finished(e, *args, **kwargs):
+            seen.append((e.cpu, e.memory))
+            return task_finished(e, *args, **kwargs)
+
+        def erred(e, *args, **kwargs):
+            seen.append((e.cpu, e.memory))
+            return task_erred(e, *args, **kwargs)
+
+        def elements(group, ws, keys, starts, stops, nbytes, cpu=0.0, memory=0):
+            seen.append((cpu, memory))
+            return elements_finished(group, ws, keys, starts, stops, nbytes, cpu, memory)
+
+        # before any task ran: nothing is read half-patched
+        monkeypatch.setattr(recorder, "task_finished", finished)
+        monkeypatch.setattr(recorder, "task_erred", erred)
+        monkeypatch.setattr(recorder, "elements_finished", elements)
+        assert client.gather(road.calls(client, burn, 40)) == list(range(40))
+        with pytest.raises(ValueError):
+            client.submit(fail, 7).result(60)
+        client.gather(client.map_command([sys.executable, "-c", "pass"], range(2)))
+        assert all(client.run(lambda dask_worker: dask_worker.tasks.usage_wanted is False)
+                   .values())
+    assert len(seen) >= 4 and set(seen) == {(0.0, 0)}
+
+
 def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
     path = str(tmp_path / "h.sqlite")
     for run in range(2):

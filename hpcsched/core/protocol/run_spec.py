@@ -11,6 +11,8 @@ is refused there, naming the op and the field, not found out on a worker.
 True
 >>> task({"run_spec": (b"f", None, False), "deps": []})
 'run_spec must be a RunSpec, got tuple'
+>>> task({"run_spec": RunSpec(b"f", None), "deps": [("x", 1), {"no": "key"}]})
+"contains something that is not a key: {'no': 'key'}"
 """
 
 from __future__ import annotations
@@ -46,6 +48,11 @@ class RunSpec(Record):
 def task(x: Any) -> str | None:
     """The check of one task of an ``update-graph``: ``{"run_spec": RunSpec, "deps":
     [keys]}``."""
+    if type(x) is dict and type(x.get("run_spec")) is RunSpec:
+        # every task of every graph comes here: a task without dependencies (a map's) in
+        # one call, one with them in two
+        deps = x.get("deps", ())
+        return None if type(deps) in (list, tuple) and not deps else checks.keys(deps)
     problem = checks.task(x)
     if problem:
         return problem

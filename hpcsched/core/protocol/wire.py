@@ -42,7 +42,7 @@ from typing import Any
 
 from hpcsched.core.protocol import checks as field_checks
 from hpcsched.core.protocol.checks import Check, short
-from hpcsched.core.protocol.records import Field, Record, context, fields, wire
+from hpcsched.core.protocol.records import NODEFAULT, Field, Record, context, fields, wire
 
 __all__ = [
     "Direction",
@@ -242,15 +242,8 @@ def _has_fast_decoder(spec: Spec) -> bool:
 def _fast_decoder(spec: Spec) -> Callable[[dict], Any]:
     """The decoder of an unchecked direction (the client's and the worker's hot paths: one
     ``key-in-memory`` per finished task): the fields given, the record's defaults for the
-    others. A missing required field raises ``TypeError``: the general path then names it."""
-    cls = spec.cls
-
-    def decode(m: dict) -> Any:
-        kw = m.copy()
-        del kw["op"]
-        return cls(**kw)
-
-    return decode
+    others. A missing required field raises ``KeyError``: the general path then names it."""
+    return _generated(spec, False, context=False)
 
 
 class _Refused(Exception):
@@ -261,20 +254,50 @@ class _Refused(Exception):
 def _context_decoder(spec: Spec, checked: bool) -> Callable[[dict, dict], Any]:
     """The decoder of ``spec``'s op taking the receiver's context ``ctx``, each field present
     checked (if ``checked``): the path every message to the scheduler takes. Anything wrong
-    raises ``_Refused`` or ``TypeError``, and the general path of :func:`decode` says
-    what."""
-    cls = spec.cls
-    checks = spec.checks if checked else ()
+    raises ``_Refused``, ``KeyError`` or ``TypeError``, and the general path of
+    :func:`decode` says what."""
+    return _generated(spec, checked, context=True)
 
-    def decode(m: dict, ctx: dict) -> Any:
-        for name, check in checks:
-            if name in m and check(m[name]):
-                raise _Refused
-        kw = m.copy()
-        del kw["op"]
-        return cls(**kw, **ctx)
 
-    return decode
+def _generated(spec: Spec, checked: bool, context: bool) -> Callable[..., Any]:
+    """``def decode(m, ctx)``: ``CLS(key=m["key"], nbytes=m["nbytes"] if "nbytes" in m
+    else D_nbytes, ..., **ctx)`` (``decode(m)`` without ``context``), each value checked
+    first if ``checked``, compiled once per op on its first use (:class:`Generated`): no
+    process pays at start-up for the records it never receives. Straight-line code, not a loop over the
+    fields: it runs for every message (each finished task's), and keyword names that are
+    the code's own constants are matched by the record's ``__init__`` at once, where the
+    names of a decoded dict's keys are compared as text."""
+    env: dict[str, Any] = {"CLS": spec.cls, "REFUSED": _Refused}
+    lines = ["def decode(m, ctx):" if context else "def decode(m):"]
+    for i, f in enumerate(spec.wire):
+        v = f"v{i}"
+        check = checked and f.check is not None and f.check is not field_checks.anything
+        get = [f"{v} = m[{f.name!r}]"]
+        if check:
+            env[f"C{i}"] = f.check
+            get.append(f"if C{i}({v}): raise REFUSED")
+        if f.required:
+            lines += [f"    {line}" for line in get]
+            continue
+        if f.factory is not NODEFAULT:
+            env[f"F{i}"] = f.factory
+            default = f"F{i}()"
+        else:  # an empty collection is copied, as the record's own default would be
+            env[f"D{i}"] = f.default
+            mutable = isinstance(f.default, (list, dict, set, bytearray))
+            default = f"D{i}.copy()" if mutable else f"D{i}"
+        lines.append(f"    if {f.name!r} in m:")
+        lines += [f"        {line}" for line in get]
+        lines += ["    else:", f"        {v} = {default}"]
+    args = ", ".join([f"{f.name}=v{i}" for i, f in enumerate(spec.wire)]
+                     + (["**ctx"] if context else []))
+    lines.append(f"    return CLS({args})")
+    ns: dict[str, Any] = {}
+    where = f"<decode {spec.op}{' with context' if context else ''}>"
+    exec(compile("\n".join(lines) + "\n", where, "exec"), env, ns)  # noqa: S102 - our own source
+    fn = ns["decode"]
+    fn.__qualname__ = f"decode_{spec.cls.__name__}"
+    return fn
 
 
 def spec(cls: type) -> Spec:
@@ -306,7 +329,7 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
             if msg.keys() <= allowed:
                 try:
                     return fast_ctx(msg, context)
-                except (TypeError, _Refused):
+                except (KeyError, TypeError, _Refused):
                     pass  # named below
     fast_ops = getattr(table, "fast", None)
     if fast_ops and not context and type(msg) is dict:
@@ -318,7 +341,7 @@ def decode(table: Direction | dict, msg: Any, /, **context: Any) -> Any:
             if msg.keys() <= allowed:
                 try:
                     return fast(msg)
-                except TypeError:
+                except (KeyError, TypeError):
                     pass  # a required field is missing: named below
     if not isinstance(msg, dict):
         raise MalformedMessage(f"expected an op dict, got {type(msg).__name__}")
@@ -387,5 +410,18 @@ def receive(table: Direction, msg: Any, stimulus: Callable[[str], str], /, **con
     """
     op = msg.get("op") if msg.__class__ is dict else None
     if op.__class__ is str and op in table.stamped:
-        return decode(table, msg, **context, stimulus_id=stimulus(op))
+        context["stimulus_id"] = stimulus(op)
+        # decode()'s first path, without a second call packing the context again: every
+        # finished task's message comes here
+        try:
+            fast_ctx, allowed = table.with_context[op]  # generated on first use
+        except KeyError:  # an open record: decode() takes it
+            pass
+        else:
+            if msg.keys() <= allowed:
+                try:
+                    return fast_ctx(msg, context)
+                except (KeyError, TypeError, _Refused):
+                    pass  # named by decode()
+        return decode(table, msg, **context)
     return decode(table, msg)

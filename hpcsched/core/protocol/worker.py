@@ -73,6 +73,9 @@ class Registered(Record):
     journaled: bool = wire(fc.boolean, False, sparse=True,
                            doc="the scheduler keeps a journal: if it vanishes, it may come "
                                "back (wait for it) rather than be gone (exit)")
+    usage: bool = wire(fc.boolean, False, sparse=True,
+                       doc="send each task's `cpu` and `memory` (the scheduler keeps a task "
+                           "history); without it they are left out")
 
 
 @message("heartbeat-interval", S2W)
@@ -102,7 +105,8 @@ class TaskStarted(FromWorker):
 
 @message("task-finished", W2S)
 class TaskFinished(FromWorker):
-    """``key`` ran on the worker, which holds its result."""
+    """``key`` ran on the worker, which holds its result (``cpu`` and ``memory`` only if
+    the answer to its registration asked for them: ``registered``'s ``usage``)."""
 
     key: Key = wire(fc.key)
     nbytes: int = wire(fc.count, 0, doc="the result's size in bytes")
@@ -113,12 +117,13 @@ class TaskFinished(FromWorker):
                       doc="CPU seconds it used (a command: its process's user + system)")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="peak memory in bytes (a command: its process's maximum RSS; a "
-                           "Python task: the worker's RSS as last sampled at its end)")
+                           "Python task: the worker's peak RSS from its start to its end, "
+                           "or under a millisecond its RSS as last sampled)")
 
 
 @message("task-erred", W2S)
 class TaskErred(FromWorker):
-    """``key`` raised on the worker."""
+    """``key`` raised on the worker (``cpu`` and ``memory`` as ``task-finished``'s)."""
 
     key: Key = wire(fc.key)
     exception: Any = wire(fc.anything, None)
@@ -130,14 +135,16 @@ class TaskErred(FromWorker):
                       doc="CPU seconds it used (a command: its process's user + system)")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="peak memory in bytes (a command: its process's maximum RSS; a "
-                           "Python task: the worker's RSS as last sampled at its end)")
+                           "Python task: the worker's peak RSS from its start to its end, "
+                           "or under a millisecond its RSS as last sampled)")
 
 
 @message("range-finished", W2S)
 class RangeFinished(FromWorker):
     """Elements ``indices`` of the bulk map ``prefix`` ran on the worker, which holds their
     results (``nbytes``, ``types``, ``starts``, ``stops``: each one's size, type name, and
-    when it ran; ``cpu`` and ``memory`` for the report as a whole, not per element)."""
+    when it ran; ``cpu`` and ``memory`` for the report as a whole, not per element, and
+    as ``task-finished``'s, only if asked for)."""
 
     prefix: str = wire(fc.string)
     indices: list = wire(fc.list_of(fc.count))
@@ -149,7 +156,7 @@ class RangeFinished(FromWorker):
                       doc="CPU seconds the report's elements used, together")
     memory: int = wire(fc.count, 0, sparse=True,
                        doc="the largest peak RSS of its elements' processes (commands), "
-                           "else the worker's RSS in bytes as last sampled when it reported")
+                           "else the worker's peak RSS in bytes over the report's elements")
 
 
 @message("range-released", W2S)

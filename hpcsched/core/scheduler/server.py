@@ -165,6 +165,10 @@ class Scheduler:
         # extensions (config scheduler.extensions) by name, and the links they serve
         self.extensions: dict[str, Any] = {}
         self.services: dict[str, str] = {}
+        # whether workers send each task's CPU seconds and peak memory: a cost on every
+        # task-finished, asked for only when a task history keeps them (None until the
+        # extensions started, which open the history: a worker joining before is asked)
+        self.usage_wanted: bool | None = None
         # Client.run, who_has, upload_file, ... (scheduler/control.py)
         self.control = ClusterControl(self)
         # Lock, Semaphore, Event, Variable, Queue, MultiLock, datasets (scheduler/primitives.py)
@@ -191,6 +195,7 @@ class Scheduler:
                                           self.security.secret if self.security else None)
         logger.info("scheduler at %s", self.address)
         self.extensions.update(start_extensions(self))
+        self.usage_wanted = getattr(self.state.recorder, "history", None) is not None
         return self
 
     @property
@@ -291,7 +296,8 @@ class Scheduler:
         ws = self.state.workers[peer]
         # first in its batch, before the tasks the event gave it: the worker reads it first
         self.outbox.queue_first(peer, pr.Registered(
-            self.address, self.id, ws.heartbeat_interval, self.journal is not None))
+            self.address, self.id, ws.heartbeat_interval, self.journal is not None,
+            self.usage_wanted is not False))
         logger.info("worker %s (%s, %d threads) joined", peer, name, event.nthreads)
         self._notify_workers("add", peer, ws.info())
         return True

@@ -76,7 +76,9 @@ class ClientRequests:
         for ts in new:
             spec = e.tasks[ts.key]
             for dk in spec.get("deps", ()):
-                dts = graph.promote(dk)
+                dts = tasks.get(dk)  # a task (of this graph, mostly), else an element
+                if dts is None:
+                    dts = graph.promote(dk)
                 if dts is None:
                     missing[ts] = dk
                     continue
@@ -108,7 +110,9 @@ class ClientRequests:
             ts.priority = (generation, -user_priority.get(ts.key, e.priority),
                            static.get(ts.key, i))
         for key in e.keys:
-            ts = graph.promote(key)
+            ts = tasks.get(key)  # one of the tasks above, mostly, else an element
+            if ts is None:
+                ts = graph.promote(key)
             if ts is not None:
                 ts.who_wants.add(e.client)
         for ts, dk in missing.items():

@@ -176,12 +176,13 @@ def decide_worker(
         return None
     holders: set[WorkerInfo] = set()
     if ts.dependencies:
+        # an unrestricted task: not on a worker kept for tasks needing its resources
+        unrestricted = valid is None
         holders = {ws for dts in ts.dependencies for ws in dts.who_has
-                   if ws.status == "running" and ws.reserved is None}
+                   if ws.status == "running" and ws.reserved is None
+                   and not (unrestricted and ws.resources_only)}
         if valid is not None:
             holders &= set(valid)
-        else:  # an unrestricted task: not on a worker kept for tasks needing its resources
-            holders = {ws for ws in holders if not ws.resources_only}
     if holders:
         candidates: list[WorkerInfo] = list(holders)
     elif len(pool) > SAMPLE_LIMIT:

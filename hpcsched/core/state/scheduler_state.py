@@ -207,7 +207,8 @@ class SchedulerState:
         """Slots opened (or tasks were queued while some were free): the no-worker tasks
         may run now, and queued tasks go to the free slots."""
         placement = self.placement
-        self.graph.retry_no_worker()
+        if placement.unrunnable or placement.gangs:  # (none: the common case, no call)
+            self.graph.retry_no_worker()
         if placement.n_queued:
             placement.fill_slots(opened, self.graph.add_to_processing)
         else:

@@ -201,10 +201,11 @@ class TaskGraph:
             self._run(recs)
         finally:
             self.deferred_ready = None
-        if ready:
-            if len(ready) > 1:
-                ready.sort(key=_priority)
+        if len(ready) > 1:
+            ready.sort(key=_priority)
             self._run([(ts, "processing") for ts in ready])
+        elif ready:  # one, the common case of an event
+            self._run([(ready[0], "processing")])
 
     def retry_no_worker(self) -> None:
         """Slots opened, or a worker joined or resumed: the no-worker tasks may run now.
@@ -310,7 +311,8 @@ class TaskGraph:
         for ws in list(ts.who_has):
             self.out.send(ws.address, FreeKeys([ts.key]))
             self.remove_replica(ts, ws)
-        for dts in by_priority(ts.dependents):
+        dependents = ts.dependents  # by_priority() inline: each result released comes here
+        for dts in sorted(dependents, key=_priority) if len(dependents) > 1 else dependents:
             if dts.state in _PENDING:
                 dts.waiting_on.add(ts)
                 if dts.state != "waiting":
@@ -476,19 +478,23 @@ class TaskGraph:
         if not send:
             return
         deps = ts.dependencies
+        who_has = {d.key: [w.address for w in d.who_has] for d in deps} if deps else {}
+        nbytes = {d.key: d.nbytes for d in deps} if deps else {}
+        # a suspect says when it starts: a death while it runs is then its alone
+        duration = est if not ts.suspicious else max(est, SHORT_TASK)
+        if members is None:  # one slot, nearly every task: no gang's fields to fill in
+            self.out.send(ws.address, ComputeTask(
+                ts.key, ts.run_spec, ts.priority, who_has, nbytes,
+                ts.resource_restrictions or None, duration))
+            return
         # every member of a gang runs the task (MPI programs: one rank each); the first
         # one's result is the task's
-        gang = [w.address for w in members] if members is not None else []
+        gang = [w.address for w in members]
         msg = ComputeTask(
-            ts.key, ts.run_spec, ts.priority,
-            {d.key: [w.address for w in d.who_has] for d in deps} if deps else {},
-            {d.key: d.nbytes for d in deps} if deps else {},
-            ts.resource_restrictions or None,
-            # a suspect says when it starts: a death while it runs is then its alone
-            est if not ts.suspicious else max(est, SHORT_TASK), gang,
-            *((comm, self.comms.take_frees(gang), [w.host for w in members])
-              if members is not None else ()))
-        for address in gang or (ws.address,):
+            ts.key, ts.run_spec, ts.priority, who_has, nbytes,
+            ts.resource_restrictions or None, duration, gang,
+            comm, self.comms.take_frees(gang), [w.host for w in members])
+        for address in gang:
             self.out.send(address, msg)
 
     def _exit_processing(self, ts: TaskState, notify: bool) -> None:

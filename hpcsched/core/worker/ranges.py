@@ -19,7 +19,8 @@ used together, not each one's (a clock read per element would cost a sweep of ti
 elements more than the element): the thread's CPU time between two reports plus its
 command elements' processes', and as memory the largest peak of those processes, else
 the worker's peak since the report began (:class:`~hpcsched.core.worker.memory.PeakMemory`;
-its RSS as last sampled where that cannot be read). A range's elements are not tasks of
+its RSS as last sampled where that cannot be read), when the scheduler asked for them as
+the worker's tasks' (``TaskRunner.usage_wanted``). A range's elements are not tasks of
 the worker's state machine: their results are plain entries of its data, which
 ``free-keys`` drops and peers fetch as any other.
 
@@ -62,6 +63,7 @@ from hpcsched.core.worker.execution import pack_exception
 from hpcsched.core.worker.memory import PEAK
 from hpcsched.core.worker.memory_monitor import MemoryMonitor
 from hpcsched.core.worker.parts.inbox import RangesDone, stimulus
+from hpcsched.core.worker.parts.running import TaskRunner
 from hpcsched.core.worker.task_pool import TaskPool
 
 logger = logging.getLogger("hpcsched.worker")
@@ -129,6 +131,7 @@ class RangeHost(TaskWorker, Protocol):
     executor: TaskPool
     state: WorkerState | None
     memory: MemoryMonitor
+    tasks: TaskRunner  # its usage_wanted: whether reports carry cpu and memory
 
     @property
     def loop(self) -> Inbox:
@@ -379,15 +382,16 @@ class RangeRunner:
             store_many(keys, batch.values, batch.nbytes)
         else:
             data.update(zip(keys, batch.values, strict=True))
-        memory = batch.memory or w.memory.latest_rss()
+        wanted = w.tasks.usage_wanted  # else both left out: (0.0, 0)
+        cpu = batch.cpu if wanted else 0.0
+        memory = (batch.memory or w.memory.latest_rss()) if wanted else 0
         if batch.indices:
             w.send_to_scheduler(RangeFinished(w.address, prefix=prefix, indices=batch.indices,
                                               nbytes=batch.nbytes, types=batch.types,
                                               starts=batch.starts, stops=batch.stops,
-                                              cpu=batch.cpu,
-                                              memory=memory))
+                                              cpu=cpu, memory=memory))
         for failure in batch.failures:  # their CPU time is in the report's; memory as its
-            w.send_to_scheduler(replace(failure, memory=memory))
+            w.send_to_scheduler(replace(failure, memory=memory) if memory else failure)
 
 
 def _thread_done(wanted: int) -> ev.RangeThreadDone:

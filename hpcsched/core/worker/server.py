@@ -245,6 +245,7 @@ class Worker:
                 self.comms,
                 lambda: inventory(self.state),
                 self._heartbeat_interval,
+                lambda wanted: self.tasks.want_usage(wanted),
                 lambda why: self.close(why, EXIT_SCHEDULER_LOST),
                 self._closed,
             ),

@@ -8,6 +8,7 @@ import pytest
 
 from hpcsched.core.protocol import messages as protocol
 from hpcsched.core.protocol.messages import MalformedMessage, decode, encode
+from hpcsched.core.protocol.wire import receive
 from tests.core.protocol.examples import example
 
 FAST = sorted({(d.name, op) for d in protocol.DIRECTIONS for op in d.fast.ops()})
@@ -88,3 +89,19 @@ def test_the_context_decoder_leaves_every_problem_to_the_general_path():
         decode(d, {**ok, "zz": 1}, **ctx)
     with pytest.raises(TypeError, match="no context fields"):
         decode(d, ok, wrker="tcp://w:1", now=1.0)
+
+
+def test_receive_takes_the_generated_decoder_and_leaves_problems_to_the_general_path():
+    """A server's ``receive`` of a state machine's event: the record with the context
+    and the stimulus id; a malformed one named as ``decode`` names it."""
+    d = protocol.WORKER_TO_SCHEDULER
+    ok = {"op": "task-finished", "key": "x", "nbytes": 8, "start": 1.0, "stop": 2.0}
+    got = receive(d, ok, lambda op: f"{op}-3", worker="tcp://w:1", now=4.0)
+    assert got == decode(dict(d), ok, worker="tcp://w:1", now=4.0, stimulus_id="task-finished-3")
+    assert (got.cpu, got.memory, got.typename) == (0.0, 0, "")
+    for bad, why in [({**ok, "nbytes": -1}, "field 'nbytes': expected an integer"),
+                     ({**ok, "cpu": float("nan")}, "field 'cpu': expected a finite number"),
+                     ({"op": "task-finished"}, "lacks the field 'key'"),
+                     ({**ok, "zz": 1}, "unknown fields 'zz'")]:
+        with pytest.raises(MalformedMessage, match=why):
+            receive(d, bad, lambda op: "s", worker="tcp://w:1", now=4.0)

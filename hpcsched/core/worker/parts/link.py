@@ -53,7 +53,8 @@ class LinkOwner(Record):
     ``comms``: the inbox its comms deliver to; ``inventory()``: on the loop, the results it
     holds (key -> nbytes) and the tasks it
     runs; ``heartbeat_interval(record)``: the interval the scheduler's registration
-    answer asks for; ``give_up(reason)``: the scheduler is lost for good, close;
+    answer asks for; ``want_usage(wanted)``: whether that answer asks for each task's CPU
+    seconds and peak memory; ``give_up(reason)``: the scheduler is lost for good, close;
     ``closed``: set once the worker closes.
     """
 
@@ -61,6 +62,7 @@ class LinkOwner(Record):
     comms: CommInbox
     inventory: Callable[[], tuple[dict, list]]
     heartbeat_interval: Callable[[HeartbeatInterval], Any]
+    want_usage: Callable[[bool], Any]
     give_up: Callable[[str], None]
     closed: threading.Event
 
@@ -169,6 +171,7 @@ class SchedulerLink:
         # only a scheduler with a journal comes back with what it knew: waiting for any
         # other would keep this worker (and its batch job) alive for nothing
         self.journaled = answer.journaled
+        self._owner.want_usage(answer.usage)
         loop = self._owner.loop
         if isinstance(reply, list) and len(reply) > 1:
             # tasks assigned at registration travel in the same batch as "registered"

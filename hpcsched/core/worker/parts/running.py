@@ -14,11 +14,13 @@ its result, an ``ExecuteSuccess`` or ``ExecuteFailure`` with a ``stimulus_id`` o
 own, on the loop. A seceded task that rejoins waits here for the state machine's
 ``Resume``.
 
-What a run used travels with its result: CPU seconds from ``time.thread_time()`` read
-around the call, on the task's own thread (one clock read more per task), and as its
-peak memory the worker process's peak RSS from the task's start to its end
-(:class:`~hpcsched.core.worker.memory.PeakMemory`: reset as the task starts, read as it
-ends). With one task thread that is the task's own peak, the worker's own memory
+What a run used travels with its result when the scheduler asked for it at
+registration (it keeps a task history; :meth:`TaskRunner.want_usage`; else a result
+carries neither figure, no clock or peak is read, and the scheduler has nothing more to
+read): CPU seconds from ``time.thread_time()`` read around the call, on the task's own
+thread, and as its peak memory the worker process's peak RSS from the task's start to
+its end (:class:`~hpcsched.core.worker.memory.PeakMemory`: reset as the task starts, read
+as it ends). With one task thread that is the task's own peak, the worker's own memory
 included; threads share one address space, so with several it is the worker's peak
 since the latest task start, never less than its RSS at the task's end. A task shorter
 than :data:`PEAK_READ_AFTER`, one run on the loop's thread (neither reset nor read), or
@@ -94,8 +96,15 @@ class TaskRunner:
         self._threaded_groups: set[str] = set()
         self._on_gang = on_gang
         self._rss = rss
+        #: each run's CPU seconds and peak memory go with its result (:meth:`want_usage`)
+        self.usage_wanted = False
         self._gang_lock = threading.Lock()
         self._gang_members = 0  # gang members running on this worker's threads
+
+    def want_usage(self, wanted: bool) -> None:
+        """Whether each run's CPU seconds and peak memory go with its result, as the
+        scheduler's answer to the worker's registration says (its ranges' reports too)."""
+        self.usage_wanted = wanted
 
     def use(self, state: WorkerState) -> None:
         """Tasks read their dependencies from ``state``'s data, and their group's duration."""
@@ -163,9 +172,10 @@ class TaskRunner:
         try:
             call = load_call(run_spec, state.data)
             start = time.time()  # the run, not the unpickling (execution.py)
-            if not on_loop:  # a task of a group averaging well under PEAK_READ_AFTER
-                PEAK.reset()
-            cpu = thread_time()
+            if self.usage_wanted:
+                if not on_loop:  # a task of a group averaging well under PEAK_READ_AFTER
+                    PEAK.reset()
+                cpu = thread_time()
             value = call()
         except BaseException as e:  # noqa: BLE001 - reported to the scheduler
             if on_loop and type(e) is TaskNeedsThread:
@@ -204,8 +214,11 @@ class TaskRunner:
 
     def _usage(self, cpu_start: float, start: float, on_loop: bool) -> tuple[float, int]:
         """(CPU seconds, peak memory) of the run that began at thread time ``cpu_start``
-        (0.0: it never began) and wall time ``start``, on the loop's thread or not."""
-        usage = take_usage()
+        (0.0: it never began, or none is wanted: (0.0, 0), which the report leaves out) and
+        wall time ``start``, on the loop's thread or not."""
+        usage = take_usage()  # taken either way: the next run on this thread starts afresh
+        if not self.usage_wanted:
+            return 0.0, 0
         if usage is not None:  # a command: its process's own
             return usage
         cpu = thread_time() - cpu_start if cpu_start else 0.0
