@@ -221,7 +221,9 @@ class Rounds:
             of_gather = [b / t for b, t in zip(base, secs, strict=True)] if base else []
             cpu = self.cpu[name]
             base = self.cpu.get(ref[kinds[name]])
-            cpu_of_gather = [t / b for b, t in zip(base, cpu, strict=True)] if base else []
+            # a round whose gather used less CPU than the clock resolves (a tick) is left out
+            cpu_of_gather = [t / b for b, t in zip(base, cpu, strict=True) if b] if base \
+                else []
             out[name] = {"rates": rates, "of_gather": of_gather,
                          "cpu_us_per_call": [1e6 * t / self.n for t in cpu],
                          "cpu_of_gather": cpu_of_gather}
@@ -304,7 +306,7 @@ def main() -> None:
         print(f"{name:50}{rate:9.0f}{_spread(f['rates'], '.0f'):>16}{og:9.2f}x"
               f"{_spread(f['of_gather'], '.2f'):>12}"
               f"{statistics.median(f['cpu_us_per_call']):8.1f}"
-              f"{statistics.median(f['cpu_of_gather']):9.2f}x{tail}")
+              f"{statistics.median(f['cpu_of_gather'] or [float('nan')]):9.2f}x{tail}")
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"calls": args.calls, "hpcsched": hf, "dask": df}, out, indent=1)
