@@ -32,33 +32,22 @@ import textwrap
 import time
 import uuid
 
-SCRIPTS = {
-    "hpcsched": """
-        import time
-        from hpcsched import Client
-        from hpcsched.jobqueue import SLURMCluster
-        cluster = SLURMCluster(cores=1, memory="300MB", walltime="00:10:00",
-                               job_name={name!r}, log_directory={logs!r})
-        cluster.scale(jobs={jobs})
-        client = Client(cluster)
-        client.wait_for_workers({jobs}, timeout=300)
-        futures = client.map(time.sleep, [0.5 + i * 1e-9 for i in range(2000)])
-        print("ready", flush=True)
-        client.gather(futures)
-    """,
-    "dask-jobqueue": """
-        import time
-        from distributed import Client
-        from dask_jobqueue import SLURMCluster
-        cluster = SLURMCluster(cores=1, memory="300MB", walltime="00:10:00",
-                               job_name={name!r}, log_directory={logs!r})
-        cluster.scale(jobs={jobs})
-        client = Client(cluster)
-        client.wait_for_workers({jobs}, timeout=300)
-        futures = client.map(time.sleep, [0.5 + i * 1e-9 for i in range(2000)])
-        print("ready", flush=True)
-        client.gather(futures)
-    """,
+SCRIPT = """
+    import time
+    {imports}
+    cluster = SLURMCluster(cores=1, memory="300MB", walltime="00:10:00",
+                           job_name={name!r}, log_directory={logs!r})
+    cluster.scale(jobs={jobs})
+    client = Client(cluster)
+    client.wait_for_workers({jobs}, timeout=300)
+    futures = client.map(time.sleep, [0.5 + i * 1e-9 for i in range(2000)])
+    print("ready", flush=True)
+    client.gather(futures)
+"""
+# the only lines a user changes between the two
+IMPORTS = {
+    "hpcsched": "from hpcsched import Client; from hpcsched.jobqueue import SLURMCluster",
+    "dask-jobqueue": "from distributed import Client; from dask_jobqueue import SLURMCluster",
 }
 
 
@@ -70,7 +59,8 @@ def _listed(name: str) -> list[str]:
 
 def one_round(system: str, python: str, jobs: int, timeout: float, tmp: str) -> dict:
     name = f"intr-{system[:4]}-{uuid.uuid4().hex[:6]}"
-    code = textwrap.dedent(SCRIPTS[system]).format(name=name, jobs=jobs, logs=tmp)
+    code = textwrap.dedent(SCRIPT).format(imports=IMPORTS[system], name=name, jobs=jobs,
+                                         logs=tmp)
     proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp)
     try:
@@ -112,8 +102,8 @@ def main() -> None:
     args = ap.parse_args()
     systems = args.systems.split(",")
     for system in systems:
-        if system not in SCRIPTS:
-            ap.error(f"unknown system {system!r}; known: {', '.join(SCRIPTS)}")
+        if system not in IMPORTS:
+            ap.error(f"unknown system {system!r}; known: {', '.join(IMPORTS)}")
     results: dict[str, list[dict]] = {s: [] for s in systems}
     with tempfile.TemporaryDirectory(prefix="bench-interrupt-") as tmp:
         for rnd in range(args.rounds):
