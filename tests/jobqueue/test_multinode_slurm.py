@@ -279,13 +279,17 @@ def test_srun_runs_the_pi_example_and_a_tree_on_three_nodes(multi, tmp_path):
 @pytest.mark.timeout(300)
 def test_srun_ends_the_job_within_10_s_naming_ranks_killed_on_a_node(multi, tmp_path):
     """Both ranks on node 3 killed: srun reports them but, without --kill-on-bad-exit, lets
-    the step run on; rank 0 misses them and ends the job, naming them and node 3."""
+    the step run on; rank 0 misses them and ends the job, naming them and node 3.
+
+    With ``mpi.rank-timeout`` 6 s (the default, 30 s, would make it 30 s and more): the
+    watch of lost ranks is what this times, as in tests/hpc/test_mpi_multinode.py."""
     script, log = tmp_path / "busy.py", tmp_path / "out.log"
     script.write_text(BUSY)
     cmd, name = srun_cmd(sys.executable, "-m", "hpcsched", str(script))
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=SRUN_ENV, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**SRUN_ENV, "HPCSCHED_MPI__RANK_TIMEOUT": "6"})
     try:
         # (the step may wait for the nodes while other jobs hold them)
         wait_until(lambda: log.read_text().count("busy on") == 5 or proc.poll() is not None,
