@@ -85,7 +85,12 @@ if [ "$(id -u)" = 0 ] && [ "$(uname -s)" = Linux ] && [ "${HPCSCHED_SKIP_NODES:-
     # jobs on three nodes; where the localhost SLURM runs (root on Debian)
     if [[ ",$HPCSCHED_REQUIRE_BATCH," == *,slurm,* ]]; then
         echo "== starting SLURM over the nodes (ci/nodes/start-slurm-nodes.sh)"
-        slurm_nodes=1  # stopped at exit by its pid files, also when half started
+        nodes_ctld=${BATCH_STATE_DIR:-/var/tmp/hpcsched-batch}/slurm-nodes/slurmctld.pid
+        if [ -s "$nodes_ctld" ] && kill -0 "$(cat "$nodes_ctld")" 2>/dev/null; then
+            echo "   already running: using it, leaving it"
+        else
+            slurm_nodes=1  # stopped at exit by its pid files, also when half started
+        fi
         bash ci/nodes/start-slurm-nodes.sh 3 \
             || echo "!! could not start SLURM over the nodes: its tests will fail" >&2
         export HPCSCHED_REQUIRE_BATCH="$HPCSCHED_REQUIRE_BATCH,slurm-nodes"
