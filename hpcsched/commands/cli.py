@@ -71,9 +71,10 @@ def submit_main(argv: list[str]) -> int:
                      help="a job file: tasks with dependencies (HyperQueue's job file format)")
     p.add_argument("--name", help="the job's name (default: the program's)")
     p.add_argument("--cwd", help="the tasks' directory (default: this one)")
-    p.add_argument("--stdout", help="path template of each task's stdout "
-                   f"(default {jobs_mod.DEFAULT_OUTPUT}.stdout, under --cwd)".replace("%", "%%"))
-    p.add_argument("--stderr", help="path template of each task's stderr")
+    p.add_argument("--stdout", help="path template of a file per task for its stdout (default: "
+                   f"none, a log per worker slot in {jobs_mod.DEFAULT_DIR} under --cwd, read "
+                   "with `hpcsched job cat`)".replace("%", "%%"))
+    p.add_argument("--stderr", help="path template of a file per task for its stderr")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--resources", help="what each task holds, e.g. GPU=1 (workers' --resources)")
     p.add_argument("--retries", type=int, default=0)
@@ -222,7 +223,10 @@ def _info(job: jobs_mod.Job) -> int:
     print(f"  command: {job.args if isinstance(job.args, str) else ' '.join(job.args)}")
     print(f"  tasks: {len(job.futures)}: {c['finished']} finished, {c['error']} failed, "
           f"{c['cancelled']} cancelled, {c['waiting']} waiting or running")
-    print(f"  output: {job.stdout}, {job.stderr}")
+    if job.log_dir:
+        print(f"  output: {job.log_dir}, a log per worker slot (hpcsched job cat {job.id})")
+    else:
+        print(f"  output: {job.stdout}, {job.stderr}")
     failed = [(i, f) for i, f in zip(job.ids, job.futures, strict=True) if f.status == "error"]
     for i, f in failed[:20]:
         print(f"  task {i} failed: {str(f.exception()).splitlines()[0]}")
@@ -234,6 +238,7 @@ def _info(job: jobs_mod.Job) -> int:
 def _cat(job: jobs_mod.Job, task: Any, stream: str) -> int:
     ids = job.ids if task is None else [task]
     status = 0
+    logs = job.logs()
     for i in ids:
         if task is not None:
             try:
@@ -241,6 +246,15 @@ def _cat(job: jobs_mod.Job, task: Any, stream: str) -> int:
             except KeyError as e:
                 print(f"hpcsched job cat: {e.args[0]}", file=sys.stderr)
                 return 2
+        if logs is not None:
+            data = logs.output(i, stream)
+            if data is None:
+                print(f"hpcsched job cat: task {i} has no {stream} yet (in the logs of "
+                      f"{job.log_dir})", file=sys.stderr)
+                status = 1
+            else:
+                sys.stdout.buffer.write(data)
+            continue
         path = job.output_path(i, stream)
         try:
             with open(path, "rb") as f:

@@ -6,9 +6,13 @@ file, the items of a JSON list) or a set of numbered tasks with dependencies (a 
 file, :mod:`hpcsched.commands.jobfile`). It is published on the scheduler as the dataset ``hpcsched-job-<id>`` (the
 futures and a description), so that it outlives the command that submitted it, is seen
 by every client, and survives a restart of a scheduler with a journal as every dataset
-does. Each task's stdout and stderr go to files named by templates (default
-``hpcsched-jobs/%{JOB_ID}/%{TASK_ID}.stdout`` / ``.stderr`` under the submitting
-directory, which the workers must see: a shared file system, as on every cluster).
+does. An array job's output goes to the directory ``hpcsched-jobs/%{JOB_ID}`` under the
+submitting directory, which the workers must see (a shared file system, as on every
+cluster): packed into a log per worker slot with an index of each task's part
+(:mod:`hpcsched.commands.slotlog`), as no file per task is cheaper than one. Given
+``--stdout`` / ``--stderr`` templates, and in a job file's tasks (whose dependents read
+their files), each task's stdout and stderr go to files of their own (default
+``hpcsched-jobs/%{JOB_ID}/%{TASK_ID}.stdout`` / ``.stderr``).
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from typing import Any
 
 from hpcsched.commands.jobfile import JobFile
 from hpcsched.commands.run import run_command
+from hpcsched.commands.slotlog import JobLogs
 
 PREFIX = "hpcsched-job-"
-DEFAULT_OUTPUT = os.path.join("hpcsched-jobs", "%{JOB_ID}", "%{TASK_ID}")
+DEFAULT_DIR = os.path.join("hpcsched-jobs", "%{JOB_ID}")
+DEFAULT_OUTPUT = os.path.join(DEFAULT_DIR, "%{TASK_ID}")
 
 
 @dataclass(frozen=True)
@@ -34,16 +40,19 @@ class Spec:
     args: tuple[str, ...] | str
     job_id: int
     cwd: str
-    stdout: str
-    stderr: str
+    stdout: str | None
+    stderr: str | None
     env: tuple[tuple[str, str], ...] = ()
+    #: where the slot logs go when neither stdout nor stderr is given
+    log_dir: str | None = None
 
 
 def run_entry(spec: Spec, task_id: Any, entry: Any = None, *after: Any) -> Any:
     """One task of a job: its command, for ``task_id`` / ``entry``. ``after`` are the
     results of the tasks it depends on (a TOML job file's ``after``): waited for, unused."""
     return run_command(spec.args, cwd=spec.cwd, env=dict(spec.env), stdout=spec.stdout,
-                       stderr=spec.stderr, task_id=task_id, entry=entry, job_id=spec.job_id)
+                       stderr=spec.stderr, task_id=task_id, entry=entry, job_id=spec.job_id,
+                       log_dir=spec.log_dir)
 
 
 @dataclass
@@ -61,6 +70,12 @@ class Job:
     futures: list = field(default_factory=list)
     #: a job file's tasks with output templates of their own: str(task id) -> (stdout, stderr)
     outputs: dict = field(default_factory=dict)
+    #: the directory of the slot logs, for a job whose output is packed there
+    log_dir: str | None = None
+
+    def logs(self) -> JobLogs | None:
+        """The job's slot logs as they are now; None if its tasks write files of their own."""
+        return JobLogs(self.log_dir) if self.log_dir else None
 
     def output_path(self, task_id: Any, stream: str) -> str:
         own = self.outputs.get(str(task_id)) if self.outputs else None
@@ -114,9 +129,12 @@ def submit(client: Any, args: Sequence[str] | str, *, ids: Sequence[Any],
     cwd = os.path.abspath(cwd or os.getcwd())
     with Lock("hpcsched-job-ids", client=client):
         job_id = next_id(client)
+        packed = not stdout and not stderr
+        log_dir = os.path.join(cwd, DEFAULT_DIR.replace("%{JOB_ID}", str(job_id)))
         spec = Spec(args if isinstance(args, str) else tuple(args), job_id, cwd,
-                    stdout or DEFAULT_OUTPUT + ".stdout", stderr or DEFAULT_OUTPUT + ".stderr",
-                    tuple(sorted((env or {}).items())))
+                    None if packed else stdout or DEFAULT_OUTPUT + ".stdout",
+                    None if packed else stderr or DEFAULT_OUTPUT + ".stderr",
+                    tuple(sorted((env or {}).items())), log_dir if packed else None)
         n = len(ids)
         entry_list = list(entries) if entries is not None else [None] * n
         # a key prefix, not a key per task: a plain map of many elements takes the bulk
@@ -124,8 +142,10 @@ def submit(client: Any, args: Sequence[str] | str, *, ids: Sequence[Any],
         futures = client.map(run_entry, [spec] * n, list(ids), entry_list,
                              key=f"{PREFIX}{job_id}", pure=False, resources=resources,
                              retries=retries or 0, priority=priority)
-        job = Job(job_id, name or _default_name(args), spec.args, cwd, spec.stdout,
-                  spec.stderr, time.time(), list(ids), futures)
+        job = Job(job_id, name or _default_name(args), spec.args, cwd,
+                  spec.stdout or DEFAULT_OUTPUT + ".stdout",
+                  spec.stderr or DEFAULT_OUTPUT + ".stderr", time.time(), list(ids), futures,
+                  log_dir=spec.log_dir)
         client.publish_dataset(**{f"{PREFIX}{job_id}": job})
     return job
 

@@ -5,9 +5,11 @@ starts in a process group of its own, with ``HPCSCHED_TASK_ID`` / ``HPCSCHED_ENT
 ``HPCSCHED_JOB_ID`` in its environment (the names of HyperQueue's ``HQ_TASK_ID`` and
 ``HQ_ENTRY``, in our words), ``%{TASK_ID}``, ``%{ENTRY}`` and ``%{JOB_ID}`` replaced in
 its arguments and output paths. Its stdout and stderr go to files when paths are given
-(the command line's jobs always give them), else they are captured (in temporary files,
-so that a program writing much holds no memory of the worker) and kept with the result,
-the last :data:`KEEP_BYTES` of each.
+(a job file's tasks, and arrays given ``--stdout`` / ``--stderr``), or are appended to
+the worker slot's logs in a directory (an array job's default: no file per task,
+:mod:`hpcsched.commands.slotlog`), else they are captured (in temporary files, so that a
+program writing much holds no memory of the worker) and kept with the result, the last
+:data:`KEEP_BYTES` of each.
 
 The thread that runs the task is the only one to wait for the program (:func:`_reap`,
 ``os.wait4``: its status and resource usage in one call). The group is killed (SIGTERM,
@@ -36,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hpcsched.commands.sentinel import SENTINEL
+from hpcsched.commands.slotlog import SLOTS, group_alive
 from hpcsched.core.worker.context import report_usage
 
 #: bytes of a captured stream kept with the result, and of stderr quoted in an error
@@ -268,11 +271,60 @@ def _captured(f: Any) -> bytes:
     return f.read()
 
 
+def _start(argv: list[str], cwd: str | None, env: dict, out: Any, err: Any, key: Any,
+           host: str) -> tuple[subprocess.Popen, Any]:
+    """Start the program (unless its task was cancelled first), wait for it, and give it
+    with its resource usage; its group killed if the task is cancelled meanwhile."""
+    stopper = _stopper(key)
+    if stopper is None or stopper.stopped:
+        raise CommandCancelled(argv)
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=err, start_new_session=True)
+    except OSError as e:
+        raise CommandFailed(argv, None, f"{type(e).__name__}: {e}", None, host) from None
+    SENTINEL.started(proc.pid)
+    stopper.attach(proc.pid)
+    try:
+        usage = _reap(proc)
+    finally:
+        stopper.reaped.set()
+        SENTINEL.ended(proc.pid)
+    return proc, usage
+
+
+def _report(usage: Any) -> None:
+    if usage is not None:  # ru_maxrss is in kilobytes on Linux (getrusage(2))
+        report_usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def _run_logged(argv: list[str], cwd: str | None, env: dict, log_dir: str, task_id: str,
+                key: Any, host: str) -> CommandResult:
+    """The program with its output appended to this slot's logs in ``log_dir``."""
+    if "\t" in task_id or "\n" in task_id:
+        raise ValueError(f"task id {task_id!r}: a tab or a newline cannot be indexed")
+    logs = SLOTS.logs(log_dir)
+    out, err = logs.begin()
+    start = time.monotonic()
+    proc, usage = _start(argv, cwd, env, out, err, key, host)
+    duration = time.monotonic() - start
+    record = logs.end(task_id, group_alive(proc.pid))
+    _report(usage)
+    if proc.returncode != 0:
+        stderr_tail = tail(logs.tail(record, 64 * 1024))
+        raise CommandFailed(argv, proc.returncode, stderr_tail, None, host)
+    return CommandResult(tuple(argv), proc.returncode, duration, host)
+
+
 def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
                 env: Mapping[str, str] | None = None, stdout: str | None = None,
                 stderr: str | None = None, task_id: Any = None, entry: Any = None,
-                job_id: Any = None) -> CommandResult | None:
+                job_id: Any = None, log_dir: str | None = None) -> CommandResult | None:
     """Run ``args`` (a list, or a string for ``sh -c``) and wait for it; the task's body.
+
+    ``log_dir`` (a template, as the output paths are): when neither ``stdout`` nor
+    ``stderr`` is given, both go to the slot's logs in that directory, indexed by
+    ``task_id`` (:mod:`hpcsched.commands.slotlog`).
 
     Raises :class:`CommandFailed` when it exits non-zero or cannot start. Returns None
     on a member of a task with ``ranks=N`` other than its first (module docstring).
@@ -287,6 +339,9 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
     full_env = _environment(env, fields)
     host = _hostname()
     key = _current_key()
+    if log_dir and not stdout and not stderr:
+        return _run_logged(argv, cwd, full_env, _under(cwd, substitute(log_dir, fields)),
+                           fields["TASK_ID"], key, host)
     # relative output paths are the command's own: under its cwd, as its shell would see them
     out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
     err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
@@ -310,21 +365,7 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
             err = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
             captures.append(err)
         start = time.monotonic()
-        stopper = _stopper(key)
-        if stopper is None or stopper.stopped:
-            raise CommandCancelled(argv)
-        try:
-            proc = subprocess.Popen(argv, cwd=cwd, env=full_env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=err, start_new_session=True)
-        except OSError as e:
-            raise CommandFailed(argv, None, f"{type(e).__name__}: {e}", None, host) from None
-        SENTINEL.started(proc.pid)
-        stopper.attach(proc.pid)
-        try:
-            usage = _reap(proc)
-        finally:
-            stopper.reaped.set()
-            SENTINEL.ended(proc.pid)
+        proc, usage = _start(argv, cwd, full_env, out, err, key, host)
         duration = time.monotonic() - start
         captured_out = None if out_path else _captured(out)
         captured_err = None if err_path else _captured(err)
@@ -333,8 +374,7 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
             os.close(fd)
         for f in captures:
             f.close()
-    if usage is not None:  # ru_maxrss is in kilobytes on Linux (getrusage(2))
-        report_usage(usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+    _report(usage)
     if proc.returncode != 0:
         stderr_tail = (tail(captured_err) if captured_err is not None
                        else _file_tail(err_path) if err_path else "")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcsched.commands.slotlog import JobLogs
 from tests.conftest import wait_until
 from tests.launchers.procs import WORKER_OPTS, Procs, hpcsched_cmd, start_scheduler
 
@@ -51,8 +52,11 @@ def test_an_array_job_runs_every_task_and_keeps_each_output(cluster, tmp_path):
     assert "2000/2000 finished" in waited.stderr
     cat = hs("job", "cat", j, "--task", "1234", "stdout", sfile=cluster, cwd=tmp_path)
     assert cat.returncode == 0 and cat.stdout == "1234\n"
-    assert (tmp_path / "hpcsched-jobs" / j / "2000.stdout").read_text() == "2000\n"
-    assert (tmp_path / "hpcsched-jobs" / j / "2000.stderr").read_text() == ""
+    assert hs("job", "cat", j, "--task", "2000", sfile=cluster, cwd=tmp_path).stdout == "2000\n"
+    empty = hs("job", "cat", j, "--task", "2000", "stderr", sfile=cluster, cwd=tmp_path)
+    assert empty.returncode == 0 and empty.stdout == ""
+    # packed into a log per worker slot, with its index: no file per task
+    assert len(list((tmp_path / "hpcsched-jobs" / j).iterdir())) == 3 * 2
     listed = hs("job", "list", sfile=cluster, cwd=tmp_path)
     assert listed.returncode == 0
     row = next(line.split() for line in listed.stdout.splitlines() if line.split()[:1] == [j])
@@ -82,6 +86,21 @@ def test_a_single_failing_task_fails_its_job(cluster, tmp_path):
     info = hs("job", "info", j, sfile=cluster, cwd=tmp_path)
     assert "task 0 failed" in info.stdout and "status 3" in info.stdout
     assert hs("job", "cat", j, "stderr", sfile=cluster, cwd=tmp_path).stdout == "oops\n"
+
+
+def test_output_templates_give_each_task_files_of_its_own(cluster, tmp_path):
+    j = job_id(hs("submit", "--array", "1-3", "--stdout", "out/%{TASK_ID}.txt", "--", "sh",
+                  "-c", "echo $HPCSCHED_TASK_ID; echo e$HPCSCHED_TASK_ID >&2",
+                  sfile=cluster, cwd=tmp_path))
+    assert hs("job", "wait", j, sfile=cluster, cwd=tmp_path).returncode == 0
+    assert (tmp_path / "out" / "2.txt").read_text() == "2\n"
+    assert (tmp_path / "hpcsched-jobs" / j / "2.stderr").read_text() == "e2\n"
+    assert hs("job", "cat", j, sfile=cluster, cwd=tmp_path).stdout == "1\n2\n3\n"
+    info = hs("job", "info", j, sfile=cluster, cwd=tmp_path).stdout
+    assert "output: out/%{TASK_ID}.txt, hpcsched-jobs/%{JOB_ID}/%{TASK_ID}.stderr" in info
+    packed = job_id(hs("submit", "--array", "1-3", "--", "true", sfile=cluster, cwd=tmp_path))
+    info = hs("job", "info", packed, sfile=cluster, cwd=tmp_path).stdout
+    assert f"output: {tmp_path / 'hpcsched-jobs' / packed}, a log per worker slot" in info
 
 
 def test_each_line_and_json_entries_reach_the_tasks(cluster, tmp_path):
@@ -126,7 +145,7 @@ def test_a_job_survives_a_restart_of_a_journaled_scheduler(procs, tmp_path):
     start_workers(procs, sfile)
     j = job_id(hs("submit", "--array", "1-60", "--", "sh", "-c",
                   "sleep 0.2; echo $HPCSCHED_TASK_ID", sfile=sfile, cwd=tmp_path))
-    wait_until(lambda: len(list((tmp_path / "hpcsched-jobs" / j).glob("*.stdout"))) >= 5,
+    wait_until(lambda: len(JobLogs(str(tmp_path / "hpcsched-jobs" / j)).records) >= 5,
                timeout=60, what="some tasks to run")
     os.kill(sched.pid, signal.SIGKILL)
     sched.wait(10)
