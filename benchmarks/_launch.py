@@ -28,15 +28,16 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARK = "HPCSCHED_BENCH_RUN"  # in the environment of every process of one sub-run
 
 
-def compile_package() -> None:
-    """Byte-compile the repository's package, as ``pip install`` does for an installed one.
+def compile_package(root: str = REPO) -> None:
+    """Byte-compile the package of the checkout at ``root`` (this one unless given), as
+    ``pip install`` does for an installed one.
 
     Where ``PYTHONDONTWRITEBYTECODE`` is set (this machine sets it) nothing else writes
     ``__pycache__``, and every process of a sub-run would compile each hpcsched module from
     source while dask, distributed and mpi4py load theirs compiled: a start-up figure would
     measure the compiler. The files are git-ignored.
     """
-    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(REPO, "hpcsched")],
+    subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(root, "hpcsched")],
                    check=True, stdout=subprocess.DEVNULL)
 
 

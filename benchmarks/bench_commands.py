@@ -2,6 +2,7 @@
 program tasks, on this machine, in one run.
 
     python benchmarks/bench_commands.py [--tasks 2000] [--repeat 3] [--systems hpcsched,hyperqueue]
+        [--checkout DIR --checkout DIR2 ...]
 
 Each system gets two workers of one core each, started as a user starts them:
 
@@ -15,8 +16,15 @@ Each system gets two workers of one core each, started as a user starts them:
   wheel ships no ``hq`` binary, so ``hq submit --array`` cannot be run here; the Python
   API is the same server and workers.)
 
-Both write each task's stdout and stderr to a file of its own. The figure is commands
-per second, the best of ``--repeat`` runs. The package is byte-compiled first, as ``pip
+HyperQueue writes each task's stdout and stderr to a file of its own; hpcsched packs an
+array job's output into a log per worker slot (``hpcsched.commands.slotlog``), read
+back per task by ``hpcsched job cat``. The figure is commands per second, the best of
+``--repeat`` runs, and for hpcsched the CPU seconds its scheduler and workers spent per
+command (their own, not the commands'), which the machine's load disturbs less.
+
+``--checkout`` (repeated) measures several checkouts of hpcsched (``git worktree add
+/tmp/base <commit>``) in one run: a cluster of each is up at once and their runs
+alternate, so that a change of load falls on each alike. The package is byte-compiled first, as ``pip
 install`` leaves it (``_launch.compile_package``): the ``submit`` process's start-up is
 in the figure, and where ``PYTHONDONTWRITEBYTECODE`` is set it would otherwise compile
 every module it imports from source.
@@ -43,53 +51,111 @@ def _hpcsched() -> list[str]:
     return [sys.executable, "-m", "hpcsched"]
 
 
-def bench_hpcsched(args: argparse.Namespace) -> list[float]:
-    tmp = tempfile.mkdtemp(prefix="bench-commands-")
-    sfile = os.path.join(tmp, "scheduler.json")
-    logs = open(os.path.join(tmp, "cluster.log"), "wb")  # noqa: SIM115 - closed below
-    env = dict(os.environ)
-    env.pop("HPCSCHED_SCHEDULER_FILE", None)
-    procs = [subprocess.Popen([*_hpcsched(), "scheduler", "--host", "127.0.0.1", "--port", "0",
-                               "--scheduler-file", sfile], stdout=logs, stderr=logs,
-                              stdin=subprocess.DEVNULL, env=env)]
-    times = []
-    try:
+def _cpu(procs: list) -> float:
+    """User and system CPU seconds of ``procs`` and of their descendants now alive (the
+    worker processes of ``hpcsched worker --nworkers``), not of the commands they reaped."""
+    import psutil
+
+    total = 0.0
+    for p in procs:
+        try:
+            ps = psutil.Process(p.pid)
+            for q in [ps, *ps.children(recursive=True)]:
+                t = q.cpu_times()
+                total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+class HpcschedCluster:
+    """A scheduler and two one-thread workers of one checkout (its root on
+    ``PYTHONPATH``), and ``hpcsched submit --array ... --wait`` timed against them."""
+
+    def __init__(self, checkout: str) -> None:
+        self.checkout = checkout
+        self.tmp = tempfile.mkdtemp(prefix="bench-commands-")
+        self.sfile = os.path.join(self.tmp, "scheduler.json")
+        self.env = dict(os.environ, PYTHONPATH=checkout)
+        self.env.pop("HPCSCHED_SCHEDULER_FILE", None)
+        self.procs: list[subprocess.Popen] = []
+        self.cpu: list[float] = []  # CPU seconds of the scheduler and workers, each run
+
+    def start(self) -> None:
+        self.logs = open(os.path.join(self.tmp, "cluster.log"), "wb")  # noqa: SIM115 - closed in stop
+        self.procs.append(self._start("scheduler", "--host", "127.0.0.1", "--port", "0",
+                                      "--scheduler-file", self.sfile))
         deadline = time.monotonic() + 60
-        while not os.path.exists(sfile):
-            if time.monotonic() > deadline or procs[0].poll() is not None:
-                raise RuntimeError("the scheduler did not start")
+        while not os.path.exists(self.sfile):
+            if time.monotonic() > deadline or self.procs[0].poll() is not None:
+                raise RuntimeError(f"the scheduler of {self.checkout} did not start")
             time.sleep(0.05)
-        procs.append(subprocess.Popen([*_hpcsched(), "worker", "--scheduler-file", sfile,
-                                       "--nworkers", str(WORKERS), "--nthreads", "1",
-                                       "--memory-limit", "0"],
-                                      stdout=logs, stderr=logs, stdin=subprocess.DEVNULL,
-                                      env=env))
+        self.procs.append(self._start("worker", "--scheduler-file", self.sfile, "--nworkers",
+                                      str(WORKERS), "--nthreads", "1", "--memory-limit", "0"))
+        self.submit(WORKERS * 4)  # the workers have joined and started their sentinels
 
-        def submit(n: int) -> float:
-            t0 = time.perf_counter()
-            r = subprocess.run([*_hpcsched(), "submit", "--scheduler-file", sfile,
-                                "--array", f"1-{n}", "--wait", "--", "sh", "-c",
-                                "echo $HPCSCHED_TASK_ID"],
-                               cwd=tmp, capture_output=True, text=True, timeout=600, env=env)
-            dt = time.perf_counter() - t0
-            if r.returncode != 0:
-                raise RuntimeError(f"hpcsched submit failed: {r.stderr[-2000:]}")
-            return dt
+    def _start(self, *args: str) -> subprocess.Popen:
+        return subprocess.Popen([*_hpcsched(), *args], stdout=self.logs, stderr=self.logs,
+                                stdin=subprocess.DEVNULL, env=self.env, cwd=self.checkout)
 
-        submit(WORKERS * 4)  # the workers have joined and started their sentinels
-        for _ in range(args.repeat):
-            times.append(submit(args.tasks))
-    finally:
-        for p in reversed(procs):
+    def submit(self, n: int) -> float:
+        cpu = _cpu(self.procs)
+        t0 = time.perf_counter()
+        r = subprocess.run([*_hpcsched(), "submit", "--scheduler-file", self.sfile,
+                            "--array", f"1-{n}", "--wait", "--", "sh", "-c",
+                            "echo $HPCSCHED_TASK_ID"],
+                           cwd=self.tmp, capture_output=True, text=True, timeout=600,
+                           env=self.env)
+        dt = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(f"hpcsched submit failed: {r.stderr[-2000:]}")
+        self.cpu.append(_cpu(self.procs) - cpu)
+        return dt
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
             p.terminate()
-        for p in procs:
+        for p in self.procs:
             try:
                 p.wait(20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        logs.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-    return times
+                p.wait(20)
+        if hasattr(self, "logs"):
+            self.logs.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _label(checkout: str) -> str:
+    """``hpcsched@<commit>`` of a checkout (``+`` when its work tree has changes)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or os.path.basename(checkout)
+    dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return f"hpcsched@{commit}{dirty}"
+
+
+def bench_hpcsched(args: argparse.Namespace) -> dict[str, tuple[list[float], list[float]]]:
+    """Every checkout's cluster up at once, their runs alternated (A B A B ...), so that
+    a change of the machine's load falls on each of them alike."""
+    checkouts = [os.path.abspath(c) for c in args.checkout] or [_checkout.REPO]
+    for c in checkouts:
+        compile_package(c)
+    clusters = [HpcschedCluster(c) for c in checkouts]
+    times: list[list[float]] = [[] for _ in clusters]
+    try:
+        for c in clusters:
+            c.start()
+        for _ in range(args.repeat):
+            for c, t in zip(clusters, times, strict=True):
+                t.append(c.submit(args.tasks))
+    finally:
+        for c in clusters:
+            c.stop()
+    return {_label(c.checkout) if args.checkout else "hpcsched": (t, c.cpu[1:])
+            for c, t in zip(clusters, times, strict=True)}
 
 
 def bench_hyperqueue(args: argparse.Namespace) -> list[float]:
@@ -122,28 +188,34 @@ def bench_hyperqueue(args: argparse.Namespace) -> list[float]:
     return times
 
 
-SYSTEMS = {"hpcsched": bench_hpcsched, "hyperqueue": bench_hyperqueue}
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--systems", default="hpcsched,hyperqueue")
+    p.add_argument("--checkout", action="append", default=[],
+                   help="an hpcsched checkout's root to measure (repeat to compare commits, "
+                        "their runs alternated; default: this checkout)")
     args = p.parse_args()
-    compile_package()  # the submit command's start-up is timed: not the compiler's
-    rows = {}
+    rows: dict[str, tuple[list[float], list[float] | None]] = {}
     for name in args.systems.split(","):
         print(f"... {name}", file=sys.stderr, flush=True)
-        rows[name] = SYSTEMS[name](args)
+        if name == "hpcsched":
+            rows.update(bench_hpcsched(args))
+        elif name == "hyperqueue":
+            rows[name] = (bench_hyperqueue(args), None)
+        else:
+            p.error(f"--systems: no system {name!r} (hpcsched, hyperqueue)")
     load = os.getloadavg()[0]
     print(f"\n# benchmarks/bench_commands.py ({time.strftime('%Y-%m-%d %H:%M')}, load {load:.1f}): "
           f"{args.tasks} commands, {WORKERS} workers of one core each")
-    for name, times in rows.items():
+    for name, (times, cpu) in rows.items():
         rates = ", ".join(f"{args.tasks / t:,.0f}" for t in times)
-        print(f"{name:12s} best {args.tasks / min(times):8,.0f} commands/s  (runs: {rates})")
-    if len(rows) == 2:
-        a, b = (min(t) for t in rows.values())
+        own = (f"; CPU of scheduler and workers {1000 * min(cpu) / args.tasks:.2f} ms/command "
+               f"(best)" if cpu else "")
+        print(f"{name:18s} best {args.tasks / min(times):8,.0f} commands/s  (runs: {rates}){own}")
+    if "hyperqueue" in rows and len(rows) == 2:
+        a, b = (min(t) for t, _ in rows.values())
         print(f"hpcsched / hyperqueue: {b / a:.2f}x")
 
 
