@@ -7,9 +7,9 @@ starts in a process group of its own, with ``HPCSCHED_TASK_ID`` / ``HPCSCHED_ENT
 its arguments and output paths. Its stdout and stderr go to files when paths are given
 (a job file's tasks, and arrays given ``--stdout`` / ``--stderr``), or are appended to
 the worker slot's logs in a directory (an array job's default: no file per task,
-:mod:`hpcsched.commands.slotlog`), else they are captured (in temporary files, so that a
-program writing much holds no memory of the worker) and kept with the result, the last
-:data:`KEEP_BYTES` of each.
+:mod:`hpcsched.commands.slotlog`), else they are captured (in the slot's capture files,
+so that a program writing much holds no memory of the worker) and kept with the result,
+the last :data:`KEEP_BYTES` of each.
 
 The thread that runs the task is the only one to wait for the program (:func:`_reap`,
 ``os.wait4``: its status and resource usage in one call). The group is killed (SIGTERM,
@@ -30,7 +30,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -264,13 +263,6 @@ def _reap(proc: subprocess.Popen) -> Any:
     return usage
 
 
-def _captured(f: Any) -> bytes:
-    """The last :data:`KEEP_BYTES` of a capture file."""
-    f.seek(0, os.SEEK_END)
-    f.seek(max(0, f.tell() - KEEP_BYTES))
-    return f.read()
-
-
 def _start(argv: list[str], cwd: str | None, env: dict, out: Any, err: Any, key: Any,
            host: str) -> tuple[subprocess.Popen, Any]:
     """Start the program (unless its task was cancelled first), wait for it, and give it
@@ -346,34 +338,32 @@ def run_command(args: Sequence[str] | str, *, cwd: str | None = None,
     out_path = _under(cwd, substitute(stdout, fields)) if stdout else None
     err_path = _under(cwd, substitute(stderr, fields)) if stderr else None
     fds: list[int] = []
-    captures: list[Any] = []  # temporary files holding a stream that no path was given for
+    # a stream that no path was given for goes to the slot's capture files
+    scratch = None if out_path and err_path else SLOTS.scratch()
     try:
         out: Any
         err: Any
+        if scratch is not None:
+            out, err = scratch.begin()
         if out_path:
             out = _open_output(out_path)
             fds.append(out)
-        else:
-            out = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
-            captures.append(out)
         if err_path == out_path and out_path:
             err = out
         elif err_path:
             err = _open_output(err_path)
             fds.append(err)
-        else:
-            err = tempfile.TemporaryFile()  # noqa: SIM115 - closed below
-            captures.append(err)
         start = time.monotonic()
         proc, usage = _start(argv, cwd, full_env, out, err, key, host)
         duration = time.monotonic() - start
-        captured_out = None if out_path else _captured(out)
-        captured_err = None if err_path else _captured(err)
+        captured_out = captured_err = None
+        if scratch is not None:
+            captured_out, captured_err = scratch.end(group_alive(proc.pid), KEEP_BYTES)
+            captured_out = None if out_path else captured_out
+            captured_err = None if err_path else captured_err
     finally:
         for fd in fds:
             os.close(fd)
-        for f in captures:
-            f.close()
     _report(usage)
     if proc.returncode != 0:
         stderr_tail = (tail(captured_err) if captured_err is not None

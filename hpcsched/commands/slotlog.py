@@ -23,12 +23,20 @@ later: a log that grew between the end of one command and the start of the next.
 grown stream's range of the task before is then re-recorded to the end of the file, and
 the slot moves on to new logs as well. What such a process writes while the next command
 runs cannot be told apart from that command's output.
+
+A command whose output is captured into its result (``Client.submit_command`` without
+output paths) uses the same idea without a directory: :meth:`SlotLogs.scratch` gives the
+slot two anonymous files (``O_TMPFILE``), appended to and read back by offset, emptied
+when they grow past :data:`SCRATCH_LIMIT`, and replaced, never shared, when a command left
+a process behind.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -39,6 +47,8 @@ from typing import Any
 STREAMS = ("stdout", "stderr")
 #: a slot keeps the logs of this many job directories open (the most recent ones)
 OPEN_DIRECTORIES = 4
+#: a slot's capture file is emptied before a command once it holds this many bytes
+SCRATCH_LIMIT = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -176,8 +186,52 @@ class _Logs:
             f.close()
 
 
+class _Scratch:
+    """One slot's two capture files: stdout's and stderr's, anonymous, in append mode."""
+
+    def __init__(self) -> None:
+        self.files: list = []
+        self.starts = [0, 0]
+        self.ends = [0, 0]
+        self._new()
+
+    def _new(self) -> None:
+        for f in self.files:
+            f.close()
+        self.files = [tempfile.TemporaryFile() for _ in STREAMS]  # noqa: SIM115 - closed here
+        for f in self.files:  # appended to by the command whatever the offset of a read
+            fd = f.fileno()
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        self.ends = [0, 0]
+
+    def begin(self) -> tuple[int, int]:
+        """The descriptors the next command writes to: new files if a process left behind
+        wrote to these since, the present ones emptied if they grew large."""
+        sizes = [os.fstat(f.fileno()).st_size for f in self.files]
+        if sizes != self.ends:
+            self._new()
+        elif max(sizes) > SCRATCH_LIMIT:
+            for f in self.files:
+                os.ftruncate(f.fileno(), 0)
+            self.ends = [0, 0]
+        self.starts = list(self.ends)
+        return self.files[0].fileno(), self.files[1].fileno()
+
+    def end(self, left_behind: bool, keep: int) -> tuple[bytes, bytes]:
+        """The last ``keep`` bytes the command wrote to each stream."""
+        self.ends = [os.fstat(f.fileno()).st_size for f in self.files]
+        out = []
+        for f, start, stop in zip(self.files, self.starts, self.ends, strict=True):
+            first = max(start, stop - keep)
+            out.append(os.pread(f.fileno(), stop - first, first))
+        if left_behind:  # the files are the left process's now
+            self._new()
+        return out[0], out[1]
+
+
 class SlotLogs:
-    """The logs of the slot (the thread) that calls it, per job directory."""
+    """The logs of the slot (the thread) that calls it, per job directory, and its
+    capture files."""
 
     def __init__(self) -> None:
         self._local = threading.local()
@@ -198,6 +252,13 @@ class SlotLogs:
             open_logs.popitem(last=False)[1].close()
         return logs
 
+
+    def scratch(self) -> _Scratch:
+        """This thread's capture files, made at first use."""
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = _Scratch()
+        return scratch
 
 SLOTS = SlotLogs()
 

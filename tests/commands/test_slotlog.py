@@ -171,3 +171,53 @@ def test_a_removed_job_directory_is_made_again(tmp_path):
     shutil.rmtree(tmp_path / "job")
     run(tmp_path / "job", 2, "echo two")
     assert output(tmp_path / "job", 2) == b"two\n" and output(tmp_path / "job", 1) is None
+
+
+def captured(command: str) -> tuple[bytes, bytes]:
+    r = run_command(command)
+    assert r is not None and r.stdout is not None and r.stderr is not None
+    return r.stdout, r.stderr
+
+
+def test_captured_output_reuses_the_slots_files_and_keeps_commands_apart(tmp_path):
+    assert captured("echo one; echo e1 >&2") == (b"one\n", b"e1\n")
+    first = SLOTS.scratch().files
+    assert captured("echo two") == (b"two\n", b"")
+    assert SLOTS.scratch().files == first  # no file made per command
+    with pytest.raises(CommandFailed) as info:
+        run_command("echo bad >&2; exit 4")
+    assert info.value.stderr_tail == "bad"  # not the stderr of the commands before
+
+
+def test_a_program_left_behind_does_not_write_into_the_next_capture(tmp_path, left_behind):
+    release, done = tmp_path / "release", tmp_path / "done"
+    out, _ = captured(f"echo first; (while [ ! -e {release} ]; do sleep 0.02; done; "
+                      f"echo late; touch {done}) & echo $$ > {tmp_path}/group")
+    left_behind.append(int((tmp_path / "group").read_text()))
+    assert out == b"first\n"
+    release.touch()
+    wait_for(done.exists, "the late write")
+    assert captured("echo second") == (b"second\n", b"")
+
+
+def test_a_program_that_left_the_group_does_not_write_into_the_next_capture(tmp_path,
+                                                                           left_behind):
+    release = tmp_path / "release"
+    out, _ = captured(f"echo first; setsid sh -c 'echo $$ > {tmp_path}/escaped.pid; "
+                      f"while [ ! -e {release} ]; do sleep 0.02; done; "
+                      f"echo late; touch {tmp_path}/done' & "
+                      f"until [ -s {tmp_path}/escaped.pid ]; do sleep 0.01; done")
+    left_behind.append(int((tmp_path / "escaped.pid").read_text()))
+    assert out == b"first\n"
+    release.touch()
+    wait_for((tmp_path / "done").exists, "the late write")
+    assert captured("echo second") == (b"second\n", b"")
+
+
+def test_capture_files_are_emptied_once_large(monkeypatch):
+    from hpcsched.commands import slotlog
+
+    monkeypatch.setattr(slotlog, "SCRATCH_LIMIT", 100)
+    for i in range(10):
+        assert captured(f"printf '%040d' {i}") == (b"%040d" % i, b"")
+    assert os.fstat(SLOTS.scratch().files[0].fileno()).st_size <= 140
