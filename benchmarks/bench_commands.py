@@ -19,15 +19,18 @@ Each system gets two workers of one core each, started as a user starts them:
 HyperQueue writes each task's stdout and stderr to a file of its own; hpcsched packs an
 array job's output into a log per worker slot (``hpcsched.commands.slotlog``), read
 back per task by ``hpcsched job cat``. The figure is commands per second, the best of
-``--repeat`` runs, and for hpcsched the CPU seconds its scheduler and workers spent per
-command (their own, not the commands'), which the machine's load disturbs less.
+``--repeat`` runs, and for hpcsched the CPU its scheduler and workers spent per command
+(their own, not the commands'; user and system, each the median of the runs), which the
+machine's load disturbs less.
 
 ``--checkout`` (repeated) measures several checkouts of hpcsched (``git worktree add
 /tmp/base <commit>``) in one run: a cluster of each is up at once and their runs
-alternate, so that a change of load falls on each alike. The package is byte-compiled first, as ``pip
-install`` leaves it (``_launch.compile_package``): the ``submit`` process's start-up is
-in the figure, and where ``PYTHONDONTWRITEBYTECODE`` is set it would otherwise compile
-every module it imports from source.
+alternate, so that a change of load falls on each alike.
+
+Each package is byte-compiled first, as ``pip install`` leaves it
+(``_launch.compile_package``): the ``submit`` process's start-up is in the figure, and
+where ``PYTHONDONTWRITEBYTECODE`` is set it would otherwise compile every module it
+imports from source.
 """
 
 from __future__ import annotations  # noqa: I001 - _checkout first: it sets the path
@@ -51,21 +54,21 @@ def _hpcsched() -> list[str]:
     return [sys.executable, "-m", "hpcsched"]
 
 
-def _cpu(procs: list) -> float:
+def _cpu(procs: list) -> tuple[float, float]:
     """User and system CPU seconds of ``procs`` and of their descendants now alive (the
     worker processes of ``hpcsched worker --nworkers``), not of the commands they reaped."""
     import psutil
 
-    total = 0.0
+    user = system = 0.0
     for p in procs:
         try:
             ps = psutil.Process(p.pid)
             for q in [ps, *ps.children(recursive=True)]:
                 t = q.cpu_times()
-                total += t.user + t.system
+                user, system = user + t.user, system + t.system
         except psutil.NoSuchProcess:
             pass
-    return total
+    return user, system
 
 
 class HpcschedCluster:
@@ -79,7 +82,8 @@ class HpcschedCluster:
         self.env = dict(os.environ, PYTHONPATH=checkout)
         self.env.pop("HPCSCHED_SCHEDULER_FILE", None)
         self.procs: list[subprocess.Popen] = []
-        self.cpu: list[float] = []  # CPU seconds of the scheduler and workers, each run
+        #: CPU seconds (user, system) of the scheduler and workers, each run
+        self.cpu: list[tuple[float, float]] = []
 
     def start(self) -> None:
         self.logs = open(os.path.join(self.tmp, "cluster.log"), "wb")  # noqa: SIM115 - closed in stop
@@ -109,7 +113,8 @@ class HpcschedCluster:
         dt = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"hpcsched submit failed: {r.stderr[-2000:]}")
-        self.cpu.append(_cpu(self.procs) - cpu)
+        after = _cpu(self.procs)
+        self.cpu.append((after[0] - cpu[0], after[1] - cpu[1]))
         return dt
 
     def stop(self) -> None:
@@ -137,7 +142,7 @@ def _label(checkout: str) -> str:
     return f"hpcsched@{commit}{dirty}"
 
 
-def bench_hpcsched(args: argparse.Namespace) -> dict[str, tuple[list[float], list[float]]]:
+def bench_hpcsched(args: argparse.Namespace) -> dict[str, tuple[list[float], list]]:
     """Every checkout's cluster up at once, their runs alternated (A B A B ...), so that
     a change of the machine's load falls on each of them alike."""
     checkouts = [os.path.abspath(c) for c in args.checkout] or [_checkout.REPO]
@@ -197,7 +202,7 @@ def main() -> None:
                    help="an hpcsched checkout's root to measure (repeat to compare commits, "
                         "their runs alternated; default: this checkout)")
     args = p.parse_args()
-    rows: dict[str, tuple[list[float], list[float] | None]] = {}
+    rows: dict[str, tuple[list[float], list | None]] = {}
     for name in args.systems.split(","):
         print(f"... {name}", file=sys.stderr, flush=True)
         if name == "hpcsched":
@@ -211,8 +216,11 @@ def main() -> None:
           f"{args.tasks} commands, {WORKERS} workers of one core each")
     for name, (times, cpu) in rows.items():
         rates = ", ".join(f"{args.tasks / t:,.0f}" for t in times)
-        own = (f"; CPU of scheduler and workers {1000 * min(cpu) / args.tasks:.2f} ms/command "
-               f"(best)" if cpu else "")
+        own = ""
+        if cpu:  # the medians of the runs
+            user, system = (sorted(c[i] for c in cpu)[len(cpu) // 2] for i in (0, 1))
+            own = (f"; scheduler and workers' CPU per command, median: user "
+                   f"{1000 * user / args.tasks:.3f} ms, system {1000 * system / args.tasks:.3f} ms")
         print(f"{name:18s} best {args.tasks / min(times):8,.0f} commands/s  (runs: {rates}){own}")
     if "hyperqueue" in rows and len(rows) == 2:
         a, b = (min(t) for t, _ in rows.values())
