@@ -296,9 +296,13 @@ def _run_logged(argv: list[str], cwd: str | None, env: dict, log_dir: str, task_
     if "\t" in task_id or "\n" in task_id:
         raise ValueError(f"task id {task_id!r}: a tab or a newline cannot be indexed")
     logs = SLOTS.logs(log_dir)
-    out, err = logs.begin()
+    out, err = logs.begin(task_id)
     start = time.monotonic()
-    proc, usage = _start(argv, cwd, env, out, err, key, host)
+    try:
+        proc, usage = _start(argv, cwd, env, out, err, key, host)
+    except BaseException:  # not started (cancelled, or no such program): its ranges empty
+        logs.end(task_id, False)
+        raise
     duration = time.monotonic() - start
     record = logs.end(task_id, group_alive(proc.pid))
     _report(usage)

@@ -6,13 +6,16 @@ reads inode after inode to skip the recently freed ones (``recently_deleted()`` 
 kernel's ``fs/ext4/ialloc.c``), more so the more were freed. An array job of many short
 commands therefore writes no file per task. A *slot* (a thread of a worker: it runs one
 command at a time) appends its commands' stdout and stderr to two logs of its own in the
-job's directory, opened once, ``<host>-<pid>-<thread>.out`` / ``.err``, and after each
-command appends one line to its index, ``<host>-<pid>-<thread>.index``::
+job's directory, opened once, ``<host>-<pid>-<thread>.out`` / ``.err``, and appends a line
+to its index, ``<host>-<pid>-<thread>.index``, when a command starts (its ranges open:
+length ``-1``, to the end of the log, so that a running task's output can be read) and
+when it ends::
 
-    <task id> TAB <end time> TAB <out log> TAB <offset> TAB <length> TAB <err log> TAB <offset> TAB <length>
+    <task id> TAB <time> TAB <out log> TAB <offset> TAB <length> TAB <err log> TAB <offset> TAB <length>
 
 :class:`JobLogs` reads a directory's indexes back for ``hpcsched job cat``: a task's bytes
-are its ranges of the logs; the line that ended last wins (a retry's).
+are its ranges of the logs, as its last line says (the last of its index; among indexes,
+the latest: a retry's).
 
 Processes a command left behind may write to its logs after it ended. The command's
 process group still having a member when the command has been reaped says so (one
@@ -135,9 +138,10 @@ class _Logs:
         self.generation += 1
         self._open()
 
-    def begin(self) -> tuple[int, int]:
-        """The descriptors the next command writes to, its logs checked first (module
-        docstring: a log that grew since the last command ended)."""
+    def begin(self, task_id: str) -> tuple[int, int]:
+        """The descriptors the command of ``task_id`` writes to, its logs checked first
+        (module docstring: a log that grew since the last command ended), its start
+        indexed."""
         stats = [os.fstat(f.fileno()) for f in (*self.files, self.index)]
         if any(st.st_nlink == 0 for st in stats):  # removed (the job's directory with them)
             self.last = None
@@ -154,6 +158,8 @@ class _Logs:
                 self._write(Record(last.task_id, last.ended, out, err))
             self.last = None
             self.rotate()
+        self._write(Record(task_id, time.time(), *(Extent(name, start, -1) for name, start
+                                                  in zip(self.names, self.ends, strict=True))))
         return self.files[0].fileno(), self.files[1].fileno()
 
     def end(self, task_id: str, left_behind: bool) -> Record:
@@ -280,26 +286,30 @@ class JobLogs:
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self.records: dict[str, Record] = {}
-        for record in self._records():
-            known = self.records.get(record.task_id)
-            if known is None or record.ended >= known.ended:
-                self.records[record.task_id] = record
+        for index in self._indexes():
+            for record in index.values():
+                known = self.records.get(record.task_id)
+                if known is None or record.ended >= known.ended:
+                    self.records[record.task_id] = record
 
-    def _records(self) -> Iterator[Record]:
+    def _indexes(self) -> Iterator[dict[str, Record]]:
+        """Each index of the directory: the last line of each of its tasks."""
         try:
             names = sorted(n for n in os.listdir(self.directory) if n.endswith(".index"))
         except FileNotFoundError:
             return
         for name in names:
+            last: dict[str, Record] = {}
             with open(os.path.join(self.directory, name), "rb") as f:
                 for line in f:
                     record = Record.parse(line)
                     if record is not None:
-                        yield record
+                        last[record.task_id] = record
+            yield last
 
     def output(self, task_id: object, stream: str) -> bytes | None:
-        """The bytes ``task_id`` wrote to ``stream``; None if it has not ended (or ran on a
-        worker that died before indexing it)."""
+        """The bytes ``task_id`` wrote to ``stream`` (so far, if it runs); None if it has
+        not started."""
         if stream not in STREAMS:
             raise ValueError(f"no stream {stream!r}: stdout or stderr")
         record = self.records.get(str(task_id))

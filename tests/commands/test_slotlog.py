@@ -58,6 +58,34 @@ def test_each_task_reads_back_its_own_stdout_and_stderr(tmp_path):
         output(tmp_path, 1, "both")
 
 
+def test_a_running_task_shows_its_output_so_far(tmp_path):
+    release = tmp_path / "release"
+    errors: list[BaseException] = []
+
+    def slot() -> None:
+        try:
+            run(tmp_path, 1, f"echo part; while [ ! -e {release} ]; do sleep 0.02; done; echo rest")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    t = threading.Thread(target=slot)
+    t.start()
+    try:
+        wait_for(lambda: output(tmp_path, 1) == b"part\n", "the running task's first line")
+    finally:
+        release.touch()
+        t.join(30)
+    assert not errors and not t.is_alive()
+    assert output(tmp_path, 1) == b"part\nrest\n"
+
+
+def test_a_command_that_could_not_start_shows_no_one_elses_output(tmp_path):
+    with pytest.raises(CommandFailed, match="could not start"):
+        run_command(["/nonexistent/simulate"], task_id=1, log_dir=str(tmp_path))
+    run(tmp_path, 2, "echo two")
+    assert output(tmp_path, 1) == b"" and output(tmp_path, 2) == b"two\n"
+
+
 def test_a_failing_command_names_its_stderr_tail_from_the_log(tmp_path):
     run(tmp_path, 1, "echo before >&2")
     with pytest.raises(CommandFailed) as info:
