@@ -1,4 +1,5 @@
-"""The output of an array job's commands, packed into one pair of log files per slot.
+"""A worker slot's output files: an array job's logs, one pair per slot, and the capture
+files of the other commands whose output is not given a path.
 
 A file per command and stream costs an inode allocation each, and on ext4 that is the
 largest part of a short command's cost: after many files were deleted the allocator
@@ -66,15 +67,16 @@ class Extent:
 
 @dataclass(frozen=True)
 class Record:
-    """One line of an index: a task's two extents, stdout's and stderr's."""
+    """One line of an index: a task's two extents, stdout's and stderr's, written ``at``
+    its command's start (open extents) or end."""
 
     task_id: str
-    ended: float
+    at: float
     out: Extent
     err: Extent
 
     def line(self) -> bytes:
-        cells = (self.task_id, repr(self.ended), self.out.log, self.out.offset,
+        cells = (self.task_id, repr(self.at), self.out.log, self.out.offset,
                  self.out.length, self.err.log, self.err.offset, self.err.length)
         return ("\t".join(map(str, cells)) + "\n").encode()
 
@@ -84,7 +86,7 @@ class Record:
         line of a worker that died while writing it).
 
         >>> Record.parse(b"17\\t5.0\\ta.out\\t0\\t3\\ta.err\\t0\\t-1\\n")
-        Record(task_id='17', ended=5.0, out=Extent(log='a.out', offset=0, length=3), err=Extent(log='a.err', offset=0, length=-1))
+        Record(task_id='17', at=5.0, out=Extent(log='a.out', offset=0, length=3), err=Extent(log='a.err', offset=0, length=-1))
         >>> Record.parse(b"17\\t5.0\\ta.out") is None
         True
         """
@@ -155,7 +157,7 @@ class _Logs:
                 out, err = (Extent(e.log, e.offset, -1 if size != end else e.length)
                             for e, size, end in zip((last.out, last.err), sizes, self.ends,
                                                     strict=True))
-                self._write(Record(last.task_id, last.ended, out, err))
+                self._write(Record(last.task_id, last.at, out, err))
             self.last = None
             self.rotate()
         self._write(Record(task_id, time.time(), *(Extent(name, start, -1) for name, start
@@ -258,13 +260,13 @@ class SlotLogs:
             open_logs.popitem(last=False)[1].close()
         return logs
 
-
     def scratch(self) -> _Scratch:
         """This thread's capture files, made at first use."""
         scratch = getattr(self._local, "scratch", None)
         if scratch is None:
             scratch = self._local.scratch = _Scratch()
         return scratch
+
 
 SLOTS = SlotLogs()
 
@@ -289,7 +291,7 @@ class JobLogs:
         for index in self._indexes():
             for record in index.values():
                 known = self.records.get(record.task_id)
-                if known is None or record.ended >= known.ended:
+                if known is None or record.at >= known.at:
                     self.records[record.task_id] = record
 
     def _indexes(self) -> Iterator[dict[str, Record]]:
