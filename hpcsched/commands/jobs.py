@@ -9,7 +9,7 @@ by every client, and survives a restart of a scheduler with a journal as every d
 does. An array job's output goes to the directory ``hpcsched-jobs/%{JOB_ID}`` under the
 submitting directory, which the workers must see (a shared file system, as on every
 cluster): packed into a log per worker slot with an index of each task's part
-(:mod:`hpcsched.commands.slotlog`), as no file per task is cheaper than one. Given
+(:mod:`hpcsched.commands.slotlog`): making a file costs more than a short command. Given
 ``--stdout`` / ``--stderr`` templates, and in a job file's tasks (whose dependents read
 their files), each task's stdout and stderr go to files of their own (default
 ``hpcsched-jobs/%{JOB_ID}/%{TASK_ID}.stdout`` / ``.stderr``).
