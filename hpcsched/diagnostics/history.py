@@ -74,7 +74,10 @@ from typing import Any
 
 logger = logging.getLogger("hpcsched.diagnostics")
 
-FLUSH_SECONDS = 0.5
+# a pass of the writer costs a transaction (tens of microseconds, whatever it holds); the
+# spool, not SQLite, keeps a journaled run's records safe, and readers of this process
+# ask for a pass first (flush()): another process's reader sees what is at most this old
+FLUSH_SECONDS = 2.0
 FLUSH_RECORDS = 50_000  # records to a frame the writer thread makes (no spool)
 BATCH_BYTES = 4 * 2**20  # frames to one stored batch, at most about this many bytes
 SPOOL_BYTES = 16 * 2**20
@@ -177,6 +180,7 @@ class History:
         self._seq = 0  # the last frame's seq (one thread makes them: see spool())
         self.stored = 0  # the seq of the last frame in SQLite (the writer thread's)
         self._hosts = hosts  # worker address -> host, read when a batch is written
+        self._hosts_stored: dict[str, Any] = {}  # what the hosts table holds (writer's)
         self._wake = threading.Event()
         self._waiters: list[threading.Event] = []  # flush() calls waiting for a pass
         self._closed = False
@@ -291,10 +295,14 @@ class History:
                 batch.append(frame)
                 size += len(frame)
             hosts = self._hosts() if self._hosts is not None else {}
+            known = self._hosts_stored
+            changed = [(w, h) for w, h in hosts.items() if known.get(w, known) != h]
             with db:
-                db.executemany("insert or replace into hosts values (?, ?)", hosts.items())
+                if changed:
+                    db.executemany("insert or replace into hosts values (?, ?)", changed)
                 db.execute("insert into batches values (?, ?, ?, ?)",
                            (self.run, first, last, b"".join(batch)))
+            known.update(changed)
             self.stored = last
 
     def flush(self, timeout: float = 10.0) -> bool:
