@@ -274,6 +274,24 @@ def test_many_tasks_are_stored_in_few_batches(tmp_path):
     assert not list(tmp_path.glob("h.sqlite.spool.*"))
 
 
+def test_the_hosts_table_follows_workers_that_come_and_change(tmp_path):
+    """Each pass of the writer stores the hosts that are new or changed since its last."""
+    path = str(tmp_path / "h.sqlite")
+    hosts = {"tcp://a:1": "n1"}
+    h = History(path, lambda: dict(hosts))
+    h.task("t-0", "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+    assert h.flush()
+    hosts.update({"tcp://a:1": "n1b", "tcp://b:1": "n2"})
+    h.task("t-1", "t", "tcp://b:1", 1.0, 2.0, "memory", 8)
+    h.close()
+    with sqlite3.connect(path) as db:
+        assert sorted(db.execute("select worker, host from hosts")) == \
+            [("tcp://a:1", "n1b"), ("tcp://b:1", "n2")]
+    db.close()
+    _, rows = read(path)
+    assert [(r[0], r[4]) for r in rows] == [("t-0", "n1b"), ("t-1", "n2")]
+
+
 def test_retries_are_counted_per_run_and_key_before_filters(tmp_path):
     path = str(tmp_path / "h.sqlite")
     for _ in range(2):
