@@ -275,11 +275,12 @@ def test_many_tasks_are_stored_in_few_batches(tmp_path):
 
 
 def test_the_hosts_table_follows_workers_that_come_and_change(tmp_path):
-    """Each pass of the writer stores the hosts that are new or changed since its last."""
+    """Each pass of the writer stores the hosts that are new or changed since its last
+    (also a pass holding a key that is not a string)."""
     path = str(tmp_path / "h.sqlite")
     hosts = {"tcp://a:1": "n1"}
     h = History(path, lambda: dict(hosts))
-    h.task("t-0", "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+    h.task(("t", 0), "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
     assert h.flush()
     hosts.update({"tcp://a:1": "n1b", "tcp://b:1": "n2"})
     h.task("t-1", "t", "tcp://b:1", 1.0, 2.0, "memory", 8)
@@ -289,7 +290,7 @@ def test_the_hosts_table_follows_workers_that_come_and_change(tmp_path):
             [("tcp://a:1", "n1b"), ("tcp://b:1", "n2")]
     db.close()
     _, rows = read(path)
-    assert [(r[0], r[4]) for r in rows] == [("t-0", "n1b"), ("t-1", "n2")]
+    assert [(r[0], r[4]) for r in rows] == [("('t', 0)", "n1b"), ("t-1", "n2")]
 
 
 def test_retries_are_counted_per_run_and_key_before_filters(tmp_path):
