@@ -55,6 +55,12 @@ def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
         # filters
         assert len(client.history(outcome="erred")) == 1
         assert len(client.history(limit=5)) == 5
+        calls = frame[frame["key"] != str(bad.key)]
+        assert len(set(calls["grp"])) == 1
+        assert list(client.history(group=calls["grp"].iloc[0])["key"]) == list(calls["key"])
+        worker = calls["worker"].iloc[0]
+        assert list(client.history(worker=worker)["key"]) == \
+            list(frame[frame["worker"] == worker]["key"])
         if road.name == "bulk":  # an element that raises: a row with its report's memory
             elements = road.map(client, fail, range(40), pure=False)
             client.gather(elements, errors="skip")
