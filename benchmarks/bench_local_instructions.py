@@ -15,6 +15,10 @@ tasks with a key each, gathered), ``tree:N`` (a binary tree of N leaves, one gra
 Callgrind counts that process, the scheduler's thread and the client's together (the
 workers run natively); the same run without a workload (``none``) is subtracted, so each
 figure is the workload's own instructions in the scheduler and the client.
+
+``--history``: each checkout twice, without and with a task history
+(``scheduler.history``, a file of its own per process; no journal, so no spool): what
+writing the history costs, in per cent of the same checkout's run without it.
 """
 
 # ruff: noqa: I001 - _checkout is imported first, before anything that imports hpcsched
@@ -28,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 def one(what: str, n: int) -> None:
@@ -55,13 +60,21 @@ def one(what: str, n: int) -> None:
         print(f"{what} {n}: {time.perf_counter() - t0:.2f}s", flush=True)
 
 
-def counted(checkout: str, what: str, n: int, timeout: float) -> int:
-    """Instructions of one run of ``what`` with ``checkout``'s benchmark and package."""
+def counted(checkout: str, what: str, n: int, timeout: float,
+            history: bool | None = None) -> int:
+    """Instructions of one run of ``what`` with ``checkout``'s benchmark and package
+    (``history``: with a task history in a file of its own, or without; None: as the
+    environment says)."""
     env = dict(os.environ, PYTHONPATH=checkout)
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-                           sys.executable, os.path.abspath(__file__), "--one", what, str(n),
-                           "--checkout", checkout], env=env, cwd=checkout,
-                          capture_output=True, text=True, timeout=timeout)
+    with tempfile.TemporaryDirectory() as tmp:
+        if history is not None:
+            env.pop("HPCSCHED_SCHEDULER__HISTORY", None)
+        if history:
+            env["HPCSCHED_SCHEDULER__HISTORY"] = os.path.join(tmp, "history.sqlite")
+        done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                               sys.executable, os.path.abspath(__file__), "--one", what, str(n),
+                               "--checkout", checkout], env=env, cwd=checkout,
+                              capture_output=True, text=True, timeout=timeout)
     found = re.findall(r"Collected : (\d+)", done.stderr)
     if done.returncode != 0 or not found:
         raise RuntimeError(f"{what} {n} at {checkout} failed:\n{done.stderr[-3000:]}")
@@ -74,6 +87,8 @@ def main() -> None:
                    help="a checkout's root (repeat; the first is the base)")
     p.add_argument("--workloads", default="map:2000,tree:1024,sweep:20000")
     p.add_argument("--timeout", type=float, default=2400)
+    p.add_argument("--history", action="store_true",
+                   help="each checkout without and with a task history (scheduler.history)")
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
@@ -96,13 +111,22 @@ def main() -> None:
     for c in checkouts:
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(c, "hpcsched")],
                        check=True, stdout=subprocess.DEVNULL)
-    base = {c: counted(c, "none", 0, args.timeout) for c in checkouts}
-    print("start-up and warm-up: " + ", ".join(f"{c} {v:,}" for c, v in base.items()))
+    # (checkout, with a history): the base first; with --history each checkout's own
+    # run without one is its base
+    runs: list[tuple[str, bool | None]] = [
+        (c, h) for c in checkouts for h in ((False, True) if args.history else (None,))]
+
+    def name(run: tuple[str, bool | None]) -> str:
+        return run[0] + (" +history" if run[1] else "")
+
+    base = {r: counted(r[0], "none", 0, args.timeout, r[1]) for r in runs}
+    print("start-up and warm-up: " + ", ".join(f"{name(r)} {v:,}" for r, v in base.items()))
     for what, n in work:
-        own = {c: counted(c, what, n, args.timeout) - base[c] for c in checkouts}
-        first = own[checkouts[0]]
+        own = {r: counted(r[0], what, n, args.timeout, r[1]) - base[r] for r in runs}
+        against = {r: own[(r[0], False)] if args.history else own[runs[0]] for r in runs}
         print(f"{what} {n}: " + ", ".join(
-            f"{c} {v:,} ({100 * (v / first - 1):+.1f}%)" for c, v in own.items()), flush=True)
+            f"{name(r)} {v:,} ({100 * (v / against[r] - 1):+.1f}%)" for r, v in own.items()),
+            flush=True)
 
 
 if __name__ == "__main__":

@@ -290,7 +290,7 @@ def history_main(argv: list[str]) -> int:
         columns, rows = history.read(path, job=args.job, group=args.group,
                                      outcome=args.outcome, worker=args.worker,
                                      limit=args.limit)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"hpcsched history: {e}", file=sys.stderr)
         return 2
     if args.csv:

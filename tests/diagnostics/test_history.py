@@ -55,6 +55,12 @@ def test_a_history_lists_every_task_of_both_roads_once(tmp_path, road):
         # filters
         assert len(client.history(outcome="erred")) == 1
         assert len(client.history(limit=5)) == 5
+        calls = frame[frame["key"] != str(bad.key)]
+        assert len(set(calls["grp"])) == 1
+        assert list(client.history(group=calls["grp"].iloc[0])["key"]) == list(calls["key"])
+        worker = calls["worker"].iloc[0]
+        assert list(client.history(worker=worker)["key"]) == \
+            list(frame[frame["worker"] == worker]["key"])
         if road.name == "bulk":  # an element that raises: a row with its report's memory
             elements = road.map(client, fail, range(40), pure=False)
             client.gather(elements, errors="skip")
@@ -209,31 +215,118 @@ def test_the_writer_appends_across_runs_and_reads_filter(tmp_path):
     assert [r[0] for r in jobs] == ["hpcsched-job-3-abc-0", "hpcsched-job-3-abc-1"]
     with pytest.raises(FileNotFoundError):
         read(str(tmp_path / "missing.sqlite"))
-    with sqlite3.connect(path) as db:  # an ordinary SQLite file
-        assert db.execute("select count(*) from tasks where grp = 'm'").fetchone() == (4,)
+    with sqlite3.connect(path) as db:  # an ordinary SQLite file: a batch per run here
+        assert db.execute("select count(*), count(distinct run) from batches").fetchone() \
+            == (2, 2)
+    db.close()
 
 
-def test_rows_written_many_to_a_statement_keep_their_order_and_values(tmp_path):
-    """Batches of several statements' worth of rows and a remainder, one with a key that
-    is not a string: every row once, in order, as handed."""
-    from hpcsched.diagnostics.history import INSERT_ROWS
+def test_records_of_both_kinds_keep_their_order_and_values_across_frames(tmp_path,
+                                                                        monkeypatch):
+    """Tasks and bulk reports interleaved, over several frames (the writer frames at most
+    FLUSH_RECORDS records each) and one stored batch, one with a key that is not a string:
+    every task once, in the order handed, as handed."""
+    from hpcsched.diagnostics import history
 
+    monkeypatch.setattr(history, "FLUSH_RECORDS", 3)
     path = str(tmp_path / "h.sqlite")
     h = History(path)
-    n = 2 * INSERT_ROWS + 7
-    keys = [f"m-{i}" for i in range(n)]
-    h.elements("m", "tcp://a:1", keys, [float(i) for i in range(n)],
-               [i + 0.5 for i in range(n)], list(range(n)), cpu=n * 0.25, memory=7 << 20)
-    h.task(("x", 1), "x", "tcp://a:1", 1.0, 2.0, "erred", 0, 0.5, 1 << 20)
+    expected = []
+    for r in range(4):
+        n = 50 + r
+        keys = [f"m-{r}-{i}" for i in range(n)]
+        h.elements("m", "tcp://a:1", keys, [float(i) for i in range(n)],
+                   [i + 0.5 for i in range(n)], list(range(n)), cpu=n * 0.25, memory=7 << 20)
+        expected += [(k, "m", float(i), i + 0.5, i, 0.25, 7 << 20, "memory")
+                     for i, k in enumerate(keys)]
+        h.task(("x", r), "x", "tcp://a:2", 1.0, 2.0, "erred", 0, 0.5, 1 << 20)
+        expected.append((str(("x", r)), "x", 1.0, 2.0, 0, 0.5, 1 << 20, "erred"))
     assert h.flush()
     h.close()
     columns, rows = read(path)
     got = [dict(zip(columns, r, strict=True)) for r in rows]
-    assert [g["key"] for g in got] == [*keys, str(("x", 1))]
-    assert [(g["start"], g["stop"], g["nbytes"]) for g in got[:n]] == \
-        [(float(i), i + 0.5, i) for i in range(n)]
-    assert {(g["cpu"], g["memory"], g["outcome"]) for g in got[:n]} == {(0.25, 7 << 20, "memory")}
-    assert (got[-1]["grp"], got[-1]["outcome"], got[-1]["memory"]) == ("x", "erred", 1 << 20)
+    assert [(g["key"], g["grp"], g["start"], g["stop"], g["nbytes"], g["cpu"], g["memory"],
+             g["outcome"]) for g in got] == expected
+    with sqlite3.connect(path) as db:
+        assert db.execute("select count(*), min(first), max(last) from batches").fetchone() \
+            == (1, 1, 3)
+    db.close()
+    _, rows = read(path, worker="tcp://a:2")
+    assert [r[0] for r in rows] == [str(("x", r)) for r in range(4)]
+    _, rows = read(path, group="m", limit=60)
+    assert [r[0] for r in rows] == [f"m-0-{i}" for i in range(50)] + \
+        [f"m-1-{i}" for i in range(10)]
+
+
+def test_many_tasks_are_stored_in_few_batches(tmp_path):
+    """What makes writing cheap: the writer stores a pass's tasks as one SQLite row (a
+    spooled history: a frame per loop turn, a batch per pass), not a row per task."""
+    path = str(tmp_path / "h.sqlite")
+    h = History(path)
+    h.spool()
+    for turn in range(100):
+        for i in range(100):
+            h.task(f"t-{turn}-{i}", "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+        h.sync()
+    assert h.flush()
+    h.close()
+    with sqlite3.connect(path) as db:
+        batches, frames = db.execute("select count(*), sum(last - first + 1) from batches") \
+            .fetchone()
+    db.close()
+    assert frames == 100 and batches <= 10
+    _, rows = read(path)
+    assert len(rows) == 10_000 and rows[-1][0] == "t-99-99"
+    assert not list(tmp_path.glob("h.sqlite.spool.*"))
+
+
+def test_the_hosts_table_follows_workers_that_come_and_change(tmp_path):
+    """Each pass of the writer stores the hosts that are new or changed since its last
+    (also a pass holding a key that is not a string)."""
+    path = str(tmp_path / "h.sqlite")
+    hosts = {"tcp://a:1": "n1"}
+    h = History(path, lambda: dict(hosts))
+    h.task(("t", 0), "t", "tcp://a:1", 1.0, 2.0, "memory", 8)
+    assert h.flush()
+    hosts.update({"tcp://a:1": "n1b", "tcp://b:1": "n2"})
+    h.task("t-1", "t", "tcp://b:1", 1.0, 2.0, "memory", 8)
+    h.close()
+    with sqlite3.connect(path) as db:
+        assert sorted(db.execute("select worker, host from hosts")) == \
+            [("tcp://a:1", "n1b"), ("tcp://b:1", "n2")]
+    db.close()
+    _, rows = read(path)
+    assert [(r[0], r[4]) for r in rows] == [("('t', 0)", "n1b"), ("t-1", "n2")]
+
+
+def test_retries_are_counted_per_run_and_key_before_filters(tmp_path):
+    path = str(tmp_path / "h.sqlite")
+    for _ in range(2):
+        h = History(path)
+        h.task("a", "a", "tcp://w:1", 1.0, 2.0, "erred", 0)
+        h.task("b", "b", "tcp://w:1", 1.0, 2.0, "memory", 8)
+        h.elements("m", "tcp://w:1", ["a"], [3.0], [4.0], [8])  # its third attempt
+        h.close()
+    _, rows = read(path, group="m")
+    assert [r[9] for r in rows] == [1, 1]  # in each run, after the erred "a"
+    _, rows = read(path)
+    assert [(r[0], r[9]) for r in rows] == [("a", 0), ("b", 0), ("a", 1)] * 2
+
+
+def test_a_file_that_is_not_a_history_is_named(tmp_path):
+    empty = tmp_path / "other.sqlite"
+    with sqlite3.connect(empty) as db:
+        db.execute("create table other (x)")
+    db.close()
+    with pytest.raises(ValueError, match="not a task history: it has neither a batches"):
+        read(str(empty))
+    garbage = tmp_path / "garbage.sqlite"
+    garbage.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(ValueError, match="garbage.sqlite is not a task history"):
+        read(str(garbage))
+    r = subprocess.run([sys.executable, "-m", "hpcsched", "history", str(garbage)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "is not a task history" in r.stderr
 
 
 def test_the_command_line_prints_filters_and_writes_csv(tmp_path):
@@ -283,6 +376,52 @@ def test_a_file_of_an_older_version_gains_the_usage_columns(tmp_path):
                                                         ("new-1", "n1", 0.5, 1 << 20)]
 
 
+def test_a_file_and_a_spool_of_the_previous_format_are_read(tmp_path):
+    """A history of the format with a row per task (its ``tasks`` and ``hosts`` tables, job
+    and host left NULL), and the spool of its run killed before its writer wrote the last
+    rows: the spooled rows it lacks are put in its table, once; a scheduler appends
+    batches beside it; filters and retries see both."""
+    import marshal
+    import zlib
+
+    from hpcsched.diagnostics.history import _FRAME
+
+    path = str(tmp_path / "h.sqlite")
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            create table tasks (key text not null, grp text not null, job text,
+                worker text not null, host text, start real not null, stop real not null,
+                outcome text not null, nbytes integer, run text not null, cpu real,
+                memory integer);
+            create table hosts (worker text primary key, host text);
+            insert into hosts values ('tcp://a:1', 'n1');
+            insert into tasks values ('hpcsched-job-4-x-0', 'hpcsched-job-4', null,
+                'tcp://a:1', null, 1.0, 2.0, 'erred', 0, 'old', 0.5, 1048576);""")
+    db.close()
+    rows = [("hpcsched-job-4-x-0", "hpcsched-job-4", "tcp://a:1", 1.0, 2.0, "erred", 0, 0.5,
+             1 << 20),  # in SQLite already
+            ("hpcsched-job-4-x-0", "hpcsched-job-4", "tcp://a:1", 3.0, 4.0, "memory", 8, 0.5,
+             1 << 20)]  # its retry: in the spool alone
+    payload = marshal.dumps(("old", rows))
+    with open(f"{path}.spool.old.1", "wb") as f:
+        f.write(_FRAME.pack(len(payload), zlib.crc32(payload)) + payload)
+    h = History(path, lambda: {"tcp://a:1": "n1"})
+    assert h.recovered == 1
+    h.task("hpcsched-job-4-y-0", "hpcsched-job-4", "tcp://a:1", 5.0, 6.0, "memory", 8)
+    h.close()
+    columns, got = read(path, job="4")
+    got = [dict(zip(columns, r, strict=True)) for r in got]
+    assert [(g["key"], g["start"], g["retries"], g["outcome"], g["host"], g["job"])
+            for g in got] == [("hpcsched-job-4-x-0", 1.0, 0, "erred", "n1", "4"),
+                              ("hpcsched-job-4-x-0", 3.0, 1, "memory", "n1", "4"),
+                              ("hpcsched-job-4-y-0", 5.0, 0, "memory", "n1", "4")]
+    _, erred = read(path, outcome="erred")
+    assert [r[5] for r in erred] == [1.0]
+    _, first = read(path, limit=2)
+    assert [r[5] for r in first] == [1.0, 3.0]
+    assert not list(tmp_path.glob("h.sqlite.spool.*"))
+
+
 def test_spooled_rows_reach_sqlite_once_after_the_writer_died(tmp_path, monkeypatch):
     """A scheduler killed between the spool and the writer's next flush: the next History
     on the file puts the rows that SQLite lacks there, once each, and drops a torn record."""
@@ -301,7 +440,7 @@ def test_spooled_rows_reach_sqlite_once_after_the_writer_died(tmp_path, monkeypa
     (spool,) = (tmp_path).glob("h.sqlite.spool.*")
     with open(spool, "ab") as f:
         f.write(b"\x40\x00\x00\x00torn")  # a record cut short by the kill
-    dead._rows.clear()  # the process is gone: its writer thread never writes them
+    dead._frames.clear()  # the process is gone: its writer thread never writes them
     dead._spool_fd, fd = -1, dead._spool_fd
     os.close(fd)
 

@@ -105,3 +105,23 @@ def test_receive_takes_the_generated_decoder_and_leaves_problems_to_the_general_
                      ({**ok, "zz": 1}, "unknown fields 'zz'")]:
         with pytest.raises(MalformedMessage, match=why):
             receive(d, bad, lambda op: "s", worker="tcp://w:1", now=4.0)
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("start", float("inf")), ("start", float("-inf")), ("cpu", float("nan")), ("start", True),
+    ("start", "1.0"), ("start", None), ("nbytes", -1), ("nbytes", True), ("nbytes", 1.0),
+    ("memory", -(2**70)), ("memory", "8"),
+])
+def test_the_checks_told_inline_refuse_what_their_check_refuses(field, value):
+    """The generated decoder of the scheduler's path tells a finite float and an int >= 0
+    inline, without calling their check: every other value still goes to the check, and is
+    refused with its name."""
+    d = protocol.WORKER_TO_SCHEDULER
+    ok = {"op": "task-finished", "key": "x", "nbytes": 8, "start": 1.0, "stop": 2.0,
+          "cpu": 0.5, "memory": 2**40}
+    got = receive(d, ok, lambda op: "s", worker="tcp://w:1", now=4.0)
+    assert (got.nbytes, got.start, got.cpu, got.memory) == (8, 1.0, 0.5, 2**40)
+    assert receive(d, {**ok, "start": 3, "cpu": 0}, lambda op: "s", worker="tcp://w:1",
+                   now=4.0).start == 3  # an int where a number is asked: the check says yes
+    with pytest.raises(MalformedMessage, match=f"field '{field}': expected"):
+        receive(d, {**ok, field: value}, lambda op: "s", worker="tcp://w:1", now=4.0)
