@@ -337,6 +337,45 @@ def test_idle_workers_steal_the_tail_of_a_slow_workers_ranges(tmp_path):
         cluster.close()
 
 
+def spin(x, slow_below):
+    """Spins 20 ms of CPU for ``x < slow_below``, else 1 ms; returns (x, the worker's
+    pid, the wall-clock start and stop)."""
+    start = time.time()
+    end = time.thread_time() + (0.02 if x < slow_below else 0.001)
+    while time.thread_time() < end:
+        pass
+    return x, os.getpid(), start, time.time()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wanted", [False, True], ids=["elements", "published"])
+def test_both_workers_run_until_near_the_end_of_an_uneven_map(c, road, wanted):
+    """400 calls on two one-thread workers, the first hundred 20 times as long as the
+    rest (2.3 s of CPU in all); ``published``: a dataset holds their futures, which makes
+    each element a task of its own, as an array job's are. Handed out in ranges that
+    shrink as the map drains, and stolen back from a worker still holding some once the
+    other runs dry, the work ends on both workers at about the same time: the gap
+    between their last stops is a small part of the run (a whole map handed out at once
+    would leave one worker running the slow hundred long after the other stopped)."""
+    n = 400
+    fs = road.calls(c, spin, n, slow_below=n // 4)
+    if wanted:
+        c.publish_dataset(uneven_map=fs)
+    try:
+        results = c.gather(fs, timeout=100)
+    finally:
+        if wanted:
+            c.unpublish_dataset("uneven_map")
+    assert [x for x, *_ in results] == list(range(n))
+    last: dict[int, float] = {}
+    for _, pid, _, stop in results:
+        last[pid] = max(last.get(pid, 0.0), stop)
+    assert len(last) == 2, last
+    span = max(last.values()) - min(start for *_, start, _ in results)
+    gap = max(last.values()) - min(last.values())
+    assert gap < span / 3, (gap, span)
+
+
 @pytest.mark.timeout(180)
 def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_path):
     """A worker retired while it runs a map gives back the elements it has not started and

@@ -750,6 +750,92 @@ def test_a_worker_that_joins_once_everything_is_given_steals():
     assert sorted(i for w, idx in ranges(out) if w == B for i in idx) == on_a[-asked[1]:]
 
 
+def map_of_tasks_on_a_and_b(s: SchedulerState, n: int) -> list[Send]:
+    """A map of ``n`` elements, every one of them made a task before a worker comes (a
+    task ``z`` depends on them all: they are held, and run in ranges), then A and B, a
+    thread each: what was sent."""
+    new_map(s, n)
+    step(s, ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": [f"m-a-{i}" for i in range(n)]}},
+                           ["z"]))
+    return step(s, ev.AddWorker(A, 1)) + step(s, ev.AddWorker(B, 1))
+
+
+def test_elements_made_tasks_are_handed_out_as_the_map_drains():
+    """Every element of a map of 400 is a task (held: a client wants them, or a task
+    depends on them), yet each worker is given only what it holds for a while, in ranges
+    that shrink as the map drains, exactly as if they were plain elements: the tasks
+    its ranges run are its load. (Counting only plain elements, the map would go out
+    whole at the first reports, and no worker would have a tail left to give to one
+    that runs dry.)"""
+    s = SchedulerState()
+    held = ranges(map_of_tasks_on_a_and_b(s, 400))  # given, not reported, in order
+    given = {A: 0, B: 0}
+    sizes: list[int] = []
+    for w, idx in held:
+        given[w] += len(idx)
+    out: list[Send] = []
+    while held:  # the workers finish their ranges in the order given
+        w, idx = held.pop(0)
+        out = finish(s, w, idx)
+        for w2, idx2 in ranges(out):
+            given[w2] += len(idx2)
+            sizes.append(len(idx2))
+        held += ranges(out)
+        load = s.bulk.handout.load(A) + s.bulk.handout.load(B)
+        assert load == sum(len(idx) for _, idx in held) <= 400 // 2, load  # never all
+    assert given[A] + given[B] == 400 and min(given.values()) >= 100
+    assert sizes[-1] < sizes[0] / 4  # guided: smaller as the map drains
+    (z,) = [m for m in out if m.msg.op == "compute-task"]
+    assert z.msg.key == "z"
+
+
+def test_an_idle_worker_steals_the_tail_of_a_worker_whose_elements_are_tasks():
+    """As :func:`test_an_idle_worker_steals_the_tail_of_a_slow_workers_range`, every
+    element a task: B holds ranges and reports nothing, A runs what it is given until
+    nothing is queued. A tick asks B for half of what it holds beyond its thread; the
+    tasks B gives back run on A as tasks, none of them twice, and ``z`` runs after all."""
+    s = SchedulerState()
+    out = map_of_tasks_on_a_and_b(s, 100)
+    on_b = [i for w, idx in ranges(out) if w == B for i in idx]
+    out = [m for m in out if m.to == A]
+    while ranges(out):
+        out = finish(s, A, [i for _, idx in ranges(out) for i in idx])
+        on_b += [i for w, idx in ranges(out) if w == B for i in idx]
+        out = [m for m in out if m.to == A]
+    assert not s.bulk.pending and A in s.bulk.hungry
+    assert 1 < len(on_b) < 50 and s.bulk.handout.load(B) == len(on_b)
+    assert released(step(s, ev.Tick(now=1.0))) == [(B, len(on_b) // 2)]
+    assert not released(step(s, ev.Tick(now=1.1)))  # one request at a time
+    tail = on_b[len(on_b) - len(on_b) // 2:]
+    out = give_back(s, B, tail)
+    assert s.bulk.handout.load(B) == len(on_b) - len(tail)
+    to_a: list[str] = []  # A runs them as tasks, as its threads free (root-ish queuing)
+    while sent := [m.msg.key for m in out if m.msg.op == "compute-task"]:
+        assert not [m for m in out if m.to == B and m.msg.op in ("compute-task", "compute-range")]
+        to_a += sent
+        out = []
+        for key in sent:
+            out += step(s, ev.TaskFinished(A, key, nbytes=8, typename="int", start=1.0, stop=1.1))
+    assert sorted(to_a) == sorted(f"m-a-{i}" for i in tail)
+    out = finish(s, B, on_b[: len(on_b) - len(tail)])
+    (z,) = [m for m in out if m.msg.op == "compute-task"]
+    assert z.msg.key == "z" and s.task_counts()["memory"] == 100
+
+
+def test_an_element_made_a_task_that_erred_is_no_longer_its_workers_load():
+    """A element given to A is made a task, then raises: A holds it no more (a worker
+    whose held tasks raised would otherwise count them and be given less, or nothing)."""
+    s = SchedulerState()
+    out, on_a = map_on_a_and_b(s, 40)
+    step(s, ev.UpdateGraph("c", {"y": {"run_spec": "y", "deps": [f"m-a-{on_a[0]}"]}}, ["y"]))
+    before = s.bulk.handout.load(A)
+    assert s.bulk.promotions.in_range(A) == 1
+    out = step(s, ev.TaskErred(A, f"m-a-{on_a[0]}", exception="boom", exception_text="boom"))
+    assert s.bulk.promotions.in_range(A) == 0
+    assert s.bulk.handout.load(A) == before - 1 + sum(len(idx) for w, idx in ranges(out)
+                                                       if w == A)
+
+
 @pytest.mark.parametrize(("seconds", "stolen"), [(0.001, False), (0.1, True)])
 def test_only_elements_worth_a_round_trip_are_stolen(seconds, stolen):
     """B ran an element in ``seconds`` and holds a few more: a millisecond's worth is not

@@ -75,6 +75,13 @@ class Handout:
         )
 
     # ================================================================ the load
+    def load(self, address: str) -> int:
+        """What the worker at ``address`` holds of the maps: its elements and the tasks its
+        ranges run (an element made a task, by a client wanting it for instance, is still
+        work that worker holds: counting only elements would hand such a map out at once
+        and leave nothing to steal)."""
+        return self.outstanding.get(address, 0) + self.promotions.in_range(address)
+
     def elements_on(self, ws: WorkerInfo) -> int:
         """Elements ``ws`` runs or was given for the maps (a retirement waits for them)."""
         return self.outstanding.get(ws.address, 0)
@@ -188,7 +195,8 @@ class Handout:
             self.fill(ws)
 
     def fill(self, ws: WorkerInfo) -> None:
-        """Give ``ws`` ranges while it holds less than two per thread of what is queued;
+        """Give ``ws`` ranges while it holds (:meth:`load`) less than two per thread of
+        what is queued;
         none while it is kept free for a wide task, or the maps come after the wide task
         gathering its workers (it waits hungry, and a wide task waiting may take it)."""
         address, pending = ws.address, self.book.pending
@@ -212,10 +220,16 @@ class Handout:
                 self.hungry.pop(address, None)
                 return
         have = self.outstanding.get(address, 0)
-        given = 0  # held tasks among them count here, but not in outstanding
+        tasks = self.promotions.in_range(address)  # held tasks count here, not in outstanding
+        if tasks and have < ws.nthreads and pending \
+                and have + tasks >= 2 * self._range_size() * ws.nthreads:
+            # the count may hold tasks gone meanwhile (erred, released): count exactly
+            # before a worker that may run dry is given nothing
+            tasks = self.promotions.unstarted(ws)
+        given = 0
         while pending:
             size = self._range_size()
-            if have + given >= 2 * size * ws.nthreads:
+            if have + tasks + given >= 2 * size * ws.nthreads:
                 break
             n, sent = self._assign(ws, size)
             have += n
@@ -278,7 +292,8 @@ class Handout:
     def steal(self) -> None:
         """Work stealing of ranges' tails: while no element is queued, each idle worker
         (a thread free, nothing queued for it) has one other worker give back half the
-        elements it holds beyond its threads, if they are worth
+        elements it holds beyond its threads (its :meth:`load`: the tasks its ranges run
+        count too), if they are worth
         :data:`STEAL_MIN_SECONDS` at that worker's recent speed (unknown: worth it);
         the elements go back to the queue (``range-released``), and from there to the
         idle workers. The victims give back only elements they have not started, so
@@ -291,17 +306,18 @@ class Handout:
             or self._fruitless == self._epoch
         ):
             return
-        outstanding, workers = self.outstanding, self.registry.workers
+        load, workers = self.load, self.registry.workers
         thieves = [
             ws
             for ws in self.hungry.values()
-            if ws.status == "running" and outstanding.get(ws.address, 0) < ws.nthreads
+            if ws.status == "running" and load(ws.address) < ws.nthreads
         ]
         if not thieves:
             return
         victims: list[tuple[int, WorkerInfo]] = []
-        for address, have in outstanding.items():
+        for address in self.outstanding.keys() | self.promotions.in_ranges.keys():
             ws = workers.get(address)
+            have = load(address)
             if ws is None or address in self.releasing or have <= ws.nthreads:
                 continue
             count = (have - ws.nthreads + 1) // 2

@@ -140,6 +140,7 @@ class BulkMaps:
             ws = workers.get(e.worker)
             if ws is not None:
                 self.reports.orphan_erred(ws, e.key)
+                self.promotions.out_of_range(ws, e.key)  # its load no longer
                 handout.fill(ws)
             return
         if isinstance(e, ev.Tick):

@@ -176,6 +176,13 @@ class Promotions:
         ]:
             del ranged[ts]
 
+    def in_range(self, address: str) -> int:
+        """How many tasks the ranges given to the worker at ``address`` run, at most (a
+        count, no pruning: those that left it unreported stay counted until the next
+        prune; :meth:`unstarted` counts exactly)."""
+        ranged = self.in_ranges.get(address)
+        return len(ranged) if ranged else 0
+
     def unstarted(self, ws: WorkerInfo) -> int:
         """How many tasks the ranges given to ``ws`` run still (it gives them back with
         its elements when it pauses or retires)."""
