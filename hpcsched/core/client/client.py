@@ -244,8 +244,8 @@ class Client:
             self._bad_message(msg, e)
 
     def _batch_done(self) -> None:
-        """A batch of scheduler messages is handled: wake the gathers it completed."""
-        self.future_table.notify()
+        """A batch of scheduler messages is handled: its callbacks, and the gathers it ends."""
+        self.future_table.batch_done()
 
     def _bad_message(self, msg: Any, error: Exception) -> None:
         logger.error("client %s: dropped a message from the scheduler (%s): %s: %s",
@@ -257,7 +257,7 @@ class Client:
         if st is not None and st.status != "finished":
             cbs = st.finish(msg.type)
             if cbs:  # the common case has none: no call (one message per finished task)
-                self.future_table.run_callbacks(cbs)
+                self.future_table.defer_callbacks(cbs)
 
     @handlers.on(pc.MapInMemory)
     def _on_map_in_memory(self, msg: pc.MapInMemory) -> None:
@@ -265,7 +265,7 @@ class Client:
         states = list(map(self.futures.get, [prefix + i for i in map(str, msg.indices)]))
         cbs = finish_all(states, msg.types if len(msg.types) == n else [""] * n)
         if cbs:
-            self.future_table.run_callbacks(cbs)
+            self.future_table.defer_callbacks(cbs)
 
     @handlers.on(pc.TaskErredReport)
     def _on_task_erred(self, msg: pc.TaskErredReport) -> None:

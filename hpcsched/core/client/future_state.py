@@ -63,6 +63,8 @@ class FutureTable:
         self._post = post
         self.client_id = ""  # the client's id, set by start()
         self._callbacks = _Callbacks()
+        #: callbacks of the batch of scheduler messages being handled (:meth:`batch_done`)
+        self._deferred: list = []
         self._thread: threading.Thread | None = None
         #: where the futures whose results are asked for next are (``ready(out, limit)``):
         #: the live ``as_completed`` iterators
@@ -142,7 +144,7 @@ class FutureTable:
         """The task of ``key`` erred (``exception`` serialized)."""
         st = self.states.get(key)
         if st is not None:
-            self.run_callbacks(st.error(exception, traceback, text))
+            self.defer_callbacks(st.error(exception, traceback, text))
 
     def cancel(self, states: Iterable[FutureState]) -> None:
         """Mark ``states`` cancelled (those not already) and wake the waiters."""
@@ -167,6 +169,14 @@ class FutureTable:
             for w in self._waits:
                 if not w.event.is_set() and w.satisfied():
                     w.event.set()
+
+    def batch_done(self) -> None:
+        """A batch of scheduler messages is handled (on the thread that handles them):
+        queue the callbacks its messages returned, then :meth:`notify`."""
+        if self._deferred:
+            cbs, self._deferred = self._deferred, []
+            self._callbacks.put(cbs)
+        self.notify()
 
     def wait(self, states: list[FutureState], deadline: float | None,
              timeout: float | None) -> None:
@@ -336,6 +346,13 @@ class FutureTable:
         """Queue the done callbacks a state change returned (see ``FutureState.finish``)."""
         if cbs:
             self._callbacks.put(cbs)
+
+    def defer_callbacks(self, cbs: list) -> None:
+        """:meth:`run_callbacks`, from a handler of scheduler messages: queued with those
+        of the whole batch at its end (:meth:`batch_done`). The callback thread then wakes
+        once per batch, and an ``as_completed`` takes the batch's futures at once, when
+        each task's completion is a message of its own (single submissions)."""
+        self._deferred += cbs
 
     def start(self, name: str) -> None:
         """Start the thread that runs done callbacks (named after the client ``name``)."""
