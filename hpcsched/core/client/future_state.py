@@ -72,9 +72,9 @@ class FutureTable:
         self._waited: deque[FutureGroup] = deque(maxlen=4)  # the latest waits' futures
         self._submitted = _Submitted()  # the latest single submissions, in order
         self._held: dict[FutureState, int] = {}  # state fetched ahead -> its bytes
-        self.held_bytes = 0
+        self._counted = 0  # bytes of _held: values held, and some taken (_room)
         #: bytes the requests in flight may bring ahead (their budgets), counted against
-        #: ``held_limit`` from the request to its reply, with ``held_bytes``
+        #: ``held_limit`` from the request to its reply, with the bytes held
         self.in_flight_bytes = 0
         self.held_limit = held_limit
         #: the request for results fetched ahead still in flight, its keys -> states, and
@@ -124,7 +124,7 @@ class FutureTable:
             if self.states.get(key) is state:
                 del self.states[key]
             if self._held:  # its value goes (also one dropped since: lost, cancelled)
-                self.held_bytes -= self._held.pop(state, 0)
+                self._counted -= self._held.pop(state, 0)
             state.value = UNFETCHED
         if not self.closed:
             self._post(ClientReleasesKeys(self.client_id, [key]))
@@ -264,20 +264,30 @@ class FutureTable:
             ahead, self._ahead = self._ahead, None
         return ahead
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the values fetched ahead and held here, not yet taken."""
+        with self._lock:
+            self._room(self.held_limit + 1)  # counts the values taken back
+            return self._counted
+
     def room(self) -> int:
         """Bytes that results fetched ahead may still take here: neither held nor
         reserved for a reply in flight."""
         with self._lock:
-            return self._room()
+            return self._room(self.held_limit)
 
-    def _room(self) -> int:
-        left = self.held_limit - self.held_bytes - self.in_flight_bytes
-        if left <= 0 and self._held:  # forget the values dropped since (lost, cancelled)
+    def _room(self, wanted: int) -> int:
+        """:meth:`room`, under ``_lock``; the bytes of the values taken (which ``take``
+        leaves counted) or dropped since (lost, cancelled) are counted back first if
+        fewer than ``wanted`` are left: one pass for many values, none per take."""
+        left = self.held_limit - self._counted - self.in_flight_bytes
+        if left < wanted and self._held:
             for st, n in list(self._held.items()):
                 if st.value is UNFETCHED or st.value is TAKEN or st.refs <= 0:
                     del self._held[st]
-                    self.held_bytes -= n
-            left = self.held_limit - self.held_bytes - self.in_flight_bytes
+                    self._counted -= n
+            left = self.held_limit - self._counted - self.in_flight_bytes
         return max(left, 0)
 
     def reserve(self, budget: int) -> int:
@@ -286,7 +296,7 @@ class FutureTable:
         0 when nothing is left under ``held_limit``. So a reply in flight is counted as
         the values held are, and requests of several threads together stay within it."""
         with self._lock:
-            granted = min(budget, self._room())
+            granted = min(budget, self._room(budget))
             self.in_flight_bytes += granted
         return granted
 
@@ -300,46 +310,32 @@ class FutureTable:
         state) still finished, held and not fetched, until :meth:`take`; those past
         ``held_limit`` are dropped. The reply that brought them ends the reservation of
         ``reserved`` bytes made for it."""
-        held = self._held
+        held, limit = self._held, self.held_limit
         with self._lock:
             self.in_flight_bytes -= reserved
+            if self._counted + sum(sizes.values()) > limit:
+                self._room(limit + 1)  # count the values taken back first
             for key, st in states.items():
                 n = sizes.get(key, 0)
                 # fetchable(st), inline: a look at each of a map's values
                 if key in values and st.value is UNFETCHED and st.status == "finished" \
-                        and st.refs > 0 and st not in held \
-                        and self.held_bytes + n <= self.held_limit:
+                        and st.refs > 0 and self._counted + n <= limit:
                     st.value = values[key]
-                    held[st] = n
-                    self.held_bytes += n
+                    self._counted += n - held.get(st, 0)  # one taken before: its bytes
+                    held[st] = n  # were still counted
 
     def take(self, st: FutureState) -> Any:
-        """The value of ``st`` fetched ahead (it is then dropped here), else UNFETCHED."""
-        if st.value is UNFETCHED or st.value is TAKEN:  # the common case, with no lock
-            return UNFETCHED
-        with self._lock:
-            value = st.value
-            if value is UNFETCHED or value is TAKEN or st.status != "finished":
-                return UNFETCHED
-            st.value = TAKEN
-            self.held_bytes -= self._held.pop(st, 0)
-        return value
+        """The value of ``st`` fetched ahead (it is then dropped here), else UNFETCHED.
 
-    def take_many(self, futures: list[Future]) -> dict:
-        """:meth:`take` of the state of each of ``futures``, under one lock (an
-        ``as_completed`` takes the results fetched ahead for the futures it is about to
-        yield): future -> value, of those that had one."""
-        out = {}
-        held = self._held
-        with self._lock:
-            for f in futures:
-                st = f.state
-                value = st.value
-                if value is not UNFETCHED and value is not TAKEN and st.status == "finished":
-                    st.value = TAKEN
-                    self.held_bytes -= held.pop(st, 0)
-                    out[f] = value
-        return out
+        With no lock, as ``Future.result`` takes it: a value is only ever replaced by a
+        marker, and two threads taking one value both return it, as two ``result()``
+        calls of one future do. Its bytes are counted back by the next look at the room
+        (:meth:`_room`), not here."""
+        value = st.value
+        if value is UNFETCHED or value is TAKEN or st.status != "finished":
+            return UNFETCHED
+        st.value = TAKEN
+        return value
 
     # ------------------------------------------------------------ done callbacks
     def run_callbacks(self, cbs: list) -> None:

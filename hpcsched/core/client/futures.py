@@ -406,11 +406,12 @@ class Future(_FutureBase, cf.Future):
         Raises the task's exception if it erred, :class:`CancelledError` if it was
         cancelled, ``TimeoutError`` after ``timeout``. The small finished results the
         client is about to ask for come along (module docstring)."""
-        value = self.state.value
-        if value is not UNFETCHED and value is not TAKEN:  # fetched ahead: no call chain
-            value = self.client.future_table.take(self.state)
-            if value is not UNFETCHED:
-                return value
+        st = self.state
+        value = st.value
+        # fetched ahead: taken with no call and no lock (FutureTable.take, inline)
+        if value is not UNFETCHED and value is not TAKEN and st.status == "finished":
+            st.value = TAKEN
+            return value
         return self.client.result_of(self, timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -601,7 +602,6 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         self._done, self._cond = self._arrivals.done, self._arrivals.cond
         self._count = 0  # added, not yet moved to _out (under _cond)
         self._out: deque[Future] = deque()  # taken from _done, to be yielded in order
-        self._values: dict[Future, Any] = {}  # results of _out's futures, taken ahead
         self._tables: set[int] = set()  # ids of the future tables told of this iterator
         self.with_results = with_results
         self.raise_errors = raise_errors
@@ -672,35 +672,22 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
             self._done.clear()
             if self._count == 0:  # another thread's wait is over too
                 self._cond.notify_all()
-        if self.with_results:
-            self._take_ahead()
         return True
 
-    def _take_ahead(self) -> None:
-        """Take the results fetched ahead for the futures of ``_out``, under one lock."""
-        fs = list(self._out)  # copied in one C call
-        if self._values:
-            fs = [f for f in fs if f not in self._values]
-        tables = set(map(_table, fs))  # a look at each, in C
-        for table in tables:
-            mine = fs if len(tables) == 1 else [f for f in fs if f.client.future_table is table]
-            self._values.update(table.take_many(mine))
-
-    def _item(self, f: Future) -> Any:
-        if not self.with_results:
-            return f
-        value = self._values.pop(f, UNFETCHED) if self._values else UNFETCHED
-        if value is not UNFETCHED:
+    def _with_result(self, f: Future) -> tuple[Future, Any]:
+        """``(f, its result)`` (or its exception, if errors are not raised)."""
+        st = f.state
+        value = st.value
+        # fetched ahead: taken with no call and no lock (FutureTable.take, inline)
+        if value is not UNFETCHED and value is not TAKEN and st.status == "finished":
+            st.value = TAKEN
             return f, value
         try:
-            value = f.result()
+            return f, f.result()
         except Exception as e:
             if self.raise_errors:
                 raise
             return f, e
-        if self._out:  # the results that came along with it
-            self._take_ahead()
-        return f, value
 
     def __next__(self) -> Any:
         while True:  # another thread iterating may take the last one first
@@ -710,7 +697,7 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                 if self._refill(block=True):
                     continue
                 raise StopIteration from None
-            return self._item(f)
+            return self._with_result(f) if self.with_results else f
 
     def batches(self) -> Iterator[list]:
         """Lists of what finished since the last one (one item at least), until all done."""
@@ -723,10 +710,10 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
         out, got = self._out, []  # one by one: an error raised leaves the rest to yield
         while out:
             try:
-                got.append(out.popleft())
+                f = out.popleft()
             except IndexError:  # another thread took it
                 break
-            got[-1] = self._item(got[-1])
+            got.append(self._with_result(f) if self.with_results else f)
         return got
 
 
