@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import concurrent.futures._base as _cf_base
+import itertools
 import logging
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -572,20 +573,23 @@ _table = attrgetter("client.future_table")
 class Arrivals:
     """The done callback of an :class:`as_completed`'s futures, called with a run at once."""
 
-    __slots__ = ("done", "cond")
+    __slots__ = ("done", "cond", "unsettled")
 
     def __init__(self) -> None:
         self.done: deque[Future] = deque()  # done, not yet taken by the iterator
         self.cond = threading.Condition(threading.Lock())
+        #: the latest done, in the same order (:meth:`as_completed.ready`)
+        self.unsettled: deque[Future] = deque()
 
     def __call__(self, future: Future) -> None:
         """``future`` is done."""
         self.many((future,))
 
-    def many(self, futures: Iterable[Future]) -> None:
+    def many(self, futures: Sequence[Future]) -> None:
         """``futures`` are done, in this order."""
         with self.cond:
             self.done.extend(futures)
+            self.unsettled.extend(futures)
             self.cond.notify()
 
 
@@ -621,17 +625,19 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
                 if id(table) not in self._tables:
                     self._tables.add(id(table))
                     table.sources.add(self)
-        # add_done_callback of each, under one lock: a map's futures come by the thousand
+        # add_done_callback of each, under one lock: a map's futures come by the thousand.
+        # No weak reference: the entry holds its future until done, as the iterator does
         done = []
         put = self._arrivals
-        ref = weakref.ref
         with _lock:
             for f in futures:
                 st = f.state
                 if st._is_done:
                     done.append(f)
-                else:  # st.callbacks: a list made on first use
-                    st.callbacks = [*(st.callbacks or ()), (ref(f), put, f)]
+                elif st.callbacks is None:  # st.callbacks: a list made on first use
+                    st.callbacks = [(None, put, f)]
+                else:
+                    st.callbacks.append((None, put, f))
         if done:
             put.many(done)
 
@@ -647,15 +653,29 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
     def ready(self, out: dict, limit: int) -> None:
         """Add the done futures not yet yielded to ``out`` (key -> state, ``limit`` at most).
 
-        Those whose results may be fetched ahead only."""
+        Those whose results may be fetched ahead only; each is looked at until settled
+        (fetched, taken, nothing to fetch), not once per request."""
+        unsettled = self._arrivals.unsettled
         with self._cond:
-            waiting = [*self._out, *self._done]  # _out: copied in one C call
+            self._settle()
+            while unsettled:
+                st = unsettled[0].state  # fetchable(st), inline, as below
+                if st.value is UNFETCHED and st.status == "finished" and st.refs > 0:
+                    break
+                unsettled.popleft()
+            waiting = list(itertools.islice(unsettled, limit))
         for f in waiting:
-            if len(out) >= limit:
-                return
-            st = f.state  # fetchable(st), inline: a look at each future done
+            st = f.state
             if st.value is UNFETCHED and st.status == "finished" and st.refs > 0:
                 out[f.key] = st
+                if len(out) >= limit:
+                    return
+
+    def _settle(self) -> None:
+        """Drop the futures yielded from ``unsettled``: its first ones (under ``_cond``)."""
+        unsettled = self._arrivals.unsettled  # those not yielded (_out, _done) came last
+        for _ in range(len(unsettled) - len(self._out) - len(self._done)):
+            unsettled.popleft()
 
     def __iter__(self) -> as_completed:
         return self
@@ -663,6 +683,7 @@ class as_completed(Iterator):  # noqa: N801 - dask's name
     def _refill(self, block: bool) -> bool:
         """Move the futures done so far to ``_out`` (waiting for one if ``block``): any?"""
         with self._cond:
+            self._settle()
             while not self._done:
                 if not block or self._count == 0:
                     return False
