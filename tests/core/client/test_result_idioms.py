@@ -289,6 +289,75 @@ def test_what_single_submissions_keep_is_bounded():
     assert len(table._submitted._items) == 16_384
 
 
+def test_a_value_taken_is_counted_back_once_even_when_held_again():
+    owner = _Owner()  # held_limit=1000
+    table = owner.future_table
+    a, b = Future("a", owner), Future("b", owner)
+    for f in (a, b):
+        f.state.finish("int")
+    table.hold({"a": a.state}, {"a": 1}, {"a": 400})
+    assert a.result() == 1  # taken with no lock: its bytes are counted back later ...
+    assert table.held_bytes == 0 and table.room() == 1000  # ... when the table looks
+
+    table.hold({"a": a.state, "b": b.state}, {"a": 1, "b": 2}, {"a": 400, "b": 400})
+    assert table.held_bytes == 400 and a.state.value is TAKEN  # a: asked for already
+    assert b.result() == 2
+    a.state.lose()  # recomputed: fetched ahead again, its old bytes not counted twice
+    a.state.finish("int")
+    table.hold({"a": a.state}, {"a": 10}, {"a": 900})
+    assert a.result() == 10 and table.held_bytes == 0 and table.room() == 1000
+
+
+def test_the_table_lets_go_of_the_states_whose_values_were_taken():
+    owner = _Owner()
+    owner.future_table.held_limit = 2**40  # never short of room: no look at it for room
+    table = owner.future_table
+    for i in range(20_000):  # one value fetched ahead, taken and released at a time
+        f = Future(f"k{i}", owner)
+        f.state.finish("int")
+        table.hold({f.key: f.state}, {f.key: i}, {f.key: 10})
+        assert f.result() == i
+        del f
+    # the states it keeps to count their bytes back are swept as they pile up, not kept
+    # one per value ever held
+    assert len(table._held) <= 4097 and table.held_bytes == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_batchs_callbacks_are_queued_together_at_its_end():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(4)]
+    ac = as_completed(fs)
+    table.start("test-client")
+    try:
+        for f in fs[:3]:  # a batch of key-in-memory messages, each handled on its own
+            table.defer_callbacks(f.state.finish("int"))
+        assert ac.next_batch(block=False) == []  # nothing queued before the batch ends
+
+        table.batch_done()
+        assert ac.next_batch(block=True) == fs[:3]  # handed over at once
+        assert ac.count() == 1
+    finally:
+        table.close()
+
+
+def test_as_completed_does_not_fetch_ahead_for_futures_it_yielded():
+    owner = _Owner()
+    table = owner.future_table
+    fs = [Future(f"k{i}", owner) for i in range(5)]
+    ac = as_completed(fs)
+    for f in fs:
+        f.state.finish("int")
+    ac._arrivals.many(fs)  # what the callback thread does as they finish
+    assert next(ac) is fs[0] and next(ac) is fs[1]  # yielded, their results not asked for
+
+    assert list(table.candidates(fs[4], limit=10)) == ["k2", "k3"]
+    fs[2].state.value = TAKEN  # taken by its result(): settled, not looked at again
+    assert list(table.candidates(fs[4], limit=10)) == ["k3"]
+    assert list(ac._arrivals.unsettled) == [fs[3], fs[4]]  # the yielded are let go
+
+
 # --- on a cluster: every idiom, both roads ---------------------------------------------
 
 
