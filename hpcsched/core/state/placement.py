@@ -234,8 +234,7 @@ class Placement:
                            (ts.priority, seq, ts))
         registry = self.registry
         capacity = self._gang_capacity()
-        if ts.width > capacity or (ts.per_node and _packed(
-                [*registry.running(), *self.reserved], ts.width, ts.per_node) is None):
+        if not self._may_gather(ts, capacity):
             # it waits for the cluster to grow (to more hosts, if spread), keeping nothing
             if self.reserving is ts:
                 self._unreserve_all()
@@ -266,6 +265,12 @@ class Placement:
         self._unreserve_all()
         del self.gangs[ts]
         return members
+
+    def _may_gather(self, ts: TaskState, capacity: int) -> bool:
+        """Whether the workers running and kept (``capacity`` of them) could hold wide task
+        ``ts``: enough of them, and, spread (``ranks_per_node``), on enough hosts."""
+        return ts.width <= capacity and not (ts.per_node and _packed(
+            [*self.registry.running(), *self.reserved], ts.width, ts.per_node) is None)
 
     def _gang_capacity(self) -> int:
         """How many workers a wide task could gather now: the running ones and those kept,
@@ -439,6 +444,11 @@ class Placement:
         self.idle.pop(ws, None)
         self.backlogged.discard(ws)
         self.reserved.pop(ws, None)
+        gang = self.reserving
+        if gang is not None and not self._may_gather(gang, self._gang_capacity()):
+            # too few are left for the wide task gathering: it waits for the cluster to
+            # grow, and the workers it kept take other work meanwhile
+            self._unreserve_all()
 
     def open_slots(self, ws: WorkerInfo, push: bool = True) -> None:
         """``ws`` can take work again: queued tasks flow to it after this event (``push``:

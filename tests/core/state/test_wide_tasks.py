@@ -195,6 +195,33 @@ def test_a_wide_task_wider_than_the_cluster_keeps_no_worker_until_it_grows():
     assert sim.state("g") == "processing"
 
 
+def test_a_worker_lost_while_a_wide_task_gathers_too_few_left_gives_back_what_it_kept():
+    """Three one-thread workers, one busy with a narrow task: the wide task of three keeps
+    the two free ones. The busy worker dies: two workers are left for a task of three, so
+    it waits for the cluster to grow keeping none, and the narrow task lost with the
+    worker runs again on one of those it had kept (found by a random story: it stayed
+    no-worker, the two workers idle, for ever)."""
+    sim = SimCluster(seed=11)
+    sim.add_worker("a", 1)
+    sim.submit({"n": []}, ["n"])
+    sim.settle()
+    assert sim.running("a") == ["n"]
+    gang(sim, "g", 3)
+    sim.add_worker("b", 1)
+    sim.add_worker("c", 1)
+    sim.settle()
+    assert sorted(ws.address for ws in sim.s.placement.reserved) == [address("b"), address("c")]
+    sim.remove_worker("a")
+    sim.settle()
+    assert not sim.s.placement.reserved and sim.s.placement.reserving is None
+    assert sim.state("g") == "no-worker"
+    assert sim.state("n") == "processing" and sim.where("n") in ("b", "c")
+    sim.add_worker("d", 1)  # the cluster grows: the wide task gathers again
+    sim.finish("n")
+    sim.settle()
+    assert sim.state("g") == "processing" and sorted(lease(sim, "g")) == ["b", "c", "d"]
+
+
 def test_a_wide_task_that_raises_frees_its_slots_and_errs():
     sim = SimCluster(seed=9)
     for name in "ab":
