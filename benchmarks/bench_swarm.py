@@ -48,6 +48,9 @@ that valgrind stretches to many seconds would be counted with the workload, so i
 mode the workers' heartbeat interval is set to 20 minutes (``worker.heartbeat-interval``,
 ``scheduler.worker-ttl`` 3 hours); ``idle_instructions_per_s`` counts an idle
 ``--idle`` window the same way, what the scheduler's timers add per second of a window.
+With ``--client`` the process of the client (this one, run again under callgrind) is
+counted in the same windows, net of its own idle rate: what the scheduler's figure
+leaves out of a workload (packing a graph, futures, results).
 ``--checkout`` (repeated, the first the base) runs the whole measurement for each
 checkout's package in turn, ``--rounds`` times with the order alternated, this script's
 workloads for every one of them.
@@ -279,35 +282,48 @@ def measure_instructions(system: str, n: int, args) -> dict:
     is kept (the first may still compile, cache or grow a table); all go to ``--json``."""
     if system != "hpcsched":
         raise ValueError("--instructions counts hpcsched's scheduler only")
+    client_out = os.environ.get(CLIENT_VARIABLE)
     with swarm(system, n, args.hosts, instructions=True) as (client, sp, join, counter):
         out: dict = {"system": system, "workers": n, "join_s": round(join, 2),
                      "package": scheduler_package(system, client)}
+        # --client: this process, the client's, is counted too, in the same windows
+        counters = {"": counter}
+        if client_out:
+            counters["client_"] = Counter(os.getpid(), client_out)
+        rates: dict[str, float] = {}
+
+        @contextlib.contextmanager
+        def windows() -> Iterator[dict[str, list[float]]]:
+            with contextlib.ExitStack() as stack:
+                yield {who: stack.enter_context(c.window()) for who, c in counters.items()}
+
+        def keep(name: str, counted: dict[str, list[float]], tasks: int) -> None:
+            for who, (count, seconds) in counted.items():
+                runs = out.setdefault(f"{name}_{who}instructions_per_task_runs", [])
+                runs.append(round((count - rates[who] * seconds) / tasks))
+                out[f"{name}_{who}instructions_per_task"] = min(runs)
+
         workloads = args.workloads.split(",")
-        with counter.window() as idle:
+        with windows() as idle:
             time.sleep(args.idle)
-        rate = out["idle_instructions_per_s"] = round(idle[0] / idle[1])
-
-        def keep(name: str, counted: list, tasks: int) -> None:
-            runs = out.setdefault(name + "_runs", [])
-            runs.append(round((counted[0] - rate * counted[1]) / tasks))
-            out[name] = min(runs)
-
+        for who, (count, seconds) in idle.items():
+            rates[who] = out[f"idle_{who}instructions_per_s"] = round(count / seconds)
         for rep in range(args.repeat):
             if "map" in workloads:
-                with counter.window() as counted:
+                with windows() as counted:
                     futs = client.map(noop, range(args.tasks), pure=False)
                     assert client.gather(futs)[-1] == args.tasks - 1
                     del futs
-                keep("map_instructions_per_task", counted, args.tasks)
+                keep("map", counted, args.tasks)
             if "futures" in workloads:
-                with counter.window() as counted:
+                with windows() as counted:
                     ntree = tree_of_futures(client, args.pairs)
-                keep("tree_futures_instructions_per_task", counted, ntree)
+                keep("tree_futures", counted, ntree)
             if "graph" in workloads:
                 dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-{rep}-")
-                with counter.window() as counted:
+                with windows() as counted:
                     assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
-                keep("tree_graph_instructions_per_task", counted, len(dsk))
+                keep("tree_graph", counted, len(dsk))
             print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
     return out
 
@@ -352,6 +368,12 @@ COLUMNS = ["workers", "system", "join_s", "idle_cpu_pct", "map_per_s", "tree_fut
 COUNTED = ["workers", "system", "join_s", "idle_instructions_per_s",
            "map_instructions_per_task", "tree_futures_instructions_per_task",
            "tree_graph_instructions_per_task"]
+#: with --client, the client's process too
+COUNTED_CLIENT = ["idle_client_instructions_per_s", "map_client_instructions_per_task",
+                  "tree_futures_client_instructions_per_task",
+                  "tree_graph_client_instructions_per_task"]
+#: names the callgrind output of this process, the client's, when it runs under callgrind
+CLIENT_VARIABLE = "BENCH_SWARM_CLIENT_CALLGRIND"
 #: names the checkout a measurement's processes import, when ``--checkout`` picks one
 CHECKOUT_VARIABLE = "BENCH_SWARM_CHECKOUT"
 
@@ -364,10 +386,11 @@ def _use_checkout() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([checkout, os.environ["PYTHONPATH"]])
 
 
-def run_child(argv: list[str], env: dict) -> None:
-    """Run one checkout's measurement; if this process is ended meanwhile (SIGTERM), the
-    child is too, by a SIGTERM that lets it end its own scheduler and workers."""
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL)
+def run_child(argv: list[str], env: dict, quiet: bool = True) -> None:
+    """Run one measurement (``quiet``: its table not shown); if this process is ended
+    meanwhile (SIGTERM), the child is too, by a SIGTERM that lets it end its own
+    scheduler and workers."""
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL if quiet else None)
     try:
         if child.wait() != 0:
             raise RuntimeError(f"{' '.join(argv)} exited with {child.returncode}")
@@ -395,7 +418,8 @@ def by_checkout(args, argv: list[str]) -> None:
             skip = True
         elif not a.startswith(("--checkout=", "--rounds=", "--json=")):
             forwarded.append(a)
-    columns = ["round", "checkout", *(COUNTED if args.instructions else COLUMNS)]
+    columns = ["round", "checkout", *(COUNTED if args.instructions else COLUMNS),
+               *(COUNTED_CLIENT if args.client else [])]
     print("| " + " | ".join(columns) + " |")
     print("|" + "---|" * len(columns), flush=True)
     rows = []
@@ -439,6 +463,8 @@ def main() -> None:
                    help="runs of each workload per measurement: the best rate is kept")
     p.add_argument("--instructions", action="store_true",
                    help="count the scheduler's instructions per task (valgrind) instead")
+    p.add_argument("--client", action="store_true",
+                   help="with --instructions: count the client's process too")
     p.add_argument("--checkout", action="append",
                    help="a checkout whose package to measure (repeat; the first is the base)")
     p.add_argument("--rounds", type=int, default=1,
@@ -449,11 +475,23 @@ def main() -> None:
             p.error(f"--instructions: {', '.join(missing_tools())} not on the PATH")
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.client and not args.instructions:
+        p.error("--client counts with --instructions only")
     if args.checkout:
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
         by_checkout(args, sys.argv[1:])
         return
-    columns = COUNTED if args.instructions else COLUMNS
+    if args.client and not os.environ.get(CLIENT_VARIABLE):
+        # this measurement again, in a process under callgrind (its instrumentation off
+        # but in the windows); the processes it starts run natively
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "client.out")
+            run_child([*valgrind(out), sys.executable, HERE, *sys.argv[1:]],
+                      dict(os.environ, **{CLIENT_VARIABLE: out}), quiet=False)
+        return
+    columns = COUNTED + (COUNTED_CLIENT if args.client else []) if args.instructions \
+        else COLUMNS
     # a SIGTERM (timeout(1), a batch system's limit) ends the measurement's processes too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = []
