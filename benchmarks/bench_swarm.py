@@ -47,7 +47,9 @@ Workers that joined together heartbeat together, and a heartbeat burst inside a 
 that valgrind stretches to many seconds would be counted with the workload, so in this
 mode the workers' heartbeat interval is set to 20 minutes (``worker.heartbeat-interval``,
 ``scheduler.worker-ttl`` 3 hours); ``idle_instructions_per_s`` counts an idle
-``--idle`` window the same way, what the scheduler's timers add per second of a window.
+``--idle`` window the same way (the lower of one before the workloads and one after),
+what the scheduler's timers add per second of a window, taken off each workload's count;
+``--json`` keeps the counts as counted, with their windows' seconds.
 With ``--client`` the process of the client (this one, run again under callgrind) is
 counted in the same windows, net of its own idle rate: what the scheduler's figure
 leaves out of a workload (packing a graph, futures, results).
@@ -278,7 +280,8 @@ def measure(system: str, n: int, args) -> dict:
 def measure_instructions(system: str, n: int, args) -> dict:
     """The scheduler's instructions per task of each workload, and per second of an idle
     window. A workload's window, stretched by valgrind, also holds the scheduler's timers:
-    the idle rate times the window's seconds is taken off. The fewest of the repetitions
+    the idle rate (the lower of a window before the workloads and one after) times the
+    window's seconds is taken off. The fewest of the repetitions
     is kept (the first may still compile, cache or grow a table); all go to ``--json``."""
     if system != "hpcsched":
         raise ValueError("--instructions counts hpcsched's scheduler only")
@@ -297,17 +300,26 @@ def measure_instructions(system: str, n: int, args) -> dict:
             with contextlib.ExitStack() as stack:
                 yield {who: stack.enter_context(c.window()) for who, c in counters.items()}
 
-        def keep(name: str, counted: dict[str, list[float]], tasks: int) -> None:
-            for who, (count, seconds) in counted.items():
-                runs = out.setdefault(f"{name}_{who}instructions_per_task_runs", [])
-                runs.append(round((count - rates[who] * seconds) / tasks))
-                out[f"{name}_{who}instructions_per_task"] = min(runs)
+        windows_counted: list[tuple[str, int, dict[str, list[float]]]] = []
 
+        def keep(name: str, counted: dict[str, list[float]], tasks: int) -> None:
+            windows_counted.append((name, tasks, counted))
+            for who, (count, seconds) in counted.items():  # the counts as counted, too
+                out.setdefault(f"{name}_{who}counted", []).append([count, round(seconds, 2)])
+
+        def idle_window() -> None:
+            with windows() as idle:
+                time.sleep(args.idle)
+            for who, (count, seconds) in idle.items():
+                rate = round(count / seconds)
+                out.setdefault(f"idle_{who}counted", []).append(rate)
+                rates[who] = min(rates.get(who, rate), rate)
+
+        # an idle window before the workloads and one after: a cluster that has just
+        # joined may still be busy for a while (the workers' heartbeat intervals are
+        # told), and the lower of the two rates is the timers'
+        idle_window()
         workloads = args.workloads.split(",")
-        with windows() as idle:
-            time.sleep(args.idle)
-        for who, (count, seconds) in idle.items():
-            rates[who] = out[f"idle_{who}instructions_per_s"] = round(count / seconds)
         for rep in range(args.repeat):
             if "map" in workloads:
                 with windows() as counted:
@@ -325,6 +337,14 @@ def measure_instructions(system: str, n: int, args) -> dict:
                     assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
                 keep("tree_graph", counted, len(dsk))
             print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
+        idle_window()
+        for who, rate in rates.items():
+            out[f"idle_{who}instructions_per_s"] = rate
+        for name, tasks, counted in windows_counted:
+            for who, (count, seconds) in counted.items():
+                runs = out.setdefault(f"{name}_{who}instructions_per_task_runs", [])
+                runs.append(round((count - rates[who] * seconds) / tasks))
+                out[f"{name}_{who}instructions_per_task"] = min(runs)
     return out
 
 
