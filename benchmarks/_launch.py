@@ -101,9 +101,12 @@ def end_on_sigterm() -> None:
 def launch(cmd: list[str], timeout: float,
            on_line: Callable[[str, str], None] | None = None,
            env: dict[str, str] | None = None,
-           on_start: Callable[[str], None] | None = None) -> tuple[list[dict], str, float, float]:
-    """Run ``cmd`` from the repository root, killed after ``timeout`` seconds; every process
-    it started is ended before this returns or raises.
+           on_start: Callable[[str], None] | None = None,
+           cwd: str = REPO) -> tuple[list[dict], str, float, float]:
+    """Run ``cmd`` from ``cwd`` (the repository root), killed after ``timeout`` seconds;
+    every process it started is ended before this returns or raises. ``python -m`` puts
+    the working directory first on the path: a run measuring another checkout (``env``'s
+    ``PYTHONPATH``) starts from that checkout's root.
 
     Returns (RESULT dicts, stderr tail, start time, FIRST time or nan). ``on_line(line,
     mark)`` sees every other stdout line; ``on_start(mark)`` is called once the command is
@@ -116,7 +119,7 @@ def launch(cmd: list[str], timeout: float,
     path = (env or {}).get("PYTHONPATH") or REPO + os.pathsep + os.environ.get("PYTHONPATH", "")
     full_env = {**os.environ, **(env or {}), MARK: mark, "PYTHONPATH": path}
     t_start = time.time()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True,
                             env=full_env)
     results: list[dict] = []

@@ -5,6 +5,8 @@ Usage::
 
     python benchmarks/bench_local_bytecodes.py --checkout /tmp/base --checkout . --sweep 20000
     python benchmarks/bench_local_bytecodes.py --checkout /tmp/base --checkout . --workload map:2000
+    python benchmarks/bench_local_bytecodes.py --checkout /tmp/base --checkout . \
+        --workload tree:2048 --by-function --top 40
 
 Where callgrind's count of a workload (``bench_local_instructions.py``) moves by a few per
 cent between runs of one checkout (the batching of messages follows the timing), this
@@ -34,9 +36,9 @@ import threading
 from typing import Any
 
 
-def one(n: int, what: str = "sweep") -> dict[str, int]:
+def one(n: int, what: str = "sweep", by_function: bool = False) -> dict[str, int]:
     """``--one``: the bytecodes of a bulk map of ``n`` elements (``what``: or a map of
-    ``n`` tasks, a tree of ``n`` leaves) in this process, by file."""
+    ``n`` tasks, a tree of ``n`` leaves) in this process, by file (or by function)."""
     import bench_local
     from hpcsched import Client, LocalCluster
 
@@ -45,7 +47,9 @@ def one(n: int, what: str = "sweep") -> dict[str, int]:
 
     def local(frame: Any, event: str, arg: Any) -> Any:
         if event == "opcode":
-            counts[frame.f_code.co_filename] += 1
+            code = frame.f_code
+            counts[f"{code.co_filename}:{code.co_qualname}" if by_function
+                   else code.co_filename] += 1
         return local
 
     def calls(frame: Any, event: str, arg: Any) -> Any:
@@ -83,6 +87,8 @@ def main() -> None:
     p.add_argument("--sweep", type=int, default=20000, help="elements of the bulk map")
     p.add_argument("--workload", help="map:N or tree:N instead of the sweep")
     p.add_argument("--top", type=int, default=12, help="files shown, by largest change")
+    p.add_argument("--by-function", action="store_true",
+                   help="count by function (file:qualified name) rather than by file")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--one", type=int, help=argparse.SUPPRESS)
     p.add_argument("--what", default="sweep", help=argparse.SUPPRESS)
@@ -97,14 +103,15 @@ def main() -> None:
         checkout = os.path.abspath(args.checkout[0])
         sys.path[:0] = [os.path.join(checkout, "benchmarks"), checkout]
         os.environ["PYTHONPATH"] = checkout
-        print(json.dumps(one(args.one, args.what)))
+        print(json.dumps(one(args.one, args.what, args.by_function)))
         return
     if what == "sweep" and n < 64:
         p.error(f"--sweep must be at least 64 (a bulk map), not {args.sweep}")
     runs = {}
     for c in map(os.path.abspath, args.checkout):
         done = subprocess.run([sys.executable, os.path.abspath(__file__), "--one",
-                               str(n), "--what", what, "--checkout", c],
+                               str(n), "--what", what, "--checkout", c,
+                               *(["--by-function"] if args.by_function else [])],
                               env=dict(os.environ, PYTHONPATH=c), cwd=c, capture_output=True,
                               text=True, timeout=args.timeout)
         if done.returncode != 0:

@@ -1,3 +1,4 @@
+# ruff: noqa: I001 - _checkout is imported first, before anything that imports hpcsched
 """MPI mode against dask-mpi and mpi4py.futures, side by side in one run.
 
     python benchmarks/bench_mpi.py [--tasks 10000] [--leaves 8192] [--sizes 64,512]
@@ -49,6 +50,20 @@ prints one table with ratios. Sub-runs (4 ranks on this 2-core machine):
 
 hpcsched's modules are byte-compiled first, as an installed package's are
 (``_launch.compile_package``). ``--only first`` runs the first-result part alone.
+
+Before and after, in one run (hpcsched alone, throughput and sweep)::
+
+    python benchmarks/bench_mpi.py --checkout <base> --checkout . --rounds 3 \
+        --only throughput,sweep [--instructions] --leaves 4096 --tasks 5000 --sweep-ms 0
+
+``--checkout`` (repeated, the first the base) runs hpcsched's sub-runs with each
+checkout's package in turn (its root on ``PYTHONPATH`` and the working directory),
+``--rounds`` times with the order alternated, this script's workloads for all. With
+``--instructions`` rank 0 (scheduler and client) runs under valgrind's callgrind
+(``_callgrind.py``), its instrumentation switched on around each timed workload alone:
+instructions per task (per element for the sweep), the fewest of ``--repeat``, where
+the wall clock of a loaded machine cannot resolve a few per cent. The worker ranks run
+natively.
 """
 
 from __future__ import annotations
@@ -64,6 +79,7 @@ import statistics
 import sys
 import time
 
+from _callgrind import Counter, missing_tools, valgrind
 from _launch import timed  # benchmarks/ is on the path: the scripts run from it
 
 HERE = os.path.abspath(__file__)
@@ -95,6 +111,13 @@ def report(**result) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def package() -> str:
+    """The checkout whose hpcsched this process runs (``--checkout`` checks it)."""
+    import hpcsched
+
+    return os.path.dirname(os.path.dirname(hpcsched.__file__))
+
+
 def best_of(repeat: int, fn) -> float:
     times = []
     for _ in range(repeat):
@@ -102,6 +125,18 @@ def best_of(repeat: int, fn) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return min(times)
+
+
+def fewest_instructions(args: argparse.Namespace, repeat: int, fn) -> int:
+    """This process's instructions (it runs under callgrind: ``--callgrind-out``) of the
+    cheapest of ``repeat`` runs of ``fn``."""
+    counter = Counter(os.getpid(), args.callgrind_out)
+    counts = []
+    for _ in range(repeat):
+        with counter.window() as counted:
+            fn()
+        counts.append(int(counted[0]))
+    return min(counts)
 
 
 # ====================================================================== sub-runs
@@ -121,10 +156,16 @@ def run_distributed_like(system: str, client, args: argparse.Namespace) -> None:
     def do_tree() -> None:
         assert client.get(dsk, root) == total
 
+    if args.callgrind_out:
+        report(system=system, package=package(), map_instructions=fewest_instructions(args, args.repeat, do_map),
+               tree_instructions=fewest_instructions(args, args.repeat, do_tree), map_tasks=n,
+               tree_tasks=len(dsk), workers=len(client.scheduler_info()["workers"]))
+        return
     t_map = best_of(args.repeat, do_map)
     t_tree = best_of(args.repeat, do_tree)
     report(system=system, map_s=t_map, map_tasks=n, tree_s=t_tree, tree_tasks=len(dsk),
-           workers=len(client.scheduler_info()["workers"]))
+           workers=len(client.scheduler_info()["workers"]),
+           package=package() if system == "hpcsched" else None)
 
 
 def role_hs_throughput(args: argparse.Namespace) -> None:
@@ -200,6 +241,10 @@ def role_hs_sweep(args: argparse.Namespace) -> None:
                 assert client.gather(futures) == expected
                 del futures
 
+            if args.callgrind_out:
+                out["maps"][str(n)] = {"instructions": fewest_instructions(args, args.repeat,
+                                                                           do_map)}
+                continue
             wall, cpu = timed(args.repeat, do_map)
             out["maps"][str(n)] = {"wall": wall, "cpu": cpu}
         if args.sweep_ms:
@@ -214,7 +259,7 @@ def role_hs_sweep(args: argparse.Namespace) -> None:
             out["sweep"] = {"elements": n, "workers": len(workers), "wall": wall,
                             "task_s": task, "efficiency": n * task / len(workers) / wall,
                             "efficiency_nominal": n * 0.001 / len(workers) / wall}
-    report(system="hpcsched", **out)
+    report(system="hpcsched", package=package(), **out)
 
 
 def role_mf_sweep(args: argparse.Namespace) -> None:
@@ -396,6 +441,10 @@ def command(system: str, role: str, nprocs: int, args: argparse.Namespace,
     if system == "ProcessPoolExecutor":
         return [py, HERE, *opts]
     mpiexec = ["mpiexec", *shlex.split(args.mpiexec_args), "-n", str(nprocs)]
+    if system == "hpcsched" and args.callgrind_out:  # rank 0 counted, the others native
+        return [*mpiexec[:-2], "-n", "1", *valgrind(args.callgrind_out), py, "-m", "hpcsched",
+                HERE, *opts, "--callgrind-out", args.callgrind_out, ":",
+                "-n", str(nprocs - 1), py, "-m", "hpcsched", HERE, *opts]
     if system == "hpcsched":
         return [*mpiexec, py, "-m", "hpcsched", HERE, *opts]
     if system == "mpi4py.futures":
@@ -467,10 +516,26 @@ def main() -> None:
                         "'-launcher ssh -launcher-exec ci/nodes/nsssh -iface hsbr0 "
                         "-hosts 10.77.0.11,10.77.0.12,10.77.0.13')")
     p.add_argument("--json", default=None, help="also write all figures to this file")
+    p.add_argument("--checkout", action="append",
+                   help="a checkout whose package to measure (repeat; the first is the base)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --checkout: rounds over the checkouts, the order alternated")
+    p.add_argument("--instructions", action="store_true",
+                   help="with --checkout: count rank 0's instructions (valgrind) instead")
+    p.add_argument("--callgrind-out", default="", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.role:
         ROLES[args.role](args)
         return
+    if args.checkout:
+        if args.instructions and missing_tools():
+            p.error(f"--instructions: {', '.join(missing_tools())} not on the PATH")
+        if args.rounds < 1:
+            p.error("--rounds must be at least 1")
+        by_checkout(args)
+        return
+    if args.instructions:
+        p.error("--instructions counts with --checkout only")
 
     import _launch
 
@@ -515,6 +580,70 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump(figures, f, indent=1)
     print_table(figures)
+
+
+def _measured(result: dict, checkout: str) -> None:
+    if result["package"] != checkout:
+        raise RuntimeError(f"the run for {checkout} measured the package of "
+                           f"{result['package']}")
+
+
+def by_checkout(args: argparse.Namespace) -> None:
+    """hpcsched's throughput and sweep for each ``--checkout``, ``--rounds`` times, the
+    order alternated; one row per run."""
+    import tempfile
+
+    import _launch
+
+    checkouts = [os.path.abspath(c) for c in args.checkout]
+    for c in checkouts:
+        if not os.path.isdir(os.path.join(c, "hpcsched")):
+            sys.exit(f"--checkout {c} holds no hpcsched package")
+        _launch.compile_package(c)
+    only = set(args.only.split(","))
+    if args.instructions:
+        print("| round | checkout | map (instructions per task) | tree | sweep (per element) | |")
+    else:
+        print("| round | checkout | map (tasks/s) | tree | sweep (elements/s) | sweep CPU s |")
+    print("|---|---|---|---|---|---|", flush=True)
+    rows = []
+    for r in range(args.rounds):
+        for c in checkouts if r % 2 == 0 else checkouts[::-1]:
+            row: dict = {"round": r + 1, "checkout": c}
+            with tempfile.TemporaryDirectory() as tmp:
+                # one file name per sub-run: a second process's dumps would overwrite the
+                # first's, numbered from 1 again
+                args.callgrind_out = os.path.join(tmp, "throughput.out") \
+                    if args.instructions else ""
+                if "throughput" in only:
+                    [res], _, _, _ = _launch.launch(
+                        command("hpcsched", "hs-throughput", 4, args), 3600,
+                        env={"PYTHONPATH": c}, cwd=c)
+                    _measured(res, c)
+                    if args.instructions:
+                        row["map"] = round(res["map_instructions"] / res["map_tasks"])
+                        row["tree"] = round(res["tree_instructions"] / res["tree_tasks"])
+                    else:
+                        row["map"] = round(res["map_tasks"] / res["map_s"])
+                        row["tree"] = round(res["tree_tasks"] / res["tree_s"])
+                if "sweep" in only:
+                    args.callgrind_out = args.callgrind_out and os.path.join(tmp, "sweep.out")
+                    [res], _, _, _ = _launch.launch(command("hpcsched", "hs-sweep", 4, args),
+                                                    3600, env={"PYTHONPATH": c}, cwd=c)
+                    _measured(res, c)
+                    (n, m), = res["maps"].items()
+                    if args.instructions:
+                        row["sweep"] = round(m["instructions"] / int(n))
+                    else:
+                        row["sweep"] = round(int(n) / m["wall"])
+                        row["sweep_cpu"] = round(m["cpu"], 3)
+            rows.append(row)
+            print("| " + " | ".join(str(row.get(k, "")) for k in
+                                    ("round", "checkout", "map", "tree", "sweep", "sweep_cpu"))
+                  + " |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "rows": rows}, f, indent=1)
 
 
 def print_table(f: dict) -> None:

@@ -1,3 +1,4 @@
+# ruff: noqa: I001 - _checkout is imported first, before anything that imports hpcsched
 """Many workers for a long time: does the scheduler's memory or cost per task drift?
 
     python benchmarks/bench_soak.py [--workers 1000] [--hosts 4] [--seconds 600]
@@ -64,14 +65,14 @@ def slope_per_hour(ts: list[float], ys: list[float]) -> float:
     var = sum((t - mt) ** 2 for t in ts)
     if var == 0:
         return 0.0
-    return 3600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys)) / var
+    return 3600 * sum((t - mt) * (y - my) for t, y in zip(ts, ys, strict=True)) / var
 
 
 def measure(system: str, args) -> dict:
     rounds: list[dict] = []
     import psutil
 
-    with swarm(system, args.workers, args.hosts) as (client, sp, _):
+    with swarm(system, args.workers, args.hosts) as (client, sp, _, _):
         hosts = [c for c in psutil.Process().children() if c.pid != sp.pid]
         start = time.perf_counter()
         while time.perf_counter() - start < args.seconds or len(rounds) < 2:

@@ -1,3 +1,4 @@
+# ruff: noqa: I001 - _checkout is imported first, before anything that imports hpcsched
 """Many workers over TCP: hpcsched vs dask.distributed, side by side in one run.
 
     python benchmarks/bench_swarm.py [--workers 10,200,1000,2000] [--hosts 4]
@@ -5,6 +6,8 @@
                                      [--systems hpcsched,dask] [--json out.json]
                                      [--workloads map,futures,graph] [--repeat 3]
                                      [--idle 10]
+    python benchmarks/bench_swarm.py --instructions --checkout <base> --checkout . \
+        --workers 200,1000 --workloads graph --leaves 4096 --repeat 2 --rounds 2
 
 For each system and each number of workers N, as a user would run it: one
 scheduler process started from the command line with a scheduler file, N
@@ -36,6 +39,24 @@ this 2-core machine, at 200 workers as at 1,000. ``--workloads`` picks among
 map, futures (the tree of futures) and graph; each figure also goes to stderr as soon as it is measured (dask's trees at 2,000
 workers take many minutes on a small machine).
 
+``--instructions`` counts instead what the wall clock of a loaded machine cannot resolve:
+the scheduler process runs under valgrind's callgrind with its instrumentation off, and
+each workload is counted alone (``callgrind_control`` switches it on before the workload
+and off and dumps after it): instructions per task, the fewest of the repetitions.
+Workers that joined together heartbeat together, and a heartbeat burst inside a window
+that valgrind stretches to many seconds would be counted with the workload, so in this
+mode the workers' heartbeat interval is set to 20 minutes (``worker.heartbeat-interval``,
+``scheduler.worker-ttl`` 3 hours); ``idle_instructions_per_s`` counts an idle
+``--idle`` window the same way (the lower of one before the workloads and one after),
+what the scheduler's timers add per second of a window, taken off each workload's count;
+``--json`` keeps the counts as counted, with their windows' seconds.
+With ``--client`` the process of the client (this one, run again under callgrind) is
+counted in the same windows, net of its own idle rate: what the scheduler's figure
+leaves out of a workload (packing a graph, futures, results).
+``--checkout`` (repeated, the first the base) runs the whole measurement for each
+checkout's package in turn, ``--rounds`` times with the order alternated, this script's
+workloads for every one of them.
+
 Every process a measurement starts is ended by it (terminate, then kill).
 dask's workers run with ``memory_limit=0`` (no memory monitor), as
 hpcsched's do by default, and without their statistical profiler (a 10 ms
@@ -54,6 +75,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +84,7 @@ import time
 from collections.abc import Iterator
 from operator import add
 
+from _callgrind import Counter, missing_tools, valgrind
 from bench_local import noop, tree_graph  # the same workloads as bench_local.py
 
 HERE = os.path.abspath(__file__)
@@ -148,11 +171,17 @@ def _wait_file(path: str, proc: subprocess.Popen, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+#: the environment of a counted measurement: no heartbeat burst inside a counted window
+QUIET_HEARTBEATS = {"HPCSCHED_WORKER__HEARTBEAT_INTERVAL": "1200",
+                    "HPCSCHED_SCHEDULER__WORKER_TTL": "10800"}
+
+
 @contextlib.contextmanager
-def swarm(system: str, n: int, hosts: int) -> Iterator[tuple]:
+def swarm(system: str, n: int, hosts: int, instructions: bool = False) -> Iterator[tuple]:
     """A scheduler process started from the command line, ``n`` one-thread workers from
     ``hosts`` processes, and a client in this process once they have all joined: yields
-    (client, the scheduler's psutil.Process, seconds the workers took to join). Every
+    (client, the scheduler's psutil.Process, seconds the workers took to join, and with
+    ``instructions`` a :class:`Counter` of the scheduler's instructions, else None). Every
     process it started is ended when it exits (bench_soak.py uses it too)."""
     import psutil
 
@@ -166,11 +195,19 @@ def swarm(system: str, n: int, hosts: int) -> Iterator[tuple]:
     env = dict(os.environ, PYTHONWARNINGS="ignore", DASK_LOGGING__DISTRIBUTED="error",
                DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="600s",
                DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED="False", PYTHONPATH=path)
+    counter_out = os.path.join(tmp, "callgrind.out")
+    prefix = valgrind(counter_out) if instructions else []
+    if instructions:
+        env.update(QUIET_HEARTBEATS)
     procs = Processes()
     try:
         if system == "hpcsched":
-            sched = procs.start([sys.executable, "-m", "hpcsched", "scheduler", "--port", "0",
-                                 "--scheduler-file", sfile, "--log-level", "error"], env=env)
+            # started in the temporary directory: ``-m`` puts the working directory first
+            # on the path, where another checkout's package would be found before ours
+            sched = procs.start([*prefix, sys.executable, "-m", "hpcsched", "scheduler",
+                                 "--port", "0", "--scheduler-file", sfile,
+                                 "--log-level", "error"], env=env, cwd=tmp,
+                                stderr=subprocess.DEVNULL if instructions else None)
         else:
             sched = procs.start([sys.executable, "-m", "distributed.cli.dask_scheduler",
                                  "--port", "0", "--dashboard-address", ":0",
@@ -189,22 +226,23 @@ def swarm(system: str, n: int, hosts: int) -> Iterator[tuple]:
             from distributed import Client
         with Client(scheduler_file=sfile) as client:
             client.wait_for_workers(n, timeout=600)
-            yield client, sp, time.perf_counter() - t0
+            counter = Counter(sched.pid, counter_out) if instructions else None
+            yield client, sp, time.perf_counter() - t0, counter
     finally:
         procs.close()
-        for f in os.listdir(tmp):
-            os.unlink(os.path.join(tmp, f))
-        os.rmdir(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def measure(system: str, n: int, args) -> dict:
-    with swarm(system, n, args.hosts) as (client, sp, join):
+    if args.instructions:
+        return measure_instructions(system, n, args)
+    with swarm(system, n, args.hosts) as (client, sp, join, _):
         c0 = sp.cpu_times()
         time.sleep(args.idle)
         c1 = sp.cpu_times()
         idle = 100 * ((c1.user + c1.system) - (c0.user + c0.system)) / args.idle
         out = {"system": system, "workers": n, "join_s": round(join, 2),
-               "idle_cpu_pct": round(idle, 2)}
+               "idle_cpu_pct": round(idle, 2), "package": scheduler_package(system, client)}
         print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
         workloads = args.workloads.split(",")
         total = 0
@@ -239,6 +277,90 @@ def measure(system: str, n: int, args) -> dict:
     return out
 
 
+def measure_instructions(system: str, n: int, args) -> dict:
+    """The scheduler's instructions per task of each workload, and per second of an idle
+    window. A workload's window, stretched by valgrind, also holds the scheduler's timers:
+    the idle rate (the lower of a window before the workloads and one after) times the
+    window's seconds is taken off. The fewest of the repetitions
+    is kept (the first may still compile, cache or grow a table); all go to ``--json``."""
+    if system != "hpcsched":
+        raise ValueError("--instructions counts hpcsched's scheduler only")
+    client_out = os.environ.get(CLIENT_VARIABLE)
+    with swarm(system, n, args.hosts, instructions=True) as (client, sp, join, counter):
+        out: dict = {"system": system, "workers": n, "join_s": round(join, 2),
+                     "package": scheduler_package(system, client)}
+        # --client: this process, the client's, is counted too, in the same windows
+        counters = {"": counter}
+        if client_out:
+            counters["client_"] = Counter(os.getpid(), client_out)
+        rates: dict[str, float] = {}
+
+        @contextlib.contextmanager
+        def windows() -> Iterator[dict[str, list[float]]]:
+            with contextlib.ExitStack() as stack:
+                yield {who: stack.enter_context(c.window()) for who, c in counters.items()}
+
+        windows_counted: list[tuple[str, int, dict[str, list[float]]]] = []
+
+        def keep(name: str, counted: dict[str, list[float]], tasks: int) -> None:
+            windows_counted.append((name, tasks, counted))
+            for who, (count, seconds) in counted.items():  # the counts as counted, too
+                out.setdefault(f"{name}_{who}counted", []).append([count, round(seconds, 2)])
+
+        def idle_window() -> None:
+            with windows() as idle:
+                time.sleep(args.idle)
+            for who, (count, seconds) in idle.items():
+                rate = round(count / seconds)
+                out.setdefault(f"idle_{who}counted", []).append(rate)
+                rates[who] = min(rates.get(who, rate), rate)
+
+        # an idle window before the workloads and one after: a cluster that has just
+        # joined may still be busy for a while (the workers' heartbeat intervals are
+        # told), and the lower of the two rates is the timers'
+        idle_window()
+        workloads = args.workloads.split(",")
+        for rep in range(args.repeat):
+            if "map" in workloads:
+                with windows() as counted:
+                    futs = client.map(noop, range(args.tasks), pure=False)
+                    assert client.gather(futs)[-1] == args.tasks - 1
+                    del futs
+                keep("map", counted, args.tasks)
+            if "futures" in workloads:
+                with windows() as counted:
+                    ntree = tree_of_futures(client, args.pairs)
+                keep("tree_futures", counted, ntree)
+            if "graph" in workloads:
+                dsk, root = tree_graph(args.leaves, f"swarm-{system}-{n}-{rep}-")
+                with windows() as counted:
+                    assert client.get(dsk, root) == args.leaves * (args.leaves - 1) // 2
+                keep("tree_graph", counted, len(dsk))
+            print(f"{system} {n}: {out}", file=sys.stderr, flush=True)
+        idle_window()
+        for who, rate in rates.items():
+            out[f"idle_{who}instructions_per_s"] = rate
+        for name, tasks, counted in windows_counted:
+            for who, (count, seconds) in counted.items():
+                runs = out.setdefault(f"{name}_{who}instructions_per_task_runs", [])
+                runs.append(round((count - rates[who] * seconds) / tasks))
+                out[f"{name}_{who}instructions_per_task"] = min(runs)
+    return out
+
+
+def scheduler_package(system: str, client) -> str | None:
+    """The checkout whose hpcsched the scheduler runs (``--checkout`` checks it)."""
+    if system != "hpcsched":
+        return None
+
+    def package() -> str:
+        import hpcsched
+
+        return os.path.dirname(os.path.dirname(hpcsched.__file__))
+
+    return client.run_on_scheduler(package)
+
+
 def tree_of_futures(client, pairs: int) -> int:
     """``pairs`` futures reduced pairwise with ``submit(add, a, b)``, one call per task,
     futures passed inline; the result checked. The number of tasks it ran."""
@@ -263,9 +385,85 @@ def best(out: dict, name: str, rate: float) -> None:
 
 COLUMNS = ["workers", "system", "join_s", "idle_cpu_pct", "map_per_s", "tree_futures_per_s",
            "tree_graph_per_s", "cpu_per_task_us", "rss_mib"]
+COUNTED = ["workers", "system", "join_s", "idle_instructions_per_s",
+           "map_instructions_per_task", "tree_futures_instructions_per_task",
+           "tree_graph_instructions_per_task"]
+#: with --client, the client's process too
+COUNTED_CLIENT = ["idle_client_instructions_per_s", "map_client_instructions_per_task",
+                  "tree_futures_client_instructions_per_task",
+                  "tree_graph_client_instructions_per_task"]
+#: names the callgrind output of this process, the client's, when it runs under callgrind
+CLIENT_VARIABLE = "BENCH_SWARM_CLIENT_CALLGRIND"
+#: names the checkout a measurement's processes import, when ``--checkout`` picks one
+CHECKOUT_VARIABLE = "BENCH_SWARM_CHECKOUT"
+
+
+def _use_checkout() -> None:
+    """This process, and those it starts, import the checkout ``--checkout`` picked."""
+    checkout = os.environ.get(CHECKOUT_VARIABLE)
+    if checkout:
+        sys.path.insert(0, checkout)
+        os.environ["PYTHONPATH"] = os.pathsep.join([checkout, os.environ["PYTHONPATH"]])
+
+
+def run_child(argv: list[str], env: dict, quiet: bool = True) -> None:
+    """Run one measurement (``quiet``: its table not shown); if this process is ended
+    meanwhile (SIGTERM), the child is too, by a SIGTERM that lets it end its own
+    scheduler and workers."""
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL if quiet else None)
+    try:
+        if child.wait() != 0:
+            raise RuntimeError(f"{' '.join(argv)} exited with {child.returncode}")
+    finally:
+        if child.poll() is None:
+            child.terminate()
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def by_checkout(args, argv: list[str]) -> None:
+    """``--checkout``: the measurement of ``argv`` for each checkout, alternated."""
+    checkouts = [os.path.abspath(c) for c in args.checkout]
+    for c in checkouts:
+        if not os.path.isdir(os.path.join(c, "hpcsched")):
+            sys.exit(f"--checkout {c} holds no hpcsched package")
+    forwarded, skip = [], False
+    for a in argv:  # this run's arguments but --checkout, --rounds and --json
+        if skip:
+            skip = False
+        elif a in ("--checkout", "--rounds", "--json"):
+            skip = True
+        elif not a.startswith(("--checkout=", "--rounds=", "--json=")):
+            forwarded.append(a)
+    columns = ["round", "checkout", *(COUNTED if args.instructions else COLUMNS),
+               *(COUNTED_CLIENT if args.client else [])]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns), flush=True)
+    rows = []
+    for r in range(args.rounds):
+        for c in checkouts if r % 2 == 0 else checkouts[::-1]:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "rows.json")
+                run_child([sys.executable, HERE, *forwarded, "--json", out],
+                          dict(os.environ, **{CHECKOUT_VARIABLE: c}))
+                with open(out) as f:
+                    for row in json.load(f):
+                        if row.get("package", c) != c:
+                            raise RuntimeError(f"the run for {c} measured the scheduler of "
+                                               f"{row['package']}")
+                        rows.append(dict(row, round=r + 1, checkout=c))
+                        print("| " + " | ".join(str(rows[-1].get(k, row.get("error", "")))
+                                                for k in columns) + " |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
 
 
 def main() -> None:
+    _use_checkout()
     if len(sys.argv) > 1 and sys.argv[1] == "_host":
         system, sfile, count = sys.argv[2], sys.argv[3], int(sys.argv[4])
         (_host_hpcsched if system == "hpcsched" else _host_dask)(sfile, count)
@@ -283,12 +481,42 @@ def main() -> None:
                    help="seconds over which the idle scheduler's CPU is measured")
     p.add_argument("--repeat", type=int, default=3,
                    help="runs of each workload per measurement: the best rate is kept")
+    p.add_argument("--instructions", action="store_true",
+                   help="count the scheduler's instructions per task (valgrind) instead")
+    p.add_argument("--client", action="store_true",
+                   help="with --instructions: count the client's process too")
+    p.add_argument("--checkout", action="append",
+                   help="a checkout whose package to measure (repeat; the first is the base)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --checkout: rounds over the checkouts, the order alternated")
     args = p.parse_args()
+    if args.instructions:
+        if missing_tools():
+            p.error(f"--instructions: {', '.join(missing_tools())} not on the PATH")
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    if args.client and not args.instructions:
+        p.error("--client counts with --instructions only")
+    if args.checkout:
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        by_checkout(args, sys.argv[1:])
+        return
+    if args.client and not os.environ.get(CLIENT_VARIABLE):
+        # this measurement again, in a process under callgrind (its instrumentation off
+        # but in the windows); the processes it starts run natively
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "client.out")
+            run_child([*valgrind(out), sys.executable, HERE, *sys.argv[1:]],
+                      dict(os.environ, **{CLIENT_VARIABLE: out}), quiet=False)
+        return
+    columns = COUNTED + (COUNTED_CLIENT if args.client else []) if args.instructions \
+        else COLUMNS
     # a SIGTERM (timeout(1), a batch system's limit) ends the measurement's processes too
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     rows = []
-    print("| " + " | ".join(COLUMNS) + " |")
-    print("|" + "---|" * len(COLUMNS))
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
     for n in (int(x) for x in args.workers.split(",")):
         for system in args.systems.split(","):
             try:
@@ -296,7 +524,7 @@ def main() -> None:
             except Exception as e:  # one failing measurement must not hide the others
                 row = {"system": system, "workers": n, "error": f"{type(e).__name__}: {e}"}
             rows.append(row)
-            print("| " + " | ".join(str(row.get(c, row.get("error", ""))) for c in COLUMNS)
+            print("| " + " | ".join(str(row.get(c, row.get("error", ""))) for c in columns)
                   + " |", flush=True)
         pair = {r["system"]: r for r in rows if r["workers"] == n and "error" not in r}
         if {"hpcsched", "dask"} <= set(pair):

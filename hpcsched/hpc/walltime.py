@@ -39,9 +39,7 @@ import _thread
 import logging
 import math
 import os
-import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -155,6 +153,8 @@ def continuation_command(job_id: str, fields: Mapping[str, str],
 
 
 def _slurm_job(job_id: str) -> dict[str, str]:
+    import subprocess  # here, not at the top: every rank imports this module at its start
+
     out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True,
                          text=True, timeout=30, check=True).stdout
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
@@ -183,6 +183,9 @@ def plan_continuation(begin_in: float,
     none, in a line. An ``sbatch`` asks for a start ``begin_in`` seconds from now at the
     earliest (when this job is over: the two never share the journal).
     """
+    import shlex
+    import subprocess
+
     env = os.environ if env is None else env
     job_id = env.get("SLURM_JOB_ID", "")
     if not job_id:
@@ -205,6 +208,9 @@ def plan_continuation(begin_in: float,
 
 def run_continuation(cmd: list[str]) -> str:
     """Run a command of :func:`plan_continuation`; what happened, in a line."""
+    import shlex
+    import subprocess
+
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.SubprocessError) as e:

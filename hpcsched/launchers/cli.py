@@ -30,7 +30,6 @@ import argparse
 import logging
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,6 +37,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import subprocess
+
     from hpcsched.core.worker.tasks.gpus import Gpus
 
 logger = logging.getLogger("hpcsched.cli")
@@ -356,6 +357,8 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int,
         names = [args.name]
     else:
         names = [f"{name}-{k}" for k in range(args.nworkers)]
+
+    import subprocess  # here, not at the top: MPI mode's every rank imports this module
 
     from hpcsched.core.worker.nanny import Nanny
 

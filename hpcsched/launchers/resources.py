@@ -333,7 +333,6 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> Gpus | None:
     """This process's GPUs (None: none known): from ``env`` (default ``os.environ``), else
     from ``nvidia-smi -L`` when it is on the ``PATH`` of ``env``."""
     import shutil
-    import subprocess
 
     env = os.environ if env is None else env
     gpus = find(env)
@@ -342,6 +341,8 @@ def detect_gpus(env: Mapping[str, str] | None = None) -> Gpus | None:
     smi = shutil.which("nvidia-smi", path=env.get("PATH"))
     if smi is None:
         return None
+    import subprocess  # only here: every worker asks, and most nodes have no nvidia-smi
+
     try:
         out = subprocess.run([smi, "-L"], capture_output=True, text=True, check=False,
                              timeout=NVIDIA_SMI_TIMEOUT, stdin=subprocess.DEVNULL)

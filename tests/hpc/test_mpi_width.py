@@ -44,6 +44,8 @@ def test_ranks_import_no_heavy_module_before_the_first_task():
     assert got["workers"] == [[], []], r
     # nor the client's protocol: a worker rank reads the worker's records alone
     assert got["client_side"] == [[], []], r
+    # nor subprocess: it runs no command (asking nvidia-smi only where there is one)
+    assert got["commands"] == [[], []], r
     assert got["rank0"] == [], r
 
 

@@ -11,8 +11,17 @@ CLIENT_SIDE = ("hpcsched.core.protocol.client", "hpcsched.core.protocol.primitiv
                "hpcsched.core.protocol.messages", "hpcsched.core.client.client")
 
 
+#: what a worker rank runs no command with, at its start or for a task that runs none: it
+#: imports ``subprocess`` (a few ms of each rank's start) where it runs one
+COMMANDS = ("subprocess",)
+
+
 def client_side_loaded():
     return [m for m in CLIENT_SIDE if m in sys.modules]
+
+
+def commands_loaded():
+    return [m for m in COMMANDS if m in sys.modules]
 
 
 with Client() as client:
@@ -20,5 +29,6 @@ with Client() as client:
     rank0 = heavy_loaded()
     workers = sorted(client.run(heavy_loaded).values())
     client_side = sorted(client.run(client_side_loaded).values())
-print("IMPORTS " + json.dumps({"rank0": rank0, "workers": workers, "client_side": client_side}),
-      flush=True)
+    commands = sorted(client.run(commands_loaded).values())
+print("IMPORTS " + json.dumps({"rank0": rank0, "workers": workers, "client_side": client_side,
+                               "commands": commands}), flush=True)
