@@ -173,7 +173,8 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
     (their queues are counted by ranges): fine at an interval of a second even with
     10^5 tasks. The elements of a bulk map (:mod:`hpcsched.core.state.bulk`) are work
     and data as tasks are: queued ones are ready demand of their TaskGroup, those a
-    worker was given count as assigned to it, their results as data it holds.
+    worker was given count as assigned to it, their results as data it holds; the tasks
+    its ranges run (elements made tasks: an array job's) count as its elements do.
     """
     default = float(getattr(state, "unknown_task_duration", 0.5))
 
@@ -206,15 +207,25 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
         wr = frozenset(ts.worker_restrictions) if ts.worker_restrictions else None
         add((ts.group.name, ready, res, wr, bool(ts.loose_restrictions)), 1, duration(ts))
     bulk = getattr(state, "bulk", None)
-    elements: dict[str, tuple[int, float]] = {}
-    if bulk is not None and bulk.maps:
-        for group, count, seconds in bulk.waiting():
-            add((group, True, None, None, False), count, default if seconds is None else seconds)
+    elements: dict[str, tuple[int, int, float]] = {}
+    if bulk is not None:
+        if bulk.maps:
+            for group, count, seconds in bulk.waiting():
+                add((group, True, None, None, False), count,
+                    default if seconds is None else seconds)
+        # also once a map is gone from the book while its ranges still run its tasks
         elements = bulk.given_work(default)
     workers = []
     for ws in state.workers.values():
-        given, given_work = elements.get(ws.address, (0, 0.0))
-        extra = len(ws.processing) - ws.nthreads
+        given, ranged, given_work = elements.get(ws.address, (0, 0, 0.0))
+        # the tasks a worker's ranges run (an array job's, a published map's) are in its
+        # processing too, all as executing (any may have started): they wait as its
+        # elements do, each its map's expected time. Their count may hold some gone since
+        # (bounded: Promotions.in_range), never more than it processes.
+        ranged = min(ranged, len(ws.processing))
+        own = len(ws.processing) - ranged  # the tasks placed on it one by one
+        held = given + ranged
+        extra = own - ws.nthreads
         work = 0.0
         if extra > 0:
             left = extra
@@ -225,15 +236,15 @@ def snapshot_state(state: Any, requested: int | None = None, now: float = 0.0) -
                 left -= 1
                 if not left:
                     break
-        # ranges and tasks share the worker's threads: the elements beyond the threads
-        # the tasks leave wait, each its map's expected time
-        waiting = max(len(ws.processing) + given - ws.nthreads, 0)
-        if given and waiting > max(extra, 0):
-            work += (waiting - max(extra, 0)) * given_work / given
+        # ranges and tasks share the worker's threads: what its ranges hold beyond the
+        # threads the tasks leave waits
+        waiting = max(own + held - ws.nthreads, 0)
+        if held and waiting > max(extra, 0):
+            work += (waiting - max(extra, 0)) * given_work / held
         workers.append(WorkerSnapshot(
             address=ws.address, name=ws.name, nthreads=ws.nthreads,
             memory_limit=ws.memory_limit, nbytes=ws.nbytes,
-            n_keys=len(ws.has_what) + ws.n_elements, processing=len(ws.processing) + given,
+            n_keys=len(ws.has_what) + ws.n_elements, processing=own + held,
             waiting_tasks=waiting, waiting_work=work,
             resources=dict(ws.resources), used_resources=dict(ws.used_resources),
             resource_waiting=_resource_waiting(ws, duration),

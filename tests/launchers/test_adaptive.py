@@ -8,11 +8,15 @@ story on batch systems in ``tests/jobqueue/test_adaptive.py``.
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 
 from hpcsched.core.client.client import Client
-from tests.adaptive_harness import check_burst_and_retirement
-from tests.conftest import _local_cluster
+from tests.adaptive_harness import PeakWorkers, check_burst_and_retirement, executions, log
+from tests.conftest import _local_cluster, wait_until
+from tests.launchers.procs import hpcsched_cmd
 
 
 @pytest.mark.timeout(90)
@@ -30,6 +34,64 @@ def test_one_worker_grows_for_waiting_calls_and_shrinks_back_keeping_results(roa
             check_burst_and_retirement(cluster, client, adaptive, road, runs, 1, 3,
                                        timeout=60)
         print("\n".join(map(str, adaptive.log)))
+    finally:
+        cluster.close()
+    assert not adaptive.running
+
+
+@pytest.mark.timeout(180)
+def test_an_array_job_makes_it_grow_and_shrink_with_each_of_its_tasks_run_once(tmp_path):
+    """An array job (``hpcsched submit --array``: 120 commands of 0.1 s, 12 s of work) on a
+    LocalCluster adapting from no worker up to 3. Its futures are published, so each of
+    its elements is a task run in the ranges given to the workers (the third road of a
+    bulk map): they are work waiting as a plain map's elements are, and it grows on the
+    backlog. ``hpcsched job wait`` exits 0, every command ran once (none rerun by a
+    retirement, none lost), the workers beyond the one holding the job's results retire
+    once it ended, and that one once the job is let go."""
+    runs = tmp_path / "runs.txt"
+    n = 120
+    cluster = _local_cluster(n_workers=0)
+    try:
+        adaptive = cluster.adapt(minimum=0, maximum=3, interval=0.2, wait_count=2,
+                                 target_duration=0.5)
+        peak = PeakWorkers(cluster.scheduler)
+        try:
+            def hs(what: str, *args: str) -> subprocess.CompletedProcess:
+                head = what.split()
+                return subprocess.run(
+                    [*hpcsched_cmd(), *head, "--address", cluster.scheduler_address, *args],
+                    cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                    stdin=subprocess.DEVNULL,
+                    env={**os.environ, "HPCSCHED_SECRET": cluster.security.secret_hex()})
+
+            submitted = hs("submit", "--array", f"1-{n}", "--", "sh", "-c",
+                           f"echo $HPCSCHED_TASK_ID >> {runs}; sleep 0.1")
+            assert submitted.returncode == 0, submitted.stderr
+            job = submitted.stdout.strip().rsplit(" ", 1)[-1]
+            waited = hs("job wait", job)
+            assert waited.returncode == 0, waited.stderr
+            assert f"{n}/{n} finished" in waited.stderr
+            assert executions(runs) == list(range(1, n + 1)), "a command ran twice, or never"
+            ups = [d for d in adaptive.log if d.action == "up"]
+            assert ups and ups[0].kind == "no-workers", log(adaptive)
+            assert any(d.kind == "backlog" for d in ups), log(adaptive)
+            assert peak.peak >= 2 and all(d.target <= 3 for d in adaptive.log), log(adaptive)
+
+            with Client(cluster, set_as_default=False) as client:
+                # the third road: the job's elements are tasks the scheduler knows by key
+                tasks = client.run_on_scheduler(lambda dask_scheduler: sum(
+                    k.startswith(f"hpcsched-job-{job}-") for k in dask_scheduler.state.tasks))
+                assert tasks == n
+                wait_until(lambda: len(cluster.workers) == 1
+                           and any(d.action == "down" for d in adaptive.log), timeout=60,
+                           what="adaptive to retire all but the worker holding the results")
+                client.unpublish_dataset(f"hpcsched-job-{job}")
+                wait_until(lambda: not cluster.workers, timeout=60,
+                           what="the last worker to retire once the job is let go")
+            assert executions(runs) == list(range(1, n + 1))
+        finally:
+            peak.detach()
+        print("\n".join(log(adaptive)))
     finally:
         cluster.close()
     assert not adaptive.running

@@ -488,6 +488,66 @@ def test_elements_given_beyond_a_workers_threads_wait_for_their_maps_measured_ti
     assert (r.action, r.target, r.kind) == ("up", 2, "backlog")
 
 
+def _map_of_tasks(s: SchedulerState, n: int) -> list:
+    """A map of ``n`` elements, each made a task before a worker comes (a task ``z``
+    depends on them all, as a client wanting them does: an array job's, a published
+    map's): they stay in the map's queue and run in the ranges given to workers."""
+    _map(s, n)
+    return s.handle(ev.UpdateGraph("c", {"z": {"run_spec": "z", "deps": [
+        f"{SWEEP}{i}" for i in range(n)]}}, ["z"]))
+
+
+def test_tasks_a_workers_ranges_run_wait_as_its_elements_do():
+    """The map of the test above, every element a task: one worker of one thread is given
+    ranges, the first is reported (2 s a task), and it is topped up. What its ranges hold
+    beyond its thread waits 2 s each, as plain elements would, not as tasks started (the
+    tasks of a range are all marked executing: any may have started)."""
+    s = SchedulerState()
+    _map_of_tasks(s, 100)
+    out = s.handle(ev.AddWorker("tcp://a", 1))
+    _finish(s, "tcp://a", _given(out, "tcp://a"))
+    held = s.bulk.handout.load("tcp://a")
+    assert held > 1 and s.bulk.outstanding.get("tcp://a", 0) == 0  # tasks, no elements
+    snapshot = snapshot_state(s, requested=1)
+    (d,) = snapshot.demand
+    (a,) = snapshot.workers
+    assert (a.processing, a.waiting_tasks, a.waiting_work) == (held, held - 1, (held - 1) * 2.0)
+    assert snapshot.backlog == pytest.approx((d.count + held - 1) * 2.0)
+    r = recommend(snapshot, Policy(maximum=3, target_duration=5))
+    assert (r.action, r.target, r.kind) == ("up", 2, "backlog")
+
+
+def test_tasks_ranges_run_after_their_map_left_the_book_still_wait():
+    """The map is all given out and leaves the book (nothing of it queued, its tasks
+    are tasks now) while the worker's last ranges still run some: they are its work."""
+    s = SchedulerState()
+    _map_of_tasks(s, 100)
+    out = s.handle(ev.AddWorker("tcp://a", 1))
+    given = _given(out, "tcp://a")
+    while s.bulk.maps:  # A reports its tasks one by one, in order
+        given += _given(_finish(s, "tcp://a", given[:1]), "tcp://a")
+        del given[0]
+    held = s.bulk.handout.load("tcp://a")
+    assert held == len(given) > 1
+    (a,) = snapshot_state(s, requested=1).workers
+    assert (a.processing, a.waiting_tasks, a.waiting_work) == (held, held - 1, (held - 1) * 2.0)
+
+
+def test_a_worker_whose_range_tasks_were_released_is_idle():
+    """The client lets go of ``z`` and of the map while A's ranges run its tasks: they are
+    released, and A, whose count of them may still hold them (pruned later), processes
+    nothing: it may retire."""
+    s = SchedulerState()
+    _map_of_tasks(s, 100)
+    s.handle(ev.AddWorker("tcp://a", 1))
+    assert s.bulk.promotions.in_range("tcp://a") > 0
+    s.handle(ev.ClientReleasesKeys("c", ["z", *(f"{SWEEP}{i}" for i in range(100))]))
+    s.validate()
+    assert not s.workers["tcp://a"].processing
+    (a,) = snapshot_state(s).workers
+    assert (a.processing, a.waiting_tasks, a.waiting_work) == (0, 0, 0.0)
+
+
 def test_a_worker_running_elements_is_not_idle():
     """A and B share a map; B has finished its part and nothing is queued any more, while A
     still runs the ranges given to it: B may retire (its results move to A), A may not.

@@ -377,10 +377,13 @@ def test_both_workers_run_until_near_the_end_of_an_uneven_map(c, road, wanted):
 
 
 @pytest.mark.timeout(180)
-def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_path):
+@pytest.mark.parametrize("wanted", [False, True], ids=["elements", "published"])
+def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_path, wanted):
     """A worker retired while it runs a map gives back the elements it has not started and
     its results move to the other worker: every element runs exactly once, and every
-    result is there after the worker left."""
+    result is there after the worker left. ``published``: a dataset holds the futures,
+    which makes each element a task run in the ranges (as an array job's are): those the
+    worker has not started go back too, and those it runs end there first."""
     n = 200
     cluster = _local_cluster(n_workers=2)
     try:
@@ -389,9 +392,15 @@ def test_a_worker_retired_mid_map_hands_back_its_elements_and_its_results(tmp_pa
             fs = client.map(tagged, range(n), directory=str(tmp_path), delay=0.02,
                             pure=False)
             assert _is_bulk(client, fs)
+            if wanted:
+                client.publish_dataset(retired_mid_map=fs)
             done = _until_both_workers_ran_some(fs)
             workers = client.scheduler_info()["workers"]
             (leaving,) = [a for a, info in workers.items() if info["pid"] == max(done.values())]
+            if wanted:  # the worker retires with tasks in its ranges
+                assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.state
+                                               .bulk.promotions.unstarted(
+                                                   dask_scheduler.state.workers[leaving]))
             assert client.retire_workers([leaving], timeout=120) == [leaving]
             assert leaving not in client.scheduler_info()["workers"]
             results = client.gather(fs, timeout=120)

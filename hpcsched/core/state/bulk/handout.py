@@ -119,18 +119,33 @@ class Handout:
         self.releasing.pop(address, None)
         self.element_time.pop(address, None)
 
-    def given_work(self, unknown: float) -> dict[str, tuple[int, float]]:
-        """What each worker was given of the maps and has not reported, by address:
-        ``(elements, their expected seconds)``, each at the worker's recent time per
-        element, else the first map's (:meth:`.book.MapBook.element_seconds`), else
-        ``unknown``. One entry per worker given elements, not per element."""
+    def given_work(self, unknown: float) -> dict[str, tuple[int, int, float]]:
+        """What each worker holds of the maps (:meth:`load`) and has not reported, by
+        address: ``(elements, tasks its ranges run, expected seconds of both)``. An
+        element takes the worker's recent time per element, else the first map's
+        (:meth:`.book.MapBook.element_seconds`), else ``unknown``; a task the worker's
+        recent time too, else its TaskGroup's measured duration
+        (:meth:`.promotion.Promotions.seconds_each`). The tasks are counted as
+        :meth:`.promotion.Promotions.in_range` does (at most). One entry per worker
+        holding some, not per element."""
         pending = self.book.pending
         first = self.book.element_seconds(pending[0]) if pending else None
-        out: dict[str, tuple[int, float]] = {}
-        for address, given in self.outstanding.items():
-            if given:
-                each = self.element_time.get(address, first)
-                out[address] = (given, given * (unknown if each is None else each))
+        promotions = self.promotions
+        out: dict[str, tuple[int, int, float]] = {}
+        for address in self.outstanding.keys() | promotions.in_ranges.keys():
+            given = self.outstanding.get(address, 0)
+            tasks = promotions.in_range(address)
+            if not (given or tasks):
+                continue
+            recent = self.element_time.get(address)
+            each = first if recent is None else recent
+            seconds = given * (unknown if each is None else each)
+            if tasks:
+                each = recent if recent is not None else promotions.seconds_each(address)
+                if each is None:
+                    each = first
+                seconds += tasks * (unknown if each is None else each)
+            out[address] = (given, tasks, seconds)
         return out
 
     # ================================================================ giving

@@ -198,8 +198,8 @@ class BulkMaps:
         """The work waiting in the maps' queues (:meth:`.book.MapBook.waiting`)."""
         return self.book.waiting()
 
-    def given_work(self, unknown: float) -> dict[str, tuple[int, float]]:
-        """What each worker was given and has not reported
+    def given_work(self, unknown: float) -> dict[str, tuple[int, int, float]]:
+        """What each worker holds of the maps and has not reported: elements and tasks
         (:meth:`.handout.Handout.given_work`)."""
         return self.handout.given_work(unknown)
 

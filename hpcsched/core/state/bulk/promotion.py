@@ -183,6 +183,13 @@ class Promotions:
         ranged = self.in_ranges.get(address)
         return len(ranged) if ranged else 0
 
+    def seconds_each(self, address: str) -> float | None:
+        """The measured duration of the tasks the ranges given to the worker at
+        ``address`` run, their TaskGroup's as one of them tells it (one stands for all: a
+        worker's ranges are mostly of one map), or None (not measured, or no such task)."""
+        ranged = self.in_ranges.get(address)
+        return next(iter(ranged)).group.average_duration if ranged else None
+
     def unstarted(self, ws: WorkerInfo) -> int:
         """How many tasks the ranges given to ``ws`` run still (it gives them back with
         its elements when it pauses or retires)."""
