@@ -91,6 +91,9 @@ class Placement:
         # a wide task started, stopped gathering or gave its slots back during this event:
         # work held back (bulk maps' elements) may go out again
         self.gang_moved = False
+        # tasks held back behind a wide task became no-worker again during this event: the
+        # no-worker tasks are tried after it, even if no slot opened (free ones may be)
+        self.retry_unrunnable = False
         # elements of bulk maps a worker runs (set by the owner of the maps): such a
         # worker is not free for a wide task
         self.elements_on: Callable[[WorkerInfo], int] = lambda ws: 0
@@ -319,8 +322,9 @@ class Placement:
 
     def worker_freed(self, ws: WorkerInfo) -> None:
         """``ws``'s threads are free of other work (elements of bulk maps): a wide task
-        waiting may take it once this event is handled."""
-        if self.gangs:
+        waiting, or a no-worker task (one held back behind a wide task that stopped
+        gathering), may take it once this event is handled."""
+        if self.gangs or self.unrunnable:
             self.open_slots(ws)
 
     def hold_back(self, ts: TaskState) -> None:
@@ -341,6 +345,7 @@ class Placement:
         if self.behind:
             self.unrunnable.update(self.behind)
             self.behind.clear()
+            self.retry_unrunnable = True
 
     def should_queue(self, ts: TaskState) -> bool:
         """``ts`` found no worker: it waits in the queue (else it is no-worker)."""
@@ -462,6 +467,7 @@ class Placement:
         opened = self.slots_opened
         if opened:
             self.slots_opened = {}
+        self.retry_unrunnable = False
         return opened
 
     def fill_slots(self, opened: Iterable[WorkerInfo],

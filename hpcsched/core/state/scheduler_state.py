@@ -194,7 +194,7 @@ class SchedulerState:
         if (bulk.maps or bulk.in_ranges) and type(event) in _BULK_AFTER:
             bulk.after(event)
         placement = self.placement
-        if placement.slots_opened or placement.blocks.fill_all:
+        if placement.slots_opened or placement.blocks.fill_all or placement.retry_unrunnable:
             self._fill_slots(placement.take_opened())
         if placement.gang_moved:  # elements held back behind a wide task may go out
             placement.gang_moved = False

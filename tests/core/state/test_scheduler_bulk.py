@@ -1441,3 +1441,38 @@ def test_a_report_counts_the_bytes_of_only_the_elements_it_puts_in_memory():
         [f"m-a-{on_b[0]}"]]
     assert s.bulk.maps["m-a-"].nbytes[on_a[-1]] == sizes[len(on_a) - 1]
     s.validate()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_whose_map_was_cancelled_is_not_asked_to_give_back_ever_again():
+    """A story the random ones found: a map of two elements on a one-thread worker, a
+    second worker joins (hungry: a thief), both elements are cancelled as tasks. The
+    first worker's count of the tasks its ranges run still held them; each round of
+    stealing asked it for elements it no longer had, and it answered with none, for
+    ever. The cluster drains."""
+    story = BusyBulkMapStory()
+    story.a_worker_runs_a_map(nthreads=1, n=2)
+    story.add_worker(nthreads=1, worker="tcp://w2")
+    story.cancel_element(client="c1", key="m-a-0")
+    story.cancel_element(client="c1", key="m-a-1")
+    story.teardown()
+
+
+@pytest.mark.timeout(60)
+def test_a_task_held_back_behind_a_wide_task_cancelled_runs_when_the_workers_free():
+    """A story the random ones found: both workers run a map's elements, a wide task of
+    two gathers (keeping none yet: their threads are taken), a narrow task of worse
+    priority waits behind it, then the wide task is cancelled. The narrow task became
+    no-worker with nothing to try it again once the elements ended. The cluster drains."""
+    story = BusyBulkMapStory()
+    story.a_worker_runs_a_map(nthreads=1, n=2)
+    story.add_worker(nthreads=1, worker="tcp://w2")
+    story.submit_map(client="c1", n=2, retries=0, which="m-a-")
+    story.submit(client="c1", priority=0, ranks=2,
+                 tasks={"k0": {"run_spec": "spec-k0", "deps": []},
+                        "x-7": {"run_spec": "spec-x-7", "deps": []}})
+    story.submit(client="c1", priority=0, ranks=1,
+                 tasks={"k0": {"run_spec": "spec-k0", "deps": []}})
+    assert story.s.placement.behind, "the narrow task waits behind the wide one"
+    story.cancel(client="c1", key="x-7")
+    story.teardown()
