@@ -330,10 +330,18 @@ class Handout:
         if not thieves:
             return
         victims: list[tuple[int, WorkerInfo]] = []
-        for address in self.outstanding.keys() | self.promotions.in_ranges.keys():
+        promotions = self.promotions
+        for address in self.outstanding.keys() | promotions.in_ranges.keys():
             ws = workers.get(address)
+            if ws is None or address in self.releasing:
+                continue
             have = load(address)
-            if ws is None or address in self.releasing or have <= ws.nthreads:
+            if have > ws.nthreads and promotions.in_range(address):
+                # the count may hold tasks gone meanwhile (released, cancelled, erred):
+                # a victim is asked only for what it may still hold, or a worker whose
+                # map is gone is asked again at every round, and gives back nothing
+                have = self.outstanding.get(address, 0) + promotions.unstarted(ws)
+            if have <= ws.nthreads:
                 continue
             count = (have - ws.nthreads + 1) // 2
             if count * self.element_time.get(address, STEAL_MIN_SECONDS) >= STEAL_MIN_SECONDS:
