@@ -226,6 +226,66 @@ def test_a_run_of_elements_is_gathered_and_released_as_a_run():
     assert not s.bulk.maps or s.bulk.maps["m-a-"].n_live == 0
 
 
+@pytest.mark.timeout(30)
+def test_elements_in_the_order_they_finished_are_gathered_and_released():
+    """What ``as_completed`` asks for and drops names a map's elements in the order they
+    finished, interleaved between workers: no run, yet one map. Each worker is asked
+    for, or told to free, exactly the elements it holds, in the order asked, and the
+    counts follow."""
+    s = SchedulerState()
+    out, _ = map_on_a_and_b(s, 200)
+    every = list(out)
+    for w in (A, B):
+        every += finish_ranges(s, w, out)[1]
+    on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
+              for i in m.msg.indices} for w in (A, B)}
+    order = [i for pair in zip(sorted(on[A]), sorted(on[B]), strict=False) for i in pair]
+    order += sorted((on[A] | on[B]) - set(order))  # interleaved, the longer one's tail last
+    assert sorted(order) == list(range(200))
+    keys = [f"m-a-{i}" for i in order]
+
+    held, missing = s.holders_of(keys[:150])
+    assert s.small_results(keys[:20], budget=10_000, each=100) == keys[:20]
+    out = step(s, ev.ClientReleasesKeys("c", keys[:150]))
+    assert not missing
+    assert {w: set(k) for w, k in held.items()} == \
+        {w: {f"m-a-{i}" for i in on[w] if i in order[:150]} for w in (A, B)}
+    freed = {w: [k for m in out if m.to == w and m.msg.op == "free-keys" for k in m.msg.keys]
+             for w in (A, B)}
+    assert freed == held  # each worker's in the order asked, once
+    assert s.bulk.maps["m-a-"].n_live == 50
+    assert s.workers[A].n_elements + s.workers[B].n_elements == 50
+    out = step(s, ev.ClientReleasesKeys("c", keys[150:]))
+    assert sorted(k for m in out if m.msg.op == "free-keys" for k in m.msg.keys) == \
+        sorted(keys[150:])
+    assert not s.bulk.maps
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("odd", ["m-a-07", "m-a- 7", "m-a-+7", "m-a-٧", "m-a-1_0", "m-a-500",
+                                 "m-a--7", "m-a-40", b"m-a-7", 7, None, "x-1", "m-a-7x"])
+def test_an_odd_key_among_a_maps_names_no_element_and_changes_nothing_else(odd):
+    """A key that is not exactly one of the map's (a sign, a space, leading zeros, another
+    digit set, past the end, not a str, of no map) names no element: nothing held
+    (a repeated key is answered twice and freed once), and the other keys, out of order,
+    are answered and released as they would be."""
+    s = SchedulerState()
+    out, _ = map_on_a_and_b(s, 200)
+    for w in (A, B):
+        finish_ranges(s, w, out)
+    keys = [f"m-a-{i}" for i in range(40, 0, -3)] + [odd] + \
+        [f"m-a-{i}" for i in range(100, 60, -2)]
+    named = [k for k in keys if k is not odd]
+    held, missing = s.holders_of(keys)
+    assert missing == ([] if odd == "m-a-40" else [odd])  # names nothing held anywhere
+    assert sorted(k for ks in held.values() for k in ks) == \
+        sorted(named + ([odd] if odd == "m-a-40" else []))
+    out = step(s, ev.ClientReleasesKeys("c", keys))
+    assert sorted(k for m in out if m.msg.op == "free-keys" for k in m.msg.keys) == \
+        sorted(named)
+    assert s.bulk.maps["m-a-"].n_live == 200 - len(named)
+
+
 def test_a_failing_element_becomes_a_task_and_is_retried_alone():
     s = SchedulerState()
     step(s, ev.AddWorker(A, 1))
