@@ -39,14 +39,26 @@ import _thread
 import logging
 import math
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcsched.hpc.bootstrap import EXIT_NOT_FINISHED
+
+# Every rank ignores the drain signal as it starts, so this module is on every rank's way
+# to its first task. CPython's ``signal`` module is ``_signal`` (imported by the
+# interpreter at start-up) plus the enums it builds as it is imported
+# (https://github.com/python/cpython/blob/3.11/Lib/signal.py): the calls here need
+# only ``_signal``'s functions and numbers. Elsewhere, the ``signal`` module.
+if TYPE_CHECKING:  # _signal has no stubs; it has signal's functions and numbers
+    import signal
+else:
+    try:
+        import _signal as signal
+    except ImportError:  # pragma: no cover - an interpreter without CPython's _signal
+        import signal
 
 logger = logging.getLogger("hpcsched.bootstrap")
 
@@ -108,7 +120,9 @@ class Drain:
         if self._stop.is_set():
             return
         self._stop.set()
-        self.why = self.why or f"signal {signal.Signals(signum).name} (the batch system's " \
+        import signal as named  # the enums, for the name; only when the notice comes
+
+        self.why = self.why or f"signal {named.Signals(signum).name} (the batch system's " \
                                "notice of the job's end)"
         raise WalltimeReached(self.why)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -232,6 +231,8 @@ def worker_main(argv: list[str]) -> int:
     def on_signal(signum: int, frame: Any) -> None:
         threading.Thread(target=worker.close, args=(f"signal {signum}",), daemon=True).start()
 
+    import signal  # here, as subprocess below: MPI mode's every rank imports this module
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
@@ -400,6 +401,8 @@ def _spawn_workers(argv: list[str], args: argparse.Namespace, memory: int,
             if pr.poll() is None:
                 pr.send_signal(signum)
 
+    import signal
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
@@ -502,6 +505,8 @@ def scheduler_main(argv: list[str]) -> int:
     if not args.scheduler_file:
         print("(no --scheduler-file: workers need HPCSCHED_SECRET to join)", file=sys.stderr)
     stop = threading.Event()
+    import signal
+
     signal.signal(signal.SIGTERM, lambda *a: stop.set())
     signal.signal(signal.SIGINT, lambda *a: stop.set())
     # until Ctrl-C, SIGTERM, or a client's shutdown()

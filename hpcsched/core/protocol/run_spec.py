@@ -22,8 +22,14 @@ from typing import Any
 from hpcsched.core.protocol import checks
 from hpcsched.core.protocol.records import Record
 
+# Neither record can be part of a reference cycle (bytes, a bool, a path and a task's key),
+# so the cyclic garbage collector need not track them (msgspec's ``gc=False``,
+# https://jcristharif.com/msgspec/structs.html#disabling-garbage-collection-advanced):
+# a client makes one run spec per task it submits and the scheduler keeps each until the
+# task is forgotten: untracked, they add nothing to a collection's traversal.
 
-class Checkpoint(Record):
+
+class Checkpoint(Record, gc=False):
     """A task annotated ``checkpoint=True`` (:mod:`hpcsched.core.worker.checkpoint`): its
     result is kept in file ``path`` under ``key`` or, with ``load``, read from there
     instead of running the task."""
@@ -33,7 +39,7 @@ class Checkpoint(Record):
     load: bool = False
 
 
-class RunSpec(Record):
+class RunSpec(Record, gc=False):
     """A task's call: ``function`` (cloudpickled; None: the task's value is its first
     argument, a literal or an alias of another task) with ``args`` (the pickled ``(args,
     kwargs)``; None: none). ``evaluate``: the arguments hold references to other tasks'
