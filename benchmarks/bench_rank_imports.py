@@ -11,6 +11,11 @@ instructions of ``python -c "import <those modules>"`` under valgrind's callgrin
 whole process, the interpreter's own start included) and times the same line with
 ``python -X importtime`` (the sum of its top-level imports). The modules a rank pulls in
 beside ``hpcsched`` follow from these imports; the task itself imports nothing.
+
+The line imports them as a rank does: with the garbage collector paused
+(``hpcsched/__main__.py`` pauses it until the rank has started), and with a fixed hash seed
+(``PYTHONHASHSEED=0``), so that a count repeats exactly from run to run. ``--gc`` leaves
+the collector running, as a plain ``import hpcsched`` in a script does.
 """
 
 # ruff: noqa: I001 - _checkout is imported first, before anything that imports hpcsched
@@ -43,7 +48,7 @@ if __name__ == "__main__":
 
 
 def _env(checkout: str, **extra: str) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=checkout, **extra)
+    env = dict(os.environ, PYTHONPATH=checkout, PYTHONHASHSEED="0", **extra)
     return env
 
 
@@ -89,6 +94,8 @@ def main() -> None:
                    help="a checkout's root (repeat; the first is the base)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--gc", action="store_true",
+                   help="import with the garbage collector running (a rank pauses it)")
     args = p.parse_args()
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
@@ -103,7 +110,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "compileall", "-q", os.path.join(c, "hpcsched")],
                        check=True, stdout=subprocess.DEVNULL)
         names = rank_modules(c, args.timeout)
-        lines[c] = "import " + ", ".join(names)
+        lines[c] = ("" if args.gc else "import gc; gc.disable(); ") + "import " + ", ".join(names)
         print(f"{c}: a worker rank holds {len(names)} hpcsched modules", flush=True)
         instructions(c, lines[c], args.timeout)  # a first run: nothing left to compile
     counts: dict[str, list[int]] = {c: [] for c in checkouts}
