@@ -156,7 +156,7 @@ class MPIMode:
 
         Every rank opens its endpoint and the exit fence; rank 0 starts the scheduler (with
         ``security``: what peers connecting over TCP must prove), and has started once it
-        returns (or fails); a worker rank once its worker has joined.
+        returns (or fails); a worker rank once its worker is made, before it joins.
         """
         try:
             return _set_up_world(self, options, security)
@@ -435,10 +435,12 @@ def serve_rank(job: _Job, options: InitOptions, name: Any = None) -> int:
     try:
         worker = (options.worker_class or Worker)("mpi://0", on_close=lambda _: closed.set(),
                                                   **kwargs)
+        # started before it joins: once it has, a task may run on its threads at once, and
+        # must find the collector as the program left it (the join makes little garbage)
+        MODE.started()
         worker.start()
     except Exception as e:  # noqa: BLE001 - every reason ends the job the same way
         _abort(job, 1, f"worker rank {job.rank} could not join the scheduler on rank 0: {e}")
-    MODE.started()
     _watch(job)
     try:
         while not worker.wait_closed(1.0):
