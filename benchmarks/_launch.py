@@ -173,3 +173,27 @@ def timed(repeat: int, fn: Callable[[], object]) -> tuple[float, float]:
         if dt < best[0]:
             best = (dt, dc)
     return best
+
+
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Terminate ``procs`` (the last started first), and kill those that have not ended
+    within 20 s."""
+    for p in reversed(procs):
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(20)
+
+
+def checkout_label(checkout: str) -> str:
+    """``hpcsched@<commit>`` of a checkout (``+`` when its work tree has changes)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or os.path.basename(checkout)
+    dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return f"hpcsched@{commit}{dirty}"

@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 
-from _launch import compile_package
+from _launch import checkout_label, compile_package, stop_processes
 
 WORKERS = 2
 
@@ -118,28 +118,10 @@ class HpcschedCluster:
         return dt
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(20)
+        stop_processes(self.procs)
         if hasattr(self, "logs"):
             self.logs.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _label(checkout: str) -> str:
-    """``hpcsched@<commit>`` of a checkout (``+`` when its work tree has changes)."""
-    def git(*a: str) -> str:
-        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or os.path.basename(checkout)
-    dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return f"hpcsched@{commit}{dirty}"
 
 
 def bench_hpcsched(args: argparse.Namespace) -> dict[str, tuple[list[float], list]]:
@@ -159,7 +141,7 @@ def bench_hpcsched(args: argparse.Namespace) -> dict[str, tuple[list[float], lis
     finally:
         for c in clusters:
             c.stop()
-    return {_label(c.checkout) if args.checkout else "hpcsched": (t, c.cpu[1:])
+    return {checkout_label(c.checkout) if args.checkout else "hpcsched": (t, c.cpu[1:])
             for c, t in zip(clusters, times, strict=True)}
 
 

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from _launch import checkout_label, stop_processes
+
 WORKERS = 2
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -118,26 +120,10 @@ class Cluster:
         raise RuntimeError(f"{kind} on {self.checkout} failed: {r.stderr[-2000:]}")
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(20)
+        stop_processes(self.procs)
         if hasattr(self, "logs"):
             self.logs.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _label(checkout: str) -> str:
-    def git(*a: str) -> str:
-        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-
-    dirty = "+" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return f"hpcsched@{git('rev-parse', '--short', 'HEAD') or os.path.basename(checkout)}{dirty}"
 
 
 def main() -> None:
@@ -172,7 +158,7 @@ def main() -> None:
         for _ in range(args.repeat):
             for kind in kinds:
                 for c in clusters:
-                    rows.setdefault((_label(c.checkout), kind), []).append(c.run(kind, args.tasks))
+                    rows.setdefault((checkout_label(c.checkout), kind), []).append(c.run(kind, args.tasks))
     finally:
         for c in clusters:
             c.stop()
