@@ -54,6 +54,17 @@ def map_on_a_and_b(s: SchedulerState, n: int = 40) -> tuple[list[Send], list[int
     return out, [i for w, idx in ranges(out) if w == A for i in idx]
 
 
+def map_finished_on_a_and_b(s: SchedulerState, n: int) -> dict[str, set[int]]:
+    """:func:`map_on_a_and_b` of ``n`` elements, every range given run to its end: the
+    elements each worker ran (and holds), by worker."""
+    out, _ = map_on_a_and_b(s, n)
+    every = list(out)
+    for w in (A, B):
+        every += finish_ranges(s, w, out)[1]
+    return {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
+                for i in m.msg.indices} for w in (A, B)}
+
+
 def finish(s: SchedulerState, worker: str, indices: list[int], prefix: str = "m-a-",
            nbytes: int = 8, seconds: float = 0.5) -> list[Send]:
     n = len(indices)
@@ -199,12 +210,7 @@ def test_a_run_of_elements_is_gathered_and_released_as_a_run():
     the elements it holds; a run with one element not in memory is looked at key by key
     (that element is missing, or forgotten until its worker reports it)."""
     s = SchedulerState()
-    out, _ = map_on_a_and_b(s, 200)
-    every = list(out)
-    for w in (A, B):
-        every += finish_ranges(s, w, out)[1]
-    on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
-              for i in m.msg.indices} for w in (A, B)}
+    on = map_finished_on_a_and_b(s, 200)
     assert on[A] and on[B] and on[A] | on[B] == set(range(200))
     keys = [f"m-a-{i}" for i in range(200)]
     held, missing = s.holders_of(keys[10:150])
@@ -233,12 +239,7 @@ def test_elements_in_the_order_they_finished_are_gathered_and_released():
     for, or told to free, exactly the elements it holds, in the order asked, and the
     counts follow."""
     s = SchedulerState()
-    out, _ = map_on_a_and_b(s, 200)
-    every = list(out)
-    for w in (A, B):
-        every += finish_ranges(s, w, out)[1]
-    on = {w: {i for m in every if m.to == w and m.msg.op == "compute-range"
-              for i in m.msg.indices} for w in (A, B)}
+    on = map_finished_on_a_and_b(s, 200)
     order = [i for pair in zip(sorted(on[A]), sorted(on[B]), strict=False) for i in pair]
     order += sorted((on[A] | on[B]) - set(order))  # interleaved, the longer one's tail last
     assert sorted(order) == list(range(200))
