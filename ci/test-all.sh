@@ -62,7 +62,13 @@ if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ] && [ "${HPCSCHED_SKIP_BATCH:
     require+=(torque)
     # OAR (Debian's oar-server over PostgreSQL) with a user of its own: it refuses root's jobs
     echo "== starting OAR on localhost (ci/batch/start-oar.sh)"
-    bash ci/batch/start-oar.sh >/dev/null || echo "!! could not start OAR: its tests will fail" >&2
+    oar_was_running=0
+    pgrep -f /usr/lib/oar/Almighty >/dev/null 2>&1 && oar_was_running=1
+    if bash ci/batch/start-oar.sh >/dev/null; then
+        [ "$oar_was_running" = 0 ] && started+=(oar)  # stopped at exit (ci/batch/stop-oar.sh)
+    else
+        echo "!! could not start OAR: its tests will fail" >&2
+    fi
     require+=(oar)
 else
     echo "== not root on Debian (or HPCSCHED_SKIP_BATCH=1): SLURM/SGE tests will be skipped"

@@ -36,8 +36,11 @@ pgrep -f "sshd -f /etc/oar/sshd_config" >/dev/null || /usr/sbin/sshd -f /etc/oar
 pgrep -f /usr/lib/oar/Almighty >/dev/null || /etc/init.d/oar-server start >/dev/null
 pgrep -f /usr/lib/oar/Almighty >/dev/null || die "the OAR server (Almighty) did not start"
 
-for prop in cpu core memcore; do oarproperty -l | grep -qx "$prop" || oarproperty -a "$prop" >/dev/null; done
-oarproperty -l | grep -qx host || oarproperty -a host -c >/dev/null
+# the list read whole first: `oarproperty -l | grep -q` under pipefail fails when grep
+# stops reading at its match (SIGPIPE), and adding a property that exists is an error
+props=$(oarproperty -l)
+for prop in cpu core memcore; do grep -qx "$prop" <<<"$props" || oarproperty -a "$prop" >/dev/null; done
+grep -qx host <<<"$props" || oarproperty -a host -c >/dev/null
 have=$(oarnodes -l 2>/dev/null | grep -c . || true)
 if [ "$have" = 0 ]; then
     for c in $(seq 0 $(( $(nproc) - 1 ))); do
